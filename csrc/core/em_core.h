@@ -1,0 +1,95 @@
+/* ember core: what every stage shares — the graph-break reason table, the per-compilation
+ * arena, growable arrays, assertions, and the CPython 3.11/3.12 compatibility layer.
+ * Invariant: nothing in core/ raises a Python exception except the em_py_* helpers. */
+#ifndef EM_CORE_H
+#define EM_CORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030D0000
+#error "ember supports CPython 3.11 and 3.12"
+#endif
+#define EM_PY312 (PY_VERSION_HEX >= 0x030C0000)
+
+/* ---- assertions: internal bugs abort in debug builds only (STYLE.md, three kinds of failure) ---- */
+#ifdef EM_DEBUG
+#define EM_ASSERT(c) \
+    ((c) ? (void)0 : (fprintf(stderr, "ember: assertion %s failed at %s:%d\n", #c, __FILE__, __LINE__), abort()))
+#else
+#define EM_ASSERT(c) ((void)0)
+#endif
+#define EM_UNUSED(x) ((void)(x))
+
+/* ---- why a frame could not be compiled. One X-macro list: the name is the Python-visible
+ * key (ember.FallbackReason.name), the text the human sentence. "Cannot compile this" is never
+ * an error: the tracer records one of these and the frame runs its original bytecode. ---- */
+#define EM_BREAK_REASONS(_)                                                                   \
+    _(NONE, "no graph break")                                                                 \
+    _(UNSUPPORTED_OPCODE, "bytecode instruction not supported by the tracer")                 \
+    _(DATA_DEPENDENT_BRANCH, "control flow depends on a tensor value")                         \
+    _(TENSOR_TO_PYTHON, "a tensor value is converted to a Python object (item/bool/int/float)") \
+    _(UNSUPPORTED_CALL, "call of a function the tracer does not understand")                   \
+    _(UNSUPPORTED_ATTRIBUTE, "attribute access the tracer does not understand")                \
+    _(UNSUPPORTED_VALUE, "value of a type the tracer does not understand")                     \
+    _(SIDE_EFFECT, "side effect on an object that outlives the frame")                         \
+    _(PRINT, "print or other I/O")                                                             \
+    _(RAISE, "the traced code raises an exception")                                            \
+    _(META_FAILED, "shape inference on meta tensors failed")                                   \
+    _(GENERATOR, "generator, coroutine or async frame")                                        \
+    _(INLINE_DEPTH, "inlining depth limit reached")                                            \
+    _(LOOP_LIMIT, "loop unrolling limit reached")                                              \
+    _(TRY_BLOCK, "try/except or with block")                                                   \
+    _(HOOKS, "module with hooks")                                                              \
+    _(CACHE_LIMIT, "cache_size_limit reached")                                                 \
+    _(DISABLED, "frame marked by ember.disable")                                               \
+    _(INTERNAL, "internal error while tracing")
+
+typedef enum {
+#define EM_BREAK_ENUM(name, text) EM_BREAK_##name,
+    EM_BREAK_REASONS(EM_BREAK_ENUM)
+#undef EM_BREAK_ENUM
+        EM_BREAK__COUNT
+} EmBreak;
+
+const char *em_break_name(EmBreak b);
+const char *em_break_text(EmBreak b);
+
+/* ---- arena: one per compilation; everything the tracer and IR allocate lives here and is
+ * freed in one step. PyObject references registered with em_arena_hold are released with it. ---- */
+typedef struct EmArena EmArena;
+
+EmArena *em_arena_new(void);                        /* NULL on out-of-memory (no exception set) */
+void em_arena_free(EmArena *a);                     /* releases every held reference; NULL is fine */
+void *em_arena_alloc(EmArena *a, size_t size);      /* zeroed, 16-byte aligned; NULL on OOM */
+void *em_arena_realloc(EmArena *a, void *p, size_t old_size, size_t new_size);
+char *em_arena_strdup(EmArena *a, const char *s);
+/* Registers a new reference to be released when the arena is freed; returns obj (borrowed from
+ * the caller's view: the arena now owns one reference). Steals nothing: it INCREFs. NULL-safe. */
+PyObject *em_arena_hold(EmArena *a, PyObject *obj);
+/* Same, but steals the caller's reference. */
+PyObject *em_arena_hold_steal(EmArena *a, PyObject *obj);
+
+/* ---- growable arrays in an arena: EM_VEC(T) v = {0}; EM_VEC_PUSH(arena, v, x) ---- */
+#define EM_VEC(T) \
+    struct {      \
+        T *items; \
+        uint32_t n, cap; \
+    }
+int em_vec_grow(EmArena *a, void **items, uint32_t *cap, size_t elem, uint32_t need);
+/* Evaluates to 0 on success, -1 on out-of-memory. */
+#define EM_VEC_PUSH(arena, v, x)                                                              \
+    (((v).n < (v).cap || em_vec_grow((arena), (void **)&(v).items, &(v).cap, sizeof(*(v).items), \
+                                     (v).n + 1) == 0)                                         \
+         ? ((v).items[(v).n++] = (x), 0)                                                      \
+         : -1)
+
+/* ---- small Python helpers ---- */
+/* Interned-string cache: em_str("forward") is a borrowed, immortal-for-our-purposes interned str.
+ * Only for literal names; the table lives in module state and is released at module free. */
+PyObject *em_str(const char *literal);
+
+#endif /* EM_CORE_H */

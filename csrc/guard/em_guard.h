@@ -1,0 +1,92 @@
+/* guard: the checks that decide whether a cache entry may answer a call.
+ * A guard set is a table of sources (how to reach a value from the frame: L[i], G['torch'],
+ * L['self'].fs, L['inputs']['x'] ...) and a list of leaf checks on those sources. Invariant: a
+ * check that passes implies the traced program would take the same path on these inputs.
+ * Guard cost is O(inputs): objects reached through guarded module trees / globals are covered by
+ * dictionary version tags (3.11) or dict watchers (3.12), not by a check per value (DESIGN.md 5). */
+#ifndef EM_GUARD_H
+#define EM_GUARD_H
+
+#include "core/em_core.h"
+
+typedef int32_t GuardSrc; /* index into the builder's source table; -1 means "no source" */
+
+/* What a call or a frame supplies to guards: the fast locals (arguments first, in code order),
+ * the globals and builtins dicts, and the function's closure (tuple of cells, or NULL). */
+typedef struct EmFrameView {
+    PyObject *const *locals;
+    Py_ssize_t nlocals;
+    PyObject *globals;
+    PyObject *builtins;
+    PyObject *closure;
+} EmFrameView;
+
+typedef struct GuardBuilder GuardBuilder; /* compile time, arena-owned */
+typedef struct GuardSet GuardSet;         /* what a cache entry keeps; malloc-owned */
+
+GuardBuilder *em_guard_builder_new(EmArena *a);
+
+/* ---- sources. Each records the compile-time value it had (borrowed from the caller, held by the
+ * builder). The same (parent, accessor, key) returns the same GuardSrc. ---- */
+GuardSrc em_guard_src_local(GuardBuilder *b, int index, PyObject *name, PyObject *value);
+GuardSrc em_guard_src_global(GuardBuilder *b, PyObject *name, PyObject *value);
+GuardSrc em_guard_src_builtin(GuardBuilder *b, PyObject *name, PyObject *value);
+GuardSrc em_guard_src_closure(GuardBuilder *b, int index, PyObject *name, PyObject *value); /* cell contents */
+GuardSrc em_guard_src_attr(GuardBuilder *b, GuardSrc parent, PyObject *name, PyObject *value);
+GuardSrc em_guard_src_item(GuardBuilder *b, GuardSrc parent, Py_ssize_t index, PyObject *value); /* list/tuple */
+GuardSrc em_guard_src_dict_item(GuardBuilder *b, GuardSrc parent, PyObject *key, PyObject *value);
+PyObject *em_guard_src_value_borrow(const GuardBuilder *b, GuardSrc s);
+/* The source as Python text: "L['x']", "G['torch']", "L['self'].fs[3]", "L['d']['k']". New str. */
+PyObject *em_guard_src_repr(const GuardBuilder *b, GuardSrc s);
+
+/* Declares that the value at s is fixed while the other guards pass (it was reached through
+ * ID-matched objects and version-guarded dicts only). Fetching a stable source returns the
+ * compile-time object (held by the guard set) without walking the path at run time. */
+void em_guard_src_stable(GuardBuilder *b, GuardSrc s);
+
+/* Marks a source whose value the compiled entry needs at run time (a graph input, or a value
+ * returned as is). Returns the fetch slot k: em_guard_check stores the value in fetched[k]. */
+int em_guard_fetch(GuardBuilder *b, GuardSrc s);
+
+/* ---- leaf guards. Each returns 0, or -1 with an exception set (out of memory). Adding the same
+ * guard twice keeps one. The expected value is the source's compile-time value. ---- */
+int em_guard_type(GuardBuilder *b, GuardSrc s);       /* type(v) is T */
+int em_guard_id(GuardBuilder *b, GuardSrc s);         /* v is O (O kept alive by the guard set) */
+int em_guard_equals(GuardBuilder *b, GuardSrc s);     /* type(v) is T and v == c  (None, bool, int,
+                                                          float, str, and tuples of these) */
+int em_guard_len(GuardBuilder *b, GuardSrc s);        /* type(v) is T and len(v) == n (list, tuple, dict) */
+int em_guard_dict_keys(GuardBuilder *b, GuardSrc s);  /* type(v) is dict and list(v) == keys, in order */
+int em_guard_tensor(GuardBuilder *b, GuardSrc s);     /* tensor match: exact type, dtype, device,
+                                                          sizes, strides, requires_grad */
+/* The dict (a module's __dict__, _modules, _parameters, a globals dict ...) still holds what it
+ * held at compile time. how: Python text naming the dict for rendering ("L['self'].__dict__").
+ * On 3.11 this compares ma_version_tag; on 3.12 the dict is watched and the check costs nothing
+ * until a watched dict changes. The dict is kept alive by the guard set. */
+int em_guard_dict_version(GuardBuilder *b, PyObject *dict, const char *how);
+/* The type's attributes are unchanged (tp_version_tag), so lookups through its MRO are stable. */
+int em_guard_type_version(GuardBuilder *b, PyTypeObject *tp);
+/* Global torch state at compile time: grad mode, autocast (cpu, cuda), default dtype. */
+int em_guard_global_state(GuardBuilder *b);
+
+/* Compacts the builder into a guard set that outlives the arena. NULL with exception on failure. */
+GuardSet *em_guard_build(GuardBuilder *b);
+void em_guard_set_free(GuardSet *gs);
+int em_guard_nfetch(const GuardSet *gs);
+
+/* Evaluates the guards against a frame. Returns 1 if every guard passes; then fetched[0..nfetch)
+ * hold new references to the fetched sources (the caller releases them). Returns 0 if a guard
+ * fails (*failed = index of the failing guard, fetched holds nothing). A source that cannot be
+ * evaluated (attribute error, ...) counts as a failure, and the exception is cleared. */
+int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int *failed);
+
+/* Every guard as a line of Python source, in evaluation order (list of str, new reference). */
+PyObject *em_guard_render(const GuardSet *gs);
+/* One guard's line (new str), e.g. for the recompilation warning. */
+PyObject *em_guard_render_one(const GuardSet *gs, int index);
+int em_guard_count(const GuardSet *gs);
+
+/* Module init/teardown of the guard stage (dict watcher registration on 3.12, torch objects). */
+int em_guard_init(PyObject *module);
+void em_guard_fini(void);
+
+#endif /* EM_GUARD_H */

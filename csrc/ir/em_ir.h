@@ -1,0 +1,175 @@
+/* ir: the tensor graph that the tracer records and every backend consumes.
+ * Nodes live in one array of the graph; an IRRef is a 32-bit index into it (LuaJIT style), never a
+ * pointer. Node 0 is reserved so that IRRef 0 means "none". Nodes are appended in a topological
+ * order: every argument of node i refers to a node < i. The graph is arena-owned. */
+#ifndef EM_IR_H
+#define EM_IR_H
+
+#include "core/em_core.h"
+
+typedef uint32_t IRRef;
+
+/* Node kinds: the torch.fx opcodes ember emits. */
+#define IR_KINDS(_)                                                                    \
+    _(PLACEHOLDER, "placeholder")     /* graph input; target = input name (str) */     \
+    _(CALL_FUNCTION, "call_function") /* target = a Python callable */                 \
+    _(CALL_METHOD, "call_method")     /* target = method name (str); args[0] = self */ \
+    _(OUTPUT, "output")               /* args[0] = tuple of the graph's results */
+
+typedef enum {
+#define IR_KIND_ENUM(name, fx) IR_##name,
+    IR_KINDS(IR_KIND_ENUM)
+#undef IR_KIND_ENUM
+        IR__NKINDS
+} IRKind;
+
+/* The op table: torch operations ember knows by name, with the category later stages use
+ * (lowering, fusion). One X-macro list is the single source of truth (STYLE.md, LuaJIT's IRDEF).
+ * _(ENUM, "qualified python name", category). A node whose target is not in the table has
+ * op == IROP_OTHER and is still a valid graph node (an extern call of its torch target). */
+#define IR_OPS(_)                                      \
+    _(OTHER, "", EXTERN)                               \
+    _(ADD, "torch.add", POINTWISE)                     \
+    _(SUB, "torch.sub", POINTWISE)                     \
+    _(MUL, "torch.mul", POINTWISE)                     \
+    _(DIV, "torch.div", POINTWISE)                     \
+    _(NEG, "torch.neg", POINTWISE)                     \
+    _(POW, "torch.pow", POINTWISE)                     \
+    _(EXP, "torch.exp", POINTWISE)                     \
+    _(LOG, "torch.log", POINTWISE)                     \
+    _(SIN, "torch.sin", POINTWISE)                     \
+    _(COS, "torch.cos", POINTWISE)                     \
+    _(TANH, "torch.tanh", POINTWISE)                   \
+    _(SIGMOID, "torch.sigmoid", POINTWISE)             \
+    _(RELU, "torch.relu", POINTWISE)                   \
+    _(ABS, "torch.abs", POINTWISE)                     \
+    _(SQRT, "torch.sqrt", POINTWISE)                   \
+    _(RSQRT, "torch.rsqrt", POINTWISE)                 \
+    _(WHERE, "torch.where", POINTWISE)                 \
+    _(GELU, "torch.nn.functional.gelu", POINTWISE)     \
+    _(SUM, "torch.sum", REDUCTION)                     \
+    _(MEAN, "torch.mean", REDUCTION)                   \
+    _(AMAX, "torch.amax", REDUCTION)                   \
+    _(SOFTMAX, "torch.softmax", REDUCTION)             \
+    _(VIEW, "torch.Tensor.view", VIEW)                 \
+    _(RESHAPE, "torch.reshape", VIEW)                  \
+    _(PERMUTE, "torch.permute", VIEW)                  \
+    _(TRANSPOSE, "torch.transpose", VIEW)              \
+    _(GETITEM, "operator.getitem", VIEW)               \
+    _(MATMUL, "torch.matmul", EXTERN)                  \
+    _(LINEAR, "torch.nn.functional.linear", EXTERN)    \
+    _(CONV2D, "torch.nn.functional.conv2d", EXTERN)    \
+    _(BATCH_NORM, "torch.nn.functional.batch_norm", EXTERN) \
+    _(LAYER_NORM, "torch.nn.functional.layer_norm", EXTERN)
+
+typedef enum { IRCAT_POINTWISE, IRCAT_REDUCTION, IRCAT_VIEW, IRCAT_EXTERN } IRCategory;
+
+typedef enum {
+#define IR_OP_ENUM(name, py, cat) IROP_##name,
+    IR_OPS(IR_OP_ENUM)
+#undef IR_OP_ENUM
+        IROP__COUNT
+} IROp;
+
+const char *em_ir_op_pyname(IROp op);
+IRCategory em_ir_op_category(IROp op);
+const char *em_ir_kind_name(IRKind k); /* the fx opcode string */
+
+/* An argument of a node: a node result, a Python constant, or a (nested) tuple/list of those. */
+typedef enum { IRARG_NODE, IRARG_CONST, IRARG_TUPLE, IRARG_LIST } IRArgKind;
+typedef struct IRArg {
+    IRArgKind kind;
+    uint32_t n;              /* TUPLE/LIST: number of items */
+    union {
+        IRRef ref;           /* NODE */
+        PyObject *obj;       /* CONST: held by the graph's arena (None, int, float, bool, str,
+                                torch.dtype, torch.device, slice, Ellipsis, torch.Size ...) */
+        struct IRArg *items; /* TUPLE/LIST */
+    } u;
+} IRArg;
+
+/* What a node produces. Tensors carry full metadata; TUPLE describes multi-result ops
+ * (torch.max(x, 1), chunk, split, ...), whose elements are taken with getitem nodes. */
+typedef enum { IRMETA_TENSOR, IRMETA_NONE, IRMETA_TUPLE, IRMETA_OTHER } IRMetaKind;
+typedef struct IRMeta {
+    IRMetaKind kind;
+    int32_t ndim;
+    int64_t *sizes;          /* ndim entries */
+    int64_t *strides;        /* ndim entries, in elements */
+    PyObject *dtype;         /* torch.dtype, held */
+    PyObject *device;        /* torch.device (the real device, not meta), held */
+    bool requires_grad;
+    PyObject *example;       /* TENSOR: a tensor on device "meta" with these sizes/strides/dtype
+                                (held; used for shape inference of later ops). OTHER: the value. */
+    uint32_t nitems;         /* TUPLE */
+    struct IRMeta *items;    /* TUPLE */
+} IRMeta;
+
+typedef struct IRNode {
+    IRKind kind;
+    IROp op;
+    PyObject *target;        /* callable, method-name str, or placeholder name; held */
+    IRArg *args;
+    uint32_t nargs;
+    uint32_t nkwargs;
+    PyObject **kwnames;      /* nkwargs interned str, held */
+    IRArg *kwargs;           /* nkwargs values */
+    IRMeta meta;
+    const char *name;        /* unique, fx-style: "x", "sin", "sin_1", "linear" (arena) */
+    int32_t lineno;          /* user source line that produced the node, -1 if unknown */
+    PyObject *filename;      /* user source file (str, held) or NULL */
+    uint32_t nusers;         /* filled by em_ir_count_users */
+} IRNode;
+
+typedef struct IRGraph {
+    EmArena *arena;          /* not owned by the graph */
+    IRNode *nodes;           /* nodes[0] is the reserved "none" node */
+    uint32_t nnodes, cap;
+    IRRef *inputs;           /* placeholder refs, in input order */
+    uint32_t ninputs, capinputs;
+    IRRef output;            /* the OUTPUT node, 0 until em_ir_set_output */
+} IRGraph;
+
+IRGraph *em_ir_new(EmArena *a);
+static inline IRNode *em_ir_node(const IRGraph *g, IRRef r) { return &g->nodes[r]; }
+
+/* Appends a placeholder. name: a valid identifier (made unique). meta is copied (shallow:
+ * pointers inside must already live in the arena / be held). Returns 0 on OOM. */
+IRRef em_ir_placeholder(IRGraph *g, const char *name, const IRMeta *meta);
+
+/* Appends a call node. kind is IR_CALL_FUNCTION (target: callable) or IR_CALL_METHOD (target: str).
+ * args/kwargs arrays are copied into the arena; constants they hold must already be held by the
+ * arena. The node's name derives from the target's __name__. Returns 0 on OOM. */
+IRRef em_ir_call(IRGraph *g, IRKind kind, PyObject *target, const IRArg *args, uint32_t nargs,
+                 PyObject *const *kwnames, const IRArg *kwargs, uint32_t nkwargs, const IRMeta *meta);
+
+/* Sets the graph's results (a flat list of node refs; the same ref may appear twice). */
+int em_ir_set_output(IRGraph *g, const IRRef *refs, uint32_t n);
+
+/* Removes call nodes whose result is unused (in-place ops and ops on the "impure" list are kept)
+ * and renumbers. Returns the number removed, or -1 on OOM. refmap (optional, nnodes entries)
+ * receives old->new refs. */
+int em_ir_dce(IRGraph *g, IRRef *refmap);
+void em_ir_count_users(IRGraph *g);
+
+/* The verifier: every argument refers to an earlier node, placeholders come first, exactly one
+ * output node, metas are well formed. Returns 0, or -1 with a message in buf. */
+int em_ir_verify(const IRGraph *g, char *buf, size_t bufsize);
+
+/* A table like torch.fx.Graph.print_tabular: opcode, name, target, args, kwargs, and the output
+ * meta (dtype, shape). Returns a new str, NULL with an exception on failure. */
+PyObject *em_ir_format_tabular(const IRGraph *g);
+
+/* Export for the Python fx bridge (src/ember/_fx.py): a list of tuples
+ *   (opcode: str, name: str, target: object, args: tuple, kwargs: dict, meta: dict|None)
+ * where an argument that refers to a node is the object ember._C.NodeRef(name) ... concretely the
+ * tuple ("__node__", name). The bridge turns this into a torch.fx.GraphModule. New reference. */
+PyObject *em_ir_to_python(const IRGraph *g);
+
+/* Helpers to build metadata. em_ir_meta_from_tensor reads sizes/strides/dtype/device/requires_grad
+ * of a real or meta tensor into arena memory; device_override (may be NULL) replaces the device
+ * (used when the value is a meta tensor standing for a tensor on a real device). Returns -1 with an
+ * exception set on failure. */
+int em_ir_meta_from_tensor(EmArena *a, PyObject *tensor, PyObject *device_override, IRMeta *out);
+
+#endif /* EM_IR_H */
