@@ -1,0 +1,99 @@
+/* hook: the front of the pipeline. Owns
+ *  - the per-code-object cache (co_extra): cache entries (guards + compiled callable + return
+ *    spec), most recently used first, freed with the code object          [em_hook_cache.c]
+ *  - the compile driver on a miss: trace -> backend -> new entry           [em_hook_cache.c]
+ *  - ember._C.CompiledFunction, the C callable ember.compile returns (direct dispatch: bind,
+ *    guard, run, without a frame)                                          [em_hook_dispatch.c]
+ *  - the PEP 523 frame evaluation function, installed only while a compiled call runs original
+ *    bytecode, acting only on the thread that installed it                 [em_hook.c]
+ * Invariant: a frame is answered by a cache entry only if all its guards passed; anything else
+ * runs the original bytecode. */
+#ifndef EM_HOOK_H
+#define EM_HOOK_H
+
+#include "core/em_core.h"
+#include "guard/em_guard.h"
+#include "runtime/em_runtime.h"
+
+/* How a compiled call wants frames compiled: shared by the direct call and by the PEP 523 hook
+ * for the frames it reaches. Lives inside the CompiledFunction object. */
+typedef struct EmCompileConfig {
+    PyObject *backend;     /* "eager" str, or a callable (gm, example_inputs) -> callable; or the
+                              name of a registered backend ("inductor") */
+    PyObject *backend_key; /* identity used to match cache entries to this backend */
+    int fullgraph;         /* a break raises instead of falling back */
+} EmCompileConfig;
+
+typedef enum { ENTRY_GRAPH, ENTRY_FALLBACK } EntryKind;
+
+typedef struct CacheEntry {
+    struct CacheEntry *next;
+    EntryKind kind;
+    GuardSet *guards;
+    PyObject *backend_key;   /* strong */
+    PyObject *compiled;      /* GRAPH: the backend's callable (strong) */
+    int eager_graph;         /* compiled is an ember._C.EagerGraph: call it without a tuple */
+    OutSpec *out;            /* GRAPH: return value spec (malloc) */
+    int *input_fetch;        /* GRAPH: graph input i = fetch slot input_fetch[i] (malloc) */
+    uint32_t ninputs;
+    PyObject *info;          /* dict for ember.cache_info: graph text, guards, reason ... */
+    uint64_t hits;
+} CacheEntry;
+
+typedef struct ExtraState {
+    CacheEntry *head;
+    int nentries;
+    int warned_limit;        /* the cache_size_limit warning was given for this code */
+    int skip;                /* never compile this code (ember's own code, ember.disable) */
+} ExtraState;
+
+/* ---- cache (em_hook_cache.c) ---- */
+/* The code's cache, created on demand (create=1). NULL without exception when create=0 and none. */
+ExtraState *em_cache_get(PyCodeObject *code, int create);
+/* Finds an entry of this backend whose guards pass. On a hit returns it (moved to the front) with
+ * fetched[] filled (new references, em_guard_nfetch(entry->guards) of them; fetched must have room
+ * for EM_MAX_FETCH). Returns NULL on a miss (*last_failed_entry / *last_failed_guard describe the
+ * most recent entry's failure, for the recompilation warning; -1 if none). Never raises. */
+/* Callers size fetched buffers with EM_MAX_FETCH (stack arrays are fine: 4 KiB); a trace that
+ * would need more fetch slots becomes a fallback entry. */
+enum { EM_MAX_FETCH = 512 };
+CacheEntry *em_cache_lookup(ExtraState *es, const EmFrameView *fv, PyObject *backend_key,
+                            PyObject **fetched, CacheEntry **last_failed_entry, int *last_failed_guard);
+/* Traces the frame and adds an entry (graph or fallback). On success returns the new entry and,
+ * for a graph entry, fills fetched like em_cache_lookup. Returns NULL with an exception for errors
+ * (and for a break when cfg->fullgraph). Honors config.cache_size_limit: past it returns a fallback
+ * that is not stored, after one warning per code object. */
+CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code, const EmFrameView *fv,
+                             const EmCompileConfig *cfg, PyObject **fetched);
+/* Runs a graph entry: calls the compiled callable with the graph inputs taken from fetched, builds
+ * the return value, releases fetched. New reference or NULL with exception. */
+PyObject *em_entry_run(CacheEntry *e, PyObject **fetched);
+void em_fetched_release(CacheEntry *e, PyObject **fetched);
+/* Drops every cache entry of every code object ember has seen (ember.reset). */
+void em_cache_reset_all(void);
+/* list of dicts describing the code's entries (new reference). */
+PyObject *em_cache_info(PyCodeObject *code);
+int em_cache_init(PyObject *module);
+
+/* ---- PEP 523 hook (em_hook.c) ---- */
+/* Enters a region in which frames started by this thread are compiled with cfg (nesting allowed;
+ * the innermost config wins). Installs the frame evaluation function if no thread has it. */
+void em_hook_enter(const EmCompileConfig *cfg);
+void em_hook_exit(void);
+/* Regions in which the hook passes everything through and compiled calls run eagerly
+ * (ember.disable as a context manager / decorator). */
+void em_hook_disable_enter(void);
+void em_hook_disable_exit(void);
+int em_hook_disabled(void);
+/* The next frame of this code started by this thread runs its original bytecode (the caller
+ * already looked it up and decided so). */
+void em_hook_skip_next(PyCodeObject *code);
+/* Should the hook leave this code alone (ember's, torch's, stdlib, generator ...)? Cached in the
+ * ExtraState.skip flag. */
+int em_hook_skip_code(PyCodeObject *code);
+int em_hook_init(PyObject *module);
+
+/* ---- direct dispatch (em_hook_dispatch.c) ---- */
+int em_dispatch_init(PyObject *module);
+
+#endif /* EM_HOOK_H */

@@ -1,0 +1,405 @@
+/* hook/cache: the per-code-object cache of compiled entries and the compile driver.
+ * Each code object ember has seen carries an ExtraState in co_extra: a list of cache entries,
+ * most recently used first (Dynamo's extra_state.cpp keeps the same order). An entry answers a
+ * call only if all its guards pass. The ExtraState is freed with its code object (co_extra's free
+ * function); ember.reset drops the entries of every live ExtraState. */
+#include "hook/em_hook.h"
+
+#include "trace/em_trace.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if EM_PY312
+#define EM_REQUEST_EXTRA_INDEX PyUnstable_Eval_RequestCodeExtraIndex
+#define EM_CODE_GET_EXTRA PyUnstable_Code_GetExtra
+#define EM_CODE_SET_EXTRA PyUnstable_Code_SetExtra
+#else
+#define EM_REQUEST_EXTRA_INDEX _PyEval_RequestCodeExtraIndex
+#define EM_CODE_GET_EXTRA _PyCode_GetExtra
+#define EM_CODE_SET_EXTRA _PyCode_SetExtra
+#endif
+
+/* ExtraStates live in a doubly linked list so that ember.reset can reach every one of them; the
+ * list holds no reference to the code objects (an ExtraState dies with its code). */
+typedef struct ExtraNode {
+    ExtraState state; /* first member: ExtraState* and ExtraNode* convert */
+    struct ExtraNode *prev, *next;
+    PyCodeObject *code; /* borrowed: the owner */
+} ExtraNode;
+
+static Py_ssize_t extra_index = -1;
+static ExtraNode *extra_list = NULL;
+static PyObject *config_obj = NULL;     /* ember._config.config */
+static PyObject *compile_graph_fn = NULL; /* ember._backends.compile_graph, imported lazily */
+static PyObject *graph_break_error = NULL; /* ember._C.GraphBreakError */
+static PyObject *eager_str = NULL;
+
+/* Releases one entry and everything it owns. */
+static void entry_free(CacheEntry *e) {
+    if (!e) return;
+    em_guard_set_free(e->guards);
+    Py_XDECREF(e->backend_key);
+    Py_XDECREF(e->compiled);
+    em_out_free(e->out);
+    free(e->input_fetch);
+    Py_XDECREF(e->info);
+    free(e);
+}
+
+static void entries_free(ExtraState *es) {
+    CacheEntry *e = es->head;
+    while (e) {
+        CacheEntry *n = e->next;
+        entry_free(e);
+        e = n;
+    }
+    es->head = NULL;
+    es->nentries = 0;
+    es->warned_limit = 0;
+}
+
+/* co_extra free function: called by CPython when the code object is deallocated. */
+static void extra_free(void *p) {
+    ExtraNode *n = p;
+    if (!n) return;
+    entries_free(&n->state);
+    if (n->prev) n->prev->next = n->next;
+    else extra_list = n->next;
+    if (n->next) n->next->prev = n->prev;
+    free(n);
+}
+
+ExtraState *em_cache_get(PyCodeObject *code, int create) {
+    void *p = NULL;
+    if (EM_CODE_GET_EXTRA((PyObject *)code, extra_index, &p) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (p || !create) return p;
+    ExtraNode *n = calloc(1, sizeof(ExtraNode));
+    if (!n) return NULL;
+    n->code = code;
+    if (EM_CODE_SET_EXTRA((PyObject *)code, extra_index, n) < 0) {
+        PyErr_Clear();
+        free(n);
+        return NULL;
+    }
+    n->next = extra_list;
+    if (extra_list) extra_list->prev = n;
+    extra_list = n;
+    return &n->state;
+}
+
+void em_cache_reset_all(void) {
+    for (ExtraNode *n = extra_list; n; n = n->next) entries_free(&n->state);
+}
+
+CacheEntry *em_cache_lookup(ExtraState *es, const EmFrameView *fv, PyObject *backend_key,
+                            PyObject **fetched, CacheEntry **last_failed_entry, int *last_failed_guard) {
+    CacheEntry *prev = NULL;
+    *last_failed_entry = NULL;
+    *last_failed_guard = -1;
+    for (CacheEntry *e = es->head; e; prev = e, e = e->next) {
+        if (e->backend_key != backend_key) continue;
+        int failed = -1;
+        int ok = em_guard_check(e->guards, fv, fetched, &failed);
+        if (ok == 1) {
+            if (prev) { /* move to front: most recently used first */
+                prev->next = e->next;
+                e->next = es->head;
+                es->head = e;
+            }
+            e->hits++;
+            return e;
+        }
+        if (!*last_failed_entry) {
+            *last_failed_entry = e;
+            *last_failed_guard = failed;
+        }
+    }
+    return NULL;
+}
+
+void em_fetched_release(CacheEntry *e, PyObject **fetched) {
+    int n = em_guard_nfetch(e->guards);
+    for (int i = 0; i < n; i++) Py_CLEAR(fetched[i]);
+}
+
+PyObject *em_entry_run(CacheEntry *e, PyObject **fetched) {
+    PyObject *small[16];
+    PyObject **args = e->ninputs <= 16 ? small : PyMem_Malloc(e->ninputs * sizeof(PyObject *));
+    PyObject *out = NULL, *result = NULL;
+    if (!args) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (uint32_t i = 0; i < e->ninputs; i++) args[i] = fetched[e->input_fetch[i]];
+    if (e->eager_graph) out = em_eager_graph_run(e->compiled, args, e->ninputs);
+    else out = PyObject_Vectorcall(e->compiled, args, e->ninputs, NULL);
+    if (!out) goto done;
+    result = em_out_build(e->out, out, fetched);
+done:
+    Py_XDECREF(out);
+    if (args && args != small) PyMem_Free(args);
+    em_fetched_release(e, fetched);
+    return result;
+}
+
+/* ---- compile driver ---- */
+
+/* Reads an int attribute of ember.config, with a default when it is missing or not an int. */
+static long config_int(const char *name, long dflt) {
+    if (!config_obj) return dflt;
+    PyObject *v = PyObject_GetAttrString(config_obj, name);
+    if (!v) {
+        PyErr_Clear();
+        return dflt;
+    }
+    long r = PyLong_Check(v) ? PyLong_AsLong(v) : dflt;
+    Py_DECREF(v);
+    if (r == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        r = dflt;
+    }
+    return r;
+}
+
+/* A short "name (file:line)" for messages about a code object. New str. */
+static PyObject *code_where(PyCodeObject *code) {
+    return PyUnicode_FromFormat("%U (%U:%d)", code->co_qualname, code->co_filename, code->co_firstlineno);
+}
+
+/* The info dict of an entry for ember.cache_info. */
+static PyObject *entry_info(EntryKind kind, const GuardSet *gs, const EmCompileConfig *cfg,
+                            const EmTraceResult *res, PyObject *graph_text, PyObject *out_text) {
+    PyObject *d = PyDict_New(), *guards = NULL, *backend = NULL;
+    if (!d) return NULL;
+    guards = gs ? em_guard_render(gs) : PyList_New(0);
+    if (!guards) goto error;
+    backend = PyUnicode_Check(cfg->backend) ? Py_NewRef(cfg->backend) : PyObject_Repr(cfg->backend);
+    if (!backend) goto error;
+    const EmBreakInfo *b = &res->brk;
+    int fallback = kind == ENTRY_FALLBACK;
+    PyObject *reason = fallback ? PyUnicode_FromString(em_break_name(b->reason)) : Py_NewRef(Py_None);
+    PyObject *reason_text = fallback ? PyUnicode_FromString(em_break_text(b->reason)) : Py_NewRef(Py_None);
+    PyObject *lineno = fallback && b->lineno >= 0 ? PyLong_FromLong(b->lineno) : Py_NewRef(Py_None);
+    int bad = !reason || !reason_text || !lineno ||
+              PyDict_SetItemString(d, "kind", em_str(fallback ? "fallback" : "graph")) < 0 ||
+              PyDict_SetItemString(d, "backend", backend) < 0 ||
+              PyDict_SetItemString(d, "guards", guards) < 0 ||
+              PyDict_SetItemString(d, "graph", graph_text ? graph_text : Py_None) < 0 ||
+              PyDict_SetItemString(d, "output", out_text ? out_text : Py_None) < 0 ||
+              PyDict_SetItemString(d, "reason", reason) < 0 ||
+              PyDict_SetItemString(d, "reason_text", reason_text) < 0 ||
+              PyDict_SetItemString(d, "detail", fallback && b->detail ? b->detail : Py_None) < 0 ||
+              PyDict_SetItemString(d, "filename", fallback && b->filename ? b->filename : Py_None) < 0 ||
+              PyDict_SetItemString(d, "lineno", lineno) < 0 ||
+              PyDict_SetItemString(d, "opname", fallback && b->opname ? b->opname : Py_None) < 0;
+    Py_XDECREF(reason);
+    Py_XDECREF(reason_text);
+    Py_XDECREF(lineno);
+    if (bad) goto error;
+    Py_DECREF(guards);
+    Py_DECREF(backend);
+    return d;
+error:
+    Py_XDECREF(guards);
+    Py_XDECREF(backend);
+    Py_DECREF(d);
+    return NULL;
+}
+
+/* Hands the graph to the backend. "eager" compiles to an ember._C.EagerGraph in C; anything else
+ * goes through ember._backends.compile_graph(backend, export, example_inputs, name), which builds
+ * the torch.fx.GraphModule and calls the backend. New reference, or NULL with an exception. */
+static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
+                                 int *is_eager_graph) {
+    *is_eager_graph = 0;
+    if (PyUnicode_Check(cfg->backend) && PyUnicode_Compare(cfg->backend, eager_str) == 0) {
+        *is_eager_graph = 1;
+        return em_eager_graph_new(res->graph);
+    }
+    if (!compile_graph_fn) {
+        PyObject *m = PyImport_ImportModule("ember._backends");
+        if (!m) return NULL;
+        compile_graph_fn = PyObject_GetAttrString(m, "compile_graph");
+        Py_DECREF(m);
+        if (!compile_graph_fn) return NULL;
+    }
+    PyObject *export = NULL, *examples = NULL, *r = NULL;
+    export = em_ir_to_python(res->graph);
+    if (!export) goto done;
+    examples = PyList_New(res->ninputs);
+    if (!examples) goto done;
+    for (uint32_t i = 0; i < res->ninputs; i++) PyList_SET_ITEM(examples, i, Py_NewRef(res->example_inputs[i]));
+    r = PyObject_CallFunctionObjArgs(compile_graph_fn, cfg->backend, export, examples, code->co_name, NULL);
+done:
+    Py_XDECREF(export);
+    Py_XDECREF(examples);
+    return r;
+}
+
+/* Raises GraphBreakError for fullgraph=True, naming the reason and the user's source line. */
+static void raise_fullgraph(PyCodeObject *code, const EmBreakInfo *b) {
+    PyObject *where = code_where(code);
+    if (!where) return;
+    PyObject *detail = b->detail ? PyUnicode_FromFormat(" (%U)", b->detail) : PyUnicode_FromString("");
+    if (detail)
+        PyErr_Format(graph_break_error, "fullgraph=True but %U cannot be captured whole: %s%U at %S:%d", where,
+                     em_break_text(b->reason), detail, b->filename ? b->filename : code->co_filename, b->lineno);
+    Py_XDECREF(detail);
+    Py_DECREF(where);
+}
+
+/* A fallback entry not stored in the cache (cache_size_limit reached): one static object that
+ * callers recognise by its kind; it owns nothing. */
+static CacheEntry limit_entry = {.kind = ENTRY_FALLBACK};
+
+CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code, const EmFrameView *fv,
+                             const EmCompileConfig *cfg, PyObject **fetched) {
+    long limit = config_int("cache_size_limit", 8);
+    if (es->nentries >= limit) {
+        if (!es->warned_limit) {
+            CacheEntry *fe = NULL;
+            int fg = -1;
+            es->warned_limit = 1;
+            /* name the guard that failed on the most recent entry */
+            PyObject *guard = NULL;
+            if (es->head) {
+                fe = es->head;
+                /* re-run its guards to learn which one fails (cheap, once per code object) */
+                if (em_guard_check(fe->guards, fv, fetched, &fg) == 1) em_fetched_release(fe, fetched);
+                if (fg >= 0) guard = em_guard_render_one(fe->guards, fg);
+                if (!guard) PyErr_Clear();
+            }
+            PyObject *where = code_where(code);
+            if (!where) {
+                Py_XDECREF(guard);
+                return NULL;
+            }
+            int w = PyErr_WarnFormat(PyExc_UserWarning, 1,
+                                     "ember: %U hit config.cache_size_limit (%ld); it runs eagerly from now on. "
+                                     "Last failed guard: %S",
+                                     where, limit, guard ? guard : em_str("?"));
+            Py_DECREF(where);
+            Py_XDECREF(guard);
+            if (w < 0) return NULL;
+        }
+        return &limit_entry;
+    }
+
+    EmTraceOptions opts = {
+        .max_inline_depth = (int)config_int("max_inline_depth", 32),
+        .max_loop_iterations = (int)config_int("max_loop_iterations", 10000),
+        .max_instructions = (int)config_int("max_instructions", 1000000),
+    };
+    EmTraceResult res;
+    memset(&res, 0, sizeof res);
+    CacheEntry *e = NULL;
+    PyObject *graph_text = NULL, *out_text = NULL;
+    if (em_trace_frame(func, code, fv, &opts, &res) < 0) goto error;
+    if (!res.graph && cfg->fullgraph) {
+        raise_fullgraph(code, &res.brk);
+        goto error;
+    }
+    e = calloc(1, sizeof(CacheEntry));
+    if (!e) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    e->kind = res.graph ? ENTRY_GRAPH : ENTRY_FALLBACK;
+    e->backend_key = Py_NewRef(cfg->backend_key);
+    e->guards = em_guard_build(res.guards);
+    if (!e->guards) goto error;
+    if (e->kind == ENTRY_GRAPH && em_guard_nfetch(e->guards) > EM_MAX_FETCH) {
+        /* more graph inputs than a fetch buffer holds: run this frame eagerly (a fallback) */
+        e->kind = ENTRY_FALLBACK;
+        res.brk.reason = EM_BREAK_UNSUPPORTED_VALUE;
+        res.brk.detail = em_arena_hold_steal(res.arena, PyUnicode_FromFormat(
+                                                            "more than %d graph inputs", (int)EM_MAX_FETCH));
+    }
+    if (e->kind == ENTRY_GRAPH) {
+        e->compiled = backend_compile(cfg, &res, code, &e->eager_graph);
+        if (!e->compiled) goto error;
+        e->out = em_out_copy(res.out);
+        e->ninputs = res.ninputs;
+        e->input_fetch = malloc((res.ninputs ? res.ninputs : 1) * sizeof(int));
+        if (!e->out || !e->input_fetch) {
+            PyErr_NoMemory();
+            goto error;
+        }
+        memcpy(e->input_fetch, res.input_fetch, res.ninputs * sizeof(int));
+        graph_text = em_ir_format_tabular(res.graph);
+        out_text = em_out_repr(e->out);
+        if (!graph_text || !out_text) goto error;
+    }
+    e->info = entry_info(e->kind, e->guards, cfg, &res, graph_text, out_text);
+    if (!e->info) goto error;
+    Py_CLEAR(graph_text);
+    Py_CLEAR(out_text);
+    em_arena_free(res.arena);
+    res.arena = NULL;
+
+    e->next = es->head;
+    es->head = e;
+    es->nentries++;
+    if (e->kind == ENTRY_GRAPH) {
+        /* the fresh entry must answer this very call: evaluate its guards to fill fetched */
+        int failed = -1;
+        if (em_guard_check(e->guards, fv, fetched, &failed) != 1) {
+            /* guards that fail on the inputs they were made from are a tracer bug: never run it */
+            PyErr_Format(PyExc_RuntimeError, "ember internal error: a new cache entry's guard %d fails on its own inputs",
+                         failed);
+            return NULL;
+        }
+    }
+    return e;
+error:
+    Py_XDECREF(graph_text);
+    Py_XDECREF(out_text);
+    entry_free(e);
+    em_arena_free(res.arena);
+    return NULL;
+}
+
+PyObject *em_cache_info(PyCodeObject *code) {
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    ExtraState *es = em_cache_get(code, 0);
+    if (!es) return list;
+    for (CacheEntry *e = es->head; e; e = e->next) {
+        PyObject *d = PyDict_Copy(e->info);
+        PyObject *hits = PyLong_FromUnsignedLongLong(e->hits);
+        if (!d || !hits || PyDict_SetItemString(d, "hits", hits) < 0 || PyList_Append(list, d) < 0) {
+            Py_XDECREF(d);
+            Py_XDECREF(hits);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(d);
+        Py_DECREF(hits);
+    }
+    return list;
+}
+
+int em_cache_init(PyObject *module) {
+    extra_index = EM_REQUEST_EXTRA_INDEX(extra_free);
+    if (extra_index < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "ember: no co_extra index left");
+        return -1;
+    }
+    eager_str = PyUnicode_InternFromString("eager");
+    if (!eager_str) return -1;
+    graph_break_error = PyErr_NewExceptionWithDoc(
+        "ember._C.GraphBreakError",
+        "Raised when fullgraph=True and a frame cannot be captured as one graph. The message names the "
+        "reason (a fallback reason of ember.cache_info) and the user's source line.",
+        PyExc_RuntimeError, NULL);
+    if (!graph_break_error || PyModule_AddObjectRef(module, "GraphBreakError", graph_break_error) < 0) return -1;
+    PyObject *cm = PyImport_ImportModule("ember._config");
+    if (!cm) return -1;
+    config_obj = PyObject_GetAttrString(cm, "config");
+    Py_DECREF(cm);
+    return config_obj ? 0 : -1;
+}

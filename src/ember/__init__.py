@@ -1,0 +1,177 @@
+"""ember: a just-in-time compiler for PyTorch programs with a C11 core.
+
+    import ember
+
+    @ember.compile
+    def f(x, y):
+        return torch.cos(torch.cos(x)) * y
+
+The public API mirrors torch.compile's (torch/__init__.py, torch/_dynamo/eval_frame.py):
+compile, reset, disable, config, plus cache_info and explain to look inside.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import types
+
+import torch
+
+from ._config import config
+from . import _C
+from ._backends import list_backends, register_backend, resolve as _resolve_backend
+
+GraphBreakError = _C.GraphBreakError
+FALLBACK_REASONS: dict[str, str] = _C._break_reasons()
+
+__all__ = [
+    "compile", "reset", "disable", "config", "cache_info", "explain", "list_backends",
+    "register_backend", "GraphBreakError", "FALLBACK_REASONS",
+]
+
+_module_classes: dict[type, type] = {}
+
+
+def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None, options=None):
+    """Compiles a function, bound method or nn.Module; returns an object called like the original.
+
+    Each call binds its arguments, checks the guards of the cache entries of the function's code
+    and runs the matching compiled graph; a miss traces the bytecode again (a recompile). What the
+    tracer cannot capture runs as ordinary Python, with the reason in ember.cache_info(fn).
+
+    Args:
+      fn_or_module: a Python function, a bound method, or a torch.nn.Module. Omitted: returns a
+        decorator (``@ember.compile(backend=...)``).
+      backend: "eager" (the graph replayed op by op from C), "inductor" (torch's Inductor, for
+        comparison), "fx", or a callable ``(gm: torch.fx.GraphModule, example_inputs: list) ->
+        callable`` (torch.compile's custom-backend contract).
+      fullgraph: raise ember.GraphBreakError (naming the reason and the source line) instead of
+        falling back when a frame cannot be captured whole.
+      dynamic: accepted for torch.compile compatibility; shapes are specialised (static) for now
+        and ``dynamic=True`` raises NotImplementedError.
+      options: accepted for compatibility; must be None or empty.
+
+    Returns: for a function, an ember._C.CompiledFunction; for a bound method, the same bound to
+    its object; for a module, a module of a subclass of the original class that shares the
+    original's __dict__ (parameters, buffers, submodules, hooks, state_dict keys) and whose call
+    is compiled.
+
+    Raises: TypeError for anything that is not a Python function, method or module; ValueError
+    for an unknown backend name.
+    """
+    if fn_or_module is None:
+        return functools.partial(compile, backend=backend, fullgraph=fullgraph, dynamic=dynamic, options=options)
+    if dynamic:
+        raise NotImplementedError("ember: dynamic shapes are not implemented yet; use dynamic=None or False")
+    if options:
+        raise ValueError(f"ember: unknown options {sorted(options)}")
+    backend, key = _resolve_backend(backend)
+    if isinstance(fn_or_module, torch.nn.Module):
+        return _compile_module(fn_or_module, backend, key, fullgraph)
+    if isinstance(fn_or_module, _C.CompiledFunction):
+        fn_or_module = fn_or_module.__wrapped_function__
+    if isinstance(fn_or_module, types.MethodType) and isinstance(fn_or_module.__func__, types.FunctionType):
+        cf = _C.CompiledFunction(fn_or_module.__func__, backend, key, bool(fullgraph), self=fn_or_module.__self__)
+        return functools.update_wrapper(cf, fn_or_module.__func__)
+    if isinstance(fn_or_module, types.FunctionType):
+        if inspect.isgeneratorfunction(fn_or_module) or inspect.iscoroutinefunction(fn_or_module):
+            raise TypeError(f"ember.compile: generators and coroutines are not supported: {fn_or_module!r}")
+        return functools.update_wrapper(_C.CompiledFunction(fn_or_module, backend, key, bool(fullgraph)), fn_or_module)
+    raise TypeError(f"ember.compile expects a function, a bound method or an nn.Module, got {type(fn_or_module).__name__}")
+
+
+def _compile_module(mod: torch.nn.Module, backend, key, fullgraph):
+    """A module sharing mod's __dict__ whose class's __call__ is the compiled forward."""
+    forward = type(mod).forward
+    if not isinstance(forward, types.FunctionType):
+        raise TypeError(f"ember.compile: {type(mod).__name__}.forward is not a Python function")
+    cf = _C.CompiledFunction(forward, backend, key, bool(fullgraph), self=mod, module=mod)
+    cls = type(mod)
+    # one subclass per compiled module: the compiled call lives on the class (slot_tp_call finds
+    # it there), so instances need no extra state and share the original's __dict__
+    sub = type(f"Compiled{cls.__name__}", (cls,), {
+        "__call__": cf,
+        "__module__": cls.__module__,
+        "__qualname__": f"Compiled{cls.__qualname__}",
+        "_orig_mod": mod,
+        "_ember_compiled": cf,
+    })
+    wrapper = object.__new__(sub)
+    object.__setattr__(wrapper, "__dict__", mod.__dict__)
+    return wrapper
+
+
+def reset() -> None:
+    """Drops every cache entry of every code object (torch._dynamo.reset's counterpart)."""
+    _C._reset()
+
+
+class _Disable(contextlib.ContextDecorator):
+    def __enter__(self):
+        _C._disable_enter()
+        return self
+
+    def __exit__(self, *exc):
+        _C._disable_exit()
+        return False
+
+
+def disable(fn=None):
+    """Runs code without ember: ``@ember.disable`` on a function, or ``with ember.disable():``.
+
+    Inside, compiled objects call their original Python code, and the frame hook compiles
+    nothing (torch._dynamo.disable's behaviour).
+    """
+    if fn is None:
+        return _Disable()
+    return _Disable()(fn)
+
+
+def _code_of(fn):
+    if isinstance(fn, _C.CompiledFunction):
+        return fn.__code__
+    if isinstance(fn, torch.nn.Module):
+        cf = getattr(type(fn), "_ember_compiled", None)
+        return cf.__code__ if cf is not None else type(fn).forward.__code__
+    if isinstance(fn, types.MethodType):
+        fn = fn.__func__
+    if isinstance(fn, types.FunctionType):
+        return fn.__code__
+    if isinstance(fn, types.CodeType):
+        return fn
+    raise TypeError(f"ember.cache_info: no code object in {fn!r}")
+
+
+def cache_info(fn) -> list[dict]:
+    """The cache entries of fn's code, most recently used first.
+
+    fn: a compiled object, a plain function, bound method, module or code object (the frame hook
+    also compiles functions called from code that falls back). Each entry is a dict:
+      kind: "graph" or "fallback"; backend; guards: list of str (one line of Python each);
+      graph: the captured graph as a table (None for fallbacks); output: how the return value is
+      built; reason / reason_text / detail / filename / lineno / opname: why a fallback happened;
+      hits: calls answered by this entry.
+    """
+    return _C._cache_info(_code_of(fn))
+
+
+def explain(fn, *args, **kwargs) -> str:
+    """Compiles fn (if it is not compiled yet) with the eager backend, calls it once with the
+    given arguments, and returns a readable report of its cache entries."""
+    compiled = fn if isinstance(fn, _C.CompiledFunction) or hasattr(type(fn), "_ember_compiled") else compile(fn)
+    compiled(*args, **kwargs)
+    lines = []
+    for i, e in enumerate(cache_info(compiled)):
+        lines.append(f"entry {i}: {e['kind']} (backend {e['backend']}, hits {e['hits']})")
+        if e["kind"] == "fallback":
+            where = f" at {e['filename']}:{e['lineno']}" if e.get("lineno") else ""
+            detail = f" ({e['detail']})" if e.get("detail") else ""
+            lines.append(f"  reason: {e['reason']}: {e['reason_text']}{detail}{where}")
+        if e.get("graph"):
+            lines.append("  graph:")
+            lines += ["    " + ln for ln in e["graph"].splitlines()]
+            lines.append(f"  output: {e['output']}")
+        lines.append("  guards:")
+        lines += ["    " + g for g in e["guards"]]
+    return "\n".join(lines)

@@ -1,0 +1,27 @@
+"""ember.config: knobs read by the C core when it compiles (not on every call).
+
+Attributes (all ints):
+  cache_size_limit     cache entries per code object before ember stops compiling it and runs it
+                       eagerly, with one warning naming the guard that failed (torch.compile's
+                       torch._dynamo.config.cache_size_limit, also 8).
+  max_inline_depth     nested function/module calls the tracer inlines before it gives up.
+  max_loop_iterations  loop iterations the tracer unrolls in one frame before it gives up.
+  max_instructions     bytecode instructions the tracer interprets in one frame before it gives up.
+"""
+
+
+class Config:
+    __slots__ = ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions")
+
+    def __init__(self):
+        self.cache_size_limit = 8
+        self.max_inline_depth = 32
+        self.max_loop_iterations = 10000
+        self.max_instructions = 1000000
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        return f"ember.config({fields})"
+
+
+config = Config()
