@@ -160,11 +160,29 @@ int em_ir_verify(const IRGraph *g, char *buf, size_t bufsize);
  * meta (dtype, shape). Returns a new str, NULL with an exception on failure. */
 PyObject *em_ir_format_tabular(const IRGraph *g);
 
-/* Export for the Python fx bridge (src/ember/_fx.py): a list of tuples
+/* Export for the Python fx bridge (src/ember/_fx.py): a list of tuples, one per node in order,
  *   (opcode: str, name: str, target: object, args: tuple, kwargs: dict, meta: dict|None)
- * where an argument that refers to a node is the object ember._C.NodeRef(name) ... concretely the
- * tuple ("__node__", name). The bridge turns this into a torch.fx.GraphModule. New reference. */
+ * Inside args/kwargs:
+ *   ("__node__", name)   a reference to the node called name (the node-reference marker);
+ *   ("__const__", obj)   a constant that is itself a tuple or list (torch.Size, a tuple of ints),
+ *                        wrapped so it cannot be mistaken for a marker or a nested argument;
+ *   tuple / list         an IRARG_TUPLE / IRARG_LIST of arguments (recurse);
+ *   anything else        a constant, as is.
+ * The output node's args is ((ref, ref, ...),): the graph returns a tuple. meta is None (output,
+ * IRMETA_NONE) or a dict: {"kind": "tensor", "shape": tuple, "stride": tuple, "dtype",
+ * "device", "requires_grad": bool} | {"kind": "tuple", "items": [meta, ...]} |
+ * {"kind": "other", "value": obj}. New reference. */
 PyObject *em_ir_to_python(const IRGraph *g);
+
+/* The qualified Python name of a call target as printed graphs write it ("torch.sin",
+ * "operator.add", "torch.nn.functional.relu", "torch.Tensor.view"); a str target is returned as
+ * is. Never fails for lack of a name (falls back to repr). New str, NULL only on OOM. */
+PyObject *em_ir_target_qualname(PyObject *target);
+
+/* Test support (em_ir_testing.c): adds ember._C._ir_build(nodes, dce=False) -> (export list,
+ * EagerGraph, tabular str, verify message or None), which builds an IRGraph from a Python
+ * description. Called by em_runtime_init. */
+int em_ir_testing_init(PyObject *module);
 
 /* Helpers to build metadata. em_ir_meta_from_tensor reads sizes/strides/dtype/device/requires_grad
  * of a real or meta tensor into arena memory; device_override (may be NULL) replaces the device
