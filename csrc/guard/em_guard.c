@@ -1,0 +1,911 @@
+/* guard: the builder (compile time, arena), the compact guard set (malloc) and its evaluation.
+ * Invariant: em_guard_check returns 1 only if every leaf passed on values reached from this frame,
+ * and it leaves no new reference behind except the fetched values it hands to the caller.
+ *
+ * Design. The tracer adds sources (paths from the frame) and leaf guards on them to a builder;
+ * em_guard_build compacts them into one malloc block (em_guard_impl.h):
+ *  - sources nothing uses are dropped; a stable source keeps its compile-time object, so fetching
+ *    it costs no path walk and ID / EQUALS guards on it are implied (and dropped): it was reached
+ *    through ID-matched objects and version-guarded dicts only (em_guard.h);
+ *  - TYPE_MATCH is dropped where ID / EQUALS / LEN / DICT_KEYS / TENSOR_MATCH on the same source
+ *    already compare the exact type;
+ *  - leaves are sorted by kind (EM_GUARD_KINDS order): dict versions, type versions, ID, TYPE,
+ *    EQUALS, LEN, DICT_KEYS, global state, tensor match.
+ * em_guard_check resolves sources lazily, each at most once, into a scratch array of new
+ * references (a property or __getattr__ met on the way may run arbitrary code, so nothing is held
+ * borrowed across it) and releases them before returning.
+ *
+ * Dict versions. 3.11: PyDictObject.ma_version_tag changes on every mutation (PEP 509). 3.12
+ * deprecates the field (PEP 699) but still maintains it, above the low DICT_MAX_WATCHERS (8)
+ * bits that now hold the dict's watcher mask (Include/internal/pycore_dict.h,
+ * DICT_VERSION_INCREMENT); so 3.12 compares the tag with those bits masked, and in front of that
+ * a dict watcher (PyDict_AddWatcher, one for the process: ember supports one interpreter) bumps
+ * em_guard_state.dict_epoch on any event of any watched dict. A guard set remembers the epoch at
+ * which its dict-version group last passed: unchanged epoch, the whole group passes with one
+ * compare. Watched dicts are never unwatched (a stray epoch bump only costs one exact re-check),
+ * and are kept alive only as long as a guard set holds them. */
+#include "guard/em_guard_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+EmGuardState em_guard_state = {.watcher_id = -1};
+
+/* ---- builder ---- */
+
+typedef struct BSrc {
+    EmSrcDesc d;      /* key held by the arena */
+    PyObject *value;  /* compile-time value, held by the arena; may be NULL */
+    uint64_t hash;
+    uint8_t stable;
+    int32_t fetch;    /* fetch slot, or -1 */
+} BSrc;
+
+typedef struct BLeaf {
+    uint8_t kind, sub;
+    int32_t src;
+    PyObject *obj;    /* as GLeaf.obj; held by the arena */
+    PyObject *obj2;   /* DICT_KEYS: the exact type; held by the arena */
+    uint64_t tag;
+    const void *aux;  /* DICT_VERSION: how (arena string); TENSOR_MATCH: EmTensorMeta (arena) */
+    uint64_t hash;
+} BLeaf;
+
+struct GuardBuilder {
+    EmArena *a;
+    EM_VEC(BSrc) src;
+    EM_VEC(BLeaf) leaf;
+    EM_VEC(int32_t) fetch;  /* fetch slot -> source */
+    int32_t *src_ht, *leaf_ht; /* open addressing, entry = index + 1, 0 = empty */
+    uint32_t src_htcap, leaf_htcap;
+};
+
+/* Sets SystemError unless an exception is already set (a failed source creation passes -1 on). */
+static int bad_arg(const char *what) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_SystemError, "ember guard: %s", what);
+    return -1;
+}
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h * 0xff51afd7ed558ccdULL;
+}
+
+/* Grows an index table to twice its size when it is half full, rehashing from the stored hashes.
+ * hashes(i) is read from items with the given stride. 0, or -1 (no exception). */
+static int ht_reserve(EmArena *a, int32_t **ht, uint32_t *cap, uint32_t n, const void *items, size_t stride,
+                      size_t hash_off) {
+    if ((n + 1) * 2 <= *cap) return 0;
+    uint32_t nc = *cap ? *cap * 2 : 64;
+    int32_t *t = em_arena_alloc(a, sizeof(int32_t) * nc);
+    if (!t) return -1;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t h = *(const uint64_t *)((const char *)items + i * stride + hash_off);
+        uint32_t j = (uint32_t)h & (nc - 1);
+        while (t[j]) j = (j + 1) & (nc - 1);
+        t[j] = (int32_t)i + 1;
+    }
+    *ht = t;
+    *cap = nc;
+    return 0;
+}
+
+/* Identity, or the same exact type and ==, without leaving an exception. */
+static int key_equal(PyObject *x, PyObject *y) {
+    if (x == y) return 1;
+    if (!x || !y || Py_TYPE(x) != Py_TYPE(y)) return 0;
+    int r = PyObject_RichCompareBool(x, y, Py_EQ);
+    if (r < 0) PyErr_Clear();
+    return r == 1;
+}
+
+GuardBuilder *em_guard_builder_new(EmArena *a) {
+    GuardBuilder *b = em_arena_alloc(a, sizeof(GuardBuilder));
+    if (!b) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    b->a = a;
+    return b;
+}
+
+/* Finds or appends the source (parent, kind, index, key). LOCAL and CLOSURE are identified by
+ * index, their key being only the name shown in renderings. */
+static GuardSrc src_add(GuardBuilder *b, int32_t parent, SrcKind kind, Py_ssize_t index, PyObject *key,
+                        PyObject *value) {
+    int by_key = kind != SRC_LOCAL && kind != SRC_CLOSURE && kind != SRC_ITEM;
+    int rooted = kind == SRC_ATTR || kind == SRC_ITEM || kind == SRC_DICT_ITEM;
+    if (!b) return bad_arg("no builder");
+    if (rooted ? parent < 0 || (uint32_t)parent >= b->src.n : parent != -1) return bad_arg("bad parent source");
+    if (by_key && !key) return bad_arg("source without key");
+    if (index < 0 && !by_key) return bad_arg("negative source index");
+    uint64_t kh = 0;
+    if (by_key) {
+        Py_hash_t h = PyObject_Hash(key);
+        if (h == -1) { /* an unhashable key: such sources are told apart by identity */
+            PyErr_Clear();
+            h = (Py_hash_t)(uintptr_t)key;
+        }
+        kh = (uint64_t)h;
+    }
+    uint64_t h = mix(mix(mix((uint64_t)(parent + 1), kind), (uint64_t)(by_key ? 0 : index)), kh);
+    if (ht_reserve(b->a, &b->src_ht, &b->src_htcap, b->src.n, b->src.items, sizeof(BSrc), offsetof(BSrc, hash)) < 0)
+        goto nomem;
+    uint32_t mask = b->src_htcap - 1, j = (uint32_t)h & mask;
+    for (; b->src_ht[j]; j = (j + 1) & mask) {
+        BSrc *s = &b->src.items[b->src_ht[j] - 1];
+        if (s->hash == h && s->d.parent == parent && s->d.kind == kind &&
+            (by_key ? key_equal(s->d.key, key) : s->d.index == index))
+            return b->src_ht[j] - 1;
+    }
+    BSrc s = {.d = {.parent = parent, .kind = (uint8_t)kind, .index = index}, .hash = h, .fetch = -1};
+    s.d.key = em_arena_hold(b->a, key);
+    s.value = em_arena_hold(b->a, value);
+    if ((key && !s.d.key) || (value && !s.value)) goto nomem;
+    if (b->src.n >= INT32_MAX - 1 || EM_VEC_PUSH(b->a, b->src, s) < 0) goto nomem;
+    b->src_ht[j] = (int32_t)b->src.n;
+    return (GuardSrc)(b->src.n - 1);
+nomem:
+    PyErr_NoMemory();
+    return -1;
+}
+
+GuardSrc em_guard_src_local(GuardBuilder *b, int index, PyObject *name, PyObject *value) {
+    return src_add(b, -1, SRC_LOCAL, index, name, value);
+}
+GuardSrc em_guard_src_global(GuardBuilder *b, PyObject *name, PyObject *value) {
+    return src_add(b, -1, SRC_GLOBAL, 0, name, value);
+}
+GuardSrc em_guard_src_builtin(GuardBuilder *b, PyObject *name, PyObject *value) {
+    return src_add(b, -1, SRC_BUILTIN, 0, name, value);
+}
+GuardSrc em_guard_src_closure(GuardBuilder *b, int index, PyObject *name, PyObject *value) {
+    return src_add(b, -1, SRC_CLOSURE, index, name, value);
+}
+GuardSrc em_guard_src_attr(GuardBuilder *b, GuardSrc parent, PyObject *name, PyObject *value) {
+    return src_add(b, parent, SRC_ATTR, 0, name, value);
+}
+GuardSrc em_guard_src_item(GuardBuilder *b, GuardSrc parent, Py_ssize_t index, PyObject *value) {
+    return src_add(b, parent, SRC_ITEM, index, NULL, value);
+}
+GuardSrc em_guard_src_dict_item(GuardBuilder *b, GuardSrc parent, PyObject *key, PyObject *value) {
+    return src_add(b, parent, SRC_DICT_ITEM, 0, key, value);
+}
+
+static BSrc *src_get(const GuardBuilder *b, GuardSrc s) {
+    return b && s >= 0 && (uint32_t)s < b->src.n ? &b->src.items[s] : NULL;
+}
+
+/* The compile-time value of s (borrowed; NULL without exception if s is invalid or had none). */
+PyObject *em_guard_src_value_borrow(const GuardBuilder *b, GuardSrc s) {
+    BSrc *src = src_get(b, s);
+    return src ? src->value : NULL;
+}
+
+/* "L['x']" etc. for a builder source (em_guard_render.c does the text). */
+PyObject *em_guard_src_repr(const GuardBuilder *b, GuardSrc s) {
+    if (!src_get(b, s)) {
+        bad_arg("bad source");
+        return NULL;
+    }
+    return em_guard_render_src(b->src.items, sizeof(BSrc), s);
+}
+
+/* Stable: see em_guard.h. A source without a compile-time value cannot be stable. */
+void em_guard_src_stable(GuardBuilder *b, GuardSrc s) {
+    BSrc *src = src_get(b, s);
+    if (src && src->value) src->stable = 1;
+}
+
+/* The same source fetched twice shares one slot. */
+int em_guard_fetch(GuardBuilder *b, GuardSrc s) {
+    BSrc *src = src_get(b, s);
+    if (!src) return bad_arg("fetch of a bad source");
+    if (src->fetch >= 0) return src->fetch;
+    if (EM_VEC_PUSH(b->a, b->fetch, s) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    src->fetch = (int32_t)b->fetch.n - 1;
+    return src->fetch;
+}
+
+/* ---- leaf guards in the builder. A leaf is identified by (kind, source, ident): ident is the
+ * dict / type for DICT_VERSION / TYPE_VERSION and NULL otherwise (the expectation of a source
+ * leaf derives from the source's compile-time value). ---- */
+
+static uint64_t leaf_hash(int kind, int32_t src, const void *ident) {
+    return mix(mix((uint64_t)kind, (uint64_t)(uint32_t)src), (uint64_t)(uintptr_t)ident);
+}
+
+/* 1 if the leaf is already present, 0 if not, -1 out of memory (exception set). */
+static int leaf_present(GuardBuilder *b, int kind, int32_t src, const void *ident) {
+    if (ht_reserve(b->a, &b->leaf_ht, &b->leaf_htcap, b->leaf.n, b->leaf.items, sizeof(BLeaf),
+                   offsetof(BLeaf, hash)) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint64_t h = leaf_hash(kind, src, ident);
+    uint32_t mask = b->leaf_htcap - 1;
+    for (uint32_t j = (uint32_t)h & mask; b->leaf_ht[j]; j = (j + 1) & mask) {
+        const BLeaf *l = &b->leaf.items[b->leaf_ht[j] - 1];
+        const void *lid = l->kind == GUARD_DICT_VERSION || l->kind == GUARD_TYPE_VERSION ? (void *)l->obj : NULL;
+        if (l->hash == h && l->kind == kind && l->src == src && lid == ident) return 1;
+    }
+    return 0;
+}
+
+/* Appends l (after leaf_present said 0, which reserved table room). */
+static int leaf_push(GuardBuilder *b, BLeaf l, const void *ident) {
+    l.hash = leaf_hash(l.kind, l.src, ident);
+    if (EM_VEC_PUSH(b->a, b->leaf, l) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint32_t mask = b->leaf_htcap - 1, j = (uint32_t)l.hash & mask;
+    while (b->leaf_ht[j]) j = (j + 1) & mask;
+    b->leaf_ht[j] = (int32_t)b->leaf.n;
+    return 0;
+}
+
+/* Common front of the source leaves: validates s, checks for a duplicate. Returns the source's
+ * value (borrowed) and *dup, or NULL with an exception. */
+static PyObject *leaf_front(GuardBuilder *b, GuardSrc s, int kind, int *dup) {
+    BSrc *src = src_get(b, s);
+    if (!src || !src->value) {
+        bad_arg("guard on a bad source or one without a value");
+        return NULL;
+    }
+    int r = leaf_present(b, kind, s, NULL);
+    if (r < 0) return NULL;
+    *dup = r;
+    return src->value;
+}
+
+int em_guard_type(GuardBuilder *b, GuardSrc s) {
+    int dup;
+    PyObject *v = leaf_front(b, s, GUARD_TYPE_MATCH, &dup);
+    if (!v) return -1;
+    if (dup) return 0;
+    BLeaf l = {.kind = GUARD_TYPE_MATCH, .src = s, .obj = (PyObject *)Py_TYPE(v)};
+    return leaf_push(b, l, NULL);
+}
+
+int em_guard_id(GuardBuilder *b, GuardSrc s) {
+    int dup;
+    PyObject *v = leaf_front(b, s, GUARD_ID_MATCH, &dup);
+    if (!v) return -1;
+    if (dup) return 0;
+    BLeaf l = {.kind = GUARD_ID_MATCH, .src = s, .obj = v};
+    return leaf_push(b, l, NULL);
+}
+
+int em_guard_equals(GuardBuilder *b, GuardSrc s) {
+    int dup;
+    PyObject *v = leaf_front(b, s, GUARD_EQUALS, &dup);
+    if (!v) return -1;
+    if (dup) return 0;
+    BLeaf l = {.kind = GUARD_EQUALS, .src = s, .obj = v, .sub = EQ_OTHER};
+    if (v == Py_None) l.sub = EQ_NONE;
+    else if (PyBool_Check(v)) l.sub = EQ_BOOL;
+    else if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (x == -1 && PyErr_Occurred()) return -1;
+        if (!overflow) { /* compare as int64 at run time */
+            l.sub = EQ_INT;
+            l.tag = (uint64_t)x;
+        }
+    } else if (PyFloat_CheckExact(v)) l.sub = EQ_FLOAT;
+    else if (PyUnicode_CheckExact(v)) l.sub = EQ_STR;
+    return leaf_push(b, l, NULL);
+}
+
+int em_guard_len(GuardBuilder *b, GuardSrc s) {
+    int dup;
+    PyObject *v = leaf_front(b, s, GUARD_LEN, &dup);
+    if (!v) return -1;
+    if (dup) return 0;
+    if (!PyList_Check(v) && !PyTuple_Check(v) && !PyDict_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "ember: length guard on a %.100s", Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    Py_ssize_t n = PyObject_Length(v);
+    if (n < 0) return -1;
+    BLeaf l = {.kind = GUARD_LEN, .src = s, .obj = (PyObject *)Py_TYPE(v), .tag = (uint64_t)n};
+    return leaf_push(b, l, NULL);
+}
+
+/* The keys of a dict in iteration order, as a tuple: PyDict_Next order for exact dicts, and
+ * list(v.keys()) for subclasses (an OrderedDict's order is its own). New reference. */
+static PyObject *dict_keys_tuple(PyObject *v) {
+    if (PyDict_CheckExact(v)) {
+        PyObject *t = PyTuple_New(PyDict_GET_SIZE(v)), *k, *val;
+        Py_ssize_t pos = 0, i = 0;
+        if (!t) return NULL;
+        while (PyDict_Next(v, &pos, &k, &val)) PyTuple_SET_ITEM(t, i++, Py_NewRef(k));
+        return t;
+    }
+    PyObject *keys = PyMapping_Keys(v);
+    if (!keys) return NULL;
+    PyObject *t = PySequence_Tuple(keys);
+    Py_DECREF(keys);
+    return t;
+}
+
+int em_guard_dict_keys(GuardBuilder *b, GuardSrc s) {
+    int dup;
+    PyObject *v = leaf_front(b, s, GUARD_DICT_KEYS, &dup);
+    if (!v) return -1;
+    if (dup) return 0;
+    if (!PyDict_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "ember: dict keys guard on a %.100s", Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    PyObject *keys = em_arena_hold_steal(b->a, dict_keys_tuple(v));
+    if (!keys) return -1;
+    BLeaf l = {.kind = GUARD_DICT_KEYS, .src = s, .obj = keys, .obj2 = (PyObject *)Py_TYPE(v)};
+    return leaf_push(b, l, NULL);
+}
+
+int em_guard_tensor(GuardBuilder *b, GuardSrc s) {
+    int dup;
+    PyObject *v = leaf_front(b, s, GUARD_TENSOR_MATCH, &dup);
+    if (!v) return -1;
+    if (dup) return 0;
+    EmTensorMeta *m = em_guard_tensor_record(b->a, v);
+    if (!m) return -1;
+    BLeaf l = {.kind = GUARD_TENSOR_MATCH, .src = s, .obj = (PyObject *)Py_TYPE(v), .aux = m};
+    return leaf_push(b, l, NULL);
+}
+
+#if EM_PY312
+/* ma_version_tag is deprecated in 3.12 (PEP 699) yet still maintained: its low DICT_MAX_WATCHERS
+ * bits are the dict's watcher mask, the rest changes on every mutation
+ * (Include/internal/pycore_dict.h, DICT_VERSION_INCREMENT = 1 << DICT_MAX_WATCHERS). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+static inline uint64_t dict_tag(PyObject *d) { return ((PyDictObject *)d)->ma_version_tag & ~(uint64_t)0xFF; }
+#pragma GCC diagnostic pop
+
+/* Any event of any watched dict: the epoch moves, every guard set re-verifies its dict tags. */
+static int dict_watch_event(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *new_value) {
+    EM_UNUSED(event);
+    EM_UNUSED(dict);
+    EM_UNUSED(key);
+    EM_UNUSED(new_value);
+    em_guard_state.dict_epoch++;
+    return 0;
+}
+#else
+/* PEP 509: a new, globally unique tag on every mutation. */
+static inline uint64_t dict_tag(PyObject *d) { return ((PyDictObject *)d)->ma_version_tag; }
+#endif
+
+int em_guard_dict_version(GuardBuilder *b, PyObject *dict, const char *how) {
+    if (!b || !dict || !PyDict_Check(dict)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember: dict version guard on a non-dict");
+        return -1;
+    }
+    int r = leaf_present(b, GUARD_DICT_VERSION, -1, dict);
+    if (r) return r < 0 ? -1 : 0;
+    if (!em_guard_state.s_module && em_guard_init(NULL) < 0) return -1;
+#if EM_PY312
+    /* Watch first, then read the tag: the first check compares tags exactly anyway. */
+    if (em_guard_state.watcher_id >= 0 && PyDict_Watch(em_guard_state.watcher_id, dict) < 0) return -1;
+#endif
+    BLeaf l = {.kind = GUARD_DICT_VERSION, .src = -1, .obj = em_arena_hold(b->a, dict), .tag = dict_tag(dict)};
+    l.aux = em_arena_strdup(b->a, how ? how : "<dict>");
+    if (!l.obj || !l.aux) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return leaf_push(b, l, dict);
+}
+
+/* The type's version tag, assigning one if it has none: 3.12 has PyUnstable_Type_AssignVersionTag;
+ * on 3.11 a method-cache lookup of a cacheable name assigns it (Objects/typeobject.c,
+ * _PyType_Lookup -> assign_version_tag). 0 if the type cannot have one now. */
+static unsigned int type_tag(PyTypeObject *tp) {
+    if (tp->tp_version_tag == 0) {
+#if EM_PY312
+        PyUnstable_Type_AssignVersionTag(tp);
+#else
+        (void)_PyType_Lookup(tp, em_guard_state.s_module);
+#endif
+    }
+    return tp->tp_version_tag;
+}
+
+int em_guard_type_version(GuardBuilder *b, PyTypeObject *tp) {
+    if (!b || !tp) return bad_arg("type version guard without a type");
+    int r = leaf_present(b, GUARD_TYPE_VERSION, -1, tp);
+    if (r) return r < 0 ? -1 : 0;
+    if (!em_guard_state.s_module && em_guard_init(NULL) < 0) return -1;
+    /* A tag of 0 is kept: the guard then fails at every check (a recompile, never a wrong hit). */
+    BLeaf l = {.kind = GUARD_TYPE_VERSION, .src = -1, .obj = em_arena_hold(b->a, (PyObject *)tp), .tag = type_tag(tp)};
+    if (!l.obj) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return leaf_push(b, l, tp);
+}
+
+/* Calls f(arg) (arg may be NULL: no argument). New reference or NULL with an exception. */
+static PyObject *call1(PyObject *f, PyObject *arg) {
+    PyObject *args[2] = {NULL, arg};
+    return PyObject_Vectorcall(f, args + 1, (arg ? 1 : 0) | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* Reads the global torch state: bit 0 grad mode, bit 1 autocast on cpu, bit 2 autocast on cuda;
+ * *dtype = torch.get_default_dtype() (new reference). 0, or -1 with an exception. */
+static int global_state_read(uint8_t *bits, PyObject **dtype) {
+    PyObject *r;
+    int b = 0;
+    *dtype = NULL;
+    if (!(r = call1(em_guard_state.is_grad_enabled, NULL))) return -1;
+    b |= (r == Py_True) << 0;
+    Py_DECREF(r);
+    if (!(r = call1(em_guard_state.is_autocast_enabled, em_guard_state.str_cpu))) return -1;
+    b |= (r == Py_True) << 1;
+    Py_DECREF(r);
+    if (!(r = call1(em_guard_state.is_autocast_enabled, em_guard_state.str_cuda))) return -1;
+    b |= (r == Py_True) << 2;
+    Py_DECREF(r);
+    if (!(*dtype = call1(em_guard_state.get_default_dtype, NULL))) return -1;
+    *bits = (uint8_t)b;
+    return 0;
+}
+
+int em_guard_global_state(GuardBuilder *b) {
+    if (!b) return bad_arg("no builder");
+    int r = leaf_present(b, GUARD_GLOBAL_STATE, -1, NULL);
+    if (r) return r < 0 ? -1 : 0;
+    if (em_guard_torch_ready() < 0) return -1;
+    BLeaf l = {.kind = GUARD_GLOBAL_STATE, .src = -1};
+    PyObject *dtype;
+    if (global_state_read(&l.sub, &dtype) < 0) return -1;
+    if (!(l.obj = em_arena_hold_steal(b->a, dtype))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return leaf_push(b, l, NULL);
+}
+
+/* ---- build ---- */
+
+enum { IMPLIES_TYPE = (1u << GUARD_ID_MATCH) | (1u << GUARD_EQUALS) | (1u << GUARD_LEN) |
+                      (1u << GUARD_DICT_KEYS) | (1u << GUARD_TENSOR_MATCH) };
+
+static size_t align8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+/* Whether leaf l of the builder is evaluated by the set (see the file comment). */
+static int leaf_kept(const GuardBuilder *b, const BLeaf *l, const uint32_t *kinds) {
+    if (l->src < 0) return 1;
+    const BSrc *s = &b->src.items[l->src];
+    if (s->stable && (l->kind == GUARD_ID_MATCH || l->kind == GUARD_EQUALS)) return 0;
+    if (l->kind == GUARD_TYPE_MATCH && (kinds[l->src] & IMPLIES_TYPE)) return 0;
+    return 1;
+}
+
+GuardSet *em_guard_build(GuardBuilder *b) {
+    if (!b) {
+        bad_arg("no builder");
+        return NULL;
+    }
+    uint32_t ns = b->src.n, nl = b->leaf.n, nf = b->fetch.n;
+    uint32_t *kinds = em_arena_alloc(b->a, sizeof(uint32_t) * (ns + 1));
+    int32_t *remap = em_arena_alloc(b->a, sizeof(int32_t) * (ns + 1));
+    uint32_t *order = em_arena_alloc(b->a, sizeof(uint32_t) * (nl + 1));
+    if (!kinds || !remap || !order) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (uint32_t i = 0; i < nl; i++)
+        if (b->leaf.items[i].src >= 0) kinds[b->leaf.items[i].src] |= 1u << b->leaf.items[i].kind;
+
+    /* Used sources: those of kept leaves and fetch slots, with their ancestors. Parents precede
+     * children in the table, so one backward sweep propagates the marks. */
+    for (uint32_t i = 0; i < ns; i++) remap[i] = 0;
+    uint32_t nkept = 0, nuse = 0, ntensor_bytes = 0, nhow = 0, nheld = 0;
+    for (uint32_t k = 0; k < GUARD__COUNT; k++) /* stable counting sort by kind */
+        for (uint32_t i = 0; i < nl; i++) {
+            const BLeaf *l = &b->leaf.items[i];
+            if (l->kind != k || !leaf_kept(b, l, kinds)) continue;
+            order[nkept++] = i;
+            if (l->src >= 0) remap[l->src] = 1;
+            if (l->kind == GUARD_TENSOR_MATCH) ntensor_bytes += em_guard_tensor_meta_size(l->aux);
+            if (l->kind == GUARD_DICT_VERSION) nhow += (uint32_t)strlen(l->aux) + 1;
+        }
+    for (uint32_t k = 0; k < nf; k++) remap[b->fetch.items[k]] = 1;
+    for (uint32_t i = ns; i-- > 0;)
+        if (remap[i] && b->src.items[i].d.parent >= 0) remap[b->src.items[i].d.parent] = 1;
+    for (uint32_t i = 0; i < ns; i++) remap[i] = remap[i] ? (int32_t)nuse++ : -1;
+    nheld = 2 * nuse + 2 * nkept + 2 * nkept; /* keys, stable values; obj, obj2; tensor dtype, device */
+
+    size_t off_src = align8(sizeof(GuardSet));
+    size_t off_leaf = off_src + align8(sizeof(GSrc) * nuse);
+    size_t off_held = off_leaf + align8(sizeof(GLeaf) * nkept);
+    size_t off_tm = off_held + align8(sizeof(PyObject *) * nheld);
+    size_t off_fetch = off_tm + align8(ntensor_bytes);
+    size_t off_how = off_fetch + align8(sizeof(int32_t) * nf);
+    size_t total = off_how + nhow;
+    char *block = calloc(1, total);
+    if (!block) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    GuardSet *gs = (GuardSet *)block;
+    gs->src = (GSrc *)(block + off_src);
+    gs->leaf = (GLeaf *)(block + off_leaf);
+    gs->held = (PyObject **)(block + off_held);
+    gs->fetch = (int32_t *)(block + off_fetch);
+    char *tm = block + off_tm, *how = block + off_how;
+    gs->dict_epoch = UINT64_MAX; /* the first check compares every dict tag */
+#define HOLD(o) ((o) ? (gs->held[gs->nheld++] = Py_NewRef(o)) : NULL)
+    for (uint32_t i = 0; i < ns; i++) {
+        if (remap[i] < 0) continue;
+        const BSrc *s = &b->src.items[i];
+        GSrc *d = &gs->src[gs->nsrc++];
+        d->d = s->d;
+        d->d.parent = s->d.parent >= 0 ? remap[s->d.parent] : -1;
+        d->d.key = HOLD(s->d.key);
+        d->value = s->stable ? HOLD(s->value) : NULL;
+    }
+    for (uint32_t k = 0; k < nkept; k++) {
+        const BLeaf *l = &b->leaf.items[order[k]];
+        GLeaf *g = &gs->leaf[gs->nleaf++];
+        g->kind = l->kind;
+        g->sub = l->sub;
+        g->src = l->src >= 0 ? remap[l->src] : -1;
+        g->obj = HOLD(l->obj);
+        g->tag = l->tag;
+        if (l->kind == GUARD_DICT_VERSION) {
+            gs->ndict++;
+            size_t n = strlen(l->aux) + 1;
+            memcpy(how, l->aux, n);
+            g->aux = how;
+            how += n;
+        } else if (l->kind == GUARD_DICT_KEYS) {
+            g->aux = HOLD(l->obj2);
+        } else if (l->kind == GUARD_TENSOR_MATCH) {
+            EmTensorMeta *m = em_guard_tensor_meta_copy(l->aux, tm);
+            tm += em_guard_tensor_meta_size(m);
+            HOLD(m->dtype_obj);
+            HOLD(m->device_obj);
+            g->aux = m;
+        }
+    }
+#undef HOLD
+    for (uint32_t k = 0; k < nf; k++) gs->fetch[gs->nfetch++] = remap[b->fetch.items[k]];
+    return gs;
+}
+
+void em_guard_set_free(GuardSet *gs) {
+    if (!gs) return;
+    for (uint32_t i = 0; i < gs->nheld; i++) Py_DECREF(gs->held[i]);
+    free(gs);
+}
+
+int em_guard_nfetch(const GuardSet *gs) { return gs ? (int)gs->nfetch : 0; }
+int em_guard_count(const GuardSet *gs) { return gs ? (int)gs->nleaf : 0; }
+
+/* ---- check ---- */
+
+/* Looks key up in a namespace dict (or mapping). New reference, or NULL (missing or error). */
+static PyObject *ns_lookup(PyObject *ns, PyObject *key) {
+    if (!ns) return NULL;
+    if (PyDict_Check(ns)) return Py_XNewRef(PyDict_GetItemWithError(ns, key));
+    return PyObject_GetItem(ns, key);
+}
+
+/* Value of source s in this frame, as a new reference stored in vals[s] (each source is resolved
+ * at most once per check; the caller releases vals). Borrowed result; NULL when the path cannot
+ * be followed (exception cleared). */
+static PyObject *resolve(const GuardSet *gs, PyObject **vals, const EmFrameView *fv, int32_t s) {
+    if (vals[s]) return vals[s];
+    const GSrc *src = &gs->src[s];
+    PyObject *v = NULL, *p = NULL;
+    if (src->value) { /* stable */
+        vals[s] = Py_NewRef(src->value);
+        return vals[s];
+    }
+    if (src->d.parent >= 0 && !(p = resolve(gs, vals, fv, src->d.parent))) return NULL;
+    switch ((SrcKind)src->d.kind) {
+    case SRC_LOCAL:
+        if (src->d.index < fv->nlocals) v = Py_XNewRef(fv->locals[src->d.index]);
+        break;
+    case SRC_GLOBAL:
+        v = ns_lookup(fv->globals, src->d.key);
+        break;
+    case SRC_BUILTIN: { /* LOAD_GLOBAL reads builtins only when globals lack the name */
+        PyObject *g = ns_lookup(fv->globals, src->d.key);
+        if (g) {
+            Py_DECREF(g);
+            break;
+        }
+        if (PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_KeyError)) break;
+            PyErr_Clear();
+        }
+        v = ns_lookup(fv->builtins, src->d.key);
+        break;
+    }
+    case SRC_CLOSURE:
+        if (fv->closure && PyTuple_Check(fv->closure) && src->d.index < PyTuple_GET_SIZE(fv->closure)) {
+            PyObject *cell = PyTuple_GET_ITEM(fv->closure, src->d.index);
+            if (PyCell_Check(cell)) v = Py_XNewRef(PyCell_GET(cell));
+        }
+        break;
+    case SRC_ATTR:
+        v = PyObject_GetAttr(p, src->d.key);
+        break;
+    case SRC_ITEM:
+        if (PyList_CheckExact(p)) {
+            if (src->d.index < PyList_GET_SIZE(p)) v = Py_NewRef(PyList_GET_ITEM(p, src->d.index));
+        } else if (PyTuple_CheckExact(p)) {
+            if (src->d.index < PyTuple_GET_SIZE(p)) v = Py_NewRef(PyTuple_GET_ITEM(p, src->d.index));
+        } else {
+            PyObject *i = PyLong_FromSsize_t(src->d.index);
+            if (i) v = PyObject_GetItem(p, i);
+            Py_XDECREF(i);
+        }
+        break;
+    case SRC_DICT_ITEM:
+        v = PyDict_CheckExact(p) ? Py_XNewRef(PyDict_GetItemWithError(p, src->d.key)) : PyObject_GetItem(p, src->d.key);
+        break;
+    }
+    if (!v) {
+        if (PyErr_Occurred()) PyErr_Clear();
+        return NULL;
+    }
+    vals[s] = v;
+    return v;
+}
+
+/* a and b are the same float for the traced program: equal with the same sign (0.0 vs -0.0
+ * give different results), or both NaN (NaN != NaN must not force a recompile on every call). */
+static int float_same(double a, double b) {
+    return (a == b && signbit(a) == signbit(b)) || (isnan(a) && isnan(b));
+}
+
+/* v equals the constant c with the same exact type at every level (1 == 1.0 == True in Python,
+ * but each traces differently). Tuples compare item by item. Never leaves an exception. */
+static int const_equal(PyObject *v, PyObject *c) {
+    if (v == c) return 1;
+    PyTypeObject *t = Py_TYPE(c);
+    if (Py_TYPE(v) != t || c == Py_None || t == &PyBool_Type) return 0;
+    if (t == &PyFloat_Type) return float_same(PyFloat_AS_DOUBLE(v), PyFloat_AS_DOUBLE(c));
+    if (t == &PyUnicode_Type)
+        return PyUnicode_GET_LENGTH(v) == PyUnicode_GET_LENGTH(c) && PyUnicode_Compare(v, c) == 0;
+    if (t == &PyTuple_Type) {
+        Py_ssize_t n = PyTuple_GET_SIZE(c);
+        if (PyTuple_GET_SIZE(v) != n) return 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!const_equal(PyTuple_GET_ITEM(v, i), PyTuple_GET_ITEM(c, i))) return 0;
+        return 1;
+    }
+    int r = PyObject_RichCompareBool(v, c, Py_EQ);
+    if (r < 0) PyErr_Clear();
+    return r == 1;
+}
+
+static int equals_passes(const GLeaf *g, PyObject *v) {
+    switch (g->sub) {
+    case EQ_NONE:
+    case EQ_BOOL:
+        return v == g->obj;
+    case EQ_INT: {
+        if (v == g->obj) return 1;
+        if (!PyLong_CheckExact(v)) return 0;
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        return !overflow && x == (long long)g->tag;
+    }
+    case EQ_FLOAT:
+        return PyFloat_CheckExact(v) && float_same(PyFloat_AS_DOUBLE(v), PyFloat_AS_DOUBLE(g->obj));
+    default:
+        return const_equal(v, g->obj);
+    }
+}
+
+static int len_passes(const GLeaf *g, PyObject *v) {
+    Py_ssize_t n;
+    if (Py_TYPE(v) != (PyTypeObject *)g->obj) return 0;
+    if (PyList_CheckExact(v)) n = PyList_GET_SIZE(v);
+    else if (PyTuple_CheckExact(v)) n = PyTuple_GET_SIZE(v);
+    else if (PyDict_CheckExact(v)) n = PyDict_GET_SIZE(v);
+    else if ((n = PyObject_Length(v)) < 0) PyErr_Clear();
+    return n == (Py_ssize_t)g->tag;
+}
+
+/* Same exact dict type and the same keys in the same order, compared key by key. */
+static int dict_keys_pass(const GLeaf *g, PyObject *v) {
+    if (Py_TYPE(v) != (const PyTypeObject *)g->aux) return 0;
+    PyObject *keys = g->obj, *k, *val;
+    Py_ssize_t n = PyTuple_GET_SIZE(keys), pos = 0, i = 0;
+    if (PyDict_GET_SIZE(v) != n) return 0;
+    if (PyDict_CheckExact(v)) {
+        while (PyDict_Next(v, &pos, &k, &val))
+            if (i >= n || !const_equal(k, PyTuple_GET_ITEM(keys, i++))) return 0;
+        return i == n;
+    }
+    PyObject *now = dict_keys_tuple(v);
+    if (!now) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = const_equal(now, keys);
+    Py_DECREF(now);
+    return ok;
+}
+
+static int global_state_passes(const GLeaf *g) {
+    uint8_t bits;
+    PyObject *dtype;
+    if (global_state_read(&bits, &dtype) < 0) {
+        Py_XDECREF(dtype);
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = bits == g->sub && dtype == g->obj;
+    Py_DECREF(dtype);
+    return ok;
+}
+
+/* One leaf that reads a source (every kind but DICT_VERSION). 1 pass, 0 fail. */
+static int leaf_passes(const GuardSet *gs, const GLeaf *g, PyObject **vals, const EmFrameView *fv) {
+    PyObject *v = NULL;
+    if (g->src >= 0 && !(v = resolve(gs, vals, fv, g->src))) return 0;
+    switch ((GuardKind)g->kind) {
+    case GUARD_TYPE_VERSION:
+        return g->tag != 0 && ((PyTypeObject *)g->obj)->tp_version_tag == g->tag;
+    case GUARD_ID_MATCH:
+        return v == g->obj;
+    case GUARD_TYPE_MATCH:
+        return Py_TYPE(v) == (PyTypeObject *)g->obj;
+    case GUARD_EQUALS:
+        return equals_passes(g, v);
+    case GUARD_LEN:
+        return len_passes(g, v);
+    case GUARD_DICT_KEYS:
+        return dict_keys_pass(g, v);
+    case GUARD_GLOBAL_STATE:
+        return global_state_passes(g);
+    case GUARD_TENSOR_MATCH:
+        return Py_TYPE(v) == (PyTypeObject *)g->obj && em_guard_tensor_check(g->aux, v);
+    case GUARD_DICT_VERSION:
+        return dict_tag(g->obj) == g->tag;
+    case GUARD__COUNT:
+        break;
+    }
+    return 0;
+}
+
+/* See em_guard.h. *failed is the failing leaf, or -1 when no leaf failed (success, a fetched
+ * source that could not be evaluated, or out of memory for > 64 sources). */
+int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int *failed) {
+    PyObject *stack_vals[64];
+    PyObject **vals = stack_vals;
+    uint32_t i = 0;
+    int ok = 0;
+    *failed = -1;
+    if (gs->nsrc > 64) {
+        if (!(vals = calloc(gs->nsrc, sizeof(PyObject *)))) return 0;
+    } else {
+        memset(vals, 0, sizeof(PyObject *) * gs->nsrc);
+    }
+#if EM_PY312
+    uint64_t epoch = em_guard_state.dict_epoch;
+    if (gs->dict_epoch == epoch && em_guard_state.watcher_id >= 0) i = gs->ndict;
+#endif
+    for (; i < gs->ndict; i++)
+        if (dict_tag(gs->leaf[i].obj) != gs->leaf[i].tag) goto fail;
+#if EM_PY312
+    gs->dict_epoch = epoch;
+#endif
+    for (; i < gs->nleaf; i++)
+        if (!leaf_passes(gs, &gs->leaf[i], vals, fv)) goto fail;
+    for (uint32_t k = 0; k < gs->nfetch; k++)
+        if (!resolve(gs, vals, fv, gs->fetch[k])) goto done;
+    for (uint32_t k = 0; k < gs->nfetch; k++) fetched[k] = Py_NewRef(vals[gs->fetch[k]]);
+    ok = 1;
+    goto done;
+fail:
+    *failed = (int)i;
+done:
+    for (uint32_t s = 0; s < gs->nsrc; s++) Py_XDECREF(vals[s]);
+    if (vals != stack_vals) free(vals);
+    return ok;
+}
+
+/* ---- stage init ---- */
+
+static int intern(PyObject **slot, const char *s) {
+    if (!*slot && !(*slot = PyUnicode_InternFromString(s))) return -1;
+    return 0;
+}
+
+/* Interned names and, on 3.12, the dict watcher; torch objects now if torch is already imported
+ * (otherwise at the first compile). module may be NULL. */
+int em_guard_init(PyObject *module) {
+    EmGuardState *st = &em_guard_state;
+    EM_UNUSED(module);
+    if (intern(&st->str_cpu, "cpu") < 0 || intern(&st->str_cuda, "cuda") < 0 ||
+        intern(&st->s_requires_grad, "requires_grad") < 0 || intern(&st->s_is_conj, "is_conj") < 0 ||
+        intern(&st->s_is_neg, "is_neg") < 0 || intern(&st->s_shape, "shape") < 0 ||
+        intern(&st->s_stride, "stride") < 0 || intern(&st->s_dtype, "dtype") < 0 ||
+        intern(&st->s_device, "device") < 0 || intern(&st->s_dlpack_api, "__dlpack_c_exchange_api__") < 0 ||
+        intern(&st->s_module, "__module__") < 0 || intern(&st->s_qualname, "__qualname__") < 0)
+        return -1;
+#if EM_PY312
+    if (st->watcher_id < 0) {
+        st->watcher_id = PyDict_AddWatcher(dict_watch_event);
+        if (st->watcher_id < 0) { /* all watcher slots taken: exact tag compares on every check */
+            PyErr_Clear();
+            st->watcher_id = -1;
+        }
+    }
+#endif
+    PyObject *torch = PyImport_GetModule(em_str("torch"));
+    if (torch) {
+        Py_DECREF(torch);
+        if (em_guard_torch_ready() < 0) PyErr_Clear(); /* retried at the first compile */
+    } else if (PyErr_Occurred()) {
+        PyErr_Clear();
+    }
+    return 0;
+}
+
+int em_guard_torch_ready(void) {
+    EmGuardState *st = &em_guard_state;
+    PyObject *torch = NULL, *tensor = NULL;
+    if (st->torch_ready) return 0;
+    if (!st->s_module && em_guard_init(NULL) < 0) return -1;
+    if (!(torch = PyImport_ImportModule("torch"))) goto error;
+    if (!(tensor = PyObject_GetAttrString(torch, "Tensor"))) goto error;
+    if (!PyType_Check(tensor)) {
+        PyErr_SetString(PyExc_TypeError, "ember: torch.Tensor is not a type");
+        goto error;
+    }
+    if (!st->is_grad_enabled && !(st->is_grad_enabled = PyObject_GetAttrString(torch, "is_grad_enabled"))) goto error;
+    if (!st->is_autocast_enabled &&
+        !(st->is_autocast_enabled = PyObject_GetAttrString(torch, "is_autocast_enabled")))
+        goto error;
+    if (!st->get_default_dtype && !(st->get_default_dtype = PyObject_GetAttrString(torch, "get_default_dtype")))
+        goto error;
+    st->tensor_type = (PyTypeObject *)tensor;
+    st->torch_ready = 1;
+    Py_DECREF(torch);
+    return 0;
+error:
+    Py_XDECREF(torch);
+    Py_XDECREF(tensor);
+    return -1;
+}
+
+void em_guard_fini(void) {
+    EmGuardState *st = &em_guard_state;
+#if EM_PY312
+    if (st->watcher_id >= 0 && PyDict_ClearWatcher(st->watcher_id) < 0) PyErr_Clear();
+#endif
+    Py_CLEAR(st->tensor_type);
+    Py_CLEAR(st->is_grad_enabled);
+    Py_CLEAR(st->is_autocast_enabled);
+    Py_CLEAR(st->get_default_dtype);
+    Py_CLEAR(st->str_cpu);
+    Py_CLEAR(st->str_cuda);
+    Py_CLEAR(st->s_requires_grad);
+    Py_CLEAR(st->s_is_conj);
+    Py_CLEAR(st->s_is_neg);
+    Py_CLEAR(st->s_shape);
+    Py_CLEAR(st->s_stride);
+    Py_CLEAR(st->s_dtype);
+    Py_CLEAR(st->s_device);
+    Py_CLEAR(st->s_dlpack_api);
+    Py_CLEAR(st->s_module);
+    Py_CLEAR(st->s_qualname);
+    st->torch_ready = 0;
+    st->watcher_id = -1;
+}

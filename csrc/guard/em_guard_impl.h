@@ -1,0 +1,183 @@
+/* guard, private: the layouts shared by em_guard.c (builder, build, check), em_guard_tensor.c
+ * (tensor match) and em_guard_render.c (text). Only the guard stage includes this file.
+ * Invariant: a GuardSet is one malloc block; every PyObject pointer inside it is a strong
+ * reference listed exactly once in gs->held, and em_guard_set_free releases that list. */
+#ifndef EM_GUARD_IMPL_H
+#define EM_GUARD_IMPL_H
+
+#include "guard/em_guard.h"
+
+/* ---- sources: how a value is reached from the frame ---- */
+typedef enum {
+    SRC_LOCAL,     /* fv->locals[index]; key = the local's name (rendering only, may be NULL) */
+    SRC_GLOBAL,    /* fv->globals[key] */
+    SRC_BUILTIN,   /* fv->builtins[key], and key not in fv->globals (LOAD_GLOBAL semantics) */
+    SRC_CLOSURE,   /* contents of cell fv->closure[index]; key = the free variable's name */
+    SRC_ATTR,      /* getattr(parent, key) */
+    SRC_ITEM,      /* parent[index] (list/tuple) */
+    SRC_DICT_ITEM, /* parent[key] */
+} SrcKind;
+
+/* The part of a source that names the path; shared by builder and guard set so that one renderer
+ * serves both. */
+typedef struct EmSrcDesc {
+    int32_t parent; /* -1 for frame roots */
+    uint8_t kind;   /* SrcKind */
+    Py_ssize_t index;
+    PyObject *key;
+} EmSrcDesc;
+
+/* Renders source s of a table whose entries (each starting with an EmSrcDesc) lie stride bytes
+ * apart: "L['x']", "G['torch']", "B['len']", "L['self'].fs[3]", "L['d']['k']". New str. */
+PyObject *em_guard_render_src(const void *table, size_t stride, int32_t s);
+
+/* ---- leaf kinds, in evaluation order (cheapest and most selective first). The set sorts its
+ * leaves by this rank (stable), so every DICT_VERSION leaf comes first: the 3.12 watcher epoch
+ * can then skip the whole group with one compare. ---- */
+#define EM_GUARD_KINDS(_)  \
+    _(DICT_VERSION)        \
+    _(TYPE_VERSION)        \
+    _(ID_MATCH)            \
+    _(TYPE_MATCH)          \
+    _(EQUALS)              \
+    _(LEN)                 \
+    _(DICT_KEYS)           \
+    _(GLOBAL_STATE)        \
+    _(TENSOR_MATCH)
+
+typedef enum {
+#define EM_GUARD_KIND_ENUM(name) GUARD_##name,
+    EM_GUARD_KINDS(EM_GUARD_KIND_ENUM)
+#undef EM_GUARD_KIND_ENUM
+        GUARD__COUNT
+} GuardKind;
+
+/* ---- DLPack: the minimal layout ember needs, copied from DLPack v1.3
+ * (torch/include/ATen/dlpack.h: DLDevice, DLDataType, DLTensor, DLPackExchangeAPIHeader,
+ * DLPackExchangeAPI; DLPACK_MAJOR_VERSION 1, DLPACK_MINOR_VERSION 3). ember never includes torch
+ * headers nor links libtorch: torch hands out this table as the PyCapsule
+ * torch.Tensor.__dlpack_c_exchange_api__ named "dlpack_exchange_api". ---- */
+typedef struct {
+    int32_t device_type; /* DLDeviceType: kDLCPU = 1, kDLCUDA = 2, ... (a C enum, int-sized) */
+    int32_t device_id;
+} EmDLDevice;
+
+typedef struct {
+    uint8_t code; /* DLDataTypeCode: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLComplex 5, kDLBool 6 */
+    uint8_t bits;
+    uint16_t lanes;
+} EmDLDataType;
+
+enum { EM_DL_INT = 0, EM_DL_UINT = 1, EM_DL_COMPLEX = 5 };
+
+typedef struct {
+    void *data;
+    EmDLDevice device;
+    int32_t ndim;
+    EmDLDataType dtype;
+    int64_t *shape;   /* ndim entries; may be NULL when ndim == 0 */
+    int64_t *strides; /* in elements; may be NULL when ndim == 0 */
+    uint64_t byte_offset;
+} EmDLTensor;
+
+typedef struct EmDLPackAPIHeader {
+    struct {
+        uint32_t major, minor;
+    } version;
+    struct EmDLPackAPIHeader *prev_api;
+} EmDLPackAPIHeader;
+
+typedef struct EmDLPackAPI {
+    EmDLPackAPIHeader header;
+    void *managed_tensor_allocator;
+    void *managed_tensor_from_py_object_no_sync;
+    void *managed_tensor_to_py_object_no_sync;
+    /* 0 on success; -1 with a Python exception set (sparse, meta, quantized, bit dtypes). */
+    int (*dltensor_from_py_object_no_sync)(void *py_object, EmDLTensor *out);
+    void *current_work_stream;
+} EmDLPackAPI;
+
+/* ---- TENSOR_MATCH expectation, recorded at compile time with the same path that checks it.
+ * dims points at 2*ndim int64 right after the struct: sizes, then strides. ---- */
+typedef struct EmTensorMeta {
+    const EmDLPackAPI *api; /* NULL: read attributes (older torch, or DLPack refused this tensor) */
+    int32_t ndim;
+    EmDLDataType dtype;
+    EmDLDevice device;
+    uint8_t requires_grad;
+    uint8_t check_dtype_obj; /* DLPack: also compare v.dtype (int1..int8 share {kDLInt, 8, 1}) */
+    uint8_t check_conj;      /* complex dtype: compare is_conj() / is_neg() */
+    uint8_t conj, neg;
+    PyObject *dtype_obj;  /* torch.dtype: rendering, attribute path, 8-bit ints */
+    PyObject *device_obj; /* torch.device: rendering, attribute path */
+    int64_t *dims;
+} EmTensorMeta;
+
+/* Records t. The meta and its dims live in arena a; dtype_obj/device_obj are held by the arena.
+ * NULL with an exception if t is not a tensor that can be described (e.g. sparse). */
+EmTensorMeta *em_guard_tensor_record(EmArena *a, PyObject *t);
+size_t em_guard_tensor_meta_size(const EmTensorMeta *m);
+/* Copies m into dst (em_guard_tensor_meta_size(m) bytes, 8-aligned); dims are re-pointed. The
+ * object pointers are copied as is: the caller takes references for the set. */
+EmTensorMeta *em_guard_tensor_meta_copy(const EmTensorMeta *m, void *dst);
+/* 1 if v (whose exact type the caller already checked) matches m, else 0. Never leaves an
+ * exception set. */
+int em_guard_tensor_check(const EmTensorMeta *m, PyObject *v);
+/* "check_tensor(<src>, torch.float32, device='cpu', size=[2, 3], stride=[3, 1], requires_grad=False)". */
+PyObject *em_guard_tensor_render(const EmTensorMeta *m, PyTypeObject *tp, PyObject *src_text);
+
+/* ---- the compact guard set ---- */
+typedef struct GSrc {
+    EmSrcDesc d;     /* key is strong */
+    PyObject *value; /* stable source: the compile-time object (strong); else NULL */
+} GSrc;
+
+/* EQUALS fast paths, chosen at build time from the expected constant. */
+enum { EQ_NONE, EQ_BOOL, EQ_INT, EQ_FLOAT, EQ_STR, EQ_OTHER };
+
+typedef struct GLeaf {
+    uint8_t kind;   /* GuardKind */
+    uint8_t sub;    /* EQUALS: EQ_*; GLOBAL_STATE: bit 0 grad, bit 1 autocast cpu, bit 2 autocast cuda */
+    int32_t src;    /* -1 for DICT_VERSION, TYPE_VERSION, GLOBAL_STATE */
+    PyObject *obj;  /* strong. TYPE_MATCH, LEN, TENSOR_MATCH, TYPE_VERSION: the type; ID_MATCH: the
+                       object; EQUALS: the constant; DICT_KEYS: tuple of keys; DICT_VERSION: the
+                       dict; GLOBAL_STATE: the default dtype */
+    uint64_t tag;   /* DICT_VERSION / TYPE_VERSION: version; LEN: length */
+    const void *aux; /* DICT_VERSION: how (char *); TENSOR_MATCH: EmTensorMeta * */
+} GLeaf;
+
+struct GuardSet {
+    uint32_t nsrc, nleaf, nfetch, nheld;
+    uint32_t ndict;       /* leaves [0, ndict) are DICT_VERSION */
+    uint64_t dict_epoch;  /* 3.12: watcher epoch at which the DICT_VERSION group last passed */
+    GSrc *src;
+    GLeaf *leaf;
+    int32_t *fetch;       /* fetch slot -> source */
+    PyObject **held;
+};
+
+/* ---- process-wide state of the guard stage. ember supports one interpreter (em_module.c),
+ * so this is per-interpreter state; em_guard_init fills it, em_guard_fini clears it. ---- */
+typedef struct EmGuardState {
+    int torch_ready;
+    PyTypeObject *tensor_type;   /* torch.Tensor */
+    PyObject *is_grad_enabled;   /* torch.is_grad_enabled */
+    PyObject *is_autocast_enabled; /* torch.is_autocast_enabled(device_type) (torch >= 2.4) */
+    PyObject *get_default_dtype; /* torch.get_default_dtype */
+    PyObject *str_cpu, *str_cuda;
+    PyObject *s_requires_grad, *s_is_conj, *s_is_neg, *s_shape, *s_stride, *s_dtype, *s_device,
+        *s_dlpack_api, *s_module, *s_qualname;
+    int watcher_id;              /* 3.12 dict watcher, -1 if none */
+    uint64_t dict_epoch;         /* bumped on every event of a watched dict */
+} EmGuardState;
+
+extern EmGuardState em_guard_state;
+
+/* Imports torch and resolves the callables and the tensor type (compile time only).
+ * 0, or -1 with an exception. */
+int em_guard_torch_ready(void);
+
+/* Python text of a type: "torch.Tensor", "int", "mymod.Mod". New str. */
+PyObject *em_guard_type_text(PyTypeObject *tp);
+
+#endif /* EM_GUARD_IMPL_H */
