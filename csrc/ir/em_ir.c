@@ -357,7 +357,7 @@ static void ir_snake_case(const char *s, bool strip_magic, char *out, size_t cap
  * Mirrors torch.fx _Namespace.create_name: sanitize, split "base_N", skip illegal names, bump N
  * until unused, remember N per base. */
 static const char *ir_unique_name(IRGraphFull *gf, const char *candidate) {
-    char buf[NAME_MAX_LEN + 32], base[NAME_MAX_LEN + 32];
+    char buf[NAME_MAX_LEN + 64], base[NAME_MAX_LEN + 32];
     size_t o = 0;
     bool in_bad = false;
     /* sanitize: runs of characters outside [0-9a-zA-Z_] become one "_" */

@@ -1,0 +1,233 @@
+/* runtime OutSpec: the frame's return value as a tree over graph results, fetched inputs and
+ * constants. em_out_copy turns the tracer's arena tree into one malloc block that owns its
+ * references; em_out_build runs after every compiled call. Invariant: a copied block is
+ * [count][spec 0 = root][descendants...] and is freed whole. */
+#include "runtime/em_runtime.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The block behind a copied spec: the count lets em_out_free release every held object. */
+typedef struct {
+    size_t n;
+    _Alignas(16) OutSpec specs[];
+} OutBlock;
+
+/* Number of spec nodes in the tree rooted at s; 0 when the tree is malformed (items missing). */
+static size_t out_count(const OutSpec *s, int depth) {
+    if (depth > 1000) return 0;
+    size_t n = 1;
+    if (s->kind == OUT_TUPLE || s->kind == OUT_LIST || s->kind == OUT_DICT || s->kind == OUT_NAMEDTUPLE) {
+        if (s->n && !s->items) return 0;
+        for (uint32_t i = 0; i < s->n; i++) {
+            size_t k = out_count(&s->items[i], depth + 1);
+            if (!k) return 0;
+            n += k;
+        }
+    }
+    return n;
+}
+
+/* Copies src into *dst; its items go to the block at *next. Holds a reference to each obj. */
+static void out_copy_into(const OutSpec *src, OutSpec *dst, OutSpec **next) {
+    *dst = *src;
+    Py_XINCREF(dst->obj);
+    if (src->kind == OUT_TUPLE || src->kind == OUT_LIST || src->kind == OUT_DICT || src->kind == OUT_NAMEDTUPLE) {
+        dst->items = src->n ? *next : NULL;
+        *next += src->n;
+        for (uint32_t i = 0; i < src->n; i++) out_copy_into(&src->items[i], &dst->items[i], next);
+    } else {
+        dst->items = NULL;
+        dst->n = 0;
+    }
+}
+
+OutSpec *em_out_copy(const OutSpec *spec) {
+    size_t n = spec ? out_count(spec, 0) : 0;
+    if (!n) {
+        PyErr_SetString(PyExc_ValueError, "ember: malformed output spec");
+        return NULL;
+    }
+    OutBlock *b = malloc(sizeof(OutBlock) + n * sizeof(OutSpec));
+    if (!b) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    b->n = n;
+    OutSpec *next = &b->specs[1];
+    out_copy_into(spec, &b->specs[0], &next);
+    return &b->specs[0];
+}
+
+void em_out_free(OutSpec *spec) {
+    if (!spec) return;
+    OutBlock *b = (OutBlock *)((char *)spec - offsetof(OutBlock, specs));
+    for (size_t i = 0; i < b->n; i++) Py_XDECREF(b->specs[i].obj);
+    free(b);
+}
+
+/* graph_out[i], borrowed; NULL with IndexError when the compiled graph returned too few. */
+static PyObject *out_graph_item(PyObject *graph_out, uint32_t i) {
+    if (PyTuple_CheckExact(graph_out)) {
+        if (i < (size_t)PyTuple_GET_SIZE(graph_out)) return PyTuple_GET_ITEM(graph_out, i);
+    } else if (PyList_CheckExact(graph_out)) {
+        if (i < (size_t)PyList_GET_SIZE(graph_out)) return PyList_GET_ITEM(graph_out, i);
+    } else {
+        PyErr_Format(PyExc_TypeError, "ember: the compiled graph returned %.100s, expected a tuple or list",
+                     Py_TYPE(graph_out)->tp_name);
+        return NULL;
+    }
+    PyErr_Format(PyExc_IndexError, "ember: the compiled graph returned fewer than %u results", i + 1);
+    return NULL;
+}
+
+/* Builds a namedtuple (cls(*items)) or a structseq such as torch.return_types.max
+ * (cls(items_tuple)); a namedtuple class is told apart by its _make classmethod. */
+static PyObject *out_make_namedtuple(PyObject *cls, PyObject *items) {
+    if (PyType_Check(cls) && PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyObject *make = PyObject_GetAttrString(cls, "_make");
+        if (make) {
+            PyObject *r = PyObject_CallOneArg(make, items);
+            Py_DECREF(make);
+            return r;
+        }
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+        PyErr_Clear();
+        return PyObject_CallOneArg(cls, items);
+    }
+    return PyObject_Call(cls, items, NULL);
+}
+
+/* Recursive worker of em_out_build. New reference. */
+static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *const *fetched) {
+    PyObject *r = NULL, *v = NULL;
+    switch (s->kind) {
+    case OUT_GRAPH:
+        v = out_graph_item(graph_out, s->index);
+        return v ? Py_NewRef(v) : NULL;
+    case OUT_FETCH:
+        if (!fetched || !fetched[s->index]) {
+            PyErr_Format(PyExc_RuntimeError, "ember: fetch slot %u is empty", s->index);
+            return NULL;
+        }
+        return Py_NewRef(fetched[s->index]);
+    case OUT_CONST:
+        return Py_NewRef(s->obj ? s->obj : Py_None);
+    case OUT_TUPLE:
+    case OUT_NAMEDTUPLE:
+        r = PyTuple_New(s->n);
+        for (uint32_t i = 0; r && i < s->n; i++) {
+            v = out_build(&s->items[i], graph_out, fetched);
+            if (!v) Py_CLEAR(r);
+            else PyTuple_SET_ITEM(r, i, v);
+        }
+        if (r && s->kind == OUT_NAMEDTUPLE) Py_SETREF(r, out_make_namedtuple(s->obj, r));
+        return r;
+    case OUT_LIST:
+        r = PyList_New(s->n);
+        for (uint32_t i = 0; r && i < s->n; i++) {
+            v = out_build(&s->items[i], graph_out, fetched);
+            if (!v) Py_CLEAR(r);
+            else PyList_SET_ITEM(r, i, v);
+        }
+        return r;
+    case OUT_DICT:
+        if (!s->obj || !PyTuple_Check(s->obj) || PyTuple_GET_SIZE(s->obj) != (Py_ssize_t)s->n) {
+            PyErr_SetString(PyExc_RuntimeError, "ember: dict output spec without matching keys");
+            return NULL;
+        }
+        r = PyDict_New();
+        for (uint32_t i = 0; r && i < s->n; i++) {
+            v = out_build(&s->items[i], graph_out, fetched);
+            if (!v || PyDict_SetItem(r, PyTuple_GET_ITEM(s->obj, i), v) < 0) Py_CLEAR(r);
+            Py_XDECREF(v);
+        }
+        return r;
+    }
+    PyErr_SetString(PyExc_RuntimeError, "ember: output spec of unknown kind");
+    return NULL;
+}
+
+PyObject *em_out_build(const OutSpec *spec, PyObject *graph_out, PyObject *const *fetched) {
+    /* the common case, one graph result returned as is, without recursion */
+    if (spec->kind == OUT_GRAPH) {
+        PyObject *v = out_graph_item(graph_out, spec->index);
+        return v ? Py_NewRef(v) : NULL;
+    }
+    return out_build(spec, graph_out, fetched);
+}
+
+/* Appends the repr of the tree at s to the list of str parts. -1 with exception. */
+static int out_repr(const OutSpec *s, PyObject *parts) {
+    PyObject *t = NULL;
+    int rc = -1;
+    switch (s->kind) {
+    case OUT_GRAPH:
+        t = PyUnicode_FromFormat("graph_out[%u]", s->index);
+        break;
+    case OUT_FETCH:
+        t = PyUnicode_FromFormat("fetched[%u]", s->index);
+        break;
+    case OUT_CONST:
+        t = PyObject_Repr(s->obj ? s->obj : Py_None);
+        break;
+    case OUT_TUPLE:
+    case OUT_LIST:
+    case OUT_NAMEDTUPLE:
+    case OUT_DICT: {
+        const char *open = s->kind == OUT_LIST ? "[" : s->kind == OUT_DICT ? "{" : "(";
+        const char *close = s->kind == OUT_LIST ? "]" : s->kind == OUT_DICT ? "}" : ")";
+        if (s->kind == OUT_NAMEDTUPLE) {
+            PyObject *nm = s->obj ? PyObject_GetAttrString(s->obj, "__name__") : NULL;
+            if (!nm) {
+                PyErr_Clear();
+                nm = PyUnicode_FromString("namedtuple");
+            }
+            if (!nm || PyList_Append(parts, nm) < 0) {
+                Py_XDECREF(nm);
+                return -1;
+            }
+            Py_DECREF(nm);
+        }
+        t = PyUnicode_FromString(open);
+        if (!t || PyList_Append(parts, t) < 0) goto done;
+        Py_CLEAR(t);
+        for (uint32_t i = 0; i < s->n; i++) {
+            if (i) {
+                t = PyUnicode_FromString(", ");
+                if (!t || PyList_Append(parts, t) < 0) goto done;
+                Py_CLEAR(t);
+            }
+            if (s->kind == OUT_DICT) {
+                if (!s->obj || !PyTuple_Check(s->obj) || (Py_ssize_t)i >= PyTuple_GET_SIZE(s->obj)) {
+                    PyErr_SetString(PyExc_RuntimeError, "ember: dict output spec without matching keys");
+                    goto done;
+                }
+                t = PyUnicode_FromFormat("%R: ", PyTuple_GET_ITEM(s->obj, i));
+                if (!t || PyList_Append(parts, t) < 0) goto done;
+                Py_CLEAR(t);
+            }
+            if (out_repr(&s->items[i], parts) < 0) goto done;
+        }
+        t = PyUnicode_FromString(s->kind == OUT_TUPLE && s->n == 1 ? ",)" : close);
+        break;
+    }
+    }
+    if (!t) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ember: output spec of unknown kind");
+        goto done;
+    }
+    rc = PyList_Append(parts, t);
+done:
+    Py_XDECREF(t);
+    return rc;
+}
+
+PyObject *em_out_repr(const OutSpec *spec) {
+    PyObject *parts = PyList_New(0), *empty = NULL, *r = NULL;
+    if (!parts) return NULL;
+    if (out_repr(spec, parts) == 0 && (empty = PyUnicode_FromString(""))) r = PyUnicode_Join(empty, parts);
+    Py_XDECREF(empty);
+    Py_DECREF(parts);
+    return r;
+}
