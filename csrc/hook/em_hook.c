@@ -172,7 +172,10 @@ void em_hook_disable_exit(void)
     if (tl_hook.disabled > 0) tl_hook.disabled--;
 }
 
-int em_hook_disabled(void) { return tl_hook.disabled > 0; }
+/* Also true while the hook is busy (looking up, compiling, running an entry): a compiled object
+ * called from a backend, a guard or meta inference then runs its original code, as it does inside
+ * direct dispatch's own compile and run (which it wraps in em_hook_disable_enter/exit). */
+int em_hook_disabled(void) { return tl_hook.disabled > 0 || tl_hook.busy > 0; }
 
 /* Identity only: the slot is compared with the next frames' code objects and never dereferenced,
  * so it holds no reference. Cleared when consumed and at em_hook_exit. */
@@ -270,14 +273,13 @@ static PyObject *hook_answer(PyThreadState *tstate, _PyInterpreterFrame *frame, 
         .closure = PyFunction_GET_CLOSURE(func),
     };
 
+    ExtraState *es = em_cache_get(code, 1); /* runs no Python; NULL (no exception) if out of memory */
+    if (!es) return prev_eval(tstate, frame, 0);
     if (Py_EnterRecursiveCall(" in ember's frame hook")) goto error;
     t->busy++;
-    ExtraState *es = em_cache_get(code, 1);
-    if (es) {
-        e = em_cache_lookup(es, &fv, cfg->backend_key, fetched, &failed_entry, &failed_guard);
-        hit = e != NULL;
-        if (!e) e = em_cache_compile(es, func, code, &fv, cfg, fetched);
-    }
+    e = em_cache_lookup(es, &fv, cfg->backend_key, fetched, &failed_entry, &failed_guard);
+    hit = e != NULL;
+    if (!e) e = em_cache_compile(es, func, code, &fv, cfg, fetched);
     t->busy--;
     if (!e) {
         Py_LeaveRecursiveCall();
@@ -348,19 +350,8 @@ static PyObject *py_hook_force_install(PyObject *self, PyObject *flag)
     Py_RETURN_NONE;
 }
 
-/* _hook_disable_enter(), _hook_disable_exit(), _hook_disabled(): ember.disable's building blocks. */
-static PyObject *py_hook_disable_enter(PyObject *self, PyObject *unused)
-{
-    em_hook_disable_enter();
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_hook_disable_exit(PyObject *self, PyObject *unused)
-{
-    em_hook_disable_exit();
-    Py_RETURN_NONE;
-}
-
+/* _hook_disabled() -> bool: em_hook_disabled() for this thread (ember._C._disable_enter/exit,
+ * in em_module.c, are ember.disable's building blocks). */
 static PyObject *py_hook_disabled(PyObject *self, PyObject *unused)
 {
     return PyBool_FromLong(em_hook_disabled());
@@ -387,8 +378,6 @@ static PyObject *py_hook_skip_code(PyObject *self, PyObject *code)
 static PyMethodDef hook_methods[] = {
     {"_hook_installed", py_hook_installed, METH_NOARGS, "Is ember's frame evaluation function installed?"},
     {"_hook_force_install", py_hook_force_install, METH_O, "Test only: keep the hook installed (bool)."},
-    {"_hook_disable_enter", py_hook_disable_enter, METH_NOARGS, "Enter an ember.disable region (this thread)."},
-    {"_hook_disable_exit", py_hook_disable_exit, METH_NOARGS, "Leave an ember.disable region (this thread)."},
     {"_hook_disabled", py_hook_disabled, METH_NOARGS, "Is this thread inside ember.disable?"},
     {"_hook_thread_state", py_hook_thread_state, METH_NOARGS, "Test only: this thread's hook state."},
     {"_hook_skip_code", py_hook_skip_code, METH_O, "Test only: would the hook leave this code alone?"},
