@@ -522,7 +522,7 @@ GuardSet *em_guard_build(GuardBuilder *b) {
     for (uint32_t i = ns; i-- > 0;)
         if (remap[i] && b->src.items[i].d.parent >= 0) remap[b->src.items[i].d.parent] = 1;
     for (uint32_t i = 0; i < ns; i++) remap[i] = remap[i] ? (int32_t)nuse++ : -1;
-    nheld = 2 * nuse + 2 * nkept + 2 * nkept; /* keys, stable values; obj, obj2; tensor dtype, device */
+    nheld = 2 * nuse + 5 * nkept; /* keys, stable values; obj, obj2; tensor dtype, device, layout */
 
     size_t off_src = align8(sizeof(GuardSet));
     size_t off_leaf = off_src + align8(sizeof(GSrc) * nuse);
@@ -574,6 +574,7 @@ GuardSet *em_guard_build(GuardBuilder *b) {
             tm += em_guard_tensor_meta_size(m);
             HOLD(m->dtype_obj);
             HOLD(m->device_obj);
+            HOLD(m->layout_obj);
             g->aux = m;
         }
     }
@@ -836,7 +837,7 @@ int em_guard_init(PyObject *module) {
         intern(&st->s_requires_grad, "requires_grad") < 0 || intern(&st->s_is_conj, "is_conj") < 0 ||
         intern(&st->s_is_neg, "is_neg") < 0 || intern(&st->s_shape, "shape") < 0 ||
         intern(&st->s_stride, "stride") < 0 || intern(&st->s_dtype, "dtype") < 0 ||
-        intern(&st->s_device, "device") < 0 || intern(&st->s_dlpack_api, "__dlpack_c_exchange_api__") < 0 ||
+        intern(&st->s_device, "device") < 0 || intern(&st->s_layout, "layout") < 0 || intern(&st->s_dlpack_api, "__dlpack_c_exchange_api__") < 0 ||
         intern(&st->s_module, "__module__") < 0 || intern(&st->s_qualname, "__qualname__") < 0)
         return -1;
 #if EM_PY312
@@ -903,6 +904,7 @@ void em_guard_fini(void) {
     Py_CLEAR(st->s_stride);
     Py_CLEAR(st->s_dtype);
     Py_CLEAR(st->s_device);
+    Py_CLEAR(st->s_layout);
     Py_CLEAR(st->s_dlpack_api);
     Py_CLEAR(st->s_module);
     Py_CLEAR(st->s_qualname);

@@ -110,10 +110,11 @@ typedef struct EmTensorMeta {
     uint8_t conj, neg;
     PyObject *dtype_obj;  /* torch.dtype: rendering, attribute path, 8-bit ints */
     PyObject *device_obj; /* torch.device: rendering, attribute path */
+    PyObject *layout_obj; /* torch.layout: attribute path only (DLPack describes strided tensors only) */
     int64_t *dims;
 } EmTensorMeta;
 
-/* Records t. The meta and its dims live in arena a; dtype_obj/device_obj are held by the arena.
+/* Records t. The meta and its dims live in arena a; its objects are held by the arena.
  * NULL with an exception if t is not a tensor that can be described (e.g. sparse). */
 EmTensorMeta *em_guard_tensor_record(EmArena *a, PyObject *t);
 size_t em_guard_tensor_meta_size(const EmTensorMeta *m);
@@ -165,7 +166,7 @@ typedef struct EmGuardState {
     PyObject *is_autocast_enabled; /* torch.is_autocast_enabled(device_type) (torch >= 2.4) */
     PyObject *get_default_dtype; /* torch.get_default_dtype */
     PyObject *str_cpu, *str_cuda;
-    PyObject *s_requires_grad, *s_is_conj, *s_is_neg, *s_shape, *s_stride, *s_dtype, *s_device,
+    PyObject *s_requires_grad, *s_is_conj, *s_is_neg, *s_shape, *s_stride, *s_dtype, *s_device, *s_layout,
         *s_dlpack_api, *s_module, *s_qualname;
     int watcher_id;              /* 3.12 dict watcher, -1 if none */
     uint64_t dict_epoch;         /* bumped on every event of a watched dict */

@@ -12,7 +12,7 @@
  *  - torch.int1..int8 and uint1..uint8 all map to {kDLInt|kDLUInt, 8 bits, 1 lane} (measured on
  *    torch 2.13), so 8-bit integer tensors also compare the dtype object.
  * DLPack refuses sparse, meta, quantized and bit tensors: at compile time such a tensor is recorded
- * through attributes; at check time a refusal is a guard failure.
+ * through attributes (which also compare the layout); at check time a refusal is a guard failure.
  * Not distinguished: the negative bit of real tensors (x.conj().imag), dispatch keys such as
  * inference-mode tensors, storage offset: none changes what the traced torch calls compute. */
 #include "guard/em_guard_impl.h"
@@ -98,7 +98,7 @@ error:
 
 /* Records t in arena a (see em_guard_impl.h). */
 EmTensorMeta *em_guard_tensor_record(EmArena *a, PyObject *t) {
-    PyObject *dtype = NULL, *device = NULL, *is_complex = NULL;
+    PyObject *dtype = NULL, *device = NULL, *layout = NULL, *is_complex = NULL;
     int64_t *adims = NULL;
     EmTensorMeta *m = NULL;
     EmDLTensor dl;
@@ -146,6 +146,7 @@ EmTensorMeta *em_guard_tensor_record(EmArena *a, PyObject *t) {
         m->check_dtype_obj = (dl.dtype.code == EM_DL_INT || dl.dtype.code == EM_DL_UINT) && dl.dtype.bits == 8;
     } else {
         if (ndim) memcpy(m->dims, adims, sizeof(int64_t) * 2 * (size_t)ndim);
+        if (!(layout = PyObject_GetAttr(t, em_guard_state.s_layout))) goto error;
         is_complex = PyObject_GetAttrString(dtype, "is_complex");
         if (!is_complex) goto error;
         complex = PyObject_IsTrue(is_complex);
@@ -162,7 +163,8 @@ EmTensorMeta *em_guard_tensor_record(EmArena *a, PyObject *t) {
     dtype = NULL;
     m->device_obj = em_arena_hold_steal(a, device);
     device = NULL;
-    if (!m->dtype_obj || !m->device_obj) {
+    m->layout_obj = layout ? em_arena_hold_steal(a, layout) : NULL;
+    if (!m->dtype_obj || !m->device_obj || (layout && !m->layout_obj)) {
         PyErr_NoMemory();
         m = NULL;
     }
@@ -173,6 +175,7 @@ error:
     free(adims);
     Py_XDECREF(dtype);
     Py_XDECREF(device);
+    Py_XDECREF(layout);
     Py_XDECREF(is_complex);
     return NULL;
 }
@@ -192,16 +195,22 @@ EmTensorMeta *em_guard_tensor_meta_copy(const EmTensorMeta *m, void *dst) {
     return c;
 }
 
-/* Attribute path of em_guard_tensor_check: dtype identity (torch dtypes are singletons), device
- * equality, sizes and strides. 1 match, 0 mismatch, -1 error. */
+/* Attribute path of em_guard_tensor_check: dtype and layout identity (torch dtypes and layouts
+ * are singletons), device equality, sizes and strides. 1 match, 0 mismatch, -1 error. */
 static int check_attrs(const EmTensorMeta *m, PyObject *v) {
-    PyObject *dtype = NULL, *device = NULL;
+    PyObject *dtype = NULL, *device = NULL, *layout = NULL;
     int64_t *dims = NULL;
     int32_t ndim = 0;
     int rc = -1;
     dtype = PyObject_GetAttr(v, em_guard_state.s_dtype);
     if (!dtype) goto done;
     if (dtype != m->dtype_obj) {
+        rc = 0;
+        goto done;
+    }
+    layout = PyObject_GetAttr(v, em_guard_state.s_layout);
+    if (!layout) goto done;
+    if (layout != m->layout_obj) {
         rc = 0;
         goto done;
     }
@@ -216,6 +225,7 @@ done:
     free(dims);
     Py_XDECREF(dtype);
     Py_XDECREF(device);
+    Py_XDECREF(layout);
     return rc;
 }
 
@@ -275,7 +285,7 @@ static char *format_dims(char *p, const int64_t *d, int32_t n) {
 /* The TENSOR_MATCH line, in the form of Dynamo's guard dumps (check_tensor(...)). The type is
  * named only when it is not torch.Tensor. */
 PyObject *em_guard_tensor_render(const EmTensorMeta *m, PyTypeObject *tp, PyObject *src_text) {
-    PyObject *dev = NULL, *ty = NULL, *extra = NULL, *out = NULL;
+    PyObject *dev = NULL, *ty = NULL, *lay = NULL, *extra = NULL, *out = NULL;
     char *buf = malloc(2 * (24 * (size_t)m->ndim + 4));
     if (!buf) return PyErr_NoMemory();
     char *sizes = buf, *strides = format_dims(sizes, m->dims, m->ndim) + 1;
@@ -286,7 +296,9 @@ PyObject *em_guard_tensor_render(const EmTensorMeta *m, PyTypeObject *tp, PyObje
         ty = em_guard_type_text(tp);
         if (!ty) goto done;
     }
-    extra = PyUnicode_FromFormat("%s%V%s%s", ty ? ", type=" : "", ty, "",
+    if (m->layout_obj && !(lay = PyObject_Repr(m->layout_obj))) goto done;
+    if (lay && PyUnicode_CompareWithASCIIString(lay, "torch.strided") == 0) Py_CLEAR(lay);
+    extra = PyUnicode_FromFormat("%s%V%s%V%s%s", ty ? ", type=" : "", ty, "", lay ? ", layout=" : "", lay, "",
                                  m->check_conj ? (m->conj ? ", conj=True" : ", conj=False") : "",
                                  m->check_conj ? (m->neg ? ", neg=True" : ", neg=False") : "");
     if (!extra) goto done;
@@ -297,6 +309,7 @@ done:
     free(buf);
     Py_XDECREF(dev);
     Py_XDECREF(ty);
+    Py_XDECREF(lay);
     Py_XDECREF(extra);
     return out;
 }
