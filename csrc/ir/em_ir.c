@@ -776,7 +776,7 @@ static const char *const impure_names[] = {
     "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "feature_dropout",
     "native_dropout", "rrelu", "gumbel_softmax", "rand", "rand_like", "randn", "randn_like",
     "randint", "randint_like", "randperm", "bernoulli", "multinomial", "normal", "poisson",
-    "uniform", "exponential", "geometric", "cauchy", "log_normal", "print"};
+    "uniform", "exponential", "geometric", "cauchy", "log_normal", "random", "shuffle", "print"};
 
 /* May DCE delete node n when nobody uses its result? */
 static bool ir_node_removable(const IRNode *n) {

@@ -1,0 +1,166 @@
+"""Bridge from ember's graph IR to torch.fx: the export of ``em_ir_to_python`` becomes a
+``torch.fx.GraphModule`` that custom backends (``backend=callable``) and torch's backends take.
+
+The export is a list of ``(opcode, name, target, args, kwargs, meta)`` tuples, one per node in
+graph order (``csrc/ir/em_ir.h`` documents it). Inside ``args``/``kwargs``:
+
+* ``("__node__", name)`` refers to an earlier node;
+* ``("__const__", value)`` is a constant that is itself a tuple or list;
+* other tuples and lists are containers of arguments;
+* anything else is a constant.
+
+Constants whose ``repr`` is valid Python in fx's generated code (None, bool, int, float, complex,
+str, bytes, torch.dtype/device/layout/memory_format, slices, Ellipsis, enums, and tuples/lists of
+these) stay inline; any other object (a tensor, a function, a module) becomes an attribute of the
+GraphModule read by a ``get_attr`` node, as Dynamo does for constants it cannot print.
+
+The graph returns a tuple of its results, like Dynamo's graphs, so ``gm(*inputs)`` has the
+shape of ``compiled(*graph_inputs) -> tuple`` that ember's runtime expects.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+from torch.fx.passes.shape_prop import TensorMetadata
+
+__all__ = ["to_graph_module"]
+
+_NODE = "__node__"
+_CONST = "__const__"
+
+_LITERAL_TYPES: tuple[type, ...] = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    type(Ellipsis),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
+
+
+def _is_literal(value: Any) -> bool:
+    """True if fx's code generator writes ``value`` as an expression that re-creates it."""
+    if isinstance(value, _LITERAL_TYPES) or isinstance(value, enum.Enum):
+        return True
+    if isinstance(value, slice):
+        return _is_literal(value.start) and _is_literal(value.stop) and _is_literal(value.step)
+    if type(value) in (tuple, list, torch.Size):
+        return all(_is_literal(v) for v in value)
+    return False
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _memory_format(shape: Sequence[int], stride: Sequence[int]) -> torch.memory_format | None:
+    """torch.contiguous_format when the strides are row-major (ignoring size-1 dims, as
+    Tensor.is_contiguous does), else None; ShapeProp records the same field."""
+    expected = _contiguous_strides(shape)
+    if all(size <= 1 or s == e for size, s, e in zip(shape, stride, expected)):
+        return torch.contiguous_format
+    return None
+
+
+def _tensor_meta(meta: dict) -> TensorMetadata:
+    shape = tuple(meta["shape"])
+    stride = tuple(meta["stride"])
+    return TensorMetadata(
+        shape=torch.Size(shape),
+        dtype=meta["dtype"],
+        requires_grad=bool(meta["requires_grad"]),
+        stride=stride,
+        memory_format=_memory_format(shape, stride),
+        is_quantized=False,
+        qparams={},
+    )
+
+
+def to_graph_module(export: list, *, name: str = "ember_graph") -> torch.fx.GraphModule:
+    """Builds a ``torch.fx.GraphModule`` from ember's exported graph.
+
+    Args:
+        export: the list returned by ``em_ir_to_python`` (see the module docstring).
+        name: the class name of the generated module (shows in ``print(gm)`` and tracebacks).
+
+    Returns:
+        A GraphModule whose ``forward(*inputs)`` returns a tuple of the graph's results. Every fx
+        node keeps ember's metadata dict in ``node.meta["ember_meta"]``; tensor results also get
+        ``node.meta["tensor_meta"]`` (a ``torch.fx.passes.shape_prop.TensorMetadata``). No
+        ``node.meta["val"]`` (FakeTensor) is made.
+
+    Raises:
+        ValueError: the export refers to an unknown node, has no output node, or an opcode fx
+            does not know.
+    """
+    graph = torch.fx.Graph()
+    root = torch.nn.Module()
+    env: dict[str, torch.fx.Node] = {}
+    nconsts = 0
+
+    def const(value: Any) -> Any:
+        nonlocal nconsts
+        if _is_literal(value):
+            return value
+        attr = f"_ember_const_{nconsts}"
+        nconsts += 1
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+            root.register_buffer(attr, value, persistent=False)
+        else:
+            setattr(root, attr, value)
+        return graph.get_attr(attr)
+
+    def arg(a: Any) -> Any:
+        if type(a) is tuple:
+            if len(a) == 2 and type(a[0]) is str:
+                if a[0] == _NODE:
+                    try:
+                        return env[a[1]]
+                    except KeyError:
+                        raise ValueError(f"ember graph export refers to unknown node {a[1]!r}") from None
+                if a[0] == _CONST:
+                    return const(a[1])
+            return tuple(arg(x) for x in a)
+        if type(a) is list:
+            return [arg(x) for x in a]
+        return const(a)
+
+    have_output = False
+    for opcode, node_name, target, args, kwargs, meta in export:
+        if opcode == "placeholder":
+            node = graph.create_node("placeholder", target, name=node_name)
+        elif opcode in ("call_function", "call_method"):
+            fx_args = tuple(arg(a) for a in args)
+            fx_kwargs = {k: arg(v) for k, v in kwargs.items()}
+            node = graph.create_node(opcode, target, fx_args, fx_kwargs, name=node_name)
+        elif opcode == "output":
+            results = arg(args[0]) if args else ()
+            node = graph.output(tuple(results))
+            have_output = True
+        else:
+            raise ValueError(f"ember graph export has unknown opcode {opcode!r}")
+        if meta is not None:
+            node.meta["ember_meta"] = meta
+            if meta.get("kind") == "tensor":
+                node.meta["tensor_meta"] = _tensor_meta(meta)
+        env[node_name] = node
+    if not have_output:
+        raise ValueError("ember graph export has no output node")
+    gm = torch.fx.GraphModule(root, graph, class_name=name)
+    gm.graph.lint()
+    return gm
