@@ -766,7 +766,8 @@ static bool ir_name_inplace(const char *s) {
 }
 
 /* Functions that DCE must keep even when their result is unused: writes through operator
- * (setitem, in-place operators), global state (seeds, grad mode), and random ops, whose RNG
+ * (setitem, in-place operators and their dunders), global state (seeds, grad mode), autograd
+ * side effects (backward, hooks), and random ops, whose RNG
  * consumption must match eager even when the value is dropped. Matched by __name__: keeping an
  * op too many is always safe. */
 static const char *const impure_names[] = {
@@ -776,7 +777,10 @@ static const char *const impure_names[] = {
     "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "feature_dropout",
     "native_dropout", "rrelu", "gumbel_softmax", "rand", "rand_like", "randn", "randn_like",
     "randint", "randint_like", "randperm", "bernoulli", "multinomial", "normal", "poisson",
-    "uniform", "exponential", "geometric", "cauchy", "log_normal", "random", "shuffle", "print"};
+    "uniform", "exponential", "geometric", "cauchy", "log_normal", "random", "shuffle", "print",
+    "backward", "retain_grad", "register_hook", "record_stream", "__setitem__", "__delitem__",
+    "__iadd__", "__isub__", "__imul__", "__imatmul__", "__itruediv__", "__ifloordiv__", "__imod__",
+    "__ipow__", "__ilshift__", "__irshift__", "__iand__", "__ior__", "__ixor__"};
 
 /* May DCE delete node n when nobody uses its result? */
 static bool ir_node_removable(const IRNode *n) {

@@ -134,7 +134,11 @@ IRGraph *em_ir_new(EmArena *a);
 static inline IRNode *em_ir_node(const IRGraph *g, IRRef r) { return &g->nodes[r]; }
 
 /* Appends a placeholder. name: a valid identifier (made unique). meta is copied (shallow:
- * pointers inside must already live in the arena / be held). Returns 0 on OOM. */
+ * pointers inside must already live in the arena / be held). Returns 0 on OOM.
+ * Names follow torch.fx (_Namespace.create_name): "L_x_" -> node name "l_x_", repeats get "_1",
+ * "_2", Python keywords and builtins get a suffix ("sum" -> "sum_1"). The node's target (the
+ * parameter name of fx's forward) is name itself when it is an identifier that no earlier input
+ * uses, else the unique node name. */
 IRRef em_ir_placeholder(IRGraph *g, const char *name, const IRMeta *meta);
 
 /* Appends a call node. kind is IR_CALL_FUNCTION (target: callable) or IR_CALL_METHOD (target: str).

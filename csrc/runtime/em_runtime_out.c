@@ -66,12 +66,15 @@ void em_out_free(OutSpec *spec) {
     free(b);
 }
 
-/* graph_out[i], borrowed; NULL with IndexError when the compiled graph returned too few. */
+/* graph_out[i] as a new reference; IndexError when the compiled graph returned too few. Tuples
+ * and lists (what backends return) are read directly; any other sequence through __getitem__. */
 static PyObject *out_graph_item(PyObject *graph_out, uint32_t i) {
-    if (PyTuple_CheckExact(graph_out)) {
-        if (i < (size_t)PyTuple_GET_SIZE(graph_out)) return PyTuple_GET_ITEM(graph_out, i);
-    } else if (PyList_CheckExact(graph_out)) {
-        if (i < (size_t)PyList_GET_SIZE(graph_out)) return PyList_GET_ITEM(graph_out, i);
+    if (PyTuple_Check(graph_out)) {
+        if (i < (size_t)PyTuple_GET_SIZE(graph_out)) return Py_NewRef(PyTuple_GET_ITEM(graph_out, i));
+    } else if (PyList_Check(graph_out)) {
+        if (i < (size_t)PyList_GET_SIZE(graph_out)) return Py_NewRef(PyList_GET_ITEM(graph_out, i));
+    } else if (PySequence_Check(graph_out)) {
+        return PySequence_GetItem(graph_out, (Py_ssize_t)i);
     } else {
         PyErr_Format(PyExc_TypeError, "ember: the compiled graph returned %.100s, expected a tuple or list",
                      Py_TYPE(graph_out)->tp_name);
@@ -103,8 +106,7 @@ static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *cons
     PyObject *r = NULL, *v = NULL;
     switch (s->kind) {
     case OUT_GRAPH:
-        v = out_graph_item(graph_out, s->index);
-        return v ? Py_NewRef(v) : NULL;
+        return out_graph_item(graph_out, s->index);
     case OUT_FETCH:
         if (!fetched || !fetched[s->index]) {
             PyErr_Format(PyExc_RuntimeError, "ember: fetch slot %u is empty", s->index);
@@ -150,10 +152,7 @@ static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *cons
 
 PyObject *em_out_build(const OutSpec *spec, PyObject *graph_out, PyObject *const *fetched) {
     /* the common case, one graph result returned as is, without recursion */
-    if (spec->kind == OUT_GRAPH) {
-        PyObject *v = out_graph_item(graph_out, spec->index);
-        return v ? Py_NewRef(v) : NULL;
-    }
+    if (spec->kind == OUT_GRAPH) return out_graph_item(graph_out, spec->index);
     return out_build(spec, graph_out, fetched);
 }
 

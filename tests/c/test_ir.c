@@ -230,6 +230,9 @@ static void test_dce(void) {
     IRRef keep_iadd = em_ir_call(g, IR_CALL_FUNCTION, iadd, a_x1, 2, NULL, NULL, 0, &m);
     IRRef keep_m = em_ir_call(g, IR_CALL_METHOD, append_, a_x1, 2, NULL, NULL, 0, &m);
     IRRef dead_dunder = em_ir_call(g, IR_CALL_METHOD, dunder, a_x1, 2, NULL, NULL, 0, &m);
+    PyObject *setitem_m = PyUnicode_FromString("__setitem__");
+    IRRef keep_setitem_m = em_ir_call(g, IR_CALL_METHOD, setitem_m, a_set, 3, NULL, NULL, 0, &m);
+    Py_DECREF(setitem_m);
     IRArg kwv[1] = {node_arg(x)};
     IRRef keep_out = em_ir_call(g, IR_CALL_FUNCTION, add, a_x1, 2, &outname, kwv, 1, &m);
     IRRef keep_rand = em_ir_call(g, IR_CALL_FUNCTION, rnd, NULL, 0, NULL, NULL, 0, &m);
@@ -242,7 +245,7 @@ static void test_dce(void) {
     em_ir_count_users(g);
     CHECK(em_ir_node(g, live)->nusers == 1); /* one distinct user though used twice */
     CHECK(em_ir_node(g, live2)->nusers == 1);
-    CHECK(em_ir_node(g, x)->nusers == 10);
+    CHECK(em_ir_node(g, x)->nusers == 11);
     CHECK(em_ir_node(g, dead1)->nusers == 0);
     uint32_t nbefore = g->nnodes;
     IRRef map[64];
@@ -251,6 +254,7 @@ static void test_dce(void) {
     CHECK(g->nnodes == nbefore - 5);
     CHECK(map[dead1] == 0 && map[chain1] == 0 && map[chain2] == 0 && map[dead_dunder] == 0 && map[shuf] == 0);
     CHECK(map[x] == x && map[y] == y);
+    CHECK(map[keep_setitem_m] != 0);
     CHECK(map[keep_set] != 0 && map[keep_iadd] != 0 && map[keep_m] != 0 && map[keep_out] != 0 && map[keep_rand] != 0);
     CHECK(map[live] != 0 && map[live2] == map[live] + 1);
     CHECK(em_ir_node(g, map[live2])->args[0].u.ref == map[live]);
