@@ -282,6 +282,7 @@ typedef struct {
     uint32_t nslots, nfilled;
 } IRGraphFull;
 
+/* FNV-1a over a C string. */
 static uint64_t ir_hash(const char *s) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
     for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
@@ -481,6 +482,7 @@ static bool ir_is_identifier(const char *s) {
     return true;
 }
 
+/* Appends a placeholder and registers it as the next graph input (em_ir.h has the naming rule). */
 IRRef em_ir_placeholder(IRGraph *g, const char *name, const IRMeta *meta) {
     IRGraphFull *gf = (IRGraphFull *)g;
     char cand[NAME_MAX_LEN + 8];
@@ -574,6 +576,8 @@ IRRef em_ir_call(IRGraph *g, IRKind kind, PyObject *target, const IRArg *args, u
     return r;
 }
 
+/* Appends the OUTPUT node, whose one argument is the tuple of result refs. -1 on OOM or when the
+ * graph already has an output (no exception either way). */
 int em_ir_set_output(IRGraph *g, const IRRef *refs, uint32_t n) {
     if (g->output) return -1; /* a graph has one output node */
     IRGraphFull *gf = (IRGraphFull *)g;
@@ -733,6 +737,7 @@ typedef struct {
     int delta;
 } UseCtx;
 
+/* Adds delta to the user count of the referenced node, once per user node. */
 static void ir_count_visit(void *p, IRArg *arg) {
     UseCtx *c = p;
     IRRef r = arg->u.ref;
@@ -820,11 +825,15 @@ typedef struct {
     const IRRef *map;
 } RemapCtx;
 
+/* Rewrites a node reference through the old->new map. */
 static void ir_remap_visit(void *p, IRArg *arg) {
     const RemapCtx *c = p;
     arg->u.ref = c->map[arg->u.ref];
 }
 
+/* Dead-code elimination in one backward sweep (uses of a removed node are released before the
+ * nodes they refer to are visited), then one compaction that keeps the order. Placeholders and
+ * the output are never removed. Leaves user counts fresh and the Python error state untouched. */
 int em_ir_dce(IRGraph *g, IRRef *refmap) {
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);

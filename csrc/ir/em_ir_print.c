@@ -13,6 +13,7 @@ typedef struct {
     bool oom;
 } StrBuf;
 
+/* Appends n bytes (sets oom instead of failing). */
 static void sb_putn(StrBuf *b, const char *s, size_t n) {
     if (b->oom) return;
     if (b->n + n + 1 > b->cap) {
@@ -338,6 +339,7 @@ static PyObject *ir_export_meta(const IRMeta *m) {
     return d;
 }
 
+/* The export list (format at its declaration in em_ir.h), nodes in graph order. */
 PyObject *em_ir_to_python(const IRGraph *g) {
     PyObject *list = PyList_New(0), *args = NULL, *kwargs = NULL, *meta = NULL, *row = NULL;
     if (!list) return NULL;

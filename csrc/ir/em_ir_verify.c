@@ -81,6 +81,8 @@ static uint64_t ir_verify_hash(const char *s) {
     return h;
 }
 
+/* One pass over the nodes for order, kinds, arguments and metas, then a hash table for names.
+ * The first problem found is described in buf. */
 int em_ir_verify(const IRGraph *g, char *buf, size_t bufsize) {
     if (buf && bufsize) buf[0] = '\0';
     if (!g || !g->nodes || g->nnodes == 0) return ir_fail(buf, bufsize, "graph has no node array");

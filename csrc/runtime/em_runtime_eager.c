@@ -158,6 +158,7 @@ error:
     return result;
 }
 
+/* Entry for dispatch: the inputs as an array, no argument tuple. */
 PyObject *em_eager_graph_run(PyObject *eager_graph, PyObject *const *inputs, Py_ssize_t n) {
     EagerGraph *eg = (EagerGraph *)eager_graph;
     if (n != eg->ninputs) {
@@ -274,6 +275,8 @@ static void eg_release(EagerGraph *eg) {
     Py_CLEAR(eg->names);
 }
 
+/* Compiles g: slots for inputs then call results, templates for arguments (constant tuples
+ * folded), last uses turned into per-instruction free lists (counting sort). */
 PyObject *em_eager_graph_new(const IRGraph *g) {
     EagerGraph *eg = NULL;
     uint32_t *slot_of = NULL, *lastuse = NULL;
@@ -542,6 +545,7 @@ static int eg_traverse(PyObject *self, visitproc visit, void *arg) {
     return 0;
 }
 
+/* Breaks reference cycles; the object is marked so that it can no longer run. */
 static int eg_clear(PyObject *self) {
     EagerGraph *eg = (EagerGraph *)self;
     eg->cleared = 1;
@@ -549,6 +553,7 @@ static int eg_clear(PyObject *self) {
     return 0;
 }
 
+/* Heap-type dealloc: untrack, release, free, drop the type reference (PEP 573 rules). */
 static void eg_dealloc(PyObject *self) {
     EagerGraph *eg = (EagerGraph *)self;
     PyTypeObject *tp = Py_TYPE(self);
@@ -560,10 +565,11 @@ static void eg_dealloc(PyObject *self) {
     Py_DECREF(tp);
 }
 
-/* eager_graph.ninputs / .noutputs, for tests and reports. */
+/* eager_graph.noutputs (ninputs is a member), for tests and reports. */
 static PyObject *eg_get_noutputs(PyObject *self, void *closure) {
     return PyLong_FromUnsignedLong(((EagerGraph *)self)->noutputs);
 }
+/* eager_graph.ninstructions. */
 static PyObject *eg_get_ninstructions(PyObject *self, void *closure) {
     return PyLong_FromUnsignedLong(((EagerGraph *)self)->ninstr);
 }

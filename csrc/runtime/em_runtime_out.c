@@ -42,6 +42,7 @@ static void out_copy_into(const OutSpec *src, OutSpec *dst, OutSpec **next) {
     }
 }
 
+/* Counts the tree, then copies it into one block (root first, each node's items contiguous). */
 OutSpec *em_out_copy(const OutSpec *spec) {
     size_t n = spec ? out_count(spec, 0) : 0;
     if (!n) {
@@ -59,6 +60,7 @@ OutSpec *em_out_copy(const OutSpec *spec) {
     return &b->specs[0];
 }
 
+/* Releases every object of a copied spec and its block; NULL is fine. */
 void em_out_free(OutSpec *spec) {
     if (!spec) return;
     OutBlock *b = (OutBlock *)((char *)spec - offsetof(OutBlock, specs));
@@ -150,6 +152,7 @@ static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *cons
     return NULL;
 }
 
+/* Builds the frame's return value after a compiled call. */
 PyObject *em_out_build(const OutSpec *spec, PyObject *graph_out, PyObject *const *fetched) {
     /* the common case, one graph result returned as is, without recursion */
     if (spec->kind == OUT_GRAPH) return out_graph_item(graph_out, spec->index);
@@ -222,6 +225,7 @@ done:
     return rc;
 }
 
+/* The spec as Python-like text, for cache_info and dumps. */
 PyObject *em_out_repr(const OutSpec *spec) {
     PyObject *parts = PyList_New(0), *empty = NULL, *r = NULL;
     if (!parts) return NULL;
