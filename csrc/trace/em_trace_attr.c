@@ -1,0 +1,590 @@
+/* trace, attributes: attribute access on modules, tensors, Python modules, classes, constants,
+ * containers and plain objects.
+ * Invariant: attributes are found by reading type MROs and instance/module dicts in C (never by
+ * calling __getattr__/__getattribute__ or a property for real); every dict consulted gets a
+ * DICT_VERSION guard and every type a TYPE_VERSION guard, so the answer holds while guards pass.
+ * nn.Module lookup follows torch/nn/modules/module.py: type MRO (data descriptors), instance
+ * __dict__, non-data descriptors, then Module.__getattr__'s _parameters, _buffers, _modules. */
+#include "trace/em_trace_int.h"
+
+#include <string.h>
+
+int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what) {
+    const char *base = owner >= 0 ? em_tr_src_cstr(T, owner) : "<object>";
+    size_t n = strlen(base) + strlen(what) + 1;
+    char *how = em_arena_alloc(T->arena, n);
+    if (!how) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    strcpy(how, base);
+    strcat(how, what);
+    return em_guard_dict_version(T->gb, dict, how);
+}
+
+/* The instance __dict__ (borrowed from the object, or NULL if it has none). */
+static PyObject *instance_dict_borrow(PyObject *o) {
+    PyObject **dp = _PyObject_GetDictPtr(o);
+    if (dp && *dp) return *dp;
+#if EM_PY312
+    if (Py_TYPE(o)->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
+        PyObject *d = PyObject_GenericGetDict(o, NULL); /* materialises a managed dict */
+        if (!d) {
+            PyErr_Clear();
+            return NULL;
+        }
+        Py_DECREF(d); /* still owned by the object */
+        return d;
+    }
+#endif
+    return NULL;
+}
+
+/* A value reached through a version-guarded dict of an object with source `owner`. */
+static TValue *attr_value(Trace *T, GuardSrc owner, PyObject *name, PyObject *val) {
+    GuardSrc s = owner >= 0 ? em_guard_src_attr(T->gb, owner, name, val) : -1;
+    if (s >= 0) em_guard_src_stable(T->gb, s);
+    return em_tr_wrap(T, val, s, true);
+}
+
+static TValue *function_value(Trace *T, PyObject *f, GuardSrc src) {
+    TValue *v = em_tr_new(T, TV_FUNCTION);
+    if (!v) return NULL;
+    v->obj = em_arena_hold(T->arena, f);
+    v->src = src;
+    v->stable = true;
+    return v;
+}
+
+static TValue *bound(Trace *T, TValue *self, TValue *func) {
+    TValue *b = em_tr_new(T, TV_BOUND_METHOD);
+    if (!b) return NULL;
+    b->u.bm.self = self;
+    b->u.bm.func = func;
+    return b;
+}
+
+/* A property whose getter is a Python function: inline the getter with self. */
+static TValue *inline_property(Trace *T, TValue *self, PyObject *prop, PyObject *name) {
+    PyObject *fget = PyObject_GetAttrString(prop, "fget");
+    if (!fget) {
+        em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE);
+        return NULL;
+    }
+    TValue *r = NULL;
+    if (PyFunction_Check(fget)) {
+        TValue *f = function_value(T, fget, -1);
+        TValue *args[1] = {self};
+        if (f) r = em_tr_inline(T, f, args, 1, NULL, NULL);
+    } else {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "property .%U with a non-Python getter", name);
+    }
+    Py_DECREF(fget);
+    return r;
+}
+
+/* What a class attribute found on the type becomes when read through an instance `self`. */
+static TValue *class_attr_on_instance(Trace *T, TValue *self, PyObject *descr, PyObject *name, GuardSrc fsrc) {
+    if (PyFunction_Check(descr)) {
+        TValue *f = function_value(T, descr, fsrc);
+        return f ? bound(T, self, f) : NULL;
+    }
+    if (Py_IS_TYPE(descr, &PyStaticMethod_Type)) {
+        PyObject *f = PyObject_GetAttrString(descr, "__func__");
+        if (!f) {
+            em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE);
+            return NULL;
+        }
+        TValue *r = PyFunction_Check(f) ? function_value(T, f, -1) : em_tr_object(T, f, -1);
+        Py_DECREF(f);
+        return r;
+    }
+    if (Py_IS_TYPE(descr, &PyClassMethod_Type)) {
+        PyObject *f = PyObject_GetAttrString(descr, "__func__");
+        if (!f) {
+            em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE);
+            return NULL;
+        }
+        TValue *r = NULL;
+        if (PyFunction_Check(f)) {
+            TValue *fv = function_value(T, f, -1), *cls = em_tr_object(T, (PyObject *)Py_TYPE(self->obj), -1);
+            if (fv && cls) r = bound(T, cls, fv);
+        } else {
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "classmethod .%U", name);
+        }
+        Py_DECREF(f);
+        return r;
+    }
+    if (Py_TYPE(descr)->tp_descr_get) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "descriptor .%U of type %s", name, Py_TYPE(descr)->tp_name);
+        return NULL;
+    }
+    return em_tr_wrap(T, descr, -1, true); /* a plain class attribute (type version guards it) */
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* nn.Module                                                                                    */
+
+static PyObject *module_dict_entry(PyObject *idict, const char *which) {
+    PyObject *d = PyDict_GetItemString(idict, which);
+    return d && PyDict_Check(d) ? d : NULL;
+}
+
+TValue *em_tr_module_getattr(Trace *T, TValue *m, PyObject *name, int *missing) {
+    PyObject *o = m->obj;
+    PyTypeObject *tp = Py_TYPE(o);
+    if (tp->tp_getattro != PyObject_GenericGetAttr) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "module %s with its own __getattribute__", tp->tp_name);
+        return NULL;
+    }
+    if (PyUnicode_CompareWithASCIIString(name, "__class__") == 0) return em_tr_object(T, (PyObject *)tp, -1);
+    if (em_guard_type_version(T->gb, tp) < 0) return NULL;
+    PyObject *descr = _PyType_Lookup(tp, name);
+    if (descr && Py_TYPE(descr)->tp_descr_set) {
+        if (Py_IS_TYPE(descr, &PyProperty_Type)) return inline_property(T, m, descr, name);
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "data descriptor .%U of %s", name, tp->tp_name);
+        return NULL;
+    }
+    PyObject *idict = instance_dict_borrow(o);
+    if (!idict) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "module without __dict__");
+        return NULL;
+    }
+    if (em_tr_guard_dict(T, idict, m->src, ".__dict__") < 0) return NULL;
+    PyObject *val = PyDict_GetItemWithError(idict, name);
+    if (!val && PyErr_Occurred()) return NULL;
+    if (val) return attr_value(T, m->src, name, val);
+    if (descr) {
+        GuardSrc fs = -1;
+        if (PyFunction_Check(descr) && m->src >= 0) { /* the bound method delegates __globals__ etc. */
+            fs = em_guard_src_attr(T->gb, m->src, name, descr);
+            if (fs >= 0) em_guard_src_stable(T->gb, fs);
+        }
+        return class_attr_on_instance(T, m, descr, name, fs);
+    }
+    static const char *const dicts[3] = {"_parameters", "_buffers", "_modules"};
+    static const char *const whats[3] = {"._parameters", "._buffers", "._modules"};
+    for (int i = 0; i < 3; i++) {
+        PyObject *d = module_dict_entry(idict, dicts[i]);
+        if (!d) continue;
+        if (em_tr_guard_dict(T, d, m->src, whats[i]) < 0) return NULL;
+        val = PyDict_GetItemWithError(d, name);
+        if (!val && PyErr_Occurred()) return NULL;
+        if (!val) continue;
+        TValue *v = attr_value(T, m->src, name, val);
+        if (v && i < 2 && val != Py_None && !(v = em_tr_realize(T, v))) return NULL; /* TENSOR_MATCH now */
+        return v;
+    }
+    if (_PyType_Lookup(tp, em_str("__getattr__")) != _PyType_Lookup((PyTypeObject *)em_trace_rt.Module, em_str("__getattr__"))) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "module %s with its own __getattr__", tp->tp_name);
+        return NULL;
+    }
+    if (missing) {
+        *missing = 1;
+        return NULL;
+    }
+    em_tr_break(T, EM_BREAK_RAISE, "'%s' object has no attribute '%U'", tp->tp_name, name);
+    return NULL;
+}
+
+int em_tr_module_children(Trace *T, TValue *m, PyObject ***keys, TValue ***vals, uint32_t *n) {
+    PyObject *idict = instance_dict_borrow(m->obj);
+    PyObject *d = idict ? module_dict_entry(idict, "_modules") : NULL;
+    if (!d) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "module without _modules");
+    if (em_tr_guard_dict(T, idict, m->src, ".__dict__") < 0 || em_tr_guard_dict(T, d, m->src, "._modules") < 0) return -1;
+    Py_ssize_t cnt = PyDict_GET_SIZE(d), pos = 0, i = 0;
+    PyObject *k, *v;
+    PyObject **ks = em_arena_alloc(T->arena, sizeof(PyObject *) * (size_t)(cnt + 1));
+    TValue **vs = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(cnt + 1));
+    if (!ks || !vs) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    while (PyDict_Next(d, &pos, &k, &v)) {
+        if (v == Py_None) continue; /* ModuleList/Sequential skip None entries like _modules.values() does not;
+                                       a None child is rare: keep it out to match iteration of children */
+        if (!PyUnicode_Check(k)) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "non-str module key");
+        ks[i] = em_arena_hold(T->arena, k);
+        if (!(vs[i] = attr_value(T, m->src, k, v))) return -1;
+        i++;
+    }
+    *keys = ks;
+    *vals = vs;
+    *n = (uint32_t)i;
+    return 0;
+}
+
+int em_tr_module_check_hooks(Trace *T, TValue *m) {
+    static const char *const names[] = {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", NULL};
+    PyObject *idict = instance_dict_borrow(m->obj);
+    if (!idict) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "module without __dict__");
+    if (em_tr_guard_dict(T, idict, m->src, ".__dict__") < 0) return -1;
+    for (int i = 0; names[i]; i++) {
+        PyObject *d = PyDict_GetItemString(idict, names[i]);
+        if (!d) continue;
+        if (!PyDict_Check(d)) return em_tr_break(T, EM_BREAK_HOOKS, "%s is not a dict", names[i]);
+        char what[64];
+        snprintf(what, sizeof what, ".%s", names[i]);
+        if (em_tr_guard_dict(T, d, m->src, what) < 0) return -1;
+        if (PyDict_GET_SIZE(d)) return em_tr_break(T, EM_BREAK_HOOKS, "%s has %s", Py_TYPE(m->obj)->tp_name, names[i]);
+    }
+    PyObject *cc = PyDict_GetItemString(idict, "_compiled_call_impl");
+    if (cc && cc != Py_None) return em_tr_break(T, EM_BREAK_HOOKS, "module compiled with torch.compile");
+    static const char *const gnames[4] = {"torch.nn.modules.module._global_forward_hooks",
+                                          "torch.nn.modules.module._global_forward_pre_hooks",
+                                          "torch.nn.modules.module._global_backward_hooks",
+                                          "torch.nn.modules.module._global_backward_pre_hooks"};
+    for (int i = 0; i < 4; i++) {
+        PyObject *d = em_trace_rt.global_hooks[i];
+        if (!d || !PyDict_Check(d)) continue;
+        if (em_guard_dict_version(T->gb, d, gnames[i]) < 0) return -1;
+        if (PyDict_GET_SIZE(d)) return em_tr_break(T, EM_BREAK_HOOKS, "global module hooks (%s)", gnames[i]);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* tensors                                                                                      */
+
+static TValue *tensor_attr(Trace *T, TValue *t, PyObject *name, int *missing) {
+    IRMeta *m = t->u.t.meta;
+    const char *n = PyUnicode_AsUTF8(name);
+    if (!n) return NULL;
+    if (strcmp(n, "shape") == 0) {
+        PyObject *sz = PyTuple_New(m->ndim);
+        if (!sz) return NULL;
+        for (int i = 0; i < m->ndim; i++) {
+            PyObject *x = PyLong_FromLongLong(m->sizes[i]);
+            if (!x) {
+                Py_DECREF(sz);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(sz, i, x);
+        }
+        PyObject *s = PyObject_CallOneArg(em_trace_rt.Size, sz);
+        Py_DECREF(sz);
+        return em_tr_const_steal(T, s);
+    }
+    if (strcmp(n, "ndim") == 0) return em_tr_const_steal(T, PyLong_FromLong(m->ndim));
+    if (strcmp(n, "dtype") == 0) return em_tr_const(T, m->dtype);
+    if (strcmp(n, "device") == 0) return em_tr_const(T, m->device);
+    if (strcmp(n, "requires_grad") == 0) return em_tr_const(T, m->requires_grad ? Py_True : Py_False);
+    if (strcmp(n, "is_cuda") == 0 || strcmp(n, "is_cpu") == 0 || strcmp(n, "is_meta") == 0) {
+        PyObject *typ = PyObject_GetAttrString(m->device, "type");
+        if (!typ) return NULL;
+        int eq = PyUnicode_CompareWithASCIIString(typ, n + 3) == 0;
+        Py_DECREF(typ);
+        return em_tr_const(T, eq ? Py_True : Py_False);
+    }
+    if (strcmp(n, "is_sparse") == 0 || strcmp(n, "is_quantized") == 0 || strcmp(n, "is_nested") == 0 ||
+        strcmp(n, "is_mkldnn") == 0 || strcmp(n, "layout") == 0 || strcmp(n, "itemsize") == 0) {
+        PyObject *r = PyObject_GetAttr(m->example, name);
+        if (!r) {
+            em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE);
+            return NULL;
+        }
+        return em_tr_const_steal(T, r);
+    }
+    if (strcmp(n, "T") == 0 || strcmp(n, "mT") == 0 || strcmp(n, "H") == 0 || strcmp(n, "mH") == 0 ||
+        strcmp(n, "real") == 0 || strcmp(n, "imag") == 0) {
+        /* tensor-valued properties: a getattr(x, "T") node (fx records builtins.getattr the same way) */
+        PyObject *ga = PyDict_GetItemString(em_trace_rt.builtins_dict, "getattr");
+        TValue *args[2] = {t, em_tr_const(T, name)};
+        if (!ga || !args[1]) return NULL;
+        return em_tr_torch_call(T, IR_CALL_FUNCTION, ga, args, 2, NULL, NULL);
+    }
+    if (strcmp(n, "data") == 0 || strcmp(n, "grad") == 0 || strcmp(n, "grad_fn") == 0 || strcmp(n, "is_leaf") == 0 ||
+        strcmp(n, "_base") == 0 || strcmp(n, "names") == 0) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "Tensor.%s", n);
+        return NULL;
+    }
+    PyObject *d = _PyType_Lookup((PyTypeObject *)em_trace_rt.Tensor, name);
+    if (!d) {
+        if (missing) {
+            *missing = 1;
+            return NULL;
+        }
+        em_tr_break(T, EM_BREAK_RAISE, "'Tensor' object has no attribute '%U'", name);
+        return NULL;
+    }
+    if (Py_TYPE(d)->tp_descr_set) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "Tensor.%s", n);
+        return NULL;
+    }
+    if (!PyCallable_Check(d)) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "Tensor.%s", n);
+        return NULL;
+    }
+    TValue *tm = em_tr_new(T, TV_TENSOR_METHOD);
+    if (!tm) return NULL;
+    tm->u.tm.self = t;
+    tm->u.tm.name = em_arena_hold(T->arena, name);
+    return tm;
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* other values                                                                                 */
+
+static TValue *missing_or_break(Trace *T, int *missing, PyObject *on, PyObject *name) {
+    if (missing) {
+        *missing = 1;
+        return NULL;
+    }
+    em_tr_break(T, EM_BREAK_RAISE, "'%s' object has no attribute '%U'", Py_TYPE(on)->tp_name, name);
+    return NULL;
+}
+
+static TValue *pymodule_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
+    PyObject *d = PyModule_GetDict(v->obj);
+    if (!d) return NULL;
+    if (em_tr_guard_dict(T, d, v->src, ".__dict__") < 0) return NULL;
+    PyObject *val = PyDict_GetItemWithError(d, name);
+    if (!val && PyErr_Occurred()) return NULL;
+    if (!val) {
+        if (PyDict_GetItemString(d, "__getattr__")) {
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "module attribute .%U provided by __getattr__", name);
+            return NULL;
+        }
+        return missing_or_break(T, missing, v->obj, name);
+    }
+    return attr_value(T, v->src, name, val);
+}
+
+static TValue *class_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
+    PyTypeObject *tp = (PyTypeObject *)v->obj;
+    if (Py_TYPE(tp)->tp_getattro != PyType_Type.tp_getattro &&
+        _PyType_Lookup(Py_TYPE(tp), em_str("__getattr__"))) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "class with a metaclass __getattr__");
+        return NULL;
+    }
+    if (em_guard_type_version(T->gb, tp) < 0) return NULL;
+    PyObject *d = _PyType_Lookup(tp, name);
+    if (!d) {
+        if (PyUnicode_CompareWithASCIIString(name, "__name__") == 0 || PyUnicode_CompareWithASCIIString(name, "__qualname__") == 0 ||
+            PyUnicode_CompareWithASCIIString(name, "__module__") == 0) {
+            PyObject *r = PyObject_GetAttr(v->obj, name);
+            if (!r) {
+                em_tr_break_exc(T, EM_BREAK_RAISE);
+                return NULL;
+            }
+            return em_tr_from_py(T, r) ? em_tr_const_steal(T, r) : (Py_DECREF(r), (TValue *)NULL);
+        }
+        return missing_or_break(T, missing, v->obj, name);
+    }
+    if (PyFunction_Check(d)) {
+        GuardSrc s = v->src >= 0 ? em_guard_src_attr(T->gb, v->src, name, d) : -1;
+        if (s >= 0) em_guard_src_stable(T->gb, s);
+        return function_value(T, d, s);
+    }
+    if (Py_IS_TYPE(d, &PyStaticMethod_Type) || Py_IS_TYPE(d, &PyClassMethod_Type)) {
+        PyObject *f = PyObject_GetAttrString(d, "__func__");
+        if (!f) {
+            em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE);
+            return NULL;
+        }
+        TValue *r = NULL;
+        if (!PyFunction_Check(f))
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "static/class method .%U", name);
+        else if (Py_IS_TYPE(d, &PyStaticMethod_Type))
+            r = function_value(T, f, -1);
+        else {
+            TValue *fv = function_value(T, f, -1);
+            if (fv) r = bound(T, v, fv);
+        }
+        Py_DECREF(f);
+        return r;
+    }
+    if (Py_TYPE(d) == &PyMethodDescr_Type || Py_TYPE(d) == &PyWrapperDescr_Type || PyCFunction_Check(d))
+        return em_tr_object(T, d, -1); /* torch.Tensor.add etc.: callable as a function */
+    if (Py_TYPE(d)->tp_descr_get) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "class descriptor .%U", name);
+        return NULL;
+    }
+    return attr_value(T, v->src, name, d);
+}
+
+static TValue *object_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
+    PyObject *o = v->obj;
+    PyTypeObject *tp = Py_TYPE(o);
+    if (PyCFunction_Check(o) || Py_TYPE(o) == &PyMethodDescr_Type) {
+        const char *n = PyUnicode_AsUTF8(name);
+        if (n && (strcmp(n, "__name__") == 0 || strcmp(n, "__qualname__") == 0 || strcmp(n, "__module__") == 0)) {
+            PyObject *r = PyObject_GetAttr(o, name);
+            if (!r) {
+                em_tr_break_exc(T, EM_BREAK_RAISE);
+                return NULL;
+            }
+            return em_tr_const_steal(T, r);
+        }
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "attribute .%U of a builtin", name);
+        return NULL;
+    }
+    if (tp->tp_getattro != PyObject_GenericGetAttr) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "attribute .%U of a %s (custom getattr)", name, tp->tp_name);
+        return NULL;
+    }
+    if (v->src < 0 && !v->stable) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "attribute of an object without a source");
+        return NULL;
+    }
+    if (em_guard_type_version(T->gb, tp) < 0) return NULL;
+    PyObject *descr = _PyType_Lookup(tp, name);
+    if (descr && Py_TYPE(descr)->tp_descr_set) {
+        if (Py_IS_TYPE(descr, &PyProperty_Type)) return inline_property(T, v, descr, name);
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "data descriptor .%U of %s", name, tp->tp_name);
+        return NULL;
+    }
+    PyObject *idict = instance_dict_borrow(o);
+    if (idict) {
+        if (em_tr_guard_dict(T, idict, v->src, ".__dict__") < 0) return NULL;
+        PyObject *val = PyDict_GetItemWithError(idict, name);
+        if (!val && PyErr_Occurred()) return NULL;
+        if (val) return attr_value(T, v->src, name, val);
+    }
+    if (descr) return class_attr_on_instance(T, v, descr, name, -1);
+    if (_PyType_Lookup(tp, em_str("__getattr__"))) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "attribute .%U provided by __getattr__", name);
+        return NULL;
+    }
+    return missing_or_break(T, missing, o, name);
+}
+
+/* Attributes of immutable constants (dtype.is_floating_point, device.type, str.format ...). */
+static TValue *const_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
+    if (em_tr_use(T, v) < 0) return NULL;
+    PyObject *r = PyObject_GetAttr(v->obj, name);
+    if (!r) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            return missing_or_break(T, missing, v->obj, name);
+        }
+        em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE);
+        return NULL;
+    }
+    if (PyCFunction_Check(r)) return em_tr_object(T, em_arena_hold_steal(T->arena, r), -1);
+    TValue *out = em_tr_from_py(T, r);
+    Py_DECREF(r);
+    return out;
+}
+
+static const char *const list_methods[] = {"append", "extend", "insert", "pop", "clear", "reverse", "copy", "index", "count", "remove", NULL};
+static const char *const dict_methods[] = {"get", "items", "keys", "values", "pop", "update", "setdefault", "copy", NULL};
+static const char *const tuple_methods[] = {"index", "count", NULL};
+
+static TValue *container_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
+    const char *n = PyUnicode_AsUTF8(name);
+    if (!n) return NULL;
+    if (v->kind == TV_TUPLE && v->u.seq.cls) { /* namedtuple / structseq field */
+        PyObject *fields = PyObject_GetAttrString(v->u.seq.cls, "_fields");
+        if (fields && PyTuple_Check(fields)) {
+            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fields) && (uint32_t)i < v->u.seq.n; i++)
+                if (PyUnicode_Compare(PyTuple_GET_ITEM(fields, i), name) == 0) {
+                    Py_DECREF(fields);
+                    return v->u.seq.items[i];
+                }
+        }
+        Py_XDECREF(fields);
+        PyErr_Clear();
+        if (v->obj && PyTuple_Check(v->obj)) { /* structseq (torch.return_types.max): match by identity */
+            PyObject *a = PyObject_GetAttr(v->obj, name);
+            if (a) {
+                for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v->obj) && (uint32_t)i < v->u.seq.n; i++)
+                    if (PyTuple_GET_ITEM(v->obj, i) == a) {
+                        Py_DECREF(a);
+                        return v->u.seq.items[i];
+                    }
+                Py_DECREF(a);
+            }
+            PyErr_Clear();
+        }
+    }
+    const char *const *allowed = v->kind == TV_LIST ? list_methods : v->kind == TV_DICT ? dict_methods : tuple_methods;
+    for (int i = 0; allowed[i]; i++)
+        if (strcmp(n, allowed[i]) == 0) {
+            TValue *b = em_tr_new(T, TV_BOUND_METHOD);
+            if (!b) return NULL;
+            b->u.bm.self = v;
+            b->u.bm.name = em_arena_hold(T->arena, name);
+            return b;
+        }
+    PyTypeObject *tp = v->kind == TV_LIST ? &PyList_Type : v->kind == TV_DICT ? &PyDict_Type : &PyTuple_Type;
+    if (!_PyType_Lookup(tp, name) && !(v->u.seq.cls && v->kind == TV_TUPLE)) return missing_or_break(T, missing, (PyObject *)tp, name);
+    em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "attribute .%s of a %s", n, tp->tp_name);
+    return NULL;
+}
+
+/* super(cls, self).name: the first class after cls in type(self).__mro__ that defines name. */
+static TValue *super_attr(Trace *T, TValue *s, PyObject *name) {
+    TValue *self = em_tr_realize(T, s->u.sup.self);
+    if (!self) return NULL;
+    if (!self->obj || (self->kind != TV_NN_MODULE && self->kind != TV_OBJECT)) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "super() of a value of kind %d", (int)self->kind);
+        return NULL;
+    }
+    PyTypeObject *tp = Py_TYPE(self->obj);
+    if (em_guard_type_version(T->gb, tp) < 0) return NULL;
+    PyObject *mro = tp->tp_mro;
+    Py_ssize_t n = mro ? PyTuple_GET_SIZE(mro) : 0, i;
+    for (i = 0; i < n; i++)
+        if (PyTuple_GET_ITEM(mro, i) == s->u.sup.cls) break;
+    for (i++; i < n; i++) {
+        PyTypeObject *b = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+        PyObject *d = b->tp_dict ? PyDict_GetItemWithError(b->tp_dict, name) : NULL;
+        if (!d && PyErr_Occurred()) return NULL;
+        if (!d) continue;
+        if (PyFunction_Check(d)) {
+            TValue *f = function_value(T, d, -1);
+            return f ? bound(T, self, f) : NULL;
+        }
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "super().%U is not a function", name);
+        return NULL;
+    }
+    em_tr_break(T, EM_BREAK_RAISE, "super() has no attribute '%U'", name);
+    return NULL;
+}
+
+TValue *em_tr_getattr(Trace *T, TValue *v, PyObject *name, int *missing) {
+    if (missing) *missing = 0;
+    if (!(v = em_tr_realize(T, v))) return NULL;
+    switch (v->kind) {
+    case TV_TENSOR:
+        return tensor_attr(T, v, name, missing);
+    case TV_NN_MODULE:
+        return em_tr_module_getattr(T, v, name, missing);
+    case TV_OBJECT:
+        if (PyModule_Check(v->obj)) return pymodule_attr(T, v, name, missing);
+        if (PyType_Check(v->obj)) return class_attr(T, v, name, missing);
+        return object_attr(T, v, name, missing);
+    case TV_CONST:
+        return const_attr(T, v, name, missing);
+    case TV_TUPLE: case TV_LIST: case TV_DICT:
+        return container_attr(T, v, name, missing);
+    case TV_SUPER:
+        return super_attr(T, v, name);
+    case TV_SLICE: {
+        const char *n = PyUnicode_AsUTF8(name);
+        if (n && strcmp(n, "start") == 0) return v->u.sl.start;
+        if (n && strcmp(n, "stop") == 0) return v->u.sl.stop;
+        if (n && strcmp(n, "step") == 0) return v->u.sl.step ? v->u.sl.step : em_tr_const(T, Py_None);
+        break;
+    }
+    case TV_FUNCTION: {
+        const char *n = PyUnicode_AsUTF8(name);
+        if (n && (strcmp(n, "__name__") == 0 || strcmp(n, "__qualname__") == 0)) {
+            if (v->obj) return em_tr_const(T, strcmp(n, "__name__") == 0 ? ((PyFunctionObject *)v->obj)->func_name : ((PyFunctionObject *)v->obj)->func_qualname);
+            return em_tr_const(T, strcmp(n, "__name__") == 0 ? v->u.fn.code->co_name : v->u.fn.code->co_qualname);
+        }
+        break;
+    }
+    case TV_BOUND_METHOD: {
+        const char *n = PyUnicode_AsUTF8(name);
+        if (n && strcmp(n, "__self__") == 0) return v->u.bm.self;
+        if (n && strcmp(n, "__func__") == 0 && v->u.bm.func) return v->u.bm.func;
+        break;
+    }
+    default:
+        break;
+    }
+    if (!T->broke) em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "attribute .%U of a value of kind %d", name, (int)v->kind);
+    return NULL;
+}

@@ -1,0 +1,1970 @@
+/* trace, calls: torch functions and Tensor methods become graph nodes whose output metadata comes
+ * from running the same call on meta tensors; Python operators on tensors become operator.* nodes;
+ * builtins and operator/math functions on constants are evaluated at trace time; user functions,
+ * nn.Module.forward and Python helpers of torch.nn.modules are inlined (argument binding, cells,
+ * a nested TFrame).
+ * Invariant: real Python runs only for meta inference, for pure builtins on constants, and for
+ * reading attributes/dicts; anything else is inlined or becomes a break naming the callable. */
+#include "trace/em_trace_int.h"
+
+#include <string.h>
+
+/* codes of em_trace.c's builtin_names / torch_query_paths, in the same order */
+enum {
+    BI_NONE, BI_LEN, BI_ISINSTANCE, BI_ISSUBCLASS, BI_TYPE, BI_ABS, BI_MIN, BI_MAX, BI_SUM, BI_ROUND,
+    BI_DIVMOD, BI_POW, BI_INT, BI_FLOAT, BI_BOOL, BI_STR, BI_TUPLE, BI_LIST, BI_DICT, BI_RANGE,
+    BI_ENUMERATE, BI_ZIP, BI_REVERSED, BI_SORTED, BI_ALL, BI_ANY, BI_HASATTR, BI_GETATTR, BI_CALLABLE,
+    BI_ITER, BI_NEXT, BI_PRINT, BI_SUPER, BI_SLICE, BI_SETATTR, BI_OPEN, BI_INPUT, BI_ID, BI_HASH,
+    BI_REPR, BI_SET, BI_FROZENSET, BI_DELATTR, BI_OBJECT, BI_CHR, BI_ORD, BI_MAP, BI_FILTER
+};
+enum {
+    TQ_NONE, TQ_IS_GRAD_ENABLED, TQ_GET_DEFAULT_DTYPE, TQ_IS_AUTOCAST_ENABLED, TQ_MHA_FASTPATH, TQ_HAS_TF,
+    TQ_HAS_TF_UNARY, TQ_HAS_TF_VARIADIC, TQ_TRACING_STATE, TQ_IS_SCRIPTING, TQ_IS_TRACING, TQ_IS_COMPILING,
+    TQ_IS_DYNAMO_COMPILING, TQ_IS_TENSOR, TQ_DEFAULT_DEVICE, TQ_C_HAS_TF, TQ_C_HAS_TF_UNARY,
+    TQ_C_HAS_TF_VARIADIC, TQ_IS_FLOATING_POINT, TQ_IS_COMPLEX, TQ_NUMEL, TQ_UTILS_IS_COMPILING,
+    TQ_JIT_IS_SCRIPTING
+};
+
+#define TR_CO_VARARGS 0x04
+#define TR_CO_VARKEYWORDS 0x08
+#define TR_CO_GENERATOR 0x20
+#define TR_CO_ASYNCISH (0x80 | 0x100 | 0x200)
+
+static long table_code(PyObject *table, PyObject *obj) {
+    PyObject *key = PyLong_FromVoidPtr(obj);
+    if (!key) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *v = PyDict_GetItemWithError(table, key);
+    Py_DECREF(key);
+    if (!v) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyTuple_GET_ITEM(v, 0) != obj) return 0;
+    return PyLong_AsLong(PyTuple_GET_ITEM(v, 1));
+}
+
+/* A readable name for a callable, without running user code (module.qualname for functions and
+ * builtins, the type name otherwise). Arena string. */
+static const char *callable_name(Trace *T, PyObject *o) {
+    PyObject *mod = NULL, *nm = NULL, *r = NULL;
+    if (PyFunction_Check(o)) {
+        mod = Py_XNewRef(((PyFunctionObject *)o)->func_module);
+        nm = Py_NewRef(((PyFunctionObject *)o)->func_qualname);
+    } else if (PyCFunction_Check(o)) {
+        PyCFunctionObject *f = (PyCFunctionObject *)o;
+        mod = f->m_module ? (PyModule_Check(f->m_module) ? PyModule_GetNameObject(f->m_module) : Py_NewRef(f->m_module)) : NULL;
+        if (!mod) PyErr_Clear();
+        nm = PyUnicode_FromString(f->m_ml->ml_name);
+    } else if (PyType_Check(o)) {
+        return em_arena_strdup(T->arena, ((PyTypeObject *)o)->tp_name);
+    } else {
+        r = PyUnicode_FromFormat("%s object", Py_TYPE(o)->tp_name);
+    }
+    if (!r && nm) r = mod && PyUnicode_Check(mod) ? PyUnicode_FromFormat("%U.%U", mod, nm) : Py_NewRef(nm);
+    Py_XDECREF(mod);
+    Py_XDECREF(nm);
+    const char *s = r ? PyUnicode_AsUTF8(r) : NULL;
+    char *c = s ? em_arena_strdup(T->arena, s) : NULL;
+    if (!s) PyErr_Clear();
+    Py_XDECREF(r);
+    return c ? c : "?";
+}
+
+/* __module__ of a function or builtin as UTF-8 (borrowed from a held object), or NULL. */
+static const char *callable_module(Trace *T, PyObject *o) {
+    PyObject *mod = NULL;
+    if (PyFunction_Check(o))
+        mod = ((PyFunctionObject *)o)->func_module;
+    else if (PyCFunction_Check(o)) {
+        PyObject *m = ((PyCFunctionObject *)o)->m_module;
+        if (m && PyUnicode_Check(m))
+            mod = m;
+        else if (m && PyModule_Check(m)) {
+            PyObject *n = PyModule_GetNameObject(m);
+            if (!n) {
+                PyErr_Clear();
+                return NULL;
+            }
+            mod = em_arena_hold_steal(T->arena, n);
+        }
+    }
+    if (!mod || !PyUnicode_Check(mod)) return NULL;
+    const char *s = PyUnicode_AsUTF8(mod);
+    if (!s) PyErr_Clear();
+    return s;
+}
+
+static bool starts_with(const char *s, const char *p) { return s && strncmp(s, p, strlen(p)) == 0; }
+
+static bool is_torch_module_name(const char *m) {
+    return m && (strcmp(m, "torch") == 0 || starts_with(m, "torch."));
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* graph nodes                                                                                  */
+
+static uint32_t add_node(Trace *T, IRKind kind, PyObject *target, IRArg *args, uint32_t nargs, PyObject *kwnames,
+                         IRArg *kwargs, uint32_t nkw, const IRMeta *meta) {
+    TNode nd;
+    memset(&nd, 0, sizeof nd);
+    nd.kind = kind;
+    nd.target = em_arena_hold(T->arena, target);
+    nd.args = args;
+    nd.nargs = nargs;
+    nd.kwargs = kwargs;
+    nd.nkw = nkw;
+    nd.meta = *meta;
+    nd.src = -1;
+    nd.lineno = -1;
+    if (nkw) {
+        nd.kwnames = em_arena_alloc(T->arena, sizeof(PyObject *) * nkw);
+        if (!nd.kwnames) {
+            PyErr_NoMemory();
+            return 0;
+        }
+        for (uint32_t i = 0; i < nkw; i++) nd.kwnames[i] = em_arena_hold(T->arena, PyTuple_GET_ITEM(kwnames, i));
+    }
+    TFrame *F = T->cur;
+    if (F && F->pc < F->nins) {
+        nd.lineno = PyCode_Addr2Line(F->code, (int)F->ins[F->pc].offset);
+        nd.filename = em_arena_hold(T->arena, F->code->co_filename);
+    }
+    if (EM_VEC_PUSH(T->arena, T->nodes, nd) < 0) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    return T->nodes.n - 1;
+}
+
+/* What converting the arguments of a call learned. */
+typedef struct Conv {
+    bool has_tensor, any_rg;
+    PyObject *device;          /* borrowed: the common device of the tensor arguments */
+    TValue *tens[32];          /* tensor argument values (for in-place aliasing) */
+    int ntens;
+} Conv;
+
+/* Converts an argument value into an IR argument and the object passed to the meta call
+ * (tensors -> their meta example, constants as they are). *py is a new reference. */
+static int conv_arg(Trace *T, TValue *v, IRArg *out, PyObject **py, Conv *c, int depth) {
+    if (depth > 16) return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "argument nested too deep");
+    if (!(v = em_tr_realize(T, v))) return -1;
+    memset(out, 0, sizeof *out);
+    switch (v->kind) {
+    case TV_TENSOR: {
+        uint32_t r = em_tr_tensor_ref(T, v);
+        if (!r) return -1;
+        out->kind = IRARG_NODE;
+        out->u.ref = r;
+        IRMeta *m = v->u.t.meta;
+        *py = Py_NewRef(m->example);
+        c->has_tensor = true;
+        c->any_rg |= m->requires_grad;
+        if (!c->device || (m->device && PyObject_RichCompareBool(c->device, m->device, Py_NE) == 1 &&
+                           PyObject_HasAttrString(c->device, "type") && m->ndim > 0)) {
+            /* a 0-d CPU tensor does not decide the device of a CUDA op (TensorIterator rule) */
+            if (!c->device || m->ndim > 0) c->device = m->device;
+        }
+        PyErr_Clear();
+        if (c->ntens < 32) c->tens[c->ntens++] = v;
+        return 0;
+    }
+    case TV_CONST:
+        if (em_tr_use(T, v) < 0) return -1;
+        out->kind = IRARG_CONST;
+        out->u.obj = v->obj;
+        *py = Py_NewRef(v->obj);
+        return 0;
+    case TV_TUPLE: case TV_LIST: {
+        uint32_t n = v->u.seq.n;
+        out->kind = v->kind == TV_TUPLE ? IRARG_TUPLE : IRARG_LIST;
+        out->n = n;
+        out->u.items = em_arena_alloc(T->arena, sizeof(IRArg) * (n + 1));
+        PyObject *seq = v->kind == TV_TUPLE ? PyTuple_New(n) : PyList_New(n);
+        if (!out->u.items || !seq) {
+            Py_XDECREF(seq);
+            if (!PyErr_Occurred()) PyErr_NoMemory();
+            return -1;
+        }
+        for (uint32_t i = 0; i < n; i++) {
+            PyObject *p = NULL;
+            if (conv_arg(T, v->u.seq.items[i], &out->u.items[i], &p, c, depth + 1) < 0) {
+                Py_DECREF(seq);
+                return -1;
+            }
+            if (v->kind == TV_TUPLE)
+                PyTuple_SET_ITEM(seq, i, p);
+            else
+                PyList_SET_ITEM(seq, i, p);
+        }
+        *py = seq;
+        return 0;
+    }
+    case TV_SLICE: {
+        PyObject *s = em_tr_to_py_const(T, v);
+        if (!s) {
+            if (T->broke || PyErr_Occurred()) return -1;
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "slice with a non-constant bound");
+        }
+        out->kind = IRARG_CONST;
+        out->u.obj = em_arena_hold_steal(T->arena, Py_NewRef(s));
+        *py = s;
+        return 0;
+    }
+    case TV_OBJECT:
+        if (v->obj == Py_Ellipsis || PyType_Check(v->obj)) {
+            if (em_tr_use(T, v) < 0) return -1;
+            out->kind = IRARG_CONST;
+            out->u.obj = v->obj;
+            *py = Py_NewRef(v->obj);
+            return 0;
+        }
+        return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "argument of type %s to a graph op", Py_TYPE(v->obj)->tp_name);
+    default:
+        return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "argument of kind %d to a graph op", (int)v->kind);
+    }
+}
+
+static bool dtype_is_float_or_complex(PyObject *dtype) {
+    if (!dtype) return false;
+    PyObject *f = PyObject_GetAttrString(dtype, "is_floating_point");
+    PyObject *c = PyObject_GetAttrString(dtype, "is_complex");
+    bool r = f == Py_True || c == Py_True;
+    Py_XDECREF(f);
+    Py_XDECREF(c);
+    PyErr_Clear();
+    return r;
+}
+
+/* Metadata for a meta-call result tensor on the real device. requires_grad: any tensor argument
+ * requires grad, grad mode is on and the result is floating/complex (good enough for the
+ * foundation; torch's real rule depends on each op's derivative formula). */
+static int result_meta(Trace *T, PyObject *t, PyObject *device, bool rg, IRMeta *m) {
+    memset(m, 0, sizeof *m);
+    if (em_ir_meta_from_tensor(T->arena, t, device, m) < 0) return em_tr_break_exc(T, EM_BREAK_INTERNAL);
+    m->kind = IRMETA_TENSOR;
+    m->example = em_arena_hold(T->arena, t);
+    m->requires_grad = rg && T->grad_enabled && dtype_is_float_or_complex(m->dtype);
+    if (device) m->device = em_arena_hold(T->arena, device);
+    return 0;
+}
+
+static bool is_tensor_obj(PyObject *o) { return PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.TensorBase); }
+
+/* Non-tensor results of ops on meta tensors that are fixed by the tensors' metadata. */
+static bool is_const_result(PyObject *o) {
+    if (o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o) ||
+        PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.dtype_type) ||
+        PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.Size))
+        return true;
+    if (PyTuple_CheckExact(o)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); i++)
+            if (!is_const_result(PyTuple_GET_ITEM(o, i))) return false;
+        return true;
+    }
+    return false;
+}
+
+/* Runs f(*args, **kw) with grad mode off (meta inference must not record autograd history or
+ * trip leaf-in-place checks). New reference, or NULL with a META_FAILED break. */
+static PyObject *run_meta(Trace *T, PyObject *f, PyObject *args, PyObject *kw) {
+    PyObject *r = PyObject_CallOneArg(em_trace_rt.set_grad_enabled, Py_False);
+    if (!r) return NULL;
+    Py_DECREF(r);
+    PyObject *res = PyObject_Call(f, args, kw);
+    PyObject *exc = res ? NULL : em_tr_exc_get();
+    r = PyObject_CallOneArg(em_trace_rt.set_grad_enabled, T->grad_enabled ? Py_True : Py_False);
+    if (!r) {
+        Py_XDECREF(res);
+        Py_XDECREF(exc);
+        return NULL;
+    }
+    Py_DECREF(r);
+    if (!res) {
+        em_tr_exc_set(exc);
+        em_tr_break_exc(T, EM_BREAK_META_FAILED);
+    }
+    return res;
+}
+
+static PyObject *default_device(Trace *T) {
+    if (!em_trace_rt.get_default_device) return PyObject_CallOneArg(em_trace_rt.device_type, em_str("cpu"));
+    return PyObject_CallNoArgs(em_trace_rt.get_default_device);
+}
+
+/* Is the meta result `res` one of the tensor arguments' examples (an in-place op)? */
+static TValue *aliased_arg(Conv *c, PyObject *res) {
+    for (int i = 0; i < c->ntens; i++)
+        if (c->tens[i]->u.t.meta->example == res) return c->tens[i];
+    return NULL;
+}
+
+TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args, uint32_t nargs, PyObject *kwnames,
+                         TValue **kwvals) {
+    TraceRT *rt = &em_trace_rt;
+    uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
+    Conv c;
+    memset(&c, 0, sizeof c);
+    IRArg *ia = em_arena_alloc(T->arena, sizeof(IRArg) * (nargs + 1));
+    IRArg *ik = em_arena_alloc(T->arena, sizeof(IRArg) * (nkw + 1));
+    PyObject *margs = PyList_New(0), *mkw = PyDict_New(), *res = NULL, *f = NULL, *targs = NULL, *device = NULL;
+    TValue *out = NULL;
+    const char *mname = NULL;
+    bool inplace = false;
+    if (!ia || !ik || !margs || !mkw) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    for (uint32_t i = 0; i < nargs; i++) {
+        PyObject *p = NULL;
+        if (conv_arg(T, args[i], &ia[i], &p, &c, 0) < 0) goto done;
+        int rc = PyList_Append(margs, p);
+        Py_DECREF(p);
+        if (rc < 0) goto done;
+    }
+    for (uint32_t i = 0; i < nkw; i++) {
+        PyObject *p = NULL, *k = PyTuple_GET_ITEM(kwnames, i);
+        if (conv_arg(T, kwvals[i], &ik[i], &p, &c, 0) < 0) goto done;
+        int rc = PyDict_SetItem(mkw, k, p);
+        Py_DECREF(p);
+        if (rc < 0) goto done;
+        if (PyUnicode_CompareWithASCIIString(k, "inplace") == 0 && p == Py_True) inplace = true;
+        if (PyUnicode_CompareWithASCIIString(k, "out") == 0) inplace = true;
+    }
+    if (kind == IR_CALL_METHOD) {
+        mname = PyUnicode_AsUTF8(target);
+        if (!mname) goto done;
+        size_t ln = strlen(mname);
+        if (ln > 1 && mname[ln - 1] == '_' && mname[0] != '_') inplace = true;
+        if (strncmp(mname, "__i", 3) == 0 && ln > 4 && mname[ln - 1] == '_') inplace = true;
+    } else {
+        for (int i = 13; i < TR_NBINOPS; i++)
+            if (target == rt->binop_fn[i]) inplace = true;
+        if (PyCFunction_Check(target)) {
+            const char *nm = ((PyCFunctionObject *)target)->m_ml->ml_name;
+            size_t ln = strlen(nm);
+            if (ln > 1 && nm[ln - 1] == '_' && nm[0] != '_') inplace = true;
+        }
+    }
+    /* devices: the meta call runs on "meta"; the result's real device comes from the arguments */
+    {
+        PyObject *dk = PyDict_GetItemString(mkw, "device");
+        if (dk && dk != Py_None) {
+            device = PyObject_CallOneArg(rt->device_type, dk);
+            if (!device) {
+                em_tr_break_exc(T, EM_BREAK_META_FAILED);
+                goto done;
+            }
+            if (PyDict_SetItemString(mkw, "device", rt->meta_str) < 0) goto done;
+        }
+    }
+    if (mname && (strcmp(mname, "cpu") == 0 || strcmp(mname, "cuda") == 0)) {
+        PyObject *dev = strcmp(mname, "cpu") == 0 ? PyUnicode_FromString("cpu") : PyUnicode_FromString("cuda");
+        if (!dev) goto done;
+        if (strcmp(mname, "cuda") == 0 && PyList_GET_SIZE(margs) > 1 && PyLong_Check(PyList_GET_ITEM(margs, 1))) {
+            Py_SETREF(dev, PyUnicode_FromFormat("cuda:%S", PyList_GET_ITEM(margs, 1)));
+            if (!dev) goto done;
+        }
+        Py_XSETREF(device, PyObject_CallOneArg(rt->device_type, dev));
+        Py_DECREF(dev);
+        if (!device) goto done;
+        if (PyList_SetSlice(margs, 1, PyList_GET_SIZE(margs), NULL) < 0 || PyList_Append(margs, rt->meta_str) < 0) goto done;
+        PyDict_Clear(mkw);
+        mname = "to";
+    } else if (mname && strcmp(mname, "to") == 0) {
+        for (Py_ssize_t i = 1; i < PyList_GET_SIZE(margs); i++) {
+            PyObject *a = PyList_GET_ITEM(margs, i);
+            if (PyUnicode_Check(a) || PyObject_TypeCheck(a, (PyTypeObject *)rt->device_type)) {
+                Py_XSETREF(device, PyObject_CallOneArg(rt->device_type, a));
+                if (!device) {
+                    em_tr_break_exc(T, EM_BREAK_META_FAILED);
+                    goto done;
+                }
+                if (PyList_SetItem(margs, i, Py_NewRef(rt->meta_str)) < 0) goto done;
+            } else if (is_tensor_obj(a) && i < (Py_ssize_t)nargs) {
+                TValue *tv = em_tr_realize(T, args[i]);
+                if (tv && tv->kind == TV_TENSOR) Py_XSETREF(device, Py_NewRef(tv->u.t.meta->device));
+            }
+        }
+    }
+    if (!c.has_tensor) {
+        if (kind != IR_CALL_FUNCTION || !table_code(rt->torch_factory, target)) {
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of %s with no tensor argument", callable_name(T, target));
+            goto done;
+        }
+        if (!device && !(device = default_device(T))) goto done;
+        if (PyDict_SetItemString(mkw, "device", rt->meta_str) < 0) goto done;
+        PyObject *rg = PyDict_GetItemString(mkw, "requires_grad");
+        if (rg == Py_True) c.any_rg = true;
+    }
+    if (kind == IR_CALL_METHOD) {
+        if (PyList_GET_SIZE(margs) < 1) goto done;
+        f = PyObject_GetAttrString(PyList_GET_ITEM(margs, 0), mname);
+        if (!f) {
+            em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE);
+            goto done;
+        }
+        targs = PyList_GetSlice(margs, 1, PyList_GET_SIZE(margs));
+        if (targs) Py_SETREF(targs, PyList_AsTuple(targs));
+    } else {
+        f = Py_NewRef(target);
+        targs = PyList_AsTuple(margs);
+    }
+    if (!targs) goto done;
+    if (!(res = run_meta(T, f, targs, mkw))) goto done;
+    if (!device) {
+        device = c.device ? Py_NewRef(c.device) : default_device(T);
+        if (!device) goto done;
+    }
+    if (is_tensor_obj(res)) {
+        IRMeta m;
+        TValue *alias = inplace ? aliased_arg(&c, res) : NULL;
+        if (alias) Py_SETREF(device, Py_NewRef(alias->u.t.meta->device));
+        if (result_meta(T, res, device, c.any_rg || (alias && alias->u.t.meta->requires_grad), &m) < 0) goto done;
+        uint32_t node = add_node(T, kind, target, ia, nargs, kwnames, ik, nkw, &m);
+        if (!node) goto done;
+        if (alias) { /* the value now refers to the mutated tensor's node (graph order = program order) */
+            alias->u.t.ref = node;
+            *alias->u.t.meta = m;
+            out = alias;
+        } else {
+            out = em_tr_tensor(T, node, &m);
+        }
+        goto done;
+    }
+    if (target == rt->op_setitem && res == Py_None) {
+        IRMeta m;
+        memset(&m, 0, sizeof m);
+        m.kind = IRMETA_NONE;
+        if (!add_node(T, kind, target, ia, nargs, kwnames, ik, nkw, &m)) goto done;
+        out = em_tr_const(T, Py_None);
+        goto done;
+    }
+    if ((PyTuple_Check(res) || PyList_Check(res)) && PySequence_Fast_GET_SIZE(res) > 0) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(res);
+        bool any_tensor = false, ok = true;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *it = PySequence_Fast_GET_ITEM(res, i);
+            if (is_tensor_obj(it))
+                any_tensor = true;
+            else if (it != Py_None && !PyLong_CheckExact(it) && !PyFloat_CheckExact(it) && !PyBool_Check(it))
+                ok = false;
+        }
+        if (any_tensor && ok) {
+            IRMeta m;
+            memset(&m, 0, sizeof m);
+            m.kind = IRMETA_TUPLE;
+            m.nitems = (uint32_t)n;
+            m.items = em_arena_alloc(T->arena, sizeof(IRMeta) * (size_t)(n + 1));
+            m.example = em_arena_hold(T->arena, res);
+            TValue **vals = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(n + 1));
+            if (!m.items || !vals) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (Py_ssize_t i = 0; i < n; i++) {
+                PyObject *it = PySequence_Fast_GET_ITEM(res, i);
+                if (is_tensor_obj(it)) {
+                    if (result_meta(T, it, device, c.any_rg, &m.items[i]) < 0) goto done;
+                } else {
+                    m.items[i].kind = it == Py_None ? IRMETA_NONE : IRMETA_OTHER;
+                    m.items[i].example = em_arena_hold(T->arena, it);
+                }
+            }
+            uint32_t node = add_node(T, kind, target, ia, nargs, kwnames, ik, nkw, &m);
+            if (!node) goto done;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                if (m.items[i].kind != IRMETA_TENSOR) {
+                    if (!(vals[i] = em_tr_const(T, m.items[i].example))) goto done;
+                    continue;
+                }
+                IRArg *ga = em_arena_alloc(T->arena, sizeof(IRArg) * 2);
+                PyObject *idx = PyLong_FromSsize_t(i);
+                if (!ga || !idx) {
+                    Py_XDECREF(idx);
+                    if (!PyErr_Occurred()) PyErr_NoMemory();
+                    goto done;
+                }
+                ga[0].kind = IRARG_NODE;
+                ga[0].u.ref = node;
+                ga[1].kind = IRARG_CONST;
+                ga[1].u.obj = em_arena_hold_steal(T->arena, idx);
+                uint32_t gn = add_node(T, IR_CALL_FUNCTION, rt->op_getitem, ga, 2, NULL, NULL, 0, &m.items[i]);
+                if (!gn || !(vals[i] = em_tr_tensor(T, gn, &m.items[i]))) goto done;
+            }
+            if (PyList_Check(res)) {
+                out = em_tr_list(T, vals, (uint32_t)n);
+            } else {
+                out = em_tr_tuple(T, vals, (uint32_t)n);
+                if (out && !PyTuple_CheckExact(res)) {
+                    out->u.seq.cls = em_arena_hold(T->arena, (PyObject *)Py_TYPE(res));
+                    out->obj = em_arena_hold(T->arena, res);
+                }
+            }
+            goto done;
+        }
+    }
+    if (c.has_tensor && is_const_result(res)) {
+        out = em_tr_from_py(T, res);
+        goto done;
+    }
+    em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of %s returned a %s", kind == IR_CALL_METHOD ? mname : callable_name(T, target),
+                Py_TYPE(res)->tp_name);
+done:
+    Py_XDECREF(margs);
+    Py_XDECREF(mkw);
+    Py_XDECREF(res);
+    Py_XDECREF(f);
+    Py_XDECREF(targs);
+    Py_XDECREF(device);
+    if (!out && !T->broke && PyErr_Occurred()) em_tr_break_exc(T, EM_BREAK_INTERNAL);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* trace-time evaluation on constants                                                           */
+
+/* Calls fn on the constant values of the arguments. Returns NULL with *notconst set (no break)
+ * when some argument is not a constant. Exceptions become RAISE breaks. */
+static TValue *fold_call(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals,
+                         bool *notconst) {
+    uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *targs = PyTuple_New(nargs), *kw = nkw ? PyDict_New() : NULL, *r = NULL;
+    TValue *out = NULL;
+    *notconst = false;
+    if (!targs || (nkw && !kw)) goto done;
+    for (uint32_t i = 0; i < nargs; i++) {
+        PyObject *p = em_tr_to_py_const(T, args[i]);
+        if (!p) {
+            if (!T->broke && !PyErr_Occurred()) *notconst = true;
+            goto done;
+        }
+        PyTuple_SET_ITEM(targs, i, p);
+    }
+    for (uint32_t i = 0; i < nkw; i++) {
+        PyObject *p = em_tr_to_py_const(T, kwvals[i]);
+        if (!p) {
+            if (!T->broke && !PyErr_Occurred()) *notconst = true;
+            goto done;
+        }
+        int rc = PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), p);
+        Py_DECREF(p);
+        if (rc < 0) goto done;
+    }
+    r = PyObject_Call(fn, targs, kw);
+    if (!r) {
+        em_tr_break_exc(T, EM_BREAK_RAISE);
+        goto done;
+    }
+    out = em_tr_from_py(T, r);
+done:
+    Py_XDECREF(targs);
+    Py_XDECREF(kw);
+    Py_XDECREF(r);
+    return out;
+}
+
+static TValue *fold_or_break(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
+    bool nc;
+    TValue *r = fold_call(T, fn, args, nargs, kwnames, kwvals, &nc);
+    if (!r && nc) em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of %s on non-constant arguments", callable_name(T, fn));
+    return r;
+}
+
+static bool any_tensor(Trace *T, TValue **args, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        TValue *v = em_tr_realize(T, args[i]);
+        if (v && v->kind == TV_TENSOR) return true;
+    }
+    return false;
+}
+
+static TValue *bool_value(Trace *T, bool b) { return em_tr_const(T, b ? Py_True : Py_False); }
+
+static TValue *int_value(Trace *T, Py_ssize_t n) { return em_tr_const_steal(T, PyLong_FromSsize_t(n)); }
+
+/* ------------------------------------------------------------------------------------------- */
+/* Python operators                                                                             */
+
+static bool is_seq(TValue *v) { return v->kind == TV_TUPLE || v->kind == TV_LIST; }
+
+TValue *em_tr_binop(Trace *T, int nb, TValue *a, TValue *b) {
+    TraceRT *rt = &em_trace_rt;
+    if (!(a = em_tr_realize(T, a)) || !(b = em_tr_realize(T, b))) return NULL;
+    PyObject *fn = rt->binop_fn[nb];
+    if (a->kind == TV_TENSOR || b->kind == TV_TENSOR) {
+        TValue *args[2] = {a, b};
+        return em_tr_torch_call(T, IR_CALL_FUNCTION, fn, args, 2, NULL, NULL);
+    }
+    int base = nb >= 13 ? nb - 13 : nb;
+    /* containers built in the trace: concatenation and repetition are structural */
+    if (base == 0 && is_seq(a) && is_seq(b) && a->kind == b->kind && !(a->kind == TV_TUPLE && (a->u.seq.cls || b->u.seq.cls))) {
+        if (nb >= 13 && a->kind == TV_LIST) { /* += on a list extends it in place */
+            for (uint32_t i = 0, n = b->u.seq.n; i < n; i++)
+                if (em_tr_list_push(T, a, b->u.seq.items[i]) < 0) return NULL;
+            return a;
+        }
+        uint32_t n = a->u.seq.n + b->u.seq.n;
+        TValue **items = em_arena_alloc(T->arena, sizeof(TValue *) * (n + 1));
+        if (!items) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        memcpy(items, a->u.seq.items, sizeof(TValue *) * a->u.seq.n);
+        memcpy(items + a->u.seq.n, b->u.seq.items, sizeof(TValue *) * b->u.seq.n);
+        return a->kind == TV_TUPLE ? em_tr_tuple(T, items, n) : em_tr_list(T, items, n);
+    }
+    if (base == 5 && (is_seq(a) || is_seq(b)) && (a->kind == TV_CONST || b->kind == TV_CONST)) {
+        TValue *s = is_seq(a) ? a : b, *k = is_seq(a) ? b : a;
+        if (em_tr_use(T, k) < 0) return NULL;
+        if (PyLong_CheckExact(k->obj) && !(s->kind == TV_TUPLE && s->u.seq.cls)) {
+            long times = PyLong_AsLong(k->obj);
+            if (times < 0) times = 0;
+            if (times * (long)s->u.seq.n > 100000) {
+                em_tr_break(T, EM_BREAK_LOOP_LIMIT, "sequence repetition too large");
+                return NULL;
+            }
+            uint32_t n = (uint32_t)(times * (long)s->u.seq.n);
+            TValue **items = em_arena_alloc(T->arena, sizeof(TValue *) * (n + 1));
+            if (!items) {
+                PyErr_NoMemory();
+                return NULL;
+            }
+            for (uint32_t i = 0; i < n; i++) items[i] = s->u.seq.items[i % s->u.seq.n];
+            if (nb >= 13 && s == a && a->kind == TV_LIST) {
+                if (!a->mutable) {
+                    em_tr_break(T, EM_BREAK_SIDE_EFFECT, "*= on a list that outlives the frame");
+                    return NULL;
+                }
+                a->u.seq.items = items;
+                a->u.seq.n = a->u.seq.cap = n;
+                return a;
+            }
+            return s->kind == TV_TUPLE ? em_tr_tuple(T, items, n) : em_tr_list(T, items, n);
+        }
+    }
+    if (nb >= 13 && (a->kind == TV_LIST || a->kind == TV_DICT)) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "in-place operator on a container");
+        return NULL;
+    }
+    TValue *args[2] = {a, b};
+    bool nc;
+    TValue *r = fold_call(T, fn, args, 2, NULL, NULL, &nc);
+    if (!r && nc) em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "operator on values the tracer cannot evaluate");
+    return r;
+}
+
+TValue *em_tr_compare(Trace *T, int cmp, TValue *a, TValue *b) {
+    if (!(a = em_tr_realize(T, a)) || !(b = em_tr_realize(T, b))) return NULL;
+    PyObject *fn = em_trace_rt.cmp_fn[cmp];
+    TValue *args[2] = {a, b};
+    if (a->kind == TV_TENSOR || b->kind == TV_TENSOR) return em_tr_torch_call(T, IR_CALL_FUNCTION, fn, args, 2, NULL, NULL);
+    bool nc;
+    TValue *r = fold_call(T, fn, args, 2, NULL, NULL, &nc);
+    if (r || !nc) return r;
+    /* == / != between objects the tracer holds: identity semantics of modules/functions */
+    if ((cmp == 2 || cmp == 3) && a->obj && b->obj &&
+        (a->kind == TV_NN_MODULE || a->kind == TV_OBJECT || a->kind == TV_FUNCTION) &&
+        (b->kind == TV_NN_MODULE || b->kind == TV_OBJECT || b->kind == TV_FUNCTION || b->kind == TV_CONST)) {
+        PyTypeObject *ta = Py_TYPE(a->obj);
+        if (a->kind == TV_NN_MODULE || PyType_Check(a->obj) || PyFunction_Check(a->obj) || PyModule_Check(a->obj) ||
+            ta->tp_richcompare == NULL) {
+            if (em_tr_use(T, a) < 0 || em_tr_use(T, b) < 0) return NULL;
+            return bool_value(T, (a->obj == b->obj) == (cmp == 2));
+        }
+    }
+    em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "comparison of values the tracer cannot evaluate");
+    return NULL;
+}
+
+TValue *em_tr_unary(Trace *T, PyObject *opfn, TValue *a) {
+    if (!(a = em_tr_realize(T, a))) return NULL;
+    if (a->kind == TV_TENSOR) return em_tr_torch_call(T, IR_CALL_FUNCTION, opfn, &a, 1, NULL, NULL);
+    return fold_or_break(T, opfn, &a, 1, NULL, NULL);
+}
+
+/* Normalises a constant index for a sequence of n items; -1 with a RAISE break if out of range. */
+static int seq_index(Trace *T, PyObject *k, uint32_t n, uint32_t *out) {
+    Py_ssize_t i = PyNumber_AsSsize_t(k, PyExc_IndexError);
+    if (i == -1 && PyErr_Occurred()) return em_tr_break_exc(T, EM_BREAK_RAISE);
+    if (i < 0) i += n;
+    if (i < 0 || (uint32_t)i >= n) return em_tr_break(T, EM_BREAK_RAISE, "index out of range");
+    *out = (uint32_t)i;
+    return 0;
+}
+
+/* Items [start:stop:step] of an array of values. */
+static int slice_items(Trace *T, PyObject *sl, TValue **items, uint32_t n, TValue ***out, uint32_t *nout) {
+    Py_ssize_t start, stop, step, len;
+    if (PySlice_GetIndicesEx(sl, n, &start, &stop, &step, &len) < 0) return em_tr_break_exc(T, EM_BREAK_RAISE);
+    TValue **r = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(len + 1));
+    if (!r) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0, j = start; i < len; i++, j += step) r[i] = items[j];
+    *out = r;
+    *nout = (uint32_t)len;
+    return 0;
+}
+
+static int module_kind(PyObject *m) { /* 1 list-like (ModuleList/Sequential), 2 ModuleDict, 0 other */
+    PyObject *tp = (PyObject *)Py_TYPE(m);
+    if (PyObject_IsSubclass(tp, em_trace_rt.ModuleList) == 1 || PyObject_IsSubclass(tp, em_trace_rt.Sequential) == 1) return 1;
+    if (PyObject_IsSubclass(tp, em_trace_rt.ModuleDict) == 1) return 2;
+    PyErr_Clear();
+    return 0;
+}
+
+/* Is the container method `name` of type(m) the one of the torch base class (not overridden)? */
+static bool module_method_is_base(PyObject *m, const char *name) {
+    PyTypeObject *tp = Py_TYPE(m);
+    TraceRT *rt = &em_trace_rt;
+    PyObject *bases[3] = {rt->ModuleList, rt->Sequential, rt->ModuleDict};
+    PyObject *mine = _PyType_Lookup(tp, em_str(name));
+    for (int i = 0; i < 3; i++)
+        if (PyObject_IsSubclass((PyObject *)tp, bases[i]) == 1)
+            return mine == _PyType_Lookup((PyTypeObject *)bases[i], em_str(name));
+    PyErr_Clear();
+    return false;
+}
+
+TValue *em_tr_getitem(Trace *T, TValue *c, TValue *key) {
+    if (!(c = em_tr_realize(T, c)) || !(key = em_tr_realize(T, key))) return NULL;
+    switch (c->kind) {
+    case TV_TENSOR: {
+        TValue *args[2] = {c, key};
+        return em_tr_torch_call(T, IR_CALL_FUNCTION, em_trace_rt.op_getitem, args, 2, NULL, NULL);
+    }
+    case TV_TUPLE: case TV_LIST: {
+        PyObject *k = em_tr_to_py_const(T, key);
+        if (!k) {
+            if (!T->broke && !PyErr_Occurred()) em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "sequence index that is not a constant");
+            return NULL;
+        }
+        TValue *r = NULL;
+        if (PySlice_Check(k)) {
+            TValue **items;
+            uint32_t n;
+            if (slice_items(T, k, c->u.seq.items, c->u.seq.n, &items, &n) == 0)
+                r = c->kind == TV_TUPLE ? em_tr_tuple(T, items, n) : em_tr_list(T, items, n);
+        } else {
+            uint32_t i;
+            if (seq_index(T, k, c->u.seq.n, &i) == 0) r = c->u.seq.items[i];
+        }
+        Py_DECREF(k);
+        return r;
+    }
+    case TV_DICT: {
+        if (key->kind != TV_CONST) {
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "dict key that is not a constant");
+            return NULL;
+        }
+        if (em_tr_use(T, key) < 0) return NULL;
+        TValue *r = em_tr_dict_get(c, key->obj);
+        if (!r) em_tr_break(T, EM_BREAK_RAISE, "KeyError");
+        return r;
+    }
+    case TV_CONST: {
+        TValue *args[2] = {c, key};
+        if (key->kind == TV_TENSOR) {
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "constant indexed by a tensor");
+            return NULL;
+        }
+        return fold_or_break(T, em_trace_rt.op_getitem, args, 2, NULL, NULL);
+    }
+    case TV_NN_MODULE: {
+        int mk = module_kind(c->obj);
+        if (!mk || !module_method_is_base(c->obj, "__getitem__")) {
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "indexing a %s", Py_TYPE(c->obj)->tp_name);
+            return NULL;
+        }
+        if (em_guard_type_version(T->gb, Py_TYPE(c->obj)) < 0) return NULL;
+        PyObject **keys;
+        TValue **vals;
+        uint32_t n;
+        if (em_tr_module_children(T, c, &keys, &vals, &n) < 0) return NULL;
+        PyObject *k = em_tr_to_py_const(T, key);
+        if (!k) {
+            if (!T->broke && !PyErr_Occurred()) em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "module index that is not a constant");
+            return NULL;
+        }
+        TValue *r = NULL;
+        if (mk == 2) {
+            for (uint32_t i = 0; i < n; i++)
+                if (PyUnicode_Check(k) && PyUnicode_Compare(keys[i], k) == 0) r = vals[i];
+            if (!r && !PyErr_Occurred()) em_tr_break(T, EM_BREAK_RAISE, "KeyError in ModuleDict");
+        } else if (PySlice_Check(k)) {
+            TValue **items;
+            uint32_t m;
+            if (slice_items(T, k, vals, n, &items, &m) == 0 && (r = em_tr_list(T, items, m))) r->mutable = false;
+        } else {
+            uint32_t i;
+            if (seq_index(T, k, n, &i) == 0) r = vals[i];
+        }
+        PyErr_Clear();
+        Py_DECREF(k);
+        return r;
+    }
+    default:
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "subscript of a value of kind %d", (int)c->kind);
+        return NULL;
+    }
+}
+
+int em_tr_setitem(Trace *T, TValue *c, TValue *key, TValue *v) {
+    if (!(c = em_tr_realize(T, c)) || !(key = em_tr_realize(T, key))) return -1;
+    if (c->kind == TV_TENSOR) {
+        if (!v) return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "del on a tensor item");
+        TValue *args[3] = {c, key, v};
+        return em_tr_torch_call(T, IR_CALL_FUNCTION, em_trace_rt.op_setitem, args, 3, NULL, NULL) ? 0 : -1;
+    }
+    if (!c->mutable || (c->kind != TV_LIST && c->kind != TV_DICT))
+        return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "item store into an object that outlives the frame");
+    if (c->kind == TV_DICT) {
+        if (key->kind != TV_CONST) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "dict key that is not a constant");
+        if (em_tr_use(T, key) < 0) return -1;
+        if (v) return em_tr_dict_set(T, c, key->obj, v);
+        for (uint32_t i = 0; i < c->u.dict.n; i++) {
+            int eq = PyObject_RichCompareBool(c->u.dict.keys[i], key->obj, Py_EQ);
+            if (eq < 0) return em_tr_break_exc(T, EM_BREAK_RAISE);
+            if (eq) {
+                memmove(&c->u.dict.keys[i], &c->u.dict.keys[i + 1], sizeof(PyObject *) * (c->u.dict.n - i - 1));
+                memmove(&c->u.dict.vals[i], &c->u.dict.vals[i + 1], sizeof(TValue *) * (c->u.dict.n - i - 1));
+                c->u.dict.n--;
+                return 0;
+            }
+        }
+        return em_tr_break(T, EM_BREAK_RAISE, "KeyError");
+    }
+    PyObject *k = em_tr_to_py_const(T, key);
+    if (!k) {
+        if (!T->broke && !PyErr_Occurred()) em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "list index that is not a constant");
+        return -1;
+    }
+    if (PySlice_Check(k)) {
+        Py_DECREF(k);
+        return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "slice assignment to a list");
+    }
+    uint32_t i;
+    int rc = seq_index(T, k, c->u.seq.n, &i);
+    Py_DECREF(k);
+    if (rc < 0) return -1;
+    if (v) {
+        c->u.seq.items[i] = v;
+    } else {
+        memmove(&c->u.seq.items[i], &c->u.seq.items[i + 1], sizeof(TValue *) * (c->u.seq.n - i - 1));
+        c->u.seq.n--;
+    }
+    return 0;
+}
+
+TValue *em_tr_contains(Trace *T, TValue *c, TValue *item) {
+    if (!(c = em_tr_realize(T, c)) || !(item = em_tr_realize(T, item))) return NULL;
+    if (c->kind == TV_TENSOR || item->kind == TV_TENSOR) {
+        em_tr_break(T, EM_BREAK_DATA_DEPENDENT_BRANCH, "`in` on a tensor");
+        return NULL;
+    }
+    if (c->kind == TV_DICT) {
+        if (item->kind != TV_CONST) {
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "dict key that is not a constant");
+            return NULL;
+        }
+        if (em_tr_use(T, item) < 0) return NULL;
+        return bool_value(T, em_tr_dict_get(c, item->obj) != NULL);
+    }
+    if (c->kind == TV_NN_MODULE && module_kind(c->obj) == 2 && module_method_is_base(c->obj, "__contains__")) {
+        PyObject **keys;
+        TValue **vals;
+        uint32_t n;
+        if (em_tr_module_children(T, c, &keys, &vals, &n) < 0) return NULL;
+        if (item->kind != TV_CONST || em_tr_use(T, item) < 0) {
+            if (!T->broke) em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "ModuleDict key that is not a constant");
+            return NULL;
+        }
+        bool found = false;
+        for (uint32_t i = 0; i < n; i++)
+            if (PyUnicode_Check(item->obj) && PyUnicode_Compare(keys[i], item->obj) == 0) found = true;
+        PyErr_Clear();
+        return bool_value(T, found);
+    }
+    if (is_seq(c) && (item->kind == TV_NN_MODULE || item->kind == TV_OBJECT || item->kind == TV_FUNCTION)) {
+        /* membership of objects compared by identity (modules in a list of modules) */
+        bool found = false;
+        for (uint32_t i = 0; i < c->u.seq.n; i++) {
+            TValue *x = em_tr_realize(T, c->u.seq.items[i]);
+            if (!x) return NULL;
+            if (x == item || (x->obj && x->obj == item->obj)) found = true;
+        }
+        if (em_tr_use(T, item) < 0) return NULL;
+        return bool_value(T, found);
+    }
+    TValue *args[2] = {c, item};
+    bool nc;
+    TValue *r = fold_call(T, em_trace_rt.op_contains, args, 2, NULL, NULL, &nc);
+    if (!r && nc) em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "`in` on values the tracer cannot evaluate");
+    return r;
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* inlining                                                                                     */
+
+static TValue **prepend(Trace *T, TValue *self, TValue **args, uint32_t n, PyObject *kwnames) {
+    uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
+    TValue **all = em_arena_alloc(T->arena, sizeof(TValue *) * (n + nkw + 2));
+    if (!all) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    all[0] = self;
+    if (n + nkw) memcpy(all + 1, args, sizeof(TValue *) * (n + nkw));
+    return all;
+}
+
+/* Binds call arguments to the callee's fast locals like CPython's initialize_locals
+ * (Python/ceval.c): positional, *args, keywords, **kwargs, defaults, keyword-only defaults.
+ * Binding errors (the call would raise TypeError) are breaks. */
+static int bind_args(Trace *T, PyCodeObject *co, TValue **L, TValue **args, uint32_t nargs, PyObject *kwnames,
+                     TValue **kwvals, TValue **defaults, uint32_t ndef, TValue *kwdef) {
+    int argc = co->co_argcount, posonly = co->co_posonlyargcount, kwonly = co->co_kwonlyargcount;
+    bool varargs = (co->co_flags & TR_CO_VARARGS) != 0, varkw = (co->co_flags & TR_CO_VARKEYWORDS) != 0;
+    PyObject *names = co->co_localsplusnames;
+    int total = argc + kwonly;
+    uint32_t npos = nargs < (uint32_t)argc ? nargs : (uint32_t)argc;
+    for (uint32_t i = 0; i < npos; i++) L[i] = args[i];
+    if (nargs > (uint32_t)argc && !varargs)
+        return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "%U() takes %d positional arguments but %u were given",
+                           co->co_qualname, argc, nargs);
+    if (varargs) {
+        TValue *t = em_tr_tuple(T, args + npos, nargs - npos);
+        if (!t) return -1;
+        L[total] = t;
+    }
+    TValue *kwd = NULL;
+    if (varkw && !(kwd = em_tr_dict(T))) return -1;
+    uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
+    for (uint32_t k = 0; k < nkw; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int j;
+        for (j = posonly; j < total; j++) {
+            PyObject *nm = PyTuple_GET_ITEM(names, j);
+            if (nm == name || PyUnicode_Compare(nm, name) == 0) break;
+        }
+        if (j < total) {
+            if (L[j]) return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "%U() got multiple values for argument '%U'", co->co_qualname, name);
+            L[j] = kwvals[k];
+        } else if (varkw) {
+            if (em_tr_dict_set(T, kwd, name, kwvals[k]) < 0) return -1;
+        } else {
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "%U() got an unexpected keyword argument '%U'", co->co_qualname, name);
+        }
+    }
+    for (int i = argc - (int)ndef; i < argc; i++)
+        if (i >= 0 && !L[i]) L[i] = defaults[i - (argc - (int)ndef)];
+    for (int j = argc; j < total; j++) {
+        if (L[j]) continue;
+        TValue *d = kwdef ? em_tr_dict_get(kwdef, PyTuple_GET_ITEM(names, j)) : NULL;
+        if (!d)
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "%U() missing keyword-only argument '%U'", co->co_qualname,
+                               PyTuple_GET_ITEM(names, j));
+        L[j] = d;
+    }
+    for (int i = 0; i < argc; i++)
+        if (!L[i])
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "%U() missing argument '%U'", co->co_qualname, PyTuple_GET_ITEM(names, i));
+    if (varkw) L[total + (varargs ? 1 : 0)] = kwd;
+    return 0;
+}
+
+TValue *em_tr_inline(Trace *T, TValue *fn, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
+    PyCodeObject *co;
+    PyObject *globals, *builtins;
+    GuardSrc gsrc;
+    TValue **defaults = NULL, *kwdef = NULL, **cells = NULL;
+    uint32_t ndef = 0, ncells = 0;
+    if (!(fn = em_tr_realize(T, fn))) return NULL;
+    if (fn->kind != TV_FUNCTION) {
+        em_tr_break(T, EM_BREAK_INTERNAL, "inline of a non-function");
+        return NULL;
+    }
+    if (fn->obj) {
+        PyFunctionObject *f = (PyFunctionObject *)fn->obj;
+        co = (PyCodeObject *)f->func_code;
+        globals = f->func_globals;
+        builtins = f->func_builtins;
+        GuardSrc fs = fn->src;
+        if (globals == T->fv->globals)
+            gsrc = -2;
+        else if (fs >= 0) {
+            gsrc = em_guard_src_attr(T->gb, fs, em_str("__globals__"), globals);
+            if (gsrc >= 0) em_guard_src_stable(T->gb, gsrc);
+        } else
+            gsrc = -1;
+        if (f->func_defaults && PyTuple_Check(f->func_defaults)) {
+            PyObject *d = f->func_defaults;
+            ndef = (uint32_t)PyTuple_GET_SIZE(d);
+            defaults = em_arena_alloc(T->arena, sizeof(TValue *) * (ndef + 1));
+            if (!defaults) {
+                PyErr_NoMemory();
+                return NULL;
+            }
+            GuardSrc ds = fs >= 0 ? em_guard_src_attr(T->gb, fs, em_str("__defaults__"), d) : -1;
+            for (uint32_t i = 0; i < ndef; i++) {
+                PyObject *it = PyTuple_GET_ITEM(d, i);
+                GuardSrc is = ds >= 0 ? em_guard_src_item(T->gb, ds, i, it) : -1;
+                if (!(defaults[i] = em_tr_wrap(T, it, is, is < 0))) return NULL;
+            }
+        }
+        if (f->func_kwdefaults && PyDict_Check(f->func_kwdefaults)) {
+            PyObject *d = f->func_kwdefaults, *k, *val;
+            Py_ssize_t pos = 0;
+            GuardSrc ds = fs >= 0 ? em_guard_src_attr(T->gb, fs, em_str("__kwdefaults__"), d) : -1;
+            if (!(kwdef = em_tr_dict(T))) return NULL;
+            while (PyDict_Next(d, &pos, &k, &val)) {
+                GuardSrc is = ds >= 0 ? em_guard_src_dict_item(T->gb, ds, k, val) : -1;
+                TValue *iv = em_tr_wrap(T, val, is, is < 0);
+                if (!iv || em_tr_dict_set(T, kwdef, k, iv) < 0) return NULL;
+            }
+        }
+        if (f->func_closure && PyTuple_Check(f->func_closure)) {
+            PyObject *clo = f->func_closure;
+            ncells = (uint32_t)PyTuple_GET_SIZE(clo);
+            cells = em_arena_alloc(T->arena, sizeof(TValue *) * (ncells + 1));
+            if (!cells) {
+                PyErr_NoMemory();
+                return NULL;
+            }
+            GuardSrc cs = fs >= 0 ? em_guard_src_attr(T->gb, fs, em_str("__closure__"), clo) : -1;
+            for (uint32_t i = 0; i < ncells; i++) {
+                PyObject *cell = PyTuple_GET_ITEM(clo, i);
+                TValue *cv = em_tr_new(T, TV_CELL);
+                if (!cv) return NULL;
+                PyObject *contents = PyCell_Check(cell) ? PyCell_GET(cell) : NULL;
+                if (contents) {
+                    GuardSrc s1 = cs >= 0 ? em_guard_src_item(T->gb, cs, i, cell) : -1;
+                    GuardSrc s2 = s1 >= 0 ? em_guard_src_attr(T->gb, s1, em_str("cell_contents"), contents) : -1;
+                    if (!(cv->u.cell.contents = em_tr_wrap(T, contents, s2, s2 < 0))) return NULL;
+                }
+                cells[i] = cv;
+            }
+        }
+    } else {
+        co = fn->u.fn.code;
+        globals = fn->u.fn.globals;
+        builtins = T->cur ? T->cur->builtins : T->fv->builtins;
+        gsrc = fn->u.fn.gsrc;
+        if (fn->u.fn.defaults) {
+            TValue *d = em_tr_realize(T, fn->u.fn.defaults);
+            if (!d || d->kind != TV_TUPLE) {
+                if (!T->broke) em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "function defaults");
+                return NULL;
+            }
+            defaults = d->u.seq.items;
+            ndef = d->u.seq.n;
+        }
+        if (fn->u.fn.kwdefaults) {
+            kwdef = em_tr_realize(T, fn->u.fn.kwdefaults);
+            if (!kwdef || kwdef->kind != TV_DICT) {
+                if (!T->broke) em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "function keyword defaults");
+                return NULL;
+            }
+        }
+        if (fn->u.fn.closure) {
+            TValue *c = fn->u.fn.closure;
+            if (c->kind != TV_TUPLE) {
+                em_tr_break(T, EM_BREAK_INTERNAL, "closure is not a tuple");
+                return NULL;
+            }
+            cells = c->u.seq.items;
+            ncells = c->u.seq.n;
+        }
+    }
+    if (co->co_flags & TR_CO_ASYNCISH) {
+        em_tr_break(T, EM_BREAK_GENERATOR, "call of coroutine %U", co->co_qualname);
+        return NULL;
+    }
+    int depth = T->cur ? T->cur->depth + 1 : 1;
+    if (depth > T->opts.max_inline_depth) {
+        em_tr_break(T, EM_BREAK_INLINE_DEPTH, "inlining %U at depth %d", co->co_qualname, depth);
+        return NULL;
+    }
+    if (!builtins || !PyDict_Check(builtins)) builtins = T->fv->builtins;
+    TFrame *F = em_tr_frame_new(T, co, globals, builtins, gsrc);
+    if (!F) return NULL;
+    if (bind_args(T, co, F->locals, args, nargs, kwnames, kwvals, defaults, ndef, kwdef) < 0) return NULL;
+    int nfree = co->co_nfreevars;
+    if ((uint32_t)nfree != ncells) {
+        em_tr_break(T, EM_BREAK_INTERNAL, "closure of %U has %u cells, code wants %d", co->co_qualname, ncells, nfree);
+        return NULL;
+    }
+    for (int i = 0; i < nfree; i++) {
+        if (!cells[i] || cells[i]->kind != TV_CELL) {
+            em_tr_break(T, EM_BREAK_INTERNAL, "closure item is not a cell");
+            return NULL;
+        }
+        F->locals[F->nlocals - nfree + i] = cells[i];
+    }
+    T->res->ninlined++;
+    if (co->co_flags & TR_CO_GENERATOR) {
+        TValue *it = em_tr_new(T, TV_ITERATOR);
+        if (!it) return NULL;
+        it->u.it.kind = IT_GEN;
+        it->u.it.genframe = F;
+        return it;
+    }
+    if (em_tr_run_frame(T, F) < 0) return NULL;
+    return F->retval;
+}
+
+int em_tr_run_generator(Trace *T, TValue *it, TValue ***items, uint32_t *n) {
+    TFrame *F = it->u.it.genframe;
+    *items = NULL;
+    *n = 0;
+    if (!F) return 0;
+    it->u.it.genframe = NULL;
+    F->is_gen = true;
+    F->parent = T->cur;
+    if (em_tr_run_frame(T, F) < 0) return -1;
+    *items = F->yields.items;
+    *n = F->yields.n;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* calls by kind of callee                                                                      */
+
+/* A Python function defined in torch (not in torch.nn.modules): a graph node when it has tensor
+ * arguments, inlined otherwise (argument-checking helpers like F._canonical_mask(None, ...)). */
+static bool is_torch_python_function(Trace *T, PyObject *f) {
+    const char *m = callable_module(T, f);
+    return is_torch_module_name(m) && !starts_with(m, "torch.nn.modules");
+}
+
+static TValue *call_torch_query(Trace *T, long tq, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames,
+                                TValue **kwvals) {
+    switch (tq) {
+    case TQ_IS_GRAD_ENABLED:
+        return bool_value(T, T->grad_enabled); /* GLOBAL_STATE guards grad mode */
+    case TQ_HAS_TF: case TQ_HAS_TF_UNARY: case TQ_HAS_TF_VARIADIC: case TQ_C_HAS_TF: case TQ_C_HAS_TF_UNARY:
+    case TQ_C_HAS_TF_VARIADIC: {
+        /* tensors here are exact torch.Tensor/Parameter (TENSOR_MATCH checks the type), which do not
+         * override __torch_function__; other objects would need a real check */
+        TValue **items = args;
+        uint32_t n = nargs;
+        if (nargs == 1) {
+            TValue *a = em_tr_realize(T, args[0]);
+            if (!a) return NULL;
+            if (is_seq(a)) {
+                items = a->u.seq.items;
+                n = a->u.seq.n;
+            }
+        }
+        for (uint32_t i = 0; i < n; i++) {
+            TValue *a = em_tr_realize(T, items[i]);
+            if (!a) return NULL;
+            if (a->kind != TV_TENSOR && a->kind != TV_CONST) {
+                em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "has_torch_function on a non-tensor object");
+                return NULL;
+            }
+        }
+        return bool_value(T, false);
+    }
+    case TQ_TRACING_STATE:
+        return em_tr_const(T, Py_None);
+    case TQ_IS_SCRIPTING: case TQ_IS_TRACING: case TQ_IS_COMPILING: case TQ_IS_DYNAMO_COMPILING:
+    case TQ_UTILS_IS_COMPILING: case TQ_JIT_IS_SCRIPTING:
+        return bool_value(T, false);
+    case TQ_IS_TENSOR: {
+        if (nargs != 1) break;
+        TValue *a = em_tr_realize(T, args[0]);
+        if (!a) return NULL;
+        if (a->kind == TV_TENSOR) return bool_value(T, true);
+        if (a->kind == TV_CONST || a->kind == TV_TUPLE || a->kind == TV_LIST || a->kind == TV_DICT || a->kind == TV_NN_MODULE ||
+            a->kind == TV_FUNCTION) {
+            if (em_tr_use(T, a) < 0) return NULL;
+            return bool_value(T, false);
+        }
+        break;
+    }
+    case TQ_IS_FLOATING_POINT: case TQ_IS_COMPLEX: case TQ_NUMEL:
+        return em_tr_torch_call(T, IR_CALL_FUNCTION, fn, args, nargs, kwnames, kwvals);
+    default: /* get_default_dtype, is_autocast_enabled, get_fastpath_enabled, get_default_device */
+        return fold_or_break(T, fn, args, nargs, kwnames, kwvals);
+    }
+    em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of %s", callable_name(T, fn));
+    return NULL;
+}
+
+/* A torch callable: trace-time query, graph node, or (Python function without tensor args) inline. */
+static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames,
+                          TValue **kwvals) {
+    long tq = table_code(em_trace_rt.torch_query, fn);
+    if (tq) return call_torch_query(T, tq, fn, args, nargs, kwnames, kwvals);
+    uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
+    bool tens = any_tensor(T, args, nargs) || any_tensor(T, kwvals, nkw);
+    if (T->broke) return NULL;
+    if (!tens) { /* tensors nested in lists count too: torch.cat([a, b]) */
+        for (uint32_t i = 0; i < nargs + nkw && !tens; i++) {
+            TValue *a = em_tr_realize(T, i < nargs ? args[i] : kwvals[i - nargs]);
+            if (a && is_seq(a)) tens = any_tensor(T, a->u.seq.items, a->u.seq.n);
+        }
+    }
+    if (!tens && PyFunction_Check(fn) && !table_code(em_trace_rt.torch_factory, fn)) {
+        TValue *fv = callee;
+        if (!fv || fv->kind != TV_FUNCTION) {
+            fv = em_tr_new(T, TV_FUNCTION);
+            if (!fv) return NULL;
+            fv->obj = em_arena_hold(T->arena, fn);
+            fv->stable = true;
+        }
+        return em_tr_inline(T, fv, args, nargs, kwnames, kwvals);
+    }
+    return em_tr_torch_call(T, IR_CALL_FUNCTION, fn, args, nargs, kwnames, kwvals);
+}
+
+static PyObject *const_str_arg(Trace *T, TValue *v) {
+    if (!(v = em_tr_realize(T, v))) return NULL;
+    if (v->kind != TV_CONST || !PyUnicode_Check(v->obj)) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "attribute name that is not a constant string");
+        return NULL;
+    }
+    if (em_tr_use(T, v) < 0) return NULL;
+    return v->obj;
+}
+
+static TValue *iterator_over(Trace *T, TValue **items, uint32_t n) {
+    TValue *it = em_tr_new(T, TV_ITERATOR);
+    if (!it) return NULL;
+    it->u.it.kind = IT_ARRAY;
+    it->u.it.items = items;
+    it->u.it.n = n;
+    return it;
+}
+
+/* All items are constants: a Python list of them (new), else NULL without a break. */
+static PyObject *const_list(Trace *T, TValue **items, uint32_t n) {
+    PyObject *l = PyList_New(n);
+    if (!l) return NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        PyObject *p = em_tr_to_py_const(T, items[i]);
+        if (!p) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, i, p);
+    }
+    return l;
+}
+
+static TValue *kwarg(PyObject *kwnames, TValue **kwvals, const char *name) {
+    if (!kwnames) return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++)
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), name) == 0) return kwvals[i];
+    return NULL;
+}
+
+/* super() without arguments in an inlined method: the __class__ cell and the first argument of
+ * the current frame (Objects/typeobject.c, super_init_without_args). */
+static TValue *zero_arg_super(Trace *T) {
+    TFrame *F = T->cur;
+    PyCodeObject *co = F->code;
+    PyObject *names = co->co_localsplusnames;
+    TValue *cls = NULL, *self = NULL;
+    for (int i = 0; i < F->nlocals; i++) {
+        PyObject *nm = PyTuple_GET_ITEM(names, i);
+        if (PyUnicode_CompareWithASCIIString(nm, "__class__") == 0 && F->locals[i] && F->locals[i]->kind == TV_CELL)
+            cls = F->locals[i]->u.cell.contents;
+    }
+    if (co->co_argcount > 0 && F->locals[0]) {
+        self = F->locals[0];
+        if (self->kind == TV_CELL) self = self->u.cell.contents;
+    }
+    if (!cls || !self || !(cls = em_tr_realize(T, cls)) || !cls->obj || !PyType_Check(cls->obj)) {
+        if (!T->broke) em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "super() outside a method");
+        return NULL;
+    }
+    TValue *s = em_tr_new(T, TV_SUPER);
+    if (!s) return NULL;
+    s->u.sup.self = self;
+    s->u.sup.cls = cls->obj;
+    return s;
+}
+
+static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames,
+                            TValue **kwvals) {
+    TraceRT *rt = &em_trace_rt;
+    uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
+    TValue **items;
+    uint32_t n;
+    switch (bi) {
+    case BI_PRINT: case BI_OPEN: case BI_INPUT:
+        em_tr_break(T, EM_BREAK_PRINT, "call of %s", callable_name(T, fn));
+        return NULL;
+    case BI_SETATTR: case BI_DELATTR:
+        em_tr_break(T, EM_BREAK_SIDE_EFFECT, "call of %s", callable_name(T, fn));
+        return NULL;
+    case BI_LEN: {
+        if (nargs != 1 || nkw) break;
+        TValue *a = em_tr_realize(T, args[0]);
+        if (!a) return NULL;
+        if (is_seq(a)) return int_value(T, a->u.seq.n);
+        if (a->kind == TV_DICT) return int_value(T, a->u.dict.n);
+        if (a->kind == TV_TENSOR) {
+            if (a->u.t.meta->ndim == 0) {
+                em_tr_break(T, EM_BREAK_RAISE, "len() of a 0-d tensor");
+                return NULL;
+            }
+            return em_tr_const_steal(T, PyLong_FromLongLong(a->u.t.meta->sizes[0]));
+        }
+        if (a->kind == TV_NN_MODULE) {
+            if (!module_kind(a->obj) || !module_method_is_base(a->obj, "__len__")) break;
+            PyObject **keys;
+            TValue **vals;
+            if (em_guard_type_version(T->gb, Py_TYPE(a->obj)) < 0 || em_tr_module_children(T, a, &keys, &vals, &n) < 0)
+                return NULL;
+            return int_value(T, n);
+        }
+        return fold_or_break(T, fn, args, nargs, kwnames, kwvals);
+    }
+    case BI_ISINSTANCE: case BI_TYPE: {
+        if (bi == BI_TYPE && nargs != 1) break;
+        if (bi == BI_ISINSTANCE && nargs != 2) break;
+        PyObject *t = em_tr_type_of(T, args[0]);
+        if (!t) return NULL;
+        if (bi == BI_TYPE) return em_tr_object(T, t, -1);
+        PyObject *cls = em_tr_to_py_const(T, args[1]);
+        if (!cls) {
+            if (!T->broke && !PyErr_Occurred()) em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "isinstance with a non-constant class");
+            return NULL;
+        }
+        int r = PyObject_IsSubclass(t, cls);
+        Py_DECREF(cls);
+        if (r < 0) {
+            em_tr_break_exc(T, EM_BREAK_RAISE);
+            return NULL;
+        }
+        return bool_value(T, r);
+    }
+    case BI_ABS:
+        if (nargs == 1 && any_tensor(T, args, 1)) return em_tr_unary(T, rt->op_abs, args[0]);
+        return fold_or_break(T, fn, args, nargs, kwnames, kwvals);
+    case BI_POW:
+        if (nargs == 2 && !nkw && any_tensor(T, args, 2)) return em_tr_binop(T, 8, args[0], args[1]);
+        return fold_or_break(T, fn, args, nargs, kwnames, kwvals);
+    case BI_INT: case BI_FLOAT: case BI_BOOL: case BI_ROUND: case BI_DIVMOD: case BI_STR: case BI_REPR: case BI_CHR:
+    case BI_ORD: case BI_ISSUBCLASS: case BI_HASH:
+        if (any_tensor(T, args, nargs)) {
+            em_tr_break(T, EM_BREAK_TENSOR_TO_PYTHON, "call of %s on a tensor", callable_name(T, fn));
+            return NULL;
+        }
+        return fold_or_break(T, fn, args, nargs, kwnames, kwvals);
+    case BI_RANGE: case BI_SLICE:
+        if (bi == BI_SLICE) {
+            if (nargs < 1 || nargs > 3 || nkw) break;
+            TValue *s = em_tr_new(T, TV_SLICE), *none = em_tr_const(T, Py_None);
+            if (!s || !none) return NULL;
+            s->u.sl.start = nargs == 1 ? none : args[0];
+            s->u.sl.stop = nargs == 1 ? args[0] : args[1];
+            s->u.sl.step = nargs == 3 ? args[2] : NULL;
+            return s;
+        }
+        return fold_or_break(T, fn, args, nargs, kwnames, kwvals);
+    case BI_TUPLE: case BI_LIST: {
+        if (nkw || nargs > 1) break;
+        items = NULL;
+        n = 0;
+        if (nargs == 1 && em_tr_items(T, args[0], &items, &n) < 0) return NULL;
+        return bi == BI_TUPLE ? em_tr_tuple(T, items, n) : em_tr_list(T, items, n);
+    }
+    case BI_DICT: {
+        TValue *d = em_tr_dict(T);
+        if (!d || nargs > 1) {
+            if (d) break;
+            return NULL;
+        }
+        if (nargs == 1) {
+            TValue *a = em_tr_realize(T, args[0]);
+            if (!a) return NULL;
+            if (a->kind == TV_DICT) {
+                for (uint32_t i = 0; i < a->u.dict.n; i++)
+                    if (em_tr_dict_set(T, d, a->u.dict.keys[i], a->u.dict.vals[i]) < 0) return NULL;
+            } else {
+                if (em_tr_items(T, a, &items, &n) < 0) return NULL;
+                for (uint32_t i = 0; i < n; i++) {
+                    TValue **kv;
+                    uint32_t m;
+                    if (em_tr_items(T, items[i], &kv, &m) < 0) return NULL;
+                    TValue *k = em_tr_realize(T, kv[0]);
+                    if (m != 2 || !k || k->kind != TV_CONST || em_tr_use(T, k) < 0) {
+                        if (!T->broke) em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "dict() item");
+                        return NULL;
+                    }
+                    if (em_tr_dict_set(T, d, k->obj, kv[1]) < 0) return NULL;
+                }
+            }
+        }
+        for (uint32_t i = 0; i < nkw; i++)
+            if (em_tr_dict_set(T, d, PyTuple_GET_ITEM(kwnames, i), kwvals[i]) < 0) return NULL;
+        return d;
+    }
+    case BI_ENUMERATE: {
+        if (nargs < 1 || nargs > 2) break;
+        TValue *startv = nargs == 2 ? args[1] : kwarg(kwnames, kwvals, "start");
+        long start = 0;
+        if (startv) {
+            PyObject *s = em_tr_to_py_const(T, startv);
+            if (!s || !PyLong_Check(s)) {
+                Py_XDECREF(s);
+                if (!T->broke) em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "enumerate start");
+                return NULL;
+            }
+            start = PyLong_AsLong(s);
+            Py_DECREF(s);
+        }
+        if (em_tr_items(T, args[0], &items, &n) < 0) return NULL;
+        TValue **pairs = em_arena_alloc(T->arena, sizeof(TValue *) * (n + 1));
+        if (!pairs) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        for (uint32_t i = 0; i < n; i++) {
+            TValue *two[2] = {int_value(T, (Py_ssize_t)(start + (long)i)), items[i]};
+            if (!two[0] || !(pairs[i] = em_tr_tuple(T, two, 2))) return NULL;
+        }
+        return iterator_over(T, pairs, n);
+    }
+    case BI_ZIP: {
+        if (nkw) {
+            TValue *strict = kwarg(kwnames, kwvals, "strict");
+            if (nkw != 1 || !strict) break;
+        }
+        TValue ***cols = em_arena_alloc(T->arena, sizeof(TValue **) * (nargs + 1));
+        uint32_t *lens = em_arena_alloc(T->arena, sizeof(uint32_t) * (nargs + 1));
+        if (!cols || !lens) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        uint32_t m = nargs ? UINT32_MAX : 0;
+        for (uint32_t i = 0; i < nargs; i++) {
+            if (em_tr_items(T, args[i], &cols[i], &lens[i]) < 0) return NULL;
+            if (lens[i] < m) m = lens[i];
+        }
+        TValue **tuples = em_arena_alloc(T->arena, sizeof(TValue *) * (m + 1));
+        TValue **row = em_arena_alloc(T->arena, sizeof(TValue *) * (nargs + 1));
+        if (!tuples || !row) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        for (uint32_t j = 0; j < m; j++) {
+            for (uint32_t i = 0; i < nargs; i++) row[i] = cols[i][j];
+            if (!(tuples[j] = em_tr_tuple(T, row, nargs))) return NULL;
+        }
+        return iterator_over(T, tuples, m);
+    }
+    case BI_REVERSED: {
+        if (nargs != 1 || nkw) break;
+        if (em_tr_items(T, args[0], &items, &n) < 0) return NULL;
+        for (uint32_t i = 0; i < n / 2; i++) {
+            TValue *t = items[i];
+            items[i] = items[n - 1 - i];
+            items[n - 1 - i] = t;
+        }
+        return iterator_over(T, items, n);
+    }
+    case BI_ITER:
+        if (nargs != 1 || nkw) break;
+        return em_tr_iter(T, args[0]);
+    case BI_NEXT: {
+        if (nargs < 1 || nargs > 2 || nkw) break;
+        TValue *r;
+        int rc = em_tr_iter_next(T, args[0], &r);
+        if (rc < 0) return NULL;
+        if (rc == 0) {
+            if (nargs == 2) return args[1];
+            em_tr_break(T, EM_BREAK_RAISE, "StopIteration");
+            return NULL;
+        }
+        return r;
+    }
+    case BI_SORTED: case BI_MIN: case BI_MAX: case BI_SUM: case BI_ALL: case BI_ANY: {
+        if (nargs == 0) break;
+        if ((bi == BI_MIN || bi == BI_MAX) && nargs > 1) {
+            items = args;
+            n = nargs;
+        } else if (em_tr_items(T, args[0], &items, &n) < 0) {
+            return NULL;
+        }
+        if (bi == BI_ALL || bi == BI_ANY) {
+            if (nargs != 1 || nkw) break;
+            for (uint32_t i = 0; i < n; i++) {
+                bool t;
+                if (em_tr_truth(T, items[i], &t) < 0) return NULL;
+                if (bi == BI_ALL && !t) return bool_value(T, false);
+                if (bi == BI_ANY && t) return bool_value(T, true);
+            }
+            return bool_value(T, bi == BI_ALL);
+        }
+        if (bi == BI_SUM && (any_tensor(T, items, n) || (nargs == 2 && any_tensor(T, args + 1, 1)))) {
+            if (nkw) break;
+            TValue *acc = nargs == 2 ? args[1] : int_value(T, 0);
+            for (uint32_t i = 0; i < n && acc; i++) acc = em_tr_binop(T, 0, acc, items[i]);
+            return acc;
+        }
+        if (any_tensor(T, items, n)) {
+            em_tr_break(T, EM_BREAK_DATA_DEPENDENT_BRANCH, "call of %s on tensors", callable_name(T, fn));
+            return NULL;
+        }
+        PyObject *l = const_list(T, items, n);
+        if (!l) {
+            if (!T->broke && !PyErr_Occurred()) em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of %s on non-constants", callable_name(T, fn));
+            return NULL;
+        }
+        TValue *lv = em_tr_const_steal(T, PyList_AsTuple(l));
+        Py_DECREF(l);
+        if (!lv) return NULL;
+        TValue **nargsv = em_arena_alloc(T->arena, sizeof(TValue *) * (nargs + nkw + 1));
+        if (!nargsv) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        nargsv[0] = lv;
+        uint32_t extra = (bi == BI_MIN || bi == BI_MAX) && nargs > 1 ? 0 : nargs - 1;
+        for (uint32_t i = 0; i < extra; i++) nargsv[1 + i] = args[1 + i];
+        for (uint32_t i = 0; i < nkw; i++) nargsv[1 + extra + i] = kwvals[i];
+        return fold_or_break(T, fn, nargsv, 1 + extra, kwnames, nargsv + 1 + extra);
+    }
+    case BI_HASATTR: case BI_GETATTR: {
+        if (nargs < 2 || nargs > (bi == BI_GETATTR ? 3u : 2u) || nkw) break;
+        PyObject *name = const_str_arg(T, args[1]);
+        if (!name) return NULL;
+        int missing = 0;
+        TValue *r = em_tr_getattr(T, args[0], name, &missing);
+        if (bi == BI_HASATTR) {
+            if (!r && !missing) return NULL;
+            return bool_value(T, r != NULL);
+        }
+        if (!r && missing) {
+            if (nargs == 3) return args[2];
+            em_tr_break(T, EM_BREAK_RAISE, "AttributeError: %U", name);
+        }
+        return r;
+    }
+    case BI_CALLABLE: {
+        if (nargs != 1) break;
+        TValue *a = em_tr_realize(T, args[0]);
+        if (!a) return NULL;
+        switch (a->kind) {
+        case TV_FUNCTION: case TV_BOUND_METHOD: case TV_TENSOR_METHOD: case TV_NN_MODULE:
+            return bool_value(T, true);
+        case TV_TENSOR: case TV_TUPLE: case TV_LIST: case TV_DICT: case TV_SLICE: case TV_ITERATOR:
+            return bool_value(T, false);
+        case TV_CONST: case TV_OBJECT:
+            if (em_tr_use(T, a) < 0) return NULL;
+            return bool_value(T, PyCallable_Check(a->obj));
+        default:
+            break;
+        }
+        break;
+    }
+    case BI_SUPER:
+        if (nargs == 0 && !nkw) return zero_arg_super(T);
+        if (nargs == 2 && !nkw) {
+            TValue *cls = em_tr_realize(T, args[0]);
+            if (!cls || !cls->obj || !PyType_Check(cls->obj)) {
+                if (!T->broke) em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "super() with a non-class");
+                return NULL;
+            }
+            TValue *s = em_tr_new(T, TV_SUPER);
+            if (!s) return NULL;
+            s->u.sup.self = args[1];
+            s->u.sup.cls = cls->obj;
+            return s;
+        }
+        break;
+    default:
+        break;
+    }
+    em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of %s", callable_name(T, fn));
+    return NULL;
+}
+
+/* list.append, dict.get, ... on containers the tracer holds (BOUND_METHOD without a function). */
+static TValue *call_container_method(Trace *T, TValue *self, PyObject *name, TValue **args, uint32_t nargs,
+                                     PyObject *kwnames, TValue **kwvals) {
+    const char *n = PyUnicode_AsUTF8(name);
+    if (!n || !(self = em_tr_realize(T, self))) return NULL;
+    if (kwnames && PyTuple_GET_SIZE(kwnames)) goto unsupported;
+    if (self->kind == TV_LIST) {
+        bool mut = strcmp(n, "append") == 0 || strcmp(n, "extend") == 0 || strcmp(n, "insert") == 0 || strcmp(n, "pop") == 0 ||
+                   strcmp(n, "clear") == 0 || strcmp(n, "reverse") == 0 || strcmp(n, "remove") == 0;
+        if (mut && !self->mutable) {
+            em_tr_break(T, EM_BREAK_SIDE_EFFECT, "list.%s on a list that outlives the frame", n);
+            return NULL;
+        }
+        if (strcmp(n, "append") == 0 && nargs == 1) return em_tr_list_push(T, self, args[0]) < 0 ? NULL : em_tr_const(T, Py_None);
+        if (strcmp(n, "extend") == 0 && nargs == 1) {
+            TValue **items;
+            uint32_t m;
+            if (em_tr_items(T, args[0], &items, &m) < 0) return NULL;
+            for (uint32_t i = 0; i < m; i++)
+                if (em_tr_list_push(T, self, items[i]) < 0) return NULL;
+            return em_tr_const(T, Py_None);
+        }
+        if (strcmp(n, "insert") == 0 && nargs == 2) {
+            PyObject *k = em_tr_to_py_const(T, args[0]);
+            if (!k || !PyLong_Check(k)) {
+                Py_XDECREF(k);
+                goto unsupported;
+            }
+            Py_ssize_t i = PyLong_AsSsize_t(k);
+            Py_DECREF(k);
+            uint32_t len = self->u.seq.n;
+            if (i < 0) i += len;
+            if (i < 0) i = 0;
+            if (i > (Py_ssize_t)len) i = len;
+            if (em_tr_list_push(T, self, args[1]) < 0) return NULL;
+            memmove(&self->u.seq.items[i + 1], &self->u.seq.items[i], sizeof(TValue *) * (len - (uint32_t)i));
+            self->u.seq.items[i] = args[1];
+            return em_tr_const(T, Py_None);
+        }
+        if (strcmp(n, "pop") == 0 && nargs <= 1) {
+            uint32_t i = self->u.seq.n ? self->u.seq.n - 1 : 0;
+            if (!self->u.seq.n) {
+                em_tr_break(T, EM_BREAK_RAISE, "pop from empty list");
+                return NULL;
+            }
+            if (nargs == 1) {
+                PyObject *k = em_tr_to_py_const(T, args[0]);
+                if (!k) goto unsupported;
+                int rc = seq_index(T, k, self->u.seq.n, &i);
+                Py_DECREF(k);
+                if (rc < 0) return NULL;
+            }
+            TValue *r = self->u.seq.items[i];
+            memmove(&self->u.seq.items[i], &self->u.seq.items[i + 1], sizeof(TValue *) * (self->u.seq.n - i - 1));
+            self->u.seq.n--;
+            return r;
+        }
+        if (strcmp(n, "clear") == 0 && nargs == 0) {
+            self->u.seq.n = 0;
+            return em_tr_const(T, Py_None);
+        }
+        if (strcmp(n, "reverse") == 0 && nargs == 0) {
+            for (uint32_t i = 0, m = self->u.seq.n; i < m / 2; i++) {
+                TValue *t = self->u.seq.items[i];
+                self->u.seq.items[i] = self->u.seq.items[m - 1 - i];
+                self->u.seq.items[m - 1 - i] = t;
+            }
+            return em_tr_const(T, Py_None);
+        }
+        if (strcmp(n, "copy") == 0 && nargs == 0) return em_tr_list(T, self->u.seq.items, self->u.seq.n);
+    }
+    if (self->kind == TV_DICT) {
+        bool mut = strcmp(n, "pop") == 0 || strcmp(n, "update") == 0 || strcmp(n, "setdefault") == 0 ||
+                   strcmp(n, "clear") == 0 || strcmp(n, "popitem") == 0;
+        if (mut && !self->mutable) {
+            em_tr_break(T, EM_BREAK_SIDE_EFFECT, "dict.%s on a dict that outlives the frame", n);
+            return NULL;
+        }
+        if ((strcmp(n, "get") == 0 || strcmp(n, "pop") == 0 || strcmp(n, "setdefault") == 0) && nargs >= 1 && nargs <= 2) {
+            TValue *k = em_tr_realize(T, args[0]);
+            if (!k || k->kind != TV_CONST || em_tr_use(T, k) < 0) goto unsupported;
+            TValue *r = em_tr_dict_get(self, k->obj);
+            if (!r) {
+                if (nargs == 2) r = args[1];
+                else if (strcmp(n, "pop") == 0) {
+                    em_tr_break(T, EM_BREAK_RAISE, "KeyError");
+                    return NULL;
+                } else r = em_tr_const(T, Py_None);
+                if (r && strcmp(n, "setdefault") == 0 && em_tr_dict_set(T, self, k->obj, r) < 0) return NULL;
+                return r;
+            }
+            if (strcmp(n, "pop") == 0) {
+                TValue *kv[1] = {k};
+                if (em_tr_setitem(T, self, kv[0], NULL) < 0) return NULL;
+            }
+            return r;
+        }
+        if ((strcmp(n, "keys") == 0 || strcmp(n, "values") == 0 || strcmp(n, "items") == 0) && nargs == 0) {
+            uint32_t m = self->u.dict.n;
+            TValue **r = em_arena_alloc(T->arena, sizeof(TValue *) * (m + 1));
+            if (!r) {
+                PyErr_NoMemory();
+                return NULL;
+            }
+            for (uint32_t i = 0; i < m; i++) {
+                TValue *k = em_tr_const(T, self->u.dict.keys[i]);
+                if (!k) return NULL;
+                if (n[0] == 'k')
+                    r[i] = k;
+                else if (n[0] == 'v')
+                    r[i] = self->u.dict.vals[i];
+                else {
+                    TValue *two[2] = {k, self->u.dict.vals[i]};
+                    if (!(r[i] = em_tr_tuple(T, two, 2))) return NULL;
+                }
+            }
+            return em_tr_tuple(T, r, m); /* a snapshot view: iteration, len, unpacking */
+        }
+        if (strcmp(n, "update") == 0 && nargs == 1) {
+            TValue *o = em_tr_realize(T, args[0]);
+            if (!o || o->kind != TV_DICT) goto unsupported;
+            for (uint32_t i = 0; i < o->u.dict.n; i++)
+                if (em_tr_dict_set(T, self, o->u.dict.keys[i], o->u.dict.vals[i]) < 0) return NULL;
+            return em_tr_const(T, Py_None);
+        }
+        if (strcmp(n, "copy") == 0 && nargs == 0) {
+            TValue *d = em_tr_dict(T);
+            if (!d) return NULL;
+            for (uint32_t i = 0; i < self->u.dict.n; i++)
+                if (em_tr_dict_set(T, d, self->u.dict.keys[i], self->u.dict.vals[i]) < 0) return NULL;
+            return d;
+        }
+    }
+    if (is_seq(self) && (strcmp(n, "index") == 0 || strcmp(n, "count") == 0)) {
+        PyObject *seq = em_tr_to_py_const(T, self);
+        if (!seq) goto unsupported;
+        PyObject *meth = PyObject_GetAttr(seq, name);
+        Py_DECREF(seq);
+        if (!meth) {
+            em_tr_break_exc(T, EM_BREAK_RAISE);
+            return NULL;
+        }
+        TValue *r = fold_or_break(T, meth, args, nargs, NULL, NULL);
+        Py_DECREF(meth);
+        return r;
+    }
+unsupported:
+    if (!T->broke && !PyErr_Occurred()) em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "method %s of a container", n ? n : "?");
+    return NULL;
+}
+
+static bool in_list(const char *n, const char *const *list) {
+    for (int i = 0; list[i]; i++)
+        if (strcmp(n, list[i]) == 0) return true;
+    return false;
+}
+
+static const char *const to_python_methods[] = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__",
+                                                "__complex__", "__array__", "__len__x", NULL};
+static const char *const unsupported_methods[] = {"backward", "register_hook", "retain_grad", "data_ptr", "storage",
+                                                  "untyped_storage", "set_", "share_memory_", "record_stream",
+                                                  "__reduce_ex__", "__deepcopy__", "__setstate__", "pin_memory",
+                                                  "_version", "resize_", "__iter__", "__repr__", "__str__", "__format__", NULL};
+static const char *const query_methods[] = {"size", "dim", "ndimension", "numel", "nelement", "stride", "is_contiguous",
+                                            "element_size", "is_floating_point", "is_complex", "is_signed",
+                                            "storage_offset", "__len__", "get_device", "is_inference", NULL};
+
+static TValue *call_tensor_method(Trace *T, TValue *self, PyObject *name, TValue **args, uint32_t nargs, PyObject *kwnames,
+                                  TValue **kwvals) {
+    const char *n = PyUnicode_AsUTF8(name);
+    if (!n) return NULL;
+    if (in_list(n, to_python_methods)) {
+        em_tr_break(T, EM_BREAK_TENSOR_TO_PYTHON, "Tensor.%s()", n);
+        return NULL;
+    }
+    if (in_list(n, unsupported_methods)) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "Tensor.%s()", n);
+        return NULL;
+    }
+    if (!(self = em_tr_realize(T, self))) return NULL;
+    if (in_list(n, query_methods)) {
+        IRMeta *m = self->u.t.meta;
+        if (strcmp(n, "get_device") == 0) {
+            PyObject *idx = m->device ? PyObject_GetAttrString(m->device, "index") : NULL;
+            PyObject *typ = m->device ? PyObject_GetAttrString(m->device, "type") : NULL;
+            TValue *r = NULL;
+            if (idx && typ) {
+                bool cpu = PyUnicode_CompareWithASCIIString(typ, "cpu") == 0;
+                r = cpu ? em_tr_const_steal(T, PyLong_FromLong(-1)) : idx == Py_None ? int_value(T, 0) : em_tr_const(T, idx);
+            }
+            Py_XDECREF(idx);
+            Py_XDECREF(typ);
+            if (!r && !T->broke) em_tr_break_exc(T, EM_BREAK_INTERNAL);
+            return r;
+        }
+        PyObject *meth = PyObject_GetAttr(m->example, name);
+        if (!meth) {
+            em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE);
+            return NULL;
+        }
+        TValue *r = fold_or_break(T, meth, args, nargs, kwnames, kwvals);
+        Py_DECREF(meth);
+        return r;
+    }
+    TValue **all = prepend(T, self, args, nargs, kwnames);
+    if (!all) return NULL;
+    return em_tr_torch_call(T, IR_CALL_METHOD, name, all, nargs + 1, kwnames, all + 1 + nargs);
+}
+
+/* Calling a module: hooks must be empty (guarded), then type(m).forward is inlined with self. */
+static TValue *call_module(Trace *T, TValue *m, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
+    PyTypeObject *tp = Py_TYPE(m->obj);
+    if (em_guard_type_version(T->gb, tp) < 0) return NULL;
+    PyObject *call = _PyType_Lookup(tp, em_str("__call__"));
+    if (call != em_trace_rt.module_call) {
+        if (call && PyFunction_Check(call)) {
+            TValue *fv = em_tr_new(T, TV_FUNCTION), **all = prepend(T, m, args, nargs, kwnames);
+            if (!fv || !all) return NULL;
+            fv->obj = em_arena_hold(T->arena, call);
+            fv->stable = true;
+            return em_tr_inline(T, fv, all, nargs + 1, kwnames, all + 1 + nargs);
+        }
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "module %s with its own __call__", tp->tp_name);
+        return NULL;
+    }
+    if (em_tr_module_check_hooks(T, m) < 0) return NULL;
+    TValue *fwd = em_tr_module_getattr(T, m, em_str("forward"), NULL);
+    if (!fwd) return NULL;
+    return em_tr_call(T, fwd, args, nargs, kwnames, kwvals);
+}
+
+/* Is this a builtin method bound to an immutable constant ("a,b".split, (1, 2).index)? */
+static bool is_const_method(PyObject *o) {
+    if (!PyCFunction_Check(o)) return false;
+    PyObject *self = PyCFunction_GET_SELF(o);
+    if (!self || PyModule_Check(self)) return false;
+    return PyUnicode_CheckExact(self) || PyLong_CheckExact(self) || PyFloat_CheckExact(self) || PyTuple_CheckExact(self) ||
+           PyBytes_CheckExact(self) || PyObject_TypeCheck(self, (PyTypeObject *)em_trace_rt.Size) ||
+           PyObject_TypeCheck(self, (PyTypeObject *)em_trace_rt.dtype_type) ||
+           PyObject_TypeCheck(self, (PyTypeObject *)em_trace_rt.device_type);
+}
+
+static bool is_module_function(PyObject *o, PyObject *mod) {
+    return PyCFunction_Check(o) && PyCFunction_GET_SELF(o) == mod;
+}
+
+/* A namedtuple class called with field values: a TUPLE value with the class. */
+static TValue *make_namedtuple(Trace *T, PyObject *cls, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
+    PyObject *fields = PyObject_GetAttrString(cls, "_fields");
+    if (!fields || !PyTuple_Check(fields)) {
+        Py_XDECREF(fields);
+        PyErr_Clear();
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "construction of %s", ((PyTypeObject *)cls)->tp_name);
+        return NULL;
+    }
+    uint32_t nf = (uint32_t)PyTuple_GET_SIZE(fields), nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
+    TValue **items = em_arena_alloc(T->arena, sizeof(TValue *) * (nf + 1));
+    TValue *out = NULL;
+    if (!items) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (nargs > nf) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "too many fields for %s", ((PyTypeObject *)cls)->tp_name);
+        goto done;
+    }
+    for (uint32_t i = 0; i < nargs; i++) items[i] = args[i];
+    for (uint32_t k = 0; k < nkw; k++) {
+        uint32_t j;
+        for (j = 0; j < nf; j++)
+            if (PyUnicode_Compare(PyTuple_GET_ITEM(fields, j), PyTuple_GET_ITEM(kwnames, k)) == 0) break;
+        if (j == nf || items[j]) {
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "bad field for %s", ((PyTypeObject *)cls)->tp_name);
+            goto done;
+        }
+        items[j] = kwvals[k];
+    }
+    for (uint32_t j = 0; j < nf; j++)
+        if (!items[j]) { /* defaults are not supported */
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "missing field for %s", ((PyTypeObject *)cls)->tp_name);
+            goto done;
+        }
+    out = em_tr_tuple(T, items, nf);
+    if (out) out->u.seq.cls = em_arena_hold(T->arena, cls);
+done:
+    Py_DECREF(fields);
+    return out;
+}
+
+static TValue *call_object(Trace *T, TValue *callee, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
+    TraceRT *rt = &em_trace_rt;
+    PyObject *o = callee->obj;
+    long bi = table_code(rt->bi_table, o);
+    if (bi) return call_builtin(T, bi, o, args, nargs, kwnames, kwvals);
+    if (PyType_Check(o)) {
+        PyTypeObject *tp = (PyTypeObject *)o;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(rt->pure_classes); i++)
+            if (o == PyTuple_GET_ITEM(rt->pure_classes, i)) return fold_or_break(T, o, args, nargs, kwnames, kwvals);
+        if (PyType_IsSubtype(tp, &PyTuple_Type) && PyObject_HasAttrString(o, "_fields"))
+            return make_namedtuple(T, o, args, nargs, kwnames, kwvals);
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "construction of %s", tp->tp_name);
+        return NULL;
+    }
+    if (is_module_function(o, rt->operator_mod) || (PyCFunction_Check(o) && callable_module(T, o) &&
+                                                     strcmp(callable_module(T, o), "_operator") == 0)) {
+        uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
+        if (o == rt->op_getitem && nargs == 2 && !nkw) return em_tr_getitem(T, args[0], args[1]);
+        if (any_tensor(T, args, nargs)) {
+            if (o == rt->op_truth || o == rt->op_not || o == rt->op_contains) {
+                em_tr_break(T, EM_BREAK_DATA_DEPENDENT_BRANCH, "%s on a tensor", callable_name(T, o));
+                return NULL;
+            }
+            return em_tr_torch_call(T, IR_CALL_FUNCTION, o, args, nargs, kwnames, kwvals);
+        }
+        return fold_or_break(T, o, args, nargs, kwnames, kwvals);
+    }
+    if (is_module_function(o, rt->math_mod)) {
+        if (any_tensor(T, args, nargs)) {
+            em_tr_break(T, EM_BREAK_TENSOR_TO_PYTHON, "call of %s on a tensor", callable_name(T, o));
+            return NULL;
+        }
+        return fold_or_break(T, o, args, nargs, kwnames, kwvals);
+    }
+    if (is_const_method(o)) return fold_or_break(T, o, args, nargs, kwnames, kwvals);
+    /* torch.Tensor.add(x, y): an unbound Tensor method applied to a tensor */
+    if ((Py_TYPE(o) == &PyMethodDescr_Type || Py_TYPE(o) == &PyWrapperDescr_Type) && nargs >= 1 &&
+        PyType_IsSubtype(PyDescr_TYPE(o), (PyTypeObject *)rt->TensorBase)) {
+        TValue *self = em_tr_realize(T, args[0]);
+        if (!self) return NULL;
+        if (self->kind == TV_TENSOR) return call_tensor_method(T, self, PyDescr_NAME(o), args + 1, nargs - 1, kwnames, kwvals);
+    }
+    const char *mod = callable_module(T, o);
+    const char *tn = Py_TYPE(o)->tp_name;
+    if (is_torch_module_name(mod) || strstr(tn, "OpOverload"))
+        return call_torch(T, NULL, o, args, nargs, kwnames, kwvals);
+    em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of %s", callable_name(T, o));
+    return NULL;
+}
+
+static TValue *call_super_method(Trace *T, TValue *callee) {
+    em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of a super object");
+    EM_UNUSED(callee);
+    return NULL;
+}
+
+TValue *em_tr_call(Trace *T, TValue *callee, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
+    if (!(callee = em_tr_realize(T, callee))) return NULL;
+    switch (callee->kind) {
+    case TV_FUNCTION:
+        if (callee->obj && is_torch_python_function(T, callee->obj))
+            return call_torch(T, callee, callee->obj, args, nargs, kwnames, kwvals);
+        return em_tr_inline(T, callee, args, nargs, kwnames, kwvals);
+    case TV_BOUND_METHOD: {
+        if (!callee->u.bm.func) return call_container_method(T, callee->u.bm.self, callee->u.bm.name, args, nargs, kwnames, kwvals);
+        TValue **all = prepend(T, callee->u.bm.self, args, nargs, kwnames);
+        if (!all) return NULL;
+        return em_tr_call(T, callee->u.bm.func, all, nargs + 1, kwnames, all + 1 + nargs);
+    }
+    case TV_NN_MODULE:
+        return call_module(T, callee, args, nargs, kwnames, kwvals);
+    case TV_TENSOR_METHOD:
+        return call_tensor_method(T, callee->u.tm.self, callee->u.tm.name, args, nargs, kwnames, kwvals);
+    case TV_OBJECT:
+        return call_object(T, callee, args, nargs, kwnames, kwvals);
+    case TV_SUPER:
+        return call_super_method(T, callee);
+    case TV_CONST:
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of a %s constant", Py_TYPE(callee->obj)->tp_name);
+        return NULL;
+    case TV_NULL:
+        em_tr_break(T, EM_BREAK_INTERNAL, "call of NULL");
+        return NULL;
+    default:
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of a value of kind %d", (int)callee->kind);
+        return NULL;
+    }
+}

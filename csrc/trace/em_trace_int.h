@@ -1,0 +1,314 @@
+/* trace, private: abstract values, trace frames and the trace state shared by em_trace*.c.
+ * Invariant: every TValue, frame and recorded node lives in the trace's arena; every PyObject a
+ * value points at is held by that arena (em_arena_hold), so nothing here needs a DECREF. All
+ * interpreter state (per-frame pc, stack, locals, pending KW_NAMES) lives in TFrame structs linked
+ * by `parent`, so a later issue can split a frame at a break and resume after it. */
+#ifndef EM_TRACE_INT_H
+#define EM_TRACE_INT_H
+
+#include "trace/em_trace.h"
+
+/* ---- instruction kinds: our own enum, mapped from opcode *names* at init, so one C file serves
+ * 3.11 and 3.12 (their opcode numbers differ). OP__UNKNOWN covers every name not listed. ---- */
+#define TR_OPCODES(_)                                                                          \
+    _(CACHE) _(POP_TOP) _(PUSH_NULL) _(NOP) _(RESUME) _(EXTENDED_ARG) _(COPY) _(SWAP)        \
+    _(UNARY_POSITIVE) _(UNARY_NEGATIVE) _(UNARY_NOT) _(UNARY_INVERT) _(BINARY_OP)           \
+    _(BINARY_SUBSCR) _(STORE_SUBSCR) _(DELETE_SUBSCR) _(BINARY_SLICE) _(STORE_SLICE)          \
+    _(GET_ITER) _(FOR_ITER) _(END_FOR) _(LOAD_BUILD_CLASS) _(LOAD_ASSERTION_ERROR)           \
+    _(RETURN_GENERATOR) _(RETURN_VALUE) _(RETURN_CONST) _(LIST_TO_TUPLE) _(YIELD_VALUE)      \
+    _(UNPACK_SEQUENCE) _(UNPACK_EX) _(STORE_ATTR) _(DELETE_ATTR) _(STORE_GLOBAL)             \
+    _(DELETE_GLOBAL) _(LOAD_CONST) _(LOAD_NAME) _(STORE_NAME) _(BUILD_TUPLE) _(BUILD_LIST)   \
+    _(BUILD_SET) _(BUILD_MAP) _(BUILD_CONST_KEY_MAP) _(BUILD_SLICE) _(BUILD_STRING)          \
+    _(LOAD_ATTR) _(LOAD_METHOD) _(LOAD_SUPER_ATTR) _(COMPARE_OP) _(IS_OP) _(CONTAINS_OP)     \
+    _(JUMP_FORWARD) _(JUMP_BACKWARD) _(JUMP_BACKWARD_NO_INTERRUPT) _(JUMP_IF_FALSE_OR_POP)   \
+    _(JUMP_IF_TRUE_OR_POP) _(POP_JUMP_IF_FALSE) _(POP_JUMP_IF_TRUE) _(POP_JUMP_IF_NONE)      \
+    _(POP_JUMP_IF_NOT_NONE) _(POP_JUMP_FORWARD_IF_FALSE) _(POP_JUMP_FORWARD_IF_TRUE)         \
+    _(POP_JUMP_FORWARD_IF_NONE) _(POP_JUMP_FORWARD_IF_NOT_NONE)                              \
+    _(POP_JUMP_BACKWARD_IF_FALSE) _(POP_JUMP_BACKWARD_IF_TRUE) _(POP_JUMP_BACKWARD_IF_NONE)  \
+    _(POP_JUMP_BACKWARD_IF_NOT_NONE) _(LOAD_GLOBAL) _(LOAD_FAST) _(LOAD_FAST_CHECK)          \
+    _(LOAD_FAST_AND_CLEAR) _(STORE_FAST) _(DELETE_FAST) _(MAKE_CELL) _(LOAD_CLOSURE)         \
+    _(LOAD_DEREF) _(STORE_DEREF) _(DELETE_DEREF) _(COPY_FREE_VARS) _(RAISE_VARARGS)          \
+    _(MAKE_FUNCTION) _(CALL_FUNCTION_EX) _(PRECALL) _(CALL) _(KW_NAMES) _(CALL_INTRINSIC_1)  \
+    _(LIST_APPEND) _(LIST_EXTEND) _(SET_ADD) _(SET_UPDATE) _(MAP_ADD) _(DICT_MERGE)          \
+    _(DICT_UPDATE) _(FORMAT_VALUE) _(RERAISE) _(SEND) _(GET_YIELD_FROM_ITER) _(IMPORT_NAME)   \
+    _(IMPORT_FROM) _(BEFORE_WITH) _(PUSH_EXC_INFO) _(POP_EXCEPT) _(CHECK_EXC_MATCH)
+
+typedef enum {
+    OP__UNKNOWN = 0,
+#define TR_OP_ENUM(name) OP_##name,
+    TR_OPCODES(TR_OP_ENUM)
+#undef TR_OP_ENUM
+        OP__COUNT
+} TrOp;
+
+/* One decoded instruction (CACHE entries and EXTENDED_ARG folded away). */
+typedef struct TInstr {
+    uint16_t op;      /* TrOp */
+    uint8_t opcode;   /* the real opcode (for opname in break reports) */
+    int32_t arg;      /* with EXTENDED_ARG prefixes applied */
+    uint32_t offset;  /* byte offset of the instruction itself (after its EXTENDED_ARGs) */
+    uint32_t start;   /* byte offset of its first EXTENDED_ARG (jump targets land here) */
+    int32_t target;   /* jumps: instruction index of the target, else -1 */
+} TInstr;
+
+/* ---- abstract values ---- */
+typedef enum {
+    TV_NULL,          /* the NULL a call sequence pushes (PUSH_NULL, LOAD_GLOBAL bit 0) / unbound */
+    TV_LAZY,          /* a real object from a frame input, not yet looked at: obj + src */
+    TV_TENSOR,        /* graph value: t.ref (0 = input not yet a placeholder) + t.meta */
+    TV_CONST,         /* an immutable Python object (None, bool, int, float, str, dtype, Size ...) */
+    TV_TUPLE,         /* seq: items; seq.cls = namedtuple/structseq class or NULL */
+    TV_LIST,          /* seq: items; mutable only if created in the trace */
+    TV_DICT,          /* dict: constant keys (in order), values */
+    TV_NN_MODULE,     /* obj: the nn.Module */
+    TV_FUNCTION,      /* obj: a real function, or fn.* for one made by MAKE_FUNCTION */
+    TV_BOUND_METHOD,  /* bm.self + bm.func (a FUNCTION value), or bm.func NULL and bm.name: a
+                         builtin method (list.append, dict.get, str.format) on bm.self */
+    TV_TENSOR_METHOD, /* tm.self (TENSOR) + tm.name */
+    TV_OBJECT,        /* obj: an opaque Python object (torch functions, classes, Python modules,
+                         builtins, operator.*, user objects) */
+    TV_CELL,          /* cell.contents (NULL = empty); cell.input: a real cell of a frame input */
+    TV_ITERATOR,      /* it.* */
+    TV_SLICE,         /* sl.start/stop/step */
+    TV_SUPER          /* sup.self + sup.cls: super(cls, self) */
+} TVKind;
+
+typedef enum {
+    IT_ARRAY,  /* over a snapshot it.items[0..n) */
+    IT_LIST,   /* live over it.base (a TV_LIST), like list_iterator */
+    IT_GEN,    /* a generator function call not yet run: it.genfn + it.genlocals */
+} TIterKind;
+
+typedef struct TValue TValue;
+struct TFrame;
+struct TValue {
+    TVKind kind;
+    GuardSrc src;      /* where the value came from; -1 if made in the trace */
+    bool stable;       /* identity fixed by other guards (globals, module dicts): no ID/EQUALS */
+    bool guarded;      /* the use-guard (EQUALS/ID) was added */
+    bool mutable;      /* LIST/DICT/CELL created in the trace (may be mutated) */
+    PyObject *obj;     /* LAZY/CONST/NN_MODULE/OBJECT/FUNCTION(real): the object (held).
+                          TENSOR input: the real tensor. TUPLE from a torch op: the meta result. */
+    union {
+        struct { uint32_t ref; IRMeta *meta; } t;
+        struct { TValue **items; uint32_t n, cap; PyObject *cls; } seq;
+        struct { PyObject **keys; TValue **vals; uint32_t n, cap; } dict;
+        struct {
+            PyCodeObject *code; PyObject *globals; PyObject *name;
+            TValue *defaults;    /* TUPLE or NULL */
+            TValue *kwdefaults;  /* DICT or NULL */
+            TValue *closure;     /* TUPLE of CELL or NULL */
+            GuardSrc gsrc;       /* source of the globals dict; -2: the frame's globals */
+        } fn;
+        struct { TValue *self; TValue *func; PyObject *name; } bm;
+        struct { TValue *self; PyObject *name; } tm;
+        struct { TValue *contents; } cell;
+        struct {
+            TIterKind kind; TValue **items; uint32_t n, pos; TValue *base;
+            struct TFrame *genframe; /* IT_GEN: the bound, not yet run generator frame */
+        } it;
+        struct { TValue *start, *stop, *step; } sl;
+        struct { TValue *self; PyObject *cls; } sup;
+    } u;
+};
+
+/* ---- recorded nodes (our own list; turned into an IRGraph at the end so that placeholders come
+ * first even though inputs are discovered mid-trace). Refs are 1-based indices into Trace.nodes. */
+typedef struct TNode {
+    IRKind kind;
+    PyObject *target;
+    IRArg *args;
+    uint32_t nargs, nkw;
+    PyObject **kwnames;
+    IRArg *kwargs;
+    IRMeta meta;
+    int32_t lineno;
+    PyObject *filename;
+    GuardSrc src;        /* PLACEHOLDER: the input's source */
+    PyObject *real;      /* PLACEHOLDER: the real value (example input) */
+    const char *pname;   /* PLACEHOLDER: name hint */
+} TNode;
+
+/* ---- trace frames ---- */
+typedef struct TFrame {
+    struct TFrame *parent;
+    PyCodeObject *code;
+    PyObject *globals, *builtins;
+    GuardSrc gsrc;          /* -2: the traced frame's globals (G[...]); -1: none; else the dict */
+    TInstr *ins;
+    uint32_t nins;
+    int32_t *off2ins;       /* code unit -> instruction index (-1 inside an instruction) */
+    uint32_t pc;            /* index of the instruction being executed */
+    TValue **locals;
+    int nlocals;
+    TValue **stack;
+    int sp, stackcap;
+    PyObject *kwnames;      /* pending KW_NAMES tuple (borrowed from co_consts) */
+    int depth;
+    bool is_gen;            /* running a generator to exhaustion: YIELD_VALUE collects */
+    struct { TValue **items; uint32_t n, cap; } yields;
+    TValue *retval;         /* set by RETURN_* */
+    bool returned;
+} TFrame;
+
+/* Objects looked up once at init (owned references, process lifetime; ember supports one
+ * interpreter, em_module.c). */
+enum { TR_NBINOPS = 26, TR_NCMP = 6 };
+typedef struct TraceRT {
+    bool ready;
+    uint8_t op_of[256];            /* opcode -> TrOp */
+    uint8_t ncache[256];           /* opcode -> inline cache entries */
+    bool jrel[256], jback[256];
+    PyObject *opname[256];
+    PyObject *torch, *Tensor, *TensorBase, *Parameter, *Module, *Size, *dtype_type, *device_type;
+    PyObject *empty_strided, *set_grad_enabled, *is_grad_enabled, *get_default_device;
+    PyObject *module_call;         /* torch.nn.Module.__call__ */
+    PyObject *global_hooks[4];     /* torch.nn.modules.module._global_*_hooks dicts */
+    PyObject *ModuleList, *Sequential, *ModuleDict;
+    PyObject *binop_fn[TR_NBINOPS];/* operator.add ... operator.ixor in NB_* order */
+    PyObject *cmp_fn[TR_NCMP];     /* operator.lt le eq ne gt ge */
+    PyObject *op_neg, *op_pos, *op_invert, *op_not, *op_getitem, *op_setitem, *op_delitem,
+        *op_contains, *op_truth, *op_abs;
+    PyObject *builtins_dict;
+    PyObject *operator_mod, *math_mod;
+    PyObject *bi_table;            /* dict: id(builtin) -> BI_* int */
+    PyObject *torch_query;         /* dict: id(torch query function) -> TQ_* int */
+    PyObject *torch_factory;       /* dict: id(factory) -> True */
+    PyObject *pure_classes;        /* tuple of classes whose construction from constants is pure */
+    PyObject *meta_str;            /* "meta" */
+    PyObject *meta_device;         /* torch.device("meta") */
+} TraceRT;
+extern TraceRT em_trace_rt;
+
+typedef struct Trace {
+    EmArena *arena;
+    GuardBuilder *gb;
+    const EmFrameView *fv;
+    EmTraceOptions opts;
+    EmTraceResult *res;
+    PyObject *func;
+    TFrame *cur, *top;
+    struct { TNode *items; uint32_t n, cap; } nodes;  /* items[0] unused */
+    struct { uint32_t *items; uint32_t n, cap; } inputs;
+    struct { TValue **items; uint32_t n, cap; } by_src;  /* GuardSrc -> wrapped value */
+    long loop_iters, ninstr;
+    bool broke;
+    bool grad_enabled;
+    TValue *null_value;
+} Trace;
+
+/* ---- exception save/restore across 3.11 (Fetch/Restore) and 3.12 (GetRaisedException) ---- */
+static inline PyObject *em_tr_exc_get(void) {
+#if EM_PY312
+    return PyErr_GetRaisedException();
+#else
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    if (!t) return NULL;
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (tb && v) PyException_SetTraceback(v, tb);
+    Py_XDECREF(t);
+    Py_XDECREF(tb);
+    return v;
+#endif
+}
+static inline void em_tr_exc_set(PyObject *e) { /* steals e; NULL restores nothing */
+#if EM_PY312
+    PyErr_SetRaisedException(e);
+#else
+    if (!e) return;
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(e)), e, PyException_GetTraceback(e));
+#endif
+}
+
+/* ---- em_trace.c ---- */
+/* Records a break (first one wins) at the current instruction. Returns -1 so callers can
+ * `return em_tr_break(...)`. The detail is printf-formatted; %U takes a PyObject* like
+ * PyUnicode_FromFormat. Never raises (a pending MemoryError stays pending). */
+int em_tr_break(Trace *T, EmBreak reason, const char *fmt, ...);
+/* Turns an unexpected pending Python exception into a break: MemoryError/KeyboardInterrupt stay
+ * pending (return -1 propagates), others become `reason` with the exception text. */
+int em_tr_break_exc(Trace *T, EmBreak reason);
+/* Runs one frame's instructions until it returns (0) or breaks / fails (-1). */
+int em_tr_run_frame(Trace *T, TFrame *F);
+/* Makes a frame for code with locals array already sized; NULL on OOM. */
+TFrame *em_tr_frame_new(Trace *T, PyCodeObject *code, PyObject *globals, PyObject *builtins, GuardSrc gsrc);
+const char *em_tr_repr_cstr(Trace *T, PyObject *o); /* arena copy of repr(o), never NULL */
+const char *em_tr_src_cstr(Trace *T, GuardSrc s);   /* arena copy of the source text */
+
+/* ---- em_trace_value.c ---- */
+TValue *em_tr_new(Trace *T, TVKind kind);
+TValue *em_tr_const(Trace *T, PyObject *obj);             /* held; CONST, or TUPLE of CONST */
+TValue *em_tr_const_steal(Trace *T, PyObject *obj);       /* NULL-safe: NULL in -> NULL out */
+TValue *em_tr_object(Trace *T, PyObject *obj, GuardSrc src);
+/* Wraps a real object reached through a source (src may be -1 for objects reached through
+ * guarded constants). stable: its identity is fixed by dict-version guards. Values with a source
+ * are cached per source, so one source always gives one value. */
+TValue *em_tr_wrap(Trace *T, PyObject *obj, GuardSrc src, bool stable);
+/* Turns a TV_LAZY value into its real kind in place, adding the guards its kind needs. Other
+ * kinds are returned unchanged. NULL on break. */
+TValue *em_tr_realize(Trace *T, TValue *v);
+/* The value is about to be used as a Python value (arithmetic, branch, argument of a graph node):
+ * adds EQUALS/ID for values from unstable sources. -1 on break/error. */
+int em_tr_use(Trace *T, TValue *v);
+TValue *em_tr_tuple(Trace *T, TValue **items, uint32_t n);
+TValue *em_tr_list(Trace *T, TValue **items, uint32_t n);  /* mutable, trace-local */
+TValue *em_tr_dict(Trace *T);                               /* mutable, trace-local, empty */
+int em_tr_list_push(Trace *T, TValue *l, TValue *v);
+int em_tr_dict_set(Trace *T, TValue *d, PyObject *key, TValue *v);
+TValue *em_tr_dict_get(TValue *d, PyObject *key);          /* NULL if absent */
+TValue *em_tr_tensor(Trace *T, uint32_t ref, const IRMeta *meta);
+/* The tensor's node ref, creating its placeholder if it is a not-yet-used input. 0 on failure. */
+uint32_t em_tr_tensor_ref(Trace *T, TValue *v);
+/* Items of a sequence-like value (TUPLE, LIST, CONST tuple/list/Size/range/str, DICT keys,
+ * ITERATOR (consumed), generator (run), ModuleList/Sequential/ModuleDict modules, tensor dim 0).
+ * *items is an arena array. -1 on break. */
+int em_tr_items(Trace *T, TValue *v, TValue ***items, uint32_t *n);
+/* Truthiness; -1 on break (tensors: DATA_DEPENDENT_BRANCH). */
+int em_tr_truth(Trace *T, TValue *v, bool *out);
+/* Python type of the value, borrowed (NULL on break). */
+PyObject *em_tr_type_of(Trace *T, TValue *v);
+/* Python object for a value built only of constants (for trace-time evaluation); NULL (no break
+ * recorded, no exception) if it is not constant. New reference. */
+PyObject *em_tr_to_py_const(Trace *T, TValue *v);
+TValue *em_tr_iter(Trace *T, TValue *v);                   /* GET_ITER; NULL on break */
+/* FOR_ITER/next: 1 with *out, 0 when exhausted, -1 on break. */
+int em_tr_iter_next(Trace *T, TValue *it, TValue **out);
+TValue *em_tr_from_py(Trace *T, PyObject *o);             /* result of trace-time evaluation */
+
+/* ---- em_trace_call.c ---- */
+/* Calls callee with positional args[0..nargs) and keyword values kwvals (names in kwnames, a
+ * tuple of str, or NULL). Returns the result value, or NULL on break/error. */
+TValue *em_tr_call(Trace *T, TValue *callee, TValue **args, uint32_t nargs, PyObject *kwnames,
+                   TValue **kwvals);
+/* A graph node for a Python operator on tensors, or trace-time evaluation on constants. */
+TValue *em_tr_binop(Trace *T, int nb, TValue *a, TValue *b);
+TValue *em_tr_compare(Trace *T, int cmp, TValue *a, TValue *b);
+TValue *em_tr_unary(Trace *T, PyObject *opfn, TValue *a);
+TValue *em_tr_getitem(Trace *T, TValue *c, TValue *key);
+int em_tr_setitem(Trace *T, TValue *c, TValue *key, TValue *v);
+TValue *em_tr_contains(Trace *T, TValue *c, TValue *item);
+/* Inlines a function value with arguments (self already prepended when it is a method). */
+TValue *em_tr_inline(Trace *T, TValue *fn, TValue **args, uint32_t nargs, PyObject *kwnames,
+                     TValue **kwvals);
+/* Runs a generator iterator (IT_GEN) to exhaustion; the yielded values. -1 on break. */
+int em_tr_run_generator(Trace *T, TValue *it, TValue ***items, uint32_t *n);
+/* Calls a torch callable (target) or a tensor method (method name, args[0] = self) as a graph
+ * node with meta inference. */
+TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args, uint32_t nargs,
+                         PyObject *kwnames, TValue **kwvals);
+
+/* ---- em_trace_attr.c ---- */
+/* Attribute access. *missing (optional) is set to 1 when the attribute certainly does not exist
+ * (then NULL is returned without a break), for hasattr/getattr with a default. */
+TValue *em_tr_getattr(Trace *T, TValue *v, PyObject *name, int *missing);
+/* Looks up a module's attribute the way nn.Module does (MRO, __dict__, _parameters, _buffers,
+ * _modules), guarding each dict consulted. */
+TValue *em_tr_module_getattr(Trace *T, TValue *m, PyObject *name, int *missing);
+/* The module's _modules entries as values (keys in *keys if wanted). -1 on break. */
+int em_tr_module_children(Trace *T, TValue *m, PyObject ***keys, TValue ***vals, uint32_t *n);
+/* Guards/ checks the hook dicts of a module before inlining its forward. -1 on break. */
+int em_tr_module_check_hooks(Trace *T, TValue *m);
+int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what);
+
+#endif /* EM_TRACE_INT_H */

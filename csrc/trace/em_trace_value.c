@@ -1,0 +1,836 @@
+/* trace, values: constructing abstract values, wrapping frame inputs with their sources, the
+ * guards a value needs when it is used, containers, iteration and truthiness.
+ * Invariant: a value from an input is guarded before anything about it influences the trace:
+ * realize adds the kind's structural guard (TENSOR_MATCH, LEN, DICT_KEYS, ID), use adds EQUALS/ID
+ * for Python values whose content is read (architecture.md, "Guard policy"). */
+#include "trace/em_trace_int.h"
+
+#include <string.h>
+
+TValue *em_tr_new(Trace *T, TVKind kind) {
+    TValue *v = em_arena_alloc(T->arena, sizeof(TValue));
+    if (!v) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    v->kind = kind;
+    v->src = -1;
+    return v;
+}
+
+TValue *em_tr_const(Trace *T, PyObject *obj) {
+    if (!obj) return NULL;
+    if (PyTuple_CheckExact(obj)) { /* constant tuples are TUPLE values of constants */
+        Py_ssize_t n = PyTuple_GET_SIZE(obj);
+        TValue **items = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(n + 1));
+        if (!items) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!(items[i] = em_tr_const(T, PyTuple_GET_ITEM(obj, i)))) return NULL;
+        TValue *t = em_tr_tuple(T, items, (uint32_t)n);
+        if (t) t->obj = em_arena_hold(T->arena, obj);
+        return t;
+    }
+    TValue *v = em_tr_new(T, TV_CONST);
+    if (!v) return NULL;
+    v->obj = em_arena_hold(T->arena, obj);
+    v->stable = true;
+    return v->obj ? v : NULL;
+}
+
+TValue *em_tr_const_steal(Trace *T, PyObject *obj) {
+    if (!obj) return NULL;
+    TValue *v = em_tr_const(T, obj);
+    Py_DECREF(obj);
+    return v;
+}
+
+TValue *em_tr_object(Trace *T, PyObject *obj, GuardSrc src) {
+    TValue *v = em_tr_new(T, TV_OBJECT);
+    if (!v) return NULL;
+    v->obj = em_arena_hold(T->arena, obj);
+    v->src = src;
+    v->stable = true;
+    return v;
+}
+
+TValue *em_tr_wrap(Trace *T, PyObject *obj, GuardSrc src, bool stable) {
+    if (src >= 0 && (uint32_t)src < T->by_src.n && T->by_src.items[src]) return T->by_src.items[src];
+    TValue *v = em_tr_new(T, TV_LAZY);
+    if (!v) return NULL;
+    v->obj = em_arena_hold(T->arena, obj);
+    v->src = src;
+    v->stable = stable;
+    if (src >= 0) {
+        while (T->by_src.n <= (uint32_t)src)
+            if (EM_VEC_PUSH(T->arena, T->by_src, NULL) < 0) {
+                PyErr_NoMemory();
+                return NULL;
+            }
+        T->by_src.items[src] = v;
+    }
+    return v;
+}
+
+static bool is_simple_const(PyObject *o) {
+    if (o == Py_None || o == Py_Ellipsis || o == Py_NotImplemented || PyBool_Check(o) || PyLong_CheckExact(o) ||
+        PyFloat_CheckExact(o) || PyComplex_CheckExact(o) || PyUnicode_CheckExact(o) || PyBytes_CheckExact(o))
+        return true;
+    return false;
+}
+
+/* torch.dtype / layout / memory_format: singletons, compared by identity. */
+static bool is_torch_enum(PyObject *o) {
+    const char *tn = Py_TYPE(o)->tp_name;
+    return PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.dtype_type) || strcmp(tn, "torch.layout") == 0 ||
+           strcmp(tn, "torch.memory_format") == 0 || strcmp(tn, "torch.qscheme") == 0;
+}
+
+/* Can EQUALS guard this (None, bool, int, float, str and tuples of these)? */
+static bool equals_guardable(PyObject *o) {
+    if (o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o))
+        return true;
+    if (PyTuple_CheckExact(o)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); i++)
+            if (!equals_guardable(PyTuple_GET_ITEM(o, i))) return false;
+        return true;
+    }
+    return false;
+}
+
+/* Metadata of a real tensor input plus its meta example (same sizes/strides/dtype on "meta"). */
+static int input_meta(Trace *T, PyObject *tensor, IRMeta **out) {
+    IRMeta *m = em_arena_alloc(T->arena, sizeof(IRMeta));
+    PyObject *sizes = NULL, *strides = NULL, *kw = NULL, *args = NULL, *ex = NULL;
+    if (!m) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (em_ir_meta_from_tensor(T->arena, tensor, NULL, m) < 0) return -1;
+    sizes = PyTuple_New(m->ndim);
+    strides = PyTuple_New(m->ndim);
+    if (!sizes || !strides) goto error;
+    for (int i = 0; i < m->ndim; i++) {
+        PyObject *a = PyLong_FromLongLong(m->sizes[i]), *b = PyLong_FromLongLong(m->strides[i]);
+        if (!a || !b) {
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            goto error;
+        }
+        PyTuple_SET_ITEM(sizes, i, a);
+        PyTuple_SET_ITEM(strides, i, b);
+    }
+    args = PyTuple_Pack(2, sizes, strides);
+    kw = Py_BuildValue("{sOsO}", "dtype", m->dtype, "device", em_trace_rt.meta_str);
+    if (!args || !kw) goto error;
+    ex = PyObject_Call(em_trace_rt.empty_strided, args, kw);
+    if (!ex) goto error;
+    m->example = em_arena_hold_steal(T->arena, ex);
+    m->kind = IRMETA_TENSOR;
+    *out = m;
+    Py_DECREF(sizes);
+    Py_DECREF(strides);
+    Py_DECREF(args);
+    Py_DECREF(kw);
+    return 0;
+error:
+    Py_XDECREF(sizes);
+    Py_XDECREF(strides);
+    Py_XDECREF(args);
+    Py_XDECREF(kw);
+    return -1;
+}
+
+static TValue *fail_value(Trace *T, EmBreak r, const char *what, PyObject *o) {
+    em_tr_break(T, r, "%s (%s)", what, Py_TYPE(o)->tp_name);
+    return NULL;
+}
+
+TValue *em_tr_realize(Trace *T, TValue *v) {
+    if (!v || v->kind != TV_LAZY) return v;
+    TraceRT *rt = &em_trace_rt;
+    PyObject *o = v->obj;
+    GuardSrc s = v->src;
+    bool guard = s >= 0 && !v->stable;
+    if (PyObject_TypeCheck(o, (PyTypeObject *)rt->TensorBase)) {
+        if ((PyObject *)Py_TYPE(o) != rt->Tensor && (PyObject *)Py_TYPE(o) != rt->Parameter)
+            return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "tensor subclass", o);
+        if (s < 0) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "tensor without a source", o);
+        IRMeta *m;
+        if (em_guard_tensor(T->gb, s) < 0 || input_meta(T, o, &m) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_MemoryError)) em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_VALUE);
+            return NULL;
+        }
+        v->kind = TV_TENSOR;
+        v->u.t.ref = 0;
+        v->u.t.meta = m;
+        return v;
+    }
+    if (PyObject_TypeCheck(o, (PyTypeObject *)rt->Module)) {
+        if (guard && em_guard_id(T->gb, s) < 0) return NULL;
+        v->kind = TV_NN_MODULE;
+        v->guarded = true;
+        return v;
+    }
+    if (PyFunction_Check(o)) {
+        if (guard && em_guard_id(T->gb, s) < 0) return NULL;
+        v->kind = TV_FUNCTION;
+        v->guarded = true;
+        return v;
+    }
+    if (PyMethod_Check(o)) {
+        PyObject *self = PyMethod_GET_SELF(o), *fn = PyMethod_GET_FUNCTION(o);
+        if (s >= 0 && em_guard_type(T->gb, s) < 0) return NULL;
+        GuardSrc ss = s >= 0 ? em_guard_src_attr(T->gb, s, em_str("__self__"), self) : -1;
+        GuardSrc fs = s >= 0 ? em_guard_src_attr(T->gb, s, em_str("__func__"), fn) : -1;
+        if (v->stable) {
+            if (ss >= 0) em_guard_src_stable(T->gb, ss);
+            if (fs >= 0) em_guard_src_stable(T->gb, fs);
+        }
+        TValue *sv = em_tr_wrap(T, self, ss, v->stable), *fv = em_tr_wrap(T, fn, fs, v->stable);
+        if (!sv || !fv || !(fv = em_tr_realize(T, fv))) return NULL;
+        if (fv->kind != TV_FUNCTION) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "bound method of a non-function", o);
+        v->kind = TV_BOUND_METHOD;
+        v->u.bm.self = sv;
+        v->u.bm.func = fv;
+        return v;
+    }
+    if (is_simple_const(o) || is_torch_enum(o) || PyObject_TypeCheck(o, (PyTypeObject *)rt->device_type) ||
+        PyCode_Check(o) || PySlice_Check(o) || PyRange_Check(o) || PyFrozenSet_CheckExact(o)) {
+        v->kind = TV_CONST;
+        return v;
+    }
+    if (PyTuple_Check(o)) {
+        if (guard && em_guard_len(T->gb, s) < 0) return NULL;
+        Py_ssize_t n = PyTuple_GET_SIZE(o);
+        TValue **items = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(n + 1));
+        if (!items) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *it = PyTuple_GET_ITEM(o, i);
+            GuardSrc is = s >= 0 ? em_guard_src_item(T->gb, s, i, it) : -1;
+            if (is >= 0 && v->stable) em_guard_src_stable(T->gb, is);
+            if (!(items[i] = em_tr_wrap(T, it, is, v->stable || s < 0))) return NULL;
+        }
+        v->kind = TV_TUPLE;
+        v->u.seq.items = items;
+        v->u.seq.n = v->u.seq.cap = (uint32_t)n;
+        v->u.seq.cls = PyTuple_CheckExact(o) ? NULL : (PyObject *)Py_TYPE(o);
+        v->guarded = true;
+        return v;
+    }
+    if (PyList_Check(o)) {
+        if (!PyList_CheckExact(o)) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "list subclass", o);
+        if (s < 0 && !v->stable) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "list without a source", o);
+        if (s >= 0 && em_guard_len(T->gb, s) < 0) return NULL; /* lists mutate: guarded even if stable */
+        Py_ssize_t n = PyList_GET_SIZE(o);
+        TValue **items = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(n + 1));
+        if (!items) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *it = PyList_GET_ITEM(o, i);
+            GuardSrc is = s >= 0 ? em_guard_src_item(T->gb, s, i, it) : -1;
+            if (!(items[i] = em_tr_wrap(T, it, is, s < 0))) return NULL;
+        }
+        v->kind = TV_LIST;
+        v->u.seq.items = items;
+        v->u.seq.n = v->u.seq.cap = (uint32_t)n;
+        v->mutable = false;
+        v->guarded = true;
+        return v;
+    }
+    if (PyDict_Check(o)) {
+        const char *tn = Py_TYPE(o)->tp_name;
+        if (!PyDict_CheckExact(o) && strcmp(tn, "collections.OrderedDict") != 0)
+            return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "dict subclass", o);
+        if (s < 0 && !v->stable) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "dict without a source", o);
+        if (s >= 0 && em_guard_dict_keys(T->gb, s) < 0) return NULL;
+        Py_ssize_t pos = 0, n = PyDict_GET_SIZE(o);
+        PyObject *key, *val;
+        v->kind = TV_DICT;
+        v->u.dict.keys = em_arena_alloc(T->arena, sizeof(PyObject *) * (size_t)(n + 1));
+        v->u.dict.vals = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(n + 1));
+        v->u.dict.cap = (uint32_t)n;
+        if (!v->u.dict.keys || !v->u.dict.vals) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        while (PyDict_Next(o, &pos, &key, &val)) {
+            if (!is_simple_const(key)) {
+                v->kind = TV_LAZY;
+                return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "dict with a non-constant key", key);
+            }
+            GuardSrc is = s >= 0 ? em_guard_src_dict_item(T->gb, s, key, val) : -1;
+            TValue *iv = em_tr_wrap(T, val, is, s < 0);
+            if (!iv) return NULL;
+            v->u.dict.keys[v->u.dict.n] = em_arena_hold(T->arena, key);
+            v->u.dict.vals[v->u.dict.n++] = iv;
+        }
+        v->guarded = true;
+        return v;
+    }
+    if (PyList_Check(o) || PyAnySet_Check(o))
+        return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "mutable container", o);
+    /* classes, Python modules, builtins, torch functions, user objects: opaque, identity-guarded */
+    if (guard && em_guard_id(T->gb, s) < 0) return NULL;
+    v->kind = TV_OBJECT;
+    v->guarded = true;
+    return v;
+}
+
+int em_tr_use(Trace *T, TValue *v) {
+    if (!(v = em_tr_realize(T, v))) return -1;
+    if (v->guarded || v->stable || v->src < 0) return 0;
+    switch (v->kind) {
+    case TV_CONST:
+        if (equals_guardable(v->obj)) {
+            if (em_guard_equals(T->gb, v->src) < 0) return -1;
+        } else if (is_torch_enum(v->obj) || v->obj == Py_Ellipsis || v->obj == Py_NotImplemented ||
+                   PyCode_Check(v->obj)) {
+            if (em_guard_id(T->gb, v->src) < 0) return -1;
+        } else {
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "input of type %s used as a constant",
+                               Py_TYPE(v->obj)->tp_name);
+        }
+        break;
+    case TV_TUPLE:
+        for (uint32_t i = 0; i < v->u.seq.n; i++)
+            if (em_tr_use(T, v->u.seq.items[i]) < 0) return -1;
+        break;
+    case TV_OBJECT: case TV_NN_MODULE: case TV_FUNCTION:
+        if (v->obj && em_guard_id(T->gb, v->src) < 0) return -1;
+        break;
+    default:
+        break;
+    }
+    v->guarded = true;
+    return 0;
+}
+
+TValue *em_tr_tuple(Trace *T, TValue **items, uint32_t n) {
+    TValue *t = em_tr_new(T, TV_TUPLE);
+    if (!t) return NULL;
+    t->u.seq.items = em_arena_alloc(T->arena, sizeof(TValue *) * (n + 1));
+    if (!t->u.seq.items) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    if (n) memcpy(t->u.seq.items, items, sizeof(TValue *) * n);
+    t->u.seq.n = t->u.seq.cap = n;
+    return t;
+}
+
+TValue *em_tr_list(Trace *T, TValue **items, uint32_t n) {
+    TValue *t = em_tr_tuple(T, items, n);
+    if (!t) return NULL;
+    t->kind = TV_LIST;
+    t->mutable = true;
+    return t;
+}
+
+TValue *em_tr_dict(Trace *T) {
+    TValue *d = em_tr_new(T, TV_DICT);
+    if (d) d->mutable = true;
+    return d;
+}
+
+int em_tr_list_push(Trace *T, TValue *l, TValue *v) {
+    if (!l || l->kind != TV_LIST || !l->mutable)
+        return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "append to a list that outlives the frame");
+    if (l->u.seq.n == l->u.seq.cap) {
+        uint32_t nc = l->u.seq.cap ? l->u.seq.cap * 2 : 8;
+        TValue **ni = em_arena_realloc(T->arena, l->u.seq.items, sizeof(TValue *) * l->u.seq.cap, sizeof(TValue *) * nc);
+        if (!ni) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        l->u.seq.items = ni;
+        l->u.seq.cap = nc;
+    }
+    l->u.seq.items[l->u.seq.n++] = v;
+    return 0;
+}
+
+TValue *em_tr_dict_get(TValue *d, PyObject *key) {
+    for (uint32_t i = 0; i < d->u.dict.n; i++) {
+        PyObject *k = d->u.dict.keys[i];
+        if (k == key) return d->u.dict.vals[i];
+        if (Py_TYPE(k) == Py_TYPE(key)) {
+            int eq = PyObject_RichCompareBool(k, key, Py_EQ);
+            if (eq < 0) PyErr_Clear();
+            if (eq > 0) return d->u.dict.vals[i];
+        } else if ((PyLong_Check(k) || PyFloat_Check(k)) && (PyLong_Check(key) || PyFloat_Check(key))) {
+            int eq = PyObject_RichCompareBool(k, key, Py_EQ);
+            if (eq < 0) PyErr_Clear();
+            if (eq > 0) return d->u.dict.vals[i];
+        }
+    }
+    return NULL;
+}
+
+int em_tr_dict_set(Trace *T, TValue *d, PyObject *key, TValue *v) {
+    if (!d || d->kind != TV_DICT || !d->mutable)
+        return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "store into a dict that outlives the frame");
+    for (uint32_t i = 0; i < d->u.dict.n; i++) {
+        int eq = d->u.dict.keys[i] == key ? 1 : PyObject_RichCompareBool(d->u.dict.keys[i], key, Py_EQ);
+        if (eq < 0) return em_tr_break_exc(T, EM_BREAK_RAISE);
+        if (eq) {
+            d->u.dict.vals[i] = v;
+            return 0;
+        }
+    }
+    if (d->u.dict.n == d->u.dict.cap) {
+        uint32_t nc = d->u.dict.cap ? d->u.dict.cap * 2 : 8;
+        PyObject **nk = em_arena_realloc(T->arena, d->u.dict.keys, sizeof(PyObject *) * d->u.dict.cap, sizeof(PyObject *) * nc);
+        TValue **nv = em_arena_realloc(T->arena, d->u.dict.vals, sizeof(TValue *) * d->u.dict.cap, sizeof(TValue *) * nc);
+        if (!nk || !nv) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        d->u.dict.keys = nk;
+        d->u.dict.vals = nv;
+        d->u.dict.cap = nc;
+    }
+    d->u.dict.keys[d->u.dict.n] = em_arena_hold(T->arena, key);
+    d->u.dict.vals[d->u.dict.n++] = v;
+    return 0;
+}
+
+TValue *em_tr_tensor(Trace *T, uint32_t ref, const IRMeta *meta) {
+    TValue *v = em_tr_new(T, TV_TENSOR);
+    if (!v) return NULL;
+    v->u.t.ref = ref;
+    v->u.t.meta = em_arena_alloc(T->arena, sizeof(IRMeta));
+    if (!v->u.t.meta) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    *v->u.t.meta = *meta;
+    return v;
+}
+
+uint32_t em_tr_tensor_ref(Trace *T, TValue *v) {
+    if (!(v = em_tr_realize(T, v))) return 0;
+    if (v->kind != TV_TENSOR) {
+        em_tr_break(T, EM_BREAK_INTERNAL, "tensor expected");
+        return 0;
+    }
+    if (v->u.t.ref) return v->u.t.ref;
+    TNode nd;
+    memset(&nd, 0, sizeof nd);
+    nd.kind = IR_PLACEHOLDER;
+    nd.meta = *v->u.t.meta;
+    nd.src = v->src;
+    nd.real = v->obj;
+    nd.lineno = -1;
+    nd.pname = NULL;
+    if (EM_VEC_PUSH(T->arena, T->nodes, nd) < 0 || EM_VEC_PUSH(T->arena, T->inputs, T->nodes.n - 1) < 0) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    uint32_t r = T->nodes.n - 1;
+    /* name from the source text; computed after the push (it may allocate) */
+    PyObject *txt = em_guard_src_repr(T->gb, v->src);
+    if (txt) {
+        const char *u = PyUnicode_AsUTF8(txt);
+        if (u) {
+            /* "L['x']" -> "l_x", "L['self'].lin.weight" -> "l_self_lin_weight" */
+            size_t n = strlen(u), k = 0;
+            char *out = em_arena_alloc(T->arena, n + 3);
+            if (out) {
+                bool us = false;
+                for (size_t i = 0; i < n; i++) {
+                    char c = u[i];
+                    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) {
+                        out[k++] = (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
+                        us = false;
+                    } else if (!us && k) {
+                        out[k++] = '_';
+                        us = true;
+                    }
+                }
+                while (k && out[k - 1] == '_') k--;
+                out[k] = 0;
+                if (k && !(out[0] >= '0' && out[0] <= '9')) T->nodes.items[r].pname = out;
+            }
+        }
+        Py_DECREF(txt);
+    }
+    PyErr_Clear();
+    v->u.t.ref = r;
+    return r;
+}
+
+/* A getitem node on a tensor with an int index (iteration over dim 0). */
+static TValue *tensor_index(Trace *T, TValue *t, Py_ssize_t i) {
+    PyObject *idx = PyLong_FromSsize_t(i);
+    if (!idx) return NULL;
+    TValue *args[2] = {t, em_tr_const_steal(T, idx)};
+    if (!args[1]) return NULL;
+    return em_tr_torch_call(T, IR_CALL_FUNCTION, em_trace_rt.op_getitem, args, 2, NULL, NULL);
+}
+
+/* Items of a constant Python sequence (tuple/list/str/range/Size/bytes); -1 if not iterable here. */
+static int const_items(Trace *T, PyObject *o, TValue ***items, uint32_t *n) {
+    if (!(PyTuple_Check(o) || PyList_Check(o) || PyUnicode_Check(o) || PyRange_Check(o) || PyBytes_Check(o) ||
+          PyFrozenSet_Check(o)))
+        return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "iteration over a %s", Py_TYPE(o)->tp_name);
+    PyObject *seq = PySequence_Fast(o, "not iterable");
+    if (!seq) return em_tr_break_exc(T, EM_BREAK_RAISE);
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
+    if (m > 1000000) {
+        Py_DECREF(seq);
+        return em_tr_break(T, EM_BREAK_LOOP_LIMIT, "sequence of %zd items", m);
+    }
+    TValue **r = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(m + 1));
+    if (!r) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (!(r[i] = em_tr_from_py(T, PySequence_Fast_GET_ITEM(seq, i)))) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    Py_DECREF(seq);
+    *items = r;
+    *n = (uint32_t)m;
+    return 0;
+}
+
+static int copy_items(Trace *T, TValue **src, uint32_t n, TValue ***items, uint32_t *out_n) {
+    TValue **r = em_arena_alloc(T->arena, sizeof(TValue *) * (n + 1));
+    if (!r) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (n) memcpy(r, src, sizeof(TValue *) * n);
+    *items = r;
+    *out_n = n;
+    return 0;
+}
+
+int em_tr_items(Trace *T, TValue *v, TValue ***items, uint32_t *n) {
+    if (!(v = em_tr_realize(T, v))) return -1;
+    switch (v->kind) {
+    case TV_TUPLE: case TV_LIST:
+        return copy_items(T, v->u.seq.items, v->u.seq.n, items, n);
+    case TV_CONST:
+        if (em_tr_use(T, v) < 0) return -1;
+        return const_items(T, v->obj, items, n);
+    case TV_DICT: {
+        TValue **r = em_arena_alloc(T->arena, sizeof(TValue *) * (v->u.dict.n + 1));
+        if (!r) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (uint32_t i = 0; i < v->u.dict.n; i++)
+            if (!(r[i] = em_tr_const(T, v->u.dict.keys[i]))) return -1;
+        *items = r;
+        *n = v->u.dict.n;
+        return 0;
+    }
+    case TV_ITERATOR: {
+        if (v->u.it.kind == IT_GEN) {
+            int rc = em_tr_run_generator(T, v, items, n);
+            v->u.it.kind = IT_ARRAY; /* exhausted */
+            v->u.it.n = v->u.it.pos = 0;
+            return rc;
+        }
+        TValue **src = v->u.it.kind == IT_LIST ? v->u.it.base->u.seq.items : v->u.it.items;
+        uint32_t m = v->u.it.kind == IT_LIST ? v->u.it.base->u.seq.n : v->u.it.n;
+        uint32_t pos = v->u.it.pos < m ? v->u.it.pos : m;
+        v->u.it.pos = m;
+        return copy_items(T, src + pos, m - pos, items, n);
+    }
+    case TV_NN_MODULE: {
+        PyObject *tp = (PyObject *)Py_TYPE(v->obj);
+        PyObject **keys;
+        TValue **vals;
+        uint32_t m;
+        bool is_dict = PyObject_IsSubclass(tp, em_trace_rt.ModuleDict) == 1;
+        bool is_seq = PyObject_IsSubclass(tp, em_trace_rt.ModuleList) == 1 ||
+                      PyObject_IsSubclass(tp, em_trace_rt.Sequential) == 1;
+        if (!is_dict && !is_seq)
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "iteration over a %s", ((PyTypeObject *)tp)->tp_name);
+        /* a subclass overriding __iter__ is not the container's iteration */
+        PyObject *it = _PyType_Lookup((PyTypeObject *)tp, em_str("__iter__"));
+        PyObject *base_it = _PyType_Lookup((PyTypeObject *)(is_dict ? em_trace_rt.ModuleDict
+                                                                     : PyObject_IsSubclass(tp, em_trace_rt.ModuleList) == 1
+                                                                           ? em_trace_rt.ModuleList
+                                                                           : em_trace_rt.Sequential),
+                                           em_str("__iter__"));
+        if (it != base_it) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "module with its own __iter__");
+        if (em_guard_type_version(T->gb, (PyTypeObject *)tp) < 0) return -1;
+        if (em_tr_module_children(T, v, &keys, &vals, &m) < 0) return -1;
+        if (!is_dict) {
+            *items = vals;
+            *n = m;
+            return 0;
+        }
+        TValue **r = em_arena_alloc(T->arena, sizeof(TValue *) * (m + 1));
+        if (!r) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (uint32_t i = 0; i < m; i++)
+            if (!(r[i] = em_tr_const(T, keys[i]))) return -1;
+        *items = r;
+        *n = m;
+        return 0;
+    }
+    case TV_TENSOR: {
+        IRMeta *m = v->u.t.meta;
+        if (m->ndim == 0) return em_tr_break(T, EM_BREAK_RAISE, "iteration over a 0-d tensor");
+        int64_t d0 = m->sizes[0];
+        if (d0 > T->opts.max_loop_iterations)
+            return em_tr_break(T, EM_BREAK_LOOP_LIMIT, "iteration over %lld tensor rows", (long long)d0);
+        TValue **r = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(d0 + 1));
+        if (!r) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (int64_t i = 0; i < d0; i++)
+            if (!(r[i] = tensor_index(T, v, (Py_ssize_t)i))) return -1;
+        *items = r;
+        *n = (uint32_t)d0;
+        return 0;
+    }
+    default:
+        return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "iteration over a value of kind %d", (int)v->kind);
+    }
+}
+
+int em_tr_truth(Trace *T, TValue *v, bool *out) {
+    if (!(v = em_tr_realize(T, v))) return -1;
+    switch (v->kind) {
+    case TV_CONST: {
+        if (em_tr_use(T, v) < 0) return -1;
+        if (!is_simple_const(v->obj) && !PyTuple_Check(v->obj) && !PyObject_TypeCheck(v->obj, (PyTypeObject *)em_trace_rt.Size) &&
+            !is_torch_enum(v->obj) && !PyRange_Check(v->obj) && !PyCode_Check(v->obj))
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "truth of a %s", Py_TYPE(v->obj)->tp_name);
+        int t = PyObject_IsTrue(v->obj);
+        if (t < 0) return em_tr_break_exc(T, EM_BREAK_RAISE);
+        *out = t;
+        return 0;
+    }
+    case TV_TENSOR:
+        return em_tr_break(T, EM_BREAK_DATA_DEPENDENT_BRANCH, "branch on a tensor value");
+    case TV_TUPLE: case TV_LIST:
+        *out = v->u.seq.n > 0;
+        return 0;
+    case TV_DICT:
+        *out = v->u.dict.n > 0;
+        return 0;
+    case TV_NN_MODULE: {
+        PyTypeObject *tp = Py_TYPE(v->obj);
+        if (em_guard_type_version(T->gb, tp) < 0) return -1;
+        if (_PyType_Lookup(tp, em_str("__bool__")))
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "module with __bool__");
+        if (_PyType_Lookup(tp, em_str("__len__"))) {
+            TValue **items;
+            uint32_t n;
+            if (em_tr_items(T, v, &items, &n) < 0) return -1;
+            *out = n > 0;
+            return 0;
+        }
+        *out = true;
+        return 0;
+    }
+    case TV_FUNCTION: case TV_BOUND_METHOD: case TV_TENSOR_METHOD: case TV_ITERATOR: case TV_SLICE: case TV_CELL:
+        *out = true;
+        return 0;
+    case TV_OBJECT: {
+        PyTypeObject *tp = Py_TYPE(v->obj);
+        if (PyType_Check(v->obj) || PyModule_Check(v->obj) || PyCFunction_Check(v->obj)) {
+            *out = true;
+            return 0;
+        }
+        if ((tp->tp_as_number && tp->tp_as_number->nb_bool) || (tp->tp_as_mapping && tp->tp_as_mapping->mp_length) ||
+            (tp->tp_as_sequence && tp->tp_as_sequence->sq_length))
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "truth of a %s", tp->tp_name);
+        *out = true;
+        return 0;
+    }
+    default:
+        return em_tr_break(T, EM_BREAK_INTERNAL, "truth of a value of kind %d", (int)v->kind);
+    }
+}
+
+PyObject *em_tr_type_of(Trace *T, TValue *v) {
+    if (!(v = em_tr_realize(T, v))) return NULL;
+    switch (v->kind) {
+    case TV_TENSOR:
+        return v->obj ? (PyObject *)Py_TYPE(v->obj) : em_trace_rt.Tensor;
+    case TV_CONST: case TV_NN_MODULE: case TV_OBJECT:
+        if (v->kind == TV_CONST && em_tr_use(T, v) < 0) return NULL;
+        return (PyObject *)Py_TYPE(v->obj);
+    case TV_TUPLE:
+        return v->u.seq.cls ? v->u.seq.cls : (PyObject *)&PyTuple_Type;
+    case TV_LIST:
+        return (PyObject *)&PyList_Type;
+    case TV_DICT:
+        return v->obj ? (PyObject *)Py_TYPE(v->obj) : (PyObject *)&PyDict_Type;
+    case TV_FUNCTION:
+        return (PyObject *)&PyFunction_Type;
+    case TV_BOUND_METHOD:
+        return v->u.bm.func ? (PyObject *)&PyMethod_Type : NULL;
+    case TV_SLICE:
+        return (PyObject *)&PySlice_Type;
+    default:
+        break;
+    }
+    em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "type of a value of kind %d", (int)v->kind);
+    return NULL;
+}
+
+PyObject *em_tr_to_py_const(Trace *T, TValue *v) {
+    if (!(v = em_tr_realize(T, v))) return NULL;
+    switch (v->kind) {
+    case TV_CONST:
+        if (em_tr_use(T, v) < 0) return NULL;
+        return Py_NewRef(v->obj);
+    case TV_OBJECT:
+        if (PyType_Check(v->obj) || PyModule_Check(v->obj) || PyCFunction_Check(v->obj)) {
+            if (em_tr_use(T, v) < 0) return NULL;
+            return Py_NewRef(v->obj);
+        }
+        return NULL;
+    case TV_TUPLE: case TV_LIST: {
+        if (v->kind == TV_TUPLE && v->u.seq.cls) return NULL;
+        PyObject *r = v->kind == TV_TUPLE ? PyTuple_New(v->u.seq.n) : PyList_New(v->u.seq.n);
+        if (!r) return NULL;
+        for (uint32_t i = 0; i < v->u.seq.n; i++) {
+            PyObject *it = em_tr_to_py_const(T, v->u.seq.items[i]);
+            if (!it) {
+                Py_DECREF(r);
+                return NULL;
+            }
+            if (v->kind == TV_TUPLE)
+                PyTuple_SET_ITEM(r, i, it);
+            else
+                PyList_SET_ITEM(r, i, it);
+        }
+        return r;
+    }
+    case TV_DICT: {
+        PyObject *r = PyDict_New();
+        if (!r) return NULL;
+        for (uint32_t i = 0; i < v->u.dict.n; i++) {
+            PyObject *it = em_tr_to_py_const(T, v->u.dict.vals[i]);
+            if (!it || PyDict_SetItem(r, v->u.dict.keys[i], it) < 0) {
+                Py_XDECREF(it);
+                Py_DECREF(r);
+                return NULL;
+            }
+            Py_DECREF(it);
+        }
+        return r;
+    }
+    case TV_SLICE: {
+        PyObject *p[3] = {NULL, NULL, NULL};
+        TValue *parts[3] = {v->u.sl.start, v->u.sl.stop, v->u.sl.step};
+        for (int i = 0; i < 3; i++) {
+            if (!parts[i]) continue;
+            if (!(p[i] = em_tr_to_py_const(T, parts[i]))) {
+                Py_XDECREF(p[0]);
+                Py_XDECREF(p[1]);
+                return NULL;
+            }
+        }
+        PyObject *r = PySlice_New(p[0], p[1], p[2]);
+        Py_XDECREF(p[0]);
+        Py_XDECREF(p[1]);
+        Py_XDECREF(p[2]);
+        return r;
+    }
+    default:
+        return NULL;
+    }
+}
+
+TValue *em_tr_from_py(Trace *T, PyObject *o) {
+    if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+        TValue **items = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(n + 1));
+        if (!items) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!(items[i] = em_tr_from_py(T, PySequence_Fast_GET_ITEM(o, i)))) return NULL;
+        TValue *r = PyList_CheckExact(o) ? em_tr_list(T, items, (uint32_t)n) : em_tr_tuple(T, items, (uint32_t)n);
+        if (r && PyTuple_CheckExact(o)) r->obj = em_arena_hold(T->arena, o);
+        return r;
+    }
+    if (PyDict_CheckExact(o)) {
+        TValue *d = em_tr_dict(T);
+        Py_ssize_t pos = 0;
+        PyObject *k, *val;
+        if (!d) return NULL;
+        while (PyDict_Next(o, &pos, &k, &val)) {
+            TValue *iv = em_tr_from_py(T, val);
+            if (!iv || em_tr_dict_set(T, d, k, iv) < 0) return NULL;
+        }
+        return d;
+    }
+    if (is_simple_const(o) || is_torch_enum(o) || PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.device_type) ||
+        PyTuple_Check(o) || PySlice_Check(o) || PyRange_Check(o) || PyFrozenSet_CheckExact(o) ||
+        PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.Size))
+        return em_tr_const(T, o);
+    if (PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.TensorBase)) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a tensor made at trace time");
+        return NULL;
+    }
+    if (PyFunction_Check(o)) {
+        TValue *f = em_tr_new(T, TV_FUNCTION);
+        if (f) {
+            f->obj = em_arena_hold(T->arena, o);
+            f->stable = true;
+        }
+        return f;
+    }
+    if (PyType_Check(o) || PyModule_Check(o) || PyCFunction_Check(o)) return em_tr_object(T, o, -1);
+    em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "trace-time result of type %s", Py_TYPE(o)->tp_name);
+    return NULL;
+}
+
+TValue *em_tr_iter(Trace *T, TValue *v) {
+    if (!(v = em_tr_realize(T, v))) return NULL;
+    if (v->kind == TV_ITERATOR) return v;
+    TValue *it = em_tr_new(T, TV_ITERATOR);
+    if (!it) return NULL;
+    if (v->kind == TV_LIST && v->mutable) {
+        it->u.it.kind = IT_LIST;
+        it->u.it.base = v;
+        return it;
+    }
+    it->u.it.kind = IT_ARRAY;
+    if (em_tr_items(T, v, &it->u.it.items, &it->u.it.n) < 0) return NULL;
+    return it;
+}
+
+int em_tr_iter_next(Trace *T, TValue *it, TValue **out) {
+    if (!(it = em_tr_realize(T, it))) return -1;
+    if (it->kind != TV_ITERATOR) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "next() of a non-iterator");
+    if (it->u.it.kind == IT_GEN)
+        return em_tr_break(T, EM_BREAK_GENERATOR, "generator consumed step by step");
+    if (it->u.it.kind == IT_LIST) {
+        if (it->u.it.pos >= it->u.it.base->u.seq.n) {
+            it->u.it.pos = UINT32_MAX - 1; /* stays exhausted, like list_iterator */
+            return 0;
+        }
+        *out = it->u.it.base->u.seq.items[it->u.it.pos++];
+        return 1;
+    }
+    if (it->u.it.pos >= it->u.it.n) return 0;
+    *out = it->u.it.items[it->u.it.pos++];
+    return 1;
+}
