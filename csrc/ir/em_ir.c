@@ -524,7 +524,8 @@ IRRef em_ir_placeholder(IRGraph *g, const char *name, const IRMeta *meta) {
 }
 
 /* The base of a call node's name: target.__name__ for functions (fx's _target_to_str), the
- * method name without dunder underscores for methods, then snake case. */
+ * type's name for callable objects without one, the method name without dunder underscores for
+ * methods, then snake case. */
 static void ir_call_candidate(IRKind kind, PyObject *target, char *out, size_t cap) {
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
@@ -535,6 +536,11 @@ static void ir_call_candidate(IRKind kind, PyObject *target, char *out, size_t c
     } else {
         name = PyObject_GetAttrString(target, "__name__");
         s = name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+        if (!s) { /* a callable object (module instance, partial): named after its type */
+            PyErr_Clear();
+            const char *tn = Py_TYPE(target)->tp_name, *dot = strrchr(tn, '.');
+            s = dot ? dot + 1 : tn;
+        }
     }
     ir_snake_case(s ? s : "call", kind == IR_CALL_METHOD, out, cap);
     Py_XDECREF(name);
