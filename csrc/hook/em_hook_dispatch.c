@@ -183,7 +183,7 @@ static PyObject *cf_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     if (code != cf->code || !cf->es) { /* first call, or fn.__code__ was reassigned */
         ExtraState *es = em_cache_get(code, 1);
         if (!es) return call_original(cf, args, nargs, kwnames);
-        Py_SETREF(cf->code, (PyCodeObject *)Py_NewRef(code));
+        Py_XSETREF(cf->code, (PyCodeObject *)Py_NewRef(code));
         cf->es = es;
     }
     ExtraState *es = cf->es;
