@@ -43,8 +43,8 @@ typedef struct HookThread {
 static _Thread_local HookThread tl_hook;
 
 /* Guard fetch slots for the frame being answered. em_cache_lookup needs room for EM_MAX_FETCH
- * (32 KiB): on the C stack that would cost 32 KiB per nested frame of a recursive fallback
- * function. One buffer per thread suffices: it is live from lookup to em_entry_run, all with
+ * pointers: on the C stack that would cost as much per nested frame of a recursive fallback
+ * function, on top of the eval loop's own. One buffer per thread suffices: it is live from lookup to em_entry_run, all with
  * busy set, and a busy thread's frames pass through, so the hook never re-enters it. glibc
  * allocates a dlopen'ed module's TLS block on first use in each thread and frees it at thread
  * exit. */
