@@ -154,6 +154,10 @@ int em_trace_init(PyObject *module) {
     rt->ModuleList = lookup_path(rt->torch, "nn.ModuleList");
     rt->Sequential = lookup_path(rt->torch, "nn.Sequential");
     rt->ModuleDict = lookup_path(rt->torch, "nn.ModuleDict");
+    rt->mod_modules = lookup_path(rt->torch, "nn.Module.modules");
+    rt->mod_children = lookup_path(rt->torch, "nn.Module.children");
+    rt->mod_named_children = lookup_path(rt->torch, "nn.Module.named_children");
+    rt->mod_named_modules = lookup_path(rt->torch, "nn.Module.named_modules");
     if (!rt->Tensor || !rt->TensorBase || !rt->Parameter || !rt->Module || !rt->Size ||
         !rt->dtype_type || !rt->device_type || !rt->empty_strided || !rt->set_grad_enabled ||
         !rt->is_grad_enabled || !rt->module_call || !rt->ModuleList || !rt->Sequential ||
@@ -536,7 +540,7 @@ static TValue *load_global(Trace *T, TFrame *F, PyObject *name) {
     const char *how = F->gsrc == -2 ? "G" : F->gsrc >= 0 ? em_tr_src_cstr(T, F->gsrc) : "globals";
     PyObject *v = PyDict_GetItemWithError(F->globals, name);
     if (!v && PyErr_Occurred()) return NULL;
-    if (em_guard_dict_version(T->gb, F->globals, how) < 0) return NULL;
+    if (em_tr_dict_version(T, F->globals, how) < 0) return NULL;
     GuardSrc s = -1;
     if (v) {
         if (F->gsrc == -2)
@@ -554,7 +558,7 @@ static TValue *load_global(Trace *T, TFrame *F, PyObject *name) {
             em_tr_break(T, EM_BREAK_RAISE, "name '%U' is not defined", name);
             return NULL;
         }
-        if (em_guard_dict_version(T->gb, F->builtins, "B") < 0) return NULL;
+        if (em_tr_dict_version(T, F->builtins, "B") < 0) return NULL;
         if (F->builtins == T->fv->builtins) s = em_guard_src_builtin(T->gb, name, v);
     }
     if (s >= 0) em_guard_src_stable(T->gb, s);
@@ -866,7 +870,7 @@ static int top_return(Trace *T, TValue *v) {
 
 /* Conditional jump helper: 1 to jump, 0 to fall through, -1 on break. */
 static int jump_cond(Trace *T, TrOp op, TValue *v) {
-    bool b;
+    bool b = false;
     switch (op) {
     case OP_POP_JUMP_IF_NONE: case OP_POP_JUMP_FORWARD_IF_NONE: case OP_POP_JUMP_BACKWARD_IF_NONE:
         if (is_none(T, v, &b) < 0) return -1;
@@ -1251,7 +1255,7 @@ int em_tr_run_frame(Trace *T, TFrame *F) {
             if (push(T, F, r) < 0) goto fail;
             break;
         case OP_UNARY_NOT: {
-            bool t;
+            bool t = false;
             if (!(a = pop(T, F)) || em_tr_truth(T, a, &t) < 0) goto fail;
             if (push(T, F, em_tr_const(T, t ? Py_False : Py_True)) < 0) goto fail;
             break;
@@ -1294,7 +1298,7 @@ int em_tr_run_frame(Trace *T, TFrame *F) {
             break;
         }
         case OP_IS_OP: {
-            bool same;
+            bool same = false;
             if (!(b = pop(T, F)) || !(a = pop(T, F)) || is_same(T, a, b, &same) < 0) goto fail;
             if (push(T, F, em_tr_const(T, (same ^ (arg != 0)) ? Py_True : Py_False)) < 0) goto fail;
             break;
@@ -1657,19 +1661,22 @@ int em_trace_frame(PyObject *func, PyCodeObject *code, const EmFrameView *fv, co
     if (em_tr_run_frame(&T, F) < 0) goto done;
     rc = top_return(&T, F->retval);
 done:
-    if (rc == 0 && !T.broke) return 0;
-    if (PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_MemoryError) || PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
-            res->graph = NULL;
-            return -1;
+    if (rc != 0 || T.broke) {
+        if (PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_MemoryError) || PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+                res->graph = NULL;
+                return -1;
+            }
+            if (T.broke)
+                PyErr_Clear();
+            else if (em_tr_break_exc(&T, EM_BREAK_INTERNAL) < 0 && PyErr_Occurred())
+                return -1;
         }
-        if (T.broke)
-            PyErr_Clear();
-        else if (em_tr_break_exc(&T, EM_BREAK_INTERNAL) < 0 && PyErr_Occurred())
-            return -1;
+        if (!T.broke) em_tr_break(&T, EM_BREAK_INTERNAL, "trace failed without a reason");
+        res->graph = NULL;
+        res->out = NULL;
     }
-    if (!T.broke) em_tr_break(&T, EM_BREAK_INTERNAL, "trace failed without a reason");
-    res->graph = NULL;
-    res->out = NULL;
+    /* the guards gathered so far are valid for a fallback entry too */
+    if (em_tr_flush_dict_guards(&T) < 0) return -1;
     return 0;
 }

@@ -19,7 +19,34 @@ int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what)
     }
     strcpy(how, base);
     strcat(how, what);
-    return em_guard_dict_version(T->gb, dict, how);
+    return em_tr_dict_version(T, dict, how);
+}
+
+int em_tr_dict_version(Trace *T, PyObject *dict, const char *how) {
+    for (uint32_t i = 0; i < T->dguards.n; i++)
+        if (T->dguards.items[i].dict == dict) return 0;
+    struct TDictGuard g = {em_arena_hold(T->arena, dict), how};
+    if (EM_VEC_PUSH(T->arena, T->dguards, g) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+int em_tr_flush_dict_guards(Trace *T) {
+    for (uint32_t i = 0; i < T->dguards.n; i++)
+        if (em_guard_dict_version(T->gb, T->dguards.items[i].dict, T->dguards.items[i].how) < 0) return -1;
+    T->dguards.n = 0;
+    return 0;
+}
+
+/* Does attribute lookup on tp follow object.__getattribute__? (A Python class that defines
+ * __getattr__ gets slot_tp_getattr_hook as tp_getattro, Objects/typeobject.c, which still calls
+ * object.__getattribute__ first; __getattr__ itself is handled by the callers.) */
+static bool generic_getattribute(PyTypeObject *tp) {
+    if (tp->tp_getattro == PyObject_GenericGetAttr) return true;
+    PyObject *ga = _PyType_Lookup(tp, em_str("__getattribute__"));
+    return ga && ga == _PyType_Lookup(&PyBaseObject_Type, em_str("__getattribute__"));
 }
 
 /* The instance __dict__ (borrowed from the object, or NULL if it has none). */
@@ -133,7 +160,7 @@ static PyObject *module_dict_entry(PyObject *idict, const char *which) {
 TValue *em_tr_module_getattr(Trace *T, TValue *m, PyObject *name, int *missing) {
     PyObject *o = m->obj;
     PyTypeObject *tp = Py_TYPE(o);
-    if (tp->tp_getattro != PyObject_GenericGetAttr) {
+    if (!generic_getattribute(tp)) {
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "module %s with its own __getattribute__", tp->tp_name);
         return NULL;
     }
@@ -237,7 +264,7 @@ int em_tr_module_check_hooks(Trace *T, TValue *m) {
     for (int i = 0; i < 4; i++) {
         PyObject *d = em_trace_rt.global_hooks[i];
         if (!d || !PyDict_Check(d)) continue;
-        if (em_guard_dict_version(T->gb, d, gnames[i]) < 0) return -1;
+        if (em_tr_dict_version(T, d, gnames[i]) < 0) return -1;
         if (PyDict_GET_SIZE(d)) return em_tr_break(T, EM_BREAK_HOOKS, "global module hooks (%s)", gnames[i]);
     }
     return 0;
@@ -419,7 +446,7 @@ static TValue *object_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "attribute .%U of a builtin", name);
         return NULL;
     }
-    if (tp->tp_getattro != PyObject_GenericGetAttr) {
+    if (!generic_getattribute(tp)) {
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "attribute .%U of a %s (custom getattr)", name, tp->tp_name);
         return NULL;
     }

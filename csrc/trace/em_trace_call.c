@@ -568,7 +568,7 @@ done:
 }
 
 static TValue *fold_or_break(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
-    bool nc;
+    bool nc = false;
     TValue *r = fold_call(T, fn, args, nargs, kwnames, kwvals, &nc);
     if (!r && nc) em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of %s on non-constant arguments", callable_name(T, fn));
     return r;
@@ -651,7 +651,7 @@ TValue *em_tr_binop(Trace *T, int nb, TValue *a, TValue *b) {
         return NULL;
     }
     TValue *args[2] = {a, b};
-    bool nc;
+    bool nc = false;
     TValue *r = fold_call(T, fn, args, 2, NULL, NULL, &nc);
     if (!r && nc) em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "operator on values the tracer cannot evaluate");
     return r;
@@ -662,7 +662,7 @@ TValue *em_tr_compare(Trace *T, int cmp, TValue *a, TValue *b) {
     PyObject *fn = em_trace_rt.cmp_fn[cmp];
     TValue *args[2] = {a, b};
     if (a->kind == TV_TENSOR || b->kind == TV_TENSOR) return em_tr_torch_call(T, IR_CALL_FUNCTION, fn, args, 2, NULL, NULL);
-    bool nc;
+    bool nc = false;
     TValue *r = fold_call(T, fn, args, 2, NULL, NULL, &nc);
     if (r || !nc) return r;
     /* == / != between objects the tracer holds: identity semantics of modules/functions */
@@ -903,7 +903,7 @@ TValue *em_tr_contains(Trace *T, TValue *c, TValue *item) {
         return bool_value(T, found);
     }
     TValue *args[2] = {c, item};
-    bool nc;
+    bool nc = false;
     TValue *r = fold_call(T, em_trace_rt.op_contains, args, 2, NULL, NULL, &nc);
     if (!r && nc) em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "`in` on values the tracer cannot evaluate");
     return r;
@@ -1500,7 +1500,7 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
         if (bi == BI_ALL || bi == BI_ANY) {
             if (nargs != 1 || nkw) break;
             for (uint32_t i = 0; i < n; i++) {
-                bool t;
+                bool t = false;
                 if (em_tr_truth(T, items[i], &t) < 0) return NULL;
                 if (bi == BI_ALL && !t) return bool_value(T, false);
                 if (bi == BI_ANY && t) return bool_value(T, true);
@@ -1891,6 +1891,8 @@ static TValue *call_object(Trace *T, TValue *callee, TValue **args, uint32_t nar
             if (o == PyTuple_GET_ITEM(rt->pure_classes, i)) return fold_or_break(T, o, args, nargs, kwnames, kwvals);
         if (PyType_IsSubtype(tp, &PyTuple_Type) && PyObject_HasAttrString(o, "_fields"))
             return make_namedtuple(T, o, args, nargs, kwnames, kwvals);
+        if (PyType_IsSubtype(tp, (PyTypeObject *)PyExc_BaseException))
+            return em_tr_object(T, o, -1); /* stands for the exception; only `raise` uses it (a break) */
         em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "construction of %s", tp->tp_name);
         return NULL;
     }
@@ -1930,6 +1932,87 @@ static TValue *call_object(Trace *T, TValue *callee, TValue **args, uint32_t nar
     return NULL;
 }
 
+/* Module.modules() / children() / named_children() / named_modules() without arguments: the
+ * module tree read through version-guarded _modules dicts (torch/nn/modules/module.py; modules()
+ * walks depth first, pre-order, each module once). */
+static int walk_modules(Trace *T, TValue *m, PyObject *prefix, bool named, TValue *out, TValue **seen, uint32_t *nseen, int depth) {
+    for (uint32_t i = 0; i < *nseen; i++)
+        if (seen[i]->obj == m->obj) return 0;
+    if (*nseen >= 4096 || depth > 64) return em_tr_break(T, EM_BREAK_LOOP_LIMIT, "module tree too large");
+    seen[(*nseen)++] = m;
+    TValue *item = m;
+    if (named) {
+        TValue *two[2] = {em_tr_const(T, prefix), m};
+        if (!two[0] || !(item = em_tr_tuple(T, two, 2))) return -1;
+    }
+    if (em_tr_list_push(T, out, item) < 0) return -1;
+    PyObject **keys;
+    TValue **vals;
+    uint32_t n;
+    if (em_tr_module_children(T, m, &keys, &vals, &n) < 0) return -1;
+    for (uint32_t i = 0; i < n; i++) {
+        TValue *c = em_tr_realize(T, vals[i]);
+        if (!c) return -1;
+        if (c->kind != TV_NN_MODULE) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "non-module in _modules");
+        PyObject *p = PyUnicode_GET_LENGTH(prefix) ? PyUnicode_FromFormat("%U.%U", prefix, keys[i]) : Py_NewRef(keys[i]);
+        if (!p) return -1;
+        int rc = walk_modules(T, c, p, named, out, seen, nseen, depth + 1);
+        Py_DECREF(p);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
+static TValue *module_tree_call(Trace *T, PyObject *which, TValue *self, uint32_t nargs, PyObject *kwnames) {
+    TraceRT *rt = &em_trace_rt;
+    if (!(self = em_tr_realize(T, self))) return NULL;
+    if (nargs || (kwnames && PyTuple_GET_SIZE(kwnames)) || self->kind != TV_NN_MODULE) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "module tree iteration with arguments");
+        return NULL;
+    }
+    TValue *out = em_tr_list(T, NULL, 0);
+    if (!out) return NULL;
+    bool named = which == rt->mod_named_children || which == rt->mod_named_modules;
+    if (which == rt->mod_children || which == rt->mod_named_children) {
+        PyObject **keys;
+        TValue **vals;
+        uint32_t n;
+        if (em_tr_module_children(T, self, &keys, &vals, &n) < 0) return NULL;
+        for (uint32_t i = 0; i < n; i++) {
+            bool dup = false;
+            for (uint32_t j = 0; j < out->u.seq.n && !dup; j++) {
+                TValue *o = out->u.seq.items[j];
+                dup = (named ? o->u.seq.items[1] : o)->obj == vals[i]->obj;
+            }
+            if (dup) continue;
+            TValue *item = vals[i];
+            if (named) {
+                TValue *two[2] = {em_tr_const(T, keys[i]), vals[i]};
+                if (!two[0] || !(item = em_tr_tuple(T, two, 2))) return NULL;
+            }
+            if (em_tr_list_push(T, out, item) < 0) return NULL;
+        }
+    } else {
+        TValue **seen = em_arena_alloc(T->arena, sizeof(TValue *) * 4096);
+        uint32_t nseen = 0;
+        PyObject *empty = PyUnicode_FromString("");
+        if (!seen || !empty) {
+            Py_XDECREF(empty);
+            if (!PyErr_Occurred()) PyErr_NoMemory();
+            return NULL;
+        }
+        int rc = walk_modules(T, self, empty, named, out, seen, &nseen, 0);
+        Py_DECREF(empty);
+        if (rc < 0) return NULL;
+    }
+    TValue *it = em_tr_new(T, TV_ITERATOR);
+    if (!it) return NULL;
+    it->u.it.kind = IT_ARRAY;
+    it->u.it.items = out->u.seq.items;
+    it->u.it.n = out->u.seq.n;
+    return it;
+}
+
 static TValue *call_super_method(Trace *T, TValue *callee) {
     em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of a super object");
     EM_UNUSED(callee);
@@ -1945,9 +2028,13 @@ TValue *em_tr_call(Trace *T, TValue *callee, TValue **args, uint32_t nargs, PyOb
         return em_tr_inline(T, callee, args, nargs, kwnames, kwvals);
     case TV_BOUND_METHOD: {
         if (!callee->u.bm.func) return call_container_method(T, callee->u.bm.self, callee->u.bm.name, args, nargs, kwnames, kwvals);
+        TValue *fn = callee->u.bm.func;
+        if (fn->obj && (fn->obj == em_trace_rt.mod_modules || fn->obj == em_trace_rt.mod_children ||
+                        fn->obj == em_trace_rt.mod_named_children || fn->obj == em_trace_rt.mod_named_modules))
+            return module_tree_call(T, fn->obj, callee->u.bm.self, nargs, kwnames);
         TValue **all = prepend(T, callee->u.bm.self, args, nargs, kwnames);
         if (!all) return NULL;
-        return em_tr_call(T, callee->u.bm.func, all, nargs + 1, kwnames, all + 1 + nargs);
+        return em_tr_call(T, fn, all, nargs + 1, kwnames, all + 1 + nargs);
     }
     case TV_NN_MODULE:
         return call_module(T, callee, args, nargs, kwnames, kwvals);

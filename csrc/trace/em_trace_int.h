@@ -165,6 +165,7 @@ typedef struct TraceRT {
     PyObject *module_call;         /* torch.nn.Module.__call__ */
     PyObject *global_hooks[4];     /* torch.nn.modules.module._global_*_hooks dicts */
     PyObject *ModuleList, *Sequential, *ModuleDict;
+    PyObject *mod_modules, *mod_children, *mod_named_children, *mod_named_modules; /* Module.* */
     PyObject *binop_fn[TR_NBINOPS];/* operator.add ... operator.ixor in NB_* order */
     PyObject *cmp_fn[TR_NCMP];     /* operator.lt le eq ne gt ge */
     PyObject *op_neg, *op_pos, *op_invert, *op_not, *op_getitem, *op_setitem, *op_delitem,
@@ -191,6 +192,7 @@ typedef struct Trace {
     struct { TNode *items; uint32_t n, cap; } nodes;  /* items[0] unused */
     struct { uint32_t *items; uint32_t n, cap; } inputs;
     struct { TValue **items; uint32_t n, cap; } by_src;  /* GuardSrc -> wrapped value */
+    struct { struct TDictGuard { PyObject *dict; const char *how; } *items; uint32_t n, cap; } dguards;
     long loop_iters, ninstr;
     bool broke;
     bool grad_enabled;
@@ -310,5 +312,11 @@ int em_tr_module_children(Trace *T, TValue *m, PyObject ***keys, TValue ***vals,
 /* Guards/ checks the hook dicts of a module before inlining its forward. -1 on break. */
 int em_tr_module_check_hooks(Trace *T, TValue *m);
 int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what);
+/* Records a DICT_VERSION guard. The guards are added to the builder when the trace ends
+ * (em_tr_flush_dict_guards), after every meta call: running torch ops may import submodules
+ * lazily, which bumps the version tag of torch.__dict__ and would make the entry fail its own
+ * guards if the tag were read before. */
+int em_tr_dict_version(Trace *T, PyObject *dict, const char *how);
+int em_tr_flush_dict_guards(Trace *T);
 
 #endif /* EM_TRACE_INT_H */
