@@ -3,6 +3,8 @@ basic functions and modules, control flow that depends on data, a tensor plus a 
 into numpy (the tutorial uses scipy, which is not installed here), and a custom backend that prints
 the FX graph it receives.
 """
+import importlib.util
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -53,9 +55,9 @@ def printing_backend(gm, example_inputs):
     """A custom backend: prints the FX graph it is handed and runs it unchanged."""
     print(f"custom backend called with an FX graph of {len(gm.graph.nodes)} nodes, "
           f"{len(example_inputs)} example inputs:")
-    try:
+    if importlib.util.find_spec("tabulate") is not None:
         gm.graph.print_tabular()
-    except ImportError:  # print_tabular needs the optional 'tabulate' package
+    else:  # print_tabular needs the optional 'tabulate' package; the graph's own text instead
         print(gm.graph)
     return gm.forward
 

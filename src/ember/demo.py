@@ -210,7 +210,7 @@ def run_case(short, name, obj, arg_list, quiet=False, custom_backend=None, out=s
     try:
         compiled = check_against_eager(obj, arg_list, lambda o: ember.compile(o, backend="eager"))
     except Exception:
-        p(f"   {name}: MISMATCH OR ERROR against eager:")
+        p(f"   {short}.{name}: MISMATCH OR ERROR against eager:")
         p(_indent(traceback.format_exc(), "     "))
         return summary
     summary["ok"] = True
@@ -241,7 +241,10 @@ def run_case(short, name, obj, arg_list, quiet=False, custom_backend=None, out=s
     line = " | ".join(f"{k} {v:8.1f}" for k, v in us.items())
     if err:
         line += f" | torch.compile failed: {err}"
-    p(f"   per call, µs (median of 5 interleaved rounds): {line}")
+    if not quiet:
+        p(f"   per call, µs (median of 5 interleaved rounds): {line}")
+    elif err:
+        p(f"   {name}: torch.compile failed: {err}")
 
     if custom_backend is not None and not quiet:
         p(f"   with a custom backend ({custom_backend.__name__}):")
@@ -260,7 +263,8 @@ def run_case(short, name, obj, arg_list, quiet=False, custom_backend=None, out=s
 
 
 def run(only=None, quiet=False, out=sys.stdout):
-    """The demo. only: substring of case names ('chain', 'walk_through.'); returns exit status."""
+    """The demo. only: case names, or substrings of them ('chain', 'walk_through.'); an exact name
+    selects only that case. Returns the exit status."""
     p = lambda *a: print(*a, file=out)
     t_start = time.perf_counter()
     p(f"ember demo on {machine_description()}")
@@ -272,7 +276,12 @@ def run(only=None, quiet=False, out=sys.stdout):
     for mod in modules:
         backends.update(getattr(mod, "CUSTOM_BACKENDS", {}))
     if only:
-        sel = lambda s, n: any(o in n or o in f"{s}.{n}" for o in only)
+        names = {c[1] for c in cases} | {f"{c[0]}.{c[1]}" for c in cases}
+        exact = [o for o in only if o in names]
+        if exact:  # an exact case name selects just that case ('chain_1', not chain_100 too)
+            sel = lambda s, n: n in exact or f"{s}.{n}" in exact
+        else:
+            sel = lambda s, n: any(o in n or o in f"{s}.{n}" for o in only)
         cases = [c for c in cases if sel(c[0], c[1])]
         skipped = [s for s in skipped if sel(s[0], s[1])]
         if not cases and not skipped:
