@@ -101,8 +101,17 @@ def programs(tag=""):
     return {"tiny": (t, (a, b)), "mod1": (mod(1), (x,)), "mod100": (mod(100), (x,))}
 
 
-def prepare_inductor(compile_fn, reset):
-    """The anchor's prepare(): {name: (compiled call, direct call of the backend's output)}."""
+ERRORS = []  # (compiler row, program, error) for programs that failed to compile or run
+
+
+def _note_error(row, name, e):
+    msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    ERRORS.append((row, name, msg))
+
+
+def prepare_inductor(compile_fn, reset, row):
+    """The anchor's prepare(): {name: (compiled call, direct call of the backend's output)}.
+    A program that fails is left out (and listed in ERRORS) instead of ending the benchmark."""
     from torch._inductor.compile_fx import compile_fx
     out = {}
     reset()
@@ -113,10 +122,14 @@ def prepare_inductor(compile_fn, reset):
             g = compile_fx(gm, example_inputs)
             kept.append((g, list(example_inputs)))
             return g
-        cf = compile_fn(prog, backend)
-        cf(*args)
-        if not kept:
-            raise RuntimeError(f"{name}: the backend was never called (the frame was not captured as a graph)")
+        try:
+            cf = compile_fn(prog, backend)
+            cf(*args)
+            if not kept:
+                raise RuntimeError("the backend was never called (the frame was not captured as a graph)")
+        except Exception as e:
+            _note_error(row, name, e)
+            continue
         g, ex = kept[-1]
         try:
             g(*ex)
@@ -127,12 +140,16 @@ def prepare_inductor(compile_fn, reset):
     return out
 
 
-def prepare_plain(compile_fn, tag):
+def prepare_plain(compile_fn, tag, row):
     """{name: call} of each program compiled by compile_fn (identity for eager), on variant tag."""
     out = {}
     for name, (prog, args) in programs(tag).items():
-        cf = compile_fn(prog)
-        cf(*args)
+        try:
+            cf = compile_fn(prog)
+            cf(*args)
+        except Exception as e:
+            _note_error(row, name, e)
+            continue
         out[name] = lambda cf=cf, args=args: cf(*args)
     return out
 
@@ -179,15 +196,16 @@ def main(argv=None):
     second = "ember" if ember is not None else "torch2"
 
     t0 = time.perf_counter()
-    ind = {"torch": prepare_inductor(lambda p, b: torch.compile(p, backend=b), torch._dynamo.reset)}
+    ind = {"torch": prepare_inductor(lambda p, b: torch.compile(p, backend=b), torch._dynamo.reset, "torch")}
     if ember is not None:
-        ind["ember"] = prepare_inductor(lambda p, b: ember.compile(p, backend=b), ember.reset)
+        ind["ember"] = prepare_inductor(lambda p, b: ember.compile(p, backend=b), ember.reset, "ember")
     else:
-        ind["torch2"] = prepare_inductor(lambda p, b: torch.compile(p, backend=b), torch._dynamo.reset)
-    rows = {"eager": prepare_plain(lambda p: p, "eager")}
-    rows["torch.compile eager"] = prepare_plain(lambda p: torch.compile(p, backend="eager"), "torch_eager")
+        ind["torch2"] = prepare_inductor(lambda p, b: torch.compile(p, backend=b), torch._dynamo.reset, "torch2")
+    rows = {"eager": prepare_plain(lambda p: p, "eager", "eager")}
+    rows["torch.compile eager"] = prepare_plain(lambda p: torch.compile(p, backend="eager"), "torch_eager",
+                                                "torch.compile eager")
     if ember is not None:
-        rows["ember eager"] = prepare_plain(lambda p: ember.compile(p, backend="eager"), "ember_eager")
+        rows["ember eager"] = prepare_plain(lambda p: ember.compile(p, backend="eager"), "ember_eager", "ember eager")
     for c, p in ind.items():
         rows[f"{c} inductor"] = {n: call for n, (call, _) in p.items()}
         rows[f"{c} inductor direct"] = {n: direct for n, (_, direct) in p.items()}
@@ -196,6 +214,7 @@ def main(argv=None):
 
     overhead = {c: {n: best[f"{c} inductor"][n] - best[f"{c} inductor direct"][n] for n in p}
                 for c, p in ind.items()}
+    na = float("nan")
     info = machine()
     print(f"machine: {info['platform']} | {info['cpu']} x{info['cpus']} (torch threads {info['torch_threads']}) | "
           f"Python {info['python']} | torch {info['torch']}" + (f" | {info['gpu']}" if info["gpu"] else ""))
@@ -207,23 +226,27 @@ def main(argv=None):
     width = max(len(r) for r in rows) + 2
     print(f"{'':{width}s}" + "".join(f"{n:>10s}" for n in names))
     for r in rows:
-        print(f"{r:{width}s}" + "".join(f"{best[r][n]:10.2f}" for n in names))
+        print(f"{r:{width}s}" + "".join(f"{best[r].get(n, na):10.2f}" for n in names))
     for c in ind:
-        print(f"{c + ' overhead':{width}s}" + "".join(f"{overhead[c][n]:10.2f}" for n in names))
+        print(f"{c + ' overhead':{width}s}" + "".join(f"{overhead[c].get(n, na):10.2f}" for n in names))
+    for row, name, msg in ERRORS:
+        print(f"FAILED {row} {name}: {msg}")
 
     t, o = overhead["torch"], overhead[second]
-    ratio = max(o[n] / max(t[n], 1e-9) for n in names)
-    scale = o["mod100"] / max(o["mod1"], 1e-9)
-    fmt = lambda r: " ".join(f"{n}={r[n]:.2f}" for n in names)
+    both = [n for n in names if n in t and n in o]
+    ratio = max((o[n] / max(t[n], 1e-9) for n in both), default=na)
+    scale = o["mod100"] / max(o["mod1"], 1e-9) if "mod1" in o and "mod100" in o else na
+    fmt = lambda r: " ".join(f"{n}={r.get(n, na):.2f}" for n in names)
     print(f"frontend overhead us: torch {fmt(t)} | {second} {fmt(o)}; ratio max={ratio:.2f}; "
           f"{second} mod100/mod1={scale:.2f}")
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump({"machine": info, "rounds": opts.rounds, "calls": opts.calls, "per_call_us": best,
                        "overhead_us": overhead, "ratio_max": ratio, "mod100_over_mod1": scale,
-                       "second": second, "ember_error": ember_error}, f, indent=1)
+                       "second": second, "ember_error": ember_error,
+                       "errors": [list(e) for e in ERRORS]}, f, indent=1)
     if opts.check:
-        return 0 if ratio <= 0.25 and scale <= 1.1 else 1
+        return 0 if ratio <= 0.25 and scale <= 1.1 and not ERRORS else 1
     return 0
 
 
