@@ -164,6 +164,7 @@ typedef struct EmGuardState {
     PyTypeObject *tensor_type;   /* torch.Tensor */
     PyObject *is_grad_enabled;   /* torch.is_grad_enabled */
     PyObject *is_autocast_enabled; /* torch.is_autocast_enabled(device_type) (torch >= 2.4) */
+    PyObject *is_any_autocast_enabled; /* torch._C._is_any_autocast_enabled, or NULL */
     PyObject *get_default_dtype; /* torch.get_default_dtype */
     PyObject *str_cpu, *str_cuda;
     PyObject *s_requires_grad, *s_is_conj, *s_is_neg, *s_shape, *s_stride, *s_dtype, *s_device, *s_layout,
