@@ -23,7 +23,10 @@
  * em_guard_state.dict_epoch on any event of any watched dict. A guard set remembers the epoch at
  * which its dict-version group last passed: unchanged epoch, the whole group passes with one
  * compare. Watched dicts are never unwatched (a stray epoch bump only costs one exact re-check),
- * and are kept alive only as long as a guard set holds them. */
+ * and are kept alive only as long as a guard set holds them.
+ * A keyed dict leaf (em_guard_dict_key: f_globals read by name) keeps the keys read and the objects
+ * they held; when the version moved it re-reads just those keys and, if each still holds its
+ * object, moves its recorded version forward, so rebinding an unrelated global costs one re-check. */
 #include "guard/em_guard_impl.h"
 
 #include <math.h>
@@ -50,6 +53,8 @@ typedef struct BLeaf {
     uint64_t tag;
     const void *aux;  /* DICT_VERSION: how (arena string); TENSOR_MATCH: EmTensorMeta (arena) */
     uint64_t hash;
+    PyObject **kv;    /* DICT_VERSION with sub == 0: key, value pairs read (arena, held by it) */
+    uint32_t nkv, capkv; /* pairs */
 } BLeaf;
 
 struct GuardBuilder {
@@ -219,7 +224,7 @@ static uint64_t leaf_hash(int kind, int32_t src, const void *ident) {
     return mix(mix((uint64_t)kind, (uint64_t)(uint32_t)src), (uint64_t)(uintptr_t)ident);
 }
 
-/* 1 if the leaf is already present, 0 if not, -1 out of memory (exception set). */
+/* 1 + its index if the leaf is already present, 0 if not, -1 out of memory (exception set). */
 static int leaf_present(GuardBuilder *b, int kind, int32_t src, const void *ident) {
     if (ht_reserve(b->a, &b->leaf_ht, &b->leaf_htcap, b->leaf.n, b->leaf.items, sizeof(BLeaf),
                    offsetof(BLeaf, hash)) < 0) {
@@ -231,7 +236,7 @@ static int leaf_present(GuardBuilder *b, int kind, int32_t src, const void *iden
     for (uint32_t j = (uint32_t)h & mask; b->leaf_ht[j]; j = (j + 1) & mask) {
         const BLeaf *l = &b->leaf.items[b->leaf_ht[j] - 1];
         const void *lid = l->kind == GUARD_DICT_VERSION || l->kind == GUARD_TYPE_VERSION ? (void *)l->obj : NULL;
-        if (l->hash == h && l->kind == kind && l->src == src && lid == ident) return 1;
+        if (l->hash == h && l->kind == kind && l->src == src && lid == ident) return b->leaf_ht[j];
     }
     return 0;
 }
@@ -383,25 +388,62 @@ static int dict_watch_event(PyDict_WatchEvent event, PyObject *dict, PyObject *k
 static inline uint64_t dict_tag(PyObject *d) { return ((PyDictObject *)d)->ma_version_tag; }
 #endif
 
-int em_guard_dict_version(GuardBuilder *b, PyObject *dict, const char *how) {
+/* The DICT_VERSION leaf of dict, created on first use (sub = 1: whole dict, 0: keyed). */
+static BLeaf *dict_leaf(GuardBuilder *b, PyObject *dict, const char *how, int whole) {
     if (!b || !dict || !PyDict_Check(dict)) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember: dict version guard on a non-dict");
-        return -1;
+        return NULL;
     }
     int r = leaf_present(b, GUARD_DICT_VERSION, -1, dict);
-    if (r) return r < 0 ? -1 : 0;
-    if (!em_guard_state.s_module && em_guard_init(NULL) < 0) return -1;
+    if (r < 0) return NULL;
+    if (r > 0) {
+        BLeaf *l = &b->leaf.items[r - 1];
+        l->sub |= (uint8_t)whole;
+        return l;
+    }
+    if (!em_guard_state.s_module && em_guard_init(NULL) < 0) return NULL;
 #if EM_PY312
     /* Watch first, then read the tag: the first check compares tags exactly anyway. */
-    if (em_guard_state.watcher_id >= 0 && PyDict_Watch(em_guard_state.watcher_id, dict) < 0) return -1;
+    if (em_guard_state.watcher_id >= 0 && PyDict_Watch(em_guard_state.watcher_id, dict) < 0) return NULL;
 #endif
-    BLeaf l = {.kind = GUARD_DICT_VERSION, .src = -1, .obj = em_arena_hold(b->a, dict), .tag = dict_tag(dict)};
+    BLeaf l = {.kind = GUARD_DICT_VERSION, .sub = (uint8_t)whole, .src = -1, .obj = em_arena_hold(b->a, dict),
+               .tag = dict_tag(dict)};
     l.aux = em_arena_strdup(b->a, how ? how : "<dict>");
     if (!l.obj || !l.aux) {
         PyErr_NoMemory();
-        return -1;
+        return NULL;
     }
-    return leaf_push(b, l, dict);
+    if (leaf_push(b, l, dict) < 0) return NULL;
+    return &b->leaf.items[b->leaf.n - 1];
+}
+
+int em_guard_dict_version(GuardBuilder *b, PyObject *dict, const char *how) {
+    return dict_leaf(b, dict, how, 1) ? 0 : -1;
+}
+
+int em_guard_dict_key(GuardBuilder *b, PyObject *dict, PyObject *key, const char *how) {
+    if (!key) return bad_arg("dict key guard without a key");
+    BLeaf *l = dict_leaf(b, dict, how, 0);
+    if (!l) return -1;
+    for (uint32_t i = 0; i < l->nkv; i++)
+        if (key_equal(l->kv[2 * i], key)) return 0;
+    PyObject *v = PyDict_GetItemWithError(dict, key); /* borrowed; NULL: absent */
+    if (!v && PyErr_Occurred()) return -1;
+    if (l->nkv == l->capkv) {
+        uint32_t nc = l->capkv ? 2 * l->capkv : 4;
+        PyObject **kv = em_arena_realloc(b->a, l->kv, sizeof(PyObject *) * 2 * l->capkv, sizeof(PyObject *) * 2 * nc);
+        if (!kv) goto nomem;
+        l->kv = kv;
+        l->capkv = nc;
+    }
+    if (!em_arena_hold(b->a, key) || (v && !em_arena_hold(b->a, v))) goto nomem;
+    l->kv[2 * l->nkv] = key;
+    l->kv[2 * l->nkv + 1] = v;
+    l->nkv++;
+    return 0;
+nomem:
+    PyErr_NoMemory();
+    return -1;
 }
 
 /* The type's version tag, assigning one if it has none: 3.12 has PyUnstable_Type_AssignVersionTag;
@@ -520,6 +562,7 @@ GuardSet *em_guard_build(GuardBuilder *b) {
      * children in the table, so one backward sweep propagates the marks. */
     for (uint32_t i = 0; i < ns; i++) remap[i] = 0;
     uint32_t nkept = 0, nuse = 0, ntensor_bytes = 0, nhow = 0, nheld = 0;
+    size_t ndictinfo = 0;
     for (uint32_t k = 0; k < GUARD__COUNT; k++) /* stable counting sort by kind */
         for (uint32_t i = 0; i < nl; i++) {
             const BLeaf *l = &b->leaf.items[i];
@@ -527,19 +570,24 @@ GuardSet *em_guard_build(GuardBuilder *b) {
             order[nkept++] = i;
             if (l->src >= 0) remap[l->src] = 1;
             if (l->kind == GUARD_TENSOR_MATCH) ntensor_bytes += em_guard_tensor_meta_size(l->aux);
-            if (l->kind == GUARD_DICT_VERSION) nhow += (uint32_t)strlen(l->aux) + 1;
+            if (l->kind == GUARD_DICT_VERSION) {
+                nhow += (uint32_t)strlen(l->aux) + 1;
+                ndictinfo += align8(sizeof(GDictInfo)) + (l->sub ? 0 : sizeof(PyObject *) * 2 * l->nkv);
+                nheld += l->sub ? 0 : 2 * l->nkv;
+            }
         }
     for (uint32_t k = 0; k < nf; k++) remap[b->fetch.items[k]] = 1;
     for (uint32_t i = ns; i-- > 0;)
         if (remap[i] && b->src.items[i].d.parent >= 0) remap[b->src.items[i].d.parent] = 1;
     for (uint32_t i = 0; i < ns; i++) remap[i] = remap[i] ? (int32_t)nuse++ : -1;
-    nheld = 2 * nuse + 5 * nkept; /* keys, stable values; obj, obj2; tensor dtype, device, layout */
+    nheld += 2 * nuse + 5 * nkept; /* keys, stable values; obj, obj2; tensor dtype, device, layout */
 
     size_t off_src = align8(sizeof(GuardSet));
     size_t off_leaf = off_src + align8(sizeof(GSrc) * nuse);
     size_t off_held = off_leaf + align8(sizeof(GLeaf) * nkept);
     size_t off_tm = off_held + align8(sizeof(PyObject *) * nheld);
-    size_t off_fetch = off_tm + align8(ntensor_bytes);
+    size_t off_di = off_tm + align8(ntensor_bytes);
+    size_t off_fetch = off_di + ndictinfo;
     size_t off_how = off_fetch + align8(sizeof(int32_t) * nf);
     size_t total = off_how + nhow;
     char *block = calloc(1, total);
@@ -552,7 +600,7 @@ GuardSet *em_guard_build(GuardBuilder *b) {
     gs->leaf = (GLeaf *)(block + off_leaf);
     gs->held = (PyObject **)(block + off_held);
     gs->fetch = (int32_t *)(block + off_fetch);
-    char *tm = block + off_tm, *how = block + off_how;
+    char *tm = block + off_tm, *how = block + off_how, *di = block + off_di;
     gs->dict_epoch = UINT64_MAX; /* the first check compares every dict tag */
 #define HOLD(o) ((o) ? (gs->held[gs->nheld++] = Py_NewRef(o)) : NULL)
     for (uint32_t i = 0; i < ns; i++) {
@@ -573,11 +621,21 @@ GuardSet *em_guard_build(GuardBuilder *b) {
         g->obj = HOLD(l->obj);
         g->tag = l->tag;
         if (l->kind == GUARD_DICT_VERSION) {
-            gs->ndict++;
+            GDictInfo *info = (GDictInfo *)di;
             size_t n = strlen(l->aux) + 1;
+            gs->ndict++;
+            di += align8(sizeof(GDictInfo));
             memcpy(how, l->aux, n);
-            g->aux = how;
+            info->how = how;
             how += n;
+            if (!l->sub) {
+                info->nkeys = l->nkv;
+                info->kv = (PyObject **)di;
+                di += sizeof(PyObject *) * 2 * l->nkv;
+                for (uint32_t j = 0; j < 2 * l->nkv; j++) info->kv[j] = HOLD(l->kv[j]);
+            }
+            g->sub = 0;
+            g->aux = info;
         } else if (l->kind == GUARD_DICT_KEYS) {
             g->aux = HOLD(l->obj2);
         } else if (l->kind == GUARD_TENSOR_MATCH) {
@@ -766,6 +824,26 @@ static int global_state_passes(const GLeaf *g) {
     return ok;
 }
 
+/* DICT_VERSION: the version is the one recorded; or, for a keyed leaf, every key read holds the
+ * object it held (or is still absent), and then the leaf remembers the version it saw (read before
+ * the lookups: should a lookup's __eq__ mutate the dict, the next check looks again). */
+static int dict_leaf_passes(GLeaf *g) {
+    uint64_t t = dict_tag(g->obj);
+    if (t == g->tag) return 1;
+    const GDictInfo *info = g->aux;
+    if (!info->nkeys) return 0;
+    for (uint32_t k = 0; k < info->nkeys; k++) {
+        PyObject *v = PyDict_GetItemWithError(g->obj, info->kv[2 * k]);
+        if (!v && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (v != info->kv[2 * k + 1]) return 0;
+    }
+    g->tag = t;
+    return 1;
+}
+
 /* One leaf that reads a source (every kind but DICT_VERSION). 1 pass, 0 fail. */
 static int leaf_passes(const GuardSet *gs, const GLeaf *g, PyObject **vals, const EmFrameView *fv) {
     PyObject *v = NULL;
@@ -787,8 +865,7 @@ static int leaf_passes(const GuardSet *gs, const GLeaf *g, PyObject **vals, cons
         return global_state_passes(g);
     case GUARD_TENSOR_MATCH:
         return Py_TYPE(v) == (PyTypeObject *)g->obj && em_guard_tensor_check(g->aux, v);
-    case GUARD_DICT_VERSION:
-        return dict_tag(g->obj) == g->tag;
+    case GUARD_DICT_VERSION: /* evaluated by em_guard_check as a group */
     case GUARD__COUNT:
         break;
     }
@@ -813,7 +890,7 @@ int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int 
     if (gs->dict_epoch == epoch && em_guard_state.watcher_id >= 0) i = gs->ndict;
 #endif
     for (; i < gs->ndict; i++)
-        if (dict_tag(gs->leaf[i].obj) != gs->leaf[i].tag) goto fail;
+        if (!dict_leaf_passes(&gs->leaf[i])) goto fail;
 #if EM_PY312
     gs->dict_epoch = epoch;
 #endif

@@ -63,6 +63,13 @@ int em_guard_tensor(GuardBuilder *b, GuardSrc s);     /* tensor match: exact typ
  * On 3.11 this compares ma_version_tag; on 3.12 the dict is watched and the check costs nothing
  * until a watched dict changes. The dict is kept alive by the guard set. */
 int em_guard_dict_version(GuardBuilder *b, PyObject *dict, const char *how);
+/* Only dict[key] is guarded: it is still the very object it was at compile time, or still absent.
+ * Other keys may change without failing (a module-level loop variable rebound in f_globals must not
+ * fail the guards of every function of that module). The keys of one dict share one leaf with the
+ * version fast path: an unchanged version (or, on 3.12, an unchanged watcher epoch) passes at
+ * once; a changed version re-reads just these keys and, if they are unchanged, remembers the new
+ * version. em_guard_dict_version on the same dict subsumes its keys. */
+int em_guard_dict_key(GuardBuilder *b, PyObject *dict, PyObject *key, const char *how);
 /* The type's attributes are unchanged (tp_version_tag), so lookups through its MRO are stable. */
 int em_guard_type_version(GuardBuilder *b, PyTypeObject *tp);
 /* Global torch state at compile time: grad mode, autocast (cpu, cuda), default dtype. */

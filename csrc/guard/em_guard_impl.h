@@ -136,6 +136,14 @@ typedef struct GSrc {
 /* EQUALS fast paths, chosen at build time from the expected constant. */
 enum { EQ_NONE, EQ_BOOL, EQ_INT, EQ_FLOAT, EQ_STR, EQ_OTHER };
 
+/* DICT_VERSION detail: the dict's name for rendering, and for a keyed leaf (em_guard_dict_key) the
+ * keys read and the objects they held (NULL: absent). nkeys == 0: the whole dict is guarded. */
+typedef struct GDictInfo {
+    const char *how;
+    uint32_t nkeys;
+    PyObject **kv; /* key0, value0, key1, value1, ... (strong) */
+} GDictInfo;
+
 typedef struct GLeaf {
     uint8_t kind;   /* GuardKind */
     uint8_t sub;    /* EQUALS: EQ_*; GLOBAL_STATE: bit 0 grad, bit 1 autocast cpu, bit 2 autocast cuda */
@@ -143,8 +151,9 @@ typedef struct GLeaf {
     PyObject *obj;  /* strong. TYPE_MATCH, LEN, TENSOR_MATCH, TYPE_VERSION: the type; ID_MATCH: the
                        object; EQUALS: the constant; DICT_KEYS: tuple of keys; DICT_VERSION: the
                        dict; GLOBAL_STATE: the default dtype */
-    uint64_t tag;   /* DICT_VERSION / TYPE_VERSION: version; LEN: length */
-    const void *aux; /* DICT_VERSION: how (char *); TENSOR_MATCH: EmTensorMeta * */
+    uint64_t tag;   /* DICT_VERSION / TYPE_VERSION: version (a keyed DICT_VERSION leaf moves it
+                       forward when its keys are found unchanged); LEN: length */
+    const void *aux; /* DICT_VERSION: GDictInfo *; DICT_KEYS: the exact type; TENSOR_MATCH: EmTensorMeta * */
 } GLeaf;
 
 struct GuardSet {

@@ -91,14 +91,19 @@ PyObject *em_guard_render_one(const GuardSet *gs, int index) {
     const GLeaf *g = &gs->leaf[index];
     if (g->src >= 0 && !(src = em_guard_render_src(gs->src, sizeof(GSrc), g->src))) return NULL;
     switch ((GuardKind)g->kind) {
-    case GUARD_DICT_VERSION:
-#if EM_PY312
-        out = PyUnicode_FromFormat("___dict_version(%s) == %llu%s", (const char *)g->aux, (unsigned long long)g->tag,
-                                   em_guard_state.watcher_id >= 0 ? "  # watched" : "");
-#else
-        out = PyUnicode_FromFormat("___dict_version(%s) == %llu", (const char *)g->aux, (unsigned long long)g->tag);
-#endif
+    case GUARD_DICT_VERSION: {
+        const GDictInfo *info = g->aux;
+        const char *watched = EM_PY312 && em_guard_state.watcher_id >= 0 ? "  # watched" : "";
+        if (!info->nkeys) {
+            out = PyUnicode_FromFormat("___dict_version(%s) == %llu%s", info->how, (unsigned long long)g->tag, watched);
+            break;
+        }
+        if (!(t = PyList_New(info->nkeys))) break;
+        for (uint32_t k = 0; k < info->nkeys; k++) PyList_SET_ITEM(t, k, Py_NewRef(info->kv[2 * k]));
+        out = PyUnicode_FromFormat("___dict_version(%s) == %llu or ___dict_entries_unchanged(%s, %R)%s", info->how,
+                                   (unsigned long long)g->tag, info->how, t, watched);
         break;
+    }
     case GUARD_TYPE_VERSION:
         if ((t = em_guard_type_text((PyTypeObject *)g->obj)))
             out = PyUnicode_FromFormat("___type_version(%U) == %llu", t, (unsigned long long)g->tag);
