@@ -79,7 +79,10 @@ static const char *const torch_query_paths[] = {
     "jit.is_tracing", "compiler.is_compiling", "compiler.is_dynamo_compiling", "is_tensor",
     "get_default_device", "_C._has_torch_function", "_C._has_torch_function_unary",
     "_C._has_torch_function_variadic", "is_floating_point", "is_complex", "numel",
-    "_utils.is_compiling", "_jit_internal.is_scripting", NULL};
+    "_utils.is_compiling", "_jit_internal.is_scripting",
+    /* evaluated for real (the default case): dispatch-mode queries, not guarded, like Dynamo */
+    "_C._len_torch_dispatch_stack", "utils._python_dispatch.is_in_torch_dispatch_mode",
+    "utils._python_dispatch._get_current_dispatch_mode", NULL};
 
 static const char *const torch_factory_paths[] = {
     "zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "linspace", "logspace",

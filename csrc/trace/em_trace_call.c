@@ -1490,6 +1490,7 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
         return r;
     }
     case BI_SORTED: case BI_MIN: case BI_MAX: case BI_SUM: case BI_ALL: case BI_ANY: {
+        uint32_t nodes_before = T->nodes.n;
         if (nargs == 0) break;
         if ((bi == BI_MIN || bi == BI_MAX) && nargs > 1) {
             items = args;
@@ -1502,8 +1503,16 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
             for (uint32_t i = 0; i < n; i++) {
                 bool t = false;
                 if (em_tr_truth(T, items[i], &t) < 0) return NULL;
-                if (bi == BI_ALL && !t) return bool_value(T, false);
-                if (bi == BI_ANY && t) return bool_value(T, true);
+                if ((bi == BI_ALL && !t) || (bi == BI_ANY && t)) {
+                    /* all()/any() stop early; a generator was run to its end above, which is only
+                       unobservable if the items after this one recorded no graph op */
+                    if (T->nodes.n != nodes_before && i + 1 < n) {
+                        em_tr_break(T, EM_BREAK_GENERATOR, "%s() stops early on a generator with graph ops",
+                                    bi == BI_ALL ? "all" : "any");
+                        return NULL;
+                    }
+                    return bool_value(T, bi == BI_ANY);
+                }
             }
             return bool_value(T, bi == BI_ALL);
         }

@@ -225,7 +225,8 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
     }
     if (PyList_Check(o)) {
         if (!PyList_CheckExact(o)) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "list subclass", o);
-        if (s < 0 && !v->stable) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "list without a source", o);
+        /* lists mutate without any dict version noticing: without a source there is no guard */
+        if (s < 0) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "list without a source", o);
         if (s >= 0 && em_guard_len(T->gb, s) < 0) return NULL; /* lists mutate: guarded even if stable */
         Py_ssize_t n = PyList_GET_SIZE(o);
         TValue **items = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(n + 1));
@@ -249,7 +250,7 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
         const char *tn = Py_TYPE(o)->tp_name;
         if (!PyDict_CheckExact(o) && strcmp(tn, "collections.OrderedDict") != 0)
             return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "dict subclass", o);
-        if (s < 0 && !v->stable) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "dict without a source", o);
+        if (s < 0) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "dict without a source", o);
         if (s >= 0 && em_guard_dict_keys(T->gb, s) < 0) return NULL;
         Py_ssize_t pos = 0, n = PyDict_GET_SIZE(o);
         PyObject *key, *val;

@@ -425,13 +425,18 @@ def test_module_argument_gets_id_guard():
 def test_transformer_encoder_layer():
     layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, batch_first=True, dropout=0.0).eval()
     x = torch.randn(2, 5, 16)
-    with torch.no_grad():
-        compiled = ember.compile(layer)
-        got = compiled(x)
-    with torch.no_grad():
-        exp = layer(x)
-    torch.testing.assert_close(got, exp)
-    assert entries(compiled)[0]["kind"] == "graph", entries(compiled)[0]
+    for grad in (True, False):
+        ember.reset()
+        with torch.set_grad_enabled(grad):
+            compiled = ember.compile(layer)
+            got = compiled(x)
+            exp = layer(x)
+        torch.testing.assert_close(got, exp)
+        e = entries(compiled)[0]
+        if grad:  # the slow path: multi_head_attention_forward, layer_norm, linear ... one graph
+            assert e["kind"] == "graph", (e["reason"], e["detail"])
+        else:  # the fast path op has a meta kernel only in newer torch; otherwise a clean break
+            assert e["kind"] == "graph" or e["reason"] == "META_FAILED", (e["reason"], e["detail"])
 
 
 # ------------------------------------------------------------------------------------------------
