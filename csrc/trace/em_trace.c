@@ -543,7 +543,7 @@ static TValue *load_global(Trace *T, TFrame *F, PyObject *name) {
     const char *how = F->gsrc == -2 ? "G" : F->gsrc >= 0 ? em_tr_src_cstr(T, F->gsrc) : "globals";
     PyObject *v = PyDict_GetItemWithError(F->globals, name);
     if (!v && PyErr_Occurred()) return NULL;
-    if (em_tr_dict_version(T, F->globals, how) < 0) return NULL;
+    if (em_tr_dict_version(T, F->globals, how, name) < 0) return NULL;
     GuardSrc s = -1;
     if (v) {
         if (F->gsrc == -2)
@@ -561,7 +561,7 @@ static TValue *load_global(Trace *T, TFrame *F, PyObject *name) {
             em_tr_break(T, EM_BREAK_RAISE, "name '%U' is not defined", name);
             return NULL;
         }
-        if (em_tr_dict_version(T, F->builtins, "B") < 0) return NULL;
+        if (em_tr_dict_version(T, F->builtins, "B", name) < 0) return NULL;
         if (F->builtins == T->fv->builtins) s = em_guard_src_builtin(T->gb, name, v);
     }
     if (s >= 0) em_guard_src_stable(T->gb, s);

@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what) {
+int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what, PyObject *key) {
     const char *base = owner >= 0 ? em_tr_src_cstr(T, owner) : "<object>";
     size_t n = strlen(base) + strlen(what) + 1;
     char *how = em_arena_alloc(T->arena, n);
@@ -19,13 +19,18 @@ int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what)
     }
     strcpy(how, base);
     strcat(how, what);
-    return em_tr_dict_version(T, dict, how);
+    return em_tr_dict_version(T, dict, how, key);
 }
 
-int em_tr_dict_version(Trace *T, PyObject *dict, const char *how) {
-    for (uint32_t i = 0; i < T->dguards.n; i++)
-        if (T->dguards.items[i].dict == dict) return 0;
-    struct TDictGuard g = {em_arena_hold(T->arena, dict), how};
+int em_tr_dict_version(Trace *T, PyObject *dict, const char *how, PyObject *key) {
+    for (uint32_t i = 0; i < T->dguards.n; i++) {
+        struct TDictGuard *g = &T->dguards.items[i];
+        if (g->dict != dict) continue;
+        if (!g->key) return 0; /* the whole dict is guarded already */
+        if (key && (g->key == key || PyUnicode_Compare(g->key, key) == 0)) return 0;
+    }
+    if (PyErr_Occurred()) PyErr_Clear(); /* a failed str compare above: keys are str here */
+    struct TDictGuard g = {em_arena_hold(T->arena, dict), how, em_arena_hold(T->arena, key)};
     if (EM_VEC_PUSH(T->arena, T->dguards, g) < 0) {
         PyErr_NoMemory();
         return -1;
@@ -34,8 +39,11 @@ int em_tr_dict_version(Trace *T, PyObject *dict, const char *how) {
 }
 
 int em_tr_flush_dict_guards(Trace *T) {
-    for (uint32_t i = 0; i < T->dguards.n; i++)
-        if (em_guard_dict_version(T->gb, T->dguards.items[i].dict, T->dguards.items[i].how) < 0) return -1;
+    for (uint32_t i = 0; i < T->dguards.n; i++) {
+        struct TDictGuard *g = &T->dguards.items[i];
+        if ((g->key ? em_guard_dict_key(T->gb, g->dict, g->key, g->how) : em_guard_dict_version(T->gb, g->dict, g->how)) < 0)
+            return -1;
+    }
     T->dguards.n = 0;
     return 0;
 }
@@ -177,7 +185,7 @@ TValue *em_tr_module_getattr(Trace *T, TValue *m, PyObject *name, int *missing) 
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "module without __dict__");
         return NULL;
     }
-    if (em_tr_guard_dict(T, idict, m->src, ".__dict__") < 0) return NULL;
+    if (em_tr_guard_dict(T, idict, m->src, ".__dict__", name) < 0) return NULL;
     PyObject *val = PyDict_GetItemWithError(idict, name);
     if (!val && PyErr_Occurred()) return NULL;
     if (val) return attr_value(T, m->src, name, val);
@@ -193,8 +201,9 @@ TValue *em_tr_module_getattr(Trace *T, TValue *m, PyObject *name, int *missing) 
     static const char *const whats[3] = {"._parameters", "._buffers", "._modules"};
     for (int i = 0; i < 3; i++) {
         PyObject *d = module_dict_entry(idict, dicts[i]);
+        if (em_tr_guard_dict(T, idict, m->src, ".__dict__", em_str(dicts[i])) < 0) return NULL;
         if (!d) continue;
-        if (em_tr_guard_dict(T, d, m->src, whats[i]) < 0) return NULL;
+        if (em_tr_guard_dict(T, d, m->src, whats[i], name) < 0) return NULL;
         val = PyDict_GetItemWithError(d, name);
         if (!val && PyErr_Occurred()) return NULL;
         if (!val) continue;
@@ -218,7 +227,9 @@ int em_tr_module_children(Trace *T, TValue *m, PyObject ***keys, TValue ***vals,
     PyObject *idict = instance_dict_borrow(m->obj);
     PyObject *d = idict ? module_dict_entry(idict, "_modules") : NULL;
     if (!d) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "module without _modules");
-    if (em_tr_guard_dict(T, idict, m->src, ".__dict__") < 0 || em_tr_guard_dict(T, d, m->src, "._modules") < 0) return -1;
+    if (em_tr_guard_dict(T, idict, m->src, ".__dict__", em_str("_modules")) < 0 ||
+        em_tr_guard_dict(T, d, m->src, "._modules", NULL) < 0)
+        return -1;
     Py_ssize_t cnt = PyDict_GET_SIZE(d), pos = 0, i = 0;
     PyObject *k, *v;
     PyObject **ks = em_arena_alloc(T->arena, sizeof(PyObject *) * (size_t)(cnt + 1));
@@ -245,16 +256,17 @@ int em_tr_module_check_hooks(Trace *T, TValue *m) {
     static const char *const names[] = {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", NULL};
     PyObject *idict = instance_dict_borrow(m->obj);
     if (!idict) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "module without __dict__");
-    if (em_tr_guard_dict(T, idict, m->src, ".__dict__") < 0) return -1;
     for (int i = 0; names[i]; i++) {
+        if (em_tr_guard_dict(T, idict, m->src, ".__dict__", em_str(names[i])) < 0) return -1;
         PyObject *d = PyDict_GetItemString(idict, names[i]);
         if (!d) continue;
         if (!PyDict_Check(d)) return em_tr_break(T, EM_BREAK_HOOKS, "%s is not a dict", names[i]);
         char what[64];
         snprintf(what, sizeof what, ".%s", names[i]);
-        if (em_tr_guard_dict(T, d, m->src, what) < 0) return -1;
+        if (em_tr_guard_dict(T, d, m->src, what, NULL) < 0) return -1;
         if (PyDict_GET_SIZE(d)) return em_tr_break(T, EM_BREAK_HOOKS, "%s has %s", Py_TYPE(m->obj)->tp_name, names[i]);
     }
+    if (em_tr_guard_dict(T, idict, m->src, ".__dict__", em_str("_compiled_call_impl")) < 0) return -1;
     PyObject *cc = PyDict_GetItemString(idict, "_compiled_call_impl");
     if (cc && cc != Py_None) return em_tr_break(T, EM_BREAK_HOOKS, "module compiled with torch.compile");
     static const char *const gnames[4] = {"torch.nn.modules.module._global_forward_hooks",
@@ -264,7 +276,7 @@ int em_tr_module_check_hooks(Trace *T, TValue *m) {
     for (int i = 0; i < 4; i++) {
         PyObject *d = em_trace_rt.global_hooks[i];
         if (!d || !PyDict_Check(d)) continue;
-        if (em_tr_dict_version(T, d, gnames[i]) < 0) return -1;
+        if (em_tr_dict_version(T, d, gnames[i], NULL) < 0) return -1;
         if (PyDict_GET_SIZE(d)) return em_tr_break(T, EM_BREAK_HOOKS, "global module hooks (%s)", gnames[i]);
     }
     return 0;
@@ -364,10 +376,11 @@ static TValue *missing_or_break(Trace *T, int *missing, PyObject *on, PyObject *
 static TValue *pymodule_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
     PyObject *d = PyModule_GetDict(v->obj);
     if (!d) return NULL;
-    if (em_tr_guard_dict(T, d, v->src, ".__dict__") < 0) return NULL;
+    if (em_tr_guard_dict(T, d, v->src, ".__dict__", name) < 0) return NULL;
     PyObject *val = PyDict_GetItemWithError(d, name);
     if (!val && PyErr_Occurred()) return NULL;
     if (!val) {
+        if (em_tr_guard_dict(T, d, v->src, ".__dict__", em_str("__getattr__")) < 0) return NULL;
         if (PyDict_GetItemString(d, "__getattr__")) {
             em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "module attribute .%U provided by __getattr__", name);
             return NULL;
@@ -463,7 +476,7 @@ static TValue *object_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
     }
     PyObject *idict = instance_dict_borrow(o);
     if (idict) {
-        if (em_tr_guard_dict(T, idict, v->src, ".__dict__") < 0) return NULL;
+        if (em_tr_guard_dict(T, idict, v->src, ".__dict__", name) < 0) return NULL;
         PyObject *val = PyDict_GetItemWithError(idict, name);
         if (!val && PyErr_Occurred()) return NULL;
         if (val) return attr_value(T, v->src, name, val);

@@ -192,7 +192,7 @@ typedef struct Trace {
     struct { TNode *items; uint32_t n, cap; } nodes;  /* items[0] unused */
     struct { uint32_t *items; uint32_t n, cap; } inputs;
     struct { TValue **items; uint32_t n, cap; } by_src;  /* GuardSrc -> wrapped value */
-    struct { struct TDictGuard { PyObject *dict; const char *how; } *items; uint32_t n, cap; } dguards;
+    struct { struct TDictGuard { PyObject *dict; const char *how; PyObject *key; } *items; uint32_t n, cap; } dguards;
     long loop_iters, ninstr;
     bool broke;
     bool grad_enabled;
@@ -311,12 +311,15 @@ TValue *em_tr_module_getattr(Trace *T, TValue *m, PyObject *name, int *missing);
 int em_tr_module_children(Trace *T, TValue *m, PyObject ***keys, TValue ***vals, uint32_t *n);
 /* Guards/ checks the hook dicts of a module before inlining its forward. -1 on break. */
 int em_tr_module_check_hooks(Trace *T, TValue *m);
-int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what);
-/* Records a DICT_VERSION guard. The guards are added to the builder when the trace ends
- * (em_tr_flush_dict_guards), after every meta call: running torch ops may import submodules
- * lazily, which bumps the version tag of torch.__dict__ and would make the entry fail its own
- * guards if the tag were read before. */
-int em_tr_dict_version(Trace *T, PyObject *dict, const char *how);
+/* Records that the trace read dict[key] (or, key == NULL, depends on the whole dict: iteration,
+ * emptiness of hook dicts). owner/what name the dict for rendering (owner's source + what). */
+int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what, PyObject *key);
+/* Records a dict-version guard on dict[key] (key == NULL: the whole dict). The guards are added
+ * to the builder when the trace ends (em_tr_flush_dict_guards), after every meta call: running
+ * torch ops may import submodules lazily, which bumps the version tag of torch.__dict__ and would
+ * make the entry fail its own guards if the tag were read before. Keyed guards survive unrelated
+ * changes of the dict (em_guard_dict_key), e.g. Inductor importing into torch.__dict__. */
+int em_tr_dict_version(Trace *T, PyObject *dict, const char *how, PyObject *key);
 int em_tr_flush_dict_guards(Trace *T);
 
 #endif /* EM_TRACE_INT_H */
