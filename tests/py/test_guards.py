@@ -325,8 +325,6 @@ def test_closure_cell_rebinding_recompiles():
     assert_same(c(x), x * -1.0 + w)
 
 
-@pytest.mark.xfail(strict=True, reason="the tracer guards f_globals with a whole-dict version (load_global in "
-                   "csrc/trace/em_trace.c); em_guard_dict_key(globals, name) guards just the names read")
 def test_unrelated_global_rebinding_keeps_the_entry():
     """A loop at module level rebinds its variable in the function's globals on every iteration;
     that must not recompile (Dynamo guards the globals a function reads, not the whole dict)."""
