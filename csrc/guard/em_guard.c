@@ -460,6 +460,57 @@ static unsigned int type_tag(PyTypeObject *tp) {
     return tp->tp_version_tag;
 }
 
+/* A snapshot of what attribute lookup on tp sees: (tp.__mro__, (copy of each MRO class's
+ * __dict__, ...)). A type's version tag also changes when an attribute is set and set back (torch.fx
+ * patches nn.Module.__call__ / __getattr__ while it traces, so every module class gets a new tag),
+ * so a changed tag is re-verified against this snapshot before the guard fails. New reference. */
+static PyObject *type_snapshot(PyTypeObject *tp) {
+    PyObject *mro = tp->tp_mro;
+    if (!mro || !PyTuple_Check(mro)) return Py_NewRef(Py_None);
+    Py_ssize_t n = PyTuple_GET_SIZE(mro);
+    PyObject *dicts = PyTuple_New(n);
+    if (!dicts) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = ((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_dict;
+        PyObject *c = d ? PyDict_Copy(d) : Py_NewRef(Py_None);
+        if (!c) {
+            Py_DECREF(dicts);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(dicts, i, c);
+    }
+    PyObject *r = PyTuple_Pack(2, mro, dicts);
+    Py_DECREF(dicts);
+    return r;
+}
+
+/* Does tp's MRO still hold exactly the attributes of the snapshot (same classes, same keys, the
+ * same objects)? Costs one walk over the MRO dicts; runs only after the tag changed. */
+static int type_snapshot_matches(PyTypeObject *tp, PyObject *snap) {
+    if (!snap || !PyTuple_Check(snap)) return 0;
+    PyObject *mro = PyTuple_GET_ITEM(snap, 0), *dicts = PyTuple_GET_ITEM(snap, 1);
+    if (tp->tp_mro != mro) { /* the same classes, possibly in a new tuple object */
+        if (!tp->tp_mro || PyTuple_GET_SIZE(tp->tp_mro) != PyTuple_GET_SIZE(mro)) return 0;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++)
+            if (PyTuple_GET_ITEM(tp->tp_mro, i) != PyTuple_GET_ITEM(mro, i)) return 0;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+        PyObject *now = ((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_dict, *then = PyTuple_GET_ITEM(dicts, i);
+        if (!now || !PyDict_Check(then)) return 0;
+        if (PyDict_GET_SIZE(now) != PyDict_GET_SIZE(then)) return 0;
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(then, &pos, &k, &v)) {
+            PyObject *cur = PyDict_GetItemWithError(now, k);
+            if (cur != v) {
+                PyErr_Clear();
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
 int em_guard_type_version(GuardBuilder *b, PyTypeObject *tp) {
     if (!b || !tp) return bad_arg("type version guard without a type");
     int r = leaf_present(b, GUARD_TYPE_VERSION, -1, tp);
@@ -467,8 +518,9 @@ int em_guard_type_version(GuardBuilder *b, PyTypeObject *tp) {
     if (!em_guard_state.s_module && em_guard_init(NULL) < 0) return -1;
     /* A tag of 0 is kept: the guard then fails at every check (a recompile, never a wrong hit). */
     BLeaf l = {.kind = GUARD_TYPE_VERSION, .src = -1, .obj = em_arena_hold(b->a, (PyObject *)tp), .tag = type_tag(tp)};
-    if (!l.obj) {
-        PyErr_NoMemory();
+    l.obj2 = em_arena_hold_steal(b->a, type_snapshot(tp));
+    if (!l.obj || !l.obj2) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
         return -1;
     }
     return leaf_push(b, l, tp);
@@ -636,7 +688,7 @@ GuardSet *em_guard_build(GuardBuilder *b) {
             }
             g->sub = 0;
             g->aux = info;
-        } else if (l->kind == GUARD_DICT_KEYS) {
+        } else if (l->kind == GUARD_DICT_KEYS || l->kind == GUARD_TYPE_VERSION) {
             g->aux = HOLD(l->obj2);
         } else if (l->kind == GUARD_TENSOR_MATCH) {
             EmTensorMeta *m = em_guard_tensor_meta_copy(l->aux, tm);
@@ -845,12 +897,17 @@ static int dict_leaf_passes(GLeaf *g) {
 }
 
 /* One leaf that reads a source (every kind but DICT_VERSION). 1 pass, 0 fail. */
-static int leaf_passes(const GuardSet *gs, const GLeaf *g, PyObject **vals, const EmFrameView *fv) {
+static int leaf_passes(const GuardSet *gs, GLeaf *g, PyObject **vals, const EmFrameView *fv) {
     PyObject *v = NULL;
     if (g->src >= 0 && !(v = resolve(gs, vals, fv, g->src))) return 0;
     switch ((GuardKind)g->kind) {
-    case GUARD_TYPE_VERSION:
-        return g->tag != 0 && ((PyTypeObject *)g->obj)->tp_version_tag == g->tag;
+    case GUARD_TYPE_VERSION: {
+        PyTypeObject *tp = (PyTypeObject *)g->obj;
+        if (g->tag != 0 && tp->tp_version_tag == g->tag) return 1;
+        if (!type_snapshot_matches(tp, (PyObject *)g->aux)) return 0;
+        g->tag = type_tag(tp); /* same attributes under a new tag: remember it */
+        return g->tag != 0;
+    }
     case GUARD_ID_MATCH:
         return v == g->obj;
     case GUARD_TYPE_MATCH:

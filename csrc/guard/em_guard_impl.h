@@ -153,7 +153,8 @@ typedef struct GLeaf {
                        dict; GLOBAL_STATE: the default dtype */
     uint64_t tag;   /* DICT_VERSION / TYPE_VERSION: version (a keyed DICT_VERSION leaf moves it
                        forward when its keys are found unchanged); LEN: length */
-    const void *aux; /* DICT_VERSION: GDictInfo *; DICT_KEYS: the exact type; TENSOR_MATCH: EmTensorMeta * */
+    const void *aux; /* DICT_VERSION: GDictInfo *; DICT_KEYS: the exact type; TYPE_VERSION: snapshot
+                        (mro, dict copies) re-verified when the tag changed; TENSOR_MATCH: EmTensorMeta * */
 } GLeaf;
 
 struct GuardSet {
