@@ -386,6 +386,33 @@ static int dict_watch_event(PyDict_WatchEvent event, PyObject *dict, PyObject *k
 #else
 /* PEP 509: a new, globally unique tag on every mutation. */
 static inline uint64_t dict_tag(PyObject *d) { return ((PyDictObject *)d)->ma_version_tag; }
+
+/* 3.11 has no dict watchers, but every dict mutation anywhere takes its new tag from one global
+ * counter (Include/internal/pycore_dict.h, DICT_NEXT_VERSION; Objects/dictobject.c). The counter is
+ * not exported; mutating a private probe dict reads it: the probe's new tag is the counter. If it
+ * is exactly one more than the previous probe's, no dict in the process changed in between, so
+ * the epoch stays and every guard set that passed its dict group at this epoch skips the group
+ * (the same one-compare steady state as the 3.12 watchers). Any mutation in between moves the
+ * epoch and costs each guard set one exact re-check. */
+static uint64_t dict_probe_epoch(void) {
+    EmGuardState *st = &em_guard_state;
+    if (!st->probe_dict) {
+        st->probe_dict = PyDict_New();
+        if (!st->probe_dict) {
+            PyErr_Clear();
+            return ++st->dict_epoch;
+        }
+    }
+    st->probe_flip ^= 1; /* a changed value: insertdict assigns a new tag */
+    if (PyDict_SetItem(st->probe_dict, st->s_module, st->probe_flip ? Py_True : Py_False) < 0) {
+        PyErr_Clear();
+        return ++st->dict_epoch;
+    }
+    uint64_t v = dict_tag(st->probe_dict);
+    if (v != st->probe_last + 1) st->dict_epoch++;
+    st->probe_last = v;
+    return st->dict_epoch;
+}
 #endif
 
 /* The DICT_VERSION leaf of dict, created on first use (sub = 1: whole dict, 0: keyed). */
@@ -945,12 +972,13 @@ int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int 
 #if EM_PY312
     uint64_t epoch = em_guard_state.dict_epoch;
     if (gs->dict_epoch == epoch && em_guard_state.watcher_id >= 0) i = gs->ndict;
+#else
+    uint64_t epoch = gs->ndict ? dict_probe_epoch() : 0;
+    if (gs->dict_epoch == epoch) i = gs->ndict;
 #endif
     for (; i < gs->ndict; i++)
         if (!dict_leaf_passes(&gs->leaf[i])) goto fail;
-#if EM_PY312
     gs->dict_epoch = epoch;
-#endif
     for (; i < gs->nleaf; i++)
         if (!leaf_passes(gs, &gs->leaf[i], vals, fv)) goto fail;
     for (uint32_t k = 0; k < gs->nfetch; k++)
@@ -1042,6 +1070,7 @@ void em_guard_fini(void) {
 #if EM_PY312
     if (st->watcher_id >= 0 && PyDict_ClearWatcher(st->watcher_id) < 0) PyErr_Clear();
 #endif
+    Py_CLEAR(st->probe_dict);
     Py_CLEAR(st->tensor_type);
     Py_CLEAR(st->is_grad_enabled);
     Py_CLEAR(st->is_autocast_enabled);

@@ -160,7 +160,8 @@ typedef struct GLeaf {
 struct GuardSet {
     uint32_t nsrc, nleaf, nfetch, nheld;
     uint32_t ndict;       /* leaves [0, ndict) are DICT_VERSION */
-    uint64_t dict_epoch;  /* 3.12: watcher epoch at which the DICT_VERSION group last passed */
+    uint64_t dict_epoch;  /* epoch (3.12: dict watcher; 3.11: probe of the global dict version
+                             counter) at which the DICT_VERSION group last passed */
     GSrc *src;
     GLeaf *leaf;
     int32_t *fetch;       /* fetch slot -> source */
@@ -180,7 +181,11 @@ typedef struct EmGuardState {
     PyObject *s_requires_grad, *s_is_conj, *s_is_neg, *s_shape, *s_stride, *s_dtype, *s_device, *s_layout,
         *s_dlpack_api, *s_module, *s_qualname;
     int watcher_id;              /* 3.12 dict watcher, -1 if none */
-    uint64_t dict_epoch;         /* bumped on every event of a watched dict */
+    uint64_t dict_epoch;         /* 3.12: bumped on every event of a watched dict; 3.11: bumped
+                                    when the probe saw another dict change (em_guard.c) */
+    PyObject *probe_dict;        /* 3.11: the private dict whose tag reads the global counter */
+    uint64_t probe_last;
+    int probe_flip;
 } EmGuardState;
 
 extern EmGuardState em_guard_state;
