@@ -8,7 +8,7 @@ import torch
 class GatedProjection(torch.nn.Module):
     def __init__(self, width=6):
         super().__init__()
-        gen = torch.Generator().manual_seed(7)
+        gen = torch.Generator(device=torch.get_default_device()).manual_seed(7)
         self.gain = torch.nn.Parameter(torch.rand(width, generator=gen))
         self.proj = torch.nn.Linear(width, width)
 

@@ -487,6 +487,19 @@ static unsigned int type_tag(PyTypeObject *tp) {
     return tp->tp_version_tag;
 }
 
+/* The attribute dict of one class (new reference, or NULL without exception if it has none).
+ * 3.12 keeps the dicts of static builtin types (object, int ...) in the interpreter, not in
+ * tp_dict (Objects/typeobject.c, _PyType_GetDict): PyType_GetDict reads both kinds. */
+static PyObject *class_dict(PyTypeObject *t) {
+#if EM_PY312
+    PyObject *d = PyType_GetDict(t);
+    if (!d) PyErr_Clear();
+    return d;
+#else
+    return t->tp_dict ? Py_NewRef(t->tp_dict) : NULL;
+#endif
+}
+
 /* A snapshot of what attribute lookup on tp sees: (tp.__mro__, (copy of each MRO class's
  * __dict__, ...)). A type's version tag also changes when an attribute is set and set back (torch.fx
  * patches nn.Module.__call__ / __getattr__ while it traces, so every module class gets a new tag),
@@ -498,8 +511,9 @@ static PyObject *type_snapshot(PyTypeObject *tp) {
     PyObject *dicts = PyTuple_New(n);
     if (!dicts) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *d = ((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_dict;
+        PyObject *d = class_dict((PyTypeObject *)PyTuple_GET_ITEM(mro, i));
         PyObject *c = d ? PyDict_Copy(d) : Py_NewRef(Py_None);
+        Py_XDECREF(d);
         if (!c) {
             Py_DECREF(dicts);
             return NULL;
@@ -522,18 +536,19 @@ static int type_snapshot_matches(PyTypeObject *tp, PyObject *snap) {
             if (PyTuple_GET_ITEM(tp->tp_mro, i) != PyTuple_GET_ITEM(mro, i)) return 0;
     }
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
-        PyObject *now = ((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_dict, *then = PyTuple_GET_ITEM(dicts, i);
-        if (!now || !PyDict_Check(then)) return 0;
-        if (PyDict_GET_SIZE(now) != PyDict_GET_SIZE(then)) return 0;
+        PyObject *now = class_dict((PyTypeObject *)PyTuple_GET_ITEM(mro, i)), *then = PyTuple_GET_ITEM(dicts, i);
+        int same = now && PyDict_Check(then) && PyDict_GET_SIZE(now) == PyDict_GET_SIZE(then);
         Py_ssize_t pos = 0;
         PyObject *k, *v;
-        while (PyDict_Next(then, &pos, &k, &v)) {
+        while (same && PyDict_Next(then, &pos, &k, &v)) {
             PyObject *cur = PyDict_GetItemWithError(now, k);
             if (cur != v) {
                 PyErr_Clear();
-                return 0;
+                same = 0;
             }
         }
+        Py_XDECREF(now);
+        if (!same) return 0;
     }
     return 1;
 }

@@ -6,6 +6,7 @@ must be bitwise equal to eager PyTorch (rtol = atol = 0), strides included; othe
 compared with assert_close's default tolerances.
 """
 import copy
+import os
 
 import pytest
 import torch
@@ -15,6 +16,12 @@ import ember
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: compiles with Inductor or runs long; deselect with -m 'not slow'")
+    # EMBER_TEST_DEVICE=cuda runs the whole suite with CUDA tensors: every factory call in the tests
+    # (torch.randn, nn.Linear(...) parameters ...) then makes tensors on that device. Used on the GPU
+    # machine (tools/gpu_check.sh); without the device the suite runs on CPU.
+    device = os.environ.get("EMBER_TEST_DEVICE")
+    if device:
+        torch.set_default_device(device)
 
 
 _CONFIG_FIELDS = [k for k in ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions")
