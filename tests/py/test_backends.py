@@ -147,7 +147,8 @@ def test_cuda_eager_backend():
 
 @cuda
 def test_cuda_device_change_recompiles(counting_backend):
-    c = run_both(pointwise, [(X, Y), (X.cuda(), Y.cuda()), (X, Y)], backend=counting_backend)
+    x, y = X.cpu(), Y.cpu()
+    c = run_both(pointwise, [(x, y), (x.cuda(), y.cuda()), (x, y)], backend=counting_backend)
     assert counting_backend.count == 2
     assert len(entries(c)) == 2
 

@@ -12,9 +12,11 @@ from conftest import assert_same, entries
 def _run_threads(target, n=4):
     errors = []
     barrier = threading.Barrier(n)
+    device = torch.get_default_device()  # thread-local in torch: carry the suite's device over
 
     def wrap(i):
         try:
+            torch.set_default_device(device)
             barrier.wait()
             target(i)
         except BaseException as e:  # reported to the main thread below
@@ -95,7 +97,10 @@ def test_thread_without_ember_is_untouched():
     started, stop = threading.Event(), threading.Event()
     results = []
 
+    device = torch.get_default_device()
+
     def other():
+        torch.set_default_device(device)
         x = torch.ones(3)
         started.set()
         while not stop.is_set():
