@@ -252,6 +252,22 @@ static void raise_fullgraph(PyCodeObject *code, const EmBreakInfo *b) {
     Py_DECREF(where);
 }
 
+/* Turns a graph entry into a fallback entry (reason and detail recorded in its info dict). */
+static int mark_fallback(CacheEntry *e, EmBreak reason, PyObject *detail) {
+    e->kind = ENTRY_FALLBACK;
+    Py_CLEAR(e->compiled);
+    PyObject *name = PyUnicode_FromString(em_break_name(reason)), *text = PyUnicode_FromString(em_break_text(reason));
+    int r = !name || !text || PyDict_SetItemString(e->info, "kind", em_str("fallback")) < 0 ||
+                    PyDict_SetItemString(e->info, "reason", name) < 0 ||
+                    PyDict_SetItemString(e->info, "reason_text", text) < 0 ||
+                    PyDict_SetItemString(e->info, "detail", detail) < 0
+                ? -1
+                : 0;
+    Py_XDECREF(name);
+    Py_XDECREF(text);
+    return r;
+}
+
 /* A fallback entry not stored in the cache (cache_size_limit reached): one static object that
  * callers recognise by its kind; it owns nothing. */
 static CacheEntry limit_entry = {.kind = ENTRY_FALLBACK};
@@ -348,10 +364,18 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         /* the fresh entry must answer this very call: evaluate its guards to fill fetched */
         int failed = -1;
         if (em_guard_check(e->guards, fv, fetched, &failed) != 1) {
-            /* guards that fail on the inputs they were made from are a tracer bug: never run it */
-            PyErr_Format(PyExc_RuntimeError, "ember internal error: a new cache entry's guard %d fails on its own inputs",
-                         failed);
-            return NULL;
+            /* Guards that fail on the inputs they were made from (an ember bug, or a backend that
+             * changed what the guards read while compiling): the graph must never run on trust.
+             * The entry becomes a fallback with the reason recorded; the call runs eagerly. */
+            PyObject *guard = failed >= 0 ? em_guard_render_one(e->guards, failed) : NULL;
+            PyObject *detail = PyUnicode_FromFormat("guard fails on the inputs it was made from: %S",
+                                                    guard ? guard : em_str("?"));
+            Py_XDECREF(guard);
+            if (!detail || mark_fallback(e, EM_BREAK_INTERNAL, detail) < 0) {
+                Py_XDECREF(detail);
+                return NULL;
+            }
+            Py_DECREF(detail);
         }
     }
     return e;
