@@ -156,3 +156,25 @@ def test_compiled_object_is_collectable():
     del c
     gc.collect()
     assert r() is None
+
+
+def test_cache_entries_are_freed_with_their_code_object():
+    """The cache lives in the code object's co_extra: when the code object dies, its entries and
+    everything their guards hold (here an ID-matched module) are released."""
+    import gc
+    import weakref
+
+    namespace = {}
+    exec(compile("def f(x, mod):\n    return mod(x) + 1\n", "<ember-leak-test>", "exec"), namespace)
+    f = namespace.pop("f")
+    mod = torch.nn.Linear(3, 3)
+    alive = weakref.ref(mod)
+    code = weakref.ref(f.__code__)
+    c = ember.compile(f)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(c(x, mod), f(x, mod))
+    assert [e["kind"] for e in ember.cache_info(c)] == ["graph"]
+    del c, f, mod
+    gc.collect()
+    assert code() is None, "the code object outlived its function"
+    assert alive() is None, "a cache entry kept the module alive after its code object died"
