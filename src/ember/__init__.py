@@ -82,12 +82,19 @@ def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None
 
 
 def _compile_module(mod: torch.nn.Module, backend, key, fullgraph):
-    """A module sharing mod's __dict__ whose class's __call__ is the compiled forward."""
-    forward = type(mod).forward
-    if not isinstance(forward, types.FunctionType):
-        raise TypeError(f"ember.compile: {type(mod).__name__}.forward is not a Python function")
-    cf = _C.CompiledFunction(forward, backend, key, bool(fullgraph), self=mod, module=mod)
+    """A module sharing mod's __dict__ whose class's __call__ is the compiled forward (or the
+    compiled __call__, when the class overrides nn.Module.__call__)."""
     cls = type(mod)
+    if cls.__call__ is torch.nn.Module.__call__:
+        forward = cls.forward
+        if not isinstance(forward, types.FunctionType):
+            raise TypeError(f"ember.compile: {cls.__name__}.forward is not a Python function")
+        cf = _C.CompiledFunction(forward, backend, key, bool(fullgraph), self=mod, module=mod)
+    else:
+        call = cls.__call__
+        if not isinstance(call, types.FunctionType):
+            raise TypeError(f"ember.compile: {cls.__name__}.__call__ is not a Python function")
+        cf = _C.CompiledFunction(call, backend, key, bool(fullgraph), self=mod, module=mod)
     # one subclass per compiled module: the compiled call lives on the class (slot_tp_call finds
     # it there), so instances need no extra state and share the original's __dict__
     sub = type(f"Compiled{cls.__name__}", (cls,), {

@@ -376,3 +376,24 @@ def _line_of(fn, marker):
         if marker in text:
             return start + i
     raise AssertionError(marker)
+
+
+def test_module_with_its_own_call_runs_that_call():
+    """A class that overrides nn.Module.__call__ gets its __call__ compiled, not forward."""
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.lin(x)
+
+        def __call__(self, x, scale=2.0):
+            return super().__call__(x) * scale
+
+    m = Scaled()
+    c = ember.compile(m)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(c(x), m(x), rtol=0, atol=0)
+    torch.testing.assert_close(c(x, scale=3.0), m(x, scale=3.0), rtol=0, atol=0)
+    assert ember.cache_info(c), "the compiled __call__ has cache entries"
