@@ -397,3 +397,24 @@ def test_module_with_its_own_call_runs_that_call():
     torch.testing.assert_close(c(x), m(x), rtol=0, atol=0)
     torch.testing.assert_close(c(x, scale=3.0), m(x, scale=3.0), rtol=0, atol=0)
     assert ember.cache_info(c), "the compiled __call__ has cache entries"
+
+
+def test_decorated_forward_in_class_body():
+    """`@ember.compile` on forward inside the class (the depyf tutorial's form): Module.__call__
+    runs as usual and calls the compiled forward bound to each instance."""
+    class Adder(torch.nn.Module):
+        def __init__(self, i):
+            super().__init__()
+            self.i = i
+
+        @ember.compile
+        def forward(self, x):
+            return x + self.i
+
+    a, b = Adder(1), Adder(2)
+    x = torch.randn(4)
+    for m, k in ((a, 1), (b, 2), (a, 1)):
+        torch.testing.assert_close(m(x), x + k, rtol=0, atol=0)
+    info = ember.cache_info(Adder.forward)
+    assert [e["kind"] for e in info] == ["graph", "graph"], info
+    assert sum(e["hits"] for e in info) >= 1
