@@ -45,6 +45,7 @@ typedef struct ExtraState {
     int nentries;
     int warned_limit;        /* the cache_size_limit warning was given for this code */
     int skip;                /* never compile this code (ember's own code, ember.disable) */
+    int max_fetch;           /* the most fetch slots any entry uses: lookups need that much room */
 } ExtraState;
 
 /* ---- cache (em_hook_cache.c) ---- */

@@ -57,6 +57,7 @@ static void entries_free(ExtraState *es) {
     es->head = NULL;
     es->nentries = 0;
     es->warned_limit = 0;
+    es->max_fetch = 0;
 }
 
 /* co_extra free function: called by CPython when the code object is deallocated. */
@@ -360,6 +361,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     e->next = es->head;
     es->head = e;
     es->nentries++;
+    if (em_guard_nfetch(e->guards) > es->max_fetch) es->max_fetch = em_guard_nfetch(e->guards);
     if (e->kind == ENTRY_GRAPH) {
         /* the fresh entry must answer this very call: evaluate its guards to fill fetched */
         int failed = -1;

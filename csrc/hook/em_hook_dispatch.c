@@ -197,12 +197,24 @@ static PyObject *cf_vectorcall(PyObject *self, PyObject *const *args, size_t nar
         return call_original(cf, args, nargs, kwnames); /* raises eager's TypeError */
     }
     EmFrameView fv = {locals, nparams, fn->func_globals, fn->func_builtins, fn->func_closure};
-    PyObject *fetched[EM_MAX_FETCH];
+    /* fetch slots: a small stack buffer on the common path; EM_MAX_FETCH slots (heap) when an
+     * entry needs more, or when compiling (the new entry's needs are not known yet) */
+    PyObject *fetched_small[64], **fetched = fetched_small, **fetched_heap = NULL;
     PyObject *result = NULL;
     CacheEntry *failed_entry = NULL;
     int failed_guard = -1;
+    if (es->max_fetch > 64) {
+        if (!(fetched = fetched_heap = PyMem_Malloc(EM_MAX_FETCH * sizeof(PyObject *)))) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
     CacheEntry *e = em_cache_lookup(es, &fv, cf->cfg.backend_key, fetched, &failed_entry, &failed_guard);
     if (!e) {
+        if (!fetched_heap && !(fetched = fetched_heap = PyMem_Malloc(EM_MAX_FETCH * sizeof(PyObject *)))) {
+            PyErr_NoMemory();
+            goto done;
+        }
         em_hook_disable_enter(); /* tracing and backend compilation run no user frames through ember */
         e = em_cache_compile(es, cf->func, code, &fv, &cf->cfg, fetched);
         em_hook_disable_exit();
@@ -216,6 +228,7 @@ static PyObject *cf_vectorcall(PyObject *self, PyObject *const *args, size_t nar
         result = run_fallback(cf, code, args, nargs, kwnames);
     }
 done:
+    PyMem_Free(fetched_heap);
     for (Py_ssize_t i = 0; i < nparams; i++) Py_XDECREF(locals[i]);
     if (locals != small) PyMem_Free(locals);
     return result;
