@@ -418,3 +418,19 @@ def test_decorated_forward_in_class_body():
     info = ember.cache_info(Adder.forward)
     assert [e["kind"] for e in info] == ["graph", "graph"], info
     assert sum(e["hits"] for e in info) >= 1
+
+
+def test_many_graph_inputs():
+    """An entry with more fetch slots than dispatch's stack buffer (64) takes the heap path."""
+    def total(xs):
+        s = xs[0]
+        for x in xs[1:]:
+            s = s + x
+        return s
+
+    c = ember.compile(total)
+    xs = [torch.randn(2) for _ in range(80)]
+    for _ in range(3):
+        torch.testing.assert_close(c(xs), total(xs), rtol=0, atol=0)
+    (entry,) = ember.cache_info(c)
+    assert entry["kind"] == "graph" and entry["hits"] >= 2, entry
