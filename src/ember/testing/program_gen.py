@@ -1,0 +1,641 @@
+"""Generated-program differential testing: random PyTorch functions compiled with ember vs eager.
+
+A seeded generator builds the Python source of a random function (pointwise chains, reductions,
+views, matmul, branches on shapes and on tensor values, loops, closures, nn.Module calls, in-place
+ops on inputs, tuple/list/dict returns); every statement is kept only if eager PyTorch runs it on
+every input shape set (a few statements that raise are kept on purpose, to compare exceptions).
+Each program is compiled with ember.compile(backend="eager"), called on 2-3 shape sets (so it
+recompiles) and compared with eager, bitwise: outputs, dtypes, shapes, strides, the inputs after
+the call (each side gets its own deep copy), exceptions (type and message).
+
+Classes: pass, fallback (equal to eager; ember ran a frame as Python), wrong (different values,
+dtypes, shapes, structure or mutated inputs), crash (an exception where eager had none, or of
+another type), mismatch (eager raised and the compiled call did not, or with another message).
+
+A failing program is shrunk (statements, returned values, shape sets and sizes removed while the
+same class of failure persists) and can be saved as tests/regressions/gen_<seed>.py.
+
+    python -m ember.testing.program_gen --count 2000 --seed 0 [--time-budget S] [--json PATH]
+        [--save-dir tests/regressions] [--verbose]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+CLASSES = ("pass", "fallback", "wrong", "crash", "mismatch")
+FAILURES = ("wrong", "crash", "mismatch")
+
+
+# ---------------------------------------------------------------------------------------------
+# The program model: inputs, shape sets, statements, returned values
+
+
+@dataclass
+class Input:
+    name: str
+    kind: str          # "tensor", "list" (a list of tensors), "linear", "layernorm"
+    dims: list         # tensor: symbols ("a", "b") or ints; list: list of such dim lists
+    dtype: str = "torch.float32"
+    extra: tuple = ()  # modules: constructor arguments
+
+
+@dataclass
+class Stmt:
+    lines: list        # source lines, indented relative to the function body
+    defines: str | None
+
+
+@dataclass
+class Program:
+    seed: int
+    inputs: list
+    shape_sets: list   # list of {symbol: int}
+    stmts: list = field(default_factory=list)
+    ret: tuple = ("tuple", [])   # (kind, names): kind in single / tuple / list / dict
+    globals_: list = field(default_factory=list)  # (name, ctor source) modules closed over
+
+    def copy(self) -> "Program":
+        return copy.deepcopy(self)
+
+    # -- rendering ------------------------------------------------------------------------
+    def params(self) -> list:
+        return [i.name for i in self.inputs]
+
+    def body_source(self, ret_expr: str) -> str:
+        lines = [f"def program({', '.join(self.params())}):"]
+        for s in self.stmts:
+            lines += ["    " + ln for ln in s.lines]
+        lines.append(f"    return {ret_expr}")
+        return "\n".join(lines) + "\n"
+
+    def ret_expr(self) -> str:
+        kind, names = self.ret
+        if not names:
+            return "None"
+        if kind == "single":
+            return names[0]
+        if kind == "list":
+            return "[" + ", ".join(names) + "]"
+        if kind == "dict":
+            return "{" + ", ".join(f"{n!r}: {n}" for n in names) + "}"
+        return "(" + ", ".join(names) + ",)"
+
+    def globals_source(self) -> str:
+        if not self.globals_:
+            return ""
+        lines = [f"torch.manual_seed({self.seed})"]
+        lines += [f"{n} = {src}" for n, src in self.globals_]
+        return "\n".join(lines) + "\n"
+
+    def inputs_source(self) -> str:
+        lines = ["def inputs():", f"    torch.manual_seed({self.seed})", "    calls = []"]
+        for ss in self.shape_sets:
+            items = [_input_expr(i, ss) for i in self.inputs]
+            lines.append(f"    calls.append(({''.join(x + ', ' for x in items)}))")
+        lines.append("    return calls")
+        return "\n".join(lines) + "\n"
+
+    def source(self) -> str:
+        return ("import torch\n\n" + self.globals_source() + "\n\n" + self.body_source(self.ret_expr()) +
+                "\n\n" + self.inputs_source())
+
+
+def _shape(dims, ss) -> tuple:
+    return tuple(ss[d] if isinstance(d, str) else d for d in dims)
+
+
+def _input_expr(inp: Input, ss) -> str:
+    if inp.kind == "tensor":
+        return f"torch.randn({_shape(inp.dims, ss)}, dtype={inp.dtype})"
+    if inp.kind == "list":
+        return "[" + ", ".join(f"torch.randn({_shape(d, ss)}, dtype={inp.dtype})" for d in inp.dims) + "]"
+    if inp.kind == "linear":
+        return f"torch.nn.Linear({inp.extra[0]}, {inp.extra[1]})"
+    if inp.kind == "layernorm":
+        return f"torch.nn.LayerNorm({inp.extra[0]})"
+    raise ValueError(inp.kind)
+
+
+def load_source(src: str, filename: str) -> dict:
+    """Executes program source text in a fresh namespace (program and inputs defined there)."""
+    ns = {"__name__": "ember_generated"}
+    exec(compile(src, filename, "exec"), ns)  # noqa: S102 - our own generated text
+    return ns
+
+
+# ---------------------------------------------------------------------------------------------
+# Running and comparing
+
+
+class Outcome:
+    __slots__ = ("value", "exc", "args_after")
+
+    def __init__(self, value=None, exc=None, args_after=None):
+        self.value, self.exc, self.args_after = value, exc, args_after
+
+
+def call(fn, args) -> Outcome:
+    try:
+        value = fn(*args)
+        return Outcome(value=value, args_after=args)
+    except Exception as e:  # noqa: BLE001 - the exception is the result being compared
+        return Outcome(exc=e, args_after=args)
+
+
+def _exc_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
+def compare(exp, got, where="output") -> str | None:
+    """None if got equals exp exactly (containers, tensor metadata and bits, modules' state),
+    else the first difference."""
+    if isinstance(exp, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return f"{where}: got {type(got).__name__}, expected a tensor"
+        for what, a, b in (("dtype", exp.dtype, got.dtype), ("shape", tuple(exp.shape), tuple(got.shape)),
+                           ("device", exp.device, got.device), ("requires_grad", exp.requires_grad, got.requires_grad),
+                           ("stride", exp.stride(), got.stride())):
+            if a != b:
+                return f"{where}: {what} {b} vs eager {a}"
+        try:
+            torch.testing.assert_close(got, exp, rtol=0, atol=0, equal_nan=True)
+        except AssertionError as e:
+            return f"{where}: values differ: {' '.join(str(e).split())[:200]}"
+        return None
+    if isinstance(exp, torch.nn.Module):
+        if type(got) is not type(exp):
+            return f"{where}: {type(got).__name__} vs eager {type(exp).__name__}"
+        return compare(dict(exp.state_dict()), dict(got.state_dict()), where + ".state_dict()")
+    if isinstance(exp, (tuple, list)):
+        if type(got) is not type(exp) or len(got) != len(exp):
+            return f"{where}: {type(got).__name__}/{len(got) if hasattr(got, '__len__') else '-'} vs eager {type(exp).__name__}/{len(exp)}"
+        for i, (a, b) in enumerate(zip(exp, got)):
+            d = compare(a, b, f"{where}[{i}]")
+            if d:
+                return d
+        return None
+    if isinstance(exp, dict):
+        if type(got) is not type(exp) or list(got) != list(exp):
+            return f"{where}: keys {list(got) if isinstance(got, dict) else type(got).__name__} vs eager {list(exp)}"
+        for k in exp:
+            d = compare(exp[k], got[k], f"{where}[{k!r}]")
+            if d:
+                return d
+        return None
+    if type(got) is not type(exp) or got != exp:
+        return f"{where}: {got!r} vs eager {exp!r}"
+    return None
+
+
+def classify(ref: Outcome, got: Outcome) -> tuple:
+    """(class without the fallback distinction, detail)."""
+    if ref.exc is not None:
+        if got.exc is None:
+            return "mismatch", f"eager raised {_exc_text(ref.exc)}; compiled returned"
+        if type(got.exc) is not type(ref.exc):
+            return "crash", f"eager raised {_exc_text(ref.exc)}; compiled raised {_exc_text(got.exc)}"
+        if str(got.exc) != str(ref.exc):
+            return "mismatch", f"eager: {_exc_text(ref.exc)}; compiled: {_exc_text(got.exc)}"
+    elif got.exc is not None:
+        return "crash", _exc_text(got.exc)
+    else:
+        d = compare(ref.value, got.value, "output")
+        if d:
+            return "wrong", d
+    d = compare(ref.args_after, got.args_after, "arguments after the call")
+    if d:
+        return "wrong", d
+    return "pass", ""
+
+
+def check(program_fn, calls, repeat=True) -> tuple:
+    """Compiles program_fn with ember (eager backend) and runs it and eager on each argument tuple
+    of calls (each side on its own deep copy), then, with repeat, on the first tuple again (a
+    cache hit). Returns (class, detail): class in CLASSES."""
+    import ember
+    try:
+        compiled = ember.compile(program_fn, backend="eager")
+    except Exception as e:  # noqa: BLE001
+        return "crash", "ember.compile: " + _exc_text(e)
+    seq = list(calls) + ([calls[0]] if repeat and calls else [])
+    for i, args in enumerate(seq):
+        eager_args = copy.deepcopy(tuple(args))
+        comp_args = copy.deepcopy(tuple(args))
+        with ember.disable():
+            ref = call(program_fn, eager_args)
+        got = call(compiled, comp_args)
+        cls, detail = classify(ref, got)
+        if cls != "pass":
+            return cls, f"call {i}: {detail}"
+    try:
+        info = ember.cache_info(compiled)
+    except Exception as e:  # noqa: BLE001
+        return "crash", "ember.cache_info: " + _exc_text(e)
+    fb = [e for e in info if e.get("kind") == "fallback"]
+    if fb:
+        return "fallback", f"{fb[0].get('reason')}: {' '.join(str(fb[0].get('detail') or '').split())[:160]}"
+    return "pass", ""
+
+
+def run_program(prog: Program) -> tuple:
+    """(class, detail) of one generated program."""
+    import ember
+    ember.reset()
+    try:
+        ns = load_source(prog.source(), f"<ember-gen-{prog.seed}>")
+        calls = ns["inputs"]()
+    except Exception as e:  # noqa: BLE001 - a generator bug, not an ember one
+        return "crash", "harness: " + _exc_text(e)
+    try:
+        return check(ns["program"], calls)
+    finally:
+        ember.reset()
+
+
+# ---------------------------------------------------------------------------------------------
+# The generator
+
+
+class _Gen:
+    """Builds one program statement by statement; a statement is kept when eager runs the program
+    so far on every shape set (or, rarely, when it raises: then the program ends there)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.r = random.Random(seed)
+        self.n = 0
+        r = self.r
+        feat = r.choice([3, 4, 5])
+        nsets = r.choice([2, 3, 3])
+        sets = []
+        for _ in range(nsets):
+            sets.append({"a": r.randint(1, 5) if r.random() < 0.1 else r.randint(2, 5), "b": r.randint(2, 5)})
+        if r.random() < 0.2:  # the same shapes again: a guard hit, not a recompile
+            sets[-1] = dict(sets[0])
+        inputs = []
+        ntens = r.choice([1, 2, 2, 3])
+        dtype = "torch.float64" if r.random() < 0.1 else "torch.float32"
+        for k in range(ntens):
+            rank = r.choice([1, 2, 2, 3, 3])
+            dims = [r.choice(["a", "b", feat]) for _ in range(rank - 1)] + [feat if r.random() < 0.7 else r.choice(["a", "b"])]
+            inputs.append(Input(f"x{k}", "tensor", dims, dtype))
+        if r.random() < 0.2:
+            dims = [r.choice(["a", feat]), feat]
+            inputs.append(Input("xs", "list", [list(dims) for _ in range(r.choice([1, 2, 3]))], dtype))
+        self.prog = Program(seed, inputs, sets)
+        self.feat = feat
+        self.modules = []  # (expr, kind, in_features)
+        if dtype == "torch.float32":
+            if r.random() < 0.25:
+                out = r.choice([2, 3, feat])
+                inputs.append(Input("lin", "linear", [], extra=(feat, out)))
+                self.modules.append(("lin", "linear", feat))
+            if r.random() < 0.15:
+                inputs.append(Input("ln", "layernorm", [], extra=(feat,)))
+                self.modules.append(("ln", "layernorm", feat))
+            if r.random() < 0.15:
+                self.prog.globals_.append(("G_lin", f"torch.nn.Linear({feat}, {feat})"))
+                self.modules.append(("G_lin", "linear", feat))
+            if r.random() < 0.1:
+                self.prog.globals_.append(("G_ln", f"torch.nn.LayerNorm({feat})"))
+                self.modules.append(("G_ln", "layernorm", feat))
+        self.env = {}      # name -> value on shape set 0 (tensors only)
+        self.ended = False
+
+    # -- probing -----------------------------------------------------------------------------
+    def probe(self, stmts) -> tuple:
+        """Runs the body with stmts in eager on every shape set: (all ok, any ok, values on set 0)."""
+        prog = self.prog
+        names = [s.defines for s in stmts if s.defines]
+        saved = prog.stmts
+        prog.stmts = stmts
+        ret = "{" + ", ".join(f"{n!r}: {n}" for n in dict.fromkeys(names)) + "}"
+        src = "import torch\n" + prog.globals_source() + prog.body_source(ret) + prog.inputs_source()
+        prog.stmts = saved
+        try:
+            ns = load_source(src, "<probe>")
+            calls = ns["inputs"]()
+        except Exception:  # noqa: BLE001
+            return False, False, None
+        oks, first = [], None
+        for i, args in enumerate(calls):
+            try:
+                vals = ns["program"](*args)
+                oks.append(True)
+                if i == 0:
+                    first = vals
+            except Exception:  # noqa: BLE001
+                oks.append(False)
+        return all(oks), any(oks) or not all(oks), first
+
+    def fresh(self) -> str:
+        self.n += 1
+        return f"v{self.n}"
+
+    def tensors(self) -> list:
+        names = [i.name for i in self.prog.inputs if i.kind == "tensor"] + list(self.env)
+        return names
+
+    def pick(self) -> str:
+        names = self.tensors()
+        # prefer recent values: longer chains
+        if len(names) > 2 and self.r.random() < 0.6:
+            return self.r.choice(names[-3:])
+        return self.r.choice(names)
+
+    def add(self, stmt: Stmt) -> bool:
+        trial = self.prog.stmts + [stmt]
+        ok, _, vals = self.probe(trial)
+        if not ok:
+            if self.r.random() < 0.04 and len(self.prog.stmts) >= 1:
+                self.prog.stmts = trial   # keep a raising statement: exceptions are compared too
+                self.ended = True
+                return True
+            return False
+        self.prog.stmts = trial
+        if vals is not None:
+            self.env = {k: v for k, v in vals.items() if isinstance(v, torch.Tensor)}
+        return True
+
+    # -- statements ------------------------------------------------------------------------------
+    def unary_expr(self, a: str) -> str:
+        r = self.r
+        return r.choice([
+            f"torch.sin({a})", f"torch.cos({a})", f"{a}.tanh()", f"torch.sigmoid({a})", f"torch.relu({a})",
+            f"{a}.abs()", f"-{a}", f"{a} ** 2", f"torch.exp({a}.clamp(-4, 4))", f"{a} / ({a}.abs() + 1)",
+            f"{a} * {r.choice(['2', '0.5', '-1.5', '3'])}", f"{a} + {r.choice(['1', '0.25', '-2'])}",
+            f"{a} - {r.choice(['1', '0.5'])}", f"{a} / {r.choice(['2', '4.0', '-3'])}", f"torch.neg({a})",
+            f"{a}.sin().cos()", f"torch.tanh({a}) * {a}",
+        ])
+
+    def gen_stmt(self) -> Stmt:
+        r = self.r
+        v = self.fresh()
+        a = self.pick()
+        b = self.pick()
+        k = r.random()
+        if k < 0.22:
+            return Stmt([f"{v} = {self.unary_expr(a)}"], v)
+        if k < 0.34:
+            op = r.choice(["+", "*", "-", "+", "*"])
+            fn = r.choice([f"{a} {op} {b}", f"torch.add({a}, {b})", f"torch.mul({a}, {b})", f"torch.sub({a}, {b})",
+                           f"{a} / ({b}.abs() + 1)", f"torch.where({a} > 0, {a}, {b})",
+                           f"torch.where({b} > {a}, {self.unary_expr(a)}, 0.0)"])
+            return Stmt([f"{v} = {fn}"], v)
+        rank = self.env[a].dim() if a in self.env else self._input_rank(a)
+        if k < 0.44:
+            d = r.randint(-max(rank, 1), max(rank - 1, 0)) if rank else 0
+            kd = r.choice(["True", "False"])
+            red = r.choice([f"{a}.sum(dim={d}, keepdim={kd})", f"{a}.mean({d}, keepdim={kd})",
+                            f"{a}.amax(dim={d}, keepdim={kd})", f"torch.sum({a}, {d})", f"{a}.sum()",
+                            f"{a}.mean()"])
+            return Stmt([f"{v} = {red}"], v)
+        if k < 0.58:
+            perm = list(range(rank))
+            r.shuffle(perm)
+            view = r.choice([f"{a}.reshape(-1)", f"{a}.reshape({a}.shape[0], -1)", f"{a}.permute({', '.join(map(str, perm))})" if rank else f"{a}.reshape(1)",
+                             f"{a}.transpose(0, -1)", f"{a}.unsqueeze({r.randint(0, rank)})", f"{a}.squeeze(0)",
+                             f"{a}.flatten()", f"{a}[:, 1:]", f"{a}[1:]", f"{a}[0]", f"{a}[..., :2]", f"{a}[:, 0]",
+                             f"{a}.view(-1)", f"{a}.contiguous()", f"{a}.t()", f"{a}.unsqueeze(0).expand(2, *{a}.shape)",
+                             f"{a}[[0, -1]]", f"{a}[{a} > 0]", f"{a}.clone()", f"{a}.to(torch.float64)",
+                             f"({a} > 0).sum()", f"torch.cat([{a}, {b}], 0)", f"torch.stack([{a}, {b}])"])
+            return Stmt([f"{v} = {view}"], v)
+        if k < 0.64:
+            mm = r.choice([f"{a} @ {b}.transpose(-2, -1)", f"torch.matmul({a}, {b}.t())", f"{a} @ {b}",
+                           f"torch.mm({a}, {b}.t())", f"{a}.matmul({b}.mT)"])
+            return Stmt([f"{v} = {mm}"], v)
+        if k < 0.70:
+            c = r.choice(["shape[0] > 2", "shape[-1] == 4", "dim() > 1", "numel() > 8"])
+            return Stmt([f"if {a}.{c}:", f"    {v} = {self.unary_expr(a)}", "else:", f"    {v} = {self.unary_expr(b)}"], v)
+        if k < 0.74:
+            c = r.choice([f"{a}.sum() > 0", f"{a}.max() > 1", f"bool(({a} > 0).any())", f"{a}.mean().item() < 0"])
+            return Stmt([f"if {c}:", f"    {v} = {self.unary_expr(a)}", "else:", f"    {v} = {self.unary_expr(a)}"], v)
+        if k < 0.80:
+            n = r.randint(1, 4)
+            body = r.choice([f"{v} = {v} * 0.5 + i", f"{v} = torch.sin({v}) + {b}", f"{v} = {v} + {v}.sum(-1, keepdim=True) * 0.1",
+                             f"{v} = {v}.cos() if i % 2 else {v}.sin()"])
+            return Stmt([f"{v} = {a}", f"for i in range({n}):", f"    {body}"], v)
+        if k < 0.83 and any(i.kind == "list" for i in self.prog.inputs):
+            body = r.choice([f"{v} = {v} + t.sum()", f"{v} = {v} * t", f"{v} = {v} + t.mean(0)"])
+            return Stmt([f"{v} = {a}", "for t in xs:", f"    {body}"], v)
+        if k < 0.86:
+            f = f"f_{v}"
+            cap = r.choice(["0.5", "2", "-1"])
+            return Stmt([f"c_{v} = {cap}", f"def {f}(t):", f"    return {self.unary_expr('t')} * c_{v} + {b}",
+                         f"{v} = {f}({a})"], v)
+        if k < 0.91 and self.modules:
+            m, kind, _ = r.choice(self.modules)
+            return Stmt([f"{v} = {m}({a})"], v)
+        if k < 0.95:
+            inputs = [i.name for i in self.prog.inputs if i.kind == "tensor"]
+            x = r.choice(inputs)
+            op = r.choice([f"{x}.add_(1)", f"{x}[0] = 0", f"{x}.mul_({r.choice(['2', '0.5'])})", f"{x}.sub_({b})",
+                           f"{x}.clamp_(-1, 1)", f"{x}[..., 0] = {b}.sum()", f"{x}.copy_({b})"])
+            return Stmt([op], None)
+        if k < 0.98:
+            return Stmt([f"{v} = {a}.clone()", f"{v}.{r.choice(['add_(1)', 'mul_(2)', 'relu_()', 'sin_()'])}"], v)
+        return Stmt([f"{v} = [{a}, {b}]", f"{v} = {v}[0] + {v}[-1]"], v)
+
+    def _input_rank(self, name: str) -> int:
+        for i in self.prog.inputs:
+            if i.name == name:
+                return len(i.dims)
+        return 1
+
+    def build(self) -> Program:
+        r = self.r
+        target = r.randint(2, 10)
+        tries = 0
+        while len(self.prog.stmts) < target and tries < target * 6 and not self.ended:
+            tries += 1
+            self.add(self.gen_stmt())
+        names = [s.defines for s in self.prog.stmts if s.defines]
+        pool = list(dict.fromkeys(names)) or [i.name for i in self.prog.inputs if i.kind == "tensor"]
+        kind = r.choice(["single", "tuple", "tuple", "list", "dict"])
+        n = 1 if kind == "single" else r.randint(1, min(3, len(pool)))
+        picks = [pool[-1]] + r.sample(pool, n - 1) if n > 1 else [pool[-1]]
+        picks = list(dict.fromkeys(picks))
+        if kind != "single" and r.random() < 0.15 and pool:
+            picks.append(f"{pool[-1]}.shape[0]" if pool[-1] in self.env and self.env[pool[-1]].dim() else "len(x0)")
+        self.prog.ret = (kind, picks)
+        return self.prog
+
+
+def generate(seed: int) -> Program:
+    """The random program of a seed (deterministic)."""
+    return _Gen(seed).build()
+
+
+# ---------------------------------------------------------------------------------------------
+# Shrinking and saving
+
+
+def _refs(prog: Program, name: str) -> bool:
+    pat = re.compile(rf"\b{re.escape(name)}\b")
+    return any(pat.search(ln) for s in prog.stmts for ln in s.lines) or any(pat.search(n) for n in prog.ret[1])
+
+
+def shrink(prog: Program, cls: str, budget_s: float = 60.0) -> tuple:
+    """Removes statements, returned values, shape sets, inputs and shrinks sizes while the program
+    still fails with class cls. Returns (program, detail)."""
+    deadline = time.monotonic() + budget_s
+    best = prog.copy()
+    detail = run_program(best)[1]
+
+    def still(p):
+        nonlocal detail
+        if time.monotonic() > deadline:
+            return False
+        c, d = run_program(p)
+        if c == cls:
+            detail = d
+            return True
+        return False
+
+    changed = True
+    while changed and time.monotonic() < deadline:
+        changed = False
+        for i in reversed(range(len(best.stmts))):
+            if i >= len(best.stmts):
+                continue
+            p = best.copy()
+            gone = p.stmts.pop(i).defines
+            if gone and not any(s.defines == gone for s in p.stmts):
+                kind, names = p.ret
+                names = [n for n in names if not re.search(rf"\b{gone}\b", n)]
+                p.ret = (kind, names)
+            if still(p):
+                best, changed = p, True
+        kind, names = best.ret
+        for n in list(names):
+            if len(best.ret[1]) <= 1:
+                break
+            p = best.copy()
+            p.ret = (kind, [x for x in p.ret[1] if x != n])
+            if still(p):
+                best, changed = p, True
+        if best.ret[0] != "single" and len(best.ret[1]) == 1:
+            p = best.copy()
+            p.ret = ("single", p.ret[1])
+            if still(p):
+                best, changed = p, True
+        for j in reversed(range(len(best.shape_sets))):
+            if len(best.shape_sets) <= 1:
+                break
+            p = best.copy()
+            p.shape_sets.pop(j)
+            if still(p):
+                best, changed = p, True
+        for j in range(len(best.shape_sets)):
+            for sym in list(best.shape_sets[j]):
+                while best.shape_sets[j][sym] > 1:
+                    p = best.copy()
+                    p.shape_sets[j][sym] -= 1
+                    if still(p):
+                        best, changed = p, True
+                    else:
+                        break
+        for inp in list(best.inputs):
+            if not _refs(best, inp.name):
+                p = best.copy()
+                p.inputs = [i for i in p.inputs if i.name != inp.name]
+                if still(p):
+                    best, changed = p, True
+        for g in list(best.globals_):
+            if not _refs(best, g[0]):
+                p = best.copy()
+                p.globals_ = [x for x in p.globals_ if x[0] != g[0]]
+                if still(p):
+                    best, changed = p, True
+    return best, detail
+
+
+def regression_source(prog: Program, cls: str, detail: str, xfail: str | None = None) -> str:
+    today = datetime.date.today().isoformat()
+    head = [f'"""Minimized reproducer from ember.testing.program_gen, seed {prog.seed} ({today}).',
+            "",
+            f"Failed: {cls}: {detail[:400]}",
+            '"""']
+    if xfail:
+        head.append(f"XFAIL = {xfail!r}  # tests/py/test_regressions.py marks it xfail(strict=True) until fixed")
+    return "\n".join(head) + "\n" + prog.source()
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+def sweep(seeds, time_budget=None, verbose=False, shrink_dir=None, shrink_budget=60.0, log=print):
+    """Runs the programs of seeds; returns {"totals": {...}, "programs": [...], "failures": [...]}."""
+    totals = {c: 0 for c in CLASSES}
+    records, failures = [], []
+    t0 = time.monotonic()
+    for seed in seeds:
+        if time_budget is not None and time.monotonic() - t0 > time_budget:
+            break
+        if verbose:
+            print(f"seed {seed} ...", file=sys.stderr, flush=True)
+        prog = generate(seed)
+        cls, detail = run_program(prog)
+        totals[cls] += 1
+        records.append({"seed": seed, "class": cls, "detail": detail})
+        if cls in FAILURES:
+            rec = {"seed": seed, "class": cls, "detail": detail, "source": prog.source()}
+            log(f"seed {seed}: {cls}: {detail}")
+            if shrink_dir:
+                small, sdetail = shrink(prog, cls, shrink_budget)
+                import os
+                os.makedirs(shrink_dir, exist_ok=True)
+                path = os.path.join(shrink_dir, f"gen_{seed}.py")
+                with open(path, "w") as f:
+                    f.write(regression_source(small, cls, sdetail, xfail=f"{cls}: {sdetail[:200]}"))
+                rec["minimized"] = small.source()
+                rec["saved"] = path
+                log(f"  minimized -> {path}")
+            failures.append(rec)
+    return {"totals": totals, "count": len(records), "seconds": round(time.monotonic() - t0, 1),
+            "programs": records, "failures": failures}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ember.testing.program_gen", description=__doc__.split("\n\n")[0])
+    p.add_argument("--count", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0, help="first seed; programs use seed, seed+1, ...")
+    p.add_argument("--time-budget", type=float, default=None, help="stop starting programs after S seconds")
+    p.add_argument("--json", default=None, help="write totals, every program's class and the failures here")
+    p.add_argument("--save-dir", default=None, help="shrink failures and save them as DIR/gen_<seed>.py")
+    p.add_argument("--shrink-budget", type=float, default=60.0)
+    p.add_argument("--show", type=int, default=None, help="print the source of one seed's program and exit")
+    p.add_argument("--verbose", action="store_true", help="name each seed on stderr before running it")
+    a = p.parse_args(argv)
+    if a.show is not None:
+        print(generate(a.show).source())
+        return 0
+    res = sweep(range(a.seed, a.seed + a.count), a.time_budget, a.verbose, a.save_dir, a.shrink_budget)
+    t = res["totals"]
+    print(f"programs: {res['count']} in {res['seconds']} s  " + "  ".join(f"{c}: {t[c]}" for c in CLASSES))
+    reasons = {}
+    for r in res["programs"]:
+        if r["class"] == "fallback":
+            key = r["detail"].split(":")[0]
+            reasons[key] = reasons.get(key, 0) + 1
+    if reasons:
+        print("fallback reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 1 if any(t[c] for c in FAILURES) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
