@@ -115,10 +115,13 @@ def _shape(dims, ss) -> tuple:
 
 
 def _input_expr(inp: Input, ss) -> str:
+    dtype = ss.get("dt", "torch.float32") if inp.dtype == "dt" else inp.dtype
     if inp.kind == "tensor":
-        return f"torch.randn({_shape(inp.dims, ss)}, dtype={inp.dtype})"
+        return f"torch.randn({_shape(inp.dims, ss)}, dtype={dtype})"
     if inp.kind == "list":
-        return "[" + ", ".join(f"torch.randn({_shape(d, ss)}, dtype={inp.dtype})" for d in inp.dims) + "]"
+        return "[" + ", ".join(f"torch.randn({_shape(d, ss)}, dtype={dtype})" for d in inp.dims) + "]"
+    if inp.kind == "scalar":
+        return repr(ss.get("s", 1))
     if inp.kind == "linear":
         return f"torch.nn.Linear({inp.extra[0]}, {inp.extra[1]})"
     if inp.kind == "layernorm":
@@ -279,12 +282,15 @@ class _Gen:
         nsets = r.choice([2, 3, 3])
         sets = []
         for _ in range(nsets):
-            sets.append({"a": r.randint(1, 5) if r.random() < 0.1 else r.randint(2, 5), "b": r.randint(2, 5)})
+            sets.append({"a": r.randint(1, 5) if r.random() < 0.3 else r.randint(2, 5), "b": r.randint(2, 5),
+                         "s": r.choice([0, 1, 2, 3, -1]), "dt": r.choice(["torch.float32", "torch.float64"])})
         if r.random() < 0.2:  # the same shapes again: a guard hit, not a recompile
             sets[-1] = dict(sets[0])
         inputs = []
         ntens = r.choice([1, 2, 2, 3])
         dtype = "torch.float64" if r.random() < 0.1 else "torch.float32"
+        if r.random() < 0.15:
+            dtype = "dt"  # the dtype changes between shape sets: a dtype guard fails
         for k in range(ntens):
             rank = r.choice([1, 2, 2, 3, 3])
             dims = [r.choice(["a", "b", feat]) for _ in range(rank - 1)] + [feat if r.random() < 0.7 else r.choice(["a", "b"])]
@@ -292,6 +298,8 @@ class _Gen:
         if r.random() < 0.2:
             dims = [r.choice(["a", feat]), feat]
             inputs.append(Input("xs", "list", [list(dims) for _ in range(r.choice([1, 2, 3]))], dtype))
+        if r.random() < 0.3:
+            inputs.append(Input("s", "scalar", []))
         self.prog = Program(seed, inputs, sets)
         self.feat = feat
         self.modules = []  # (expr, kind, in_features)
@@ -383,6 +391,8 @@ class _Gen:
         v = self.fresh()
         a = self.pick()
         b = self.pick()
+        if r.random() < 0.25:
+            return self.gen_more(v, a, b)
         k = r.random()
         if k < 0.22:
             return Stmt([f"{v} = {self.unary_expr(a)}"], v)
@@ -442,9 +452,54 @@ class _Gen:
             op = r.choice([f"{x}.add_(1)", f"{x}[0] = 0", f"{x}.mul_({r.choice(['2', '0.5'])})", f"{x}.sub_({b})",
                            f"{x}.clamp_(-1, 1)", f"{x}[..., 0] = {b}.sum()", f"{x}.copy_({b})"])
             return Stmt([op], None)
+        if k < 0.965:
+            return self.gen_more(v, a, b)
         if k < 0.98:
             return Stmt([f"{v} = {a}.clone()", f"{v}.{r.choice(['add_(1)', 'mul_(2)', 'relu_()', 'sin_()'])}"], v)
         return Stmt([f"{v} = [{a}, {b}]", f"{v} = {v}[0] + {v}[-1]"], v)
+
+    def gen_more(self, v, a, b) -> Stmt:
+        """Aliasing, mutation through views, scalar arguments, dtype promotion, tuples, contexts."""
+        r = self.r
+        inputs = [i.name for i in self.prog.inputs if i.kind == "tensor"]
+        x = r.choice(inputs)
+        has_s = any(i.kind == "scalar" for i in self.prog.inputs)
+        has_xs = any(i.kind == "list" for i in self.prog.inputs)
+        opts = [
+            [f"{v} = {x}[0]", f"{x}.add_(1)"],
+            [f"{v} = {x}.view(-1)", f"{v}.mul_(2)"],
+            [f"{x}[:, 0].mul_(2)", f"{v} = {x} + 0"],
+            [f"{x}.t().add_(1)", f"{v} = {x}.sum(0)"],
+            [f"{v} = {x}", f"{v} += 1"],
+            [f"{v} = {a}", f"{v} = {v} + {a}", f"{v} *= 2"],
+            [f"{v}, _ = {a}.chunk(2, 0) if {a}.shape[0] > 1 else ({a}, {a})"],
+            [f"p_{v}, q_{v} = {a}.split(1, -1)[:2] if {a}.shape[-1] > 1 else ({a}, {a})", f"{v} = p_{v} * q_{v}"],
+            [f"{v} = torch.zeros_like({a}) + {a}.sum()"],
+            [f"{v} = torch.arange({a}.shape[0]) * 1.5"],
+            [f"{v} = {a} + torch.ones({a}.shape, dtype=torch.int64)"],
+            [f"{v} = ({a} > 0).long() * 3 + 1"],
+            [f"{v} = {a}.size(-1) * {a} + len({a})"],
+            ["with torch.no_grad():", f"    {v} = {a} * 2"],
+            [f"{v} = sum([t * 2 for t in [{a}, {b}]])"],
+            [f"{v} = {a}.new_ones({a}.shape[-1]) + {a}"],
+            [f"acc_{v} = [{a}]", f"def f_{v}():", f"    acc_{v}.append({b} * 2)", f"    return len(acc_{v})",
+             f"{v} = acc_{v}[0] * f_{v}()"],
+            [f"n_{v} = 0", f"def f_{v}(t):", f"    nonlocal n_{v}", f"    n_{v} += 1", "    return t + n_{v}".replace("{v}", v),
+             f"{v} = f_{v}(f_{v}({a}))"],
+            [f"{v} = {a}", f"for j, t in enumerate([{a}, {b}]):", f"    {v} = {v} + t * j"],
+            [f"{v} = {a}.float() if {a}.dtype == torch.float64 else {a}.double()"],
+            [f"{v} = {a}.T", f"{v} = {v}.contiguous()"],
+            [f"{v} = torch.nn.functional.softmax({a}, -1)"],
+            [f"{v} = {a}.detach()", f"{v}[...] = 1"],
+        ]
+        if has_s:
+            opts += [[f"{v} = {a} * s + s"], ["if s > 0:", f"    {v} = {a} * s", "else:", f"    {v} = {a} - s"],
+                     [f"{v} = {a}", "for i in range(max(s, 0)):", f"    {v} = {v} + i"], [f"{v} = {a}.sum(0) if s else {a}"]]
+        if has_xs:
+            opts += [["xs.append(xs[0] * 2)", f"{v} = xs[-1] + 0"], [f"{v} = torch.stack(xs).sum(0)"],
+                     [f"{v} = xs[0]", "for t, u in zip(xs, xs[1:]):", f"    {v} = {v} + t * u"],
+                     ["xs[0].mul_(3)", f"{v} = len(xs) * xs[0]"]]
+        return Stmt(r.choice(opts), v)
 
     def _input_rank(self, name: str) -> int:
         for i in self.prog.inputs:
@@ -461,6 +516,8 @@ class _Gen:
             self.add(self.gen_stmt())
         names = [s.defines for s in self.prog.stmts if s.defines]
         pool = list(dict.fromkeys(names)) or [i.name for i in self.prog.inputs if i.kind == "tensor"]
+        if r.random() < 0.15:
+            pool.append(r.choice([i.name for i in self.prog.inputs if i.kind == "tensor"]))  # an input itself
         kind = r.choice(["single", "tuple", "tuple", "list", "dict"])
         n = 1 if kind == "single" else r.randint(1, min(3, len(pool)))
         picks = [pool[-1]] + r.sample(pool, n - 1) if n > 1 else [pool[-1]]
@@ -485,18 +542,20 @@ def _refs(prog: Program, name: str) -> bool:
     return any(pat.search(ln) for s in prog.stmts for ln in s.lines) or any(pat.search(n) for n in prog.ret[1])
 
 
-def shrink(prog: Program, cls: str, budget_s: float = 60.0) -> tuple:
+def shrink(prog: Program, cls: str, budget_s: float = 60.0, runner=None) -> tuple:
     """Removes statements, returned values, shape sets, inputs and shrinks sizes while the program
-    still fails with class cls. Returns (program, detail)."""
+    still fails with class cls (runner: Program -> (class, detail), run_program by default).
+    Returns (program, detail)."""
+    run = runner or run_program
     deadline = time.monotonic() + budget_s
     best = prog.copy()
-    detail = run_program(best)[1]
+    detail = run(best)[1]
 
     def still(p):
         nonlocal detail
         if time.monotonic() > deadline:
             return False
-        c, d = run_program(p)
+        c, d = run(p)
         if c == cls:
             detail = d
             return True
@@ -537,8 +596,8 @@ def shrink(prog: Program, cls: str, budget_s: float = 60.0) -> tuple:
             if still(p):
                 best, changed = p, True
         for j in range(len(best.shape_sets)):
-            for sym in list(best.shape_sets[j]):
-                while best.shape_sets[j][sym] > 1:
+            for sym in ("a", "b"):
+                while best.shape_sets[j].get(sym, 1) > 1:
                     p = best.copy()
                     p.shape_sets[j][sym] -= 1
                     if still(p):
