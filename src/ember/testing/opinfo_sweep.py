@@ -27,6 +27,7 @@ import re
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -70,16 +71,19 @@ class Case:
     tensors: list
     consts: dict
     callee: object
+    label: str = "case"
 
     def make(self):
-        """A new function object (with a new code object) for the case."""
+        """A new function object (with a new code object) for the case. The file name is the
+        case's label, so dynamo's per-code state (automatic dynamic shapes, keyed by file name,
+        line and function name) does not carry from one sample to the next."""
         g = {"__builtins__": __builtins__, "OP": self.callee}
         g.update(self.consts)
-        exec(compile(self.source, "<opinfo case>", "exec"), g)
+        exec(compile(self.source, f"<opinfo {self.label}>", "exec"), g)
         return g["case"]
 
 
-def build_case(callee, sample) -> Case:
+def build_case(callee, sample, label: str = "case") -> Case:
     """The source of `def case(t0, ...): return OP(<input>, <args>, <kwargs>)` for a sample."""
     tensors: list = []
     consts: dict = {}
@@ -107,7 +111,7 @@ def build_case(callee, sample) -> Case:
             parts.append(f"**{{{k!r}: {expr(v)}}}")
     params = ", ".join(f"t{i}" for i in range(len(tensors)))
     source = f"def case({params}):\n    return OP({', '.join(parts)})\n"
-    return Case(source, tensors, consts, callee)
+    return Case(source, tensors, consts, callee, label)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,10 +130,12 @@ def run_one(fn, case: Case, seed: int) -> Outcome:
     """Calls fn on fresh clones of the case's tensors under a fixed seed; catches everything."""
     args = [t.clone() for t in case.tensors]
     torch.manual_seed(seed)
-    try:
-        return Outcome(value=fn(*args), args_after=args)
-    except Exception as e:  # noqa: BLE001 - every failure is data here
-        return Outcome(exc=e, args_after=args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecation warnings of samples: the same in every run
+        try:
+            return Outcome(value=fn(*args), args_after=args)
+        except Exception as e:  # noqa: BLE001 - every failure is data here
+            return Outcome(exc=e, args_after=args)
 
 
 def _same_leaf(a, b, exact: bool) -> str | None:
@@ -261,24 +267,30 @@ RUNNERS = {"ember": run_ember, "torch": run_torch}
 
 
 def iter_cases(op, dtype, max_samples: int | None):
-    """(index, Case or exception) for the op's first max_samples samples, seeded per op and dtype."""
+    """(index, Case or exception) for the op's first max_samples samples, seeded per op and dtype;
+    dtype None: the op's error inputs (op.error_inputs, samples that eager rejects)."""
     torch.manual_seed(0)
     try:
-        samples = op.sample_inputs("cpu", dtype, requires_grad=False)
+        if dtype is None:
+            samples = (e.sample_input for e in op.error_inputs("cpu"))
+        else:
+            samples = op.sample_inputs("cpu", dtype, requires_grad=False)
         for i, s in enumerate(samples):
             if max_samples is not None and i >= max_samples:
                 return
-            yield i, build_case(op.op, s)
+            dname = "errors" if dtype is None else str(dtype).replace("torch.", "")
+            yield i, build_case(op.op, s, f"{op_full_name(op)} {dname} {i}")
     except Exception as e:  # noqa: BLE001 - the OpInfo itself failed to make samples
         yield -1, e
 
 
 def sweep(ops=None, dtypes=("float32",), max_samples=None, limit_ops=None, time_budget=None,
-          compilers=COMPILERS, start_at=None, log=sys.stderr, keep=None):
+          compilers=COMPILERS, start_at=None, log=sys.stderr, keep=None, error_inputs=False):
     """Runs the sweep; returns a dict with per-op counts, failure details and run metadata.
 
     ops: a regex searched (re.search) in each OpInfo's `name.variant`; keep: an optional
-    predicate (op_full_name, dtype_name, sample_index) -> bool choosing cases (the CI subset).
+    predicate (op_full_name, dtype_name, sample_index) -> bool choosing cases (the CI subset);
+    error_inputs: also run each op's error inputs (dtype name "errors"), which test exceptions.
     """
     import ember
     op_db = load_op_db()
@@ -309,6 +321,8 @@ def sweep(ops=None, dtypes=("float32",), max_samples=None, limit_ops=None, time_
             break
         supported = op.supported_dtypes("cpu")
         todo = [d for d in dtypes if DTYPES[d] in supported]
+        if error_inputs and todo and op.error_inputs_func is not None:
+            todo.append("errors")
         if not todo:
             continue
         n_ops += 1
@@ -319,7 +333,7 @@ def sweep(ops=None, dtypes=("float32",), max_samples=None, limit_ops=None, time_
             torch._dynamo.reset()
         ember.reset()
         for dname in todo:
-            for idx, case in iter_cases(op, DTYPES[dname], max_samples):
+            for idx, case in iter_cases(op, DTYPES.get(dname), max_samples):
                 if keep is not None and not keep(name, dname, idx):
                     continue
                 if isinstance(case, Exception):
@@ -342,6 +356,7 @@ def sweep(ops=None, dtypes=("float32",), max_samples=None, limit_ops=None, time_
                                              detail=detail, source=case.source.strip()))
         ember.reset()
     return dict(results=results, failures=failures, inexact=inexact, skipped_random=skipped_random,
+                error_inputs=error_inputs,
                 seconds=round(time.monotonic() - t0, 1), out_of_time=out_of_time, compilers=list(compilers),
                 dtypes=list(dtypes), torch=torch.__version__, python=sys.version.split()[0])
 
@@ -367,7 +382,8 @@ def to_markdown(report, command: str) -> str:
         "",
         f"    {command}",
         "",
-        f"torch {report['torch']}, Python {report['python']}, CPU, dtypes {', '.join(report['dtypes'])}; "
+        f"torch {report['torch']}, Python {report['python']}, CPU, dtypes {', '.join(report['dtypes'])}"
+        + (" and the OpInfos' error inputs (dtype `errors`)" if report.get("error_inputs") else "") + "; "
         f"{len(report['results'])} ops in {report['seconds']} s"
         + (" (stopped by --time-budget: later ops not run)" if report["out_of_time"] else "") + ".",
         "Each case is one sample of torch's OpInfo database (torch.testing._internal.common_methods_invocations.op_db)",
@@ -430,6 +446,8 @@ def main(argv=None) -> int:
     p.add_argument("--start-at", help="resume at this op (name or name.variant), after a crash")
     p.add_argument("--out", help="Markdown report, e.g. docs/correctness.md")
     p.add_argument("--json", help="JSON report")
+    p.add_argument("--no-error-inputs", action="store_true",
+                   help="skip the OpInfos' error inputs (samples eager rejects; they test exceptions)")
     a = p.parse_args(argv)
     faulthandler.enable()
     dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
@@ -440,10 +458,10 @@ def main(argv=None) -> int:
     for c in compilers:
         if c not in RUNNERS:
             p.error(f"unknown compiler {c}")
-    import warnings
     warnings.filterwarnings("ignore")
     torch._dynamo.config.suppress_errors = False
-    report = sweep(a.ops, dtypes, a.max_samples, a.limit_ops, a.time_budget, compilers, a.start_at)
+    report = sweep(a.ops, dtypes, a.max_samples, a.limit_ops, a.time_budget, compilers, a.start_at,
+                   error_inputs=not a.no_error_inputs)
     command = "python -m ember.testing.opinfo_sweep " + " ".join(argv if argv is not None else sys.argv[1:])
     report["command"] = command
     tot = totals(report)
