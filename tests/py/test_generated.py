@@ -1,0 +1,99 @@
+"""Generated programs (ember.testing.program_gen) compiled with ember vs eager: a deterministic,
+time-boxed subset of seeds must give no wrong result, crash or exception mismatch; plus checks
+that the harness itself can fail (a wrong result, a crash, a mutated input are detected) and that
+the shrinker keeps a failure while removing what it does not need.
+
+The full sweep: python -m ember.testing.program_gen --count 2000 --seed 0
+"""
+import torch
+
+from ember.testing import program_gen as pg
+
+# Seeds that found an ember bug: each has a minimized reproducer in tests/regressions/ (marked
+# xfail there until fixed) and is left out of this subset. None so far.
+KNOWN_FAILING: dict[int, str] = {}
+
+CI_SEEDS = [s for s in range(150) if s not in KNOWN_FAILING]
+
+
+def test_generated_subset():
+    failures = []
+    totals = {c: 0 for c in pg.CLASSES}
+    for seed in CI_SEEDS:
+        cls, detail = pg.run_program(pg.generate(seed))
+        totals[cls] += 1
+        if cls in pg.FAILURES:
+            failures.append(f"seed {seed}: {cls}: {detail}")
+    assert not failures, "\n".join(failures)
+    # the subset exercises both captured graphs and fallbacks
+    assert totals["pass"] > 50 and totals["fallback"] > 10, totals
+
+
+def test_generation_is_deterministic():
+    assert pg.generate(17).source() == pg.generate(17).source()
+    assert pg.generate(17).source() != pg.generate(18).source()
+
+
+def test_generated_source_defines_program_and_inputs():
+    ns = pg.load_source(pg.generate(3).source(), "<t>")
+    calls = ns["inputs"]()
+    assert 2 <= len(calls) <= 3 and all(isinstance(c, tuple) for c in calls)
+    for c in calls:
+        ns["program"](*c)
+
+
+def _fake_ember(monkeypatch, compiled_fn):
+    """ember.compile replaced by a function returning compiled_fn (a stand-in for a buggy compiler)."""
+    import ember
+    monkeypatch.setattr(ember, "compile", lambda fn, backend="eager": compiled_fn)
+    monkeypatch.setattr(ember, "cache_info", lambda fn: [])
+
+
+def test_harness_detects_wrong_values(monkeypatch):
+    def program(x):
+        return x * 2
+    _fake_ember(monkeypatch, lambda x: x * 2 + 1e-6)  # one float32 ulp-ish away
+    assert pg.check(program, [(torch.ones(3),)])[0] == "wrong"
+
+
+def test_harness_detects_wrong_mutation(monkeypatch):
+    def program(x):
+        x.add_(1)
+        return x.sum()
+    _fake_ember(monkeypatch, lambda x: (x + 1).sum())   # same value, input not mutated
+    cls, detail = pg.check(program, [(torch.ones(3),)])
+    assert cls == "wrong" and "arguments" in detail
+
+
+def test_harness_detects_crash_and_mismatch(monkeypatch):
+    def program(x):
+        return x[5]
+    _fake_ember(monkeypatch, lambda x: x[0])
+    assert pg.check(program, [(torch.ones(3),)])[0] == "mismatch"
+
+    def boom(x):
+        raise RuntimeError("boom")
+    _fake_ember(monkeypatch, boom)
+    assert pg.check(lambda x: x + 1, [(torch.ones(3),)])[0] == "crash"
+
+
+def test_harness_detects_dtype_and_stride(monkeypatch):
+    _fake_ember(monkeypatch, lambda x: x.double())
+    assert "dtype" in pg.check(lambda x: x + 0, [(torch.ones(3),)])[1]
+    _fake_ember(monkeypatch, lambda x: x.t().contiguous())
+    assert "stride" in pg.check(lambda x: x.t(), [(torch.ones(2, 3),)])[1]
+
+
+def test_shrinker_keeps_the_failure_and_removes_the_rest():
+    prog = next(p for p in map(pg.generate, range(200))
+                if len(p.stmts) >= 4 and any("torch.sin(" in ln for s in p.stmts for ln in s.lines))
+
+    def runner(p):  # a pretend bug: any program that still calls torch.sin "fails"
+        return ("wrong", "sin") if "torch.sin(" in p.body_source(p.ret_expr()) else ("pass", "")
+
+    small, detail = pg.shrink(prog, "wrong", budget_s=30, runner=runner)
+    assert runner(small)[0] == "wrong" and detail == "sin"
+    assert len(small.stmts) < len(prog.stmts) and len(small.shape_sets) == 1
+    src = pg.regression_source(small, "wrong", detail)
+    ns = pg.load_source(src, "<t>")
+    assert callable(ns["program"]) and ns["inputs"]()
