@@ -116,8 +116,15 @@ def _shape(dims, ss) -> tuple:
 
 def _input_expr(inp: Input, ss) -> str:
     dtype = ss.get("dt", "torch.float32") if inp.dtype == "dt" else inp.dtype
+    if inp.kind == "tensor" and dtype == "torch.int64":
+        return f"torch.randint(-5, 6, {_shape(inp.dims, ss)})"
     if inp.kind == "tensor":
-        return f"torch.randn({_shape(inp.dims, ss)}, dtype={dtype})"
+        grad = ", requires_grad=True" if "grad" in inp.extra else ""
+        return f"torch.randn({_shape(inp.dims, ss)}, dtype={dtype}{grad})"
+    if inp.kind == "cfg":
+        return repr({"k": ss.get("s", 1), "mode": "a" if ss.get("a", 2) % 2 else "b"})
+    if inp.kind == "batchnorm":
+        return f"torch.nn.BatchNorm1d({inp.extra[0]})"
     if inp.kind == "list":
         return "[" + ", ".join(f"torch.randn({_shape(d, ss)}, dtype={dtype})" for d in inp.dims) + "]"
     if inp.kind == "scalar":
@@ -141,18 +148,53 @@ def load_source(src: str, filename: str) -> dict:
 
 
 class Outcome:
-    __slots__ = ("value", "exc", "args_after")
+    __slots__ = ("value", "exc", "args_after", "alias", "grads")
 
-    def __init__(self, value=None, exc=None, args_after=None):
+    def __init__(self, value=None, exc=None, args_after=None, alias=None, grads=None):
         self.value, self.exc, self.args_after = value, exc, args_after
+        self.alias, self.grads = alias, grads
+
+
+def _tensor_leaves(obj) -> list:
+    from torch.utils import _pytree as pytree
+    return [t for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
+
+
+def _alias_signature(args, value) -> list:
+    """For each output tensor: which input tensor it is, which input's storage it shares, which
+    earlier output it is (eager returns inputs and views of them as such, not copies)."""
+    ins, outs = _tensor_leaves(list(args)), _tensor_leaves(value)
+    sig = []
+    for j, o in enumerate(outs):
+        is_in = next((i for i, t in enumerate(ins) if o is t), None)
+        shares = next((i for i, t in enumerate(ins)
+                       if o.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() and o.numel() and t.numel()), None)
+        is_out = next((k for k in range(j) if outs[k] is o), None)
+        sig.append((is_in, shares, is_out))
+    return sig
+
+
+def _backward(args, value):
+    """Gradients of the inputs that require grad, after backward() of the sum of the float
+    outputs that require grad; ("raise", type) when backward raises; None when nothing to do."""
+    leaves = [t for t in _tensor_leaves(list(args)) if t.requires_grad and t.is_leaf]
+    outs = [o for o in _tensor_leaves(value) if o.requires_grad and o.is_floating_point()]
+    if not leaves or not outs:
+        return None
+    try:
+        sum(o.double().sum() for o in outs).backward()
+    except Exception as e:  # noqa: BLE001
+        return ("raise", type(e).__name__)
+    return [t.grad for t in leaves]
 
 
 def call(fn, args) -> Outcome:
     try:
         value = fn(*args)
-        return Outcome(value=value, args_after=args)
     except Exception as e:  # noqa: BLE001 - the exception is the result being compared
         return Outcome(exc=e, args_after=args)
+    alias = _alias_signature(args, value)
+    return Outcome(value=value, args_after=args, alias=alias, grads=_backward(args, value))
 
 
 def _exc_text(e: BaseException) -> str:
@@ -218,6 +260,12 @@ def classify(ref: Outcome, got: Outcome) -> tuple:
     d = compare(ref.args_after, got.args_after, "arguments after the call")
     if d:
         return "wrong", d
+    if ref.exc is None:
+        if ref.alias != got.alias:
+            return "wrong", f"aliasing of outputs (input index, storage-sharing input, same as output): {got.alias} vs eager {ref.alias}"
+        d = compare(ref.grads, got.grads, "gradients")
+        if d:
+            return "wrong", d
     return "pass", ""
 
 
@@ -294,12 +342,17 @@ class _Gen:
         for k in range(ntens):
             rank = r.choice([1, 2, 2, 3, 3])
             dims = [r.choice(["a", "b", feat]) for _ in range(rank - 1)] + [feat if r.random() < 0.7 else r.choice(["a", "b"])]
-            inputs.append(Input(f"x{k}", "tensor", dims, dtype))
+            kind_dt = dtype
+            if k > 0 and r.random() < 0.15:
+                kind_dt = "torch.int64"
+            inputs.append(Input(f"x{k}", "tensor", dims, kind_dt, extra=("grad",) if r.random() < 0.12 and kind_dt != "torch.int64" else ()))
         if r.random() < 0.2:
             dims = [r.choice(["a", feat]), feat]
             inputs.append(Input("xs", "list", [list(dims) for _ in range(r.choice([1, 2, 3]))], dtype))
         if r.random() < 0.3:
             inputs.append(Input("s", "scalar", []))
+        if r.random() < 0.15:
+            inputs.append(Input("cfg", "cfg", []))
         self.prog = Program(seed, inputs, sets)
         self.feat = feat
         self.modules = []  # (expr, kind, in_features)
@@ -311,6 +364,9 @@ class _Gen:
             if r.random() < 0.15:
                 inputs.append(Input("ln", "layernorm", [], extra=(feat,)))
                 self.modules.append(("ln", "layernorm", feat))
+            if r.random() < 0.08:
+                inputs.append(Input("bn", "batchnorm", [], extra=(feat,)))
+                self.modules.append(("bn", "batchnorm", feat))
             if r.random() < 0.15:
                 self.prog.globals_.append(("G_lin", f"torch.nn.Linear({feat}, {feat})"))
                 self.modules.append(("G_lin", "linear", feat))
@@ -495,6 +551,13 @@ class _Gen:
         if has_s:
             opts += [[f"{v} = {a} * s + s"], ["if s > 0:", f"    {v} = {a} * s", "else:", f"    {v} = {a} - s"],
                      [f"{v} = {a}", "for i in range(max(s, 0)):", f"    {v} = {v} + i"], [f"{v} = {a}.sum(0) if s else {a}"]]
+        if any(i.kind == "cfg" for i in self.prog.inputs):
+            opts += [[f"{v} = {a} * cfg['k']"], ["if cfg['mode'] == 'a':", f"    {v} = {a}.sin()", "else:", f"    {v} = {a}.cos()"],
+                     [f"{v} = {a} + cfg.get('k', 0)", "cfg['k'] = 7"]]
+        if any(i.dtype == "torch.int64" for i in self.prog.inputs):
+            opts += [[f"{v} = {a} // 2"], [f"{v} = {a} % 3"], [f"{v} = {a} / 2"], [f"{v} = {a} * 3 - 1"],
+                     [f"{v} = {a}.abs().sum(-1)"], [f"{v} = torch.floor_divide({a}, -2)"]]
+        opts += [[f"{v} = {a}[: {a}.shape[0] // 2]"], [f"{v} = {a}[-1:, ...]"], [f"{v} = {a}[None, :, None]"]]
         if has_xs:
             opts += [["xs.append(xs[0] * 2)", f"{v} = xs[-1] + 0"], [f"{v} = torch.stack(xs).sum(0)"],
                      [f"{v} = xs[0]", "for t, u in zip(xs, xs[1:]):", f"    {v} = {v} + t * u"],
@@ -524,6 +587,8 @@ class _Gen:
         picks = list(dict.fromkeys(picks))
         if kind != "single" and r.random() < 0.15 and pool:
             picks.append(f"{pool[-1]}.shape[0]" if pool[-1] in self.env and self.env[pool[-1]].dim() else "len(x0)")
+        if kind != "single" and r.random() < 0.1 and pool:
+            picks.append(f"{pool[-1]}.shape")
         self.prog.ret = (kind, picks)
         return self.prog
 
