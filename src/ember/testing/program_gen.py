@@ -269,11 +269,14 @@ def classify(ref: Outcome, got: Outcome) -> tuple:
     return "pass", ""
 
 
-def check(program_fn, calls, repeat=True) -> tuple:
+def check(program_fn, calls, repeat=True, eager_fn=None) -> tuple:
     """Compiles program_fn with ember (eager backend) and runs it and eager on each argument tuple
     of calls (each side on its own deep copy), then, with repeat, on the first tuple again (a
-    cache hit). Returns (class, detail): class in CLASSES."""
+    cache hit). eager_fn: the eager side, when it must not share program_fn's globals (a copy of
+    the program loaded in its own namespace); program_fn itself by default. Returns (class,
+    detail): class in CLASSES."""
     import ember
+    eager_fn = eager_fn or program_fn
     try:
         compiled = ember.compile(program_fn, backend="eager")
     except Exception as e:  # noqa: BLE001
@@ -283,7 +286,7 @@ def check(program_fn, calls, repeat=True) -> tuple:
         eager_args = copy.deepcopy(tuple(args))
         comp_args = copy.deepcopy(tuple(args))
         with ember.disable():
-            ref = call(program_fn, eager_args)
+            ref = call(eager_fn, eager_args)
         got = call(compiled, comp_args)
         cls, detail = classify(ref, got)
         if cls != "pass":
@@ -304,11 +307,12 @@ def run_program(prog: Program) -> tuple:
     ember.reset()
     try:
         ns = load_source(prog.source(), f"<ember-gen-{prog.seed}>")
+        ns_eager = load_source(prog.source(), f"<ember-gen-{prog.seed}>")  # its own globals
         calls = ns["inputs"]()
     except Exception as e:  # noqa: BLE001 - a generator bug, not an ember one
         return "crash", "harness: " + _exc_text(e)
     try:
-        return check(ns["program"], calls)
+        return check(ns["program"], calls, eager_fn=ns_eager["program"])
     finally:
         ember.reset()
 
@@ -370,6 +374,8 @@ class _Gen:
             if r.random() < 0.15:
                 self.prog.globals_.append(("G_lin", f"torch.nn.Linear({feat}, {feat})"))
                 self.modules.append(("G_lin", "linear", feat))
+            if r.random() < 0.12:
+                self.prog.globals_.append(("G_state", '{"n": 0, "log": []}'))
             if r.random() < 0.1:
                 self.prog.globals_.append(("G_ln", f"torch.nn.LayerNorm({feat})"))
                 self.modules.append(("G_ln", "layernorm", feat))
@@ -558,6 +564,9 @@ class _Gen:
             opts += [[f"{v} = {a} // 2"], [f"{v} = {a} % 3"], [f"{v} = {a} / 2"], [f"{v} = {a} * 3 - 1"],
                      [f"{v} = {a}.abs().sum(-1)"], [f"{v} = torch.floor_divide({a}, -2)"]]
         opts += [[f"{v} = {a}[: {a}.shape[0] // 2]"], [f"{v} = {a}[-1:, ...]"], [f"{v} = {a}[None, :, None]"]]
+        if any(g[0] == "G_state" for g in self.prog.globals_):
+            opts += [['G_state["n"] += 1', f'{v} = {a} * G_state["n"]'], [f'G_state["log"].append({a}.shape[0])', f'{v} = {a} + len(G_state["log"])'],
+                     ['if G_state["n"] > 1:', f"    {v} = {a} - 1", "else:", f"    {v} = {a} + 1"]]
         if has_xs:
             opts += [["xs.append(xs[0] * 2)", f"{v} = xs[-1] + 0"], [f"{v} = torch.stack(xs).sum(0)"],
                      [f"{v} = xs[0]", "for t, u in zip(xs, xs[1:]):", f"    {v} = {v} + t * u"],
