@@ -11,15 +11,11 @@ from ember.testing import program_gen as pg
 
 # Seeds that found an ember bug: each has a minimized reproducer in tests/regressions/ (marked
 # xfail there until fixed) and is left out of this subset (these are outside range(150) today;
-# they are listed so that widening the range keeps CI green until the fix). Same bug, all of
-# them: BatchNorm in train mode whose output is unused loses its running-stat update.
+# they are listed so that widening the range keeps CI green until the fix). Same bug, both:
+# BatchNorm in train mode whose output is unused loses its running-stat update.
 KNOWN_FAILING: dict[int, str] = {
     363: "tests/regressions/gen_363.py",
     498: "tests/regressions/gen_498.py",
-    2514: "tests/regressions/gen_498.py (same bug)",
-    3497: "tests/regressions/gen_498.py (same bug)",
-    3785: "tests/regressions/gen_363.py (same bug)",
-    4818: "tests/regressions/gen_498.py (same bug)",
 }
 
 CI_SEEDS = [s for s in range(150) if s not in KNOWN_FAILING]
