@@ -68,3 +68,13 @@ def test_classify_detects_wrong_crash_and_mismatch():
     def other(a, b):
         raise RuntimeError("other")
     assert sw.classify(raised, sw.run_one(other, case, 0), False)[0] == "mismatch"
+
+
+def test_markdown_report_counts_cases():
+    report = sw.sweep(ops="^add$", max_samples=2, compilers=("ember",), log=None, error_inputs=True)
+    text = sw.to_markdown(report, "python -m ember.testing.opinfo_sweep --ops ^add$")
+    assert "    python -m ember.testing.opinfo_sweep --ops ^add$" in text
+    tot = sw.totals(report)["ember"]
+    assert sum(tot.values()) >= 2
+    assert f"| ember.compile(eager) | {sum(tot.values())} | {tot['pass']} | {tot['fallback']} | 0 | 0 | 0 |" in text
+    assert "| add | ember |" in text

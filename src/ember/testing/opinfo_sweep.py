@@ -371,6 +371,23 @@ def totals(report) -> dict:
     return tot
 
 
+def failure_kind(detail: str) -> str:
+    """A failure's detail without its messages: `eager RuntimeError, compiled TorchRuntimeError`."""
+    m = re.match(r"eager raised (\w+): .*; compiled raised (\w+):", detail)
+    if m:
+        return f"eager raised {m.group(1)}, compiled raised {m.group(2)}"
+    m = re.match(r"eager: (\w+): .*; compiled: (\w+):", detail)
+    if m:
+        return f"same {m.group(1)}, another message"
+    m = re.match(r"eager raised (\w+): .*; compiled returned", detail)
+    if m:
+        return f"eager raised {m.group(1)}, compiled returned"
+    m = re.match(r"(\w+): ", detail)
+    if m and not detail.startswith(("output", "arguments")):
+        return f"raised {m.group(1)}"
+    return detail.split(":")[0][:60]
+
+
 def to_markdown(report, command: str) -> str:
     """docs/correctness.md: command and date, totals, one row per op and compiler, failures."""
     comps = report["compilers"]
@@ -395,6 +412,10 @@ def to_markdown(report, command: str) -> str:
         "as Python (a fallback entry) / dynamo had a graph break; **wrong** a different result; **crash** an exception",
         "where eager had none, or of another type; **mismatch** eager raised and the compiled call did not, or the",
         "same exception type with another message.",
+        "torch.compile wraps an exception raised while it runs an op on fake tensors in TorchRuntimeError and",
+        "appends \"from user code: ...\" to other messages: the caller sees another exception, so those count as",
+        "crash / mismatch here. ember runs each op on meta tensors while tracing; when that raises, the frame",
+        "falls back (META_FAILED) and the eager call raises eager's own exception.",
         "",
         f"Skipped as random-valued or uninitialised ({len(report['skipped_random'])}): "
         + ", ".join(report["skipped_random"][:80]) + (" ..." if len(report["skipped_random"]) > 80 else "") + ".",
@@ -410,12 +431,25 @@ def to_markdown(report, command: str) -> str:
         lines.append(f"| {names[c]} | {n} | " + " | ".join(str(tot[c][k]) for k in CLASSES)
                      + f" | {report['inexact'][c]} |")
     bad = [f for f in report["failures"] if f["cls"] not in ("pass", "fallback")]
-    lines += ["", "## Failures (wrong / crash / mismatch)", ""]
+    lines += ["", "## Failures (wrong / crash / mismatch) by kind", ""]
     if not bad:
         lines.append("None.")
     else:
-        lines += ["| op | dtype | sample | compiler | class | detail |", "|---|---|---:|---|---|---|"]
+        kinds: dict = {}
         for f in bad:
+            key = (f["compiler"], f["cls"], failure_kind(f["detail"]))
+            kinds.setdefault(key, []).append(f["op"])
+        lines += ["| compiler | class | kind | cases | ops (first 8) |", "|---|---|---|---:|---|"]
+        for (comp, cls, kind), ops in sorted(kinds.items(), key=lambda kv: (kv[0][0], -len(kv[1]))):
+            first = ", ".join(list(dict.fromkeys(ops))[:8])
+            lines.append(f"| {comp} | {cls} | {kind} | {len(ops)} | {first} |")
+        lines += ["", "## Failures (the first 60 per compiler)", "",
+                  "| op | dtype | sample | compiler | class | detail |", "|---|---|---:|---|---|---|"]
+        shown: dict = {}
+        for f in bad:
+            shown[f["compiler"]] = shown.get(f["compiler"], 0) + 1
+            if shown[f["compiler"]] > 60:
+                continue
             detail = f["detail"].replace("|", "\\|")[:240]
             lines.append(f"| {f['op']} | {f['dtype']} | {f['sample']} | {f['compiler']} | {f['cls']} | {detail} |")
     fb = {}
@@ -446,6 +480,7 @@ def main(argv=None) -> int:
     p.add_argument("--start-at", help="resume at this op (name or name.variant), after a crash")
     p.add_argument("--out", help="Markdown report, e.g. docs/correctness.md")
     p.add_argument("--json", help="JSON report")
+    p.add_argument("--render", metavar="JSON", help="only write --out from a JSON report of an earlier run")
     p.add_argument("--no-error-inputs", action="store_true",
                    help="skip the OpInfos' error inputs (samples eager rejects; they test exceptions)")
     a = p.parse_args(argv)
@@ -458,6 +493,12 @@ def main(argv=None) -> int:
     for c in compilers:
         if c not in RUNNERS:
             p.error(f"unknown compiler {c}")
+    if a.render:
+        with open(a.render) as f:
+            report = json.load(f)
+        with open(a.out or "/dev/stdout", "w") as f:
+            f.write(to_markdown(report, report["command"]))
+        return 0
     warnings.filterwarnings("ignore")
     torch._dynamo.config.suppress_errors = False
     report = sweep(a.ops, dtypes, a.max_samples, a.limit_ops, a.time_budget, compilers, a.start_at,
