@@ -354,6 +354,10 @@ def sweep(ops=None, dtypes=("float32",), max_samples=None, limit_ops=None, time_
                     if cls not in ("pass", "fallback") or comp == "ember" and cls == "fallback":
                         failures.append(dict(op=name, dtype=dname, sample=idx, compiler=comp, cls=cls,
                                              detail=detail, source=case.source.strip()))
+                    if inx:
+                        failures.append(dict(op=name, dtype=dname, sample=idx, compiler=comp, cls="inexact",
+                                             detail="equal within tolerance, not bitwise",
+                                             source=case.source.strip()))
         ember.reset()
     return dict(results=results, failures=failures, inexact=inexact, skipped_random=skipped_random,
                 error_inputs=error_inputs,
@@ -430,7 +434,7 @@ def to_markdown(report, command: str) -> str:
         n = sum(tot[c].values())
         lines.append(f"| {names[c]} | {n} | " + " | ".join(str(tot[c][k]) for k in CLASSES)
                      + f" | {report['inexact'][c]} |")
-    bad = [f for f in report["failures"] if f["cls"] not in ("pass", "fallback")]
+    bad = [f for f in report["failures"] if f["cls"] not in ("pass", "fallback", "inexact")]
     lines += ["", "## Failures (wrong / crash / mismatch) by kind", ""]
     if not bad:
         lines.append("None.")
@@ -452,6 +456,11 @@ def to_markdown(report, command: str) -> str:
                 continue
             detail = f["detail"].replace("|", "\\|")[:240]
             lines.append(f"| {f['op']} | {f['dtype']} | {f['sample']} | {f['compiler']} | {f['cls']} | {detail} |")
+    inexact = [f for f in report["failures"] if f["cls"] == "inexact"]
+    if inexact:
+        lines += ["", "## Equal within tolerance but not bitwise", "", "| op | dtype | sample | compiler |",
+                  "|---|---|---:|---|"]
+        lines += [f"| {f['op']} | {f['dtype']} | {f['sample']} | {f['compiler']} |" for f in inexact]
     fb = {}
     for f in report["failures"]:
         if f["compiler"] == "ember" and f["cls"] == "fallback":
