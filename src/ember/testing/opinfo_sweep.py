@@ -461,7 +461,11 @@ def to_markdown(report, command: str) -> str:
             lines.append(f"| {f['op']} | {f['dtype']} | {f['sample']} | {f['compiler']} | {f['cls']} | {detail} |")
     inexact = [f for f in report["failures"] if f["cls"] == "inexact"]
     if inexact:
-        lines += ["", "## Equal within tolerance but not bitwise", "", "| op | dtype | sample | compiler | detail |",
+        lines += ["", "## Equal within tolerance but not bitwise", "",
+                  "The eager backend replays the same kernels, so a difference here is either a kernel that is not",
+                  "bitwise reproducible in eager itself (linalg.lstsq with the gelsy driver: two eager calls differ; runs",
+                  "since the harness checks it say so) or a changed computation (torch.compile's addcdiv).", "",
+                  "| op | dtype | sample | compiler | detail |",
                   "|---|---|---:|---|---|"]
         lines += [f"| {f['op']} | {f['dtype']} | {f['sample']} | {f['compiler']} | {f['detail']} |" for f in inexact]
     fb = {}
