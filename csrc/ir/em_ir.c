@@ -793,6 +793,17 @@ static const char *const impure_names[] = {
     "__iadd__", "__isub__", "__imul__", "__imatmul__", "__itruediv__", "__ifloordiv__", "__imod__",
     "__ipow__", "__ilshift__", "__irshift__", "__iand__", "__ior__", "__ixor__"};
 
+/* The only ops DCE deletes: views and selections that have no side effect and cannot fail once
+ * shape inference on meta tensors accepted them. Any other op is kept even when its result is
+ * unused, because eager would still run it: it may raise an error meta tensors do not model
+ * (layer_norm on mixed CPU dtypes), or update state through an argument (batch_norm's running
+ * statistics in training mode). Both were found by ember.testing.program_gen
+ * (tests/regressions/gen_498.py, gen_6746.py). */
+static const char *const removable_names[] = {
+    "getitem", "view", "view_as", "reshape", "reshape_as", "permute", "transpose", "t", "T", "mT",
+    "unsqueeze", "squeeze", "expand", "expand_as", "flatten", "unflatten", "movedim", "narrow",
+    "select", "unbind", "split", "chunk", "detach", "alias", "real", "imag", "diagonal"};
+
 /* May DCE delete node n when nobody uses its result? */
 static bool ir_node_removable(const IRNode *n) {
     if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) return false;
@@ -816,9 +827,10 @@ static bool ir_node_removable(const IRNode *n) {
         name = PyObject_GetAttrString(n->target, "__name__");
         s = name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
     }
-    bool removable = s != NULL;
-    if (s) {
-        if (ir_name_inplace(s)) removable = false;
+    bool removable = false;
+    if (s && !ir_name_inplace(s)) {
+        for (size_t i = 0; !removable && i < sizeof removable_names / sizeof removable_names[0]; i++)
+            if (strcmp(s, removable_names[i]) == 0) removable = true;
         for (size_t i = 0; removable && i < sizeof impure_names / sizeof impure_names[0]; i++)
             if (strcmp(s, impure_names[i]) == 0) removable = false;
     }

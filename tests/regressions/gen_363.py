@@ -2,7 +2,6 @@
 
 Failed: wrong: call 0: arguments after the call[1].state_dict()['running_mean']: values differ: Tensor-likes are not equal! Mismatched elements: 3 / 3 (100.0%) Greatest absolute difference: 0.09424217790365219 at index (1,) Greatest relative difference: 1.0 at index (0,)
 """
-XFAIL = "BatchNorm in train mode whose output is unused: the batch_norm op is dropped from the graph, so running_mean/running_var are not updated (num_batches_tracked is)"  # xfail(strict=True) in tests/py/test_regressions.py until fixed
 import torch
 
 

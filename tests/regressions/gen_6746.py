@@ -5,7 +5,6 @@ datatype.; compiled returned. (LayerNorm's float32 parameters on a float64 input
 accepts it, the CPU kernel raises; the result is unused, the op is dropped from the graph, and
 the exception is lost.)
 """
-XFAIL = "an op whose result is unused is dropped from the graph, so the exception its kernel raises in eager (LayerNorm float64 input, float32 weights) is lost"  # xfail(strict=True) in tests/py/test_regressions.py until fixed
 import torch
 
 
