@@ -82,7 +82,9 @@ static const char *const torch_query_paths[] = {
     "_utils.is_compiling", "_jit_internal.is_scripting",
     /* evaluated for real (the default case): dispatch-mode queries, not guarded, like Dynamo */
     "_C._len_torch_dispatch_stack", "utils._python_dispatch.is_in_torch_dispatch_mode",
-    "utils._python_dispatch._get_current_dispatch_mode", NULL};
+    "utils._python_dispatch._get_current_dispatch_mode",
+    /* pure functions of Python values, folded when their arguments are constants */
+    "broadcast_shapes", NULL};
 
 static const char *const torch_factory_paths[] = {
     "zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "linspace", "logspace",
@@ -651,6 +653,23 @@ typedef struct OutCtx {
     struct { uint32_t *items; uint32_t n, cap; } refs;
 } OutCtx;
 
+/* True when cls is a structseq (torch.return_types.max) whose fields are all sequence fields
+ * and number n: then cls(items_tuple) rebuilds the value exactly (Objects/structseq.c,
+ * structseq_new_impl). A structseq with hidden fields (os.stat_result) is not. */
+static bool is_plain_structseq(PyObject *cls, uint32_t n) {
+    PyObject *nf = NULL, *ns = NULL;
+    bool ok = false;
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) return false;
+    nf = PyObject_GetAttrString(cls, "n_fields");
+    ns = nf ? PyObject_GetAttrString(cls, "n_sequence_fields") : NULL;
+    if (nf && ns && PyLong_Check(nf) && PyLong_Check(ns))
+        ok = PyLong_AsLong(nf) == (long)n && PyLong_AsLong(ns) == (long)n;
+    if (PyErr_Occurred()) PyErr_Clear();
+    Py_XDECREF(nf);
+    Py_XDECREF(ns);
+    return ok;
+}
+
 static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
     if (depth > 64) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return value nested too deep");
     if (v->kind == TV_LAZY && v->src >= 0) { /* an input object returned as is */
@@ -702,7 +721,7 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
         }
         PyObject *cls = v->u.seq.cls;
         if (v->kind == TV_TUPLE && cls) {
-            if (!PyObject_HasAttrString(cls, "_fields"))
+            if (!PyObject_HasAttrString(cls, "_fields") && !is_plain_structseq(cls, v->u.seq.n))
                 return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return of a %s structseq",
                                    ((PyTypeObject *)cls)->tp_name);
             o->kind = OUT_NAMEDTUPLE;

@@ -268,14 +268,90 @@ static bool is_const_result(PyObject *o) {
     return false;
 }
 
-/* Runs f(*args, **kw) with grad mode off (meta inference must not record autograd history or
- * trip leaf-in-place checks). New reference, or NULL with a META_FAILED break. */
-static PyObject *run_meta(Trace *T, PyObject *f, PyObject *args, PyObject *kw) {
+/* Should a failed meta call be repeated on fake tensors? When the op has no meta kernel
+ * (NotImplementedError: "attempted to run this operator with Meta tensors", "Cannot copy out of
+ * meta tensor") or its error names meta tensors (tensor_split's "... but it's on meta"); an op's
+ * own argument error is not retried. */
+static bool meta_unsupported(PyObject *exc) {
+    if (!exc) return false;
+    if (PyErr_GivenExceptionMatches(exc, PyExc_NotImplementedError)) return true;
+    PyObject *msg = PyObject_Str(exc);
+    if (!msg) {
+        PyErr_Clear();
+        return false;
+    }
+    PyObject *needle = PyUnicode_FromString("meta");
+    Py_ssize_t at = needle ? PyUnicode_Find(msg, needle, 0, PyUnicode_GET_LENGTH(msg), 1) : -1;
+    Py_XDECREF(needle);
+    Py_DECREF(msg);
+    if (at < -1) PyErr_Clear();
+    return at >= 0;
+}
+
+/* The fake-tensor fallback for a failed meta call: ember._fake.run repeats f(*args, **kw) under
+ * torch's FakeTensorMode, which runs an aten op without a meta kernel on zero-filled real
+ * tensors and refuses ops whose outputs depend on tensor data (torch.compile's own rule,
+ * torch/_subclasses/fake_tensor.py). The tensor arguments must all be in c->tens (their meta
+ * examples and devices); kw is a dict. *device gets the device of the first result tensor (a
+ * new reference, or untouched when there is none). New reference to the result with meta tensors, or NULL
+ * with an exception. */
+static PyObject *run_fake(PyObject *f, PyObject *args, PyObject *kw, Conv *c, PyObject **device) {
+    static PyObject *fake_run = NULL; /* ember._fake.run; one interpreter (em_module.c) */
+    PyObject *metas = NULL, *devs = NULL, *r = NULL, *res = NULL;
+    if (c->ntens >= (int)(sizeof c->tens / sizeof c->tens[0])) {
+        PyErr_SetString(PyExc_NotImplementedError, "ember: too many tensor arguments for the fake fallback");
+        return NULL;
+    }
+    if (!fake_run) {
+        PyObject *m = PyImport_ImportModule("ember._fake");
+        if (!m) return NULL;
+        fake_run = PyObject_GetAttrString(m, "run");
+        Py_DECREF(m);
+        if (!fake_run) return NULL;
+    }
+    metas = PyTuple_New(c->ntens);
+    devs = PyTuple_New(c->ntens);
+    if (!metas || !devs) goto done;
+    for (int i = 0; i < c->ntens; i++) {
+        IRMeta *m = c->tens[i]->u.t.meta;
+        if (!m->example || !m->device) {
+            PyErr_SetString(PyExc_NotImplementedError, "ember: tensor argument without metadata");
+            goto done;
+        }
+        PyTuple_SET_ITEM(metas, i, Py_NewRef(m->example));
+        PyTuple_SET_ITEM(devs, i, Py_NewRef(m->device));
+    }
+    PyObject *call[5] = {f, args, kw, metas, devs};
+    r = PyObject_Vectorcall(fake_run, call, 5, NULL);
+    if (!r) goto done;
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
+        PyErr_SetString(PyExc_TypeError, "ember._fake.run returned no (result, device) pair");
+        goto done;
+    }
+    res = Py_NewRef(PyTuple_GET_ITEM(r, 0));
+    if (PyTuple_GET_ITEM(r, 1) != Py_None) Py_XSETREF(*device, Py_NewRef(PyTuple_GET_ITEM(r, 1)));
+done:
+    Py_XDECREF(metas);
+    Py_XDECREF(devs);
+    Py_XDECREF(r);
+    return res;
+}
+
+/* Runs f(*args, **kw) on meta tensors with grad mode off (meta inference must not record
+ * autograd history or trip leaf-in-place checks); when that fails for want of a meta kernel,
+ * on fake tensors (run_fake, which may set *device). New reference, or NULL with a META_FAILED
+ * break carrying the meta call's exception. */
+static PyObject *run_meta(Trace *T, PyObject *f, PyObject *args, PyObject *kw, Conv *c, PyObject **device) {
     PyObject *r = PyObject_CallOneArg(em_trace_rt.set_grad_enabled, Py_False);
     if (!r) return NULL;
     Py_DECREF(r);
     PyObject *res = PyObject_Call(f, args, kw);
     PyObject *exc = res ? NULL : em_tr_exc_get();
+    if (!res && meta_unsupported(exc)) {
+        res = run_fake(f, args, kw, c, device);
+        if (!res) PyErr_Clear(); /* the meta call's exception is the one reported */
+        else Py_CLEAR(exc);
+    }
     r = PyObject_CallOneArg(em_trace_rt.set_grad_enabled, T->grad_enabled ? Py_True : Py_False);
     if (!r) {
         Py_XDECREF(res);
@@ -414,7 +490,7 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
         targs = PyList_AsTuple(margs);
     }
     if (!targs) goto done;
-    if (!(res = run_meta(T, f, targs, mkw))) goto done;
+    if (!(res = run_meta(T, f, targs, mkw, &c, &device))) goto done;
     if (!device) {
         device = c.device ? Py_NewRef(c.device) : default_device(T);
         if (!device) goto done;
@@ -1212,7 +1288,15 @@ static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args,
             if (a && is_seq(a)) tens = any_tensor(T, a->u.seq.items, a->u.seq.n);
         }
     }
-    if (!tens && PyFunction_Check(fn) && !table_code(em_trace_rt.torch_factory, fn)) {
+    /* a Python function given a function argument (F.triplet_margin_with_distance_loss's
+     * distance_function) is inlined too: the callee is traced, not passed to a graph op */
+    bool fn_arg = false;
+    for (uint32_t i = 0; i < nargs + nkw && !fn_arg; i++) {
+        TValue *a = em_tr_realize(T, i < nargs ? args[i] : kwvals[i - nargs]);
+        if (!a) return NULL;
+        fn_arg = a->kind == TV_FUNCTION || a->kind == TV_BOUND_METHOD;
+    }
+    if ((!tens || fn_arg) && PyFunction_Check(fn) && !table_code(em_trace_rt.torch_factory, fn)) {
         TValue *fv = callee;
         if (!fv || fv->kind != TV_FUNCTION) {
             fv = em_tr_new(T, TV_FUNCTION);

@@ -439,6 +439,65 @@ def test_transformer_encoder_layer():
             assert e["kind"] == "graph" or e["reason"] == "META_FAILED", (e["reason"], e["detail"])
 
 
+def test_structseq_results_returned_and_read():
+    """torch.return_types (structseqs) come back as the same type, with fields readable in the trace."""
+    def f(x):
+        top = torch.topk(x, 2)
+        m = x.max(dim=1)
+        return top, m.values * 2, m, torch.sort(x, dim=0, descending=True), torch.aminmax(x)
+    compiled, _ = expect_graph(f, x34())
+    got = compiled(x34())
+    assert type(got[0]) is torch.return_types.topk and type(got[2]) is torch.return_types.max
+    assert type(got[4]) is torch.return_types.aminmax and got[4].min.shape == ()
+
+
+def test_fake_tensor_fallback_for_ops_without_meta_kernel():
+    """geqrf and histogram have no meta kernel: their metadata comes from torch's FakeTensorMode
+    fallback (zero-filled real tensors), as in torch.compile; the graph still replays real ops."""
+    def f(x):
+        a, tau = torch.geqrf(x)
+        hist, edges = torch.histogram(x.flatten(), bins=5)
+        return a.sum(0) + tau.sum(), hist * 2, edges, hist.shape[0] + 1
+    compiled, info = expect_graph(f, torch.randn(4, 3), torch.randn(5, 2))
+    assert "geqrf" in graph_text(info)
+
+
+def test_fake_tensor_fallback_moves_devices_like_eager():
+    """A torch-defined function that moves a tensor to another device fails on meta tensors (no
+    data to copy); the fake fallback gives the result's device."""
+    from torch.testing._internal.common_methods_invocations import op_db
+    to = next(o for o in op_db if o.name == "to").op  # a lambda defined in torch: a graph op
+    def f(x):
+        return to(x, "cpu", torch.float64, copy=True) + 1
+    compiled, _ = expect_graph(f, x34())
+    assert compiled(x34()).dtype == torch.float64
+
+
+def test_data_dependent_ops_still_fall_back():
+    """The fake fallback refuses ops whose output shape depends on values: nonzero, unique."""
+    expect_break(lambda x: torch.nonzero(x > 0), (x34(),), "META_FAILED", "nonzero")
+    expect_break(lambda x: torch.unique(x.round()), (x34(),), "META_FAILED")
+
+
+def test_torch_function_with_function_argument_is_inlined():
+    """A torch Python function given a user function (distance_function) is traced through, so
+    the user function's ops are graph nodes rather than a callable passed to an op."""
+    def dist(a, b):
+        return (a - b).abs().sum(-1)
+
+    def f(a, p, n):
+        return F.triplet_margin_with_distance_loss(a, p, n, distance_function=dist, margin=0.5)
+    _, info = expect_graph(f, (x34(), x34(), x34()))
+    assert "abs" in graph_text(info)
+
+
+def test_broadcast_shapes_folds_on_constants():
+    def f(x, y):
+        return x.expand(torch.broadcast_shapes(x.shape, y.shape)) + y
+    expect_graph(f, (torch.randn(3, 1), torch.randn(1, 4)))
+    expect_break(lambda x: torch.broadcast_shapes((3,), (2,)), (x34(),), "RAISE")
+
+
 # ------------------------------------------------------------------------------------------------
 # breaks: each reason falls back and still gives eager's answer
 
