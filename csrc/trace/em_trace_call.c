@@ -2021,6 +2021,13 @@ static TValue *call_object(Trace *T, TValue *callee, TValue **args, uint32_t nar
     const char *tn = Py_TYPE(o)->tp_name;
     if (is_torch_module_name(mod) || strstr(tn, "OpOverload"))
         return call_torch(T, NULL, o, args, nargs, kwnames, kwvals);
+    /* an instance of a class with a Python __call__: obj(...) runs type(obj).__call__(obj, ...),
+     * looked up (and guarded) as an attribute, then inlined */
+    PyObject *dunder = _PyType_Lookup(Py_TYPE(o), em_str("__call__"));
+    if (dunder && PyFunction_Check(dunder)) {
+        TValue *bound = em_tr_getattr(T, callee, em_str("__call__"), NULL);
+        return bound ? em_tr_call(T, bound, args, nargs, kwnames, kwvals) : NULL;
+    }
     em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of %s", callable_name(T, o));
     return NULL;
 }

@@ -491,6 +491,29 @@ def test_torch_function_with_function_argument_is_inlined():
     assert "abs" in graph_text(info)
 
 
+def test_callable_object_is_inlined_and_guarded():
+    """obj(x) for a class with a Python __call__ is traced through type(obj).__call__; changing
+    an attribute it read, or the class's __call__, recompiles."""
+    class Scale:
+        def __init__(self, s):
+            self.s = s
+
+        def __call__(self, x):
+            return x * self.s
+
+    sc = Scale(3.0)
+
+    def f(x):
+        return sc(x) + 1
+    compiled, _ = expect_graph(f, x34())
+    x = x34()
+    sc.s = 5.0
+    assert_same(compiled(x), f(x))
+    Scale.__call__ = lambda self, x: x - self.s
+    assert_same(compiled(x), f(x))
+    assert len(entries(compiled)) == 3
+
+
 def test_broadcast_shapes_folds_on_constants():
     def f(x, y):
         return x.expand(torch.broadcast_shapes(x.shape, y.shape)) + y
