@@ -1533,9 +1533,15 @@ int em_tr_run_frame(Trace *T, TFrame *F) {
         case OP_MAKE_FUNCTION:
             if (push(T, F, make_function(T, F, arg)) < 0) goto fail;
             break;
-        case OP_RAISE_VARARGS:
-            em_tr_break(T, EM_BREAK_RAISE, "raise statement");
+        case OP_RAISE_VARARGS: { /* the detail names the exception class when the trace knows it */
+            TValue *e = arg >= 1 && F->sp >= (int)arg ? em_tr_realize(T, peek(T, F, (int)arg)) : NULL;
+            PyObject *cls = e && e->obj ? (PyType_Check(e->obj) ? e->obj : (PyObject *)Py_TYPE(e->obj)) : NULL;
+            if (cls && PyType_IsSubtype((PyTypeObject *)cls, (PyTypeObject *)PyExc_BaseException))
+                em_tr_break(T, EM_BREAK_RAISE, "%s: raise statement", ((PyTypeObject *)cls)->tp_name);
+            else
+                em_tr_break(T, EM_BREAK_RAISE, "raise statement");
             goto fail;
+        }
         case OP_RERAISE:
             em_tr_break(T, EM_BREAK_RAISE, "re-raise");
             goto fail;

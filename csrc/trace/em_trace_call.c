@@ -1288,13 +1288,16 @@ static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args,
             if (a && is_seq(a)) tens = any_tensor(T, a->u.seq.items, a->u.seq.n);
         }
     }
-    /* a Python function given a function argument (F.triplet_margin_with_distance_loss's
-     * distance_function) is inlined too: the callee is traced, not passed to a graph op */
+    /* a Python function given a callable argument (F.triplet_margin_with_distance_loss's
+     * distance_function: a function, a module, an object with a Python __call__) is inlined too:
+     * the callee is traced, not passed to a graph op */
     bool fn_arg = false;
     for (uint32_t i = 0; i < nargs + nkw && !fn_arg; i++) {
         TValue *a = em_tr_realize(T, i < nargs ? args[i] : kwvals[i - nargs]);
         if (!a) return NULL;
-        fn_arg = a->kind == TV_FUNCTION || a->kind == TV_BOUND_METHOD;
+        fn_arg = a->kind == TV_FUNCTION || a->kind == TV_BOUND_METHOD || a->kind == TV_NN_MODULE ||
+                 (a->kind == TV_OBJECT && a->obj && !PyType_Check(a->obj) &&
+                  PyFunction_Check(_PyType_Lookup(Py_TYPE(a->obj), em_str("__call__"))));
     }
     if ((!tens || fn_arg) && PyFunction_Check(fn) && !table_code(em_trace_rt.torch_factory, fn)) {
         TValue *fv = callee;

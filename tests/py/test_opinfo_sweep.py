@@ -231,3 +231,18 @@ def test_inductor_runner_passes_a_trivial_case():
     cls, detail, _inexact = sw.RUNNERS["inductor"](case, 0, ref)
     assert (cls, detail) == ("pass", ""), detail
     assert time.monotonic() - t0 < 120
+
+
+def test_error_rule_counts_an_error_met_while_tracing_as_pass():
+    """ERROR_RULE: eager raises, ember met that error while tracing (META_FAILED with eager's
+    exception type) and re-ran the frame eagerly: pass. Another fallback reason stays a fallback."""
+    bad = sw.build_case(torch.arange, type("S", (), {"input": 0, "args": (10, 0), "kwargs": {}})())
+    ref = sw.run_one(bad.make(), bad, 0)
+    assert isinstance(ref.exc, RuntimeError)
+    assert sw.run_ember(bad, 0, ref)[0] == "pass"
+    info = [{"kind": "fallback", "reason": "UNSUPPORTED_CALL", "detail": "RuntimeError: x"}]
+    assert not sw._error_met_while_tracing(info, ref.exc)
+    info = [{"kind": "fallback", "reason": "META_FAILED", "detail": "ValueError: x"}]
+    assert not sw._error_met_while_tracing(info, ref.exc)
+    assert sw._error_met_while_tracing([{"kind": "fallback", "reason": "RAISE",
+                                         "detail": "RuntimeError: raise statement"}], ref.exc)

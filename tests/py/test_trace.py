@@ -571,7 +571,7 @@ def test_break_raise_and_assert():
         if x.dim() == 2:
             raise ValueError("two dims")
         return x
-    expect_break(f, (x34(),), "RAISE")
+    expect_break(f, (x34(),), "RAISE", "ValueError: raise statement")  # the detail names the class
 
     ns = {}
     exec("def g(x):\n    assert x.dim() == 3, 'need 3 dims'\n    return x\n", ns)  # no pytest rewriting
@@ -579,7 +579,7 @@ def test_break_raise_and_assert():
     compiled = ember.compile(g)
     with pytest.raises(AssertionError):
         compiled(x34())
-    assert [e["reason"] for e in entries(compiled)] == ["RAISE"]
+    assert [(e["reason"], e["detail"]) for e in entries(compiled)] == [("RAISE", "AssertionError: raise statement")]
 
 
 def test_break_try_block_and_with():

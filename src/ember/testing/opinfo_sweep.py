@@ -267,9 +267,30 @@ def run_ember(case: Case, seed: int, ref: Outcome) -> tuple[str, str, bool]:
         if c2 not in ("pass", "fallback"):
             cls, detail = c2, "second call: " + d2
         inexact = inexact or i2
+    if cls == "fallback" and ref.exc is not None and _error_met_while_tracing(info, ref.exc):
+        return "pass", "", inexact  # see ERROR_RULE
     if cls == "fallback":
         detail = why
     return cls, detail, inexact
+
+
+# How a case whose sample makes eager raise is classified (docs/correctness.md quotes it).
+ERROR_RULE = (
+    "For a sample that makes eager raise, no compiler can compile the frame: the op raises while it "
+    "is traced. Such a case passes when the compiler raises eager's exception (type and message) and "
+    "did not fall back for another reason. torch.compile re-raises the error it met running the op on "
+    "fake tensors (or wraps it in TorchRuntimeError: a crash); ember records the error it met running "
+    "the op on meta tensors (a META_FAILED or RAISE entry whose exception has eager's type) and runs "
+    "the frame eagerly, so the caller gets eager's own exception. Any other ember fallback on such a "
+    "case (an unsupported call, say) stays a fallback.")
+
+
+def _error_met_while_tracing(info, exc: BaseException) -> bool:
+    """Did ember fall back only because tracing met eager's own error (ERROR_RULE)?"""
+    fbs = [e for e in info if e.get("kind") == "fallback"]
+    return bool(fbs) and all(
+        e.get("reason") in ("META_FAILED", "RAISE")
+        and str(e.get("detail") or "").startswith(type(exc).__name__ + ":") for e in fbs)
 
 
 def run_torch_compile(case: Case, seed: int, ref: Outcome, backend: str = "eager") -> tuple[str, str, bool]:
@@ -594,9 +615,10 @@ def to_markdown(report, command: str) -> str:
         "**wrong** a different result; **crash** an exception where eager had none, or of another type; **mismatch**",
         "eager raised and the compiled call did not, or the same exception type with another message.",
         "torch.compile wraps an exception raised while it runs an op on fake tensors in TorchRuntimeError and",
-        "appends \"from user code: ...\" to other messages: the caller sees another exception, so those count as",
-        "crash / mismatch here. ember runs each op on meta tensors while tracing; when that raises, the frame",
-        "falls back (META_FAILED) and the eager call raises eager's own exception.",
+        "appends \"from user code: ...\" to other messages (torch 2.13; 2.11 re-raises the error as it is): the",
+        "caller sees another exception, so those count as crash / mismatch here.",
+        "",
+        ERROR_RULE,
         "",
         f"Skipped as random-valued or uninitialised ({len(report['skipped_random'])}): "
         + (", ".join(report["skipped_random"][:80]) or "none") + (" ..." if len(report["skipped_random"]) > 80 else "")
