@@ -11,7 +11,7 @@ py=python3
 $py -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null && export PYTHONPATH=/tmp/site
 EMBER_WERROR=1 $py -m pip install --no-build-isolation --no-deps -q -e . 2>&1 | tail -20 | tee "$OUT/build.txt"
 $py -c "import ember; print('ember built for', ember._C.PYTHON_ABI)" 2>&1 | tee -a "$OUT/build.txt"
-$py -m pytest -q -p no:cacheprovider tests/py 2>&1 | tail -25 | tee "$OUT/pytest_cpu.txt"
-EMBER_TEST_DEVICE=cuda $py -m pytest -q -p no:cacheprovider tests/py 2>&1 | tail -40 | tee "$OUT/pytest_cuda.txt"
+$py -m pytest -p no:cacheprovider tests/py 2>&1 | tail -n 25 | tee "$OUT/pytest_cpu.txt"
+EMBER_TEST_DEVICE=cuda $py -m pytest -p no:cacheprovider tests/py 2>&1 | tail -n 40 | tee "$OUT/pytest_cuda.txt"
 $py bench/overhead.py --json "$OUT/overhead.json" 2>&1 | tail -16 | tee "$OUT/overhead.txt"
 $py -m ember demo --quiet 2>&1 | tail -60 > "$OUT/demo.txt"

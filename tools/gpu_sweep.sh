@@ -26,4 +26,4 @@ ls /tmp/et_*.json /tmp/ind_*.json | wc -l
 $py -m ember.testing.opinfo_sweep --merge /tmp/et_*.json /tmp/ind_*.json --json "$OUT/sweep_gpu.json" \
     --out "$OUT/correctness_gpu.md" 2>&1 | tail -5
 grep -h -A6 "^## Totals" "$OUT/correctness_gpu.md"
-tail -3 /tmp/et_0.log /tmp/ind_0.log
+tail -n 3 /tmp/et_0.log /tmp/ind_0.log
