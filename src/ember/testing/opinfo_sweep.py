@@ -294,16 +294,21 @@ def _error_met_while_tracing(info, exc: BaseException) -> bool:
 
 
 def run_torch_compile(case: Case, seed: int, ref: Outcome, backend: str = "eager") -> tuple[str, str, bool]:
-    """Compiles the case with torch.compile(backend=backend); a graph break counted by dynamo
-    (counters["graph_break"], torch/_dynamo/utils.py) makes an equal result a fallback."""
+    """Compiles the case with torch.compile(backend=backend) after torch._dynamo.reset(); a graph
+    break counted by dynamo (counters["graph_break"], torch/_dynamo/utils.py), or a frame dynamo
+    did not convert (counters["frames"]["ok"] unset) although eager returned, makes an equal
+    result a fallback."""
     from torch._dynamo.utils import counters
+    torch._dynamo.reset()  # each case is a fresh program: no skip marks or limits from earlier cases
     counters.clear()
     try:
         cf = torch.compile(case.make(), backend=backend)
     except Exception as e:  # noqa: BLE001
         return "crash", "torch.compile: " + _exc_text(e), False
     first = run_one(cf, case, seed)
-    breaks = counters.get("graph_break", {})
+    breaks = dict(counters.get("graph_break", {}))
+    if ref.exc is None and not counters.get("frames", {}).get("ok"):
+        breaks["dynamo did not convert the frame (counters['frames']['ok'] == 0)"] = 1
     broke = sum(breaks.values()) > 0
     cls, detail, inexact = classify(ref, first, broke)
     if cls == "fallback":
@@ -610,7 +615,8 @@ def to_markdown(report, command: str) -> str:
         "(the cached entry); torch.compile once. ember's and torch.compile's eager backends run eager's own kernels;",
         "inductor (`torch.compile(backend=\"inductor\")`) generates and compiles its own C++ kernels, so its results",
         "may differ from eager's within tolerance. Classes: **pass** compiled whole and equal (for torch.compile,",
-        "with either backend: equal and no graph break counted by dynamo, `counters[\"graph_break\"]` empty);",
+        "with either backend: equal, no graph break counted by dynamo (`counters[\"graph_break\"]` empty) and the",
+        "frame converted (`counters[\"frames\"][\"ok\"]`); dynamo is reset before each case);",
         "**fallback** equal, but ember ran the frame as Python (a fallback entry) / dynamo counted a graph break;",
         "**wrong** a different result; **crash** an exception where eager had none, or of another type; **mismatch**",
         "eager raised and the compiled call did not, or the same exception type with another message.",
