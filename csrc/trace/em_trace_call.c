@@ -378,6 +378,97 @@ static TValue *aliased_arg(Conv *c, PyObject *res) {
     return NULL;
 }
 
+/* Is a meta-call result a tensor-bearing sequence the trace can represent: a tuple or list whose
+ * items are tensors, None, numbers, or such sequences (histogramdd's (hist, [edges...]))? */
+static bool seq_result_ok(PyObject *res, bool *any_tensor, int depth) {
+    if (depth > 4 || !(PyTuple_Check(res) || PyList_Check(res))) return false;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(res); i++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(res, i);
+        if (is_tensor_obj(it))
+            *any_tensor = true;
+        else if ((PyTuple_Check(it) || PyList_Check(it)) && !seq_result_ok(it, any_tensor, depth + 1))
+            return false;
+        else if (!PyTuple_Check(it) && !PyList_Check(it) && it != Py_None && !PyLong_CheckExact(it) &&
+                 !PyFloat_CheckExact(it) && !PyBool_Check(it))
+            return false;
+    }
+    return true;
+}
+
+/* Fills *m (IRMETA_TUPLE) for a sequence result that seq_result_ok accepts, items recursively.
+ * 1 when filled, 0 when the result is not such a sequence (or has no tensor), -1 on error. */
+static int seq_meta(Trace *T, PyObject *res, PyObject *device, bool rg, IRMeta *m, int depth) {
+    bool any_tensor = false;
+    if (depth == 0 && (!seq_result_ok(res, &any_tensor, 0) || !any_tensor)) return 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(res);
+    memset(m, 0, sizeof *m);
+    m->kind = IRMETA_TUPLE;
+    m->nitems = (uint32_t)n;
+    m->items = em_arena_alloc(T->arena, sizeof(IRMeta) * (size_t)(n + 1));
+    m->example = em_arena_hold(T->arena, res);
+    if (!m->items || !m->example) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(res, i);
+        if (is_tensor_obj(it)) {
+            if (result_meta(T, it, device, rg, &m->items[i]) < 0) return -1;
+        } else if (PyTuple_Check(it) || PyList_Check(it)) {
+            if (seq_meta(T, it, device, rg, &m->items[i], depth + 1) < 0) return -1;
+        } else {
+            memset(&m->items[i], 0, sizeof(IRMeta));
+            m->items[i].kind = it == Py_None ? IRMETA_NONE : IRMETA_OTHER;
+            m->items[i].example = em_arena_hold(T->arena, it);
+        }
+    }
+    return 1;
+}
+
+/* The trace value of a sequence result made by graph node `node` with meta m (seq_meta): a
+ * getitem node per tensor or nested sequence item, constants as themselves; a structseq keeps
+ * its class (torch.return_types.max), so fields read by name and the type is returned. */
+static TValue *seq_value(Trace *T, uint32_t node, PyObject *res, IRMeta *m, int depth) {
+    TraceRT *rt = &em_trace_rt;
+    uint32_t n = m->nitems;
+    TValue **vals = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(n + 1));
+    if (!vals) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        IRMeta *im = &m->items[i];
+        if (im->kind != IRMETA_TENSOR && im->kind != IRMETA_TUPLE) {
+            if (!(vals[i] = em_tr_const(T, im->example))) return NULL;
+            continue;
+        }
+        IRArg *ga = em_arena_alloc(T->arena, sizeof(IRArg) * 2);
+        PyObject *idx = PyLong_FromUnsignedLong(i);
+        if (!ga || !idx) {
+            Py_XDECREF(idx);
+            if (!PyErr_Occurred()) PyErr_NoMemory();
+            return NULL;
+        }
+        memset(ga, 0, sizeof(IRArg) * 2);
+        ga[0].kind = IRARG_NODE;
+        ga[0].u.ref = node;
+        ga[1].kind = IRARG_CONST;
+        ga[1].u.obj = em_arena_hold_steal(T->arena, idx);
+        uint32_t gn = add_node(T, IR_CALL_FUNCTION, rt->op_getitem, ga, 2, NULL, NULL, 0, im);
+        if (!gn) return NULL;
+        vals[i] = im->kind == IRMETA_TENSOR ? em_tr_tensor(T, gn, im)
+                                            : seq_value(T, gn, PySequence_Fast_GET_ITEM(res, i), im, depth + 1);
+        if (!vals[i]) return NULL;
+    }
+    if (PyList_Check(res)) return em_tr_list(T, vals, n);
+    TValue *out = em_tr_tuple(T, vals, n);
+    if (out && !PyTuple_CheckExact(res)) {
+        out->u.seq.cls = em_arena_hold(T->arena, (PyObject *)Py_TYPE(res));
+        out->obj = em_arena_hold(T->arena, res);
+    }
+    return out;
+}
+
 TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args, uint32_t nargs, PyObject *kwnames,
                          TValue **kwvals) {
     TraceRT *rt = &em_trace_rt;
@@ -520,66 +611,13 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
         goto done;
     }
     if ((PyTuple_Check(res) || PyList_Check(res)) && PySequence_Fast_GET_SIZE(res) > 0) {
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(res);
-        bool any_tensor = false, ok = true;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *it = PySequence_Fast_GET_ITEM(res, i);
-            if (is_tensor_obj(it))
-                any_tensor = true;
-            else if (it != Py_None && !PyLong_CheckExact(it) && !PyFloat_CheckExact(it) && !PyBool_Check(it))
-                ok = false;
-        }
-        if (any_tensor && ok) {
-            IRMeta m;
-            memset(&m, 0, sizeof m);
-            m.kind = IRMETA_TUPLE;
-            m.nitems = (uint32_t)n;
-            m.items = em_arena_alloc(T->arena, sizeof(IRMeta) * (size_t)(n + 1));
-            m.example = em_arena_hold(T->arena, res);
-            TValue **vals = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(n + 1));
-            if (!m.items || !vals) {
-                PyErr_NoMemory();
-                goto done;
-            }
-            for (Py_ssize_t i = 0; i < n; i++) {
-                PyObject *it = PySequence_Fast_GET_ITEM(res, i);
-                if (is_tensor_obj(it)) {
-                    if (result_meta(T, it, device, c.any_rg, &m.items[i]) < 0) goto done;
-                } else {
-                    m.items[i].kind = it == Py_None ? IRMETA_NONE : IRMETA_OTHER;
-                    m.items[i].example = em_arena_hold(T->arena, it);
-                }
-            }
+        IRMeta m;
+        int ok = seq_meta(T, res, device, c.any_rg, &m, 0);
+        if (ok < 0) goto done;
+        if (ok) {
             uint32_t node = add_node(T, kind, target, ia, nargs, kwnames, ik, nkw, &m);
             if (!node) goto done;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                if (m.items[i].kind != IRMETA_TENSOR) {
-                    if (!(vals[i] = em_tr_const(T, m.items[i].example))) goto done;
-                    continue;
-                }
-                IRArg *ga = em_arena_alloc(T->arena, sizeof(IRArg) * 2);
-                PyObject *idx = PyLong_FromSsize_t(i);
-                if (!ga || !idx) {
-                    Py_XDECREF(idx);
-                    if (!PyErr_Occurred()) PyErr_NoMemory();
-                    goto done;
-                }
-                ga[0].kind = IRARG_NODE;
-                ga[0].u.ref = node;
-                ga[1].kind = IRARG_CONST;
-                ga[1].u.obj = em_arena_hold_steal(T->arena, idx);
-                uint32_t gn = add_node(T, IR_CALL_FUNCTION, rt->op_getitem, ga, 2, NULL, NULL, 0, &m.items[i]);
-                if (!gn || !(vals[i] = em_tr_tensor(T, gn, &m.items[i]))) goto done;
-            }
-            if (PyList_Check(res)) {
-                out = em_tr_list(T, vals, (uint32_t)n);
-            } else {
-                out = em_tr_tuple(T, vals, (uint32_t)n);
-                if (out && !PyTuple_CheckExact(res)) {
-                    out->u.seq.cls = em_arena_hold(T->arena, (PyObject *)Py_TYPE(res));
-                    out->obj = em_arena_hold(T->arena, res);
-                }
-            }
+            out = seq_value(T, node, res, &m, 0);
             goto done;
         }
     }
@@ -1295,9 +1333,11 @@ static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args,
     for (uint32_t i = 0; i < nargs + nkw && !fn_arg; i++) {
         TValue *a = em_tr_realize(T, i < nargs ? args[i] : kwvals[i - nargs]);
         if (!a) return NULL;
-        fn_arg = a->kind == TV_FUNCTION || a->kind == TV_BOUND_METHOD || a->kind == TV_NN_MODULE ||
-                 (a->kind == TV_OBJECT && a->obj && !PyType_Check(a->obj) &&
-                  PyFunction_Check(_PyType_Lookup(Py_TYPE(a->obj), em_str("__call__"))));
+        fn_arg = a->kind == TV_FUNCTION || a->kind == TV_BOUND_METHOD || a->kind == TV_NN_MODULE;
+        if (a->kind == TV_OBJECT && a->obj && !PyType_Check(a->obj)) {
+            PyObject *dunder = _PyType_Lookup(Py_TYPE(a->obj), em_str("__call__")); /* borrowed, may be NULL */
+            fn_arg = dunder && PyFunction_Check(dunder);
+        }
     }
     if ((!tens || fn_arg) && PyFunction_Check(fn) && !table_code(em_trace_rt.torch_factory, fn)) {
         TValue *fv = callee;

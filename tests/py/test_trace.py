@@ -451,6 +451,18 @@ def test_structseq_results_returned_and_read():
     assert type(got[4]) is torch.return_types.aminmax and got[4].min.shape == ()
 
 
+@pytest.mark.parametrize("backend", ["eager", "fx"])
+def test_nested_sequence_results(backend):
+    """histogramdd returns (hist, (edges, ...)): nested items become getitem chains in the graph."""
+    def f(x):
+        h = torch.histogramdd(x, bins=[3, 4])
+        return h, h.bin_edges[1] * 2, h.hist.sum()
+    x = torch.randn(20, 2, device="cpu")  # histogramdd has no CUDA kernel
+    compiled, _ = expect_graph(f, x, backend=backend)
+    got = compiled(x)
+    assert type(got[0]) is torch.return_types.histogramdd and len(got[0].bin_edges) == 2
+
+
 def test_fake_tensor_fallback_for_ops_without_meta_kernel():
     """geqrf and histogram have no meta kernel: their metadata comes from torch's FakeTensorMode
     fallback (zero-filled real tensors), as in torch.compile; the graph still replays real ops."""
@@ -513,6 +525,20 @@ def test_callable_object_is_inlined_and_guarded():
     Scale.__call__ = lambda self, x: x - self.s
     assert_same(compiled(x), f(x))
     assert len(entries(compiled)) == 3
+
+
+def test_torch_function_with_plain_object_argument_falls_back():
+    """A torch Python function given an object that is neither callable nor a constant (an options
+    object) stays one call: the object cannot be a graph op argument, so the frame falls back
+    (this once crashed the tracer: a NULL __call__ lookup)."""
+    class Options:
+        chunk = 2
+
+    def scaled(x, options):
+        return x * options.chunk
+    scaled.__module__ = "torch._ember_test"  # a function defined in torch
+    opts = Options()
+    expect_break(lambda x: scaled(x, opts), (x34(),), "UNSUPPORTED_CALL", "argument of type Options")
 
 
 def test_broadcast_shapes_folds_on_constants():
