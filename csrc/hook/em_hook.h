@@ -36,6 +36,8 @@ typedef struct CacheEntry {
     OutSpec *out;            /* GRAPH: return value spec (malloc) */
     int *input_fetch;        /* GRAPH: graph input i = fetch slot input_fetch[i] (malloc) */
     uint32_t ninputs;
+    int grad_restore;        /* GRAPH: -1, or the grad mode to restore when the graph raises (it
+                                changes grad mode: with torch.no_grad() inside the frame) */
     PyObject *info;          /* dict for ember.cache_info: graph text, guards, reason ... */
     uint64_t hits;
 } CacheEntry;

@@ -127,6 +127,31 @@ void em_fetched_release(CacheEntry *e, PyObject **fetched) {
     for (int i = 0; i < n; i++) Py_CLEAR(fetched[i]);
 }
 
+/* After a graph that changes grad mode raised: put back the mode the frame was entered with, as
+ * the `with` block's __exit__ would have in eager, keeping the pending exception. */
+static void restore_grad_mode(int mode) {
+    static PyObject *set_grad = NULL; /* torch._C._set_grad_enabled; one interpreter (em_module.c) */
+#if EM_PY312
+    PyObject *exc = PyErr_GetRaisedException();
+#else
+    PyObject *exc_t, *exc_v, *exc_tb;
+    PyErr_Fetch(&exc_t, &exc_v, &exc_tb);
+#endif
+    if (!set_grad) {
+        PyObject *c = PyImport_ImportModule("torch._C");
+        set_grad = c ? PyObject_GetAttrString(c, "_set_grad_enabled") : NULL;
+        Py_XDECREF(c);
+    }
+    PyObject *r = set_grad ? PyObject_CallOneArg(set_grad, mode ? Py_True : Py_False) : NULL;
+    Py_XDECREF(r);
+    PyErr_Clear();
+#if EM_PY312
+    PyErr_SetRaisedException(exc);
+#else
+    PyErr_Restore(exc_t, exc_v, exc_tb);
+#endif
+}
+
 PyObject *em_entry_run(CacheEntry *e, PyObject **fetched) {
     PyObject *small[16];
     PyObject **args = e->ninputs <= 16 ? small : PyMem_Malloc(e->ninputs * sizeof(PyObject *));
@@ -138,7 +163,10 @@ PyObject *em_entry_run(CacheEntry *e, PyObject **fetched) {
     for (uint32_t i = 0; i < e->ninputs; i++) args[i] = fetched[e->input_fetch[i]];
     if (e->eager_graph) out = em_eager_graph_run(e->compiled, args, e->ninputs);
     else out = PyObject_Vectorcall(e->compiled, args, e->ninputs, NULL);
-    if (!out) goto done;
+    if (!out) {
+        if (e->grad_restore >= 0) restore_grad_mode(e->grad_restore);
+        goto done;
+    }
     result = em_out_build(e->out, out, fetched);
 done:
     Py_XDECREF(out);
@@ -321,6 +349,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         goto error;
     }
     e = calloc(1, sizeof(CacheEntry));
+    if (e) e->grad_restore = -1;
     if (!e) {
         PyErr_NoMemory();
         goto error;
@@ -341,6 +370,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         if (!e->compiled) goto error;
         e->out = em_out_copy(res.out);
         e->ninputs = res.ninputs;
+        e->grad_restore = res.grad_restore;
         e->input_fetch = malloc((res.ninputs ? res.ninputs : 1) * sizeof(int));
         if (!e->out || !e->input_fetch) {
             PyErr_NoMemory();

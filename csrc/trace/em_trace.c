@@ -155,6 +155,9 @@ int em_trace_init(PyObject *module) {
     rt->set_grad_enabled = lookup_path(rt->torch, "_C._set_grad_enabled");
     rt->is_grad_enabled = lookup_path(rt->torch, "is_grad_enabled");
     rt->get_default_device = lookup_path(rt->torch, "get_default_device");
+    rt->no_grad_cls = lookup_path(rt->torch, "no_grad");
+    rt->enable_grad_cls = lookup_path(rt->torch, "enable_grad");
+    rt->set_grad_enabled_cls = lookup_path(rt->torch, "set_grad_enabled");
     rt->module_call = lookup_path(rt->torch, "nn.Module.__call__");
     rt->ModuleList = lookup_path(rt->torch, "nn.ModuleList");
     rt->Sequential = lookup_path(rt->torch, "nn.Sequential");
@@ -166,7 +169,7 @@ int em_trace_init(PyObject *module) {
     if (!rt->Tensor || !rt->TensorBase || !rt->Parameter || !rt->Module || !rt->Size ||
         !rt->dtype_type || !rt->device_type || !rt->empty_strided || !rt->set_grad_enabled ||
         !rt->is_grad_enabled || !rt->module_call || !rt->ModuleList || !rt->Sequential ||
-        !rt->ModuleDict) {
+        !rt->ModuleDict || !rt->no_grad_cls || !rt->enable_grad_cls || !rt->set_grad_enabled_cls) {
         PyErr_SetString(PyExc_ImportError, "ember.trace: torch is missing objects the tracer needs");
         goto error;
     }
@@ -385,8 +388,20 @@ static bool handler_is_reraise(const TFrame *F, int32_t h) {
     return false;
 }
 
-/* Decodes the code's instructions into F. Returns 0, 1 if the code has a real try/with block
- * (exception-table entries other than re-raise cleanup), -1 on error. */
+/* Is the handler at instruction h the exception path of a `with` block (PUSH_EXC_INFO,
+ * WITH_EXCEPT_START: it calls __exit__ with the exception, CPython's compiler_with), or the
+ * cleanup inside such a handler (COPY 3, POP_EXCEPT, RERAISE 1)? The tracer never runs
+ * handlers; BEFORE_WITH admits only context managers that do not swallow exceptions, and the
+ * runtime restores their state when a compiled graph raises. */
+static bool handler_is_with_exit(const TFrame *F, int32_t h) {
+    if (h < 0 || (uint32_t)h + 2 >= F->nins) return false;
+    const TInstr *in = &F->ins[h];
+    if (in[0].op == OP_PUSH_EXC_INFO && in[1].op == OP_WITH_EXCEPT_START) return true;
+    return in[0].op == OP_COPY && in[0].arg == 3 && in[1].op == OP_POP_EXCEPT && in[2].op == OP_RERAISE;
+}
+
+/* Decodes the code's instructions into F. Returns 0, 1 if the code has a real try block
+ * (exception-table entries other than re-raise cleanup and `with` exits), -1 on error. */
 static int decode(Trace *T, TFrame *F) {
     TraceRT *rt = &em_trace_rt;
     PyObject *bytes = PyCode_GetCode(F->code);
@@ -457,7 +472,7 @@ static int decode(Trace *T, TFrame *F) {
                 (j = exc_varint(p, len, j, &t)) < 0 || (j = exc_varint(p, len, j, &d)) < 0)
                 return 1;
             if (t < 0 || (uint32_t)t >= nunits) return 1;
-            if (!handler_is_reraise(F, F->off2ins[t])) return 1;
+            if (!handler_is_reraise(F, F->off2ins[t]) && !handler_is_with_exit(F, F->off2ins[t])) return 1;
         }
     }
     return 0;
@@ -488,7 +503,7 @@ TFrame *em_tr_frame_new(Trace *T, PyCodeObject *code, PyObject *globals, PyObjec
     if (rc == 1) {
         TFrame *saved = T->cur;
         T->cur = F;
-        em_tr_break(T, EM_BREAK_TRY_BLOCK, "%U has a try/except or with block", code->co_qualname);
+        em_tr_break(T, EM_BREAK_TRY_BLOCK, "%U has a try/except or try/finally block", code->co_qualname);
         T->cur = saved;
         return NULL;
     }
@@ -1022,6 +1037,29 @@ static int do_call(Trace *T, TFrame *F, int n) {
     if (!r) return -1;
     F->sp -= n + 2;
     return push(T, F, r);
+}
+
+/* BEFORE_WITH: [mgr] -> [mgr.__exit__, mgr.__enter__()]. Only grad-mode managers (no_grad,
+ * enable_grad, set_grad_enabled: their __exit__ restores the mode and never swallows an
+ * exception, torch/autograd/grad_mode.py) are traced; entering records the mode change. */
+static int before_with(Trace *T, TFrame *F) {
+    TValue *m = pop(T, F);
+    if (!m || !(m = em_tr_realize(T, m))) return -1;
+    if (m->kind != TV_GRAD_MODE || m->u.gm.exit) {
+        const char *what = m->obj ? Py_TYPE(m->obj)->tp_name : "value";
+        if (m->obj && PyType_Check(m->obj)) what = ((PyTypeObject *)m->obj)->tp_name;
+        return em_tr_break(T, EM_BREAK_TRY_BLOCK, "with block on a %s", what);
+    }
+    TValue *exit = em_tr_new(T, TV_GRAD_MODE);
+    if (!exit) return -1;
+    exit->u.gm = m->u.gm;
+    exit->u.gm.exit = true;
+    if (!m->u.gm.applied) {
+        exit->u.gm.prev = T->grad_enabled;
+        if (em_tr_set_grad_mode(T, m->u.gm.mode) < 0) return -1;
+    }
+    if (push(T, F, exit) < 0) return -1;
+    return push(T, F, em_tr_const(T, Py_None));
 }
 
 /* CALL_FUNCTION_EX: f(*args, **kwargs). Stack: [NULL, f, args, kwargs?]. */
@@ -1570,7 +1608,10 @@ int em_tr_run_frame(Trace *T, TFrame *F) {
         case OP_SEND: case OP_GET_YIELD_FROM_ITER:
             em_tr_break(T, EM_BREAK_GENERATOR, "yield from / await");
             goto fail;
-        case OP_BEFORE_WITH: case OP_PUSH_EXC_INFO: case OP_POP_EXCEPT: case OP_CHECK_EXC_MATCH:
+        case OP_BEFORE_WITH:
+            if (before_with(T, F) < 0) goto fail;
+            break;
+        case OP_PUSH_EXC_INFO: case OP_POP_EXCEPT: case OP_CHECK_EXC_MATCH: case OP_WITH_EXCEPT_START:
             em_tr_break(T, EM_BREAK_TRY_BLOCK, NULL);
             goto fail;
         default:
@@ -1671,6 +1712,8 @@ int em_trace_frame(PyObject *func, PyCodeObject *code, const EmFrameView *fv, co
     T.null_value = em_tr_new(&T, TV_NULL);
     if (!T.null_value) return -1;
     int rc = -1;
+    res->grad_restore = -1;
+    bool grad_at_entry = false;
     if (em_guard_global_state(T.gb) < 0) goto done;
     {
         PyObject *ge = PyObject_CallNoArgs(em_trace_rt.is_grad_enabled);
@@ -1678,6 +1721,7 @@ int em_trace_frame(PyObject *func, PyCodeObject *code, const EmFrameView *fv, co
         T.grad_enabled = ge == Py_True;
         Py_DECREF(ge);
     }
+    grad_at_entry = T.grad_enabled;
     if (code->co_flags & (TR_CO_GENERATOR | TR_CO_COROUTINE | TR_CO_ITERABLE_COROUTINE | TR_CO_ASYNC_GENERATOR)) {
         em_tr_break(&T, EM_BREAK_GENERATOR, "%U is a generator or coroutine", code->co_qualname);
         rc = -1;
@@ -1689,6 +1733,19 @@ int em_trace_frame(PyObject *func, PyCodeObject *code, const EmFrameView *fv, co
     if (em_tr_run_frame(&T, F) < 0) goto done;
     rc = top_return(&T, F->retval);
 done:
+    if (T.grad_changed) {
+        /* meta calls leave the process in the trace's current grad mode (run_meta): give the caller
+         * back the mode the frame was entered with, keeping any pending exception */
+        PyObject *exc = em_tr_exc_get();
+        PyObject *r = PyObject_CallOneArg(em_trace_rt.set_grad_enabled, grad_at_entry ? Py_True : Py_False);
+        if (!r && !exc) return -1;
+        Py_XDECREF(r);
+        if (exc) {
+            PyErr_Clear();
+            em_tr_exc_set(exc);
+        }
+        if (rc == 0 && !T.broke) res->grad_restore = grad_at_entry;
+    }
     if (rc != 0 || T.broke) {
         if (PyErr_Occurred()) {
             if (PyErr_ExceptionMatches(PyExc_MemoryError) || PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {

@@ -39,6 +39,8 @@ typedef struct EmTraceResult {
     PyObject **example_inputs; /* ninputs real values of the graph inputs (held by the arena) */
     EmBreakInfo brk;       /* reason == EM_BREAK_NONE on success; detail etc. held by the arena */
     uint32_t ninlined;     /* functions inlined, for reports */
+    int grad_restore;      /* -1, or the grad mode (0/1) the frame was entered with when the graph
+                              changes grad mode (with torch.no_grad()): restored if it raises */
 } EmTraceResult;
 
 /* Traces one call of func (a Python function object) whose fast locals (arguments bound, in code

@@ -139,6 +139,69 @@ static uint32_t add_node(Trace *T, IRKind kind, PyObject *target, IRArg *args, u
     return T->nodes.n - 1;
 }
 
+int em_tr_set_grad_mode(Trace *T, bool mode) {
+    if (T->grad_enabled == mode) return 0;
+    IRArg *a = em_arena_alloc(T->arena, sizeof(IRArg) * 2);
+    if (!a) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(a, 0, sizeof(IRArg) * 2);
+    a[0].kind = IRARG_CONST;
+    a[0].u.obj = mode ? Py_True : Py_False;
+    IRMeta m;
+    memset(&m, 0, sizeof m);
+    m.kind = IRMETA_NONE;
+    if (!add_node(T, IR_CALL_FUNCTION, em_trace_rt.set_grad_enabled, a, 1, NULL, NULL, 0, &m)) return -1;
+    T->grad_enabled = mode;
+    T->grad_changed = true;
+    return 0;
+}
+
+/* A grad-mode context manager built in the trace: torch.no_grad(), torch.enable_grad(), or
+ * torch.set_grad_enabled(b), which (like eager's) changes the mode at once and restores it on
+ * exit. Only the plain classes: a subclass could override __enter__/__exit__. */
+static TValue *make_grad_mode(Trace *T, PyObject *cls, TValue **args, uint32_t nargs, PyObject *kwnames) {
+    TraceRT *rt = &em_trace_rt;
+    uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
+    bool is_set = cls == rt->set_grad_enabled_cls;
+    if (nkw || nargs != (is_set ? 1u : 0u)) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "%s with these arguments", ((PyTypeObject *)cls)->tp_name);
+        return NULL;
+    }
+    bool mode = cls == rt->enable_grad_cls;
+    if (is_set) {
+        TValue *a = em_tr_realize(T, args[0]);
+        if (!a) return NULL;
+        if (a->kind != TV_CONST || !PyBool_Check(a->obj)) {
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "set_grad_enabled of a value the tracer does not know");
+            return NULL;
+        }
+        if (em_tr_use(T, a) < 0) return NULL;
+        mode = a->obj == Py_True;
+    }
+    TValue *v = em_tr_new(T, TV_GRAD_MODE);
+    if (!v) return NULL;
+    v->u.gm.mode = mode;
+    if (is_set) { /* set_grad_enabled.__init__ sets the mode; __exit__ restores the one before */
+        v->u.gm.prev = T->grad_enabled;
+        v->u.gm.applied = true;
+        if (em_tr_set_grad_mode(T, mode) < 0) return NULL;
+    }
+    return v;
+}
+
+/* A call of a grad-mode value: __exit__(type, value, traceback) restores the mode (the trace only
+ * reaches it without an exception) and returns None. */
+static TValue *call_grad_mode(Trace *T, TValue *gm, uint32_t nargs) {
+    if (!gm->u.gm.exit || nargs != 3) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of a grad-mode context manager");
+        return NULL;
+    }
+    if (em_tr_set_grad_mode(T, gm->u.gm.prev) < 0) return NULL;
+    return em_tr_const(T, Py_None);
+}
+
 /* What converting the arguments of a call learned. */
 typedef struct Conv {
     bool has_tensor, any_rg;
@@ -2027,6 +2090,8 @@ static TValue *call_object(Trace *T, TValue *callee, TValue **args, uint32_t nar
             if (o == PyTuple_GET_ITEM(rt->pure_classes, i)) return fold_or_break(T, o, args, nargs, kwnames, kwvals);
         if (PyType_IsSubtype(tp, &PyTuple_Type) && PyObject_HasAttrString(o, "_fields"))
             return make_namedtuple(T, o, args, nargs, kwnames, kwvals);
+        if (o == rt->no_grad_cls || o == rt->enable_grad_cls || o == rt->set_grad_enabled_cls)
+            return make_grad_mode(T, o, args, nargs, kwnames);
         if (PyType_IsSubtype(tp, (PyTypeObject *)PyExc_BaseException))
             return em_tr_object(T, o, -1); /* stands for the exception; only `raise` uses it (a break) */
         em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "construction of %s", tp->tp_name);
@@ -2187,6 +2252,8 @@ TValue *em_tr_call(Trace *T, TValue *callee, TValue **args, uint32_t nargs, PyOb
         return call_object(T, callee, args, nargs, kwnames, kwvals);
     case TV_SUPER:
         return call_super_method(T, callee);
+    case TV_GRAD_MODE:
+        return call_grad_mode(T, callee, nargs + (kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0));
     case TV_CONST:
         em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of a %s constant", Py_TYPE(callee->obj)->tp_name);
         return NULL;

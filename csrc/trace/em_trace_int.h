@@ -31,7 +31,8 @@
     _(MAKE_FUNCTION) _(CALL_FUNCTION_EX) _(PRECALL) _(CALL) _(KW_NAMES) _(CALL_INTRINSIC_1)  \
     _(LIST_APPEND) _(LIST_EXTEND) _(SET_ADD) _(SET_UPDATE) _(MAP_ADD) _(DICT_MERGE)          \
     _(DICT_UPDATE) _(FORMAT_VALUE) _(RERAISE) _(SEND) _(GET_YIELD_FROM_ITER) _(IMPORT_NAME)   \
-    _(IMPORT_FROM) _(BEFORE_WITH) _(PUSH_EXC_INFO) _(POP_EXCEPT) _(CHECK_EXC_MATCH)
+    _(IMPORT_FROM) _(BEFORE_WITH) _(PUSH_EXC_INFO) _(POP_EXCEPT) _(CHECK_EXC_MATCH)          \
+    _(WITH_EXCEPT_START)
 
 typedef enum {
     OP__UNKNOWN = 0,
@@ -70,7 +71,9 @@ typedef enum {
     TV_CELL,          /* cell.contents (NULL = empty); cell.input: a real cell of a frame input */
     TV_ITERATOR,      /* it.* */
     TV_SLICE,         /* sl.start/stop/step */
-    TV_SUPER          /* sup.self + sup.cls: super(cls, self) */
+    TV_SUPER,         /* sup.self + sup.cls: super(cls, self) */
+    TV_GRAD_MODE      /* gm: a grad-mode context manager (torch.no_grad(), enable_grad(),
+                         set_grad_enabled(b)) or, gm.exit, the __exit__ that BEFORE_WITH pushed */
 } TVKind;
 
 typedef enum {
@@ -109,6 +112,12 @@ struct TValue {
         } it;
         struct { TValue *start, *stop, *step; } sl;
         struct { TValue *self; PyObject *cls; } sup;
+        struct {
+            bool mode;    /* grad mode inside the block */
+            bool prev;    /* grad mode to restore on exit (set when entered / applied) */
+            bool applied; /* set_grad_enabled(b): the mode changed at construction */
+            bool exit;    /* this value is the bound __exit__ */
+        } gm;
     } u;
 };
 
@@ -162,6 +171,7 @@ typedef struct TraceRT {
     PyObject *opname[256];
     PyObject *torch, *Tensor, *TensorBase, *Parameter, *Module, *Size, *dtype_type, *device_type;
     PyObject *empty_strided, *set_grad_enabled, *is_grad_enabled, *get_default_device;
+    PyObject *no_grad_cls, *enable_grad_cls, *set_grad_enabled_cls; /* torch.no_grad ... (classes) */
     PyObject *module_call;         /* torch.nn.Module.__call__ */
     PyObject *global_hooks[4];     /* torch.nn.modules.module._global_*_hooks dicts */
     PyObject *ModuleList, *Sequential, *ModuleDict;
@@ -195,7 +205,8 @@ typedef struct Trace {
     struct { struct TDictGuard { PyObject *dict; const char *how; PyObject *key; } *items; uint32_t n, cap; } dguards;
     long loop_iters, ninstr;
     bool broke;
-    bool grad_enabled;
+    bool grad_enabled;      /* grad mode at the current instruction */
+    bool grad_changed;      /* the graph has a set-grad-mode node */
     TValue *null_value;
 } Trace;
 
@@ -299,6 +310,11 @@ int em_tr_run_generator(Trace *T, TValue *it, TValue ***items, uint32_t *n);
  * node with meta inference. */
 TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args, uint32_t nargs,
                          PyObject *kwnames, TValue **kwvals);
+
+/* Records a change of grad mode in the graph (a torch._C._set_grad_enabled(mode) node, as Dynamo
+ * records one) and in the trace's own state; no node when the mode is already `mode`. -1 on
+ * break. */
+int em_tr_set_grad_mode(Trace *T, bool mode);
 
 /* ---- em_trace_attr.c ---- */
 /* Attribute access. *missing (optional) is set to 1 when the attribute certainly does not exist

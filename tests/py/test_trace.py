@@ -6,6 +6,7 @@ strides: backend "eager" replays the recorded ops, so results are bitwise equal)
 is a graph (not a fallback), and, where it matters, what the graph or guards contain.
 """
 import collections
+import contextlib
 import math
 import operator
 
@@ -616,11 +617,88 @@ def test_break_try_block_and_with():
         except Exception:
             return x
 
-    def g(x):
-        with torch.no_grad():
+    def g(x, cm):
+        with cm:  # any other context manager may swallow exceptions, as far as ember knows
             return x * 2
+
+    def h(x):
+        with torch.no_grad():
+            try:
+                return x + 1
+            finally:
+                x.add_(1)
     expect_break(f, (x34(),), "TRY_BLOCK")
-    expect_break(g, (x34(),), "TRY_BLOCK")
+    expect_break(g, (x34(), contextlib.nullcontext()), "TRY_BLOCK", "with block on a nullcontext")
+    expect_break(h, (x34(),), "TRY_BLOCK")
+
+
+# ------------------------------------------------------------------------------------------------
+# grad-mode context managers: with torch.no_grad() / enable_grad() / set_grad_enabled(b)
+
+@pytest.mark.parametrize("backend", ["eager", "fx"])
+def test_no_grad_block_is_one_graph_and_restores_the_mode(backend):
+    def f(x, w):
+        y = x @ w
+        with torch.no_grad():
+            s = (y * 2).sum()
+            with torch.enable_grad():
+                z = y.relu()
+        return y, s, z, y.requires_grad, s.requires_grad
+    x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
+    compiled, info = expect_graph(f, (x, w), backend=backend)
+    got = compiled(x, w)
+    assert got[1].requires_grad is False and got[2].requires_grad is True and got[3] and not got[4]
+    assert torch.is_grad_enabled()
+    assert sum("_set_grad_enabled" in line for line in graph_text(info).splitlines()) == 4
+    got[2].sum().backward()
+    w2 = w.detach().clone().requires_grad_()
+    f(x, w2)[2].sum().backward()
+    assert_same(w.grad, w2.grad)
+
+
+def test_set_grad_enabled_statement_and_with():
+    def f(x):
+        with torch.set_grad_enabled(False):
+            a = x * 2
+        torch.set_grad_enabled(False)
+        b = x * 3
+        torch.set_grad_enabled(True)
+        return a, b, x * 4
+    x = torch.randn(3, requires_grad=True)
+    compiled, _ = expect_graph(f, x)
+    a, b, c = compiled(x)
+    assert (a.requires_grad, b.requires_grad, c.requires_grad) == (False, False, True)
+    assert torch.is_grad_enabled()
+
+
+def test_no_grad_restored_when_the_graph_raises():
+    """An op that fails only at run time (cholesky of a matrix that is not positive definite:
+    the meta kernel cannot know) raises out of the with block; grad mode is restored as eager's
+    __exit__ would."""
+    def f(x):
+        with torch.no_grad():
+            return torch.linalg.cholesky(x) + 1
+    compiled = ember.compile(f)
+    compiled(torch.eye(3) * 2)
+    assert entries(compiled)[0]["kind"] == "graph"
+    with pytest.raises(torch.linalg.LinAlgError):
+        compiled(-torch.eye(3))
+    assert torch.is_grad_enabled()
+
+
+def test_break_inside_no_grad_keeps_grad_mode():
+    def f(x):
+        with torch.no_grad():
+            y = x * 2
+            print("inside", end="")
+        return y + x
+    x = torch.randn(3, requires_grad=True)
+    compiled = ember.compile(f)
+    got = compiled(x)  # the trace breaks at print, inside the block: the frame runs eagerly
+    assert torch.is_grad_enabled()
+    assert entries(compiled)[0]["kind"] == "fallback"
+    assert_same(got, f(x))
+    assert got.requires_grad
 
 
 def test_break_generator_consumed_stepwise():
