@@ -55,6 +55,19 @@ class Stmt:
     defines: str | None
 
 
+# Definitions every program may use: callable objects (traced through their class's __call__).
+PRELUDE = """class Scale:
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, t):
+        return t * self.k
+
+
+HALF, DOUBLE = Scale(0.5), Scale(2)
+"""
+
+
 @dataclass
 class Program:
     seed: int
@@ -106,7 +119,7 @@ class Program:
         return "\n".join(lines) + "\n"
 
     def source(self) -> str:
-        return ("import torch\n\n" + self.globals_source() + "\n\n" + self.body_source(self.ret_expr()) +
+        return ("import torch\n\n" + PRELUDE + self.globals_source() + "\n\n" + self.body_source(self.ret_expr()) +
                 "\n\n" + self.inputs_source())
 
 
@@ -390,7 +403,7 @@ class _Gen:
         saved = prog.stmts
         prog.stmts = stmts
         ret = "{" + ", ".join(f"{n!r}: {n}" for n in dict.fromkeys(names)) + "}"
-        src = "import torch\n" + prog.globals_source() + prog.body_source(ret) + prog.inputs_source()
+        src = "import torch\n" + PRELUDE + prog.globals_source() + prog.body_source(ret) + prog.inputs_source()
         prog.stmts = saved
         try:
             ns = load_source(src, "<probe>")
@@ -542,6 +555,13 @@ class _Gen:
             [f"{v} = ({a} > 0).long() * 3 + 1"],
             [f"{v} = {a}.size(-1) * {a} + len({a})"],
             ["with torch.no_grad():", f"    {v} = {a} * 2"],
+            ["with torch.no_grad():", f"    w_{v} = {a} * 2", "    with torch.enable_grad():",
+             f"        {v} = w_{v} + {b}", f"{v} = {v} * (1 if {v}.requires_grad else 2)"],
+            [f"with torch.set_grad_enabled({r.choice(['False', 'True'])}):", f"    {v} = ({a} * {b}).sum(-1)"],
+            [f"m_{v} = {a}.max(dim=-1)", f"{v} = m_{v}.values + m_{v}.indices"],
+            [f"t_{v} = torch.sort({a}, dim=0, descending=True)", f"{v} = t_{v}[0] * 2 + t_{v}.indices"],
+            [f"{v} = torch.topk({a}.reshape(-1), 1).values + {a}"],
+            [f"{v} = HALF({a}) + DOUBLE({b})"],
             [f"{v} = sum([t * 2 for t in [{a}, {b}]])"],
             [f"{v} = {a}.new_ones({a}.shape[-1]) + {a}"],
             [f"acc_{v} = [{a}]", f"def f_{v}():", f"    acc_{v}.append({b} * 2)", f"    return len(acc_{v})",
