@@ -13,18 +13,22 @@ This module only translates between the tracer's meta tensors and fake tensors; 
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch.utils._pytree import tree_map_only
 
-_mode = None  # one FakeTensorMode for the process: it caches op results by input metadata
+# One FakeTensorMode per thread (a mode keeps per-entry state while it is active, and threads may
+# trace at the same time); each caches op results by input metadata.
+_local = threading.local()
 
 
 def _fake_mode():
-    global _mode
-    if _mode is None:
+    mode = getattr(_local, "mode", None)
+    if mode is None:
         from torch._subclasses.fake_tensor import FakeTensorMode
-        _mode = FakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=True)
-    return _mode
+        mode = _local.mode = FakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=True)
+    return mode
 
 
 def run(fn, args: tuple, kwargs: dict, metas: tuple, devices: tuple):

@@ -123,3 +123,20 @@ def test_thread_without_ember_is_untouched():
         t.join()
     assert entries(plain) == []
     assert all(torch.equal(r, torch.full((3,), 3.0)) for r in results)
+
+
+def no_meta_kernel(x):
+    a, tau = torch.geqrf(x)  # no meta kernel: the tracer's fake-tensor fallback (one mode per thread)
+    return a * 2 + tau.sum()
+
+
+def test_threads_trace_with_the_fake_tensor_fallback():
+    ember.config.cache_size_limit = 16
+    c = ember.compile(no_meta_kernel)
+
+    def work(i):
+        x = torch.randn(i + 3, 3, device="cpu")
+        for _ in range(20):
+            assert_same(c(x), no_meta_kernel(x))
+    _run_threads(work)
+    assert all(e["kind"] == "graph" for e in entries(c))
