@@ -2124,6 +2124,12 @@ static TValue *call_object(Trace *T, TValue *callee, TValue **args, uint32_t nar
         TValue *self = em_tr_realize(T, args[0]);
         if (!self) return NULL;
         if (self->kind == TV_TENSOR) return call_tensor_method(T, self, PyDescr_NAME(o), args + 1, nargs - 1, kwnames, kwvals);
+        if (self->kind == TV_CONST) { /* Tensor.__rmul__(2, t): the descriptor rejects a non-tensor self */
+            if (em_tr_use(T, self) < 0) return NULL;
+            em_tr_break(T, EM_BREAK_RAISE, "TypeError: descriptor '%U' of Tensor applied to a %s", PyDescr_NAME(o),
+                        Py_TYPE(self->obj)->tp_name);
+            return NULL;
+        }
     }
     const char *mod = callable_module(T, o);
     const char *tn = Py_TYPE(o)->tp_name;

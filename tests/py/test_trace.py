@@ -610,6 +610,20 @@ def test_break_raise_and_assert():
     assert [(e["reason"], e["detail"]) for e in entries(compiled)] == [("RAISE", "AssertionError: raise statement")]
 
 
+def test_tensor_descriptor_on_a_non_tensor_raises_like_eager():
+    """torch.Tensor.__rmul__(2, x): the method descriptor rejects an int self (TypeError in eager);
+    the trace records that raise instead of an unsupported call."""
+    def f(x):
+        return torch.Tensor.__rmul__(2, x)
+    compiled = ember.compile(f)
+    with pytest.raises(TypeError) as eager:
+        f(x34())
+    with pytest.raises(TypeError) as got:
+        compiled(x34())
+    assert str(got.value) == str(eager.value)
+    assert [(e["reason"], e["detail"][:20]) for e in entries(compiled)] == [("RAISE", "TypeError: descripto")]
+
+
 def test_break_try_block_and_with():
     def f(x):
         try:
