@@ -210,6 +210,40 @@ typedef struct Conv {
     int ntens;
 } Conv;
 
+/* Is o an immutable constant that may stand in a graph op's arguments as itself: None, bool,
+ * int, float, complex, str, bytes, dtype, device, a tuple of those, or an instance of a frozen
+ * dataclass whose fields are such constants (torch.nn's LinearCrossEntropyOptions)? The
+ * caller guards the object's identity; a frozen dataclass cannot be changed by assignment. */
+static bool is_immutable_const(PyObject *o, int depth) {
+    TraceRT *rt = &em_trace_rt;
+    if (depth > 4) return false;
+    if (o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyComplex_CheckExact(o) ||
+        PyUnicode_CheckExact(o) || PyBytes_CheckExact(o) || PyObject_TypeCheck(o, (PyTypeObject *)rt->dtype_type) ||
+        PyObject_TypeCheck(o, (PyTypeObject *)rt->device_type))
+        return true;
+    if (PyTuple_CheckExact(o)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); i++)
+            if (!is_immutable_const(PyTuple_GET_ITEM(o, i), depth + 1)) return false;
+        return true;
+    }
+    PyObject *params = PyObject_GetAttrString((PyObject *)Py_TYPE(o), "__dataclass_params__");
+    PyObject *frozen = params ? PyObject_GetAttrString(params, "frozen") : NULL;
+    PyObject *fields = frozen == Py_True ? PyObject_GetAttrString((PyObject *)Py_TYPE(o), "__dataclass_fields__") : NULL;
+    bool ok = fields && PyDict_Check(fields);
+    Py_ssize_t pos = 0;
+    PyObject *name, *field;
+    while (ok && PyDict_Next(fields, &pos, &name, &field)) {
+        PyObject *val = PyObject_GetAttr(o, name);
+        ok = val && is_immutable_const(val, depth + 1);
+        Py_XDECREF(val);
+    }
+    Py_XDECREF(params);
+    Py_XDECREF(frozen);
+    Py_XDECREF(fields);
+    PyErr_Clear();
+    return ok;
+}
+
 /* Converts an argument value into an IR argument and the object passed to the meta call
  * (tensors -> their meta example, constants as they are). *py is a new reference. */
 static int conv_arg(Trace *T, TValue *v, IRArg *out, PyObject **py, Conv *c, int depth) {
@@ -278,7 +312,7 @@ static int conv_arg(Trace *T, TValue *v, IRArg *out, PyObject **py, Conv *c, int
         return 0;
     }
     case TV_OBJECT:
-        if (v->obj == Py_Ellipsis || PyType_Check(v->obj)) {
+        if (v->obj == Py_Ellipsis || PyType_Check(v->obj) || is_immutable_const(v->obj, 0)) {
             if (em_tr_use(T, v) < 0) return -1;
             out->kind = IRARG_CONST;
             out->u.obj = v->obj;

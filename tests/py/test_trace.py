@@ -542,6 +542,40 @@ def test_torch_function_with_plain_object_argument_falls_back():
     expect_break(lambda x: scaled(x, opts), (x34(),), "UNSUPPORTED_CALL", "argument of type Options")
 
 
+@pytest.mark.parametrize("backend", ["eager", "fx"])
+def test_frozen_dataclass_of_constants_is_a_graph_op_argument(backend):
+    """A frozen dataclass whose fields are constants (torch.nn's LinearCrossEntropyOptions) can be
+    passed to a graph op as itself: identity-guarded, it cannot change by assignment."""
+    if not hasattr(F, "linear_cross_entropy"):
+        pytest.skip("F.linear_cross_entropy is newer than this torch")
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+    opts = LinearCrossEntropyOptions()
+
+    def f(x, w, t):
+        return F.linear_cross_entropy(x, w, t, reduction="mean", options=opts)
+    cpu = torch.device("cpu")
+    expect_graph(f, (torch.randn(8, 4, device=cpu), torch.randn(10, 4, device=cpu),
+                     torch.randint(0, 10, (8,), device=cpu)), backend=backend)
+
+
+def test_dataclass_argument_that_is_not_constant_falls_back():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class WithTensor:
+        bias: torch.Tensor
+
+    @dataclasses.dataclass
+    class Mutable:
+        k: float = 2.0
+
+    def scaled(x, opts):
+        return x * 2
+    scaled.__module__ = "torch._ember_test"  # a function defined in torch: a graph op
+    for obj, name in ((WithTensor(torch.ones(1)), "WithTensor"), (Mutable(), "Mutable")):
+        expect_break(lambda x: scaled(x, obj), (x34(),), "UNSUPPORTED_CALL", f"argument of type {name}")
+
+
 def test_broadcast_shapes_folds_on_constants():
     def f(x, y):
         return x.expand(torch.broadcast_shapes(x.shape, y.shape)) + y
