@@ -1050,6 +1050,9 @@ static int before_with(Trace *T, TFrame *F) {
         if (m->obj && PyType_Check(m->obj)) what = ((PyTypeObject *)m->obj)->tp_name;
         return em_tr_break(T, EM_BREAK_TRY_BLOCK, "with block on a %s", what);
     }
+    if (T->grad_statement)
+        return em_tr_break(T, EM_BREAK_TRY_BLOCK, "grad-mode with-block in a frame with a set_grad_enabled statement");
+    T->grad_with = true;
     TValue *exit = em_tr_new(T, TV_GRAD_MODE);
     if (!exit) return -1;
     exit->u.gm = m->u.gm;
@@ -1744,7 +1747,7 @@ done:
             PyErr_Clear();
             em_tr_exc_set(exc);
         }
-        if (rc == 0 && !T.broke) res->grad_restore = grad_at_entry;
+        if (rc == 0 && !T.broke && T.grad_with) res->grad_restore = grad_at_entry;
     }
     if (rc != 0 || T.broke) {
         if (PyErr_Occurred()) {

@@ -180,6 +180,18 @@ static TValue *make_grad_mode(Trace *T, PyObject *cls, TValue **args, uint32_t n
         if (em_tr_use(T, a) < 0) return NULL;
         mode = a->obj == Py_True;
     }
+    if (is_set) {
+        /* a statement (not `with torch.set_grad_enabled(b):`) keeps its mode when a later op raises,
+         * where a with-block restores it: ember restores for with-blocks only, so a frame may not
+         * mix the two */
+        TFrame *F = T->cur;
+        bool with_next = F && F->pc + 1 < F->nins && F->ins[F->pc + 1].op == OP_BEFORE_WITH;
+        if (!with_next && T->grad_with) {
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "set_grad_enabled statement in a frame with grad-mode with-blocks");
+            return NULL;
+        }
+        if (!with_next) T->grad_statement = true;
+    }
     TValue *v = em_tr_new(T, TV_GRAD_MODE);
     if (!v) return NULL;
     v->u.gm.mode = mode;
@@ -226,20 +238,20 @@ static bool is_immutable_const(PyObject *o, int depth) {
             if (!is_immutable_const(PyTuple_GET_ITEM(o, i), depth + 1)) return false;
         return true;
     }
-    PyObject *params = PyObject_GetAttrString((PyObject *)Py_TYPE(o), "__dataclass_params__");
-    PyObject *frozen = params ? PyObject_GetAttrString(params, "frozen") : NULL;
-    PyObject *fields = frozen == Py_True ? PyObject_GetAttrString((PyObject *)Py_TYPE(o), "__dataclass_fields__") : NULL;
-    bool ok = fields && PyDict_Check(fields);
+    /* class attributes through the MRO dicts and field values through generic attribute
+     * lookup: no metaclass __getattr__ or user __getattribute__ runs */
+    PyObject *params = _PyType_Lookup(Py_TYPE(o), em_str("__dataclass_params__")); /* borrowed */
+    PyObject *fields = _PyType_Lookup(Py_TYPE(o), em_str("__dataclass_fields__"));  /* borrowed */
+    PyObject *frozen = params && fields ? PyObject_GenericGetAttr(params, em_str("frozen")) : NULL;
+    bool ok = frozen == Py_True && PyDict_Check(fields);
     Py_ssize_t pos = 0;
     PyObject *name, *field;
     while (ok && PyDict_Next(fields, &pos, &name, &field)) {
-        PyObject *val = PyObject_GetAttr(o, name);
+        PyObject *val = PyUnicode_Check(name) ? PyObject_GenericGetAttr(o, name) : NULL;
         ok = val && is_immutable_const(val, depth + 1);
         Py_XDECREF(val);
     }
-    Py_XDECREF(params);
     Py_XDECREF(frozen);
-    Py_XDECREF(fields);
     PyErr_Clear();
     return ok;
 }

@@ -207,6 +207,8 @@ typedef struct Trace {
     bool broke;
     bool grad_enabled;      /* grad mode at the current instruction */
     bool grad_changed;      /* the graph has a set-grad-mode node */
+    bool grad_with;         /* ... made by a with-block (restored if the graph raises) */
+    bool grad_statement;    /* ... made by a torch.set_grad_enabled(b) statement (never restored) */
     TValue *null_value;
 } Trace;
 

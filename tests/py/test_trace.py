@@ -704,19 +704,47 @@ def test_no_grad_block_is_one_graph_and_restores_the_mode(backend):
     assert_same(w.grad, w2.grad)
 
 
-def test_set_grad_enabled_statement_and_with():
-    def f(x):
+def test_set_grad_enabled_with_and_statement():
+    def with_block(x):
         with torch.set_grad_enabled(False):
             a = x * 2
+        return a, x * 4
+
+    def statements(x):
         torch.set_grad_enabled(False)
         b = x * 3
         torch.set_grad_enabled(True)
-        return a, b, x * 4
+        return b, x * 4
+
+    def mixed(x):
+        with torch.no_grad():
+            a = x * 2
+        torch.set_grad_enabled(True)
+        return a
     x = torch.randn(3, requires_grad=True)
-    compiled, _ = expect_graph(f, x)
-    a, b, c = compiled(x)
-    assert (a.requires_grad, b.requires_grad, c.requires_grad) == (False, False, True)
-    assert torch.is_grad_enabled()
+    for f in (with_block, statements):
+        compiled, _ = expect_graph(f, x)
+        a, c = compiled(x)
+        assert (a.requires_grad, c.requires_grad) == (False, True)
+        assert torch.is_grad_enabled()
+    # a statement keeps its mode if a later op raises, a with-block does not: not mixed in one graph
+    expect_break(mixed, (x,), "UNSUPPORTED_CALL", "set_grad_enabled statement")
+
+
+def test_set_grad_enabled_statement_keeps_its_mode_when_the_graph_raises():
+    def f(x):
+        torch.set_grad_enabled(False)
+        return torch.linalg.cholesky(x) + 1
+    compiled = ember.compile(f)
+    try:
+        compiled(torch.eye(3) * 2)
+        assert entries(compiled)[0]["kind"] == "graph"
+        torch.set_grad_enabled(True)
+        with pytest.raises(torch.linalg.LinAlgError):
+            compiled(-torch.eye(3))
+        assert not torch.is_grad_enabled()  # as in eager: nothing restores it
+    finally:
+        torch.set_grad_enabled(True)
 
 
 def test_no_grad_restored_when_the_graph_raises():
