@@ -141,3 +141,12 @@ PyObject *em_str(const char *literal) {
     PyErr_SetString(PyExc_RuntimeError, "ember: interned-name table is full");
     return NULL;
 }
+
+PyObject *em_lazy_attr(PyObject **slot, const char *module, const char *attr) {
+    if (*slot) return *slot;
+    PyObject *m = PyImport_ImportModule(module);
+    if (!m) return NULL;
+    *slot = PyObject_GetAttrString(m, attr);
+    Py_DECREF(m);
+    return *slot;
+}

@@ -91,5 +91,8 @@ int em_vec_grow(EmArena *a, void **items, uint32_t *cap, size_t elem, uint32_t n
 /* Interned-string cache: em_str("forward") is a borrowed, immortal-for-our-purposes interned str.
  * Only for literal names; the table lives in module state and is released at module free. */
 PyObject *em_str(const char *literal);
+/* module.attr, imported on first use and kept in *slot (a file-level static: one interpreter,
+ * em_module.c). Borrowed reference, or NULL with an exception. */
+PyObject *em_lazy_attr(PyObject **slot, const char *module, const char *attr);
 
 #endif /* EM_CORE_H */

@@ -137,11 +137,7 @@ static void restore_grad_mode(int mode) {
     PyObject *exc_t, *exc_v, *exc_tb;
     PyErr_Fetch(&exc_t, &exc_v, &exc_tb);
 #endif
-    if (!set_grad) {
-        PyObject *c = PyImport_ImportModule("torch._C");
-        set_grad = c ? PyObject_GetAttrString(c, "_set_grad_enabled") : NULL;
-        Py_XDECREF(c);
-    }
+    em_lazy_attr(&set_grad, "torch._C", "_set_grad_enabled");
     PyObject *r = set_grad ? PyObject_CallOneArg(set_grad, mode ? Py_True : Py_False) : NULL;
     Py_XDECREF(r);
     PyErr_Clear();
@@ -249,13 +245,7 @@ static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult
         *is_eager_graph = 1;
         return em_eager_graph_new(res->graph);
     }
-    if (!compile_graph_fn) {
-        PyObject *m = PyImport_ImportModule("ember._backends");
-        if (!m) return NULL;
-        compile_graph_fn = PyObject_GetAttrString(m, "compile_graph");
-        Py_DECREF(m);
-        if (!compile_graph_fn) return NULL;
-    }
+    if (!em_lazy_attr(&compile_graph_fn, "ember._backends", "compile_graph")) return NULL;
     PyObject *export = NULL, *examples = NULL, *r = NULL;
     export = em_ir_to_python(res->graph);
     if (!export) goto done;

@@ -411,13 +411,7 @@ static PyObject *run_fake(PyObject *f, PyObject *args, PyObject *kw, Conv *c, Py
         PyErr_SetString(PyExc_NotImplementedError, "ember: too many tensor arguments for the fake fallback");
         return NULL;
     }
-    if (!fake_run) {
-        PyObject *m = PyImport_ImportModule("ember._fake");
-        if (!m) return NULL;
-        fake_run = PyObject_GetAttrString(m, "run");
-        Py_DECREF(m);
-        if (!fake_run) return NULL;
-    }
+    if (!em_lazy_attr(&fake_run, "ember._fake", "run")) return NULL;
     metas = PyTuple_New(c->ntens);
     devs = PyTuple_New(c->ntens);
     if (!metas || !devs) goto done;
