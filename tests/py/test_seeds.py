@@ -16,7 +16,8 @@ Which frames are captured whole ("graph") and which fall back in this foundation
              foundation's tracer may not follow (nn.MultiheadAttention's argument checks,
              BatchNorm's in-place num_batches_tracked update); only equality with eager is
              asserted. (All three were captured as one graph on 3.11 / torch 2.13 and on
-             3.12 / torch 2.11 when this was written.)
+             3.12 / torch 2.11 when this was written.) gpt2_tiny, bert_tiny: transformers' models
+             built from a config (examples/hf_models.py); equality with eager is asserted.
 """
 import pytest
 import torch
