@@ -86,6 +86,14 @@ int em_guard_nfetch(const GuardSet *gs);
  * evaluated (attribute error, ...) counts as a failure, and the exception is cleared. */
 int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int *failed);
 
+/* For a fallback entry, which runs the original bytecode and so is correct under any guards:
+ * em_guard_drop_fetch makes em_guard_check fetch nothing (the entry runs no graph);
+ * em_guard_drop removes leaf index (later leaves move down by one), so that an entry whose guards
+ * fail on the very inputs they were made from can still answer those inputs. 0, or -1 for a bad
+ * index. */
+void em_guard_drop_fetch(GuardSet *gs);
+int em_guard_drop(GuardSet *gs, int index);
+
 /* Every guard as a line of Python source, in evaluation order (list of str, new reference). */
 PyObject *em_guard_render(const GuardSet *gs);
 /* One guard's line (new str), e.g. for the recompilation warning. */
