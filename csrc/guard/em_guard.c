@@ -24,9 +24,15 @@
  * which its dict-version group last passed: unchanged epoch, the whole group passes with one
  * compare. Watched dicts are never unwatched (a stray epoch bump only costs one exact re-check),
  * and are kept alive only as long as a guard set holds them.
+ * Tags are a fast path only; a guard means the content the trace read (DESIGN.md, rules learned).
  * A keyed dict leaf (em_guard_dict_key: f_globals read by name) keeps the keys read and the objects
- * they held; when the version moved it re-reads just those keys and, if each still holds its
- * object, moves its recorded version forward, so rebinding an unrelated global costs one re-check. */
+ * they held; a whole leaf (em_guard_dict_version: a hook dict being empty, _modules iterated) keeps
+ * every item in order. When the version moved the leaf compares that content and, if it is the
+ * same, moves its recorded version forward: rebinding an unrelated global, or a backend adding and
+ * removing a global hook while it compiles, costs one re-check. The group's (dict, tag) pairs are
+ * packed (GDictSlot) so that the steady state without an epoch skip is one tight loop.
+ * Type versions work the same way against a snapshot of what lookup through the MRO resolves to
+ * (type_snapshot_matches). */
 #include "guard/em_guard_impl.h"
 
 #include <math.h>
