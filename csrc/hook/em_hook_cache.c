@@ -279,7 +279,9 @@ static int mark_fallback(CacheEntry *e, EmBreak reason, PyObject *detail) {
     int r = !name || !text || PyDict_SetItemString(e->info, "kind", em_str("fallback")) < 0 ||
                     PyDict_SetItemString(e->info, "reason", name) < 0 ||
                     PyDict_SetItemString(e->info, "reason_text", text) < 0 ||
-                    PyDict_SetItemString(e->info, "detail", detail) < 0
+                    PyDict_SetItemString(e->info, "detail", detail) < 0 ||
+                    PyDict_SetItemString(e->info, "graph", Py_None) < 0 ||
+                    PyDict_SetItemString(e->info, "output", Py_None) < 0
                 ? -1
                 : 0;
     Py_XDECREF(name);
@@ -355,6 +357,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         res.brk.detail = em_arena_hold_steal(res.arena, PyUnicode_FromFormat(
                                                             "more than %d graph inputs", (int)EM_MAX_FETCH));
     }
+    if (e->kind == ENTRY_FALLBACK) em_guard_drop_fetch(e->guards); /* a fallback runs no graph */
     if (e->kind == ENTRY_GRAPH) {
         e->compiled = backend_compile(cfg, &res, code, &e->eager_graph);
         if (!e->compiled) goto error;
@@ -398,6 +401,20 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
                 return NULL;
             }
             Py_DECREF(detail);
+            /* Guards compare content, not tags (DESIGN.md, rules learned), so this means the backend
+             * really changed what the trace read, and may do so on every compile: recompiling would
+             * loop until cache_size_limit. A fallback is correct under any guards, so the leaves
+             * that fail on these inputs are dropped and the entry answers them from now on:
+             * recorded once, compiled once. */
+            em_guard_drop_fetch(e->guards);
+            while (failed >= 0 && em_guard_check(e->guards, fv, fetched, &failed) != 1 && failed >= 0)
+                em_guard_drop(e->guards, failed);
+            PyObject *guards = em_guard_render(e->guards);
+            if (!guards || PyDict_SetItemString(e->info, "guards", guards) < 0) {
+                Py_XDECREF(guards);
+                return NULL;
+            }
+            Py_DECREF(guards);
         }
     }
     return e;

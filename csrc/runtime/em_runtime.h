@@ -48,4 +48,10 @@ PyObject *em_eager_graph_run(PyObject *eager_graph, PyObject *const *inputs, Py_
 
 int em_runtime_init(PyObject *module);
 
+/* Test support (em_runtime_testing.c): adds ember._C._ir_build(nodes, dce=False) -> dict (verify
+ * message, export list, tabular text, EagerGraph or its error), which builds an IRGraph from a
+ * Python description, and ember._C._out_build(spec, graph_out, fetched) -> (value, repr) for
+ * OutSpec. Called by em_runtime_init. */
+int em_runtime_testing_init(PyObject *module);
+
 #endif /* EM_RUNTIME_H */
