@@ -467,6 +467,8 @@ static int classify(Trace *T, TFrame *F, const TInstr *in, Brk *b) {
             PyErr_Clear();
             return em_tr_break(T, EM_BREAK_INTERNAL, "no stack effect for %U", em_trace_rt.opname[in->opcode]);
         }
+        if (!EM_PY312 && b->op == OP_CALL) /* 3.11 splits the pops between PRECALL and CALL */
+            eff += PyCompile_OpcodeStackEffect(rs.opnum[OP_PRECALL], b->arg);
         b->produced[j] = b->consumed + eff;
         if (b->produced[j] < 0) return em_tr_break(T, EM_BREAK_INTERNAL, "negative stack result");
     }
@@ -714,6 +716,12 @@ int em_tr_split_value_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth
         o->obj = m;
         return 0;
     }
+    case TV_OBJECT:
+        /* the tracer lets an exception class stand for `Cls(args)` (only `raise` uses it) */
+        if (v->src < 0 && v->obj && PyType_Check(v->obj) &&
+            PyType_IsSubtype((PyTypeObject *)v->obj, (PyTypeObject *)PyExc_BaseException))
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "an exception made in the frame is live at a break");
+        return 1;
     case TV_FUNCTION:
         if (!v->obj && v->src < 0)
             return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a function made in the frame is live at a break");
