@@ -829,6 +829,12 @@ int em_tr_split_here(Trace *T, TFrame *F) {
     sp->stub_closure = b.deref;
     for (int j = 0; j < nO; j++) /* stub localsplus index of each cell/free */
         if ((unsigned char)kinds[j] & (TR_FAST_CELL | TR_FAST_FREE)) deref_map[j] += nvars(&S);
+    if (b.deref && rmap) { /* the instruction's operand is in the resume code's numbering */
+        int oj = -1;
+        for (int j = 0; j < nO && oj < 0; j++)
+            if (PyLong_AsLong(PyTuple_GET_ITEM(rmap, j)) == b.arg) oj = j;
+        b.arg = oj;
+    }
     if (b.deref && (b.arg < 0 || b.arg >= nO || !((unsigned char)kinds[b.arg] & (TR_FAST_CELL | TR_FAST_FREE))))
         return em_tr_break(T, EM_BREAK_INTERNAL, "deref of a non-cell at the break");
 
