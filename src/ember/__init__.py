@@ -204,7 +204,7 @@ def explain(fn, *args, **kwargs) -> ExplainOutput:
     reasons = []
     for i, e in enumerate(cache_info(compiled, resume=True)):
         lines.append(f"entry {i}: {e['kind']} of {e['code']} (backend {e['backend']}, hits {e['hits']})")
-        if e.get("graph"):
+        if e.get("graph") and "call_" in e["graph"]:  # a graph with operations (an empty one is not counted)
             ngraphs += 1
         if e["kind"] in ("fallback", "break"):
             where = f" at {e['filename']}:{e['lineno']}" if e.get("lineno") else ""
