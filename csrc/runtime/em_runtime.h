@@ -17,7 +17,10 @@ typedef enum {
     OUT_TUPLE,  /* items */
     OUT_LIST,   /* items */
     OUT_DICT,   /* obj = tuple of keys; items = values in key order */
-    OUT_NAMEDTUPLE /* obj = the namedtuple class; items */
+    OUT_NAMEDTUPLE, /* obj = the namedtuple class; items */
+    OUT_ATTR,   /* getattr(items[0], obj): a bound method rebuilt at a graph break */
+    OUT_METHOD, /* types.MethodType(obj, items[0]): a Python method bound to a rebuilt self */
+    OUT_ITER    /* iter(items[0]): a loop's iterator rebuilt at a graph break (over the rest) */
 } OutKind;
 
 typedef struct OutSpec {
