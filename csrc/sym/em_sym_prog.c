@@ -28,6 +28,11 @@ typedef enum {
     PI_GT,
     PI_GE,
     PI_CHECK,   /* pop; if 0, the check fails */
+    /* whole checks of the most common forms (ranges, duck shaping, specialisation) */
+    PI_CHECK_GE_K, /* values[a] >= k */
+    PI_CHECK_LE_K, /* values[a] <= k */
+    PI_CHECK_EQ_K, /* values[a] == k */
+    PI_CHECK_EQ_V, /* values[a] == values[k] */
 } ProgOp;
 
 typedef struct SymInsn {
@@ -101,7 +106,16 @@ SymProg *em_sym_prog_compile(ShapeEnv *env) {
     if (env->error) return NULL;
     Emitter em = {env, NULL, 0, 0, 0, 0};
     for (uint32_t i = 0; i < ng; i++) {
-        if (emit_expr(&em, g[i].rel) < 0 || put(&em, PI_CHECK, 0, 0, -1) < 0) {
+        const SymNode *x = em_sym__node(env, g[i].rel);
+        const SymTerm *t = em_sym__terms(env, g[i].rel);
+        const SymNode *a = em_sym__node(env, t[0].ref), *b = em_sym__node(env, t[1].ref);
+        int r = 1;
+        if (x->op == SYM_LE && a->op == SYM_CONST && b->op == SYM_SYMBOL) r = put(&em, PI_CHECK_GE_K, (uint32_t)b->k, a->k, 0);
+        else if (x->op == SYM_LE && a->op == SYM_SYMBOL && b->op == SYM_CONST) r = put(&em, PI_CHECK_LE_K, (uint32_t)a->k, b->k, 0);
+        else if (x->op == SYM_EQ && a->op == SYM_SYMBOL && b->op == SYM_CONST) r = put(&em, PI_CHECK_EQ_K, (uint32_t)a->k, b->k, 0);
+        else if (x->op == SYM_EQ && a->op == SYM_SYMBOL && b->op == SYM_SYMBOL) r = put(&em, PI_CHECK_EQ_V, (uint32_t)a->k, b->k, 0);
+        if (r == 0) continue;
+        if (r < 0 || emit_expr(&em, g[i].rel) < 0 || put(&em, PI_CHECK, 0, 0, -1) < 0) {
             free(em.code);
             return NULL;
         }
@@ -172,6 +186,22 @@ int em_sym_prog_check(const SymProg *p, const int64_t *values) {
         case PI_GE: b = st[--sp]; st[sp - 1] = st[sp - 1] >= b; break;
         case PI_CHECK:
             if (!st[--sp]) return check;
+            check++;
+            break;
+        case PI_CHECK_GE_K:
+            if (values[in->a] < in->k) return check;
+            check++;
+            break;
+        case PI_CHECK_LE_K:
+            if (values[in->a] > in->k) return check;
+            check++;
+            break;
+        case PI_CHECK_EQ_K:
+            if (values[in->a] != in->k) return check;
+            check++;
+            break;
+        case PI_CHECK_EQ_V:
+            if (values[in->a] != values[in->k]) return check;
             check++;
             break;
         }

@@ -53,14 +53,15 @@ static int node_prec(const ShapeEnv *env, SymRef e, SymStyle st) {
 
 static void render(Out *o, const ShapeEnv *env, SymRef e, SymStyle st, int ctx);
 
-static void render_mono(Out *o, const ShapeEnv *env, int64_t c, SymRef m, SymStyle st) {
+/* c*m, after a unary minus when negated: -(a // b) is not -a // b in Python */
+static void render_mono(Out *o, const ShapeEnv *env, uint64_t c, SymRef m, SymStyle st, bool negated) {
     const char *times = st == SYM_STYLE_SYMBOLS ? "*" : " * ";
     if (c != 1) {
-        putf(o, "%" PRId64, c);
+        putf(o, "%" PRIu64, c);
         puts_(o, times);
     }
     /* 2*s0*s1 reads as (2*s0)*s1, but 2 * a // b would not be 2 * (a // b) */
-    render(o, env, m, st, c != 1 && em_sym__node(env, m)->op != SYM_MUL ? P_UNARY : P_MUL);
+    render(o, env, m, st, (c != 1 || negated) && em_sym__node(env, m)->op != SYM_MUL ? P_UNARY : P_MUL);
 }
 
 static void render(Out *o, const ShapeEnv *env, SymRef e, SymStyle st, int ctx) {
@@ -87,8 +88,8 @@ static void render(Out *o, const ShapeEnv *env, SymRef e, SymStyle st, int ctx) 
             } else {
                 puts_(o, c < 0 ? " - " : " + ");
             }
-            /* |c| without overflow: c == INT64_MIN prints as is */
-            render_mono(o, env, c < 0 && c != INT64_MIN ? -c : c, t[i].ref, st);
+            uint64_t mag = c < 0 ? (uint64_t)0 - (uint64_t)c : (uint64_t)c; /* |INT64_MIN| too */
+            render_mono(o, env, mag, t[i].ref, st, i == 0 && c < 0);
         }
         if (x->k > 0) putf(o, " + %" PRId64, x->k);
         else if (x->k < 0) putf(o, " - %" PRIu64, (uint64_t)0 - (uint64_t)x->k);
