@@ -191,7 +191,7 @@ static PyObject *bytes_of(const Bytes *B) {
  * bound[j] (localsplus index j, plain locals only) as arguments. Cached in opts.resume_cache by
  * (target, stack, bound). New reference, or NULL with a break recorded / exception set. */
 static PyObject *resume_code(Trace *T, PyCodeObject *O, uint32_t target, int nstack, const bool *stack_null,
-                             const bool *bound) {
+                             const bool *bound, bool self_first) {
     int nO = O->co_nlocalsplus;
     const char *kinds = PyBytes_AS_STRING(O->co_localspluskinds);
     PyObject *key = NULL, *code = NULL, *varnames = NULL, *freevars = NULL, *consts = NULL, *marker = NULL;
@@ -221,6 +221,10 @@ static PyObject *resume_code(Trace *T, PyCodeObject *O, uint32_t target, int nst
     varnames = PyList_New(0);
     freevars = PyList_New(0);
     if (!varnames || !freevars) goto error;
+    if (self_first) { /* zero-argument super() reads localsplus[0] (see self_first_of) */
+        mapc[0] = 0;
+        if (PyList_Append(varnames, PyTuple_GET_ITEM(O->co_localsplusnames, 0)) < 0) goto error;
+    }
     for (int i = 0; i < nstack; i++) {
         stack_arg[i] = -1;
         if (stack_null[i]) continue;
@@ -235,7 +239,7 @@ static PyObject *resume_code(Trace *T, PyCodeObject *O, uint32_t target, int nst
     for (int pass = 0; pass < 2; pass++) /* bound locals are the arguments; the others follow */
         for (int j = 0; j < nO; j++) {
             unsigned char k = (unsigned char)kinds[j];
-            if ((k & (TR_FAST_CELL | TR_FAST_FREE)) || bound[j] != (pass == 0)) continue;
+            if ((k & (TR_FAST_CELL | TR_FAST_FREE)) || bound[j] != (pass == 0) || (self_first && j == 0)) continue;
             mapc[j] = (int)PyList_GET_SIZE(varnames);
             if (PyList_Append(varnames, PyTuple_GET_ITEM(O->co_localsplusnames, j)) < 0) goto error;
         }
@@ -498,6 +502,26 @@ static int forward_jump_opnum(int op) {
     return rs.opnum[f];
 }
 
+/* Zero-argument super() finds its object in localsplus[0] of the running frame (Objects/typeobject.c,
+ * super_init_without_args; on 3.12 only the plain `super()` call does, LOAD_SUPER_ATTR takes it from
+ * the stack). A resume function of a method whose code may call super() (it has a __class__ free
+ * variable) therefore takes the original's local 0 as its first argument, ahead of the stack
+ * values. When local 0 is a cell or unbound at the break, the split cannot rebuild that: break. */
+static int self_first_of(Trace *T, PyCodeObject *O, const char *kinds, const bool *bound, bool *out) {
+    *out = false;
+    if (O->co_argcount + O->co_kwonlyargcount == 0) return 0;
+    bool has_class = false;
+    for (int j = 0; j < O->co_nlocalsplus && !has_class; j++)
+        if (((unsigned char)kinds[j] & TR_FAST_FREE) &&
+            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(O->co_localsplusnames, j), "__class__") == 0)
+            has_class = true;
+    if (!has_class) return 0;
+    if (((unsigned char)kinds[0] & (TR_FAST_CELL | TR_FAST_FREE)) || !bound[0])
+        return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "super() in a method whose first argument is a cell or unbound at the break");
+    *out = true;
+    return 0;
+}
+
 typedef struct StubLayout {
     int nres;          /* resume functions (arguments 0..nres) */
     int nbelow;        /* non-NULL stack values below the operands */
@@ -505,6 +529,7 @@ typedef struct StubLayout {
     int nlocals;       /* bound plain locals */
     int ntemps;        /* results of the instruction */
     int nfree;         /* cells + frees (only when the instruction reads them) */
+    bool self_first;   /* the resume functions take bound local 0 first (see self_first_of) */
 } StubLayout;
 
 /* stub local indices */
@@ -520,11 +545,12 @@ static int call_block(Bytes *B, const StubLayout *S, int k, int R) {
     for (int r = R - 1; r >= 0; r--)
         if (emit(B, OP_STORE_FAST, ix_temp(S, r)) < 0) return -1;
     if (emit(B, OP_PUSH_NULL, 0) < 0 || emit(B, OP_LOAD_FAST, k) < 0) return -1;
+    if (S->self_first && emit(B, OP_LOAD_FAST, ix_local(S, 0)) < 0) return -1;
     for (int i = 0; i < S->nbelow; i++)
         if (emit(B, OP_LOAD_FAST, ix_below(S, i)) < 0) return -1;
     for (int r = 0; r < R; r++)
         if (emit(B, OP_LOAD_FAST, ix_temp(S, r)) < 0) return -1;
-    for (int i = 0; i < S->nlocals; i++)
+    for (int i = S->self_first ? 1 : 0; i < S->nlocals; i++)
         if (emit(B, OP_LOAD_FAST, ix_local(S, i)) < 0) return -1;
     int n = S->nbelow + R + S->nlocals;
     if (!EM_PY312 && emit(B, OP_PRECALL, n) < 0) return -1;
@@ -826,6 +852,7 @@ int em_tr_split_here(Trace *T, TFrame *F) {
     S.ntemps = b.kind == K_EXIT ? 0 : b.produced[0];
     if (b.kind == K_JUMP && b.produced[1] > S.ntemps) S.ntemps = b.produced[1];
     S.nfree = b.deref ? ncf : 0;
+    if (self_first_of(T, O, kinds, bound, &S.self_first) < 0) return -1;
     sp->stub_closure = b.deref;
     for (int j = 0; j < nO; j++) /* stub localsplus index of each cell/free */
         if ((unsigned char)kinds[j] & (TR_FAST_CELL | TR_FAST_FREE)) deref_map[j] += nvars(&S);
@@ -879,7 +906,7 @@ int em_tr_split_here(Trace *T, TFrame *F) {
         for (int i = 0; i < R; i++) rnull[nbelow_slots + i] = false;
         const TInstr *to = k == 0 ? &F->ins[F->pc + 1] : &F->ins[in->target];
         if (to->start < base) return em_tr_break(T, EM_BREAK_INTERNAL, "resume target inside the prefix");
-        PyObject *rc = resume_code(T, O, (to->start - base) / 2, nst, rnull, bound);
+        PyObject *rc = resume_code(T, O, (to->start - base) / 2, nst, rnull, bound, S.self_first);
         if (!rc) return T->broke ? -1 : em_tr_break_exc(T, EM_BREAK_INTERNAL);
         sp->resume[k] = em_arena_hold_steal(T->arena, rc);
     }

@@ -157,6 +157,33 @@ class Stack(torch.nn.Module):
         return x
 
 
+class Scaled(torch.nn.Module):
+    def scale(self, x):
+        return x * 2
+
+
+class ScaledAfterBreak(Scaled):
+    def scale(self, x):
+        y = x + 1
+        print("break", file=SINK)  # the break: what follows runs in a resume function
+        return super().scale(y) + 1  # zero-argument super() reads the frame's first local
+
+    def plain_super(self, x):
+        y = x - 1
+        print("break", file=SINK)
+        s = super()  # a bare super() call (CALL 0 on 3.11 and 3.12)
+        return s.scale(y)
+
+
+def test_zero_argument_super_after_a_break():
+    """GPT-2's forward met this first: a resume function's first argument must be the method's
+    self, or super() picks the wrong object (TypeError or AttributeError where eager works)."""
+    m = ScaledAfterBreak()
+    c = run_both(m.scale, [(torch.randn(3),), (torch.randn(3),)])
+    assert graphs(c) == 2
+    run_both(m.plain_super, [(torch.randn(3),), (torch.randn(3),)])
+
+
 def test_module_list_with_breaks_in_forward():
     m = Stack()
     run_both(m, [(torch.randn(2, 4),), (torch.randn(2, 4),)])
