@@ -1086,9 +1086,10 @@ static int leaf_passes(const GuardSet *gs, GLeaf *g, PyObject **vals, const EmFr
         PyTypeObject *tp = (PyTypeObject *)g->obj;
         if (g->tag != 0 && tp->tp_version_tag == g->tag) return 1;
         if (!type_snapshot_matches(tp, (PyObject *)g->aux)) return 0;
-        /* Same lookups under a new tag: remember it. A type that cannot get a tag now (3.12 gives
-         * up on a class after MAX_VERSIONS_PER_CLASS reassignments) keeps 0, and the snapshot is
-         * compared at every check: slower, never a miss by itself. */
+        /* Same lookups under a new tag: remember it. A type that cannot get a tag now (the
+         * interpreter's tag space ran out; 3.13+ also gives up on a class after
+         * MAX_VERSIONS_PER_CLASS = 1000 reassignments, Objects/typeobject.c) keeps 0, and the
+         * snapshot is compared at every check: slower, never a miss by itself. */
         g->tag = type_tag(tp);
         return 1;
     }

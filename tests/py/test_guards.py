@@ -438,3 +438,26 @@ def test_large_tree_unrelated_changes_keep_the_entry():
     m.fs[7].i = m.fs[7].i                             # same object stored back
     assert_same(c(x), m(x))
     assert n_entries(c) == 1 and entries(c)[0]["hits"] == 1
+
+
+def sum_all(xs):
+    s = xs[0]
+    for x in xs[1:]:
+        s = s + x
+    return s
+
+
+def test_fallback_with_more_inputs_than_a_fetch_buffer_holds():
+    """More graph inputs than EM_MAX_FETCH (512): the frame falls back; its entry fetches nothing
+    (a fallback runs no graph), so a later hit does not write 600 values into a 512-slot buffer."""
+    import sys
+    xs = [torch.full((2,), float(i)) for i in range(600)]
+    c = ember.compile(sum_all, backend="eager")
+    assert_same(c(xs), sum_all(xs))
+    before = [sys.getrefcount(x) for x in xs]
+    for _ in range(3):
+        assert_same(c(xs), sum_all(xs))
+    assert [sys.getrefcount(x) for x in xs] == before   # nothing fetched and left behind
+    (e,) = entries(c)
+    assert e["kind"] == "fallback" and "graph inputs" in e["detail"], e["detail"]
+    assert e["hits"] == 3
