@@ -65,7 +65,7 @@ def test_modified_sigmoid_two_graphs_for_one_shape():
 
 def f_scipy_like(x):  # f3 of the tutorial: a numpy/scipy call in the middle
     x = x * 2
-    y = torch.from_numpy(np.cos(x.numpy()))
+    y = torch.from_numpy(np.cos(x.cpu().numpy())).to(x.device)  # also with EMBER_TEST_DEVICE=cuda
     return torch.sin(y) + x
 
 
