@@ -219,6 +219,8 @@ typedef struct OutCtx {
     struct { uint32_t *items; uint32_t n, cap; } refs;       /* graph outputs */
     bool split;                                              /* values at a graph break */
     struct { TValue **items; uint32_t n, cap; } seen;        /* mutable containers rebuilt */
+    TValue **cells;                                          /* split: the frame's cells, in the */
+    uint32_t ncells;                                         /*   order of the resume closure */
 } OutCtx;
 
 /* ---- exception save/restore across 3.11 (Fetch/Restore) and 3.12 (GetRaisedException) ---- */

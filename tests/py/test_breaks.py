@@ -355,3 +355,23 @@ def test_no_leak_over_10000_calls_of_a_frame_with_breaks():
     SINK.truncate()
     gc.collect()
     assert [sys.getrefcount(o) for o in (x, y, c)] == refs
+
+
+def test_function_made_in_the_frame_is_live_at_a_break():
+    def f(x):
+        n = 0
+        acc = [x]
+
+        def g(t):
+            nonlocal n
+            n += 1
+            acc.append(t)
+            return t + n
+
+        y = g(g(x))  # the break (a store to the frame's cell inside g) happens while g is live
+        if y.sum() > 0:
+            y = g(y) * 2
+        return y, n, len(acc)
+
+    c = run_both(f, [(torch.randn(4),), (torch.randn(4) + 3,), (torch.randn(4) - 3,)])
+    assert "fallback" not in kinds_tree(c)
