@@ -375,3 +375,84 @@ def test_function_made_in_the_frame_is_live_at_a_break():
 
     c = run_both(f, [(torch.randn(4),), (torch.randn(4) + 3,), (torch.randn(4) - 3,)])
     assert "fallback" not in kinds_tree(c)
+
+
+class Opaque:
+    """An object the tracer does not model: calls on it are breaks."""
+
+    def __init__(self):
+        self.log = []
+
+    def record(self, t, *, tag="x"):
+        self.log.append((tag, float(t.sum())))
+        return t.shape[0]
+
+
+def test_break_shapes_of_the_value_stack():
+    def f(x, o, **kw):
+        a = x + 1
+        b = (a * 2, o.record(a, tag="a") + 1)  # values below the call on the stack
+        c = x.sum().item() > 0 and a.mean() > -10  # `and` on a Python bool, then a tensor
+        n, m = o.record(b[0], **kw), len(o.log)  # CALL_FUNCTION_EX at the break, then unpack
+        d = {"k": a}
+        d["k2"] = float(a[0])
+        lst = [t * 2 for t in (a, b[0]) if t.sum().item() != 0.5]  # breaks in a comprehension
+        return b, c, n, m, d, lst
+
+    for x in (torch.randn(3), torch.randn(3) + 5):
+        oe, oc = Opaque(), Opaque()
+        with ember.disable():
+            re = f(x, oe, tag="kw")
+        rc = ember.compile(f)(x, oc, tag="kw")
+        assert_same(rc, re)
+        assert oc.log == oe.log
+        ember.reset()
+
+
+def test_break_at_return_of_an_untraced_value_and_unpack():
+    def f(x):
+        y = x * 3
+        p, q = y.tolist()[:2]
+        return np.float64(p + q), y
+
+    run_both(f, [(torch.randn(4),)] * 2)
+
+
+def test_kwargs_call_inside_a_resume_function():
+    def f(x):
+        y = x + 1
+        print("", end="", file=SINK)
+        z = torch.clamp(y, min=-0.5, max=0.5)
+        print(z.shape, sep=",", end="", file=SINK)
+        return torch.nn.functional.softmax(z, dim=0)
+
+    run_both(f, [(torch.randn(5),)] * 3)
+
+
+def test_method_of_a_module_calls_helper_that_breaks():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def gate(self, h):
+            if h.mean() > 0:
+                return h.relu()
+            return h.tanh()
+
+        def forward(self, x):
+            h = self.lin(x)
+            return self.gate(h) + self.gate(-h)
+
+    run_both(M(), [(torch.randn(2, 3),), (torch.randn(2, 3) * 4,)])
+
+
+def test_while_loop_with_data_dependent_condition():
+    def f(x):
+        n = 0
+        while x.abs().sum() > 1:
+            x = x / 2
+            n += 1
+        return x, n
+
+    run_both(f, [(torch.randn(4) * 10,), (torch.randn(4),)])
