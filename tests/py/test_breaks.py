@@ -18,8 +18,9 @@ COUNTER = 0
 
 
 def graphs(compiled):
-    """Graphs compiled for the function and its resume functions (torch._dynamo.explain's count)."""
-    return sum(1 for e in ember.cache_info(compiled, resume=True) if e.get("graph"))
+    """Graphs with operations compiled for the function and its resume functions (what
+    torch._dynamo.explain counts: an empty graph is not one)."""
+    return sum(1 for e in ember.cache_info(compiled, resume=True) if e.get("graph") and "call_" in e["graph"])
 
 
 def kinds_tree(compiled):
@@ -456,3 +457,31 @@ def test_while_loop_with_data_dependent_condition():
         return x, n
 
     run_both(f, [(torch.randn(4) * 10,), (torch.randn(4),)])
+
+
+def f1(x, y):  # the tutorial's comparison with TorchScript and FX
+    if x.sum() < 0:
+        return -y
+    return y
+
+
+def f2(x, y):
+    return x + y
+
+
+def f3(x):  # scipy.fft.dct in the tutorial (scipy is not a dependency): numpy's cos stands in
+    x = x * 2
+    x = np.cos(x.numpy())
+    x = torch.from_numpy(x)
+    x = x * 2
+    return x
+
+
+def test_tutorial_f1_f2_f3_graph_counts():
+    c1 = run_both(f1, [(torch.ones(5), torch.randn(5)), (-torch.ones(5), torch.randn(5))])
+    assert graphs(c1) == 2  # `x.sum() < 0`, then `-y`; `return y` is an empty graph
+    c2 = run_both(f2, [(torch.randn(5, 5), 3)])
+    assert kinds_tree(c2) == ["graph"]
+    c3 = run_both(f3, [(torch.randn(5, 5),)])
+    assert graphs(c3) == 2 and "fallback" not in kinds_tree(c3)
+    assert ember.explain(f1, -torch.ones(5), torch.randn(5)).graph_count == 2
