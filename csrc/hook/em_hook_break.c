@@ -86,6 +86,7 @@ PyObject *em_entry_run_break(CacheEntry *e, PyObject **fetched, const EmFrameVie
     graph_raised = out == NULL;
     if (out && bp->ncells) closure = make_closure(bp, fv);
     if (out && (closure || !bp->ncells)) vals = em_out_build_values(bp->values, out, fetched, closure);
+    if (vals && e->effects && em_effects_replay(e, out, fetched, closure, fv->globals) < 0) Py_CLEAR(vals);
     em_hook_disable_exit();
     em_fetched_release(e, fetched);
     if (!vals) goto done;

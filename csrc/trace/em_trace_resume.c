@@ -939,6 +939,7 @@ int em_tr_split_here(Trace *T, TFrame *F) {
                          T->res->brk.lineno >= 0 ? T->res->brk.lineno : PyCode_Addr2Line(C, (int)in->offset));
     if (!sp->stub) return T->broke ? -1 : em_tr_break_exc(T, EM_BREAK_INTERNAL);
     em_arena_hold_steal(T->arena, sp->stub);
+    if (em_tr_effects_spec(T, &Cx) < 0) return -1;
     if (em_tr_finish_graph(T, &Cx) < 0) return -1;
     T->res->split = sp;
     return 0;

@@ -485,3 +485,87 @@ def test_tutorial_f1_f2_f3_graph_counts():
     c3 = run_both(f3, [(torch.randn(5, 5),)])
     assert graphs(c3) == 2 and "fallback" not in kinds_tree(c3)
     assert ember.explain(f1, -torch.ones(5), torch.randn(5)).graph_count == 2
+
+
+# ---- side effects replayed after the graph ----
+
+class Holder:
+    pass
+
+
+class WithProperty:
+    def __init__(self):
+        self._v = 0
+
+    @property
+    def v(self):
+        return self._v
+
+    @v.setter
+    def v(self, val):
+        self._v = val * 10
+
+
+GLOBAL_N = 0
+
+
+def test_attribute_and_global_stores_are_replayed_without_a_break():
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.calls = 0
+            self.scale = 1.0
+
+        def forward(self, x, h):
+            global GLOBAL_N
+            self.calls += 1
+            h.last = x * 2  # a tensor on a plain object
+            h.n = getattr(h, "n", 0) + self.calls  # read after the store sees the stored value
+            GLOBAL_N = GLOBAL_N + h.n
+            return self.lin(x) * self.scale + h.n + GLOBAL_N
+
+    global GLOBAL_N
+    m, he, hc = Counter(), Holder(), Holder()
+    me = Counter()
+    me.load_state_dict(m.state_dict())
+    c = ember.compile(m)
+    x = torch.randn(3)
+    for _ in range(3):
+        GLOBAL_N = 0
+        with ember.disable():
+            re = me(x, he)
+        ge = GLOBAL_N
+        GLOBAL_N = 0
+        rc = c(x, hc)
+        assert_same(rc, re)
+        assert GLOBAL_N == ge and m.calls == me.calls and hc.n == he.n
+        assert_same(hc.last, he.last)
+    assert set(kinds_tree(c)) == {"graph"}  # no break: the stores are replayed
+
+
+def test_stores_that_cannot_be_replayed_still_break():
+    def f(x, w):
+        w.v = 3  # a property setter runs Python
+        return x + w.v
+
+    c = run_both(f, [(torch.randn(2), WithProperty())])
+    assert "break" in kinds_tree(c)
+    w = WithProperty()
+    ember.compile(f)(torch.randn(2), w)
+    assert w.v == 30
+
+
+def test_replayed_store_before_a_break_keeps_program_order():
+    seen = []
+
+    def f(x, h):
+        h.stage = 1
+        seen.append(h.stage)  # a break (list mutation) that reads the stored attribute in Python
+        h.stage = 2
+        return x + h.stage
+
+    h = Holder()
+    out = ember.compile(f)(torch.zeros(2), h)
+    assert seen == [1] and h.stage == 2
+    assert_same(out, torch.full((2,), 2.0))
