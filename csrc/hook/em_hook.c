@@ -300,7 +300,7 @@ static PyObject *hook_answer(PyThreadState *tstate, _PyInterpreterFrame *frame, 
         return prev_eval(tstate, frame, 0);
     }
     t->busy++;
-    result = em_entry_run(e, fetched); /* releases fetched */
+    result = em_entry_run(e, fetched, frame->f_globals); /* releases fetched */
     t->busy--;
     Py_LeaveRecursiveCall();
     if (!result) goto error;

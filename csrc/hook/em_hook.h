@@ -57,6 +57,8 @@ typedef struct CacheEntry {
     int grad_restore;        /* GRAPH: -1, or the grad mode to restore when the graph raises (it
                                 changes grad mode: with torch.no_grad() inside the frame) */
     BreakPart *brk;          /* BREAK: the part after the graph (compiled is NULL for an empty graph) */
+    OutSpec *effects;        /* GRAPH/BREAK: side effects replayed after the graph, or NULL */
+    PyObject *effect_names;  /* tuple of names, one per (target, value) pair of effects */
     PyObject *info;          /* dict for ember.cache_info: graph text, guards, reason ... */
     uint64_t hits;
 } CacheEntry;
@@ -90,7 +92,11 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
                              const EmCompileConfig *cfg, PyObject **fetched);
 /* Runs a graph entry: calls the compiled callable with the graph inputs taken from fetched, builds
  * the return value, releases fetched. New reference or NULL with exception. */
-PyObject *em_entry_run(CacheEntry *e, PyObject **fetched);
+PyObject *em_entry_run(CacheEntry *e, PyObject **fetched, PyObject *globals);
+/* Performs an entry's recorded side effects (attribute and global stores) in program order,
+ * after its graph ran. globals: the frame's. 0, or -1 with an exception. */
+int em_effects_replay(const CacheEntry *e, PyObject *graph_out, PyObject *const *fetched, PyObject *cells,
+                      PyObject *globals);
 void em_fetched_release(CacheEntry *e, PyObject **fetched);
 /* Runs a graph-break entry: graph, values at the break, then the stub (which runs the breaking
  * instruction and returns the resume function's result) with the hook active under cfg. Releases

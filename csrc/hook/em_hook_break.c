@@ -34,8 +34,10 @@ static PyObject *run_graph(CacheEntry *e, PyObject **fetched) {
     return out;
 }
 
-/* The closure of the resume functions: the original code's cells and frees in localsplus order. */
-static PyObject *make_closure(const BreakPart *bp, PyObject *vals, const EmFrameView *fv) {
+/* The closure of the resume functions: the original code's cells and frees in localsplus order.
+ * Input cells are the frame's own; new cells start empty (the values may refer to them: functions
+ * made in the frame) and get their contents once the values are built (fill_cells). */
+static PyObject *make_closure(const BreakPart *bp, const EmFrameView *fv) {
     PyObject *closure = PyTuple_New(bp->ncells);
     if (!closure) return NULL;
     Py_ssize_t nclo = fv->closure && PyTuple_Check(fv->closure) ? PyTuple_GET_SIZE(fv->closure) : 0;
@@ -48,17 +50,21 @@ static PyObject *make_closure(const BreakPart *bp, PyObject *vals, const EmFrame
                 return NULL;
             }
             cell = Py_NewRef(PyTuple_GET_ITEM(fv->closure, bp->cell_closure[k]));
-        } else {
-            PyObject *contents = bp->cell_value[k] >= 0 ? PyTuple_GET_ITEM(vals, bp->cell_value[k]) : NULL;
-            cell = PyCell_New(contents);
-            if (!cell) {
-                Py_DECREF(closure);
-                return NULL;
-            }
+        } else if (!(cell = PyCell_New(NULL))) {
+            Py_DECREF(closure);
+            return NULL;
         }
         PyTuple_SET_ITEM(closure, k, cell);
     }
     return closure;
+}
+
+static int fill_cells(const BreakPart *bp, PyObject *closure, PyObject *vals) {
+    for (uint32_t k = 0; k < bp->ncells; k++)
+        if (bp->cell_closure[k] < 0 && bp->cell_value[k] >= 0 &&
+            PyCell_Set(PyTuple_GET_ITEM(closure, k), PyTuple_GET_ITEM(vals, bp->cell_value[k])) < 0)
+            return -1;
+    return 0;
 }
 
 static PyObject *make_function(PyObject *code, PyObject *globals, PyObject *closure) {
@@ -78,15 +84,17 @@ PyObject *em_entry_run_break(CacheEntry *e, PyObject **fetched, const EmFrameVie
     em_hook_disable_enter();
     out = run_graph(e, fetched);
     graph_raised = out == NULL;
-    if (out) vals = em_out_build(bp->values, out, fetched);
+    if (out && bp->ncells) closure = make_closure(bp, fv);
+    if (out && (closure || !bp->ncells)) vals = em_out_build_values(bp->values, out, fetched, closure);
+    if (vals && e->effects && em_effects_replay(e, out, fetched, closure, fv->globals) < 0) Py_CLEAR(vals);
     em_hook_disable_exit();
     em_fetched_release(e, fetched);
     if (!vals) goto done;
-    if (!PyTuple_Check(vals) || (size_t)PyTuple_GET_SIZE(vals) < bp->nargs) {
+    if ((size_t)PyTuple_GET_SIZE(vals) < bp->nargs) {
         PyErr_SetString(PyExc_SystemError, "ember: graph-break values are malformed");
         goto done;
     }
-    if (bp->ncells && !(closure = make_closure(bp, vals, fv))) goto done;
+    if (closure && fill_cells(bp, closure, vals) < 0) goto done;
     for (int k = 0; k < bp->nresume; k++)
         if (!(fns[k] = make_function(bp->resume[k], fv->globals, closure))) goto done;
     if (bp->stub_closure) {

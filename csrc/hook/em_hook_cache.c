@@ -44,6 +44,8 @@ static void entry_free(CacheEntry *e) {
     em_out_free(e->out);
     free(e->input_fetch);
     em_break_part_free(e->brk);
+    em_out_free(e->effects);
+    Py_XDECREF(e->effect_names);
     Py_XDECREF(e->info);
     free(e);
 }
@@ -150,7 +152,23 @@ void em_entry_restore_grad_mode(int mode) {
 #endif
 }
 
-PyObject *em_entry_run(CacheEntry *e, PyObject **fetched) {
+int em_effects_replay(const CacheEntry *e, PyObject *graph_out, PyObject *const *fetched, PyObject *cells,
+                      PyObject *globals) {
+    PyObject *vals = em_out_build_values(e->effects, graph_out, fetched, cells);
+    if (!vals) return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(e->effect_names);
+    int rc = PyTuple_GET_SIZE(vals) == 2 * n ? 0 : -1;
+    if (rc < 0) PyErr_SetString(PyExc_SystemError, "ember: malformed side effects");
+    for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+        PyObject *target = PyTuple_GET_ITEM(vals, 2 * i), *v = PyTuple_GET_ITEM(vals, 2 * i + 1);
+        PyObject *name = PyTuple_GET_ITEM(e->effect_names, i);
+        rc = target == Py_None ? PyDict_SetItem(globals, name, v) : PyObject_SetAttr(target, name, v);
+    }
+    Py_DECREF(vals);
+    return rc;
+}
+
+PyObject *em_entry_run(CacheEntry *e, PyObject **fetched, PyObject *globals) {
     PyObject *small[16];
     PyObject **args = e->ninputs <= 16 ? small : PyMem_Malloc(e->ninputs * sizeof(PyObject *));
     PyObject *out = NULL, *result = NULL;
@@ -166,6 +184,7 @@ PyObject *em_entry_run(CacheEntry *e, PyObject **fetched) {
         goto done;
     }
     result = em_out_build(e->out, out, fetched);
+    if (result && e->effects && em_effects_replay(e, out, fetched, NULL, globals) < 0) Py_CLEAR(result);
 done:
     Py_XDECREF(out);
     if (args && args != small) PyMem_Free(args);
@@ -423,6 +442,11 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
                                                             "more than %d graph inputs", (int)EM_MAX_FETCH));
     }
     if (e->kind == ENTRY_FALLBACK) em_guard_drop_fetch(e->guards); /* a fallback runs no graph */
+    if (e->kind != ENTRY_FALLBACK && res.effects) {
+        e->effects = em_out_copy(res.effects);
+        e->effect_names = Py_NewRef(res.effect_names);
+        if (!e->effects) goto error;
+    }
     if (e->kind == ENTRY_GRAPH) {
         e->compiled = backend_compile(cfg, &res, code, &e->eager_graph);
         if (!e->compiled) goto error;

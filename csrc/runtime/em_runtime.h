@@ -20,7 +20,11 @@ typedef enum {
     OUT_NAMEDTUPLE, /* obj = the namedtuple class; items */
     OUT_ATTR,   /* getattr(items[0], obj): a bound method rebuilt at a graph break */
     OUT_METHOD, /* types.MethodType(obj, items[0]): a Python method bound to a rebuilt self */
-    OUT_ITER    /* iter(items[0]): a loop's iterator rebuilt at a graph break (over the rest) */
+    OUT_ITER,   /* iter(items[0]): a loop's iterator rebuilt at a graph break (over the rest) */
+    OUT_CELL,   /* index = the frame's cell k (em_out_build_values only) */
+    OUT_FUNCTION, /* obj = code; items: globals, closure (tuple of cells or None), defaults,
+                     kwdefaults: a function made in the frame, rebuilt at a graph break */
+    OUT_REF     /* index = an earlier item of the values tuple: the same object (em_out_build_values) */
 } OutKind;
 
 typedef struct OutSpec {
@@ -37,6 +41,9 @@ void em_out_free(OutSpec *spec);
 /* Builds the return value. graph_out: the sequence (tuple or list) the compiled graph returned;
  * fetched: the guard fetch slots. New reference, or NULL with an exception. */
 PyObject *em_out_build(const OutSpec *spec, PyObject *graph_out, PyObject *const *fetched);
+/* Builds a TUPLE spec of the values live at a graph break: items may refer to the cells tuple
+ * (OUT_CELL) and, at the top level, to earlier items (OUT_REF). New tuple or NULL. */
+PyObject *em_out_build_values(const OutSpec *spec, PyObject *graph_out, PyObject *const *fetched, PyObject *cells);
 /* Python text of the spec, e.g. "(graph_out[0], {'a': graph_out[1]}, 3)". New str. */
 PyObject *em_out_repr(const OutSpec *spec);
 

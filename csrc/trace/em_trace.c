@@ -558,6 +558,10 @@ static PyObject *co_const_at(Trace *T, TFrame *F, int i) {
 /* LOAD_GLOBAL: reads the frame's globals (then builtins) for real and guards the dicts' versions.
  * Values from globals are stable: the version guard fixes them (architecture.md, guard policy). */
 static TValue *load_global(Trace *T, TFrame *F, PyObject *name) {
+    if (F->gsrc == -2) { /* a global this trace stored (replayed after the graph) */
+        TValue *stored = em_tr_effect_global(T, F, name);
+        if (stored) return stored;
+    }
     const char *how = F->gsrc == -2 ? "G" : F->gsrc >= 0 ? em_tr_src_cstr(T, F->gsrc) : "globals";
     PyObject *v = PyDict_GetItemWithError(F->globals, name);
     if (!v && PyErr_Occurred()) return NULL;
@@ -905,6 +909,7 @@ static int top_return(Trace *T, TValue *v) {
         return -1;
     }
     if (out_spec(T, &C, v, o, 0) < 0) return -1;
+    if (em_tr_effects_spec(T, &C) < 0) return -1;
     if (finish_graph(T, &C) < 0) return -1;
     T->res->out = o;
     return 0;
@@ -1311,15 +1316,22 @@ int em_tr_run_frame(Trace *T, TFrame *F) {
             if (push(T, F, r) < 0) goto fail;
             break;
         }
-        case OP_STORE_ATTR: {
+        case OP_STORE_ATTR: { /* TOS.name = TOS1: replayed after the graph, or a break */
             PyObject *name = co_name_at(T, F, arg);
-            em_tr_break(T, EM_BREAK_SIDE_EFFECT, "attribute store .%U", name ? name : Py_None);
-            goto fail;
+            if (!name || !(a = pop(T, F)) || !(b = pop(T, F))) goto fail;
+            if (em_tr_effect_store_attr(T, a, name, b) < 0) goto fail;
+            break;
         }
         case OP_DELETE_ATTR:
             em_tr_break(T, EM_BREAK_SIDE_EFFECT, "attribute delete");
             goto fail;
-        case OP_STORE_GLOBAL: case OP_DELETE_GLOBAL:
+        case OP_STORE_GLOBAL: {
+            PyObject *name = co_name_at(T, F, arg);
+            if (!name || !(a = pop(T, F))) goto fail;
+            if (em_tr_effect_store_global(T, F, name, a) < 0) goto fail;
+            break;
+        }
+        case OP_DELETE_GLOBAL:
             em_tr_break(T, EM_BREAK_SIDE_EFFECT, "store to a global");
             goto fail;
         case OP_UNARY_NEGATIVE: case OP_UNARY_POSITIVE: case OP_UNARY_INVERT:

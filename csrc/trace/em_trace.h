@@ -65,6 +65,9 @@ typedef struct EmTraceResult {
     int grad_restore;      /* -1, or the grad mode (0/1) the frame was entered with when the graph
                               changes grad mode (with torch.no_grad()): restored if it raises */
     EmSplit *split;        /* the frame was split at brk: graph = everything before the break */
+    OutSpec *effects;      /* side effects to replay after the graph: a TUPLE of (target, value)
+                              pairs, target None = the frame's globals; or NULL */
+    PyObject *effect_names;/* tuple: the attribute / global name of each pair */
     long brk_top_step;     /* index of the top frame's instruction in progress at the break */
 } EmTraceResult;
 

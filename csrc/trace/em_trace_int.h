@@ -191,6 +191,15 @@ typedef struct TraceRT {
 } TraceRT;
 extern TraceRT em_trace_rt;
 
+/* A side effect recorded for replay after the graph (em_trace_effects.c). */
+typedef struct TEffect {
+    int kind;              /* 1: obj.name = value; 2: globals[name] = value */
+    TValue *target;        /* the object (attribute stores) */
+    PyObject *obj;         /* the real object / the globals dict (identity key; held) */
+    PyObject *name;
+    TValue *value;
+} TEffect;
+
 typedef struct Trace {
     EmArena *arena;
     GuardBuilder *gb;
@@ -210,6 +219,7 @@ typedef struct Trace {
     bool grad_with;         /* ... made by a with-block (restored if the graph raises) */
     bool grad_statement;    /* ... made by a torch.set_grad_enabled(b) statement (never restored) */
     TValue *null_value;
+    struct { struct TEffect *items; uint32_t n, cap; } effects; /* side effects to replay */
     long stop_at;           /* -1, or the top-frame instruction step at which to split */
     long top_steps;         /* top-frame instructions started so far */
 } Trace;
@@ -219,6 +229,8 @@ typedef struct OutCtx {
     struct { uint32_t *items; uint32_t n, cap; } refs;       /* graph outputs */
     bool split;                                              /* values at a graph break */
     struct { TValue **items; uint32_t n, cap; } seen;        /* mutable containers rebuilt */
+    TValue **cells;                                          /* split: the frame's cells, in the */
+    uint32_t ncells;                                         /*   order of the resume closure */
 } OutCtx;
 
 /* ---- exception save/restore across 3.11 (Fetch/Restore) and 3.12 (GetRaisedException) ---- */
@@ -271,6 +283,17 @@ int em_tr_finish_graph(Trace *T, OutCtx *C);
 int em_tr_split_here(Trace *T, TFrame *F);
 /* out_spec for values at a break: 0 done, -1 break/error, 1 not handled (the general case). */
 int em_tr_split_value_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth);
+
+/* ---- em_trace_effects.c ---- */
+/* Records `target.name = value` for replay, or records a SIDE_EFFECT break (-1). */
+int em_tr_effect_store_attr(Trace *T, TValue *target, PyObject *name, TValue *value);
+/* Records `name = value` in the frame's globals for replay, or breaks (-1). */
+int em_tr_effect_store_global(Trace *T, TFrame *F, PyObject *name, TValue *value);
+/* The value a recorded store gave v.name / the global name, or NULL when none. */
+TValue *em_tr_effect_attr(Trace *T, TValue *v, PyObject *name);
+TValue *em_tr_effect_global(Trace *T, TFrame *F, PyObject *name);
+/* Builds res->effects / res->effect_names (nothing when no effect was recorded). */
+int em_tr_effects_spec(Trace *T, OutCtx *C);
 
 /* ---- em_trace_value.c ---- */
 TValue *em_tr_new(Trace *T, TVKind kind);

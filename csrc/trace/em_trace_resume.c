@@ -748,13 +748,41 @@ int em_tr_split_value_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth
             PyType_IsSubtype((PyTypeObject *)v->obj, (PyTypeObject *)PyExc_BaseException))
             return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "an exception made in the frame is live at a break");
         return 1;
-    case TV_FUNCTION:
-        if (!v->obj && v->src < 0)
-            return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a function made in the frame is live at a break");
-        return 1;
-    case TV_SUPER:
+    case TV_FUNCTION: {
+        if (v->obj || v->src >= 0) return 1;
+        /* a function made in the frame: rebuilt from its code, globals, closure cells (the
+         * frame's own, shared with the resume functions) and defaults */
+        o->kind = OUT_FUNCTION;
+        o->obj = (PyObject *)v->u.fn.code;
+        o->n = 4;
+        o->items = em_arena_alloc(T->arena, sizeof(OutSpec) * 4);
+        if (!o->items) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        o->items[0].kind = OUT_CONST;
+        o->items[0].obj = v->u.fn.globals;
+        TValue *parts[3] = {v->u.fn.closure, v->u.fn.defaults, v->u.fn.kwdefaults};
+        for (int i = 0; i < 3; i++) {
+            if (!parts[i]) {
+                o->items[1 + i].kind = OUT_CONST;
+                o->items[1 + i].obj = Py_None;
+            } else if (em_tr_out_spec(T, C, parts[i], &o->items[1 + i], depth + 1) < 0) {
+                return -1;
+            }
+        }
+        return 0;
+    }
     case TV_CELL:
-        return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a super() or cell value is live at a break");
+        for (uint32_t k = 0; k < C->ncells; k++)
+            if (C->cells[k] == v) {
+                o->kind = OUT_CELL;
+                o->index = k;
+                return 0;
+            }
+        return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a cell of an inlined function is live at a break");
+    case TV_SUPER:
+        return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a super() value is live at a break");
     default:
         return 1;
     }
@@ -877,15 +905,39 @@ int em_tr_split_here(Trace *T, TFrame *F) {
     }
     vals->kind = OUT_TUPLE;
     vals->n = nvals;
+    Cx.cells = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(ncf + 1));
+    TValue **top = em_arena_alloc(T->arena, sizeof(TValue *) * (nvals + 1));
+    if (!Cx.cells || !top) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int j = 0; j < nO; j++)
+        if ((unsigned char)kinds[j] & (TR_FAST_CELL | TR_FAST_FREE)) Cx.cells[Cx.ncells++] = olocal[j];
     uint32_t vi = 0;
     for (int i = 0; i < F->sp; i++)
-        if (!stack_null[i] && em_tr_out_spec(T, &Cx, F->stack[i], &vals->items[vi++], 1) < 0) return -1;
+        if (!stack_null[i]) top[vi++] = F->stack[i];
     for (int j = 0; j < nO; j++)
-        if (bound[j] && em_tr_out_spec(T, &Cx, olocal[j], &vals->items[vi++], 1) < 0) return -1;
+        if (bound[j]) top[vi++] = olocal[j];
     for (int i = 0; i < nnew; i++) {
         for (int k = 0; k < ncf; k++)
             if (sp->cell_value[k] == i) sp->cell_value[k] = (int32_t)vi;
-        if (em_tr_out_spec(T, &Cx, newcell_contents[i], &vals->items[vi++], 1) < 0) return -1;
+        top[vi++] = newcell_contents[i];
+    }
+    for (uint32_t i = 0; i < nvals; i++) {
+        /* a function or container made in the frame that is live more than once (a local and
+         * the callee on the stack) is rebuilt once: later items refer to the first */
+        TValue *v = top[i];
+        bool shared = (v->kind == TV_FUNCTION && !v->obj && v->src < 0) ||
+                      ((v->kind == TV_LIST || v->kind == TV_DICT) && v->mutable);
+        uint32_t first = i;
+        for (uint32_t k = 0; shared && k < i && first == i; k++)
+            if (top[k] == v) first = k;
+        if (first < i) {
+            vals->items[i].kind = OUT_REF;
+            vals->items[i].index = first;
+        } else if (em_tr_out_spec(T, &Cx, v, &vals->items[i], 1) < 0) {
+            return -1;
+        }
     }
     sp->values = vals;
     sp->nargs = (uint32_t)(S.nbelow + S.nops + S.nlocals);
@@ -914,6 +966,7 @@ int em_tr_split_here(Trace *T, TFrame *F) {
                          T->res->brk.lineno >= 0 ? T->res->brk.lineno : PyCode_Addr2Line(C, (int)in->offset));
     if (!sp->stub) return T->broke ? -1 : em_tr_break_exc(T, EM_BREAK_INTERNAL);
     em_arena_hold_steal(T->arena, sp->stub);
+    if (em_tr_effects_spec(T, &Cx) < 0) return -1;
     if (em_tr_finish_graph(T, &Cx) < 0) return -1;
     T->res->split = sp;
     return 0;
