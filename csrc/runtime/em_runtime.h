@@ -17,7 +17,9 @@ typedef enum {
     OUT_TUPLE,  /* items */
     OUT_LIST,   /* items */
     OUT_DICT,   /* obj = tuple of keys; items = values in key order */
-    OUT_NAMEDTUPLE /* obj = the namedtuple class; items */
+    OUT_NAMEDTUPLE, /* obj = the namedtuple class; items */
+    OUT_CALL    /* obj = a class; items[0] = TUPLE of positional, items[1] = DICT of keyword
+                   arguments: obj(*items[0], **items[1]) (an object constructed in the frame) */
 } OutKind;
 
 typedef struct OutSpec {

@@ -17,7 +17,8 @@ typedef struct {
 static size_t out_count(const OutSpec *s, int depth) {
     if (depth > 1000) return 0;
     size_t n = 1;
-    if (s->kind == OUT_TUPLE || s->kind == OUT_LIST || s->kind == OUT_DICT || s->kind == OUT_NAMEDTUPLE) {
+    if (s->kind == OUT_TUPLE || s->kind == OUT_LIST || s->kind == OUT_DICT || s->kind == OUT_NAMEDTUPLE ||
+        s->kind == OUT_CALL) {
         if (s->n && !s->items) return 0;
         for (uint32_t i = 0; i < s->n; i++) {
             size_t k = out_count(&s->items[i], depth + 1);
@@ -32,7 +33,8 @@ static size_t out_count(const OutSpec *s, int depth) {
 static void out_copy_into(const OutSpec *src, OutSpec *dst, OutSpec **next) {
     *dst = *src;
     Py_XINCREF(dst->obj);
-    if (src->kind == OUT_TUPLE || src->kind == OUT_LIST || src->kind == OUT_DICT || src->kind == OUT_NAMEDTUPLE) {
+    if (src->kind == OUT_TUPLE || src->kind == OUT_LIST || src->kind == OUT_DICT || src->kind == OUT_NAMEDTUPLE ||
+        src->kind == OUT_CALL) {
         dst->items = src->n ? *next : NULL;
         *next += src->n;
         for (uint32_t i = 0; i < src->n; i++) out_copy_into(&src->items[i], &dst->items[i], next);
@@ -147,6 +149,15 @@ static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *cons
             Py_XDECREF(v);
         }
         return r;
+    case OUT_CALL: {
+        if (s->n != 2 || !s->obj) break;
+        PyObject *a = out_build(&s->items[0], graph_out, fetched);
+        PyObject *k = a ? out_build(&s->items[1], graph_out, fetched) : NULL;
+        r = k ? PyObject_Call(s->obj, a, PyDict_GET_SIZE(k) ? k : NULL) : NULL;
+        Py_XDECREF(a);
+        Py_XDECREF(k);
+        return r;
+    }
     }
     PyErr_SetString(PyExc_RuntimeError, "ember: output spec of unknown kind");
     return NULL;
@@ -212,6 +223,23 @@ static int out_repr(const OutSpec *s, PyObject *parts) {
             if (out_repr(&s->items[i], parts) < 0) goto done;
         }
         t = PyUnicode_FromString(s->kind == OUT_TUPLE && s->n == 1 ? ",)" : close);
+        break;
+    }
+    case OUT_CALL: {
+        PyObject *nm = s->obj ? PyObject_GetAttrString(s->obj, "__qualname__") : NULL;
+        if (!nm) {
+            PyErr_Clear();
+            nm = PyUnicode_FromString("object");
+        }
+        t = nm ? PyUnicode_FromFormat("%U(*", nm) : NULL;
+        Py_XDECREF(nm);
+        if (!t || PyList_Append(parts, t) < 0 || s->n != 2) goto done;
+        Py_CLEAR(t);
+        if (out_repr(&s->items[0], parts) < 0) goto done;
+        if (!(t = PyUnicode_FromString(", **")) || PyList_Append(parts, t) < 0) goto done;
+        Py_CLEAR(t);
+        if (out_repr(&s->items[1], parts) < 0) goto done;
+        t = PyUnicode_FromString(")");
         break;
     }
     }
