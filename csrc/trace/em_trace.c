@@ -246,6 +246,15 @@ int em_trace_init(PyObject *module) {
     if (!rt->meta_str) goto error;
     rt->meta_device = PyObject_CallOneArg(rt->device_type, rt->meta_str);
     if (!rt->meta_device) goto error;
+    {
+        PyObject *insp = PyImport_ImportModule("inspect");
+        if (!insp) goto error;
+        rt->inspect_signature = PyObject_GetAttrString(insp, "signature");
+        rt->inspect_Signature = PyObject_GetAttrString(insp, "Signature");
+        rt->inspect_Parameter = PyObject_GetAttrString(insp, "Parameter");
+        Py_DECREF(insp);
+        if (!rt->inspect_signature || !rt->inspect_Signature || !rt->inspect_Parameter) goto error;
+    }
     rt->ready = true;
     Py_DECREF(opcode);
     Py_DECREF(opmap);

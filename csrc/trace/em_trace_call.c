@@ -2329,6 +2329,11 @@ TValue *em_tr_call(Trace *T, TValue *callee, TValue **args, uint32_t nargs, PyOb
     if (!(callee = em_tr_realize(T, callee))) return NULL;
     switch (callee->kind) {
     case TV_FUNCTION:
+        if (callee->obj == em_trace_rt.inspect_signature) {
+            int handled = 0;
+            TValue *r = em_tr_call_special(T, callee->obj, args, nargs, kwnames, &handled);
+            if (handled) return r;
+        }
         if (callee->obj && is_torch_python_function(T, callee->obj))
             return call_torch(T, callee, callee->obj, args, nargs, kwnames, kwvals);
         return em_tr_inline(T, callee, args, nargs, kwnames, kwvals);

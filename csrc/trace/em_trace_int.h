@@ -213,6 +213,7 @@ typedef struct TraceRT {
     PyObject *pure_classes;        /* tuple of classes whose construction from constants is pure */
     PyObject *meta_str;            /* "meta" */
     PyObject *meta_device;         /* torch.device("meta") */
+    PyObject *inspect_signature, *inspect_Signature, *inspect_Parameter; /* inspect.* (immutable results) */
 } TraceRT;
 extern TraceRT em_trace_rt;
 
@@ -427,6 +428,9 @@ TValue *em_tr_object_dunder(Trace *T, TValue *v, const char *name, TValue **args
 /* BUILD_SET / SET_ADD / SET_UPDATE: a set of constants made in the trace is a real set (a CONST
  * value marked mutable, never returned). -1 on break. */
 int em_tr_set_op(Trace *T, TFrame *F, int op, int arg);
+/* Calls the tracer answers itself (inspect.signature of a Python function: its Signature is an
+ * immutable value of the function's code and defaults). NULL with *handled = 0 otherwise. */
+TValue *em_tr_call_special(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames, int *handled);
 /* Is cls a class whose construction the tracer may model (a Python class with object's or dict's
  * __new__ and a Python __init__ or none)? */
 bool em_tr_instance_class_ok(PyObject *cls);

@@ -703,3 +703,33 @@ int em_tr_set_op(Trace *T, TFrame *F, int op, int arg) {
         if (set_add_value(T, sv->obj, items[i]) < 0) return -1;
     return 0;
 }
+
+/* ------------------------------------------------------------------------------------------- */
+/* calls answered at trace time                                                                 */
+
+TValue *em_tr_call_special(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames, int *handled) {
+    *handled = 0;
+    if (fn != em_trace_rt.inspect_signature || nargs != 1 || (kwnames && PyTuple_GET_SIZE(kwnames))) return NULL;
+    TValue *f = em_tr_realize(T, args[0]);
+    if (!f) {
+        *handled = 1;
+        return NULL;
+    }
+    /* a real Python function, or a bound method of one, reached through guarded values: its
+     * signature follows from its code, defaults and annotations, which the guards fix */
+    PyObject *target = NULL, *self = NULL;
+    if (f->kind == TV_FUNCTION && f->obj)
+        target = f->obj;
+    else if (f->kind == TV_BOUND_METHOD && f->u.bm.func && f->u.bm.func->obj && PyFunction_Check(f->u.bm.func->obj))
+        target = f->u.bm.func->obj, self = Py_None;
+    if (!target || !PyFunction_Check(target)) return NULL;
+    *handled = 1;
+    PyObject *call = self ? PyMethod_New(target, self) : Py_NewRef(target);
+    PyObject *sig = call ? PyObject_CallOneArg(fn, call) : NULL;
+    Py_XDECREF(call);
+    if (!sig) {
+        em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_CALL);
+        return NULL;
+    }
+    return em_tr_const_steal(T, sig);
+}

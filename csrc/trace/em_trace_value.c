@@ -811,8 +811,22 @@ TValue *em_tr_from_py(Trace *T, PyObject *o) {
     }
     if (is_simple_const(o) || is_torch_enum(o) || PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.device_type) ||
         PyTuple_Check(o) || PySlice_Check(o) || PyRange_Check(o) || PyFrozenSet_CheckExact(o) ||
-        PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.Size))
-        return em_tr_const(T, o);
+        PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.Size) ||
+        Py_IS_TYPE(o, (PyTypeObject *)em_trace_rt.inspect_Signature) ||
+        Py_IS_TYPE(o, (PyTypeObject *)em_trace_rt.inspect_Parameter))
+        return em_tr_const(T, o); /* inspect's Signature and Parameter are immutable values */
+    if (Py_IS_TYPE(o, &PyDictProxy_Type)) { /* Signature.parameters: a read-only view, as a dict */
+        PyObject *items = PyMapping_Items(o);
+        TValue *d = items ? em_tr_dict(T) : NULL;
+        for (Py_ssize_t i = 0; d && i < PyList_GET_SIZE(items); i++) {
+            PyObject *kv = PyList_GET_ITEM(items, i);
+            TValue *iv = em_tr_from_py(T, PyTuple_GET_ITEM(kv, 1));
+            if (!iv || em_tr_dict_set(T, d, PyTuple_GET_ITEM(kv, 0), iv) < 0) d = NULL;
+        }
+        Py_XDECREF(items);
+        if (d) d->mutable = false;
+        return d;
+    }
     if (PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.TensorBase)) {
         em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a tensor made at trace time");
         return NULL;
