@@ -24,7 +24,9 @@ typedef enum {
     OUT_CELL,   /* index = the frame's cell k (em_out_build_values only) */
     OUT_FUNCTION, /* obj = code; items: globals, closure (tuple of cells or None), defaults,
                      kwdefaults: a function made in the frame, rebuilt at a graph break */
-    OUT_REF     /* index = an earlier item of the values tuple: the same object (em_out_build_values) */
+    OUT_REF,    /* index = an earlier item of the values tuple: the same object (em_out_build_values) */
+    OUT_CALL    /* obj = a class; items[0] = TUPLE of positional, items[1] = DICT of keyword
+                   arguments: obj(*items[0], **items[1]) (an object constructed in the frame) */
 } OutKind;
 
 typedef struct OutSpec {

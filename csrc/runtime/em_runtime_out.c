@@ -16,7 +16,7 @@ typedef struct {
 /* Number of spec nodes in the tree rooted at s; 0 when the tree is malformed (items missing). */
 static int out_has_items(OutKind k) {
     return k == OUT_TUPLE || k == OUT_LIST || k == OUT_DICT || k == OUT_NAMEDTUPLE || k == OUT_ATTR ||
-           k == OUT_METHOD || k == OUT_ITER || k == OUT_FUNCTION;
+           k == OUT_METHOD || k == OUT_ITER || k == OUT_FUNCTION || k == OUT_CALL;
 }
 
 static size_t out_count(const OutSpec *s, int depth) {
@@ -180,6 +180,15 @@ static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *cons
     }
     case OUT_REF:
         break;
+    case OUT_CALL: {
+        if (s->n != 2 || !s->obj) break;
+        PyObject *a = out_build(&s->items[0], graph_out, fetched, cells);
+        PyObject *k = a ? out_build(&s->items[1], graph_out, fetched, cells) : NULL;
+        r = k ? PyObject_Call(s->obj, a, PyDict_GET_SIZE(k) ? k : NULL) : NULL;
+        Py_XDECREF(a);
+        Py_XDECREF(k);
+        return r;
+    }
     }
     PyErr_SetString(PyExc_RuntimeError, "ember: output spec of unknown kind");
     return NULL;
@@ -292,6 +301,23 @@ static int out_repr(const OutSpec *s, PyObject *parts) {
     case OUT_FUNCTION:
         t = PyUnicode_FromFormat("<function %U made in the frame>", ((PyCodeObject *)s->obj)->co_qualname);
         break;
+    case OUT_CALL: {
+        PyObject *nm = s->obj ? PyObject_GetAttrString(s->obj, "__qualname__") : NULL;
+        if (!nm) {
+            PyErr_Clear();
+            nm = PyUnicode_FromString("object");
+        }
+        t = nm ? PyUnicode_FromFormat("%U(*", nm) : NULL;
+        Py_XDECREF(nm);
+        if (!t || PyList_Append(parts, t) < 0 || s->n != 2) goto done;
+        Py_CLEAR(t);
+        if (out_repr(&s->items[0], parts) < 0) goto done;
+        if (!(t = PyUnicode_FromString(", **")) || PyList_Append(parts, t) < 0) goto done;
+        Py_CLEAR(t);
+        if (out_repr(&s->items[1], parts) < 0) goto done;
+        t = PyUnicode_FromString(")");
+        break;
+    }
     }
     if (!t) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ember: output spec of unknown kind");

@@ -6,6 +6,8 @@
 #include "trace/em_trace_int.h"
 
 #include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 TraceRT em_trace_rt;
@@ -244,6 +246,15 @@ int em_trace_init(PyObject *module) {
     if (!rt->meta_str) goto error;
     rt->meta_device = PyObject_CallOneArg(rt->device_type, rt->meta_str);
     if (!rt->meta_device) goto error;
+    {
+        PyObject *insp = PyImport_ImportModule("inspect");
+        if (!insp) goto error;
+        rt->inspect_signature = PyObject_GetAttrString(insp, "signature");
+        rt->inspect_Signature = PyObject_GetAttrString(insp, "Signature");
+        rt->inspect_Parameter = PyObject_GetAttrString(insp, "Parameter");
+        Py_DECREF(insp);
+        if (!rt->inspect_signature || !rt->inspect_Signature || !rt->inspect_Parameter) goto error;
+    }
     rt->ready = true;
     Py_DECREF(opcode);
     Py_DECREF(opmap);
@@ -276,6 +287,14 @@ error:
 static void break_location(Trace *T, EmBreakInfo *b) {
     TFrame *F = T->cur;
     if (!F) return;
+    if (getenv("EMBER_DEBUG_BREAK_STACK")) { /* the inlined call stack at the break, innermost first */
+        for (TFrame *G = F; G; G = G->parent) {
+            int line = G->pc < G->nins ? PyCode_Addr2Line(G->code, (int)G->ins[G->pc].offset) : -1;
+            const char *q = PyUnicode_AsUTF8(G->code->co_qualname), *fn = PyUnicode_AsUTF8(G->code->co_filename);
+            fprintf(stderr, "  ember break stack: %s (%s:%d)\n", q ? q : "?", fn ? fn : "?", line);
+        }
+        PyErr_Clear();
+    }
     b->filename = em_arena_hold(T->arena, F->code->co_filename);
     if (F->pc < F->nins) {
         TInstr *in = &F->ins[F->pc];
@@ -302,6 +321,11 @@ int em_tr_break(Trace *T, EmBreak reason, const char *fmt, ...) {
         em_tr_exc_set(exc);
     }
     break_location(T, b);
+    if (getenv("EMBER_DEBUG_BREAK_STACK")) {
+        const char *d = b->detail ? PyUnicode_AsUTF8(b->detail) : NULL;
+        fprintf(stderr, "ember break: %s: %s\n", em_break_name(reason), d ? d : "");
+        PyErr_Clear();
+    }
     return -1;
 }
 
@@ -357,52 +381,8 @@ const char *em_tr_src_cstr(Trace *T, GuardSrc s) {
 /* ------------------------------------------------------------------------------------------- */
 /* decoding                                                                                     */
 
-/* Reads a varint of the exception table (6-bit chunks, most significant first, bit 6 = more;
- * Objects/exception_handling_notes.txt). Returns the index after it, or -1 past the end. */
-static Py_ssize_t exc_varint(const unsigned char *p, Py_ssize_t n, Py_ssize_t i, int *out) {
-    if (i >= n) return -1;
-    int v = p[i] & 63;
-    while (p[i] & 64) {
-        if (++i >= n) return -1;
-        v = (v << 6) | (p[i] & 63);
-    }
-    *out = v;
-    return i + 1;
-}
-
-/* Is the handler at instruction index h only cleanup that re-raises? Such entries come from
- * 3.12's inlined comprehensions (SWAP/POP_TOP/STORE_FAST; RERAISE) and generator bodies
- * (CALL_INTRINSIC_1 3 = StopIteration->RuntimeError; RERAISE). The tracer never lets an
- * exception happen inside a traced frame (it breaks instead), so they are unobservable. */
-static bool handler_is_reraise(const TFrame *F, int32_t h) {
-    for (uint32_t i = (uint32_t)h; h >= 0 && i < F->nins && i < (uint32_t)h + 16; i++) {
-        const TInstr *in = &F->ins[i];
-        switch (in->op) {
-        case OP_SWAP: case OP_POP_TOP: case OP_STORE_FAST: case OP_NOP: continue;
-        case OP_CALL_INTRINSIC_1:
-            if (in->arg == 3) continue;
-            return false;
-        case OP_RERAISE: return true;
-        default: return false;
-        }
-    }
-    return false;
-}
-
-/* Is the handler at instruction h the exception path of a `with` block (PUSH_EXC_INFO,
- * WITH_EXCEPT_START: it calls __exit__ with the exception, CPython's compiler_with), or the
- * cleanup inside such a handler (COPY 3, POP_EXCEPT, RERAISE 1)? The tracer never runs
- * handlers; BEFORE_WITH admits only context managers that do not swallow exceptions, and the
- * runtime restores their state when a compiled graph raises. */
-static bool handler_is_with_exit(const TFrame *F, int32_t h) {
-    if (h < 0 || (uint32_t)h + 2 >= F->nins) return false;
-    const TInstr *in = &F->ins[h];
-    if (in[0].op == OP_PUSH_EXC_INFO && in[1].op == OP_WITH_EXCEPT_START) return true;
-    return in[0].op == OP_COPY && in[0].arg == 3 && in[1].op == OP_POP_EXCEPT && in[2].op == OP_RERAISE;
-}
-
-/* Decodes the code's instructions into F. Returns 0, 1 if the code has a real try block
- * (exception-table entries other than re-raise cleanup and `with` exits), -1 on error. */
+/* Decodes the code's instructions and exception table into F. Returns 0, 1 if the exception
+ * table is malformed, -1 on error. */
 static int decode(Trace *T, TFrame *F) {
     TraceRT *rt = &em_trace_rt;
     PyObject *bytes = PyCode_GetCode(F->code);
@@ -462,20 +442,10 @@ static int decode(Trace *T, TFrame *F) {
     F->nins = n;
     for (uint32_t k = 0; k < n; k++)
         if (tunit[k] >= 0 && (uint32_t)tunit[k] <= nunits) F->ins[k].target = F->off2ins[tunit[k]];
-    /* exception table: (start, length, target, depth_lasti) entries */
+    /* exception table: (start, length, target, depth_lasti) entries, em_trace_exc.c */
     PyObject *et = F->code->co_exceptiontable;
-    if (et && PyBytes_Check(et) && PyBytes_GET_SIZE(et) > 0) {
-        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(et);
-        Py_ssize_t len = PyBytes_GET_SIZE(et), j = 0;
-        while (j < len) {
-            int s, l, t, d;
-            if ((j = exc_varint(p, len, j, &s)) < 0 || (j = exc_varint(p, len, j, &l)) < 0 ||
-                (j = exc_varint(p, len, j, &t)) < 0 || (j = exc_varint(p, len, j, &d)) < 0)
-                return 1;
-            if (t < 0 || (uint32_t)t >= nunits) return 1;
-            if (!handler_is_reraise(F, F->off2ins[t]) && !handler_is_with_exit(F, F->off2ins[t])) return 1;
-        }
-    }
+    if (et && PyBytes_Check(et) && PyBytes_GET_SIZE(et) > 0)
+        return em_tr_exc_decode(T, F, (const unsigned char *)PyBytes_AS_STRING(et), PyBytes_GET_SIZE(et), nunits);
     return 0;
 }
 
@@ -504,7 +474,7 @@ TFrame *em_tr_frame_new(Trace *T, PyCodeObject *code, PyObject *globals, PyObjec
     if (rc == 1) {
         TFrame *saved = T->cur;
         T->cur = F;
-        em_tr_break(T, EM_BREAK_TRY_BLOCK, "%U has a try/except or try/finally block", code->co_qualname);
+        em_tr_break(T, EM_BREAK_TRY_BLOCK, "%U has a malformed exception table", code->co_qualname);
         T->cur = saved;
         return NULL;
     }
@@ -641,6 +611,10 @@ static int is_same(Trace *T, TValue *a, TValue *b, bool *out) {
         *out = true; /* the same node result (an in-place op kept the value) */
         return 0;
     }
+    if ((a->kind == TV_INSTANCE || b->kind == TV_INSTANCE) && a != b && b->kind != TV_LAZY && a->kind != TV_LAZY) {
+        *out = false; /* an instance made in the trace is a fresh object */
+        return 0;
+    }
     if ((a->kind == TV_LIST || a->kind == TV_DICT) && a->mutable && a != b) {
         *out = false; /* a trace-made container is a fresh object */
         return 0;
@@ -721,6 +695,8 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
         return 0;
     }
     case TV_CONST:
+        if (PySet_CheckExact(v->obj))
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return of a set"); /* one object, many calls */
         if (v->src >= 0 && !v->guarded && !v->stable) {
             int slot = em_guard_fetch(T->gb, v->src);
             if (slot < 0) return -1;
@@ -782,6 +758,46 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
         for (uint32_t i = 0; i < o->n; i++)
             if (out_spec(T, C, v->u.dict.vals[i], &o->items[i], depth + 1) < 0) return -1;
         return 0;
+    }
+    case TV_INSTANCE: {
+        /* rebuilt after the graph by calling its class with the rebuilt construction arguments */
+        if (v->u.inst.dirty)
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return of a %s mutated after construction",
+                               ((PyTypeObject *)v->u.inst.cls)->tp_name);
+        uint32_t nkw = v->u.inst.kwnames ? (uint32_t)PyTuple_GET_SIZE(v->u.inst.kwnames) : 0;
+        TValue *kw = em_tr_dict(T);
+        if (!kw) return -1;
+        for (uint32_t i = 0; i < nkw; i++)
+            if (em_tr_dict_set(T, kw, PyTuple_GET_ITEM(v->u.inst.kwnames, i), v->u.inst.kwvals[i]) < 0) return -1;
+        TValue *parts[2] = {v->u.inst.args, kw};
+        for (int p = 0; p < 2; p++) {
+            TValue **items;
+            uint32_t n;
+            if (p == 0 ? em_tr_items(T, parts[0], &items, &n) < 0 : 0) return -1;
+            for (uint32_t i = 0; p == 0 && i < n; i++) {
+                TValue *a = em_tr_realize(T, items[i]);
+                if (!a) return -1;
+                if (a->mutable && a->kind != TV_INSTANCE)
+                    return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return of an object built from a mutable container");
+            }
+        }
+        for (uint32_t i = 0; i < nkw; i++) {
+            TValue *a = em_tr_realize(T, v->u.inst.kwvals[i]);
+            if (!a) return -1;
+            if (a->mutable && a->kind != TV_INSTANCE)
+                return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return of an object built from a mutable container");
+        }
+        o->kind = OUT_CALL;
+        o->obj = v->u.inst.cls;
+        o->n = 2;
+        o->items = em_arena_alloc(T->arena, sizeof(OutSpec) * 2);
+        if (!o->items) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (out_spec(T, C, parts[0], &o->items[0], depth + 1) < 0) return -1;
+        o->items[0].kind = OUT_TUPLE;
+        return out_spec(T, C, parts[1], &o->items[1], depth + 1);
     }
     case TV_NN_MODULE:
     case TV_OBJECT:
@@ -908,6 +924,7 @@ static int top_return(Trace *T, TValue *v) {
         PyErr_NoMemory();
         return -1;
     }
+    if (em_tr_overlay_check(T) < 0) return -1;
     if (out_spec(T, &C, v, o, 0) < 0) return -1;
     if (em_tr_effects_spec(T, &C) < 0) return -1;
     if (finish_graph(T, &C) < 0) return -1;
@@ -1055,6 +1072,8 @@ static int do_call(Trace *T, TFrame *F, int n) {
 static int before_with(Trace *T, TFrame *F) {
     TValue *m = pop(T, F);
     if (!m || !(m = em_tr_realize(T, m))) return -1;
+    if (m->kind == TV_INSTANCE || (m->kind == TV_OBJECT && m->obj && !PyType_Check(m->obj)))
+        return em_tr_with_enter(T, F, m); /* a manager with Python __enter__/__exit__ */
     if (m->kind != TV_GRAD_MODE || m->u.gm.exit) {
         const char *what = m->obj ? Py_TYPE(m->obj)->tp_name : "value";
         if (m->obj && PyType_Check(m->obj)) what = ((PyTypeObject *)m->obj)->tp_name;
@@ -1182,6 +1201,7 @@ int em_tr_run_frame(Trace *T, TFrame *F) {
     TraceRT *rt = &em_trace_rt;
     TFrame *saved = T->cur;
     T->cur = F;
+resume:
     while (!F->returned) {
         if (F->pc >= F->nins) {
             em_tr_break(T, EM_BREAK_INTERNAL, "ran past the end of the code");
@@ -1318,11 +1338,24 @@ int em_tr_run_frame(Trace *T, TFrame *F) {
         }
         case OP_STORE_ATTR: { /* TOS.name = TOS1: replayed after the graph, or a break */
             PyObject *name = co_name_at(T, F, arg);
-            if (!name || !(a = pop(T, F)) || !(b = pop(T, F))) goto fail;
-            if (em_tr_effect_store_attr(T, a, name, b) < 0) goto fail;
+            if (!name || !(a = pop(T, F)) || !(b = pop(T, F)) || !(a = em_tr_realize(T, a))) goto fail;
+            if (a->kind == TV_INSTANCE || (a->kind == TV_OBJECT && a->obj && !PyType_Check(a->obj) &&
+                                           PyFunction_Check(_PyType_Lookup(Py_TYPE(a->obj), em_str("__setattr__"))))) {
+                /* an instance made in the trace, or a class with a Python __setattr__ (inlined;
+                 * em_trace_obj.c) */
+                if (em_tr_object_setattr(T, a, name, b) < 0) goto fail;
+            } else if (em_tr_effect_store_attr(T, a, name, b) < 0) { /* replayed after the graph */
+                goto fail;
+            }
             break;
         }
         case OP_DELETE_ATTR:
+            if (F->sp >= 1 && (F->stack[F->sp - 1]->kind == TV_INSTANCE || F->stack[F->sp - 1]->kind == TV_OBJECT ||
+                               F->stack[F->sp - 1]->kind == TV_LAZY)) {
+                PyObject *name = co_name_at(T, F, arg);
+                if (!name || !(a = pop(T, F)) || em_tr_object_setattr(T, a, name, NULL) < 0) goto fail;
+                break;
+            }
             em_tr_break(T, EM_BREAK_SIDE_EFFECT, "attribute delete");
             goto fail;
         case OP_STORE_GLOBAL: {
@@ -1596,18 +1629,10 @@ int em_tr_run_frame(Trace *T, TFrame *F) {
         case OP_MAKE_FUNCTION:
             if (push(T, F, make_function(T, F, arg)) < 0) goto fail;
             break;
-        case OP_RAISE_VARARGS: { /* the detail names the exception class when the trace knows it */
-            TValue *e = arg >= 1 && F->sp >= (int)arg ? em_tr_realize(T, peek(T, F, (int)arg)) : NULL;
-            PyObject *cls = e && e->obj ? (PyType_Check(e->obj) ? e->obj : (PyObject *)Py_TYPE(e->obj)) : NULL;
-            if (cls && PyType_IsSubtype((PyTypeObject *)cls, (PyTypeObject *)PyExc_BaseException))
-                em_tr_break(T, EM_BREAK_RAISE, "%s: raise statement", ((PyTypeObject *)cls)->tp_name);
-            else
-                em_tr_break(T, EM_BREAK_RAISE, "raise statement");
-            goto fail;
-        }
-        case OP_RERAISE:
-            em_tr_break(T, EM_BREAK_RAISE, "re-raise");
-            goto fail;
+        case OP_RAISE_VARARGS: case OP_RERAISE: case OP_PUSH_EXC_INFO: case OP_POP_EXCEPT:
+        case OP_CHECK_EXC_MATCH: case OP_WITH_EXCEPT_START:
+            if (em_tr_exc_op(T, F, in->op, arg) < 0) goto fail;
+            break;
         case OP_LOAD_ASSERTION_ERROR:
             if (push(T, F, em_tr_object(T, PyExc_AssertionError, -1)) < 0) goto fail;
             break;
@@ -1633,12 +1658,15 @@ int em_tr_run_frame(Trace *T, TFrame *F) {
         case OP_SEND: case OP_GET_YIELD_FROM_ITER:
             em_tr_break(T, EM_BREAK_GENERATOR, "yield from / await");
             goto fail;
+        case OP_BUILD_SET: case OP_SET_ADD: case OP_SET_UPDATE:
+            if (em_tr_set_op(T, F, in->op, arg) < 0) goto fail;
+            break;
+        case OP_IMPORT_NAME: case OP_IMPORT_FROM:
+            if (em_tr_import(T, F, in->op, arg) < 0) goto fail;
+            break;
         case OP_BEFORE_WITH:
             if (before_with(T, F) < 0) goto fail;
             break;
-        case OP_PUSH_EXC_INFO: case OP_POP_EXCEPT: case OP_CHECK_EXC_MATCH: case OP_WITH_EXCEPT_START:
-            em_tr_break(T, EM_BREAK_TRY_BLOCK, NULL);
-            goto fail;
         default:
             em_tr_break(T, EM_BREAK_UNSUPPORTED_OPCODE, "%U", rt->opname[in->opcode]);
             goto fail;
@@ -1651,6 +1679,7 @@ internal:
     em_tr_break(T, EM_BREAK_INTERNAL, "malformed operand of %U", rt->opname[F->ins[F->pc].opcode]);
 fail:
 fail_or_internal:
+    if (em_tr_exc_unwind(T, F) > 0) goto resume; /* a handler of F catches the raised exception */
     if (!T->broke && !PyErr_Occurred())
         em_tr_break(T, EM_BREAK_INTERNAL, "malformed operand of %U", rt->opname[F->ins[F->pc].opcode]);
     /* T->cur stays at the innermost frame of the break: its state is the break point */
@@ -1673,6 +1702,15 @@ static TFrame *top_frame(Trace *T, PyObject *func, PyCodeObject *code, const EmF
         if (!o) continue;
         GuardSrc s = em_guard_src_local(T->gb, i, PyTuple_GET_ITEM(names, i), o);
         if (s < 0 || !(F->locals[i] = em_tr_wrap(T, o, s, false))) return NULL;
+    }
+    if (code->co_flags & 0x08) { /* CO_VARKEYWORDS: the binding made a fresh **kwargs dict for this
+                                     call, so the frame may mutate it (kwargs.pop(...)) unobserved */
+        int ik = code->co_argcount + code->co_kwonlyargcount + ((code->co_flags & 0x04) ? 1 : 0);
+        if (ik < F->nlocals && F->locals[ik]) {
+            TValue *kw = em_tr_realize(T, F->locals[ik]);
+            if (!kw) return NULL;
+            if (kw->kind == TV_DICT) kw->mutable = true;
+        }
     }
     if (nfree) {
         PyObject *clo = fv->closure;

@@ -369,7 +369,8 @@ static TValue *missing_or_break(Trace *T, int *missing, PyObject *on, PyObject *
         *missing = 1;
         return NULL;
     }
-    em_tr_break(T, EM_BREAK_RAISE, "'%s' object has no attribute '%U'", Py_TYPE(on)->tp_name, name);
+    em_tr_raise_msg(T, PyExc_AttributeError, "'%s' object has no attribute '%U'",
+                    PyType_Check(on) ? ((PyTypeObject *)on)->tp_name : Py_TYPE(on)->tp_name, name);
     return NULL;
 }
 
@@ -460,8 +461,28 @@ static TValue *object_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
         return NULL;
     }
     if (!generic_getattribute(tp)) {
+        int handled = 0;
+        TValue *r = em_tr_custom_getattr(T, v, name, missing, &handled); /* a Python __getattribute__ */
+        if (handled) return r;
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "attribute .%U of a %s (custom getattr)", name, tp->tp_name);
         return NULL;
+    }
+    return em_tr_generic_getattr(T, v, name, missing);
+}
+
+TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing) {
+    PyObject *o = v->obj;
+    PyTypeObject *tp = Py_TYPE(o);
+    if (v->kind == TV_NN_MODULE) return em_tr_module_getattr(T, v, name, missing);
+    TValue *stored = NULL;
+    if (em_tr_overlay_get(T, o, name, &stored)) { /* stored earlier in the trace */
+        if (stored) return stored;
+        return missing_or_break(T, missing, o, name);
+    }
+    if (PyUnicode_CompareWithASCIIString(name, "__class__") == 0) {
+        TValue *c = em_tr_object(T, (PyObject *)tp, -1);
+        if (c) c->stable = true;
+        return c;
     }
     if (v->src < 0 && !v->stable) {
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "attribute of an object without a source");
@@ -469,8 +490,33 @@ static TValue *object_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
     }
     if (em_guard_type_version(T->gb, tp) < 0) return NULL;
     PyObject *descr = _PyType_Lookup(tp, name);
+    if (descr && Py_TYPE(descr)->tp_descr_set && PyUnicode_CompareWithASCIIString(name, "__dict__") == 0 &&
+        instance_dict_borrow(o)) {
+        /* obj.__dict__: the instance dict itself, guarded like a dict input (keys; items as used)
+         * or, reached through guarded constants, by its version tag */
+        PyObject *idict = instance_dict_borrow(o);
+        GuardSrc s = v->src >= 0 ? em_guard_src_attr(T->gb, v->src, name, idict) : -1;
+        return em_tr_wrap(T, idict, s, s < 0);
+    }
     if (descr && Py_TYPE(descr)->tp_descr_set) {
         if (Py_IS_TYPE(descr, &PyProperty_Type)) return inline_property(T, v, descr, name);
+        if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && strcmp(tp->tp_name, "Field") == 0 && v->src < 0) {
+            /* a slot of a dataclasses.Field reached through a class's __dataclass_fields__
+             * (dataclasses.fields()): fields are never reassigned after the class is made */
+            PyObject *mod = PyObject_GetAttrString((PyObject *)tp, "__module__");
+            int dc = mod && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "dataclasses") == 0;
+            Py_XDECREF(mod);
+            PyErr_Clear();
+            if (dc) {
+                PyObject *r = PyObject_GetAttr(o, name);
+                if (!r) {
+                    em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE);
+                    return NULL;
+                }
+                TValue *rv = em_tr_wrap(T, em_arena_hold_steal(T->arena, r), -1, true);
+                return rv;
+            }
+        }
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "data descriptor .%U of %s", name, tp->tp_name);
         return NULL;
     }
@@ -482,7 +528,26 @@ static TValue *object_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
         if (val) return attr_value(T, v->src, name, val);
     }
     if (descr) return class_attr_on_instance(T, v, descr, name, -1);
-    if (_PyType_Lookup(tp, em_str("__getattr__"))) {
+    PyObject *hook = _PyType_Lookup(tp, em_str("__getattr__"));
+    if (hook && PyFunction_Check(hook)) { /* inlined; an AttributeError it raises is `missing` */
+        TValue *nv = em_tr_const(T, name), *fv = nv ? em_tr_new(T, TV_FUNCTION) : NULL;
+        if (!fv) return NULL;
+        fv->obj = em_arena_hold(T->arena, hook);
+        fv->stable = true;
+        TValue *args[2] = {v, nv};
+        TValue *r = em_tr_inline(T, fv, args, 2, NULL, NULL);
+        if (!r && missing && T->broke && T->exc && PyErr_GivenExceptionMatches(T->exc, PyExc_AttributeError) &&
+            !PyErr_Occurred()) {
+            T->exc = NULL;
+            T->broke = false;
+            T->res->brk.reason = EM_BREAK_NONE;
+            T->res->brk.detail = T->res->brk.filename = T->res->brk.opname = NULL;
+            T->res->brk.lineno = -1;
+            *missing = 1;
+        }
+        return r;
+    }
+    if (hook) {
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "attribute .%U provided by __getattr__", name);
         return NULL;
     }
@@ -557,11 +622,11 @@ static TValue *container_attr(Trace *T, TValue *v, PyObject *name, int *missing)
 static TValue *super_attr(Trace *T, TValue *s, PyObject *name) {
     TValue *self = em_tr_realize(T, s->u.sup.self);
     if (!self) return NULL;
-    if (!self->obj || (self->kind != TV_NN_MODULE && self->kind != TV_OBJECT)) {
+    if (self->kind != TV_INSTANCE && (!self->obj || (self->kind != TV_NN_MODULE && self->kind != TV_OBJECT))) {
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "super() of a value of kind %d", (int)self->kind);
         return NULL;
     }
-    PyTypeObject *tp = Py_TYPE(self->obj);
+    PyTypeObject *tp = self->kind == TV_INSTANCE ? (PyTypeObject *)self->u.inst.cls : Py_TYPE(self->obj);
     if (em_guard_type_version(T->gb, tp) < 0) return NULL;
     PyObject *mro = tp->tp_mro;
     Py_ssize_t n = mro ? PyTuple_GET_SIZE(mro) : 0, i;
@@ -574,6 +639,12 @@ static TValue *super_attr(Trace *T, TValue *s, PyObject *name) {
         if (!d) continue;
         if (PyFunction_Check(d)) {
             TValue *f = function_value(T, d, -1);
+            return f ? bound(T, self, f) : NULL;
+        }
+        if (Py_TYPE(d) == &PyWrapperDescr_Type || Py_TYPE(d) == &PyMethodDescr_Type) {
+            /* object.__getattribute__, dict.__setitem__ ...: em_tr_call_slot runs them */
+            TValue *f = em_tr_object(T, d, -1);
+            if (f) f->stable = true;
             return f ? bound(T, self, f) : NULL;
         }
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "super().%U is not a function", name);
@@ -603,6 +674,8 @@ TValue *em_tr_getattr(Trace *T, TValue *v, PyObject *name, int *missing) {
         return container_attr(T, v, name, missing);
     case TV_SUPER:
         return super_attr(T, v, name);
+    case TV_INSTANCE:
+        return em_tr_instance_getattr(T, v, name, missing);
     case TV_SLICE: {
         const char *n = PyUnicode_AsUTF8(name);
         if (n && strcmp(n, "start") == 0) return v->u.sl.start;
@@ -612,6 +685,8 @@ TValue *em_tr_getattr(Trace *T, TValue *v, PyObject *name, int *missing) {
     }
     case TV_FUNCTION: {
         const char *n = PyUnicode_AsUTF8(name);
+        if (n && strcmp(n, "__code__") == 0) /* code objects are immutable; the function is guarded */
+            return em_tr_const(T, v->obj ? PyFunction_GET_CODE(v->obj) : (PyObject *)v->u.fn.code);
         if (n && (strcmp(n, "__name__") == 0 || strcmp(n, "__qualname__") == 0)) {
             if (v->obj) return em_tr_const(T, strcmp(n, "__name__") == 0 ? ((PyFunctionObject *)v->obj)->func_name : ((PyFunctionObject *)v->obj)->func_qualname);
             return em_tr_const(T, strcmp(n, "__name__") == 0 ? v->u.fn.code->co_name : v->u.fn.code->co_qualname);

@@ -952,6 +952,8 @@ static bool module_method_is_base(PyObject *m, const char *name) {
 TValue *em_tr_getitem(Trace *T, TValue *c, TValue *key) {
     if (!(c = em_tr_realize(T, c)) || !(key = em_tr_realize(T, key))) return NULL;
     switch (c->kind) {
+    case TV_INSTANCE: /* type(c).__getitem__: a Python override, or dict's on the instance's items */
+        return em_tr_instance_dunder(T, c, "__getitem__", &key, 1);
     case TV_TENSOR: {
         TValue *args[2] = {c, key};
         return em_tr_torch_call(T, IR_CALL_FUNCTION, em_trace_rt.op_getitem, args, 2, NULL, NULL);
@@ -982,7 +984,7 @@ TValue *em_tr_getitem(Trace *T, TValue *c, TValue *key) {
         }
         if (em_tr_use(T, key) < 0) return NULL;
         TValue *r = em_tr_dict_get(c, key->obj);
-        if (!r) em_tr_break(T, EM_BREAK_RAISE, "KeyError");
+        if (!r) em_tr_raise_steal(T, PyObject_CallOneArg(PyExc_KeyError, key->obj), NULL);
         return r;
     }
     case TV_CONST: {
@@ -1026,6 +1028,14 @@ TValue *em_tr_getitem(Trace *T, TValue *c, TValue *key) {
         Py_DECREF(k);
         return r;
     }
+    case TV_OBJECT: {
+        /* type(c).__getitem__ in Python (a registry, a Mapping): inlined with (c, key) */
+        int handled = 0;
+        TValue *r = em_tr_object_dunder(T, c, "__getitem__", &key, 1, &handled);
+        if (handled) return r;
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "subscript of a %s", c->obj ? Py_TYPE(c->obj)->tp_name : "object");
+        return NULL;
+    }
     default:
         em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "subscript of a value of kind %d", (int)c->kind);
         return NULL;
@@ -1038,6 +1048,10 @@ int em_tr_setitem(Trace *T, TValue *c, TValue *key, TValue *v) {
         if (!v) return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "del on a tensor item");
         TValue *args[3] = {c, key, v};
         return em_tr_torch_call(T, IR_CALL_FUNCTION, em_trace_rt.op_setitem, args, 3, NULL, NULL) ? 0 : -1;
+    }
+    if (c->kind == TV_INSTANCE) {
+        TValue *args[2] = {key, v};
+        return em_tr_instance_dunder(T, c, v ? "__setitem__" : "__delitem__", args, v ? 2 : 1) ? 0 : -1;
     }
     if (!c->mutable || (c->kind != TV_LIST && c->kind != TV_DICT))
         return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "item store into an object that outlives the frame");
@@ -1084,6 +1098,12 @@ TValue *em_tr_contains(Trace *T, TValue *c, TValue *item) {
     if (c->kind == TV_TENSOR || item->kind == TV_TENSOR) {
         em_tr_break(T, EM_BREAK_DATA_DEPENDENT_BRANCH, "`in` on a tensor");
         return NULL;
+    }
+    if (c->kind == TV_INSTANCE) return em_tr_instance_dunder(T, c, "__contains__", &item, 1);
+    if (c->kind == TV_OBJECT) { /* type(c).__contains__ in Python (collections.abc.Mapping's) */
+        int handled = 0;
+        TValue *r = em_tr_object_dunder(T, c, "__contains__", &item, 1, &handled);
+        if (handled) return r;
     }
     if (c->kind == TV_DICT) {
         if (item->kind != TV_CONST) {
@@ -1391,9 +1411,12 @@ static TValue *call_torch_query(Trace *T, long tq, PyObject *fn, TValue **args, 
     }
     case TQ_TRACING_STATE:
         return em_tr_const(T, Py_None);
-    case TQ_IS_SCRIPTING: case TQ_IS_TRACING: case TQ_IS_COMPILING: case TQ_IS_DYNAMO_COMPILING:
-    case TQ_UTILS_IS_COMPILING: case TQ_JIT_IS_SCRIPTING:
+    case TQ_IS_SCRIPTING: case TQ_IS_TRACING: case TQ_JIT_IS_SCRIPTING:
         return bool_value(T, false);
+    case TQ_IS_COMPILING: case TQ_IS_DYNAMO_COMPILING: case TQ_UTILS_IS_COMPILING:
+        /* True while tracing, as under Dynamo (torch/_dynamo/variables/torch.py answers these
+         * with a constant True): code that skips work in compiled graphs skips it here too */
+        return bool_value(T, true);
     case TQ_IS_TENSOR: {
         if (nargs != 1) break;
         TValue *a = em_tr_realize(T, args[0]);
@@ -2132,10 +2155,39 @@ static TValue *call_object(Trace *T, TValue *callee, TValue **args, uint32_t nar
             return make_namedtuple(T, o, args, nargs, kwnames, kwvals);
         if (o == rt->no_grad_cls || o == rt->enable_grad_cls || o == rt->set_grad_enabled_cls)
             return make_grad_mode(T, o, args, nargs, kwnames);
-        if (PyType_IsSubtype(tp, (PyTypeObject *)PyExc_BaseException))
+        if (PyType_IsSubtype(tp, (PyTypeObject *)PyExc_BaseException)) {
+            /* a builtin exception of constant arguments is made for real (BaseException's C
+             * __new__/__init__ only store args), so a handler in the trace may catch it; any other
+             * stands as its class, and raising it is a break */
+            PyObject *init = _PyType_Lookup(tp, em_str("__init__")), *new_ = _PyType_Lookup(tp, em_str("__new__"));
+            PyObject *cargs = NULL;
+            if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || (init && !PyFunction_Check(init) && new_ && !PyFunction_Check(new_))) {
+                TValue *tv = (kwnames && PyTuple_GET_SIZE(kwnames)) ? NULL : em_tr_tuple(T, args, nargs);
+                cargs = tv ? em_tr_to_py_const(T, tv) : NULL;
+                if (T->broke) return NULL;
+                if (!cargs && PyErr_Occurred()) PyErr_Clear();
+            }
+            if (cargs) {
+                PyObject *e = PyObject_Call(o, cargs, NULL);
+                Py_DECREF(cargs);
+                if (!e) {
+                    em_tr_break_exc(T, EM_BREAK_RAISE);
+                    return NULL;
+                }
+                TValue *ev = em_tr_object(T, em_arena_hold_steal(T->arena, e), -1);
+                if (ev) ev->stable = true;
+                return ev;
+            }
             return em_tr_object(T, o, -1); /* stands for the exception; only `raise` uses it (a break) */
+        }
+        if (em_tr_instance_class_ok(o)) return em_tr_instance_new(T, o, args, nargs, kwnames, kwvals);
         em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "construction of %s", tp->tp_name);
         return NULL;
+    }
+    {
+        int handled = 0; /* object.__getattribute__(o, n), dict.__setitem__(inst, k, v) ... */
+        TValue *r = em_tr_call_slot(T, o, args, nargs, kwnames, kwvals, &handled);
+        if (handled || T->broke) return r;
     }
     if (is_module_function(o, rt->operator_mod) || (PyCFunction_Check(o) && callable_module(T, o) &&
                                                      strcmp(callable_module(T, o), "_operator") == 0)) {
@@ -2277,6 +2329,11 @@ TValue *em_tr_call(Trace *T, TValue *callee, TValue **args, uint32_t nargs, PyOb
     if (!(callee = em_tr_realize(T, callee))) return NULL;
     switch (callee->kind) {
     case TV_FUNCTION:
+        if (callee->obj == em_trace_rt.inspect_signature) {
+            int handled = 0;
+            TValue *r = em_tr_call_special(T, callee->obj, args, nargs, kwnames, &handled);
+            if (handled) return r;
+        }
         if (callee->obj && is_torch_python_function(T, callee->obj))
             return call_torch(T, callee, callee->obj, args, nargs, kwnames, kwvals);
         return em_tr_inline(T, callee, args, nargs, kwnames, kwvals);

@@ -86,6 +86,9 @@ int em_tr_effect_store_attr(Trace *T, TValue *target, PyObject *name, TValue *va
     if ((target->kind != TV_NN_MODULE && target->kind != TV_OBJECT) || !target->obj || PyType_Check(target->obj) ||
         PyModule_Check(target->obj))
         return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "attribute store .%U", name);
+    TValue *overlaid = NULL;
+    if (em_tr_overlay_get(T, target->obj, name, &overlaid)) /* one mechanism per attribute */
+        return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "attribute store .%U after a store through __setattr__", name);
     const char *why = NULL;
     int ok = attr_replayable(T, target, name, value, &why);
     if (ok < 0) return em_tr_break_exc(T, EM_BREAK_SIDE_EFFECT);

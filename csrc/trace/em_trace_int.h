@@ -72,8 +72,11 @@ typedef enum {
     TV_ITERATOR,      /* it.* */
     TV_SLICE,         /* sl.start/stop/step */
     TV_SUPER,         /* sup.self + sup.cls: super(cls, self) */
-    TV_GRAD_MODE      /* gm: a grad-mode context manager (torch.no_grad(), enable_grad(),
+    TV_GRAD_MODE,     /* gm: a grad-mode context manager (torch.no_grad(), enable_grad(),
                          set_grad_enabled(b)) or, gm.exit, the __exit__ that BEFORE_WITH pushed */
+    TV_INSTANCE       /* inst: an object of a Python class constructed in the trace (dataclasses,
+                         ModelOutput, context managers): attributes and, for dict subclasses,
+                         items are trace values (em_trace_obj.c) */
 } TVKind;
 
 typedef enum {
@@ -118,6 +121,16 @@ struct TValue {
             bool applied; /* set_grad_enabled(b): the mode changed at construction */
             bool exit;    /* this value is the bound __exit__ */
         } gm;
+        struct {
+            PyObject *cls;       /* the class (held) */
+            TValue *attrs;       /* DICT: the instance __dict__ */
+            TValue *items;       /* DICT: the dict part of a dict subclass, else NULL */
+            TValue *args;        /* TUPLE: positional arguments of the construction */
+            PyObject *kwnames;   /* keyword names of the construction (tuple) or NULL */
+            TValue **kwvals;
+            bool constructed;    /* __init__ returned */
+            bool dirty;          /* mutated after __init__: cannot be rebuilt by calling cls */
+        } inst;
     } u;
 };
 
@@ -158,7 +171,19 @@ typedef struct TFrame {
     struct { TValue **items; uint32_t n, cap; } yields;
     TValue *retval;         /* set by RETURN_* */
     bool returned;
+    struct TExcEntry *exctab; /* exception table (em_trace_exc.c), nexc entries */
+    uint32_t nexc;
 } TFrame;
+
+/* One exception-table entry, in instruction indices: [start, end) is covered, target the handler,
+ * depth the value stack depth to unwind to, lasti whether the raising offset is pushed first
+ * (Objects/exception_handling_notes.txt). */
+typedef struct TExcEntry {
+    uint32_t start, end;
+    int32_t target;
+    int depth;
+    bool lasti;
+} TExcEntry;
 
 /* Objects looked up once at init (owned references, process lifetime; ember supports one
  * interpreter, em_module.c). */
@@ -188,6 +213,7 @@ typedef struct TraceRT {
     PyObject *pure_classes;        /* tuple of classes whose construction from constants is pure */
     PyObject *meta_str;            /* "meta" */
     PyObject *meta_device;         /* torch.device("meta") */
+    PyObject *inspect_signature, *inspect_Signature, *inspect_Parameter; /* inspect.* (immutable results) */
 } TraceRT;
 extern TraceRT em_trace_rt;
 
@@ -222,6 +248,14 @@ typedef struct Trace {
     struct { struct TEffect *items; uint32_t n, cap; } effects; /* side effects to replay */
     long stop_at;           /* -1, or the top-frame instruction step at which to split */
     long top_steps;         /* top-frame instructions started so far */
+    PyObject *exc;          /* the exception a RAISE break stands for, when the trace knows it (a real
+                               instance, held): a handler of an enclosing try block may catch it */
+    TValue *exc_info;       /* the exception being handled (PUSH_EXC_INFO .. POP_EXCEPT), or NULL */
+    /* attribute stores on real objects, held as an overlay that later reads see; the trace is
+     * kept only when every one ends where it began (a value set and restored by try/finally),
+     * em_tr_overlay_check */
+    struct TAttrStore { PyObject *obj, *name, *orig; TValue *val; } *stores;
+    uint32_t nstores, capstores;
 } Trace;
 
 /* Building the return value (or the values live at a graph break) from abstract values. */
@@ -383,5 +417,66 @@ int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what,
  * changes of the dict (em_guard_dict_key), e.g. Inductor importing into torch.__dict__. */
 int em_tr_dict_version(Trace *T, PyObject *dict, const char *how, PyObject *key);
 int em_tr_flush_dict_guards(Trace *T);
+/* object.__getattribute__ on a real object (OBJECT/NN_MODULE value): the lookup without the class's
+ * own __getattribute__; a Python __getattr__ is inlined when it misses. */
+TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing);
+
+/* ---- em_trace_exc.c: exception tables, raise / catch, with-blocks on Python managers ---- */
+/* Parses the code's exception table into F->exctab (instruction indices). -1 on OOM. */
+int em_tr_exc_decode(Trace *T, TFrame *F, const unsigned char *tab, Py_ssize_t len, uint32_t nunits);
+/* Records a RAISE break that stands for the real exception instance exc (stolen; NULL: a
+ * MemoryError is pending). An enclosing handler may catch it (em_tr_exc_unwind). Returns -1. */
+int em_tr_raise_steal(Trace *T, PyObject *exc, const char *what);
+/* Same with an instance of cls built from a message (AttributeError etc.). */
+int em_tr_raise_msg(Trace *T, PyObject *cls, const char *fmt, ...);
+/* After a failure inside F: when the failure is a RAISE break with a known exception and F has a
+ * handler at its pc, clears the break, unwinds F's stack and jumps to the handler (returns 1);
+ * else 0. */
+int em_tr_exc_unwind(Trace *T, TFrame *F);
+/* PUSH_EXC_INFO, POP_EXCEPT, CHECK_EXC_MATCH, WITH_EXCEPT_START, RERAISE, RAISE_VARARGS. -1 on
+ * break (a raise is a break that em_tr_exc_unwind may turn into a jump). */
+int em_tr_exc_op(Trace *T, TFrame *F, int op, int arg);
+/* BEFORE_WITH on a manager whose class has Python __enter__/__exit__: pushes the bound __exit__
+ * and the inlined __enter__()'s result. -1 on break. */
+int em_tr_with_enter(Trace *T, TFrame *F, TValue *mgr);
+
+/* ---- em_trace_obj.c: Python objects with their own attribute protocol ---- */
+/* Attribute read on an object whose class defines a Python __getattribute__: inlined. NULL with
+ * *handled = 0 when the class has none (the caller does the usual lookup). */
+TValue *em_tr_custom_getattr(Trace *T, TValue *v, PyObject *name, int *missing, int *handled);
+/* Instances of Python classes constructed in the trace (TV_INSTANCE). */
+TValue *em_tr_instance_new(Trace *T, PyObject *cls, TValue **args, uint32_t nargs, PyObject *kwnames,
+                           TValue **kwvals);
+TValue *em_tr_instance_getattr(Trace *T, TValue *v, PyObject *name, int *missing);
+int em_tr_instance_setattr(Trace *T, TValue *v, PyObject *name, TValue *val); /* val NULL: delete */
+/* Calls of C slot functions on values (object.__getattribute__(o, n), object.__setattr__,
+ * dict.__setitem__ on an instance's items, ...). NULL with *handled = 0 when not one of these. */
+TValue *em_tr_call_slot(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames,
+                        TValue **kwvals, int *handled);
+/* v's class attribute `name` (Python override or a dict method) called with args. */
+TValue *em_tr_instance_dunder(Trace *T, TValue *v, const char *name, TValue **args, uint32_t nargs);
+/* IMPORT_NAME / IMPORT_FROM of modules already in sys.modules (a lookup; the sys.modules entry and
+ * builtins.__import__ are version-guarded). A module not yet imported is a break. -1 on break. */
+int em_tr_import(Trace *T, TFrame *F, int op, int arg);
+/* Attribute store (val) or delete (val NULL) on a real object (OBJECT value, not a module or
+ * class): a Python __setattr__/__delattr__ is inlined; object's own records an overlay entry.
+ * -1 on break. */
+int em_tr_object_setattr(Trace *T, TValue *v, PyObject *name, TValue *val);
+/* The overlay entry for obj.name: 1 with *val (NULL: deleted), 0 when none. */
+int em_tr_overlay_get(Trace *T, PyObject *obj, PyObject *name, TValue **val);
+/* At the frame's return: a break unless every overlaid attribute holds its original value. */
+int em_tr_overlay_check(Trace *T);
+/* type(v).<name>(v, *args) when it is a Python function and v a real object (OBJECT value):
+ * inlined (*handled = 1); otherwise NULL with *handled = 0. */
+TValue *em_tr_object_dunder(Trace *T, TValue *v, const char *name, TValue **args, uint32_t nargs, int *handled);
+/* BUILD_SET / SET_ADD / SET_UPDATE: a set of constants made in the trace is a real set (a CONST
+ * value marked mutable, never returned). -1 on break. */
+int em_tr_set_op(Trace *T, TFrame *F, int op, int arg);
+/* Calls the tracer answers itself (inspect.signature of a Python function: its Signature is an
+ * immutable value of the function's code and defaults). NULL with *handled = 0 otherwise. */
+TValue *em_tr_call_special(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames, int *handled);
+/* Is cls a class whose construction the tracer may model (a Python class with object's or dict's
+ * __new__ and a Python __init__ or none)? */
+bool em_tr_instance_class_ok(PyObject *cls);
 
 #endif /* EM_TRACE_INT_H */

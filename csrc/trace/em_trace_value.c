@@ -284,9 +284,20 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
     }
     if (PyDict_Check(o)) {
         const char *tn = Py_TYPE(o)->tp_name;
-        if (!PyDict_CheckExact(o) && strcmp(tn, "collections.OrderedDict") != 0)
-            return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "dict subclass", o);
-        if (s < 0) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "dict without a source", o);
+        if (!PyDict_CheckExact(o) && strcmp(tn, "collections.OrderedDict") != 0) {
+            /* a dict subclass with Python methods (a registry): an opaque object whose methods
+             * are inlined; dict's own methods read it under a version guard (em_trace_obj.c) */
+            if (!(Py_TYPE(o)->tp_flags & Py_TPFLAGS_HEAPTYPE) || (s < 0 && !v->stable))
+                return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "dict subclass", o);
+            if (guard && em_guard_id(T->gb, s) < 0) return NULL;
+            v->kind = TV_OBJECT;
+            v->guarded = true;
+            return v;
+        }
+        if (s < 0 && !v->stable) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "dict without a source", o);
+        /* a dict reached through guarded constants (a class attribute such as a config's
+         * attribute_map): its version tag guards its contents */
+        if (s < 0 && em_tr_dict_version(T, o, "<class attribute dict>", NULL) < 0) return NULL;
         if (s >= 0 && em_guard_dict_keys(T->gb, s) < 0) return NULL;
         Py_ssize_t pos = 0, n = PyDict_GET_SIZE(o);
         PyObject *key, *val;
@@ -574,6 +585,12 @@ int em_tr_items(Trace *T, TValue *v, TValue ***items, uint32_t *n) {
         *n = v->u.dict.n;
         return 0;
     }
+    case TV_INSTANCE: {
+        PyObject *it = _PyType_Lookup((PyTypeObject *)v->u.inst.cls, em_str("__iter__"));
+        if (!v->u.inst.items || (it && PyFunction_Check(it)))
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "iteration over a %s", ((PyTypeObject *)v->u.inst.cls)->tp_name);
+        return em_tr_items(T, v->u.inst.items, items, n);
+    }
     case TV_ITERATOR: {
         if (v->u.it.kind == IT_GEN) {
             int rc = em_tr_run_generator(T, v, items, n);
@@ -648,6 +665,14 @@ int em_tr_items(Trace *T, TValue *v, TValue ***items, uint32_t *n) {
 int em_tr_truth(Trace *T, TValue *v, bool *out) {
     if (!(v = em_tr_realize(T, v))) return -1;
     switch (v->kind) {
+    case TV_INSTANCE: {
+        PyTypeObject *tp = (PyTypeObject *)v->u.inst.cls;
+        PyObject *b = _PyType_Lookup(tp, em_str("__bool__")), *l = _PyType_Lookup(tp, em_str("__len__"));
+        if ((b && PyFunction_Check(b)) || (l && PyFunction_Check(l)))
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "truth of a %s", tp->tp_name);
+        *out = v->u.inst.items ? v->u.inst.items->u.dict.n > 0 : true;
+        return 0;
+    }
     case TV_CONST: {
         if (em_tr_use(T, v) < 0) return -1;
         if (!is_simple_const(v->obj) && !PyTuple_Check(v->obj) && !PyObject_TypeCheck(v->obj, (PyTypeObject *)em_trace_rt.Size) &&
@@ -706,6 +731,8 @@ PyObject *em_tr_type_of(Trace *T, TValue *v) {
     switch (v->kind) {
     case TV_TENSOR:
         return v->obj ? (PyObject *)Py_TYPE(v->obj) : em_trace_rt.Tensor;
+    case TV_INSTANCE:
+        return v->u.inst.cls;
     case TV_CONST: case TV_NN_MODULE: case TV_OBJECT:
         if (v->kind == TV_CONST && em_tr_use(T, v) < 0) return NULL;
         return (PyObject *)Py_TYPE(v->obj);
@@ -820,8 +847,22 @@ TValue *em_tr_from_py(Trace *T, PyObject *o) {
     }
     if (is_simple_const(o) || is_torch_enum(o) || PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.device_type) ||
         PyTuple_Check(o) || PySlice_Check(o) || PyRange_Check(o) || PyFrozenSet_CheckExact(o) ||
-        PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.Size))
-        return em_tr_const(T, o);
+        PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.Size) ||
+        Py_IS_TYPE(o, (PyTypeObject *)em_trace_rt.inspect_Signature) ||
+        Py_IS_TYPE(o, (PyTypeObject *)em_trace_rt.inspect_Parameter))
+        return em_tr_const(T, o); /* inspect's Signature and Parameter are immutable values */
+    if (Py_IS_TYPE(o, &PyDictProxy_Type)) { /* Signature.parameters: a read-only view, as a dict */
+        PyObject *items = PyMapping_Items(o);
+        TValue *d = items ? em_tr_dict(T) : NULL;
+        for (Py_ssize_t i = 0; d && i < PyList_GET_SIZE(items); i++) {
+            PyObject *kv = PyList_GET_ITEM(items, i);
+            TValue *iv = em_tr_from_py(T, PyTuple_GET_ITEM(kv, 1));
+            if (!iv || em_tr_dict_set(T, d, PyTuple_GET_ITEM(kv, 0), iv) < 0) d = NULL;
+        }
+        Py_XDECREF(items);
+        if (d) d->mutable = false;
+        return d;
+    }
     if (PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.TensorBase)) {
         em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a tensor made at trace time");
         return NULL;
@@ -857,8 +898,21 @@ TValue *em_tr_iter(Trace *T, TValue *v) {
 int em_tr_iter_next(Trace *T, TValue *it, TValue **out) {
     if (!(it = em_tr_realize(T, it))) return -1;
     if (it->kind != TV_ITERATOR) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "next() of a non-iterator");
-    if (it->u.it.kind == IT_GEN)
-        return em_tr_break(T, EM_BREAK_GENERATOR, "generator consumed step by step");
+    if (it->u.it.kind == IT_GEN) {
+        /* a generator expression is run to exhaustion at its first next(): its body is one
+         * expression over trace values, so a consumer that stops early only makes the trace read
+         * more (a break or raise there makes the frame fall back). A generator function may
+         * mutate state between yields, which an early stop would observe: a break. */
+        if (!it->u.it.genframe || PyUnicode_CompareWithASCIIString(it->u.it.genframe->code->co_name, "<genexpr>") != 0)
+            return em_tr_break(T, EM_BREAK_GENERATOR, "generator consumed step by step");
+        TValue **items;
+        uint32_t n;
+        if (em_tr_run_generator(T, it, &items, &n) < 0) return -1;
+        it->u.it.kind = IT_ARRAY;
+        it->u.it.items = items;
+        it->u.it.n = n;
+        it->u.it.pos = 0;
+    }
     if (it->u.it.kind == IT_LIST) {
         if (it->u.it.pos >= it->u.it.base->u.seq.n) {
             it->u.it.pos = UINT32_MAX - 1; /* stays exhausted, like list_iterator */
