@@ -15,7 +15,8 @@
  * runs their compiled checks. Like core/, sym/ is a leaf every stage may call; it calls nothing
  * but core/ and never touches the Python error state (failures are sticky codes on the env).
  *
- * THE WIRING PLAN (next session; nothing here is called by trace/guard/hook yet).
+ * THE WIRING PLAN (next session; nothing here is called by trace/guard/hook yet; the long form
+ * is docs/dynamic_shapes.md).
  *  1. trace: one ShapeEnv per compilation (em_sym_env_new next to the trace arena, freed with it).
  *     A tensor input whose dim is dynamic (marked, automatic, or dynamic=True) gets
  *     em_sym_new_size(env, "L['x'].size()[0]", hint) for that dim instead of the int; a Python int
@@ -184,8 +185,8 @@ uint32_t em_sym_produce_guards(ShapeEnv *env, const SymGuard **out); /* count; *
 /* ---- rendering ---- */
 
 /* SYMBOLS: graph metadata (`s0*s1`, `(s0//2)`, `Max(s0, s1)`, `Mod(s0, 4)`).
- * SOURCES: Python over the symbols' sources, valid Python that eval() answers like
- * em_sym_eval (`L['x'].size()[0] * L['x'].size()[1] % 4 == 0` parenthesised as needed). */
+ * SOURCES: Python over the symbols' sources that eval() answers exactly like em_sym_eval
+ * (`(L['x'].size()[0] * L['x'].size()[1]) % 4 == 0`, `min(...)`, parenthesised by precedence). */
 typedef enum { SYM_STYLE_SYMBOLS, SYM_STYLE_SOURCES } SymStyle;
 /* snprintf-like: writes at most size bytes (always NUL-terminated when size > 0) and returns the
  * length the full text needs. */
@@ -234,7 +235,8 @@ int em_sym_matmul_shape(ShapeEnv *env, const SymRef *a, uint32_t na, const SymRe
 int em_sym_cat_shape(ShapeEnv *env, const SymRef *const *shapes, uint32_t k, uint32_t n, uint32_t dim,
                      SymRef *out);
 
-/* Test support (em_sym_testing.c): ember._C._sym_eval / _sym_guards, not public API. */
+/* Test support (em_sym_testing.c): ember._C._sym_eval / _sym_guards / _sym_bench, not public
+ * API; registered by em_module.c. */
 int em_sym_testing_init(PyObject *module);
 
 #endif /* EM_SYM_H */

@@ -670,24 +670,25 @@ static void test_random_expressions(bool sizes) {
 
 /* Random questions: a guard program that admits other sizes must give every question the same
  * answer there (guard soundness), and must admit the example itself. */
-static void test_random_guards(void) {
+static void test_random_guards(bool sizes) {
     int admitted = 0, unsound = 0, rejected_self = 0;
     for (int iter = 0; iter < 400; iter++) {
-        ShapeEnv *env = em_sym_env_new(NULL);
+        ShapeEnv *env = sizes ? em_sym_env_new(NULL) : plain_env();
         SymRef syms[3];
         int64_t hints[3];
         for (int i = 0; i < 3; i++) {
-            hints[i] = rnd_in(2, 8);
+            hints[i] = sizes ? rnd_in(2, 8) : rnd_in(-8, 8);
             char src[32];
             snprintf(src, sizeof src, "L['s%d']", i);
-            syms[i] = em_sym_new_size(env, src, hints[i], SYM_NEG_INF, SYM_INF);
+            syms[i] = sizes ? em_sym_new_size(env, src, hints[i], SYM_NEG_INF, SYM_INF)
+                            : em_sym_new_int(env, src, hints[i], SYM_NEG_INF, SYM_INF);
         }
         npool = 0;
         Tree *qa[4], *qb[4];
         int qop[4], answers[4], nq = 0;
         for (int q = 0; q < 4; q++) {
-            qa[q] = gen((int)rnd_in(0, 2), 3, true);
-            qb[q] = gen((int)rnd_in(0, 2), 3, true);
+            qa[q] = gen((int)rnd_in(0, 2), 3, sizes);
+            qb[q] = gen((int)rnd_in(0, 2), 3, sizes);
             qop[q] = (int)rnd_in(SYM_EQ, SYM_GE);
             SymRef a = build(env, qa[q], syms, false), b = build(env, qb[q], syms, false);
             answers[q] = em_sym_guard_bool(env, em_sym_cmp(env, (SymOp)qop[q], a, b));
@@ -710,7 +711,7 @@ static void test_random_guards(void) {
         if (em_sym_prog_check(p, hv) >= 0) rejected_self++;
         for (int trial = 0; trial < 60; trial++) {
             int64_t v[3];
-            for (int i = 0; i < 3; i++) v[i] = rnd() % 3 == 0 ? hints[i] : rnd_in(0, 12);
+            for (int i = 0; i < 3; i++) v[i] = rnd() % 3 == 0 ? hints[i] : (sizes ? rnd_in(0, 12) : rnd_in(-12, 12));
             if (em_sym_prog_check(p, v) >= 0) continue;
             admitted++;
             /* questions are asked of the tree over the symbol values; each symbol i reads v[i] */
@@ -754,7 +755,8 @@ int main(void) {
     test_shapes_differential();
     test_random_expressions(false);
     test_random_expressions(true);
-    test_random_guards();
+    test_random_guards(true);
+    test_random_guards(false);
     printf("test_sym: %d checks, %d failed\n", nchecks, nfailed);
     return nfailed ? 1 : 0;
 }
