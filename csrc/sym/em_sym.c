@@ -28,6 +28,7 @@
 
 #define SYM_MAX_TERMS 64   /* a polynomial with more terms fails TOO_BIG (sizes never need it) */
 #define SYM_MAX_NODES (1u << 24)
+#define SYM_MAX_DEPTH 64   /* deeper expressions fail TOO_BIG: every pass recurses on the C stack */
 
 /* ---- checked int64 arithmetic (GCC/Clang builtins; C11 has none) ---- */
 
@@ -153,6 +154,35 @@ bool em_sym_has_symbols(const ShapeEnv *env, SymRef e) {
     return false;
 }
 
+int64_t em_sym_symbol_index(const ShapeEnv *env, SymRef e) {
+    return e && env->nodes[e].op == SYM_SYMBOL ? env->nodes[e].k : -1;
+}
+
+static void mark_symbols(const ShapeEnv *env, SymRef e, uint8_t *seen) {
+    const SymNode *n = &env->nodes[e];
+    if (n->op == SYM_SYMBOL) {
+        seen[n->k] = 1;
+        return;
+    }
+    for (uint32_t i = 0; i < n->n; i++) mark_symbols(env, env->terms[n->first + i].ref, seen);
+}
+
+uint32_t em_sym_free_symbols(const ShapeEnv *env, SymRef e, uint32_t *out, uint32_t max) {
+    if (!e || !env->nsyms) return 0;
+    uint8_t small[256], *seen = env->nsyms <= sizeof small ? small : calloc(env->nsyms, 1);
+    if (!seen) return 0;
+    memset(seen, 0, env->nsyms <= sizeof small ? env->nsyms : 0);
+    mark_symbols(env, e, seen);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < env->nsyms; i++)
+        if (seen[i]) {
+            if (n < max) out[n] = i;
+            n++;
+        }
+    if (seen != small) free(seen);
+    return n;
+}
+
 /* FNV-1a over (op, k, operands). */
 static uint32_t node_hash(SymOp op, int64_t k, const SymTerm *t, uint32_t n) {
     uint64_t h = 1469598103934665603ull;
@@ -201,6 +231,10 @@ SymRef em_sym__intern(ShapeEnv *env, SymOp op, int64_t k, const SymTerm *t, uint
         if (cand->hash == h && node_equal(env, cand, op, k, t, n)) return env->index[j];
     }
     if (env->nnodes >= SYM_MAX_NODES) return em_sym__fail(env, SYM_ERR_TOO_BIG), SYM_NONE;
+    uint32_t depth = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (env->nodes[t[i].ref].depth > depth) depth = env->nodes[t[i].ref].depth;
+    if (++depth > SYM_MAX_DEPTH) return em_sym__fail(env, SYM_ERR_TOO_BIG), SYM_NONE;
     if (em_sym__grow(env, (void **)&env->nodes, &env->capnodes, sizeof(SymNode), env->nnodes + 1) < 0 ||
         em_sym__grow(env, (void **)&env->terms, &env->capterms, sizeof(SymTerm), env->nterms + n) < 0)
         return SYM_NONE;
@@ -212,6 +246,7 @@ SymRef em_sym__intern(ShapeEnv *env, SymOp op, int64_t k, const SymTerm *t, uint
     node->n = n;
     node->first = env->nterms;
     node->hash = h;
+    node->depth = (uint8_t)depth;
     if (n) memcpy(&env->terms[env->nterms], t, n * sizeof *t);
     env->nterms += n;
     env->index[j] = r;

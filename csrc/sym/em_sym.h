@@ -124,6 +124,11 @@ SymRef em_sym_simplify(ShapeEnv *env, SymRef e);
 SymOp em_sym_op(const ShapeEnv *env, SymRef e);
 bool em_sym_is_const(const ShapeEnv *env, SymRef e, int64_t *value); /* value may be NULL */
 bool em_sym_has_symbols(const ShapeEnv *env, SymRef e);
+/* The symbol index of a SYMBOL node, or -1 for any other expression. */
+int64_t em_sym_symbol_index(const ShapeEnv *env, SymRef e);
+/* The distinct symbols e mentions, ascending, into out[0 .. max) (the fx export's SymInt inputs);
+ * returns how many there are (which may exceed max). */
+uint32_t em_sym_free_symbols(const ShapeEnv *env, SymRef e, uint32_t *out, uint32_t max);
 /* Range [lo, hi] of e under the env's facts (SYM_NEG_INF / SYM_INF when unbounded). */
 void em_sym_range(ShapeEnv *env, SymRef e, int64_t *lo, int64_t *hi);
 

@@ -16,6 +16,7 @@ typedef struct SymTerm {
 
 typedef struct SymNode {
     uint8_t op;          /* SymOp */
+    uint8_t depth;       /* 1 + the deepest operand's depth (<= SYM_MAX_DEPTH: recursion is bounded) */
     uint32_t n;          /* number of operands */
     uint32_t first;      /* index of the first operand in env->terms */
     int64_t k;           /* CONST: the value; SYMBOL: the symbol index; ADD: the constant */

@@ -106,6 +106,12 @@ static void test_canonical(void) {
     CHECK(em_sym_cmp(env, SYM_LT, s0, em_sym_add(env, s0, C(1))) == C(1));
     CHECK(em_sym_cmp(env, SYM_EQ, em_sym_mul(env, s0, s1), em_sym_mul(env, s1, s0)) == C(1));
     CHECK(em_sym_op(env, em_sym_cmp(env, SYM_LT, s0, s1)) == SYM_LT);
+    uint32_t fs[4];
+    CHECK(em_sym_free_symbols(env, em_sym_add(env, em_sym_mul(env, s2, s0), s0), fs, 4) == 2 && fs[0] == 0 &&
+          fs[1] == 2);
+    CHECK(em_sym_free_symbols(env, C(3), fs, 4) == 0);
+    CHECK(em_sym_symbol_index(env, s1) == 1 && em_sym_symbol_index(env, em_sym_add(env, s1, C(1))) == -1);
+    CHECK(em_sym_has_symbols(env, em_sym_min(env, s1, C(2))) && !em_sym_has_symbols(env, C(2)));
     CHECK(em_sym_env_error(env) == SYM_ERR_OK);
     em_sym_env_free(env);
 
@@ -202,6 +208,12 @@ static void test_semantics(void) {
     em_sym_env_free(env);
     env = plain_env();
     CHECK(em_sym_floordiv(env, C(5), C(0)) == SYM_NONE && em_sym_env_error(env) == SYM_ERR_ZERO_DIV);
+    em_sym_env_free(env);
+    /* nesting is bounded: a deep chain fails TOO_BIG instead of exhausting the C stack */
+    env = plain_env();
+    SymRef deep = em_sym_new_int(env, "L['d']", 5, SYM_NEG_INF, SYM_INF);
+    for (int i = 0; i < 200 && deep; i++) deep = em_sym_floordiv(env, em_sym_add(env, deep, em_sym_symbol(env, 0)), C(3));
+    CHECK(deep == SYM_NONE && em_sym_env_error(env) == SYM_ERR_TOO_BIG);
     em_sym_env_free(env);
     env = plain_env();
     SymRef a = em_sym_new_size(env, "a", 5, SYM_NEG_INF, SYM_INF), b = em_sym_new_size(env, "b", 6, SYM_NEG_INF, SYM_INF);
