@@ -447,6 +447,10 @@ static void test_shapes(void) {
     CHECK_TEXT(out, "s1 - 4");
     CHECK(find_guard(env, "5 <= L['x'].size()[1]") >= 0);
     CHECK(em_sym_conv_out(env, s0, C(9), C(1), C(0), C(1), &out) == SYM_SHAPE_ERROR); /* 6 < 9 */
+    /* an int argument that is -1 at the example infers too (guarded == -1, i.e. specialised) */
+    SymRef d = em_sym_new_int(env, "L['d']", -1, SYM_NEG_INF, SYM_INF);
+    SymRef shape5[2] = {s0, d};
+    CHECK(em_sym_reshape(env, numel, shape5, 2, outs) == 0 && outs[1] == s1 && em_sym_simplify(env, d) == C(-1));
     em_sym_env_free(env);
 
     env = em_sym_env_new(&o);
