@@ -879,7 +879,7 @@ static SymRef mk_floordiv(ShapeEnv *env, SymRef a, SymRef b) {
     if (em_sym_is_const(env, a, &ka) && ka == 0) return a;
     /* symbolic divisor */
     const SymNode *y = &env->nodes[b];
-    if (y->op == SYM_ADD && y->k == 0 && y->n == 1 && y->first < env->nterms) {
+    if (y->op == SYM_ADD && y->k == 0 && y->n == 1) {
         SymTerm t = env->terms[y->first]; /* b == c*m, c > 0, m > 0: a // b == (a // m) // c */
         if (t.c > 0 && known_positive(env, t.ref))
             return mk_floordiv(env, mk_floordiv(env, a, t.ref), em_sym_const(env, t.c));

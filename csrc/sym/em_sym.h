@@ -29,7 +29,8 @@
  *     Python `x.shape[0] > 4`, `//`, `%`, min/max on sizes produce SymRef values in the tracer;
  *     `if`, `bool()`, `int()` on them call em_sym_guard_bool / em_sym_guard_int.
  *  3. guard: a GUARD_SYM leaf per entry: fetch the size of each input source
- *     (em_sym_nsymbols / em_sym_symbol_source, in symbol order) into an int64 array on the
+ *     (em_sym_prog_input_tag: the tracer tagged each symbol with its fetch slot and dim when it
+ *     made it; em_sym_symbol_source for text) into an int64 array on the
  *     stack and run em_sym_prog_check on the program from em_sym_prog_compile (O(inputs), no
  *     allocation). TENSOR_MATCH then skips dynamic dims (its sizes become optional, as Dynamo's).
  *     Rendering for dumps: em_sym_guard_render for each em_sym_produce_guards item.
@@ -151,6 +152,10 @@ uint32_t em_sym_nsymbols(const ShapeEnv *env);                /* symbols are 0 .
 SymRef em_sym_symbol(const ShapeEnv *env, uint32_t i);        /* the SYMBOL node of symbol i */
 const char *em_sym_symbol_source(const ShapeEnv *env, uint32_t i);
 int64_t em_sym_symbol_hint(const ShapeEnv *env, uint32_t i);
+/* An opaque tag the tracer attaches to symbol i (e.g. its guard fetch slot and dim); copied into
+ * compiled programs (em_sym_prog_input_tag) so the guard stage knows how to fetch each input. */
+void em_sym_set_symbol_tag(ShapeEnv *env, uint32_t i, uint64_t tag);
+uint64_t em_sym_symbol_tag(const ShapeEnv *env, uint32_t i);
 /* The expression symbol i was replaced by (after an equality guard, duck shaping or a range that
  * shrank to a point), or SYM_NONE while it stands for itself. */
 SymRef em_sym_replacement(ShapeEnv *env, uint32_t i);
@@ -206,6 +211,7 @@ SymProg *em_sym_prog_compile(ShapeEnv *env);
 void em_sym_prog_free(SymProg *p);
 uint32_t em_sym_prog_ninputs(const SymProg *p); /* = em_sym_nsymbols at compile time */
 uint32_t em_sym_prog_nchecks(const SymProg *p);
+uint64_t em_sym_prog_input_tag(const SymProg *p, uint32_t i); /* symbol i's tag at compile time */
 /* -1 when every check holds, else the index of the first failing check (an overflow fails the
  * check it happens in). No allocation; values has em_sym_prog_ninputs entries. */
 int em_sym_prog_check(const SymProg *p, const int64_t *values);

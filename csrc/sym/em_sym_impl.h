@@ -33,6 +33,7 @@ typedef struct SymSymbol {
     uint8_t kind;       /* SymKind */
     SymRef node;        /* its SYMBOL node */
     SymRef repl;        /* replacement (unsimplified: simplify before use), SYM_NONE if none */
+    uint64_t tag;       /* the tracer's (em_sym_set_symbol_tag) */
 } SymSymbol;
 
 /* What is known of a normalised expression p (no constant, coefficients' gcd 1, first coefficient

@@ -299,8 +299,11 @@ static void test_guards(void) {
     CHECK(em_sym_guard_int(env, em_sym_mul(env, z, C(2)), &v) == 0 && v == 6);
     CHECK(em_sym_simplify(env, z) == C(3) && em_sym_replacement(env, 2) == C(3));
     CHECK(find_guard(env, "L['z'].size()[2] == 3") >= 0);
-    /* the program agrees with the rendered guards */
+    /* the program agrees with the rendered guards, and carries the tracer's tags */
+    em_sym_set_symbol_tag(env, 1, 0xabc00001ull);
+    CHECK(em_sym_symbol_tag(env, 1) == 0xabc00001ull && em_sym_symbol_tag(env, 0) == 0);
     SymProg *p = em_sym_prog_compile(env);
+    CHECK(p && em_sym_prog_input_tag(p, 1) == 0xabc00001ull && em_sym_prog_input_tag(p, 2) == 0);
     CHECK(p && em_sym_prog_ninputs(p) == 3 && em_sym_prog_nchecks(p) == em_sym_produce_guards(env, &g));
     if (p) {
         int64_t hint[3] = {8, 12, 3}, small[3] = {4, 12, 3}, eq[3] = {9, 9, 3}, z4[3] = {8, 12, 4},
