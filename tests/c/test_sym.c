@@ -555,6 +555,34 @@ static void test_shapes_differential(void) {
                 em_sym_env_free(env);
             }
     CHECK(ok);
+
+    /* convolution output sizes over every admitted input size */
+    ok = true;
+    int nadmitted = 0;
+    for (int64_t hint = 2; hint <= 12; hint++)
+        for (int64_t k = 1; k <= 5; k++)
+            for (int64_t stride = 1; stride <= 3; stride++)
+                for (int64_t pad = 0; pad <= 2; pad++)
+                    for (int64_t dil = 1; dil <= 2; dil++) {
+                        ShapeEnv *env = em_sym_env_new(NULL);
+                        SymRef n = em_sym_new_size(env, "n", hint, SYM_NEG_INF, SYM_INF), out;
+                        int r = em_sym_conv_out(env, n, C(k), C(stride), C(pad), C(dil), &out);
+                        SymProg *p = em_sym_prog_compile(env);
+                        int64_t want0 = ref_floordiv(hint + 2 * pad - dil * (k - 1) - 1, stride) + 1;
+                        ok &= p != NULL && r == (want0 >= 1 ? 0 : SYM_SHAPE_ERROR);
+                        for (int64_t v = 0; p && v <= 40; v++) {
+                            int64_t vals[1] = {v}, got;
+                            if (em_sym_prog_check(p, vals) >= 0) continue;
+                            nadmitted++;
+                            int64_t want = ref_floordiv(v + 2 * pad - dil * (k - 1) - 1, stride) + 1;
+                            ok &= (want >= 1) == (r == 0);
+                            if (r == 0) ok &= em_sym_eval(env, out, vals, &got) == SYM_ERR_OK && got == want;
+                        }
+                        em_sym_prog_free(p);
+                        em_sym_env_free(env);
+                    }
+    CHECK(ok);
+    CHECK(nadmitted > 10000);
 }
 
 /* ---- randomized differential tests ---- */
