@@ -108,6 +108,14 @@ static const char *const sym_error_texts[] = {
 #undef SYM_ERR_TEXT
 };
 
+static const char *const sym_op_names[] = {
+#define SYM_OP_TEXT(name, text) text,
+    SYM_OPS(SYM_OP_TEXT)
+#undef SYM_OP_TEXT
+};
+
+const char *em_sym_op_name(SymOp op) { return (unsigned)op < SYM__NOPS ? sym_op_names[op] : "?"; }
+
 const char *em_sym_error_text(SymErr e) {
     return (unsigned)e < SYM_ERR__COUNT ? sym_error_texts[e] : "unknown error";
 }

@@ -19,11 +19,11 @@
  * is docs/dynamic_shapes.md).
  *  1. trace: one ShapeEnv per compilation (em_sym_env_new next to the trace arena, freed with it).
  *     A tensor input whose dim is dynamic (marked, automatic, or dynamic=True) gets
- *     em_sym_new_size(env, "L['x'].size()[0]", hint) for that dim instead of the int; a Python int
+ *     em_sym_new_size(env, "L['x'].size()[0]", hint, lo, hi) for that dim instead of the int; a Python int
  *     that automatic-dynamic marks gets em_sym_new_int. Other dims stay constants (em_sym_const).
  *  2. ir: IRMeta.sizes / strides become SymRef arrays (constants are SymRefs too, so one code
  *     path); shape rules call the helpers below (em_sym_broadcast_shapes, em_sym_reshape,
- *     em_sym_slice, em_sym_conv_out, em_sym_matmul_shape, em_sym_cat_size, ...); ops without a
+ *     em_sym_slice, em_sym_conv_out, em_sym_matmul_shape, em_sym_cat_shape, ...); ops without a
  *     rule keep using meta tensors with the symbol's hint, and their output sizes are matched
  *     back to expressions by the tracer (a size equal to no expression's hint specialises).
  *     Python `x.shape[0] > 4`, `//`, `%`, min/max on sizes produce SymRef values in the tracer;
@@ -33,7 +33,7 @@
  *     made it; em_sym_symbol_source for text) into an int64 array on the
  *     stack and run em_sym_prog_check on the program from em_sym_prog_compile (O(inputs), no
  *     allocation). TENSOR_MATCH then skips dynamic dims (its sizes become optional, as Dynamo's).
- *     Rendering for dumps: em_sym_guard_render for each em_sym_produce_guards item.
+ *     Rendering for dumps: em_sym_render(SYM_STYLE_SOURCES) of each em_sym_produce_guards item.
  *  4. fx export: a SymInt placeholder per unreplaced symbol that a graph size needs (example
  *     value: its hint), `sym_size` nodes (torch.ops.aten.sym_size.int(x, d)) where the graph
  *     reads a size, and node meta rendered with SYM_STYLE_SYMBOLS (`s0*s1`, `(s0//2)`).
@@ -93,6 +93,7 @@ typedef enum {
 } SymErr;
 
 const char *em_sym_error_text(SymErr e);
+const char *em_sym_op_name(SymOp op); /* the X-macro's spelling: "+", "//", "Min", "<=" ... */
 
 typedef struct ShapeEnv ShapeEnv;
 

@@ -106,6 +106,8 @@ static void test_canonical(void) {
     CHECK(em_sym_cmp(env, SYM_LT, s0, em_sym_add(env, s0, C(1))) == C(1));
     CHECK(em_sym_cmp(env, SYM_EQ, em_sym_mul(env, s0, s1), em_sym_mul(env, s1, s0)) == C(1));
     CHECK(em_sym_op(env, em_sym_cmp(env, SYM_LT, s0, s1)) == SYM_LT);
+    CHECK(strcmp(em_sym_op_name(SYM_FLOORDIV), "//") == 0 && strcmp(em_sym_op_name(SYM_GE), ">=") == 0);
+    CHECK(strcmp(em_sym_error_text(SYM_ERR_OVERFLOW), "integer overflow in a size expression") == 0);
     uint32_t fs[4];
     CHECK(em_sym_free_symbols(env, em_sym_add(env, em_sym_mul(env, s2, s0), s0), fs, 4) == 2 && fs[0] == 0 &&
           fs[1] == 2);
