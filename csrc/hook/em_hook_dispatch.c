@@ -224,6 +224,8 @@ static PyObject *cf_vectorcall(PyObject *self, PyObject *const *args, size_t nar
         em_hook_disable_enter();
         result = em_entry_run(e, fetched);
         em_hook_disable_exit();
+    } else if (e->kind == ENTRY_BREAK) {
+        result = em_entry_run_break(e, fetched, &fv, &cf->cfg);
     } else {
         result = run_fallback(cf, code, args, nargs, kwnames);
     }

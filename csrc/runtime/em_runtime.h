@@ -17,7 +17,10 @@ typedef enum {
     OUT_TUPLE,  /* items */
     OUT_LIST,   /* items */
     OUT_DICT,   /* obj = tuple of keys; items = values in key order */
-    OUT_NAMEDTUPLE /* obj = the namedtuple class; items */
+    OUT_NAMEDTUPLE, /* obj = the namedtuple class; items */
+    OUT_ATTR,   /* getattr(items[0], obj): a bound method rebuilt at a graph break */
+    OUT_METHOD, /* types.MethodType(obj, items[0]): a Python method bound to a rebuilt self */
+    OUT_ITER    /* iter(items[0]): a loop's iterator rebuilt at a graph break (over the rest) */
 } OutKind;
 
 typedef struct OutSpec {
@@ -47,5 +50,11 @@ PyObject *em_eager_graph_new(const IRGraph *g);
 PyObject *em_eager_graph_run(PyObject *eager_graph, PyObject *const *inputs, Py_ssize_t n);
 
 int em_runtime_init(PyObject *module);
+
+/* Test support (em_runtime_testing.c): adds ember._C._ir_build(nodes, dce=False) -> dict (verify
+ * message, export list, tabular text, EagerGraph or its error), which builds an IRGraph from a
+ * Python description, and ember._C._out_build(spec, graph_out, fetched) -> (value, repr) for
+ * OutSpec. Called by em_runtime_init. */
+int em_runtime_testing_init(PyObject *module);
 
 #endif /* EM_RUNTIME_H */

@@ -624,5 +624,5 @@ int em_runtime_init(PyObject *module) {
         return -1;
     }
     Py_XSETREF(EmEagerGraph_Type, (PyTypeObject *)tp);
-    return em_ir_testing_init(module);
+    return em_runtime_testing_init(module);
 }

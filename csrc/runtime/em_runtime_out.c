@@ -14,10 +14,15 @@ typedef struct {
 } OutBlock;
 
 /* Number of spec nodes in the tree rooted at s; 0 when the tree is malformed (items missing). */
+static int out_has_items(OutKind k) {
+    return k == OUT_TUPLE || k == OUT_LIST || k == OUT_DICT || k == OUT_NAMEDTUPLE || k == OUT_ATTR ||
+           k == OUT_METHOD || k == OUT_ITER;
+}
+
 static size_t out_count(const OutSpec *s, int depth) {
     if (depth > 1000) return 0;
     size_t n = 1;
-    if (s->kind == OUT_TUPLE || s->kind == OUT_LIST || s->kind == OUT_DICT || s->kind == OUT_NAMEDTUPLE) {
+    if (out_has_items(s->kind)) {
         if (s->n && !s->items) return 0;
         for (uint32_t i = 0; i < s->n; i++) {
             size_t k = out_count(&s->items[i], depth + 1);
@@ -32,7 +37,7 @@ static size_t out_count(const OutSpec *s, int depth) {
 static void out_copy_into(const OutSpec *src, OutSpec *dst, OutSpec **next) {
     *dst = *src;
     Py_XINCREF(dst->obj);
-    if (src->kind == OUT_TUPLE || src->kind == OUT_LIST || src->kind == OUT_DICT || src->kind == OUT_NAMEDTUPLE) {
+    if (out_has_items(src->kind)) {
         dst->items = src->n ? *next : NULL;
         *next += src->n;
         for (uint32_t i = 0; i < src->n; i++) out_copy_into(&src->items[i], &dst->items[i], next);
@@ -147,6 +152,16 @@ static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *cons
             Py_XDECREF(v);
         }
         return r;
+    case OUT_ATTR:
+    case OUT_METHOD:
+    case OUT_ITER:
+        if (s->n != 1) break;
+        v = out_build(&s->items[0], graph_out, fetched);
+        if (!v) return NULL;
+        r = s->kind == OUT_ATTR ? PyObject_GetAttr(v, s->obj) : s->kind == OUT_METHOD ? PyMethod_New(s->obj, v)
+                                                                                        : PyObject_GetIter(v);
+        Py_DECREF(v);
+        return r;
     }
     PyErr_SetString(PyExc_RuntimeError, "ember: output spec of unknown kind");
     return NULL;
@@ -212,6 +227,17 @@ static int out_repr(const OutSpec *s, PyObject *parts) {
             if (out_repr(&s->items[i], parts) < 0) goto done;
         }
         t = PyUnicode_FromString(s->kind == OUT_TUPLE && s->n == 1 ? ",)" : close);
+        break;
+    }
+    case OUT_ATTR:
+    case OUT_METHOD:
+    case OUT_ITER: {
+        const char *pre = s->kind == OUT_ITER ? "iter(" : s->kind == OUT_METHOD ? "MethodType(" : "getattr(";
+        t = PyUnicode_FromString(pre);
+        if (!t || PyList_Append(parts, t) < 0) goto done;
+        Py_CLEAR(t);
+        if (s->n != 1 || out_repr(&s->items[0], parts) < 0) goto done;
+        t = s->kind == OUT_ITER ? PyUnicode_FromString(")") : PyUnicode_FromFormat(", %R)", s->obj);
         break;
     }
     }

@@ -210,7 +210,16 @@ typedef struct Trace {
     bool grad_with;         /* ... made by a with-block (restored if the graph raises) */
     bool grad_statement;    /* ... made by a torch.set_grad_enabled(b) statement (never restored) */
     TValue *null_value;
+    long stop_at;           /* -1, or the top-frame instruction step at which to split */
+    long top_steps;         /* top-frame instructions started so far */
 } Trace;
+
+/* Building the return value (or the values live at a graph break) from abstract values. */
+typedef struct OutCtx {
+    struct { uint32_t *items; uint32_t n, cap; } refs;       /* graph outputs */
+    bool split;                                              /* values at a graph break */
+    struct { TValue **items; uint32_t n, cap; } seen;        /* mutable containers rebuilt */
+} OutCtx;
 
 /* ---- exception save/restore across 3.11 (Fetch/Restore) and 3.12 (GetRaisedException) ---- */
 static inline PyObject *em_tr_exc_get(void) {
@@ -250,6 +259,18 @@ int em_tr_run_frame(Trace *T, TFrame *F);
 TFrame *em_tr_frame_new(Trace *T, PyCodeObject *code, PyObject *globals, PyObject *builtins, GuardSrc gsrc);
 const char *em_tr_repr_cstr(Trace *T, PyObject *o); /* arena copy of repr(o), never NULL */
 const char *em_tr_src_cstr(Trace *T, GuardSrc s);   /* arena copy of the source text */
+
+int em_tr_out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth);
+/* Turns the recorded nodes into res->graph with C's graph outputs. */
+int em_tr_finish_graph(Trace *T, OutCtx *C);
+
+/* ---- em_trace_resume.c ---- */
+/* Splits the traced frame before the top frame's current instruction: finishes the graph of
+ * everything traced so far, describes the live values, and builds the stub and the resume
+ * functions' code (res->split). -1 with a break recorded when the state cannot be rebuilt. */
+int em_tr_split_here(Trace *T, TFrame *F);
+/* out_spec for values at a break: 0 done, -1 break/error, 1 not handled (the general case). */
+int em_tr_split_value_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth);
 
 /* ---- em_trace_value.c ---- */
 TValue *em_tr_new(Trace *T, TVKind kind);

@@ -7,17 +7,21 @@ Attributes (all ints):
   max_inline_depth     nested function/module calls the tracer inlines before it gives up.
   max_loop_iterations  loop iterations the tracer unrolls in one frame before it gives up.
   max_instructions     bytecode instructions the tracer interprets in one frame before it gives up.
+  graph_breaks         1 (default): a frame the tracer cannot capture whole is split at the break
+                       (graph, the breaking instruction in Python, a compiled resume function);
+                       0: it runs as ordinary Python (the foundation's behaviour).
 """
 
 
 class Config:
-    __slots__ = ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions")
+    __slots__ = ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions", "graph_breaks")
 
     def __init__(self):
         self.cache_size_limit = 8
         self.max_inline_depth = 32
         self.max_loop_iterations = 10000
         self.max_instructions = 1000000
+        self.graph_breaks = 1
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)

@@ -27,7 +27,7 @@ import torch
 import ember
 
 # Order of the demo: the tutorials first, whole models last.
-EXAMPLE_MODULES = ("walk_through", "module_list", "dynamo_tutorial", "dissect", "models")
+EXAMPLE_MODULES = ("walk_through", "module_list", "dynamo_tutorial", "dissect", "models", "hf_models")
 
 
 def examples_dir():

@@ -1,6 +1,8 @@
-/* ir test support: ember._C._ir_build and ember._C._out_build build an IRGraph / OutSpec from a
- * Python description, so that tests/py can check the printer, the export, the fx bridge, the
- * EagerGraph and OutSpec without the tracer. Not part of the public API.
+/* runtime test support: ember._C._ir_build and ember._C._out_build build an IRGraph / OutSpec from
+ * a Python description, so that tests/py can check the printer, the export, the fx bridge, the
+ * EagerGraph and OutSpec without the tracer. Not part of the public API. It lives in runtime/, the
+ * latest stage it uses (it also calls ir/), so its calls go from a later stage to an earlier one
+ * only (DESIGN.md: no stage calls back into an earlier one).
  * Invariant: everything is built in a fresh arena freed before returning; what is returned must
  * therefore be arena-independent (which is itself under test). */
 #include "ir/em_ir.h"
@@ -296,4 +298,4 @@ static PyMethodDef t_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int em_ir_testing_init(PyObject *module) { return PyModule_AddFunctions(module, t_methods); }
+int em_runtime_testing_init(PyObject *module) { return PyModule_AddFunctions(module, t_methods); }
