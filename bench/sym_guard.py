@@ -7,6 +7,7 @@ would do). Not asserted anywhere (STYLE.md); run:
 The program is a typical entry's: x: [s0, s1] and y: [s2] (three size symbols) with four
 relations asked while tracing (s0 > 4, s1 % 4 == 0, s0 < s2, s0*s1 <= 65536); its produced
 guards add the symbols' ranges (6 checks in all). Figures are the minimum over interleaved rounds.
+A second figure times what one small trace asks of the algebra (_sym_bench_trace).
 """
 
 import argparse
@@ -47,6 +48,9 @@ def main() -> None:
     print(f"C guard program : min {min(c_ns):7.1f} ns  median {statistics.median(c_ns):7.1f} ns per check of all {len(guards)}")
     print(f"Python lambda   : min {min(py_ns):7.1f} ns  median {statistics.median(py_ns):7.1f} ns (incl. .size() calls)")
     print(f"ratio (Python / C, min): {min(py_ns) / min(c_ns):.1f}x")
+    trace_us = min(C._sym_bench_trace(max(1, args.iters // 200)) for _ in range(args.rounds)) / 1e3
+    print(f"algebra for one small trace (env, 5 symbols, broadcast/strides/view/slice/conv/matmul,")
+    print(f"  guards produced and compiled, freed): min {trace_us:7.2f} us")
 
 
 if __name__ == "__main__":

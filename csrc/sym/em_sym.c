@@ -28,6 +28,7 @@
 
 #define SYM_MAX_TERMS 64   /* a polynomial with more terms fails TOO_BIG (sizes never need it) */
 #define SYM_MAX_NODES (1u << 24)
+#define SYM_MAX_DEPTH 64   /* deeper expressions fail TOO_BIG: every pass recurses on the C stack */
 
 /* ---- checked int64 arithmetic (GCC/Clang builtins; C11 has none) ---- */
 
@@ -107,6 +108,14 @@ static const char *const sym_error_texts[] = {
 #undef SYM_ERR_TEXT
 };
 
+static const char *const sym_op_names[] = {
+#define SYM_OP_TEXT(name, text) text,
+    SYM_OPS(SYM_OP_TEXT)
+#undef SYM_OP_TEXT
+};
+
+const char *em_sym_op_name(SymOp op) { return (unsigned)op < SYM__NOPS ? sym_op_names[op] : "?"; }
+
 const char *em_sym_error_text(SymErr e) {
     return (unsigned)e < SYM_ERR__COUNT ? sym_error_texts[e] : "unknown error";
 }
@@ -151,6 +160,35 @@ bool em_sym_has_symbols(const ShapeEnv *env, SymRef e) {
     for (uint32_t i = 0; i < n->n; i++)
         if (em_sym_has_symbols(env, t[i].ref)) return true;
     return false;
+}
+
+int64_t em_sym_symbol_index(const ShapeEnv *env, SymRef e) {
+    return e && env->nodes[e].op == SYM_SYMBOL ? env->nodes[e].k : -1;
+}
+
+static void mark_symbols(const ShapeEnv *env, SymRef e, uint8_t *seen) {
+    const SymNode *n = &env->nodes[e];
+    if (n->op == SYM_SYMBOL) {
+        seen[n->k] = 1;
+        return;
+    }
+    for (uint32_t i = 0; i < n->n; i++) mark_symbols(env, env->terms[n->first + i].ref, seen);
+}
+
+uint32_t em_sym_free_symbols(const ShapeEnv *env, SymRef e, uint32_t *out, uint32_t max) {
+    if (!e || !env->nsyms) return 0;
+    uint8_t small[256], *seen = env->nsyms <= sizeof small ? small : calloc(env->nsyms, 1);
+    if (!seen) return 0;
+    memset(seen, 0, env->nsyms <= sizeof small ? env->nsyms : 0);
+    mark_symbols(env, e, seen);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < env->nsyms; i++)
+        if (seen[i]) {
+            if (n < max) out[n] = i;
+            n++;
+        }
+    if (seen != small) free(seen);
+    return n;
 }
 
 /* FNV-1a over (op, k, operands). */
@@ -201,6 +239,10 @@ SymRef em_sym__intern(ShapeEnv *env, SymOp op, int64_t k, const SymTerm *t, uint
         if (cand->hash == h && node_equal(env, cand, op, k, t, n)) return env->index[j];
     }
     if (env->nnodes >= SYM_MAX_NODES) return em_sym__fail(env, SYM_ERR_TOO_BIG), SYM_NONE;
+    uint32_t depth = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (env->nodes[t[i].ref].depth > depth) depth = env->nodes[t[i].ref].depth;
+    if (++depth > SYM_MAX_DEPTH) return em_sym__fail(env, SYM_ERR_TOO_BIG), SYM_NONE;
     if (em_sym__grow(env, (void **)&env->nodes, &env->capnodes, sizeof(SymNode), env->nnodes + 1) < 0 ||
         em_sym__grow(env, (void **)&env->terms, &env->capterms, sizeof(SymTerm), env->nterms + n) < 0)
         return SYM_NONE;
@@ -212,6 +254,7 @@ SymRef em_sym__intern(ShapeEnv *env, SymOp op, int64_t k, const SymTerm *t, uint
     node->n = n;
     node->first = env->nterms;
     node->hash = h;
+    node->depth = (uint8_t)depth;
     if (n) memcpy(&env->terms[env->nterms], t, n * sizeof *t);
     env->nterms += n;
     env->index[j] = r;
@@ -844,7 +887,7 @@ static SymRef mk_floordiv(ShapeEnv *env, SymRef a, SymRef b) {
     if (em_sym_is_const(env, a, &ka) && ka == 0) return a;
     /* symbolic divisor */
     const SymNode *y = &env->nodes[b];
-    if (y->op == SYM_ADD && y->k == 0 && y->n == 1 && y->first < env->nterms) {
+    if (y->op == SYM_ADD && y->k == 0 && y->n == 1) {
         SymTerm t = env->terms[y->first]; /* b == c*m, c > 0, m > 0: a // b == (a // m) // c */
         if (t.c > 0 && known_positive(env, t.ref))
             return mk_floordiv(env, mk_floordiv(env, a, t.ref), em_sym_const(env, t.c));

@@ -15,23 +15,25 @@
  * runs their compiled checks. Like core/, sym/ is a leaf every stage may call; it calls nothing
  * but core/ and never touches the Python error state (failures are sticky codes on the env).
  *
- * THE WIRING PLAN (next session; nothing here is called by trace/guard/hook yet).
+ * THE WIRING PLAN (next session; nothing here is called by trace/guard/hook yet; the long form
+ * is docs/dynamic_shapes.md).
  *  1. trace: one ShapeEnv per compilation (em_sym_env_new next to the trace arena, freed with it).
  *     A tensor input whose dim is dynamic (marked, automatic, or dynamic=True) gets
- *     em_sym_new_size(env, "L['x'].size()[0]", hint) for that dim instead of the int; a Python int
+ *     em_sym_new_size(env, "L['x'].size()[0]", hint, lo, hi) for that dim instead of the int; a Python int
  *     that automatic-dynamic marks gets em_sym_new_int. Other dims stay constants (em_sym_const).
  *  2. ir: IRMeta.sizes / strides become SymRef arrays (constants are SymRefs too, so one code
  *     path); shape rules call the helpers below (em_sym_broadcast_shapes, em_sym_reshape,
- *     em_sym_slice, em_sym_conv_out, em_sym_matmul_shape, em_sym_cat_size, ...); ops without a
+ *     em_sym_slice, em_sym_conv_out, em_sym_matmul_shape, em_sym_cat_shape, ...); ops without a
  *     rule keep using meta tensors with the symbol's hint, and their output sizes are matched
  *     back to expressions by the tracer (a size equal to no expression's hint specialises).
  *     Python `x.shape[0] > 4`, `//`, `%`, min/max on sizes produce SymRef values in the tracer;
  *     `if`, `bool()`, `int()` on them call em_sym_guard_bool / em_sym_guard_int.
  *  3. guard: a GUARD_SYM leaf per entry: fetch the size of each input source
- *     (em_sym_nsymbols / em_sym_symbol_source, in symbol order) into an int64 array on the
+ *     (em_sym_prog_input_tag: the tracer tagged each symbol with its fetch slot and dim when it
+ *     made it; em_sym_symbol_source for text) into an int64 array on the
  *     stack and run em_sym_prog_check on the program from em_sym_prog_compile (O(inputs), no
  *     allocation). TENSOR_MATCH then skips dynamic dims (its sizes become optional, as Dynamo's).
- *     Rendering for dumps: em_sym_guard_render for each em_sym_produce_guards item.
+ *     Rendering for dumps: em_sym_render(SYM_STYLE_SOURCES) of each em_sym_produce_guards item.
  *  4. fx export: a SymInt placeholder per unreplaced symbol that a graph size needs (example
  *     value: its hint), `sym_size` nodes (torch.ops.aten.sym_size.int(x, d)) where the graph
  *     reads a size, and node meta rendered with SYM_STYLE_SYMBOLS (`s0*s1`, `(s0//2)`).
@@ -91,6 +93,7 @@ typedef enum {
 } SymErr;
 
 const char *em_sym_error_text(SymErr e);
+const char *em_sym_op_name(SymOp op); /* the X-macro's spelling: "+", "//", "Min", "<=" ... */
 
 typedef struct ShapeEnv ShapeEnv;
 
@@ -123,6 +126,11 @@ SymRef em_sym_simplify(ShapeEnv *env, SymRef e);
 SymOp em_sym_op(const ShapeEnv *env, SymRef e);
 bool em_sym_is_const(const ShapeEnv *env, SymRef e, int64_t *value); /* value may be NULL */
 bool em_sym_has_symbols(const ShapeEnv *env, SymRef e);
+/* The symbol index of a SYMBOL node, or -1 for any other expression. */
+int64_t em_sym_symbol_index(const ShapeEnv *env, SymRef e);
+/* The distinct symbols e mentions, ascending, into out[0 .. max) (the fx export's SymInt inputs);
+ * returns how many there are (which may exceed max). */
+uint32_t em_sym_free_symbols(const ShapeEnv *env, SymRef e, uint32_t *out, uint32_t max);
 /* Range [lo, hi] of e under the env's facts (SYM_NEG_INF / SYM_INF when unbounded). */
 void em_sym_range(ShapeEnv *env, SymRef e, int64_t *lo, int64_t *hi);
 
@@ -145,6 +153,10 @@ uint32_t em_sym_nsymbols(const ShapeEnv *env);                /* symbols are 0 .
 SymRef em_sym_symbol(const ShapeEnv *env, uint32_t i);        /* the SYMBOL node of symbol i */
 const char *em_sym_symbol_source(const ShapeEnv *env, uint32_t i);
 int64_t em_sym_symbol_hint(const ShapeEnv *env, uint32_t i);
+/* An opaque tag the tracer attaches to symbol i (e.g. its guard fetch slot and dim); copied into
+ * compiled programs (em_sym_prog_input_tag) so the guard stage knows how to fetch each input. */
+void em_sym_set_symbol_tag(ShapeEnv *env, uint32_t i, uint64_t tag);
+uint64_t em_sym_symbol_tag(const ShapeEnv *env, uint32_t i);
 /* The expression symbol i was replaced by (after an equality guard, duck shaping or a range that
  * shrank to a point), or SYM_NONE while it stands for itself. */
 SymRef em_sym_replacement(ShapeEnv *env, uint32_t i);
@@ -184,8 +196,8 @@ uint32_t em_sym_produce_guards(ShapeEnv *env, const SymGuard **out); /* count; *
 /* ---- rendering ---- */
 
 /* SYMBOLS: graph metadata (`s0*s1`, `(s0//2)`, `Max(s0, s1)`, `Mod(s0, 4)`).
- * SOURCES: Python over the symbols' sources, valid Python that eval() answers like
- * em_sym_eval (`L['x'].size()[0] * L['x'].size()[1] % 4 == 0` parenthesised as needed). */
+ * SOURCES: Python over the symbols' sources that eval() answers exactly like em_sym_eval
+ * (`(L['x'].size()[0] * L['x'].size()[1]) % 4 == 0`, `min(...)`, parenthesised by precedence). */
 typedef enum { SYM_STYLE_SYMBOLS, SYM_STYLE_SOURCES } SymStyle;
 /* snprintf-like: writes at most size bytes (always NUL-terminated when size > 0) and returns the
  * length the full text needs. */
@@ -200,6 +212,7 @@ SymProg *em_sym_prog_compile(ShapeEnv *env);
 void em_sym_prog_free(SymProg *p);
 uint32_t em_sym_prog_ninputs(const SymProg *p); /* = em_sym_nsymbols at compile time */
 uint32_t em_sym_prog_nchecks(const SymProg *p);
+uint64_t em_sym_prog_input_tag(const SymProg *p, uint32_t i); /* symbol i's tag at compile time */
 /* -1 when every check holds, else the index of the first failing check (an overflow fails the
  * check it happens in). No allocation; values has em_sym_prog_ninputs entries. */
 int em_sym_prog_check(const SymProg *p, const int64_t *values);
@@ -234,7 +247,8 @@ int em_sym_matmul_shape(ShapeEnv *env, const SymRef *a, uint32_t na, const SymRe
 int em_sym_cat_shape(ShapeEnv *env, const SymRef *const *shapes, uint32_t k, uint32_t n, uint32_t dim,
                      SymRef *out);
 
-/* Test support (em_sym_testing.c): ember._C._sym_eval / _sym_guards, not public API. */
+/* Test support (em_sym_testing.c): ember._C._sym_eval / _sym_guards / _sym_bench, not public
+ * API; registered by em_module.c. */
 int em_sym_testing_init(PyObject *module);
 
 #endif /* EM_SYM_H */

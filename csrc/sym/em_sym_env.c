@@ -64,6 +64,11 @@ const char *em_sym_symbol_source(const ShapeEnv *env, uint32_t i) {
 }
 int64_t em_sym_symbol_hint(const ShapeEnv *env, uint32_t i) { return i < env->nsyms ? env->syms[i].hint : 0; }
 
+void em_sym_set_symbol_tag(ShapeEnv *env, uint32_t i, uint64_t tag) {
+    if (i < env->nsyms) env->syms[i].tag = tag;
+}
+uint64_t em_sym_symbol_tag(const ShapeEnv *env, uint32_t i) { return i < env->nsyms ? env->syms[i].tag : 0; }
+
 SymRef em_sym_replacement(ShapeEnv *env, uint32_t i) {
     if (i >= env->nsyms || !env->syms[i].repl) return SYM_NONE;
     return em_sym_simplify(env, env->syms[i].node);
@@ -259,7 +264,7 @@ static SymRef new_symbol(ShapeEnv *env, const char *source, int64_t hint, SymKin
         free(src);
         return SYM_NONE;
     }
-    env->syms[i] = (SymSymbol){src, hint, (uint8_t)kind, node, SYM_NONE};
+    env->syms[i] = (SymSymbol){src, hint, (uint8_t)kind, node, SYM_NONE, 0};
     env->hints[i] = hint;
     env->nsyms++;
     SymFact *f = em_sym__fact_add(env, node);

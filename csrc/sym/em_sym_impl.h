@@ -16,6 +16,7 @@ typedef struct SymTerm {
 
 typedef struct SymNode {
     uint8_t op;          /* SymOp */
+    uint8_t depth;       /* 1 + the deepest operand's depth (<= SYM_MAX_DEPTH: recursion is bounded) */
     uint32_t n;          /* number of operands */
     uint32_t first;      /* index of the first operand in env->terms */
     int64_t k;           /* CONST: the value; SYMBOL: the symbol index; ADD: the constant */
@@ -32,6 +33,7 @@ typedef struct SymSymbol {
     uint8_t kind;       /* SymKind */
     SymRef node;        /* its SYMBOL node */
     SymRef repl;        /* replacement (unsimplified: simplify before use), SYM_NONE if none */
+    uint64_t tag;       /* the tracer's (em_sym_set_symbol_tag) */
 } SymSymbol;
 
 /* What is known of a normalised expression p (no constant, coefficients' gcd 1, first coefficient

@@ -43,6 +43,7 @@ typedef struct SymInsn {
 
 struct SymProg {
     uint32_t ninputs, nchecks, ninsns;
+    uint64_t *tags;     /* ninputs entries, inside this block after the code */
     SymInsn code[];
 };
 
@@ -120,7 +121,7 @@ SymProg *em_sym_prog_compile(ShapeEnv *env) {
             return NULL;
         }
     }
-    SymProg *p = malloc(sizeof(SymProg) + (size_t)em.n * sizeof(SymInsn));
+    SymProg *p = malloc(sizeof(SymProg) + (size_t)em.n * sizeof(SymInsn) + (size_t)env->nsyms * sizeof(uint64_t));
     if (!p) {
         free(em.code);
         em_sym__fail(env, SYM_ERR_NOMEM);
@@ -130,6 +131,8 @@ SymProg *em_sym_prog_compile(ShapeEnv *env) {
     p->nchecks = ng;
     p->ninsns = em.n;
     if (em.n) memcpy(p->code, em.code, (size_t)em.n * sizeof(SymInsn));
+    p->tags = (uint64_t *)(void *)&p->code[em.n]; /* SymInsn is 16 bytes: 8-byte aligned */
+    for (uint32_t i = 0; i < env->nsyms; i++) p->tags[i] = em_sym_symbol_tag(env, i);
     free(em.code);
     return p;
 }
@@ -137,6 +140,7 @@ SymProg *em_sym_prog_compile(ShapeEnv *env) {
 void em_sym_prog_free(SymProg *p) { free(p); }
 uint32_t em_sym_prog_ninputs(const SymProg *p) { return p->ninputs; }
 uint32_t em_sym_prog_nchecks(const SymProg *p) { return p->nchecks; }
+uint64_t em_sym_prog_input_tag(const SymProg *p, uint32_t i) { return i < p->ninputs ? p->tags[i] : 0; }
 
 int em_sym_prog_check(const SymProg *p, const int64_t *values) {
     int64_t st[SYM_PROG_STACK];

@@ -41,7 +41,12 @@ static int node_prec(const ShapeEnv *env, SymRef e, SymStyle st) {
     switch ((SymOp)x->op) {
     case SYM_CONST: return x->k < 0 ? P_UNARY : P_ATOM;
     case SYM_SYMBOL: return P_ATOM;
-    case SYM_ADD: return (x->n == 1 && x->k == 0) ? (em_sym__terms(env, e)[0].c < 0 ? P_UNARY : P_MUL) : P_ADD;
+    case SYM_ADD: {
+        if (x->n != 1 || x->k != 0) return P_ADD;
+        /* c*m: "-m" is a unary minus unless m is itself a product; "-2 * m" and "2 * m" products */
+        const SymTerm *t = em_sym__terms(env, e);
+        return t[0].c == -1 && em_sym__node(env, t[0].ref)->op != SYM_MUL ? P_UNARY : P_MUL;
+    }
     case SYM_MUL: return P_MUL;
     case SYM_FLOORDIV:
     case SYM_MOD: return st == SYM_STYLE_SYMBOLS ? P_ATOM : P_MUL;

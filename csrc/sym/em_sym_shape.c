@@ -63,7 +63,10 @@ int em_sym_reshape(ShapeEnv *env, SymRef numel, const SymRef *shape, uint32_t n,
     SymRef newsize = K(1);
     for (uint32_t i = 0; i < n; i++) {
         int64_t v;
-        if (em_sym_is_const(env, shape[i], &v) && v == -1) {
+        bool is_const = em_sym_is_const(env, shape[i], &v);
+        int minus_one = is_const ? v == -1 : ask(env, SYM_EQ, shape[i], K(-1)); /* `if d == -1` */
+        if (minus_one < 0) return -1;
+        if (minus_one) {
             if (infer >= 0) return SYM_SHAPE_ERROR; /* only one dimension can be inferred */
             infer = (int)i;
             continue;

@@ -269,7 +269,51 @@ static PyObject *t_sym_bench(PyObject *self, PyObject *args) {
     return r;
 }
 
+/* _sym_bench_trace(iterations) -> ns per iteration: what one trace of a small program asks of
+ * the algebra: a fresh env, x: [s0, s1, s2] and y: [s1, s2] (duck-shaped), broadcast, contiguous
+ * strides, numel, view(-1, 4), a slice x[:, : s1 // 2], a conv output size, a matmul, then
+ * produce + compile the guard program and free everything. */
+static PyObject *t_sym_bench_trace(PyObject *self, PyObject *args) {
+    long long iters;
+    if (!PyArg_ParseTuple(args, "L:_sym_bench_trace", &iters)) return NULL;
+    struct timespec t0, t1;
+    int failures = 0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long long it = 0; it < iters; it++) {
+        ShapeEnv *env = em_sym_env_new(NULL);
+        if (!env) return PyErr_NoMemory();
+        SymRef x[3] = {em_sym_new_size(env, "L['x'].size()[0]", 8, SYM_NEG_INF, SYM_INF),
+                       em_sym_new_size(env, "L['x'].size()[1]", 16, SYM_NEG_INF, SYM_INF),
+                       em_sym_new_size(env, "L['x'].size()[2]", 32, SYM_NEG_INF, SYM_INF)};
+        SymRef y[2] = {em_sym_new_size(env, "L['y'].size()[0]", 16, SYM_NEG_INF, SYM_INF),
+                       em_sym_new_size(env, "L['y'].size()[1]", 32, SYM_NEG_INF, SYM_INF)};
+        SymRef b[3], st[3], v[2], m[3], out;
+        uint32_t nm;
+        SymRef shape[2] = {em_sym_const(env, -1), em_sym_const(env, 4)};
+        SymRef w[2] = {x[2], em_sym_const(env, 64)};
+        int r = em_sym_broadcast_shapes(env, x, 3, y, 2, b);
+        r |= em_sym_contiguous_strides(env, b, 3, st);
+        r |= em_sym_reshape(env, em_sym_numel(env, b, 3), shape, 2, v);
+        r |= em_sym_slice(env, x[1], SYM_NONE, em_sym_floordiv(env, x[1], em_sym_const(env, 2)), SYM_NONE, &out);
+        r |= em_sym_conv_out(env, x[2], em_sym_const(env, 3), em_sym_const(env, 2), em_sym_const(env, 1),
+                             em_sym_const(env, 1), &out);
+        r |= em_sym_matmul_shape(env, b, 3, w, 2, m, &nm);
+        SymProg *p = em_sym_prog_compile(env);
+        if (r || !p) failures++;
+        em_sym_prog_free(p);
+        em_sym_env_free(env);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (failures) {
+        PyErr_SetString(PyExc_AssertionError, "_sym_bench_trace: a shape rule failed");
+        return NULL;
+    }
+    double ns = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / (double)(iters ? iters : 1);
+    return PyFloat_FromDouble(ns);
+}
+
 static PyMethodDef t_methods[] = {
+    {"_sym_bench_trace", t_sym_bench_trace, METH_VARARGS, "_sym_bench_trace(iterations) -> ns: bench helper."},
     {"_sym_eval", t_sym_eval, METH_VARARGS, "_sym_eval(tree, hints, values_list, sizes=False): test helper."},
     {"_sym_guards", t_sym_guards, METH_VARARGS, "_sym_guards(hints, questions, values_list, sizes=True): test helper."},
     {"_sym_bench", t_sym_bench, METH_VARARGS, "_sym_bench(iterations) -> (ns per check, guards): bench helper."},

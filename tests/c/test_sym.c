@@ -106,6 +106,14 @@ static void test_canonical(void) {
     CHECK(em_sym_cmp(env, SYM_LT, s0, em_sym_add(env, s0, C(1))) == C(1));
     CHECK(em_sym_cmp(env, SYM_EQ, em_sym_mul(env, s0, s1), em_sym_mul(env, s1, s0)) == C(1));
     CHECK(em_sym_op(env, em_sym_cmp(env, SYM_LT, s0, s1)) == SYM_LT);
+    CHECK(strcmp(em_sym_op_name(SYM_FLOORDIV), "//") == 0 && strcmp(em_sym_op_name(SYM_GE), ">=") == 0);
+    CHECK(strcmp(em_sym_error_text(SYM_ERR_OVERFLOW), "integer overflow in a size expression") == 0);
+    uint32_t fs[4];
+    CHECK(em_sym_free_symbols(env, em_sym_add(env, em_sym_mul(env, s2, s0), s0), fs, 4) == 2 && fs[0] == 0 &&
+          fs[1] == 2);
+    CHECK(em_sym_free_symbols(env, C(3), fs, 4) == 0);
+    CHECK(em_sym_symbol_index(env, s1) == 1 && em_sym_symbol_index(env, em_sym_add(env, s1, C(1))) == -1);
+    CHECK(em_sym_has_symbols(env, em_sym_min(env, s1, C(2))) && !em_sym_has_symbols(env, C(2)));
     CHECK(em_sym_env_error(env) == SYM_ERR_OK);
     em_sym_env_free(env);
 
@@ -203,6 +211,12 @@ static void test_semantics(void) {
     env = plain_env();
     CHECK(em_sym_floordiv(env, C(5), C(0)) == SYM_NONE && em_sym_env_error(env) == SYM_ERR_ZERO_DIV);
     em_sym_env_free(env);
+    /* nesting is bounded: a deep chain fails TOO_BIG instead of exhausting the C stack */
+    env = plain_env();
+    SymRef deep = em_sym_new_int(env, "L['d']", 5, SYM_NEG_INF, SYM_INF);
+    for (int i = 0; i < 200 && deep; i++) deep = em_sym_floordiv(env, em_sym_add(env, deep, em_sym_symbol(env, 0)), C(3));
+    CHECK(deep == SYM_NONE && em_sym_env_error(env) == SYM_ERR_TOO_BIG);
+    em_sym_env_free(env);
     env = plain_env();
     SymRef a = em_sym_new_size(env, "a", 5, SYM_NEG_INF, SYM_INF), b = em_sym_new_size(env, "b", 6, SYM_NEG_INF, SYM_INF);
     SymRef ab = em_sym_mul(env, a, b);
@@ -287,8 +301,11 @@ static void test_guards(void) {
     CHECK(em_sym_guard_int(env, em_sym_mul(env, z, C(2)), &v) == 0 && v == 6);
     CHECK(em_sym_simplify(env, z) == C(3) && em_sym_replacement(env, 2) == C(3));
     CHECK(find_guard(env, "L['z'].size()[2] == 3") >= 0);
-    /* the program agrees with the rendered guards */
+    /* the program agrees with the rendered guards, and carries the tracer's tags */
+    em_sym_set_symbol_tag(env, 1, 0xabc00001ull);
+    CHECK(em_sym_symbol_tag(env, 1) == 0xabc00001ull && em_sym_symbol_tag(env, 0) == 0);
     SymProg *p = em_sym_prog_compile(env);
+    CHECK(p && em_sym_prog_input_tag(p, 1) == 0xabc00001ull && em_sym_prog_input_tag(p, 2) == 0);
     CHECK(p && em_sym_prog_ninputs(p) == 3 && em_sym_prog_nchecks(p) == em_sym_produce_guards(env, &g));
     if (p) {
         int64_t hint[3] = {8, 12, 3}, small[3] = {4, 12, 3}, eq[3] = {9, 9, 3}, z4[3] = {8, 12, 4},
@@ -435,6 +452,10 @@ static void test_shapes(void) {
     CHECK_TEXT(out, "s1 - 4");
     CHECK(find_guard(env, "5 <= L['x'].size()[1]") >= 0);
     CHECK(em_sym_conv_out(env, s0, C(9), C(1), C(0), C(1), &out) == SYM_SHAPE_ERROR); /* 6 < 9 */
+    /* an int argument that is -1 at the example infers too (guarded == -1, i.e. specialised) */
+    SymRef d = em_sym_new_int(env, "L['d']", -1, SYM_NEG_INF, SYM_INF);
+    SymRef shape5[2] = {s0, d};
+    CHECK(em_sym_reshape(env, numel, shape5, 2, outs) == 0 && outs[1] == s1 && em_sym_simplify(env, d) == C(-1));
     em_sym_env_free(env);
 
     env = em_sym_env_new(&o);
@@ -536,6 +557,34 @@ static void test_shapes_differential(void) {
                 em_sym_env_free(env);
             }
     CHECK(ok);
+
+    /* convolution output sizes over every admitted input size */
+    ok = true;
+    int nadmitted = 0;
+    for (int64_t hint = 2; hint <= 12; hint++)
+        for (int64_t k = 1; k <= 5; k++)
+            for (int64_t stride = 1; stride <= 3; stride++)
+                for (int64_t pad = 0; pad <= 2; pad++)
+                    for (int64_t dil = 1; dil <= 2; dil++) {
+                        ShapeEnv *env = em_sym_env_new(NULL);
+                        SymRef n = em_sym_new_size(env, "n", hint, SYM_NEG_INF, SYM_INF), out;
+                        int r = em_sym_conv_out(env, n, C(k), C(stride), C(pad), C(dil), &out);
+                        SymProg *p = em_sym_prog_compile(env);
+                        int64_t want0 = ref_floordiv(hint + 2 * pad - dil * (k - 1) - 1, stride) + 1;
+                        ok &= p != NULL && r == (want0 >= 1 ? 0 : SYM_SHAPE_ERROR);
+                        for (int64_t v = 0; p && v <= 40; v++) {
+                            int64_t vals[1] = {v}, got;
+                            if (em_sym_prog_check(p, vals) >= 0) continue;
+                            nadmitted++;
+                            int64_t want = ref_floordiv(v + 2 * pad - dil * (k - 1) - 1, stride) + 1;
+                            ok &= (want >= 1) == (r == 0);
+                            if (r == 0) ok &= em_sym_eval(env, out, vals, &got) == SYM_ERR_OK && got == want;
+                        }
+                        em_sym_prog_free(p);
+                        em_sym_env_free(env);
+                    }
+    CHECK(ok);
+    CHECK(nadmitted > 10000);
 }
 
 /* ---- randomized differential tests ---- */
@@ -670,24 +719,25 @@ static void test_random_expressions(bool sizes) {
 
 /* Random questions: a guard program that admits other sizes must give every question the same
  * answer there (guard soundness), and must admit the example itself. */
-static void test_random_guards(void) {
+static void test_random_guards(bool sizes) {
     int admitted = 0, unsound = 0, rejected_self = 0;
     for (int iter = 0; iter < 400; iter++) {
-        ShapeEnv *env = em_sym_env_new(NULL);
+        ShapeEnv *env = sizes ? em_sym_env_new(NULL) : plain_env();
         SymRef syms[3];
         int64_t hints[3];
         for (int i = 0; i < 3; i++) {
-            hints[i] = rnd_in(2, 8);
+            hints[i] = sizes ? rnd_in(2, 8) : rnd_in(-8, 8);
             char src[32];
             snprintf(src, sizeof src, "L['s%d']", i);
-            syms[i] = em_sym_new_size(env, src, hints[i], SYM_NEG_INF, SYM_INF);
+            syms[i] = sizes ? em_sym_new_size(env, src, hints[i], SYM_NEG_INF, SYM_INF)
+                            : em_sym_new_int(env, src, hints[i], SYM_NEG_INF, SYM_INF);
         }
         npool = 0;
         Tree *qa[4], *qb[4];
         int qop[4], answers[4], nq = 0;
         for (int q = 0; q < 4; q++) {
-            qa[q] = gen((int)rnd_in(0, 2), 3, true);
-            qb[q] = gen((int)rnd_in(0, 2), 3, true);
+            qa[q] = gen((int)rnd_in(0, 2), 3, sizes);
+            qb[q] = gen((int)rnd_in(0, 2), 3, sizes);
             qop[q] = (int)rnd_in(SYM_EQ, SYM_GE);
             SymRef a = build(env, qa[q], syms, false), b = build(env, qb[q], syms, false);
             answers[q] = em_sym_guard_bool(env, em_sym_cmp(env, (SymOp)qop[q], a, b));
@@ -710,7 +760,7 @@ static void test_random_guards(void) {
         if (em_sym_prog_check(p, hv) >= 0) rejected_self++;
         for (int trial = 0; trial < 60; trial++) {
             int64_t v[3];
-            for (int i = 0; i < 3; i++) v[i] = rnd() % 3 == 0 ? hints[i] : rnd_in(0, 12);
+            for (int i = 0; i < 3; i++) v[i] = rnd() % 3 == 0 ? hints[i] : (sizes ? rnd_in(0, 12) : rnd_in(-12, 12));
             if (em_sym_prog_check(p, v) >= 0) continue;
             admitted++;
             /* questions are asked of the tree over the symbol values; each symbol i reads v[i] */
@@ -754,7 +804,8 @@ int main(void) {
     test_shapes_differential();
     test_random_expressions(false);
     test_random_expressions(true);
-    test_random_guards();
+    test_random_guards(true);
+    test_random_guards(false);
     printf("test_sym: %d checks, %d failed\n", nchecks, nfailed);
     return nfailed ? 1 : 0;
 }
