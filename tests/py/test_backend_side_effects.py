@@ -278,8 +278,8 @@ def test_inductor_resnet_block_compiles_once():
     c = ember.compile(m, backend="inductor")
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
-        for _ in range(3):
-            assert_same(c(x), m(x), exact=False)
+        for _ in range(3):  # Inductor's CUDA convolutions differ from eager's by ~2e-5 here
+            torch.testing.assert_close(c(x), m(x), atol=1e-4, rtol=1e-3)
     info = entries(c)
     assert len(info) == 1 and info[0]["kind"] == "graph", [e["detail"] for e in info]
     assert info[0]["hits"] == 2
