@@ -239,11 +239,15 @@ error:
  * goes through ember._backends.compile_graph(backend, export, example_inputs, name), which builds
  * the torch.fx.GraphModule and calls the backend. New reference, or NULL with an exception. */
 static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
-                                 int *is_eager_graph) {
+                                 int *is_eager_graph, PyObject **backend_info) {
     *is_eager_graph = 0;
     if (PyUnicode_Check(cfg->backend) && PyUnicode_Compare(cfg->backend, eager_str) == 0) {
         *is_eager_graph = 1;
         return em_eager_graph_new(res->graph);
+    }
+    if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0) {
+        *is_eager_graph = 1; /* the "ember" backend's program is an EagerGraph of kernels and extern calls */
+        return em_ember_compile(res->graph, backend_info);
     }
     if (!em_lazy_attr(&compile_graph_fn, "ember._backends", "compile_graph")) return NULL;
     PyObject *export = NULL, *examples = NULL, *r = NULL;
@@ -332,7 +336,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     EmTraceResult res;
     memset(&res, 0, sizeof res);
     CacheEntry *e = NULL;
-    PyObject *graph_text = NULL, *out_text = NULL;
+    PyObject *graph_text = NULL, *out_text = NULL, *backend_info = NULL;
     if (em_trace_frame(func, code, fv, &opts, &res) < 0) goto error;
     if (!res.graph && cfg->fullgraph) {
         raise_fullgraph(code, &res.brk);
@@ -356,7 +360,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
                                                             "more than %d graph inputs", (int)EM_MAX_FETCH));
     }
     if (e->kind == ENTRY_GRAPH) {
-        e->compiled = backend_compile(cfg, &res, code, &e->eager_graph);
+        e->compiled = backend_compile(cfg, &res, code, &e->eager_graph, &backend_info);
         if (!e->compiled) goto error;
         e->out = em_out_copy(res.out);
         e->ninputs = res.ninputs;
@@ -372,7 +376,8 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         if (!graph_text || !out_text) goto error;
     }
     e->info = entry_info(e->kind, e->guards, cfg, &res, graph_text, out_text);
-    if (!e->info) goto error;
+    if (!e->info || (backend_info && PyDict_SetItemString(e->info, "ember", backend_info) < 0)) goto error;
+    Py_CLEAR(backend_info);
     Py_CLEAR(graph_text);
     Py_CLEAR(out_text);
     em_arena_free(res.arena);
@@ -404,6 +409,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
 error:
     Py_XDECREF(graph_text);
     Py_XDECREF(out_text);
+    Py_XDECREF(backend_info);
     entry_free(e);
     em_arena_free(res.arena);
     return NULL;

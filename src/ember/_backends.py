@@ -25,8 +25,8 @@ def register_backend(name: str, fn: Callable | None = None):
 
 
 def list_backends() -> list[str]:
-    """Names accepted by ember.compile(backend=...): "eager" and the registered ones."""
-    return ["eager", *sorted(_REGISTRY)]
+    """Names accepted by ember.compile(backend=...): "eager", "ember" and the registered ones."""
+    return ["eager", "ember", *sorted(_REGISTRY)]
 
 
 @register_backend("inductor")
@@ -43,8 +43,8 @@ def _fx_forward(gm: torch.fx.GraphModule, example_inputs):
 
 def resolve(backend):
     """Checks a backend argument; returns (backend, key). Raises ValueError for unknown names."""
-    if backend == "eager":
-        return "eager", "eager"
+    if backend in ("eager", "ember"):
+        return backend, backend
     if isinstance(backend, str):
         if backend not in _REGISTRY:
             raise ValueError(f"ember: unknown backend {backend!r}; known: {', '.join(list_backends())}")
