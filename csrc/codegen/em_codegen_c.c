@@ -153,7 +153,12 @@ static void expr(SB *b, const SKernel *k, uint32_t i) {
     case LP_SUB: sb_printf(b, "(%s - %s)", A, B); return;
     case LP_MUL: sb_printf(b, "(%s * %s)", A, B); return;
     case LP_DIV: sb_printf(b, "(%s / %s)", A, B); return;
-    case LP_DIV_TRUNC: sb_printf(b, "trunc%s(%s / %s)", f, A, B); return;
+    case LP_DIV_TRUNC:
+        /* torch rounds a half quotient to half before truncating (BinaryOpsKernel.cpp div_trunc) */
+        if (n->dtype == LDT_F16) sb_printf(b, "truncf(em_f16_round(%s / %s))", A, B);
+        else if (n->dtype == LDT_BF16) sb_printf(b, "truncf(em_bf16_round(%s / %s))", A, B);
+        else sb_printf(b, "trunc%s(%s / %s)", f, A, B);
+        return;
     case LP_DIV_FLOOR: sb_printf(b, "em_div_floor%s(%s, %s)", f, A, B); return;
     case LP_POW: sb_printf(b, "pow%s(%s, %s)", f, A, B); return;
     case LP_MAX:
@@ -292,7 +297,7 @@ static void emit_reduce(SB *b, const SKernel *k, uint32_t i, uint8_t *done_row, 
     case LP_RSUM:
     case LP_RPROD: {
         const char *opc = n->op == LP_RSUM ? "+" : "*";
-        if (em_ldt_is_float(n->dtype) && n->dtype != LDT_F64 && R > 65536) acct = "double";
+        if (em_ldt_is_float(n->dtype) && n->dtype != LDT_F64 && R > 2048) acct = "double";
         sb_printf(b, "%s%s acc%u = %s;\n", ind, acct, i, n->op == LP_RSUM ? "0" : "1");
         sb_printf(b, "%s#pragma omp simd reduction(%s:acc%u)\n", ind, opc, i);
         sb_printf(b, "%sfor (int64_t r = 0; r < %lld; r++) {\n", ind, (long long)R);

@@ -463,7 +463,7 @@ typedef struct {
 #define B(k, p) {k, R_BINARY, LP_##p, "input,other"}
 static const LowerRule LOWER_RULES[] = {
     /* pointwise unary: torch.X, Tensor.X, F.X */
-    U("abs", ABS), U("absolute", ABS), U("neg", NEG), U("negative", NEG), U("op.neg", NEG),
+    U("abs", ABS), U("absolute", ABS), U("op.abs", ABS), U("neg", NEG), U("negative", NEG), U("op.neg", NEG),
     U("reciprocal", RECIP), U("sqrt", SQRT), U("rsqrt", RSQRT), U("exp", EXP), U("exp2", EXP2),
     U("expm1", EXPM1), U("log", LOG), U("log2", LOG2), U("log10", LOG10), U("log1p", LOG1P),
     U("sin", SIN), U("cos", COS), U("tan", TAN), U("tanh", TANH), U("F.tanh", TANH), U("asin", ASIN),
@@ -1166,7 +1166,8 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         if (trailing_mask(slot[1], &src, &mask) < 0) return 0;
         const IRArg *weight = slot[2], *bias = rule->kind == R_LAYER_NORM ? slot[3] : NULL;
         const IRArg *epsa = rule->kind == R_LAYER_NORM ? slot[4] : slot[3];
-        double eps = rule->kind == R_LAYER_NORM ? 1e-5 : (R == LDT_F64 ? 2.220446049250313e-16 : R == LDT_F16 ? 0.0009765625 : R == LDT_BF16 ? 0.0078125 : 1.1920928955078125e-07);
+        /* rms_norm's default eps is the epsilon of the opmath type (aten/src/ATen/native/layer_norm.cpp) */
+        double eps = rule->kind == R_LAYER_NORM ? 1e-5 : (R == LDT_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-07);
         if (!is_none(epsa) && get_double(epsa, &eps) < 0) return 0;
         Opnd wo, bo;
         if (opnd(c, weight, &wo) < 0 || opnd(c, bias, &bo) < 0 || wo.kind == 2 || wo.kind == 3 || bo.kind == 2 ||
@@ -1189,6 +1190,12 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
             uint32_t ms = mk_mean(c, mk_op(c, LP_MUL, F, F, x, x, 0), mask, F);
             uint32_t rr = mk_op(c, LP_RSQRT, F, F, mk_op(c, LP_ADD, F, F, ms, cnum(c, eps, F), 0), 0, 0);
             y = mk_op(c, LP_MUL, F, F, x, rr, 0);
+        }
+        if (rule->kind == R_RMS_NORM) {
+            /* torch's composite rms_norm casts back to the input dtype, then multiplies by weight */
+            y = mk_cast(c, y, R);
+            if (wo.kind == 1) y = mk_op(c, LP_MUL, R, R, y, wo.node, 0);
+            return y;
         }
         if (wo.kind == 1) y = mk_op(c, LP_MUL, F, F, y, mk_cast(c, wo.node, F), 0);
         if (bo.kind == 1) y = mk_op(c, LP_ADD, F, F, y, mk_cast(c, bo.node, F), 0);
@@ -1265,7 +1272,7 @@ static int is_cpu(PyObject *device) {
     return r;
 }
 
-static const char *const fresh_externs[] = {"matmul", "mm", "bmm", "addmm", "baddbmm", "F.linear", "F.conv1d",
+static const char *const fresh_externs[] = {"matmul", "op.matmul", "mm", "bmm", "addmm", "baddbmm", "F.linear", "F.conv1d",
                                             "F.conv2d", "F.conv3d", "einsum", NULL};
 
 static void mark_users(const IRArg *a, uint8_t *used_by_extern) {
@@ -1299,7 +1306,7 @@ LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
                 *why = "a tensor is not on the CPU (the CUDA backend is another issue): ran by the eager backend";
                 return NULL;
             }
-            if (n->meta.requires_grad) {
+            if (n->meta.requires_grad && n->kind != IR_PLACEHOLDER) { /* parameters under no_grad are fine */
                 *why = "a value requires grad (ember's AOT autograd is another issue): ran by the eager backend";
                 return NULL;
             }

@@ -345,7 +345,7 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
         const SKernel *k = &s->kernels[sp->index];
         uint32_t ob = k->args[k->nin];
         donor_of[sp->index] = -1;
-        if (!s->buf_output[ob]) {
+        {
             for (uint32_t q = 0; q < npool; q++) {
                 uint32_t b = pool[q];
                 if (consumed[b] || !same_layout(&lg->bufs[b], &lg->bufs[ob])) continue;
@@ -364,7 +364,7 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
                 ndonated++;
                 break;
             }
-            if (!ext_seen[ob]) pool[npool++] = ob;
+            if (!ext_seen[ob] && !s->buf_output[ob]) pool[npool++] = ob;
         }
     }
 
@@ -543,6 +543,14 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
         SET("kernels", PyLong_FromUnsignedLong(s->nkernels));
         SET("kernel_list", Py_NewRef(kernels));
         SET("externs", PyLong_FromUnsignedLong(lg->nextern));
+        PyObject *ext = PyList_New(0);
+        for (IRRef r = 1; ext && r < g->nnodes; r++) {
+            if (lg->vals[r].kind != LV_EXTERN) continue;
+            PyObject *nm = PyUnicode_FromString(g->nodes[r].name);
+            if (!nm || PyList_Append(ext, nm) < 0) Py_CLEAR(ext);
+            Py_XDECREF(nm);
+        }
+        SET("extern_list", ext);
         SET("lowered", PyLong_FromUnsignedLong(lg->nlowered));
         SET("reused_buffers", PyLong_FromLong(ndonated));
         SET("source", Py_NewRef(src));
