@@ -256,6 +256,7 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
     PyObject *result = NULL, *src = NULL, *lib = NULL, *d = NULL, *kernels = NULL;
     void *handle = NULL;
     const char *why = NULL;
+    int cc_failed = 0;
     *info = NULL;
     if (!a || !na) {
         PyErr_NoMemory();
@@ -296,7 +297,10 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
         const char *text = PyUnicode_AsUTF8AndSize(src, &srclen);
         if (!text) goto done;
         handle = em_cc_load(text, (size_t)srclen, key, &cached);
-        if (!handle) goto done;
+        if (!handle) {
+            cc_failed = 1; /* no compiler, or it failed: the user's error to see */
+            goto done;
+        }
         lib = PyCapsule_New(handle, "ember.lib", lib_close);
         if (!lib) {
             dlclose(handle);
@@ -559,6 +563,19 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
 #undef SET
     }
 done:
+    if (!result && !cc_failed && d && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+        /* an internal failure of lowering/scheduling/building: never a crash, the eager backend
+         * runs the graph and cache_info says why */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyObject *msg = PyUnicode_FromFormat("backend \"ember\" failed (%S): ran by the eager backend", ev ? ev : Py_None);
+        Py_XDECREF(et);
+        Py_XDECREF(ev);
+        Py_XDECREF(tb);
+        PyDict_Clear(d);
+        if (msg && PyDict_SetItemString(d, "fallback", msg) == 0) result = em_eager_graph_new(g);
+        Py_XDECREF(msg);
+    }
     if (result) *info = Py_NewRef(d);
     Py_XDECREF(d);
     Py_XDECREF(src);

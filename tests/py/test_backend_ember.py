@@ -314,3 +314,18 @@ def test_module_on_ember_backend():
         ref = m(x)
         out = ember.compile(m, backend="ember")(x)
     torch.testing.assert_close(out, ref)
+
+
+def test_torch_compile_backend_ember():
+    """torch.compile(backend="ember") through the torch_dynamo_backends entry point."""
+    import ember._C as C
+
+    def f(x, w, b):
+        return F.layer_norm(torch.cos(x) * 2, (x.shape[-1],), w, b).relu() + x.sum(-1, keepdim=True)
+    x, w, b = torch.randn(8, 32), torch.randn(32), torch.randn(32)
+    torch._dynamo.reset()
+    before = C._cc_stats()
+    torch.testing.assert_close(torch.compile(f, backend="ember")(x, w, b), f(x, w, b))
+    after = C._cc_stats()
+    assert after["compiles"] + after["disk_hits"] > before["compiles"] + before["disk_hits"]  # ember's kernels ran
+    torch._dynamo.reset()
