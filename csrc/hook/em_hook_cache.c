@@ -260,11 +260,15 @@ error:
  * goes through ember._backends.compile_graph(backend, export, example_inputs, name), which builds
  * the torch.fx.GraphModule and calls the backend. New reference, or NULL with an exception. */
 static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
-                                 int *is_eager_graph) {
+                                 int *is_eager_graph, PyObject **backend_info) {
     *is_eager_graph = 0;
     if (PyUnicode_Check(cfg->backend) && PyUnicode_Compare(cfg->backend, eager_str) == 0) {
         *is_eager_graph = 1;
         return em_eager_graph_new(res->graph);
+    }
+    if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0) {
+        *is_eager_graph = 1; /* the "ember" backend's program is an EagerGraph of kernels and extern calls */
+        return em_ember_compile(res->graph, backend_info);
     }
     if (!em_lazy_attr(&compile_graph_fn, "ember._backends", "compile_graph")) return NULL;
     PyObject *export = NULL, *examples = NULL, *r = NULL;
@@ -314,7 +318,8 @@ static int mark_fallback(CacheEntry *e, EmBreak reason, PyObject *detail) {
  * graph is not a graph, as in Dynamo), the values spec, the stub and the resume functions' code.
  * The stub's code is never compiled by the hook; the resume functions' code always is (even when
  * the user's file lies where the skip rules look away: the user compiled that function). */
-static int make_break_entry(CacheEntry *e, const EmTraceResult *res, const EmCompileConfig *cfg, PyCodeObject *code) {
+static int make_break_entry(CacheEntry *e, const EmTraceResult *res, const EmCompileConfig *cfg, PyCodeObject *code,
+                            PyObject **backend_info) {
     const EmSplit *sp = res->split;
     BreakPart *bp = calloc(1, sizeof(BreakPart));
     if (!bp) {
@@ -350,7 +355,7 @@ static int make_break_entry(CacheEntry *e, const EmTraceResult *res, const EmCom
             return -1;
         }
     if (em_trace_graph_has_calls(res->graph)) {
-        e->compiled = backend_compile(cfg, res, code, &e->eager_graph);
+        e->compiled = backend_compile(cfg, res, code, &e->eager_graph, backend_info);
         if (!e->compiled) return -1;
     }
     e->ninputs = e->compiled ? res->ninputs : 0;
@@ -418,7 +423,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     EmTraceResult res;
     memset(&res, 0, sizeof res);
     CacheEntry *e = NULL;
-    PyObject *graph_text = NULL, *out_text = NULL;
+    PyObject *graph_text = NULL, *out_text = NULL, *backend_info = NULL;
     if (em_trace_frame(func, code, fv, &opts, &res) < 0) goto error;
     if ((!res.graph || res.split) && cfg->fullgraph) {
         raise_fullgraph(code, &res.brk);
@@ -448,7 +453,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         if (!e->effects) goto error;
     }
     if (e->kind == ENTRY_GRAPH) {
-        e->compiled = backend_compile(cfg, &res, code, &e->eager_graph);
+        e->compiled = backend_compile(cfg, &res, code, &e->eager_graph, &backend_info);
         if (!e->compiled) goto error;
         e->out = em_out_copy(res.out);
         e->ninputs = res.ninputs;
@@ -463,7 +468,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         out_text = em_out_repr(e->out);
         if (!graph_text || !out_text) goto error;
     } else if (e->kind == ENTRY_BREAK) {
-        if (make_break_entry(e, &res, cfg, code) < 0) goto error;
+        if (make_break_entry(e, &res, cfg, code, &backend_info) < 0) goto error;
         if (e->compiled) {
             graph_text = em_ir_format_tabular(res.graph);
             if (!graph_text) goto error;
@@ -472,7 +477,8 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         if (!out_text) goto error;
     }
     e->info = entry_info(e->kind, e->guards, cfg, &res, graph_text, out_text);
-    if (!e->info) goto error;
+    if (!e->info || (backend_info && PyDict_SetItemString(e->info, "ember", backend_info) < 0)) goto error;
+    Py_CLEAR(backend_info);
     if (e->kind == ENTRY_BREAK) {
         PyObject *rc = PyTuple_New(e->brk->nresume), *off = PyLong_FromUnsignedLong(res.split->offset);
         for (int k = 0; rc && k < e->brk->nresume; k++) PyTuple_SET_ITEM(rc, k, Py_NewRef(e->brk->resume[k]));
@@ -527,6 +533,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
 error:
     Py_XDECREF(graph_text);
     Py_XDECREF(out_text);
+    Py_XDECREF(backend_info);
     entry_free(e);
     em_arena_free(res.arena);
     return NULL;

@@ -58,6 +58,16 @@ PyObject *em_eager_graph_new(const IRGraph *g);
  * the result tuple (new reference) or NULL with an exception. */
 PyObject *em_eager_graph_run(PyObject *eager_graph, PyObject *const *inputs, Py_ssize_t n);
 
+/* ---- the "ember" backend (em_runtime_ember.c): lower -> schedule -> codegen -> cc -> run ---- */
+/* Compiles g for CPU. Returns the callable (an EagerGraph whose ops are the generated kernels and
+ * the extern calls) and, in *info, a dict for cache_info (kernels, externs, source, cache key, or
+ * why the graph runs on the eager backend). NULL with an exception on failure. */
+PyObject *em_ember_compile(const IRGraph *g, PyObject **info);
+/* Compile driver (em_runtime_cc.c): compiles or loads from the on-disk cache; dlopen handle. */
+void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cached);
+PyObject *em_cc_stats(PyObject *self, PyObject *noargs);
+int em_runtime_ember_init(PyObject *module);
+
 int em_runtime_init(PyObject *module);
 
 /* Test support (em_runtime_testing.c): adds ember._C._ir_build(nodes, dce=False) -> dict (verify
