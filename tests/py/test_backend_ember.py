@@ -181,6 +181,11 @@ def test_reductions(layout):
     check(reductions, x)
 
 
+def test_reductions_over_empty_rows():
+    x = torch.randn(4, 0, 3)
+    check(lambda x: (x.sum(1), x.prod(1), x.mean(1), x.any(1), x.all(1), x.sum(), x.sum(-1), torch.logsumexp(x, 1)), x)
+
+
 def test_reductions_nan_and_half():
     x = torch.randn(4, 9)
     x[1, 3] = float("nan")
