@@ -1129,14 +1129,15 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         if (!is_none(dt) && (dt->kind != IRARG_CONST || em_lower_dtype_of(dt->u.obj) != (int)R)) return 0;
         uint32_t mask = src.ndim ? 1u << d : 0;
         LDtype F = opmath(R);
-        /* aten/src/ATen/native/cpu/SoftMaxKernel.cpp: max, exp(x - max), sum, then scale */
+        /* aten/src/ATen/native/cpu/SoftMaxKernel.cpp (_vec_softmax_lastdim): max, exp(x - max), sum,
+         * then x * (1 / sum) */
         uint32_t x = mk_cast(c, a.node, F);
         uint32_t m = mk_reduce(c, LP_RMAX, F, x, mask);
         uint32_t sh = mk_op(c, LP_SUB, F, F, x, m, 0);
         uint32_t e = mk_op(c, LP_EXP, F, F, sh, 0, 0);
         uint32_t s = mk_reduce(c, LP_RSUM, F, e, mask);
         uint32_t r = rule->prim == 1 ? mk_op(c, LP_SUB, F, F, sh, mk_op(c, LP_LOG, F, F, s, 0, 0), 0)
-                                     : mk_op(c, LP_DIV, F, F, e, s, 0);
+                                     : mk_op(c, LP_MUL, F, F, e, mk_op(c, LP_RECIP, F, F, s, 0, 0), 0);
         return mk_cast(c, r, R);
     }
     case R_LOGSUMEXP: {
