@@ -179,6 +179,8 @@ def explain(fn, *args, **kwargs) -> str:
             lines.append("  graph:")
             lines += ["    " + ln for ln in e["graph"].splitlines()]
             lines.append(f"  output: {e['output']}")
+        if e.get("ember"):
+            lines += _backends.explain_ember(e["ember"])
         lines.append("  guards:")
         lines += ["    " + g for g in e["guards"]]
     return "\n".join(lines)
