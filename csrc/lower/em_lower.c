@@ -339,7 +339,16 @@ static int opnd(Ctx *c, const IRArg *a, Opnd *o) {
 /* A tensor or number operand as a node of dtype dt (numbers become constants). */
 static uint32_t operand_node(Ctx *c, const Opnd *o, LDtype dt) {
     if (o->kind == 1) return mk_cast(c, o->node, dt);
-    if (o->kind == 2) return mk_const(c, o->f, o->i, o->isint, dt);
+    if (o->kind == 2) {
+        /* a number that does not fit the integer type: eager raises ("value cannot be converted
+         * ... without overflow"), so the torch op is called (extern) */
+        static const int64_t lo[] = {[LDT_I64] = INT64_MIN, [LDT_I32] = INT32_MIN, [LDT_I16] = INT16_MIN,
+                                     [LDT_I8] = INT8_MIN, [LDT_U8] = 0, [LDT_BOOL] = 0};
+        static const int64_t hi[] = {[LDT_I64] = INT64_MAX, [LDT_I32] = INT32_MAX, [LDT_I16] = INT16_MAX,
+                                     [LDT_I8] = INT8_MAX, [LDT_U8] = 255, [LDT_BOOL] = 1};
+        if (!em_ldt_is_float(dt) && dt != LDT_BOOL && (!o->isint || o->i < lo[dt] || o->i > hi[dt])) return 0;
+        return mk_const(c, o->f, o->i, o->isint, dt);
+    }
     return 0;
 }
 
