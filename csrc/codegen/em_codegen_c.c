@@ -291,7 +291,7 @@ static void emit_reduce(SB *b, const SKernel *k, uint32_t i, uint8_t *done_row, 
     }
     memcpy(done, done_row, k->nnodes);
     char in2[64];
-    snprintf(in2, sizeof in2, "%s        ", ind);
+    snprintf(in2, sizeof in2, "%s    ", ind);
     const char *acct = ct;
     switch (n->op) {
     case LP_RSUM:
@@ -392,7 +392,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
     if (chunk > R) chunk = R;
     if (chunk < 1) chunk = 1;
     int64_t NC = k->reduction ? 1 : (R + chunk - 1) / chunk;
-    if (R == 0) NC = 0;
+    if (R == 0 && !k->reduction) NC = 0; /* a reduction over nothing still writes its init value */
     int64_t T = O * NC;
     if (T > 1 && O * R >= opt->parallel_threshold) sb_printf(b, "    #pragma omp parallel for schedule(static)\n");
     sb_printf(b, "    for (int64_t t = 0; t < %lld; t++) {\n", (long long)T);

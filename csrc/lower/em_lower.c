@@ -339,7 +339,16 @@ static int opnd(Ctx *c, const IRArg *a, Opnd *o) {
 /* A tensor or number operand as a node of dtype dt (numbers become constants). */
 static uint32_t operand_node(Ctx *c, const Opnd *o, LDtype dt) {
     if (o->kind == 1) return mk_cast(c, o->node, dt);
-    if (o->kind == 2) return mk_const(c, o->f, o->i, o->isint, dt);
+    if (o->kind == 2) {
+        /* a number that does not fit the integer type: eager raises ("value cannot be converted
+         * ... without overflow"), so the torch op is called (extern) */
+        static const int64_t lo[] = {[LDT_I64] = INT64_MIN, [LDT_I32] = INT32_MIN, [LDT_I16] = INT16_MIN,
+                                     [LDT_I8] = INT8_MIN, [LDT_U8] = 0, [LDT_BOOL] = 0};
+        static const int64_t hi[] = {[LDT_I64] = INT64_MAX, [LDT_I32] = INT32_MAX, [LDT_I16] = INT16_MAX,
+                                     [LDT_I8] = INT8_MAX, [LDT_U8] = 255, [LDT_BOOL] = 1};
+        if (!em_ldt_is_float(dt) && dt != LDT_BOOL && (!o->isint || o->i < lo[dt] || o->i > hi[dt])) return 0;
+        return mk_const(c, o->f, o->i, o->isint, dt);
+    }
     return 0;
 }
 
@@ -1129,14 +1138,15 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         if (!is_none(dt) && (dt->kind != IRARG_CONST || em_lower_dtype_of(dt->u.obj) != (int)R)) return 0;
         uint32_t mask = src.ndim ? 1u << d : 0;
         LDtype F = opmath(R);
-        /* aten/src/ATen/native/cpu/SoftMaxKernel.cpp: max, exp(x - max), sum, then scale */
+        /* aten/src/ATen/native/cpu/SoftMaxKernel.cpp (_vec_softmax_lastdim): max, exp(x - max), sum,
+         * then x * (1 / sum) */
         uint32_t x = mk_cast(c, a.node, F);
         uint32_t m = mk_reduce(c, LP_RMAX, F, x, mask);
         uint32_t sh = mk_op(c, LP_SUB, F, F, x, m, 0);
         uint32_t e = mk_op(c, LP_EXP, F, F, sh, 0, 0);
         uint32_t s = mk_reduce(c, LP_RSUM, F, e, mask);
         uint32_t r = rule->prim == 1 ? mk_op(c, LP_SUB, F, F, sh, mk_op(c, LP_LOG, F, F, s, 0, 0), 0)
-                                     : mk_op(c, LP_DIV, F, F, e, s, 0);
+                                     : mk_op(c, LP_MUL, F, F, e, mk_op(c, LP_RECIP, F, F, s, 0, 0), 0);
         return mk_cast(c, r, R);
     }
     case R_LOGSUMEXP: {

@@ -66,6 +66,7 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info);
 /* Compile driver (em_runtime_cc.c): compiles or loads from the on-disk cache; dlopen handle. */
 void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cached);
 PyObject *em_cc_stats(PyObject *self, PyObject *noargs);
+void em_cc_note_internal_fallback(void); /* counted in _cc_stats()["internal_fallbacks"] */
 int em_runtime_ember_init(PyObject *module);
 
 int em_runtime_init(PyObject *module);

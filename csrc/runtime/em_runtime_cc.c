@@ -22,7 +22,9 @@
 
 extern char **environ;
 
-static uint64_t n_compiles = 0, n_disk_hits = 0;
+static uint64_t n_compiles = 0, n_disk_hits = 0, n_internal = 0;
+
+void em_cc_note_internal_fallback(void) { n_internal++; }
 
 /* ---- a 128-bit non-cryptographic hash (two FNV-1a 64 lanes); the directory is private, so
  * it only has to separate honest inputs ---- */
@@ -359,8 +361,10 @@ done:
     return handle;
 }
 
-/* ember._C._cc_stats() -> {"compiles": n, "disk_hits": n} for this process. */
+/* ember._C._cc_stats() -> {"compiles": n, "disk_hits": n, "internal_fallbacks": n} for this
+ * process (internal_fallbacks: graphs backend "ember" handed to the eager backend after an
+ * internal failure). */
 PyObject *em_cc_stats(PyObject *self, PyObject *noargs) {
-    return Py_BuildValue("{s:K,s:K}", "compiles", (unsigned long long)n_compiles, "disk_hits",
-                         (unsigned long long)n_disk_hits);
+    return Py_BuildValue("{s:K,s:K,s:K}", "compiles", (unsigned long long)n_compiles, "disk_hits",
+                         (unsigned long long)n_disk_hits, "internal_fallbacks", (unsigned long long)n_internal);
 }

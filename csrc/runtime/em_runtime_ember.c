@@ -430,8 +430,8 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
         ko->out_size = int_tuple(ob->ndim, ob->sizes);
         ko->out_stride = int_tuple(ob->ndim, ob->strides);
         ko->out_dtype = Py_XNewRef(em_lower_dtype_obj(ob->dtype));
-        ko->numel = 1;
-        for (int j = 0; j < k->ndim; j++) ko->numel *= k->sizes[j];
+        ko->numel = 1; /* rows x row length; a reduction over an empty row still runs (writes 0, 1, ...) */
+        for (int j = 0; j < (k->reduction ? k->nouter : k->ndim); j++) ko->numel *= k->sizes[j];
         char fname[32];
         snprintf(fname, sizeof fname, "ember_k%u", sp->index);
         ko->fn = (KernelFn)dlsym(handle, fname);
@@ -573,6 +573,7 @@ done:
         Py_XDECREF(ev);
         Py_XDECREF(tb);
         PyDict_Clear(d);
+        em_cc_note_internal_fallback();
         if (msg && PyDict_SetItemString(d, "fallback", msg) == 0) result = em_eager_graph_new(g);
         Py_XDECREF(msg);
     }

@@ -217,6 +217,8 @@ def explain(fn, *args, **kwargs) -> ExplainOutput:
             lines.append("  graph:")
             lines += ["    " + ln for ln in e["graph"].splitlines()]
             lines.append(f"  output: {e['output']}")
+        if e.get("ember"):
+            lines += _backends.explain_ember(e["ember"])
         lines.append("  guards:")
         lines += ["    " + g for g in e["guards"]]
     head = [f"graphs: {ngraphs}, graph breaks: {nbreaks}"] + [f"  break: {r}" for r in reasons]

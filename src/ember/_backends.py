@@ -121,3 +121,20 @@ def _plain(a):
     if isinstance(a, tuple) and not hasattr(a, "_fields"):
         return tuple(_plain(v) for v in a)
     return a
+
+
+def explain_ember(info: dict) -> list[str]:
+    """ember.explain's lines for an entry of backend "ember": why it runs on the eager backend, or
+    its kernels, extern calls and generated C."""
+    if "fallback" in info:
+        return [f"  backend ember: {info['fallback']}"]
+    lines = [f"  backend ember: {info['kernels']} kernel(s), {info['externs']} extern call(s) "
+             f"{info['extern_list']}, {info['reused_buffers']} reused buffer(s), cache key {info['cache_key']}"
+             f"{' (loaded from the disk cache)' if info['from_disk_cache'] else ''}"]
+    for i, k in enumerate(info["kernel_list"]):
+        lines.append(f"    kernel {i}: {k['kind']}{' (in place)' if k['inplace'] else ''}: {', '.join(k['nodes'])}")
+    lines.append("  generated C:")
+    src = info["source"]
+    body = src[src.find("/* kernel "):] if "/* kernel " in src else src
+    lines += ["    " + ln for ln in body.rstrip().splitlines()]
+    return lines

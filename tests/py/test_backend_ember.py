@@ -181,6 +181,11 @@ def test_reductions(layout):
     check(reductions, x)
 
 
+def test_reductions_over_empty_rows():
+    x = torch.randn(4, 0, 3)
+    check(lambda x: (x.sum(1), x.prod(1), x.mean(1), x.any(1), x.all(1), x.sum(), x.sum(-1), torch.logsumexp(x, 1)), x)
+
+
 def test_reductions_nan_and_half():
     x = torch.randn(4, 9)
     x[1, 3] = float("nan")
@@ -329,3 +334,11 @@ def test_torch_compile_backend_ember():
     after = C._cc_stats()
     assert after["compiles"] + after["disk_hits"] > before["compiles"] + before["disk_hits"]  # ember's kernels ran
     torch._dynamo.reset()
+
+
+def test_explain_shows_kernels_and_source_or_why_eager():
+    text = ember.explain(ember.compile(lambda x: torch.softmax(x * 2, -1), backend="ember"), torch.randn(4, 8))
+    assert "backend ember: 1 kernel(s)" in text and "void ember_k0(" in text
+    x = torch.randn(3, requires_grad=True)
+    text = ember.explain(ember.compile(lambda x: x.sin() * 2, backend="ember"), x)
+    assert "requires grad" in text and "eager backend" in text

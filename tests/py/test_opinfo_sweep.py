@@ -213,9 +213,10 @@ def test_torch_graph_breaks_are_recorded_as_fallbacks():
 
 
 def test_torch_runners_share_one_function():
-    assert set(sw.RUNNERS) == {"ember", "torch", "inductor"}
+    assert set(sw.RUNNERS) == {"ember", "ember_codegen", "torch", "inductor"}
     for comp, backend in (("torch", "eager"), ("inductor", "inductor")):
         assert sw.RUNNERS[comp].func is sw.run_torch_compile and sw.RUNNERS[comp].keywords == {"backend": backend}
+    assert sw.RUNNERS["ember_codegen"].func is sw.run_ember and sw.RUNNERS["ember_codegen"].keywords == {"backend": "ember"}
     case = _case()
     ref = sw.run_one(case.make(), case, 0)
     assert sw.RUNNERS["torch"](case, 0, ref) == ("pass", "", False)
@@ -246,3 +247,9 @@ def test_error_rule_counts_an_error_met_while_tracing_as_pass():
     assert not sw._error_met_while_tracing(info, ref.exc)
     assert sw._error_met_while_tracing([{"kind": "fallback", "reason": "RAISE",
                                          "detail": "RuntimeError: raise statement"}], ref.exc)
+
+
+def test_ember_codegen_runner_passes_a_trivial_case():
+    case = _case()
+    ref = sw.run_one(case.make(), case, 0)
+    assert sw.RUNNERS["ember_codegen"](case, 0, ref) == ("pass", "", False)

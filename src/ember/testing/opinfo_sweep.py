@@ -252,6 +252,7 @@ def run_ember(case: Case, seed: int, ref: Outcome, backend: str = "eager") -> tu
         cf = ember.compile(case.make(), backend=backend)
     except Exception as e:  # noqa: BLE001
         return "crash", "ember.compile: " + _exc_text(e), False
+    stats0 = ember._C._cc_stats() if backend == "ember" else None
     first = run_one(cf, case, seed)
     try:
         info = ember.cache_info(cf)
@@ -262,6 +263,9 @@ def run_ember(case: Case, seed: int, ref: Outcome, backend: str = "eager") -> tu
     if broke:
         fb = next(e for e in info if e.get("kind") == "fallback")
         why = f"{fb.get('reason')}: {' '.join(str(fb.get('detail') or '').split())[:160]}"
+    if stats0 is not None and ember._C._cc_stats()["internal_fallbacks"] > stats0["internal_fallbacks"]:
+        broke = True  # backend "ember" failed inside and handed the graph to the eager backend
+        why = "; ".join(str((e.get("ember") or {}).get("fallback", ""))[:160] for e in info)
     cls, detail, inexact = classify(ref, first, broke)
     if cls in ("pass", "fallback"):
         second = run_one(cf, case, seed)  # the cached entry (direct dispatch from C)
