@@ -8,8 +8,10 @@ graph, print to a sink, a graph) with both compilers handing each FX graph to In
 compile_fx; overhead = per-call time through the compiler - per-call time of the two compiled
 graphs (and the print) called directly. Timings are never asserted by tests.
 
-Known difference: torch.compile traces numpy calls (torch._numpy), so f3 with numpy is one graph
-there; with the tutorial's scipy.fft.dct both compilers break.
+Known differences: torch.compile traces numpy calls (torch._numpy), so f3 with numpy is one graph
+there (with the tutorial's scipy.fft.dct both compilers break); torch._dynamo.explain does not
+count a break whose resumed part is an empty graph (f1's `return y` side), ember counts every
+break it went through.
 
 usage: python bench/breaks.py [--rounds N] [--calls N] [--no-overhead]
 """

@@ -9,6 +9,14 @@
 
 #include <stdlib.h>
 
+/* Resume functions nest: a break inside a loop calls a resume function that runs the next
+ * iteration, which breaks and calls the next one from inside the first (Dynamo's resume functions
+ * nest the same way). Past this depth the stub runs with compilation disabled, so the resume
+ * function finishes the loop as plain Python in one frame instead of growing the stack with each
+ * iteration (a loop of thousands of iterations would otherwise end in RecursionError). */
+enum { MAX_RESUME_NESTING = 48 };
+static _Thread_local int tl_nesting;
+
 void em_break_part_free(BreakPart *bp) {
     if (!bp) return;
     Py_XDECREF(bp->stub);
@@ -116,9 +124,17 @@ PyObject *em_entry_run_break(CacheEntry *e, PyObject **fetched, const EmFrameVie
     }
     for (int k = 0; k < bp->nresume; k++) argv[k] = fns[k];
     for (uint32_t i = 0; i < bp->nargs; i++) argv[bp->nresume + i] = PyTuple_GET_ITEM(vals, i);
-    em_hook_enter(cfg);
-    result = PyObject_Vectorcall(stub, argv, n, NULL);
-    em_hook_exit();
+    if (tl_nesting >= MAX_RESUME_NESTING) {
+        em_hook_disable_enter();
+        result = PyObject_Vectorcall(stub, argv, n, NULL);
+        em_hook_disable_exit();
+    } else {
+        tl_nesting++;
+        em_hook_enter(cfg);
+        result = PyObject_Vectorcall(stub, argv, n, NULL);
+        em_hook_exit();
+        tl_nesting--;
+    }
 done:
     if (!result) {
         /* the graph raised inside a with-block it entered, or the stub did: eager's __exit__ would

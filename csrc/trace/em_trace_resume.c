@@ -407,6 +407,7 @@ typedef struct Brk {
     PyObject *kwnames;     /* pending KW_NAMES of a CALL, or NULL */
     int name_shift;        /* name-index ops: arg >> shift is the co_names index, else -1 */
     bool deref;            /* the arg is a localsplus index of a cell/free */
+    bool method_load;      /* run as a plain LOAD_ATTR; the resume stack gets a NULL below it */
 } Brk;
 
 /* Which instructions can run alone in the stub, and how many stack values they take. */
@@ -417,6 +418,7 @@ static int classify(Trace *T, TFrame *F, const TInstr *in, Brk *b) {
     b->kind = K_PLAIN;
     b->name_shift = -1;
     b->deref = false;
+    b->method_load = false;
     b->kwnames = NULL;
     b->produced[0] = b->produced[1] = 0;
     b->consumed = 0;
@@ -451,9 +453,19 @@ static int classify(Trace *T, TFrame *F, const TInstr *in, Brk *b) {
         b->consumed = 1;
         break;
     case OP_LOAD_ATTR:
-        if (EM_PY312 && (a & 1)) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "graph break at a method load");
+    case OP_LOAD_METHOD:
+        /* A method load pushes [method, self] or [NULL, attribute], which one known only when it
+         * runs. The stub loads the plain attribute (a bound method) and the resume function's
+         * prefix pushes the NULL below it: [NULL, bound] calls the same as either form. */
+        b->method_load = in->op == OP_LOAD_METHOD || (EM_PY312 && (a & 1));
         b->consumed = 1;
         b->name_shift = EM_PY312 ? 1 : 0;
+        if (b->method_load) {
+            b->opcode = rs.opnum[OP_LOAD_ATTR];
+            b->arg = EM_PY312 ? (a & ~1) : a;
+            b->produced[0] = 1;
+            return 0;
+        }
         break;
     case OP_FORMAT_VALUE: b->consumed = (a & 4) ? 2 : 1; break;
     case OP_BUILD_STRING: case OP_BUILD_TUPLE: case OP_BUILD_LIST: case OP_BUILD_SET: b->consumed = a; break;
@@ -947,15 +959,16 @@ int em_tr_split_here(Trace *T, TFrame *F) {
     sp->offset = in->offset - base;
     sp->nresume = S.nres;
     for (int k = 0; k < S.nres; k++) {
-        int R = b.produced[k];
-        int nst = nbelow_slots + R;
+        int R = b.produced[k], nullm = b.method_load ? 1 : 0;
+        int nst = nbelow_slots + nullm + R;
         bool *rnull = em_arena_alloc(T->arena, (size_t)nst + 1);
         if (!rnull) {
             PyErr_NoMemory();
             return -1;
         }
         for (int i = 0; i < nbelow_slots; i++) rnull[i] = stack_null[i];
-        for (int i = 0; i < R; i++) rnull[nbelow_slots + i] = false;
+        if (nullm) rnull[nbelow_slots] = true;
+        for (int i = 0; i < R; i++) rnull[nbelow_slots + nullm + i] = false;
         const TInstr *to = k == 0 ? &F->ins[F->pc + 1] : &F->ins[in->target];
         if (to->start < base) return em_tr_break(T, EM_BREAK_INTERNAL, "resume target inside the prefix");
         PyObject *rc = resume_code(T, O, (to->start - base) / 2, nst, rnull, bound, S.self_first);

@@ -596,3 +596,23 @@ def test_replayed_store_before_a_break_keeps_program_order():
     out = ember.compile(f)(torch.zeros(2), h)
     assert seen == [1] and h.stage == 2
     assert_same(out, torch.full((2,), 2.0))
+
+
+def test_long_loop_with_a_break_each_iteration_does_not_exhaust_the_stack():
+    def f(x):
+        while x.abs().sum() > 1:  # ~7000 iterations, a graph break in each
+            x = x * 0.99
+        return x
+
+    run_both(f, [(torch.full((4,), 1e30),)])
+
+
+def test_break_at_a_method_load_on_an_untraced_object():
+    def f(x):
+        a = x.numpy()
+        s = a.sum(axis=0)  # LOAD_METHOD / LOAD_ATTR(method) on a numpy array: a break
+        y = torch.from_numpy(s) * 2
+        return y + x.sum(0)
+
+    c = run_both(f, [(torch.randn(3, 4),)] * 3)
+    assert "fallback" not in kinds_tree(c)

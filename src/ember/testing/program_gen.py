@@ -57,7 +57,10 @@ class Stmt:
 
 
 # Definitions every program may use: callable objects (traced through their class's __call__).
-PRELUDE = """class Scale:
+PRELUDE = """import io
+
+
+class Scale:
     def __init__(self, k):
         self.k = k
 
@@ -66,6 +69,7 @@ PRELUDE = """class Scale:
 
 
 HALF, DOUBLE = Scale(0.5), Scale(2)
+SINK = io.StringIO()  # print(..., file=SINK) statements: graph breaks at a keyword call
 """
 
 
@@ -623,6 +627,7 @@ class _Gen:
         while len(self.prog.stmts) < target and tries < target * 6 and not self.ended:
             tries += 1
             self.add(self.gen_stmt())
+        self.add_print()
         names = [s.defines for s in self.prog.stmts if s.defines]
         pool = list(dict.fromkeys(names)) or [i.name for i in self.prog.inputs if i.kind == "tensor"]
         if r.random() < 0.15:
@@ -637,6 +642,24 @@ class _Gen:
             picks.append(f"{pool[-1]}.shape")
         self.prog.ret = (kind, picks)
         return self.prog
+
+
+def _add_print(self) -> None:
+    """A print to SINK between two statements in 30% of the programs (a graph break with keyword
+    arguments). Drawn from its own generator, so every other statement of a seed stays as before."""
+    pr = random.Random(self.prog.seed * 1000003 + 7)
+    if pr.random() >= 0.3:
+        return
+    i = pr.randint(0, len(self.prog.stmts))
+    names = [s.defines for s in self.prog.stmts[:i] if s.defines] or \
+        [x.name for x in self.prog.inputs if x.kind == "tensor"]
+    if not names:
+        return
+    nm = pr.choice(names)
+    self.prog.stmts.insert(i, Stmt([f'print("{nm}", type({nm}).__name__, end=";", file=SINK)'], None))
+
+
+_Gen.add_print = _add_print
 
 
 def generate(seed: int) -> Program:
@@ -788,7 +811,12 @@ def main(argv=None) -> int:
     p.add_argument("--shrink-budget", type=float, default=60.0)
     p.add_argument("--show", type=int, default=None, help="print the source of one seed's program and exit")
     p.add_argument("--verbose", action="store_true", help="name each seed on stderr before running it")
+    p.add_argument("--no-graph-breaks", action="store_true",
+                   help="ember.config.graph_breaks = 0: frames that break fall back whole (the baseline)")
     a = p.parse_args(argv)
+    if a.no_graph_breaks:
+        import ember
+        ember.config.graph_breaks = 0
     if a.show is not None:
         print(generate(a.show).source())
         return 0
