@@ -500,6 +500,18 @@ TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing)
     }
     if (descr && Py_TYPE(descr)->tp_descr_set) {
         if (Py_IS_TYPE(descr, &PyProperty_Type)) return inline_property(T, v, descr, name);
+        if (PyExceptionInstance_Check(o) && v->src < 0 && Py_IS_TYPE(descr, &PyGetSetDescr_Type) &&
+            PyUnicode_CompareWithASCIIString(name, "args") == 0) {
+            /* e.args of an exception the trace made (a caught one): a tuple of its constants */
+            PyObject *r = PyObject_GetAttr(o, name);
+            if (!r) {
+                em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE);
+                return NULL;
+            }
+            TValue *rv = em_tr_from_py(T, r);
+            Py_DECREF(r);
+            return rv;
+        }
         if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && strcmp(tp->tp_name, "Field") == 0 && v->src < 0) {
             /* a slot of a dataclasses.Field reached through a class's __dataclass_fields__
              * (dataclasses.fields()): fields are never reassigned after the class is made */
