@@ -1368,6 +1368,13 @@ resume:
             } else if (arg == 1) {
                 em_tr_break(T, EM_BREAK_PRINT, "expression printed by the REPL");
                 goto fail;
+            } else if (arg == 3) { /* INTRINSIC_STOPITERATION_ERROR: a generator's handler; a
+                                      StopIteration would become RuntimeError */
+                if (a->kind == TV_OBJECT && a->obj && PyErr_GivenExceptionMatches(a->obj, PyExc_StopIteration)) {
+                    em_tr_break(T, EM_BREAK_GENERATOR, "StopIteration inside a generator");
+                    goto fail;
+                }
+                r = a;
             } else {
                 em_tr_break(T, EM_BREAK_UNSUPPORTED_OPCODE, "CALL_INTRINSIC_1 %d", arg);
                 goto fail;

@@ -495,6 +495,11 @@ TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing)
         /* obj.__dict__: the instance dict itself, guarded like a dict input (keys; items as used)
          * or, reached through guarded constants, by its version tag */
         PyObject *idict = instance_dict_borrow(o);
+        for (uint32_t i = 0; i < T->nstores; i++)
+            if (T->stores[i].obj == o) { /* the real dict does not show the overlay's stores */
+                em_tr_break(T, EM_BREAK_SIDE_EFFECT, "__dict__ of a %s after an attribute store", tp->tp_name);
+                return NULL;
+            }
         GuardSrc s = v->src >= 0 ? em_guard_src_attr(T->gb, v->src, name, idict) : -1;
         return em_tr_wrap(T, idict, s, s < 0);
     }

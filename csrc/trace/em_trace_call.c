@@ -908,7 +908,7 @@ static int seq_index(Trace *T, PyObject *k, uint32_t n, uint32_t *out) {
     Py_ssize_t i = PyNumber_AsSsize_t(k, PyExc_IndexError);
     if (i == -1 && PyErr_Occurred()) return em_tr_break_exc(T, EM_BREAK_RAISE);
     if (i < 0) i += n;
-    if (i < 0 || (uint32_t)i >= n) return em_tr_break(T, EM_BREAK_RAISE, "index out of range");
+    if (i < 0 || (uint32_t)i >= n) return em_tr_raise_msg(T, PyExc_IndexError, "index out of range");
     *out = (uint32_t)i;
     return 0;
 }

@@ -111,6 +111,16 @@ def test_dict_key_error_caught():
     one_graph(f, x34())
 
 
+def test_exception_inside_a_generator_expression_caught_outside():
+    def f(x, xs):
+        try:
+            t = tuple(v[2] for v in xs)
+        except IndexError:
+            t = (0,)
+        return x + len(t)
+    one_graph(f, (x34(), [(1, 2), (3, 4, 5)]))
+
+
 def test_exception_propagates_with_eager_type_and_message():
     def f(x):
         try:
