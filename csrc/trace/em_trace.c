@@ -253,6 +253,11 @@ int em_trace_init(PyObject *module) {
         rt->inspect_Signature = PyObject_GetAttrString(insp, "Signature");
         rt->inspect_Parameter = PyObject_GetAttrString(insp, "Parameter");
         Py_DECREF(insp);
+        PyObject *en = PyImport_ImportModule("enum");
+        if (!en) goto error;
+        rt->enum_Enum = PyObject_GetAttrString(en, "Enum");
+        Py_DECREF(en);
+        if (!rt->enum_Enum) goto error;
         if (!rt->inspect_signature || !rt->inspect_Signature || !rt->inspect_Parameter) goto error;
     }
     rt->ready = true;

@@ -214,6 +214,7 @@ typedef struct TraceRT {
     PyObject *meta_str;            /* "meta" */
     PyObject *meta_device;         /* torch.device("meta") */
     PyObject *inspect_signature, *inspect_Signature, *inspect_Parameter; /* inspect.* (immutable results) */
+    PyObject *enum_Enum;           /* enum.Enum: members are immutable singletons (constants) */
 } TraceRT;
 extern TraceRT em_trace_rt;
 

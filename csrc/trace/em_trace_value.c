@@ -82,10 +82,26 @@ static bool is_simple_const(PyObject *o) {
 }
 
 /* torch.dtype / layout / memory_format: singletons, compared by identity. */
+/* A member of a Python enum.Enum whose comparison and truth are the enum module's or C code (so
+ * folding `==`, `!=`, truth on it runs nothing of the user's). */
+static bool is_py_enum(PyObject *o) {
+    if (!em_trace_rt.enum_Enum || !PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.enum_Enum)) return false;
+    static const char *const slots[] = {"__eq__", "__ne__", "__bool__", "__len__", NULL};
+    for (int i = 0; slots[i]; i++) {
+        PyObject *f = _PyType_Lookup(Py_TYPE(o), em_str(slots[i]));
+        if (f && PyFunction_Check(f)) {
+            PyObject *m = ((PyFunctionObject *)f)->func_module;
+            if (!m || !PyUnicode_Check(m) || PyUnicode_CompareWithASCIIString(m, "enum") != 0) return false;
+        }
+    }
+    return true;
+}
+
+/* torch's enum-like constants, and Python enum members (identity-guarded constants). */
 static bool is_torch_enum(PyObject *o) {
     const char *tn = Py_TYPE(o)->tp_name;
     return PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.dtype_type) || strcmp(tn, "torch.layout") == 0 ||
-           strcmp(tn, "torch.memory_format") == 0 || strcmp(tn, "torch.qscheme") == 0;
+           strcmp(tn, "torch.memory_format") == 0 || strcmp(tn, "torch.qscheme") == 0 || is_py_enum(o);
 }
 
 /* Can EQUALS guard this (None, bool, int, float, str and tuples of these)? */

@@ -7,6 +7,7 @@ and checked to be captured as one graph, or to fall back with the expected reaso
 """
 import collections
 import dataclasses
+import enum
 import functools
 import inspect
 
@@ -464,3 +465,17 @@ def test_attribute_store_that_stays_falls_back_and_runs_eagerly():
     compiled(x34(), flag)
     assert flag.on is True
     assert entries(compiled)[0]["reason"] == "SIDE_EFFECT"
+
+
+class Action(str, enum.Enum):
+    NONE = "none"
+    RAISE = "raise"
+
+
+def test_enum_members_are_constants():
+    def f(x, a):
+        if a == Action.RAISE:
+            return x * 2, a.value
+        return x, Action.NONE.name
+    one_graph(f, (x34(), Action.RAISE))
+    one_graph(f, (x34(), Action.NONE))
