@@ -7,7 +7,8 @@ loops, and each keeps the median over rounds. Graph counts: each compiler again 
 callable that counts the graphs it is handed over the same two calls (two different inputs of one
 shape). Every compiled output is checked equal to eager first (all tensors of the ModelOutput).
 
-usage: python bench/transformers_models.py [--rounds N] [--calls N]
+usage: python bench/transformers_models.py [--rounds N] [--calls N] [--threads N]
+(--threads: torch intra-op threads, default 1: on a small shared machine more threads mostly add noise)
 Timings are never asserted by tests (tests/py/test_transformers.py checks capture and values).
 """
 import argparse
@@ -58,7 +59,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     if hf_models.skipped():
         print("skipped:", hf_models.skipped())
         return
