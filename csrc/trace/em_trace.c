@@ -1644,6 +1644,11 @@ resume:
                 goto fail;
             }
             if (push(T, F, em_tr_const(T, Py_None)) < 0) goto fail;
+            if (F->lazy) { /* consumed step by step: suspend here; the next next() resumes at pc */
+                F->pc = next;
+                T->cur = saved;
+                return 1;
+            }
             break;
         case OP_SEND: case OP_GET_YIELD_FROM_ITER:
             em_tr_break(T, EM_BREAK_GENERATOR, "yield from / await");

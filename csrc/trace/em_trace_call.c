@@ -1362,11 +1362,13 @@ int em_tr_run_generator(Trace *T, TValue *it, TValue ***items, uint32_t *n) {
     *n = 0;
     if (!F) return 0;
     it->u.it.genframe = NULL;
+    uint32_t n0 = F->yields.n; /* items a step-by-step consumer already took */
     F->is_gen = true;
+    F->lazy = false;
     F->parent = T->cur;
-    if (em_tr_run_frame(T, F) < 0) return -1;
-    *items = F->yields.items;
-    *n = F->yields.n;
+    if (!F->returned && em_tr_run_frame(T, F) < 0) return -1;
+    *items = F->yields.items + n0;
+    *n = F->yields.n - n0;
     return 0;
 }
 

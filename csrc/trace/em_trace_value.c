@@ -879,19 +879,29 @@ int em_tr_iter_next(Trace *T, TValue *it, TValue **out) {
     if (!(it = em_tr_realize(T, it))) return -1;
     if (it->kind != TV_ITERATOR) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "next() of a non-iterator");
     if (it->u.it.kind == IT_GEN) {
-        /* a generator expression is run to exhaustion at its first next(): its body is one
-         * expression over trace values, so a consumer that stops early only makes the trace read
-         * more (a break or raise there makes the frame fall back). A generator function may
-         * mutate state between yields, which an early stop would observe: a break. */
-        if (!it->u.it.genframe || PyUnicode_CompareWithASCIIString(it->u.it.genframe->code->co_name, "<genexpr>") != 0)
-            return em_tr_break(T, EM_BREAK_GENERATOR, "generator consumed step by step");
-        TValue **items;
-        uint32_t n;
-        if (em_tr_run_generator(T, it, &items, &n) < 0) return -1;
+        /* a generator made in the trace, consumed step by step: its frame runs to its next yield
+         * and stays suspended there (TFrame keeps pc, stack and locals), as CPython's does */
+        TFrame *G = it->u.it.genframe;
+        if (G && !G->returned) {
+            uint32_t n0 = G->yields.n;
+            G->is_gen = true;
+            G->lazy = true;
+            G->parent = T->cur;
+            if (em_tr_run_frame(T, G) < 0) { /* a generator that raised is finished */
+                it->u.it.genframe = NULL;
+                it->u.it.kind = IT_ARRAY;
+                it->u.it.n = it->u.it.pos = 0;
+                return -1;
+            }
+            if (G->yields.n > n0) {
+                *out = G->yields.items[n0];
+                return 1;
+            }
+        }
+        it->u.it.genframe = NULL; /* exhausted, like a finished generator */
         it->u.it.kind = IT_ARRAY;
-        it->u.it.items = items;
-        it->u.it.n = n;
-        it->u.it.pos = 0;
+        it->u.it.n = it->u.it.pos = 0;
+        return 0;
     }
     if (it->u.it.kind == IT_LIST) {
         if (it->u.it.pos >= it->u.it.base->u.seq.n) {

@@ -387,19 +387,40 @@ def test_generator_expressions_consumed_in_the_frame():
     one_graph(f, (x34(), [x34(), x34()]))
 
 
-def test_generator_function_consumed_step_by_step_falls_back():
+def test_generators_consumed_step_by_step_run_lazily():
+    """A generator runs to its next yield at each next(): state it mutates between yields and
+    items a consumer never takes behave as in eager (nothing after the last taken item runs)."""
     def gen(xs, acc):
         for t in xs:
             acc.append(t)
             yield t
+        acc.append(None)
 
     def f(x, xs):
         acc = []
         for t in gen(xs, acc):
             x = x + t
-            break
-        return x, len(acc)
-    falls_back(f, (x34(), [x34(), x34()]), "GENERATOR")
+            if len(acc) == 2:
+                break
+        first = next(v * 2 for v in xs)
+        try:  # eager stops at the first item: the IndexError of the second never happens
+            k = next(v[1] for v in [(1, 2), (3,)])
+        except IndexError:
+            k = -1
+        g = gen(xs, acc)
+        a = next(g)
+        rest = list(g)  # the rest of a partly consumed generator
+        return x + first + k + a, len(acc), len(rest)
+    one_graph(f, (x34(), [x34(), x34(), x34()]))
+
+    def h(x, xs):
+        it = (v[2] for v in xs)
+        try:
+            y = next(it) + next(it)  # the second raises inside the generator expression
+        except IndexError:
+            y = x
+        return y, list(it)  # a generator that raised is finished
+    one_graph(h, (x34(), [(1, 2, 3), (4, 5)]))
 
 
 def test_is_compiling_answers_true_while_tracing():
