@@ -8,6 +8,7 @@
 #include "hook/em_hook.h"
 #include "ir/em_ir.h"
 #include "runtime/em_runtime.h"
+#include "sym/em_sym.h"
 #include "trace/em_trace.h"
 
 /* ember._C._reset(): drop every cache entry (ember.reset). */
@@ -68,6 +69,7 @@ static int module_exec(PyObject *m) {
         return -1;
     }
     if (PyModule_AddStringConstant(m, "PYTHON_ABI", EM_PY312 ? "3.12" : "3.11") < 0) return -1;
+    if (em_sym_testing_init(m) < 0) return -1;
     if (em_runtime_init(m) < 0) return -1;
     if (em_guard_init(m) < 0) return -1;
     if (em_trace_init(m) < 0) return -1;

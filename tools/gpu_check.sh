@@ -14,4 +14,6 @@ $py -c "import ember; print('ember built for', ember._C.PYTHON_ABI)" 2>&1 | tee 
 $py -m pytest -p no:cacheprovider tests/py 2>&1 | tail -n 25 | tee "$OUT/pytest_cpu.txt"
 EMBER_TEST_DEVICE=cuda $py -m pytest -p no:cacheprovider tests/py 2>&1 | tail -n 40 | tee "$OUT/pytest_cuda.txt"
 $py bench/overhead.py --json "$OUT/overhead.json" 2>&1 | tail -16 | tee "$OUT/overhead.txt"
+$py bench/breaks.py 2>&1 | tail -16 | tee "$OUT/breaks.txt"
+$py tools/inductor_recompile_probe.py --device cuda --calls 4 2>&1 | grep -v Warning | tee "$OUT/inductor_probe.txt"
 $py -m ember demo --quiet 2>&1 | tail -60 > "$OUT/demo.txt"

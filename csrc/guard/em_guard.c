@@ -24,9 +24,15 @@
  * which its dict-version group last passed: unchanged epoch, the whole group passes with one
  * compare. Watched dicts are never unwatched (a stray epoch bump only costs one exact re-check),
  * and are kept alive only as long as a guard set holds them.
+ * Tags are a fast path only; a guard means the content the trace read (DESIGN.md, rules learned).
  * A keyed dict leaf (em_guard_dict_key: f_globals read by name) keeps the keys read and the objects
- * they held; when the version moved it re-reads just those keys and, if each still holds its
- * object, moves its recorded version forward, so rebinding an unrelated global costs one re-check. */
+ * they held; a whole leaf (em_guard_dict_version: a hook dict being empty, _modules iterated) keeps
+ * every item in order. When the version moved the leaf compares that content and, if it is the
+ * same, moves its recorded version forward: rebinding an unrelated global, or a backend adding and
+ * removing a global hook while it compiles, costs one re-check. The group's (dict, tag) pairs are
+ * packed (GDictSlot) so that the steady state without an epoch skip is one tight loop.
+ * Type versions work the same way against a snapshot of what lookup through the MRO resolves to
+ * (type_snapshot_matches). */
 #include "guard/em_guard_impl.h"
 
 #include <math.h>
@@ -387,6 +393,9 @@ static int dict_watch_event(PyDict_WatchEvent event, PyObject *dict, PyObject *k
 /* PEP 509: a new, globally unique tag on every mutation. */
 static inline uint64_t dict_tag(PyObject *d) { return ((PyDictObject *)d)->ma_version_tag; }
 
+/* Dict groups smaller than this skip the probe: walking them costs less than the probe's store. */
+#define EM_DICT_PROBE_MIN 64
+
 /* 3.11 has no dict watchers, but every dict mutation anywhere takes its new tag from one global
  * counter (Include/internal/pycore_dict.h, DICT_NEXT_VERSION; Objects/dictobject.c). The counter is
  * not exported; mutating a private probe dict reads it: the probe's new tag is the counter. If it
@@ -415,6 +424,40 @@ static uint64_t dict_probe_epoch(void) {
 }
 #endif
 
+/* Appends (key, value) to a builder dict leaf's pairs (both held by the arena; value NULL: absent).
+ * 0, or -1 with MemoryError. */
+static int dict_leaf_pair(GuardBuilder *b, BLeaf *l, PyObject *key, PyObject *value) {
+    if (l->nkv == l->capkv) {
+        uint32_t nc = l->capkv ? 2 * l->capkv : 4;
+        PyObject **kv = em_arena_realloc(b->a, l->kv, sizeof(PyObject *) * 2 * l->capkv, sizeof(PyObject *) * 2 * nc);
+        if (!kv) goto nomem;
+        l->kv = kv;
+        l->capkv = nc;
+    }
+    if (!em_arena_hold(b->a, key) || (value && !em_arena_hold(b->a, value))) goto nomem;
+    l->kv[2 * l->nkv] = key;
+    l->kv[2 * l->nkv + 1] = value;
+    l->nkv++;
+    return 0;
+nomem:
+    PyErr_NoMemory();
+    return -1;
+}
+
+/* Makes l a whole-dict leaf: its pairs become every item of dict in iteration order, and its tag
+ * the version that goes with them (the keys read before are subsumed: an absent key is absent
+ * from the content too). */
+static int dict_leaf_whole(GuardBuilder *b, BLeaf *l, PyObject *dict) {
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    l->nkv = 0;
+    l->sub = 1;
+    l->tag = dict_tag(dict);
+    while (PyDict_Next(dict, &pos, &k, &v))
+        if (dict_leaf_pair(b, l, k, v) < 0) return -1;
+    return 0;
+}
+
 /* The DICT_VERSION leaf of dict, created on first use (sub = 1: whole dict, 0: keyed). */
 static BLeaf *dict_leaf(GuardBuilder *b, PyObject *dict, const char *how, int whole) {
     if (!b || !dict || !PyDict_Check(dict)) {
@@ -425,7 +468,7 @@ static BLeaf *dict_leaf(GuardBuilder *b, PyObject *dict, const char *how, int wh
     if (r < 0) return NULL;
     if (r > 0) {
         BLeaf *l = &b->leaf.items[r - 1];
-        l->sub |= (uint8_t)whole;
+        if (whole && !l->sub && dict_leaf_whole(b, l, dict) < 0) return NULL;
         return l;
     }
     if (!em_guard_state.s_module && em_guard_init(NULL) < 0) return NULL;
@@ -433,13 +476,14 @@ static BLeaf *dict_leaf(GuardBuilder *b, PyObject *dict, const char *how, int wh
     /* Watch first, then read the tag: the first check compares tags exactly anyway. */
     if (em_guard_state.watcher_id >= 0 && PyDict_Watch(em_guard_state.watcher_id, dict) < 0) return NULL;
 #endif
-    BLeaf l = {.kind = GUARD_DICT_VERSION, .sub = (uint8_t)whole, .src = -1, .obj = em_arena_hold(b->a, dict),
+    BLeaf l = {.kind = GUARD_DICT_VERSION, .sub = 0, .src = -1, .obj = em_arena_hold(b->a, dict),
                .tag = dict_tag(dict)};
     l.aux = em_arena_strdup(b->a, how ? how : "<dict>");
     if (!l.obj || !l.aux) {
         PyErr_NoMemory();
         return NULL;
     }
+    if (whole && dict_leaf_whole(b, &l, dict) < 0) return NULL;
     if (leaf_push(b, l, dict) < 0) return NULL;
     return &b->leaf.items[b->leaf.n - 1];
 }
@@ -452,25 +496,12 @@ int em_guard_dict_key(GuardBuilder *b, PyObject *dict, PyObject *key, const char
     if (!key) return bad_arg("dict key guard without a key");
     BLeaf *l = dict_leaf(b, dict, how, 0);
     if (!l) return -1;
+    if (l->sub) return 0; /* the whole content is guarded already */
     for (uint32_t i = 0; i < l->nkv; i++)
         if (key_equal(l->kv[2 * i], key)) return 0;
     PyObject *v = PyDict_GetItemWithError(dict, key); /* borrowed; NULL: absent */
     if (!v && PyErr_Occurred()) return -1;
-    if (l->nkv == l->capkv) {
-        uint32_t nc = l->capkv ? 2 * l->capkv : 4;
-        PyObject **kv = em_arena_realloc(b->a, l->kv, sizeof(PyObject *) * 2 * l->capkv, sizeof(PyObject *) * 2 * nc);
-        if (!kv) goto nomem;
-        l->kv = kv;
-        l->capkv = nc;
-    }
-    if (!em_arena_hold(b->a, key) || (v && !em_arena_hold(b->a, v))) goto nomem;
-    l->kv[2 * l->nkv] = key;
-    l->kv[2 * l->nkv + 1] = v;
-    l->nkv++;
-    return 0;
-nomem:
-    PyErr_NoMemory();
-    return -1;
+    return dict_leaf_pair(b, l, key, v);
 }
 
 /* The type's version tag, assigning one if it has none: 3.12 has PyUnstable_Type_AssignVersionTag;
@@ -500,47 +531,68 @@ static PyObject *class_dict(PyTypeObject *t) {
 #endif
 }
 
+/* What attribute lookup through the MRO finds: {name: the object of the first class in mro whose
+ * dict has it} (the rule of _PyType_Lookup, Objects/typeobject.c, find_name_in_mro). New dict, or
+ * NULL with an exception. */
+static PyObject *type_resolution(PyObject *mro) {
+    PyObject *r = PyDict_New();
+    if (!r) return NULL;
+    for (Py_ssize_t i = PyTuple_GET_SIZE(mro); i-- > 0;) { /* later classes first: earlier ones override */
+        PyObject *d = class_dict((PyTypeObject *)PyTuple_GET_ITEM(mro, i));
+        int bad = d && PyDict_Update(r, d) < 0;
+        Py_XDECREF(d);
+        if (bad) {
+            Py_DECREF(r);
+            return NULL;
+        }
+    }
+    return r;
+}
+
 /* A snapshot of what attribute lookup on tp sees: (tp.__mro__, (copy of each MRO class's
- * __dict__, ...)). A type's version tag also changes when an attribute is set and set back (torch.fx
- * patches nn.Module.__call__ / __getattr__ while it traces, so every module class gets a new tag),
- * so a changed tag is re-verified against this snapshot before the guard fails. New reference. */
+ * __dict__, ...), resolution of every name). A type's version tag changes on any assignment to
+ * the class or a base, also when the value is set back (torch.fx patches nn.Module.__call__ /
+ * __getattr__ while it traces, so every module class gets a new tag), so a changed tag is
+ * re-verified against this snapshot before the guard fails. New reference. */
 static PyObject *type_snapshot(PyTypeObject *tp) {
     PyObject *mro = tp->tp_mro;
     if (!mro || !PyTuple_Check(mro)) return Py_NewRef(Py_None);
     Py_ssize_t n = PyTuple_GET_SIZE(mro);
-    PyObject *dicts = PyTuple_New(n);
+    PyObject *dicts = PyTuple_New(n), *res = NULL, *r = NULL;
     if (!dicts) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *d = class_dict((PyTypeObject *)PyTuple_GET_ITEM(mro, i));
         PyObject *c = d ? PyDict_Copy(d) : Py_NewRef(Py_None);
         Py_XDECREF(d);
-        if (!c) {
-            Py_DECREF(dicts);
-            return NULL;
-        }
+        if (!c) goto done;
         PyTuple_SET_ITEM(dicts, i, c);
     }
-    PyObject *r = PyTuple_Pack(2, mro, dicts);
+    if ((res = type_resolution(mro))) r = PyTuple_Pack(3, mro, dicts, res);
+done:
     Py_DECREF(dicts);
+    Py_XDECREF(res);
     return r;
 }
 
-/* Does tp's MRO still hold exactly the attributes of the snapshot (same classes, same keys, the
- * same objects)? Costs one walk over the MRO dicts; runs only after the tag changed. */
-static int type_snapshot_matches(PyTypeObject *tp, PyObject *snap) {
-    if (!snap || !PyTuple_Check(snap)) return 0;
-    PyObject *mro = PyTuple_GET_ITEM(snap, 0), *dicts = PyTuple_GET_ITEM(snap, 1);
-    if (tp->tp_mro != mro) { /* the same classes, possibly in a new tuple object */
-        if (!tp->tp_mro || PyTuple_GET_SIZE(tp->tp_mro) != PyTuple_GET_SIZE(mro)) return 0;
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++)
-            if (PyTuple_GET_ITEM(tp->tp_mro, i) != PyTuple_GET_ITEM(mro, i)) return 0;
-    }
+/* Names a class may gain (or whose resolution may change) without changing what a traced program
+ * can read: caches the standard library stores on a class the first time it is asked
+ * (copyreg._slotnames stores __slotnames__ when an instance is pickled, Lib/copyreg.py; reading
+ * cls.__annotations__ stores an empty dict in cls, shadowing a base class's annotations,
+ * Objects/typeobject.c, type_get_annotations). Backends pickle graphs and inspect annotations. */
+static int class_cache_name(PyObject *k) {
+    return PyUnicode_Check(k) && (PyUnicode_CompareWithASCIIString(k, "__slotnames__") == 0 ||
+                                  PyUnicode_CompareWithASCIIString(k, "__annotations__") == 0);
+}
+
+/* Every MRO class still holds exactly the attributes of the snapshot (same keys, same objects): no
+ * allocation, one walk. */
+static int type_dicts_unchanged(PyObject *mro, PyObject *dicts) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
         PyObject *now = class_dict((PyTypeObject *)PyTuple_GET_ITEM(mro, i)), *then = PyTuple_GET_ITEM(dicts, i);
-        int same = now && PyDict_Check(then) && PyDict_GET_SIZE(now) == PyDict_GET_SIZE(then);
+        int same = now ? PyDict_Check(then) && PyDict_GET_SIZE(now) == PyDict_GET_SIZE(then) : then == Py_None;
         Py_ssize_t pos = 0;
         PyObject *k, *v;
-        while (same && PyDict_Next(then, &pos, &k, &v)) {
+        while (now && same && PyDict_Next(then, &pos, &k, &v)) {
             PyObject *cur = PyDict_GetItemWithError(now, k);
             if (cur != v) {
                 PyErr_Clear();
@@ -553,12 +605,41 @@ static int type_snapshot_matches(PyTypeObject *tp, PyObject *snap) {
     return 1;
 }
 
+/* Does attribute lookup on tp still find, for every name, the object it found when the snapshot
+ * was taken? The same MRO classes, then either every class dict unchanged (the common case: an
+ * attribute patched and restored), or, compared by resolution, the same object for every name
+ * that resolved, and no new name but the class caches above (a backend that restores an inherited
+ * method with setattr(cls, name, getattr(cls, name)) leaves an entry in cls that resolves to the
+ * same object, as torch.fx's _Patcher.patch_method does; a new attribute that shadows anything,
+ * or a name the trace may have found missing, fails). Runs only after the tag changed. */
+static int type_snapshot_matches(PyTypeObject *tp, PyObject *snap) {
+    if (!snap || !PyTuple_Check(snap) || PyTuple_GET_SIZE(snap) != 3) return 0;
+    PyObject *mro = PyTuple_GET_ITEM(snap, 0), *dicts = PyTuple_GET_ITEM(snap, 1), *then = PyTuple_GET_ITEM(snap, 2);
+    if (tp->tp_mro != mro) { /* the same classes, possibly in a new tuple object */
+        if (!tp->tp_mro || PyTuple_GET_SIZE(tp->tp_mro) != PyTuple_GET_SIZE(mro)) return 0;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++)
+            if (PyTuple_GET_ITEM(tp->tp_mro, i) != PyTuple_GET_ITEM(mro, i)) return 0;
+    }
+    if (type_dicts_unchanged(mro, dicts)) return 1;
+    PyObject *now = type_resolution(mro), *k, *v;
+    Py_ssize_t pos = 0;
+    int same = now != NULL;
+    while (same && PyDict_Next(then, &pos, &k, &v))
+        if (PyDict_GetItemWithError(now, k) != v && !class_cache_name(k)) same = 0;
+    pos = 0;
+    while (same && PyDict_Next(now, &pos, &k, &v)) /* names that resolve only now */
+        if (!PyDict_GetItemWithError(then, k) && !class_cache_name(k)) same = 0;
+    if (PyErr_Occurred()) PyErr_Clear();
+    Py_XDECREF(now);
+    return same;
+}
+
 int em_guard_type_version(GuardBuilder *b, PyTypeObject *tp) {
     if (!b || !tp) return bad_arg("type version guard without a type");
     int r = leaf_present(b, GUARD_TYPE_VERSION, -1, tp);
     if (r) return r < 0 ? -1 : 0;
     if (!em_guard_state.s_module && em_guard_init(NULL) < 0) return -1;
-    /* A tag of 0 is kept: the guard then fails at every check (a recompile, never a wrong hit). */
+    /* A tag of 0 is kept: the snapshot is then compared at every check. */
     BLeaf l = {.kind = GUARD_TYPE_VERSION, .src = -1, .obj = em_arena_hold(b->a, (PyObject *)tp), .tag = type_tag(tp)};
     l.obj2 = em_arena_hold_steal(b->a, type_snapshot(tp));
     if (!l.obj || !l.obj2) {
@@ -666,10 +747,12 @@ GuardSet *em_guard_build(GuardBuilder *b) {
             if (l->kind == GUARD_TENSOR_MATCH) ntensor_bytes += em_guard_tensor_meta_size(l->aux);
             if (l->kind == GUARD_DICT_VERSION) {
                 nhow += (uint32_t)strlen(l->aux) + 1;
-                ndictinfo += align8(sizeof(GDictInfo)) + (l->sub ? 0 : sizeof(PyObject *) * 2 * l->nkv);
-                nheld += l->sub ? 0 : 2 * l->nkv;
+                ndictinfo += align8(sizeof(GDictInfo)) + sizeof(PyObject *) * 2 * l->nkv;
+                nheld += 2 * l->nkv;
             }
         }
+    uint32_t ndict = 0;
+    for (uint32_t k = 0; k < nkept; k++) ndict += b->leaf.items[order[k]].kind == GUARD_DICT_VERSION;
     for (uint32_t k = 0; k < nf; k++) remap[b->fetch.items[k]] = 1;
     for (uint32_t i = ns; i-- > 0;)
         if (remap[i] && b->src.items[i].d.parent >= 0) remap[b->src.items[i].d.parent] = 1;
@@ -678,7 +761,8 @@ GuardSet *em_guard_build(GuardBuilder *b) {
 
     size_t off_src = align8(sizeof(GuardSet));
     size_t off_leaf = off_src + align8(sizeof(GSrc) * nuse);
-    size_t off_held = off_leaf + align8(sizeof(GLeaf) * nkept);
+    size_t off_dslot = off_leaf + align8(sizeof(GLeaf) * nkept);
+    size_t off_held = off_dslot + sizeof(GDictSlot) * ndict;
     size_t off_tm = off_held + align8(sizeof(PyObject *) * nheld);
     size_t off_di = off_tm + align8(ntensor_bytes);
     size_t off_fetch = off_di + ndictinfo;
@@ -692,6 +776,7 @@ GuardSet *em_guard_build(GuardBuilder *b) {
     GuardSet *gs = (GuardSet *)block;
     gs->src = (GSrc *)(block + off_src);
     gs->leaf = (GLeaf *)(block + off_leaf);
+    gs->dslot = (GDictSlot *)(block + off_dslot);
     gs->held = (PyObject **)(block + off_held);
     gs->fetch = (int32_t *)(block + off_fetch);
     char *tm = block + off_tm, *how = block + off_how, *di = block + off_di;
@@ -717,18 +802,20 @@ GuardSet *em_guard_build(GuardBuilder *b) {
         if (l->kind == GUARD_DICT_VERSION) {
             GDictInfo *info = (GDictInfo *)di;
             size_t n = strlen(l->aux) + 1;
+            gs->dslot[gs->ndict].dict = g->obj;
+            gs->dslot[gs->ndict].tag = l->tag;
             gs->ndict++;
             di += align8(sizeof(GDictInfo));
             memcpy(how, l->aux, n);
             info->how = how;
             how += n;
-            if (!l->sub) {
-                info->nkeys = l->nkv;
-                info->kv = (PyObject **)di;
-                di += sizeof(PyObject *) * 2 * l->nkv;
-                for (uint32_t j = 0; j < 2 * l->nkv; j++) info->kv[j] = HOLD(l->kv[j]);
-            }
+            info->whole = l->sub;
+            info->nkeys = l->nkv;
+            info->kv = (PyObject **)di;
+            di += sizeof(PyObject *) * 2 * l->nkv;
+            for (uint32_t j = 0; j < 2 * l->nkv; j++) info->kv[j] = HOLD(l->kv[j]);
             g->sub = 0;
+            g->tag = 0;
             g->aux = info;
         } else if (l->kind == GUARD_DICT_KEYS || l->kind == GUARD_TYPE_VERSION) {
             g->aux = HOLD(l->obj2);
@@ -753,6 +840,23 @@ void em_guard_set_free(GuardSet *gs) {
 }
 
 int em_guard_nfetch(const GuardSet *gs) { return gs ? (int)gs->nfetch : 0; }
+
+void em_guard_drop_fetch(GuardSet *gs) {
+    if (gs) gs->nfetch = 0;
+}
+
+/* The leaf's references stay in gs->held until the set is freed. */
+int em_guard_drop(GuardSet *gs, int index) {
+    if (!gs || index < 0 || (uint32_t)index >= gs->nleaf) return -1;
+    uint32_t i = (uint32_t)index;
+    memmove(&gs->leaf[i], &gs->leaf[i + 1], sizeof(GLeaf) * (gs->nleaf - i - 1));
+    gs->nleaf--;
+    if (i < gs->ndict) {
+        memmove(&gs->dslot[i], &gs->dslot[i + 1], sizeof(GDictSlot) * (gs->ndict - i - 1));
+        gs->ndict--;
+    }
+    return 0;
+}
 int em_guard_count(const GuardSet *gs) { return gs ? (int)gs->nleaf : 0; }
 
 /* ---- check ---- */
@@ -918,23 +1022,58 @@ static int global_state_passes(const GLeaf *g) {
     return ok;
 }
 
-/* DICT_VERSION: the version is the one recorded; or, for a keyed leaf, every key read holds the
- * object it held (or is still absent), and then the leaf remembers the version it saw (read before
- * the lookups: should a lookup's __eq__ mutate the dict, the next check looks again). */
-static int dict_leaf_passes(GLeaf *g) {
-    uint64_t t = dict_tag(g->obj);
-    if (t == g->tag) return 1;
-    const GDictInfo *info = g->aux;
-    if (!info->nkeys) return 0;
+/* A key of a guarded dict is the recorded one: the same object, or an equal exact str (no user
+ * __eq__ runs while the dict is walked). */
+static int dict_key_same(PyObject *k, PyObject *rec) {
+    return k == rec || (PyUnicode_CheckExact(k) && PyUnicode_CheckExact(rec) && PyUnicode_Compare(k, rec) == 0);
+}
+
+/* The dict still holds what the trace relied on. Whole: the same items in the same order (a hook
+ * dict still empty, _modules the same children). Keyed: every key read holds the object it held,
+ * or is still absent. Never leaves an exception. */
+static int dict_content_same(PyObject *d, const GDictInfo *info) {
+    if (info->whole) {
+        PyObject *k, *v;
+        Py_ssize_t pos = 0;
+        uint32_t i = 0;
+        if (PyDict_GET_SIZE(d) != (Py_ssize_t)info->nkeys) return 0;
+        while (PyDict_Next(d, &pos, &k, &v)) {
+            if (i >= info->nkeys || v != info->kv[2 * i + 1] || !dict_key_same(k, info->kv[2 * i])) return 0;
+            i++;
+        }
+        return i == info->nkeys;
+    }
     for (uint32_t k = 0; k < info->nkeys; k++) {
-        PyObject *v = PyDict_GetItemWithError(g->obj, info->kv[2 * k]);
+        PyObject *v = PyDict_GetItemWithError(d, info->kv[2 * k]);
         if (!v && PyErr_Occurred()) {
             PyErr_Clear();
             return 0;
         }
         if (v != info->kv[2 * k + 1]) return 0;
     }
-    g->tag = t;
+    return 1;
+}
+
+/* The dict group, leaves [0, ndict). Steady state: one loop of tag loads and compares over the
+ * packed slots, no branch per dict. A moved tag is a fast path only: the dict's content is compared
+ * with what the trace relied on and, if it is the same, the slot remembers the new tag (read before
+ * the content: should a lookup mutate the dict, the next check looks again). 1 pass; 0 fail with
+ * *failed = the failing leaf. */
+static int dict_group_passes(GuardSet *gs, uint32_t *failed) {
+    GDictSlot *slot = gs->dslot;
+    uint32_t n = gs->ndict;
+    uint64_t acc = 0;
+    for (uint32_t i = 0; i < n; i++) acc |= dict_tag(slot[i].dict) ^ slot[i].tag;
+    if (acc == 0) return 1;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t t = dict_tag(slot[i].dict);
+        if (t == slot[i].tag) continue;
+        if (!dict_content_same(slot[i].dict, gs->leaf[i].aux)) {
+            *failed = i;
+            return 0;
+        }
+        slot[i].tag = t;
+    }
     return 1;
 }
 
@@ -947,8 +1086,12 @@ static int leaf_passes(const GuardSet *gs, GLeaf *g, PyObject **vals, const EmFr
         PyTypeObject *tp = (PyTypeObject *)g->obj;
         if (g->tag != 0 && tp->tp_version_tag == g->tag) return 1;
         if (!type_snapshot_matches(tp, (PyObject *)g->aux)) return 0;
-        g->tag = type_tag(tp); /* same attributes under a new tag: remember it */
-        return g->tag != 0;
+        /* Same lookups under a new tag: remember it. A type that cannot get a tag now (the
+         * interpreter's tag space ran out; 3.13+ also gives up on a class after
+         * MAX_VERSIONS_PER_CLASS = 1000 reassignments, Objects/typeobject.c) keeps 0, and the
+         * snapshot is compared at every check: slower, never a miss by itself. */
+        g->tag = type_tag(tp);
+        return 1;
     }
     case GUARD_ID_MATCH:
         return v == g->obj;
@@ -986,15 +1129,15 @@ int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int 
     }
 #if EM_PY312
     uint64_t epoch = em_guard_state.dict_epoch;
-    if (gs->dict_epoch == epoch && em_guard_state.watcher_id >= 0) i = gs->ndict;
+    int skip = gs->dict_epoch == epoch && em_guard_state.watcher_id >= 0;
 #else
-    uint64_t epoch = gs->ndict ? dict_probe_epoch() : 0;
-    if (gs->dict_epoch == epoch) i = gs->ndict;
+    /* a small group costs less than the probe (a dict store): it is always walked */
+    uint64_t epoch = gs->ndict >= EM_DICT_PROBE_MIN ? dict_probe_epoch() : UINT64_MAX;
+    int skip = epoch != UINT64_MAX && gs->dict_epoch == epoch;
 #endif
-    for (; i < gs->ndict; i++)
-        if (!dict_leaf_passes(&gs->leaf[i])) goto fail;
+    if (!skip && !dict_group_passes(gs, &i)) goto fail;
     gs->dict_epoch = epoch;
-    for (; i < gs->nleaf; i++)
+    for (i = gs->ndict; i < gs->nleaf; i++)
         if (!leaf_passes(gs, &gs->leaf[i], vals, fv)) goto fail;
     for (uint32_t k = 0; k < gs->nfetch; k++)
         if (!resolve(gs, vals, fv, gs->fetch[k])) goto done;

@@ -58,10 +58,11 @@ int em_guard_len(GuardBuilder *b, GuardSrc s);        /* type(v) is T and len(v)
 int em_guard_dict_keys(GuardBuilder *b, GuardSrc s);  /* type(v) is dict and list(v) == keys, in order */
 int em_guard_tensor(GuardBuilder *b, GuardSrc s);     /* tensor match: exact type, dtype, device,
                                                           sizes, strides, requires_grad */
-/* The dict (a module's __dict__, _modules, _parameters, a globals dict ...) still holds what it
- * held at compile time. how: Python text naming the dict for rendering ("L['self'].__dict__").
- * On 3.11 this compares ma_version_tag; on 3.12 the dict is watched and the check costs nothing
- * until a watched dict changes. The dict is kept alive by the guard set. */
+/* The dict (a hook dict, an iterated _modules ...) still holds what it held at compile time: the
+ * same items (keys, and values by identity) in the same order. how: Python text naming the dict for
+ * rendering ("L['self'].__dict__"). The version tag is the fast path (3.11: ma_version_tag; 3.12: a
+ * dict watcher, the check costs nothing until a watched dict changes); a moved tag re-compares the
+ * items, so an entry added and removed again keeps the guard. The dict is kept alive by the set. */
 int em_guard_dict_version(GuardBuilder *b, PyObject *dict, const char *how);
 /* Only dict[key] is guarded: it is still the very object it was at compile time, or still absent.
  * Other keys may change without failing (a module-level loop variable rebound in f_globals must not
@@ -70,7 +71,10 @@ int em_guard_dict_version(GuardBuilder *b, PyObject *dict, const char *how);
  * once; a changed version re-reads just these keys and, if they are unchanged, remembers the new
  * version. em_guard_dict_version on the same dict subsumes its keys. */
 int em_guard_dict_key(GuardBuilder *b, PyObject *dict, PyObject *key, const char *how);
-/* The type's attributes are unchanged (tp_version_tag), so lookups through its MRO are stable. */
+/* Lookups through the type's MRO are stable: the tag (tp_version_tag) is the fast path; when it
+ * moved, every name must still resolve to the same object and no new name may resolve (except the
+ * stdlib's class caches __slotnames__ and __annotations__): an attribute patched and restored, or
+ * an inherited one copied into the class, keeps the guard. */
 int em_guard_type_version(GuardBuilder *b, PyTypeObject *tp);
 /* Global torch state at compile time: grad mode, autocast (cpu, cuda), default dtype. */
 int em_guard_global_state(GuardBuilder *b);
@@ -85,6 +89,14 @@ int em_guard_nfetch(const GuardSet *gs);
  * fails (*failed = index of the failing guard, fetched holds nothing). A source that cannot be
  * evaluated (attribute error, ...) counts as a failure, and the exception is cleared. */
 int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int *failed);
+
+/* For a fallback entry, which runs the original bytecode and so is correct under any guards:
+ * em_guard_drop_fetch makes em_guard_check fetch nothing (the entry runs no graph);
+ * em_guard_drop removes leaf index (later leaves move down by one), so that an entry whose guards
+ * fail on the very inputs they were made from can still answer those inputs. 0, or -1 for a bad
+ * index. */
+void em_guard_drop_fetch(GuardSet *gs);
+int em_guard_drop(GuardSet *gs, int index);
 
 /* Every guard as a line of Python source, in evaluation order (list of str, new reference). */
 PyObject *em_guard_render(const GuardSet *gs);

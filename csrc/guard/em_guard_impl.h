@@ -136,13 +136,23 @@ typedef struct GSrc {
 /* EQUALS fast paths, chosen at build time from the expected constant. */
 enum { EQ_NONE, EQ_BOOL, EQ_INT, EQ_FLOAT, EQ_STR, EQ_OTHER };
 
-/* DICT_VERSION detail: the dict's name for rendering, and for a keyed leaf (em_guard_dict_key) the
- * keys read and the objects they held (NULL: absent). nkeys == 0: the whole dict is guarded. */
+/* DICT_VERSION detail: the dict's name for rendering and the content the trace relied on. A keyed
+ * leaf (em_guard_dict_key) keeps the keys read and the objects they held (NULL: absent); a whole
+ * leaf (em_guard_dict_version: iteration, a hook dict being empty) keeps every item in iteration
+ * order. The version tag is only the fast path: when it moved, this content is compared. */
 typedef struct GDictInfo {
     const char *how;
-    uint32_t nkeys;
-    PyObject **kv; /* key0, value0, key1, value1, ... (strong) */
+    uint32_t nkeys; /* pairs in kv */
+    uint8_t whole;  /* 1: kv is the whole content, in order; 0: the keys read */
+    PyObject **kv;  /* key0, value0, key1, value1, ... (strong) */
 } GDictInfo;
+
+/* The dict group's fast path, packed so that the steady state is one tight loop of loads and
+ * compares (3.11 has no dict watchers): slot i belongs to leaf i. */
+typedef struct GDictSlot {
+    PyObject *dict; /* = leaf[i].obj */
+    uint64_t tag;   /* the version last seen with the recorded content */
+} GDictSlot;
 
 typedef struct GLeaf {
     uint8_t kind;   /* GuardKind */
@@ -151,10 +161,12 @@ typedef struct GLeaf {
     PyObject *obj;  /* strong. TYPE_MATCH, LEN, TENSOR_MATCH, TYPE_VERSION: the type; ID_MATCH: the
                        object; EQUALS: the constant; DICT_KEYS: tuple of keys; DICT_VERSION: the
                        dict; GLOBAL_STATE: the default dtype */
-    uint64_t tag;   /* DICT_VERSION / TYPE_VERSION: version (a keyed DICT_VERSION leaf moves it
-                       forward when its keys are found unchanged); LEN: length */
+    uint64_t tag;   /* TYPE_VERSION: version (moved forward when the snapshot still matches; 0: the
+                       type has no tag, the snapshot is compared at every check); LEN: length.
+                       DICT_VERSION keeps its tag in GuardSet.dslot */
     const void *aux; /* DICT_VERSION: GDictInfo *; DICT_KEYS: the exact type; TYPE_VERSION: snapshot
-                        (mro, dict copies) re-verified when the tag changed; TENSOR_MATCH: EmTensorMeta * */
+                        (mro, dict copies, resolution) re-verified when the tag changed;
+                        TENSOR_MATCH: EmTensorMeta * */
 } GLeaf;
 
 struct GuardSet {
@@ -164,6 +176,7 @@ struct GuardSet {
                              counter) at which the DICT_VERSION group last passed */
     GSrc *src;
     GLeaf *leaf;
+    GDictSlot *dslot;     /* ndict slots, one per DICT_VERSION leaf */
     int32_t *fetch;       /* fetch slot -> source */
     PyObject **held;
 };

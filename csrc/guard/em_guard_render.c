@@ -92,16 +92,19 @@ PyObject *em_guard_render_one(const GuardSet *gs, int index) {
     if (g->src >= 0 && !(src = em_guard_render_src(gs->src, sizeof(GSrc), g->src))) return NULL;
     switch ((GuardKind)g->kind) {
     case GUARD_DICT_VERSION: {
+        /* the tag is the fast path; the content after "or" is what the guard means */
         const GDictInfo *info = g->aux;
         const char *watched = EM_PY312 && em_guard_state.watcher_id >= 0 ? "  # watched" : "";
-        if (!info->nkeys) {
-            out = PyUnicode_FromFormat("___dict_version(%s) == %llu%s", info->how, (unsigned long long)g->tag, watched);
+        unsigned long long tag = (unsigned long long)gs->dslot[index].tag;
+        if (info->whole && !info->nkeys) {
+            out = PyUnicode_FromFormat("___dict_version(%s) == %llu or len(%s) == 0%s", info->how, tag, info->how,
+                                       watched);
             break;
         }
         if (!(t = PyList_New(info->nkeys))) break;
         for (uint32_t k = 0; k < info->nkeys; k++) PyList_SET_ITEM(t, k, Py_NewRef(info->kv[2 * k]));
-        out = PyUnicode_FromFormat("___dict_version(%s) == %llu or ___dict_entries_unchanged(%s, %R)%s", info->how,
-                                   (unsigned long long)g->tag, info->how, t, watched);
+        out = PyUnicode_FromFormat("___dict_version(%s) == %llu or ___dict_%s_unchanged(%s, %R)%s", info->how, tag,
+                                   info->whole ? "items" : "entries", info->how, t, watched);
         break;
     }
     case GUARD_TYPE_VERSION:

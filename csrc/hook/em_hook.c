@@ -285,6 +285,14 @@ static PyObject *hook_answer(PyThreadState *tstate, _PyInterpreterFrame *frame, 
         Py_LeaveRecursiveCall();
         goto error;
     }
+    if (e->kind == ENTRY_BREAK) {
+        /* the graph runs with the hook disabled, the stub with it active (em_hook_break.c) */
+        Py_LeaveRecursiveCall();
+        result = em_entry_run_break(e, fetched, &fv, cfg); /* releases fetched */
+        if (!result) goto error;
+        em_cpy_frame_dispose(tstate, frame);
+        return result;
+    }
     if (e->kind != ENTRY_GRAPH) {
         /* A lookup hit fills fetched for any entry; em_cache_compile only for a graph entry. */
         if (hit) em_fetched_release(e, fetched);
@@ -292,7 +300,7 @@ static PyObject *hook_answer(PyThreadState *tstate, _PyInterpreterFrame *frame, 
         return prev_eval(tstate, frame, 0);
     }
     t->busy++;
-    result = em_entry_run(e, fetched); /* releases fetched */
+    result = em_entry_run(e, fetched, frame->f_globals); /* releases fetched */
     t->busy--;
     Py_LeaveRecursiveCall();
     if (!result) goto error;

@@ -24,7 +24,25 @@ typedef struct EmCompileConfig {
     int fullgraph;         /* a break raises instead of falling back */
 } EmCompileConfig;
 
-typedef enum { ENTRY_GRAPH, ENTRY_FALLBACK } EntryKind;
+typedef enum { ENTRY_GRAPH, ENTRY_FALLBACK, ENTRY_BREAK } EntryKind;
+
+/* What a graph-break entry runs after its graph (em_hook_break.c): the values live at the break
+ * are built, the resume functions are made (with the frame's cells), and the stub is called with
+ * them while the hook is active, so the resume functions' frames are compiled in turn. */
+typedef struct BreakPart {
+    PyObject *stub;          /* code object (strong) */
+    int stub_closure;        /* the stub needs the cells: made per call */
+    PyObject *stub_fn;       /* the stub as a function for stub_globals (strong), reused */
+    PyObject *stub_globals;  /* strong */
+    PyObject *resume[2];     /* code objects (strong) */
+    int nresume;
+    OutSpec *values;         /* tuple: stub arguments, then new cells' contents (em_out_copy) */
+    uint32_t nargs;
+    uint32_t ncells;
+    int32_t *cell_closure;   /* ncells: index into the frame's closure, or -1: a new cell */
+    int32_t *cell_value;     /* ncells: index into the values of a new cell's contents, or -1 */
+    int restore_grad;        /* -1, or the grad mode to restore if the stub raises */
+} BreakPart;
 
 typedef struct CacheEntry {
     struct CacheEntry *next;
@@ -38,6 +56,9 @@ typedef struct CacheEntry {
     uint32_t ninputs;
     int grad_restore;        /* GRAPH: -1, or the grad mode to restore when the graph raises (it
                                 changes grad mode: with torch.no_grad() inside the frame) */
+    BreakPart *brk;          /* BREAK: the part after the graph (compiled is NULL for an empty graph) */
+    OutSpec *effects;        /* GRAPH/BREAK: side effects replayed after the graph, or NULL */
+    PyObject *effect_names;  /* tuple of names, one per (target, value) pair of effects */
     PyObject *info;          /* dict for ember.cache_info: graph text, guards, reason ... */
     uint64_t hits;
 } CacheEntry;
@@ -48,6 +69,7 @@ typedef struct ExtraState {
     int warned_limit;        /* the cache_size_limit warning was given for this code */
     int skip;                /* never compile this code (ember's own code, ember.disable) */
     int max_fetch;           /* the most fetch slots any entry uses: lookups need that much room */
+    PyObject *resume_cache;  /* dict: the resume functions' code objects made from this code */
 } ExtraState;
 
 /* ---- cache (em_hook_cache.c) ---- */
@@ -70,8 +92,19 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
                              const EmCompileConfig *cfg, PyObject **fetched);
 /* Runs a graph entry: calls the compiled callable with the graph inputs taken from fetched, builds
  * the return value, releases fetched. New reference or NULL with exception. */
-PyObject *em_entry_run(CacheEntry *e, PyObject **fetched);
+PyObject *em_entry_run(CacheEntry *e, PyObject **fetched, PyObject *globals);
+/* Performs an entry's recorded side effects (attribute and global stores) in program order,
+ * after its graph ran. globals: the frame's. 0, or -1 with an exception. */
+int em_effects_replay(const CacheEntry *e, PyObject *graph_out, PyObject *const *fetched, PyObject *cells,
+                      PyObject *globals);
 void em_fetched_release(CacheEntry *e, PyObject **fetched);
+/* Runs a graph-break entry: graph, values at the break, then the stub (which runs the breaking
+ * instruction and returns the resume function's result) with the hook active under cfg. Releases
+ * fetched. New reference or NULL with an exception. [em_hook_break.c] */
+PyObject *em_entry_run_break(CacheEntry *e, PyObject **fetched, const EmFrameView *fv, const EmCompileConfig *cfg);
+void em_break_part_free(BreakPart *bp);
+/* Puts the grad mode back while keeping a pending exception (a graph or stub raised). */
+void em_entry_restore_grad_mode(int mode);
 /* Drops every cache entry of every code object ember has seen (ember.reset). */
 void em_cache_reset_all(void);
 /* list of dicts describing the code's entries (new reference). */

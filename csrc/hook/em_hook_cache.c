@@ -43,6 +43,9 @@ static void entry_free(CacheEntry *e) {
     Py_XDECREF(e->compiled);
     em_out_free(e->out);
     free(e->input_fetch);
+    em_break_part_free(e->brk);
+    em_out_free(e->effects);
+    Py_XDECREF(e->effect_names);
     Py_XDECREF(e->info);
     free(e);
 }
@@ -58,6 +61,7 @@ static void entries_free(ExtraState *es) {
     es->nentries = 0;
     es->warned_limit = 0;
     es->max_fetch = 0;
+    Py_CLEAR(es->resume_cache);
 }
 
 /* co_extra free function: called by CPython when the code object is deallocated. */
@@ -129,7 +133,7 @@ void em_fetched_release(CacheEntry *e, PyObject **fetched) {
 
 /* After a graph that changes grad mode raised: put back the mode the frame was entered with, as
  * the `with` block's __exit__ would have in eager, keeping the pending exception. */
-static void restore_grad_mode(int mode) {
+void em_entry_restore_grad_mode(int mode) {
     static PyObject *set_grad = NULL; /* torch._C._set_grad_enabled; one interpreter (em_module.c) */
 #if EM_PY312
     PyObject *exc = PyErr_GetRaisedException();
@@ -148,7 +152,23 @@ static void restore_grad_mode(int mode) {
 #endif
 }
 
-PyObject *em_entry_run(CacheEntry *e, PyObject **fetched) {
+int em_effects_replay(const CacheEntry *e, PyObject *graph_out, PyObject *const *fetched, PyObject *cells,
+                      PyObject *globals) {
+    PyObject *vals = em_out_build_values(e->effects, graph_out, fetched, cells);
+    if (!vals) return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(e->effect_names);
+    int rc = PyTuple_GET_SIZE(vals) == 2 * n ? 0 : -1;
+    if (rc < 0) PyErr_SetString(PyExc_SystemError, "ember: malformed side effects");
+    for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+        PyObject *target = PyTuple_GET_ITEM(vals, 2 * i), *v = PyTuple_GET_ITEM(vals, 2 * i + 1);
+        PyObject *name = PyTuple_GET_ITEM(e->effect_names, i);
+        rc = target == Py_None ? PyDict_SetItem(globals, name, v) : PyObject_SetAttr(target, name, v);
+    }
+    Py_DECREF(vals);
+    return rc;
+}
+
+PyObject *em_entry_run(CacheEntry *e, PyObject **fetched, PyObject *globals) {
     PyObject *small[16];
     PyObject **args = e->ninputs <= 16 ? small : PyMem_Malloc(e->ninputs * sizeof(PyObject *));
     PyObject *out = NULL, *result = NULL;
@@ -160,10 +180,11 @@ PyObject *em_entry_run(CacheEntry *e, PyObject **fetched) {
     if (e->eager_graph) out = em_eager_graph_run(e->compiled, args, e->ninputs);
     else out = PyObject_Vectorcall(e->compiled, args, e->ninputs, NULL);
     if (!out) {
-        if (e->grad_restore >= 0) restore_grad_mode(e->grad_restore);
+        if (e->grad_restore >= 0) em_entry_restore_grad_mode(e->grad_restore);
         goto done;
     }
     result = em_out_build(e->out, out, fetched);
+    if (result && e->effects && em_effects_replay(e, out, fetched, NULL, globals) < 0) Py_CLEAR(result);
 done:
     Py_XDECREF(out);
     if (args && args != small) PyMem_Free(args);
@@ -205,12 +226,12 @@ static PyObject *entry_info(EntryKind kind, const GuardSet *gs, const EmCompileC
     backend = PyUnicode_Check(cfg->backend) ? Py_NewRef(cfg->backend) : PyObject_Repr(cfg->backend);
     if (!backend) goto error;
     const EmBreakInfo *b = &res->brk;
-    int fallback = kind == ENTRY_FALLBACK;
+    int fallback = kind != ENTRY_GRAPH; /* a break entry reports its break like a fallback */
     PyObject *reason = fallback ? PyUnicode_FromString(em_break_name(b->reason)) : Py_NewRef(Py_None);
     PyObject *reason_text = fallback ? PyUnicode_FromString(em_break_text(b->reason)) : Py_NewRef(Py_None);
     PyObject *lineno = fallback && b->lineno >= 0 ? PyLong_FromLong(b->lineno) : Py_NewRef(Py_None);
     int bad = !reason || !reason_text || !lineno ||
-              PyDict_SetItemString(d, "kind", em_str(fallback ? "fallback" : "graph")) < 0 ||
+              PyDict_SetItemString(d, "kind", em_str(kind == ENTRY_BREAK ? "break" : fallback ? "fallback" : "graph")) < 0 ||
               PyDict_SetItemString(d, "backend", backend) < 0 ||
               PyDict_SetItemString(d, "guards", guards) < 0 ||
               PyDict_SetItemString(d, "graph", graph_text ? graph_text : Py_None) < 0 ||
@@ -239,11 +260,15 @@ error:
  * goes through ember._backends.compile_graph(backend, export, example_inputs, name), which builds
  * the torch.fx.GraphModule and calls the backend. New reference, or NULL with an exception. */
 static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
-                                 int *is_eager_graph) {
+                                 int *is_eager_graph, PyObject **backend_info) {
     *is_eager_graph = 0;
     if (PyUnicode_Check(cfg->backend) && PyUnicode_Compare(cfg->backend, eager_str) == 0) {
         *is_eager_graph = 1;
         return em_eager_graph_new(res->graph);
+    }
+    if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0) {
+        *is_eager_graph = 1; /* the "ember" backend's program is an EagerGraph of kernels and extern calls */
+        return em_ember_compile(res->graph, backend_info);
     }
     if (!em_lazy_attr(&compile_graph_fn, "ember._backends", "compile_graph")) return NULL;
     PyObject *export = NULL, *examples = NULL, *r = NULL;
@@ -279,12 +304,69 @@ static int mark_fallback(CacheEntry *e, EmBreak reason, PyObject *detail) {
     int r = !name || !text || PyDict_SetItemString(e->info, "kind", em_str("fallback")) < 0 ||
                     PyDict_SetItemString(e->info, "reason", name) < 0 ||
                     PyDict_SetItemString(e->info, "reason_text", text) < 0 ||
-                    PyDict_SetItemString(e->info, "detail", detail) < 0
+                    PyDict_SetItemString(e->info, "detail", detail) < 0 ||
+                    PyDict_SetItemString(e->info, "graph", Py_None) < 0 ||
+                    PyDict_SetItemString(e->info, "output", Py_None) < 0
                 ? -1
                 : 0;
     Py_XDECREF(name);
     Py_XDECREF(text);
     return r;
+}
+
+/* Fills a graph-break entry from the split: the graph (compiled only when it has calls: an empty
+ * graph is not a graph, as in Dynamo), the values spec, the stub and the resume functions' code.
+ * The stub's code is never compiled by the hook; the resume functions' code always is (even when
+ * the user's file lies where the skip rules look away: the user compiled that function). */
+static int make_break_entry(CacheEntry *e, const EmTraceResult *res, const EmCompileConfig *cfg, PyCodeObject *code,
+                            PyObject **backend_info) {
+    const EmSplit *sp = res->split;
+    BreakPart *bp = calloc(1, sizeof(BreakPart));
+    if (!bp) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    e->brk = bp;
+    bp->restore_grad = sp->restore_grad;
+    bp->stub = Py_NewRef(sp->stub);
+    bp->stub_closure = sp->stub_closure;
+    bp->nresume = sp->nresume;
+    for (int k = 0; k < sp->nresume; k++) bp->resume[k] = Py_NewRef(sp->resume[k]);
+    bp->values = em_out_copy(sp->values);
+    bp->nargs = sp->nargs;
+    bp->ncells = sp->ncells;
+    bp->cell_closure = malloc(sizeof(int32_t) * (sp->ncells + 1));
+    bp->cell_value = malloc(sizeof(int32_t) * (sp->ncells + 1));
+    if (!bp->values || !bp->cell_closure || !bp->cell_value) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(bp->cell_closure, sp->cell_closure, sizeof(int32_t) * sp->ncells);
+    memcpy(bp->cell_value, sp->cell_value, sizeof(int32_t) * sp->ncells);
+    ExtraState *ses = em_cache_get((PyCodeObject *)sp->stub, 1);
+    if (!ses) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
+    }
+    ses->skip = 1;
+    for (int k = 0; k < sp->nresume; k++)
+        if (!em_cache_get((PyCodeObject *)sp->resume[k], 1)) {
+            if (!PyErr_Occurred()) PyErr_NoMemory();
+            return -1;
+        }
+    if (em_trace_graph_has_calls(res->graph)) {
+        e->compiled = backend_compile(cfg, res, code, &e->eager_graph, backend_info);
+        if (!e->compiled) return -1;
+    }
+    e->ninputs = e->compiled ? res->ninputs : 0;
+    e->grad_restore = res->grad_restore;
+    e->input_fetch = malloc((res->ninputs ? res->ninputs : 1) * sizeof(int));
+    if (!e->input_fetch) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(e->input_fetch, res->input_fetch, res->ninputs * sizeof(int));
+    return 0;
 }
 
 /* A fallback entry not stored in the cache (cache_size_limit reached): one static object that
@@ -328,13 +410,22 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         .max_inline_depth = (int)config_int("max_inline_depth", 32),
         .max_loop_iterations = (int)config_int("max_loop_iterations", 10000),
         .max_instructions = (int)config_int("max_instructions", 1000000),
+        .split = !cfg->fullgraph && config_int("graph_breaks", 1) != 0,
     };
+    {
+        /* resume functions are cached on the ORIGINAL code (resume-of-resume starts from it too) */
+        PyCodeObject *orig = em_trace_resume_origin(code);
+        ExtraState *oes = orig ? em_cache_get(orig, 1) : es;
+        if (oes && !oes->resume_cache) oes->resume_cache = PyDict_New();
+        if (!oes || !oes->resume_cache) PyErr_Clear();
+        opts.resume_cache = oes ? oes->resume_cache : NULL;
+    }
     EmTraceResult res;
     memset(&res, 0, sizeof res);
     CacheEntry *e = NULL;
-    PyObject *graph_text = NULL, *out_text = NULL;
+    PyObject *graph_text = NULL, *out_text = NULL, *backend_info = NULL;
     if (em_trace_frame(func, code, fv, &opts, &res) < 0) goto error;
-    if (!res.graph && cfg->fullgraph) {
+    if ((!res.graph || res.split) && cfg->fullgraph) {
         raise_fullgraph(code, &res.brk);
         goto error;
     }
@@ -344,19 +435,25 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         PyErr_NoMemory();
         goto error;
     }
-    e->kind = res.graph ? ENTRY_GRAPH : ENTRY_FALLBACK;
+    e->kind = res.split ? ENTRY_BREAK : res.graph ? ENTRY_GRAPH : ENTRY_FALLBACK;
     e->backend_key = Py_NewRef(cfg->backend_key);
     e->guards = em_guard_build(res.guards);
     if (!e->guards) goto error;
-    if (e->kind == ENTRY_GRAPH && em_guard_nfetch(e->guards) > EM_MAX_FETCH) {
+    if (e->kind != ENTRY_FALLBACK && em_guard_nfetch(e->guards) > EM_MAX_FETCH) {
         /* more graph inputs than a fetch buffer holds: run this frame eagerly (a fallback) */
         e->kind = ENTRY_FALLBACK;
         res.brk.reason = EM_BREAK_UNSUPPORTED_VALUE;
         res.brk.detail = em_arena_hold_steal(res.arena, PyUnicode_FromFormat(
                                                             "more than %d graph inputs", (int)EM_MAX_FETCH));
     }
+    if (e->kind == ENTRY_FALLBACK) em_guard_drop_fetch(e->guards); /* a fallback runs no graph */
+    if (e->kind != ENTRY_FALLBACK && res.effects) {
+        e->effects = em_out_copy(res.effects);
+        e->effect_names = Py_NewRef(res.effect_names);
+        if (!e->effects) goto error;
+    }
     if (e->kind == ENTRY_GRAPH) {
-        e->compiled = backend_compile(cfg, &res, code, &e->eager_graph);
+        e->compiled = backend_compile(cfg, &res, code, &e->eager_graph, &backend_info);
         if (!e->compiled) goto error;
         e->out = em_out_copy(res.out);
         e->ninputs = res.ninputs;
@@ -370,9 +467,27 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         graph_text = em_ir_format_tabular(res.graph);
         out_text = em_out_repr(e->out);
         if (!graph_text || !out_text) goto error;
+    } else if (e->kind == ENTRY_BREAK) {
+        if (make_break_entry(e, &res, cfg, code, &backend_info) < 0) goto error;
+        if (e->compiled) {
+            graph_text = em_ir_format_tabular(res.graph);
+            if (!graph_text) goto error;
+        }
+        out_text = em_out_repr(e->brk->values);
+        if (!out_text) goto error;
     }
     e->info = entry_info(e->kind, e->guards, cfg, &res, graph_text, out_text);
-    if (!e->info) goto error;
+    if (!e->info || (backend_info && PyDict_SetItemString(e->info, "ember", backend_info) < 0)) goto error;
+    Py_CLEAR(backend_info);
+    if (e->kind == ENTRY_BREAK) {
+        PyObject *rc = PyTuple_New(e->brk->nresume), *off = PyLong_FromUnsignedLong(res.split->offset);
+        for (int k = 0; rc && k < e->brk->nresume; k++) PyTuple_SET_ITEM(rc, k, Py_NewRef(e->brk->resume[k]));
+        int bad = !rc || !off || PyDict_SetItemString(e->info, "resume", rc) < 0 ||
+                  PyDict_SetItemString(e->info, "break_offset", off) < 0;
+        Py_XDECREF(rc);
+        Py_XDECREF(off);
+        if (bad) goto error;
+    }
     Py_CLEAR(graph_text);
     Py_CLEAR(out_text);
     em_arena_free(res.arena);
@@ -382,7 +497,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     es->head = e;
     es->nentries++;
     if (em_guard_nfetch(e->guards) > es->max_fetch) es->max_fetch = em_guard_nfetch(e->guards);
-    if (e->kind == ENTRY_GRAPH) {
+    if (e->kind != ENTRY_FALLBACK) {
         /* the fresh entry must answer this very call: evaluate its guards to fill fetched */
         int failed = -1;
         if (em_guard_check(e->guards, fv, fetched, &failed) != 1) {
@@ -398,12 +513,27 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
                 return NULL;
             }
             Py_DECREF(detail);
+            /* Guards compare content, not tags (DESIGN.md, rules learned), so this means the backend
+             * really changed what the trace read, and may do so on every compile: recompiling would
+             * loop until cache_size_limit. A fallback is correct under any guards, so the leaves
+             * that fail on these inputs are dropped and the entry answers them from now on:
+             * recorded once, compiled once. */
+            em_guard_drop_fetch(e->guards);
+            while (failed >= 0 && em_guard_check(e->guards, fv, fetched, &failed) != 1 && failed >= 0)
+                em_guard_drop(e->guards, failed);
+            PyObject *guards = em_guard_render(e->guards);
+            if (!guards || PyDict_SetItemString(e->info, "guards", guards) < 0) {
+                Py_XDECREF(guards);
+                return NULL;
+            }
+            Py_DECREF(guards);
         }
     }
     return e;
 error:
     Py_XDECREF(graph_text);
     Py_XDECREF(out_text);
+    Py_XDECREF(backend_info);
     entry_free(e);
     em_arena_free(res.arena);
     return NULL;

@@ -222,8 +222,10 @@ static PyObject *cf_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     }
     if (e->kind == ENTRY_GRAPH) {
         em_hook_disable_enter();
-        result = em_entry_run(e, fetched);
+        result = em_entry_run(e, fetched, fn->func_globals);
         em_hook_disable_exit();
+    } else if (e->kind == ENTRY_BREAK) {
+        result = em_entry_run_break(e, fetched, &fv, &cf->cfg);
     } else {
         result = run_fallback(cf, code, args, nargs, kwnames);
     }

@@ -183,11 +183,6 @@ PyObject *em_ir_to_python(const IRGraph *g);
  * is. Never fails for lack of a name (falls back to repr). New str, NULL only on OOM. */
 PyObject *em_ir_target_qualname(PyObject *target);
 
-/* Test support (em_ir_testing.c): adds ember._C._ir_build(nodes, dce=False) -> (export list,
- * EagerGraph, tabular str, verify message or None), which builds an IRGraph from a Python
- * description. Called by em_runtime_init. */
-int em_ir_testing_init(PyObject *module);
-
 /* Helpers to build metadata. em_ir_meta_from_tensor reads sizes/strides/dtype/device/requires_grad
  * of a real or meta tensor into arena memory; device_override (may be NULL) replaces the device
  * (used when the value is a meta tensor standing for a tensor on a real device). Returns -1 with an

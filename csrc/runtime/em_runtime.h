@@ -18,6 +18,13 @@ typedef enum {
     OUT_LIST,   /* items */
     OUT_DICT,   /* obj = tuple of keys; items = values in key order */
     OUT_NAMEDTUPLE, /* obj = the namedtuple class; items */
+    OUT_ATTR,   /* getattr(items[0], obj): a bound method rebuilt at a graph break */
+    OUT_METHOD, /* types.MethodType(obj, items[0]): a Python method bound to a rebuilt self */
+    OUT_ITER,   /* iter(items[0]): a loop's iterator rebuilt at a graph break (over the rest) */
+    OUT_CELL,   /* index = the frame's cell k (em_out_build_values only) */
+    OUT_FUNCTION, /* obj = code; items: globals, closure (tuple of cells or None), defaults,
+                     kwdefaults: a function made in the frame, rebuilt at a graph break */
+    OUT_REF,    /* index = an earlier item of the values tuple: the same object (em_out_build_values) */
     OUT_CALL    /* obj = a class; items[0] = TUPLE of positional, items[1] = DICT of keyword
                    arguments: obj(*items[0], **items[1]) (an object constructed in the frame) */
 } OutKind;
@@ -36,6 +43,9 @@ void em_out_free(OutSpec *spec);
 /* Builds the return value. graph_out: the sequence (tuple or list) the compiled graph returned;
  * fetched: the guard fetch slots. New reference, or NULL with an exception. */
 PyObject *em_out_build(const OutSpec *spec, PyObject *graph_out, PyObject *const *fetched);
+/* Builds a TUPLE spec of the values live at a graph break: items may refer to the cells tuple
+ * (OUT_CELL) and, at the top level, to earlier items (OUT_REF). New tuple or NULL. */
+PyObject *em_out_build_values(const OutSpec *spec, PyObject *graph_out, PyObject *const *fetched, PyObject *cells);
 /* Python text of the spec, e.g. "(graph_out[0], {'a': graph_out[1]}, 3)". New str. */
 PyObject *em_out_repr(const OutSpec *spec);
 
@@ -48,6 +58,22 @@ PyObject *em_eager_graph_new(const IRGraph *g);
  * the result tuple (new reference) or NULL with an exception. */
 PyObject *em_eager_graph_run(PyObject *eager_graph, PyObject *const *inputs, Py_ssize_t n);
 
+/* ---- the "ember" backend (em_runtime_ember.c): lower -> schedule -> codegen -> cc -> run ---- */
+/* Compiles g for CPU. Returns the callable (an EagerGraph whose ops are the generated kernels and
+ * the extern calls) and, in *info, a dict for cache_info (kernels, externs, source, cache key, or
+ * why the graph runs on the eager backend). NULL with an exception on failure. */
+PyObject *em_ember_compile(const IRGraph *g, PyObject **info);
+/* Compile driver (em_runtime_cc.c): compiles or loads from the on-disk cache; dlopen handle. */
+void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cached);
+PyObject *em_cc_stats(PyObject *self, PyObject *noargs);
+int em_runtime_ember_init(PyObject *module);
+
 int em_runtime_init(PyObject *module);
+
+/* Test support (em_runtime_testing.c): adds ember._C._ir_build(nodes, dce=False) -> dict (verify
+ * message, export list, tabular text, EagerGraph or its error), which builds an IRGraph from a
+ * Python description, and ember._C._out_build(spec, graph_out, fetched) -> (value, repr) for
+ * OutSpec. Called by em_runtime_init. */
+int em_runtime_testing_init(PyObject *module);
 
 #endif /* EM_RUNTIME_H */

@@ -624,5 +624,6 @@ int em_runtime_init(PyObject *module) {
         return -1;
     }
     Py_XSETREF(EmEagerGraph_Type, (PyTypeObject *)tp);
-    return em_ir_testing_init(module);
+    if (em_runtime_ember_init(module) < 0) return -1;
+    return em_runtime_testing_init(module);
 }

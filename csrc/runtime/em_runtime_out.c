@@ -14,11 +14,15 @@ typedef struct {
 } OutBlock;
 
 /* Number of spec nodes in the tree rooted at s; 0 when the tree is malformed (items missing). */
+static int out_has_items(OutKind k) {
+    return k == OUT_TUPLE || k == OUT_LIST || k == OUT_DICT || k == OUT_NAMEDTUPLE || k == OUT_ATTR ||
+           k == OUT_METHOD || k == OUT_ITER || k == OUT_FUNCTION || k == OUT_CALL;
+}
+
 static size_t out_count(const OutSpec *s, int depth) {
     if (depth > 1000) return 0;
     size_t n = 1;
-    if (s->kind == OUT_TUPLE || s->kind == OUT_LIST || s->kind == OUT_DICT || s->kind == OUT_NAMEDTUPLE ||
-        s->kind == OUT_CALL) {
+    if (out_has_items(s->kind)) {
         if (s->n && !s->items) return 0;
         for (uint32_t i = 0; i < s->n; i++) {
             size_t k = out_count(&s->items[i], depth + 1);
@@ -33,8 +37,7 @@ static size_t out_count(const OutSpec *s, int depth) {
 static void out_copy_into(const OutSpec *src, OutSpec *dst, OutSpec **next) {
     *dst = *src;
     Py_XINCREF(dst->obj);
-    if (src->kind == OUT_TUPLE || src->kind == OUT_LIST || src->kind == OUT_DICT || src->kind == OUT_NAMEDTUPLE ||
-        src->kind == OUT_CALL) {
+    if (out_has_items(src->kind)) {
         dst->items = src->n ? *next : NULL;
         *next += src->n;
         for (uint32_t i = 0; i < src->n; i++) out_copy_into(&src->items[i], &dst->items[i], next);
@@ -106,7 +109,7 @@ static PyObject *out_make_namedtuple(PyObject *cls, PyObject *items) {
 }
 
 /* Recursive worker of em_out_build. New reference. */
-static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *const *fetched) {
+static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *const *fetched, PyObject *cells) {
     PyObject *r = NULL, *v = NULL;
     switch (s->kind) {
     case OUT_GRAPH:
@@ -123,7 +126,7 @@ static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *cons
     case OUT_NAMEDTUPLE:
         r = PyTuple_New(s->n);
         for (uint32_t i = 0; r && i < s->n; i++) {
-            v = out_build(&s->items[i], graph_out, fetched);
+            v = out_build(&s->items[i], graph_out, fetched, cells);
             if (!v) Py_CLEAR(r);
             else PyTuple_SET_ITEM(r, i, v);
         }
@@ -132,7 +135,7 @@ static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *cons
     case OUT_LIST:
         r = PyList_New(s->n);
         for (uint32_t i = 0; r && i < s->n; i++) {
-            v = out_build(&s->items[i], graph_out, fetched);
+            v = out_build(&s->items[i], graph_out, fetched, cells);
             if (!v) Py_CLEAR(r);
             else PyList_SET_ITEM(r, i, v);
         }
@@ -144,15 +147,43 @@ static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *cons
         }
         r = PyDict_New();
         for (uint32_t i = 0; r && i < s->n; i++) {
-            v = out_build(&s->items[i], graph_out, fetched);
+            v = out_build(&s->items[i], graph_out, fetched, cells);
             if (!v || PyDict_SetItem(r, PyTuple_GET_ITEM(s->obj, i), v) < 0) Py_CLEAR(r);
             Py_XDECREF(v);
         }
         return r;
+    case OUT_ATTR:
+    case OUT_METHOD:
+    case OUT_ITER:
+        if (s->n != 1) break;
+        v = out_build(&s->items[0], graph_out, fetched, cells);
+        if (!v) return NULL;
+        r = s->kind == OUT_ATTR ? PyObject_GetAttr(v, s->obj) : s->kind == OUT_METHOD ? PyMethod_New(s->obj, v)
+                                                                                        : PyObject_GetIter(v);
+        Py_DECREF(v);
+        return r;
+    case OUT_CELL:
+        if (!cells || !PyTuple_Check(cells) || s->index >= (size_t)PyTuple_GET_SIZE(cells)) break;
+        return Py_NewRef(PyTuple_GET_ITEM(cells, s->index));
+    case OUT_FUNCTION: {
+        if (s->n != 4) break;
+        PyObject *parts[4] = {NULL, NULL, NULL, NULL};
+        for (int i = 0; i < 4; i++)
+            if (!(parts[i] = out_build(&s->items[i], graph_out, fetched, cells))) goto fn_done;
+        r = PyFunction_New(s->obj, parts[0]);
+        if (r && parts[1] != Py_None && PyFunction_SetClosure(r, parts[1]) < 0) Py_CLEAR(r);
+        if (r && parts[2] != Py_None && PyFunction_SetDefaults(r, parts[2]) < 0) Py_CLEAR(r);
+        if (r && parts[3] != Py_None && PyFunction_SetKwDefaults(r, parts[3]) < 0) Py_CLEAR(r);
+    fn_done:
+        for (int i = 0; i < 4; i++) Py_XDECREF(parts[i]);
+        return r;
+    }
+    case OUT_REF:
+        break;
     case OUT_CALL: {
         if (s->n != 2 || !s->obj) break;
-        PyObject *a = out_build(&s->items[0], graph_out, fetched);
-        PyObject *k = a ? out_build(&s->items[1], graph_out, fetched) : NULL;
+        PyObject *a = out_build(&s->items[0], graph_out, fetched, cells);
+        PyObject *k = a ? out_build(&s->items[1], graph_out, fetched, cells) : NULL;
         r = k ? PyObject_Call(s->obj, a, PyDict_GET_SIZE(k) ? k : NULL) : NULL;
         Py_XDECREF(a);
         Py_XDECREF(k);
@@ -167,7 +198,32 @@ static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *cons
 PyObject *em_out_build(const OutSpec *spec, PyObject *graph_out, PyObject *const *fetched) {
     /* the common case, one graph result returned as is, without recursion */
     if (spec->kind == OUT_GRAPH) return out_graph_item(graph_out, spec->index);
-    return out_build(spec, graph_out, fetched);
+    return out_build(spec, graph_out, fetched, NULL);
+}
+
+PyObject *em_out_build_values(const OutSpec *spec, PyObject *graph_out, PyObject *const *fetched, PyObject *cells) {
+    if (spec->kind != OUT_TUPLE) {
+        PyErr_SetString(PyExc_RuntimeError, "ember: graph-break values are not a tuple spec");
+        return NULL;
+    }
+    PyObject *r = PyTuple_New(spec->n);
+    for (uint32_t i = 0; r && i < spec->n; i++) {
+        const OutSpec *it = &spec->items[i];
+        PyObject *v;
+        if (it->kind == OUT_REF) {
+            if (it->index >= i) {
+                PyErr_SetString(PyExc_RuntimeError, "ember: forward reference in graph-break values");
+                Py_CLEAR(r);
+                break;
+            }
+            v = Py_NewRef(PyTuple_GET_ITEM(r, it->index));
+        } else {
+            v = out_build(it, graph_out, fetched, cells);
+        }
+        if (!v) Py_CLEAR(r);
+        else PyTuple_SET_ITEM(r, i, v);
+    }
+    return r;
 }
 
 /* Appends the repr of the tree at s to the list of str parts. -1 with exception. */
@@ -225,6 +281,26 @@ static int out_repr(const OutSpec *s, PyObject *parts) {
         t = PyUnicode_FromString(s->kind == OUT_TUPLE && s->n == 1 ? ",)" : close);
         break;
     }
+    case OUT_ATTR:
+    case OUT_METHOD:
+    case OUT_ITER: {
+        const char *pre = s->kind == OUT_ITER ? "iter(" : s->kind == OUT_METHOD ? "MethodType(" : "getattr(";
+        t = PyUnicode_FromString(pre);
+        if (!t || PyList_Append(parts, t) < 0) goto done;
+        Py_CLEAR(t);
+        if (s->n != 1 || out_repr(&s->items[0], parts) < 0) goto done;
+        t = s->kind == OUT_ITER ? PyUnicode_FromString(")") : PyUnicode_FromFormat(", %R)", s->obj);
+        break;
+    }
+    case OUT_CELL:
+        t = PyUnicode_FromFormat("cells[%u]", s->index);
+        break;
+    case OUT_REF:
+        t = PyUnicode_FromFormat("values[%u]", s->index);
+        break;
+    case OUT_FUNCTION:
+        t = PyUnicode_FromFormat("<function %U made in the frame>", ((PyCodeObject *)s->obj)->co_qualname);
+        break;
     case OUT_CALL: {
         PyObject *nm = s->obj ? PyObject_GetAttrString(s->obj, "__qualname__") : NULL;
         if (!nm) {

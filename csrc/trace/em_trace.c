@@ -311,6 +311,7 @@ static void break_location(Trace *T, EmBreakInfo *b) {
 int em_tr_break(Trace *T, EmBreak reason, const char *fmt, ...) {
     if (T->broke) return -1;
     T->broke = true;
+    T->res->brk_top_step = T->top_steps - 1;
     EmBreakInfo *b = &T->res->brk;
     b->reason = reason;
     b->lineno = -1;
@@ -532,6 +533,10 @@ static PyObject *co_const_at(Trace *T, TFrame *F, int i) {
 /* LOAD_GLOBAL: reads the frame's globals (then builtins) for real and guards the dicts' versions.
  * Values from globals are stable: the version guard fixes them (architecture.md, guard policy). */
 static TValue *load_global(Trace *T, TFrame *F, PyObject *name) {
+    if (F->gsrc == -2) { /* a global this trace stored (replayed after the graph) */
+        TValue *stored = em_tr_effect_global(T, F, name);
+        if (stored) return stored;
+    }
     const char *how = F->gsrc == -2 ? "G" : F->gsrc >= 0 ? em_tr_src_cstr(T, F->gsrc) : "globals";
     PyObject *v = PyDict_GetItemWithError(F->globals, name);
     if (!v && PyErr_Occurred()) return NULL;
@@ -643,9 +648,6 @@ static int is_same(Trace *T, TValue *a, TValue *b, bool *out) {
 
 /* Builds the OutSpec for the top frame's return value. Tensor results become graph outputs
  * (deduplicated), input objects returned unchanged are fetched, constants are kept. */
-typedef struct OutCtx {
-    struct { uint32_t *items; uint32_t n, cap; } refs;
-} OutCtx;
 
 /* True when cls is a structseq (torch.return_types.max) whose fields are all sequence fields
  * and number n: then cls(items_tuple) rebuilds the value exactly (Objects/structseq.c,
@@ -666,6 +668,10 @@ static bool is_plain_structseq(PyObject *cls, uint32_t n) {
 
 static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
     if (depth > 64) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return value nested too deep");
+    if (C->split) { /* values live at a graph break (em_trace_resume.c) */
+        int r = em_tr_split_value_spec(T, C, v, o, depth);
+        if (r != 1) return r;
+    }
     if (v->kind == TV_LAZY && v->src >= 0) { /* an input object returned as is */
         PyObject *o_ = v->obj;
         if (PyObject_TypeCheck(o_, (PyTypeObject *)em_trace_rt.TensorBase)) {
@@ -911,6 +917,9 @@ static int finish_graph(Trace *T, OutCtx *C) {
     return 0;
 }
 
+int em_tr_out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) { return out_spec(T, C, v, o, depth); }
+int em_tr_finish_graph(Trace *T, OutCtx *C) { return finish_graph(T, C); }
+
 /* RETURN_VALUE of the traced (top) frame. */
 static int top_return(Trace *T, TValue *v) {
     OutCtx C;
@@ -922,6 +931,7 @@ static int top_return(Trace *T, TValue *v) {
     }
     if (em_tr_overlay_check(T) < 0) return -1;
     if (out_spec(T, &C, v, o, 0) < 0) return -1;
+    if (em_tr_effects_spec(T, &C) < 0) return -1;
     if (finish_graph(T, &C) < 0) return -1;
     T->res->out = o;
     return 0;
@@ -1202,6 +1212,11 @@ resume:
             em_tr_break(T, EM_BREAK_INTERNAL, "ran past the end of the code");
             goto fail;
         }
+        if (F == T->top) {
+            /* a re-trace that stops before the top frame's breaking instruction: split there */
+            if (T->top_steps == T->stop_at) return em_tr_split_here(T, F) < 0 ? -1 : 1;
+            T->top_steps++;
+        }
         if (++T->ninstr > T->opts.max_instructions) {
             em_tr_break(T, EM_BREAK_LOOP_LIMIT, "more than %d instructions", T->opts.max_instructions);
             goto fail;
@@ -1326,17 +1341,18 @@ resume:
             if (push(T, F, r) < 0) goto fail;
             break;
         }
-        case OP_STORE_ATTR: {
+        case OP_STORE_ATTR: { /* TOS.name = TOS1: replayed after the graph, or a break */
             PyObject *name = co_name_at(T, F, arg);
-            if (name && F->sp >= 1 && (F->stack[F->sp - 1]->kind == TV_INSTANCE || F->stack[F->sp - 1]->kind == TV_OBJECT ||
-                                       F->stack[F->sp - 1]->kind == TV_LAZY)) {
-                /* an instance made in the trace, or a real object (em_trace_obj.c: an overlay that
-                 * must end where it began) */
-                if (!(a = pop(T, F)) || !(b = pop(T, F)) || em_tr_object_setattr(T, a, name, b) < 0) goto fail;
-                break;
+            if (!name || !(a = pop(T, F)) || !(b = pop(T, F)) || !(a = em_tr_realize(T, a))) goto fail;
+            if (a->kind == TV_INSTANCE || (a->kind == TV_OBJECT && a->obj && !PyType_Check(a->obj) &&
+                                           PyFunction_Check(_PyType_Lookup(Py_TYPE(a->obj), em_str("__setattr__"))))) {
+                /* an instance made in the trace, or a class with a Python __setattr__ (inlined;
+                 * em_trace_obj.c) */
+                if (em_tr_object_setattr(T, a, name, b) < 0) goto fail;
+            } else if (em_tr_effect_store_attr(T, a, name, b) < 0) { /* replayed after the graph */
+                goto fail;
             }
-            em_tr_break(T, EM_BREAK_SIDE_EFFECT, "attribute store .%U", name ? name : Py_None);
-            goto fail;
+            break;
         }
         case OP_DELETE_ATTR:
             if (F->sp >= 1 && (F->stack[F->sp - 1]->kind == TV_INSTANCE || F->stack[F->sp - 1]->kind == TV_OBJECT ||
@@ -1347,7 +1363,13 @@ resume:
             }
             em_tr_break(T, EM_BREAK_SIDE_EFFECT, "attribute delete");
             goto fail;
-        case OP_STORE_GLOBAL: case OP_DELETE_GLOBAL:
+        case OP_STORE_GLOBAL: {
+            PyObject *name = co_name_at(T, F, arg);
+            if (!name || !(a = pop(T, F))) goto fail;
+            if (em_tr_effect_store_global(T, F, name, a) < 0) goto fail;
+            break;
+        }
+        case OP_DELETE_GLOBAL:
             em_tr_break(T, EM_BREAK_SIDE_EFFECT, "store to a global");
             goto fail;
         case OP_UNARY_NEGATIVE: case OP_UNARY_POSITIVE: case OP_UNARY_INVERT:
@@ -1734,11 +1756,13 @@ static TFrame *top_frame(Trace *T, PyObject *func, PyCodeObject *code, const EmF
     return F;
 }
 
-int em_trace_frame(PyObject *func, PyCodeObject *code, const EmFrameView *fv, const EmTraceOptions *opts,
-                   EmTraceResult *res) {
+static int trace_once(PyObject *func, PyCodeObject *code, const EmFrameView *fv, const EmTraceOptions *opts,
+                      long stop_at, EmTraceResult *res) {
     Trace T;
     memset(res, 0, sizeof *res);
     memset(&T, 0, sizeof T);
+    T.stop_at = stop_at;
+    res->brk_top_step = -1;
     res->brk.reason = EM_BREAK_NONE;
     res->brk.lineno = -1;
     if (!em_trace_rt.ready) {
@@ -1757,6 +1781,7 @@ int em_trace_frame(PyObject *func, PyCodeObject *code, const EmFrameView *fv, co
     T.opts.max_inline_depth = opts && opts->max_inline_depth > 0 ? opts->max_inline_depth : 32;
     T.opts.max_loop_iterations = opts && opts->max_loop_iterations > 0 ? opts->max_loop_iterations : 10000;
     T.opts.max_instructions = opts && opts->max_instructions > 0 ? opts->max_instructions : 1000000;
+    T.opts.resume_cache = opts ? opts->resume_cache : NULL;
     T.gb = em_guard_builder_new(T.arena);
     res->guards = T.gb;
     if (!T.gb) {
@@ -1788,7 +1813,13 @@ int em_trace_frame(PyObject *func, PyCodeObject *code, const EmFrameView *fv, co
     TFrame *F = top_frame(&T, func, code, fv);
     if (!F) goto done;
     T.top = F;
-    if (em_tr_run_frame(&T, F) < 0) goto done;
+    rc = em_tr_run_frame(&T, F);
+    if (rc < 0) goto done;
+    if (rc == 1) { /* stopped at stop_at and split (res->split, res->graph) */
+        rc = 0;
+        if (T.grad_changed && T.grad_with && res->split) res->split->restore_grad = grad_at_entry;
+        goto done;
+    }
     rc = top_return(&T, F->retval);
 done:
     if (T.grad_changed) {
@@ -1803,6 +1834,7 @@ done:
             em_tr_exc_set(exc);
         }
         if (rc == 0 && !T.broke && T.grad_with) res->grad_restore = grad_at_entry;
+        if (rc == 0 && res->split && T.grad_with) res->grad_restore = grad_at_entry;
     }
     if (rc != 0 || T.broke) {
         if (PyErr_Occurred()) {
@@ -1821,5 +1853,52 @@ done:
     }
     /* the guards gathered so far are valid for a fallback entry too */
     if (em_tr_flush_dict_guards(&T) < 0) return -1;
+    return 0;
+}
+
+/* Break reasons after which the frame may be split: the instruction can run in Python. */
+static bool splittable_reason(EmBreak r) {
+    switch (r) {
+    case EM_BREAK_UNSUPPORTED_OPCODE: case EM_BREAK_DATA_DEPENDENT_BRANCH: case EM_BREAK_TENSOR_TO_PYTHON:
+    case EM_BREAK_UNSUPPORTED_CALL: case EM_BREAK_UNSUPPORTED_ATTRIBUTE: case EM_BREAK_UNSUPPORTED_VALUE:
+    case EM_BREAK_SIDE_EFFECT: case EM_BREAK_PRINT: case EM_BREAK_RAISE: case EM_BREAK_META_FAILED:
+    case EM_BREAK_INLINE_DEPTH: case EM_BREAK_HOOKS: case EM_BREAK_TRY_BLOCK:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Traces the frame; at a break that allows it, traces again up to the top frame's instruction in
+ * progress at the break (a break inside an inlined call stops at the call) and splits the frame
+ * there (em_tr_split_here). Re-tracing, rather than reusing the broken trace, drops whatever the
+ * breaking instruction recorded before it broke (Dynamo restarts the analysis the same way). */
+int em_trace_frame(PyObject *func, PyCodeObject *code, const EmFrameView *fv, const EmTraceOptions *opts,
+                   EmTraceResult *res) {
+    if (trace_once(func, code, fv, opts, -1, res) < 0) return -1;
+    if (res->graph || !opts || !opts->split || res->brk_top_step < 0 || !splittable_reason(res->brk.reason))
+        return 0;
+    EmTraceResult res2;
+    if (trace_once(func, code, fv, opts, res->brk_top_step, &res2) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_MemoryError) || PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+            em_arena_free(res2.arena);
+            return -1;
+        }
+        PyErr_Clear();
+        em_arena_free(res2.arena);
+        return 0;
+    }
+    if (!res2.split || !res2.graph) { /* the state at the break cannot be rebuilt: fallback */
+        em_arena_free(res2.arena);
+        return 0;
+    }
+    /* the split keeps the first trace's break (reason, detail, user line) */
+    res2.brk.reason = res->brk.reason;
+    res2.brk.lineno = res->brk.lineno;
+    res2.brk.detail = em_arena_hold(res2.arena, res->brk.detail);
+    res2.brk.filename = em_arena_hold(res2.arena, res->brk.filename);
+    res2.brk.opname = em_arena_hold(res2.arena, res->brk.opname);
+    em_arena_free(res->arena);
+    *res = res2;
     return 0;
 }

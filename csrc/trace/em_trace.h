@@ -19,7 +19,30 @@ typedef struct EmTraceOptions {
     int max_inline_depth;    /* default 32 */
     int max_loop_iterations; /* unrolled iterations over all loops of a frame; default 10000 */
     int max_instructions;    /* default 1000000 */
+    int split;               /* at a break, split the frame (graph + transformed code + resume
+                                functions) instead of giving up on it */
+    PyObject *resume_cache;  /* dict (borrowed) caching the resume functions' code objects of the
+                                ORIGINAL code of this frame, or NULL */
 } EmTraceOptions;
+
+/* A frame split at a graph break (em_trace_resume.c). After the graph ran, `values` builds a tuple:
+ * the stub's arguments (after the resume functions), then the contents of the new cells. The stub
+ * (a code object: the breaking instruction run in Python, then a call of a resume function and its
+ * result returned) is called as stub(resume_0[, resume_1], *values[:nargs]); each resume function
+ * is made from resume[k] with the closure described by the cell arrays. */
+typedef struct EmSplit {
+    PyObject *stub;          /* code object (held by the arena) */
+    int stub_closure;        /* the stub reads cells: it is made with the same closure */
+    PyObject *resume[2];     /* code objects: [0] fall-through, [1] jump target; NULL if none */
+    int nresume;
+    OutSpec *values;         /* a TUPLE spec */
+    uint32_t nargs;
+    uint32_t ncells;         /* cells + frees of the original code, in localsplus order */
+    int32_t *cell_closure;   /* ncells: index into the frame's closure, or -1 for a new cell */
+    int32_t *cell_value;     /* ncells: index into values of a new cell's contents, -1 empty */
+    int restore_grad;        /* -1, or the grad mode to restore if the graph or the stub raises */
+    uint32_t offset;         /* byte offset of the breaking instruction in the original code */
+} EmSplit;
 
 typedef struct EmBreakInfo {
     EmBreak reason;
@@ -41,6 +64,11 @@ typedef struct EmTraceResult {
     uint32_t ninlined;     /* functions inlined, for reports */
     int grad_restore;      /* -1, or the grad mode (0/1) the frame was entered with when the graph
                               changes grad mode (with torch.no_grad()): restored if it raises */
+    EmSplit *split;        /* the frame was split at brk: graph = everything before the break */
+    OutSpec *effects;      /* side effects to replay after the graph: a TUPLE of (target, value)
+                              pairs, target None = the frame's globals; or NULL */
+    PyObject *effect_names;/* tuple: the attribute / global name of each pair */
+    long brk_top_step;     /* index of the top frame's instruction in progress at the break */
 } EmTraceResult;
 
 /* Traces one call of func (a Python function object) whose fast locals (arguments bound, in code
@@ -52,5 +80,11 @@ int em_trace_frame(PyObject *func, PyCodeObject *code, const EmFrameView *fv,
                    const EmTraceOptions *opts, EmTraceResult *res);
 
 int em_trace_init(PyObject *module);
+
+/* The original code object a resume function's code was made from (borrowed), or NULL when code
+ * is not a resume function's. */
+PyCodeObject *em_trace_resume_origin(PyCodeObject *code);
+/* Does the graph have any node besides placeholders and the output? */
+int em_trace_graph_has_calls(const IRGraph *g);
 
 #endif /* EM_TRACE_H */

@@ -700,6 +700,8 @@ static TValue *super_attr(Trace *T, TValue *s, PyObject *name) {
 TValue *em_tr_getattr(Trace *T, TValue *v, PyObject *name, int *missing) {
     if (missing) *missing = 0;
     if (!(v = em_tr_realize(T, v))) return NULL;
+    TValue *stored = em_tr_effect_attr(T, v, name); /* an attribute this trace stored */
+    if (stored) return stored;
     switch (v->kind) {
     case TV_TENSOR:
         return tensor_attr(T, v, name, missing);

@@ -219,6 +219,15 @@ typedef struct TraceRT {
 } TraceRT;
 extern TraceRT em_trace_rt;
 
+/* A side effect recorded for replay after the graph (em_trace_effects.c). */
+typedef struct TEffect {
+    int kind;              /* 1: obj.name = value; 2: globals[name] = value */
+    TValue *target;        /* the object (attribute stores) */
+    PyObject *obj;         /* the real object / the globals dict (identity key; held) */
+    PyObject *name;
+    TValue *value;
+} TEffect;
+
 typedef struct Trace {
     EmArena *arena;
     GuardBuilder *gb;
@@ -238,6 +247,9 @@ typedef struct Trace {
     bool grad_with;         /* ... made by a with-block (restored if the graph raises) */
     bool grad_statement;    /* ... made by a torch.set_grad_enabled(b) statement (never restored) */
     TValue *null_value;
+    struct { struct TEffect *items; uint32_t n, cap; } effects; /* side effects to replay */
+    long stop_at;           /* -1, or the top-frame instruction step at which to split */
+    long top_steps;         /* top-frame instructions started so far */
     PyObject *exc;          /* the exception a RAISE break stands for, when the trace knows it (a real
                                instance, held): a handler of an enclosing try block may catch it */
     TValue *exc_info;       /* the exception being handled (PUSH_EXC_INFO .. POP_EXCEPT), or NULL */
@@ -247,6 +259,15 @@ typedef struct Trace {
     struct TAttrStore { PyObject *obj, *name, *orig; TValue *val; } *stores;
     uint32_t nstores, capstores;
 } Trace;
+
+/* Building the return value (or the values live at a graph break) from abstract values. */
+typedef struct OutCtx {
+    struct { uint32_t *items; uint32_t n, cap; } refs;       /* graph outputs */
+    bool split;                                              /* values at a graph break */
+    struct { TValue **items; uint32_t n, cap; } seen;        /* mutable containers rebuilt */
+    TValue **cells;                                          /* split: the frame's cells, in the */
+    uint32_t ncells;                                         /*   order of the resume closure */
+} OutCtx;
 
 /* ---- exception save/restore across 3.11 (Fetch/Restore) and 3.12 (GetRaisedException) ---- */
 static inline PyObject *em_tr_exc_get(void) {
@@ -287,6 +308,29 @@ int em_tr_run_frame(Trace *T, TFrame *F);
 TFrame *em_tr_frame_new(Trace *T, PyCodeObject *code, PyObject *globals, PyObject *builtins, GuardSrc gsrc);
 const char *em_tr_repr_cstr(Trace *T, PyObject *o); /* arena copy of repr(o), never NULL */
 const char *em_tr_src_cstr(Trace *T, GuardSrc s);   /* arena copy of the source text */
+
+int em_tr_out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth);
+/* Turns the recorded nodes into res->graph with C's graph outputs. */
+int em_tr_finish_graph(Trace *T, OutCtx *C);
+
+/* ---- em_trace_resume.c ---- */
+/* Splits the traced frame before the top frame's current instruction: finishes the graph of
+ * everything traced so far, describes the live values, and builds the stub and the resume
+ * functions' code (res->split). -1 with a break recorded when the state cannot be rebuilt. */
+int em_tr_split_here(Trace *T, TFrame *F);
+/* out_spec for values at a break: 0 done, -1 break/error, 1 not handled (the general case). */
+int em_tr_split_value_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth);
+
+/* ---- em_trace_effects.c ---- */
+/* Records `target.name = value` for replay, or records a SIDE_EFFECT break (-1). */
+int em_tr_effect_store_attr(Trace *T, TValue *target, PyObject *name, TValue *value);
+/* Records `name = value` in the frame's globals for replay, or breaks (-1). */
+int em_tr_effect_store_global(Trace *T, TFrame *F, PyObject *name, TValue *value);
+/* The value a recorded store gave v.name / the global name, or NULL when none. */
+TValue *em_tr_effect_attr(Trace *T, TValue *v, PyObject *name);
+TValue *em_tr_effect_global(Trace *T, TFrame *F, PyObject *name);
+/* Builds res->effects / res->effect_names (nothing when no effect was recorded). */
+int em_tr_effects_spec(Trace *T, OutCtx *C);
 
 /* ---- em_trace_value.c ---- */
 TValue *em_tr_new(Trace *T, TVKind kind);

@@ -374,6 +374,8 @@ static int object_generic_setattr(Trace *T, TValue *v, PyObject *name, TValue *v
         Py_DECREF(d); /* still owned by the object */
     }
     if (em_guard_type_version(T->gb, tp) < 0 || em_tr_guard_dict(T, idict, v->src, ".__dict__", name) < 0) return -1;
+    if (em_tr_effect_attr(T, v, name)) /* one mechanism per attribute (em_trace_effects.c) */
+        return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "attribute store .%U through __setattr__ after a replayed store", name);
     TValue *prev = NULL;
     bool had = em_tr_overlay_get(T, o, name, &prev);
     PyObject *orig = PyDict_GetItemWithError(idict, name);

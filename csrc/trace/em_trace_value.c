@@ -164,6 +164,40 @@ static TValue *fail_value(Trace *T, EmBreak r, const char *what, PyObject *o) {
     return NULL;
 }
 
+/* The bound __exit__ of a grad-mode manager (torch.no_grad(), enable_grad(), set_grad_enabled(b)),
+ * as a with-block's exit that a graph break passed to a resume function on its value stack:
+ * a TV_GRAD_MODE exit whose call sets the mode to the manager's `prev` (identity-guarded: the
+ * break entry passes the same object every call). 1 done, 0 not one, -1 break/error. */
+static int grad_mode_exit(Trace *T, TValue *v, PyObject *o) {
+    TraceRT *rt = &em_trace_rt;
+    PyObject *self = PyMethod_GET_SELF(o), *fn = PyMethod_GET_FUNCTION(o), *cls = (PyObject *)Py_TYPE(self);
+    if (cls != rt->no_grad_cls && cls != rt->enable_grad_cls && cls != rt->set_grad_enabled_cls) return 0;
+    PyObject *ex = PyObject_GetAttrString(cls, "__exit__");
+    if (!ex) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(ex); /* the class keeps it alive */
+    if (ex != fn || v->src < 0) return 0;
+    PyObject *prev = PyObject_GetAttrString(self, "prev");
+    if (!prev) {
+        PyErr_Clear();
+        return 0;
+    }
+    int p = prev == Py_True ? 1 : prev == Py_False ? 0 : -1;
+    Py_DECREF(prev);
+    if (p < 0) return 0;
+    if (!v->stable && em_guard_id(T->gb, v->src) < 0) return -1;
+    v->kind = TV_GRAD_MODE;
+    v->guarded = true;
+    v->u.gm.exit = true;
+    v->u.gm.prev = p;
+    v->u.gm.mode = T->grad_enabled;
+    v->u.gm.applied = cls == rt->set_grad_enabled_cls;
+    T->grad_with = true;
+    return 1;
+}
+
 TValue *em_tr_realize(Trace *T, TValue *v) {
     if (!v || v->kind != TV_LAZY) return v;
     TraceRT *rt = &em_trace_rt;
@@ -198,6 +232,8 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
     }
     if (PyMethod_Check(o)) {
         PyObject *self = PyMethod_GET_SELF(o), *fn = PyMethod_GET_FUNCTION(o);
+        int gx = grad_mode_exit(T, v, o);
+        if (gx != 0) return gx < 0 ? NULL : v;
         if (s >= 0 && em_guard_type(T->gb, s) < 0) return NULL;
         GuardSrc ss = s >= 0 ? em_guard_src_attr(T->gb, s, em_str("__self__"), self) : -1;
         GuardSrc fs = s >= 0 ? em_guard_src_attr(T->gb, s, em_str("__func__"), fn) : -1;

@@ -150,35 +150,78 @@ def _code_of(fn):
     raise TypeError(f"ember.cache_info: no code object in {fn!r}")
 
 
-def cache_info(fn) -> list[dict]:
+def cache_info(fn, resume=False) -> list[dict]:
     """The cache entries of fn's code, most recently used first.
 
     fn: a compiled object, a plain function, bound method, module or code object (the frame hook
     also compiles functions called from code that falls back). Each entry is a dict:
-      kind: "graph" or "fallback"; backend; guards: list of str (one line of Python each);
-      graph: the captured graph as a table (None for fallbacks); output: how the return value is
-      built; reason / reason_text / detail / filename / lineno / opname: why a fallback happened;
-      hits: calls answered by this entry.
+      kind: "graph", "break" (a graph, then the breaking instruction in Python and a resume
+      function: the frame was split at a graph break) or "fallback"; backend; guards: list of str
+      (one line of Python each); graph: the captured graph as a table (None for fallbacks, and
+      for a break whose graph is empty); output: how the return value (or, for a break, the
+      values live at the break) is built; reason / reason_text / detail / filename / lineno /
+      opname: why the frame broke or fell back; hits: calls answered by this entry; resume (break
+      entries): the resume functions' code objects; code: the qualified name of the code.
+    resume: also list the entries of the resume functions, recursively (after fn's own).
     """
-    return _C._cache_info(_code_of(fn))
+    code = _code_of(fn)
+    out = []
+    seen = set()
+    todo = [code]
+    while todo:
+        c = todo.pop(0)
+        if id(c) in seen:
+            continue
+        seen.add(id(c))
+        for e in _C._cache_info(c):
+            e["code"] = c.co_qualname
+            out.append(e)
+            if resume:
+                todo.extend(e.get("resume", ()))
+        if not resume:
+            break
+    return out
 
 
-def explain(fn, *args, **kwargs) -> str:
+class ExplainOutput(str):
+    """ember.explain's report (a str) with torch._dynamo.explain's counts as attributes:
+    graph_count (graphs compiled for the call, resume functions included), graph_break_count,
+    break_reasons (list of "REASON: detail at file:line")."""
+    graph_count: int
+    graph_break_count: int
+    break_reasons: list
+
+
+def explain(fn, *args, **kwargs) -> ExplainOutput:
     """Compiles fn (if it is not compiled yet) with the eager backend, calls it once with the
-    given arguments, and returns a readable report of its cache entries."""
+    given arguments, and returns a readable report of its cache entries and those of its resume
+    functions, with graph_count, graph_break_count and break_reasons attributes (the counts
+    torch._dynamo.explain reports)."""
     compiled = fn if isinstance(fn, _C.CompiledFunction) or hasattr(type(fn), "_ember_compiled") else compile(fn)
     compiled(*args, **kwargs)
     lines = []
-    for i, e in enumerate(cache_info(compiled)):
-        lines.append(f"entry {i}: {e['kind']} (backend {e['backend']}, hits {e['hits']})")
-        if e["kind"] == "fallback":
+    ngraphs = nbreaks = 0
+    reasons = []
+    for i, e in enumerate(cache_info(compiled, resume=True)):
+        lines.append(f"entry {i}: {e['kind']} of {e['code']} (backend {e['backend']}, hits {e['hits']})")
+        if e.get("graph") and "call_" in e["graph"]:  # a graph with operations (an empty one is not counted)
+            ngraphs += 1
+        if e["kind"] in ("fallback", "break"):
             where = f" at {e['filename']}:{e['lineno']}" if e.get("lineno") else ""
             detail = f" ({e['detail']})" if e.get("detail") else ""
             lines.append(f"  reason: {e['reason']}: {e['reason_text']}{detail}{where}")
+            if e["kind"] == "break":
+                nbreaks += 1
+                reasons.append(f"{e['reason']}: {e['detail'] or e['reason_text']}{where}")
         if e.get("graph"):
             lines.append("  graph:")
             lines += ["    " + ln for ln in e["graph"].splitlines()]
             lines.append(f"  output: {e['output']}")
         lines.append("  guards:")
         lines += ["    " + g for g in e["guards"]]
-    return "\n".join(lines)
+    head = [f"graphs: {ngraphs}, graph breaks: {nbreaks}"] + [f"  break: {r}" for r in reasons]
+    out = ExplainOutput("\n".join(head + lines))
+    out.graph_count = ngraphs
+    out.graph_break_count = nbreaks
+    out.break_reasons = reasons
+    return out

@@ -25,8 +25,8 @@ def register_backend(name: str, fn: Callable | None = None):
 
 
 def list_backends() -> list[str]:
-    """Names accepted by ember.compile(backend=...): "eager" and the registered ones."""
-    return ["eager", *sorted(_REGISTRY)]
+    """Names accepted by ember.compile(backend=...): "eager", "ember" and the registered ones."""
+    return ["eager", "ember", *sorted(_REGISTRY)]
 
 
 @register_backend("inductor")
@@ -43,8 +43,8 @@ def _fx_forward(gm: torch.fx.GraphModule, example_inputs):
 
 def resolve(backend):
     """Checks a backend argument; returns (backend, key). Raises ValueError for unknown names."""
-    if backend == "eager":
-        return "eager", "eager"
+    if backend in ("eager", "ember"):
+        return backend, backend
     if isinstance(backend, str):
         if backend not in _REGISTRY:
             raise ValueError(f"ember: unknown backend {backend!r}; known: {', '.join(list_backends())}")
@@ -62,3 +62,62 @@ def compile_graph(backend, export, example_inputs, name):
     if not callable(compiled):
         raise TypeError(f"ember: backend {backend!r} returned {compiled!r}, which is not callable")
     return compiled
+
+
+def dynamo_backend(gm: torch.fx.GraphModule, example_inputs):
+    """torch.compile(model, backend="ember"): Dynamo's fx graph imported into ember's IR and
+    compiled by ember's own backend (lowering, fusion, C kernels), so that ember's code generator
+    can be compared with Inductor under the same capture. Registered through the
+    `torch_dynamo_backends` entry point (pyproject.toml). A graph ember cannot import (a
+    call_module or get_attr node, symbolic sizes, an output that is not a node) runs as Dynamo
+    gave it (gm.forward)."""
+    from . import _C
+
+    nodes, index = [], {}
+    ph = 0
+    try:
+        for n in gm.graph.nodes:
+            ex = n.meta.get("example_value", n.meta.get("val"))
+            if n.op == "placeholder":
+                if ex is None and ph < len(example_inputs):
+                    ex = example_inputs[ph]
+                ph += 1
+                nodes.append(("placeholder", n.name, ex))
+            elif n.op in ("call_function", "call_method"):
+                def ref(a):
+                    return ("__node__", index[a])
+
+                args = torch.fx.node.map_arg(tuple(n.args), ref)
+                kwargs = torch.fx.node.map_arg(dict(n.kwargs), ref)
+                nodes.append((n.op, n.target, _plain(args), _plain(kwargs), ex))
+            elif n.op == "output":
+                outs = n.args[0]
+                if not isinstance(outs, (tuple, list)) or not all(isinstance(o, torch.fx.Node) for o in outs):
+                    return gm.forward
+                nodes.append(("output", [index[o] for o in outs]))
+                continue
+            else:
+                return gm.forward
+            index[n] = len(nodes) - 1
+        compiled = _C._ir_build(nodes, ember=True)["ember"]
+    except Exception:  # noqa: BLE001  (symbolic shapes, unsupported metadata): Dynamo's graph as is
+        return gm.forward
+    single = not isinstance(gm.graph.output_node().args[0], (tuple, list))
+
+    def run(*args):
+        out = compiled(*args)
+        return out[0] if single else out
+    return run
+
+
+def _plain(a):
+    """fx's immutable_list/immutable_dict as plain tuples/lists/dicts (node markers kept)."""
+    if isinstance(a, tuple) and len(a) == 2 and a[0] == "__node__":
+        return a
+    if isinstance(a, dict):
+        return {k: _plain(v) for k, v in a.items()}
+    if isinstance(a, list):
+        return [_plain(v) for v in a]
+    if isinstance(a, tuple) and not hasattr(a, "_fields"):
+        return tuple(_plain(v) for v in a)
+    return a

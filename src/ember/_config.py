@@ -1,23 +1,40 @@
 """ember.config: knobs read by the C core when it compiles (not on every call).
 
-Attributes (all ints):
+Attributes (ints unless stated):
   cache_size_limit     cache entries per code object before ember stops compiling it and runs it
                        eagerly, with one warning naming the guard that failed (torch.compile's
                        torch._dynamo.config.cache_size_limit, also 8).
   max_inline_depth     nested function/module calls the tracer inlines before it gives up.
   max_loop_iterations  loop iterations the tracer unrolls in one frame before it gives up.
   max_instructions     bytecode instructions the tracer interprets in one frame before it gives up.
+  graph_breaks         1 (default): a frame the tracer cannot capture whole is split at the break
+                       (graph, the breaking instruction in Python, a compiled resume function);
+                       0: it runs as ordinary Python (the foundation's behaviour).
+
+Backend "ember" (str or None; read when a graph is compiled):
+  cc                   the C compiler (None: $CC, else "cc"), found on PATH.
+  cflags               its flags; the cache key includes them.
+  ldflags              libraries, after the source file (glibc's libmvec serves the vectorized
+                       expf, cosf ... that gcc calls from simd loops).
+  cache_dir            the on-disk kernel cache (None: $EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember
+                       or ~/.cache/ember), created mode 0700.
 """
 
 
 class Config:
-    __slots__ = ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions")
+    __slots__ = ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions", "graph_breaks",
+                 "cc", "cflags", "ldflags", "cache_dir")
 
     def __init__(self):
         self.cache_size_limit = 8
         self.max_inline_depth = 32
         self.max_loop_iterations = 10000
         self.max_instructions = 1000000
+        self.graph_breaks = 1
+        self.cc = None
+        self.cflags = "-O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math -fwrapv -shared -fPIC"
+        self.ldflags = "-lmvec -lm"
+        self.cache_dir = None
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)

@@ -117,10 +117,13 @@ def entries(fn):
         missing = {"kind", "backend", "guards", "graph", "reason", "reason_text", "detail", "filename",
                    "lineno", "hits", "output"} - set(e)
         assert not missing, f"cache_info entry lacks {missing}"
-        assert e["kind"] in ("graph", "fallback")
+        assert e["kind"] in ("graph", "fallback", "break")
         assert isinstance(e["guards"], list) and all(isinstance(g, str) for g in e["guards"])
         if e["kind"] == "graph":
             assert isinstance(e["graph"], str) and e["reason"] is None
+        elif e["kind"] == "break":  # graph before the break (None when empty), then resume functions
+            assert e["graph"] is None or isinstance(e["graph"], str)
+            assert e["reason"] in ember.FALLBACK_REASONS and isinstance(e["resume"], tuple)
         else:
             assert e["graph"] is None and e["reason"] in ember.FALLBACK_REASONS, e["reason"]
     return info
@@ -158,3 +161,15 @@ def example_cases():
     return demo.all_cases()
 
 
+
+
+@pytest.fixture
+def no_graph_breaks():
+    """Frames that break run as ordinary Python (the foundation's fallback), for tests of the
+    fallback path itself: ember.config.graph_breaks = 0 for the test's duration."""
+    old = ember.config.graph_breaks
+    ember.config.graph_breaks = 0
+    ember.reset()
+    yield
+    ember.config.graph_breaks = old
+    ember.reset()

@@ -76,7 +76,7 @@ def test_custom_backend_result_is_used():
     assert_same(c(X), (X + 1.0) * 2)
 
 
-def test_custom_backend_not_called_for_fallback(counting_backend):
+def test_custom_backend_not_called_for_fallback(counting_backend, no_graph_breaks):
     def f(x):
         if x.sum() > 0:
             return x * 2.0

@@ -1,6 +1,7 @@
 """Builds and runs the C unit tests (tests/c: arena, vectors, break reasons, IR building, names,
-DCE, verifier, printer, export, EagerGraph, OutSpec) with the system C compiler, so that pytest is
-the one test command. Skips when no C compiler, make, or libpython to embed is available."""
+DCE, verifier, printer, export, EagerGraph, OutSpec; test_sym: symbolic sizes and the shape
+environment) with the system C compiler, so that pytest is the one test command. Skips when no
+C compiler, make, or libpython to embed is available."""
 
 import os
 import shutil

@@ -1,6 +1,6 @@
 """ember._C.EagerGraph (the "eager" backend) against eager PyTorch.
 
-Graphs are built with the test helper ember._C._ir_build (csrc/ir/em_ir_testing.c), which takes
+Graphs are built with the test helper ember._C._ir_build (csrc/runtime/em_runtime_testing.c), which takes
 ("placeholder", name, example) / ("call_function", target, args, kwargs, example) /
 ("call_method", name, args, kwargs, example) / ("output", [node indices]) and refers to earlier
 nodes with ("__node__", index). Every result is compared bitwise with the same ops run eagerly.

@@ -375,3 +375,89 @@ def test_cache_info_of_plain_function_object():
     c = ember.compile(affine, backend="eager")
     c(torch.randn(2))
     assert entries(c) == ember.cache_info(affine)
+
+
+# ---- large module trees: the dict group of 64+ dicts (on 3.11 behind the probe epoch) ----
+
+class Leaf(torch.nn.Module):
+    def __init__(self, i):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.i = float(i)
+
+    def forward(self, x):
+        return self.lin(x) + self.i
+
+
+class Tree(torch.nn.Module):
+    """ModuleList of 20 leaves: about 200 guarded dicts."""
+
+    def __init__(self, n=20):
+        super().__init__()
+        self.fs = torch.nn.ModuleList([Leaf(i) for i in range(n)])
+
+    def forward(self, x):
+        for f in self.fs:
+            x = f(x)
+        return x
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param(lambda m: setattr(m.fs[17], "i", 5.0), id="deep_attribute"),
+    pytest.param(lambda m: setattr(m.fs[11].lin, "weight", torch.nn.Parameter(torch.randn(2, 2))),
+                 id="deep_parameter_replaced"),
+    pytest.param(lambda m: m.fs.__setitem__(3, Leaf(9)), id="submodule_replaced"),
+    pytest.param(lambda m: m.fs.append(Leaf(20)), id="submodule_appended"),
+    pytest.param(lambda m: m.fs[19].register_forward_hook(lambda mod, a, out: out * 2), id="deep_hook_added"),
+])
+@pytest.mark.parametrize("busy", [False, True], ids=["quiet", "other_dicts_changed"])
+def test_large_tree_change_recompiles(change, busy):
+    torch.manual_seed(0)
+    m = Tree()
+    c = ember.compile(m, backend="eager")
+    x = torch.randn(3, 2)
+    assert_same(c(x), m(x))
+    assert_same(c(x), m(x))
+    assert n_entries(c) == 1 and entries(c)[0]["hits"] == 1
+    change(m)
+    if busy:
+        {}.update(a=1)   # some unrelated dict activity: the 3.11 probe epoch moves
+    assert_same(c(x), m(x))
+    assert_same(c(x), m(x))
+    assert n_entries(c) == 2
+
+
+def test_large_tree_unrelated_changes_keep_the_entry():
+    torch.manual_seed(0)
+    m = Tree()
+    c = ember.compile(m, backend="eager")
+    x = torch.randn(3, 2)
+    assert_same(c(x), m(x))
+    m.fs[5].extra = 1                                 # a key the trace never read
+    m.fs[6].lin.register_forward_hook(lambda *a: None).remove()   # a hook dict emptied again
+    m.fs[7].i = m.fs[7].i                             # same object stored back
+    assert_same(c(x), m(x))
+    assert n_entries(c) == 1 and entries(c)[0]["hits"] == 1
+
+
+def sum_all(xs):
+    s = xs[0]
+    for x in xs[1:]:
+        s = s + x
+    return s
+
+
+def test_fallback_with_more_inputs_than_a_fetch_buffer_holds():
+    """More graph inputs than EM_MAX_FETCH (512): the frame falls back; its entry fetches nothing
+    (a fallback runs no graph), so a later hit does not write 600 values into a 512-slot buffer."""
+    import sys
+    xs = [torch.full((2,), float(i)) for i in range(600)]
+    c = ember.compile(sum_all, backend="eager")
+    assert_same(c(xs), sum_all(xs))
+    before = [sys.getrefcount(x) for x in xs]
+    for _ in range(3):
+        assert_same(c(xs), sum_all(xs))
+    assert [sys.getrefcount(x) for x in xs] == before   # nothing fetched and left behind
+    (e,) = entries(c)
+    assert e["kind"] == "fallback" and "graph inputs" in e["detail"], e["detail"]
+    assert e["hits"] == 3

@@ -94,7 +94,7 @@ def rec_forever(x, n):
 
 # ---- tests ----
 
-def test_helper_of_a_fallback_frame_gets_its_own_graph_entry(capsys):
+def test_helper_of_a_fallback_frame_gets_its_own_graph_entry(capsys, no_graph_breaks):
     x, y = torch.randn(4, 3), torch.randn(4, 3)
     c = ember.compile(print_outer)
     for _ in range(3):
@@ -105,7 +105,7 @@ def test_helper_of_a_fallback_frame_gets_its_own_graph_entry(capsys):
     assert not _C._hook_installed()
 
 
-def test_tensor_branch_fallback_compiles_both_helper_calls():
+def test_tensor_branch_fallback_compiles_both_helper_calls(no_graph_breaks):
     c = ember.compile(branch_outer)
     for x, y in [(torch.ones(3), torch.randn(3)), (-torch.ones(3), torch.randn(3)), (torch.ones(2, 2), torch.randn(2, 2))]:
         assert_same(c(x, y), branch_outer(x, y))
@@ -138,7 +138,7 @@ def test_hook_uninstalled_after_an_exception():
     assert _C._hook_thread_state() == {"depth": 0, "disabled": 0, "busy": 0, "nthreads": 0}
 
 
-def test_generators_called_from_a_fallback_frame():
+def test_generators_called_from_a_fallback_frame(no_graph_breaks):
     c = ember.compile(gen_outer)
     for x in [torch.ones(3), -torch.ones(3), torch.randn(2, 2).abs()]:
         assert_same(c(x), gen_outer(x))
@@ -147,7 +147,7 @@ def test_generators_called_from_a_fallback_frame():
     assert kinds(helper) and set(kinds(helper)) == {"graph"}
 
 
-def test_exceptions_in_nested_frames_propagate_unchanged():
+def test_exceptions_in_nested_frames_propagate_unchanged(no_graph_breaks):
     c = ember.compile(raise_outer)
     for x in [torch.ones(2, 3), torch.ones(2, 3), -torch.ones(1)]:
         assert_same_outcome(outcome(c, x), outcome(raise_outer, x))
@@ -175,7 +175,7 @@ def test_stdlib_and_torch_frames_are_not_compiled():
     assert _C._hook_skip_code(module_code) and _C._hook_skip_code(class_body)
 
 
-def test_disable_as_decorator_and_context_manager():
+def test_disable_as_decorator_and_context_manager(no_graph_breaks):
     x, y = torch.randn(3), torch.randn(3)
     c = ember.compile(print_outer)
     with ember.disable():
@@ -203,7 +203,7 @@ def test_disable_as_decorator_and_context_manager():
     assert not _C._hook_installed()
 
 
-def test_two_threads_different_shapes_1000_calls_each():
+def test_two_threads_different_shapes_1000_calls_each(no_graph_breaks):
     ember.config.cache_size_limit = 16
     c = ember.compile(branch_outer)
     errors = []
@@ -257,7 +257,7 @@ def test_infinite_recursion_raises_recursion_error():
     assert_same(ember.compile(print_outer)(x, x), print_outer(x, x))
 
 
-def test_argument_refcounts_flat_over_10000_fallback_calls(capsys):
+def test_argument_refcounts_flat_over_10000_fallback_calls(capsys, no_graph_breaks):
     def fb(x, y):
         if x.sum() > 1e30:
             return x
@@ -276,7 +276,7 @@ def test_argument_refcounts_flat_over_10000_fallback_calls(capsys):
     assert kinds(helper) == ["graph"] and entries(helper)[0]["hits"] >= 10000
 
 
-def test_innermost_config_wins(counting_backend):
+def test_innermost_config_wins(counting_backend, no_graph_breaks):
     x, y = torch.randn(3), torch.randn(3)
     c = ember.compile(print_outer, backend=counting_backend)
     assert_same(c(x, y), print_outer(x, y), exact=False)
@@ -286,7 +286,7 @@ def test_innermost_config_wins(counting_backend):
     assert len(entries(helper)) == 2
 
 
-def test_reset_drops_hook_entries():
+def test_reset_drops_hook_entries(no_graph_breaks):
     x, y = torch.randn(3), torch.randn(3)
     c = ember.compile(print_outer)
     c(x, y)

@@ -23,7 +23,7 @@ def graph_fn(x, y):
 
 
 def fallback_fn(x, y):
-    if x.sum() > -1e9:  # data-dependent: falls back
+    if x.sum() > -1e9:  # data-dependent: a graph break (a fallback with config.graph_breaks = 0)
         return x * y + 1.0
     return x
 
@@ -74,8 +74,18 @@ def _check_no_leak(call, objects):
     assert [sys.getrefcount(o) for o in objects] == refs
 
 
-@pytest.mark.parametrize("fn,kind", [(graph_fn, "graph"), (fallback_fn, "fallback")], ids=["graph", "fallback"])
-def test_function_call_does_not_leak(fn, kind):
+@pytest.mark.parametrize("fn,kind,breaks", [(graph_fn, "graph", 1), (fallback_fn, "break", 1), (fallback_fn, "fallback", 0)],
+                         ids=["graph", "graph_break", "fallback"])
+def test_function_call_does_not_leak(fn, kind, breaks):
+    old = ember.config.graph_breaks
+    ember.config.graph_breaks = breaks
+    try:
+        _function_call_does_not_leak(fn, kind)
+    finally:
+        ember.config.graph_breaks = old
+
+
+def _function_call_does_not_leak(fn, kind):
     c = ember.compile(fn)
     x, y = torch.randn(8), torch.randn(8)
     c(x, y)

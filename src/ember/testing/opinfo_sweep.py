@@ -11,7 +11,8 @@ faulthandler's traceback, and `--start-at OP` resumes after it.
 
     python -m ember.testing.opinfo_sweep --dtypes float32 --max-samples 2 --out docs/correctness.md
 
-Compilers (--compilers, default "ember,torch"): ember = ember.compile(backend="eager"), torch =
+Compilers (--compilers, default "ember,torch"): ember = ember.compile(backend="eager"),
+ember_codegen = ember.compile(backend="ember") (ember's own lowering, fusion and C kernels), torch =
 torch.compile(backend="eager"), inductor = torch.compile(backend="inductor") (generates C++ for
 the CPU samples: needs a C++ compiler, and seconds per case). Classes per case and compiler: pass
 (compiled whole and equal to eager; for torch.compile: no graph break counted by dynamo), fallback
@@ -63,7 +64,7 @@ import torch.utils._pytree as pytree
 CLASSES = ("pass", "fallback", "wrong", "crash", "mismatch")
 COMPILERS = ("ember", "torch")  # the default; "inductor" on request
 TORCH_BACKENDS = {"torch": "eager", "inductor": "inductor"}  # compiler key -> torch.compile backend
-DISPLAY = {"ember": "ember.compile(eager)", "torch": "torch.compile(eager)",
+DISPLAY = {"ember": "ember.compile(eager)", "ember_codegen": "ember.compile(ember)", "torch": "torch.compile(eager)",
            "inductor": "torch.compile(inductor)"}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64, "bool": torch.bool}
 
@@ -243,11 +244,12 @@ def classify(ref: Outcome, got: Outcome, broke: bool) -> tuple[str, str, bool]:
 # The compilers
 
 
-def run_ember(case: Case, seed: int, ref: Outcome) -> tuple[str, str, bool]:
-    """Compiles the case with ember (eager backend); the first call traces, the second hits."""
+def run_ember(case: Case, seed: int, ref: Outcome, backend: str = "eager") -> tuple[str, str, bool]:
+    """Compiles the case with ember (eager backend, or backend="ember" for the compiler key
+    ember_codegen); the first call traces, the second hits."""
     import ember
     try:
-        cf = ember.compile(case.make(), backend="eager")
+        cf = ember.compile(case.make(), backend=backend)
     except Exception as e:  # noqa: BLE001
         return "crash", "ember.compile: " + _exc_text(e), False
     first = run_one(cf, case, seed)
@@ -316,7 +318,7 @@ def run_torch_compile(case: Case, seed: int, ref: Outcome, backend: str = "eager
     return cls, detail, inexact
 
 
-RUNNERS = {"ember": run_ember,
+RUNNERS = {"ember": run_ember, "ember_codegen": partial(run_ember, backend="ember"),
            **{c: partial(run_torch_compile, backend=b) for c, b in TORCH_BACKENDS.items()}}
 
 
@@ -364,7 +366,7 @@ def sweep(ops=None, dtypes=("float32",), max_samples=None, limit_ops=None, time_
     if isinstance(shard, str):
         shard = parse_shard(shard)
     ember = None
-    if "ember" in compilers:
+    if "ember" in compilers or "ember_codegen" in compilers:
         import ember
     op_db = load_op_db()
     pattern = re.compile(ops) if ops else None

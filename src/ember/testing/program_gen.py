@@ -8,7 +8,8 @@ Each program is compiled with ember.compile(backend="eager"), called on 2-3 shap
 recompiles) and compared with eager, bitwise: outputs, dtypes, shapes, strides, the inputs after
 the call (each side gets its own deep copy), exceptions (type and message).
 
-Classes: pass, fallback (equal to eager; ember ran a frame as Python), wrong (different values,
+Classes: pass, break (equal to eager; a frame was split at a graph break and resumed in compiled
+resume functions), fallback (equal to eager; ember ran a frame as Python), wrong (different values,
 dtypes, shapes, structure or mutated inputs), crash (an exception where eager had none, or of
 another type), mismatch (eager raised and the compiled call did not, or with another message).
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-CLASSES = ("pass", "fallback", "wrong", "crash", "mismatch")
+CLASSES = ("pass", "break", "fallback", "wrong", "crash", "mismatch")
 FAILURES = ("wrong", "crash", "mismatch")
 
 
@@ -308,9 +309,16 @@ def check(program_fn, calls, repeat=True, eager_fn=None) -> tuple:
         info = ember.cache_info(compiled)
     except Exception as e:  # noqa: BLE001
         return "crash", "ember.cache_info: " + _exc_text(e)
+    try:
+        info = ember.cache_info(compiled, resume=True)  # the frame's entries and its resume functions'
+    except Exception as e:  # noqa: BLE001
+        return "crash", "ember.cache_info: " + _exc_text(e)
     fb = [e for e in info if e.get("kind") == "fallback"]
     if fb:
         return "fallback", f"{fb[0].get('reason')}: {' '.join(str(fb[0].get('detail') or '').split())[:160]}"
+    br = [e for e in info if e.get("kind") == "break"]
+    if br:
+        return "break", f"{br[0].get('reason')}: {' '.join(str(br[0].get('detail') or '').split())[:160]}"
     return "pass", ""
 
 

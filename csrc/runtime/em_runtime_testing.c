@@ -1,6 +1,8 @@
-/* ir test support: ember._C._ir_build and ember._C._out_build build an IRGraph / OutSpec from a
- * Python description, so that tests/py can check the printer, the export, the fx bridge, the
- * EagerGraph and OutSpec without the tracer. Not part of the public API.
+/* runtime test support: ember._C._ir_build and ember._C._out_build build an IRGraph / OutSpec from
+ * a Python description, so that tests/py can check the printer, the export, the fx bridge, the
+ * EagerGraph and OutSpec without the tracer. Not part of the public API. It lives in runtime/, the
+ * latest stage it uses (it also calls ir/), so its calls go from a later stage to an earlier one
+ * only (DESIGN.md: no stage calls back into an earlier one).
  * Invariant: everything is built in a fresh arena freed before returning; what is returned must
  * therefore be arena-independent (which is itself under test). */
 #include "ir/em_ir.h"
@@ -75,17 +77,19 @@ static int t_meta(EmArena *a, PyObject *ex, IRMeta *m) {
     return 0;
 }
 
-/* _ir_build(nodes, dce=False) -> dict(export, eager, tabular, verify, removed, eager_error)
+/* _ir_build(nodes, dce=False, ember=False) -> dict(export, eager, tabular, verify, removed, eager_error)
+ * With ember=True: dict(ember=callable, info=dict), the graph compiled by backend "ember" (the
+ * torch.compile backend "ember" imports Dynamo's fx graphs this way, src/ember/_backends.py). 
  * nodes: ("placeholder", name, example) | ("call_function", target, args, kwargs, example) |
  *        ("call_method", name, args, kwargs, example) | ("output", [node index, ...]).
  * In args/kwargs, ("__node__", i) refers to nodes[i] and ("__const__", v) is a constant v. */
 static PyObject *t_ir_build(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"nodes", "dce", NULL};
+    static char *kwlist[] = {"nodes", "dce", "ember", NULL};
     PyObject *nodes = NULL, *result = NULL, *fast = NULL, *v = NULL;
-    int dce = 0;
+    int dce = 0, ember = 0;
     EmArena *a = NULL;
     IRRef *refs = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p:_ir_build", kwlist, &nodes, &dce)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pp:_ir_build", kwlist, &nodes, &dce, &ember)) return NULL;
     fast = PySequence_Fast(nodes, "_ir_build: nodes must be a sequence");
     if (!fast) return NULL;
     Py_ssize_t nn = PySequence_Fast_GET_SIZE(fast);
@@ -175,6 +179,11 @@ static PyObject *t_ir_build(PyObject *self, PyObject *args, PyObject *kw) {
     int removed = 0;
     if (dce && (removed = em_ir_dce(g, NULL)) < 0) {
         PyErr_NoMemory();
+        goto done;
+    }
+    if (ember) {
+        PyObject *info = NULL, *fn = em_ember_compile(g, &info);
+        if (fn) result = Py_BuildValue("{s:N,s:N}", "ember", fn, "info", info);
         goto done;
     }
     char msg[512];
@@ -296,4 +305,4 @@ static PyMethodDef t_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int em_ir_testing_init(PyObject *module) { return PyModule_AddFunctions(module, t_methods); }
+int em_runtime_testing_init(PyObject *module) { return PyModule_AddFunctions(module, t_methods); }

@@ -1,0 +1,121 @@
+"""Kernel speed of backend="ember" vs eager vs torch.compile(inductor), side by side in one process.
+
+Workloads (issue 11's targets): the 16M-element pointwise chain cos(cos(x)) * y + 1, softmax over
+the last dim of (4096, 1024), and layer_norm over the last dim of (4096, 1024) with weight and bias
+(float32, CPU). Per workload and compiler: the median per-call time over interleaved rounds (each
+round times every compiler once per workload, so machine noise hits all alike), the speed ratio
+against eager and against inductor (> 1 = faster), and compile times: cold (empty ember cache dir /
+fresh dynamo state) and warm (ember: ember.reset() and a fresh cache entry served from the on-disk
+kernel cache, no compiler call; inductor: torch._dynamo.reset() with its own caches warm).
+Timings are never asserted by tests.
+
+usage: python bench/kernels.py [--rounds N] [--only NAME] [--no-inductor] [--json PATH]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def pointwise(x, y):
+    return torch.cos(torch.cos(x)) * y + 1
+
+
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+def layer_norm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def workloads():
+    g = torch.Generator().manual_seed(0)
+    n = 16 * 1024 * 1024
+    return {
+        "pointwise_16M": (pointwise, (torch.randn(n, generator=g), torch.randn(n, generator=g))),
+        "softmax_4096x1024": (softmax, (torch.randn(4096, 1024, generator=g),)),
+        "layer_norm_4096x1024": (layer_norm, (torch.randn(4096, 1024, generator=g), torch.randn(1024, generator=g),
+                                              torch.randn(1024, generator=g))),
+    }
+
+
+def timed(fn, args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - t0, out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    import ember
+
+    cache = tempfile.mkdtemp(prefix="ember-bench-cache-")
+    ember.config.cache_dir = os.path.join(cache, "kernels")
+    print(f"machine: {platform.machine()} {platform.processor() or ''} cpus={os.cpu_count()} "
+          f"torch={torch.__version__} threads={torch.get_num_threads()} python={platform.python_version()}")
+    results = {}
+    for name, (fn, args) in workloads().items():
+        if a.only and a.only not in name:
+            continue
+        ref = fn(*args)
+        comp = {"eager": fn}
+        compile_s = {}
+        # ember: cold (empty cache dir), then warm (reset, served from the disk cache)
+        ember.reset()
+        ef = ember.compile(fn, backend="ember")
+        compile_s["ember_cold"], out = timed(ef, args)
+        torch.testing.assert_close(out, ref)
+        ember.reset()
+        ef = ember.compile(fn, backend="ember")
+        compile_s["ember_warm"], out = timed(ef, args)
+        info = ember.cache_info(ef)[0]["ember"]
+        assert info["from_disk_cache"], "warm start should not compile"
+        comp["ember"] = ef
+        if not a.no_inductor:
+            torch._dynamo.reset()
+            tf = torch.compile(fn, backend="inductor")
+            compile_s["inductor_cold"], out = timed(tf, args)
+            torch.testing.assert_close(out, ref)
+            torch._dynamo.reset()
+            tf = torch.compile(fn, backend="inductor")
+            compile_s["inductor_warm"], out = timed(tf, args)
+            comp["inductor"] = tf
+        times = {k: [] for k in comp}
+        for _ in range(3):  # warm-up
+            for f in comp.values():
+                f(*args)
+        for _ in range(a.rounds):
+            for k, f in comp.items():
+                t0 = time.perf_counter()
+                f(*args)
+                times[k].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        results[name] = {"median_ms": med, "compile_s": compile_s, "kernels": info["kernels"]}
+        line = f"{name:22s}" + "".join(f"  {k}={v:8.2f} ms" for k, v in med.items())
+        line += f"  | ember speedup vs eager x{med['eager'] / med['ember']:.2f}"
+        if "inductor" in med:
+            line += f", vs inductor x{med['inductor'] / med['ember']:.2f}"
+        print(line)
+        print(" " * 22 + "  compile s: " + "  ".join(f"{k}={v:.3f}" for k, v in compile_s.items())
+              + f"  (ember kernels: {info['kernels']})")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

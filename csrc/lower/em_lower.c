@@ -1,0 +1,1394 @@
+/* lower: torch-level calls -> primitive ops, driven by one rule table (LOWER_RULES, data).
+ * A rule reads its arguments through a signature string, builds LNodes, and the result must have
+ * the dtype and shape of the IR meta (torch's own answer, from meta tensors); otherwise the node
+ * stays extern. Views are index arithmetic: a view of a buffer is a LOAD with new strides; a view
+ * of a computed value asks for that value to be materialized (a NODE buffer) and loads it.
+ *
+ * Type promotion: the IR meta gives each op's result dtype (torch's own promotion); comparisons
+ * compute in torch.result_type of their operands; every input is cast to the compute dtype first,
+ * and Python numbers become constants of that dtype (torch's "wrapped number" rule). */
+#include "lower/em_lower.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char *const ldt_names[] = {
+#define X(e, tn, st, ct) tn,
+    LDTYPES(X)
+#undef X
+};
+static const char *const ldt_storage[] = {
+#define X(e, tn, st, ct) st,
+    LDTYPES(X)
+#undef X
+};
+static const char *const ldt_compute[] = {
+#define X(e, tn, st, ct) ct,
+    LDTYPES(X)
+#undef X
+};
+static const char *const lprim_names[] = {
+#define X(e, n) #e,
+    LPRIMS(X)
+#undef X
+};
+static const int lprim_arity[] = {
+#define X(e, n) n,
+    LPRIMS(X)
+#undef X
+};
+
+const char *em_ldt_name(LDtype t) { return ldt_names[t]; }
+const char *em_ldt_storage(LDtype t) { return ldt_storage[t]; }
+const char *em_ldt_compute(LDtype t) { return ldt_compute[t]; }
+const char *em_lprim_name(LPrim p) { return lprim_names[p]; }
+int em_lprim_arity(LPrim p) { return lprim_arity[p]; }
+
+static PyObject *dtype_objs[LDT__COUNT];
+
+PyObject *em_lower_dtype_obj(LDtype t) {
+    if (!dtype_objs[t]) {
+        PyObject *torch = PyImport_ImportModule("torch");
+        if (!torch) return NULL;
+        dtype_objs[t] = PyObject_GetAttrString(torch, ldt_names[t]);
+        Py_DECREF(torch);
+    }
+    return dtype_objs[t];
+}
+
+int em_lower_dtype_of(PyObject *dtype) {
+    for (int t = 0; t < LDT__COUNT; t++) {
+        PyObject *o = em_lower_dtype_obj((LDtype)t);
+        if (!o) {
+            PyErr_Clear();
+            return -1;
+        }
+        if (o == dtype) return t;
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Building nodes                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+static uint32_t new_node(LGraph *lg, LPrim op, LDtype dt, LDtype cdt, int32_t ndim, const int64_t *sizes) {
+    if (lg->nnodes == lg->capnodes) {
+        uint32_t cap = lg->capnodes ? lg->capnodes * 2 : 64;
+        LNode *n = em_arena_realloc(lg->arena, lg->nodes, lg->capnodes * sizeof(LNode), cap * sizeof(LNode));
+        if (!n) return 0;
+        lg->nodes = n;
+        lg->capnodes = cap;
+    }
+    uint32_t id = lg->nnodes++;
+    LNode *n = &lg->nodes[id];
+    memset(n, 0, sizeof *n);
+    n->op = op;
+    n->dtype = dt;
+    n->cdtype = cdt;
+    n->ndim = ndim;
+    if (ndim) memcpy(n->sizes, sizes, ndim * sizeof(int64_t));
+    return id;
+}
+
+uint32_t em_lower_buffer(LGraph *lg, const LBuf *b) {
+    if (lg->nbufs == lg->capbufs) {
+        uint32_t cap = lg->capbufs ? lg->capbufs * 2 : 32;
+        LBuf *n = em_arena_realloc(lg->arena, lg->bufs, lg->capbufs * sizeof(LBuf), cap * sizeof(LBuf));
+        if (!n) return UINT32_MAX;
+        lg->bufs = n;
+        lg->capbufs = cap;
+    }
+    lg->bufs[lg->nbufs] = *b;
+    return lg->nbufs++;
+}
+
+uint32_t em_lower_load(LGraph *lg, uint32_t b, int32_t ndim, const int64_t *sizes, int64_t offset,
+                       const int64_t *strides, IRRef ir) {
+    uint32_t id = new_node(lg, LP_LOAD, lg->bufs[b].dtype, lg->bufs[b].dtype, ndim, sizes);
+    if (!id) return 0;
+    LNode *n = &lg->nodes[id];
+    n->buf = b;
+    n->offset = offset;
+    for (int d = 0; d < ndim; d++) n->strides[d] = sizes[d] == 1 ? 0 : strides[d];
+    n->ir = ir;
+    return id;
+}
+
+static void contiguous_strides(int32_t ndim, const int64_t *sizes, int64_t *strides) {
+    int64_t s = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        strides[d] = s;
+        s *= sizes[d] > 1 ? sizes[d] : 1;
+    }
+}
+
+typedef struct {
+    LGraph *lg;
+    IRRef ir;              /* node being lowered */
+    const IRNode *n;
+    LDtype rdt;            /* result dtype (meta) */
+    uint32_t *node_buf;    /* lnode -> NODE buffer requested for views (UINT32_MAX none) */
+    uint32_t cap_node_buf;
+} Ctx;
+
+#define NODE(c, id) (&(c)->lg->nodes[id])
+
+static uint32_t mk_cast(Ctx *c, uint32_t x, LDtype dt) {
+    if (!x || NODE(c, x)->dtype == dt) return x;
+    LNode src = *NODE(c, x);
+    uint32_t id = new_node(c->lg, LP_CAST, dt, src.dtype, src.ndim, src.sizes);
+    if (id) {
+        NODE(c, id)->in[0] = x;
+        NODE(c, id)->ir = c->ir;
+    }
+    return id;
+}
+
+static uint32_t mk_const(Ctx *c, double f, int64_t i, int isint, LDtype dt) {
+    uint32_t id = new_node(c->lg, LP_CONST, dt, dt, 0, NULL);
+    if (!id) return 0;
+    LNode *n = NODE(c, id);
+    n->ir = c->ir;
+    if (em_ldt_is_float(dt)) n->fval = isint ? (double)i : f;
+    else if (dt == LDT_BOOL) n->ival = isint ? i != 0 : f != 0;
+    else n->ival = isint ? i : (int64_t)f;
+    return id;
+}
+
+static int broadcast(const LNode *a, const LNode *b, int32_t *ndim, int64_t *sizes) {
+    int32_t nd = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (int d = 0; d < nd; d++) {
+        int da = d - (nd - a->ndim), db = d - (nd - b->ndim);
+        int64_t sa = da >= 0 ? a->sizes[da] : 1, sb = db >= 0 ? b->sizes[db] : 1;
+        if (sa != sb && sa != 1 && sb != 1) return -1;
+        sizes[d] = sa == 1 ? sb : sa;
+    }
+    *ndim = nd;
+    return 0;
+}
+
+/* op(inputs cast to cdt) -> dt, broadcasting. 0 on failure. */
+static uint32_t mk_op(Ctx *c, LPrim op, LDtype dt, LDtype cdt, uint32_t a, uint32_t b, uint32_t w) {
+    uint32_t ins[3] = {a, b, w};
+    int ar = em_lprim_arity(op);
+    int32_t nd = 0;
+    int64_t sizes[EM_LMAXDIM] = {0};
+    for (int i = 0; i < ar; i++) {
+        if (!ins[i]) return 0;
+        LDtype want = (op == LP_WHERE && i == 0) ? LDT_BOOL : cdt;
+        ins[i] = mk_cast(c, ins[i], want);
+        if (!ins[i]) return 0;
+        LNode tmp = {.ndim = nd};
+        memcpy(tmp.sizes, sizes, nd * sizeof(int64_t));
+        if (broadcast(&tmp, NODE(c, ins[i]), &nd, sizes) < 0) return 0;
+    }
+    uint32_t id = new_node(c->lg, op, dt, cdt, nd, sizes);
+    if (!id) return 0;
+    for (int i = 0; i < ar; i++) NODE(c, id)->in[i] = ins[i];
+    NODE(c, id)->ir = c->ir;
+    return id;
+}
+
+static uint32_t mk_reduce(Ctx *c, LPrim op, LDtype dt, uint32_t x, uint32_t rmask) {
+    if (!x) return 0;
+    LNode src = *NODE(c, x);
+    int64_t sizes[EM_LMAXDIM];
+    for (int d = 0; d < src.ndim; d++) sizes[d] = (rmask >> d) & 1 ? 1 : src.sizes[d];
+    uint32_t id = new_node(c->lg, op, dt, src.dtype, src.ndim, sizes);
+    if (!id) return 0;
+    NODE(c, id)->in[0] = x;
+    NODE(c, id)->rmask = rmask;
+    NODE(c, id)->ir = c->ir;
+    return id;
+}
+
+static int64_t numel_of(int32_t ndim, const int64_t *sizes) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= sizes[d];
+    return n;
+}
+
+/* A LOAD that sees node x's value: x itself if it is a LOAD, else a LOAD of a NODE buffer that
+ * materializes x, contiguous, declared with shape (nd, sizes) (same elements in the same order as
+ * x's shape; a non-keepdim reduction declares its squeezed shape so that the buffer can be returned). */
+static uint32_t as_load_shape(Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes) {
+    if (!x) return 0;
+    if (NODE(c, x)->op == LP_LOAD) return x;
+    LGraph *lg = c->lg;
+    if (x >= c->cap_node_buf) {
+        uint32_t cap = lg->capnodes;
+        uint32_t *m = em_arena_realloc(lg->arena, c->node_buf, c->cap_node_buf * sizeof(uint32_t), cap * sizeof(uint32_t));
+        if (!m) return 0;
+        for (uint32_t i = c->cap_node_buf; i < cap; i++) m[i] = UINT32_MAX;
+        c->node_buf = m;
+        c->cap_node_buf = cap;
+    }
+    uint32_t b = c->node_buf[x];
+    if (b != UINT32_MAX && (lg->bufs[b].ndim != nd || memcmp(lg->bufs[b].sizes, sizes, nd * sizeof(int64_t)) != 0))
+        b = UINT32_MAX;
+    if (b == UINT32_MAX) {
+        LBuf buf = {.kind = LBUF_NODE, .index = x, .dtype = NODE(c, x)->dtype, .ndim = nd};
+        memcpy(buf.sizes, sizes, nd * sizeof(int64_t));
+        contiguous_strides(nd, sizes, buf.strides);
+        b = em_lower_buffer(lg, &buf);
+        if (b == UINT32_MAX) return 0;
+        c->node_buf[x] = b;
+    }
+    return em_lower_load(lg, b, nd, sizes, 0, lg->bufs[b].strides, c->ir);
+}
+
+static uint32_t as_load(Ctx *c, uint32_t x) {
+    if (!x) return 0;
+    LNode src = *NODE(c, x);
+    return as_load_shape(c, x, src.ndim, src.sizes);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Arguments                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+#define MAXP 10
+
+/* Binds the node's args/kwargs to the parameter names of sig ("input,other,alpha"): slot[i] is
+ * the argument for parameter i or NULL. -1 when the call does not fit (too many positionals, an
+ * unknown keyword). */
+static int bind(const IRNode *n, const char *sig, const IRArg **slot) {
+    const char *names[MAXP];
+    size_t lens[MAXP];
+    int np = 0;
+    for (const char *p = sig; *p && np < MAXP;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        names[np] = p;
+        lens[np++] = len;
+        p += len + (e ? 1 : 0);
+    }
+    for (int i = 0; i < MAXP; i++) slot[i] = NULL;
+    if ((int)n->nargs > np) return -1;
+    for (uint32_t i = 0; i < n->nargs; i++) slot[i] = &n->args[i];
+    for (uint32_t k = 0; k < n->nkwargs; k++) {
+        const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
+        if (!kw) {
+            PyErr_Clear();
+            return -1;
+        }
+        int found = -1;
+        for (int i = 0; i < np; i++)
+            if (strlen(kw) == lens[i] && strncmp(kw, names[i], lens[i]) == 0) found = i;
+        if (found < 0 || slot[found]) return -1;
+        slot[found] = &n->kwargs[k];
+    }
+    return 0;
+}
+
+typedef struct {
+    int kind;  /* 0 absent/None, 1 tensor, 2 number, 3 other constant */
+    uint32_t node;
+    PyObject *obj;
+    double f;
+    int64_t i;
+    int isint;
+} Opnd;
+
+static int opnd(Ctx *c, const IRArg *a, Opnd *o) {
+    memset(o, 0, sizeof *o);
+    if (!a) return 0;
+    if (a->kind == IRARG_NODE) {
+        const LVal *v = &c->lg->vals[a->u.ref];
+        if (v->kind == LV_NODE || (v->kind == LV_EXTERN && v->has_load)) {
+            o->kind = 1;
+            o->node = v->lnode;
+            return 0;
+        }
+        return -1;
+    }
+    if (a->kind != IRARG_CONST) {
+        o->kind = 3;
+        return 0;
+    }
+    PyObject *x = a->u.obj;
+    o->obj = x;
+    if (x == Py_None) return 0;
+    if (PyBool_Check(x)) {
+        o->kind = 2;
+        o->isint = 1;
+        o->i = x == Py_True;
+        return 0;
+    }
+    if (PyLong_CheckExact(x)) {
+        int overflow = 0;
+        o->i = PyLong_AsLongLongAndOverflow(x, &overflow);
+        if (overflow || PyErr_Occurred()) {
+            PyErr_Clear();
+            return -1;
+        }
+        o->kind = 2;
+        o->isint = 1;
+        return 0;
+    }
+    if (PyFloat_CheckExact(x)) {
+        o->kind = 2;
+        o->f = PyFloat_AS_DOUBLE(x);
+        return 0;
+    }
+    o->kind = 3;
+    return 0;
+}
+
+/* A tensor or number operand as a node of dtype dt (numbers become constants). */
+static uint32_t operand_node(Ctx *c, const Opnd *o, LDtype dt) {
+    if (o->kind == 1) return mk_cast(c, o->node, dt);
+    if (o->kind == 2) return mk_const(c, o->f, o->i, o->isint, dt);
+    return 0;
+}
+
+static int get_int(const IRArg *a, int64_t *v) {
+    if (!a || a->kind != IRARG_CONST || !PyLong_Check(a->u.obj)) return -1;
+    int overflow = 0;
+    *v = PyLong_AsLongLongAndOverflow(a->u.obj, &overflow);
+    if (overflow || PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+static int get_double(const IRArg *a, double *v) {
+    if (!a || a->kind != IRARG_CONST) return -1;
+    if (PyFloat_Check(a->u.obj)) *v = PyFloat_AS_DOUBLE(a->u.obj);
+    else if (PyLong_Check(a->u.obj) && !PyBool_Check(a->u.obj)) *v = (double)PyLong_AsLongLong(a->u.obj);
+    else return -1;
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+static int is_none(const IRArg *a) { return !a || (a->kind == IRARG_CONST && a->u.obj == Py_None); }
+static int is_false(const IRArg *a) { return !a || (a->kind == IRARG_CONST && a->u.obj == Py_False); }
+
+/* A list of ints: an int constant, a tuple/list constant of ints, or an IRARG_TUPLE/LIST of int
+ * constants. Returns the count, -1 when it is not one. */
+static int get_ints(const IRArg *a, int64_t *out, int max) {
+    if (!a) return -1;
+    if (a->kind == IRARG_CONST) {
+        PyObject *x = a->u.obj;
+        if (PyLong_Check(x) && !PyBool_Check(x)) {
+            out[0] = PyLong_AsLongLong(x);
+            return PyErr_Occurred() ? (PyErr_Clear(), -1) : 1;
+        }
+        if (!PyTuple_Check(x) && !PyList_Check(x)) return -1;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(x);
+        if (n > max) return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *it = PySequence_Fast_GET_ITEM(x, i);
+            if (!PyLong_Check(it) || PyBool_Check(it)) return -1;
+            out[i] = PyLong_AsLongLong(it);
+            if (PyErr_Occurred()) {
+                PyErr_Clear();
+                return -1;
+            }
+        }
+        return (int)n;
+    }
+    if (a->kind != IRARG_TUPLE && a->kind != IRARG_LIST) return -1;
+    if ((int)a->n > max) return -1;
+    for (uint32_t i = 0; i < a->n; i++)
+        if (get_int(&a->u.items[i], &out[i]) < 0) return -1;
+    return (int)a->n;
+}
+
+/* The torch-level arguments of a varargs call (x.permute(1, 0) or x.permute((1, 0))): ints from
+ * args[first..] . */
+static int varargs_ints(const IRNode *n, uint32_t first, int64_t *out, int max) {
+    if (n->nkwargs) return -1;
+    if (n->nargs == first + 1 && n->args[first].kind != IRARG_CONST) return get_ints(&n->args[first], out, max);
+    if (n->nargs == first + 1 && !PyLong_Check(n->args[first].u.obj)) return get_ints(&n->args[first], out, max);
+    if ((int)(n->nargs - first) > max) return -1;
+    for (uint32_t i = first; i < n->nargs; i++)
+        if (get_int(&n->args[i], &out[i - first]) < 0) return -1;
+    return (int)(n->nargs - first);
+}
+
+static int norm_dim(int64_t d, int32_t ndim, int32_t *out) {
+    int32_t n = ndim ? ndim : 1;
+    if (d < -n || d >= n) return -1;
+    *out = (int32_t)(d < 0 ? d + n : d);
+    return 0;
+}
+
+/* dims argument of a reduction -> bit mask; None (or absent) = all dims. */
+static int dims_mask(const IRArg *a, int32_t ndim, uint32_t *mask) {
+    int64_t ds[EM_LMAXDIM + 1];
+    if (is_none(a)) {
+        *mask = ndim ? (uint32_t)((1u << ndim) - 1) : 0;
+        return 0;
+    }
+    int k = get_ints(a, ds, EM_LMAXDIM + 1);
+    if (k < 0) return -1;
+    if (k == 0) {
+        *mask = ndim ? (uint32_t)((1u << ndim) - 1) : 0;
+        return 0;
+    }
+    *mask = 0;
+    for (int i = 0; i < k; i++) {
+        int32_t d;
+        if (norm_dim(ds[i], ndim, &d) < 0) return -1;
+        if (ndim) *mask |= 1u << d;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The rules                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum {
+    R_UNARY, R_BINARY, R_ADDSUB, R_DIV, R_POW, R_WHERE, R_MASKED_FILL, R_CLAMP, R_CLAMP_MIN, R_CLAMP_MAX,
+    R_CAST, R_TO, R_GELU, R_SILU, R_SOFTPLUS, R_SQUARE, R_MAXMIN,
+    R_REDUCE, R_MEAN, R_VAR, R_SOFTMAX, R_LOGSUMEXP, R_LAYER_NORM, R_RMS_NORM, R_BATCH_NORM,
+    R_RESHAPE, R_PERMUTE, R_TRANSPOSE, R_T, R_EXPAND, R_NARROW, R_SELECT, R_GETITEM, R_IDENTITY, R_DROPOUT
+} RuleKind;
+
+typedef struct {
+    const char *key;  /* normalized target name (see target_key) */
+    RuleKind kind;
+    int prim;         /* LPrim, or a flag for the rule (std, log, dtype ...) */
+    const char *sig;  /* parameter names, positional order */
+} LowerRule;
+
+#define U(k, p) {k, R_UNARY, LP_##p, "input"}
+#define B(k, p) {k, R_BINARY, LP_##p, "input,other"}
+static const LowerRule LOWER_RULES[] = {
+    /* pointwise unary: torch.X, Tensor.X, F.X */
+    U("abs", ABS), U("absolute", ABS), U("op.abs", ABS), U("neg", NEG), U("negative", NEG), U("op.neg", NEG),
+    U("reciprocal", RECIP), U("sqrt", SQRT), U("rsqrt", RSQRT), U("exp", EXP), U("exp2", EXP2),
+    U("expm1", EXPM1), U("log", LOG), U("log2", LOG2), U("log10", LOG10), U("log1p", LOG1P),
+    U("sin", SIN), U("cos", COS), U("tan", TAN), U("tanh", TANH), U("F.tanh", TANH), U("asin", ASIN),
+    U("acos", ACOS), U("atan", ATAN), U("sinh", SINH), U("cosh", COSH), U("erf", ERF),
+    U("special.erf", ERF), U("sigmoid", SIGMOID), U("F.sigmoid", SIGMOID), U("special.expit", SIGMOID),
+    U("relu", RELU), {"F.relu", R_UNARY, LP_RELU, "input,inplace"}, U("floor", FLOOR), U("ceil", CEIL),
+    U("round", ROUND), U("trunc", TRUNC), U("sign", SIGN), U("logical_not", NOT), U("isnan", ISNAN),
+    U("isinf", ISINF),
+    {"F.gelu", R_GELU, 0, "input,approximate"},
+    {"F.silu", R_SILU, 0, "input,inplace"},
+    {"F.softplus", R_SOFTPLUS, 0, "input,beta,threshold"},
+    {"square", R_SQUARE, 0, "input"},
+    /* pointwise binary */
+    {"add", R_ADDSUB, LP_ADD, "input,other,alpha"}, {"sub", R_ADDSUB, LP_SUB, "input,other,alpha"},
+    {"subtract", R_ADDSUB, LP_SUB, "input,other,alpha"},
+    B("op.add", ADD), B("op.sub", SUB), B("mul", MUL), B("multiply", MUL), B("op.mul", MUL),
+    {"div", R_DIV, 0, "input,other,rounding_mode"}, {"divide", R_DIV, 0, "input,other,rounding_mode"},
+    {"true_divide", R_DIV, 0, "input,other"}, {"op.truediv", R_DIV, 0, "input,other"},
+    {"op.floordiv", R_DIV, 1, "input,other"}, {"floor_divide", R_DIV, 1, "input,other"},
+    {"pow", R_POW, 0, "input,exponent"}, {"op.pow", R_POW, 0, "input,exponent"},
+    B("maximum", MAX), B("minimum", MIN), B("fmax", MAX), B("eq", EQ), B("ne", NE), B("lt", LT), B("le", LE),
+    B("gt", GT), B("ge", GE), B("less", LT), B("greater", GT), B("op.eq", EQ), B("op.ne", NE), B("op.lt", LT),
+    B("op.le", LE), B("op.gt", GT), B("op.ge", GE), B("logical_and", AND), B("logical_or", OR),
+    B("logical_xor", XOR),
+    {"where", R_WHERE, 0, "condition,input,other"},
+    {"masked_fill", R_MASKED_FILL, 0, "input,mask,value"},
+    {"clamp", R_CLAMP, 0, "input,min,max"}, {"clip", R_CLAMP, 0, "input,min,max"},
+    {"clamp_min", R_CLAMP_MIN, 0, "input,min"}, {"clamp_max", R_CLAMP_MAX, 0, "input,max"},
+    {"max", R_MAXMIN, LP_RMAX, "input,other"}, {"min", R_MAXMIN, LP_RMIN, "input,other"},
+    /* casts */
+    {"to", R_TO, 0, "input,dtype"}, {"type_as", R_CAST, -2, "input,other"},
+    {"float", R_CAST, LDT_F32, "input"}, {"double", R_CAST, LDT_F64, "input"},
+    {"half", R_CAST, LDT_F16, "input"}, {"bfloat16", R_CAST, LDT_BF16, "input"},
+    {"long", R_CAST, LDT_I64, "input"}, {"int", R_CAST, LDT_I32, "input"}, {"short", R_CAST, LDT_I16, "input"},
+    {"char", R_CAST, LDT_I8, "input"}, {"byte", R_CAST, LDT_U8, "input"}, {"bool", R_CAST, LDT_BOOL, "input"},
+    /* reductions */
+    {"sum", R_REDUCE, LP_RSUM, "input,dim,keepdim,dtype"}, {"prod", R_REDUCE, LP_RPROD, "input,dim,keepdim,dtype"},
+    {"mean", R_MEAN, 0, "input,dim,keepdim,dtype"},
+    {"amax", R_REDUCE, LP_RMAX, "input,dim,keepdim"}, {"amin", R_REDUCE, LP_RMIN, "input,dim,keepdim"},
+    {"any", R_REDUCE, LP_RANY, "input,dim,keepdim"}, {"all", R_REDUCE, LP_RALL, "input,dim,keepdim"},
+    {"argmax", R_REDUCE, LP_RARGMAX, "input,dim,keepdim"}, {"argmin", R_REDUCE, LP_RARGMIN, "input,dim,keepdim"},
+    {"var", R_VAR, 0, "input,dim,unbiased,keepdim,correction"},
+    {"std", R_VAR, 1, "input,dim,unbiased,keepdim,correction"},
+    {"softmax", R_SOFTMAX, 0, "input,dim,dtype"}, {"F.softmax", R_SOFTMAX, 0, "input,dim,_stacklevel,dtype"},
+    {"special.softmax", R_SOFTMAX, 0, "input,dim,dtype"},
+    {"log_softmax", R_SOFTMAX, 1, "input,dim,dtype"}, {"F.log_softmax", R_SOFTMAX, 1, "input,dim,_stacklevel,dtype"},
+    {"logsumexp", R_LOGSUMEXP, 0, "input,dim,keepdim"},
+    /* normalizations (inference) as decompositions */
+    {"F.layer_norm", R_LAYER_NORM, 0, "input,normalized_shape,weight,bias,eps"},
+    {"F.rms_norm", R_RMS_NORM, 0, "input,normalized_shape,weight,eps"},
+    {"F.batch_norm", R_BATCH_NORM, 0, "input,running_mean,running_var,weight,bias,training,momentum,eps"},
+    {"F.dropout", R_DROPOUT, 0, "input,p,training,inplace"},
+    /* views: index arithmetic */
+    {"view", R_RESHAPE, 0, ""}, {"reshape", R_RESHAPE, 1, ""}, {"flatten", R_RESHAPE, 1, ""},
+    {"squeeze", R_RESHAPE, 0, ""}, {"unsqueeze", R_RESHAPE, 0, ""}, {"view_as", R_RESHAPE, 0, ""},
+    {"reshape_as", R_RESHAPE, 1, ""}, {"unflatten", R_RESHAPE, 0, ""},
+    {"permute", R_PERMUTE, 0, ""}, {"transpose", R_TRANSPOSE, 0, "input,dim0,dim1"},
+    {"swapaxes", R_TRANSPOSE, 0, "input,axis0,axis1"}, {"t", R_T, 0, "input"},
+    {"expand", R_EXPAND, 0, ""}, {"expand_as", R_EXPAND, 0, ""}, {"broadcast_to", R_EXPAND, 0, ""},
+    {"narrow", R_NARROW, 0, "input,dim,start,length"}, {"select", R_SELECT, 0, "input,dim,index"},
+    {"op.getitem", R_GETITEM, 0, "input,index"}, {"contiguous", R_IDENTITY, 0, "input"},
+};
+#undef U
+#undef B
+
+/* The rule key of a call target: methods by name, torch.X and torch.Tensor.X as X,
+ * torch.nn.functional.X as F.X, operator.X as op.X, torch.special.X as special.X. */
+static int target_key(const IRNode *n, char *buf, size_t size) {
+    PyObject *q = n->kind == IR_CALL_METHOD ? Py_NewRef(n->target) : em_ir_target_qualname(n->target);
+    if (!q) {
+        PyErr_Clear();
+        return -1;
+    }
+    const char *s = PyUnicode_Check(q) ? PyUnicode_AsUTF8(q) : NULL;
+    int r = -1;
+    if (s) {
+        static const struct { const char *prefix, *repl; } map[] = {
+            {"torch.Tensor.", ""}, {"torch.nn.functional.", "F."}, {"torch._C._nn.", "F."},
+            {"torch.special.", "special."}, {"torch._C._special.special_", "special."}, {"operator.", "op."},
+            {"_operator.", "op."}, {"torch.", ""},
+        };
+        if (n->kind == IR_CALL_METHOD) {
+            snprintf(buf, size, "%s", s);
+            r = 0;
+        } else {
+            for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+                size_t lp = strlen(map[i].prefix);
+                if (strncmp(s, map[i].prefix, lp) == 0) {
+                    snprintf(buf, size, "%s%s", map[i].repl, s + lp);
+                    r = 0;
+                    break;
+                }
+            }
+            /* builtins of torch's C module (torch._C._VariableFunctions.add ...) print as "add" */
+            if (r < 0 && !strchr(s, '.')) {
+                snprintf(buf, size, "%s", s);
+                r = 0;
+            }
+        }
+    } else {
+        PyErr_Clear();
+    }
+    Py_DECREF(q);
+    return r;
+}
+
+static const LowerRule *find_rule(const IRNode *n) {
+    char key[128];
+    if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) return NULL;
+    if (target_key(n, key, sizeof key) < 0) return NULL;
+    for (size_t i = 0; i < sizeof LOWER_RULES / sizeof LOWER_RULES[0]; i++)
+        if (strcmp(LOWER_RULES[i].key, key) == 0) return &LOWER_RULES[i];
+    /* F.X that is torch.X (F.relu is torch.relu's sibling; F.tanh ...) */
+    return NULL;
+}
+
+static int is_view_rule(const LowerRule *r) { return r && r->kind >= R_RESHAPE; }
+
+/* torch.result_type(a, b) for a comparison's compute dtype, from the operands' meta examples and
+ * Python numbers. -1 when unknown. */
+static int result_type(Ctx *c, const IRArg *a, const IRArg *b) {
+    PyObject *args[2] = {NULL, NULL}, *torch = NULL, *fn = NULL, *r = NULL;
+    const IRArg *ab[2] = {a, b};
+    int out = -1;
+    for (int i = 0; i < 2; i++) {
+        if (ab[i]->kind == IRARG_NODE) {
+            const IRNode *src = &c->lg->ir->nodes[ab[i]->u.ref];
+            if (src->meta.kind != IRMETA_TENSOR || !src->meta.example) goto done;
+            args[i] = src->meta.example;
+        } else if (ab[i]->kind == IRARG_CONST) {
+            args[i] = ab[i]->u.obj;
+        } else {
+            goto done;
+        }
+    }
+    torch = PyImport_ImportModule("torch");
+    if (!torch) goto done;
+    fn = PyObject_GetAttrString(torch, "result_type");
+    if (!fn) goto done;
+    r = PyObject_CallFunctionObjArgs(fn, args[0], args[1], NULL);
+    if (r) out = em_lower_dtype_of(r);
+done:
+    if (PyErr_Occurred()) PyErr_Clear();
+    Py_XDECREF(torch);
+    Py_XDECREF(fn);
+    Py_XDECREF(r);
+    return out;
+}
+
+/* torch's reshape stride rule (aten/src/ATen/TensorUtils.cpp, computeStride). -1: needs a copy. */
+static int compute_stride(int32_t ond, const int64_t *os, const int64_t *ost, int32_t nnd, const int64_t *ns,
+                          int64_t *nst) {
+    if (numel_of(ond, os) == 0 || ond == 0) {
+        contiguous_strides(nnd, ns, nst);
+        return 0;
+    }
+    int view_d = nnd - 1;
+    int64_t chunk = ost[ond - 1], tnumel = 1, vnumel = 1;
+    for (int td = ond - 1; td >= 0; td--) {
+        tnumel *= os[td];
+        if (td == 0 || (os[td - 1] != 1 && ost[td - 1] != tnumel * chunk)) {
+            while (view_d >= 0 && (vnumel < tnumel || ns[view_d] == 1)) {
+                nst[view_d] = vnumel * chunk;
+                vnumel *= ns[view_d];
+                view_d--;
+            }
+            if (vnumel != tnumel) return -1;
+            if (td > 0) {
+                chunk = ost[td - 1];
+                tnumel = 1;
+                vnumel = 1;
+            }
+        }
+    }
+    return view_d == -1 ? 0 : -1;
+}
+
+/* The value of x seen with sizes/strides/offset relative to x's own view (x a LOAD). */
+static uint32_t reload(Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes, const int64_t *strides, int64_t off) {
+    LNode src = *NODE(c, x);
+    return em_lower_load(c->lg, src.buf, nd, sizes, src.offset + off, strides, c->ir);
+}
+
+static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
+    const IRNode *n = c->n;
+    const IRMeta *m = &n->meta;
+    Opnd x;
+    if (n->nargs < 1 || opnd(c, &n->args[0], &x) < 0 || x.kind != 1) return 0;
+    uint32_t base = x.node;
+    LNode src = *NODE(c, base);
+    int64_t st[EM_LMAXDIM] = {0};
+    switch (rule->kind) {
+    case R_IDENTITY:
+        return base;
+    case R_DROPOUT:
+        if (!is_false(slot[2]) || !is_false(slot[3])) return 0;
+        return base;
+    case R_RESHAPE: {
+        uint32_t l = as_load(c, base);
+        if (!l) return 0;
+        src = *NODE(c, l);
+        if (compute_stride(src.ndim, src.sizes, src.strides, m->ndim, m->sizes, st) == 0)
+            return reload(c, l, m->ndim, m->sizes, st, 0);
+        if (rule->prim != 1) return 0; /* view() of an incompatible layout: torch raised already */
+        /* reshape that copies: materialize the value contiguous, then view it */
+        uint32_t cp = new_node(c->lg, LP_CAST, src.dtype, src.dtype, src.ndim, src.sizes);
+        if (!cp) return 0;
+        NODE(c, cp)->in[0] = l;
+        NODE(c, cp)->ir = c->ir;
+        /* a CAST to the same dtype is a copy; as_load materializes it */
+        uint32_t l2 = as_load(c, cp);
+        if (!l2) return 0;
+        src = *NODE(c, l2);
+        if (compute_stride(src.ndim, src.sizes, src.strides, m->ndim, m->sizes, st) < 0) return 0;
+        return reload(c, l2, m->ndim, m->sizes, st, 0);
+    }
+    case R_PERMUTE:
+    case R_TRANSPOSE:
+    case R_T: {
+        int64_t perm[EM_LMAXDIM];
+        int k = src.ndim;
+        for (int d = 0; d < k; d++) perm[d] = d;
+        if (rule->kind == R_PERMUTE) {
+            if (varargs_ints(n, 1, perm, EM_LMAXDIM) != k) return 0;
+        } else if (rule->kind == R_TRANSPOSE) {
+            int64_t a, b;
+            int32_t da, db;
+            if (get_int(slot[1], &a) < 0 || get_int(slot[2], &b) < 0 || norm_dim(a, k, &da) < 0 ||
+                norm_dim(b, k, &db) < 0)
+                return 0;
+            if (k) {
+                perm[da] = db;
+                perm[db] = da;
+            }
+        } else if (k == 2) {
+            perm[0] = 1;
+            perm[1] = 0;
+        }
+        uint32_t l = as_load(c, base);
+        if (!l) return 0;
+        src = *NODE(c, l);
+        int64_t sizes[EM_LMAXDIM];
+        for (int d = 0; d < k; d++) {
+            int32_t p;
+            if (norm_dim(perm[d], k, &p) < 0) return 0;
+            sizes[d] = src.sizes[p];
+            st[d] = src.strides[p];
+        }
+        return reload(c, l, k, sizes, st, 0);
+    }
+    case R_EXPAND: {
+        uint32_t l = as_load(c, base);
+        if (!l) return 0;
+        src = *NODE(c, l);
+        if (m->ndim < src.ndim) return 0;
+        for (int d = 0; d < m->ndim; d++) {
+            int sd = d - (m->ndim - src.ndim);
+            st[d] = sd >= 0 && src.sizes[sd] == m->sizes[d] ? src.strides[sd] : 0;
+            if (sd >= 0 && src.sizes[sd] != m->sizes[d] && src.sizes[sd] != 1) return 0;
+        }
+        return reload(c, l, m->ndim, m->sizes, st, 0);
+    }
+    case R_NARROW:
+    case R_SELECT: {
+        int64_t dim, start, len = 1;
+        int32_t d;
+        if (get_int(slot[1], &dim) < 0 || get_int(slot[2], &start) < 0 || norm_dim(dim, src.ndim, &d) < 0 ||
+            src.ndim == 0)
+            return 0;
+        if (rule->kind == R_NARROW && get_int(slot[3], &len) < 0) return 0;
+        if (start < 0) start += src.sizes[d];
+        if (start < 0 || start + len > src.sizes[d]) return 0;
+        uint32_t l = as_load(c, base);
+        if (!l) return 0;
+        src = *NODE(c, l);
+        int64_t sizes[EM_LMAXDIM];
+        int k = 0;
+        for (int i = 0; i < src.ndim; i++) {
+            if (i == d && rule->kind == R_SELECT) continue;
+            sizes[k] = i == d ? len : src.sizes[i];
+            st[k++] = src.strides[i];
+        }
+        return reload(c, l, k, sizes, st, start * src.strides[d]);
+    }
+    case R_GETITEM: {
+        /* basic indexing: ints, slices with step > 0, None, Ellipsis (torch/csrc/autograd/python_variable_indexing.cpp) */
+        const IRArg *idx = slot[1];
+        if (!idx) return 0;
+        PyObject *items[EM_LMAXDIM * 2];
+        int nitems = 0;
+        if (idx->kind == IRARG_CONST && PyTuple_Check(idx->u.obj)) {
+            if (PyTuple_GET_SIZE(idx->u.obj) > EM_LMAXDIM * 2) return 0;
+            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(idx->u.obj); i++) items[nitems++] = PyTuple_GET_ITEM(idx->u.obj, i);
+        } else if (idx->kind == IRARG_TUPLE) {
+            if (idx->n > EM_LMAXDIM * 2) return 0;
+            for (uint32_t i = 0; i < idx->n; i++) {
+                if (idx->u.items[i].kind != IRARG_CONST) return 0;
+                items[nitems++] = idx->u.items[i].u.obj;
+            }
+        } else if (idx->kind == IRARG_CONST) {
+            items[nitems++] = idx->u.obj;
+        } else {
+            return 0;
+        }
+        int consumed = 0, nell = 0;
+        for (int i = 0; i < nitems; i++) {
+            if (items[i] == Py_Ellipsis) nell++;
+            else if (items[i] != Py_None) {
+                if (!(PyLong_CheckExact(items[i]) || PySlice_Check(items[i]))) return 0;
+                consumed++;
+            }
+        }
+        if (nell > 1 || consumed > src.ndim) return 0;
+        uint32_t l = as_load(c, base);
+        if (!l) return 0;
+        src = *NODE(c, l);
+        int64_t sizes[EM_LMAXDIM], off = 0;
+        int k = 0, d = 0;
+        for (int i = 0; i < nitems; i++) {
+            PyObject *it = items[i];
+            if (it == Py_Ellipsis) {
+                for (int e = 0; e < src.ndim - consumed; e++, d++) {
+                    if (k >= EM_LMAXDIM) return 0;
+                    sizes[k] = src.sizes[d];
+                    st[k++] = src.strides[d];
+                }
+            } else if (it == Py_None) {
+                if (k >= EM_LMAXDIM) return 0;
+                sizes[k] = 1;
+                st[k++] = 0;
+            } else if (PyLong_CheckExact(it)) {
+                int64_t v = PyLong_AsLongLong(it);
+                if (PyErr_Occurred()) {
+                    PyErr_Clear();
+                    return 0;
+                }
+                if (v < 0) v += src.sizes[d];
+                if (v < 0 || v >= src.sizes[d]) return 0;
+                off += v * src.strides[d];
+                d++;
+            } else {
+                Py_ssize_t start, stop, step;
+                if (PySlice_Unpack(it, &start, &stop, &step) < 0) {
+                    PyErr_Clear();
+                    return 0;
+                }
+                if (step <= 0) return 0;
+                Py_ssize_t len = PySlice_AdjustIndices((Py_ssize_t)src.sizes[d], &start, &stop, step);
+                if (k >= EM_LMAXDIM) return 0;
+                sizes[k] = len;
+                st[k++] = src.strides[d] * step;
+                if (len > 0) off += start * src.strides[d];
+                d++;
+            }
+        }
+        for (; d < src.ndim; d++) {
+            if (k >= EM_LMAXDIM) return 0;
+            sizes[k] = src.sizes[d];
+            st[k++] = src.strides[d];
+        }
+        return reload(c, l, k, sizes, st, off);
+    }
+    default:
+        return 0;
+    }
+}
+
+/* float compute dtype of a decomposition: half types compute in float32 and round once. */
+static LDtype opmath(LDtype t) { return em_ldt_is_half(t) ? LDT_F32 : t; }
+
+static uint32_t cnum(Ctx *c, double v, LDtype dt) { return mk_const(c, v, 0, 0, dt); }
+
+/* sum over rmask divided by the element count (mean, keepdim). */
+static uint32_t mk_mean(Ctx *c, uint32_t x, uint32_t rmask, LDtype dt) {
+    LNode src = *NODE(c, x);
+    int64_t cnt = 1;
+    for (int d = 0; d < src.ndim; d++)
+        if ((rmask >> d) & 1) cnt *= src.sizes[d];
+    uint32_t s = mk_reduce(c, LP_RSUM, dt, mk_cast(c, x, dt), rmask);
+    return mk_op(c, LP_DIV, dt, dt, s, cnum(c, (double)cnt, dt), 0);
+}
+
+/* var with correction: two passes (mean, then the centered sum of squares), keepdim. */
+static uint32_t mk_var(Ctx *c, uint32_t x, uint32_t rmask, double correction, LDtype dt) {
+    LNode src = *NODE(c, x);
+    int64_t cnt = 1;
+    for (int d = 0; d < src.ndim; d++)
+        if ((rmask >> d) & 1) cnt *= src.sizes[d];
+    uint32_t xf = mk_cast(c, x, dt);
+    uint32_t mean = mk_mean(c, xf, rmask, dt);
+    uint32_t dev = mk_op(c, LP_SUB, dt, dt, xf, mean, 0);
+    uint32_t sq = mk_op(c, LP_MUL, dt, dt, dev, dev, 0);
+    uint32_t ss = mk_reduce(c, LP_RSUM, dt, sq, rmask);
+    double denom = (double)cnt - correction;
+    if (denom < 0) denom = 0;
+    return mk_op(c, LP_DIV, dt, dt, ss, cnum(c, denom, dt), 0);
+}
+
+/* Drops the reduced dims of a keepdim value (non-keepdim reductions). The value is stored with
+ * the IR node's own strides when it is the IR node's result. */
+static uint32_t squeeze_dims(Ctx *c, uint32_t x, uint32_t rmask) {
+    if (!x) return 0;
+    LNode src = *NODE(c, x);
+    if (!rmask) return x;
+    int64_t sizes[EM_LMAXDIM];
+    int k = 0;
+    for (int d = 0; d < src.ndim; d++)
+        if (!((rmask >> d) & 1)) sizes[k++] = src.sizes[d];
+    if (src.op != LP_LOAD) return as_load_shape(c, x, k, sizes);
+    int64_t st[EM_LMAXDIM];
+    k = 0;
+    for (int d = 0; d < src.ndim; d++)
+        if (!((rmask >> d) & 1)) st[k++] = src.strides[d];
+    return reload(c, x, k, sizes, st, 0);
+}
+
+/* normalized_shape -> mask of the trailing dims. */
+static int trailing_mask(const IRArg *a, const LNode *x, uint32_t *mask) {
+    int64_t ns[EM_LMAXDIM];
+    int k = get_ints(a, ns, EM_LMAXDIM);
+    if (k < 0 || k > x->ndim) return -1;
+    *mask = 0;
+    for (int i = 0; i < k; i++) {
+        if (x->sizes[x->ndim - k + i] != ns[i]) return -1;
+        *mask |= 1u << (x->ndim - k + i);
+    }
+    return 0;
+}
+
+/* A per-channel vector (C,) seen as (C, 1, ..., 1) against x (N, C, ...). */
+static uint32_t channel_view(Ctx *c, uint32_t v, int32_t ndim) {
+    uint32_t l = as_load(c, v);
+    if (!l) return 0;
+    LNode src = *NODE(c, l);
+    if (src.ndim != 1 || ndim < 2) return 0;
+    int64_t sizes[EM_LMAXDIM], st[EM_LMAXDIM];
+    for (int d = 0; d < ndim - 1; d++) {
+        sizes[d] = d == 0 ? src.sizes[0] : 1;
+        st[d] = d == 0 ? src.strides[0] : 0;
+    }
+    return reload(c, l, ndim - 1, sizes, st, 0);
+}
+
+static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
+    const IRArg *slot[MAXP];
+    if (rule->sig[0] && bind(c->n, rule->sig, slot) < 0) return 0;
+    if (!rule->sig[0] && c->n->nkwargs) return 0;
+    if (is_view_rule(rule)) return lower_view(c, rule, slot);
+    Opnd a, b, w;
+    if (opnd(c, slot[0], &a) < 0 || opnd(c, slot[1], &b) < 0 || opnd(c, slot[2], &w) < 0) return 0;
+    LDtype R = c->rdt;
+    switch (rule->kind) {
+    case R_UNARY: {
+        if (a.kind != 1 || (slot[1] && !is_false(slot[1]))) return 0;
+        LPrim p = (LPrim)rule->prim;
+        LDtype cd = (p == LP_ISNAN || p == LP_ISINF) ? NODE(c, a.node)->dtype : p == LP_NOT ? LDT_BOOL : R;
+        if (p == LP_SIGN && R == LDT_BOOL) return 0;
+        return mk_op(c, p, R, cd, a.node, 0, 0);
+    }
+    case R_SQUARE:
+        if (a.kind != 1) return 0;
+        return mk_op(c, LP_MUL, R, R, a.node, a.node, 0);
+    case R_BINARY:
+    case R_ADDSUB: {
+        if (a.kind == 0 || b.kind == 0 || a.kind == 3 || b.kind == 3 || (a.kind != 1 && b.kind != 1)) return 0;
+        LPrim p = (LPrim)rule->prim;
+        LDtype cd = R;
+        if (p >= LP_EQ && p <= LP_GE) {
+            int t = result_type(c, slot[0], slot[1]);
+            if (t < 0) return 0;
+            cd = (LDtype)t;
+        } else if (p == LP_AND || p == LP_OR || p == LP_XOR) {
+            cd = LDT_BOOL;
+        }
+        if (R == LDT_BOOL && (p == LP_SUB)) return 0; /* torch raises; keep its error */
+        uint32_t x = operand_node(c, &a, cd), y = operand_node(c, &b, cd);
+        if (rule->kind == R_ADDSUB && slot[2]) {
+            Opnd al;
+            if (opnd(c, slot[2], &al) < 0 || al.kind != 2) return 0;
+            if (!(al.isint && al.i == 1)) y = mk_op(c, LP_MUL, R, cd, y, mk_const(c, al.f, al.i, al.isint, cd), 0);
+        }
+        return mk_op(c, p, R, cd, x, y, 0);
+    }
+    case R_DIV: {
+        if (a.kind == 0 || b.kind == 0 || a.kind == 3 || b.kind == 3 || (a.kind != 1 && b.kind != 1)) return 0;
+        LPrim p = rule->prim == 1 ? LP_DIV_FLOOR : LP_DIV;
+        if (rule->prim == 0 && slot[2] && !is_none(slot[2])) {
+            const char *mode = slot[2]->kind == IRARG_CONST && PyUnicode_Check(slot[2]->u.obj)
+                                   ? PyUnicode_AsUTF8(slot[2]->u.obj) : NULL;
+            if (!mode) return 0;
+            if (strcmp(mode, "trunc") == 0) p = LP_DIV_TRUNC;
+            else if (strcmp(mode, "floor") == 0) p = LP_DIV_FLOOR;
+            else return 0;
+        }
+        if (!em_ldt_is_float(R)) return 0; /* integer division (by zero raises): extern */
+        return mk_op(c, p, R, R, operand_node(c, &a, R), operand_node(c, &b, R), 0);
+    }
+    case R_POW: {
+        if (a.kind != 1 || (b.kind != 1 && b.kind != 2) || !em_ldt_is_float(R)) return 0;
+        uint32_t x = mk_cast(c, a.node, R);
+        if (b.kind == 2) {
+            /* torch's pow_tensor_scalar_optimized_kernel special cases (aten/src/ATen/native/cpu/PowKernel.cpp) */
+            double e = b.isint ? (double)b.i : b.f;
+            if (e == 2) return mk_op(c, LP_MUL, R, R, x, x, 0);
+            if (e == 3) return mk_op(c, LP_MUL, R, R, mk_op(c, LP_MUL, R, R, x, x, 0), x, 0);
+            if (e == 0.5) return mk_op(c, LP_SQRT, R, R, x, 0, 0);
+            if (e == -0.5) return mk_op(c, LP_RSQRT, R, R, x, 0, 0);
+            if (e == -1) return mk_op(c, LP_RECIP, R, R, x, 0, 0);
+            if (e == -2) return mk_op(c, LP_RECIP, R, R, mk_op(c, LP_MUL, R, R, x, x, 0), 0, 0);
+        }
+        return mk_op(c, LP_POW, R, R, x, operand_node(c, &b, R), 0);
+    }
+    case R_WHERE: {
+        if (a.kind != 1 || (b.kind != 1 && b.kind != 2) || (w.kind != 1 && w.kind != 2)) return 0;
+        return mk_op(c, LP_WHERE, R, R, a.node, operand_node(c, &b, R), operand_node(c, &w, R));
+    }
+    case R_MASKED_FILL: {
+        if (a.kind != 1 || b.kind != 1 || (w.kind != 1 && w.kind != 2)) return 0;
+        if (w.kind == 1 && NODE(c, w.node)->ndim != 0) return 0;
+        return mk_op(c, LP_WHERE, R, R, b.node, operand_node(c, &w, R), mk_cast(c, a.node, R));
+    }
+    case R_CLAMP:
+    case R_CLAMP_MIN:
+    case R_CLAMP_MAX: {
+        if (a.kind != 1) return 0;
+        Opnd lo = rule->kind == R_CLAMP_MAX ? (Opnd){0} : b;
+        Opnd hi = rule->kind == R_CLAMP ? w : rule->kind == R_CLAMP_MAX ? b : (Opnd){0};
+        if (lo.kind == 3 || hi.kind == 3 || (lo.kind == 0 && hi.kind == 0)) return 0;
+        uint32_t x = mk_cast(c, a.node, R);
+        if (lo.kind) x = mk_op(c, LP_MAX, R, R, x, operand_node(c, &lo, R), 0);
+        if (hi.kind) x = mk_op(c, LP_MIN, R, R, x, operand_node(c, &hi, R), 0);
+        return x;
+    }
+    case R_MAXMIN: {
+        if (a.kind != 1) return 0;
+        if (b.kind == 1) return mk_op(c, rule->prim == LP_RMAX ? LP_MAX : LP_MIN, R, R, a.node, b.node, 0);
+        if (b.kind != 0) return 0;
+        LNode src = *NODE(c, a.node);
+        uint32_t mask = src.ndim ? (1u << src.ndim) - 1 : 0;
+        return squeeze_dims(c, mk_reduce(c, (LPrim)rule->prim, R, a.node, mask), mask);
+    }
+    case R_CAST:
+    case R_TO: {
+        if (a.kind != 1) return 0;
+        if (rule->kind == R_TO) {
+            if (!slot[1] || slot[1]->kind != IRARG_CONST || em_lower_dtype_of(slot[1]->u.obj) < 0) return 0;
+        } else if (rule->prim == -2) {
+            if (b.kind != 1) return 0;
+        }
+        if (NODE(c, a.node)->dtype == R) return 0; /* same dtype: torch returns self (an alias): extern */
+        return mk_cast(c, a.node, R);
+    }
+    case R_GELU: {
+        if (a.kind != 1 || !em_ldt_is_float(R)) return 0;
+        int tanh_approx = 0;
+        if (slot[1]) {
+            const char *s = slot[1]->kind == IRARG_CONST && PyUnicode_Check(slot[1]->u.obj) ? PyUnicode_AsUTF8(slot[1]->u.obj) : NULL;
+            if (!s) return 0;
+            if (strcmp(s, "tanh") == 0) tanh_approx = 1;
+            else if (strcmp(s, "none") != 0) return 0;
+        }
+        LDtype F = opmath(R);
+        uint32_t x = mk_cast(c, a.node, F), inner;
+        if (tanh_approx) {
+            /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (aten/src/ATen/native/cpu/Activation.cpp) */
+            uint32_t x3 = mk_op(c, LP_MUL, F, F, mk_op(c, LP_MUL, F, F, x, x, 0), x, 0);
+            uint32_t u = mk_op(c, LP_ADD, F, F, x, mk_op(c, LP_MUL, F, F, x3, cnum(c, 0.044715, F), 0), 0);
+            inner = mk_op(c, LP_TANH, F, F, mk_op(c, LP_MUL, F, F, u, cnum(c, 0.7978845608028654, F), 0), 0, 0);
+        } else {
+            inner = mk_op(c, LP_ERF, F, F, mk_op(c, LP_MUL, F, F, x, cnum(c, 0.7071067811865476, F), 0), 0, 0);
+        }
+        uint32_t r = mk_op(c, LP_MUL, F, F, mk_op(c, LP_MUL, F, F, x, cnum(c, 0.5, F), 0),
+                           mk_op(c, LP_ADD, F, F, inner, cnum(c, 1.0, F), 0), 0);
+        return mk_cast(c, r, R);
+    }
+    case R_SILU: {
+        if (a.kind != 1 || !is_false(slot[1]) || !em_ldt_is_float(R)) return 0;
+        LDtype F = opmath(R);
+        uint32_t x = mk_cast(c, a.node, F);
+        uint32_t den = mk_op(c, LP_ADD, F, F, cnum(c, 1.0, F), mk_op(c, LP_EXP, F, F, mk_op(c, LP_NEG, F, F, x, 0, 0), 0, 0), 0);
+        return mk_cast(c, mk_op(c, LP_DIV, F, F, x, den, 0), R);
+    }
+    case R_SOFTPLUS: {
+        if (a.kind != 1 || !em_ldt_is_float(R)) return 0;
+        double beta = 1, thr = 20;
+        if ((slot[1] && get_double(slot[1], &beta) < 0) || (slot[2] && get_double(slot[2], &thr) < 0)) return 0;
+        LDtype F = opmath(R);
+        uint32_t x = mk_cast(c, a.node, F);
+        uint32_t bx = mk_op(c, LP_MUL, F, F, x, cnum(c, beta, F), 0);
+        uint32_t soft = mk_op(c, LP_DIV, F, F, mk_op(c, LP_LOG1P, F, F, mk_op(c, LP_EXP, F, F, bx, 0, 0), 0, 0), cnum(c, beta, F), 0);
+        uint32_t cond = mk_op(c, LP_GT, LDT_BOOL, F, bx, cnum(c, thr, F), 0);
+        return mk_cast(c, mk_op(c, LP_WHERE, F, F, cond, x, soft), R);
+    }
+    case R_REDUCE:
+    case R_MEAN: {
+        if (a.kind != 1) return 0;
+        LNode src = *NODE(c, a.node);
+        uint32_t mask;
+        int keep = 0;
+        if (dims_mask(slot[1], src.ndim, &mask) < 0) return 0;
+        if (slot[2]) {
+            if (!(slot[2]->kind == IRARG_CONST && PyBool_Check(slot[2]->u.obj))) return 0;
+            keep = slot[2]->u.obj == Py_True;
+        }
+        LPrim p = (LPrim)rule->prim;
+        uint32_t x = a.node, r;
+        if (rule->kind == R_MEAN) {
+            if (!em_ldt_is_float(R)) return 0;
+            r = mk_mean(c, mk_cast(c, x, R), mask, R);
+        } else if (p == LP_RARGMAX || p == LP_RARGMIN) {
+            if (is_none(slot[1])) {
+                /* argmax over the flattened tensor: reduce every dim, result shape () */
+                r = mk_reduce(c, p, LDT_I64, x, mask);
+                if (!keep) return squeeze_dims(c, r, mask);
+                return r;
+            }
+            r = mk_reduce(c, p, LDT_I64, x, mask);
+        } else if (p == LP_RANY || p == LP_RALL) {
+            r = mk_reduce(c, p, R, mk_cast(c, x, LDT_BOOL), mask);
+        } else if (p == LP_RMAX || p == LP_RMIN) {
+            r = mk_reduce(c, p, R, mk_cast(c, x, R), mask);
+        } else {
+            r = mk_reduce(c, p, R, mk_cast(c, x, R), mask);
+        }
+        return keep ? r : squeeze_dims(c, r, mask);
+    }
+    case R_VAR: {
+        if (a.kind != 1 || !em_ldt_is_float(R)) return 0;
+        LNode src = *NODE(c, a.node);
+        const IRArg *dim = slot[1], *unb = slot[2];
+        /* torch.var(x, True): the second positional is `unbiased` when it is a bool */
+        if (dim && dim->kind == IRARG_CONST && PyBool_Check(dim->u.obj)) {
+            if (unb) return 0;
+            unb = dim;
+            dim = NULL;
+        }
+        uint32_t mask;
+        int keep = 0;
+        double corr = 1;
+        if (dims_mask(dim, src.ndim, &mask) < 0) return 0;
+        if (slot[3]) {
+            if (!(slot[3]->kind == IRARG_CONST && PyBool_Check(slot[3]->u.obj))) return 0;
+            keep = slot[3]->u.obj == Py_True;
+        }
+        if (unb && !is_none(unb)) {
+            if (!(unb->kind == IRARG_CONST && PyBool_Check(unb->u.obj))) return 0;
+            corr = unb->u.obj == Py_True ? 1 : 0;
+        }
+        if (slot[4] && !is_none(slot[4]) && get_double(slot[4], &corr) < 0) return 0;
+        LDtype F = opmath(R);
+        uint32_t v = mk_var(c, mk_cast(c, a.node, F), mask, corr, F);
+        if (rule->prim == 1) v = mk_op(c, LP_SQRT, F, F, v, 0, 0);
+        v = mk_cast(c, v, R);
+        return keep ? v : squeeze_dims(c, v, mask);
+    }
+    case R_SOFTMAX: {
+        if (a.kind != 1 || !em_ldt_is_float(R)) return 0;
+        int64_t dim;
+        int32_t d;
+        LNode src = *NODE(c, a.node);
+        if (get_int(slot[1], &dim) < 0 || norm_dim(dim, src.ndim, &d) < 0) return 0;
+        const IRArg *dt = rule->key[0] == 'F' ? slot[3] : slot[2];
+        if (!is_none(dt) && (dt->kind != IRARG_CONST || em_lower_dtype_of(dt->u.obj) != (int)R)) return 0;
+        uint32_t mask = src.ndim ? 1u << d : 0;
+        LDtype F = opmath(R);
+        /* aten/src/ATen/native/cpu/SoftMaxKernel.cpp: max, exp(x - max), sum, then scale */
+        uint32_t x = mk_cast(c, a.node, F);
+        uint32_t m = mk_reduce(c, LP_RMAX, F, x, mask);
+        uint32_t sh = mk_op(c, LP_SUB, F, F, x, m, 0);
+        uint32_t e = mk_op(c, LP_EXP, F, F, sh, 0, 0);
+        uint32_t s = mk_reduce(c, LP_RSUM, F, e, mask);
+        uint32_t r = rule->prim == 1 ? mk_op(c, LP_SUB, F, F, sh, mk_op(c, LP_LOG, F, F, s, 0, 0), 0)
+                                     : mk_op(c, LP_DIV, F, F, e, s, 0);
+        return mk_cast(c, r, R);
+    }
+    case R_LOGSUMEXP: {
+        if (a.kind != 1 || !em_ldt_is_float(R)) return 0;
+        LNode src = *NODE(c, a.node);
+        uint32_t mask;
+        int keep = 0;
+        if (!slot[1] || dims_mask(slot[1], src.ndim, &mask) < 0) return 0;
+        if (slot[2]) {
+            if (!(slot[2]->kind == IRARG_CONST && PyBool_Check(slot[2]->u.obj))) return 0;
+            keep = slot[2]->u.obj == Py_True;
+        }
+        LDtype F = opmath(R);
+        /* aten/src/ATen/native/ReduceOps.cpp logsumexp: an infinite max is replaced by 0 */
+        uint32_t x = mk_cast(c, a.node, F);
+        uint32_t m0 = mk_reduce(c, LP_RMAX, F, x, mask);
+        uint32_t m = mk_op(c, LP_WHERE, F, F, mk_op(c, LP_ISINF, LDT_BOOL, F, m0, 0, 0), cnum(c, 0, F), m0);
+        uint32_t s = mk_reduce(c, LP_RSUM, F, mk_op(c, LP_EXP, F, F, mk_op(c, LP_SUB, F, F, x, m, 0), 0, 0), mask);
+        uint32_t r = mk_cast(c, mk_op(c, LP_ADD, F, F, mk_op(c, LP_LOG, F, F, s, 0, 0), m, 0), R);
+        return keep ? r : squeeze_dims(c, r, mask);
+    }
+    case R_LAYER_NORM:
+    case R_RMS_NORM: {
+        if (a.kind != 1 || !em_ldt_is_float(R)) return 0;
+        LNode src = *NODE(c, a.node);
+        uint32_t mask;
+        if (trailing_mask(slot[1], &src, &mask) < 0) return 0;
+        const IRArg *weight = slot[2], *bias = rule->kind == R_LAYER_NORM ? slot[3] : NULL;
+        const IRArg *epsa = rule->kind == R_LAYER_NORM ? slot[4] : slot[3];
+        /* rms_norm's default eps is the epsilon of the opmath type (aten/src/ATen/native/layer_norm.cpp) */
+        double eps = rule->kind == R_LAYER_NORM ? 1e-5 : (R == LDT_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-07);
+        if (!is_none(epsa) && get_double(epsa, &eps) < 0) return 0;
+        Opnd wo, bo;
+        if (opnd(c, weight, &wo) < 0 || opnd(c, bias, &bo) < 0 || wo.kind == 2 || wo.kind == 3 || bo.kind == 2 ||
+            bo.kind == 3)
+            return 0;
+        LDtype F = opmath(R);
+        uint32_t x = mk_cast(c, a.node, F), y;
+        if (rule->kind == R_LAYER_NORM) {
+            /* aten/src/ATen/native/cpu/layer_norm_kernel.cpp: mean, biased variance, rstd */
+            uint32_t mean = mk_mean(c, x, mask, F);
+            uint32_t dev = mk_op(c, LP_SUB, F, F, x, mean, 0);
+            int64_t cnt = 1;
+            for (int d = 0; d < src.ndim; d++)
+                if ((mask >> d) & 1) cnt *= src.sizes[d];
+            uint32_t var = mk_op(c, LP_DIV, F, F, mk_reduce(c, LP_RSUM, F, mk_op(c, LP_MUL, F, F, dev, dev, 0), mask),
+                                 cnum(c, (double)cnt, F), 0);
+            uint32_t rstd = mk_op(c, LP_RSQRT, F, F, mk_op(c, LP_ADD, F, F, var, cnum(c, eps, F), 0), 0, 0);
+            y = mk_op(c, LP_MUL, F, F, dev, rstd, 0);
+        } else {
+            uint32_t ms = mk_mean(c, mk_op(c, LP_MUL, F, F, x, x, 0), mask, F);
+            uint32_t rr = mk_op(c, LP_RSQRT, F, F, mk_op(c, LP_ADD, F, F, ms, cnum(c, eps, F), 0), 0, 0);
+            y = mk_op(c, LP_MUL, F, F, x, rr, 0);
+        }
+        if (rule->kind == R_RMS_NORM) {
+            /* torch's composite rms_norm casts back to the input dtype, then multiplies by weight */
+            y = mk_cast(c, y, R);
+            if (wo.kind == 1) y = mk_op(c, LP_MUL, R, R, y, wo.node, 0);
+            return y;
+        }
+        if (wo.kind == 1) y = mk_op(c, LP_MUL, F, F, y, mk_cast(c, wo.node, F), 0);
+        if (bo.kind == 1) y = mk_op(c, LP_ADD, F, F, y, mk_cast(c, bo.node, F), 0);
+        return mk_cast(c, y, R);
+    }
+    case R_BATCH_NORM: {
+        if (a.kind != 1 || !em_ldt_is_float(R) || !is_false(slot[5])) return 0;
+        Opnd rm, rv, wo, bo;
+        if (opnd(c, slot[1], &rm) < 0 || opnd(c, slot[2], &rv) < 0 || opnd(c, slot[3], &wo) < 0 ||
+            opnd(c, slot[4], &bo) < 0 || rm.kind != 1 || rv.kind != 1 || wo.kind > 1 || bo.kind > 1)
+            return 0;
+        double eps = 1e-5;
+        if (slot[7] && get_double(slot[7], &eps) < 0) return 0;
+        int32_t nd = NODE(c, a.node)->ndim;
+        LDtype F = opmath(R);
+        /* (x - mean) * rsqrt(var + eps) * w + b, the channel at dim 1 (aten/src/ATen/native/Normalization.cpp) */
+        uint32_t x = mk_cast(c, a.node, F);
+        uint32_t mean = mk_cast(c, channel_view(c, rm.node, nd), F), var = mk_cast(c, channel_view(c, rv.node, nd), F);
+        uint32_t inv = mk_op(c, LP_RSQRT, F, F, mk_op(c, LP_ADD, F, F, var, cnum(c, eps, F), 0), 0, 0);
+        uint32_t y = mk_op(c, LP_MUL, F, F, mk_op(c, LP_SUB, F, F, x, mean, 0), inv, 0);
+        if (wo.kind == 1) y = mk_op(c, LP_MUL, F, F, y, mk_cast(c, channel_view(c, wo.node, nd), F), 0);
+        if (bo.kind == 1) y = mk_op(c, LP_ADD, F, F, y, mk_cast(c, channel_view(c, bo.node, nd), F), 0);
+        return mk_cast(c, y, R);
+    }
+    default:
+        return 0;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The pass                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+static int name_is_inplace(const char *s) {
+    size_t n = strlen(s);
+    if (n >= 2 && s[0] == '_' && s[1] == '_') return strncmp(s, "__i", 3) == 0 || strcmp(s, "__setitem__") == 0;
+    return n > 1 && s[n - 1] == '_';
+}
+
+/* Is the node an in-place op or one that writes an out= argument? */
+static int mutates(const IRNode *n) {
+    char key[128];
+    if (target_key(n, key, sizeof key) == 0) {
+        const char *dot = strrchr(key, '.');
+        const char *base = dot ? dot + 1 : key;
+        if (name_is_inplace(base) || strcmp(base, "setitem") == 0) return 1;
+    }
+    for (uint32_t k = 0; k < n->nkwargs; k++) {
+        const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
+        if (!kw) {
+            PyErr_Clear();
+            return 1;
+        }
+        if (strcmp(kw, "out") == 0) return 1;
+        if (strcmp(kw, "inplace") == 0 && !(n->kwargs[k].kind == IRARG_CONST && n->kwargs[k].u.obj == Py_False))
+            return 1;
+    }
+    return 0;
+}
+
+static int meta_ok(const IRMeta *m) {
+    return m->kind == IRMETA_TENSOR && m->ndim <= EM_LMAXDIM && em_lower_dtype_of(m->dtype) >= 0;
+}
+
+static int is_cpu(PyObject *device) {
+    if (!device) return 1;
+    PyObject *t = PyObject_GetAttrString(device, "type");
+    if (!t) {
+        PyErr_Clear();
+        return 0;
+    }
+    int r = PyUnicode_Check(t) && PyUnicode_CompareWithASCIIString(t, "cpu") == 0;
+    Py_DECREF(t);
+    return r;
+}
+
+static const char *const fresh_externs[] = {"matmul", "op.matmul", "mm", "bmm", "addmm", "baddbmm", "F.linear", "F.conv1d",
+                                            "F.conv2d", "F.conv3d", "einsum", NULL};
+
+static void mark_users(const IRArg *a, uint8_t *used_by_extern) {
+    if (a->kind == IRARG_NODE) used_by_extern[a->u.ref] = 1;
+    else if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++) mark_users(&a->u.items[i], used_by_extern);
+}
+
+LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
+    *why = NULL;
+    LGraph *lg = em_arena_alloc(a, sizeof(LGraph));
+    const LowerRule **rules = em_arena_alloc(a, g->nnodes * sizeof(LowerRule *));
+    uint8_t *ext = em_arena_alloc(a, g->nnodes + 1);
+    uint8_t *used_by_extern = em_arena_alloc(a, g->nnodes + 1);
+    if (!lg || !rules || !ext || !used_by_extern) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    lg->arena = a;
+    lg->ir = g;
+    lg->vals = em_arena_alloc(a, g->nnodes * sizeof(LVal));
+    if (!lg->vals || (new_node(lg, LP_CONST, LDT_F32, LDT_F32, 0, NULL), lg->nnodes != 1)) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    /* graph-level checks: CPU tensors, no mutation, no autograd */
+    for (IRRef r = 1; r < g->nnodes; r++) {
+        const IRNode *n = &g->nodes[r];
+        if (n->meta.kind == IRMETA_TENSOR) {
+            if (!is_cpu(n->meta.device)) {
+                *why = "a tensor is not on the CPU (the CUDA backend is another issue): ran by the eager backend";
+                return NULL;
+            }
+            if (n->meta.requires_grad && n->kind != IR_PLACEHOLDER) { /* parameters under no_grad are fine */
+                *why = "a value requires grad (ember's AOT autograd is another issue): ran by the eager backend";
+                return NULL;
+            }
+        }
+        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && mutates(n)) {
+            *why = "the graph has an in-place op: ran by the eager backend";
+            return NULL;
+        }
+    }
+    /* pass 1: rules; pass 2 (backwards): a view used by an extern or returned is itself extern, so
+     * that torch makes the alias (users may rely on a view sharing memory with its base) */
+    const IRNode *outn = &g->nodes[g->output];
+    for (IRRef r = 1; r < g->nnodes; r++) rules[r] = find_rule(&g->nodes[r]);
+    if (outn->nargs == 1) mark_users(&outn->args[0], used_by_extern);
+    for (IRRef r = g->nnodes - 1; r >= 1; r--) {
+        const IRNode *n = &g->nodes[r];
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        ext[r] = !rules[r] || !meta_ok(&n->meta) || (is_view_rule(rules[r]) && used_by_extern[r]);
+        if (ext[r])
+            for (uint32_t i = 0; i < n->nargs; i++) mark_users(&n->args[i], used_by_extern);
+        if (ext[r])
+            for (uint32_t i = 0; i < n->nkwargs; i++) mark_users(&n->kwargs[i], used_by_extern);
+    }
+    Ctx c = {.lg = lg};
+    for (IRRef r = 1; r < g->nnodes; r++) {
+        const IRNode *n = &g->nodes[r];
+        LVal *v = &lg->vals[r];
+        c.ir = r;
+        c.n = n;
+        if (n->kind == IR_OUTPUT) continue;
+        if (n->kind == IR_PLACEHOLDER || ext[r] || !meta_ok(&n->meta)) {
+            if (n->kind != IR_PLACEHOLDER) lg->nextern++;
+            v->kind = n->kind == IR_PLACEHOLDER ? LV_NONE : LV_EXTERN;
+            if (!meta_ok(&n->meta)) continue;
+            LBuf b = {.kind = n->kind == IR_PLACEHOLDER ? LBUF_INPUT : LBUF_EXTERN, .index = r,
+                      .dtype = (LDtype)em_lower_dtype_of(n->meta.dtype), .ndim = n->meta.ndim, .ir = r};
+            if (n->kind == IR_PLACEHOLDER) {
+                for (uint32_t i = 0; i < g->ninputs; i++)
+                    if (g->inputs[i] == r) b.index = i;
+            } else {
+                char key[128];
+                if (target_key(n, key, sizeof key) == 0)
+                    for (int i = 0; fresh_externs[i]; i++)
+                        if (strcmp(key, fresh_externs[i]) == 0) b.fresh = true;
+            }
+            memcpy(b.sizes, n->meta.sizes, b.ndim * sizeof(int64_t));
+            memcpy(b.strides, n->meta.strides, b.ndim * sizeof(int64_t));
+            uint32_t bi = em_lower_buffer(lg, &b);
+            if (bi == UINT32_MAX) goto oom;
+            v->lnode = em_lower_load(lg, bi, b.ndim, b.sizes, 0, b.strides, r);
+            if (!v->lnode) goto oom;
+            if (n->kind == IR_PLACEHOLDER) v->kind = LV_NODE;
+            else v->has_load = true;
+            continue;
+        }
+        c.rdt = (LDtype)em_lower_dtype_of(n->meta.dtype);
+        uint32_t before = lg->nnodes, bbefore = lg->nbufs;
+        uint32_t id = lower_rule(&c, rules[r]);
+        if (PyErr_Occurred()) PyErr_Clear();
+        int ok = id != 0;
+        if (ok) {
+            const LNode *ln = &lg->nodes[id];
+            ok = ln->dtype == c.rdt && ln->ndim == n->meta.ndim &&
+                 memcmp(ln->sizes, n->meta.sizes, ln->ndim * sizeof(int64_t)) == 0;
+        }
+        if (!ok) {
+            /* the rule did not apply: drop what it made, call the torch op */
+            lg->nnodes = before;
+            lg->nbufs = bbefore;
+            for (uint32_t i = 0; c.node_buf && i < c.cap_node_buf; i++)
+                if (c.node_buf[i] != UINT32_MAX && c.node_buf[i] >= bbefore) c.node_buf[i] = UINT32_MAX;
+            ext[r] = 1;
+            r--; /* redo as extern */
+            continue;
+        }
+        v->kind = LV_NODE;
+        v->lnode = id;
+        v->view = is_view_rule(rules[r]);
+        lg->nlowered++;
+    }
+    return lg;
+oom:
+    PyErr_NoMemory();
+    return NULL;
+}

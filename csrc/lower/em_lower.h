@@ -1,0 +1,144 @@
+/* lower: the torch-level graph (ir/) rewritten into primitive ops (the lowered graph, LGraph).
+ * Rules are data: one table entry per torch op (em_lower.c, LOWER_RULES). A node without a rule,
+ * or whose rule does not accept its arguments, stays an extern node that calls the torch op.
+ * Invariant: every lowered node has the dtype and shape the IR meta says its torch op produces;
+ * a rule whose result disagrees is discarded and the node becomes extern. */
+#ifndef EM_LOWER_H
+#define EM_LOWER_H
+
+#include "ir/em_ir.h"
+
+#define EM_LMAXDIM 8
+
+/* dtypes the code generators know: _(ENUM, torch name, C storage type, C compute type). Half
+ * types compute in float (torch's opmath type) and round to storage after every op. */
+#define LDTYPES(_)                                \
+    _(F32, "float32", "float", "float")           \
+    _(F64, "float64", "double", "double")         \
+    _(F16, "float16", "_Float16", "float")        \
+    _(BF16, "bfloat16", "uint16_t", "float")      \
+    _(I64, "int64", "int64_t", "int64_t")         \
+    _(I32, "int32", "int32_t", "int32_t")         \
+    _(I16, "int16", "int16_t", "int16_t")         \
+    _(I8, "int8", "int8_t", "int8_t")             \
+    _(U8, "uint8", "uint8_t", "uint8_t")          \
+    _(BOOL, "bool", "uint8_t", "_Bool")
+
+typedef enum {
+#define LDT_ENUM(e, tn, st, ct) LDT_##e,
+    LDTYPES(LDT_ENUM)
+#undef LDT_ENUM
+        LDT__COUNT
+} LDtype;
+
+static inline int em_ldt_is_float(LDtype t) { return t <= LDT_BF16; }
+static inline int em_ldt_is_half(LDtype t) { return t == LDT_F16 || t == LDT_BF16; }
+const char *em_ldt_name(LDtype t);
+const char *em_ldt_storage(LDtype t);
+const char *em_ldt_compute(LDtype t);
+
+/* Primitive ops: _(ENUM, arity). Every pointwise op reads its inputs in the node's cdtype
+ * (the lowering inserts CASTs) and produces dtype. Comparisons: cdtype = promoted input type,
+ * dtype = bool. Reductions reduce in[0] over the dims in rmask (keepdim shape). */
+#define LPRIMS(_)                                                                               \
+    _(LOAD, 0) _(CONST, 0) _(CAST, 1)                                                          \
+    _(NEG, 1) _(ABS, 1) _(RECIP, 1) _(SQRT, 1) _(RSQRT, 1) _(EXP, 1) _(EXP2, 1) _(EXPM1, 1)     \
+    _(LOG, 1) _(LOG2, 1) _(LOG10, 1) _(LOG1P, 1) _(SIN, 1) _(COS, 1) _(TAN, 1) _(TANH, 1)       \
+    _(ASIN, 1) _(ACOS, 1) _(ATAN, 1) _(SINH, 1) _(COSH, 1) _(ERF, 1) _(SIGMOID, 1) _(RELU, 1)   \
+    _(FLOOR, 1) _(CEIL, 1) _(ROUND, 1) _(TRUNC, 1) _(SIGN, 1) _(NOT, 1) _(ISNAN, 1)            \
+    _(ISINF, 1)                                                                                \
+    _(ADD, 2) _(SUB, 2) _(MUL, 2) _(DIV, 2) _(DIV_TRUNC, 2) _(DIV_FLOOR, 2) _(POW, 2) _(MAX, 2) \
+    _(MIN, 2) _(EQ, 2) _(NE, 2) _(LT, 2) _(LE, 2) _(GT, 2) _(GE, 2) _(AND, 2) _(OR, 2) _(XOR, 2) \
+    _(WHERE, 3)                                                                                \
+    _(RSUM, 1) _(RPROD, 1) _(RMAX, 1) _(RMIN, 1) _(RANY, 1) _(RALL, 1) _(RARGMAX, 1)           \
+    _(RARGMIN, 1)
+
+typedef enum {
+#define LP_ENUM(e, n) LP_##e,
+    LPRIMS(LP_ENUM)
+#undef LP_ENUM
+        LP__COUNT
+} LPrim;
+
+const char *em_lprim_name(LPrim p);
+int em_lprim_arity(LPrim p);
+static inline int em_lprim_is_reduce(LPrim p) { return p >= LP_RSUM; }
+
+/* A node of the lowered graph. Shapes are static (the guards specialise on sizes and strides). */
+typedef struct LNode {
+    LPrim op;
+    LDtype dtype;          /* result dtype */
+    LDtype cdtype;         /* dtype the op computes in (inputs arrive in it) */
+    int32_t ndim;
+    int64_t sizes[EM_LMAXDIM];
+    uint32_t in[3];        /* input node ids (arity entries) */
+    uint32_t buf;          /* LOAD: buffer id */
+    int64_t offset;        /* LOAD: element offset into the buffer */
+    int64_t strides[EM_LMAXDIM]; /* LOAD: element strides (0 = broadcast) */
+    double fval;           /* CONST: value (float dtypes) */
+    int64_t ival;          /* CONST: value (integer / bool dtypes) */
+    uint32_t rmask;        /* reductions: bit d set = dim d reduced (result keeps it as 1) */
+    IRRef ir;              /* the torch-level node this comes from (for comments) */
+} LNode;
+
+/* A buffer: memory a kernel loads or stores. */
+typedef enum {
+    LBUF_INPUT,  /* graph input number index */
+    LBUF_EXTERN, /* the tensor an extern node (IR ref index) returns */
+    LBUF_NODE    /* the value of lowered node index, materialized by a kernel */
+} LBufKind;
+
+typedef struct LBuf {
+    LBufKind kind;
+    uint32_t index;
+    LDtype dtype;
+    int32_t ndim;
+    int64_t sizes[EM_LMAXDIM];
+    int64_t strides[EM_LMAXDIM];
+    IRRef ir;              /* NODE: the IR node whose value it is (0 for internal nodes) */
+    bool fresh;            /* EXTERN: the op returns a new tensor it does not alias (matmul ...) */
+} LBuf;
+
+/* What each IR node became. */
+typedef enum {
+    LV_NONE,   /* not a value ember knows (unused, or an extern that is not a tensor) */
+    LV_NODE,   /* the lowered node lnode */
+    LV_EXTERN  /* computed by calling the torch op at run time; tensor results have a buffer */
+} LValKind;
+
+typedef struct LVal {
+    LValKind kind;
+    uint32_t lnode;        /* NODE: node id; EXTERN with a tensor result: a LOAD node of its buffer */
+    bool has_load;         /* EXTERN: lnode is valid */
+    bool view;             /* NODE: produced by a view rule (a LOAD of another buffer) */
+} LVal;
+
+typedef struct LGraph {
+    EmArena *arena;
+    const IRGraph *ir;
+    LNode *nodes;          /* node 0 unused */
+    uint32_t nnodes, capnodes;
+    LBuf *bufs;
+    uint32_t nbufs, capbufs;
+    LVal *vals;            /* one per IR node */
+    uint32_t nextern;      /* IR nodes left as extern calls */
+    uint32_t nlowered;     /* IR nodes lowered */
+} LGraph;
+
+/* Lowers g. Returns NULL with a Python exception on failure; *why (may be NULL) receives a static
+ * sentence when the graph as a whole is not for this backend (then NULL, no exception): a tensor
+ * not on the CPU, an in-place op, a graph input that requires grad. Needs torch importable (meta
+ * tensors are only read, never run). */
+LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why);
+
+/* Appends a LOAD of buffer b seen with the given shape/offset/strides; 0 on OOM. */
+uint32_t em_lower_load(LGraph *lg, uint32_t b, int32_t ndim, const int64_t *sizes, int64_t offset,
+                       const int64_t *strides, IRRef ir);
+/* Appends a buffer; UINT32_MAX on OOM. */
+uint32_t em_lower_buffer(LGraph *lg, const LBuf *b);
+/* The dtype of a torch.dtype object; -1 when the code generators do not handle it. */
+int em_lower_dtype_of(PyObject *dtype);
+/* The torch.dtype object for t (borrowed, cached), NULL with an exception. */
+PyObject *em_lower_dtype_obj(LDtype t);
+
+#endif /* EM_LOWER_H */

@@ -1,0 +1,366 @@
+/* runtime cc: the compile driver and its content-addressed on-disk cache. A translation unit is
+ * compiled by the system C compiler into <dir>/<key>.so, key = hash(source, compiler identity,
+ * flags, CPU), and loaded with dlopen. Invariant: an entry is loaded only if it is a regular
+ * file owned by this user, not writable by others, and ends with a trailer whose hash matches its
+ * content; anything else is removed and recompiled. Entries appear atomically (temp + rename),
+ * so two processes compiling the same key both end with a complete file. */
+#include "runtime/em_runtime.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static uint64_t n_compiles = 0, n_disk_hits = 0;
+
+/* ---- a 128-bit non-cryptographic hash (two FNV-1a 64 lanes); the directory is private, so
+ * it only has to separate honest inputs ---- */
+typedef struct {
+    uint64_t a, b;
+} Hash128;
+
+static void h_init(Hash128 *h) {
+    h->a = 0xcbf29ce484222325ull;
+    h->b = 0x84222325cbf29ce4ull;
+}
+static void h_update(Hash128 *h, const void *p, size_t n) {
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) {
+        h->a = (h->a ^ s[i]) * 0x100000001b3ull;
+        h->b = (h->b ^ (unsigned char)(s[i] ^ 0x5c)) * 0x100000001b3ull;
+        h->b ^= h->b >> 29;
+    }
+}
+static void h_str(Hash128 *h, const char *s) { h_update(h, s, strlen(s) + 1); }
+
+#define TRAILER_MAGIC "EMBERSO1"
+typedef struct {
+    uint64_t a, b, len;
+    char magic[8];
+} Trailer;
+
+/* ---- configuration (ember.config: cc, cflags, cache_dir) ---- */
+static PyObject *config_str(const char *name) {
+    PyObject *mod = PyImport_ImportModule("ember._config");
+    if (!mod) return NULL;
+    PyObject *cfg = PyObject_GetAttrString(mod, "config");
+    Py_DECREF(mod);
+    if (!cfg) return NULL;
+    PyObject *v = PyObject_GetAttrString(cfg, name);
+    Py_DECREF(cfg);
+    if (!v) return NULL;
+    if (v == Py_None) return v;
+    if (!PyUnicode_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "ember.config.%s must be a str", name);
+        Py_DECREF(v);
+        return NULL;
+    }
+    return v;
+}
+
+/* Finds prog on PATH (or as a path); fills resolved with its real path. -1 when absent. */
+static int find_program(const char *prog, char *resolved) {
+    char cand[PATH_MAX];
+    if (strchr(prog, '/')) return realpath(prog, resolved) && access(resolved, X_OK) == 0 ? 0 : -1;
+    const char *path = getenv("PATH");
+    if (!path) path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        const char *e = strchr(path, ':');
+        size_t len = e ? (size_t)(e - path) : strlen(path);
+        if (len && len + strlen(prog) + 2 < sizeof cand) {
+            memcpy(cand, path, len);
+            cand[len] = '/';
+            strcpy(cand + len + 1, prog);
+            if (access(cand, X_OK) == 0 && realpath(cand, resolved)) return 0;
+        }
+        path += len + (e ? 1 : 0);
+    }
+    return -1;
+}
+
+/* The cache directory, created 0700; it must be ours and private. -1 with an exception. */
+static int cache_dir(char *out, size_t size) {
+    PyObject *v = config_str("cache_dir");
+    if (!v) return -1;
+    const char *d = v != Py_None ? PyUnicode_AsUTF8(v) : NULL;
+    const char *env = getenv("EMBER_CACHE_DIR");
+    if (d && *d) snprintf(out, size, "%s", d);
+    else if (env && *env) snprintf(out, size, "%s", env);
+    else if (getenv("XDG_CACHE_HOME") && *getenv("XDG_CACHE_HOME")) snprintf(out, size, "%s/ember", getenv("XDG_CACHE_HOME"));
+    else if (getenv("HOME")) snprintf(out, size, "%s/.cache/ember", getenv("HOME"));
+    else snprintf(out, size, "/tmp/ember-%u", (unsigned)geteuid());
+    Py_DECREF(v);
+    /* parents with default permissions, the directory itself 0700 */
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", out);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) < 0 && errno != EEXIST) break;
+        *p = '/';
+    }
+    if (mkdir(out, 0700) < 0 && errno != EEXIST) {
+        PyErr_Format(PyExc_RuntimeError, "ember: cannot create the compile cache directory %s: %s", out, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (lstat(out, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        PyErr_Format(PyExc_RuntimeError, "ember: the compile cache %s is not a directory", out);
+        return -1;
+    }
+    if (st.st_uid != geteuid()) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "ember: the compile cache directory %s belongs to another user; set EMBER_CACHE_DIR or "
+                     "ember.config.cache_dir to a directory of your own",
+                     out);
+        return -1;
+    }
+    if ((st.st_mode & 077) && chmod(out, 0700) < 0) {
+        PyErr_Format(PyExc_RuntimeError, "ember: cannot make the compile cache %s private: %s", out, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 65536;
+            char *q = realloc(buf, cap + 1);
+            if (!q) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = q;
+        }
+        size_t k = fread(buf + n, 1, cap - n, f);
+        n += k;
+        if (k == 0) break;
+    }
+    fclose(f);
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* Is path a trustworthy cache entry? */
+static int entry_valid(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) return 0;
+    size_t len;
+    char *buf = read_file(path, &len);
+    if (!buf) return 0;
+    int ok = 0;
+    if (len > sizeof(Trailer)) {
+        Trailer t;
+        memcpy(&t, buf + len - sizeof t, sizeof t);
+        Hash128 h;
+        h_init(&h);
+        h_update(&h, buf, len - sizeof t);
+        ok = memcmp(t.magic, TRAILER_MAGIC, 8) == 0 && t.len == len - sizeof t && t.a == h.a && t.b == h.b;
+    }
+    free(buf);
+    return ok;
+}
+
+static int write_all(int fd, const void *p, size_t n) {
+    const char *s = p;
+    while (n) {
+        ssize_t k = write(fd, s, n);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        s += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Splits flags on spaces into argv (modifies buf). */
+static int split_flags(char *buf, char **argv, int max) {
+    int n = 0;
+    for (char *p = strtok(buf, " \t\n"); p && n < max; p = strtok(NULL, " \t\n")) argv[n++] = p;
+    return n;
+}
+
+static char cpu_id[256];
+
+static const char *cpu_identity(void) {
+    if (cpu_id[0]) return cpu_id;
+    size_t len;
+    char *s = read_file("/proc/cpuinfo", &len);
+    Hash128 h;
+    h_init(&h);
+    if (s) {
+        /* model name and flags of the first CPU: -march=native code depends on them */
+        char *end = strstr(s, "\n\n");
+        h_update(&h, s, end ? (size_t)(end - s) : len);
+        free(s);
+    }
+    snprintf(cpu_id, sizeof cpu_id, "%016llx%016llx", (unsigned long long)h.a, (unsigned long long)h.b);
+    return cpu_id;
+}
+
+/* Compiles (or finds in the cache) source and dlopens it. Returns the handle, NULL with an
+ * exception. *key_out (33 bytes) receives the cache key. */
+void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cached) {
+    PyObject *ccv = NULL, *flagsv = NULL, *ldv = NULL;
+    void *handle = NULL;
+    char *flagbuf = NULL, *ldflags = NULL;
+    char dir[PATH_MAX], ccpath[PATH_MAX], path[PATH_MAX + 64], tmp[PATH_MAX + 96], cpath[PATH_MAX + 64], logp[PATH_MAX + 96];
+    *was_cached = 0;
+    ccv = config_str("cc");
+    flagsv = config_str("cflags");
+    ldv = config_str("ldflags");
+    if (!ccv || !flagsv || !ldv) goto done;
+    const char *cc = ccv != Py_None ? PyUnicode_AsUTF8(ccv) : NULL;
+    if (!cc || !*cc) cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
+    const char *flags = flagsv != Py_None ? PyUnicode_AsUTF8(flagsv) : "";
+    if (!flags) goto done;
+    if (find_program(cc, ccpath) < 0) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "ember: backend \"ember\" needs a C compiler, and %s was not found (set ember.config.cc or $CC); "
+                     "backend=\"eager\" needs none",
+                     cc);
+        goto done;
+    }
+    struct stat st;
+    if (stat(ccpath, &st) < 0) {
+        PyErr_Format(PyExc_RuntimeError, "ember: cannot stat the C compiler %s", ccpath);
+        goto done;
+    }
+    /* the key: source, compiler identity (path, size, mtime: no compiler call), flags, CPU */
+    Hash128 h;
+    h_init(&h);
+    h_update(&h, source, srclen);
+    h_str(&h, ccpath);
+    h_update(&h, &st.st_size, sizeof st.st_size);
+    h_update(&h, &st.st_mtime, sizeof st.st_mtime);
+    h_str(&h, flags);
+    if (ldv != Py_None) h_str(&h, PyUnicode_AsUTF8(ldv));
+    h_str(&h, cpu_identity());
+    snprintf(key_out, 33, "%016llx%016llx", (unsigned long long)h.a, (unsigned long long)h.b);
+    if (cache_dir(dir, sizeof dir) < 0) goto done;
+    snprintf(path, sizeof path, "%s/%s.so", dir, key_out);
+    if (entry_valid(path)) {
+        handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (handle) {
+            *was_cached = 1;
+            n_disk_hits++;
+            goto done;
+        }
+    }
+    unlink(path); /* corrupt, truncated, foreign or unloadable: recompile */
+
+    static unsigned counter = 0;
+    counter++;
+    snprintf(cpath, sizeof cpath, "%s/%s.c", dir, key_out);
+    snprintf(tmp, sizeof tmp, "%s/tmp-%s-%d-%u.so", dir, key_out, (int)getpid(), counter);
+    snprintf(logp, sizeof logp, "%s/tmp-%s-%d-%u.log", dir, key_out, (int)getpid(), counter);
+    {
+        /* the readable source next to the entry (written atomically too) */
+        char ctmp[PATH_MAX + 96];
+        snprintf(ctmp, sizeof ctmp, "%s/tmp-%s-%d-%u.c", dir, key_out, (int)getpid(), counter);
+        int fd = open(ctmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || write_all(fd, source, srclen) < 0 || close(fd) < 0 || rename(ctmp, cpath) < 0) {
+            PyErr_Format(PyExc_RuntimeError, "ember: cannot write %s: %s", ctmp, strerror(errno));
+            unlink(ctmp);
+            goto done;
+        }
+    }
+    flagbuf = strdup(flags);
+    ldflags = ldv != Py_None ? strdup(PyUnicode_AsUTF8(ldv)) : NULL;
+    if (!flagbuf || (ldv != Py_None && !ldflags)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    char *argv[80];
+    int argc = 0;
+    argv[argc++] = (char *)cc;
+    argc += split_flags(flagbuf, argv + argc, 70);
+    argv[argc++] = "-o";
+    argv[argc++] = tmp;
+    argv[argc++] = cpath;
+    if (ldflags) argc += split_flags(ldflags, argv + argc, 76 - argc);
+    argv[argc] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 2, 1);
+    pid_t pid;
+    int status = 0, rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = posix_spawn(&pid, ccpath, &fa, NULL, argv, environ);
+    if (rc == 0)
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+    Py_END_ALLOW_THREADS
+    posix_spawn_file_actions_destroy(&fa);
+    n_compiles++;
+    if (rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        size_t ln = 0;
+        char *log = read_file(logp, &ln);
+        if (log && ln > 4000) log[4000] = 0;
+        PyErr_Format(PyExc_RuntimeError, "ember: the C compiler failed (%s %s, source %s):\n%s", cc, flags, cpath,
+                     rc != 0 ? strerror(rc) : log ? log : "(no output)");
+        free(log);
+        unlink(tmp);
+        unlink(logp);
+        goto done;
+    }
+    unlink(logp);
+    {
+        /* append the trailer, then publish */
+        size_t len;
+        char *buf = read_file(tmp, &len);
+        if (!buf) {
+            PyErr_Format(PyExc_RuntimeError, "ember: cannot read %s", tmp);
+            unlink(tmp);
+            goto done;
+        }
+        Hash128 th;
+        h_init(&th);
+        h_update(&th, buf, len);
+        free(buf);
+        Trailer t = {th.a, th.b, len, {0}};
+        memcpy(t.magic, TRAILER_MAGIC, 8);
+        int fd = open(tmp, O_WRONLY | O_APPEND);
+        if (fd < 0 || write_all(fd, &t, sizeof t) < 0 || fchmod(fd, 0600) < 0 || close(fd) < 0 || rename(tmp, path) < 0) {
+            PyErr_Format(PyExc_RuntimeError, "ember: cannot publish %s: %s", path, strerror(errno));
+            unlink(tmp);
+            goto done;
+        }
+    }
+    handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!handle) PyErr_Format(PyExc_RuntimeError, "ember: dlopen(%s) failed: %s", path, dlerror());
+done:
+    free(flagbuf);
+    free(ldflags);
+    Py_XDECREF(ccv);
+    Py_XDECREF(flagsv);
+    Py_XDECREF(ldv);
+    return handle;
+}
+
+/* ember._C._cc_stats() -> {"compiles": n, "disk_hits": n} for this process. */
+PyObject *em_cc_stats(PyObject *self, PyObject *noargs) {
+    return Py_BuildValue("{s:K,s:K}", "compiles", (unsigned long long)n_compiles, "disk_hits",
+                         (unsigned long long)n_disk_hits);
+}

@@ -1,0 +1,605 @@
+/* runtime ember: the "ember" backend on CPU. lower -> schedule -> codegen (C) -> compile/load,
+ * then a program: a new IR graph whose call nodes are the generated kernels (ember._C.Kernel
+ * objects) and the extern calls, replayed by an EagerGraph (slots, last-use frees, vectorcall).
+ * Memory planning: a kernel's output takes over the tensor of an intermediate that is dead by
+ * then (same dtype and layout, never returned, never seen by an extern), or, for a pointwise
+ * kernel, the tensor of an input it reads at the very element it writes (in place).
+ * Invariant: outputs are allocated with eager's sizes, strides and dtype (the IR meta); a tensor
+ * the user can see (input, output, extern result that may alias) is never written. */
+#include "runtime/em_runtime.h"
+
+#include "codegen/em_codegen.h"
+#include "lower/em_lower.h"
+#include "schedule/em_schedule.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#if !EM_PY312
+#include <structmember.h> /* T_PYSSIZET, READONLY */
+#endif
+
+#define NONE UINT32_MAX
+
+typedef void (*KernelFn)(char *const *);
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    KernelFn fn;
+    PyObject *lib;        /* capsule owning the dlopen handle */
+    PyObject *name;       /* "ember_k3" */
+    uint32_t nin;         /* tensors read */
+    int32_t donor;        /* argument whose tensor becomes the output (index into args), -1 */
+    int64_t numel;        /* 0: nothing to compute */
+    PyObject *out_size, *out_stride, *out_dtype;
+    PyObject **in_size, **in_stride; /* per input: expected layout, NULL when guaranteed */
+} Kernel;
+
+static PyTypeObject *Kernel_Type = NULL;
+static PyObject *empty_strided = NULL; /* torch.empty_strided */
+static PyObject *kw_dtype = NULL;      /* ("dtype",) */
+
+static PyObject *tensor_as(PyObject *t, PyObject *size, PyObject *stride) {
+    /* an extern's result with another layout than its meta said: copy into the expected one */
+    PyObject *dtype = PyObject_GetAttrString(t, "dtype");
+    if (!dtype) return NULL;
+    PyObject *args[4] = {NULL, size, stride, dtype};
+    PyObject *e = PyObject_Vectorcall(empty_strided, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype);
+    Py_DECREF(dtype);
+    if (!e) return NULL;
+    PyObject *r = PyObject_CallMethod(e, "copy_", "O", t);
+    if (!r) {
+        Py_DECREF(e);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return e;
+}
+
+static int layout_differs(PyObject *t, PyObject *size, PyObject *stride) {
+    PyObject *s = PyObject_GetAttrString(t, "shape");
+    if (!s) return -1;
+    int eq = PyObject_RichCompareBool(s, size, Py_EQ);
+    Py_DECREF(s);
+    if (eq <= 0) return eq < 0 ? -1 : 1;
+    PyObject *st = PyObject_CallMethodNoArgs(t, em_str("stride"));
+    if (!st) return -1;
+    /* strides of size-1 dims do not matter */
+    Py_ssize_t n = PyTuple_Check(st) ? PyTuple_GET_SIZE(st) : -1;
+    int differs = n != PyTuple_GET_SIZE(stride);
+    for (Py_ssize_t d = 0; !differs && d < n; d++) {
+        long long sz = PyLong_AsLongLong(PyTuple_GET_ITEM(size, d));
+        if (sz > 1 && PyObject_RichCompareBool(PyTuple_GET_ITEM(st, d), PyTuple_GET_ITEM(stride, d), Py_EQ) != 1) differs = 1;
+    }
+    Py_DECREF(st);
+    if (PyErr_Occurred()) return -1;
+    return differs;
+}
+
+static int data_ptr(PyObject *t, char **out) {
+    PyObject *p = PyObject_CallMethodNoArgs(t, em_str("data_ptr"));
+    if (!p) return -1;
+    *out = PyLong_AsVoidPtr(p);
+    Py_DECREF(p);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+enum { KSTACK = 16 };
+
+static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Kernel *k = (Kernel *)self;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if ((kwnames && PyTuple_GET_SIZE(kwnames)) || n != (Py_ssize_t)k->nin + (k->donor >= 0 && (uint32_t)k->donor >= k->nin)) {
+        PyErr_Format(PyExc_TypeError, "ember kernel %U: wrong arguments", k->name);
+        return NULL;
+    }
+    char *pbuf[KSTACK], **ptrs = pbuf;
+    PyObject *fixbuf[KSTACK], **fixed = fixbuf, *out = NULL;
+    uint32_t nptr = k->nin + 1;
+    if (nptr > KSTACK) {
+        ptrs = PyMem_Malloc(nptr * sizeof(char *));
+        fixed = PyMem_Calloc(nptr, sizeof(PyObject *));
+        if (!ptrs || !fixed) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    } else {
+        memset(fixbuf, 0, sizeof fixbuf);
+    }
+    for (uint32_t i = 0; i < k->nin; i++) {
+        PyObject *t = args[i];
+        if (k->in_size && k->in_size[i]) {
+            int d = layout_differs(t, k->in_size[i], k->in_stride[i]);
+            if (d < 0) goto done;
+            if (d) {
+                fixed[i] = tensor_as(t, k->in_size[i], k->in_stride[i]);
+                if (!fixed[i]) goto done;
+                t = fixed[i];
+            }
+        }
+        if (data_ptr(t, &ptrs[i]) < 0) goto done;
+    }
+    if (k->donor >= 0) {
+        out = Py_NewRef(args[k->donor]);
+    } else {
+        PyObject *eargs[4] = {NULL, k->out_size, k->out_stride, k->out_dtype};
+        out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype);
+        if (!out) goto done;
+    }
+    if (data_ptr(out, &ptrs[k->nin]) < 0) {
+        Py_CLEAR(out);
+        goto done;
+    }
+    if (k->numel > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        k->fn(ptrs);
+        Py_END_ALLOW_THREADS
+    }
+done:
+    for (uint32_t i = 0; i < k->nin && fixed; i++) Py_XDECREF(fixed[i]);
+    if (ptrs != pbuf) PyMem_Free(ptrs);
+    if (fixed != fixbuf) PyMem_Free(fixed);
+    return out;
+}
+
+static void kernel_dealloc(PyObject *self) {
+    Kernel *k = (Kernel *)self;
+    PyTypeObject *tp = Py_TYPE(self);
+    Py_XDECREF(k->lib);
+    Py_XDECREF(k->name);
+    Py_XDECREF(k->out_size);
+    Py_XDECREF(k->out_stride);
+    Py_XDECREF(k->out_dtype);
+    if (k->in_size) {
+        for (uint32_t i = 0; i < k->nin; i++) {
+            Py_XDECREF(k->in_size[i]);
+            Py_XDECREF(k->in_stride[i]);
+        }
+        free(k->in_size);
+        free(k->in_stride);
+    }
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *kernel_get_name(PyObject *self, void *c) { return Py_NewRef(((Kernel *)self)->name); }
+static PyObject *kernel_repr(PyObject *self) { return PyUnicode_FromFormat("<ember kernel %U>", ((Kernel *)self)->name); }
+
+static PyGetSetDef kernel_getset[] = {
+    {"__name__", kernel_get_name, NULL, "the kernel's C function name", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef kernel_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Kernel, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot kernel_slots[] = {
+    {Py_tp_dealloc, kernel_dealloc},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_repr, kernel_repr},
+    {Py_tp_getset, kernel_getset},
+    {Py_tp_members, kernel_members},
+    {Py_tp_doc, (void *)"A generated C kernel: kernel(*input_tensors[, donor]) -> output tensor."},
+    {0, NULL},
+};
+
+static PyType_Spec kernel_spec = {
+    .name = "ember._C.Kernel",
+    .basicsize = sizeof(Kernel),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = kernel_slots,
+};
+
+static PyObject *int_tuple(int32_t n, const int64_t *v) {
+    PyObject *t = PyTuple_New(n);
+    for (int32_t i = 0; t && i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, i, x);
+    }
+    return t;
+}
+
+static void lib_close(PyObject *cap) {
+    void *h = PyCapsule_GetPointer(cap, "ember.lib");
+    if (h) dlclose(h);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Building the program                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    const Schedule *s;
+    IRGraph *ng;
+    uint32_t *ir_new;   /* old IR ref -> new ref */
+    uint32_t *buf_new;  /* buffer -> new ref of the tensor that holds it */
+} Prog;
+
+static int copy_arg(Prog *p, const IRArg *a, IRArg *out) {
+    *out = *a;
+    if (a->kind == IRARG_NODE) {
+        uint32_t b = p->s->ir_buf[a->u.ref];
+        out->u.ref = b != NONE && p->buf_new[b] ? p->buf_new[b] : p->ir_new[a->u.ref];
+        if (!out->u.ref) {
+            PyErr_SetString(PyExc_SystemError, "ember: extern argument without a value");
+            return -1;
+        }
+        return 0;
+    }
+    if (a->kind == IRARG_CONST) return em_arena_hold(p->ng->arena, a->u.obj) || !a->u.obj ? 0 : -1;
+    out->u.items = a->n ? em_arena_alloc(p->ng->arena, a->n * sizeof(IRArg)) : NULL;
+    if (a->n && !out->u.items) return -1;
+    for (uint32_t i = 0; i < a->n; i++)
+        if (copy_arg(p, &a->u.items[i], &out->u.items[i]) < 0) return -1;
+    return 0;
+}
+
+static int same_layout(const LBuf *a, const LBuf *b) {
+    return a->dtype == b->dtype && a->ndim == b->ndim && memcmp(a->sizes, b->sizes, a->ndim * sizeof(int64_t)) == 0 &&
+           memcmp(a->strides, b->strides, a->ndim * sizeof(int64_t)) == 0;
+}
+
+static void mark_ext_uses(const Schedule *s, const IRArg *a, uint8_t *ext_seen) {
+    if (a->kind == IRARG_NODE) {
+        if (s->ir_buf[a->u.ref] != NONE) ext_seen[s->ir_buf[a->u.ref]] = 1;
+    } else if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) {
+        for (uint32_t i = 0; i < a->n; i++) mark_ext_uses(s, &a->u.items[i], ext_seen);
+    }
+}
+
+PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
+    EmArena *a = em_arena_new(), *na = em_arena_new();
+    PyObject *result = NULL, *src = NULL, *lib = NULL, *d = NULL, *kernels = NULL;
+    void *handle = NULL;
+    const char *why = NULL;
+    int cc_failed = 0;
+    *info = NULL;
+    if (!a || !na) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!empty_strided) {
+        PyObject *torch = PyImport_ImportModule("torch");
+        if (!torch) goto done;
+        empty_strided = PyObject_GetAttrString(torch, "empty_strided");
+        Py_DECREF(torch);
+        kw_dtype = Py_BuildValue("(s)", "dtype");
+        if (!empty_strided || !kw_dtype) goto done;
+    }
+    d = PyDict_New();
+    if (!d) goto done;
+    LGraph *lg = em_lower_graph(a, g, &why);
+    if (!lg) {
+        if (!why) goto done;
+        /* not for this backend: the eager backend runs it, and cache_info says why */
+        PyObject *w = PyUnicode_FromString(why);
+        if (!w || PyDict_SetItemString(d, "fallback", w) < 0) {
+            Py_XDECREF(w);
+            goto done;
+        }
+        Py_DECREF(w);
+        result = em_eager_graph_new(g);
+        goto done;
+    }
+    Schedule *s = em_schedule_graph(lg);
+    if (!s) goto done;
+    EmCodegenOptions opt = {.parallel_threshold = 32768, .chunk = 65536};
+    src = em_codegen_c(s, &opt);
+    if (!src) goto done;
+    char key[40] = "";
+    int cached = 0;
+    if (s->nkernels) {
+        Py_ssize_t srclen;
+        const char *text = PyUnicode_AsUTF8AndSize(src, &srclen);
+        if (!text) goto done;
+        handle = em_cc_load(text, (size_t)srclen, key, &cached);
+        if (!handle) {
+            cc_failed = 1; /* no compiler, or it failed: the user's error to see */
+            goto done;
+        }
+        lib = PyCapsule_New(handle, "ember.lib", lib_close);
+        if (!lib) {
+            dlclose(handle);
+            goto done;
+        }
+    }
+
+    /* memory planning: last use of each buffer (step index), and which buffers an extern sees */
+    uint32_t nb = lg->nbufs;
+    uint32_t *last = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t));
+    uint8_t *ext_seen = em_arena_alloc(a, nb + 1), *consumed = em_arena_alloc(a, nb + 1);
+    int32_t *donor_of = em_arena_alloc(a, (s->nkernels + 1) * sizeof(int32_t));
+    if (!last || !ext_seen || !consumed || !donor_of) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (uint32_t st = 0; st < s->nsteps; st++) {
+        const SStep *sp = &s->steps[st];
+        if (sp->kind == SSTEP_KERNEL) {
+            const SKernel *k = &s->kernels[sp->index];
+            for (uint32_t q = 0; q < k->nin; q++) last[k->args[q]] = st + 1;
+        } else {
+            const IRNode *n = &g->nodes[sp->index];
+            for (uint32_t i = 0; i < n->nargs; i++) mark_ext_uses(s, &n->args[i], ext_seen);
+            for (uint32_t i = 0; i < n->nkwargs; i++) mark_ext_uses(s, &n->kwargs[i], ext_seen);
+        }
+    }
+    /* candidates: kernel-made intermediates, and fresh extern results (matmul ...) only kernels read */
+    uint32_t *pool = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t));
+    uint32_t npool = 0;
+    if (!pool) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int ndonated = 0;
+    for (uint32_t st = 0; st < s->nsteps; st++) {
+        const SStep *sp = &s->steps[st];
+        if (sp->kind != SSTEP_KERNEL) {
+            const LVal *v = &lg->vals[sp->index];
+            if (v->kind == LV_EXTERN && v->has_load) {
+                uint32_t b = lg->nodes[v->lnode].buf;
+                if (lg->bufs[b].fresh && !ext_seen[b] && !s->buf_output[b] && s->ir_buf[sp->index] == b) pool[npool++] = b;
+            }
+            continue;
+        }
+        const SKernel *k = &s->kernels[sp->index];
+        uint32_t ob = k->args[k->nin];
+        donor_of[sp->index] = -1;
+        {
+            for (uint32_t q = 0; q < npool; q++) {
+                uint32_t b = pool[q];
+                if (consumed[b] || !same_layout(&lg->bufs[b], &lg->bufs[ob])) continue;
+                int ok = last[b] < st + 1;
+                if (!ok && last[b] == st + 1 && !k->reduction) {
+                    /* in place: every read of b is at the element being written */
+                    ok = 1;
+                    for (uint32_t l = 0; l < k->nloads && ok; l++)
+                        if (k->loads[l].buf == b)
+                            ok = k->loads[l].offset == k->stores[0].offset &&
+                                 memcmp(k->loads[l].strides, k->stores[0].strides, k->ndim * sizeof(int64_t)) == 0;
+                }
+                if (!ok) continue;
+                consumed[b] = 1;
+                donor_of[sp->index] = (int32_t)b;
+                ndonated++;
+                break;
+            }
+            if (!ext_seen[ob] && !s->buf_output[ob]) pool[npool++] = ob;
+        }
+    }
+
+    /* the program graph */
+    Prog p = {.s = s};
+    p.ng = em_ir_new(na);
+    p.ir_new = em_arena_alloc(na, g->nnodes * sizeof(uint32_t));
+    p.buf_new = em_arena_alloc(na, (nb + 1) * sizeof(uint32_t));
+    kernels = PyList_New(0);
+    if (!p.ng || !p.ir_new || !p.buf_new || !kernels) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    for (uint32_t i = 0; i < g->ninputs; i++) {
+        const IRNode *n = &g->nodes[g->inputs[i]];
+        IRRef r = em_ir_placeholder(p.ng, n->name, NULL);
+        if (!r) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        p.ir_new[g->inputs[i]] = r;
+    }
+    for (uint32_t b = 0; b < nb; b++)
+        if (lg->bufs[b].kind == LBUF_INPUT) p.buf_new[b] = p.ir_new[g->inputs[lg->bufs[b].index]];
+    for (uint32_t st = 0; st < s->nsteps; st++) {
+        const SStep *sp = &s->steps[st];
+        if (sp->kind == SSTEP_EXTERN) {
+            const IRNode *n = &g->nodes[sp->index];
+            IRArg *args = n->nargs ? em_arena_alloc(na, n->nargs * sizeof(IRArg)) : NULL;
+            IRArg *kw = n->nkwargs ? em_arena_alloc(na, n->nkwargs * sizeof(IRArg)) : NULL;
+            if ((n->nargs && !args) || (n->nkwargs && !kw)) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (uint32_t i = 0; i < n->nargs; i++)
+                if (copy_arg(&p, &n->args[i], &args[i]) < 0) goto done;
+            for (uint32_t i = 0; i < n->nkwargs; i++)
+                if (copy_arg(&p, &n->kwargs[i], &kw[i]) < 0) goto done;
+            IRRef r = em_ir_call(p.ng, n->kind, n->target, args, n->nargs, n->kwnames, kw, n->nkwargs, NULL);
+            if (!r) {
+                if (!PyErr_Occurred()) PyErr_NoMemory();
+                goto done;
+            }
+            p.ir_new[sp->index] = r;
+            const LVal *v = &lg->vals[sp->index];
+            if (v->kind == LV_EXTERN && v->has_load) p.buf_new[lg->nodes[v->lnode].buf] = r;
+            continue;
+        }
+        const SKernel *k = &s->kernels[sp->index];
+        Kernel *ko = PyObject_New(Kernel, Kernel_Type);
+        if (!ko) goto done;
+        ko->vectorcall = kernel_vectorcall;
+        ko->lib = Py_NewRef(lib);
+        ko->nin = k->nin;
+        ko->donor = -1;
+        ko->name = PyUnicode_FromFormat("ember_k%u", sp->index);
+        ko->in_size = ko->in_stride = NULL;
+        const LBuf *ob = &lg->bufs[k->args[k->nin]];
+        ko->out_size = int_tuple(ob->ndim, ob->sizes);
+        ko->out_stride = int_tuple(ob->ndim, ob->strides);
+        ko->out_dtype = Py_XNewRef(em_lower_dtype_obj(ob->dtype));
+        ko->numel = 1;
+        for (int j = 0; j < k->ndim; j++) ko->numel *= k->sizes[j];
+        char fname[32];
+        snprintf(fname, sizeof fname, "ember_k%u", sp->index);
+        ko->fn = (KernelFn)dlsym(handle, fname);
+        if (!ko->name || !ko->out_size || !ko->out_stride || !ko->out_dtype || !ko->fn) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "ember: kernel %s missing from the library", fname);
+            Py_DECREF(ko);
+            goto done;
+        }
+        /* extern results are checked against their meta layout on each call */
+        ko->in_size = calloc(k->nin + 1, sizeof(PyObject *));
+        ko->in_stride = calloc(k->nin + 1, sizeof(PyObject *));
+        if (!ko->in_size || !ko->in_stride) {
+            Py_DECREF(ko);
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (uint32_t q = 0; q < k->nin; q++) {
+            const LBuf *ib = &lg->bufs[k->args[q]];
+            if (ib->kind != LBUF_EXTERN) continue;
+            ko->in_size[q] = int_tuple(ib->ndim, ib->sizes);
+            ko->in_stride[q] = int_tuple(ib->ndim, ib->strides);
+            if (!ko->in_size[q] || !ko->in_stride[q]) {
+                Py_DECREF(ko);
+                goto done;
+            }
+        }
+        uint32_t nargs = k->nin;
+        IRArg *args = em_arena_alloc(na, (k->nin + 1) * sizeof(IRArg));
+        if (!args) {
+            Py_DECREF(ko);
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (uint32_t q = 0; q < k->nin; q++) {
+            args[q].kind = IRARG_NODE;
+            args[q].u.ref = p.buf_new[k->args[q]];
+        }
+        int32_t dn = donor_of[sp->index];
+        if (dn >= 0) {
+            uint32_t pos = NONE;
+            for (uint32_t q = 0; q < k->nin; q++)
+                if (k->args[q] == (uint32_t)dn) pos = q;
+            if (pos == NONE) {
+                pos = nargs;
+                args[nargs].kind = IRARG_NODE;
+                args[nargs++].u.ref = p.buf_new[dn];
+            }
+            ko->donor = (int32_t)pos;
+        }
+        int bad = 0;
+        for (uint32_t q = 0; q < nargs; q++) bad |= args[q].u.ref == 0;
+        IRRef r = bad ? 0 : em_ir_call(p.ng, IR_CALL_FUNCTION, (PyObject *)ko, args, nargs, NULL, NULL, 0, NULL);
+        Py_DECREF(ko);
+        if (!r) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: kernel argument without a value");
+            goto done;
+        }
+        p.buf_new[k->args[k->nin]] = r;
+        /* a summary for cache_info */
+        PyObject *names = PyList_New(0);
+        if (!names) goto done;
+        for (uint32_t q = 0; q < k->nirs; q++) {
+            PyObject *nm = PyUnicode_FromString(g->nodes[k->irs[q]].name);
+            if (!nm || PyList_Append(names, nm) < 0) {
+                Py_XDECREF(nm);
+                Py_DECREF(names);
+                goto done;
+            }
+            Py_DECREF(nm);
+        }
+        PyObject *kd = Py_BuildValue("{s:s,s:N,s:i}", "kind", k->reduction ? "reduction" : "pointwise", "nodes", names,
+                                     "inplace", dn >= 0);
+        if (!kd || PyList_Append(kernels, kd) < 0) {
+            Py_XDECREF(kd);
+            goto done;
+        }
+        Py_DECREF(kd);
+    }
+    {
+        const IRNode *out = &g->nodes[g->output];
+        const IRArg *items = out->args[0].u.items;
+        uint32_t no = out->args[0].n;
+        IRRef *refs = em_arena_alloc(na, (no + 1) * sizeof(IRRef));
+        if (!refs) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (uint32_t i = 0; i < no; i++) {
+            IRArg tmp;
+            if (items[i].kind != IRARG_NODE || copy_arg(&p, &items[i], &tmp) < 0) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: graph output is not a node");
+                goto done;
+            }
+            refs[i] = tmp.u.ref;
+        }
+        if (em_ir_set_output(p.ng, refs, no) < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    result = em_eager_graph_new(p.ng);
+    if (!result) goto done;
+    {
+        PyObject *v;
+#define SET(name, expr)                                                      \
+    v = (expr);                                                              \
+    if (!v || PyDict_SetItemString(d, name, v) < 0) {                        \
+        Py_XDECREF(v);                                                       \
+        Py_CLEAR(result);                                                    \
+        goto done;                                                           \
+    }                                                                        \
+    Py_DECREF(v);
+        SET("kernels", PyLong_FromUnsignedLong(s->nkernels));
+        SET("kernel_list", Py_NewRef(kernels));
+        SET("externs", PyLong_FromUnsignedLong(lg->nextern));
+        PyObject *ext = PyList_New(0);
+        for (IRRef r = 1; ext && r < g->nnodes; r++) {
+            if (lg->vals[r].kind != LV_EXTERN) continue;
+            PyObject *nm = PyUnicode_FromString(g->nodes[r].name);
+            if (!nm || PyList_Append(ext, nm) < 0) Py_CLEAR(ext);
+            Py_XDECREF(nm);
+        }
+        SET("extern_list", ext);
+        SET("lowered", PyLong_FromUnsignedLong(lg->nlowered));
+        SET("reused_buffers", PyLong_FromLong(ndonated));
+        SET("source", Py_NewRef(src));
+        SET("cache_key", PyUnicode_FromString(key));
+        SET("from_disk_cache", PyBool_FromLong(cached));
+#undef SET
+    }
+done:
+    if (!result && !cc_failed && d && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+        /* an internal failure of lowering/scheduling/building: never a crash, the eager backend
+         * runs the graph and cache_info says why */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyObject *msg = PyUnicode_FromFormat("backend \"ember\" failed (%S): ran by the eager backend", ev ? ev : Py_None);
+        Py_XDECREF(et);
+        Py_XDECREF(ev);
+        Py_XDECREF(tb);
+        PyDict_Clear(d);
+        if (msg && PyDict_SetItemString(d, "fallback", msg) == 0) result = em_eager_graph_new(g);
+        Py_XDECREF(msg);
+    }
+    if (result) *info = Py_NewRef(d);
+    Py_XDECREF(d);
+    Py_XDECREF(src);
+    Py_XDECREF(lib);
+    Py_XDECREF(kernels);
+    em_arena_free(na);
+    em_arena_free(a);
+    return result;
+}
+
+int em_runtime_ember_init(PyObject *module) {
+    PyObject *tp = PyType_FromModuleAndSpec(module, &kernel_spec, NULL);
+    if (!tp) return -1;
+    if (PyModule_AddObjectRef(module, "Kernel", tp) < 0) {
+        Py_DECREF(tp);
+        return -1;
+    }
+    Py_XSETREF(Kernel_Type, (PyTypeObject *)tp);
+    static PyMethodDef stats_def = {"_cc_stats", em_cc_stats, METH_NOARGS,
+                                    "Compiler calls and disk-cache loads of backend \"ember\" in this process."};
+    PyObject *f = PyCFunction_NewEx(&stats_def, NULL, NULL);
+    if (!f || PyModule_AddObject(module, "_cc_stats", f) < 0) {
+        Py_XDECREF(f);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,63 @@
+/* schedule: groups lowered nodes into kernels (fusion) and orders kernels and extern calls.
+ * One scheduler, two code generators (DESIGN.md): a kernel here says what to compute over which
+ * iteration domain and which buffers it reads and writes; nothing device-specific. Invariant: a
+ * kernel only reads buffers produced by earlier steps, and every buffer it writes is produced once. */
+#ifndef EM_SCHEDULE_H
+#define EM_SCHEDULE_H
+
+#include "lower/em_lower.h"
+
+/* How a kernel reads or writes one buffer: element offset + stride per domain dim. */
+typedef struct SAccess {
+    uint32_t buf;          /* LBuf id */
+    uint32_t arg;          /* position in the kernel's argument list */
+    int64_t offset;
+    int64_t strides[EM_LMAXDIM];
+} SAccess;
+
+/* A kernel: the loop nest over its domain, with the domain's dims in loop order:
+ * [0, nouter) are the outer (parallel) dims, [nouter, ndim) the inner dims. A reduction kernel
+ * reduces over the inner dims (one row = one outer index); a pointwise kernel's inner dims are
+ * its innermost (unit-stride when it can) dim. Dims of size 1 are removed and adjacent dims that
+ * every access walks contiguously are merged. */
+typedef struct SKernel {
+    int32_t ndim, nouter;
+    int64_t sizes[EM_LMAXDIM];
+    bool reduction;
+    LNode *nodes;          /* local copies in topological order; in[] are local indices */
+    uint32_t nnodes;
+    uint32_t *acc_of;      /* per node: LOAD -> its access index in loads */
+    uint8_t *elem;         /* per node: varies along the inner dims */
+    SAccess *loads;
+    uint32_t nloads;
+    SAccess *stores;       /* stores[i] writes node store_node[i] */
+    uint32_t *store_node;
+    uint32_t nstores;
+    uint32_t *args;        /* LBuf ids: the kernel's arguments, read-only ones first */
+    uint32_t nargs, nin;   /* nin: how many of args are only read */
+    IRRef *irs;            /* the IR nodes fused here (for comments), in order */
+    uint32_t nirs;
+} SKernel;
+
+typedef enum { SSTEP_KERNEL, SSTEP_EXTERN } SStepKind;
+typedef struct SStep {
+    SStepKind kind;
+    uint32_t index;        /* kernel number, or the extern's IR ref */
+} SStep;
+
+typedef struct Schedule {
+    LGraph *lg;
+    SKernel *kernels;
+    uint32_t nkernels, capk;
+    SStep *steps;
+    uint32_t nsteps, capsteps;
+    uint32_t *ir_buf;      /* per IR ref: the buffer holding its tensor for externs/outputs, or UINT32_MAX */
+    bool *buf_output;      /* per buffer: returned to the user (never reused) */
+    bool *buf_produced;
+    uint32_t nbufs_alloc;
+} Schedule;
+
+/* Schedules lg. NULL with a Python exception (out of memory) on failure. */
+Schedule *em_schedule_graph(LGraph *lg);
+
+#endif /* EM_SCHEDULE_H */

@@ -1,0 +1,331 @@
+"""backend="ember" (lowering, fusion, C codegen, runtime) against eager PyTorch on the same inputs.
+
+Each test compiles one graph that computes many ops at once (one C translation unit), so the
+suite pays a few compiler calls per dtype/layout; the on-disk cache lives in a per-session temp dir.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache_dir(tmp_path_factory):
+    old = ember.config.cache_dir
+    ember.config.cache_dir = str(tmp_path_factory.mktemp("ember_cache"))
+    yield
+    ember.config.cache_dir = old
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _same(out, ref, where="out"):
+    if isinstance(ref, (tuple, list)):
+        assert isinstance(out, (tuple, list)) and len(out) == len(ref), where
+        for i, (o, r) in enumerate(zip(out, ref)):
+            _same(o, r, f"{where}[{i}]")
+        return
+    if isinstance(ref, torch.Tensor):
+        assert isinstance(out, torch.Tensor), where
+        assert out.dtype == ref.dtype, (where, out.dtype, ref.dtype)
+        assert out.shape == ref.shape, (where, out.shape, ref.shape)
+        if ref.numel() > 1:
+            so = [s for s, n in zip(out.stride(), out.shape) if n > 1]
+            sr = [s for s, n in zip(ref.stride(), ref.shape) if n > 1]
+            assert so == sr, (where, out.stride(), ref.stride())
+        torch.testing.assert_close(out, ref, equal_nan=True, msg=lambda m: f"{where}: {m}")
+        return
+    assert out == ref, where
+
+
+def check(fn, *args):
+    """Runs fn eagerly and under backend="ember"; returns the entry's ember info."""
+    ref = fn(*args)
+    c = ember.compile(fn, backend="ember")
+    out = c(*args)
+    _same(out, ref)
+    out2 = c(*args)  # the cached entry, a second time (buffers reused across calls must not leak values)
+    _same(out2, ref)
+    info = ember.cache_info(c)[0]
+    assert info["kind"] == "graph"
+    return info["ember"]
+
+
+def _floats(shape, dtype, special=True):
+    x = torch.randn(shape, dtype=torch.float64).to(dtype)
+    if special and x.numel() >= 4:
+        flat = x.view(-1) if x.is_contiguous() else None
+        if flat is not None:
+            flat[0], flat[1], flat[2] = float("nan"), float("inf"), -float("inf")
+    return x
+
+
+UNARY = [torch.abs, torch.neg, torch.reciprocal, torch.sqrt, torch.rsqrt, torch.exp, torch.exp2, torch.expm1,
+         torch.log, torch.log2, torch.log10, torch.log1p, torch.sin, torch.cos, torch.tan, torch.tanh, torch.asin,
+         torch.acos, torch.atan, torch.sinh, torch.cosh, torch.erf, torch.sigmoid, torch.relu, torch.floor,
+         torch.ceil, torch.round, torch.trunc, torch.sign, torch.logical_not, torch.isnan, torch.isinf, F.relu,
+         F.silu, lambda x: F.gelu(x.clamp(-20, 20)), lambda x: F.gelu(x.clamp(-20, 20), approximate="tanh"),
+         F.softplus, lambda x: F.softplus(x, 2.0, 5.0),
+         torch.square, lambda x: x.float(), lambda x: x.double(), lambda x: x.half(), lambda x: x.to(torch.int32),
+         lambda x: x.bool(), lambda x: x.sigmoid(), lambda x: -x, lambda x: abs(x)]
+
+
+def unary_all(x):
+    return tuple(f(x) for f in UNARY)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_unary_contiguous(dtype):
+    info = check(unary_all, _floats((5, 37), dtype))
+    # only the cast to the input's own dtype stays a torch call (it returns the input itself)
+    assert all(n.split("_")[0] in ("float", "double", "half") for n in info["extern_list"]), info["extern_list"]
+    assert info["externs"] <= 1
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _floats((37, 5), torch.float32).t(),                      # transposed
+    lambda: torch.randn(1, 7).expand(6, 7),                           # zero stride
+    lambda: torch.randn(4, 0),                                        # empty
+    lambda: torch.tensor(0.75),                                       # 0-d
+    lambda: torch.randn(8, 10, 3)[::2, 1:9:3],                        # sliced, odd strides
+], ids=["transposed", "expanded", "empty", "0d", "sliced"])
+def test_unary_layouts(make):
+    check(unary_all, make())
+
+
+def binary_all(a, b):
+    return (a + b, a - b, a * b, a / b, torch.add(a, b, alpha=2.5), torch.sub(a, b, alpha=-1), a + 1.5, 2 * a,
+            a / 3, torch.div(a, b, rounding_mode="floor"), torch.div(a, b, rounding_mode="trunc"), a // b,
+            torch.pow(a, 2), a ** 3, torch.pow(a.abs(), 0.5), torch.pow(a.abs() + 1, b), a ** -1,
+            torch.maximum(a, b), torch.minimum(a, b), a < b, a <= b, a > 0.5, a >= b, a == b, a != b,
+            torch.logical_and(a > 0, b > 0), torch.logical_or(a > 0, b < 0), torch.logical_xor(a > 0, b > 0),
+            torch.where(a > b, a, b), torch.where(a > 0, a, 0.0), torch.clamp(a, -0.5, 0.5), a.clamp(min=0.1),
+            a.clamp_max(0.2), a.masked_fill(b > 0, -1.0), torch.max(a, b), torch.min(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_binary_broadcast(dtype):
+    a = _floats((6, 1, 5), dtype)
+    b = _floats((4, 1), dtype, special=False)
+    info = check(binary_all, a, b)
+    assert info["externs"] == 0
+
+
+def test_binary_mixed_dtypes_and_0d():
+    a = torch.randn(5, 7)
+    b = torch.randn(7, dtype=torch.float64)
+    c = torch.tensor(2.5, dtype=torch.float64)  # 0-d: does not promote the category
+    i = torch.randint(-5, 5, (5, 7))
+    h = torch.randn(5, 7, dtype=torch.float16)
+    check(lambda a, b, c, i, h: (a + b, a * c, i + a, i * 2.5, i < 0.5, h + a, h * c, i / 2, h > i, (i + c)),
+          a, b, c, i, h)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_integers(dtype):
+    info_ = torch.iinfo(dtype)
+    a = torch.randint(max(info_.min, -100), min(info_.max, 100), (6, 9), dtype=dtype)
+    a[0, 0], a[0, 1] = info_.max, info_.min  # overflow wraps as in torch
+    b = torch.randint(1, 7, (9,), dtype=dtype)
+
+    def f(a, b):
+        return (a + b, a - b, a * b, a * 3, a + 1, -a, torch.abs(a), a < b, a == 3, torch.maximum(a, b),
+                torch.clamp(a, 0, 50), a.sum(), a.sum(1), a.amax(0), a.amin(1, keepdim=True), a.float() / 3,
+                a / b, a.to(torch.float16), a.bool(), torch.where(a > 0, a, b), a.argmax(1), a.argmin(),
+                a.prod(1), torch.sign(a), a.max(), a.any(1), a.all())
+    check(f, a, b)
+
+
+def test_integer_division_is_extern_and_raises_like_eager():
+    a = torch.tensor([7, -7, 3])
+    b = torch.tensor([2, 2, 0])
+    c = ember.compile(lambda a, b: torch.div(a, b, rounding_mode="floor"), backend="ember")
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        c(a, b)
+    b2 = torch.tensor([2, -2, 5])
+    info = check(lambda a, b: (a // b, torch.div(a, b, rounding_mode="trunc") + 1), a, b2)
+    assert info["externs"] == 2
+
+
+def test_bool():
+    a = torch.rand(4, 5) > 0.5
+    b = torch.rand(5) > 0.5
+    check(lambda a, b: (a & b if False else torch.logical_and(a, b), a + b, a * b, a.sum(), a.any(), a.all(0),
+                        ~a if False else torch.logical_not(a), a.to(torch.float32) * 2, a == b, a.int()), a, b)
+
+
+def reductions(x):
+    return (x.sum(), x.sum(1), x.sum((0, 2), keepdim=True), x.mean(-1), x.mean((0, 1)), x.amax(1), x.amin(-1),
+            x.prod(2), x.var(1), x.std(-1, keepdim=True), torch.var(x, 1, correction=0), x.std(), torch.var(x, True),
+            x.argmax(2), x.argmin(1), x.argmax(), torch.softmax(x, -1), F.softmax(x, dim=1), F.log_softmax(x, -1),
+            torch.logsumexp(x, 2), torch.logsumexp(x, (0, 1), keepdim=True), (x > 0).any(1), (x > 0).all(-1),
+            torch.max(x), x.sum(2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "permuted", "large_rows"])
+def test_reductions(layout):
+    if layout == "contiguous":
+        x = torch.randn(3, 7, 33)
+    elif layout == "permuted":
+        x = torch.randn(33, 3, 7).permute(1, 2, 0)
+    else:
+        x = torch.rand(2, 3, 4100) + 0.5  # positive: sums of 24600 terms stay well conditioned
+    check(reductions, x)
+
+
+def test_reductions_nan_and_half():
+    x = torch.randn(4, 9)
+    x[1, 3] = float("nan")
+    x[2, 0] = float("inf")
+    check(reductions, x.view(4, 9, 1).expand(4, 9, 3).contiguous())
+    check(reductions, torch.randn(3, 5, 17, dtype=torch.float16))
+    check(lambda x: (x.sum(1), x.mean(), torch.softmax(x, -1), x.amax(0)), torch.randn(6, 129, dtype=torch.bfloat16))
+
+
+def views(x):
+    return (x.reshape(6, 20).exp(), x.reshape(-1).sin(), x.permute(2, 0, 1).cos() + 1, x.transpose(0, 1) * 2,
+            x[:, 1:4].abs(), x[1].neg(), x[..., ::2] + 1, x[:, None, 2] * 3, x.narrow(2, 1, 3).relu(),
+            x.select(1, 2).sigmoid(), x.unsqueeze(1).squeeze(1).tanh(), x.flatten(1) + 0.5,
+            x[0].t().exp(), x[:, :, :1].expand(2, 3, 20) * x, x.contiguous() - 1)
+
+
+def test_views_as_index_arithmetic():
+    x = torch.randn(2, 3, 20)
+    info = check(views, x)
+    assert info["externs"] == 0
+    check(lambda x: (x.view(6, 20).exp(), x.view(-1, 5)[1:].cos()), x)
+    check(views, torch.randn(20, 3, 2).permute(2, 1, 0))  # reshape of a non-viewable layout copies
+
+
+def test_view_outputs_alias_like_eager():
+    x = torch.randn(4, 6)
+    c = ember.compile(lambda x: (x.t(), x.view(2, 12), x[1:], (x + 1).view(24)), backend="ember")
+    t, v, s, w = c(x)
+    assert t.data_ptr() == x.data_ptr() and v.data_ptr() == x.data_ptr()
+    assert s.data_ptr() == x[1:].data_ptr()
+    torch.testing.assert_close(w, (x + 1).view(24))
+
+
+def norms(x, w, b, rm, rv):
+    return (F.layer_norm(x, (x.shape[-1],), w, b), F.layer_norm(x, x.shape[1:]), F.layer_norm(x, (16,), w, eps=1e-3),
+            F.rms_norm(x, (16,), w), F.rms_norm(x, (16,), eps=1e-4),
+            F.batch_norm(x, rm, rv, w[:5], b[:5], training=False),
+            F.batch_norm(x, rm, rv, training=False, eps=1e-3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_norms(dtype):
+    x = torch.randn(3, 5, 16, dtype=dtype)
+    w, b = torch.randn(16, dtype=dtype), torch.randn(16, dtype=dtype)
+    rm, rv = torch.randn(5, dtype=dtype), torch.rand(5, dtype=dtype) + 0.5
+    info = check(norms, x, w, b, rm, rv)
+    assert info["externs"] == 0
+
+
+# ---- fusion: the kernel count is part of the contract ----
+
+def test_fusion_pointwise_chain_is_one_kernel():
+    info = check(lambda x, y: torch.cos(torch.cos(x)) * y + 1, torch.randn(64, 65), torch.randn(64, 65))
+    assert info["kernels"] == 1
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, w, b: torch.softmax(x, -1),
+    lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+    lambda x, w, b: F.rms_norm(x, (x.shape[-1],), w),
+    lambda x, w, b: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+    lambda x, w, b: F.log_softmax(x * 2 + b, -1),
+    lambda x, w, b: (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + 1e-5).sqrt(),
+], ids=["softmax", "layer_norm", "rms_norm", "rms_norm_by_hand", "log_softmax_epilogue", "standardize"])
+def test_fusion_row_kernels(fn):
+    x, w, b = torch.randn(32, 100), torch.randn(100), torch.randn(100)
+    info = check(fn, x, w, b)
+    assert info["kernels"] == 1, info["kernel_list"]
+    assert info["kernel_list"][0]["kind"] == "reduction"
+
+
+def test_fusion_epilogue_after_extern_matmul():
+    x, w, b, r = torch.randn(16, 32), torch.randn(24, 32), torch.randn(24), torch.randn(16, 24)
+    info = check(lambda x, w, b, r: F.relu(F.linear(x, w) + b) + r, x, w, b, r)
+    assert info["externs"] == 1 and info["kernels"] == 1
+    assert info["kernel_list"][0]["inplace"] == 1  # the epilogue writes into the matmul's own result
+    info = check(lambda x, w, b: F.gelu(x @ w.t() + b), x, w, b)
+    assert info["extern_list"] == ["t", "matmul"] and info["kernels"] == 1  # a view an extern reads stays torch's
+    assert info["kernel_list"][0]["inplace"] == 1
+
+
+def test_memory_planning_reuses_dead_intermediates():
+    def f(x):
+        a = torch.softmax(x, -1)           # reduction kernel -> buffer
+        b = torch.cumsum(a, -1)            # extern: a is materialized
+        c = (b * 2).sum(-1)                # non-keepdim: its own kernel
+        d = torch.cumsum(c.unsqueeze(-1) * b, -1)
+        return (d * 0.01).exp()
+    check(f, torch.randn(8, 16))
+
+    def g(x):
+        y = x.sum(-1)            # non-keepdim reduction: materialized
+        z = (x - y[:, None]).exp()
+        return z.sum(-1) + y     # y read again after z's kernel
+    info = check(g, torch.randn(8, 16))
+    assert info["kernels"] >= 2
+
+
+def test_externs_cover_everything_eager_runs():
+    x = torch.randn(2, 3, 8, 8)
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+    with torch.no_grad():
+        info = check(lambda x: F.relu(conv(x)).flatten(1).cumsum(1).sort(-1)[0] * 2, x)
+    assert info["externs"] >= 3
+    check(lambda x: torch.topk(x.flatten(1), 3, dim=1).values + 1, x)
+
+
+def test_grad_inputs_run_on_the_eager_backend():
+    x = torch.randn(4, 4, requires_grad=True)
+    c = ember.compile(lambda x: (x.sin() * 2).sum(), backend="ember")
+    out = c(x)
+    out.backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())
+    info = ember.cache_info(c)[0]["ember"]
+    assert "grad" in info["fallback"]
+
+
+def test_inplace_graph_runs_on_the_eager_backend():
+    def f(x):
+        y = x * 2
+        y.add_(1)
+        return y.exp()
+    info = check(f, torch.randn(5))
+    assert "in-place" in info["fallback"]
+
+
+def test_module_on_ember_backend():
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        ref = m(x)
+        out = ember.compile(m, backend="ember")(x)
+    torch.testing.assert_close(out, ref)
+
+
+def test_torch_compile_backend_ember():
+    """torch.compile(backend="ember") through the torch_dynamo_backends entry point."""
+    import ember._C as C
+
+    def f(x, w, b):
+        return F.layer_norm(torch.cos(x) * 2, (x.shape[-1],), w, b).relu() + x.sum(-1, keepdim=True)
+    x, w, b = torch.randn(8, 32), torch.randn(32), torch.randn(32)
+    torch._dynamo.reset()
+    before = C._cc_stats()
+    torch.testing.assert_close(torch.compile(f, backend="ember")(x, w, b), f(x, w, b))
+    after = C._cc_stats()
+    assert after["compiles"] + after["disk_hits"] > before["compiles"] + before["disk_hits"]  # ember's kernels ran
+    torch._dynamo.reset()
