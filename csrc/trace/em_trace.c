@@ -253,6 +253,11 @@ int em_trace_init(PyObject *module) {
         rt->inspect_Signature = PyObject_GetAttrString(insp, "Signature");
         rt->inspect_Parameter = PyObject_GetAttrString(insp, "Parameter");
         Py_DECREF(insp);
+        PyObject *en = PyImport_ImportModule("enum");
+        if (!en) goto error;
+        rt->enum_Enum = PyObject_GetAttrString(en, "Enum");
+        Py_DECREF(en);
+        if (!rt->enum_Enum) goto error;
         if (!rt->inspect_signature || !rt->inspect_Signature || !rt->inspect_Parameter) goto error;
     }
     rt->ready = true;
@@ -1390,6 +1395,13 @@ resume:
             } else if (arg == 1) {
                 em_tr_break(T, EM_BREAK_PRINT, "expression printed by the REPL");
                 goto fail;
+            } else if (arg == 3) { /* INTRINSIC_STOPITERATION_ERROR: a generator's handler; a
+                                      StopIteration would become RuntimeError */
+                if (a->kind == TV_OBJECT && a->obj && PyErr_GivenExceptionMatches(a->obj, PyExc_StopIteration)) {
+                    em_tr_break(T, EM_BREAK_GENERATOR, "StopIteration inside a generator");
+                    goto fail;
+                }
+                r = a;
             } else {
                 em_tr_break(T, EM_BREAK_UNSUPPORTED_OPCODE, "CALL_INTRINSIC_1 %d", arg);
                 goto fail;
@@ -1654,6 +1666,11 @@ resume:
                 goto fail;
             }
             if (push(T, F, em_tr_const(T, Py_None)) < 0) goto fail;
+            if (F->lazy) { /* consumed step by step: suspend here; the next next() resumes at pc */
+                F->pc = next;
+                T->cur = saved;
+                return 1;
+            }
             break;
         case OP_SEND: case OP_GET_YIELD_FROM_ITER:
             em_tr_break(T, EM_BREAK_GENERATOR, "yield from / await");

@@ -392,14 +392,25 @@ static TValue *pymodule_attr(Trace *T, TValue *v, PyObject *name, int *missing) 
 }
 
 static TValue *class_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
-    PyTypeObject *tp = (PyTypeObject *)v->obj;
-    if (Py_TYPE(tp)->tp_getattro != PyType_Type.tp_getattro &&
-        _PyType_Lookup(Py_TYPE(tp), em_str("__getattr__"))) {
-        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "class with a metaclass __getattr__");
+    PyTypeObject *tp = (PyTypeObject *)v->obj, *meta = Py_TYPE(tp);
+    /* a metaclass __getattr__ (3.11's EnumMeta) runs only when the normal lookup misses, and a
+     * metaclass data descriptor would win over the class dict: both checked below */
+    PyObject *mga = _PyType_Lookup(meta, em_str("__getattribute__"));
+    if (mga && mga != _PyType_Lookup(&PyType_Type, em_str("__getattribute__"))) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "class with a metaclass __getattribute__");
         return NULL;
     }
     if (em_guard_type_version(T->gb, tp) < 0) return NULL;
     PyObject *d = _PyType_Lookup(tp, name);
+    if (meta != &PyType_Type) {
+        PyObject *md = _PyType_Lookup(meta, name);
+        if ((md && Py_TYPE(md)->tp_descr_set && md != _PyType_Lookup(&PyType_Type, name)) ||
+            (!d && meta->tp_getattro != PyType_Type.tp_getattro && _PyType_Lookup(meta, em_str("__getattr__")))) {
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "class attribute .%U through its metaclass %s", name, meta->tp_name);
+            return NULL;
+        }
+        if (em_guard_type_version(T->gb, meta) < 0) return NULL;
+    }
     if (!d) {
         if (PyUnicode_CompareWithASCIIString(name, "__name__") == 0 || PyUnicode_CompareWithASCIIString(name, "__qualname__") == 0 ||
             PyUnicode_CompareWithASCIIString(name, "__module__") == 0) {
@@ -495,11 +506,28 @@ TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing)
         /* obj.__dict__: the instance dict itself, guarded like a dict input (keys; items as used)
          * or, reached through guarded constants, by its version tag */
         PyObject *idict = instance_dict_borrow(o);
+        for (uint32_t i = 0; i < T->nstores; i++)
+            if (T->stores[i].obj == o) { /* the real dict does not show the overlay's stores */
+                em_tr_break(T, EM_BREAK_SIDE_EFFECT, "__dict__ of a %s after an attribute store", tp->tp_name);
+                return NULL;
+            }
         GuardSrc s = v->src >= 0 ? em_guard_src_attr(T->gb, v->src, name, idict) : -1;
         return em_tr_wrap(T, idict, s, s < 0);
     }
     if (descr && Py_TYPE(descr)->tp_descr_set) {
         if (Py_IS_TYPE(descr, &PyProperty_Type)) return inline_property(T, v, descr, name);
+        if (PyExceptionInstance_Check(o) && v->src < 0 && Py_IS_TYPE(descr, &PyGetSetDescr_Type) &&
+            PyUnicode_CompareWithASCIIString(name, "args") == 0) {
+            /* e.args of an exception the trace made (a caught one): a tuple of its constants */
+            PyObject *r = PyObject_GetAttr(o, name);
+            if (!r) {
+                em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE);
+                return NULL;
+            }
+            TValue *rv = em_tr_from_py(T, r);
+            Py_DECREF(r);
+            return rv;
+        }
         if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && strcmp(tp->tp_name, "Field") == 0 && v->src < 0) {
             /* a slot of a dataclasses.Field reached through a class's __dataclass_fields__
              * (dataclasses.fields()): fields are never reassigned after the class is made */
@@ -557,6 +585,15 @@ TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing)
 /* Attributes of immutable constants (dtype.is_floating_point, device.type, str.format ...). */
 static TValue *const_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
     if (em_tr_use(T, v) < 0) return NULL;
+    if (em_trace_rt.enum_Enum && PyObject_TypeCheck(v->obj, (PyTypeObject *)em_trace_rt.enum_Enum)) {
+        /* enum members: only the enum module's own name/value (a user property would run code) */
+        const char *n = PyUnicode_AsUTF8(name);
+        if (!n || (strcmp(n, "name") && strcmp(n, "value") && strcmp(n, "_name_") && strcmp(n, "_value_"))) {
+            PyErr_Clear();
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "attribute .%U of an enum member", name);
+            return NULL;
+        }
+    }
     PyObject *r = PyObject_GetAttr(v->obj, name);
     if (!r) {
         if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
@@ -634,7 +671,13 @@ static TValue *super_attr(Trace *T, TValue *s, PyObject *name) {
         if (PyTuple_GET_ITEM(mro, i) == s->u.sup.cls) break;
     for (i++; i < n; i++) {
         PyTypeObject *b = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+#if EM_PY312
+        PyObject *bdict = PyType_GetDict(b); /* static builtin types keep theirs outside tp_dict */
+        PyObject *d = bdict ? PyDict_GetItemWithError(bdict, name) : NULL;
+        Py_XDECREF(bdict); /* d stays alive: the type's dict holds it */
+#else
         PyObject *d = b->tp_dict ? PyDict_GetItemWithError(b->tp_dict, name) : NULL;
+#endif
         if (!d && PyErr_Occurred()) return NULL;
         if (!d) continue;
         if (PyFunction_Check(d)) {

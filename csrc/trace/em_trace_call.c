@@ -908,7 +908,7 @@ static int seq_index(Trace *T, PyObject *k, uint32_t n, uint32_t *out) {
     Py_ssize_t i = PyNumber_AsSsize_t(k, PyExc_IndexError);
     if (i == -1 && PyErr_Occurred()) return em_tr_break_exc(T, EM_BREAK_RAISE);
     if (i < 0) i += n;
-    if (i < 0 || (uint32_t)i >= n) return em_tr_break(T, EM_BREAK_RAISE, "index out of range");
+    if (i < 0 || (uint32_t)i >= n) return em_tr_raise_msg(T, PyExc_IndexError, "index out of range");
     *out = (uint32_t)i;
     return 0;
 }
@@ -1362,11 +1362,13 @@ int em_tr_run_generator(Trace *T, TValue *it, TValue ***items, uint32_t *n) {
     *n = 0;
     if (!F) return 0;
     it->u.it.genframe = NULL;
+    uint32_t n0 = F->yields.n; /* items a step-by-step consumer already took */
     F->is_gen = true;
+    F->lazy = false;
     F->parent = T->cur;
-    if (em_tr_run_frame(T, F) < 0) return -1;
-    *items = F->yields.items;
-    *n = F->yields.n;
+    if (!F->returned && em_tr_run_frame(T, F) < 0) return -1;
+    *items = F->yields.items + n0;
+    *n = F->yields.n - n0;
     return 0;
 }
 

@@ -167,7 +167,8 @@ typedef struct TFrame {
     int sp, stackcap;
     PyObject *kwnames;      /* pending KW_NAMES tuple (borrowed from co_consts) */
     int depth;
-    bool is_gen;            /* running a generator to exhaustion: YIELD_VALUE collects */
+    bool is_gen;            /* running a generator: YIELD_VALUE collects into yields */
+    bool lazy;              /* ... one item at a time: em_tr_run_frame returns 1 at each yield */
     struct { TValue **items; uint32_t n, cap; } yields;
     TValue *retval;         /* set by RETURN_* */
     bool returned;
@@ -214,6 +215,7 @@ typedef struct TraceRT {
     PyObject *meta_str;            /* "meta" */
     PyObject *meta_device;         /* torch.device("meta") */
     PyObject *inspect_signature, *inspect_Signature, *inspect_Parameter; /* inspect.* (immutable results) */
+    PyObject *enum_Enum;           /* enum.Enum: members are immutable singletons (constants) */
 } TraceRT;
 extern TraceRT em_trace_rt;
 
@@ -299,7 +301,8 @@ int em_tr_break(Trace *T, EmBreak reason, const char *fmt, ...);
 /* Turns an unexpected pending Python exception into a break: MemoryError/KeyboardInterrupt stay
  * pending (return -1 propagates), others become `reason` with the exception text. */
 int em_tr_break_exc(Trace *T, EmBreak reason);
-/* Runs one frame's instructions until it returns (0) or breaks / fails (-1). */
+/* Runs one frame's instructions until it returns (0) or breaks / fails (-1); a lazy generator
+ * frame also returns (1) after each yield, to be resumed by calling this again. */
 int em_tr_run_frame(Trace *T, TFrame *F);
 /* Makes a frame for code with locals array already sized; NULL on OOM. */
 TFrame *em_tr_frame_new(Trace *T, PyCodeObject *code, PyObject *globals, PyObject *builtins, GuardSrc gsrc);

@@ -99,7 +99,8 @@ static bool is_dict_class(PyTypeObject *tp) { return PyType_IsSubtype(tp, &PyDic
 bool em_tr_instance_class_ok(PyObject *cls) {
     if (!PyType_Check(cls)) return false;
     PyTypeObject *tp = (PyTypeObject *)cls;
-    if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || Py_TYPE(cls) != &PyType_Type) return false;
+    /* the metaclass must construct like type (abc.ABCMeta does: it has no __call__ of its own) */
+    if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || Py_TYPE(cls)->tp_call != PyType_Type.tp_call) return false;
     if (PyType_IsSubtype(tp, (PyTypeObject *)em_trace_rt.Module) ||
         PyType_IsSubtype(tp, (PyTypeObject *)em_trace_rt.TensorBase) ||
         PyType_IsSubtype(tp, (PyTypeObject *)PyExc_BaseException) || PyType_IsSubtype(tp, &PyTuple_Type) ||
@@ -115,8 +116,22 @@ bool em_tr_instance_class_ok(PyObject *cls) {
     if (tp->tp_new != base->tp_new) return false;
     PyObject *new_ = _PyType_Lookup(tp, em_str("__new__"));
     if (new_ && PyFunction_Check(new_)) return false;
-    PyObject *slots = _PyType_Lookup(tp, em_str("__slots__"));
-    if (slots) return false;
+    /* attributes live in an instance __dict__ only: no class of the MRO declares slots (an empty
+     * __slots__ = (), as abc.ABC has, declares none) */
+#if EM_PY312
+    if (tp->tp_dictoffset == 0 && !(tp->tp_flags & Py_TPFLAGS_MANAGED_DICT)) return false;
+#else
+    if (tp->tp_dictoffset == 0) return false;
+#endif
+    PyObject *mro = tp->tp_mro;
+    for (Py_ssize_t i = 0; mro && i < PyTuple_GET_SIZE(mro); i++) {
+        PyObject *d = ((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_dict;
+        PyObject *slots = d ? PyDict_GetItemString(d, "__slots__") : NULL;
+        if (slots && (PyUnicode_Check(slots) || PyObject_Length(slots) != 0)) {
+            PyErr_Clear();
+            return false;
+        }
+    }
     PyObject *init = _PyType_Lookup(tp, em_str("__init__"));
     PyObject *oinit = _PyType_Lookup(&PyBaseObject_Type, em_str("__init__"));
     PyObject *dinit = _PyType_Lookup(base, em_str("__init__"));

@@ -82,10 +82,26 @@ static bool is_simple_const(PyObject *o) {
 }
 
 /* torch.dtype / layout / memory_format: singletons, compared by identity. */
+/* A member of a Python enum.Enum whose comparison and truth are the enum module's or C code (so
+ * folding `==`, `!=`, truth on it runs nothing of the user's). */
+static bool is_py_enum(PyObject *o) {
+    if (!em_trace_rt.enum_Enum || !PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.enum_Enum)) return false;
+    static const char *const slots[] = {"__eq__", "__ne__", "__bool__", "__len__", NULL};
+    for (int i = 0; slots[i]; i++) {
+        PyObject *f = _PyType_Lookup(Py_TYPE(o), em_str(slots[i]));
+        if (f && PyFunction_Check(f)) {
+            PyObject *m = ((PyFunctionObject *)f)->func_module;
+            if (!m || !PyUnicode_Check(m) || PyUnicode_CompareWithASCIIString(m, "enum") != 0) return false;
+        }
+    }
+    return true;
+}
+
+/* torch's enum-like constants, and Python enum members (identity-guarded constants). */
 static bool is_torch_enum(PyObject *o) {
     const char *tn = Py_TYPE(o)->tp_name;
     return PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.dtype_type) || strcmp(tn, "torch.layout") == 0 ||
-           strcmp(tn, "torch.memory_format") == 0 || strcmp(tn, "torch.qscheme") == 0;
+           strcmp(tn, "torch.memory_format") == 0 || strcmp(tn, "torch.qscheme") == 0 || is_py_enum(o);
 }
 
 /* Can EQUALS guard this (None, bool, int, float, str and tuples of these)? */
@@ -899,19 +915,29 @@ int em_tr_iter_next(Trace *T, TValue *it, TValue **out) {
     if (!(it = em_tr_realize(T, it))) return -1;
     if (it->kind != TV_ITERATOR) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "next() of a non-iterator");
     if (it->u.it.kind == IT_GEN) {
-        /* a generator expression is run to exhaustion at its first next(): its body is one
-         * expression over trace values, so a consumer that stops early only makes the trace read
-         * more (a break or raise there makes the frame fall back). A generator function may
-         * mutate state between yields, which an early stop would observe: a break. */
-        if (!it->u.it.genframe || PyUnicode_CompareWithASCIIString(it->u.it.genframe->code->co_name, "<genexpr>") != 0)
-            return em_tr_break(T, EM_BREAK_GENERATOR, "generator consumed step by step");
-        TValue **items;
-        uint32_t n;
-        if (em_tr_run_generator(T, it, &items, &n) < 0) return -1;
+        /* a generator made in the trace, consumed step by step: its frame runs to its next yield
+         * and stays suspended there (TFrame keeps pc, stack and locals), as CPython's does */
+        TFrame *G = it->u.it.genframe;
+        if (G && !G->returned) {
+            uint32_t n0 = G->yields.n;
+            G->is_gen = true;
+            G->lazy = true;
+            G->parent = T->cur;
+            if (em_tr_run_frame(T, G) < 0) { /* a generator that raised is finished */
+                it->u.it.genframe = NULL;
+                it->u.it.kind = IT_ARRAY;
+                it->u.it.n = it->u.it.pos = 0;
+                return -1;
+            }
+            if (G->yields.n > n0) {
+                *out = G->yields.items[n0];
+                return 1;
+            }
+        }
+        it->u.it.genframe = NULL; /* exhausted, like a finished generator */
         it->u.it.kind = IT_ARRAY;
-        it->u.it.items = items;
-        it->u.it.n = n;
-        it->u.it.pos = 0;
+        it->u.it.n = it->u.it.pos = 0;
+        return 0;
     }
     if (it->u.it.kind == IT_LIST) {
         if (it->u.it.pos >= it->u.it.base->u.seq.n) {

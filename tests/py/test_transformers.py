@@ -1,0 +1,66 @@
+"""transformers' GPT-2 (LM head) and BERT, 2 layers of width 64, built from a config (nothing is
+downloaded; examples/hf_models.py): each is captured whole as one graph by ember.compile and equals
+eager on every output of its ModelOutput. The speed side is bench/transformers_models.py."""
+import os
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+import hf_models  # noqa: E402
+
+import ember  # noqa: E402
+from conftest import assert_same, entries  # noqa: E402
+
+
+def _cases():
+    if hf_models.skipped():
+        pytest.skip(str(hf_models.skipped()))
+    return {name: (model, calls) for name, model, calls in hf_models.cases()}
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return _cases()
+
+
+def _check(model, calls):
+    compiled = ember.compile(model, backend="eager")
+    with torch.no_grad():
+        for args in calls:
+            expected = model(*args)
+            got = compiled(*args)
+            assert type(got) is type(expected)
+            assert list(got.keys()) == list(expected.keys())
+            for k in expected.keys():
+                assert_same(got[k], expected[k], where=k)
+                assert_same(getattr(got, k), getattr(expected, k), where=k)
+            assert_same(got.to_tuple(), expected.to_tuple(), where="to_tuple()")
+    info = entries(compiled)
+    assert [e["kind"] for e in info] == ["graph"], [(e["kind"], e["reason"], e["detail"], e["filename"], e["lineno"])
+                                                   for e in info]
+    assert info[0]["hits"] == len(calls) - 1  # the first call traced, the others hit the entry
+    return info[0]
+
+
+def test_gpt2_is_one_graph_and_equals_eager(cases):
+    model, calls = cases["gpt2_tiny"]
+    e = _check(model, calls)
+    assert "logits" in e["output"]
+
+
+def test_bert_is_one_graph_and_equals_eager(cases):
+    model, calls = cases["bert_tiny"]
+    e = _check(model, calls)
+    assert "last_hidden_state" in e["output"] and "pooler_output" in e["output"]
+
+
+def test_return_dict_false_gives_the_tuple(cases):
+    model, calls = cases["bert_tiny"]
+    compiled = ember.compile(model, backend="eager")
+    with torch.no_grad():
+        for args in calls:
+            assert_same(compiled(*args, return_dict=False), model(*args, return_dict=False))
