@@ -15,9 +15,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
-#if !EM_PY312
-#include <structmember.h> /* T_PYSSIZET, READONLY */
-#endif
+#include <structmember.h> /* T_PYSSIZET, READONLY (kept as aliases of Py_T_* by 3.12) */
 
 #define NONE UINT32_MAX
 
