@@ -14,6 +14,15 @@ import ember
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
+@pytest.fixture(autouse=True)
+def _cpu_tensors():
+    """backend "ember" compiles C kernels for CPU tensors (CUDA tensors take the eager backend until
+    the CUDA code generator lands): these tests make CPU tensors even when the suite runs with
+    EMBER_TEST_DEVICE=cuda (tools/gpu_check.sh)."""
+    with torch.device("cpu"):
+        yield
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _cache_dir(tmp_path_factory):
     old = ember.config.cache_dir

@@ -22,6 +22,15 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.fixture(autouse=True)
+def _cpu_tensors():
+    """backend "ember" compiles C kernels for CPU tensors (CUDA tensors take the eager backend until
+    the CUDA code generator lands): these tests make CPU tensors even when the suite runs with
+    EMBER_TEST_DEVICE=cuda (tools/gpu_check.sh)."""
+    with torch.device("cpu"):
+        yield
+
+
 @pytest.fixture
 def env(tmp_path):
     log = tmp_path / "cc.log"

@@ -509,7 +509,7 @@ def test_tutorial_f1_f2_f3_graph_counts():
     assert graphs(c1) == 2  # `x.sum() < 0`, then `-y`; `return y` is an empty graph
     c2 = run_both(f2, [(torch.randn(5, 5), 3)])
     assert kinds_tree(c2) == ["graph"]
-    c3 = run_both(f3, [(torch.randn(5, 5),)])
+    c3 = run_both(f3, [(torch.randn(5, 5, device="cpu"),)])  # .numpy() needs a CPU tensor
     assert graphs(c3) == 2 and "fallback" not in kinds_tree(c3)
     assert ember.explain(f1, -torch.ones(5), torch.randn(5)).graph_count == 2
 
