@@ -162,7 +162,19 @@ int em_effects_replay(const CacheEntry *e, PyObject *graph_out, PyObject *const 
     for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
         PyObject *target = PyTuple_GET_ITEM(vals, 2 * i), *v = PyTuple_GET_ITEM(vals, 2 * i + 1);
         PyObject *name = PyTuple_GET_ITEM(e->effect_names, i);
-        rc = target == Py_None ? PyDict_SetItem(globals, name, v) : PyObject_SetAttr(target, name, v);
+        if (name == Py_Ellipsis) { /* an input list/dict takes its final contents (em_trace_effects.c) */
+            if (PyList_CheckExact(target) && PyList_Check(v)) {
+                rc = PyList_SetSlice(target, 0, PY_SSIZE_T_MAX, v);
+            } else if (PyDict_CheckExact(target) && PyDict_Check(v)) {
+                PyDict_Clear(target);
+                rc = PyDict_Update(target, v);
+            } else {
+                PyErr_SetString(PyExc_SystemError, "ember: malformed container write-back");
+                rc = -1;
+            }
+        } else {
+            rc = target == Py_None ? PyDict_SetItem(globals, name, v) : PyObject_SetAttr(target, name, v);
+        }
     }
     Py_DECREF(vals);
     return rc;

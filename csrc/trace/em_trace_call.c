@@ -820,6 +820,7 @@ TValue *em_tr_binop(Trace *T, int nb, TValue *a, TValue *b) {
     /* containers built in the trace: concatenation and repetition are structural */
     if (base == 0 && is_seq(a) && is_seq(b) && a->kind == b->kind && !(a->kind == TV_TUPLE && (a->u.seq.cls || b->u.seq.cls))) {
         if (nb >= 13 && a->kind == TV_LIST) { /* += on a list extends it in place */
+            if (em_tr_effect_container(T, a, "+=") < 0) return NULL;
             for (uint32_t i = 0, n = b->u.seq.n; i < n; i++)
                 if (em_tr_list_push(T, a, b->u.seq.items[i]) < 0) return NULL;
             return a;
@@ -1053,8 +1054,9 @@ int em_tr_setitem(Trace *T, TValue *c, TValue *key, TValue *v) {
         TValue *args[2] = {key, v};
         return em_tr_instance_dunder(T, c, v ? "__setitem__" : "__delitem__", args, v ? 2 : 1) ? 0 : -1;
     }
-    if (!c->mutable || (c->kind != TV_LIST && c->kind != TV_DICT))
+    if (c->kind != TV_LIST && c->kind != TV_DICT)
         return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "item store into an object that outlives the frame");
+    if (em_tr_effect_container(T, c, v ? "item store" : "item deletion") < 0) return -1;
     if (c->kind == TV_DICT) {
         if (key->kind != TV_CONST) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "dict key that is not a constant");
         if (em_tr_use(T, key) < 0) return -1;
@@ -1864,10 +1866,7 @@ static TValue *call_container_method(Trace *T, TValue *self, PyObject *name, TVa
     if (self->kind == TV_LIST) {
         bool mut = strcmp(n, "append") == 0 || strcmp(n, "extend") == 0 || strcmp(n, "insert") == 0 || strcmp(n, "pop") == 0 ||
                    strcmp(n, "clear") == 0 || strcmp(n, "reverse") == 0 || strcmp(n, "remove") == 0;
-        if (mut && !self->mutable) {
-            em_tr_break(T, EM_BREAK_SIDE_EFFECT, "list.%s on a list that outlives the frame", n);
-            return NULL;
-        }
+        if (mut && em_tr_effect_container(T, self, n) < 0) return NULL;
         if (strcmp(n, "append") == 0 && nargs == 1) return em_tr_list_push(T, self, args[0]) < 0 ? NULL : em_tr_const(T, Py_None);
         if (strcmp(n, "extend") == 0 && nargs == 1) {
             TValue **items;
@@ -1929,10 +1928,7 @@ static TValue *call_container_method(Trace *T, TValue *self, PyObject *name, TVa
     if (self->kind == TV_DICT) {
         bool mut = strcmp(n, "pop") == 0 || strcmp(n, "update") == 0 || strcmp(n, "setdefault") == 0 ||
                    strcmp(n, "clear") == 0 || strcmp(n, "popitem") == 0;
-        if (mut && !self->mutable) {
-            em_tr_break(T, EM_BREAK_SIDE_EFFECT, "dict.%s on a dict that outlives the frame", n);
-            return NULL;
-        }
+        if (mut && em_tr_effect_container(T, self, n) < 0) return NULL;
         if ((strcmp(n, "get") == 0 || strcmp(n, "pop") == 0 || strcmp(n, "setdefault") == 0) && nargs >= 1 && nargs <= 2) {
             TValue *k = em_tr_realize(T, args[0]);
             if (!k || k->kind != TV_CONST || em_tr_use(T, k) < 0) goto unsupported;

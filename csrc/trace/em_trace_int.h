@@ -93,6 +93,9 @@ struct TValue {
     bool stable;       /* identity fixed by other guards (globals, module dicts): no ID/EQUALS */
     bool guarded;      /* the use-guard (EQUALS/ID) was added */
     bool mutable;      /* LIST/DICT/CELL created in the trace (may be mutated) */
+    bool replayed;     /* an input LIST/DICT mutated in the trace: its final contents are written
+                          back into the caller's object after the graph (em_trace_effects.c) */
+    bool aliased;      /* an input LIST/DICT whose object was realized through another path too */
     PyObject *obj;     /* LAZY/CONST/NN_MODULE/OBJECT/FUNCTION(real): the object (held).
                           TENSOR input: the real tensor. TUPLE from a torch op: the meta result. */
     union {
@@ -221,7 +224,8 @@ extern TraceRT em_trace_rt;
 
 /* A side effect recorded for replay after the graph (em_trace_effects.c). */
 typedef struct TEffect {
-    int kind;              /* 1: obj.name = value; 2: globals[name] = value */
+    int kind;              /* 1: obj.name = value; 2: globals[name] = value; 3: obj[:] = value
+                              (an input list/dict takes its final contents; name is Ellipsis) */
     TValue *target;        /* the object (attribute stores) */
     PyObject *obj;         /* the real object / the globals dict (identity key; held) */
     PyObject *name;
@@ -248,6 +252,7 @@ typedef struct Trace {
     bool grad_statement;    /* ... made by a torch.set_grad_enabled(b) statement (never restored) */
     TValue *null_value;
     struct { struct TEffect *items; uint32_t n, cap; } effects; /* side effects to replay */
+    struct { TValue **items; uint32_t n, cap; } containers;     /* input lists/dicts realized */
     long stop_at;           /* -1, or the top-frame instruction step at which to split */
     long top_steps;         /* top-frame instructions started so far */
     PyObject *exc;          /* the exception a RAISE break stands for, when the trace knows it (a real
@@ -329,6 +334,12 @@ int em_tr_effect_store_global(Trace *T, TFrame *F, PyObject *name, TValue *value
 /* The value a recorded store gave v.name / the global name, or NULL when none. */
 TValue *em_tr_effect_attr(Trace *T, TValue *v, PyObject *name);
 TValue *em_tr_effect_global(Trace *T, TFrame *F, PyObject *name);
+/* An input list/dict (c->src >= 0) is about to be mutated by `what`: records the write-back of
+ * its final contents (once), or a SIDE_EFFECT break (-1) when that would not be exact. */
+int em_tr_effect_container(Trace *T, TValue *c, const char *what);
+/* Registers an input list/dict just realized; -1 (break) when its object was already mutated in
+ * the trace through another path, whose view this one would not see. */
+int em_tr_effect_container_seen(Trace *T, TValue *c);
 /* Builds res->effects / res->effect_names (nothing when no effect was recorded). */
 int em_tr_effects_spec(Trace *T, OutCtx *C);
 

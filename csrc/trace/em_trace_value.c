@@ -296,7 +296,7 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
         v->u.seq.n = v->u.seq.cap = (uint32_t)n;
         v->mutable = false;
         v->guarded = true;
-        return v;
+        return em_tr_effect_container_seen(T, v) < 0 ? NULL : v;
     }
     if (PyDict_Check(o)) {
         const char *tn = Py_TYPE(o)->tp_name;
@@ -337,6 +337,7 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
             v->u.dict.vals[v->u.dict.n++] = iv;
         }
         v->guarded = true;
+        if (s >= 0 && em_tr_effect_container_seen(T, v) < 0) return NULL;
         return v;
     }
     if (PyList_Check(o) || PyAnySet_Check(o))
@@ -405,7 +406,7 @@ TValue *em_tr_dict(Trace *T) {
 }
 
 int em_tr_list_push(Trace *T, TValue *l, TValue *v) {
-    if (!l || l->kind != TV_LIST || !l->mutable)
+    if (!l || l->kind != TV_LIST || !(l->mutable || l->replayed))
         return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "append to a list that outlives the frame");
     if (l->u.seq.n == l->u.seq.cap) {
         uint32_t nc = l->u.seq.cap ? l->u.seq.cap * 2 : 8;
@@ -439,7 +440,7 @@ TValue *em_tr_dict_get(TValue *d, PyObject *key) {
 }
 
 int em_tr_dict_set(Trace *T, TValue *d, PyObject *key, TValue *v) {
-    if (!d || d->kind != TV_DICT || !d->mutable)
+    if (!d || d->kind != TV_DICT || !(d->mutable || d->replayed))
         return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "store into a dict that outlives the frame");
     for (uint32_t i = 0; i < d->u.dict.n; i++) {
         int eq = d->u.dict.keys[i] == key ? 1 : PyObject_RichCompareBool(d->u.dict.keys[i], key, Py_EQ);
