@@ -734,6 +734,10 @@ TValue *em_tr_getattr(Trace *T, TValue *v, PyObject *name, int *missing) {
             if (v->obj) return em_tr_const(T, strcmp(n, "__name__") == 0 ? ((PyFunctionObject *)v->obj)->func_name : ((PyFunctionObject *)v->obj)->func_qualname);
             return em_tr_const(T, strcmp(n, "__name__") == 0 ? v->u.fn.code->co_name : v->u.fn.code->co_qualname);
         }
+        if (n && strcmp(n, "__doc__") == 0 && v->obj) { /* read by contextlib.contextmanager's __init__ */
+            PyObject *doc = ((PyFunctionObject *)v->obj)->func_doc;
+            if (doc == Py_None || PyUnicode_CheckExact(doc)) return em_tr_const(T, doc);
+        }
         break;
     }
     case TV_BOUND_METHOD: {

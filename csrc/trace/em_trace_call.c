@@ -1741,7 +1741,8 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
         if (rc < 0) return NULL;
         if (rc == 0) {
             if (nargs == 2) return args[1];
-            em_tr_break(T, EM_BREAK_RAISE, "StopIteration");
+            /* catchable, as eager's StopIteration() (contextlib.contextmanager's __exit__) */
+            em_tr_raise_steal(T, PyObject_CallNoArgs(PyExc_StopIteration), NULL);
             return NULL;
         }
         return r;
