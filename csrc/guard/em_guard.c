@@ -125,7 +125,7 @@ GuardBuilder *em_guard_builder_new(EmArena *a) {
  * index, their key being only the name shown in renderings. */
 static GuardSrc src_add(GuardBuilder *b, int32_t parent, SrcKind kind, Py_ssize_t index, PyObject *key,
                         PyObject *value) {
-    int by_key = kind != SRC_LOCAL && kind != SRC_CLOSURE && kind != SRC_ITEM;
+    int by_key = kind != SRC_LOCAL && kind != SRC_CLOSURE && kind != SRC_CELL && kind != SRC_ITEM;
     int rooted = kind == SRC_ATTR || kind == SRC_ITEM || kind == SRC_DICT_ITEM;
     if (!b) return bad_arg("no builder");
     if (rooted ? parent < 0 || (uint32_t)parent >= b->src.n : parent != -1) return bad_arg("bad parent source");
@@ -173,6 +173,9 @@ GuardSrc em_guard_src_builtin(GuardBuilder *b, PyObject *name, PyObject *value) 
 }
 GuardSrc em_guard_src_closure(GuardBuilder *b, int index, PyObject *name, PyObject *value) {
     return src_add(b, -1, SRC_CLOSURE, index, name, value);
+}
+GuardSrc em_guard_src_cell(GuardBuilder *b, int index, PyObject *name, PyObject *cell) {
+    return src_add(b, -1, SRC_CELL, index, name, cell);
 }
 GuardSrc em_guard_src_attr(GuardBuilder *b, GuardSrc parent, PyObject *name, PyObject *value) {
     return src_add(b, parent, SRC_ATTR, 0, name, value);
@@ -905,6 +908,10 @@ static PyObject *resolve(const GuardSet *gs, PyObject **vals, const EmFrameView 
             PyObject *cell = PyTuple_GET_ITEM(fv->closure, src->d.index);
             if (PyCell_Check(cell)) v = Py_XNewRef(PyCell_GET(cell));
         }
+        break;
+    case SRC_CELL:
+        if (fv->closure && PyTuple_Check(fv->closure) && src->d.index < PyTuple_GET_SIZE(fv->closure))
+            v = Py_NewRef(PyTuple_GET_ITEM(fv->closure, src->d.index));
         break;
     case SRC_ATTR:
         v = PyObject_GetAttr(p, src->d.key);

@@ -16,6 +16,7 @@ typedef enum {
     SRC_ATTR,      /* getattr(parent, key) */
     SRC_ITEM,      /* parent[index] (list/tuple) */
     SRC_DICT_ITEM, /* parent[key] */
+    SRC_CELL,      /* the cell fv->closure[index] itself (a `nonlocal` store's target); key = name */
 } SrcKind;
 
 /* The part of a source that names the path; shared by builder and guard set so that one renderer

@@ -54,6 +54,9 @@ PyObject *em_guard_render_src(const void *table, size_t stride, int32_t s) {
     case SRC_DICT_ITEM:
         out = PyUnicode_FromFormat("%U[%R]", p, d->key);
         break;
+    case SRC_CELL: /* the cell object of a free variable (key: its name) */
+        out = PyUnicode_FromFormat("__closure__[%zd]", d->index);
+        break;
     }
     Py_XDECREF(p);
     return out;

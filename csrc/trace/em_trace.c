@@ -1305,8 +1305,8 @@ resume:
             if (arg >= F->nlocals || !(a = pop(T, F))) goto fail_or_internal;
             if (!F->locals[arg] || F->locals[arg]->kind != TV_CELL) goto internal;
             if (!F->locals[arg]->mutable) {
-                em_tr_break(T, EM_BREAK_SIDE_EFFECT, "store to a closure variable of the traced function");
-                goto fail;
+                if (em_tr_effect_store_cell(T, F->locals[arg], a) < 0) goto fail;
+                break;
             }
             F->locals[arg]->u.cell.contents = a;
             break;
@@ -1750,6 +1750,10 @@ static TFrame *top_frame(Trace *T, PyObject *func, PyCodeObject *code, const EmF
                 GuardSrc s = em_guard_src_closure(T->gb, i, PyTuple_GET_ITEM(names, li), contents);
                 if (s < 0 || !(cell->u.cell.contents = em_tr_wrap(T, contents, s, false))) return NULL;
             }
+            if ((cell->u.cell.self = em_guard_src_cell(T->gb, i, PyTuple_GET_ITEM(names, li), cellobj)) < 0) return NULL;
+            cell->u.cell.has_self = true;
+            cell->obj = em_arena_hold(T->arena, cellobj);
+            if (em_tr_effect_container_seen(T, cell) < 0) return NULL;
             F->locals[li] = cell;
         }
     }

@@ -1279,13 +1279,20 @@ TValue *em_tr_inline(Trace *T, TValue *fn, TValue **args, uint32_t nargs, PyObje
             GuardSrc cs = fs >= 0 ? em_guard_src_attr(T->gb, fs, em_str("__closure__"), clo) : -1;
             for (uint32_t i = 0; i < ncells; i++) {
                 PyObject *cell = PyTuple_GET_ITEM(clo, i);
+                if ((cells[i] = em_tr_effect_cell_of(T, cell))) continue; /* shared with a closure seen before */
                 TValue *cv = em_tr_new(T, TV_CELL);
                 if (!cv) return NULL;
                 PyObject *contents = PyCell_Check(cell) ? PyCell_GET(cell) : NULL;
+                GuardSrc s1 = cs >= 0 && PyCell_Check(cell) ? em_guard_src_item(T->gb, cs, i, cell) : -1;
                 if (contents) {
-                    GuardSrc s1 = cs >= 0 ? em_guard_src_item(T->gb, cs, i, cell) : -1;
                     GuardSrc s2 = s1 >= 0 ? em_guard_src_attr(T->gb, s1, em_str("cell_contents"), contents) : -1;
                     if (!(cv->u.cell.contents = em_tr_wrap(T, contents, s2, s2 < 0))) return NULL;
+                }
+                if (s1 >= 0) { /* a `nonlocal` store into this cell can be replayed through s1 */
+                    cv->u.cell.self = s1;
+                    cv->u.cell.has_self = true;
+                    cv->obj = em_arena_hold(T->arena, cell);
+                    if (em_tr_effect_container_seen(T, cv) < 0) return NULL;
                 }
                 cells[i] = cv;
             }

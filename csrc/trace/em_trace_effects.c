@@ -17,7 +17,7 @@
 
 #include <string.h>
 
-enum { EFFECT_ATTR = 1, EFFECT_GLOBAL = 2, EFFECT_CONTAINER = 3 };
+enum { EFFECT_ATTR = 1, EFFECT_GLOBAL = 2, EFFECT_CONTAINER = 3, EFFECT_CELL = 4 };
 
 /* May `obj.name = value` be recorded and replayed? Returns 1 yes, 0 no (why in *why). */
 static int attr_replayable(Trace *T, TValue *target, PyObject *name, TValue *value, const char **why) {
@@ -162,6 +162,23 @@ int em_tr_effect_container(Trace *T, TValue *c, const char *what) {
     return push_effect(T, EFFECT_CONTAINER, c, em_arena_hold(T->arena, c->obj), Py_Ellipsis, c);
 }
 
+TValue *em_tr_effect_cell_of(Trace *T, PyObject *cellobj) {
+    for (uint32_t i = 0; i < T->containers.n; i++)
+        if (T->containers.items[i]->kind == TV_CELL && T->containers.items[i]->obj == cellobj)
+            return T->containers.items[i];
+    return NULL;
+}
+
+int em_tr_effect_store_cell(Trace *T, TValue *cell, TValue *value) {
+    if (!cell->u.cell.has_self || !cell->obj)
+        return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "store to a closure variable of the traced function");
+    if (cell->aliased) /* the same cell through another closure: two views of its contents */
+        return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "store to a closure variable shared with another traced closure");
+    cell->replayed = true;
+    cell->u.cell.contents = value;
+    return push_effect(T, EFFECT_CELL, cell, em_arena_hold(T->arena, cell->obj), em_str("cell_contents"), value);
+}
+
 /* The spec of an input container's final contents: a new list/dict of its items. */
 static int contents_spec(Trace *T, OutCtx *C, TValue *c, OutSpec *o) {
     uint32_t n = c->kind == TV_LIST ? c->u.seq.n : c->u.dict.n;
@@ -233,7 +250,7 @@ int em_tr_effects_spec(Trace *T, OutCtx *C) {
             t->kind = OUT_CONST;
             t->obj = Py_None;
         } else {
-            int slot = em_guard_fetch(T->gb, e->target->src);
+            int slot = em_guard_fetch(T->gb, e->kind == EFFECT_CELL ? e->target->u.cell.self : e->target->src);
             if (slot < 0) return -1;
             t->kind = OUT_FETCH;
             t->index = (uint32_t)slot;

@@ -111,7 +111,12 @@ struct TValue {
         } fn;
         struct { TValue *self; TValue *func; PyObject *name; } bm;
         struct { TValue *self; PyObject *name; } tm;
-        struct { TValue *contents; } cell;
+        struct {
+            TValue *contents;
+            GuardSrc self;  /* has_self: the source of the real cell (a frame or function closure's),
+                               so that a `nonlocal` store can be replayed into it */
+            bool has_self;
+        } cell;
         struct {
             TIterKind kind; TValue **items; uint32_t n, pos; TValue *base;
             struct TFrame *genframe; /* IT_GEN: the bound, not yet run generator frame */
@@ -340,6 +345,12 @@ int em_tr_effect_container(Trace *T, TValue *c, const char *what);
 /* Registers an input list/dict just realized; -1 (break) when its object was already mutated in
  * the trace through another path, whose view this one would not see. */
 int em_tr_effect_container_seen(Trace *T, TValue *c);
+/* `nonlocal name = value` on a cell of a closure from outside the trace: recorded for replay
+ * (`cell.cell_contents = value` after the graph), or a SIDE_EFFECT break (-1). */
+int em_tr_effect_store_cell(Trace *T, TValue *cell, TValue *value);
+/* The CELL value already made for the real cell object, or NULL: one value per cell, so that
+ * every closure sharing it sees the trace's stores. */
+TValue *em_tr_effect_cell_of(Trace *T, PyObject *cellobj);
 /* Builds res->effects / res->effect_names (nothing when no effect was recorded). */
 int em_tr_effects_spec(Trace *T, OutCtx *C);
 

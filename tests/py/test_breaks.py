@@ -242,6 +242,39 @@ def test_nonlocal_store_after_break():
     assert_same(outs[-1], torch.ones(2) * 2 * 3)
 
 
+def _counter():
+    count, last = 0, None
+
+    def inc(x):
+        nonlocal count, last
+        count += 1
+        last = x * count  # a tensor the graph makes, stored into the enclosing function's cell
+        return x + count
+
+    def twice(x):  # a second closure over the same cells, calling the first (inlined)
+        return inc(inc(x)) + count
+
+    def state():
+        return count, last
+
+    return inc, twice, state
+
+
+def test_nonlocal_stores_are_replayed_without_a_break():
+    for which in (0, 1):  # inc compiled, then twice compiled
+        fns_e, fns_c = _counter(), _counter()
+        fn_e, fn_c = fns_e[which], fns_c[which]
+        c = ember.compile(fn_c)
+        for _ in range(3):
+            x = torch.randn(3)
+            assert_same(c(x), fn_e(x))
+            (n_c, last_c), (n_e, last_e) = fns_c[2](), fns_e[2]()
+            assert n_c == n_e
+            assert_same(last_c, last_e)
+        info = entries(c)
+        assert {e["kind"] for e in info} == {"graph"}, [(e["kind"], e["reason"], e["detail"]) for e in info]
+
+
 def test_star_args_at_a_break():
     def f(*args, scale=1.0):
         s = sum(args)
