@@ -11,16 +11,7 @@ import torch.nn.functional as F
 
 import ember
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-
-@pytest.fixture(autouse=True)
-def _cpu_tensors():
-    """backend "ember" compiles C kernels for CPU tensors (CUDA tensors take the eager backend until
-    the CUDA code generator lands): these tests make CPU tensors even when the suite runs with
-    EMBER_TEST_DEVICE=cuda (tools/gpu_check.sh)."""
-    with torch.device("cpu"):
-        yield
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("cpu_tensors")]
 
 
 @pytest.fixture(autouse=True, scope="module")

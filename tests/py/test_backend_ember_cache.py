@@ -12,6 +12,8 @@ import torch
 
 import ember
 
+pytestmark = pytest.mark.usefixtures("cpu_tensors")
+
 SCRIPT = textwrap.dedent("""
     import sys, torch, ember
     ember.config.cc = sys.argv[1]
@@ -20,15 +22,6 @@ SCRIPT = textwrap.dedent("""
     torch.testing.assert_close(f(x), torch.sin(x) * 2 + 1)
     print(ember._C._cc_stats()["compiles"], ember.cache_info(f)[0]["ember"]["from_disk_cache"])
 """)
-
-
-@pytest.fixture(autouse=True)
-def _cpu_tensors():
-    """backend "ember" compiles C kernels for CPU tensors (CUDA tensors take the eager backend until
-    the CUDA code generator lands): these tests make CPU tensors even when the suite runs with
-    EMBER_TEST_DEVICE=cuda (tools/gpu_check.sh)."""
-    with torch.device("cpu"):
-        yield
 
 
 @pytest.fixture
