@@ -47,6 +47,7 @@ static void entry_free(CacheEntry *e) {
     em_out_free(e->effects);
     Py_XDECREF(e->effect_names);
     Py_XDECREF(e->info);
+    Py_XDECREF(e->debug_fn);
     free(e);
 }
 
@@ -375,6 +376,7 @@ static CacheEntry limit_entry = {.kind = ENTRY_FALLBACK};
 
 CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code, const EmFrameView *fv,
                              const EmCompileConfig *cfg, PyObject **fetched) {
+    double t_start = em_debug_dumping() ? em_debug_clock() : 0.0;
     long limit = config_int("cache_size_limit", 8);
     if (es->nentries >= limit) {
         if (!es->warned_limit) {
@@ -490,6 +492,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     }
     Py_CLEAR(graph_text);
     Py_CLEAR(out_text);
+    if (em_debug_dumping() && e->kind != ENTRY_FALLBACK) em_debug_on_compile(e, code, fv->globals, &res, em_debug_clock() - t_start);
     em_arena_free(res.arena);
     res.arena = NULL;
 
