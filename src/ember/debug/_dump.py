@@ -10,6 +10,7 @@ their blocks; the dispatchers, regenerated each time, come last), so code object
 earlier version keep pointing at the right lines."""
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -47,6 +48,23 @@ def _expr(text: str | None, sources: list[str]) -> str | None:
         if isinstance(c, types.CodeType):
             return None
     return expr if names <= _SAFE_NAMES else None
+
+
+_KNOWN = {"L", "G", "B", "torch", "len", "type", "list", "id", "getattr", "True", "False", "None", "int", "float",
+          "str", "bool", "tuple", "dict", "set", "object", "device", "inf", "nan"}
+
+
+def _modules_named(guards: list[str]) -> list[str]:
+    """Top-level names a guard's text uses that the file does not define: modules of the types
+    and objects it names (``test_mod.Net``, ``torch.nn.modules.module._global_forward_hooks``)."""
+    names = set()
+    for g in guards:
+        try:
+            tree = ast.parse(g.split("  #")[0], mode="eval")
+        except SyntaxError:
+            continue
+        names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return sorted(n for n in names if n not in _KNOWN and not n.startswith("___") and n != "check_tensor")
 
 
 def _skip_all(code: types.CodeType) -> None:
@@ -126,6 +144,8 @@ class _Frame:
                      f"backend {info.get('backend')!r}, compiled in {info.get('compile_time_s', 0) * 1e3:.1f} ms")
         gfn = f"__guard_{k}_for_{cname}"
         lines.append(f"def {gfn}(L, G, B):")
+        for mod in _modules_named(info.get("guards") or []):
+            lines.append(f"    {mod} = __ember_rt.module({mod!r})  # named by a guard")
         for g in info.get("guards") or []:
             lines.append(f"    if not ({g.split('  #')[0]}):  # {g.split('  # ')[1]}" if "  # " in g else f"    if not ({g}):")
             lines.append("        return False")
@@ -274,13 +294,16 @@ class Dumper:
                + (f"; its C kernels are in {name}.kernels.c" if info.get("ember") else "") + ".\n")
             + '"""\n'
             "import operator\n\nimport torch\nfrom torch import device, inf, nan\n\n"
+            "from ember.debug import _rt as __ember_rt\n\n"
             "__self__ = globals().get('__self__')\n"
             "__backend_program__ = globals().get('__backend_program__')\n\n"
             f"{fx_code}\n\n\n"
             f"def {name}(*args):\n"
-            "    if __backend_program__ is not None:\n"
-            f"        return __backend_program__(*args)  # backend {backend!r}\n"
-            "    return forward(__self__, *args)\n\n\n"
+            "    # a graph runs no frame through ember (as from C: csrc/hook/em_hook_break.c run_graph)\n"
+            "    with __ember_rt.graph_region():\n"
+            "        if __backend_program__ is not None:\n"
+            f"            return __backend_program__(*args)  # backend {backend!r}\n"
+            "        return forward(__self__, *args)\n\n\n"
             f"# the graph as a table:\n{table}\n"
         )
         with open(path, "w", encoding="utf-8") as f:

@@ -11,6 +11,8 @@ import sys
 
 import torch
 
+from .. import _C
+
 
 class NoCacheEntry(RuntimeError):
     """No cache entry of the dumped frame matches: ember would compile a new one here."""
@@ -30,6 +32,12 @@ def user_globals(ns: dict, module: str) -> dict:
     return vars(mod)
 
 
+def module(name: str):
+    """A module a guard names (its types and objects are spelled module.qualname)."""
+    mod = sys.modules.get(name)
+    return mod if mod is not None else importlib.import_module(name)
+
+
 def load_graph(ns: dict, name: str):
     """__compiled_fn_N: the function ember registered for this dump, else the dumped file run
     on its own (its fx-style forward, eager semantics)."""
@@ -41,6 +49,17 @@ def load_graph(ns: dict, name: str):
     with open(path, encoding="utf-8") as f:
         exec(compile(f.read(), path, "exec"), gns)
     return gns[name]
+
+
+class graph_region:
+    """Runs a graph as the C core does: with ember's frame hook and compiled calls off."""
+
+    def __enter__(self):
+        _C._disable_enter()
+
+    def __exit__(self, *exc):
+        _C._disable_exit()
+        return False
 
 
 def bind_resume(ns: dict) -> None:
