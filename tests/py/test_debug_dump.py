@@ -216,3 +216,58 @@ def test_pdb_breakpoint_in_graph_file(tmp_path):
     out = _pdb_session(tmp_path, "__compiled_fn_1.py", "add = sin + l_y", ["c", "p sin.tolist()", "c"])
     assert "__compiled_fn_1.py" in out and "[0.84147" in out
     assert "RESULT [5.68" in out
+
+
+def _make_report(dump_dir):
+    torch.manual_seed(0)
+    cf = ember.compile(brk)
+    cm = ember.compile(Net())
+    cg = ember.compile(lambda x: torch.cos(x) * 2 + 1, backend="ember")
+    with ember.debug.dump(dump_dir):
+        cf(torch.ones(4), torch.ones(4))
+        cf(torch.ones(5), torch.ones(5))
+        cm(torch.randn(2, 4))
+        cg(torch.randn(8))
+    p = subprocess.run([sys.executable, "-m", "ember", "report", dump_dir], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    page = os.path.join(dump_dir, "index.html")
+    assert p.stdout.strip() == page
+    return page
+
+
+def test_report_html(dump_dir):
+    page = open(_make_report(dump_dir), encoding="utf-8").read()
+    assert page.startswith("<!doctype html>") and page.count("<section class='frame'>") == 3
+    for text in ("brk", "forward", "graph break</b> (PRINT)", "print or other I/O", "transformed code",
+                 "__graph_break_0_for_brk", "check_tensor", "generated C kernels", "ember_k0", "compiled in"):
+        assert text in page, text
+    import importlib.util
+    if importlib.util.find_spec("graphviz") and shutil.which("dot"):
+        assert "<svg" in page  # graphs drawn by dot
+    else:
+        assert "<table class='nodes'>" in page
+
+
+def _browser():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@pytest.mark.skipif(_browser() is None, reason="no headless Chromium installed (apt-get install chromium)")
+def test_report_in_headless_browser(dump_dir, tmp_path):
+    page = _make_report(dump_dir)
+    shot = tmp_path / "report.png"
+    base = [_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}"]
+    p = subprocess.run(base + ["--window-size=1200,1400", f"--screenshot={shot}", "file://" + page],
+                       capture_output=True, text=True, timeout=120)
+    assert shot.exists(), p.stderr
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (1200, 1400)
+    assert len(png) > 20_000  # a drawn page, not a blank one
+    dom = subprocess.run(base + ["--dump-dom", "file://" + page], capture_output=True, text=True, timeout=120).stdout
+    assert "ember report" in dom and "__compiled_fn_1" in dom and "graph break" in dom

@@ -67,6 +67,19 @@ def _modules_named(guards: list[str]) -> list[str]:
     return sorted(n for n in names if n not in _KNOWN and not n.startswith("___") and n != "check_tensor")
 
 
+def _nodes_of(gm) -> list[dict]:
+    """The graph's nodes for the report's picture: name, op, target, inputs, dtype and shape."""
+    out = []
+    for n in gm.graph.nodes:
+        tm = n.meta.get("tensor_meta")
+        out.append({"name": n.name, "op": n.op, "target": str(n.target) if n.op != "call_function"
+                    else getattr(n.target, "__name__", str(n.target)),
+                    "inputs": [a.name for a in n.all_input_nodes],
+                    "dtype": str(tm.dtype).replace("torch.", "") if tm is not None and hasattr(tm, "dtype") else "",
+                    "shape": list(tm.shape) if tm is not None and hasattr(tm, "shape") else None})
+    return out
+
+
 def _skip_all(code: types.CodeType) -> None:
     """The frame hook never compiles code that runs from a dump file."""
     _C._debug_skip(code)
@@ -89,6 +102,7 @@ class _Frame:
         self.globals = None
         self.graphs: dict[str, object] = {}
         self.records: list[dict] = []
+        self.graph_nodes: dict[str, list] = {}
 
     def code_name(self, code: types.CodeType) -> str:
         if code is self.origin:
@@ -212,7 +226,8 @@ class _Frame:
             "reason": info.get("reason"), "reason_text": info.get("reason_text"), "detail": info.get("detail"),
             "filename": info.get("filename"), "lineno": info.get("lineno"),
             "compile_time_s": info.get("compile_time_s"), "runs_from": "C" if why_c else "dump file",
-            "c_only": why_c, "transformed": tfn,
+            "c_only": why_c, "transformed": tfn, "graph_nodes": self.graph_nodes.get(graph_name),
+            "kernels": f"{graph_name}.kernels.c" if graph_name and (info.get("ember") or {}).get("source") else None,
         })
         return tfn if not why_c else None
 
@@ -321,6 +336,7 @@ class Dumper:
         gns.update({k2: v for k2, v in gm.forward.__globals__.items() if not k2.startswith("__")})
         exec(code, gns)
         fr.graphs[name] = gns[name]
+        fr.graph_nodes[name] = _nodes_of(gm)
         return name
 
     def on_compile(self, code: types.CodeType, info: dict):
