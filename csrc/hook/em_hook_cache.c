@@ -492,7 +492,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     }
     Py_CLEAR(graph_text);
     Py_CLEAR(out_text);
-    if (em_debug_dumping() && e->kind != ENTRY_FALLBACK) em_debug_on_compile(e, code, fv->globals, &res, em_debug_clock() - t_start);
+    if (em_debug_dumping()) em_debug_on_compile(e, code, fv->globals, &res, em_debug_clock() - t_start);
     em_arena_free(res.arena);
     res.arena = NULL;
 

@@ -150,7 +150,9 @@ class _Frame:
             why_c.append("a parameter is named L, G, B or graph_out")
         kind = info["kind"]
         where = ""
-        if kind == "break":
+        if kind == "fallback":
+            why_c.append("a fallback runs the original bytecode")
+        if kind in ("break", "fallback"):
             where = f"graph break at {info.get('filename')}:{info.get('lineno')}: {info.get('reason_text')}"
             if info.get("detail"):
                 where += f" ({info['detail']})"
@@ -175,7 +177,10 @@ class _Frame:
             args = [sources[i] for i in info.get("input_fetch") or []]
             call = f"{graph_name}({', '.join(args)})"
             lines.append(f"    graph_out = {call}  # {graph_name}.py")
-        if kind == "graph":
+        if kind == "fallback":
+            lines.append(f"    # {info.get('reason')}: ember runs the original bytecode of {code.co_qualname}")
+            lines.append(f"    return __ember_rt.original(globals(), G, {cname!r}, {code.co_qualname!r})({', '.join(params)})")
+        elif kind == "graph":
             expr = _expr(info.get("output"), sources)
             if expr is None:
                 why_c.append(f"its return value is built in C: {info.get('output')}")
@@ -214,7 +219,10 @@ class _Frame:
             lines.append(f"def {bfn}({', '.join(sparams)}):")
             lines.append(f"    # the breaking instruction {info.get('opname')} of line {info.get('lineno')}: {src_line}")
             if stub_src:
-                lines += ["    " + ln for ln in stub_src.rstrip("\n").splitlines()]
+                body = stub_src.rstrip("\n").splitlines()
+                # the user's line on the instruction's own line: a traceback through it shows both
+                body[0] += f"  # {os.path.basename(info.get('filename') or '')}:{info.get('lineno')}: {src_line}"
+                lines += ["    " + ln for ln in body]
             else:
                 lines.append("    raise NotImplementedError('ember runs this instruction from C')")
         lines.append("")

@@ -51,6 +51,21 @@ def load_graph(ns: dict, name: str):
     return gns[name]
 
 
+def original(ns: dict, g: dict, name: str, qualname: str):
+    """A fallback entry's function: the original code (a resume function's, inside ember; the
+    user's function, found by its qualified name in its module, on its own)."""
+    real = (ns.get("__ember_resume__") or {}).get(name)
+    if real is not None:
+        return real
+    obj = g
+    try:
+        for part in qualname.split("."):
+            obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    except (KeyError, AttributeError):
+        raise NotImplementedError(f"ember runs the original code of {qualname} here; it is not reachable from this file")
+    return getattr(obj, "__wrapped__", obj)
+
+
 class graph_region:
     """Runs a graph as the C core does: with ember's frame hook and compiled calls off."""
 
