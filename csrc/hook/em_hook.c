@@ -285,7 +285,7 @@ static PyObject *hook_answer(PyThreadState *tstate, _PyInterpreterFrame *frame, 
         Py_LeaveRecursiveCall();
         goto error;
     }
-    if (e->debug_fn && em_debug_dumping()) { /* inside ember.debug.dump: run the dumped transformed code */
+    if (e->debug_fn && em_debug_use()) { /* inside ember.debug.dump: run the dumped transformed code */
         Py_LeaveRecursiveCall();
         result = em_debug_run(e, fetched, &fv, cfg); /* releases fetched */
         if (!result) goto error;

@@ -133,6 +133,9 @@ int em_hook_init(PyObject *module);
 
 /* ---- ember.debug.dump (em_hook_debug.c) ---- */
 int em_debug_dumping(void);
+/* A hit on an entry with a debug function runs it: a dump is active and dumped code is not nested
+ * too deep on this thread. */
+int em_debug_use(void);
 /* After a new entry is complete (before the trace's arena is freed): describes it to the dump
  * hook and stores the function it returns in e->debug_fn. */
 struct EmTraceResult;

@@ -12,7 +12,15 @@
 
 static PyObject *g_dump_hook; /* callable (code, info) -> function or None; NULL when off */
 
+/* Dumped transformed code nests like the stubs do (a break in a loop: each iteration's resume
+ * function is called from the previous one's code); past this depth entries run from C, whose
+ * stubs then finish the loop without compiling (em_hook_break.c, MAX_RESUME_NESTING). */
+enum { MAX_DEBUG_NESTING = 24 };
+static _Thread_local int tl_debug_depth;
+
 int em_debug_dumping(void) { return g_dump_hook != NULL; }
+
+int em_debug_use(void) { return g_dump_hook != NULL && tl_debug_depth < MAX_DEBUG_NESTING; }
 
 double em_debug_clock(void) {
     struct timespec ts;
@@ -75,9 +83,11 @@ done:
 PyObject *em_debug_run(CacheEntry *e, PyObject **fetched, const EmFrameView *fv, const EmCompileConfig *cfg) {
     PyObject *fn = Py_NewRef(e->debug_fn);
     em_fetched_release(e, fetched);
+    tl_debug_depth++;
     em_hook_enter(cfg); /* the resume functions it calls are compiled like the stub's */
     PyObject *r = PyObject_Vectorcall(fn, (PyObject *const *)fv->locals, (size_t)fv->nlocals, NULL);
     em_hook_exit();
+    tl_debug_depth--;
     Py_DECREF(fn);
     return r;
 }

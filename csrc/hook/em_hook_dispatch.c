@@ -220,7 +220,7 @@ static PyObject *cf_vectorcall(PyObject *self, PyObject *const *args, size_t nar
         em_hook_disable_exit();
         if (!e) goto done;
     }
-    if (e->debug_fn && em_debug_dumping()) { /* inside ember.debug.dump: run the dumped transformed code */
+    if (e->debug_fn && em_debug_use()) { /* inside ember.debug.dump: run the dumped transformed code */
         result = em_debug_run(e, fetched, &fv, &cf->cfg);
     } else if (e->kind == ENTRY_GRAPH) {
         em_hook_disable_enter();

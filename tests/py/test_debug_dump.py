@@ -4,7 +4,6 @@ and eager; breakpoints in dumped files hit under pdb (subprocess); the HTML repo
 headless Chromium is installed, its screenshot); nothing written and nothing run from files when
 no dump is active."""
 import io
-import json
 import os
 import runpy
 import shutil
@@ -41,8 +40,7 @@ class Net(torch.nn.Module):
 
 
 def _json(d):
-    with open(os.path.join(d, "ember_dump.json"), encoding="utf-8") as f:
-        return json.load(f)
+    return ember.debug._dump.load(d)
 
 
 @pytest.fixture
@@ -64,7 +62,7 @@ def test_dump_frame_with_breaks_and_recompiles(dump_dir):
     for got, args in ((r1, (x, y)), (r2, (xs, ys)), (r3, (-x, y * 0))):
         torch.testing.assert_close(got, brk(*args), rtol=0, atol=0)
     files = sorted(os.listdir(dump_dir))
-    assert "full_code_brk.py" in files and "ember_dump.json" in files
+    assert "full_code_brk.py" in files and "ember_dump.json" in files and "frame_brk.json" in files
     graphs = [f for f in files if f.startswith("__compiled_fn_") and f.endswith(".py")]
     assert len(graphs) >= 5  # brk x2, the branch's resume x2, each side's tail
     src = open(os.path.join(dump_dir, "full_code_brk.py"), encoding="utf-8").read()
@@ -271,3 +269,29 @@ def test_report_in_headless_browser(dump_dir, tmp_path):
     assert len(png) > 20_000  # a drawn page, not a blank one
     dom = subprocess.run(base + ["--dump-dom", "file://" + page], capture_output=True, text=True, timeout=120).stdout
     assert "ember report" in dom and "__compiled_fn_1" in dom and "graph break" in dom
+
+
+def test_dump_break_in_a_long_loop(dump_dir):
+    def loop(x, n):
+        for i in range(n):
+            x = x + 1
+            print(i, end="", file=OUT)  # a break in each iteration: resume functions nest
+        return x * 2
+    cf = ember.compile(loop)
+    x = torch.zeros(3)
+    with ember.debug.dump(dump_dir):
+        got = cf(x, 300)
+    torch.testing.assert_close(got, loop(x, 300))
+
+
+def test_ember_dump_environment_variable(tmp_path):
+    d = tmp_path / "envdump"
+    code = ("import torch, ember\n"
+            "f = ember.compile(lambda x: torch.sin(x) * 3)\n"
+            "print(f(torch.ones(2)).tolist())\n")
+    env = dict(os.environ, EMBER_DUMP=str(d))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "full_code__lambda_.py" in os.listdir(d) and "__compiled_fn_1.py" in os.listdir(d)
+    (frame,) = _json(str(d))["frames"]
+    assert frame["entries"][0]["runs_from"] == "dump file"

@@ -192,8 +192,12 @@ class _Frame:
             resume = list(info.get("resume") or ())
             rnames = []
             for i, rc in enumerate(resume):
-                rn = d.resume_names.get(rc) or f"__resume_at_{info.get('break_offset')}_{i}"
-                d.resume_names[rc] = rn
+                rn = d.resume_names.get(rc)
+                if rn is None:  # one name per resume code object (several may resume at one offset)
+                    base = rn = f"__resume_at_{info.get('break_offset')}_{i}"
+                    while rn in d.resume_names.values():
+                        rn = f"{base}_{sum(v.startswith(base) for v in d.resume_names.values())}"
+                    d.resume_names[rc] = rn
                 self.resume_objs[rn] = rc
                 rnames.append(rn)
                 if rc.co_freevars or rc.co_cellvars:
@@ -285,6 +289,7 @@ class Dumper:
         self.names: set[str] = set()
         self.resume_names: dict[types.CodeType, str] = {}
         self.ngraphs = 0
+        self.nindexed = 0
         self.lock = threading.Lock()
 
     def frame_of(self, origin: types.CodeType) -> _Frame:
@@ -355,14 +360,35 @@ class Dumper:
                 fr.globals = info.get("__globals__")
             tfn = fr.add_entry(code, info)
             fn = fr.write_and_load(tfn)
-            self.write_index()
+            self.write_index(fr)
             return fn
 
-    def write_index(self):
-        data = {"frames": [{"name": fr.name, "qualname": fr.origin.co_qualname, "filename": fr.origin.co_filename,
-                            "firstlineno": fr.origin.co_firstlineno, "full_code": os.path.basename(fr.path),
-                            "entries": fr.records} for fr in self.frames.values()]}
-        tmp = os.path.join(self.dir, "ember_dump.json.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, default=str)
-        os.replace(tmp, os.path.join(self.dir, "ember_dump.json"))
+    def write_index(self, fr: _Frame):
+        """frame_<name>.json for the frame that changed, and ember_dump.json listing the frames
+        (each compile rewrites one frame's record, not the whole dump's)."""
+        rec = {"name": fr.name, "qualname": fr.origin.co_qualname, "filename": fr.origin.co_filename,
+               "firstlineno": fr.origin.co_firstlineno, "full_code": os.path.basename(fr.path), "entries": fr.records}
+        _write_json(os.path.join(self.dir, f"frame_{fr.name}.json"), rec)
+        if len(self.frames) != self.nindexed:
+            self.nindexed = len(self.frames)
+            _write_json(os.path.join(self.dir, "ember_dump.json"),
+                        {"frames": [f"frame_{f.name}.json" for f in self.frames.values()]})
+
+
+def _write_json(path: str, data) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def load(directory: str) -> dict:
+    """A dump directory's records: {"frames": [{name, qualname, filename, firstlineno, full_code,
+    entries: [...]}, ...]} in the order the frames were first compiled."""
+    with open(os.path.join(directory, "ember_dump.json"), encoding="utf-8") as f:
+        index = json.load(f)
+    frames = []
+    for name in index["frames"]:
+        with open(os.path.join(directory, name), encoding="utf-8") as f:
+            frames.append(json.load(f))
+    return {"frames": frames}

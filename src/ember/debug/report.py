@@ -6,10 +6,11 @@ highlighted by pygments when it is installed (pip install 'ember[debug]')."""
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
 import shutil
+
+from ._dump import load
 
 _CSS = """
 :root { --fg:#1f2328; --muted:#656d76; --line:#d0d7de; --bg:#f6f8fa; --accent:#d9480f; }
@@ -116,9 +117,9 @@ def _block(full_code: str, code: str, k: int) -> str:
 
 
 def render(directory: str) -> str:
-    """Writes directory/index.html from directory/ember_dump.json; returns the page's path."""
-    with open(os.path.join(directory, "ember_dump.json"), encoding="utf-8") as f:
-        data = json.load(f)
+    """Writes directory/index.html from the dump's records (ember_dump.json and frame_*.json);
+    returns the page's path."""
+    data = load(directory)
     hl, style = _highlighter()
 
     def code(src: str, lang: str = "python") -> str:
