@@ -295,3 +295,19 @@ def test_ember_dump_environment_variable(tmp_path):
     assert "full_code__lambda_.py" in os.listdir(d) and "__compiled_fn_1.py" in os.listdir(d)
     (frame,) = _json(str(d))["frames"]
     assert frame["entries"][0]["runs_from"] == "dump file"
+
+
+def test_full_code_keeps_the_signature(dump_dir):
+    def sig(x, *rest, scale, **kw):
+        y = x * scale + sum(rest)
+        print("sig", file=OUT)
+        return y + kw["bias"]
+    cf = ember.compile(sig)
+    x = torch.ones(3)
+    with ember.debug.dump(dump_dir):
+        got = cf(x, 1.0, 2.0, scale=3.0, bias=torch.full((3,), 0.5))
+    want = sig(x, 1.0, 2.0, scale=3.0, bias=torch.full((3,), 0.5))
+    torch.testing.assert_close(got, want)
+    ns = runpy.run_path(os.path.join(dump_dir, "full_code_sig.py"))
+    assert "def sig(x, *rest, scale, **kw):" in open(os.path.join(dump_dir, "full_code_sig.py")).read()
+    torch.testing.assert_close(ns["sig"](x, 1.0, 2.0, scale=3.0, bias=torch.full((3,), 0.5)), want)

@@ -33,6 +33,23 @@ def _nparams(code: types.CodeType) -> int:
     return (code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08))
 
 
+def _signature(code: types.CodeType) -> str:
+    """The code's own parameter list (no defaults): a, b, *args, k, **kw."""
+    names = code.co_varnames
+    na, nk = code.co_argcount, code.co_kwonlyargcount
+    parts = list(names[:na])
+    i = na + nk
+    if code.co_flags & 0x04:
+        parts.append("*" + names[i])
+        i += 1
+    elif nk:
+        parts.append("*")
+    parts += names[na:na + nk]
+    if code.co_flags & 0x08:
+        parts.append("**" + names[i])
+    return ", ".join(parts)
+
+
 def _expr(text: str | None, sources: list[str]) -> str | None:
     """The C core's output/values spec as a Python expression over L, G, B and graph_out, or None
     when it names something only the C core can build (cells, functions made in the frame)."""
@@ -60,7 +77,7 @@ def _modules_named(guards: list[str]) -> list[str]:
     names = set()
     for g in guards:
         try:
-            tree = ast.parse(g.split("  #")[0], mode="eval")
+            tree = ast.parse(g.partition("  # ")[0], mode="eval")
         except SyntaxError:
             continue
         names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
@@ -163,7 +180,13 @@ class _Frame:
         for mod in _modules_named(info.get("guards") or []):
             lines.append(f"    {mod} = __ember_rt.module({mod!r})  # named by a guard")
         for g in info.get("guards") or []:
-            lines.append(f"    if not ({g.split('  #')[0]}):  # {g.split('  # ')[1]}" if "  # " in g else f"    if not ({g}):")
+            expr, _, note = g.partition("  # ")
+            try:
+                compile(expr, "<guard>", "eval")
+            except SyntaxError:  # names Python cannot spell (a class defined in a function: <locals>)
+                lines.append(f"    # checked by ember in C only: {g}")
+                continue
+            lines.append(f"    if not ({expr}):" + (f"  # {note}" if note else ""))
             lines.append("        return False")
         lines.append("    return True\n")
         graph_name = None
@@ -247,7 +270,7 @@ class _Frame:
         out = ["# ---- dispatchers: the if-chain over each code's cache entries (ember does this in C) ----"]
         for code, slot in self.codes.items():
             params = list(code.co_varnames[:_nparams(code)])
-            out.append(f"def {slot['name']}({', '.join(params)}):")
+            out.append(f"def {slot['name']}({_signature(code)}):")
             out.append(f"    L = {{{', '.join(f'{p!r}: {p}' for p in params)}}}")
             for e in slot["entries"]:
                 out.append(f"    if {e['guard']}(L, G, B):")
@@ -313,6 +336,12 @@ class Dumper:
         path = os.path.join(self.dir, name + ".py")
         fx_code = gm.code.strip("\n")
         table = "\n".join("# " + ln for ln in (info.get("graph") or "").splitlines())
+        if info.get("ember"):  # backend "ember": its kernels and extern calls, as ember.explain shows them
+            from .._backends import explain_ember
+            summary = [ln for ln in explain_ember(info["ember"]) if not ln.startswith("    ")
+                       or ln.startswith("    kernel ")]
+            summary = summary[:summary.index("  generated C:")] if "  generated C:" in summary else summary
+            table += "\n#\n" + "\n".join("#" + ln for ln in summary)
         runs_fx = backend == "eager" or program is None
         text = (
             f'"""Graph {self.ngraphs} of ember: cache entry {k} of {cname} (frame {fr.origin.co_qualname}),\n'
