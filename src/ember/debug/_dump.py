@@ -170,7 +170,8 @@ class _Frame:
         if kind == "fallback":
             why_c.append("a fallback runs the original bytecode")
         if kind in ("break", "fallback"):
-            where = f"graph break at {info.get('filename')}:{info.get('lineno')}: {info.get('reason_text')}"
+            where = (f"{'graph break' if kind == 'break' else 'fallback'} at {info.get('filename')}:"
+                     f"{info.get('lineno')}: {info.get('reason_text')}")
             if info.get("detail"):
                 where += f" ({info['detail']})"
         lines.append(f"# ---- cache entry {k} of {cname} ({kind}{', ' + where if where else ''}); "
@@ -207,8 +208,9 @@ class _Frame:
             expr = _expr(info.get("output"), sources)
             if expr is None:
                 why_c.append(f"its return value is built in C: {info.get('output')}")
-                expr = "__ember_rt.NotImplemented"
-            lines.append(f"    return {expr}")
+                lines.append(f"    raise NotImplementedError({'ember builds this return value in C: ' + str(info.get('output'))!r})")
+            else:
+                lines.append(f"    return {expr}")
         else:
             vals = _expr(info.get("output"), sources)
             stub_src = info.get("stub_source")
@@ -253,7 +255,15 @@ class _Frame:
             else:
                 lines.append("    raise NotImplementedError('ember runs this instruction from C')")
         lines.append("")
-        self.blocks.append("\n".join(lines) + "\n")
+        block = "\n".join(lines) + "\n"
+        try:
+            compile(block, "<entry>", "exec")
+        except SyntaxError as e:  # a source or value only C can spell: keep the text as comments
+            why_c.append(f"its Python does not parse ({e.msg})")
+            block = "".join(f"# {ln}\n" for ln in lines) + (
+                f"def {gfn}(L, G, B):\n    return False  # see the comments above\n\n"
+                f"def {tfn}(*args):\n    raise NotImplementedError('ember runs this entry from C')\n\n")
+        self.blocks.append(block)
         slot["entries"].append({"guard": gfn, "transformed": tfn, "c_only": why_c, "params": params})
         self.records.append({
             "code": cname, "qualname": code.co_qualname, "entry": k, "kind": kind, "backend": info.get("backend"),
