@@ -301,6 +301,7 @@ static void raise_fullgraph(PyCodeObject *code, const EmBreakInfo *b) {
 static int mark_fallback(CacheEntry *e, EmBreak reason, PyObject *detail) {
     e->kind = ENTRY_FALLBACK;
     Py_CLEAR(e->compiled);
+    Py_CLEAR(e->debug_fn); /* a dump's transformed code would run the graph: never on trust */
     PyObject *name = PyUnicode_FromString(em_break_name(reason)), *text = PyUnicode_FromString(em_break_text(reason));
     int r = !name || !text || PyDict_SetItemString(e->info, "kind", em_str("fallback")) < 0 ||
                     PyDict_SetItemString(e->info, "reason", name) < 0 ||

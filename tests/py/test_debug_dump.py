@@ -311,3 +311,25 @@ def test_full_code_keeps_the_signature(dump_dir):
     ns = runpy.run_path(os.path.join(dump_dir, "full_code_sig.py"))
     assert "def sig(x, *rest, scale, **kw):" in open(os.path.join(dump_dir, "full_code_sig.py")).read()
     torch.testing.assert_close(ns["sig"](x, 1.0, 2.0, scale=3.0, bias=torch.full((3,), 0.5)), want)
+
+
+def test_dump_entry_turned_fallback_runs_no_dumped_graph(dump_dir):
+    """A backend that changes what the trace read: the fresh entry fails its own guards and becomes
+    a fallback (csrc/hook/em_hook_cache.c); its dumped transformed code must not run either."""
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.k = 1.0
+
+        def forward(self, x):
+            return x * self.k
+    m = Scaled()
+
+    def bumping_backend(gm, example_inputs):
+        m.k = m.k + 1.0
+        return gm.forward
+    c = ember.compile(m, backend=bumping_backend)
+    x = torch.randn(3)
+    with ember.debug.dump(dump_dir):
+        for _ in range(3):
+            torch.testing.assert_close(c(x), m.forward(x), rtol=0, atol=0)

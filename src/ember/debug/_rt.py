@@ -124,9 +124,11 @@ def ___global_state(grad, autocast_cpu, autocast_cuda, default_dtype):
             and torch.get_default_dtype() == default_dtype)
 
 
-def check_tensor(x, dtype, device=None, size=None, stride=None, requires_grad=None, **_):
+def check_tensor(x, dtype, device=None, size=None, stride=None, requires_grad=None, type=None, **_):
     """Dynamo's TENSOR_MATCH: type, dtype, device, sizes, strides, requires_grad."""
     if not isinstance(x, torch.Tensor) or x.dtype != dtype:
+        return False
+    if type is not None and x.__class__ is not type:
         return False
     if device is not None and str(x.device) != str(device):
         return False
