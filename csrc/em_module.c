@@ -75,6 +75,7 @@ static int module_exec(PyObject *m) {
     if (em_trace_init(m) < 0) return -1;
     if (em_cache_init(m) < 0) return -1;
     if (em_hook_init(m) < 0) return -1;
+    if (em_debug_init(m) < 0) return -1;
     if (em_dispatch_init(m) < 0) return -1;
     done = 1;
     return 0;

@@ -103,6 +103,8 @@ int em_guard_drop(GuardSet *gs, int index);
 PyObject *em_guard_render(const GuardSet *gs);
 /* One guard's line (new str), e.g. for the recompilation warning. */
 PyObject *em_guard_render_one(const GuardSet *gs, int index);
+/* The source of each fetch slot as one line of Python (debug dumps). New list. */
+PyObject *em_guard_render_fetch(const GuardSet *gs);
 int em_guard_count(const GuardSet *gs);
 
 /* Module init/teardown of the guard stage (dict watcher registration on 3.12, torch objects). */

@@ -164,3 +164,19 @@ PyObject *em_guard_render(const GuardSet *gs) {
     }
     return list;
 }
+
+/* The source of each fetch slot as Python (L['x'], G['w'].weight), for debug dumps: slot k is
+ * what em_guard_check stores in fetched[k]. New list of str. */
+PyObject *em_guard_render_fetch(const GuardSet *gs) {
+    PyObject *list = PyList_New(gs ? (Py_ssize_t)gs->nfetch : 0);
+    if (!list) return NULL;
+    for (uint32_t k = 0; gs && k < gs->nfetch; k++) {
+        PyObject *t = em_guard_render_src(gs->src, sizeof(GSrc), gs->fetch[k]);
+        if (!t) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, k, t);
+    }
+    return list;
+}

@@ -285,6 +285,13 @@ static PyObject *hook_answer(PyThreadState *tstate, _PyInterpreterFrame *frame, 
         Py_LeaveRecursiveCall();
         goto error;
     }
+    if (e->debug_fn && em_debug_use()) { /* inside ember.debug.dump: run the dumped transformed code */
+        Py_LeaveRecursiveCall();
+        result = em_debug_run(e, fetched, &fv, cfg); /* releases fetched */
+        if (!result) goto error;
+        em_cpy_frame_dispose(tstate, frame);
+        return result;
+    }
     if (e->kind == ENTRY_BREAK) {
         /* the graph runs with the hook disabled, the stub with it active (em_hook_break.c) */
         Py_LeaveRecursiveCall();

@@ -60,6 +60,8 @@ typedef struct CacheEntry {
     OutSpec *effects;        /* GRAPH/BREAK: side effects replayed after the graph, or NULL */
     PyObject *effect_names;  /* tuple of names, one per (target, value) pair of effects */
     PyObject *info;          /* dict for ember.cache_info: graph text, guards, reason ... */
+    PyObject *debug_fn;      /* ember.debug.dump: the entry's transformed code compiled from the dumped
+                                file, called with the frame's arguments instead (strong), or NULL */
     uint64_t hits;
 } CacheEntry;
 
@@ -128,6 +130,23 @@ void em_hook_skip_next(PyCodeObject *code);
  * ExtraState.skip flag. */
 int em_hook_skip_code(PyCodeObject *code);
 int em_hook_init(PyObject *module);
+
+/* ---- ember.debug.dump (em_hook_debug.c) ---- */
+int em_debug_dumping(void);
+/* A hit on an entry with a debug function runs it: a dump is active and dumped code is not nested
+ * too deep on this thread. */
+int em_debug_use(void);
+/* After a new entry is complete (before the trace's arena is freed): describes it to the dump
+ * hook and stores the function it returns in e->debug_fn. */
+struct EmTraceResult;
+void em_debug_on_compile(CacheEntry *e, PyCodeObject *code, PyObject *globals, const struct EmTraceResult *res,
+                         double seconds);
+/* Monotonic seconds, for compile times in dumps. */
+double em_debug_clock(void);
+/* Runs an entry's debug function with the frame's arguments (hook active under cfg); releases
+ * fetched. New reference or NULL with an exception. */
+PyObject *em_debug_run(CacheEntry *e, PyObject **fetched, const EmFrameView *fv, const EmCompileConfig *cfg);
+int em_debug_init(PyObject *module);
 
 /* ---- direct dispatch (em_hook_dispatch.c) ---- */
 int em_dispatch_init(PyObject *module);

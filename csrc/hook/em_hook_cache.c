@@ -47,6 +47,7 @@ static void entry_free(CacheEntry *e) {
     em_out_free(e->effects);
     Py_XDECREF(e->effect_names);
     Py_XDECREF(e->info);
+    Py_XDECREF(e->debug_fn);
     free(e);
 }
 
@@ -312,6 +313,7 @@ static void raise_fullgraph(PyCodeObject *code, const EmBreakInfo *b) {
 static int mark_fallback(CacheEntry *e, EmBreak reason, PyObject *detail) {
     e->kind = ENTRY_FALLBACK;
     Py_CLEAR(e->compiled);
+    Py_CLEAR(e->debug_fn); /* a dump's transformed code would run the graph: never on trust */
     PyObject *name = PyUnicode_FromString(em_break_name(reason)), *text = PyUnicode_FromString(em_break_text(reason));
     int r = !name || !text || PyDict_SetItemString(e->info, "kind", em_str("fallback")) < 0 ||
                     PyDict_SetItemString(e->info, "reason", name) < 0 ||
@@ -387,6 +389,7 @@ static CacheEntry limit_entry = {.kind = ENTRY_FALLBACK};
 
 CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code, const EmFrameView *fv,
                              const EmCompileConfig *cfg, PyObject **fetched) {
+    double t_start = em_debug_dumping() ? em_debug_clock() : 0.0;
     long limit = config_int("cache_size_limit", 8);
     if (es->nentries >= limit) {
         if (!es->warned_limit) {
@@ -502,6 +505,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     }
     Py_CLEAR(graph_text);
     Py_CLEAR(out_text);
+    if (em_debug_dumping()) em_debug_on_compile(e, code, fv->globals, &res, em_debug_clock() - t_start);
     em_arena_free(res.arena);
     res.arena = NULL;
 

@@ -220,7 +220,9 @@ static PyObject *cf_vectorcall(PyObject *self, PyObject *const *args, size_t nar
         em_hook_disable_exit();
         if (!e) goto done;
     }
-    if (e->kind == ENTRY_GRAPH) {
+    if (e->debug_fn && em_debug_use()) { /* inside ember.debug.dump: run the dumped transformed code */
+        result = em_debug_run(e, fetched, &fv, &cf->cfg);
+    } else if (e->kind == ENTRY_GRAPH) {
         em_hook_disable_enter();
         result = em_entry_run(e, fetched, fn->func_globals);
         em_hook_disable_exit();

@@ -42,6 +42,7 @@ typedef struct EmSplit {
     int32_t *cell_value;     /* ncells: index into values of a new cell's contents, -1 empty */
     int restore_grad;        /* -1, or the grad mode to restore if the graph or the stub raises */
     uint32_t offset;         /* byte offset of the breaking instruction in the original code */
+    PyObject *stub_source;   /* the stub's body as Python, or None (debug dumps; held by the arena) */
 } EmSplit;
 
 typedef struct EmBreakInfo {

@@ -44,6 +44,7 @@ static int attr_replayable(Trace *T, TValue *target, PyObject *name, TValue *val
             return 0;
         }
         static const char *const dicts[3] = {"_parameters", "_buffers", "_modules"};
+        static const char *const whats[3] = {"._parameters", "._buffers", "._modules"}; /* as em_trace_attr.c */
         PyObject *d = PyObject_GenericGetDict(obj, NULL);
         if (!d) return -1;
         for (int i = 0; i < 3; i++) {
@@ -54,7 +55,7 @@ static int attr_replayable(Trace *T, TValue *target, PyObject *name, TValue *val
                 *why = "of a parameter, buffer or submodule name";
                 return 0;
             }
-            if (em_tr_guard_dict(T, sub, target->src, dicts[i], name) < 0) {
+            if (em_tr_guard_dict(T, sub, target->src, whats[i], name) < 0) {
                 Py_DECREF(d);
                 return -1;
             }

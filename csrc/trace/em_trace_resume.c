@@ -662,6 +662,86 @@ error:
     return code;
 }
 
+/* The stub as Python source (debug dumps, ember.debug): the body of a function whose parameters
+ * are the stub's arguments, doing what stub_code's bytecode does. Made next to the code object
+ * so a dump needs no decompiler. Py_None (new reference) for instructions it does not spell:
+ * those entries run from C in a dump. */
+static int src_add(PyObject **acc, PyObject *part) {
+    if (!part) return -1;
+    PyObject *r = PyUnicode_Concat(*acc, part);
+    Py_DECREF(part);
+    Py_SETREF(*acc, r);
+    return r ? 0 : -1;
+}
+
+static PyObject *src_call_resume(const StubLayout *S, int k, int R, PyObject *local_names) {
+    PyObject *acc = PyUnicode_FromFormat("return ___resume%d(", k);
+    int n = 0;
+    if (acc && S->self_first && src_add(&acc, PyUnicode_FromFormat("%s%U", n++ ? ", " : "", PyTuple_GET_ITEM(local_names, 0))) < 0)
+        return NULL;
+    for (int i = 0; acc && i < S->nbelow; i++)
+        if (src_add(&acc, PyUnicode_FromFormat("%s___stack%d", n++ ? ", " : "", i)) < 0) return NULL;
+    for (int r = 0; acc && r < R; r++)
+        if (src_add(&acc, PyUnicode_FromFormat("%s___result%d", n++ ? ", " : "", r)) < 0) return NULL;
+    for (int i = S->self_first ? 1 : 0; acc && i < S->nlocals; i++)
+        if (src_add(&acc, PyUnicode_FromFormat("%s%U", n++ ? ", " : "", PyTuple_GET_ITEM(local_names, i))) < 0)
+            return NULL;
+    if (acc && src_add(&acc, PyUnicode_FromString(")\n")) < 0) return NULL;
+    return acc;
+}
+
+static PyObject *stub_source(const Brk *b, const StubLayout *S, const bool *ops_null, int nopslots,
+                             PyObject *local_names) {
+    PyObject *acc = NULL;
+    int ops[64], nops = 0; /* operand slot -> ___operand index, -1 for a NULL */
+    if (nopslots > 64 || b->deref) return Py_NewRef(Py_None);
+    for (int i = 0, k = 0; i < nopslots; i++) ops[nops++] = ops_null[i] ? -1 : k++;
+    if (b->kind == K_PLAIN && b->op == OP_CALL && b->produced[0] == 1 && nopslots >= 2) {
+        /* [NULL, callable, args...] or [callable, self, args...] (Python/bytecodes.c CALL) */
+        int first = ops[0] < 0 ? 1 : 0, callee = ops[first];
+        int nargs = nopslots - first - 1;
+        Py_ssize_t nkw = b->kwnames ? PyTuple_GET_SIZE(b->kwnames) : 0;
+        if (callee < 0 || nkw > nargs) return Py_NewRef(Py_None);
+        acc = PyUnicode_FromFormat("___result0 = ___operand%d(", callee);
+        for (int i = 0; acc && i < nargs; i++) {
+            int slot = ops[first + 1 + i];
+            if (slot < 0) {
+                Py_DECREF(acc);
+                return Py_NewRef(Py_None);
+            }
+            PyObject *kw = i >= nargs - nkw ? PyTuple_GET_ITEM(b->kwnames, i - (nargs - nkw)) : NULL;
+            if (src_add(&acc, kw ? PyUnicode_FromFormat("%s%U=___operand%d", i ? ", " : "", kw, slot)
+                                 : PyUnicode_FromFormat("%s___operand%d", i ? ", " : "", slot)) < 0)
+                return NULL;
+        }
+        if (acc && src_add(&acc, PyUnicode_FromString(")\n")) < 0) return NULL;
+        if (acc && src_add(&acc, src_call_resume(S, 0, 1, local_names)) < 0) return NULL;
+        return acc;
+    }
+    if (b->kind == K_JUMP && nopslots == 1 && ops[0] == 0 && b->produced[0] == 0 && b->produced[1] == 0) {
+        const char *cond;
+        switch ((TrOp)b->op) {
+        case OP_POP_JUMP_IF_FALSE: case OP_POP_JUMP_FORWARD_IF_FALSE: case OP_POP_JUMP_BACKWARD_IF_FALSE:
+            cond = "not ___operand0"; break;
+        case OP_POP_JUMP_IF_TRUE: case OP_POP_JUMP_FORWARD_IF_TRUE: case OP_POP_JUMP_BACKWARD_IF_TRUE:
+            cond = "___operand0"; break;
+        case OP_POP_JUMP_IF_NONE: case OP_POP_JUMP_FORWARD_IF_NONE: case OP_POP_JUMP_BACKWARD_IF_NONE:
+            cond = "___operand0 is None"; break;
+        case OP_POP_JUMP_IF_NOT_NONE: case OP_POP_JUMP_FORWARD_IF_NOT_NONE: case OP_POP_JUMP_BACKWARD_IF_NOT_NONE:
+            cond = "___operand0 is not None"; break;
+        default:
+            return Py_NewRef(Py_None);
+        }
+        acc = PyUnicode_FromFormat("if %s:\n    ", cond);
+        if (acc && src_add(&acc, src_call_resume(S, 1, 0, local_names)) < 0) return NULL;
+        if (acc && src_add(&acc, src_call_resume(S, 0, 0, local_names)) < 0) return NULL;
+        return acc;
+    }
+    if (b->kind == K_EXIT && b->op == OP_RETURN_VALUE && nopslots == 1 && ops[0] == 0)
+        return PyUnicode_FromString("return ___operand0\n");
+    return Py_NewRef(Py_None);
+}
+
 /* ------------------------------------------------------------------------------------------- */
 /* values live at the break                                                                     */
 
@@ -979,6 +1059,9 @@ int em_tr_split_here(Trace *T, TFrame *F) {
                          T->res->brk.lineno >= 0 ? T->res->brk.lineno : PyCode_Addr2Line(C, (int)in->offset));
     if (!sp->stub) return T->broke ? -1 : em_tr_break_exc(T, EM_BREAK_INTERNAL);
     em_arena_hold_steal(T->arena, sp->stub);
+    sp->stub_source = stub_source(&b, &S, stack_null + nbelow_slots, nopslots, local_names);
+    if (!sp->stub_source) return em_tr_break_exc(T, EM_BREAK_INTERNAL);
+    em_arena_hold_steal(T->arena, sp->stub_source);
     if (em_tr_effects_spec(T, &Cx) < 0) return -1;
     if (em_tr_finish_graph(T, &Cx) < 0) return -1;
     T->res->split = sp;

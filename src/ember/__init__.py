@@ -227,3 +227,8 @@ def explain(fn, *args, **kwargs) -> ExplainOutput:
     out.graph_break_count = nbreaks
     out.break_reasons = reasons
     return out
+
+
+from . import debug  # noqa: E402  (ember.debug.dump; EMBER_DUMP=dir starts a dump at import)
+
+debug._from_env()
