@@ -6,6 +6,7 @@
 #include "hook/em_hook.h"
 
 #include "trace/em_trace.h"
+#include "autograd/em_autograd.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -266,6 +267,10 @@ static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult
         *is_eager_graph = 1;
         return em_eager_graph_new(res->graph);
     }
+    if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") == 0) {
+        /* ahead-of-time autograd: joint graph, min-cut partition, a torch.autograd.Function */
+        return em_autograd_compile(res->graph, is_eager_graph, backend_info);
+    }
     if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0) {
         *is_eager_graph = 1; /* the "ember" backend's program is an EagerGraph of kernels and extern calls */
         return em_ember_compile(res->graph, backend_info);
@@ -477,7 +482,9 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         if (!out_text) goto error;
     }
     e->info = entry_info(e->kind, e->guards, cfg, &res, graph_text, out_text);
-    if (!e->info || (backend_info && PyDict_SetItemString(e->info, "ember", backend_info) < 0)) goto error;
+    const char *info_key = PyUnicode_Check(cfg->backend) &&
+                                   PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") == 0 ? "autograd" : "ember";
+    if (!e->info || (backend_info && PyDict_SetItemString(e->info, info_key, backend_info) < 0)) goto error;
     Py_CLEAR(backend_info);
     if (e->kind == ENTRY_BREAK) {
         PyObject *rc = PyTuple_New(e->brk->nresume), *off = PyLong_FromUnsignedLong(res.split->offset);

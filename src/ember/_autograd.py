@@ -1,0 +1,60 @@
+"""The compiled training region (DESIGN.md: the torch.autograd.Function wrapper, thin).
+
+csrc/autograd/ derives the joint graph of a captured graph, partitions it with a min-cut and
+hands over two ember._C.EagerGraph halves:
+  fwd(*inputs) -> (*outputs, *saved)          run under no_grad inside Function.forward
+  bwd(*saved, *tangents) -> grads              the gradients of the inputs in grad_inputs
+The region composes with eager autograd like any torch.autograd.Function: a loss outside,
+.backward(), torch.autograd.grad, hooks and optimizers. Double backward through it raises
+(once_differentiable) instead of giving a wrong second derivative.
+"""
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+
+class CompiledRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, plan, *inputs):
+        res = plan.fwd(*inputs)
+        n = plan.noutputs
+        outs, saved = res[:n], res[n:]
+        ctx.save_for_backward(*saved)
+        ctx.plan = plan
+        nd = [outs[k] for k in plan.nondiff if isinstance(outs[k], torch.Tensor)]
+        if nd:
+            ctx.mark_non_differentiable(*nd)
+        return tuple(outs)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        plan = ctx.plan
+        saved = ctx.saved_tensors
+        tangents = [grads[k] for k in plan.tangents]
+        res = plan.bwd(*saved, *tangents)
+        out = [None] * (plan.ninputs + 1)
+        for i, g in zip(plan.grad_inputs, res):
+            out[i + 1] = g
+        return tuple(out)
+
+
+class _Plan:
+    __slots__ = ("fwd", "bwd", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff")
+
+
+def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff):
+    """Called by csrc/autograd on a cache miss; returns compiled(*graph_inputs) -> tuple.
+    Under no_grad / inference_mode the guard on grad mode makes a separate, forward-only entry,
+    so this callable always runs with grad enabled."""
+    plan = _Plan()
+    plan.fwd, plan.bwd = fwd, bwd
+    plan.noutputs, plan.ninputs = noutputs, ninputs
+    plan.grad_inputs, plan.tangents, plan.nondiff = tuple(grad_inputs), tuple(tangents), tuple(nondiff)
+    apply = CompiledRegion.apply
+
+    def region(*inputs):
+        return apply(plan, *inputs)
+    region.plan = plan
+    return region
