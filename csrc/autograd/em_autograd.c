@@ -984,6 +984,18 @@ static PyObject *int_list(PyObject *v, int n) {
     return NULL;
 }
 
+/* A tuple/list argument of constants as one constant tuple (else returned as is). */
+static IRArg const_fold(AG *ag, IRArg a) {
+    if (a.kind != IRARG_TUPLE && a.kind != IRARG_LIST) return a;
+    for (uint32_t i = 0; i < a.n; i++)
+        if (a.u.items[i].kind != IRARG_CONST) return a;
+    PyObject *t = PyTuple_New(a.n);
+    for (uint32_t i = 0; t && i < a.n; i++) PyTuple_SET_ITEM(t, i, Py_NewRef(a.u.items[i].u.obj));
+    IRArg c = arg_const_steal(ag, t);
+    if (arg_bad(&c)) PyErr_Clear();
+    return arg_bad(&c) ? a : c;
+}
+
 static int backward_special(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     IRRef g = ag->grad[n];
@@ -1088,7 +1100,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias");
         PyObject *t = torch_attr("ops.aten.native_layer_norm_backward");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
-        IRArg a[8] = {arg_node(g), map_arg(ag, &self), bval(b, "normalized_shape"), arg_node(ag->aux[n][0]),
+        IRArg a[8] = {arg_node(g), map_arg(ag, &self), const_fold(ag, bval(b, "normalized_shape")), arg_node(ag->aux[n][0]),
                       arg_node(ag->aux[n][1]), map_arg(ag, &w), map_arg(ag, &bias),
                       arg_const_steal(ag, bool_list(needs(ag, &self), needs(ag, &w), needs(ag, &bias)))};
         IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 8, NULL, NULL, 0);
@@ -1128,7 +1140,8 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias");
         const IRMeta *wm = &em_ir_node(ag->g, w.u.ref)->meta;
         int nsp = wm->ndim - 2;
-        IRArg st = bval(b, "stride"), pd = bval(b, "padding"), dl = bval(b, "dilation"), gr = bval(b, "groups");
+        IRArg st = const_fold(ag, bval(b, "stride")), pd = const_fold(ag, bval(b, "padding"));
+        IRArg dl = const_fold(ag, bval(b, "dilation")), gr = bval(b, "groups");
         if (st.kind != IRARG_CONST || pd.kind != IRARG_CONST || dl.kind != IRARG_CONST || gr.kind != IRARG_CONST ||
             PyUnicode_Check(pd.u.obj))
             return ag_fail(ag, "%s with non-constant or string stride/padding", node->name);
@@ -1200,7 +1213,7 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         PyObject *t = torch_attr("ops.aten.native_layer_norm");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
         IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias");
-        IRArg a[5] = {map_arg(ag, &self), bval(b, "normalized_shape"), map_arg(ag, &w), map_arg(ag, &bias), bval(b, "eps")};
+        IRArg a[5] = {map_arg(ag, &self), const_fold(ag, bval(b, "normalized_shape")), map_arg(ag, &w), map_arg(ag, &bias), bval(b, "eps")};
         ag->cur_pinned = true;
         IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 5, NULL, NULL, 0);
         ag->cur_pinned = false;
@@ -1541,6 +1554,222 @@ static PyObject *fallback_result(const IRGraph *g, AG *ag, int *is_eager_graph, 
     return em_eager_graph_new(g);
 }
 
+/* ---------------------------------------------------------------- splitting around ops without a rule */
+
+/* Nodes that keep torch's eager autograd: they need a gradient and have no rule (or one whose
+ * formulas do not cover an argument that requires grad), and the getitems of their tuple results.
+ * Appends a reason per node to reasons. Returns how many. */
+static int find_eager_nodes(AG *ag, uint8_t *U, PyObject *reasons) {
+    const IRGraph *g = ag->g;
+    int count = 0;
+    for (IRRef r = 1; r < g->nnodes; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        if (!meta_needs_grad(&n->meta)) continue;
+        bool eager = false;
+        for (uint32_t i = 0; i < n->nargs && !eager; i++)
+            eager = n->args[i].kind == IRARG_NODE && U[n->args[i].u.ref] &&
+                    em_ir_node(g, n->args[i].u.ref)->meta.kind == IRMETA_TUPLE;
+        Bind b;
+        const Rule *rule = eager ? NULL : find_rule(ag, n, &b);
+        if (!eager && !rule) {
+            eager = true;
+            PyObject *qn = node_opname(n);
+            PyObject *msg = PyUnicode_FromFormat("no derivative rule for %S (node %s): it keeps eager autograd",
+                                                 qn ? qn : Py_None, n->name);
+            if (!msg || PyList_Append(reasons, msg) < 0) PyErr_Clear();
+            Py_XDECREF(msg);
+            Py_XDECREF(qn);
+        } else if (rule && !rule->special) {
+            for (uint32_t i = 0; i < n->nargs + n->nkwargs && !eager; i++) {
+                const IRArg *a = i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs];
+                bool nested = false;
+                if (!collect_grad_refs(ag, a, true, &nested)) continue;
+                int pi = -1;
+                for (int k = 0; !nested && k < b.np && pi < 0; k++)
+                    if (b.val[k].kind == IRARG_NODE && b.val[k].u.ref == a->u.ref) pi = k;
+                if (nested || pi < 0 || !formula_of(rule->grads, b.p[pi].name)) {
+                    eager = true;
+                    PyObject *msg = PyUnicode_FromFormat("no derivative for an argument of %s: it keeps eager autograd", n->name);
+                    if (!msg || PyList_Append(reasons, msg) < 0) PyErr_Clear();
+                    Py_XDECREF(msg);
+                }
+            }
+        }
+        PyErr_Clear();
+        if (eager) {
+            U[r] = 1;
+            count++;
+        }
+    }
+    return count;
+}
+
+static void visit_refs(const IRArg *a, void (*fn)(IRRef, void *), void *ctx) {
+    if (a->kind == IRARG_NODE) fn(a->u.ref, ctx);
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++) visit_refs(&a->u.items[i], fn, ctx);
+}
+
+typedef struct {
+    const uint32_t *step;
+    uint32_t s;
+    uint8_t *mark;
+    IRRef *list;
+    uint32_t n;
+} RefCollect;
+
+static void collect_input(IRRef r, void *ctx) {
+    RefCollect *c = ctx;
+    if (c->step[r] == c->s || c->mark[r]) return;
+    c->mark[r] = 1;
+    c->list[c->n++] = r;
+}
+
+typedef struct {
+    const uint32_t *step;
+    uint32_t s;
+    uint8_t *used_outside;
+} UseCollect;
+
+static void collect_use(IRRef r, void *ctx) {
+    UseCollect *c = ctx;
+    if (c->step[r] != c->s) c->used_outside[r] = 1;
+}
+
+/* The graph as a chain of steps: runs of nodes with rules (each its own compiled region) and runs
+ * of nodes that keep eager autograd (replayed by an EagerGraph with grad enabled), glued by
+ * ember._autograd.make_split. Gradients flow between steps through eager autograd. */
+static PyObject *compile_split(AG *ag, const uint8_t *U, PyObject *reasons, PyObject **info) {
+    const IRGraph *g = ag->g;
+    uint32_t G = g->nnodes;
+    uint32_t *step = calloc(G, sizeof(uint32_t));
+    uint8_t *used_outside = calloc(G, 1), *mark = calloc(G, 1);
+    IRRef *map = calloc(G, sizeof(IRRef)), *list = calloc(G, sizeof(IRRef)), *outl = calloc(G, sizeof(IRRef));
+    PyObject *steps = PyList_New(0), *infos = PyList_New(0), *result = NULL, *make = NULL, *outs = NULL, *ins = NULL;
+    if (!step || !used_outside || !mark || !map || !list || !outl || !steps || !infos) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint32_t nsteps = 0;
+    int prev = -1;
+    for (IRRef r = 1; r < G; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind == IR_PLACEHOLDER) {
+            step[r] = UINT32_MAX;
+            continue;
+        }
+        if (n->kind == IR_OUTPUT) continue;
+        if ((int)U[r] != prev) {
+            nsteps++;
+            prev = U[r];
+        }
+        step[r] = nsteps - 1;
+    }
+    for (IRRef r = 1; r < G; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind == IR_PLACEHOLDER) continue;
+        UseCollect uc = {step, n->kind == IR_OUTPUT ? UINT32_MAX - 1 : step[r], used_outside};
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+            visit_refs(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], collect_use, &uc);
+    }
+    for (uint32_t s = 0; s < nsteps; s++) {
+        IRGraph *sub = em_ir_new(g->arena);
+        if (!sub) goto done;
+        memset(mark, 0, G);
+        RefCollect rc = {step, s, mark, list, 0};
+        bool eager = false;
+        for (IRRef r = 1; r < G; r++) {
+            if (step[r] != s || em_ir_node(g, r)->kind == IR_PLACEHOLDER || em_ir_node(g, r)->kind == IR_OUTPUT) continue;
+            const IRNode *n = em_ir_node(g, r);
+            eager = U[r];
+            for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+                visit_refs(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], collect_input, &rc);
+        }
+        ins = PyTuple_New(rc.n);
+        if (!ins) goto done;
+        for (uint32_t i = 0; i < rc.n; i++) {
+            const IRNode *p = em_ir_node(g, rc.list[i]);
+            map[rc.list[i]] = em_ir_placeholder(sub, p->name, &p->meta);
+            PyObject *v = PyLong_FromUnsignedLong(rc.list[i]);
+            if (!map[rc.list[i]] || !v) {
+                Py_XDECREF(v);
+                goto done;
+            }
+            PyTuple_SET_ITEM(ins, i, v);
+        }
+        uint32_t nout = 0;
+        for (IRRef r = 1; r < G; r++) {
+            if (step[r] != s || (em_ir_node(g, r)->kind != IR_CALL_FUNCTION && em_ir_node(g, r)->kind != IR_CALL_METHOD)) continue;
+            map[r] = copy_into(g->arena, sub, em_ir_node(g, r), map);
+            if (!map[r]) goto done;
+            if (used_outside[r]) outl[nout++] = r;
+        }
+        outs = PyTuple_New(nout);
+        IRRef *subouts = calloc(nout + 1, sizeof(IRRef));
+        if (!outs || !subouts) {
+            free(subouts);
+            goto done;
+        }
+        for (uint32_t i = 0; i < nout; i++) {
+            subouts[i] = map[outl[i]];
+            PyTuple_SET_ITEM(outs, i, PyLong_FromUnsignedLong(outl[i]));
+        }
+        int rcode = em_ir_set_output(sub, subouts, nout);
+        free(subouts);
+        if (rcode < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        PyObject *fn = NULL, *sinfo = NULL;
+        int is_eg = 0;
+        if (eager) fn = em_eager_graph_new(sub);
+        else fn = em_autograd_compile(sub, &is_eg, &sinfo);
+        if (!fn) {
+            Py_XDECREF(sinfo);
+            goto done;
+        }
+        PyObject *item = Py_BuildValue("(NOO)", fn, ins, outs);
+        PyObject *ii = Py_BuildValue("{s:s,s:N}", "kind", eager ? "eager autograd" : "compiled",
+                                     "autograd", sinfo ? sinfo : Py_NewRef(Py_None));
+        Py_CLEAR(ins);
+        Py_CLEAR(outs);
+        if (!item || !ii || PyList_Append(steps, item) < 0 || PyList_Append(infos, ii) < 0) {
+            Py_XDECREF(item);
+            Py_XDECREF(ii);
+            goto done;
+        }
+        Py_DECREF(item);
+        Py_DECREF(ii);
+    }
+    {
+        const IRArg *go = &em_ir_node(g, g->output)->args[0];
+        outs = PyTuple_New(go->n);
+        ins = PyTuple_New(g->ninputs);
+        if (!outs || !ins) goto done;
+        for (uint32_t k = 0; k < go->n; k++) PyTuple_SET_ITEM(outs, k, PyLong_FromUnsignedLong(go->u.items[k].u.ref));
+        for (uint32_t i = 0; i < g->ninputs; i++) PyTuple_SET_ITEM(ins, i, PyLong_FromUnsignedLong(g->inputs[i]));
+    }
+    if (!em_lazy_attr(&make, "ember._autograd", "make_split")) goto done;
+    result = PyObject_CallFunction(make, "OOOI", steps, ins, outs, (unsigned)G);
+    if (result) {
+        *info = Py_BuildValue("{s:O,s:O}", "split", reasons, "steps", infos);
+        if (!*info) Py_CLEAR(result);
+    }
+done:
+    free(step);
+    free(used_outside);
+    free(mark);
+    free(map);
+    free(list);
+    free(outl);
+    Py_XDECREF(steps);
+    Py_XDECREF(infos);
+    Py_XDECREF(outs);
+    Py_XDECREF(ins);
+    return result;
+}
+
 PyObject *em_autograd_compile(const IRGraph *g, int *is_eager_graph, PyObject **info) {
     AG ag = {0};
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
@@ -1567,6 +1796,26 @@ PyObject *em_autograd_compile(const IRGraph *g, int *is_eager_graph, PyObject **
         goto error;
     }
     if (check_mutations(&ag) < 0) goto fallback;
+    {
+        uint8_t *U = calloc(G, 1);
+        PyObject *reasons = PyList_New(0);
+        if (!U || !reasons) {
+            free(U);
+            Py_XDECREF(reasons);
+            PyErr_NoMemory();
+            goto error;
+        }
+        int ne = find_eager_nodes(&ag, U, reasons);
+        if (ne > 0) {
+            result = compile_split(&ag, U, reasons, info);
+            free(U);
+            Py_DECREF(reasons);
+            if (!result) goto error;
+            goto done;
+        }
+        free(U);
+        Py_DECREF(reasons);
+    }
     const IRNode *outn = em_ir_node(g, g->output);
     const IRArg *outs = &outn->args[0];
     for (uint32_t k = 0; k < outs->n; k++) {

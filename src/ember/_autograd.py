@@ -58,3 +58,23 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff):
         return apply(plan, *inputs)
     region.plan = plan
     return region
+
+
+def make_split(steps, inputs, outputs, nvalues):
+    """A graph split around ops without a derivative rule: steps is a list of
+    (callable, input value ids, output value ids); compiled regions and eager-autograd runs
+    alternate, and gradients flow between them through eager autograd."""
+    steps = tuple((fn, tuple(i), tuple(o)) for fn, i, o in steps)
+    inputs, outputs = tuple(inputs), tuple(outputs)
+
+    def region(*args):
+        vals = [None] * nvalues
+        for i, a in zip(inputs, args):
+            vals[i] = a
+        for fn, ins, outs in steps:
+            res = fn(*[vals[i] for i in ins])
+            for i, v in zip(outs, res):
+                vals[i] = v
+        return tuple(vals[i] for i in outputs)
+    region.steps = steps
+    return region
