@@ -55,6 +55,7 @@ typedef struct {
     IRRef cur;        /* the g node whose rule runs */
     uint8_t cur_role;
     bool cur_pinned;
+    bool ember_halves; /* compile both halves with backend "ember" (em_ember_compile) */
 } AG;
 
 /* ---------------------------------------------------------------- small helpers */
@@ -1724,7 +1725,7 @@ static PyObject *compile_split(AG *ag, const uint8_t *U, PyObject *reasons, PyOb
         PyObject *fn = NULL, *sinfo = NULL;
         int is_eg = 0;
         if (eager) fn = em_eager_graph_new(sub);
-        else fn = em_autograd_compile(sub, &is_eg, &sinfo);
+        else fn = em_autograd_compile(sub, ag->ember_halves, &is_eg, &sinfo);
         if (!fn) {
             Py_XDECREF(sinfo);
             goto done;
@@ -1770,11 +1771,11 @@ done:
     return result;
 }
 
-PyObject *em_autograd_compile(const IRGraph *g, int *is_eager_graph, PyObject **info) {
+PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info) {
     AG ag = {0};
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
     PyObject *saved_list = NULL, *recomp_list = NULL, *tang = NULL, *gin = NULL, *nondiff = NULL;
-    PyObject *jt = NULL, *ft = NULL, *bt = NULL, *budget_obj = NULL;
+    PyObject *jt = NULL, *ft = NULL, *bt = NULL, *budget_obj = NULL, *ember_info = NULL;
     int64_t *bytes = NULL;
     uint8_t *saved = NULL, *recompute = NULL, *need = NULL;
     IRRef *fmapF = NULL, *fmapB = NULL;
@@ -1786,6 +1787,7 @@ PyObject *em_autograd_compile(const IRGraph *g, int *is_eager_graph, PyObject **
     }
     ag.a = g->arena;
     ag.g = g;
+    ag.ember_halves = ember_halves;
     ag.j = em_ir_new(g->arena);
     uint32_t G = g->nnodes;
     ag.fmap = calloc(G, sizeof(IRRef));
@@ -1794,6 +1796,19 @@ PyObject *em_autograd_compile(const IRGraph *g, int *is_eager_graph, PyObject **
     if (!ag.j || !ag.fmap || !ag.aux || !ag.grad || ag_grow_roles(&ag) < 0) {
         PyErr_NoMemory();
         goto error;
+    }
+    {
+        PyObject *blk = NULL;
+        PyObject *fn = PyImport_ImportModule("ember._autograd");
+        if (fn) Py_SETREF(fn, PyObject_GetAttrString(fn, "compile_blocker"));
+        if (fn) blk = PyObject_CallNoArgs(fn);
+        Py_XDECREF(fn);
+        if (!blk) goto error;
+        if (blk != Py_None) {
+            ag.reason = blk;
+            goto fallback;
+        }
+        Py_DECREF(blk);
     }
     if (check_mutations(&ag) < 0) goto fallback;
     {
@@ -2099,8 +2114,24 @@ PyObject *em_autograd_compile(const IRGraph *g, int *is_eager_graph, PyObject **
         em_cc_note_internal_fallback();
         goto fallback;
     }
-    fwd_eg = em_eager_graph_new(F);
-    bwd_eg = em_eager_graph_new(B);
+    /* both halves run under no_grad inside the Function: their values do not require grad */
+    for (IRRef r = 1; r < F->nnodes; r++) F->nodes[r].meta.requires_grad = false;
+    for (IRRef r = 1; r < B->nnodes; r++) B->nodes[r].meta.requires_grad = false;
+    if (ember_halves) {
+        PyObject *fi = NULL, *bi = NULL;
+        fwd_eg = em_ember_compile(F, &fi);
+        bwd_eg = fwd_eg ? em_ember_compile(B, &bi) : NULL;
+        if (fi && saved_list) {
+            PyObject *t = Py_BuildValue("{s:N,s:N}", "forward", fi, "backward", bi ? bi : Py_NewRef(Py_None));
+            ember_info = t;
+        } else {
+            Py_XDECREF(fi);
+            Py_XDECREF(bi);
+        }
+    } else {
+        fwd_eg = em_eager_graph_new(F);
+        bwd_eg = em_eager_graph_new(B);
+    }
     if (!fwd_eg || !bwd_eg) goto error;
     jt = em_ir_format_tabular(ag.j);
     ft = em_ir_format_tabular(F);
@@ -2110,7 +2141,7 @@ PyObject *em_autograd_compile(const IRGraph *g, int *is_eager_graph, PyObject **
                       "saved", saved_list, "recomputed", recomp_list, "saved_bytes", (long long)saved_bytes,
                       "recomputed_bytes", (long long)recomp_bytes, "grad_inputs", gin, "tangent_outputs", tang,
                       "non_differentiable_outputs", nondiff, "nsaved", nsaved);
-    if (!d) goto error;
+    if (!d || (ember_info && PyDict_SetItemString(d, "ember", ember_info) < 0)) goto error;
     if (!em_lazy_attr(&make, "ember._autograd", "make_region")) goto error;
     result = PyObject_CallFunction(make, "OOIIOOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin, tang,
                                    nondiff);
@@ -2148,5 +2179,6 @@ done:
     Py_XDECREF(ft);
     Py_XDECREF(bt);
     Py_XDECREF(budget_obj);
+    Py_XDECREF(ember_info);
     return result;
 }

@@ -78,3 +78,46 @@ def make_split(steps, inputs, outputs, nvalues):
         return tuple(vals[i] for i in outputs)
     region.steps = steps
     return region
+
+
+def compile_blocker():
+    """Why a region must keep eager autograd whatever its ops (None: nothing blocks). Under
+    torch.autocast the forward's casts are decided per op at dispatch, and a backward derived from
+    the traced dtypes could differ from eager's, so autocast regions keep eager autograd."""
+    for dev in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(dev):
+                return f"torch.autocast is enabled ({dev}): the region keeps eager autograd"
+        except (TypeError, RuntimeError):  # older signature
+            if torch.is_autocast_enabled():
+                return "torch.autocast is enabled: the region keeps eager autograd"
+    return None
+
+
+def _fmt_bytes(n):
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
+
+
+def explain_lines(info: dict, indent: str = "  ") -> list[str]:
+    """ember.explain's lines for a training region: the joint, forward and backward graphs and
+    what the partitioner saved or recomputed, or why (part of) the region keeps eager autograd."""
+    if "fallback" in info:
+        return [f"{indent}autograd: eager autograd for the whole region: {info['fallback']}"]
+    if "split" in info:
+        lines = [f"{indent}autograd: split into {len(info['steps'])} step(s)"]
+        lines += [f"{indent}  {r}" for r in info["split"]]
+        for i, st in enumerate(info["steps"]):
+            lines.append(f"{indent}  step {i}: {st['kind']}")
+            if st.get("autograd"):
+                lines += explain_lines(st["autograd"], indent + "    ")
+        return lines
+    saved = ", ".join(f"{n} ({_fmt_bytes(b)})" for n, b in info["saved"])
+    rec = ", ".join(f"{n} ({_fmt_bytes(b)})" for n, b in info["recomputed"])
+    lines = [f"{indent}autograd: {len(info['saved'])} saved tensor(s), {_fmt_bytes(info['saved_bytes'])}: {saved}",
+             f"{indent}  recomputed in the backward: {len(info['recomputed'])} value(s), "
+             f"{_fmt_bytes(info['recomputed_bytes'])}: {rec or '-'}",
+             f"{indent}  gradients for inputs {info['grad_inputs']}"]
+    for key in ("joint", "forward", "backward"):
+        lines.append(f"{indent}  {key} graph:")
+        lines += [f"{indent}    {ln}" for ln in info[key].splitlines()]
+    return lines
