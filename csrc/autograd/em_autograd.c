@@ -409,6 +409,8 @@ static PyObject *first_device(const AG *ag, const IRArg *args, uint32_t n) {
         if (args[i].kind == IRARG_NODE) {
             const IRMeta *m = &em_ir_node(ag->j, args[i].u.ref)->meta;
             if (m->kind == IRMETA_TENSOR) return m->device;
+            for (uint32_t k = 0; m->kind == IRMETA_TUPLE && k < m->nitems; k++)
+                if (m->items[k].kind == IRMETA_TENSOR) return m->items[k].device;
         } else if (args[i].kind == IRARG_TUPLE || args[i].kind == IRARG_LIST) {
             PyObject *d = first_device(ag, args[i].u.items, args[i].n);
             if (d) return d;
@@ -745,10 +747,15 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
     }
     if (!strcmp(fname, "like")) {
         const IRMeta *want = jmeta(ag, args[1].u.ref), *m = jmeta(ag, args[0].u.ref);
-        if (want->dtype == m->dtype && PyObject_RichCompareBool(want->device, m->device, Py_EQ) == 1) return args[0];
-        PyErr_Clear();
-        IRArg a[3] = {args[0], arg_const_steal(ag, Py_NewRef(want->device)), arg_const_steal(ag, Py_NewRef(want->dtype))};
-        return arg_node(emit_method(ag, "to", a, 3));
+        int same_dev = PyObject_RichCompareBool(want->device, m->device, Py_EQ);
+        if (same_dev != 1) { /* a copy between devices: the meta call cannot express it */
+            PyErr_Clear();
+            ag_fail(ag, "a copy between devices (%S -> %S)", m->device, want->device);
+            return arg_node(0);
+        }
+        if (want->dtype == m->dtype) return args[0];
+        IRArg a[2] = {args[0], arg_const_steal(ag, Py_NewRef(want->dtype))};
+        return arg_node(emit_method(ag, "to", a, 2));
     }
     if (!strcmp(fname, "sumback")) { /* sum's backward: unsqueeze the reduced dims, expand */
         if (nargs != 4) goto bad;
@@ -1356,7 +1363,52 @@ static int check_mutations(AG *ag) {
     return 0;
 }
 
+static bool dtype_differentiable(PyObject *dtype) {
+    PyObject *f = dtype ? PyObject_GetAttrString(dtype, "is_floating_point") : NULL;
+    PyObject *c = dtype ? PyObject_GetAttrString(dtype, "is_complex") : NULL;
+    bool r = (f && PyObject_IsTrue(f) == 1) || (c && PyObject_IsTrue(c) == 1);
+    Py_XDECREF(f);
+    Py_XDECREF(c);
+    PyErr_Clear();
+    return r;
+}
+
+static bool arg_requires_grad(const IRGraph *g, const IRArg *a) {
+    if (a->kind == IRARG_NODE) return meta_needs_grad(&em_ir_node(g, a->u.ref)->meta);
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++)
+            if (arg_requires_grad(g, &a->u.items[i])) return true;
+    return false;
+}
+
+static void meta_clear_grad(IRMeta *m, bool all) {
+    if (m->kind == IRMETA_TENSOR && (all || !dtype_differentiable(m->dtype))) m->requires_grad = false;
+    if (m->kind == IRMETA_TUPLE)
+        for (uint32_t i = 0; i < m->nitems; i++) meta_clear_grad(&m->items[i], all);
+}
+
+/* requires_grad as eager autograd sets it: the tracer's metas are an upper bound; a value of an
+ * integer or bool dtype, a detach, and an op none of whose arguments requires grad never do. The
+ * graph's metas are corrected in place (the graph is the compilation's own). */
+static void fix_requires_grad(IRGraph *g) {
+    for (IRRef r = 1; r < g->nnodes; r++) {
+        IRNode *n = &g->nodes[r];
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        if (!meta_needs_grad(&n->meta)) continue;
+        bool any = false;
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs && !any; i++)
+            any = arg_requires_grad(g, i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs]);
+        PyObject *qn = node_opname(n);
+        const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
+        bool detach = s && names_has("Tensor.detach torch.detach Tensor.argmax torch.argmax Tensor.argmin torch.argmin", s);
+        Py_XDECREF(qn);
+        PyErr_Clear();
+        meta_clear_grad(&n->meta, !any || detach);
+    }
+}
+
 bool em_autograd_needed(const IRGraph *g) {
+    fix_requires_grad((IRGraph *)g);
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = em_ir_node(g, r);
         if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && meta_needs_grad(&n->meta)) return true;
@@ -2143,8 +2195,22 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
                       "non_differentiable_outputs", nondiff, "nsaved", nsaved);
     if (!d || (ember_info && PyDict_SetItemString(d, "ember", ember_info) < 0)) goto error;
     if (!em_lazy_attr(&make, "ember._autograd", "make_region")) goto error;
-    result = PyObject_CallFunction(make, "OOIIOOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin, tang,
-                                   nondiff);
+    /* ember's kernels index tangents with the output's layout; autograd may hand any strides */
+    PyObject *layouts = Py_NewRef(Py_None);
+    if (ember_halves) {
+        Py_SETREF(layouts, PyList_New(0));
+        for (uint32_t k = 0; layouts && k < outs->n; k++) {
+            const IRMeta *m = &em_ir_node(g, outs->u.items[k].u.ref)->meta;
+            PyObject *st = PyTuple_New(m->kind == IRMETA_TENSOR ? m->ndim : 0);
+            for (int32_t i = 0; st && m->kind == IRMETA_TENSOR && i < m->ndim; i++)
+                PyTuple_SET_ITEM(st, i, PyLong_FromLongLong(m->strides[i]));
+            if (!st || PyList_Append(layouts, st) < 0) Py_CLEAR(layouts);
+            Py_XDECREF(st);
+        }
+        if (!layouts) goto error;
+    }
+    result = PyObject_CallFunction(make, "OOIIOOON", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin, tang,
+                                   nondiff, layouts);
     if (!result) goto error;
     *info = d;
     d = NULL;

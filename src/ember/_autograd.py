@@ -5,13 +5,12 @@ hands over two ember._C.EagerGraph halves:
   fwd(*inputs) -> (*outputs, *saved)          run under no_grad inside Function.forward
   bwd(*saved, *tangents) -> grads              the gradients of the inputs in grad_inputs
 The region composes with eager autograd like any torch.autograd.Function: a loss outside,
-.backward(), torch.autograd.grad, hooks and optimizers. Double backward through it raises
-(once_differentiable) instead of giving a wrong second derivative.
+.backward(), torch.autograd.grad, hooks and optimizers. Double backward through it (create_graph=True)
+raises a RuntimeError naming the limitation instead of giving a wrong second derivative.
 """
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 
 class CompiledRegion(torch.autograd.Function):
@@ -28,11 +27,26 @@ class CompiledRegion(torch.autograd.Function):
         return tuple(outs)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *grads):
+        if torch.is_grad_enabled():
+            # create_graph=True: the backward graph's ops are not themselves differentiated, so a
+            # gradient of this gradient would be silently missing. Refuse before anything is wrong.
+            raise RuntimeError(
+                "ember: double backward (create_graph=True, or a gradient of a gradient) through a region "
+                "compiled with ahead-of-time autograd is not supported; compile this function with "
+                "backend='eager' to keep eager autograd")
+        with torch.no_grad():
+            return CompiledRegion._backward(ctx, grads)
+
+    @staticmethod
+    def _backward(ctx, grads):
         plan = ctx.plan
         saved = ctx.saved_tensors
         tangents = [grads[k] for k in plan.tangents]
+        if plan.strides is not None:  # backend ember: kernels index tangents with the output's strides
+            tangents = [t if t.stride() == plan.strides[k] else
+                        torch.empty_strided(t.shape, plan.strides[k], dtype=t.dtype, device=t.device).copy_(t)
+                        for k, t in zip(plan.tangents, tangents)]
         res = plan.bwd(*saved, *tangents)
         out = [None] * (plan.ninputs + 1)
         for i, g in zip(plan.grad_inputs, res):
@@ -41,10 +55,10 @@ class CompiledRegion(torch.autograd.Function):
 
 
 class _Plan:
-    __slots__ = ("fwd", "bwd", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff")
+    __slots__ = ("fwd", "bwd", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides")
 
 
-def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff):
+def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None):
     """Called by csrc/autograd on a cache miss; returns compiled(*graph_inputs) -> tuple.
     Under no_grad / inference_mode the guard on grad mode makes a separate, forward-only entry,
     so this callable always runs with grad enabled."""
@@ -52,6 +66,7 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff):
     plan.fwd, plan.bwd = fwd, bwd
     plan.noutputs, plan.ninputs = noutputs, ninputs
     plan.grad_inputs, plan.tangents, plan.nondiff = tuple(grad_inputs), tuple(tangents), tuple(nondiff)
+    plan.strides = None if strides is None else tuple(tuple(s) for s in strides)
     apply = CompiledRegion.apply
 
     def region(*inputs):
