@@ -417,6 +417,10 @@ TRAIN = [
 @pytest.mark.parametrize("case", TRAIN, ids=[t[0] for t in TRAIN])
 def test_training_steps_match_eager(case, backend):
     name, make, data, opt = case
+    if backend == "ember" and name == "transformer_adamw":
+        pytest.skip("the key bias's gradient is mathematically zero (softmax is shift-invariant): Adam turns "
+                    "the fused kernels' rounding noise in it into lr-sized steps. One step's gradients are "
+                    "compared in test_ember_backend_transformer_gradients")
     torch.manual_seed(0)
     m_e = make()
     m_c = copy.deepcopy(m_e)
