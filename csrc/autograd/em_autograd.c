@@ -714,6 +714,10 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
         if (p < 0) p += jmeta(ag, args[1].u.ref)->sizes[0];
         return arg_const_steal(ag, PyLong_FromLongLong(p));
     }
+    if (!strcmp(fname, "stride_or_kernel")) { /* pooling: stride None means the kernel size */
+        if (nargs != 2) goto bad;
+        return arg_is_none(&args[0]) ? args[1] : args[0];
+    }
     if (!strcmp(fname, "numel_ratio")) {
         int64_t a = 1, b = 1;
         const IRMeta *ma = jmeta(ag, args[0].u.ref), *mb = jmeta(ag, args[1].u.ref);
@@ -1175,6 +1179,17 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             }
         return 0;
     }
+    case SP_MAX_POOL2D: {
+        IRArg self = bval(b, "self"), st = bval(b, "stride");
+        PyObject *t = torch_attr("ops.aten.max_pool2d_with_indices_backward");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+        IRArg a[8] = {arg_node(g), map_arg(ag, &self), const_fold(ag, bval(b, "kernel_size")),
+                      arg_is_none(&st) ? arg_const_steal(ag, PyList_New(0)) : const_fold(ag, st),
+                      const_fold(ag, bval(b, "padding")), const_fold(ag, bval(b, "dilation")), bval(b, "ceil_mode"),
+                      arg_node(ag->aux[n][0])};
+        IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 8, NULL, NULL, 0);
+        return r ? accumulate(ag, self.u.ref, r) : -1;
+    }
     case SP_DROPOUT: {
         IRArg self = bval(b, "self");
         if (!needs(ag, &self)) return 0;
@@ -1244,6 +1259,18 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         ag->aux[n][0] = out ? emit_getitem(ag, r, 1) : 0;
         ag->aux[n][1] = ag->aux[n][0] ? emit_getitem(ag, r, 2) : 0;
         return ag->aux[n][1] ? out : 0;
+    }
+    case SP_MAX_POOL2D: { /* at::max_pool2d's values are max_pool2d_with_indices' first result */
+        PyObject *t = torch_attr("ops.aten.max_pool2d_with_indices");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
+        IRArg self = bval(b, "self"), st = bval(b, "stride");
+        IRArg a[6] = {map_arg(ag, &self), const_fold(ag, bval(b, "kernel_size")),
+                      arg_is_none(&st) ? arg_const_steal(ag, PyList_New(0)) : const_fold(ag, st),
+                      const_fold(ag, bval(b, "padding")), const_fold(ag, bval(b, "dilation")), bval(b, "ceil_mode")};
+        IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 6, NULL, NULL, 0);
+        IRRef out = r ? emit_getitem(ag, r, 0) : 0;
+        ag->aux[n][0] = out ? emit_getitem(ag, r, 1) : 0;
+        return ag->aux[n][0] ? out : 0;
     }
     case SP_DROPOUT: {
         IRArg p = bval(b, "p"), train = bval(b, "training"), self = bval(b, "self");

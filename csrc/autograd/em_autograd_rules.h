@@ -22,7 +22,7 @@
 #define R_RECOMPUTE 1u
 
 enum { SP_NONE, SP_GETITEM, SP_CAT, SP_STACK, SP_LAYER_NORM, SP_BATCH_NORM, SP_CONV, SP_DROPOUT,
-       SP_SELECT, SP_NARROW };
+       SP_SELECT, SP_NARROW, SP_MAX_POOL2D };
 
 typedef struct {
     const char *names;
@@ -139,6 +139,15 @@ static const Rule RULES[] = {
     {"torch.nn.functional.conv1d torch.nn.functional.conv2d torch.nn.functional.conv3d torch.conv1d torch.conv2d "
      "torch.conv3d",
      "self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1", "", "", 0, SP_CONV},
+    {"torch.nn.functional.max_pool2d torch.max_pool2d",
+     "self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False",
+     "false:return_indices", "", 0, SP_MAX_POOL2D},
+    {"torch.nn.functional.adaptive_avg_pool2d", "self, output_size", "",
+     "self: aten._adaptive_avg_pool2d_backward(grad, self)", 0, 0},
+    {"torch.nn.functional.avg_pool2d torch.avg_pool2d",
+     "self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None", "",
+     "self: aten.avg_pool2d_backward(grad, self, kernel_size, stride_or_kernel(stride, kernel_size), padding, "
+     "ceil_mode, count_include_pad, divisor_override)", 0, 0},
     {"torch.nn.functional.dropout", "self, p=0.5, training=True, inplace=False", "false:inplace", "", 0, SP_DROPOUT},
     {"torch.nn.functional.embedding",
      "input, self, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False",

@@ -135,4 +135,10 @@ def explain_lines(info: dict, indent: str = "  ") -> list[str]:
     for key in ("joint", "forward", "backward"):
         lines.append(f"{indent}  {key} graph:")
         lines += [f"{indent}    {ln}" for ln in info[key].splitlines()]
+    if info.get("ember"):  # backend ember: each half's kernels
+        from ._backends import explain_ember
+        for half in ("forward", "backward"):
+            if info["ember"].get(half):
+                lines.append(f"{indent}  {half} half:")
+                lines += [f"{indent}  {ln}" for ln in explain_ember(info["ember"][half])]
     return lines

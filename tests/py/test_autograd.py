@@ -154,6 +154,9 @@ CASES = [
      lambda d: (r(4, 3, 5, 5, dtype=d), torch.zeros(3, dtype=d), torch.ones(3, dtype=d), r(3, dtype=d), r(3, dtype=d))),
     ("batch_norm_eval", lambda x, rm, rv, w, b: F.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-5),
      lambda d: (r(4, 3, 5, dtype=d), torch.rand(3, dtype=d), torch.rand(3, dtype=d) + 0.5, r(3, dtype=d), r(3, dtype=d))),
+    ("max_pool2d", lambda x: F.max_pool2d(x, 3, 2, 1) + F.max_pool2d(x, 2).sum(), lambda d: (r(2, 3, 8, 8, dtype=d),)),
+    ("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, 1) * 2 + F.adaptive_avg_pool2d(x, (2, 2)).sum(), lambda d: (r(2, 3, 6, 6, dtype=d),)),
+    ("avg_pool2d", lambda x: F.avg_pool2d(x, 2) + F.avg_pool2d(x, 3, 1, 1).mean(), lambda d: (r(2, 3, 6, 6, dtype=d),)),
     ("embedding", lambda i, w: F.embedding(i, w, padding_idx=1) * 2, lambda d: (torch.tensor([[0, 1, 2], [2, 2, 3]]), r(5, 4, dtype=d))),
     ("embedding_nopad", lambda i, w: F.embedding(i, w) * 2, lambda d: (torch.tensor([[0, 1, 2], [2, 2, 3]]), r(5, 4, dtype=d))),
 ]
@@ -171,7 +174,7 @@ def test_rule_matches_eager(case, dtype):
 
 GRADCHECK = ["add_broadcast", "div", "pow_tensor", "tanh", "gelu", "sum_dims", "mean", "amax", "permute_transpose",
              "getitem_basic", "getitem_tensor", "cat", "stack", "matmul_3d_2d", "linear", "addmm", "softmax",
-             "log_softmax", "layer_norm", "conv2d", "batch_norm_train", "embedding_nopad", "clamp", "where"]
+             "log_softmax", "layer_norm", "conv2d", "max_pool2d", "adaptive_avg_pool2d", "avg_pool2d", "batch_norm_train", "embedding_nopad", "clamp", "where"]
 
 
 @pytest.mark.parametrize("name", GRADCHECK)
