@@ -328,6 +328,11 @@ static bool checks_pass(const AG *ag, const Bind *b) {
         else if (!strcmp(kind, "eq0")) {
             ok = v->kind == IRARG_CONST && (PyLong_Check(v->u.obj) || PyFloat_Check(v->u.obj)) &&
                  PyFloat_AsDouble(v->u.obj) == 0.0;
+        } else if (!strcmp(kind, "batched")) { /* conv: input has the weight's number of dims */
+            const IRMeta *m = val_meta(ag, v);
+            int wi = find_param(b, "weight");
+            const IRMeta *wm = wi >= 0 ? val_meta(ag, &b->val[wi]) : NULL;
+            ok = m && wm && m->kind == IRMETA_TENSOR && wm->kind == IRMETA_TENSOR && m->ndim == wm->ndim;
         } else if (!strcmp(kind, "ndim2")) {
             const IRMeta *m = val_meta(ag, v);
             ok = m && m->kind == IRMETA_TENSOR && m->ndim >= 2;

@@ -16,7 +16,8 @@
  * validate_outputs does for broadcasting.
  *
  * Checks: `null:p` p is None; `notnull:p`; `false:p` p is None or False; `const:p` p is a Python
- * constant; `node:p` p is a graph value; `eq0:p` p is the constant 0; `ndim2:p` p has >= 2 dims.
+ * constant; `node:p` p is a graph value; `eq0:p` p is the constant 0; `ndim2:p` p has >= 2 dims;
+ * `batched:p` p has as many dims as the parameter `weight` (convolution's batched form).
  * Flags: R_RECOMPUTE: cheap and deterministic, the partitioner may recompute it in the backward. */
 
 #define R_RECOMPUTE 1u
@@ -103,8 +104,10 @@ static const Rule RULES[] = {
     /* ---- views and their inverses ---- */
     {"Tensor.view Tensor.reshape torch.reshape Tensor.flatten torch.flatten Tensor.unflatten Tensor.view_as "
      "Tensor.reshape_as Tensor.squeeze torch.squeeze Tensor.unsqueeze torch.unsqueeze",
-     "self, *rest", "", "self: T.reshape(grad, shape(self))", PW, 0},
-    {"Tensor.expand Tensor.expand_as torch.broadcast_to Tensor.broadcast_to", "self, *rest", "", "self: grad", PW, 0},
+     "self, *rest, start_dim=0, end_dim=-1, dim=None, sizes=None, shape=None, other=None", "",
+     "self: T.reshape(grad, shape(self))", PW, 0},
+    {"Tensor.expand Tensor.expand_as torch.broadcast_to Tensor.broadcast_to", "self, *rest, size=None, other=None", "",
+     "self: grad", PW, 0},
     {"Tensor.permute torch.permute", "self, *dims", "", "self: T.permute(grad, invperm(dims))", PW, 0},
     {"Tensor.transpose torch.transpose Tensor.swapaxes", "self, dim0, dim1", "", "self: T.transpose(grad, dim0, dim1)", PW, 0},
     {"Tensor.t torch.t", "self", "", "self: T.t(grad)", PW, 0},
@@ -138,7 +141,7 @@ static const Rule RULES[] = {
      0, SP_BATCH_NORM},
     {"torch.nn.functional.conv1d torch.nn.functional.conv2d torch.nn.functional.conv3d torch.conv1d torch.conv2d "
      "torch.conv3d",
-     "self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1", "", "", 0, SP_CONV},
+     "self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1", "batched:self", "", 0, SP_CONV},
     {"torch.nn.functional.max_pool2d torch.max_pool2d",
      "self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False",
      "false:return_indices", "", 0, SP_MAX_POOL2D},

@@ -482,3 +482,24 @@ def test_batchnorm_running_stats_updated_once_per_forward():
     assert m_c[1].num_batches_tracked.item() == 2
     torch.testing.assert_close(m_c[1].running_mean, m_e[1].running_mean, rtol=0, atol=0)
     torch.testing.assert_close(m_c[1].running_var, m_e[1].running_var, rtol=0, atol=0)
+
+
+GRAD_SWEEP_OPS = ("^(add|mul|sub|div.no_rounding_mode|sin|exp|tanh|sigmoid|nn.functional.relu|softmax|log_softmax|sum|"
+                  "mean|amax|mm|bmm|addmm|nn.functional.linear|nn.functional.conv2d|nn.functional.layer_norm|"
+                  "nn.functional.gelu|cat|stack|reshape|permute|transpose|squeeze|unsqueeze|flatten|clamp|abs|pow|"
+                  "sqrt|narrow|masked_fill|cumsum|nn.functional.avg_pool2d|nn.functional.adaptive_avg_pool2d)$")
+
+
+def test_opinfo_gradient_sweep_aot_eager():
+    """Gradient mode of the OpInfo sweep (ember.testing.opinfo_grad): float64 samples with every
+    floating input requiring grad; kept eager autograd is fine, a wrong gradient or a crash is not."""
+    pytest.importorskip("expecttest")
+    from ember.testing import opinfo_grad
+    res = opinfo_grad.sweep(GRAD_SWEEP_OPS, samples=2)
+    bad = [(op, cls, d) for op, rows in res.items() for cls, d in rows if cls in ("wrong", "crash")]
+    assert not bad, bad
+    counts = {}
+    for rows in res.values():
+        for cls, _ in rows:
+            counts[cls] = counts.get(cls, 0) + 1
+    assert len(res) >= 35 and counts.get("pass", 0) > 2 * counts.get("kept eager autograd", 0), counts
