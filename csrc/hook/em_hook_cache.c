@@ -6,6 +6,7 @@
 #include "hook/em_hook.h"
 
 #include "trace/em_trace.h"
+#include "autograd/em_autograd.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -273,11 +274,22 @@ error:
  * goes through ember._backends.compile_graph(backend, export, example_inputs, name), which builds
  * the torch.fx.GraphModule and calls the backend. New reference, or NULL with an exception. */
 static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
-                                 int *is_eager_graph, PyObject **backend_info) {
+                                 int *is_eager_graph, PyObject **backend_info, const char **info_key) {
     *is_eager_graph = 0;
+    *info_key = "ember";
     if (PyUnicode_Check(cfg->backend) && PyUnicode_Compare(cfg->backend, eager_str) == 0) {
         *is_eager_graph = 1;
         return em_eager_graph_new(res->graph);
+    }
+    if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") == 0) {
+        /* ahead-of-time autograd: joint graph, min-cut partition, a torch.autograd.Function */
+        *info_key = "autograd";
+        return em_autograd_compile(res->graph, false, is_eager_graph, backend_info);
+    }
+    if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0 &&
+        em_autograd_needed(res->graph)) {
+        *info_key = "autograd"; /* training: both halves through ember's code generator */
+        return em_autograd_compile(res->graph, true, is_eager_graph, backend_info);
     }
     if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0) {
         *is_eager_graph = 1; /* the "ember" backend's program is an EagerGraph of kernels and extern calls */
@@ -333,7 +345,7 @@ static int mark_fallback(CacheEntry *e, EmBreak reason, PyObject *detail) {
  * The stub's code is never compiled by the hook; the resume functions' code always is (even when
  * the user's file lies where the skip rules look away: the user compiled that function). */
 static int make_break_entry(CacheEntry *e, const EmTraceResult *res, const EmCompileConfig *cfg, PyCodeObject *code,
-                            PyObject **backend_info) {
+                            PyObject **backend_info, const char **info_key) {
     const EmSplit *sp = res->split;
     BreakPart *bp = calloc(1, sizeof(BreakPart));
     if (!bp) {
@@ -369,7 +381,7 @@ static int make_break_entry(CacheEntry *e, const EmTraceResult *res, const EmCom
             return -1;
         }
     if (em_trace_graph_has_calls(res->graph)) {
-        e->compiled = backend_compile(cfg, res, code, &e->eager_graph, backend_info);
+        e->compiled = backend_compile(cfg, res, code, &e->eager_graph, backend_info, info_key);
         if (!e->compiled) return -1;
     }
     e->ninputs = e->compiled ? res->ninputs : 0;
@@ -439,6 +451,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     memset(&res, 0, sizeof res);
     CacheEntry *e = NULL;
     PyObject *graph_text = NULL, *out_text = NULL, *backend_info = NULL;
+    const char *info_key = "ember";
     if (em_trace_frame(func, code, fv, &opts, &res) < 0) goto error;
     if ((!res.graph || res.split) && cfg->fullgraph) {
         raise_fullgraph(code, &res.brk);
@@ -468,7 +481,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         if (!e->effects) goto error;
     }
     if (e->kind == ENTRY_GRAPH) {
-        e->compiled = backend_compile(cfg, &res, code, &e->eager_graph, &backend_info);
+        e->compiled = backend_compile(cfg, &res, code, &e->eager_graph, &backend_info, &info_key);
         if (!e->compiled) goto error;
         e->out = em_out_copy(res.out);
         e->ninputs = res.ninputs;
@@ -483,7 +496,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         out_text = em_out_repr(e->out);
         if (!graph_text || !out_text) goto error;
     } else if (e->kind == ENTRY_BREAK) {
-        if (make_break_entry(e, &res, cfg, code, &backend_info) < 0) goto error;
+        if (make_break_entry(e, &res, cfg, code, &backend_info, &info_key) < 0) goto error;
         if (e->compiled) {
             graph_text = em_ir_format_tabular(res.graph);
             if (!graph_text) goto error;
@@ -492,7 +505,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         if (!out_text) goto error;
     }
     e->info = entry_info(e->kind, e->guards, cfg, &res, graph_text, out_text);
-    if (!e->info || (backend_info && PyDict_SetItemString(e->info, "ember", backend_info) < 0)) goto error;
+    if (!e->info || (backend_info && PyDict_SetItemString(e->info, info_key, backend_info) < 0)) goto error;
     Py_CLEAR(backend_info);
     if (e->kind == ENTRY_BREAK) {
         PyObject *rc = PyTuple_New(e->brk->nresume), *off = PyLong_FromUnsignedLong(res.split->offset);

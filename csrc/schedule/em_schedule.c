@@ -359,6 +359,8 @@ static int need_tensor(Sched *c, IRRef r, int output) {
     const IRMeta *m = &lg->ir->nodes[r].meta;
     if (v->kind == LV_EXTERN) {
         if (v->has_load) s->ir_buf[r] = lg->nodes[v->lnode].buf;
+        /* an extern result returned by the graph is never a donor for a kernel's output */
+        if (v->has_load && output) s->buf_output[s->ir_buf[r]] = true;
         return 0;
     }
     if (v->kind != LV_NODE) return 0;

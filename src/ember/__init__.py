@@ -219,6 +219,9 @@ def explain(fn, *args, **kwargs) -> ExplainOutput:
             lines.append(f"  output: {e['output']}")
         if e.get("ember"):
             lines += _backends.explain_ember(e["ember"])
+        if e.get("autograd"):
+            from . import _autograd
+            lines += _autograd.explain_lines(e["autograd"])
         lines.append("  guards:")
         lines += ["    " + g for g in e["guards"]]
     head = [f"graphs: {ngraphs}, graph breaks: {nbreaks}"] + [f"  break: {r}" for r in reasons]

@@ -25,8 +25,8 @@ def register_backend(name: str, fn: Callable | None = None):
 
 
 def list_backends() -> list[str]:
-    """Names accepted by ember.compile(backend=...): "eager", "ember" and the registered ones."""
-    return ["eager", "ember", *sorted(_REGISTRY)]
+    """Names accepted by ember.compile(backend=...): "eager", "ember", "aot_eager" and the registered ones."""
+    return ["aot_eager", "eager", "ember", *sorted(_REGISTRY)]
 
 
 @register_backend("inductor")
@@ -43,7 +43,7 @@ def _fx_forward(gm: torch.fx.GraphModule, example_inputs):
 
 def resolve(backend):
     """Checks a backend argument; returns (backend, key). Raises ValueError for unknown names."""
-    if backend in ("eager", "ember"):
+    if backend in ("eager", "ember", "aot_eager"):
         return backend, backend
     if isinstance(backend, str):
         if backend not in _REGISTRY:

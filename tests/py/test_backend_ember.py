@@ -293,14 +293,17 @@ def test_externs_cover_everything_eager_runs():
     check(lambda x: torch.topk(x.flatten(1), 3, dim=1).values + 1, x)
 
 
-def test_grad_inputs_run_on_the_eager_backend():
+def test_grad_inputs_train_through_aot_autograd():
+    # issue 12: a graph that needs a backward is split by csrc/autograd into a forward and a
+    # backward graph, each compiled by this backend (tests/py/test_autograd.py has the rest)
     x = torch.randn(4, 4, requires_grad=True)
     c = ember.compile(lambda x: (x.sin() * 2).sum(), backend="ember")
     out = c(x)
     out.backward()
     torch.testing.assert_close(x.grad, 2 * x.detach().cos())
-    info = ember.cache_info(c)[0]["ember"]
-    assert "grad" in info["fallback"]
+    info = ember.cache_info(c)[0]["autograd"]
+    assert set(info["ember"]) == {"forward", "backward"}
+    assert "kernels" in info["ember"]["backward"]
 
 
 def test_inplace_graph_runs_on_the_eager_backend():
@@ -341,4 +344,6 @@ def test_explain_shows_kernels_and_source_or_why_eager():
     assert "backend ember: 1 kernel(s)" in text and "void ember_k0(" in text
     x = torch.randn(3, requires_grad=True)
     text = ember.explain(ember.compile(lambda x: x.sin() * 2, backend="ember"), x)
-    assert "requires grad" in text and "eager backend" in text
+    # issue 12: training graphs show the joint/forward/backward graphs and each half's kernels
+    assert "autograd:" in text and "backward graph:" in text and "backward half:" in text
+    assert "backend ember:" in text
