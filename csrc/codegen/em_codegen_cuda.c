@@ -203,7 +203,9 @@ static void choose_launch(const Schedule *s, const SKernel *k, EmCudaLaunch *L) 
     int64_t e = (R + L->threads_per_row - 1) / L->threads_per_row;
     uint32_t nelem_loads = 0;
     for (uint32_t i = 0; i < k->nnodes; i++) nelem_loads += k->nodes[i].op == LP_LOAD && k->elem[i];
-    L->cached = R > 0 && e <= 16 && e * (int64_t)(nelem_loads ? nelem_loads : 1) <= 64 ? (int32_t)e : 0;
+    /* registers held per thread: at most half of what __launch_bounds__(block) leaves (64K per SM) */
+    int64_t budget = 32768 / L->block < 64 ? 32768 / L->block : 64;
+    L->cached = R > 0 && e <= 16 && e * (int64_t)(nelem_loads ? nelem_loads : 1) <= budget ? (int32_t)e : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------- */

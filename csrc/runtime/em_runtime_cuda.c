@@ -211,7 +211,8 @@ static void load_nvrtc(void) {
             if (h) snprintf(L.nvrtc_path, sizeof L.nvrtc_path, "%s", best);
         }
     }
-    static const char *const system[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so", NULL};
+    static const char *const system[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so.13",
+                                         "/usr/local/cuda/lib64/libnvrtc.so.12", "/usr/local/cuda/lib64/libnvrtc.so", NULL};
     for (int i = 0; !h && system[i]; i++) {
         h = dlopen(system[i], RTLD_NOW | RTLD_LOCAL);
         if (h) snprintf(L.nvrtc_path, sizeof L.nvrtc_path, "%s", system[i]);
