@@ -364,11 +364,58 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                     if (!nm || PyList_Append(names, nm) < 0) Py_CLEAR(names);
                     Py_XDECREF(nm);
                 }
-                PyObject *kd = names ? Py_BuildValue("{s:s,s:N}", "kind", k->reduction ? "reduction" : "pointwise", "nodes", names) : NULL;
+                PyObject *kargs = PyList_New(0);
+                for (uint32_t q = 0; kargs && q < k->nargs; q++) {
+                    PyObject *v = PyLong_FromUnsignedLong(k->args[q]);
+                    if (!v || PyList_Append(kargs, v) < 0) Py_CLEAR(kargs);
+                    Py_XDECREF(v);
+                }
+                PyObject *kd = names && kargs ? Py_BuildValue("{s:s,s:N,s:N}", "kind", k->reduction ? "reduction" : "pointwise", "nodes",
+                                                             names, "args", kargs)
+                                              : NULL;
+                if (!kargs) Py_XDECREF(names);
+                else if (!names) Py_DECREF(kargs);
                 if (!kd || PyList_Append(kernels, kd) < 0) Py_CLEAR(kernels);
                 Py_XDECREF(kd);
             }
             if (!kernels || PyDict_SetItemString(d, "kernel_list", kernels) < 0) goto done;
+            /* buffers (for the CPU emulator of the tests): kind, input index, dtype, layout; the
+             * buffer of each graph output; whether every step is a kernel */
+            PyObject *bufs = PyList_New(0);
+            for (uint32_t bi = 0; bufs && bi < lg->nbufs; bi++) {
+                const LBuf *lb = &lg->bufs[bi];
+                static const char *const kinds[] = {"input", "extern", "node"};
+                PyObject *e = Py_BuildValue("{s:s,s:I,s:s,s:N,s:N}", "kind", kinds[lb->kind], "index", lb->index, "dtype",
+                                            em_ldt_name(lb->dtype), "sizes", int_tuple(lb->ndim, lb->sizes), "strides",
+                                            int_tuple(lb->ndim, lb->strides));
+                if (!e || PyList_Append(bufs, e) < 0) Py_CLEAR(bufs);
+                Py_XDECREF(e);
+            }
+            if (!bufs || PyDict_SetItemString(d, "buffers", bufs) < 0) {
+                Py_XDECREF(bufs);
+                goto done;
+            }
+            Py_DECREF(bufs);
+            const IRNode *on = &g->nodes[g->output];
+            PyObject *outs = PyList_New(0);
+            for (uint32_t q = 0; outs && on->nargs == 1 && q < on->args[0].n; q++) {
+                const IRArg *it = &on->args[0].u.items[q];
+                uint32_t b = it->kind == IRARG_NODE ? s->ir_buf[it->u.ref] : NONE;
+                PyObject *v = b == NONE ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(b);
+                if (!v || PyList_Append(outs, v) < 0) Py_CLEAR(outs);
+                Py_XDECREF(v);
+            }
+            if (!outs || PyDict_SetItemString(d, "outputs", outs) < 0) {
+                Py_XDECREF(outs);
+                goto done;
+            }
+            Py_DECREF(outs);
+            PyObject *ok = PyBool_FromLong(s->nsteps == s->nkernels);
+            if (PyDict_SetItemString(d, "kernels_only", ok) < 0) {
+                Py_DECREF(ok);
+                goto done;
+            }
+            Py_DECREF(ok);
             result = Py_NewRef(d);
             goto done;
         }
