@@ -836,7 +836,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L) 
     else
         sb_printf(b, ", vector width %d", L->vec);
     sb_printf(b, ", %s indexing */\n", L->idx64 ? "64-bit" : "32-bit");
-    sb_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d) ember_k%u(", L->block, ki);
+    sb_printf(b, "extern \"C\" __global__ __launch_bounds__(%d) void ember_k%u(", L->block, ki);
     for (uint32_t a = 0; a < k->nargs; a++) {
         const LBuf *lb = &lg->bufs[k->args[a]];
         sb_printf(b, "%s%s%s *__restrict__ a%u", a ? ", " : "", a < k->nin ? "const " : "", stype(lb->dtype), a);

@@ -338,6 +338,17 @@ EMU_CASES = [
     ("two_dims", lambda x: x.sum((0, 2)), [cpu(6, 7, 9)]),
     ("prod", lambda x: x.prod(-1), [cpu(16, 10) * 0.5 + 1]),
     ("empty_rows", lambda x: x.sum(-1), [cpu(4, 0)]),
+    ("broadcast_mid", lambda x, y: x * y, [cpu(4, 5, 64), cpu(4, 1, 64)]),
+    ("permute", lambda x: x.permute(2, 0, 1) + 1, [cpu(4, 6, 8)]),
+    ("expand", lambda x: x.expand(3, 64, 32) * 2, [cpu(64, 32)]),
+    ("cmp_bool_vec", lambda x, y: x > y, [cpu(4096), cpu(4096)]),
+    ("int8_vec16", lambda x, y: x + y, [cpu(1000, dtype=torch.int8), cpu(1000, dtype=torch.int8)]),
+    ("bool_any_long", lambda x: x.any(-1), [cpu(10, 3000) > 1]),
+    ("silu_f16", lambda x: F.silu(x), [cpu(5000, dtype=_H)]),
+    ("softmax_mid_dim", lambda x: torch.softmax(x, 1), [cpu(3, 50, 7)]),
+    ("layer_norm_bf16_long", lambda x: F.layer_norm(x, (5000,)), [cpu(3, 5000, dtype=_B)]),
+    ("center_rows", lambda x: x - x.mean(-1, keepdim=True), [cpu(9, 777)]),
+    ("argmin_int64", lambda x: x.argmin(-1), [cpu(10, 600, dtype=torch.int64)]),
 ]
 
 
