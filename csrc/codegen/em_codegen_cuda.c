@@ -166,6 +166,39 @@ int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k) {
     return v < 2 ? 1 : v;
 }
 
+/* Vector width of a reduction's row held in registers: every element-level load and store walks
+ * the (single) inner dim with stride 1, the row length and the outer strides are multiples of the
+ * width, so each thread's chunk of V elements is one aligned 16-byte access (checked per row at run
+ * time). 1 = scalar. */
+static int reduction_vec_width(const Schedule *s, const SKernel *k, int64_t R) {
+    if (k->ndim - k->nouter != 1) return 1;
+    int maxsz = 0, any = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int v = maxsz ? 16 / maxsz : 1;
+        for (uint32_t i = 0; i < k->nnodes; i++) {
+            const SAccess *ac = NULL;
+            if (k->nodes[i].op == LP_LOAD && k->elem[i]) ac = &k->loads[k->acc_of[i]];
+            for (uint32_t q = 0; !ac && q < k->nstores; q++)
+                if (k->store_node[q] == i && k->elem[i]) ac = &k->stores[q];
+            if (!ac) continue;
+            if (pass == 0) {
+                if (ac->strides[k->nouter] != 1) return 1;
+                int sz = DT_SIZE[access_dtype(s, k, ac)];
+                if (sz > maxsz) maxsz = sz;
+                any = 1;
+            } else {
+                for (int j = 0; j < k->nouter; j++)
+                    if (ac->strides[j] % v) return 1;
+                if (ac->offset % v) return 1;
+            }
+        }
+        if (!any) return 1;
+    }
+    int v = 16 / maxsz;
+    if (v > 8) v = 8; /* 8 x 1-byte values: 64-bit accesses, registers stay few */
+    return v >= 2 && R % v == 0 ? v : 1;
+}
+
 static int64_t next_pow2(int64_t x) {
     int64_t p = 1;
     while (p < x) p <<= 1;
@@ -205,12 +238,14 @@ static void choose_launch(const Schedule *s, const SKernel *k, EmCudaLaunch *L) 
     }
     L->blocks = (rows + L->rows_per_block - 1) / L->rows_per_block;
     L->per_sm = 2048 / L->block;
-    int64_t e = (R + L->threads_per_row - 1) / L->threads_per_row;
+    int v = reduction_vec_width(s, k, R);
+    int64_t e = (R + (int64_t)L->threads_per_row * v - 1) / ((int64_t)L->threads_per_row * v) * v;
     uint32_t nelem_loads = 0;
     for (uint32_t i = 0; i < k->nnodes; i++) nelem_loads += k->nodes[i].op == LP_LOAD && k->elem[i];
     /* registers held per thread: at most half of what __launch_bounds__(block) leaves (64K per SM) */
     int64_t budget = 32768 / L->block < 64 ? 32768 / L->block : 64;
     L->cached = R > 0 && e <= 16 && e * (int64_t)(nelem_loads ? nelem_loads : 1) <= budget ? (int32_t)e : 0;
+    L->vec = L->cached ? v : 1; /* vector accesses only for a row held in registers */
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -577,7 +612,10 @@ static void loop_open(SB *b, const RCtx *c, const char *ind) {
     const SKernel *k = c->k;
     if (c->L->cached) {
         sb_printf(b, "%s#pragma unroll\n%sfor (int e = 0; e < %d; e++) {\n", ind, ind, c->L->cached);
-        sb_printf(b, "%s    const idx_t r = tid + (idx_t)e * %d;\n", ind, c->L->threads_per_row);
+        if (c->L->vec > 1)
+            sb_printf(b, "%s    const idx_t r = (tid + (idx_t)(e / %d) * %d) * %d + e %% %d;  /* chunks of %d */\n", ind, c->L->vec,
+                      c->L->threads_per_row, c->L->vec, c->L->vec, c->L->vec);
+        else sb_printf(b, "%s    const idx_t r = tid + (idx_t)e * %d;\n", ind, c->L->threads_per_row);
         sb_printf(b, "%s    if (r >= R) continue;\n", ind);
     } else {
         sb_printf(b, "%sfor (idx_t r = tid; r < R; r += %d) {\n", ind, c->L->threads_per_row);
@@ -751,6 +789,47 @@ static void emit_reduction(SB *b, const Schedule *s, const SKernel *k, const EmC
             sb_printf(b, "%s%s L%u[%d];", ind, ctype(n->dtype), i, L->cached);
             end_line(b, s, n);
         }
+        if (L->vec > 1) {
+            int V = L->vec;
+            /* each thread's chunks of V elements: one 16-byte access when the row's bases are aligned */
+            sb_printf(b, "%sconst bool aligned = true", ind);
+            for (uint32_t i = 0; i < k->nnodes; i++) {
+                const SAccess *ac = NULL;
+                char base[24] = "";
+                if (k->nodes[i].op == LP_LOAD && k->elem[i]) {
+                    ac = &k->loads[k->acc_of[i]];
+                    snprintf(base, sizeof base, "b%u", k->acc_of[i]);
+                }
+                for (uint32_t q = 0; !ac && q < k->nstores; q++)
+                    if (k->store_node[q] == i && k->elem[i]) {
+                        ac = &k->stores[q];
+                        snprintf(base, sizeof base, "c%u", q);
+                    }
+                if (ac) sb_printf(b, " &&\n%s    (em_uptr)(a%u + %s) %% %d == 0", ind, ac->arg, base, V * DT_SIZE[access_dtype(s, k, ac)]);
+            }
+            sb_printf(b, ";\n");
+            sb_printf(b, "%s#pragma unroll\n%sfor (int e = 0; e < %d; e += %d) {\n", ind, ind, L->cached, V);
+            sb_printf(b, "%s    const idx_t r = (tid + (idx_t)(e / %d) * %d) * %d;\n", ind, V, L->threads_per_row, V);
+            sb_printf(b, "%s    if (r >= R) continue;\n", ind);
+            for (uint32_t i = 0; i < k->nnodes; i++) {
+                const LNode *n = &k->nodes[i];
+                if (n->op != LP_LOAD || !k->elem[i]) continue;
+                uint32_t q = k->acc_of[i];
+                const char *st = stype(access_dtype(s, k, &k->loads[q]));
+                sb_printf(b, "%s    if (aligned) {\n", ind);
+                sb_printf(b, "%s        const em_vec<%s, %d> x = *(const em_vec<%s, %d> *)(a%u + b%u + r);\n", ind, st, V, st, V,
+                          k->loads[q].arg, q);
+                sb_printf(b, "%s        #pragma unroll\n%s        for (int l = 0; l < %d; l++) L%u[e + l] = ", ind, ind, V, i);
+                load_conv(b, n->dtype, "x.v[l]");
+                sb_printf(b, ";\n%s    } else {\n", ind);
+                sb_printf(b, "%s        #pragma unroll\n%s        for (int l = 0; l < %d; l++) L%u[e + l] = ", ind, ind, V, i);
+                char x[48];
+                snprintf(x, sizeof x, "a%u[b%u + r + l]", k->loads[q].arg, q);
+                load_conv(b, n->dtype, x);
+                sb_printf(b, ";\n%s    }\n", ind);
+            }
+            sb_printf(b, "%s}\n", ind);
+        } else {
         sb_printf(b, "%s#pragma unroll\n%sfor (int e = 0; e < %d; e++) {\n", ind, ind, L->cached);
         sb_printf(b, "%s    const idx_t r = tid + (idx_t)e * %d;\n", ind, L->threads_per_row);
         sb_printf(b, "%s    if (r >= R) continue;\n", ind);
@@ -763,6 +842,7 @@ static void emit_reduction(SB *b, const Schedule *s, const SKernel *k, const EmC
             sb_printf(b, ";\n");
         }
         sb_printf(b, "%s}\n", ind);
+        }
     }
     uint8_t *done = calloc(k->nnodes ? k->nnodes : 1, 1);
     if (!done) {
@@ -797,6 +877,9 @@ static void emit_reduction(SB *b, const Schedule *s, const SKernel *k, const EmC
             sb_printf(b, ";\n");
             continue;
         }
+        int V = L->cached ? L->vec : 1;
+        const char *st = stype(k->nodes[v].dtype);
+        if (V > 1) sb_printf(b, "%sem_vec<%s, %d> y%u;\n", ind, st, V, q);
         loop_open(b, &c, ind);
         uint8_t *d2 = malloc(k->nnodes ? k->nnodes : 1);
         if (!d2) {
@@ -806,11 +889,21 @@ static void emit_reduction(SB *b, const Schedule *s, const SKernel *k, const EmC
         memcpy(d2, done, k->nnodes);
         emit_elem(b, &c, v, d2, "            ");
         free(d2);
-        sb_printf(b, "            a%u[", ac->arg);
-        raddr(b, k, ac, base, 1);
-        sb_printf(b, "] = ");
-        store_conv(b, k->nodes[v].dtype, v);
-        sb_printf(b, ";\n%s}\n", ind);
+        if (V > 1) {
+            /* collect the chunk, then one 16-byte store (or V scalar ones when not aligned) */
+            sb_printf(b, "            y%u.v[e %% %d] = ", q, V);
+            store_conv(b, k->nodes[v].dtype, v);
+            sb_printf(b, ";\n            if (e %% %d == %d) {\n", V, V - 1);
+            sb_printf(b, "                if (aligned) *(em_vec<%s, %d> *)(a%u + %s + r - %d) = y%u;\n", st, V, ac->arg, base, V - 1, q);
+            sb_printf(b, "                else for (int l = 0; l < %d; l++) a%u[%s + r - %d + l] = y%u.v[l];\n", V, ac->arg, base, V - 1, q);
+            sb_printf(b, "            }\n%s}\n", ind);
+        } else {
+            sb_printf(b, "            a%u[", ac->arg);
+            raddr(b, k, ac, base, 1);
+            sb_printf(b, "] = ");
+            store_conv(b, k->nodes[v].dtype, v);
+            sb_printf(b, ";\n%s}\n", ind);
+        }
     }
     free(done);
     if (c.block_mode) sb_printf(b, "%s__syncthreads();  /* the shared partials are reused by the next row */\n", ind);
