@@ -1291,7 +1291,44 @@ static void mark_users(const IRArg *a, uint8_t *used_by_extern) {
         for (uint32_t i = 0; i < a->n; i++) mark_users(&a->u.items[i], used_by_extern);
 }
 
+/* The device of a tensor meta: -1 CPU, d >= 0 CUDA device d, -2 anything else. */
+static int device_of(PyObject *device, int meta_as_cuda) {
+    if (!device) return -1;
+    if (is_cpu(device)) return -1;
+    PyObject *t = PyObject_GetAttrString(device, "type");
+    if (!t) {
+        PyErr_Clear();
+        return -2;
+    }
+    int r = -2;
+    if (PyUnicode_Check(t) && PyUnicode_CompareWithASCIIString(t, "cuda") == 0) {
+        PyObject *ix = PyObject_GetAttrString(device, "index");
+        if (!ix) PyErr_Clear();
+        else if (ix == Py_None) r = 0;
+        else {
+            long v = PyLong_AsLong(ix);
+            if (v == -1 && PyErr_Occurred()) PyErr_Clear();
+            else if (v >= 0 && v < 4096) r = (int)v;
+        }
+        Py_XDECREF(ix);
+    } else if (meta_as_cuda && PyUnicode_Check(t) && PyUnicode_CompareWithASCIIString(t, "meta") == 0) {
+        r = 0;
+    }
+    Py_DECREF(t);
+    return r;
+}
+
 LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
+    *why = NULL;
+    for (IRRef r = 1; r < g->nnodes; r++)
+        if (g->nodes[r].meta.kind == IRMETA_TENSOR && !is_cpu(g->nodes[r].meta.device)) {
+            *why = "a tensor is not on the CPU (the CUDA backend is another issue): ran by the eager backend";
+            return NULL;
+        }
+    return em_lower_graph_device(a, g, 0, why);
+}
+
+LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, const char **why) {
     *why = NULL;
     LGraph *lg = em_arena_alloc(a, sizeof(LGraph));
     const LowerRule **rules = em_arena_alloc(a, g->nnodes * sizeof(LowerRule *));
@@ -1308,14 +1345,23 @@ LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
         PyErr_NoMemory();
         return NULL;
     }
-    /* graph-level checks: CPU tensors, no mutation, no autograd */
+    /* graph-level checks: all tensors on the CPU or all on one CUDA device, no mutation, no autograd */
+    lg->device = -1;
+    int first = 1;
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = &g->nodes[r];
         if (n->meta.kind == IRMETA_TENSOR) {
-            if (!is_cpu(n->meta.device)) {
-                *why = "a tensor is not on the CPU (the CUDA backend is another issue): ran by the eager backend";
+            int dv = device_of(n->meta.device, meta_as_cuda);
+            if (dv == -2) {
+                *why = "a tensor is on a device other than the CPU or CUDA: ran by the eager backend";
                 return NULL;
             }
+            if (first) lg->device = dv;
+            else if (dv != lg->device) {
+                *why = "the graph's tensors are on more than one device: ran by the eager backend";
+                return NULL;
+            }
+            first = 0;
             if (n->meta.requires_grad && n->kind != IR_PLACEHOLDER) { /* parameters under no_grad are fine */
                 *why = "a value requires grad (ember's AOT autograd is another issue): ran by the eager backend";
                 return NULL;

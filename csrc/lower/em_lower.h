@@ -123,13 +123,18 @@ typedef struct LGraph {
     LVal *vals;            /* one per IR node */
     uint32_t nextern;      /* IR nodes left as extern calls */
     uint32_t nlowered;     /* IR nodes lowered */
+    int32_t device;        /* -1: every tensor on the CPU; d >= 0: every tensor on CUDA device d */
 } LGraph;
 
 /* Lowers g. Returns NULL with a Python exception on failure; *why (may be NULL) receives a static
  * sentence when the graph as a whole is not for this backend (then NULL, no exception): a tensor
- * not on the CPU, an in-place op, a graph input that requires grad. Needs torch importable (meta
+ * not on the CPU (em_lower_graph_device also takes one CUDA device), an in-place op, a graph input that requires grad. Needs torch importable (meta
  * tensors are only read, never run). */
 LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why);
+/* The same, for CPU graphs and graphs whose tensors are all on one CUDA device (lg->device).
+ * meta_as_cuda: tensors on device "meta" count as CUDA device 0 (CUDA code generation without a
+ * GPU, for tests). */
+LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, const char **why);
 
 /* Appends a LOAD of buffer b seen with the given shape/offset/strides; 0 on OOM. */
 uint32_t em_lower_load(LGraph *lg, uint32_t b, int32_t ndim, const int64_t *sizes, int64_t offset,

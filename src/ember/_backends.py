@@ -133,7 +133,7 @@ def explain_ember(info: dict) -> list[str]:
              f"{' (loaded from the disk cache)' if info['from_disk_cache'] else ''}"]
     for i, k in enumerate(info["kernel_list"]):
         lines.append(f"    kernel {i}: {k['kind']}{' (in place)' if k['inplace'] else ''}: {', '.join(k['nodes'])}")
-    lines.append("  generated C:")
+    lines.append("  generated CUDA C:" if info.get("device") == "cuda" else "  generated C:")
     src = info["source"]
     body = src[src.find("/* kernel "):] if "/* kernel " in src else src
     lines += ["    " + ln for ln in body.rstrip().splitlines()]
