@@ -10,6 +10,7 @@
 #include "lower/em_lower.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const ldt_names[] = {
@@ -130,6 +131,7 @@ typedef struct {
     LDtype rdt;            /* result dtype (meta) */
     uint32_t *node_buf;    /* lnode -> NODE buffer requested for views (UINT32_MAX none) */
     uint32_t cap_node_buf;
+    bool inplace_ok;       /* the node is an in-place op lowered as its functional form */
 } Ctx;
 
 #define NODE(c, id) (&(c)->lg->nodes[id])
@@ -579,10 +581,29 @@ static int target_key(const IRNode *n, char *buf, size_t size) {
     return r;
 }
 
-static const LowerRule *find_rule(const IRNode *n) {
+/* The augmented assignments of operator (x += y) and their functional forms. */
+static const char *const inplace_operators[][2] = {
+    {"op.iadd", "op.add"}, {"op.isub", "op.sub"}, {"op.imul", "op.mul"}, {"op.itruediv", "op.truediv"},
+    {"op.ifloordiv", "op.floordiv"}, {"op.ipow", "op.pow"}, {"op.imod", "op.mod"}, {"op.iand", "op.and_"},
+    {"op.ior", "op.or_"}, {"op.ixor", "op.xor"}, {"op.ilshift", "op.lshift"}, {"op.irshift", "op.rshift"},
+    {"op.imatmul", "op.matmul"},
+};
+
+/* functional: the node is an in-place op that is lowered as its out-of-place form (relu_ as relu,
+ * operator.iadd as operator.add; F.relu(x, inplace=True) keeps its key). */
+static const LowerRule *find_rule(const IRNode *n, int functional) {
     char key[128];
     if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) return NULL;
     if (target_key(n, key, sizeof key) < 0) return NULL;
+    if (functional) {
+        size_t len = strlen(key);
+        for (size_t i = 0; i < sizeof inplace_operators / sizeof inplace_operators[0]; i++)
+            if (strcmp(key, inplace_operators[i][0]) == 0) {
+                snprintf(key, sizeof key, "%s", inplace_operators[i][1]);
+                len = 0;
+            }
+        if (len > 1 && key[len - 1] == '_' && key[len - 2] != '_') key[len - 1] = 0;
+    }
     for (size_t i = 0; i < sizeof LOWER_RULES / sizeof LOWER_RULES[0]; i++)
         if (strcmp(LOWER_RULES[i].key, key) == 0) return &LOWER_RULES[i];
     /* F.X that is torch.X (F.relu is torch.relu's sibling; F.tanh ...) */
@@ -668,7 +689,7 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
     case R_IDENTITY:
         return base;
     case R_DROPOUT:
-        if (!is_false(slot[2]) || !is_false(slot[3])) return 0;
+        if (!is_false(slot[2]) || (!is_false(slot[3]) && !c->inplace_ok)) return 0;
         return base;
     case R_RESHAPE: {
         uint32_t l = as_load(c, base);
@@ -926,7 +947,7 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     LDtype R = c->rdt;
     switch (rule->kind) {
     case R_UNARY: {
-        if (a.kind != 1 || (slot[1] && !is_false(slot[1]))) return 0;
+        if (a.kind != 1 || (slot[1] && !is_false(slot[1]) && !c->inplace_ok)) return 0;
         LPrim p = (LPrim)rule->prim;
         LDtype cd = (p == LP_ISNAN || p == LP_ISINF) ? NODE(c, a.node)->dtype : p == LP_NOT ? LDT_BOOL : R;
         if (p == LP_SIGN && R == LDT_BOOL) return 0;
@@ -1049,7 +1070,7 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         return mk_cast(c, r, R);
     }
     case R_SILU: {
-        if (a.kind != 1 || !is_false(slot[1]) || !em_ldt_is_float(R)) return 0;
+        if (a.kind != 1 || (!is_false(slot[1]) && !c->inplace_ok) || !em_ldt_is_float(R)) return 0;
         LDtype F = opmath(R);
         uint32_t x = mk_cast(c, a.node, F);
         uint32_t den = mk_op(c, LP_ADD, F, F, cnum(c, 1.0, F), mk_op(c, LP_EXP, F, F, mk_op(c, LP_NEG, F, F, x, 0, 0), 0, 0), 0);
@@ -1252,6 +1273,8 @@ static int mutates(const IRNode *n) {
         const char *dot = strrchr(key, '.');
         const char *base = dot ? dot + 1 : key;
         if (name_is_inplace(base) || strcmp(base, "setitem") == 0) return 1;
+        for (size_t i = 0; i < sizeof inplace_operators / sizeof inplace_operators[0]; i++)
+            if (strcmp(key, inplace_operators[i][0]) == 0 && n->meta.kind == IRMETA_TENSOR) return 1;
     }
     for (uint32_t k = 0; k < n->nkwargs; k++) {
         const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
@@ -1291,6 +1314,96 @@ static void mark_users(const IRArg *a, uint8_t *used_by_extern) {
         for (uint32_t i = 0; i < a->n; i++) mark_users(&a->u.items[i], used_by_extern);
 }
 
+static void note_uses(const IRArg *a, IRRef user, IRRef *last_use) {
+    if (a->kind == IRARG_NODE) {
+        if (last_use[a->u.ref] < user) last_use[a->u.ref] = user;
+    } else if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) {
+        for (uint32_t i = 0; i < a->n; i++) note_uses(&a->u.items[i], user, last_use);
+    }
+}
+
+static void note_alias(const IRArg *a, uint8_t *aliased) {
+    if (a->kind == IRARG_NODE) aliased[a->u.ref] = 1;
+    else if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++) note_alias(&a->u.items[i], aliased);
+}
+
+static int tensor_dtype_is(const IRGraph *g, const IRArg *a, PyObject *dtype) {
+    if (a->kind == IRARG_NODE) {
+        const IRMeta *m = &g->nodes[a->u.ref].meta;
+        return m->kind != IRMETA_TENSOR || m->dtype == dtype;
+    }
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) return 0;
+    return 1;
+}
+
+/* Functionalization of in-place ops (what Inductor gets from AOT autograd's functionalization):
+ * node r mutating value v (its first argument) is lowered as the out-of-place op when nothing can
+ * observe the difference: v is a fresh tensor (made in the graph by a non-view op, or itself such
+ * a functionalized result), nothing reads v after r, v is not returned, no node that may alias v
+ * (a view, an unknown torch call) reads it, and every tensor argument has v's dtype (an in-place
+ * op computes in the promoted type and rounds to v's; the functional rule computes in v's). */
+static int functionalize(const IRGraph *g, uint8_t *functional) {
+    uint32_t nn = g->nnodes;
+    IRRef *last_use = calloc(nn + 1, sizeof(IRRef));
+    uint8_t *aliased = calloc(nn + 1, 1), *fresh = calloc(nn + 1, 1);
+    if (!last_use || !aliased || !fresh) {
+        free(last_use);
+        free(aliased);
+        free(fresh);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(functional, 0, nn + 1);
+    for (IRRef r = 1; r < nn; r++) {
+        const IRNode *n = &g->nodes[r];
+        IRRef user = n->kind == IR_OUTPUT ? (IRRef)UINT32_MAX : r;
+        for (uint32_t i = 0; i < n->nargs; i++) note_uses(&n->args[i], user, last_use);
+        for (uint32_t i = 0; i < n->nkwargs; i++) note_uses(&n->kwargs[i], user, last_use);
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        const LowerRule *rule = find_rule(n, 0);
+        int inplace = mutates(n);
+        char key[128];
+        int fresh_extern = 0;
+        if (!rule && target_key(n, key, sizeof key) == 0)
+            for (int i = 0; fresh_externs[i]; i++) fresh_extern |= strcmp(key, fresh_externs[i]) == 0;
+        if (!inplace && n->meta.kind == IRMETA_TENSOR)
+            fresh[r] = fresh_extern || (rule && !is_view_rule(rule) && rule->kind != R_TO && rule->kind != R_CAST);
+        /* readers that may return an alias of their argument */
+        if (!inplace && !fresh[r] && !(rule && !is_view_rule(rule) && rule->kind != R_TO && rule->kind != R_CAST)) {
+            for (uint32_t i = 0; i < n->nargs; i++) note_alias(&n->args[i], aliased);
+            for (uint32_t i = 0; i < n->nkwargs; i++) note_alias(&n->kwargs[i], aliased);
+        }
+    }
+    for (IRRef r = 1; r < nn; r++) {
+        const IRNode *n = &g->nodes[r];
+        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !mutates(n)) continue;
+        if (n->meta.kind != IRMETA_TENSOR || n->nargs < 1 || n->args[0].kind != IRARG_NODE) continue;
+        IRRef v = n->args[0].u.ref;
+        int ok = fresh[v] && !aliased[v] && last_use[v] == r && g->nodes[v].meta.kind == IRMETA_TENSOR &&
+                 g->nodes[v].meta.dtype == n->meta.dtype && find_rule(n, 1) != NULL;
+        for (uint32_t k = 0; ok && k < n->nkwargs; k++) {
+            const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
+            if (!kw) {
+                PyErr_Clear();
+                ok = 0;
+            } else if (strcmp(kw, "out") == 0) {
+                ok = 0;
+            }
+        }
+        for (uint32_t i = 1; ok && i < n->nargs; i++) ok = tensor_dtype_is(g, &n->args[i], n->meta.dtype);
+        for (uint32_t i = 0; ok && i < n->nkwargs; i++) ok = tensor_dtype_is(g, &n->kwargs[i], n->meta.dtype);
+        if (ok) {
+            functional[r] = 1;
+            fresh[r] = 1;
+        }
+    }
+    free(last_use);
+    free(aliased);
+    free(fresh);
+    return 0;
+}
+
 LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
     *why = NULL;
     LGraph *lg = em_arena_alloc(a, sizeof(LGraph));
@@ -1308,7 +1421,13 @@ LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
         PyErr_NoMemory();
         return NULL;
     }
-    /* graph-level checks: CPU tensors, no mutation, no autograd */
+    uint8_t *functional = em_arena_alloc(a, g->nnodes + 1);
+    if (!functional) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    if (functionalize(g, functional) < 0) return NULL;
+    /* graph-level checks: CPU tensors, no mutation (but in-place ops lowered as functional ops), no autograd */
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = &g->nodes[r];
         if (n->meta.kind == IRMETA_TENSOR) {
@@ -1321,15 +1440,16 @@ LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
                 return NULL;
             }
         }
-        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && mutates(n)) {
-            *why = "the graph has an in-place op: ran by the eager backend";
+        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && !functional[r] && mutates(n)) {
+            *why = "the graph has an in-place op on a graph input or on a value read again (or through a view) "
+                   "after it: ran by the eager backend";
             return NULL;
         }
     }
     /* pass 1: rules; pass 2 (backwards): a view used by an extern or returned is itself extern, so
      * that torch makes the alias (users may rely on a view sharing memory with its base) */
     const IRNode *outn = &g->nodes[g->output];
-    for (IRRef r = 1; r < g->nnodes; r++) rules[r] = find_rule(&g->nodes[r]);
+    for (IRRef r = 1; r < g->nnodes; r++) rules[r] = find_rule(&g->nodes[r], functional[r]);
     if (outn->nargs == 1) mark_users(&outn->args[0], used_by_extern);
     for (IRRef r = g->nnodes - 1; r >= 1; r--) {
         const IRNode *n = &g->nodes[r];
@@ -1373,6 +1493,7 @@ LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
             continue;
         }
         c.rdt = (LDtype)em_lower_dtype_of(n->meta.dtype);
+        c.inplace_ok = functional[r] != 0;
         uint32_t before = lg->nnodes, bbefore = lg->nbufs;
         uint32_t id = lower_rule(&c, rules[r]);
         if (PyErr_Occurred()) PyErr_Clear();
@@ -1381,6 +1502,12 @@ LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
             const LNode *ln = &lg->nodes[id];
             ok = ln->dtype == c.rdt && ln->ndim == n->meta.ndim &&
                  memcmp(ln->sizes, n->meta.sizes, ln->ndim * sizeof(int64_t)) == 0;
+        }
+        if (!ok && functional[r]) {
+            /* an in-place op must not run as a torch call: readers of the value it overwrites may
+             * be fused into kernels that run after it */
+            *why = "an in-place op has no functional lowering for its arguments: ran by the eager backend";
+            return NULL;
         }
         if (!ok) {
             /* the rule did not apply: drop what it made, call the torch op */
