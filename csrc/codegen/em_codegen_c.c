@@ -8,6 +8,7 @@
  * after every op, as eager rounds each op's result). */
 #include "codegen/em_codegen.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -229,12 +230,33 @@ static void emit_load(SB *b, const SKernel *k, uint32_t i, const char *ind, int 
     char base[32];
     snprintf(base, sizeof base, "b%u", q);
     sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
+    if (ac->mask) {
+        /* a masked load: read only inside the ranges, else the fill value */
+        int ninner = k->ndim - k->nouter, first = 1;
+        sb_printf(b, "(");
+        for (int j = 0; j < k->ndim; j++) {
+            if (!((ac->mask >> j) & 1)) continue;
+            char idx[16];
+            if (j < k->nouter) snprintf(idx, sizeof idx, "i%d", j);
+            else if (ninner == 1) snprintf(idx, sizeof idx, "r");
+            else snprintf(idx, sizeof idx, "j%d", j);
+            sb_printf(b, "%s%s >= %lld && %s < %lld", first ? "" : " && ", idx, (long long)ac->lo[j], idx, (long long)ac->hi[j]);
+            first = 0;
+        }
+        sb_printf(b, ") ? ");
+    }
     if (n->dtype == LDT_F16) sb_printf(b, "(float)");
     if (n->dtype == LDT_BF16) sb_printf(b, "em_bf16_to_f(");
     if (n->dtype == LDT_BOOL) sb_printf(b, "(_Bool)");
     sb_printf(b, "a%u[", ac->arg);
     addr(b, k, ac, base, inner);
-    sb_printf(b, "]%s;\n", n->dtype == LDT_BF16 ? ")" : "");
+    sb_printf(b, "]%s", n->dtype == LDT_BF16 ? ")" : "");
+    if (ac->mask) {
+        if (!em_ldt_is_float(n->dtype)) sb_printf(b, " : (%s)%lldLL", ctype(n->dtype), (long long)ac->ival);
+        else if (ac->fval == -INFINITY || ac->fval == INFINITY) sb_printf(b, " : %sINFINITY", ac->fval < 0 ? "-" : "");
+        else sb_printf(b, " : %a", ac->fval); /* hex float: exact, keeps the sign of -0.0 */
+    }
+    sb_printf(b, ";\n");
 }
 
 /* Inner-loop header: r over the inner extent, and the inner multi-index when several dims. */

@@ -216,7 +216,7 @@ static int64_t numel_of(int32_t ndim, const int64_t *sizes) {
  * x's shape; a non-keepdim reduction declares its squeezed shape so that the buffer can be returned). */
 static uint32_t as_load_shape(Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes) {
     if (!x) return 0;
-    if (NODE(c, x)->op == LP_LOAD) return x;
+    if (NODE(c, x)->op == LP_LOAD && !NODE(c, x)->lmask) return x;
     LGraph *lg = c->lg;
     if (x >= c->cap_node_buf) {
         uint32_t cap = lg->capnodes;
@@ -459,7 +459,8 @@ static int dims_mask(const IRArg *a, int32_t ndim, uint32_t *mask) {
 typedef enum {
     R_UNARY, R_BINARY, R_ADDSUB, R_DIV, R_POW, R_WHERE, R_MASKED_FILL, R_CLAMP, R_CLAMP_MIN, R_CLAMP_MAX,
     R_CAST, R_TO, R_GELU, R_SILU, R_SOFTPLUS, R_SQUARE, R_MAXMIN,
-    R_REDUCE, R_MEAN, R_VAR, R_SOFTMAX, R_LOGSUMEXP, R_LAYER_NORM, R_RMS_NORM, R_BATCH_NORM,
+    R_REDUCE, R_MEAN, R_VAR, R_SOFTMAX, R_LOGSUMEXP, R_LAYER_NORM, R_RMS_NORM, R_BATCH_NORM, R_GROUP_NORM,
+    R_MAX_POOL, R_ADAPTIVE_AVG_POOL, R_CAT,
     R_RESHAPE, R_PERMUTE, R_TRANSPOSE, R_T, R_EXPAND, R_NARROW, R_SELECT, R_GETITEM, R_IDENTITY, R_DROPOUT
 } RuleKind;
 
@@ -526,7 +527,16 @@ static const LowerRule LOWER_RULES[] = {
     {"F.layer_norm", R_LAYER_NORM, 0, "input,normalized_shape,weight,bias,eps"},
     {"F.rms_norm", R_RMS_NORM, 0, "input,normalized_shape,weight,eps"},
     {"F.batch_norm", R_BATCH_NORM, 0, "input,running_mean,running_var,weight,bias,training,momentum,eps"},
+    {"F.group_norm", R_GROUP_NORM, 0, "input,num_groups,weight,bias,eps"},
     {"F.dropout", R_DROPOUT, 0, "input,p,training,inplace"},
+    /* pooling: windows of masked loads (padding reads nothing); adaptive pooling to 1 is a mean */
+    {"F.max_pool2d", R_MAX_POOL, 2, "input,kernel_size,stride,padding,dilation,ceil_mode,return_indices"},
+    {"F.max_pool1d", R_MAX_POOL, 1, "input,kernel_size,stride,padding,dilation,ceil_mode,return_indices"},
+    {"F.adaptive_avg_pool2d", R_ADAPTIVE_AVG_POOL, 2, "input,output_size"},
+    {"F.adaptive_avg_pool1d", R_ADAPTIVE_AVG_POOL, 1, "input,output_size"},
+    /* cat/stack: one masked load per piece */
+    {"cat", R_CAT, 0, "tensors,dim"}, {"concat", R_CAT, 0, "tensors,dim"}, {"concatenate", R_CAT, 0, "tensors,dim"},
+    {"stack", R_CAT, 1, "tensors,dim"},
     /* views: index arithmetic */
     {"view", R_RESHAPE, 0, ""}, {"reshape", R_RESHAPE, 1, ""}, {"flatten", R_RESHAPE, 1, ""},
     {"squeeze", R_RESHAPE, 0, ""}, {"unsqueeze", R_RESHAPE, 0, ""}, {"view_as", R_RESHAPE, 0, ""},
@@ -902,7 +912,7 @@ static uint32_t squeeze_dims(Ctx *c, uint32_t x, uint32_t rmask) {
     int k = 0;
     for (int d = 0; d < src.ndim; d++)
         if (!((rmask >> d) & 1)) sizes[k++] = src.sizes[d];
-    if (src.op != LP_LOAD) return as_load_shape(c, x, k, sizes);
+    if (src.op != LP_LOAD || src.lmask) return as_load_shape(c, x, k, sizes);
     int64_t st[EM_LMAXDIM];
     k = 0;
     for (int d = 0; d < src.ndim; d++)
@@ -937,11 +947,164 @@ static uint32_t channel_view(Ctx *c, uint32_t v, int32_t ndim) {
     return reload(c, l, ndim - 1, sizes, st, 0);
 }
 
+/* ceil(a / b) for b > 0 */
+static int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
+/* A LOAD of buffer buf with the given view whose element exists only where lo[d] <= index d < hi[d]
+ * for the dims in mask (elsewhere: fill, nothing read). Mask bits of size-1 dims are resolved here:
+ * index 0 inside the range drops the bit; outside, the load is the fill constant. */
+static uint32_t mk_masked_load(Ctx *c, uint32_t buf, int32_t nd, const int64_t *sizes, int64_t offset,
+                               const int64_t *strides, uint32_t mask, const int64_t *lo, const int64_t *hi,
+                               double ffill, int64_t ifill) {
+    LDtype dt = c->lg->bufs[buf].dtype;
+    for (int d = 0; d < nd; d++) {
+        if (!((mask >> d) & 1)) continue;
+        if (lo[d] >= hi[d]) return mk_const(c, ffill, ifill, !em_ldt_is_float(dt), dt);
+        if (lo[d] <= 0 && hi[d] >= sizes[d]) mask &= ~(1u << d);
+        else if (sizes[d] == 1) return mk_const(c, ffill, ifill, !em_ldt_is_float(dt), dt);
+    }
+    uint32_t id = em_lower_load(c->lg, buf, nd, sizes, offset, strides, c->ir);
+    if (!id || !mask) return id;
+    LNode *n = NODE(c, id);
+    n->lmask = mask;
+    for (int d = 0; d < nd; d++) {
+        n->lo[d] = (mask >> d) & 1 ? lo[d] : 0;
+        n->hi[d] = (mask >> d) & 1 ? hi[d] : sizes[d];
+    }
+    n->fval = ffill;
+    n->ival = ifill;
+    return id;
+}
+
+/* kernel_size/stride/padding/dilation of a pooling op: one int or sp ints. */
+static int pool_arg(const IRArg *a, int sp, int64_t dflt, int64_t *out) {
+    int64_t v[EM_LMAXDIM];
+    if (is_none(a)) {
+        for (int i = 0; i < sp; i++) out[i] = dflt;
+        return 0;
+    }
+    int k = get_ints(a, v, EM_LMAXDIM);
+    if (k == 0 && dflt > 0) k = -1;
+    if (k == 1) for (int i = 0; i < sp; i++) out[i] = v[0];
+    else if (k == sp) memcpy(out, v, sp * sizeof(int64_t));
+    else return -1;
+    return 0;
+}
+
+/* max_pool{1,2}d: the max over the window's positions, each a strided load masked to where the
+ * window lies inside the input (padding reads nothing; -inf never wins a non-empty window). */
+static uint32_t lower_max_pool(Ctx *c, int sp, uint32_t x, const IRArg **slot) {
+    LDtype R = c->rdt;
+    const IRMeta *m = &c->n->meta;
+    int64_t ks[2], st[2], pd[2], dl[2];
+    if (!em_ldt_is_float(R) || NODE(c, x)->dtype != R || !is_false(slot[6])) return 0;
+    if (pool_arg(slot[1], sp, -1, ks) < 0 || pool_arg(slot[3], sp, 0, pd) < 0 || pool_arg(slot[4], sp, 1, dl) < 0)
+        return 0;
+    if (is_none(slot[2]) || (slot[2]->kind == IRARG_CONST && PySequence_Check(slot[2]->u.obj) &&
+                             PySequence_Size(slot[2]->u.obj) == 0))
+        memcpy(st, ks, sizeof st);
+    else if (pool_arg(slot[2], sp, -1, st) < 0)
+        return 0;
+    if (PyErr_Occurred()) PyErr_Clear();
+    LNode src = *NODE(c, x);
+    int32_t nd = src.ndim;
+    if ((nd != sp + 1 && nd != sp + 2) || m->ndim != nd) return 0;
+    int64_t npos = 1;
+    for (int i = 0; i < sp; i++) {
+        if (ks[i] <= 0 || st[i] <= 0 || dl[i] <= 0 || pd[i] < 0) return 0;
+        npos *= ks[i];
+    }
+    if (npos > 64) return 0;
+    uint32_t l = as_load(c, x);
+    if (!l) return 0;
+    src = *NODE(c, l);
+    uint32_t acc = 0;
+    for (int64_t p = 0; p < npos; p++) {
+        int64_t strides[EM_LMAXDIM], lo[EM_LMAXDIM] = {0}, hi[EM_LMAXDIM] = {0}, off = src.offset, q = p;
+        uint32_t mask = 0;
+        for (int d = 0; d < nd - sp; d++) strides[d] = src.strides[d];
+        for (int i = sp - 1; i >= 0; i--) {
+            int d = nd - sp + i;
+            int64_t k = q % ks[i], shift = k * dl[i] - pd[i];
+            q /= ks[i];
+            strides[d] = src.strides[d] * st[i];
+            off += shift * src.strides[d];
+            /* valid: 0 <= o * st + shift < input size */
+            lo[d] = ceil_div(-shift, st[i]);
+            hi[d] = ceil_div(src.sizes[d] - shift, st[i]);
+            if (lo[d] < 0) lo[d] = 0;
+            if (hi[d] > m->sizes[d]) hi[d] = m->sizes[d];
+            mask |= 1u << d;
+        }
+        uint32_t v = mk_masked_load(c, src.buf, nd, m->sizes, off, strides, mask, lo, hi, -INFINITY, 0);
+        if (!v) return 0;
+        if (NODE(c, v)->op == LP_CONST) continue; /* this window position never lies inside */
+        acc = acc ? mk_op(c, LP_MAX, R, R, acc, v, 0) : v;
+    }
+    return acc;
+}
+
+/* cat / stack: the sum of one masked load per piece, each existing only on its range of the
+ * output's dim (fill -0.0, the identity of float addition for every value, 0 for integers, false
+ * for bool with OR). The pieces must have the result's dtype (no promotion in the sum). */
+static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
+    LDtype R = c->rdt;
+    const IRMeta *m = &c->n->meta;
+    const IRArg *ts = slot[0];
+    int64_t dim = 0;
+    int32_t nd = m->ndim, d;
+    if (!ts || (ts->kind != IRARG_LIST && ts->kind != IRARG_TUPLE) || ts->n == 0 || ts->n > 16) return 0;
+    if (slot[1] && get_int(slot[1], &dim) < 0) return 0;
+    if (nd == 0 || norm_dim(dim, nd, &d) < 0) return 0;
+    LPrim comb = R == LDT_BOOL ? LP_OR : LP_ADD;
+    double ffill = -0.0;
+    uint32_t acc = 0;
+    int64_t start = 0;
+    for (uint32_t i = 0; i < ts->n; i++) {
+        Opnd o;
+        if (opnd(c, &ts->u.items[i], &o) < 0 || o.kind != 1 || NODE(c, o.node)->dtype != R) return 0;
+        uint32_t l = as_load(c, o.node);
+        if (!l) return 0;
+        LNode src = *NODE(c, l);
+        int64_t strides[EM_LMAXDIM], lo[EM_LMAXDIM] = {0}, hi[EM_LMAXDIM] = {0}, piece;
+        if (stack) {
+            if (src.ndim != nd - 1) return 0;
+            for (int e = 0, k = 0; e < nd; e++) {
+                if (e == d) {
+                    strides[e] = 0;
+                    continue;
+                }
+                if (src.sizes[k] != m->sizes[e]) return 0;
+                strides[e] = src.strides[k++];
+            }
+            piece = 1;
+        } else {
+            if (src.ndim != nd) return 0;
+            for (int e = 0; e < nd; e++) {
+                if (e != d && src.sizes[e] != m->sizes[e]) return 0;
+                strides[e] = src.strides[e];
+            }
+            piece = src.sizes[d];
+        }
+        if (piece == 0) continue;
+        lo[d] = start;
+        hi[d] = start + piece;
+        uint32_t v = mk_masked_load(c, src.buf, nd, m->sizes, src.offset - start * strides[d], strides, 1u << d, lo, hi,
+                                    ffill, 0);
+        if (!v) return 0;
+        acc = acc ? mk_op(c, comb, R, R, acc, v, 0) : v;
+        start += piece;
+    }
+    if (start != m->sizes[d]) return 0;
+    return acc;
+}
+
 static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     const IRArg *slot[MAXP];
     if (rule->sig[0] && bind(c->n, rule->sig, slot) < 0) return 0;
     if (!rule->sig[0] && c->n->nkwargs) return 0;
     if (is_view_rule(rule)) return lower_view(c, rule, slot);
+    if (rule->kind == R_CAT) return lower_cat(c, rule->prim, slot);
     Opnd a, b, w;
     if (opnd(c, slot[0], &a) < 0 || opnd(c, slot[1], &b) < 0 || opnd(c, slot[2], &w) < 0) return 0;
     LDtype R = c->rdt;
@@ -1231,6 +1394,93 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         if (wo.kind == 1) y = mk_op(c, LP_MUL, F, F, y, mk_cast(c, wo.node, F), 0);
         if (bo.kind == 1) y = mk_op(c, LP_ADD, F, F, y, mk_cast(c, bo.node, F), 0);
         return mk_cast(c, y, R);
+    }
+    case R_MAX_POOL:
+        if (a.kind != 1) return 0;
+        return lower_max_pool(c, rule->prim, a.node, slot);
+    case R_ADAPTIVE_AVG_POOL: {
+        /* ATen's adaptive_avg_pool2d to (1, 1) is input.mean((-1, -2), keepdim=True) (AdaptiveAveragePooling.cpp) */
+        int sp = rule->prim;
+        int64_t os[EM_LMAXDIM];
+        if (a.kind != 1 || !em_ldt_is_float(R)) return 0;
+        LNode src = *NODE(c, a.node);
+        if (src.ndim != sp + 1 && src.ndim != sp + 2) return 0;
+        int k = get_ints(slot[1], os, EM_LMAXDIM);
+        if (k != 1 && k != sp) return 0;
+        for (int i = 0; i < k; i++)
+            if (os[i] != 1) return 0;
+        uint32_t mask = 0;
+        for (int i = 0; i < sp; i++) mask |= 1u << (src.ndim - 1 - i);
+        LDtype F = opmath(R);
+        return mk_cast(c, mk_mean(c, mk_cast(c, a.node, F), mask, F), R);
+    }
+    case R_GROUP_NORM: {
+        /* x (N, C, *) seen as (N, G, C/G, *): mean and biased variance per (n, g), then the
+         * per-channel affine (aten/src/ATen/native/group_norm.cpp, math_group_norm) */
+        int64_t G;
+        double eps = 1e-5;
+        if (a.kind != 1 || !em_ldt_is_float(R) || get_int(slot[1], &G) < 0) return 0;
+        if (slot[4] && !is_none(slot[4]) && get_double(slot[4], &eps) < 0) return 0;
+        Opnd wo, bo;
+        if (opnd(c, slot[2], &wo) < 0 || opnd(c, slot[3], &bo) < 0 || wo.kind > 1 || bo.kind > 1) return 0;
+        LNode src = *NODE(c, a.node);
+        if (src.ndim < 2 || src.ndim + 1 > EM_LMAXDIM || G <= 0 || src.sizes[1] % G != 0) return 0;
+        uint32_t l = as_load(c, a.node);
+        if (!l) return 0;
+        src = *NODE(c, l);
+        int32_t nd = src.ndim + 1;
+        int64_t sizes[EM_LMAXDIM], st[EM_LMAXDIM], cg = src.sizes[1] / G;
+        sizes[0] = src.sizes[0];
+        st[0] = src.strides[0];
+        sizes[1] = G;
+        st[1] = src.strides[1] * cg;
+        sizes[2] = cg;
+        st[2] = src.strides[1];
+        for (int d = 2; d < src.ndim; d++) {
+            sizes[d + 1] = src.sizes[d];
+            st[d + 1] = src.strides[d];
+        }
+        uint32_t xs = reload(c, l, nd, sizes, st, 0);
+        uint32_t mask = 0;
+        int64_t cnt = 1;
+        for (int d = 2; d < nd; d++) {
+            mask |= 1u << d;
+            cnt *= sizes[d];
+        }
+        LDtype F = opmath(R);
+        uint32_t x = mk_cast(c, xs, F);
+        uint32_t mean = mk_mean(c, x, mask, F);
+        uint32_t dev = mk_op(c, LP_SUB, F, F, x, mean, 0);
+        uint32_t var = mk_op(c, LP_DIV, F, F, mk_reduce(c, LP_RSUM, F, mk_op(c, LP_MUL, F, F, dev, dev, 0), mask),
+                             cnum(c, (double)(cnt ? cnt : 1), F), 0);
+        uint32_t y = mk_op(c, LP_MUL, F, F, dev, mk_op(c, LP_RSQRT, F, F, mk_op(c, LP_ADD, F, F, var, cnum(c, eps, F), 0), 0, 0), 0);
+        /* weight/bias (C,) seen as (G, C/G, 1, ...) */
+        const Opnd *ab[2] = {&wo, &bo};
+        for (int i = 0; i < 2; i++) {
+            if (ab[i]->kind != 1) continue;
+            uint32_t wl = as_load(c, ab[i]->node);
+            if (!wl) return 0;
+            LNode w = *NODE(c, wl);
+            if (w.ndim != 1 || w.sizes[0] != src.sizes[1]) return 0;
+            int64_t ws[EM_LMAXDIM], wst[EM_LMAXDIM];
+            ws[0] = G;
+            wst[0] = w.strides[0] * cg;
+            ws[1] = cg;
+            wst[1] = w.strides[0];
+            for (int d = 2; d < nd - 1; d++) {
+                ws[d] = 1;
+                wst[d] = 0;
+            }
+            uint32_t wv = mk_cast(c, reload(c, wl, nd - 1, ws, wst, 0), F);
+            y = mk_op(c, i == 0 ? LP_MUL : LP_ADD, F, F, y, wv, 0);
+        }
+        y = mk_cast(c, y, R);
+        /* back to (N, C, *): the value materialized contiguous, seen with the input's shape */
+        uint32_t yl = as_load(c, y);
+        if (!yl) return 0;
+        int64_t cst[EM_LMAXDIM];
+        contiguous_strides(src.ndim, src.sizes, cst);
+        return reload(c, yl, src.ndim, src.sizes, cst, 0);
     }
     case R_BATCH_NORM: {
         if (a.kind != 1 || !em_ldt_is_float(R) || !is_false(slot[5])) return 0;

@@ -75,8 +75,12 @@ typedef struct LNode {
     uint32_t buf;          /* LOAD: buffer id */
     int64_t offset;        /* LOAD: element offset into the buffer */
     int64_t strides[EM_LMAXDIM]; /* LOAD: element strides (0 = broadcast) */
-    double fval;           /* CONST: value (float dtypes) */
-    int64_t ival;          /* CONST: value (integer / bool dtypes) */
+    double fval;           /* CONST: value (float dtypes); masked LOAD: the fill value */
+    int64_t ival;          /* CONST: value (integer / bool dtypes); masked LOAD: the fill value */
+    uint32_t lmask;        /* LOAD: bit d set = the element exists only where lo[d] <= index d < hi[d]
+                              (outside: the fill value, the memory is not read). Pooling windows
+                              with padding, the pieces of cat/stack. */
+    int64_t lo[EM_LMAXDIM], hi[EM_LMAXDIM];
     uint32_t rmask;        /* reductions: bit d set = dim d reduced (result keeps it as 1) */
     IRRef ir;              /* the torch-level node this comes from (for comments) */
 } LNode;
