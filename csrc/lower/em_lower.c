@@ -1654,6 +1654,55 @@ static int functionalize(const IRGraph *g, uint8_t *functional) {
     return 0;
 }
 
+/* F.linear(x, w, b) with a tensor bias: the extern call runs as F.linear(x, w) (a matmul into a
+ * fresh tensor) and the bias add is a lowered node, fused into the kernel that reads the result
+ * (the activation or residual epilogue), instead of addmm's pass copying the bias into its output.
+ * 1 when done, 0 when it does not apply, -1 on OOM. */
+static int linear_bias_epilogue(Ctx *c, IRRef r) {
+    LGraph *lg = c->lg;
+    const IRNode *n = &lg->ir->nodes[r];
+    char key[128];
+    if (target_key(n, key, sizeof key) < 0 || strcmp(key, "F.linear") != 0) return 0;
+    const IRArg *slot[MAXP];
+    if (bind(n, "input,weight,bias", slot) < 0 || !slot[2] || slot[2]->kind != IRARG_NODE) return 0;
+    int32_t none_arg = -1;
+    for (uint32_t i = 0; i < n->nargs; i++)
+        if (&n->args[i] == slot[2]) none_arg = (int32_t)i;
+    for (uint32_t i = 0; i < n->nkwargs; i++)
+        if (&n->kwargs[i] == slot[2]) none_arg = (int32_t)(n->nargs + i);
+    Opnd bo;
+    LDtype R = (LDtype)em_lower_dtype_of(n->meta.dtype);
+    if (none_arg < 0 || opnd(c, slot[2], &bo) < 0 || bo.kind != 1 || !em_ldt_is_float(R) || em_ldt_is_half(R)) return 0;
+    const LNode *bn = NODE(c, bo.node);
+    if (bn->dtype != R || bn->ndim != 1 || n->meta.ndim < 1 || bn->sizes[0] != n->meta.sizes[n->meta.ndim - 1]) return 0;
+    uint32_t before = lg->nnodes, bbefore = lg->nbufs;
+    LBuf b = {.kind = LBUF_EXTERN, .index = r, .dtype = R, .ndim = n->meta.ndim, .ir = r, .fresh = true};
+    memcpy(b.sizes, n->meta.sizes, b.ndim * sizeof(int64_t));
+    memcpy(b.strides, n->meta.strides, b.ndim * sizeof(int64_t));
+    uint32_t bi = em_lower_buffer(lg, &b);
+    if (bi == UINT32_MAX) return -1;
+    uint32_t ld = em_lower_load(lg, bi, b.ndim, b.sizes, 0, b.strides, r);
+    c->ir = r;
+    c->n = n;
+    c->rdt = R;
+    uint32_t y = ld ? mk_op(c, LP_ADD, R, R, ld, bo.node, 0) : 0;
+    if (!y || NODE(c, y)->ndim != n->meta.ndim ||
+        memcmp(NODE(c, y)->sizes, n->meta.sizes, n->meta.ndim * sizeof(int64_t)) != 0) {
+        if (PyErr_Occurred()) return -1;
+        lg->nnodes = before;
+        lg->nbufs = bbefore;
+        return 0;
+    }
+    LVal *v = &lg->vals[r];
+    v->kind = LV_NODE;
+    v->lnode = y;
+    v->ext_call = true;
+    v->none_arg = none_arg;
+    v->ext_buf = bi;
+    lg->nextern++;
+    return 1;
+}
+
 LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
     *why = NULL;
     LGraph *lg = em_arena_alloc(a, sizeof(LGraph));
@@ -1717,6 +1766,11 @@ LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
         c.ir = r;
         c.n = n;
         if (n->kind == IR_OUTPUT) continue;
+        if (n->kind != IR_PLACEHOLDER && ext[r] && meta_ok(&n->meta)) {
+            int rc = linear_bias_epilogue(&c, r);
+            if (rc < 0) goto oom;
+            if (rc > 0) continue;
+        }
         if (n->kind == IR_PLACEHOLDER || ext[r] || !meta_ok(&n->meta)) {
             if (n->kind != IR_PLACEHOLDER) lg->nextern++;
             v->kind = n->kind == IR_PLACEHOLDER ? LV_NONE : LV_EXTERN;

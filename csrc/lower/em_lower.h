@@ -115,6 +115,13 @@ typedef struct LVal {
     uint32_t lnode;        /* NODE: node id; EXTERN with a tensor result: a LOAD node of its buffer */
     bool has_load;         /* EXTERN: lnode is valid */
     bool view;             /* NODE: produced by a view rule (a LOAD of another buffer) */
+    /* NODE with ext_call: the torch op is still called (an extern step at this IR node), with
+     * argument none_arg (positional index, or nargs + keyword index) passed as None, into buffer
+     * ext_buf; lnode computes the rest (F.linear's bias added in the kernel that follows the
+     * matmul, instead of addmm's copy of the bias into its output) */
+    bool ext_call;
+    int32_t none_arg;
+    uint32_t ext_buf;
 } LVal;
 
 typedef struct LGraph {

@@ -22,11 +22,13 @@
 #define NONE UINT32_MAX
 
 typedef void (*KernelFn)(char *const *);
+typedef void (*SetThreadsFn)(int);
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     KernelFn fn;
+    SetThreadsFn set_threads; /* the library's ember_set_threads, NULL for kernels run on one thread */
     PyObject *lib;        /* capsule owning the dlopen handle */
     PyObject *name;       /* "ember_k3" */
     uint32_t nin;         /* tensors read */
@@ -38,6 +40,7 @@ typedef struct {
 
 static PyTypeObject *Kernel_Type = NULL;
 static PyObject *empty_strided = NULL; /* torch.empty_strided */
+static PyObject *get_num_threads = NULL; /* torch.get_num_threads */
 static PyObject *kw_dtype = NULL;      /* ("dtype",) */
 
 static PyObject *tensor_as(PyObject *t, PyObject *size, PyObject *stride) {
@@ -130,6 +133,18 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
     if (data_ptr(out, &ptrs[k->nin]) < 0) {
         Py_CLEAR(out);
         goto done;
+    }
+    if (k->numel > 0 && k->set_threads) {
+        /* OpenMP threads follow torch.set_num_threads (ember's kernels run in their own OpenMP
+         * runtime, torch's in its bundled one) */
+        PyObject *nt = PyObject_CallNoArgs(get_num_threads);
+        long n = nt ? PyLong_AsLong(nt) : -1;
+        Py_XDECREF(nt);
+        if (n < 0 && PyErr_Occurred()) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        k->set_threads((int)n);
     }
     if (k->numel > 0) {
         Py_BEGIN_ALLOW_THREADS
@@ -266,9 +281,10 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
         PyObject *torch = PyImport_ImportModule("torch");
         if (!torch) goto done;
         empty_strided = PyObject_GetAttrString(torch, "empty_strided");
+        get_num_threads = PyObject_GetAttrString(torch, "get_num_threads");
         Py_DECREF(torch);
         kw_dtype = Py_BuildValue("(s)", "dtype");
-        if (!empty_strided || !kw_dtype) goto done;
+        if (!empty_strided || !get_num_threads || !kw_dtype) goto done;
     }
     d = PyDict_New();
     if (!d) goto done;
@@ -343,6 +359,8 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
             if (v->kind == LV_EXTERN && v->has_load) {
                 uint32_t b = lg->nodes[v->lnode].buf;
                 if (lg->bufs[b].fresh && !ext_seen[b] && !s->buf_output[b] && s->ir_buf[sp->index] == b) pool[npool++] = b;
+            } else if (v->ext_call && !ext_seen[v->ext_buf] && !s->buf_output[v->ext_buf]) {
+                pool[npool++] = v->ext_buf; /* the matmul's result, read only by the kernels adding its bias */
             }
             continue;
         }
@@ -403,17 +421,27 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
                 PyErr_NoMemory();
                 goto done;
             }
-            for (uint32_t i = 0; i < n->nargs; i++)
-                if (copy_arg(&p, &n->args[i], &args[i]) < 0) goto done;
-            for (uint32_t i = 0; i < n->nkwargs; i++)
-                if (copy_arg(&p, &n->kwargs[i], &kw[i]) < 0) goto done;
+            const LVal *v = &lg->vals[sp->index];
+            IRArg none = {.kind = IRARG_CONST, .u.obj = Py_None};
+            if (v->ext_call && !em_arena_hold(p.ng->arena, Py_None)) goto done;
+            for (uint32_t i = 0; i < n->nargs; i++) {
+                if (v->ext_call && (int32_t)i == v->none_arg) args[i] = none;
+                else if (copy_arg(&p, &n->args[i], &args[i]) < 0) goto done;
+            }
+            for (uint32_t i = 0; i < n->nkwargs; i++) {
+                if (v->ext_call && (int32_t)(n->nargs + i) == v->none_arg) kw[i] = none;
+                else if (copy_arg(&p, &n->kwargs[i], &kw[i]) < 0) goto done;
+            }
             IRRef r = em_ir_call(p.ng, n->kind, n->target, args, n->nargs, n->kwnames, kw, n->nkwargs, NULL);
             if (!r) {
                 if (!PyErr_Occurred()) PyErr_NoMemory();
                 goto done;
             }
+            if (v->ext_call) {
+                p.buf_new[v->ext_buf] = r; /* the value itself is the kernel's (bias added) */
+                continue;
+            }
             p.ir_new[sp->index] = r;
-            const LVal *v = &lg->vals[sp->index];
             if (v->kind == LV_EXTERN && v->has_load) p.buf_new[lg->nodes[v->lnode].buf] = r;
             continue;
         }
@@ -435,6 +463,12 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
         char fname[32];
         snprintf(fname, sizeof fname, "ember_k%u", sp->index);
         ko->fn = (KernelFn)dlsym(handle, fname);
+        ko->set_threads = NULL;
+        {
+            int64_t work = 1;
+            for (int j = 0; j < k->ndim; j++) work *= k->sizes[j];
+            if (work >= opt.parallel_threshold) ko->set_threads = (SetThreadsFn)dlsym(handle, "ember_set_threads");
+        }
         if (!ko->name || !ko->out_size || !ko->out_stride || !ko->out_dtype || !ko->fn) {
             if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "ember: kernel %s missing from the library", fname);
             Py_DECREF(ko);
@@ -549,7 +583,7 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
         SET("externs", PyLong_FromUnsignedLong(lg->nextern));
         PyObject *ext = PyList_New(0);
         for (IRRef r = 1; ext && r < g->nnodes; r++) {
-            if (lg->vals[r].kind != LV_EXTERN) continue;
+            if (lg->vals[r].kind != LV_EXTERN && !lg->vals[r].ext_call) continue;
             PyObject *nm = PyUnicode_FromString(g->nodes[r].name);
             if (!nm || PyList_Append(ext, nm) < 0) Py_CLEAR(ext);
             Py_XDECREF(nm);

@@ -438,13 +438,14 @@ Schedule *em_schedule_graph(LGraph *lg) {
     }
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = &g->nodes[r];
-        if (lg->vals[r].kind != LV_EXTERN) continue;
+        const LVal *v = &lg->vals[r];
+        if (v->kind != LV_EXTERN && !v->ext_call) continue;
         for (uint32_t i = 0; i < n->nargs; i++)
-            if (need_arg(&c, &n->args[i]) < 0) goto oom;
+            if ((!v->ext_call || (int32_t)i != v->none_arg) && need_arg(&c, &n->args[i]) < 0) goto oom;
         for (uint32_t i = 0; i < n->nkwargs; i++)
-            if (need_arg(&c, &n->kwargs[i]) < 0) goto oom;
+            if ((!v->ext_call || (int32_t)(n->nargs + i) != v->none_arg) && need_arg(&c, &n->kwargs[i]) < 0) goto oom;
         if (push_step(s, SSTEP_EXTERN, r) < 0) goto oom;
-        if (need_tensor(&c, r, 0) < 0) goto oom;
+        if (!v->ext_call && need_tensor(&c, r, 0) < 0) goto oom; /* ext_call: its value is lowered */
     }
     const IRNode *out = &g->nodes[g->output];
     if (out->nargs == 1 && out->args[0].kind == IRARG_TUPLE)
