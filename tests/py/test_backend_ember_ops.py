@@ -229,3 +229,28 @@ def test_tiny_transformer_encoder(fastpath):
     finally:
         torch.backends.mha.set_fastpath_enabled(old)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+# ---- F.linear: the bias is added in the kernel after the matmul ------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_linear_bias_epilogue(dtype):
+    x, w, b = torch.randn(4, 3, 8, dtype=dtype), torch.randn(16, 8, dtype=dtype), torch.randn(16, dtype=dtype)
+    info = check(lambda x, w, b: F.relu(F.linear(x, w, b)), x, w, b)
+    assert info["kernels"] == 1 and info["extern_list"] == ["linear"]
+    assert info["kernel_list"][0]["inplace"]  # written into the matmul's result
+    check(lambda x, w, b: F.linear(x, w, bias=b), x, w, b)  # returned as is
+    check(lambda x, w, b: (F.linear(x, w, b), F.linear(x, w, b).sum(-1)), x, w, b)
+    check(lambda x, w, b: F.linear(F.linear(x, w, b), w.t().contiguous(), b[:8]), x, w, b)  # read by an extern
+    check(lambda x, w, b: F.linear(x, w, b) + b, x, w, b)  # the bias read again
+
+
+def test_linear_without_bias_or_half_keeps_the_torch_op():
+    x, w = torch.randn(5, 8), torch.randn(6, 8)
+    info = check(lambda x, w: F.linear(x, w).tanh(), x, w)
+    assert info["extern_list"] == ["linear"]
+    xh, wh, bh = x.bfloat16(), w.bfloat16(), torch.randn(6).bfloat16()
+    check(lambda x, w, b: F.linear(x, w, b) * 2, xh, wh, bh)
+    m = nn.Linear(8, 6)
+    with torch.no_grad():
+        check(lambda x: torch.sigmoid(m(x)), x)
