@@ -33,7 +33,8 @@ typedef struct EmCudaLaunch {
 
 /* Kernel i is `extern "C" __global__ void ember_k<i>(T0 *a0, ...)`, one pointer per argument buffer
  * (SKernel.args), launched as launch[i] says (an array of s->nkernels entries, filled here). New
- * str (CUDA C++ for NVRTC, no #include), NULL with an exception. */
+ * str (CUDA C++ for NVRTC, no #include), NULL with an exception: NotImplementedError naming what it
+ * cannot emit (masked loads, an operation without a CUDA form), so that the graph runs elsewhere. */
 PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch);
 /* The rules behind launch[] (tests read them through the launch table). */
 int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k);

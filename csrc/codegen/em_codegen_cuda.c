@@ -19,6 +19,7 @@ typedef struct {
     char *p;
     size_t n, cap;
     int oom;
+    const char *unsupported; /* what this generator cannot emit (the graph goes to the eager backend) */
 } SB;
 
 static void sb_printf(SB *b, const char *fmt, ...) {
@@ -343,7 +344,10 @@ static void expr(SB *b, const SKernel *k, uint32_t i) {
     case LP_OR: sb_printf(b, "(%s || %s)", A, B); return;
     case LP_XOR: sb_printf(b, "(%s != %s)", A, B); return;
     case LP_WHERE: sb_printf(b, "(%s ? %s : %s)", A, B, C); return;
-    default: sb_printf(b, "0 /* ? */"); return;
+    default:
+        b->unsupported = "a pointwise operation the CUDA code generator does not emit";
+        sb_printf(b, "0 /* ? */");
+        return;
     }
 #undef FN
 }
@@ -673,7 +677,9 @@ static void combine(SB *b, const LNode *n, int fl, const char *a, const char *bv
                       cmp, a, bv, a, bi, ai, a, bv, ai, bi);
         break;
     }
-    default: break;
+    default:
+        b->unsupported = "a reduction the CUDA code generator does not emit";
+        break;
     }
 }
 
@@ -915,6 +921,8 @@ static void emit_reduction(SB *b, const Schedule *s, const SKernel *k, const EmC
 static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L) {
     const SKernel *k = &s->kernels[ki];
     const LGraph *lg = s->lg;
+    for (uint32_t q = 0; q < k->nloads; q++)
+        if (k->loads[q].mask) b->unsupported = "masked loads (pooling with padding, cat/stack)";
     choose_launch(s, k, L);
     sb_printf(b, "/* kernel %u (%s): ", ki, k->reduction ? "reduction" : "pointwise");
     for (uint32_t q = 0; q < k->nirs; q++) sb_printf(b, "%s%s", q ? ", " : "", lg->ir->nodes[k->irs[q]].name);
@@ -948,6 +956,11 @@ PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch) {
     if (b.oom) {
         free(b.p);
         return PyErr_NoMemory();
+    }
+    if (b.unsupported) { /* never emit code that computes something else: the caller falls back */
+        free(b.p);
+        PyErr_Format(PyExc_NotImplementedError, "%s", b.unsupported);
+        return NULL;
     }
     PyObject *r = PyUnicode_FromStringAndSize(b.p, (Py_ssize_t)b.n);
     free(b.p);

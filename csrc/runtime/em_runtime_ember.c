@@ -20,11 +20,13 @@
 #define NONE UINT32_MAX
 
 typedef void (*KernelFn)(char *const *);
+typedef void (*SetThreadsFn)(int);
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     KernelFn fn;
+    SetThreadsFn set_threads; /* the library's ember_set_threads, NULL for kernels run on one thread */
     PyObject *lib;        /* capsule owning the dlopen handle */
     PyObject *name;       /* "ember_k3" */
     uint32_t nin;         /* tensors read */
@@ -38,6 +40,7 @@ typedef struct {
 
 static PyTypeObject *Kernel_Type = NULL;
 static PyObject *empty_strided = NULL; /* torch.empty_strided */
+static PyObject *get_num_threads = NULL; /* torch.get_num_threads */
 static PyObject *kw_dtype = NULL;      /* ("dtype",) */
 static PyObject *kw_dtype_device = NULL; /* ("dtype", "device") */
 
@@ -133,6 +136,18 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
     if (data_ptr(out, &ptrs[k->nin]) < 0) {
         Py_CLEAR(out);
         goto done;
+    }
+    if (k->numel > 0 && !k->cuda && k->set_threads) {
+        /* OpenMP threads follow torch.set_num_threads (ember's kernels run in their own OpenMP
+         * runtime, torch's in its bundled one) */
+        PyObject *nt = PyObject_CallNoArgs(get_num_threads);
+        long n = nt ? PyLong_AsLong(nt) : -1;
+        Py_XDECREF(nt);
+        if (n < 0 && PyErr_Occurred()) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        k->set_threads((int)n);
     }
     if (k->numel > 0 && k->cuda) {
         if (em_cuda_launch(k->cuda, ptrs, k->nin + 1) < 0) Py_CLEAR(out);
@@ -290,10 +305,11 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         PyObject *torch = PyImport_ImportModule("torch");
         if (!torch) goto done;
         empty_strided = PyObject_GetAttrString(torch, "empty_strided");
+        get_num_threads = PyObject_GetAttrString(torch, "get_num_threads");
         Py_DECREF(torch);
         kw_dtype = Py_BuildValue("(s)", "dtype");
         kw_dtype_device = Py_BuildValue("(ss)", "dtype", "device");
-        if (!empty_strided || !kw_dtype || !kw_dtype_device) goto done;
+        if (!empty_strided || !get_num_threads || !kw_dtype || !kw_dtype_device) goto done;
     }
     d = PyDict_New();
     if (!d) goto done;
@@ -321,6 +337,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     char key[40] = "";
     int cached = 0;
     cuda = mode == 1 || lg->device >= 0;
+    EmCodegenOptions opt = {.parallel_threshold = 32768, .chunk = 65536}; /* C kernels */
     if (cuda) {
         /* CUDA: the same schedule through the CUDA C generator, NVRTC and the driver API */
         const char *cwhy = NULL;
@@ -345,6 +362,22 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             goto done;
         }
         src = em_codegen_cuda(s, launch);
+        if (!src && PyErr_ExceptionMatches(PyExc_NotImplementedError)) { /* the eager backend runs it */
+            PyObject *et, *ev, *tb;
+            PyErr_Fetch(&et, &ev, &tb);
+            PyObject *w = PyUnicode_FromFormat("CUDA tensors ran by the eager backend: the CUDA code generator "
+                                               "does not emit %S yet", ev ? ev : Py_None);
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(tb);
+            if (!w || PyDict_SetItemString(d, "fallback", w) < 0) {
+                Py_XDECREF(w);
+                goto done;
+            }
+            Py_DECREF(w);
+            result = mode == 1 ? Py_NewRef(d) : em_eager_graph_new(g);
+            goto done;
+        }
         if (!src) goto done;
         if (mode == 1) {
             PyObject *ll = launch_list(launch, s->nkernels);
@@ -429,7 +462,6 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             if (!lib) goto done; /* an NVRTC or driver failure: the eager backend runs it (below) */
         }
     } else {
-    EmCodegenOptions opt = {.parallel_threshold = 32768, .chunk = 65536};
     src = em_codegen_c(s, &opt);
     if (!src) goto done;
     if (s->nkernels) {
@@ -484,6 +516,8 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             if (v->kind == LV_EXTERN && v->has_load) {
                 uint32_t b = lg->nodes[v->lnode].buf;
                 if (lg->bufs[b].fresh && !ext_seen[b] && !s->buf_output[b] && s->ir_buf[sp->index] == b) pool[npool++] = b;
+            } else if (v->ext_call && !ext_seen[v->ext_buf] && !s->buf_output[v->ext_buf]) {
+                pool[npool++] = v->ext_buf; /* the matmul's result, read only by the kernels adding its bias */
             }
             continue;
         }
@@ -544,17 +578,27 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                 PyErr_NoMemory();
                 goto done;
             }
-            for (uint32_t i = 0; i < n->nargs; i++)
-                if (copy_arg(&p, &n->args[i], &args[i]) < 0) goto done;
-            for (uint32_t i = 0; i < n->nkwargs; i++)
-                if (copy_arg(&p, &n->kwargs[i], &kw[i]) < 0) goto done;
+            const LVal *v = &lg->vals[sp->index];
+            IRArg none = {.kind = IRARG_CONST, .u.obj = Py_None};
+            if (v->ext_call && !em_arena_hold(p.ng->arena, Py_None)) goto done;
+            for (uint32_t i = 0; i < n->nargs; i++) {
+                if (v->ext_call && (int32_t)i == v->none_arg) args[i] = none;
+                else if (copy_arg(&p, &n->args[i], &args[i]) < 0) goto done;
+            }
+            for (uint32_t i = 0; i < n->nkwargs; i++) {
+                if (v->ext_call && (int32_t)(n->nargs + i) == v->none_arg) kw[i] = none;
+                else if (copy_arg(&p, &n->kwargs[i], &kw[i]) < 0) goto done;
+            }
             IRRef r = em_ir_call(p.ng, n->kind, n->target, args, n->nargs, n->kwnames, kw, n->nkwargs, NULL);
             if (!r) {
                 if (!PyErr_Occurred()) PyErr_NoMemory();
                 goto done;
             }
+            if (v->ext_call) {
+                p.buf_new[v->ext_buf] = r; /* the value itself is the kernel's (bias added) */
+                continue;
+            }
             p.ir_new[sp->index] = r;
-            const LVal *v = &lg->vals[sp->index];
             if (v->kind == LV_EXTERN && v->has_load) p.buf_new[lg->nodes[v->lnode].buf] = r;
             continue;
         }
@@ -577,6 +621,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         for (int j = 0; j < (k->reduction ? k->nouter : k->ndim); j++) ko->numel *= k->sizes[j];
         char fname[32];
         snprintf(fname, sizeof fname, "ember_k%u", sp->index);
+        ko->set_threads = NULL;
         if (cuda) {
             ko->fn = NULL;
             ko->out_device = Py_NewRef(device);
@@ -587,6 +632,9 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             }
         } else {
             ko->fn = (KernelFn)dlsym(handle, fname);
+            int64_t work = 1;
+            for (int j = 0; j < k->ndim; j++) work *= k->sizes[j];
+            if (work >= opt.parallel_threshold) ko->set_threads = (SetThreadsFn)dlsym(handle, "ember_set_threads");
         }
         if (!ko->name || !ko->out_size || !ko->out_stride || !ko->out_dtype || (!ko->fn && !ko->cuda)) {
             if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "ember: kernel %s missing from the library", fname);
@@ -702,7 +750,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         SET("externs", PyLong_FromUnsignedLong(lg->nextern));
         PyObject *ext = PyList_New(0);
         for (IRRef r = 1; ext && r < g->nnodes; r++) {
-            if (lg->vals[r].kind != LV_EXTERN) continue;
+            if (lg->vals[r].kind != LV_EXTERN && !lg->vals[r].ext_call) continue;
             PyObject *nm = PyUnicode_FromString(g->nodes[r].name);
             if (!nm || PyList_Append(ext, nm) < 0) Py_CLEAR(ext);
             Py_XDECREF(nm);
