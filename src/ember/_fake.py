@@ -94,7 +94,7 @@ class SymContext:
     def __init__(self):
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
         from torch._subclasses.fake_tensor import FakeTensorMode
-        self.shape_env = ShapeEnv(duck_shape=False, specialize_zero_one=False)
+        self.shape_env = ShapeEnv(duck_shape=False)
         self.mode = FakeTensorMode(shape_env=self.shape_env, allow_fallback_kernels=True, allow_non_fake_inputs=True)
         self.syms = []        # ember symbol index -> torch SymInt
         self.index = {}       # torch symbol name -> ember symbol index
@@ -218,10 +218,18 @@ def sym_run(ctx: SymContext, hints: list, fn, is_method: bool, args: tuple, kwar
         out = ctx.result_tree(res)
     except Exception as e:  # noqa: BLE001  (data-dependent output, an op without a fake kernel)
         return None, [], f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    import sympy
     guards = []
-    for g in ctx.shape_env.guards[n0:]:
+    todo = [g.expr for g in ctx.shape_env.guards[n0:]]
+    while todo:
+        e = todo.pop(0)
+        if isinstance(e, sympy.And):  # a conjunction is its parts, each a guard
+            todo[:0] = list(e.args)
+            continue
+        if e is sympy.true:
+            continue
         try:
-            guards.append(ctx.tree(g.expr))
+            guards.append(ctx.tree(e))
         except _Unsupported:
-            guards.append(("unknown", sorted(ctx.index[s.name] for s in g.expr.free_symbols if s.name in ctx.index)))
+            guards.append(("unknown", sorted(ctx.index[s.name] for s in e.free_symbols if s.name in ctx.index)))
     return out, guards, None
