@@ -352,9 +352,15 @@ PyObject *em_guard_tensor_render(const EmTensorMeta *m, PyTypeObject *tp, PyObje
                                  m->check_conj ? (m->conj ? ", conj=True" : ", conj=False") : "",
                                  m->check_conj ? (m->neg ? ", neg=True" : ", neg=False") : "");
     if (!extra) goto done;
-    out = PyUnicode_FromFormat("check_tensor(%U, %R, device=%R, size=%s, stride=%s, requires_grad=%s%U)%s", src_text,
+    char dense[200] = "";
+    if (m->dynmask) { /* what replaces the exact strides: dense in the example's dim order */
+        char *p = dense + sprintf(dense, "  # strides dense, innermost dim first: [");
+        for (int32_t i = 0; i < m->ndim && i < 16; i++) p += sprintf(p, i ? ", %d" : "%d", m->order[i]);
+        sprintf(p, "]");
+    }
+    out = PyUnicode_FromFormat("check_tensor(%U, %R, device=%R, size=%s, stride=%s, requires_grad=%s%U)%s%s", src_text,
                                m->dtype_obj, dev, sizes, strides, m->requires_grad ? "True" : "False", extra,
-                               m->api ? "" : "  # attribute path");
+                               m->api ? "" : "  # attribute path", dense);
 done:
     free(buf);
     Py_XDECREF(dev);

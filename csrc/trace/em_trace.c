@@ -738,7 +738,7 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
         }
         PyObject *cls = v->u.seq.cls;
         if (v->kind == TV_TUPLE && cls) {
-            if (!PyObject_HasAttrString(cls, "_fields") && !is_plain_structseq(cls, v->u.seq.n))
+            if (cls != em_trace_rt.Size && !PyObject_HasAttrString(cls, "_fields") && !is_plain_structseq(cls, v->u.seq.n))
                 return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return of a %s structseq",
                                    ((PyTypeObject *)cls)->tp_name);
             o->kind = OUT_NAMEDTUPLE;

@@ -631,7 +631,9 @@ TValue *em_tr_sym_query(Trace *T, TValue *t, const char *what, TValue **args, ui
         }
         for (int i = 0; i < m->ndim; i++)
             if (!(items[i] = em_tr_symint(T, src[i]))) return NULL;
-        return em_tr_tuple(T, items, (uint32_t)m->ndim);
+        TValue *tup = em_tr_tuple(T, items, (uint32_t)m->ndim);
+        if (tup && shape) tup->u.seq.cls = em_trace_rt.Size; /* a torch.Size, as eager's (returned as one) */
+        return tup;
     }
     if (!strcmp(what, "numel") || !strcmp(what, "nelement")) {
         *handled = 1;
@@ -931,11 +933,17 @@ int em_tr_sym_call(Trace *T, IRKind kind, PyObject *target, const IRArg *ia, uin
         PyErr_SetString(PyExc_TypeError, "ember._fake.sym_run returned no triple");
         goto done;
     }
-    if (PyTuple_GET_ITEM(r, 2) != Py_None) {
-        rc = em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "symbolic sizes: %S", PyTuple_GET_ITEM(r, 2));
-        goto done;
-    }
     PyObject *guards = PyTuple_GET_ITEM(r, 1);
+    if (PyTuple_GET_ITEM(r, 2) != Py_None) { /* torch cannot run it on symbolic sizes: specialise them */
+        const char *why = PyUnicode_AsUTF8(PyTuple_GET_ITEM(r, 2));
+        char buf[320];
+        snprintf(buf, sizeof buf, "an op torch runs only on concrete sizes: %s", why ? why : "?");
+        PyErr_Clear();
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(guards); i++)
+            if (specialise_syms(T, PyTuple_GET_ITEM(PyList_GET_ITEM(guards, i), 1), buf) < 0) goto out;
+        rc = 0; /* every symbol of the arguments is a constant now: the meta result is exact */
+        goto out;
+    }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(guards); i++) {
         PyObject *g = PyList_GET_ITEM(guards, i);
         if (PyTuple_GET_SIZE(g) == 2 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(g, 0), "unknown") == 0) {

@@ -794,7 +794,8 @@ PyObject *em_tr_to_py_const(Trace *T, TValue *v) {
         }
         return NULL;
     case TV_TUPLE: case TV_LIST: {
-        if (v->kind == TV_TUPLE && v->u.seq.cls) return NULL;
+        bool size = v->kind == TV_TUPLE && v->u.seq.cls == em_trace_rt.Size; /* x.shape with symbolic dims */
+        if (v->kind == TV_TUPLE && v->u.seq.cls && !size) return NULL;
         PyObject *r = v->kind == TV_TUPLE ? PyTuple_New(v->u.seq.n) : PyList_New(v->u.seq.n);
         if (!r) return NULL;
         for (uint32_t i = 0; i < v->u.seq.n; i++) {
@@ -808,6 +809,7 @@ PyObject *em_tr_to_py_const(Trace *T, TValue *v) {
             else
                 PyList_SET_ITEM(r, i, it);
         }
+        if (size) Py_SETREF(r, PyObject_CallOneArg(em_trace_rt.Size, r));
         return r;
     }
     case TV_DICT: {

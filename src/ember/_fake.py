@@ -216,8 +216,25 @@ def sym_run(ctx: SymContext, hints: list, fn, is_method: bool, args: tuple, kwar
             else:
                 res = fn(*fargs, **fkw)
         out = ctx.result_tree(res)
-    except Exception as e:  # noqa: BLE001  (data-dependent output, an op without a fake kernel)
-        return None, [], f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    except Exception as e:  # noqa: BLE001  (an op without a symbolic fake kernel: geqrf, ...)
+        # the tracer specialises every symbol of the arguments and keeps the meta result
+        import re
+        syms = set()
+
+        def scan(a):
+            if type(a) is tuple and a and a[0] == "T" and len(a) == 6:
+                for t in (a[3] or ()) + (a[4] or ()):
+                    syms.update(int(k) for k in re.findall(r"\bs(\d+)\b", t))
+            elif type(a) is tuple and len(a) == 2 and a[0] == "S":
+                syms.update(int(k) for k in re.findall(r"\bs(\d+)\b", a[1]))
+            elif type(a) in (tuple, list):
+                for x in a:
+                    scan(x)
+            elif type(a) is slice:
+                scan((a.start, a.stop, a.step))
+        scan(tuple(args) + tuple(kwargs.values()))
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+        return None, [("unknown", sorted(syms))], why
     import sympy
     guards = []
     todo = [g.expr for g in ctx.shape_env.guards[n0:]]
