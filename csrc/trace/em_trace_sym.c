@@ -989,12 +989,21 @@ out:
 
 /* ---- end of trace ---- */
 
+/* Simplifies m's expressions under everything learnt; metadata whose sizes all became constants
+ * (specialised) is static again. */
 static void simplify_meta(ShapeEnv *env, IRMeta *m) {
-    if (m->sym_sizes)
+    if (m->sym_sizes) {
+        bool any = false;
         for (int i = 0; i < m->ndim; i++) {
             m->sym_sizes[i] = em_sym_simplify(env, m->sym_sizes[i]);
-            if (m->sym_strides) m->sym_strides[i] = em_sym_simplify(env, m->sym_strides[i]);
+            any |= !em_sym_is_const(env, m->sym_sizes[i], NULL);
+            if (m->sym_strides) {
+                m->sym_strides[i] = em_sym_simplify(env, m->sym_strides[i]);
+                any |= !em_sym_is_const(env, m->sym_strides[i], NULL);
+            }
         }
+        if (!any) m->sym_sizes = m->sym_strides = NULL;
+    }
     if (m->sym) m->sym = em_sym_simplify(env, m->sym);
     for (uint32_t i = 0; m->kind == IRMETA_TUPLE && i < m->nitems; i++) simplify_meta(env, &m->items[i]);
 }

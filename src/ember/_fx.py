@@ -191,7 +191,7 @@ def add_fake_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence) -> bool:
                 hints[int(k.group(1))] = int(ex.shape[d])
     used = {int(k) for m in metas for t in (m.get("sym_shape") or ()) + (m.get("sym_stride") or ()) or ()
             for k in re.findall(r"\bs(\d+)\b", t)}
-    if not used <= set(hints):
+    if not used or not used <= set(hints):
         return False
     hint_list = [hints.get(i, 2) for i in range(max(used) + 1)]
     ctx = _fake.SymContext()
