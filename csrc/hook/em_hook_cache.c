@@ -64,6 +64,7 @@ static void entries_free(ExtraState *es) {
     es->warned_limit = 0;
     es->max_fetch = 0;
     Py_CLEAR(es->resume_cache);
+    Py_CLEAR(es->frame_state);
 }
 
 /* co_extra free function: called by CPython when the code object is deallocated. */
@@ -281,6 +282,17 @@ static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult
         *is_eager_graph = 1;
         return em_eager_graph_new(res->graph);
     }
+    if (res->symbolic && PyUnicode_Check(cfg->backend) &&
+        (PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") == 0 ||
+         PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0)) {
+        /* ember's AOT autograd and code generator take concrete sizes: one graph for all sizes runs
+         * on the eager backend (eager autograd) */
+        *is_eager_graph = 1;
+        *backend_info = Py_BuildValue("{s:s}", "fallback", "symbolic sizes: the graph runs on the eager backend "
+                                                           "(ember's autograd and code generator specialise sizes)");
+        if (!*backend_info) return NULL;
+        return em_eager_graph_new(res->graph);
+    }
     if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") == 0) {
         /* ahead-of-time autograd: joint graph, min-cut partition, a torch.autograd.Function */
         *info_key = "autograd";
@@ -438,7 +450,10 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         .max_loop_iterations = (int)config_int("max_loop_iterations", 10000),
         .max_instructions = (int)config_int("max_instructions", 1000000),
         .split = !cfg->fullgraph && config_int("graph_breaks", 1) != 0,
+        .dynamic = cfg->dynamic,
     };
+    if (!es->frame_state && !(es->frame_state = PyDict_New())) PyErr_Clear();
+    opts.frame_state = es->frame_state;
     {
         /* resume functions are cached on the ORIGINAL code (resume-of-resume starts from it too) */
         PyCodeObject *orig = em_trace_resume_origin(code);
@@ -506,6 +521,12 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     }
     e->info = entry_info(e->kind, e->guards, cfg, &res, graph_text, out_text);
     if (!e->info || (backend_info && PyDict_SetItemString(e->info, info_key, backend_info) < 0)) goto error;
+    {   /* which dims are symbolic and why (ember.cache_info / explain) */
+        PyObject *dyn = res.sym_notes ? PyList_GetSlice(res.sym_notes, 0, PY_SSIZE_T_MAX) : PyList_New(0);
+        int bad = !dyn || PyDict_SetItemString(e->info, "dynamic", dyn) < 0;
+        Py_XDECREF(dyn);
+        if (bad) goto error;
+    }
     Py_CLEAR(backend_info);
     if (e->kind == ENTRY_BREAK) {
         PyObject *rc = PyTuple_New(e->brk->nresume), *off = PyLong_FromUnsignedLong(res.split->offset);

@@ -289,6 +289,11 @@ static TValue *tensor_attr(Trace *T, TValue *t, PyObject *name, int *missing) {
     IRMeta *m = t->u.t.meta;
     const char *n = PyUnicode_AsUTF8(name);
     if (!n) return NULL;
+    if (strcmp(n, "shape") == 0 && m->sym_sizes) {
+        int handled = 0;
+        TValue *r = em_tr_sym_query(T, t, "shape", NULL, 0, &handled);
+        if (handled || T->broke) return r;
+    }
     if (strcmp(n, "shape") == 0) {
         PyObject *sz = PyTuple_New(m->ndim);
         if (!sz) return NULL;

@@ -74,6 +74,8 @@ typedef enum {
     TV_SUPER,         /* sup.self + sup.cls: super(cls, self) */
     TV_GRAD_MODE,     /* gm: a grad-mode context manager (torch.no_grad(), enable_grad(),
                          set_grad_enabled(b)) or, gm.exit, the __exit__ that BEFORE_WITH pushed */
+    TV_SYMINT,        /* si.e: a Python int that is a size expression over the trace's symbols
+                         (x.shape[0], x.size(1) // 2); em_trace_sym.c */
     TV_INSTANCE       /* inst: an object of a Python class constructed in the trace (dataclasses,
                          ModelOutput, context managers): attributes and, for dict subclasses,
                          items are trace values (em_trace_obj.c) */
@@ -122,6 +124,7 @@ struct TValue {
             struct TFrame *genframe; /* IT_GEN: the bound, not yet run generator frame */
         } it;
         struct { TValue *start, *stop, *step; } sl;
+        struct { uint32_t e; } si; /* SymRef in Trace.env */
         struct { TValue *self; PyObject *cls; } sup;
         struct {
             bool mode;    /* grad mode inside the block */
@@ -268,6 +271,14 @@ typedef struct Trace {
      * em_tr_overlay_check */
     struct TAttrStore { PyObject *obj, *name, *orig; TValue *val; } *stores;
     uint32_t nstores, capstores;
+    /* symbolic shapes (em_trace_sym.c): NULL env until an input dim is made dynamic */
+    struct ShapeEnv *env;
+    struct TSymSrc { TValue *t; int32_t dim; GuardSrc src; } *symsrc; /* per symbol: where it is read */
+    uint32_t capsymsrc;
+    uint32_t *symnode;      /* SymRef -> node computing it (0: none yet) */
+    uint32_t capsymnode;
+    PyObject *sym_ctx;      /* ember._fake.SymContext of this trace (held by the arena), or NULL */
+    PyObject *sym_notes;    /* list of str: which dims are symbolic and why, what was specialised */
 } Trace;
 
 /* Building the return value (or the values live at a graph break) from abstract values. */
@@ -420,6 +431,38 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
  * records one) and in the trace's own state; no node when the mode is already `mode`. -1 on
  * break. */
 int em_tr_set_grad_mode(Trace *T, bool mode);
+
+/* ---- em_trace_sym.c: symbolic sizes ---- */
+/* Decides which dims of the tensor input at src are dynamic (dynamic=, marks, automatic dynamic)
+ * and fills m->sym_sizes / sym_strides; *dynmask gets those dims (0: static). -1 on error. */
+int em_tr_sym_input(Trace *T, TValue *v, PyObject *tensor, GuardSrc src, IRMeta *m, uint64_t *dynmask);
+/* A value for size expression e: a CONST int when e is constant, else a SYMINT. */
+TValue *em_tr_symint(Trace *T, uint32_t e);
+/* The graph argument for a SYMINT (a node computing it, built from sym_size nodes on first use)
+ * and its hint as *py (new reference). -1 on break. */
+int em_tr_sym_arg(Trace *T, TValue *v, IRArg *out, PyObject **py);
+/* Specialises a SYMINT: guards it equal to its hint. New int, NULL on break. */
+PyObject *em_tr_sym_specialize(Trace *T, TValue *v, const char *why);
+/* Operators with a SYMINT operand: NULL with *handled = 0 when not handled here. */
+TValue *em_tr_sym_binop(Trace *T, int nb, TValue *a, TValue *b, int *handled);
+TValue *em_tr_sym_compare(Trace *T, int cmp, TValue *a, TValue *b, int *handled);
+TValue *em_tr_sym_neg(Trace *T, TValue *a);
+int em_tr_sym_truth(Trace *T, TValue *v, bool *out);
+/* Size queries on a tensor with symbolic sizes: x.shape, x.size(), x.size(d), x.numel(), len(x),
+ * x.stride(). NULL with *handled = 0 for a static tensor or another query. */
+TValue *em_tr_sym_query(Trace *T, TValue *t, const char *what, TValue **args, uint32_t nargs, int *handled);
+/* After an op's meta call when an argument is symbolic: runs it again on fake tensors with a torch
+ * ShapeEnv mirroring ours (ember._fake.sym_run), imports the relations torch relied on as guards,
+ * and gives each tensor result in m its symbolic sizes. *symout: for an int / Size result, the
+ * value to use (or NULL). -1 on break. */
+int em_tr_sym_call(Trace *T, IRKind kind, PyObject *target, const IRArg *ia, uint32_t nargs, PyObject *kwnames,
+                   const IRArg *ik, uint32_t nkw, PyObject *res, IRMeta *m, TValue **symout);
+/* Specialises the first dim of a symbolic tensor (iteration, len as a loop bound). */
+int em_tr_sym_dim_int(Trace *T, IRMeta *m, int dim, int64_t *out);
+/* At the end of a trace: the sym guard leaf, symbolic metadata simplified, the graph's env. */
+int em_tr_sym_finish(Trace *T, IRGraph *g);
+uint32_t em_tr_add_node(Trace *T, IRKind kind, PyObject *target, IRArg *args, uint32_t nargs, PyObject *kwnames,
+                        IRArg *kwargs, uint32_t nkw, const IRMeta *meta);
 
 /* ---- em_trace_attr.c ---- */
 /* Attribute access. *missing (optional) is set to 1 when the attribute certainly does not exist

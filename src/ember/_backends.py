@@ -31,8 +31,32 @@ def list_backends() -> list[str]:
 
 @register_backend("inductor")
 def _inductor(gm: torch.fx.GraphModule, example_inputs):
+    """torch's Inductor. A graph with symbolic sizes is compiled once for all sizes: Inductor gets
+    the placeholders' fake tensors (node.meta["val"], sizes that are SymInts of one torch ShapeEnv)
+    as its example inputs, as Dynamo hands them over. Inductor may guard on those sizes itself
+    (a size range its kernels assume, say) where Dynamo would add the guard to the frame's; ember's
+    guards are built by then, so such guards are checked in front of Inductor's code
+    (ShapeEnv.produce_guards_expression) and a call that fails them runs the graph as fx code."""
     from torch._inductor.compile_fx import compile_fx
-    return compile_fx(gm, example_inputs)
+    fakes = _fx.symbolic_inputs(gm)
+    if fakes is None:
+        return compile_fx(gm, example_inputs)
+    shape_env = _fx.shape_env_of(gm)
+    n0 = len(shape_env.guards)
+    compiled = compile_fx(gm, fakes)
+    added = shape_env.guards[n0:]
+    if not added:
+        return compiled
+    code = shape_env.produce_guards_expression(fakes, guards=added)
+    if not code:
+        return compiled
+    gm.meta["ember_inductor_guards"] = code
+    check = shape_env.evaluate_guards_expression
+    fallback = gm.forward
+
+    def run(*args):
+        return compiled(*args) if check(code, args) else fallback(*args)
+    return run
 
 
 @register_backend("fx")
@@ -57,6 +81,7 @@ def resolve(backend):
 def compile_graph(backend, export, example_inputs, name):
     """Called by the C core on a cache miss: builds the fx graph and hands it to the backend."""
     gm = _fx.to_graph_module(export, name=f"ember_{name}")
+    _fx.add_fake_inputs(gm, example_inputs)  # symbolic sizes: placeholders' meta["val"], as Dynamo's
     fn = _REGISTRY[backend] if isinstance(backend, str) else backend
     compiled = fn(gm, list(example_inputs))
     if not callable(compiled):
