@@ -15,9 +15,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
-#if !EM_PY312
-#include <structmember.h> /* T_PYSSIZET, READONLY */
-#endif
+#include <structmember.h> /* T_PYSSIZET, READONLY (3.12 still defines them here, as Py_T_* aliases) */
 
 #define NONE UINT32_MAX
 
@@ -272,7 +270,9 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
     }
     d = PyDict_New();
     if (!d) goto done;
+    double t_start = em_now(), t_lower = 0, t_schedule = 0, t_codegen = 0, t_cc = 0; /* perf log, explain */
     LGraph *lg = em_lower_graph(a, g, &why);
+    t_lower = em_now();
     if (!lg) {
         if (!why) goto done;
         /* not for this backend: the eager backend runs it, and cache_info says why */
@@ -287,9 +287,11 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
     }
     Schedule *s = em_schedule_graph(lg);
     if (!s) goto done;
+    t_schedule = em_now();
     EmCodegenOptions opt = {.parallel_threshold = 32768, .chunk = 65536};
     src = em_codegen_c(s, &opt);
     if (!src) goto done;
+    t_codegen = em_now();
     char key[40] = "";
     int cached = 0;
     if (s->nkernels) {
@@ -560,6 +562,10 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
         SET("source", Py_NewRef(src));
         SET("cache_key", PyUnicode_FromString(key));
         SET("from_disk_cache", PyBool_FromLong(cached));
+        t_cc = em_now();
+        SET("stage_times", Py_BuildValue("{s:d,s:d,s:d,s:d}", "lower", t_lower - t_start, "schedule",
+                                         t_schedule - t_lower, "codegen", t_codegen - t_schedule, "cc_and_build",
+                                         t_cc - t_codegen));
 #undef SET
     }
 done:

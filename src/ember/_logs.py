@@ -193,8 +193,10 @@ def _output_code(d, debug):
 
 def _perf(d, debug):
     t = d["info"]["compile_times"]
+    stages = (d["info"].get("ember") or {}).get("stage_times")
+    sub = f" (ember: {', '.join(f'{k} {_ms(v)}' for k, v in stages.items())})" if stages else ""
     yield logging.INFO, (f"Compile times of {_where(d)}: trace {_ms(t['trace'])}, guards {_ms(t['guards'])}, "
-                         f"backend {_ms(t['backend'])}, total {_ms(t['total'])}")
+                         f"backend {_ms(t['backend'])}{sub}, total {_ms(t['total'])}")
 
 
 _FORMAT = {"graph_breaks": _graph_breaks, "recompiles": _recompiles, "guards": _guards, "graph": _graph,

@@ -135,6 +135,17 @@ def test_perf_has_stage_times(caplog):
     assert "trace" in rs[0].getMessage() and " ms" in rs[0].getMessage()
 
 
+def test_perf_of_backend_ember_has_its_stages(caplog):
+    ember.set_logs("perf")
+    f = ember.compile(lambda x: torch.cos(x) + 1, backend="ember")
+    x = torch.randn(8)
+    torch.testing.assert_close(f(x), torch.cos(x) + 1)
+    (r,) = records(caplog, "perf")
+    stages = r.ember_event["info"]["ember"]["stage_times"]
+    assert set(stages) == {"lower", "schedule", "codegen", "cc_and_build"}
+    assert "ember: lower" in r.getMessage()
+
+
 def test_set_logs_rejects_unknown_topic_and_all_turns_every_topic_on(caplog):
     with pytest.raises(ValueError):
         ember.set_logs("graph_brakes")
