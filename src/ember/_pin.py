@@ -10,8 +10,9 @@ What that means:
     result may be wrong or the graph may raise;
   - a changed Python constant the graph specialised on (an int argument, a module attribute)
     is NOT seen: the pinned graph keeps the old value;
-  - a changed global, module attribute or hook is NOT seen; grad mode and autocast are not
-    checked either.
+  - a changed global, module attribute or submodule hook is NOT seen; grad mode and autocast
+    are not checked either. (Hooks on a module compiled with ember.compile(module) itself are
+    still seen: that check runs before any lookup and routes the call through Module.__call__.)
 Scope: the code of fn and the resume functions that its graph breaks created before pin() (call
 fn once first); functions reached through fallbacks or compiled later are not pinned. Break
 entries are pinned too: the graph before the break, the breaking instruction in Python, then the

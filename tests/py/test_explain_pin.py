@@ -136,3 +136,31 @@ def test_pin_of_module():
     assert_same(cm(X), X * 2)  # the attribute change is not seen while pinned
     ember.unpin(cm)
     assert_same(cm(X), X * 5)
+
+
+def test_hooks_while_pinned():
+    """The compiled module's own hooks are checked on every call before any lookup (they route the
+    call through Module.__call__), pinned or not; a hook on a submodule is guarded by its hook
+    dict, which a pin does not evaluate: ignored while pinned, run again after unpin."""
+    net = torch.nn.Sequential(torch.nn.Linear(6, 3), torch.nn.ReLU())
+    cm = ember.compile(net)
+    with torch.no_grad():
+        assert_same(cm(X), net(X))
+        seen = []
+        h = net[0].register_forward_hook(lambda mod, args, out: seen.append("sub"))
+        h2 = None
+        try:
+            with ember.pinned(cm):
+                cm(X)  # UNSAFE: the submodule's hook dict guard is not evaluated
+                assert seen == []
+                h2 = net.register_forward_hook(lambda mod, args, out: seen.append("own"))
+                cm(X)
+                assert "own" in seen
+            seen.clear()
+            h2.remove()
+            assert_same(cm(X), net(X))  # unpinned: the hook dict guard fails, the hook runs
+            assert seen == ["sub", "sub"]  # once from cm, once from the eager reference call
+        finally:
+            h.remove()
+            if h2 is not None:
+                h2.remove()
