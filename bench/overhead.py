@@ -5,7 +5,9 @@ n modules each adding its Python int i. For each compiler the same custom backen
 graph to torch._inductor.compile_fx.compile_fx and keeps the compiled callable with its example
 inputs. overhead = per-call time of the compiled function - per-call time of that callable called
 directly (guards, argument handling, output building: everything the frontend adds).
-Also measured, for context: plain eager, and torch.compile / ember with backend="eager".
+Also measured, for context: plain eager, and torch.compile / ember with backend="eager"; and
+"ember inductor pinned": the same ember calls under ember.pinned (the UNSAFE guard pin: no guard
+runs), so "ember pin saves" = what guard evaluation costs per call.
 Every figure is taken in this one process, interleaved over rounds; each keeps its minimum over
 the rounds (least noise), each round's figure being the median of 3 timed loops (the anchor's rule).
 
@@ -136,7 +138,9 @@ def prepare_inductor(compile_fn, reset, row):
             direct = lambda g=g, ex=ex: g(*ex)
         except Exception:  # Inductor's compiled output takes one boxed list of inputs
             direct = lambda g=g, ex=ex: g(list(ex))
-        out[name] = ((lambda cf=cf, args=args: cf(*args)), direct)
+        call = lambda cf=cf, args=args: cf(*args)
+        call.compiled = cf
+        out[name] = (call, direct)
     return out
 
 
@@ -168,13 +172,28 @@ def machine():
 
 
 def measure(rows, rounds, calls):
-    """rows: {row: {program: fn}}. Interleaves every figure over the rounds; keeps each minimum."""
+    """rows: {row: {program: fn}}. Interleaves every figure over the rounds; keeps each minimum.
+    A fn with a `context` attribute (a context-manager factory: ember.pinned) is timed inside it."""
+    import contextlib
     best = {r: {p: float("inf") for p in fns} for r, fns in rows.items()}
     for _ in range(rounds):
         for r, fns in rows.items():
             for p, fn in fns.items():
-                best[r][p] = min(best[r][p], per_call_us(fn, n=calls))
+                with getattr(fn, "context", contextlib.nullcontext)():
+                    best[r][p] = min(best[r][p], per_call_us(fn, n=calls))
     return best
+
+
+def pinned_rows(ember, prepared):
+    """{program: call} of the Inductor-backed ember programs, each timed under ember.pinned (the
+    UNSAFE guard pin: calls skip guard evaluation), to show what guard evaluation costs."""
+    out = {}
+    for name, (call, _) in prepared.items():
+        def fn(call=call):
+            return call()
+        fn.context = lambda call=call: ember.pinned(call.compiled)
+        out[name] = fn
+    return out
 
 
 def main(argv=None):
@@ -209,6 +228,8 @@ def main(argv=None):
     for c, p in ind.items():
         rows[f"{c} inductor"] = {n: call for n, (call, _) in p.items()}
         rows[f"{c} inductor direct"] = {n: direct for n, (_, direct) in p.items()}
+    if ember is not None:
+        rows["ember inductor pinned"] = pinned_rows(ember, ind["ember"])
     compile_s = time.perf_counter() - t0
     best = measure(rows, opts.rounds, opts.calls)
 
@@ -229,6 +250,10 @@ def main(argv=None):
         print(f"{r:{width}s}" + "".join(f"{best[r].get(n, na):10.2f}" for n in names))
     for c in ind:
         print(f"{c + ' overhead':{width}s}" + "".join(f"{overhead[c].get(n, na):10.2f}" for n in names))
+    saved = {}
+    if "ember inductor pinned" in rows:
+        saved = {n: best["ember inductor"][n] - best["ember inductor pinned"][n] for n in rows["ember inductor pinned"]}
+        print(f"{'ember pin saves':{width}s}" + "".join(f"{saved.get(n, na):10.2f}" for n in names))
     for row, name, msg in ERRORS:
         print(f"FAILED {row} {name}: {msg}")
 
@@ -242,7 +267,7 @@ def main(argv=None):
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump({"machine": info, "rounds": opts.rounds, "calls": opts.calls, "per_call_us": best,
-                       "overhead_us": overhead, "ratio_max": ratio, "mod100_over_mod1": scale,
+                       "overhead_us": overhead, "pin_saves_us": saved, "ratio_max": ratio, "mod100_over_mod1": scale,
                        "second": second, "ember_error": ember_error,
                        "errors": [list(e) for e in ERRORS]}, f, indent=1)
     if opts.check:

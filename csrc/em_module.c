@@ -52,7 +52,26 @@ static PyObject *mod_break_reasons(PyObject *self, PyObject *noargs) {
     return d;
 }
 
+/* ember._C._set_logs(mask): the topics ember._logs turned on (em_core.h, EM_LOG_*). */
+static PyObject *mod_set_logs(PyObject *self, PyObject *mask) {
+    unsigned long m = PyLong_AsUnsignedLong(mask);
+    if (m == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    em_log_mask = (uint32_t)m;
+    Py_RETURN_NONE;
+}
+
+/* ember._C._pin(code, pinned): ember.pin / ember.unpin (unsafe: lookups of code skip its guards). */
+static PyObject *mod_pin(PyObject *self, PyObject *args) {
+    PyObject *code;
+    int pinned;
+    if (!PyArg_ParseTuple(args, "O!p", &PyCode_Type, &code, &pinned)) return NULL;
+    if (em_cache_pin((PyCodeObject *)code, pinned) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"_set_logs", mod_set_logs, METH_O, "Set the log topic mask (ember.set_logs)."},
+    {"_pin", mod_pin, METH_VARARGS, "Pin or unpin a code object's cache (ember.pin, unsafe)."},
     {"_reset", mod_reset, METH_NOARGS, "Drop every cache entry of every code object (ember.reset)."},
     {"_cache_info", mod_cache_info, METH_O, "List of dicts describing a code object's cache entries."},
     {"_disable_enter", mod_disable_enter, METH_NOARGS, "Enter an ember.disable region on this thread."},
@@ -69,6 +88,7 @@ static int module_exec(PyObject *m) {
         return -1;
     }
     if (PyModule_AddStringConstant(m, "PYTHON_ABI", EM_PY312 ? "3.12" : "3.11") < 0) return -1;
+    if (PyModule_AddIntConstant(m, "LOG_DEBUG_SHIFT", EM_LOG_DEBUG_SHIFT) < 0) return -1;
     if (em_sym_testing_init(m) < 0) return -1;
     if (em_runtime_init(m) < 0) return -1;
     if (em_guard_init(m) < 0) return -1;

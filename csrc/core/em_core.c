@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char *const break_names[] = {
 #define EM_BREAK_NAME(name, text) #name,
@@ -149,4 +150,33 @@ PyObject *em_lazy_attr(PyObject **slot, const char *module, const char *attr) {
     *slot = PyObject_GetAttrString(m, attr);
     Py_DECREF(m);
     return *slot;
+}
+
+uint32_t em_log_mask = 0;
+
+static const char *const log_topic_names[EM_LOG__COUNT] = {
+#define EM_LOG_NAME(name, text) text,
+    EM_LOG_TOPICS(EM_LOG_NAME)
+#undef EM_LOG_NAME
+};
+
+void em_log_emit_steal(uint32_t topic, PyObject *data) {
+    static PyObject *emit = NULL; /* ember._logs._emit; one interpreter (em_module.c) */
+    PyObject *exc_t, *exc_v, *exc_tb;
+    PyErr_Fetch(&exc_t, &exc_v, &exc_tb);
+    int bit = 0;
+    while (bit < EM_LOG__COUNT && !(topic & (1u << bit))) bit++;
+    if (data && bit < EM_LOG__COUNT && em_lazy_attr(&emit, "ember._logs", "_emit")) {
+        PyObject *r = PyObject_CallFunction(emit, "sO", log_topic_names[bit], data);
+        Py_XDECREF(r);
+    }
+    if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
+    Py_XDECREF(data);
+    PyErr_Restore(exc_t, exc_v, exc_tb);
+}
+
+double em_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }

@@ -95,4 +95,39 @@ PyObject *em_str(const char *literal);
  * em_module.c). Borrowed reference, or NULL with an exception. */
 PyObject *em_lazy_attr(PyObject **slot, const char *module, const char *attr);
 
+/* ---- logs by topic (ember.set_logs, EMBER_LOGS; src/ember/_logs.py formats and emits through
+ * Python's logging under the "ember" logger). One bit per topic, and the same bit shifted by
+ * EM_LOG_DEBUG_SHIFT for its debug level ("+topic"). Zero cost when off: every emitting site tests
+ * em_log_mask before it builds anything. ---- */
+#define EM_LOG_TOPICS(_)          \
+    _(GRAPH_BREAKS, "graph_breaks") \
+    _(RECOMPILES, "recompiles")   \
+    _(GUARDS, "guards")           \
+    _(GRAPH, "graph")             \
+    _(OUTPUT_CODE, "output_code") \
+    _(PERF, "perf")
+
+enum {
+#define EM_LOG_BIT_ENUM(name, text) EM_LOG_BIT_##name,
+    EM_LOG_TOPICS(EM_LOG_BIT_ENUM)
+#undef EM_LOG_BIT_ENUM
+        EM_LOG__COUNT
+};
+enum {
+#define EM_LOG_MASK_ENUM(name, text) EM_LOG_##name = 1u << EM_LOG_BIT_##name,
+    EM_LOG_TOPICS(EM_LOG_MASK_ENUM)
+#undef EM_LOG_MASK_ENUM
+};
+enum { EM_LOG_DEBUG_SHIFT = 16 };
+/* Set by ember._C._set_logs(mask) only (one interpreter, em_module.c). */
+extern uint32_t em_log_mask;
+#define EM_LOG_ON(topic) (em_log_mask & (topic))
+#define EM_LOG_DEBUG_ON(topic) (em_log_mask & ((uint32_t)(topic) << EM_LOG_DEBUG_SHIFT))
+/* Hands one event to ember._logs._emit(topic, data): topic is EM_LOG_<TOPIC>, data a dict (stolen;
+ * NULL is fine: nothing is emitted and the error is dropped). Never raises and keeps a pending
+ * exception: a failing log handler must not change what the compiled program does. */
+void em_log_emit_steal(uint32_t topic, PyObject *data);
+/* Monotonic clock in seconds, for compile times. */
+double em_now(void);
+
 #endif /* EM_CORE_H */

@@ -1258,6 +1258,26 @@ done:
     return ok;
 }
 
+/* See em_guard.h: em_guard_check without its leaves (a pinned code, ember.pin). */
+int em_guard_fetch_only(GuardSet *gs, const EmFrameView *fv, PyObject **fetched) {
+    PyObject *stack_vals[64];
+    PyObject **vals = stack_vals;
+    int ok = 0;
+    if (gs->nsrc > 64) {
+        if (!(vals = calloc(gs->nsrc, sizeof(PyObject *)))) return 0;
+    } else {
+        memset(vals, 0, sizeof(PyObject *) * gs->nsrc);
+    }
+    for (uint32_t k = 0; k < gs->nfetch; k++)
+        if (!resolve(gs, vals, fv, gs->fetch[k])) goto done;
+    for (uint32_t k = 0; k < gs->nfetch; k++) fetched[k] = Py_NewRef(vals[gs->fetch[k]]);
+    ok = 1;
+done:
+    for (uint32_t s = 0; s < gs->nsrc; s++) Py_XDECREF(vals[s]);
+    if (vals != stack_vals) free(vals);
+    return ok;
+}
+
 /* ---- stage init ---- */
 
 static int intern(PyObject **slot, const char *s) {

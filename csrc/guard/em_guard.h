@@ -100,6 +100,9 @@ int em_guard_nfetch(const GuardSet *gs);
  * fails (*failed = index of the failing guard, fetched holds nothing). A source that cannot be
  * evaluated (attribute error, ...) counts as a failure, and the exception is cleared. */
 int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int *failed);
+/* UNSAFE by design (ember.pin): fills fetched like a passing em_guard_check without evaluating a
+ * single leaf. 1, or 0 when a fetched source cannot be evaluated (exception cleared). */
+int em_guard_fetch_only(GuardSet *gs, const EmFrameView *fv, PyObject **fetched);
 
 /* For a fallback entry, which runs the original bytecode and so is correct under any guards:
  * em_guard_drop_fetch makes em_guard_check fetch nothing (the entry runs no graph);

@@ -72,6 +72,8 @@ typedef struct ExtraState {
     int warned_limit;        /* the cache_size_limit warning was given for this code */
     int skip;                /* never compile this code (ember's own code, ember.disable) */
     int max_fetch;           /* the most fetch slots any entry uses: lookups need that much room */
+    int pinned;              /* ember.pin: UNSAFE, lookups skip the guards and take the most recently
+                                used entry of the backend (em_cache_lookup) */
     PyObject *resume_cache;  /* dict: the resume functions' code objects made from this code */
     PyObject *frame_state;   /* dict: tensor input source -> sizes seen (automatic dynamic) */
 } ExtraState;
@@ -83,6 +85,9 @@ ExtraState *em_cache_get(PyCodeObject *code, int create);
  * fetched[] filled (new references, em_guard_nfetch(entry->guards) of them; fetched must have room
  * for EM_MAX_FETCH). Returns NULL on a miss (*last_failed_entry / *last_failed_guard describe the
  * most recent entry's failure, for the recompilation warning; -1 if none). Never raises. */
+/* A pinned code (es->pinned, ember.pin) skips every guard: the most recently used entry of this
+ * backend answers, with only its fetched sources evaluated (a source that cannot be evaluated
+ * falls back to the guarded lookup). Unsafe by design: the entry may not match the inputs. */
 /* Callers size fetched buffers with EM_MAX_FETCH (stack arrays are fine: 4 KiB); a trace that
  * would need more fetch slots becomes a fallback entry. */
 enum { EM_MAX_FETCH = 512 };
@@ -113,6 +118,9 @@ void em_entry_restore_grad_mode(int mode);
 void em_cache_reset_all(void);
 /* list of dicts describing the code's entries (new reference). */
 PyObject *em_cache_info(PyCodeObject *code);
+/* ember.pin / ember.unpin: sets es->pinned of the code (created on demand). 0, or -1 with an
+ * exception. */
+int em_cache_pin(PyCodeObject *code, int pinned);
 int em_cache_init(PyObject *module);
 
 /* ---- PEP 523 hook (em_hook.c) ---- */
@@ -143,8 +151,6 @@ int em_debug_use(void);
 struct EmTraceResult;
 void em_debug_on_compile(CacheEntry *e, PyCodeObject *code, PyObject *globals, const struct EmTraceResult *res,
                          double seconds);
-/* Monotonic seconds, for compile times in dumps. */
-double em_debug_clock(void);
 /* Runs an entry's debug function with the frame's arguments (hook active under cfg); releases
  * fetched. New reference or NULL with an exception. */
 PyObject *em_debug_run(CacheEntry *e, PyObject **fetched, const EmFrameView *fv, const EmCompileConfig *cfg);

@@ -99,6 +99,24 @@ ExtraState *em_cache_get(PyCodeObject *code, int create) {
     return &n->state;
 }
 
+/* ---- logs (ember.set_logs): each builds its record only when its topic is on (em_core.h) ---- */
+
+/* {"code": qualname, "filename": ..., "firstlineno": ...} of the code a record is about. */
+static PyObject *log_record(PyCodeObject *code) {
+    return Py_BuildValue("{s:O,s:O,s:i}", "code", code->co_qualname, "filename", code->co_filename, "firstlineno",
+                         code->co_firstlineno);
+}
+
+/* +guards: one record per entry whose guards failed during a lookup. */
+static void log_guard_failure(ExtraState *es, CacheEntry *e, int failed) {
+    PyObject *d = log_record(((ExtraNode *)es)->code);
+    PyObject *g = failed >= 0 ? em_guard_render_one(e->guards, failed) : Py_NewRef(Py_None);
+    if (d && g && PyDict_SetItemString(d, "failed_guard", g) < 0) Py_CLEAR(d);
+    if (d && PyDict_SetItemString(d, "event", em_str("guard_failure")) < 0) Py_CLEAR(d);
+    Py_XDECREF(g);
+    em_log_emit_steal(EM_LOG_GUARDS, d);
+}
+
 void em_cache_reset_all(void) {
     for (ExtraNode *n = extra_list; n; n = n->next) entries_free(&n->state);
 }
@@ -108,6 +126,14 @@ CacheEntry *em_cache_lookup(ExtraState *es, const EmFrameView *fv, PyObject *bac
     CacheEntry *prev = NULL;
     *last_failed_entry = NULL;
     *last_failed_guard = -1;
+    if (es->pinned) { /* ember.pin: no guard runs (unsafe by design, em_hook.h) */
+        for (CacheEntry *e = es->head; e; e = e->next) {
+            if (e->backend_key != backend_key) continue;
+            if (em_guard_fetch_only(e->guards, fv, fetched) != 1) break;
+            e->hits++;
+            return e;
+        }
+    }
     for (CacheEntry *e = es->head; e; prev = e, e = e->next) {
         if (e->backend_key != backend_key) continue;
         int failed = -1;
@@ -125,6 +151,7 @@ CacheEntry *em_cache_lookup(ExtraState *es, const EmFrameView *fv, PyObject *bac
             *last_failed_entry = e;
             *last_failed_guard = failed;
         }
+        if (EM_LOG_DEBUG_ON(EM_LOG_GUARDS)) log_guard_failure(es, e, failed);
     }
     return NULL;
 }
@@ -274,8 +301,8 @@ error:
 /* Hands the graph to the backend. "eager" compiles to an ember._C.EagerGraph in C; anything else
  * goes through ember._backends.compile_graph(backend, export, example_inputs, name), which builds
  * the torch.fx.GraphModule and calls the backend. New reference, or NULL with an exception. */
-static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
-                                 int *is_eager_graph, PyObject **backend_info, const char **info_key) {
+static PyObject *backend_compile_timed(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
+                                       int *is_eager_graph, PyObject **backend_info, const char **info_key) {
     *is_eager_graph = 0;
     *info_key = "ember";
     if (PyUnicode_Check(cfg->backend) && PyUnicode_Compare(cfg->backend, eager_str) == 0) {
@@ -321,6 +348,15 @@ done:
     return r;
 }
 
+/* backend_compile_timed, adding the seconds it took to *secs (compile_times["backend"]). */
+static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
+                                 int *is_eager_graph, PyObject **backend_info, const char **info_key, double *secs) {
+    double t0 = em_now();
+    PyObject *r = backend_compile_timed(cfg, res, code, is_eager_graph, backend_info, info_key);
+    *secs += em_now() - t0;
+    return r;
+}
+
 /* Raises GraphBreakError for fullgraph=True, naming the reason and the user's source line. */
 static void raise_fullgraph(PyCodeObject *code, const EmBreakInfo *b) {
     PyObject *where = code_where(code);
@@ -357,7 +393,7 @@ static int mark_fallback(CacheEntry *e, EmBreak reason, PyObject *detail) {
  * The stub's code is never compiled by the hook; the resume functions' code always is (even when
  * the user's file lies where the skip rules look away: the user compiled that function). */
 static int make_break_entry(CacheEntry *e, const EmTraceResult *res, const EmCompileConfig *cfg, PyCodeObject *code,
-                            PyObject **backend_info, const char **info_key) {
+                            PyObject **backend_info, const char **info_key, double *backend_s) {
     const EmSplit *sp = res->split;
     BreakPart *bp = calloc(1, sizeof(BreakPart));
     if (!bp) {
@@ -393,7 +429,7 @@ static int make_break_entry(CacheEntry *e, const EmTraceResult *res, const EmCom
             return -1;
         }
     if (em_trace_graph_has_calls(res->graph)) {
-        e->compiled = backend_compile(cfg, res, code, &e->eager_graph, backend_info, info_key);
+        e->compiled = backend_compile(cfg, res, code, &e->eager_graph, backend_info, info_key, backend_s);
         if (!e->compiled) return -1;
     }
     e->ninputs = e->compiled ? res->ninputs : 0;
@@ -407,14 +443,75 @@ static int make_break_entry(CacheEntry *e, const EmTraceResult *res, const EmCom
     return 0;
 }
 
+/* recompiles: a compile of a code that already has entries of this backend: the guard of the most
+ * recently used one that failed (+recompiles: of every one), or the cache_size_limit reached
+ * (limit >= 0). The guards are run again to name the failing one: this costs a guard check per
+ * entry, only while the topic is on. */
+static void log_recompile(ExtraState *es, PyCodeObject *code, const EmFrameView *fv, const EmCompileConfig *cfg,
+                          PyObject **fetched, long limit) {
+    PyObject *d = NULL, *failed = NULL;
+    int n = 0;
+    if (!(d = log_record(code)) || !(failed = PyList_New(0))) goto done;
+    for (CacheEntry *e = es->head; e; e = e->next) {
+        if (e->backend_key != cfg->backend_key) continue;
+        if (n++ && !EM_LOG_DEBUG_ON(EM_LOG_RECOMPILES)) continue;
+        int fg = -1;
+        if (em_guard_check(e->guards, fv, fetched, &fg) == 1) em_fetched_release(e, fetched);
+        PyObject *g = fg >= 0 ? em_guard_render_one(e->guards, fg) : Py_NewRef(Py_None);
+        if (!g || PyList_Append(failed, g) < 0) {
+            Py_XDECREF(g);
+            Py_CLEAR(d);
+            goto done;
+        }
+        Py_DECREF(g);
+    }
+    if (!n) { /* the first compile of this code for this backend: not a recompile */
+        Py_CLEAR(d);
+        goto done;
+    }
+    PyObject *nent = PyLong_FromLong(n), *lim = limit >= 0 ? PyLong_FromLong(limit) : Py_NewRef(Py_None);
+    if (!nent || !lim || PyDict_SetItemString(d, "failed_guards", failed) < 0 ||
+        PyDict_SetItemString(d, "entries", nent) < 0 || PyDict_SetItemString(d, "cache_size_limit", lim) < 0)
+        Py_CLEAR(d);
+    Py_XDECREF(nent);
+    Py_XDECREF(lim);
+done:
+    Py_XDECREF(failed);
+    if (!d) PyErr_Clear();
+    em_log_emit_steal(EM_LOG_RECOMPILES, d);
+}
+
+/* graph_breaks, guards, graph, output_code (backend "ember": the generated C; the fx backends log
+ * their code from ember._backends), perf: one record each about a new entry. */
+static void log_new_entry(CacheEntry *e, PyCodeObject *code) {
+    static const uint32_t topics[] = {EM_LOG_GRAPH_BREAKS, EM_LOG_GUARDS, EM_LOG_GRAPH, EM_LOG_OUTPUT_CODE, EM_LOG_PERF};
+    PyObject *d = log_record(code);
+    if (!d || PyDict_SetItemString(d, "info", e->info) < 0) {
+        Py_XDECREF(d);
+        PyErr_Clear();
+        return;
+    }
+    PyObject *graph = PyDict_GetItemString(e->info, "graph"), *ember = PyDict_GetItemString(e->info, "ember");
+    for (size_t i = 0; i < sizeof topics / sizeof topics[0]; i++) {
+        uint32_t t = topics[i];
+        if (!EM_LOG_ON(t)) continue;
+        if (t == EM_LOG_GRAPH_BREAKS && e->kind == ENTRY_GRAPH) continue;
+        if (t == EM_LOG_GRAPH && (!graph || graph == Py_None)) continue;
+        if (t == EM_LOG_OUTPUT_CODE && !ember) continue;
+        em_log_emit_steal(t, Py_NewRef(d));
+    }
+    Py_DECREF(d);
+}
+
 /* A fallback entry not stored in the cache (cache_size_limit reached): one static object that
  * callers recognise by its kind; it owns nothing. */
 static CacheEntry limit_entry = {.kind = ENTRY_FALLBACK};
 
 CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code, const EmFrameView *fv,
                              const EmCompileConfig *cfg, PyObject **fetched) {
-    double t_start = em_debug_dumping() ? em_debug_clock() : 0.0;
+    double t_start = em_now(); /* compile_times (explain, logs) and the debug dump's compile time */
     long limit = config_int("cache_size_limit", 8);
+    if (EM_LOG_ON(EM_LOG_RECOMPILES)) log_recompile(es, code, fv, cfg, fetched, es->nentries >= limit ? limit : -1);
     if (es->nentries >= limit) {
         if (!es->warned_limit) {
             CacheEntry *fe = NULL;
@@ -467,7 +564,9 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     CacheEntry *e = NULL;
     PyObject *graph_text = NULL, *out_text = NULL, *backend_info = NULL;
     const char *info_key = "ember";
+    double backend_s = 0, t_traced, t_guarded;
     if (em_trace_frame(func, code, fv, &opts, &res) < 0) goto error;
+    t_traced = em_now();
     if ((!res.graph || res.split) && cfg->fullgraph) {
         raise_fullgraph(code, &res.brk);
         goto error;
@@ -482,6 +581,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     e->backend_key = Py_NewRef(cfg->backend_key);
     e->guards = em_guard_build(res.guards);
     if (!e->guards) goto error;
+    t_guarded = em_now();
     if (e->kind != ENTRY_FALLBACK && em_guard_nfetch(e->guards) > EM_MAX_FETCH) {
         /* more graph inputs than a fetch buffer holds: run this frame eagerly (a fallback) */
         e->kind = ENTRY_FALLBACK;
@@ -496,7 +596,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         if (!e->effects) goto error;
     }
     if (e->kind == ENTRY_GRAPH) {
-        e->compiled = backend_compile(cfg, &res, code, &e->eager_graph, &backend_info, &info_key);
+        e->compiled = backend_compile(cfg, &res, code, &e->eager_graph, &backend_info, &info_key, &backend_s);
         if (!e->compiled) goto error;
         e->out = em_out_copy(res.out);
         e->ninputs = res.ninputs;
@@ -511,7 +611,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         out_text = em_out_repr(e->out);
         if (!graph_text || !out_text) goto error;
     } else if (e->kind == ENTRY_BREAK) {
-        if (make_break_entry(e, &res, cfg, code, &backend_info, &info_key) < 0) goto error;
+        if (make_break_entry(e, &res, cfg, code, &backend_info, &info_key, &backend_s) < 0) goto error;
         if (e->compiled) {
             graph_text = em_ir_format_tabular(res.graph);
             if (!graph_text) goto error;
@@ -528,6 +628,17 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         if (bad) goto error;
     }
     Py_CLEAR(backend_info);
+    {
+        /* ember.explain: the graph's operations and the compile time of each stage (seconds) */
+        PyObject *ops = e->compiled ? em_ir_op_targets(res.graph) : PyList_New(0);
+        PyObject *times = Py_BuildValue("{s:d,s:d,s:d,s:d}", "trace", t_traced - t_start, "guards", t_guarded - t_traced,
+                                        "backend", backend_s, "total", em_now() - t_start);
+        int bad = !ops || !times || PyDict_SetItemString(e->info, "ops", ops) < 0 ||
+                  PyDict_SetItemString(e->info, "compile_times", times) < 0;
+        Py_XDECREF(ops);
+        Py_XDECREF(times);
+        if (bad) goto error;
+    }
     if (e->kind == ENTRY_BREAK) {
         PyObject *rc = PyTuple_New(e->brk->nresume), *off = PyLong_FromUnsignedLong(res.split->offset);
         for (int k = 0; rc && k < e->brk->nresume; k++) PyTuple_SET_ITEM(rc, k, Py_NewRef(e->brk->resume[k]));
@@ -539,7 +650,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     }
     Py_CLEAR(graph_text);
     Py_CLEAR(out_text);
-    if (em_debug_dumping()) em_debug_on_compile(e, code, fv->globals, &res, em_debug_clock() - t_start);
+    if (em_debug_dumping()) em_debug_on_compile(e, code, fv->globals, &res, em_now() - t_start);
     em_arena_free(res.arena);
     res.arena = NULL;
 
@@ -579,6 +690,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
             Py_DECREF(guards);
         }
     }
+    if (em_log_mask) log_new_entry(e, code);
     return e;
 error:
     Py_XDECREF(graph_text);
@@ -607,6 +719,16 @@ PyObject *em_cache_info(PyCodeObject *code) {
         Py_DECREF(hits);
     }
     return list;
+}
+
+int em_cache_pin(PyCodeObject *code, int pinned) {
+    ExtraState *es = em_cache_get(code, 1);
+    if (!es) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
+    }
+    es->pinned = pinned;
+    return 0;
 }
 
 int em_cache_init(PyObject *module) {

@@ -22,12 +22,6 @@ int em_debug_dumping(void) { return g_dump_hook != NULL; }
 
 int em_debug_use(void) { return g_dump_hook != NULL && tl_debug_depth < MAX_DEBUG_NESTING; }
 
-double em_debug_clock(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int set_item_steal(PyObject *d, const char *key, PyObject *v) {
     if (!v) return -1;
     int r = PyDict_SetItemString(d, key, v);

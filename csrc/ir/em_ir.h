@@ -173,6 +173,9 @@ int em_ir_verify(const IRGraph *g, char *buf, size_t bufsize);
 /* A table like torch.fx.Graph.print_tabular: opcode, name, target, args, kwargs, and the output
  * meta (dtype, shape). Returns a new str, NULL with an exception on failure. */
 PyObject *em_ir_format_tabular(const IRGraph *g);
+/* The targets of the graph's call nodes in order, as the table names them ("torch.cos", "sum"):
+ * ember.explain's ops_per_graph. New list, NULL with an exception on failure. */
+PyObject *em_ir_op_targets(const IRGraph *g);
 
 /* Export for the Python fx bridge (src/ember/_fx.py): a list of tuples, one per node in order,
  *   (opcode: str, name: str, target: object, args: tuple, kwargs: dict, meta: dict|None)

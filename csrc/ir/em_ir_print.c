@@ -415,3 +415,21 @@ error:
     Py_DECREF(list);
     return NULL;
 }
+
+PyObject *em_ir_op_targets(const IRGraph *g) {
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    for (IRRef i = 1; i < g->nnodes; i++) {
+        const IRNode *n = &g->nodes[i];
+        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !n->target) continue;
+        PyObject *q = n->kind == IR_CALL_FUNCTION ? em_ir_target_qualname(n->target) : Py_NewRef(n->target);
+        if (q && !PyUnicode_Check(q)) Py_SETREF(q, PyObject_Str(q));
+        if (!q || PyList_Append(list, q) < 0) {
+            Py_XDECREF(q);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(q);
+    }
+    return list;
+}

@@ -313,7 +313,9 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     }
     d = PyDict_New();
     if (!d) goto done;
+    double t_start = em_now(), t_lower = 0, t_schedule = 0, t_codegen = 0, t_cc = 0; /* perf log, explain */
     LGraph *lg = em_lower_graph_device(a, g, mode == 1, &why);
+    t_lower = em_now();
     if (!lg) {
         if (!why) goto done;
         if (mode == 1) {
@@ -334,6 +336,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     }
     Schedule *s = em_schedule_graph(lg);
     if (!s) goto done;
+    t_schedule = em_now();
     char key[40] = "";
     int cached = 0;
     cuda = mode == 1 || lg->device >= 0;
@@ -362,6 +365,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             goto done;
         }
         src = em_codegen_cuda(s, launch);
+        t_codegen = em_now();
         if (!src && PyErr_ExceptionMatches(PyExc_NotImplementedError)) { /* the eager backend runs it */
             PyObject *et, *ev, *tb;
             PyErr_Fetch(&et, &ev, &tb);
@@ -464,6 +468,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     } else {
     src = em_codegen_c(s, &opt);
     if (!src) goto done;
+    t_codegen = em_now();
     if (s->nkernels) {
         Py_ssize_t srclen;
         const char *text = PyUnicode_AsUTF8AndSize(src, &srclen);
@@ -765,6 +770,10 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         if (cuda) {
             SET("launch", launch_list(launch, s->nkernels));
         }
+        t_cc = em_now();
+        SET("stage_times", Py_BuildValue("{s:d,s:d,s:d,s:d}", "lower", t_lower - t_start, "schedule",
+                                         t_schedule - t_lower, "codegen", t_codegen - t_schedule, "cc_and_build",
+                                         t_cc - t_codegen));
 #undef SET
     }
 done:

@@ -20,8 +20,12 @@ import torch
 
 from ._config import config
 from . import _C
+from . import _backends, _logs
 from ._backends import list_backends, register_backend, resolve as _resolve_backend
 from ._dynamic import mark_dynamic, mark_static, maybe_mark_dynamic
+from ._explain import BreakReason, ExplainOutput, explain
+from ._logs import set_logs
+from ._pin import pin, pinned, unpin
 
 GraphBreakError = _C.GraphBreakError
 FALLBACK_REASONS: dict[str, str] = _C._break_reasons()
@@ -29,6 +33,7 @@ FALLBACK_REASONS: dict[str, str] = _C._break_reasons()
 __all__ = [
     "compile", "reset", "disable", "config", "cache_info", "explain", "list_backends",
     "register_backend", "GraphBreakError", "FALLBACK_REASONS", "mark_dynamic", "mark_static", "maybe_mark_dynamic",
+    "ExplainOutput", "BreakReason", "set_logs", "pin", "unpin", "pinned",
 ]
 
 _module_classes: dict[type, type] = {}
@@ -188,57 +193,7 @@ def cache_info(fn, resume=False) -> list[dict]:
     return out
 
 
-class ExplainOutput(str):
-    """ember.explain's report (a str) with torch._dynamo.explain's counts as attributes:
-    graph_count (graphs compiled for the call, resume functions included), graph_break_count,
-    break_reasons (list of "REASON: detail at file:line")."""
-    graph_count: int
-    graph_break_count: int
-    break_reasons: list
-
-
-def explain(fn, *args, **kwargs) -> ExplainOutput:
-    """Compiles fn (if it is not compiled yet) with the eager backend, calls it once with the
-    given arguments, and returns a readable report of its cache entries and those of its resume
-    functions, with graph_count, graph_break_count and break_reasons attributes (the counts
-    torch._dynamo.explain reports)."""
-    compiled = fn if isinstance(fn, _C.CompiledFunction) or hasattr(type(fn), "_ember_compiled") else compile(fn)
-    compiled(*args, **kwargs)
-    lines = []
-    ngraphs = nbreaks = 0
-    reasons = []
-    for i, e in enumerate(cache_info(compiled, resume=True)):
-        lines.append(f"entry {i}: {e['kind']} of {e['code']} (backend {e['backend']}, hits {e['hits']})")
-        if e.get("graph") and "call_" in e["graph"]:  # a graph with operations (an empty one is not counted)
-            ngraphs += 1
-        if e["kind"] in ("fallback", "break"):
-            where = f" at {e['filename']}:{e['lineno']}" if e.get("lineno") else ""
-            detail = f" ({e['detail']})" if e.get("detail") else ""
-            lines.append(f"  reason: {e['reason']}: {e['reason_text']}{detail}{where}")
-            if e["kind"] == "break":
-                nbreaks += 1
-                reasons.append(f"{e['reason']}: {e['detail'] or e['reason_text']}{where}")
-        if e.get("graph"):
-            lines.append("  graph:")
-            lines += ["    " + ln for ln in e["graph"].splitlines()]
-            lines.append(f"  output: {e['output']}")
-        if e.get("dynamic"):
-            lines.append("  symbolic sizes:")
-            lines += ["    " + d for d in e["dynamic"]]
-        if e.get("ember"):
-            lines += _backends.explain_ember(e["ember"])
-        if e.get("autograd"):
-            from . import _autograd
-            lines += _autograd.explain_lines(e["autograd"])
-        lines.append("  guards:")
-        lines += ["    " + g for g in e["guards"]]
-    head = [f"graphs: {ngraphs}, graph breaks: {nbreaks}"] + [f"  break: {r}" for r in reasons]
-    out = ExplainOutput("\n".join(head + lines))
-    out.graph_count = ngraphs
-    out.graph_break_count = nbreaks
-    out.break_reasons = reasons
-    return out
-
+_logs.init_from_env()
 
 from . import debug  # noqa: E402  (ember.debug.dump; EMBER_DUMP=dir starts a dump at import)
 

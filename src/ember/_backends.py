@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from . import _fx
+from . import _fx, _logs
 
 _REGISTRY: dict[str, Callable] = {}
 
@@ -82,6 +82,9 @@ def compile_graph(backend, export, example_inputs, name):
     """Called by the C core on a cache miss: builds the fx graph and hands it to the backend."""
     gm = _fx.to_graph_module(export, name=f"ember_{name}")
     _fx.add_fake_inputs(gm, example_inputs)  # symbolic sizes: placeholders' meta["val"], as Dynamo's
+    if _logs.enabled("output_code"):
+        _logs._emit("output_code", {"code": name, "backend": backend if isinstance(backend, str) else repr(backend),
+                                    "source": gm.code})
     fn = _REGISTRY[backend] if isinstance(backend, str) else backend
     compiled = fn(gm, list(example_inputs))
     if not callable(compiled):

@@ -1,0 +1,71 @@
+"""Guard cost of a module tree, isolated: Mod(1) and Mod(100) of bench/overhead.py compiled by ember
+with a backend whose callable returns precomputed outputs (no tensor work), so that a call costs
+only the frontend: binding, guards, output building. Two such backends: "quiet" creates no dict
+(on 3.11 the probe epoch holds, the dict group is skipped), "dict" creates one dict per call, as
+Inductor's callable does (on 3.11 every call walks the whole dict group; on 3.12 the dict watchers
+skip it). Each is timed plain and under ember.pinned (the UNSAFE pin: no guard runs).
+Per-call µs = min over interleaved rounds of loops of N calls (the minimum is the least noisy
+figure on a shared machine). usage: python bench/guard_cost.py [--rounds 9] [--calls 5000]
+"""
+import argparse
+import contextlib
+import os
+import platform
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+
+import ember  # noqa: E402
+from overhead import Mod  # noqa: E402
+
+
+def backend(create_dict):
+    def compile_(gm, example_inputs):
+        out = tuple(gm(*example_inputs))
+        if create_dict:
+            def run(*args):
+                d = {}  # a new dict: moves 3.11's global dict-version counter
+                return out
+            return run
+        return lambda *args: out
+    return compile_
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--calls", type=int, default=5000)
+    opts = ap.parse_args(argv)
+    x = torch.tensor([2])
+    progs = {}
+    for kind in ("quiet", "dict"):
+        for n in (1, 100):
+            c = ember.compile(Mod(n), backend=backend(kind == "dict"))
+            c(x)
+            progs[(kind, n)] = c
+    best = {(k, n, p): float("inf") for (k, n) in progs for p in (False, True)}
+    for _ in range(opts.rounds):
+        for (k, n, p) in best:
+            c = progs[(k, n)]
+            with ember.pinned(c) if p else contextlib.nullcontext():
+                for _ in range(100):
+                    c(x)
+                t0 = time.perf_counter()
+                for _ in range(opts.calls):
+                    c(x)
+                best[(k, n, p)] = min(best[(k, n, p)], (time.perf_counter() - t0) / opts.calls * 1e6)
+    print(f"Python {platform.python_version()}, torch {torch.__version__}, {os.cpu_count()} CPUs; µs per call")
+    print(f"{'backend':8s} {'':8s} {'Mod(1)':>8s} {'Mod(100)':>9s} {'100-1':>7s}")
+    for k in ("quiet", "dict"):
+        for p in (False, True):
+            a, b = best[(k, 1, p)], best[(k, 100, p)]
+            print(f"{k:8s} {'pinned' if p else 'guarded':8s} {a:8.3f} {b:9.3f} {b - a:7.3f}")
+    for k in ("quiet", "dict"):
+        print(f"{k}: pin saves Mod(1) {best[(k, 1, False)] - best[(k, 1, True)]:.3f} µs, "
+              f"Mod(100) {best[(k, 100, False)] - best[(k, 100, True)]:.3f} µs")
+
+
+if __name__ == "__main__":
+    main()
