@@ -142,6 +142,9 @@ def test_reduction_schedule_by_row_length():
     assert mid["rows_per_block"] == 1 and mid["threads_per_row"] == 128 and mid["cached"] == 8
     ln = _gen(lambda x: F.layer_norm(x, (4096,)), cpu(4, 4096))["launch"][0]
     assert ln["threads_per_row"] == 512 and ln["cached"] == 8  # one pass: the row stays in registers
+    assert mid["vec"] == 4  # the row in registers, in 16-byte chunks
+    assert _gen(lambda x: torch.softmax(x, -1), cpu(64, 1024, dtype=_B))["launch"][0]["vec"] == 8
+    assert _gen(lambda x: x.sum(-1), cpu(64, 101))["launch"][0]["vec"] == 1  # 101 is not a multiple of 4
     long = _gen(lambda x: torch.softmax(x, -1), cpu(2, 32768))["launch"][0]
     assert long["threads_per_row"] == 1024 and long["cached"] == 0  # too long: re-read per pass
 
@@ -349,6 +352,8 @@ EMU_CASES = [
     ("layer_norm_bf16_long", lambda x: F.layer_norm(x, (5000,)), [cpu(3, 5000, dtype=_B)]),
     ("center_rows", lambda x: x - x.mean(-1, keepdim=True), [cpu(9, 777)]),
     ("argmin_int64", lambda x: x.argmin(-1), [cpu(10, 600, dtype=torch.int64)]),
+    ("softmax_misaligned_rows", lambda x: torch.softmax(x, -1), [cpu(4097)[1:].view(4, 1024)]),  # scalar path of chunks
+    ("layer_norm_bf16_chunks", lambda x, w: F.layer_norm(x, (1024,), w), [cpu(6, 1024, dtype=_B), cpu(1024, dtype=_B)]),
 ]
 
 
