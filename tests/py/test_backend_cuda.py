@@ -368,3 +368,35 @@ def test_emulated_kernels_match_eager(name, fn, ex):
 def test_emulated_full_grid():
     # grids as the runtime computes them for a small GPU (blocks of work up to 2 x per_sm)
     _emu_check(lambda x: torch.softmax(x, -1) * 2, cpu(40, 300), grid_cap=64)
+
+
+# ------------------------------------------------------------------------------------------------
+# Graphs on CUDA without a usable driver, and mixed devices: the eager backend runs them, and
+# cache_info says why (fake CUDA tensors stand for real ones: no GPU needed)
+# ------------------------------------------------------------------------------------------------
+
+def _fake_cuda_graph(second_device="cuda"):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.empty(8, device="cuda")
+        y = torch.empty(8, device="cuda") if second_device == "cuda" else torch.ones((), device="cpu")
+        c = torch.cos(x)
+        out = c * y
+    return [("placeholder", "x", x), ("placeholder", "y", y),
+            ("call_function", torch.cos, (("__node__", 0),), {}, c),
+            ("call_function", torch.mul, (("__node__", 2), ("__node__", 1)), {}, out), ("output", [3])]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA driver is present")
+def test_no_driver_runs_eager_with_reason():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = _C._ir_build(_fake_cuda_graph(), ember=True)
+    why = r["info"].get("fallback", "")
+    assert "CUDA tensors ran by the eager backend" in why and ("driver" in why or "NVRTC" in why), why
+
+
+def test_mixed_devices_run_eager_with_reason():
+    r = _C._ir_build(_fake_cuda_graph("cpu"), ember=True)
+    assert "more than one device" in r["info"].get("fallback", ""), r["info"]
