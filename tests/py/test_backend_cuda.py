@@ -142,6 +142,9 @@ def test_reduction_schedule_by_row_length():
     assert mid["rows_per_block"] == 1 and mid["threads_per_row"] == 128 and mid["cached"] == 8
     ln = _gen(lambda x: F.layer_norm(x, (4096,)), cpu(4, 4096))["launch"][0]
     assert ln["threads_per_row"] == 512 and ln["cached"] == 8  # one pass: the row stays in registers
+    assert mid["vec"] == 4  # the row in registers, in 16-byte chunks
+    assert _gen(lambda x: torch.softmax(x, -1), cpu(64, 1024, dtype=_B))["launch"][0]["vec"] == 8
+    assert _gen(lambda x: x.sum(-1), cpu(64, 101))["launch"][0]["vec"] == 1  # 101 is not a multiple of 4
     long = _gen(lambda x: torch.softmax(x, -1), cpu(2, 32768))["launch"][0]
     assert long["threads_per_row"] == 1024 and long["cached"] == 0  # too long: re-read per pass
 
@@ -349,6 +352,8 @@ EMU_CASES = [
     ("layer_norm_bf16_long", lambda x: F.layer_norm(x, (5000,)), [cpu(3, 5000, dtype=_B)]),
     ("center_rows", lambda x: x - x.mean(-1, keepdim=True), [cpu(9, 777)]),
     ("argmin_int64", lambda x: x.argmin(-1), [cpu(10, 600, dtype=torch.int64)]),
+    ("softmax_misaligned_rows", lambda x: torch.softmax(x, -1), [cpu(4097)[1:].view(4, 1024)]),  # scalar path of chunks
+    ("layer_norm_bf16_chunks", lambda x, w: F.layer_norm(x, (1024,), w), [cpu(6, 1024, dtype=_B), cpu(1024, dtype=_B)]),
 ]
 
 
@@ -363,3 +368,35 @@ def test_emulated_kernels_match_eager(name, fn, ex):
 def test_emulated_full_grid():
     # grids as the runtime computes them for a small GPU (blocks of work up to 2 x per_sm)
     _emu_check(lambda x: torch.softmax(x, -1) * 2, cpu(40, 300), grid_cap=64)
+
+
+# ------------------------------------------------------------------------------------------------
+# Graphs on CUDA without a usable driver, and mixed devices: the eager backend runs them, and
+# cache_info says why (fake CUDA tensors stand for real ones: no GPU needed)
+# ------------------------------------------------------------------------------------------------
+
+def _fake_cuda_graph(second_device="cuda"):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.empty(8, device="cuda")
+        y = torch.empty(8, device="cuda") if second_device == "cuda" else torch.ones((), device="cpu")
+        c = torch.cos(x)
+        out = c * y
+    return [("placeholder", "x", x), ("placeholder", "y", y),
+            ("call_function", torch.cos, (("__node__", 0),), {}, c),
+            ("call_function", torch.mul, (("__node__", 2), ("__node__", 1)), {}, out), ("output", [3])]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA driver is present")
+def test_no_driver_runs_eager_with_reason():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = _C._ir_build(_fake_cuda_graph(), ember=True)
+    why = r["info"].get("fallback", "")
+    assert "CUDA tensors ran by the eager backend" in why and ("driver" in why or "NVRTC" in why), why
+
+
+def test_mixed_devices_run_eager_with_reason():
+    r = _C._ir_build(_fake_cuda_graph("cpu"), ember=True)
+    assert "more than one device" in r["info"].get("fallback", ""), r["info"]
