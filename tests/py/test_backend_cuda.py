@@ -247,9 +247,10 @@ def test_gpu_layouts():
 
 @needs_gpu
 def test_gpu_several_kernels_and_externs():
-    a, b = _cuda(64, 256), _cuda(256, 128)
-    info = _run(lambda a, b: torch.softmax(torch.relu(a @ b + 1), -1).sum(-1), a, b, rtol=1e-4, atol=1e-4)
-    assert info["kernels"] >= 2 and info["externs"] >= 1
+    a, b, c = _cuda(64, 256), _cuda(256, 128), _cuda(128, 32)
+    # a kernel between two extern matmuls (relu + softmax) and one after the second (sigmoid)
+    info = _run(lambda a, b, c: (torch.softmax(torch.relu(a @ b + 1), -1) @ c).sigmoid(), a, b, c, rtol=1e-4, atol=1e-4)
+    assert info["kernels"] >= 2 and info["externs"] >= 2
 
 
 @needs_gpu

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import ember
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("cpu_tensors")]
 
 
 @pytest.fixture(autouse=True, scope="module")
