@@ -125,6 +125,13 @@ def main():
     ap.add_argument("--iters", type=int, default=20000)
     args = ap.parse_args()
     backends = ["eager"] + (["inductor"] if args.inductor else [])
+    # warm up both frontends once (imports of sympy, FakeTensorMode, Dynamo) outside the figures
+    w = lambda x: x.sin() * x.shape[0]  # noqa: E731
+    for n in (3, 4, 5):
+        ember.compile(w)(torch.randn(n))
+        torch.compile(w, backend="eager")(torch.randn(n))
+    ember.reset()
+    torch._dynamo.reset()
     print(f"sizes: {SIZES}")
     for backend in backends:
         print(f"\nbackend {backend!r}: graphs compiled / total compile time over 10 sizes (dynamic=None)")
