@@ -254,3 +254,17 @@ def test_linear_without_bias_or_half_keeps_the_torch_op():
     m = nn.Linear(8, 6)
     with torch.no_grad():
         check(lambda x: torch.sigmoid(m(x)), x)
+
+
+def test_threads_follow_torch_set_num_threads():
+    """Each library exports ember_set_threads; results do not depend on the thread count."""
+    x = torch.randn(300, 500)
+    f = lambda x: torch.softmax(x * 2, -1) + x.cos()  # noqa: E731
+    old = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            info = check(f, x)
+    finally:
+        torch.set_num_threads(old)
+    assert "void ember_set_threads(int n)" in info["source"]
