@@ -268,3 +268,29 @@ def test_threads_follow_torch_set_num_threads():
     finally:
         torch.set_num_threads(old)
     assert "void ember_set_threads(int n)" in info["source"]
+
+
+def test_positional_inplace_argument_counts_as_in_place():
+    def relu_pos(x):
+        a = x * 2
+        b = a + 1  # read before the in-place op: must see a's old value
+        a = F.relu(a, True)
+        return a, b
+    info = check(relu_pos, torch.randn(6))
+    assert not info.get("fallback")
+
+    def result_dropped(x):  # `a` is read again through its old name: eager backend, eager's values
+        a = x * 2
+        b = a + 1
+        F.relu(a, True)
+        return a, b
+    info = check(result_dropped, torch.randn(6))
+    assert "in-place" in info["fallback"]
+
+    def leaky(x):
+        a = x * 2
+        b = a + 1
+        F.leaky_relu(a, 0.1, True)  # no lowering: the graph stays on the eager backend
+        return a, b
+    info = check(leaky, torch.randn(6))
+    assert "in-place" in info["fallback"]
