@@ -1516,6 +1516,33 @@ static int name_is_inplace(const char *s) {
     return n > 1 && s[n - 1] == '_';
 }
 
+/* F.relu(x, True), F.leaky_relu(x, 0.1, True) ...: a Python function whose positional parameter
+ * `inplace` receives something other than False (read from the function's code object). */
+static int inplace_positional(const IRNode *n) {
+    if (n->kind != IR_CALL_FUNCTION || n->nargs < 2) return 0;
+    int r = 0;
+    PyObject *code = PyObject_GetAttrString(n->target, "__code__");
+    if (!code) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyCode_Check(code)) {
+        PyCodeObject *co = (PyCodeObject *)code;
+        PyObject *names = PyObject_GetAttrString(code, "co_varnames");
+        if (names && PyTuple_Check(names)) {
+            for (int i = 0; i < co->co_argcount && i < PyTuple_GET_SIZE(names) && (uint32_t)i < n->nargs; i++) {
+                PyObject *nm = PyTuple_GET_ITEM(names, i);
+                if (PyUnicode_Check(nm) && PyUnicode_CompareWithASCIIString(nm, "inplace") == 0)
+                    r = !is_false(&n->args[i]);
+            }
+        }
+        Py_XDECREF(names);
+    }
+    if (PyErr_Occurred()) PyErr_Clear();
+    Py_DECREF(code);
+    return r;
+}
+
 /* Is the node an in-place op or one that writes an out= argument? */
 static int mutates(const IRNode *n) {
     char key[128];
@@ -1536,7 +1563,7 @@ static int mutates(const IRNode *n) {
         if (strcmp(kw, "inplace") == 0 && !(n->kwargs[k].kind == IRARG_CONST && n->kwargs[k].u.obj == Py_False))
             return 1;
     }
-    return 0;
+    return inplace_positional(n);
 }
 
 static int meta_ok(const IRMeta *m) {

@@ -254,3 +254,43 @@ def test_linear_without_bias_or_half_keeps_the_torch_op():
     m = nn.Linear(8, 6)
     with torch.no_grad():
         check(lambda x: torch.sigmoid(m(x)), x)
+
+
+def test_threads_follow_torch_set_num_threads():
+    """Each library exports ember_set_threads; results do not depend on the thread count."""
+    x = torch.randn(300, 500)
+    f = lambda x: torch.softmax(x * 2, -1) + x.cos()  # noqa: E731
+    old = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            info = check(f, x)
+    finally:
+        torch.set_num_threads(old)
+    assert "void ember_set_threads(int n)" in info["source"]
+
+
+def test_positional_inplace_argument_counts_as_in_place():
+    def relu_pos(x):
+        a = x * 2
+        b = a + 1  # read before the in-place op: must see a's old value
+        a = F.relu(a, True)
+        return a, b
+    info = check(relu_pos, torch.randn(6))
+    assert not info.get("fallback")
+
+    def result_dropped(x):  # `a` is read again through its old name: eager backend, eager's values
+        a = x * 2
+        b = a + 1
+        F.relu(a, True)
+        return a, b
+    info = check(result_dropped, torch.randn(6))
+    assert "in-place" in info["fallback"]
+
+    def leaky(x):
+        a = x * 2
+        b = a + 1
+        F.leaky_relu(a, 0.1, True)  # no lowering: the graph stays on the eager backend
+        return a, b
+    info = check(leaky, torch.randn(6))
+    assert "in-place" in info["fallback"]
