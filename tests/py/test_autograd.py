@@ -57,7 +57,7 @@ def check(fn, inputs, backend="aot_eager", compiled=True, seed=None, rtol=None, 
         torch.testing.assert_close(oc, oe, **tol)
         assert oc.requires_grad == oe.requires_grad
         if oe.requires_grad:
-            t = torch.randn(oe.shape, generator=gen, dtype=oe.dtype)
+            t = torch.randn(oe.shape, generator=gen, dtype=oe.dtype, device="cpu").to(oe.device)
             rc.append(oc)
             re_.append(oe)
             cot_c.append(t)
