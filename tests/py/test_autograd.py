@@ -209,7 +209,8 @@ def test_partition_recomputes_pointwise_chain():
     assert "l_x" in saved, info["saved"]
     assert set(recomputed) & {"sin", "mul", "add"}, info["recomputed"]  # the chain, not its outputs
     assert "matmul" not in recomputed  # never recomputes a matmul by default
-    assert info["saved_bytes"] == sum(saved.values())
+    assert info["saved_bytes"] + info["saved_input_bytes"] == sum(saved.values())
+    assert info["saved_input_bytes"] == saved["l_x"] + saved.get("l_w", 0)
 
 
 def test_activation_memory_budget_recomputes_more():
