@@ -1433,8 +1433,16 @@ static void fix_requires_grad(IRGraph *g) {
         PyObject *qn = node_opname(n);
         const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
         bool detach = s && names_has("Tensor.detach torch.detach Tensor.argmax torch.argmax Tensor.argmin torch.argmin", s);
+        /* a leaf made in the graph (torch.ones(..., requires_grad=True), x.requires_grad_()) keeps
+         * the tracer's flag: with no rule, it runs in an eager-autograd step */
+        bool leaf = s && names_has("Tensor.requires_grad_ torch.nn.parameter.Parameter", s);
+        for (uint32_t k = 0; k < n->nkwargs && !leaf; k++) {
+            const char *kn = PyUnicode_AsUTF8(n->kwnames[k]);
+            leaf = kn && !strcmp(kn, "requires_grad");
+        }
         Py_XDECREF(qn);
         PyErr_Clear();
+        if (leaf) continue;
         meta_clear_grad(&n->meta, !any || detach);
     }
 }

@@ -504,3 +504,18 @@ def test_opinfo_gradient_sweep_aot_eager():
         for cls, _ in rows:
             counts[cls] = counts.get(cls, 0) + 1
     assert len(res) >= 35 and counts.get("pass", 0) > 2 * counts.get("kept eager autograd", 0), counts
+
+
+def test_leaf_made_in_graph_keeps_eager_autograd():
+    def f(x):
+        y = torch.ones(3, requires_grad=True)
+        return x * y, y
+    c = ember.compile(f, backend="aot_eager")
+    x, xe = r(3), None
+    xe = x.detach().clone().requires_grad_()
+    (oc, yc), (oe, ye) = c(x), f(xe)
+    assert yc.requires_grad and ye.requires_grad and yc.is_leaf == ye.is_leaf
+    (oc * 2).sum().backward()
+    (oe * 2).sum().backward()
+    torch.testing.assert_close(x.grad, xe.grad)
+    torch.testing.assert_close(yc.grad, ye.grad)
