@@ -179,7 +179,7 @@ def run_model(name, compilers, args, device):
                 sync(device)
                 ts.append(time.perf_counter() - t0)
             r["times"].append(statistics.median(ts))
-            r["loss"] = float(loss)
+            r["loss"] = float(loss.detach())
     out = {"model": name, "shape": shape, "device": device, "rows": {}}
     for c in compilers:
         r = runs[c]

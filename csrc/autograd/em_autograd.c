@@ -1433,8 +1433,16 @@ static void fix_requires_grad(IRGraph *g) {
         PyObject *qn = node_opname(n);
         const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
         bool detach = s && names_has("Tensor.detach torch.detach Tensor.argmax torch.argmax Tensor.argmin torch.argmin", s);
+        /* a leaf made in the graph (torch.ones(..., requires_grad=True), x.requires_grad_()) keeps
+         * the tracer's flag: with no rule, it runs in an eager-autograd step */
+        bool leaf = s && names_has("Tensor.requires_grad_ torch.nn.parameter.Parameter", s);
+        for (uint32_t k = 0; k < n->nkwargs && !leaf; k++) {
+            const char *kn = PyUnicode_AsUTF8(n->kwnames[k]);
+            leaf = kn && !strcmp(kn, "requires_grad");
+        }
         Py_XDECREF(qn);
         PyErr_Clear();
+        if (leaf) continue;
         meta_clear_grad(&n->meta, !any || detach);
     }
 }
@@ -2137,7 +2145,7 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     for (uint32_t k = 0; k < outs->n; k++) fout[nfout++] = fmapF[ag.fmap[outs->u.items[k].u.ref]];
     saved_list = PyList_New(0);
     recomp_list = PyList_New(0);
-    int64_t saved_bytes = 0, recomp_bytes = 0;
+    int64_t saved_bytes = 0, recomp_bytes = 0, saved_input_bytes = 0;
     /* backward graph placeholders: saved values, then tangents */
     for (IRRef r = 1; r < nfwd_end && saved_list; r++) {
         if (!(saved[r] && need[r])) continue;
@@ -2153,7 +2161,9 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
             goto error;
         }
         Py_DECREF(it);
-        saved_bytes += bytes[r] > 0 ? bytes[r] : 0;
+        /* a saved graph input costs no activation memory: the caller holds it anyway */
+        if (ag.role[r] == ROLE_PRIMAL) saved_input_bytes += bytes[r] > 0 ? bytes[r] : 0;
+        else saved_bytes += bytes[r] > 0 ? bytes[r] : 0;
     }
     for (uint32_t k = 0; k < outs->n; k++) {
         if (!tangent[k]) continue;
@@ -2221,8 +2231,9 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     ft = em_ir_format_tabular(F);
     bt = em_ir_format_tabular(B);
     if (!jt || !ft || !bt) goto error;
-    d = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:L,s:L,s:O,s:O,s:O,s:I}", "joint", jt, "forward", ft, "backward", bt,
+    d = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:L,s:L,s:L,s:O,s:O,s:O,s:I}", "joint", jt, "forward", ft, "backward", bt,
                       "saved", saved_list, "recomputed", recomp_list, "saved_bytes", (long long)saved_bytes,
+                      "saved_input_bytes", (long long)saved_input_bytes,
                       "recomputed_bytes", (long long)recomp_bytes, "grad_inputs", gin, "tangent_outputs", tang,
                       "non_differentiable_outputs", nondiff, "nsaved", nsaved);
     if (!d || (ember_info && PyDict_SetItemString(d, "ember", ember_info) < 0)) goto error;

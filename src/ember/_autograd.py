@@ -128,7 +128,8 @@ def explain_lines(info: dict, indent: str = "  ") -> list[str]:
         return lines
     saved = ", ".join(f"{n} ({_fmt_bytes(b)})" for n, b in info["saved"])
     rec = ", ".join(f"{n} ({_fmt_bytes(b)})" for n, b in info["recomputed"])
-    lines = [f"{indent}autograd: {len(info['saved'])} saved tensor(s), {_fmt_bytes(info['saved_bytes'])}: {saved}",
+    lines = [f"{indent}autograd: {len(info['saved'])} saved tensor(s), {_fmt_bytes(info['saved_bytes'])} of "
+             f"activations + {_fmt_bytes(info['saved_input_bytes'])} of graph inputs: {saved}",
              f"{indent}  recomputed in the backward: {len(info['recomputed'])} value(s), "
              f"{_fmt_bytes(info['recomputed_bytes'])}: {rec or '-'}",
              f"{indent}  gradients for inputs {info['grad_inputs']}"]

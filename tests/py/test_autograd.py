@@ -57,7 +57,7 @@ def check(fn, inputs, backend="aot_eager", compiled=True, seed=None, rtol=None, 
         torch.testing.assert_close(oc, oe, **tol)
         assert oc.requires_grad == oe.requires_grad
         if oe.requires_grad:
-            t = torch.randn(oe.shape, generator=gen, dtype=oe.dtype)
+            t = torch.randn(oe.shape, generator=gen, dtype=oe.dtype, device="cpu").to(oe.device)
             rc.append(oc)
             re_.append(oe)
             cot_c.append(t)
@@ -209,7 +209,8 @@ def test_partition_recomputes_pointwise_chain():
     assert "l_x" in saved, info["saved"]
     assert set(recomputed) & {"sin", "mul", "add"}, info["recomputed"]  # the chain, not its outputs
     assert "matmul" not in recomputed  # never recomputes a matmul by default
-    assert info["saved_bytes"] == sum(saved.values())
+    assert info["saved_bytes"] + info["saved_input_bytes"] == sum(saved.values())
+    assert info["saved_input_bytes"] == saved["l_x"] + saved.get("l_w", 0)
 
 
 def test_activation_memory_budget_recomputes_more():
@@ -503,3 +504,18 @@ def test_opinfo_gradient_sweep_aot_eager():
         for cls, _ in rows:
             counts[cls] = counts.get(cls, 0) + 1
     assert len(res) >= 35 and counts.get("pass", 0) > 2 * counts.get("kept eager autograd", 0), counts
+
+
+def test_leaf_made_in_graph_keeps_eager_autograd():
+    def f(x):
+        y = torch.ones(3, requires_grad=True)
+        return x * y, y
+    c = ember.compile(f, backend="aot_eager")
+    x, xe = r(3), None
+    xe = x.detach().clone().requires_grad_()
+    (oc, yc), (oe, ye) = c(x), f(xe)
+    assert yc.requires_grad and ye.requires_grad and yc.is_leaf == ye.is_leaf
+    (oc * 2).sum().backward()
+    (oe * 2).sum().backward()
+    torch.testing.assert_close(x.grad, xe.grad)
+    torch.testing.assert_close(yc.grad, ye.grad)

@@ -37,7 +37,7 @@ def _run(fn, tensors, seed):
         out = fn(*leaves)
         outs = [o for o in _leaves(out) if o.requires_grad]
         gen = torch.Generator().manual_seed(seed)
-        cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs]
+        cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype, device="cpu").to(o.device) for o in outs]
         if outs:
             torch.autograd.backward(outs, cots)
     except Exception as e:  # noqa: BLE001 - compared with the other side
