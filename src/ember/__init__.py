@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 _module_classes: dict[type, type] = {}
+_STATIC_BACKENDS = ("ember", "aot_eager")  # backends that compile concrete sizes only
 
 
 def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None, options=None):
@@ -57,7 +58,9 @@ def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None
       dynamic: as torch.compile's. None (default): static first; a recompile caused by a changed
         size makes that dim symbolic ("automatic dynamic"). True: every dim of every tensor input
         symbolic from the first call. False: never (marks from ember.mark_dynamic also ignored).
-        Sizes 0 and 1 are always specialised; docs/dynamic_shapes.md.
+        Sizes 0 and 1 are always specialised; docs/dynamic_shapes.md. Backends "ember" and
+        "aot_eager" compile concrete sizes (their kernels and partitions are per shape), so for them
+        None means False: each new size compiles its own graph, up to config.cache_size_limit.
       options: accepted for compatibility; must be None or empty.
 
     Returns: for a function, an ember._C.CompiledFunction; for a bound method, the same bound to
@@ -74,6 +77,8 @@ def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None
         dynamic = bool(dynamic)
     if options:
         raise ValueError(f"ember: unknown options {sorted(options)}")
+    if dynamic is None and backend in _STATIC_BACKENDS:
+        dynamic = False  # a symbolic graph would run on the eager backend: specialise instead
     backend, key = _resolve_backend(backend)
     if isinstance(fn_or_module, torch.nn.Module):
         return _compile_module(fn_or_module, backend, key, fullgraph, dynamic)
