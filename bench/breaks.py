@@ -9,7 +9,8 @@ compile_fx; overhead = per-call time through the compiler - per-call time of the
 graphs (and the print) called directly. Timings are never asserted by tests.
 
 Known differences: torch.compile traces numpy calls (torch._numpy), so f3 with numpy is one graph
-there (with the tutorial's scipy.fft.dct both compilers break); torch._dynamo.explain does not
+there (with the tutorial's scipy.fft.dct both compilers break: the row "f3 (scipy dct)", present
+when scipy is installed, as on the GPU machine); torch._dynamo.explain does not
 count a break whose resumed part is an empty graph (f1's `return y` side), ember counts every
 break it went through.
 
@@ -58,6 +59,20 @@ def f3(x):  # scipy.fft.dct in the tutorial; numpy's cos here (scipy is not inst
     return x
 
 
+try:
+    import scipy.fft as _scipy_fft
+except ImportError:  # scipy is not a dependency of ember
+    _scipy_fft = None
+
+
+def f3_scipy(x):  # the tutorial's f3 as written: scipy.fft.dct in the middle (only when scipy imports)
+    x = x * 2
+    x = _scipy_fft.dct(x.numpy())
+    x = torch.from_numpy(x)
+    x = x * 2
+    return x
+
+
 def one_break(x):
     y = torch.sin(x) + 1
     print("", end="", file=SINK)
@@ -72,6 +87,7 @@ def seeds():
         "f1 (both branches)": (f1, [(torch.ones(5), torch.randn(5)), (-torch.ones(5), torch.randn(5))]),
         "f2": (f2, [(torch.randn(5, 5), 3)]),
         "f3": (f3, [(torch.randn(5, 5),)]),
+        **({"f3 (scipy dct)": (f3_scipy, [(torch.randn(5, 5),)])} if _scipy_fft else {}),
         "one_break": (one_break, [(torch.randn(8),)]),
     }
 

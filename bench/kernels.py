@@ -9,7 +9,8 @@ fresh dynamo state, inductor's cache dir fresh) and warm (ember: ember.reset() a
 kernel cache, no compiler call; inductor: torch._dynamo.reset() with its own caches warm).
 Timings are never asserted by tests.
 
-usage: python bench/kernels.py [--rounds N] [--only NAME] [--no-inductor] [--json PATH]
+usage: python bench/kernels.py [--device cpu] [--quick] [--rounds N] [--only NAME] [--no-inductor] [--json PATH]
+--quick: 5 timed rounds (the default is 15).
 """
 import argparse
 import json
@@ -58,11 +59,16 @@ def timed(fn, args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--device", default="cpu", help="only cpu: backend='ember' on CPU (the CUDA one is another issue)")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--only", default=None)
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    if a.device != "cpu":
+        ap.error("--device: only cpu is supported by backend='ember' for now")
+    a.rounds = a.rounds or (5 if a.quick else 15)
     import ember
 
     cache = tempfile.mkdtemp(prefix="ember-bench-cache-")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool): builds ember for its Python 3.12 + torch 2.11, runs the
-# whole test suite with CPU tensors and with CUDA tensors, the overhead benchmark and the demo;
+# whole test suite with CPU tensors and with CUDA tensors, backend "ember"'s CUDA tests and kernel
+# bench (tests/py/test_backend_cuda.py, bench/cuda_kernels.py), the overhead benchmark and the demo;
 # summaries go to $OUT.  usage (repo root, on that machine): bash tools/gpu_check.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -11,6 +12,10 @@ py=python3
 $py -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null && export PYTHONPATH=/tmp/site
 EMBER_WERROR=1 $py -m pip install --no-build-isolation --no-deps -q -e . 2>&1 | tail -20 | tee "$OUT/build.txt"
 $py -c "import ember; print('ember built for', ember._C.PYTHON_ABI)" 2>&1 | tee -a "$OUT/build.txt"
+# backend "ember" on CUDA first (short): NVRTC/driver found, its tests, its kernel bench
+$py -c "from ember import _C; print(_C._cuda_info(load_driver=True))" 2>&1 | tee "$OUT/cuda_info.txt"
+$py -m pytest -p no:cacheprovider -rs tests/py/test_backend_cuda.py 2>&1 | tail -n 60 | tee "$OUT/pytest_backend_cuda.txt"
+$py bench/cuda_kernels.py --json "$OUT/cuda_kernels.json" 2>&1 | tail -n 60 | tee "$OUT/cuda_kernels.txt"
 $py -m pytest -p no:cacheprovider tests/py 2>&1 | tail -n 25 | tee "$OUT/pytest_cpu.txt"
 EMBER_TEST_DEVICE=cuda $py -m pytest -p no:cacheprovider tests/py 2>&1 | tail -n 40 | tee "$OUT/pytest_cuda.txt"
 $py bench/overhead.py --json "$OUT/overhead.json" 2>&1 | tail -16 | tee "$OUT/overhead.txt"

@@ -1,6 +1,6 @@
 /* codegen: scheduled kernels -> source text. The C code generator (em_codegen_c.c) writes one
- * C11 translation unit with OpenMP for all kernels of a graph; a CUDA C generator will read the
- * same Schedule. Invariant: the source depends only on the schedule (shapes, strides, dtypes,
+ * C11 translation unit with OpenMP for all kernels of a graph; the CUDA C generator
+ * (em_codegen_cuda.c) reads the same Schedule. Invariant: the source depends only on the schedule (shapes, strides, dtypes,
  * ops), so equal graphs give equal text and share one compile-cache entry. */
 #ifndef EM_CODEGEN_H
 #define EM_CODEGEN_H
@@ -16,5 +16,28 @@ typedef struct EmCodegenOptions {
 /* Kernel i is `void ember_k<i>(char *const *restrict args)`; args[j] is the data pointer of the
  * kernel's j-th argument buffer (SKernel.args). Returns a new str, NULL with an exception. */
 PyObject *em_codegen_c(const Schedule *s, const EmCodegenOptions *opt);
+
+/* ---- CUDA C (em_codegen_cuda.c) ---- */
+/* How a CUDA kernel is launched: the runtime takes grid = min(blocks, SMs * per_sm) (at least 1)
+ * and the kernels loop grid-stride over what is left. */
+typedef struct EmCudaLaunch {
+    int32_t block;           /* threads per block */
+    int64_t blocks;          /* blocks the work needs (0: nothing to do) */
+    int32_t per_sm;          /* blocks per SM beyond which the grid-stride loop takes over */
+    int32_t vec;             /* pointwise: elements per vector step (1: scalar only) */
+    int32_t idx64;           /* 64-bit index arithmetic */
+    int32_t rows_per_block;  /* reductions: 1 = one row per block, 8 = one row per warp */
+    int32_t threads_per_row; /* reductions: 32 or the block size */
+    int32_t cached;          /* reductions: elements per thread held in registers (0: re-read) */
+} EmCudaLaunch;
+
+/* Kernel i is `extern "C" __global__ void ember_k<i>(T0 *a0, ...)`, one pointer per argument buffer
+ * (SKernel.args), launched as launch[i] says (an array of s->nkernels entries, filled here). New
+ * str (CUDA C++ for NVRTC, no #include), NULL with an exception: NotImplementedError naming what it
+ * cannot emit (masked loads, an operation without a CUDA form), so that the graph runs elsewhere. */
+PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch);
+/* The rules behind launch[] (tests read them through the launch table). */
+int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k);
+int em_codegen_cuda_needs_idx64(const SKernel *k);
 
 #endif /* EM_CODEGEN_H */

@@ -34,6 +34,7 @@
  * Type versions work the same way against a snapshot of what lookup through the MRO resolves to
  * (type_snapshot_matches). */
 #include "guard/em_guard_impl.h"
+#include "sym/em_sym.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -125,7 +126,7 @@ GuardBuilder *em_guard_builder_new(EmArena *a) {
  * index, their key being only the name shown in renderings. */
 static GuardSrc src_add(GuardBuilder *b, int32_t parent, SrcKind kind, Py_ssize_t index, PyObject *key,
                         PyObject *value) {
-    int by_key = kind != SRC_LOCAL && kind != SRC_CLOSURE && kind != SRC_ITEM;
+    int by_key = kind != SRC_LOCAL && kind != SRC_CLOSURE && kind != SRC_CELL && kind != SRC_ITEM;
     int rooted = kind == SRC_ATTR || kind == SRC_ITEM || kind == SRC_DICT_ITEM;
     if (!b) return bad_arg("no builder");
     if (rooted ? parent < 0 || (uint32_t)parent >= b->src.n : parent != -1) return bad_arg("bad parent source");
@@ -173,6 +174,9 @@ GuardSrc em_guard_src_builtin(GuardBuilder *b, PyObject *name, PyObject *value) 
 }
 GuardSrc em_guard_src_closure(GuardBuilder *b, int index, PyObject *name, PyObject *value) {
     return src_add(b, -1, SRC_CLOSURE, index, name, value);
+}
+GuardSrc em_guard_src_cell(GuardBuilder *b, int index, PyObject *name, PyObject *cell) {
+    return src_add(b, -1, SRC_CELL, index, name, cell);
 }
 GuardSrc em_guard_src_attr(GuardBuilder *b, GuardSrc parent, PyObject *name, PyObject *value) {
     return src_add(b, parent, SRC_ATTR, 0, name, value);
@@ -360,14 +364,68 @@ int em_guard_dict_keys(GuardBuilder *b, GuardSrc s) {
     return leaf_push(b, l, NULL);
 }
 
-int em_guard_tensor(GuardBuilder *b, GuardSrc s) {
+int em_guard_tensor(GuardBuilder *b, GuardSrc s) { return em_guard_tensor_dynamic(b, s, 0); }
+
+int em_guard_tensor_dynamic(GuardBuilder *b, GuardSrc s, uint64_t dynmask) {
     int dup;
     PyObject *v = leaf_front(b, s, GUARD_TENSOR_MATCH, &dup);
     if (!v) return -1;
     if (dup) return 0;
     EmTensorMeta *m = em_guard_tensor_record(b->a, v);
     if (!m) return -1;
+    if (dynmask && m->ndim <= 32) { /* dense order of the example, innermost first */
+        int32_t n = m->ndim;
+        const int64_t *sz = m->dims, *st = m->dims + n;
+        for (int32_t i = 0; i < n; i++) m->order[i] = (int8_t)(n - 1 - i);
+        for (int32_t i = 1; i < n; i++)
+            for (int32_t j = i; j > 0 && st[m->order[j]] < st[m->order[j - 1]]; j--) {
+                int8_t t = m->order[j];
+                m->order[j] = m->order[j - 1];
+                m->order[j - 1] = t;
+            }
+        EM_UNUSED(sz);
+        m->dynmask = dynmask;
+    }
     BLeaf l = {.kind = GUARD_TENSOR_MATCH, .src = s, .obj = (PyObject *)Py_TYPE(v), .aux = m};
+    return leaf_push(b, l, NULL);
+}
+
+/* The builder's SYM detail; the capsule that holds it frees a program never moved into a set. */
+typedef struct BSym {
+    SymProg *prog;
+    uint32_t n;
+    GuardSrc *src;
+    int32_t *dim;
+    PyObject *lines;
+} BSym;
+
+static void bsym_free(PyObject *cap) {
+    BSym *bs = PyCapsule_GetPointer(cap, "ember.BSym");
+    if (bs) em_sym_prog_free(bs->prog);
+}
+
+int em_guard_sym(GuardBuilder *b, SymProg *prog, const GuardSrc *srcs, const int32_t *dims, uint32_t n, PyObject *lines) {
+    BSym *bs = em_arena_alloc(b->a, sizeof(BSym));
+    PyObject *cap = bs ? PyCapsule_New(bs, "ember.BSym", bsym_free) : NULL;
+    if (!bs || !cap || !em_arena_hold_steal(b->a, cap)) {
+        em_sym_prog_free(prog);
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
+    }
+    bs->prog = prog;
+    bs->n = n;
+    bs->src = em_arena_alloc(b->a, sizeof(GuardSrc) * (n + 1));
+    bs->dim = em_arena_alloc(b->a, sizeof(int32_t) * (n + 1));
+    bs->lines = em_arena_hold(b->a, lines);
+    if (!bs->src || !bs->dim) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(bs->src, srcs, sizeof(GuardSrc) * n);
+    memcpy(bs->dim, dims, sizeof(int32_t) * n);
+    for (uint32_t i = 0; i < n; i++)
+        if (srcs[i] < 0 || (uint32_t)srcs[i] >= b->src.n) return bad_arg("sym guard on no source");
+    BLeaf l = {.kind = GUARD_SYM, .src = -1, .aux = bs};
     return leaf_push(b, l, NULL);
 }
 
@@ -744,6 +802,8 @@ GuardSet *em_guard_build(GuardBuilder *b) {
             if (l->kind != k || !leaf_kept(b, l, kinds)) continue;
             order[nkept++] = i;
             if (l->src >= 0) remap[l->src] = 1;
+            if (l->kind == GUARD_SYM)
+                for (uint32_t j = 0; j < ((const BSym *)l->aux)->n; j++) remap[((const BSym *)l->aux)->src[j]] = 1;
             if (l->kind == GUARD_TENSOR_MATCH) ntensor_bytes += em_guard_tensor_meta_size(l->aux);
             if (l->kind == GUARD_DICT_VERSION) {
                 nhow += (uint32_t)strlen(l->aux) + 1;
@@ -826,6 +886,31 @@ GuardSet *em_guard_build(GuardBuilder *b) {
             HOLD(m->device_obj);
             HOLD(m->layout_obj);
             g->aux = m;
+        } else if (l->kind == GUARD_SYM) {
+            BSym *bs = (BSym *)l->aux;
+            uint32_t n = bs->n;
+            GSymInfo *info = calloc(1, sizeof(GSymInfo) + (sizeof(int32_t) * 2 + sizeof(void *)) * (n + 1));
+            if (!info) {
+                em_guard_set_free(gs);
+                PyErr_NoMemory();
+                return NULL;
+            }
+            const EmDLPackAPI **apis = (const EmDLPackAPI **)(info + 1);
+            info->api = apis;
+            info->src = (int32_t *)(apis + n + 1);
+            info->dim = info->src + n + 1;
+            info->n = n;
+            for (uint32_t j = 0; j < n; j++) {
+                PyObject *v = b->src.items[bs->src[j]].value;
+                info->src[j] = remap[bs->src[j]];
+                info->dim[j] = bs->dim[j];
+                apis[j] = v ? em_guard_dlpack_api(Py_TYPE(v)) : NULL;
+            }
+            info->lines = Py_XNewRef(bs->lines);
+            info->prog = bs->prog; /* moved: the set frees it */
+            bs->prog = NULL;
+            gs->sym = info;
+            g->aux = info;
         }
     }
 #undef HOLD
@@ -835,6 +920,11 @@ GuardSet *em_guard_build(GuardBuilder *b) {
 
 void em_guard_set_free(GuardSet *gs) {
     if (!gs) return;
+    if (gs->sym) {
+        em_sym_prog_free(gs->sym->prog);
+        Py_XDECREF(gs->sym->lines);
+        free(gs->sym);
+    }
     for (uint32_t i = 0; i < gs->nheld; i++) Py_DECREF(gs->held[i]);
     free(gs);
 }
@@ -905,6 +995,10 @@ static PyObject *resolve(const GuardSet *gs, PyObject **vals, const EmFrameView 
             PyObject *cell = PyTuple_GET_ITEM(fv->closure, src->d.index);
             if (PyCell_Check(cell)) v = Py_XNewRef(PyCell_GET(cell));
         }
+        break;
+    case SRC_CELL:
+        if (fv->closure && PyTuple_Check(fv->closure) && src->d.index < PyTuple_GET_SIZE(fv->closure))
+            v = Py_NewRef(PyTuple_GET_ITEM(fv->closure, src->d.index));
         break;
     case SRC_ATTR:
         v = PyObject_GetAttr(p, src->d.key);
@@ -1107,6 +1201,18 @@ static int leaf_passes(const GuardSet *gs, GLeaf *g, PyObject **vals, const EmFr
         return global_state_passes(g);
     case GUARD_TENSOR_MATCH:
         return Py_TYPE(v) == (PyTypeObject *)g->obj && em_guard_tensor_check(g->aux, v);
+    case GUARD_SYM: { /* the symbols' sizes into a stack array, then the compiled relations */
+        const GSymInfo *info = g->aux;
+        int64_t stack[16], *sz = info->n <= 16 ? stack : malloc(sizeof(int64_t) * info->n);
+        int ok = sz != NULL;
+        for (uint32_t j = 0; ok && j < info->n; j++) {
+            PyObject *t = resolve(gs, vals, fv, info->src[j]);
+            ok = t && em_guard_tensor_size(info->api[j], t, info->dim[j], &sz[j]) == 0;
+        }
+        ok = ok && em_sym_prog_check(info->prog, sz) < 0;
+        if (sz != stack) free(sz);
+        return ok;
+    }
     case GUARD_DICT_VERSION: /* evaluated by em_guard_check as a group */
     case GUARD__COUNT:
         break;

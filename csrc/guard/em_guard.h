@@ -32,6 +32,7 @@ GuardSrc em_guard_src_local(GuardBuilder *b, int index, PyObject *name, PyObject
 GuardSrc em_guard_src_global(GuardBuilder *b, PyObject *name, PyObject *value);
 GuardSrc em_guard_src_builtin(GuardBuilder *b, PyObject *name, PyObject *value);
 GuardSrc em_guard_src_closure(GuardBuilder *b, int index, PyObject *name, PyObject *value); /* cell contents */
+GuardSrc em_guard_src_cell(GuardBuilder *b, int index, PyObject *name, PyObject *cell);     /* the cell itself */
 GuardSrc em_guard_src_attr(GuardBuilder *b, GuardSrc parent, PyObject *name, PyObject *value);
 GuardSrc em_guard_src_item(GuardBuilder *b, GuardSrc parent, Py_ssize_t index, PyObject *value); /* list/tuple */
 GuardSrc em_guard_src_dict_item(GuardBuilder *b, GuardSrc parent, PyObject *key, PyObject *value);
@@ -58,6 +59,16 @@ int em_guard_len(GuardBuilder *b, GuardSrc s);        /* type(v) is T and len(v)
 int em_guard_dict_keys(GuardBuilder *b, GuardSrc s);  /* type(v) is dict and list(v) == keys, in order */
 int em_guard_tensor(GuardBuilder *b, GuardSrc s);     /* tensor match: exact type, dtype, device,
                                                           sizes, strides, requires_grad */
+/* Tensor match whose dims in dynmask are symbolic: their sizes are not compared (the SYM leaf
+ * checks them) and the strides must be dense in the example's dim order. */
+int em_guard_tensor_dynamic(GuardBuilder *b, GuardSrc s, uint64_t dynmask);
+/* The relations the trace relied on among symbolic sizes (csrc/sym): prog checks them on the sizes
+ * read from tensor srcs[i], dim dims[i], for symbol i (n symbols). Takes prog (freed with the set or
+ * the builder's arena). lines: the relations as Python text, for rendering. */
+struct SymProg;
+int em_guard_sym(GuardBuilder *b, struct SymProg *prog, const GuardSrc *srcs, const int32_t *dims, uint32_t n,
+                 PyObject *lines);
+
 /* The dict (a hook dict, an iterated _modules ...) still holds what it held at compile time: the
  * same items (keys, and values by identity) in the same order. how: Python text naming the dict for
  * rendering ("L['self'].__dict__"). The version tag is the fast path (3.11: ma_version_tag; 3.12: a

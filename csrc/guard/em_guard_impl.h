@@ -16,6 +16,7 @@ typedef enum {
     SRC_ATTR,      /* getattr(parent, key) */
     SRC_ITEM,      /* parent[index] (list/tuple) */
     SRC_DICT_ITEM, /* parent[key] */
+    SRC_CELL,      /* the cell fv->closure[index] itself (a `nonlocal` store's target); key = name */
 } SrcKind;
 
 /* The part of a source that names the path; shared by builder and guard set so that one renderer
@@ -43,7 +44,8 @@ PyObject *em_guard_render_src(const void *table, size_t stride, int32_t s);
     _(LEN)                 \
     _(DICT_KEYS)           \
     _(GLOBAL_STATE)        \
-    _(TENSOR_MATCH)
+    _(TENSOR_MATCH)        \
+    _(SYM)
 
 typedef enum {
 #define EM_GUARD_KIND_ENUM(name) GUARD_##name,
@@ -112,7 +114,28 @@ typedef struct EmTensorMeta {
     PyObject *device_obj; /* torch.device: rendering, attribute path */
     PyObject *layout_obj; /* torch.layout: attribute path only (DLPack describes strided tensors only) */
     int64_t *dims;
+    uint64_t dynmask;     /* dims whose size is symbolic (not compared here: the SYM leaf checks
+                             them); then strides must be those of a dense tensor in dim order
+                             `order` (innermost first), as the traced example's were */
+    int8_t order[32];
 } EmTensorMeta;
+
+/* The DLPack table of a tensor type, or NULL (no exception). */
+const EmDLPackAPI *em_guard_dlpack_api(PyTypeObject *tp);
+/* v.size(dim) through api (NULL: attribute path). 0, or -1 (no exception left). */
+int em_guard_tensor_size(const EmDLPackAPI *api, PyObject *v, int dim, int64_t *out);
+
+/* The SYM leaf (one per set, owned by GuardSet.sym): the symbols' sizes are read from their
+ * tensors (src remapped to the set's sources, dim, DLPack table) into an array on the stack and
+ * the compiled program checks every relation the trace relied on (csrc/sym, em_sym_prog_check). */
+typedef struct GSymInfo {
+    struct SymProg *prog;
+    uint32_t n;
+    int32_t *src;
+    int32_t *dim;
+    const EmDLPackAPI **api;
+    PyObject *lines; /* list of str: the relations as Python (strong) */
+} GSymInfo;
 
 /* Records t. The meta and its dims live in arena a; its objects are held by the arena.
  * NULL with an exception if t is not a tensor that can be described (e.g. sparse). */
@@ -179,6 +202,7 @@ struct GuardSet {
     GDictSlot *dslot;     /* ndict slots, one per DICT_VERSION leaf */
     int32_t *fetch;       /* fetch slot -> source */
     PyObject **held;
+    GSymInfo *sym;        /* the SYM leaf's detail (malloc), or NULL */
 };
 
 /* ---- process-wide state of the guard stage. ember supports one interpreter (em_module.c),

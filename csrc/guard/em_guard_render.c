@@ -54,6 +54,9 @@ PyObject *em_guard_render_src(const void *table, size_t stride, int32_t s) {
     case SRC_DICT_ITEM:
         out = PyUnicode_FromFormat("%U[%R]", p, d->key);
         break;
+    case SRC_CELL: /* the cell object of a free variable (key: its name) */
+        out = PyUnicode_FromFormat("__closure__[%zd]", d->index);
+        break;
     }
     Py_XDECREF(p);
     return out;
@@ -138,6 +141,14 @@ PyObject *em_guard_render_one(const GuardSet *gs, int index) {
     case GUARD_TENSOR_MATCH:
         out = em_guard_tensor_render(g->aux, (PyTypeObject *)g->obj, src);
         break;
+    case GUARD_SYM: { /* the relations among symbolic sizes, joined */
+        const GSymInfo *info = g->aux;
+        PyObject *sep = PyUnicode_FromString(" and ");
+        out = sep && info->lines && PyList_GET_SIZE(info->lines) ? PyUnicode_Join(sep, info->lines)
+                                                                 : PyUnicode_FromString("True  # no relation among sizes");
+        Py_XDECREF(sep);
+        break;
+    }
     case GUARD__COUNT:
         PyErr_SetString(PyExc_SystemError, "ember: bad guard kind");
         break;
@@ -151,6 +162,14 @@ PyObject *em_guard_render(const GuardSet *gs) {
     PyObject *list = PyList_New(0);
     if (!list) return NULL;
     for (int i = 0; i < em_guard_count(gs); i++) {
+        if (gs->leaf[i].kind == GUARD_SYM && ((const GSymInfo *)gs->leaf[i].aux)->lines) { /* one line per relation */
+            PyObject *ls = ((const GSymInfo *)gs->leaf[i].aux)->lines;
+            if (PyList_SetSlice(list, PyList_GET_SIZE(list), PyList_GET_SIZE(list), ls) < 0) {
+                Py_DECREF(list);
+                return NULL;
+            }
+            continue;
+        }
         PyObject *line = em_guard_render_one(gs, i);
         if (!line || PyList_Append(list, line) < 0) {
             Py_XDECREF(line);

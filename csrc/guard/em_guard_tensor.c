@@ -40,6 +40,47 @@ static const EmDLPackAPI *dlpack_api_of(PyTypeObject *tp) {
     return api->dltensor_from_py_object_no_sync ? api : NULL;
 }
 
+const EmDLPackAPI *em_guard_dlpack_api(PyTypeObject *tp) { return dlpack_api_of(tp); }
+
+int em_guard_tensor_size(const EmDLPackAPI *api, PyObject *v, int dim, int64_t *out) {
+    if (api) {
+        EmDLTensor dl;
+        if (api->dltensor_from_py_object_no_sync(v, &dl) != 0) {
+            PyErr_Clear();
+            return -1;
+        }
+        if (dim < 0 || dim >= dl.ndim) return -1;
+        *out = dl.shape[dim];
+        return 0;
+    }
+    PyObject *shape = PyObject_GetAttr(v, em_guard_state.s_shape);
+    PyObject *x = shape ? PySequence_GetItem(shape, dim) : NULL;
+    long long k = x ? PyLong_AsLongLong(x) : -1;
+    Py_XDECREF(shape);
+    Py_XDECREF(x);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    *out = k;
+    return 0;
+}
+
+/* Dense strides in dim order m->order (innermost first), static dims' sizes equal: the match of
+ * a tensor with symbolic dims. */
+static int dynamic_dims_match(const EmTensorMeta *m, const int64_t *shape, const int64_t *strides) {
+    int32_t n = m->ndim;
+    for (int32_t i = 0; i < n; i++)
+        if (!(m->dynmask & ((uint64_t)1 << i)) && shape[i] != m->dims[i]) return 0;
+    int64_t acc = 1;
+    for (int32_t k = 0; k < n; k++) {
+        int d = m->order[k];
+        if ((strides ? strides[d] : 0) != acc && shape[d] > 1) return 0;
+        if (__builtin_mul_overflow(acc, shape[d], &acc)) return 0;
+    }
+    return 1;
+}
+
 /* Reads a bool attribute or the result of a no-argument method of t: 1, 0, or -1 (exception
  * cleared by the caller when it wants). */
 static int bool_of(PyObject *t, PyObject *name, int method) {
@@ -220,7 +261,10 @@ static int check_attrs(const EmTensorMeta *m, PyObject *v) {
     if (rc != 1) goto done;
     rc = -1;
     if (attr_dims(v, &ndim, &dims) < 0) goto done;
-    rc = ndim == m->ndim && (ndim == 0 || memcmp(dims, m->dims, sizeof(int64_t) * 2 * (size_t)ndim) == 0);
+    if (m->dynmask)
+        rc = ndim == m->ndim && dynamic_dims_match(m, dims, dims + ndim);
+    else
+        rc = ndim == m->ndim && (ndim == 0 || memcmp(dims, m->dims, sizeof(int64_t) * 2 * (size_t)ndim) == 0);
 done:
     free(dims);
     Py_XDECREF(dtype);
@@ -240,8 +284,12 @@ int em_guard_tensor_check(const EmTensorMeta *m, PyObject *v) {
             dl.dtype.lanes != m->dtype.lanes || dl.device.device_type != m->device.device_type ||
             dl.device.device_id != m->device.device_id)
             return 0;
-        for (int32_t i = 0; i < dl.ndim; i++)
-            if (dl.shape[i] != m->dims[i] || (dl.strides ? dl.strides[i] : 0) != m->dims[dl.ndim + i]) return 0;
+        if (m->dynmask) {
+            if (!dynamic_dims_match(m, dl.shape, dl.strides)) return 0;
+        } else {
+            for (int32_t i = 0; i < dl.ndim; i++)
+                if (dl.shape[i] != m->dims[i] || (dl.strides ? dl.strides[i] : 0) != m->dims[dl.ndim + i]) return 0;
+        }
     } else {
         ok = check_attrs(m, v);
         if (ok < 0) goto fail;
@@ -273,10 +321,12 @@ fail:
     return 0;
 }
 
-/* Appends "[a, b, c]" for n int64 to buf (room checked by the caller: 22 bytes per value + 3). */
-static char *format_dims(char *p, const int64_t *d, int32_t n) {
+/* Appends "[a, b, c]" for n int64 to buf (room checked by the caller: 22 bytes per value + 3);
+ * dims in dyn print as None (symbolic, as Dynamo's guard dumps write them). */
+static char *format_dims(char *p, const int64_t *d, int32_t n, uint64_t dyn) {
     *p++ = '[';
-    for (int32_t i = 0; i < n; i++) p += sprintf(p, i ? ", %lld" : "%lld", (long long)d[i]);
+    for (int32_t i = 0; i < n; i++)
+        p += (dyn & ((uint64_t)1 << i)) ? sprintf(p, i ? ", None" : "None") : sprintf(p, i ? ", %lld" : "%lld", (long long)d[i]);
     *p++ = ']';
     *p = 0;
     return p;
@@ -288,8 +338,8 @@ PyObject *em_guard_tensor_render(const EmTensorMeta *m, PyTypeObject *tp, PyObje
     PyObject *dev = NULL, *ty = NULL, *lay = NULL, *extra = NULL, *out = NULL;
     char *buf = malloc(2 * (24 * (size_t)m->ndim + 4));
     if (!buf) return PyErr_NoMemory();
-    char *sizes = buf, *strides = format_dims(sizes, m->dims, m->ndim) + 1;
-    format_dims(strides, m->dims + m->ndim, m->ndim);
+    char *sizes = buf, *strides = format_dims(sizes, m->dims, m->ndim, m->dynmask) + 1;
+    format_dims(strides, m->dims + m->ndim, m->ndim, m->dynmask);
     dev = PyObject_Str(m->device_obj);
     if (!dev) goto done;
     if (tp != em_guard_state.tensor_type) {
@@ -302,9 +352,15 @@ PyObject *em_guard_tensor_render(const EmTensorMeta *m, PyTypeObject *tp, PyObje
                                  m->check_conj ? (m->conj ? ", conj=True" : ", conj=False") : "",
                                  m->check_conj ? (m->neg ? ", neg=True" : ", neg=False") : "");
     if (!extra) goto done;
-    out = PyUnicode_FromFormat("check_tensor(%U, %R, device=%R, size=%s, stride=%s, requires_grad=%s%U)%s", src_text,
+    char dense[200] = "";
+    if (m->dynmask) { /* what replaces the exact strides: dense in the example's dim order */
+        char *p = dense + sprintf(dense, "  # strides dense, innermost dim first: [");
+        for (int32_t i = 0; i < m->ndim && i < 16; i++) p += sprintf(p, i ? ", %d" : "%d", m->order[i]);
+        sprintf(p, "]");
+    }
+    out = PyUnicode_FromFormat("check_tensor(%U, %R, device=%R, size=%s, stride=%s, requires_grad=%s%U)%s%s", src_text,
                                m->dtype_obj, dev, sizes, strides, m->requires_grad ? "True" : "False", extra,
-                               m->api ? "" : "  # attribute path");
+                               m->api ? "" : "  # attribute path", dense);
 done:
     free(buf);
     Py_XDECREF(dev);

@@ -22,6 +22,7 @@ typedef struct EmCompileConfig {
                               name of a registered backend ("inductor") */
     PyObject *backend_key; /* identity used to match cache entries to this backend */
     int fullgraph;         /* a break raises instead of falling back */
+    int dynamic;           /* -1: None (automatic dynamic), 0: False (static), 1: True */
 } EmCompileConfig;
 
 typedef enum { ENTRY_GRAPH, ENTRY_FALLBACK, ENTRY_BREAK } EntryKind;
@@ -72,6 +73,7 @@ typedef struct ExtraState {
     int skip;                /* never compile this code (ember's own code, ember.disable) */
     int max_fetch;           /* the most fetch slots any entry uses: lookups need that much room */
     PyObject *resume_cache;  /* dict: the resume functions' code objects made from this code */
+    PyObject *frame_state;   /* dict: tensor input source -> sizes seen (automatic dynamic) */
 } ExtraState;
 
 /* ---- cache (em_hook_cache.c) ---- */

@@ -6,6 +6,7 @@
 #include "hook/em_hook.h"
 
 #include "trace/em_trace.h"
+#include "autograd/em_autograd.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,7 @@ static void entries_free(ExtraState *es) {
     es->warned_limit = 0;
     es->max_fetch = 0;
     Py_CLEAR(es->resume_cache);
+    Py_CLEAR(es->frame_state);
 }
 
 /* co_extra free function: called by CPython when the code object is deallocated. */
@@ -163,7 +165,19 @@ int em_effects_replay(const CacheEntry *e, PyObject *graph_out, PyObject *const 
     for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
         PyObject *target = PyTuple_GET_ITEM(vals, 2 * i), *v = PyTuple_GET_ITEM(vals, 2 * i + 1);
         PyObject *name = PyTuple_GET_ITEM(e->effect_names, i);
-        rc = target == Py_None ? PyDict_SetItem(globals, name, v) : PyObject_SetAttr(target, name, v);
+        if (name == Py_Ellipsis) { /* an input list/dict takes its final contents (em_trace_effects.c) */
+            if (PyList_CheckExact(target) && PyList_Check(v)) {
+                rc = PyList_SetSlice(target, 0, PY_SSIZE_T_MAX, v);
+            } else if (PyDict_CheckExact(target) && PyDict_Check(v)) {
+                PyDict_Clear(target);
+                rc = PyDict_Update(target, v);
+            } else {
+                PyErr_SetString(PyExc_SystemError, "ember: malformed container write-back");
+                rc = -1;
+            }
+        } else {
+            rc = target == Py_None ? PyDict_SetItem(globals, name, v) : PyObject_SetAttr(target, name, v);
+        }
     }
     Py_DECREF(vals);
     return rc;
@@ -261,11 +275,33 @@ error:
  * goes through ember._backends.compile_graph(backend, export, example_inputs, name), which builds
  * the torch.fx.GraphModule and calls the backend. New reference, or NULL with an exception. */
 static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
-                                 int *is_eager_graph, PyObject **backend_info) {
+                                 int *is_eager_graph, PyObject **backend_info, const char **info_key) {
     *is_eager_graph = 0;
+    *info_key = "ember";
     if (PyUnicode_Check(cfg->backend) && PyUnicode_Compare(cfg->backend, eager_str) == 0) {
         *is_eager_graph = 1;
         return em_eager_graph_new(res->graph);
+    }
+    if (res->symbolic && PyUnicode_Check(cfg->backend) &&
+        (PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") == 0 ||
+         PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0)) {
+        /* ember's AOT autograd and code generator take concrete sizes: one graph for all sizes runs
+         * on the eager backend (eager autograd) */
+        *is_eager_graph = 1;
+        *backend_info = Py_BuildValue("{s:s}", "fallback", "symbolic sizes: the graph runs on the eager backend "
+                                                           "(ember's autograd and code generator specialise sizes)");
+        if (!*backend_info) return NULL;
+        return em_eager_graph_new(res->graph);
+    }
+    if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") == 0) {
+        /* ahead-of-time autograd: joint graph, min-cut partition, a torch.autograd.Function */
+        *info_key = "autograd";
+        return em_autograd_compile(res->graph, false, is_eager_graph, backend_info);
+    }
+    if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0 &&
+        em_autograd_needed(res->graph)) {
+        *info_key = "autograd"; /* training: both halves through ember's code generator */
+        return em_autograd_compile(res->graph, true, is_eager_graph, backend_info);
     }
     if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0) {
         *is_eager_graph = 1; /* the "ember" backend's program is an EagerGraph of kernels and extern calls */
@@ -321,7 +357,7 @@ static int mark_fallback(CacheEntry *e, EmBreak reason, PyObject *detail) {
  * The stub's code is never compiled by the hook; the resume functions' code always is (even when
  * the user's file lies where the skip rules look away: the user compiled that function). */
 static int make_break_entry(CacheEntry *e, const EmTraceResult *res, const EmCompileConfig *cfg, PyCodeObject *code,
-                            PyObject **backend_info) {
+                            PyObject **backend_info, const char **info_key) {
     const EmSplit *sp = res->split;
     BreakPart *bp = calloc(1, sizeof(BreakPart));
     if (!bp) {
@@ -357,7 +393,7 @@ static int make_break_entry(CacheEntry *e, const EmTraceResult *res, const EmCom
             return -1;
         }
     if (em_trace_graph_has_calls(res->graph)) {
-        e->compiled = backend_compile(cfg, res, code, &e->eager_graph, backend_info);
+        e->compiled = backend_compile(cfg, res, code, &e->eager_graph, backend_info, info_key);
         if (!e->compiled) return -1;
     }
     e->ninputs = e->compiled ? res->ninputs : 0;
@@ -414,7 +450,10 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         .max_loop_iterations = (int)config_int("max_loop_iterations", 10000),
         .max_instructions = (int)config_int("max_instructions", 1000000),
         .split = !cfg->fullgraph && config_int("graph_breaks", 1) != 0,
+        .dynamic = cfg->dynamic,
     };
+    if (!es->frame_state && !(es->frame_state = PyDict_New())) PyErr_Clear();
+    opts.frame_state = es->frame_state;
     {
         /* resume functions are cached on the ORIGINAL code (resume-of-resume starts from it too) */
         PyCodeObject *orig = em_trace_resume_origin(code);
@@ -427,6 +466,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     memset(&res, 0, sizeof res);
     CacheEntry *e = NULL;
     PyObject *graph_text = NULL, *out_text = NULL, *backend_info = NULL;
+    const char *info_key = "ember";
     if (em_trace_frame(func, code, fv, &opts, &res) < 0) goto error;
     if ((!res.graph || res.split) && cfg->fullgraph) {
         raise_fullgraph(code, &res.brk);
@@ -456,7 +496,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         if (!e->effects) goto error;
     }
     if (e->kind == ENTRY_GRAPH) {
-        e->compiled = backend_compile(cfg, &res, code, &e->eager_graph, &backend_info);
+        e->compiled = backend_compile(cfg, &res, code, &e->eager_graph, &backend_info, &info_key);
         if (!e->compiled) goto error;
         e->out = em_out_copy(res.out);
         e->ninputs = res.ninputs;
@@ -471,7 +511,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         out_text = em_out_repr(e->out);
         if (!graph_text || !out_text) goto error;
     } else if (e->kind == ENTRY_BREAK) {
-        if (make_break_entry(e, &res, cfg, code, &backend_info) < 0) goto error;
+        if (make_break_entry(e, &res, cfg, code, &backend_info, &info_key) < 0) goto error;
         if (e->compiled) {
             graph_text = em_ir_format_tabular(res.graph);
             if (!graph_text) goto error;
@@ -480,7 +520,13 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         if (!out_text) goto error;
     }
     e->info = entry_info(e->kind, e->guards, cfg, &res, graph_text, out_text);
-    if (!e->info || (backend_info && PyDict_SetItemString(e->info, "ember", backend_info) < 0)) goto error;
+    if (!e->info || (backend_info && PyDict_SetItemString(e->info, info_key, backend_info) < 0)) goto error;
+    {   /* which dims are symbolic and why (ember.cache_info / explain) */
+        PyObject *dyn = res.sym_notes ? PyList_GetSlice(res.sym_notes, 0, PY_SSIZE_T_MAX) : PyList_New(0);
+        int bad = !dyn || PyDict_SetItemString(e->info, "dynamic", dyn) < 0;
+        Py_XDECREF(dyn);
+        if (bad) goto error;
+    }
     Py_CLEAR(backend_info);
     if (e->kind == ENTRY_BREAK) {
         PyObject *rc = PyTuple_New(e->brk->nresume), *off = PyLong_FromUnsignedLong(res.split->offset);

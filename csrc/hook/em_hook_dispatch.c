@@ -238,13 +238,13 @@ done:
     return result;
 }
 
-/* CompiledFunction(func, backend, backend_key, fullgraph, self=None, module=None) */
+/* CompiledFunction(func, backend, backend_key, fullgraph, self=None, module=None, dynamic=None) */
 static PyObject *cf_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"func", "backend", "backend_key", "fullgraph", "self", "module", NULL};
-    PyObject *func, *backend, *backend_key, *self_obj = Py_None, *module = Py_None;
+    static char *kwlist[] = {"func", "backend", "backend_key", "fullgraph", "self", "module", "dynamic", NULL};
+    PyObject *func, *backend, *backend_key, *self_obj = Py_None, *module = Py_None, *dynamic = Py_None;
     int fullgraph = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOp|OO:CompiledFunction", kwlist, &func, &backend, &backend_key,
-                                     &fullgraph, &self_obj, &module))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOp|OOO:CompiledFunction", kwlist, &func, &backend, &backend_key,
+                                     &fullgraph, &self_obj, &module, &dynamic))
         return NULL;
     if (!PyFunction_Check(func)) {
         PyErr_Format(PyExc_TypeError, "ember.compile expects a Python function, got %.100s", Py_TYPE(func)->tp_name);
@@ -259,6 +259,7 @@ static PyObject *cf_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     cf->cfg.backend = Py_NewRef(backend);
     cf->cfg.backend_key = Py_NewRef(backend_key);
     cf->cfg.fullgraph = fullgraph;
+    cf->cfg.dynamic = dynamic == Py_None ? -1 : PyObject_IsTrue(dynamic) ? 1 : 0;
     return (PyObject *)cf;
 }
 

@@ -909,3 +909,18 @@ int em_ir_dce(IRGraph *g, IRRef *refmap) {
     PyErr_Restore(exc_type, exc_value, exc_tb);
     return removed;
 }
+
+/* A graph is symbolic when it has a ShapeEnv and some node's metadata uses it. */
+static bool ir_meta_symbolic(const IRMeta *m) {
+    if (m->sym_sizes || m->sym) return true;
+    for (uint32_t i = 0; m->kind == IRMETA_TUPLE && i < m->nitems; i++)
+        if (ir_meta_symbolic(&m->items[i])) return true;
+    return false;
+}
+
+bool em_ir_is_symbolic(const IRGraph *g) {
+    if (!g || !g->shape_env) return false;
+    for (IRRef i = 1; i < g->nnodes; i++)
+        if (ir_meta_symbolic(&g->nodes[i].meta)) return true;
+    return false;
+}

@@ -103,6 +103,12 @@ typedef struct IRMeta {
                                 (held; used for shape inference of later ops). OTHER: the value. */
     uint32_t nitems;         /* TUPLE */
     struct IRMeta *items;    /* TUPLE */
+    /* Symbolic shapes (docs/dynamic_shapes.md): sizes/strides above are the example's (the hints);
+     * when the graph has a ShapeEnv, sym_sizes / sym_strides (ndim SymRefs each, NULL when every
+     * size is static) say what they are in terms of the symbols. OTHER: sym != 0 for a SymInt
+     * value (a sym_size node or arithmetic on sizes); example is then its hint (int). */
+    uint32_t *sym_sizes, *sym_strides;
+    uint32_t sym;
 } IRMeta;
 
 typedef struct IRNode {
@@ -128,7 +134,11 @@ typedef struct IRGraph {
     IRRef *inputs;           /* placeholder refs, in input order */
     uint32_t ninputs, capinputs;
     IRRef output;            /* the OUTPUT node, 0 until em_ir_set_output */
+    struct ShapeEnv *shape_env; /* borrowed: the symbols of sym_sizes (NULL: a static graph) */
 } IRGraph;
+
+/* Does any node of g carry a symbolic size or SymInt value? */
+bool em_ir_is_symbolic(const IRGraph *g);
 
 IRGraph *em_ir_new(EmArena *a);
 static inline IRNode *em_ir_node(const IRGraph *g, IRRef r) { return &g->nodes[r]; }

@@ -2,6 +2,7 @@
  * and the export to Python data that src/ember/_fx.py turns into a torch.fx.GraphModule.
  * Invariant: both read the graph only; node references print as node names. */
 #include "ir/em_ir.h"
+#include "sym/em_sym.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -90,10 +91,16 @@ static int ir_format_arg(const IRGraph *g, const IRArg *a, StrBuf *b) {
 }
 
 /* "[2, 3]" for a tensor meta's sizes. */
-static void ir_format_sizes(const IRMeta *m, StrBuf *b) {
-    char tmp[32];
+static void ir_format_sizes(const IRMeta *m, const ShapeEnv *env, StrBuf *b) {
+    char tmp[96];
     sb_puts(b, "[");
     for (int32_t i = 0; i < m->ndim; i++) {
+        if (env && m->sym_sizes) { /* symbolic: s0, (s0//2), ... (a long one is cut) */
+            if (i) sb_puts(b, ", ");
+            em_sym_render(env, m->sym_sizes[i], SYM_STYLE_SYMBOLS, tmp, sizeof tmp);
+            sb_puts(b, tmp);
+            continue;
+        }
         snprintf(tmp, sizeof tmp, i ? ", %lld" : "%lld", (long long)(m->sizes ? m->sizes[i] : -1));
         sb_puts(b, tmp);
     }
@@ -101,15 +108,22 @@ static void ir_format_sizes(const IRMeta *m, StrBuf *b) {
 }
 
 /* The dtype and shape cells of a node's meta. Tuples print their items as "float32[2, 3]". */
-static int ir_format_meta(const IRMeta *m, StrBuf *dtype, StrBuf *shape) {
+static int ir_format_meta(const IRMeta *m, const ShapeEnv *env, StrBuf *dtype, StrBuf *shape) {
     switch (m->kind) {
     case IRMETA_TENSOR:
         if (m->dtype && sb_putobj(dtype, m->dtype, false) < 0) return -1;
-        ir_format_sizes(m, shape);
+        ir_format_sizes(m, env, shape);
         return 0;
     case IRMETA_NONE:
         return 0;
     case IRMETA_OTHER:
+        if (m->sym && env) {
+            char tmp[96];
+            em_sym_render(env, m->sym, SYM_STYLE_SYMBOLS, tmp, sizeof tmp);
+            sb_puts(dtype, "SymInt");
+            sb_puts(shape, tmp);
+            return 0;
+        }
         if (m->example) sb_puts(dtype, Py_TYPE(m->example)->tp_name);
         return 0;
     case IRMETA_TUPLE:
@@ -131,7 +145,7 @@ static int ir_format_meta(const IRMeta *m, StrBuf *dtype, StrBuf *shape) {
                 }
                 sb_puts(shape, strncmp(ds, "torch.", 6) == 0 ? ds + 6 : ds);
                 free(ds);
-                ir_format_sizes(it, shape);
+                ir_format_sizes(it, env, shape);
             } else if (it->kind == IRMETA_TUPLE) {
                 sb_puts(shape, "tuple");
             } else if (it->kind == IRMETA_NONE) {
@@ -185,7 +199,7 @@ static int ir_row(const IRGraph *g, IRRef i, char **cells) {
         if (ir_format_arg(g, &n->kwargs[k], &b[4]) < 0) goto done;
     }
     sb_puts(&b[4], "}");
-    if (ir_format_meta(&n->meta, &b[5], &b[6]) < 0) goto done;
+    if (ir_format_meta(&n->meta, g->shape_env, &b[5], &b[6]) < 0) goto done;
     rc = 0;
 done:
     for (int c = 0; c < NCOLS; c++) {
@@ -307,7 +321,20 @@ static PyObject *ir_int_tuple(const int64_t *v, int32_t n) {
 }
 
 /* The meta dict documented at em_ir_to_python (Py_None for IRMETA_NONE). New reference. */
-static PyObject *ir_export_meta(const IRMeta *m) {
+/* A tuple of n symbolic sizes rendered as graph metadata ("s0", "2*s0"). New reference. */
+static PyObject *ir_sym_tuple(const ShapeEnv *env, const uint32_t *v, int32_t n) {
+    char tmp[256];
+    PyObject *t = PyTuple_New(n > 0 ? n : 0);
+    for (int32_t i = 0; t && i < n; i++) {
+        em_sym_render(env, v[i], SYM_STYLE_SYMBOLS, tmp, sizeof tmp);
+        PyObject *x = PyUnicode_FromString(tmp);
+        if (!x) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, i, x);
+    }
+    return t;
+}
+
+static PyObject *ir_export_meta(const IRMeta *m, const ShapeEnv *env) {
     PyObject *shape = NULL, *stride = NULL, *items = NULL, *d = NULL;
     switch (m->kind) {
     case IRMETA_NONE:
@@ -319,17 +346,31 @@ static PyObject *ir_export_meta(const IRMeta *m) {
         d = Py_BuildValue("{s:s,s:O,s:O,s:O,s:O,s:O}", "kind", "tensor", "shape", shape, "stride", stride,
                           "dtype", m->dtype ? m->dtype : Py_None, "device", m->device ? m->device : Py_None,
                           "requires_grad", m->requires_grad ? Py_True : Py_False);
+        if (d && env && m->sym_sizes) { /* "sym_shape" / "sym_stride": tuples of str */
+            PyObject *ss = ir_sym_tuple(env, m->sym_sizes, m->ndim);
+            PyObject *st = m->sym_strides ? ir_sym_tuple(env, m->sym_strides, m->ndim) : Py_NewRef(Py_None);
+            if (!ss || !st || PyDict_SetItemString(d, "sym_shape", ss) < 0 || PyDict_SetItemString(d, "sym_stride", st) < 0)
+                Py_CLEAR(d);
+            Py_XDECREF(ss);
+            Py_XDECREF(st);
+        }
         break;
     case IRMETA_TUPLE:
         items = PyList_New(m->nitems);
         for (uint32_t i = 0; items && i < m->nitems; i++) {
-            PyObject *it = ir_export_meta(&m->items[i]);
+            PyObject *it = ir_export_meta(&m->items[i], env);
             if (!it) Py_CLEAR(items);
             else PyList_SET_ITEM(items, i, it);
         }
         if (items) d = Py_BuildValue("{s:s,s:O}", "kind", "tuple", "items", items);
         break;
     case IRMETA_OTHER:
+        if (m->sym && env) { /* {"kind": "symint", "value": hint, "expr": "s0//2"} */
+            char tmp[256];
+            em_sym_render(env, m->sym, SYM_STYLE_SYMBOLS, tmp, sizeof tmp);
+            d = Py_BuildValue("{s:s,s:O,s:s}", "kind", "symint", "value", m->example ? m->example : Py_None, "expr", tmp);
+            break;
+        }
         d = Py_BuildValue("{s:s,s:O}", "kind", "other", "value", m->example ? m->example : Py_None);
         break;
     }
@@ -355,7 +396,7 @@ PyObject *em_ir_to_python(const IRGraph *g) {
             Py_DECREF(v);
             if (rc < 0) goto error;
         }
-        meta = ir_export_meta(&n->meta);
+        meta = ir_export_meta(&n->meta, g->shape_env);
         if (!meta) goto error;
         row = Py_BuildValue("(ssOOOO)", em_ir_kind_name(n->kind), n->name ? n->name : "",
                             n->target ? n->target : Py_None, args, kwargs, meta);

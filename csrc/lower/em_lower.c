@@ -10,6 +10,7 @@
 #include "lower/em_lower.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const ldt_names[] = {
@@ -130,6 +131,7 @@ typedef struct {
     LDtype rdt;            /* result dtype (meta) */
     uint32_t *node_buf;    /* lnode -> NODE buffer requested for views (UINT32_MAX none) */
     uint32_t cap_node_buf;
+    bool inplace_ok;       /* the node is an in-place op lowered as its functional form */
 } Ctx;
 
 #define NODE(c, id) (&(c)->lg->nodes[id])
@@ -214,7 +216,7 @@ static int64_t numel_of(int32_t ndim, const int64_t *sizes) {
  * x's shape; a non-keepdim reduction declares its squeezed shape so that the buffer can be returned). */
 static uint32_t as_load_shape(Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes) {
     if (!x) return 0;
-    if (NODE(c, x)->op == LP_LOAD) return x;
+    if (NODE(c, x)->op == LP_LOAD && !NODE(c, x)->lmask) return x;
     LGraph *lg = c->lg;
     if (x >= c->cap_node_buf) {
         uint32_t cap = lg->capnodes;
@@ -457,7 +459,8 @@ static int dims_mask(const IRArg *a, int32_t ndim, uint32_t *mask) {
 typedef enum {
     R_UNARY, R_BINARY, R_ADDSUB, R_DIV, R_POW, R_WHERE, R_MASKED_FILL, R_CLAMP, R_CLAMP_MIN, R_CLAMP_MAX,
     R_CAST, R_TO, R_GELU, R_SILU, R_SOFTPLUS, R_SQUARE, R_MAXMIN,
-    R_REDUCE, R_MEAN, R_VAR, R_SOFTMAX, R_LOGSUMEXP, R_LAYER_NORM, R_RMS_NORM, R_BATCH_NORM,
+    R_REDUCE, R_MEAN, R_VAR, R_SOFTMAX, R_LOGSUMEXP, R_LAYER_NORM, R_RMS_NORM, R_BATCH_NORM, R_GROUP_NORM,
+    R_MAX_POOL, R_ADAPTIVE_AVG_POOL, R_CAT,
     R_RESHAPE, R_PERMUTE, R_TRANSPOSE, R_T, R_EXPAND, R_NARROW, R_SELECT, R_GETITEM, R_IDENTITY, R_DROPOUT
 } RuleKind;
 
@@ -524,7 +527,16 @@ static const LowerRule LOWER_RULES[] = {
     {"F.layer_norm", R_LAYER_NORM, 0, "input,normalized_shape,weight,bias,eps"},
     {"F.rms_norm", R_RMS_NORM, 0, "input,normalized_shape,weight,eps"},
     {"F.batch_norm", R_BATCH_NORM, 0, "input,running_mean,running_var,weight,bias,training,momentum,eps"},
+    {"F.group_norm", R_GROUP_NORM, 0, "input,num_groups,weight,bias,eps"},
     {"F.dropout", R_DROPOUT, 0, "input,p,training,inplace"},
+    /* pooling: windows of masked loads (padding reads nothing); adaptive pooling to 1 is a mean */
+    {"F.max_pool2d", R_MAX_POOL, 2, "input,kernel_size,stride,padding,dilation,ceil_mode,return_indices"},
+    {"F.max_pool1d", R_MAX_POOL, 1, "input,kernel_size,stride,padding,dilation,ceil_mode,return_indices"},
+    {"F.adaptive_avg_pool2d", R_ADAPTIVE_AVG_POOL, 2, "input,output_size"},
+    {"F.adaptive_avg_pool1d", R_ADAPTIVE_AVG_POOL, 1, "input,output_size"},
+    /* cat/stack: one masked load per piece */
+    {"cat", R_CAT, 0, "tensors,dim"}, {"concat", R_CAT, 0, "tensors,dim"}, {"concatenate", R_CAT, 0, "tensors,dim"},
+    {"stack", R_CAT, 1, "tensors,dim"},
     /* views: index arithmetic */
     {"view", R_RESHAPE, 0, ""}, {"reshape", R_RESHAPE, 1, ""}, {"flatten", R_RESHAPE, 1, ""},
     {"squeeze", R_RESHAPE, 0, ""}, {"unsqueeze", R_RESHAPE, 0, ""}, {"view_as", R_RESHAPE, 0, ""},
@@ -579,10 +591,29 @@ static int target_key(const IRNode *n, char *buf, size_t size) {
     return r;
 }
 
-static const LowerRule *find_rule(const IRNode *n) {
+/* The augmented assignments of operator (x += y) and their functional forms. */
+static const char *const inplace_operators[][2] = {
+    {"op.iadd", "op.add"}, {"op.isub", "op.sub"}, {"op.imul", "op.mul"}, {"op.itruediv", "op.truediv"},
+    {"op.ifloordiv", "op.floordiv"}, {"op.ipow", "op.pow"}, {"op.imod", "op.mod"}, {"op.iand", "op.and_"},
+    {"op.ior", "op.or_"}, {"op.ixor", "op.xor"}, {"op.ilshift", "op.lshift"}, {"op.irshift", "op.rshift"},
+    {"op.imatmul", "op.matmul"},
+};
+
+/* functional: the node is an in-place op that is lowered as its out-of-place form (relu_ as relu,
+ * operator.iadd as operator.add; F.relu(x, inplace=True) keeps its key). */
+static const LowerRule *find_rule(const IRNode *n, int functional) {
     char key[128];
     if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) return NULL;
     if (target_key(n, key, sizeof key) < 0) return NULL;
+    if (functional) {
+        size_t len = strlen(key);
+        for (size_t i = 0; i < sizeof inplace_operators / sizeof inplace_operators[0]; i++)
+            if (strcmp(key, inplace_operators[i][0]) == 0) {
+                snprintf(key, sizeof key, "%s", inplace_operators[i][1]);
+                len = 0;
+            }
+        if (len > 1 && key[len - 1] == '_' && key[len - 2] != '_') key[len - 1] = 0;
+    }
     for (size_t i = 0; i < sizeof LOWER_RULES / sizeof LOWER_RULES[0]; i++)
         if (strcmp(LOWER_RULES[i].key, key) == 0) return &LOWER_RULES[i];
     /* F.X that is torch.X (F.relu is torch.relu's sibling; F.tanh ...) */
@@ -668,7 +699,7 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
     case R_IDENTITY:
         return base;
     case R_DROPOUT:
-        if (!is_false(slot[2]) || !is_false(slot[3])) return 0;
+        if (!is_false(slot[2]) || (!is_false(slot[3]) && !c->inplace_ok)) return 0;
         return base;
     case R_RESHAPE: {
         uint32_t l = as_load(c, base);
@@ -881,7 +912,7 @@ static uint32_t squeeze_dims(Ctx *c, uint32_t x, uint32_t rmask) {
     int k = 0;
     for (int d = 0; d < src.ndim; d++)
         if (!((rmask >> d) & 1)) sizes[k++] = src.sizes[d];
-    if (src.op != LP_LOAD) return as_load_shape(c, x, k, sizes);
+    if (src.op != LP_LOAD || src.lmask) return as_load_shape(c, x, k, sizes);
     int64_t st[EM_LMAXDIM];
     k = 0;
     for (int d = 0; d < src.ndim; d++)
@@ -916,17 +947,170 @@ static uint32_t channel_view(Ctx *c, uint32_t v, int32_t ndim) {
     return reload(c, l, ndim - 1, sizes, st, 0);
 }
 
+/* ceil(a / b) for b > 0 */
+static int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
+/* A LOAD of buffer buf with the given view whose element exists only where lo[d] <= index d < hi[d]
+ * for the dims in mask (elsewhere: fill, nothing read). Mask bits of size-1 dims are resolved here:
+ * index 0 inside the range drops the bit; outside, the load is the fill constant. */
+static uint32_t mk_masked_load(Ctx *c, uint32_t buf, int32_t nd, const int64_t *sizes, int64_t offset,
+                               const int64_t *strides, uint32_t mask, const int64_t *lo, const int64_t *hi,
+                               double ffill, int64_t ifill) {
+    LDtype dt = c->lg->bufs[buf].dtype;
+    for (int d = 0; d < nd; d++) {
+        if (!((mask >> d) & 1)) continue;
+        if (lo[d] >= hi[d]) return mk_const(c, ffill, ifill, !em_ldt_is_float(dt), dt);
+        if (lo[d] <= 0 && hi[d] >= sizes[d]) mask &= ~(1u << d);
+        else if (sizes[d] == 1) return mk_const(c, ffill, ifill, !em_ldt_is_float(dt), dt);
+    }
+    uint32_t id = em_lower_load(c->lg, buf, nd, sizes, offset, strides, c->ir);
+    if (!id || !mask) return id;
+    LNode *n = NODE(c, id);
+    n->lmask = mask;
+    for (int d = 0; d < nd; d++) {
+        n->lo[d] = (mask >> d) & 1 ? lo[d] : 0;
+        n->hi[d] = (mask >> d) & 1 ? hi[d] : sizes[d];
+    }
+    n->fval = ffill;
+    n->ival = ifill;
+    return id;
+}
+
+/* kernel_size/stride/padding/dilation of a pooling op: one int or sp ints. */
+static int pool_arg(const IRArg *a, int sp, int64_t dflt, int64_t *out) {
+    int64_t v[EM_LMAXDIM];
+    if (is_none(a)) {
+        for (int i = 0; i < sp; i++) out[i] = dflt;
+        return 0;
+    }
+    int k = get_ints(a, v, EM_LMAXDIM);
+    if (k == 0 && dflt > 0) k = -1;
+    if (k == 1) for (int i = 0; i < sp; i++) out[i] = v[0];
+    else if (k == sp) memcpy(out, v, sp * sizeof(int64_t));
+    else return -1;
+    return 0;
+}
+
+/* max_pool{1,2}d: the max over the window's positions, each a strided load masked to where the
+ * window lies inside the input (padding reads nothing; -inf never wins a non-empty window). */
+static uint32_t lower_max_pool(Ctx *c, int sp, uint32_t x, const IRArg **slot) {
+    LDtype R = c->rdt;
+    const IRMeta *m = &c->n->meta;
+    int64_t ks[2], st[2], pd[2], dl[2];
+    if (!em_ldt_is_float(R) || NODE(c, x)->dtype != R || !is_false(slot[6])) return 0;
+    if (pool_arg(slot[1], sp, -1, ks) < 0 || pool_arg(slot[3], sp, 0, pd) < 0 || pool_arg(slot[4], sp, 1, dl) < 0)
+        return 0;
+    if (is_none(slot[2]) || (slot[2]->kind == IRARG_CONST && PySequence_Check(slot[2]->u.obj) &&
+                             PySequence_Size(slot[2]->u.obj) == 0))
+        memcpy(st, ks, sizeof st);
+    else if (pool_arg(slot[2], sp, -1, st) < 0)
+        return 0;
+    if (PyErr_Occurred()) PyErr_Clear();
+    LNode src = *NODE(c, x);
+    int32_t nd = src.ndim;
+    if ((nd != sp + 1 && nd != sp + 2) || m->ndim != nd) return 0;
+    int64_t npos = 1;
+    for (int i = 0; i < sp; i++) {
+        if (ks[i] <= 0 || st[i] <= 0 || dl[i] <= 0 || pd[i] < 0) return 0;
+        npos *= ks[i];
+    }
+    if (npos > 64) return 0;
+    uint32_t l = as_load(c, x);
+    if (!l) return 0;
+    src = *NODE(c, l);
+    uint32_t acc = 0;
+    for (int64_t p = 0; p < npos; p++) {
+        int64_t strides[EM_LMAXDIM], lo[EM_LMAXDIM] = {0}, hi[EM_LMAXDIM] = {0}, off = src.offset, q = p;
+        uint32_t mask = 0;
+        for (int d = 0; d < nd - sp; d++) strides[d] = src.strides[d];
+        for (int i = sp - 1; i >= 0; i--) {
+            int d = nd - sp + i;
+            int64_t k = q % ks[i], shift = k * dl[i] - pd[i];
+            q /= ks[i];
+            strides[d] = src.strides[d] * st[i];
+            off += shift * src.strides[d];
+            /* valid: 0 <= o * st + shift < input size */
+            lo[d] = ceil_div(-shift, st[i]);
+            hi[d] = ceil_div(src.sizes[d] - shift, st[i]);
+            if (lo[d] < 0) lo[d] = 0;
+            if (hi[d] > m->sizes[d]) hi[d] = m->sizes[d];
+            mask |= 1u << d;
+        }
+        uint32_t v = mk_masked_load(c, src.buf, nd, m->sizes, off, strides, mask, lo, hi, -INFINITY, 0);
+        if (!v) return 0;
+        if (NODE(c, v)->op == LP_CONST) continue; /* this window position never lies inside */
+        acc = acc ? mk_op(c, LP_MAX, R, R, acc, v, 0) : v;
+    }
+    return acc;
+}
+
+/* cat / stack: the sum of one masked load per piece, each existing only on its range of the
+ * output's dim (fill -0.0, the identity of float addition for every value, 0 for integers, false
+ * for bool with OR). The pieces must have the result's dtype (no promotion in the sum). */
+static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
+    LDtype R = c->rdt;
+    const IRMeta *m = &c->n->meta;
+    const IRArg *ts = slot[0];
+    int64_t dim = 0;
+    int32_t nd = m->ndim, d;
+    if (!ts || (ts->kind != IRARG_LIST && ts->kind != IRARG_TUPLE) || ts->n == 0 || ts->n > 16) return 0;
+    if (slot[1] && get_int(slot[1], &dim) < 0) return 0;
+    if (nd == 0 || norm_dim(dim, nd, &d) < 0) return 0;
+    LPrim comb = R == LDT_BOOL ? LP_OR : LP_ADD;
+    double ffill = -0.0;
+    uint32_t acc = 0;
+    int64_t start = 0;
+    for (uint32_t i = 0; i < ts->n; i++) {
+        Opnd o;
+        if (opnd(c, &ts->u.items[i], &o) < 0 || o.kind != 1 || NODE(c, o.node)->dtype != R) return 0;
+        uint32_t l = as_load(c, o.node);
+        if (!l) return 0;
+        LNode src = *NODE(c, l);
+        int64_t strides[EM_LMAXDIM], lo[EM_LMAXDIM] = {0}, hi[EM_LMAXDIM] = {0}, piece;
+        if (stack) {
+            if (src.ndim != nd - 1) return 0;
+            for (int e = 0, k = 0; e < nd; e++) {
+                if (e == d) {
+                    strides[e] = 0;
+                    continue;
+                }
+                if (src.sizes[k] != m->sizes[e]) return 0;
+                strides[e] = src.strides[k++];
+            }
+            piece = 1;
+        } else {
+            if (src.ndim != nd) return 0;
+            for (int e = 0; e < nd; e++) {
+                if (e != d && src.sizes[e] != m->sizes[e]) return 0;
+                strides[e] = src.strides[e];
+            }
+            piece = src.sizes[d];
+        }
+        if (piece == 0) continue;
+        lo[d] = start;
+        hi[d] = start + piece;
+        uint32_t v = mk_masked_load(c, src.buf, nd, m->sizes, src.offset - start * strides[d], strides, 1u << d, lo, hi,
+                                    ffill, 0);
+        if (!v) return 0;
+        acc = acc ? mk_op(c, comb, R, R, acc, v, 0) : v;
+        start += piece;
+    }
+    if (start != m->sizes[d]) return 0;
+    return acc;
+}
+
 static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     const IRArg *slot[MAXP];
     if (rule->sig[0] && bind(c->n, rule->sig, slot) < 0) return 0;
     if (!rule->sig[0] && c->n->nkwargs) return 0;
     if (is_view_rule(rule)) return lower_view(c, rule, slot);
+    if (rule->kind == R_CAT) return lower_cat(c, rule->prim, slot);
     Opnd a, b, w;
     if (opnd(c, slot[0], &a) < 0 || opnd(c, slot[1], &b) < 0 || opnd(c, slot[2], &w) < 0) return 0;
     LDtype R = c->rdt;
     switch (rule->kind) {
     case R_UNARY: {
-        if (a.kind != 1 || (slot[1] && !is_false(slot[1]))) return 0;
+        if (a.kind != 1 || (slot[1] && !is_false(slot[1]) && !c->inplace_ok)) return 0;
         LPrim p = (LPrim)rule->prim;
         LDtype cd = (p == LP_ISNAN || p == LP_ISINF) ? NODE(c, a.node)->dtype : p == LP_NOT ? LDT_BOOL : R;
         if (p == LP_SIGN && R == LDT_BOOL) return 0;
@@ -1049,7 +1233,7 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         return mk_cast(c, r, R);
     }
     case R_SILU: {
-        if (a.kind != 1 || !is_false(slot[1]) || !em_ldt_is_float(R)) return 0;
+        if (a.kind != 1 || (!is_false(slot[1]) && !c->inplace_ok) || !em_ldt_is_float(R)) return 0;
         LDtype F = opmath(R);
         uint32_t x = mk_cast(c, a.node, F);
         uint32_t den = mk_op(c, LP_ADD, F, F, cnum(c, 1.0, F), mk_op(c, LP_EXP, F, F, mk_op(c, LP_NEG, F, F, x, 0, 0), 0, 0), 0);
@@ -1211,6 +1395,93 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         if (bo.kind == 1) y = mk_op(c, LP_ADD, F, F, y, mk_cast(c, bo.node, F), 0);
         return mk_cast(c, y, R);
     }
+    case R_MAX_POOL:
+        if (a.kind != 1) return 0;
+        return lower_max_pool(c, rule->prim, a.node, slot);
+    case R_ADAPTIVE_AVG_POOL: {
+        /* ATen's adaptive_avg_pool2d to (1, 1) is input.mean((-1, -2), keepdim=True) (AdaptiveAveragePooling.cpp) */
+        int sp = rule->prim;
+        int64_t os[EM_LMAXDIM];
+        if (a.kind != 1 || !em_ldt_is_float(R)) return 0;
+        LNode src = *NODE(c, a.node);
+        if (src.ndim != sp + 1 && src.ndim != sp + 2) return 0;
+        int k = get_ints(slot[1], os, EM_LMAXDIM);
+        if (k != 1 && k != sp) return 0;
+        for (int i = 0; i < k; i++)
+            if (os[i] != 1) return 0;
+        uint32_t mask = 0;
+        for (int i = 0; i < sp; i++) mask |= 1u << (src.ndim - 1 - i);
+        LDtype F = opmath(R);
+        return mk_cast(c, mk_mean(c, mk_cast(c, a.node, F), mask, F), R);
+    }
+    case R_GROUP_NORM: {
+        /* x (N, C, *) seen as (N, G, C/G, *): mean and biased variance per (n, g), then the
+         * per-channel affine (aten/src/ATen/native/group_norm.cpp, math_group_norm) */
+        int64_t G;
+        double eps = 1e-5;
+        if (a.kind != 1 || !em_ldt_is_float(R) || get_int(slot[1], &G) < 0) return 0;
+        if (slot[4] && !is_none(slot[4]) && get_double(slot[4], &eps) < 0) return 0;
+        Opnd wo, bo;
+        if (opnd(c, slot[2], &wo) < 0 || opnd(c, slot[3], &bo) < 0 || wo.kind > 1 || bo.kind > 1) return 0;
+        LNode src = *NODE(c, a.node);
+        if (src.ndim < 2 || src.ndim + 1 > EM_LMAXDIM || G <= 0 || src.sizes[1] % G != 0) return 0;
+        uint32_t l = as_load(c, a.node);
+        if (!l) return 0;
+        src = *NODE(c, l);
+        int32_t nd = src.ndim + 1;
+        int64_t sizes[EM_LMAXDIM], st[EM_LMAXDIM], cg = src.sizes[1] / G;
+        sizes[0] = src.sizes[0];
+        st[0] = src.strides[0];
+        sizes[1] = G;
+        st[1] = src.strides[1] * cg;
+        sizes[2] = cg;
+        st[2] = src.strides[1];
+        for (int d = 2; d < src.ndim; d++) {
+            sizes[d + 1] = src.sizes[d];
+            st[d + 1] = src.strides[d];
+        }
+        uint32_t xs = reload(c, l, nd, sizes, st, 0);
+        uint32_t mask = 0;
+        int64_t cnt = 1;
+        for (int d = 2; d < nd; d++) {
+            mask |= 1u << d;
+            cnt *= sizes[d];
+        }
+        LDtype F = opmath(R);
+        uint32_t x = mk_cast(c, xs, F);
+        uint32_t mean = mk_mean(c, x, mask, F);
+        uint32_t dev = mk_op(c, LP_SUB, F, F, x, mean, 0);
+        uint32_t var = mk_op(c, LP_DIV, F, F, mk_reduce(c, LP_RSUM, F, mk_op(c, LP_MUL, F, F, dev, dev, 0), mask),
+                             cnum(c, (double)(cnt ? cnt : 1), F), 0);
+        uint32_t y = mk_op(c, LP_MUL, F, F, dev, mk_op(c, LP_RSQRT, F, F, mk_op(c, LP_ADD, F, F, var, cnum(c, eps, F), 0), 0, 0), 0);
+        /* weight/bias (C,) seen as (G, C/G, 1, ...) */
+        const Opnd *ab[2] = {&wo, &bo};
+        for (int i = 0; i < 2; i++) {
+            if (ab[i]->kind != 1) continue;
+            uint32_t wl = as_load(c, ab[i]->node);
+            if (!wl) return 0;
+            LNode w = *NODE(c, wl);
+            if (w.ndim != 1 || w.sizes[0] != src.sizes[1]) return 0;
+            int64_t ws[EM_LMAXDIM], wst[EM_LMAXDIM];
+            ws[0] = G;
+            wst[0] = w.strides[0] * cg;
+            ws[1] = cg;
+            wst[1] = w.strides[0];
+            for (int d = 2; d < nd - 1; d++) {
+                ws[d] = 1;
+                wst[d] = 0;
+            }
+            uint32_t wv = mk_cast(c, reload(c, wl, nd - 1, ws, wst, 0), F);
+            y = mk_op(c, i == 0 ? LP_MUL : LP_ADD, F, F, y, wv, 0);
+        }
+        y = mk_cast(c, y, R);
+        /* back to (N, C, *): the value materialized contiguous, seen with the input's shape */
+        uint32_t yl = as_load(c, y);
+        if (!yl) return 0;
+        int64_t cst[EM_LMAXDIM];
+        contiguous_strides(src.ndim, src.sizes, cst);
+        return reload(c, yl, src.ndim, src.sizes, cst, 0);
+    }
     case R_BATCH_NORM: {
         if (a.kind != 1 || !em_ldt_is_float(R) || !is_false(slot[5])) return 0;
         Opnd rm, rv, wo, bo;
@@ -1252,6 +1523,8 @@ static int mutates(const IRNode *n) {
         const char *dot = strrchr(key, '.');
         const char *base = dot ? dot + 1 : key;
         if (name_is_inplace(base) || strcmp(base, "setitem") == 0) return 1;
+        for (size_t i = 0; i < sizeof inplace_operators / sizeof inplace_operators[0]; i++)
+            if (strcmp(key, inplace_operators[i][0]) == 0 && n->meta.kind == IRMETA_TENSOR) return 1;
     }
     for (uint32_t k = 0; k < n->nkwargs; k++) {
         const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
@@ -1291,7 +1564,183 @@ static void mark_users(const IRArg *a, uint8_t *used_by_extern) {
         for (uint32_t i = 0; i < a->n; i++) mark_users(&a->u.items[i], used_by_extern);
 }
 
+/* The device of a tensor meta: -1 CPU, d >= 0 CUDA device d, -2 anything else. */
+static int device_of(PyObject *device, int meta_as_cuda) {
+    if (!device) return -1;
+    if (is_cpu(device)) return -1;
+    PyObject *t = PyObject_GetAttrString(device, "type");
+    if (!t) {
+        PyErr_Clear();
+        return -2;
+    }
+    int r = -2;
+    if (PyUnicode_Check(t) && PyUnicode_CompareWithASCIIString(t, "cuda") == 0) {
+        PyObject *ix = PyObject_GetAttrString(device, "index");
+        if (!ix) PyErr_Clear();
+        else if (ix == Py_None) r = 0;
+        else {
+            long v = PyLong_AsLong(ix);
+            if (v == -1 && PyErr_Occurred()) PyErr_Clear();
+            else if (v >= 0 && v < 4096) r = (int)v;
+        }
+        Py_XDECREF(ix);
+    } else if (meta_as_cuda && PyUnicode_Check(t) && PyUnicode_CompareWithASCIIString(t, "meta") == 0) {
+        r = 0;
+    }
+    Py_DECREF(t);
+    return r;
+}
+
+static void note_uses(const IRArg *a, IRRef user, IRRef *last_use) {
+    if (a->kind == IRARG_NODE) {
+        if (last_use[a->u.ref] < user) last_use[a->u.ref] = user;
+    } else if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) {
+        for (uint32_t i = 0; i < a->n; i++) note_uses(&a->u.items[i], user, last_use);
+    }
+}
+
+static void note_alias(const IRArg *a, uint8_t *aliased) {
+    if (a->kind == IRARG_NODE) aliased[a->u.ref] = 1;
+    else if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++) note_alias(&a->u.items[i], aliased);
+}
+
+static int tensor_dtype_is(const IRGraph *g, const IRArg *a, PyObject *dtype) {
+    if (a->kind == IRARG_NODE) {
+        const IRMeta *m = &g->nodes[a->u.ref].meta;
+        return m->kind != IRMETA_TENSOR || m->dtype == dtype;
+    }
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) return 0;
+    return 1;
+}
+
+/* Functionalization of in-place ops (what Inductor gets from AOT autograd's functionalization):
+ * node r mutating value v (its first argument) is lowered as the out-of-place op when nothing can
+ * observe the difference: v is a fresh tensor (made in the graph by a non-view op, or itself such
+ * a functionalized result), nothing reads v after r, v is not returned, no node that may alias v
+ * (a view, an unknown torch call) reads it, and every tensor argument has v's dtype (an in-place
+ * op computes in the promoted type and rounds to v's; the functional rule computes in v's). */
+static int functionalize(const IRGraph *g, uint8_t *functional) {
+    uint32_t nn = g->nnodes;
+    IRRef *last_use = calloc(nn + 1, sizeof(IRRef));
+    uint8_t *aliased = calloc(nn + 1, 1), *fresh = calloc(nn + 1, 1);
+    if (!last_use || !aliased || !fresh) {
+        free(last_use);
+        free(aliased);
+        free(fresh);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(functional, 0, nn + 1);
+    for (IRRef r = 1; r < nn; r++) {
+        const IRNode *n = &g->nodes[r];
+        IRRef user = n->kind == IR_OUTPUT ? (IRRef)UINT32_MAX : r;
+        for (uint32_t i = 0; i < n->nargs; i++) note_uses(&n->args[i], user, last_use);
+        for (uint32_t i = 0; i < n->nkwargs; i++) note_uses(&n->kwargs[i], user, last_use);
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        const LowerRule *rule = find_rule(n, 0);
+        int inplace = mutates(n);
+        char key[128];
+        int fresh_extern = 0;
+        if (!rule && target_key(n, key, sizeof key) == 0)
+            for (int i = 0; fresh_externs[i]; i++) fresh_extern |= strcmp(key, fresh_externs[i]) == 0;
+        if (!inplace && n->meta.kind == IRMETA_TENSOR)
+            fresh[r] = fresh_extern || (rule && !is_view_rule(rule) && rule->kind != R_TO && rule->kind != R_CAST);
+        /* readers that may return an alias of their argument */
+        if (!inplace && !fresh[r] && !(rule && !is_view_rule(rule) && rule->kind != R_TO && rule->kind != R_CAST)) {
+            for (uint32_t i = 0; i < n->nargs; i++) note_alias(&n->args[i], aliased);
+            for (uint32_t i = 0; i < n->nkwargs; i++) note_alias(&n->kwargs[i], aliased);
+        }
+    }
+    for (IRRef r = 1; r < nn; r++) {
+        const IRNode *n = &g->nodes[r];
+        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !mutates(n)) continue;
+        if (n->meta.kind != IRMETA_TENSOR || n->nargs < 1 || n->args[0].kind != IRARG_NODE) continue;
+        IRRef v = n->args[0].u.ref;
+        int ok = fresh[v] && !aliased[v] && last_use[v] == r && g->nodes[v].meta.kind == IRMETA_TENSOR &&
+                 g->nodes[v].meta.dtype == n->meta.dtype && find_rule(n, 1) != NULL;
+        for (uint32_t k = 0; ok && k < n->nkwargs; k++) {
+            const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
+            if (!kw) {
+                PyErr_Clear();
+                ok = 0;
+            } else if (strcmp(kw, "out") == 0) {
+                ok = 0;
+            }
+        }
+        for (uint32_t i = 1; ok && i < n->nargs; i++) ok = tensor_dtype_is(g, &n->args[i], n->meta.dtype);
+        for (uint32_t i = 0; ok && i < n->nkwargs; i++) ok = tensor_dtype_is(g, &n->kwargs[i], n->meta.dtype);
+        if (ok) {
+            functional[r] = 1;
+            fresh[r] = 1;
+        }
+    }
+    free(last_use);
+    free(aliased);
+    free(fresh);
+    return 0;
+}
+
+/* F.linear(x, w, b) with a tensor bias: the extern call runs as F.linear(x, w) (a matmul into a
+ * fresh tensor) and the bias add is a lowered node, fused into the kernel that reads the result
+ * (the activation or residual epilogue), instead of addmm's pass copying the bias into its output.
+ * 1 when done, 0 when it does not apply, -1 on OOM. */
+static int linear_bias_epilogue(Ctx *c, IRRef r) {
+    LGraph *lg = c->lg;
+    const IRNode *n = &lg->ir->nodes[r];
+    char key[128];
+    if (target_key(n, key, sizeof key) < 0 || strcmp(key, "F.linear") != 0) return 0;
+    const IRArg *slot[MAXP];
+    if (bind(n, "input,weight,bias", slot) < 0 || !slot[2] || slot[2]->kind != IRARG_NODE) return 0;
+    int32_t none_arg = -1;
+    for (uint32_t i = 0; i < n->nargs; i++)
+        if (&n->args[i] == slot[2]) none_arg = (int32_t)i;
+    for (uint32_t i = 0; i < n->nkwargs; i++)
+        if (&n->kwargs[i] == slot[2]) none_arg = (int32_t)(n->nargs + i);
+    Opnd bo;
+    LDtype R = (LDtype)em_lower_dtype_of(n->meta.dtype);
+    if (none_arg < 0 || opnd(c, slot[2], &bo) < 0 || bo.kind != 1 || !em_ldt_is_float(R) || em_ldt_is_half(R)) return 0;
+    const LNode *bn = NODE(c, bo.node);
+    if (bn->dtype != R || bn->ndim != 1 || n->meta.ndim < 1 || bn->sizes[0] != n->meta.sizes[n->meta.ndim - 1]) return 0;
+    uint32_t before = lg->nnodes, bbefore = lg->nbufs;
+    LBuf b = {.kind = LBUF_EXTERN, .index = r, .dtype = R, .ndim = n->meta.ndim, .ir = r, .fresh = true};
+    memcpy(b.sizes, n->meta.sizes, b.ndim * sizeof(int64_t));
+    memcpy(b.strides, n->meta.strides, b.ndim * sizeof(int64_t));
+    uint32_t bi = em_lower_buffer(lg, &b);
+    if (bi == UINT32_MAX) return -1;
+    uint32_t ld = em_lower_load(lg, bi, b.ndim, b.sizes, 0, b.strides, r);
+    c->ir = r;
+    c->n = n;
+    c->rdt = R;
+    uint32_t y = ld ? mk_op(c, LP_ADD, R, R, ld, bo.node, 0) : 0;
+    if (!y || NODE(c, y)->ndim != n->meta.ndim ||
+        memcmp(NODE(c, y)->sizes, n->meta.sizes, n->meta.ndim * sizeof(int64_t)) != 0) {
+        if (PyErr_Occurred()) return -1;
+        lg->nnodes = before;
+        lg->nbufs = bbefore;
+        return 0;
+    }
+    LVal *v = &lg->vals[r];
+    v->kind = LV_NODE;
+    v->lnode = y;
+    v->ext_call = true;
+    v->none_arg = none_arg;
+    v->ext_buf = bi;
+    lg->nextern++;
+    return 1;
+}
+
 LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
+    *why = NULL;
+    for (IRRef r = 1; r < g->nnodes; r++)
+        if (g->nodes[r].meta.kind == IRMETA_TENSOR && !is_cpu(g->nodes[r].meta.device)) {
+            *why = "a tensor is not on the CPU (the CUDA backend is another issue): ran by the eager backend";
+            return NULL;
+        }
+    return em_lower_graph_device(a, g, 0, why);
+}
+
+LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, const char **why) {
     *why = NULL;
     LGraph *lg = em_arena_alloc(a, sizeof(LGraph));
     const LowerRule **rules = em_arena_alloc(a, g->nnodes * sizeof(LowerRule *));
@@ -1308,28 +1757,45 @@ LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
         PyErr_NoMemory();
         return NULL;
     }
-    /* graph-level checks: CPU tensors, no mutation, no autograd */
+    lg->device = -1;
+    int first = 1;
+    uint8_t *functional = em_arena_alloc(a, g->nnodes + 1);
+    if (!functional) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    if (functionalize(g, functional) < 0) return NULL;
+    /* graph-level checks: all tensors on the CPU or all on one CUDA device, no mutation (in-place
+     * ops lowered as functional ops excepted), no autograd */
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = &g->nodes[r];
         if (n->meta.kind == IRMETA_TENSOR) {
-            if (!is_cpu(n->meta.device)) {
-                *why = "a tensor is not on the CPU (the CUDA backend is another issue): ran by the eager backend";
+            int dv = device_of(n->meta.device, meta_as_cuda);
+            if (dv == -2) {
+                *why = "a tensor is on a device other than the CPU or CUDA: ran by the eager backend";
                 return NULL;
             }
+            if (first) lg->device = dv;
+            else if (dv != lg->device) {
+                *why = "the graph's tensors are on more than one device: ran by the eager backend";
+                return NULL;
+            }
+            first = 0;
             if (n->meta.requires_grad && n->kind != IR_PLACEHOLDER) { /* parameters under no_grad are fine */
                 *why = "a value requires grad (ember's AOT autograd is another issue): ran by the eager backend";
                 return NULL;
             }
         }
-        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && mutates(n)) {
-            *why = "the graph has an in-place op: ran by the eager backend";
+        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && !functional[r] && mutates(n)) {
+            *why = "the graph has an in-place op on a graph input or on a value read again (or through a view) "
+                   "after it: ran by the eager backend";
             return NULL;
         }
     }
     /* pass 1: rules; pass 2 (backwards): a view used by an extern or returned is itself extern, so
      * that torch makes the alias (users may rely on a view sharing memory with its base) */
     const IRNode *outn = &g->nodes[g->output];
-    for (IRRef r = 1; r < g->nnodes; r++) rules[r] = find_rule(&g->nodes[r]);
+    for (IRRef r = 1; r < g->nnodes; r++) rules[r] = find_rule(&g->nodes[r], functional[r]);
     if (outn->nargs == 1) mark_users(&outn->args[0], used_by_extern);
     for (IRRef r = g->nnodes - 1; r >= 1; r--) {
         const IRNode *n = &g->nodes[r];
@@ -1347,6 +1813,11 @@ LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
         c.ir = r;
         c.n = n;
         if (n->kind == IR_OUTPUT) continue;
+        if (n->kind != IR_PLACEHOLDER && ext[r] && meta_ok(&n->meta)) {
+            int rc = linear_bias_epilogue(&c, r);
+            if (rc < 0) goto oom;
+            if (rc > 0) continue;
+        }
         if (n->kind == IR_PLACEHOLDER || ext[r] || !meta_ok(&n->meta)) {
             if (n->kind != IR_PLACEHOLDER) lg->nextern++;
             v->kind = n->kind == IR_PLACEHOLDER ? LV_NONE : LV_EXTERN;
@@ -1373,6 +1844,7 @@ LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
             continue;
         }
         c.rdt = (LDtype)em_lower_dtype_of(n->meta.dtype);
+        c.inplace_ok = functional[r] != 0;
         uint32_t before = lg->nnodes, bbefore = lg->nbufs;
         uint32_t id = lower_rule(&c, rules[r]);
         if (PyErr_Occurred()) PyErr_Clear();
@@ -1381,6 +1853,12 @@ LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
             const LNode *ln = &lg->nodes[id];
             ok = ln->dtype == c.rdt && ln->ndim == n->meta.ndim &&
                  memcmp(ln->sizes, n->meta.sizes, ln->ndim * sizeof(int64_t)) == 0;
+        }
+        if (!ok && functional[r]) {
+            /* an in-place op must not run as a torch call: readers of the value it overwrites may
+             * be fused into kernels that run after it */
+            *why = "an in-place op has no functional lowering for its arguments: ran by the eager backend";
+            return NULL;
         }
         if (!ok) {
             /* the rule did not apply: drop what it made, call the torch op */

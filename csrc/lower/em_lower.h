@@ -75,8 +75,12 @@ typedef struct LNode {
     uint32_t buf;          /* LOAD: buffer id */
     int64_t offset;        /* LOAD: element offset into the buffer */
     int64_t strides[EM_LMAXDIM]; /* LOAD: element strides (0 = broadcast) */
-    double fval;           /* CONST: value (float dtypes) */
-    int64_t ival;          /* CONST: value (integer / bool dtypes) */
+    double fval;           /* CONST: value (float dtypes); masked LOAD: the fill value */
+    int64_t ival;          /* CONST: value (integer / bool dtypes); masked LOAD: the fill value */
+    uint32_t lmask;        /* LOAD: bit d set = the element exists only where lo[d] <= index d < hi[d]
+                              (outside: the fill value, the memory is not read). Pooling windows
+                              with padding, the pieces of cat/stack. */
+    int64_t lo[EM_LMAXDIM], hi[EM_LMAXDIM];
     uint32_t rmask;        /* reductions: bit d set = dim d reduced (result keeps it as 1) */
     IRRef ir;              /* the torch-level node this comes from (for comments) */
 } LNode;
@@ -111,6 +115,13 @@ typedef struct LVal {
     uint32_t lnode;        /* NODE: node id; EXTERN with a tensor result: a LOAD node of its buffer */
     bool has_load;         /* EXTERN: lnode is valid */
     bool view;             /* NODE: produced by a view rule (a LOAD of another buffer) */
+    /* NODE with ext_call: the torch op is still called (an extern step at this IR node), with
+     * argument none_arg (positional index, or nargs + keyword index) passed as None, into buffer
+     * ext_buf; lnode computes the rest (F.linear's bias added in the kernel that follows the
+     * matmul, instead of addmm's copy of the bias into its output) */
+    bool ext_call;
+    int32_t none_arg;
+    uint32_t ext_buf;
 } LVal;
 
 typedef struct LGraph {
@@ -123,13 +134,18 @@ typedef struct LGraph {
     LVal *vals;            /* one per IR node */
     uint32_t nextern;      /* IR nodes left as extern calls */
     uint32_t nlowered;     /* IR nodes lowered */
+    int32_t device;        /* -1: every tensor on the CPU; d >= 0: every tensor on CUDA device d */
 } LGraph;
 
 /* Lowers g. Returns NULL with a Python exception on failure; *why (may be NULL) receives a static
  * sentence when the graph as a whole is not for this backend (then NULL, no exception): a tensor
- * not on the CPU, an in-place op, a graph input that requires grad. Needs torch importable (meta
+ * not on the CPU (em_lower_graph_device also takes one CUDA device), an in-place op, a graph input that requires grad. Needs torch importable (meta
  * tensors are only read, never run). */
 LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why);
+/* The same, for CPU graphs and graphs whose tensors are all on one CUDA device (lg->device).
+ * meta_as_cuda: tensors on device "meta" count as CUDA device 0 (CUDA code generation without a
+ * GPU, for tests). */
+LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, const char **why);
 
 /* Appends a LOAD of buffer b seen with the given shape/offset/strides; 0 on OOM. */
 uint32_t em_lower_load(LGraph *lg, uint32_t b, int32_t ndim, const int64_t *sizes, int64_t offset,

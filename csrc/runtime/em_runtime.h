@@ -68,6 +68,33 @@ void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cach
 PyObject *em_cc_stats(PyObject *self, PyObject *noargs);
 void em_cc_note_internal_fallback(void); /* counted in _cc_stats()["internal_fallbacks"] */
 int em_runtime_ember_init(PyObject *module);
+/* Compiles g's kernels to CUDA C without loading anything (tensors on "meta" stand for CUDA device
+ * 0): a dict {source, launch: [per kernel: block, blocks, per_sm, vec, idx64, rows_per_block,
+ * threads_per_row, cached], kernel_list} or {fallback}; NULL with an exception. For tests. */
+PyObject *em_ember_cuda_codegen(const IRGraph *g);
+/* Content-addressed blobs in the compile cache (em_runtime_cc.c): key_out (33 bytes) = hash of the
+ * parts; get returns a malloc'd copy without its trailer (NULL: miss, or an exception is set);
+ * put publishes data (and the readable source next to it) atomically, -1 with an exception. */
+void em_cc_key(const void *const *parts, const size_t *lens, int n, char *key_out);
+char *em_cc_blob_get(const char *key, const char *ext, size_t *len);
+int em_cc_blob_put(const char *key, const char *ext, const void *data, size_t len, const char *source, size_t srclen,
+                   const char *src_ext);
+
+/* ---- CUDA (em_runtime_cuda.c): NVRTC and the driver API, found with dlopen at run time ---- */
+struct EmCudaLaunch;
+typedef struct EmCudaFn EmCudaFn;
+/* 1 when NVRTC and the driver load and device exists; 0 with *why (a static sentence) otherwise. */
+int em_cuda_available(int device, const char **why);
+/* Compiles source with NVRTC for device's architecture (or takes the binary from the cache) and
+ * loads it into the device's primary context: a capsule owning the module, NULL with an exception. */
+PyObject *em_cuda_module_load(const char *source, size_t srclen, int device, char *key_out, int *was_cached);
+/* The kernel `name` of a loaded module with its launch shape; NULL with an exception. */
+EmCudaFn *em_cuda_fn_new(PyObject *module, const char *name, const struct EmCudaLaunch *launch);
+void em_cuda_fn_free(EmCudaFn *f);
+/* Launches f on torch's current stream of its device with the argument data pointers; no host
+ * synchronisation (except under CUDA_LAUNCH_BLOCKING=1). -1 with an exception naming the kernel. */
+int em_cuda_launch(EmCudaFn *f, char *const *ptrs, uint32_t nptr);
+int em_runtime_cuda_init(PyObject *module); /* ember._C._nvrtc_compile, ember._C._cuda_info */
 
 int em_runtime_init(PyObject *module);
 

@@ -368,3 +368,67 @@ PyObject *em_cc_stats(PyObject *self, PyObject *noargs) {
     return Py_BuildValue("{s:K,s:K,s:K}", "compiles", (unsigned long long)n_compiles, "disk_hits",
                          (unsigned long long)n_disk_hits, "internal_fallbacks", (unsigned long long)n_internal);
 }
+
+/* ---- content-addressed blobs for other compilers (CUDA binaries from NVRTC, em_runtime_cuda.c):
+ * <dir>/<key><ext>, with the same ownership/permission checks and content trailer as the .so
+ * entries, published by temp + rename. ---- */
+
+void em_cc_key(const void *const *parts, const size_t *lens, int n, char *key_out) {
+    Hash128 h;
+    h_init(&h);
+    for (int i = 0; i < n; i++) {
+        h_update(&h, parts[i], lens[i]);
+        h_update(&h, "\0", 1);
+    }
+    snprintf(key_out, 33, "%016llx%016llx", (unsigned long long)h.a, (unsigned long long)h.b);
+}
+
+char *em_cc_blob_get(const char *key, const char *ext, size_t *len) {
+    char dir[PATH_MAX], path[PATH_MAX + 64];
+    if (cache_dir(dir, sizeof dir) < 0) return NULL;
+    snprintf(path, sizeof path, "%s/%s%s", dir, key, ext);
+    if (!entry_valid(path)) {
+        unlink(path);
+        return NULL;
+    }
+    size_t n;
+    char *buf = read_file(path, &n);
+    if (!buf || n <= sizeof(Trailer)) {
+        free(buf);
+        return NULL;
+    }
+    *len = n - sizeof(Trailer);
+    n_disk_hits++;
+    return buf;
+}
+
+int em_cc_blob_put(const char *key, const char *ext, const void *data, size_t len, const char *source, size_t srclen,
+                   const char *src_ext) {
+    char dir[PATH_MAX], path[PATH_MAX + 64], tmp[PATH_MAX + 96];
+    static unsigned counter = 0;
+    if (cache_dir(dir, sizeof dir) < 0) return -1;
+    counter++;
+    if (source) {
+        snprintf(path, sizeof path, "%s/%s%s", dir, key, src_ext);
+        snprintf(tmp, sizeof tmp, "%s/tmp-%s-%d-%u%s", dir, key, (int)getpid(), counter, src_ext);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || write_all(fd, source, srclen) < 0 || close(fd) < 0 || rename(tmp, path) < 0) unlink(tmp);
+    }
+    snprintf(path, sizeof path, "%s/%s%s", dir, key, ext);
+    snprintf(tmp, sizeof tmp, "%s/tmp-%s-%d-%u%s", dir, key, (int)getpid(), counter, ext);
+    Hash128 th;
+    h_init(&th);
+    h_update(&th, data, len);
+    Trailer t = {th.a, th.b, len, {0}};
+    memcpy(t.magic, TRAILER_MAGIC, 8);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int ok = fd >= 0 && write_all(fd, data, len) == 0 && write_all(fd, &t, sizeof t) == 0;
+    if (fd >= 0 && close(fd) < 0) ok = 0;
+    if (!ok || rename(tmp, path) < 0) {
+        unlink(tmp);
+        PyErr_Format(PyExc_RuntimeError, "ember: cannot write the cache entry %s: %s", path, strerror(errno));
+        return -1;
+    }
+    n_compiles++;
+    return 0;
+}

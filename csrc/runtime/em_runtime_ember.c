@@ -15,18 +15,18 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
-#if !EM_PY312
-#include <structmember.h> /* T_PYSSIZET, READONLY */
-#endif
+#include <structmember.h> /* T_PYSSIZET, READONLY (kept as aliases of Py_T_* by 3.12) */
 
 #define NONE UINT32_MAX
 
 typedef void (*KernelFn)(char *const *);
+typedef void (*SetThreadsFn)(int);
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     KernelFn fn;
+    SetThreadsFn set_threads; /* the library's ember_set_threads, NULL for kernels run on one thread */
     PyObject *lib;        /* capsule owning the dlopen handle */
     PyObject *name;       /* "ember_k3" */
     uint32_t nin;         /* tensors read */
@@ -34,19 +34,20 @@ typedef struct {
     int64_t numel;        /* 0: nothing to compute */
     PyObject *out_size, *out_stride, *out_dtype;
     PyObject **in_size, **in_stride; /* per input: expected layout, NULL when guaranteed */
+    EmCudaFn *cuda;       /* a CUDA kernel (em_runtime_cuda.c): launched instead of fn */
+    PyObject *out_device; /* CUDA: the torch.device outputs are allocated on */
 } Kernel;
 
 static PyTypeObject *Kernel_Type = NULL;
 static PyObject *empty_strided = NULL; /* torch.empty_strided */
+static PyObject *get_num_threads = NULL; /* torch.get_num_threads */
 static PyObject *kw_dtype = NULL;      /* ("dtype",) */
+static PyObject *kw_dtype_device = NULL; /* ("dtype", "device") */
 
 static PyObject *tensor_as(PyObject *t, PyObject *size, PyObject *stride) {
-    /* an extern's result with another layout than its meta said: copy into the expected one */
-    PyObject *dtype = PyObject_GetAttrString(t, "dtype");
-    if (!dtype) return NULL;
-    PyObject *args[4] = {NULL, size, stride, dtype};
-    PyObject *e = PyObject_Vectorcall(empty_strided, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype);
-    Py_DECREF(dtype);
+    /* an extern's result with another layout than its meta said: copy into the expected one (same
+     * dtype and device) */
+    PyObject *e = PyObject_CallMethod(t, "new_empty_strided", "OO", size, stride);
     if (!e) return NULL;
     PyObject *r = PyObject_CallMethod(e, "copy_", "O", t);
     if (!r) {
@@ -122,6 +123,11 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
     }
     if (k->donor >= 0) {
         out = Py_NewRef(args[k->donor]);
+    } else if (k->cuda) {
+        /* torch's caching allocator on the graph's device, ordered on its current stream */
+        PyObject *eargs[5] = {NULL, k->out_size, k->out_stride, k->out_dtype, k->out_device};
+        out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype_device);
+        if (!out) goto done;
     } else {
         PyObject *eargs[4] = {NULL, k->out_size, k->out_stride, k->out_dtype};
         out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype);
@@ -131,7 +137,21 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
         Py_CLEAR(out);
         goto done;
     }
-    if (k->numel > 0) {
+    if (k->numel > 0 && !k->cuda && k->set_threads) {
+        /* OpenMP threads follow torch.set_num_threads (ember's kernels run in their own OpenMP
+         * runtime, torch's in its bundled one) */
+        PyObject *nt = PyObject_CallNoArgs(get_num_threads);
+        long n = nt ? PyLong_AsLong(nt) : -1;
+        Py_XDECREF(nt);
+        if (n < 0 && PyErr_Occurred()) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        k->set_threads((int)n);
+    }
+    if (k->numel > 0 && k->cuda) {
+        if (em_cuda_launch(k->cuda, ptrs, k->nin + 1) < 0) Py_CLEAR(out);
+    } else if (k->numel > 0) {
         Py_BEGIN_ALLOW_THREADS
         k->fn(ptrs);
         Py_END_ALLOW_THREADS
@@ -151,6 +171,8 @@ static void kernel_dealloc(PyObject *self) {
     Py_XDECREF(k->out_size);
     Py_XDECREF(k->out_stride);
     Py_XDECREF(k->out_dtype);
+    Py_XDECREF(k->out_device);
+    em_cuda_fn_free(k->cuda);
     if (k->in_size) {
         for (uint32_t i = 0; i < k->nin; i++) {
             Py_XDECREF(k->in_size[i]);
@@ -251,9 +273,26 @@ static void mark_ext_uses(const Schedule *s, const IRArg *a, uint8_t *ext_seen) 
     }
 }
 
-PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
+/* The launch table of the CUDA code generator, for cache_info and the tests. */
+static PyObject *launch_list(const EmCudaLaunch *L, uint32_t n) {
+    PyObject *l = PyList_New(0);
+    for (uint32_t i = 0; l && i < n; i++) {
+        PyObject *e = Py_BuildValue("{s:i,s:L,s:i,s:i,s:i,s:i,s:i,s:i}", "block", L[i].block, "blocks", (long long)L[i].blocks,
+                                    "per_sm", L[i].per_sm, "vec", L[i].vec, "idx64", L[i].idx64, "rows_per_block",
+                                    L[i].rows_per_block, "threads_per_row", L[i].threads_per_row, "cached", L[i].cached);
+        if (!e || PyList_Append(l, e) < 0) Py_CLEAR(l);
+        Py_XDECREF(e);
+    }
+    return l;
+}
+
+/* mode 0: compile and load (CPU or CUDA by the graph's device); mode 1: CUDA code generation
+ * only (tests without a GPU), returning the info dict itself. */
+static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     EmArena *a = em_arena_new(), *na = em_arena_new();
-    PyObject *result = NULL, *src = NULL, *lib = NULL, *d = NULL, *kernels = NULL;
+    PyObject *result = NULL, *src = NULL, *lib = NULL, *d = NULL, *kernels = NULL, *device = NULL;
+    EmCudaLaunch *launch = NULL;
+    int cuda = 0;
     void *handle = NULL;
     const char *why = NULL;
     int cc_failed = 0;
@@ -266,15 +305,23 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
         PyObject *torch = PyImport_ImportModule("torch");
         if (!torch) goto done;
         empty_strided = PyObject_GetAttrString(torch, "empty_strided");
+        get_num_threads = PyObject_GetAttrString(torch, "get_num_threads");
         Py_DECREF(torch);
         kw_dtype = Py_BuildValue("(s)", "dtype");
-        if (!empty_strided || !kw_dtype) goto done;
+        kw_dtype_device = Py_BuildValue("(ss)", "dtype", "device");
+        if (!empty_strided || !get_num_threads || !kw_dtype || !kw_dtype_device) goto done;
     }
     d = PyDict_New();
     if (!d) goto done;
-    LGraph *lg = em_lower_graph(a, g, &why);
+    LGraph *lg = em_lower_graph_device(a, g, mode == 1, &why);
     if (!lg) {
         if (!why) goto done;
+        if (mode == 1) {
+            PyObject *w = PyUnicode_FromString(why);
+            if (w && PyDict_SetItemString(d, "fallback", w) == 0) result = Py_NewRef(d);
+            Py_XDECREF(w);
+            goto done;
+        }
         /* not for this backend: the eager backend runs it, and cache_info says why */
         PyObject *w = PyUnicode_FromString(why);
         if (!w || PyDict_SetItemString(d, "fallback", w) < 0) {
@@ -287,11 +334,136 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
     }
     Schedule *s = em_schedule_graph(lg);
     if (!s) goto done;
-    EmCodegenOptions opt = {.parallel_threshold = 32768, .chunk = 65536};
-    src = em_codegen_c(s, &opt);
-    if (!src) goto done;
     char key[40] = "";
     int cached = 0;
+    cuda = mode == 1 || lg->device >= 0;
+    EmCodegenOptions opt = {.parallel_threshold = 32768, .chunk = 65536}; /* C kernels */
+    if (cuda) {
+        /* CUDA: the same schedule through the CUDA C generator, NVRTC and the driver API */
+        const char *cwhy = NULL;
+        if (mode == 0 && !em_cuda_available(lg->device, &cwhy)) {
+            static int warned = 0;
+            PyObject *w = PyUnicode_FromFormat("CUDA tensors ran by the eager backend: %s", cwhy);
+            if (!w || PyDict_SetItemString(d, "fallback", w) < 0) {
+                Py_XDECREF(w);
+                goto done;
+            }
+            if (!warned++ && PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "ember: backend \"ember\": %U", w) < 0) {
+                Py_DECREF(w);
+                goto done;
+            }
+            Py_DECREF(w);
+            result = em_eager_graph_new(g);
+            goto done;
+        }
+        launch = em_arena_alloc(a, (s->nkernels + 1) * sizeof(EmCudaLaunch));
+        if (!launch) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        src = em_codegen_cuda(s, launch);
+        if (!src && PyErr_ExceptionMatches(PyExc_NotImplementedError)) { /* the eager backend runs it */
+            PyObject *et, *ev, *tb;
+            PyErr_Fetch(&et, &ev, &tb);
+            PyObject *w = PyUnicode_FromFormat("CUDA tensors ran by the eager backend: the CUDA code generator "
+                                               "does not emit %S yet", ev ? ev : Py_None);
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(tb);
+            if (!w || PyDict_SetItemString(d, "fallback", w) < 0) {
+                Py_XDECREF(w);
+                goto done;
+            }
+            Py_DECREF(w);
+            result = mode == 1 ? Py_NewRef(d) : em_eager_graph_new(g);
+            goto done;
+        }
+        if (!src) goto done;
+        if (mode == 1) {
+            PyObject *ll = launch_list(launch, s->nkernels);
+            if (!ll || PyDict_SetItemString(d, "launch", ll) < 0 || PyDict_SetItemString(d, "source", src) < 0) {
+                Py_XDECREF(ll);
+                goto done;
+            }
+            Py_DECREF(ll);
+            kernels = PyList_New(0);
+            for (uint32_t ki = 0; kernels && ki < s->nkernels; ki++) {
+                const SKernel *k = &s->kernels[ki];
+                PyObject *names = PyList_New(0);
+                for (uint32_t q = 0; names && q < k->nirs; q++) {
+                    PyObject *nm = PyUnicode_FromString(g->nodes[k->irs[q]].name);
+                    if (!nm || PyList_Append(names, nm) < 0) Py_CLEAR(names);
+                    Py_XDECREF(nm);
+                }
+                PyObject *kargs = PyList_New(0);
+                for (uint32_t q = 0; kargs && q < k->nargs; q++) {
+                    PyObject *v = PyLong_FromUnsignedLong(k->args[q]);
+                    if (!v || PyList_Append(kargs, v) < 0) Py_CLEAR(kargs);
+                    Py_XDECREF(v);
+                }
+                PyObject *kd = names && kargs ? Py_BuildValue("{s:s,s:N,s:N}", "kind", k->reduction ? "reduction" : "pointwise", "nodes",
+                                                             names, "args", kargs)
+                                              : NULL;
+                if (!kargs) Py_XDECREF(names);
+                else if (!names) Py_DECREF(kargs);
+                if (!kd || PyList_Append(kernels, kd) < 0) Py_CLEAR(kernels);
+                Py_XDECREF(kd);
+            }
+            if (!kernels || PyDict_SetItemString(d, "kernel_list", kernels) < 0) goto done;
+            /* buffers (for the CPU emulator of the tests): kind, input index, dtype, layout; the
+             * buffer of each graph output; whether every step is a kernel */
+            PyObject *bufs = PyList_New(0);
+            for (uint32_t bi = 0; bufs && bi < lg->nbufs; bi++) {
+                const LBuf *lb = &lg->bufs[bi];
+                static const char *const kinds[] = {"input", "extern", "node"};
+                PyObject *e = Py_BuildValue("{s:s,s:I,s:s,s:N,s:N}", "kind", kinds[lb->kind], "index", lb->index, "dtype",
+                                            em_ldt_name(lb->dtype), "sizes", int_tuple(lb->ndim, lb->sizes), "strides",
+                                            int_tuple(lb->ndim, lb->strides));
+                if (!e || PyList_Append(bufs, e) < 0) Py_CLEAR(bufs);
+                Py_XDECREF(e);
+            }
+            if (!bufs || PyDict_SetItemString(d, "buffers", bufs) < 0) {
+                Py_XDECREF(bufs);
+                goto done;
+            }
+            Py_DECREF(bufs);
+            const IRNode *on = &g->nodes[g->output];
+            PyObject *outs = PyList_New(0);
+            for (uint32_t q = 0; outs && on->nargs == 1 && q < on->args[0].n; q++) {
+                const IRArg *it = &on->args[0].u.items[q];
+                uint32_t b = it->kind == IRARG_NODE ? s->ir_buf[it->u.ref] : NONE;
+                PyObject *v = b == NONE ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(b);
+                if (!v || PyList_Append(outs, v) < 0) Py_CLEAR(outs);
+                Py_XDECREF(v);
+            }
+            if (!outs || PyDict_SetItemString(d, "outputs", outs) < 0) {
+                Py_XDECREF(outs);
+                goto done;
+            }
+            Py_DECREF(outs);
+            PyObject *ok = PyBool_FromLong(s->nsteps == s->nkernels);
+            if (PyDict_SetItemString(d, "kernels_only", ok) < 0) {
+                Py_DECREF(ok);
+                goto done;
+            }
+            Py_DECREF(ok);
+            result = Py_NewRef(d);
+            goto done;
+        }
+        PyObject *torch = PyImport_ImportModule("torch");
+        device = torch ? PyObject_CallMethod(torch, "device", "si", "cuda", (int)lg->device) : NULL;
+        Py_XDECREF(torch);
+        if (!device) goto done;
+        if (s->nkernels) {
+            Py_ssize_t srclen;
+            const char *text = PyUnicode_AsUTF8AndSize(src, &srclen);
+            if (!text) goto done;
+            lib = em_cuda_module_load(text, (size_t)srclen, lg->device, key, &cached);
+            if (!lib) goto done; /* an NVRTC or driver failure: the eager backend runs it (below) */
+        }
+    } else {
+    src = em_codegen_c(s, &opt);
+    if (!src) goto done;
     if (s->nkernels) {
         Py_ssize_t srclen;
         const char *text = PyUnicode_AsUTF8AndSize(src, &srclen);
@@ -306,6 +478,7 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
             dlclose(handle);
             goto done;
         }
+    }
     }
 
     /* memory planning: last use of each buffer (step index), and which buffers an extern sees */
@@ -343,6 +516,8 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
             if (v->kind == LV_EXTERN && v->has_load) {
                 uint32_t b = lg->nodes[v->lnode].buf;
                 if (lg->bufs[b].fresh && !ext_seen[b] && !s->buf_output[b] && s->ir_buf[sp->index] == b) pool[npool++] = b;
+            } else if (v->ext_call && !ext_seen[v->ext_buf] && !s->buf_output[v->ext_buf]) {
+                pool[npool++] = v->ext_buf; /* the matmul's result, read only by the kernels adding its bias */
             }
             continue;
         }
@@ -403,17 +578,27 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
                 PyErr_NoMemory();
                 goto done;
             }
-            for (uint32_t i = 0; i < n->nargs; i++)
-                if (copy_arg(&p, &n->args[i], &args[i]) < 0) goto done;
-            for (uint32_t i = 0; i < n->nkwargs; i++)
-                if (copy_arg(&p, &n->kwargs[i], &kw[i]) < 0) goto done;
+            const LVal *v = &lg->vals[sp->index];
+            IRArg none = {.kind = IRARG_CONST, .u.obj = Py_None};
+            if (v->ext_call && !em_arena_hold(p.ng->arena, Py_None)) goto done;
+            for (uint32_t i = 0; i < n->nargs; i++) {
+                if (v->ext_call && (int32_t)i == v->none_arg) args[i] = none;
+                else if (copy_arg(&p, &n->args[i], &args[i]) < 0) goto done;
+            }
+            for (uint32_t i = 0; i < n->nkwargs; i++) {
+                if (v->ext_call && (int32_t)(n->nargs + i) == v->none_arg) kw[i] = none;
+                else if (copy_arg(&p, &n->kwargs[i], &kw[i]) < 0) goto done;
+            }
             IRRef r = em_ir_call(p.ng, n->kind, n->target, args, n->nargs, n->kwnames, kw, n->nkwargs, NULL);
             if (!r) {
                 if (!PyErr_Occurred()) PyErr_NoMemory();
                 goto done;
             }
+            if (v->ext_call) {
+                p.buf_new[v->ext_buf] = r; /* the value itself is the kernel's (bias added) */
+                continue;
+            }
             p.ir_new[sp->index] = r;
-            const LVal *v = &lg->vals[sp->index];
             if (v->kind == LV_EXTERN && v->has_load) p.buf_new[lg->nodes[v->lnode].buf] = r;
             continue;
         }
@@ -421,6 +606,8 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
         Kernel *ko = PyObject_New(Kernel, Kernel_Type);
         if (!ko) goto done;
         ko->vectorcall = kernel_vectorcall;
+        ko->cuda = NULL;
+        ko->out_device = NULL;
         ko->lib = Py_NewRef(lib);
         ko->nin = k->nin;
         ko->donor = -1;
@@ -434,8 +621,22 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
         for (int j = 0; j < (k->reduction ? k->nouter : k->ndim); j++) ko->numel *= k->sizes[j];
         char fname[32];
         snprintf(fname, sizeof fname, "ember_k%u", sp->index);
-        ko->fn = (KernelFn)dlsym(handle, fname);
-        if (!ko->name || !ko->out_size || !ko->out_stride || !ko->out_dtype || !ko->fn) {
+        ko->set_threads = NULL;
+        if (cuda) {
+            ko->fn = NULL;
+            ko->out_device = Py_NewRef(device);
+            ko->cuda = em_cuda_fn_new(lib, fname, &launch[sp->index]);
+            if (!ko->cuda) {
+                Py_DECREF(ko);
+                goto done;
+            }
+        } else {
+            ko->fn = (KernelFn)dlsym(handle, fname);
+            int64_t work = 1;
+            for (int j = 0; j < k->ndim; j++) work *= k->sizes[j];
+            if (work >= opt.parallel_threshold) ko->set_threads = (SetThreadsFn)dlsym(handle, "ember_set_threads");
+        }
+        if (!ko->name || !ko->out_size || !ko->out_stride || !ko->out_dtype || (!ko->fn && !ko->cuda)) {
             if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "ember: kernel %s missing from the library", fname);
             Py_DECREF(ko);
             goto done;
@@ -549,7 +750,7 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
         SET("externs", PyLong_FromUnsignedLong(lg->nextern));
         PyObject *ext = PyList_New(0);
         for (IRRef r = 1; ext && r < g->nnodes; r++) {
-            if (lg->vals[r].kind != LV_EXTERN) continue;
+            if (lg->vals[r].kind != LV_EXTERN && !lg->vals[r].ext_call) continue;
             PyObject *nm = PyUnicode_FromString(g->nodes[r].name);
             if (!nm || PyList_Append(ext, nm) < 0) Py_CLEAR(ext);
             Py_XDECREF(nm);
@@ -560,10 +761,14 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
         SET("source", Py_NewRef(src));
         SET("cache_key", PyUnicode_FromString(key));
         SET("from_disk_cache", PyBool_FromLong(cached));
+        SET("device", PyUnicode_FromString(cuda ? "cuda" : "cpu"));
+        if (cuda) {
+            SET("launch", launch_list(launch, s->nkernels));
+        }
 #undef SET
     }
 done:
-    if (!result && !cc_failed && d && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+    if (!result && !cc_failed && mode == 0 && d && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
         /* an internal failure of lowering/scheduling/building: never a crash, the eager backend
          * runs the graph and cache_info says why */
         PyObject *et, *ev, *tb;
@@ -582,9 +787,18 @@ done:
     Py_XDECREF(src);
     Py_XDECREF(lib);
     Py_XDECREF(kernels);
+    Py_XDECREF(device);
     em_arena_free(na);
     em_arena_free(a);
     return result;
+}
+
+PyObject *em_ember_compile(const IRGraph *g, PyObject **info) { return ember_compile(g, info, 0); }
+
+PyObject *em_ember_cuda_codegen(const IRGraph *g) {
+    PyObject *info = NULL, *r = ember_compile(g, &info, 1);
+    Py_XDECREF(info);
+    return r;
 }
 
 int em_runtime_ember_init(PyObject *module) {
@@ -595,6 +809,7 @@ int em_runtime_ember_init(PyObject *module) {
         return -1;
     }
     Py_XSETREF(Kernel_Type, (PyTypeObject *)tp);
+    if (em_runtime_cuda_init(module) < 0) return -1;
     static PyMethodDef stats_def = {"_cc_stats", em_cc_stats, METH_NOARGS,
                                     "Compiler calls and disk-cache loads of backend \"ember\" in this process."};
     PyObject *f = PyCFunction_NewEx(&stats_def, NULL, NULL);

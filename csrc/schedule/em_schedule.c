@@ -262,12 +262,28 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
                 to_domain(dnd, dsizes, ln.ndim, ln.sizes, st, full);
                 ln.op = LP_LOAD;
                 ln.cdtype = ln.dtype;
+                ln.lmask = 0;
             } else {
                 ac->buf = ln.buf;
                 ac->offset = ln.offset;
                 to_domain(dnd, dsizes, ln.ndim, ln.sizes, ln.strides, full);
             }
             for (int j = 0; j < np; j++) ac->strides[j] = full[perm[j]];
+            if (ln.lmask) {
+                /* node dim d is domain dim d + (dnd - ndim) (right-aligned), at loop position p */
+                for (int d = 0; d < ln.ndim; d++) {
+                    if (!((ln.lmask >> d) & 1)) continue;
+                    int p = -1;
+                    for (int j = 0; j < np; j++)
+                        if (perm[j] == d + (dnd - ln.ndim)) p = j;
+                    if (p < 0) return -1; /* a masked dim has size > 1 (em_lower resolves the others) */
+                    ac->mask |= 1u << p;
+                    ac->lo[p] = ln.lo[d];
+                    ac->hi[p] = ln.hi[d];
+                }
+                ac->fval = ln.fval;
+                ac->ival = ln.ival;
+            }
             k.acc_of[i] = k.nloads++;
         } else {
             for (int q = 0; q < em_lprim_arity(ln.op); q++) ln.in[q] = local[ln.in[q]];
@@ -299,14 +315,19 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
         int ok = 1;
         for (uint32_t q = 0; q < k.nloads + k.nstores && ok; q++) {
             const SAccess *ac = q < k.nloads ? &k.loads[q] : &k.stores[q - k.nloads];
-            ok = ac->strides[j] == ac->strides[j + 1] * k.sizes[j + 1];
+            ok = ac->strides[j] == ac->strides[j + 1] * k.sizes[j + 1] && !((ac->mask >> j) & 3u);
         }
         if (!ok) continue;
         k.sizes[j] *= k.sizes[j + 1];
         for (uint32_t q = 0; q < k.nloads + k.nstores; q++) {
             SAccess *ac = q < k.nloads ? &k.loads[q] : &k.stores[q - k.nloads];
             ac->strides[j] = ac->strides[j + 1];
-            for (int t = j + 1; t < k.ndim - 1; t++) ac->strides[t] = ac->strides[t + 1];
+            for (int t = j + 1; t < k.ndim - 1; t++) {
+                ac->strides[t] = ac->strides[t + 1];
+                ac->lo[t] = ac->lo[t + 1];
+                ac->hi[t] = ac->hi[t + 1];
+            }
+            ac->mask = (ac->mask & ((1u << (j + 1)) - 1)) | ((ac->mask >> (j + 2)) << (j + 1));
         }
         for (int t = j + 1; t < k.ndim - 1; t++) k.sizes[t] = k.sizes[t + 1];
         k.ndim--;
@@ -318,7 +339,8 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
         const LNode *ln = &k.nodes[i];
         uint8_t e = 0;
         if (ln->op == LP_LOAD) {
-            for (int j = k.nouter; j < k.ndim; j++) e |= k.loads[k.acc_of[i]].strides[j] != 0;
+            for (int j = k.nouter; j < k.ndim; j++)
+                e |= k.loads[k.acc_of[i]].strides[j] != 0 || ((k.loads[k.acc_of[i]].mask >> j) & 1);
         } else if (!em_lprim_is_reduce(ln->op)) {
             for (int q = 0; q < em_lprim_arity(ln->op); q++) e |= k.elem[ln->in[q]];
         }
@@ -359,12 +381,14 @@ static int need_tensor(Sched *c, IRRef r, int output) {
     const IRMeta *m = &lg->ir->nodes[r].meta;
     if (v->kind == LV_EXTERN) {
         if (v->has_load) s->ir_buf[r] = lg->nodes[v->lnode].buf;
+        /* an extern result returned by the graph is never a donor for a kernel's output */
+        if (v->has_load && output) s->buf_output[s->ir_buf[r]] = true;
         return 0;
     }
     if (v->kind != LV_NODE) return 0;
     uint32_t x = v->lnode;
     const LNode *ln = &lg->nodes[x];
-    if (ln->op == LP_LOAD && ln->offset == 0) {
+    if (ln->op == LP_LOAD && ln->offset == 0 && !ln->lmask) {
         const LBuf *b = &lg->bufs[ln->buf];
         int exact = b->ndim == ln->ndim && memcmp(b->sizes, ln->sizes, ln->ndim * sizeof(int64_t)) == 0;
         for (int d = 0; exact && d < ln->ndim; d++) exact = ln->sizes[d] == 1 || ln->strides[d] == b->strides[d];
@@ -416,13 +440,14 @@ Schedule *em_schedule_graph(LGraph *lg) {
     }
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = &g->nodes[r];
-        if (lg->vals[r].kind != LV_EXTERN) continue;
+        const LVal *v = &lg->vals[r];
+        if (v->kind != LV_EXTERN && !v->ext_call) continue;
         for (uint32_t i = 0; i < n->nargs; i++)
-            if (need_arg(&c, &n->args[i]) < 0) goto oom;
+            if ((!v->ext_call || (int32_t)i != v->none_arg) && need_arg(&c, &n->args[i]) < 0) goto oom;
         for (uint32_t i = 0; i < n->nkwargs; i++)
-            if (need_arg(&c, &n->kwargs[i]) < 0) goto oom;
+            if ((!v->ext_call || (int32_t)(n->nargs + i) != v->none_arg) && need_arg(&c, &n->kwargs[i]) < 0) goto oom;
         if (push_step(s, SSTEP_EXTERN, r) < 0) goto oom;
-        if (need_tensor(&c, r, 0) < 0) goto oom;
+        if (!v->ext_call && need_tensor(&c, r, 0) < 0) goto oom; /* ext_call: its value is lowered */
     }
     const IRNode *out = &g->nodes[g->output];
     if (out->nargs == 1 && out->args[0].kind == IRARG_TUPLE)

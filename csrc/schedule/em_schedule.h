@@ -13,6 +13,13 @@ typedef struct SAccess {
     uint32_t arg;          /* position in the kernel's argument list */
     int64_t offset;
     int64_t strides[EM_LMAXDIM];
+    /* loads only (from LNode.lmask, in domain dims): where mask bit j is set the element is read
+     * only when lo[j] <= index j < hi[j], else it is fill (fval for float dtypes, ival otherwise).
+     * Masked dims are never merged with their neighbours. */
+    uint32_t mask;
+    int64_t lo[EM_LMAXDIM], hi[EM_LMAXDIM];
+    double fval;
+    int64_t ival;
 } SAccess;
 
 /* A kernel: the loop nest over its domain, with the domain's dims in loop order:

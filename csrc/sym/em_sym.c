@@ -147,6 +147,20 @@ const SymTerm *em_sym__terms(const ShapeEnv *env, SymRef r) { return &env->terms
 
 SymOp em_sym_op(const ShapeEnv *env, SymRef e) { return (SymOp)env->nodes[e].op; }
 
+SymOp em_sym_node(const ShapeEnv *env, SymRef e, int64_t *k, uint32_t *n) {
+    const SymNode *nd = &env->nodes[e];
+    if (k) *k = nd->k;
+    if (n) *n = nd->n;
+    return (SymOp)nd->op;
+}
+
+SymRef em_sym_operand(const ShapeEnv *env, SymRef e, uint32_t i, int64_t *c) {
+    const SymNode *nd = &env->nodes[e];
+    const SymTerm *t = &env->terms[nd->first + i];
+    if (c) *c = (nd->op == SYM_ADD || nd->op == SYM_MUL) ? t->c : 1;
+    return t->ref;
+}
+
 bool em_sym_is_const(const ShapeEnv *env, SymRef e, int64_t *value) {
     if (e == SYM_NONE || env->nodes[e].op != SYM_CONST) return false;
     if (value) *value = env->nodes[e].k;

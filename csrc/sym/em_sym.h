@@ -131,6 +131,11 @@ int64_t em_sym_symbol_index(const ShapeEnv *env, SymRef e);
 /* The distinct symbols e mentions, ascending, into out[0 .. max) (the fx export's SymInt inputs);
  * returns how many there are (which may exceed max). */
 uint32_t em_sym_free_symbols(const ShapeEnv *env, SymRef e, uint32_t *out, uint32_t max);
+/* The structure of e, for code that rebuilds it elsewhere (the tracer's graph nodes): its operator,
+ * its constant (*k: CONST's value, SYMBOL's index, ADD's constant term) and operand count (*n).
+ * em_sym_operand gives operand i and its coefficient (ADD) or exponent (MUL) in *c (1 otherwise). */
+SymOp em_sym_node(const ShapeEnv *env, SymRef e, int64_t *k, uint32_t *n);
+SymRef em_sym_operand(const ShapeEnv *env, SymRef e, uint32_t i, int64_t *c);
 /* Range [lo, hi] of e under the env's facts (SYM_NEG_INF / SYM_INF when unbounded). */
 void em_sym_range(ShapeEnv *env, SymRef e, int64_t *lo, int64_t *hi);
 

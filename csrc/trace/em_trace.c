@@ -685,8 +685,23 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
         }
     }
     switch (v->kind) {
+    case TV_SYMINT: /* a size returned: a graph output computed from sym_size nodes */
     case TV_TENSOR: {
-        uint32_t r = em_tr_tensor_ref(T, v);
+        uint32_t r;
+        if (v->kind == TV_SYMINT) {
+            IRArg a;
+            PyObject *hint = NULL;
+            if (em_tr_sym_arg(T, v, &a, &hint) < 0) return -1;
+            Py_DECREF(hint);
+            if (a.kind != IRARG_NODE) { /* became a constant */
+                o->kind = OUT_CONST;
+                o->obj = a.u.obj;
+                return 0;
+            }
+            r = a.u.ref;
+        } else {
+            r = em_tr_tensor_ref(T, v);
+        }
         if (!r) return -1;
         uint32_t k;
         for (k = 0; k < C->refs.n; k++)
@@ -723,7 +738,7 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
         }
         PyObject *cls = v->u.seq.cls;
         if (v->kind == TV_TUPLE && cls) {
-            if (!PyObject_HasAttrString(cls, "_fields") && !is_plain_structseq(cls, v->u.seq.n))
+            if (cls != em_trace_rt.Size && !PyObject_HasAttrString(cls, "_fields") && !is_plain_structseq(cls, v->u.seq.n))
                 return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return of a %s structseq",
                                    ((PyTypeObject *)cls)->tp_name);
             o->kind = OUT_NAMEDTUPLE;
@@ -913,6 +928,7 @@ static int finish_graph(Trace *T, OutCtx *C) {
         PyErr_Clear();
         return em_tr_break(T, EM_BREAK_INTERNAL, "graph verification failed: %s", buf);
     }
+    if (em_tr_sym_finish(T, g) < 0) return -1;
     res->graph = g;
     return 0;
 }
@@ -1305,8 +1321,8 @@ resume:
             if (arg >= F->nlocals || !(a = pop(T, F))) goto fail_or_internal;
             if (!F->locals[arg] || F->locals[arg]->kind != TV_CELL) goto internal;
             if (!F->locals[arg]->mutable) {
-                em_tr_break(T, EM_BREAK_SIDE_EFFECT, "store to a closure variable of the traced function");
-                goto fail;
+                if (em_tr_effect_store_cell(T, F->locals[arg], a) < 0) goto fail;
+                break;
             }
             F->locals[arg]->u.cell.contents = a;
             break;
@@ -1750,6 +1766,10 @@ static TFrame *top_frame(Trace *T, PyObject *func, PyCodeObject *code, const EmF
                 GuardSrc s = em_guard_src_closure(T->gb, i, PyTuple_GET_ITEM(names, li), contents);
                 if (s < 0 || !(cell->u.cell.contents = em_tr_wrap(T, contents, s, false))) return NULL;
             }
+            if ((cell->u.cell.self = em_guard_src_cell(T->gb, i, PyTuple_GET_ITEM(names, li), cellobj)) < 0) return NULL;
+            cell->u.cell.has_self = true;
+            cell->obj = em_arena_hold(T->arena, cellobj);
+            if (em_tr_effect_container_seen(T, cell) < 0) return NULL;
             F->locals[li] = cell;
         }
     }
@@ -1782,6 +1802,8 @@ static int trace_once(PyObject *func, PyCodeObject *code, const EmFrameView *fv,
     T.opts.max_loop_iterations = opts && opts->max_loop_iterations > 0 ? opts->max_loop_iterations : 10000;
     T.opts.max_instructions = opts && opts->max_instructions > 0 ? opts->max_instructions : 1000000;
     T.opts.resume_cache = opts ? opts->resume_cache : NULL;
+    T.opts.dynamic = opts ? opts->dynamic : -1;
+    T.opts.frame_state = opts ? opts->frame_state : NULL;
     T.gb = em_guard_builder_new(T.arena);
     res->guards = T.gb;
     if (!T.gb) {

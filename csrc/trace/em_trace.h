@@ -23,6 +23,9 @@ typedef struct EmTraceOptions {
                                 functions) instead of giving up on it */
     PyObject *resume_cache;  /* dict (borrowed) caching the resume functions' code objects of the
                                 ORIGINAL code of this frame, or NULL */
+    int dynamic;             /* ember.compile(dynamic=): -1 None (automatic), 0 False, 1 True */
+    PyObject *frame_state;   /* dict (borrowed): source text -> list of the sizes seen for that
+                                tensor input (None where a dim became dynamic), for automatic dynamic */
 } EmTraceOptions;
 
 /* A frame split at a graph break (em_trace_resume.c). After the graph ran, `values` builds a tuple:
@@ -70,6 +73,8 @@ typedef struct EmTraceResult {
                               pairs, target None = the frame's globals; or NULL */
     PyObject *effect_names;/* tuple: the attribute / global name of each pair */
     long brk_top_step;     /* index of the top frame's instruction in progress at the break */
+    PyObject *sym_notes;   /* list of str (held by the arena): symbolic dims and why, or NULL */
+    int symbolic;          /* the graph has symbolic sizes */
 } EmTraceResult;
 
 /* Traces one call of func (a Python function object) whose fast locals (arguments bound, in code

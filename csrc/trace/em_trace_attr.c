@@ -289,6 +289,11 @@ static TValue *tensor_attr(Trace *T, TValue *t, PyObject *name, int *missing) {
     IRMeta *m = t->u.t.meta;
     const char *n = PyUnicode_AsUTF8(name);
     if (!n) return NULL;
+    if (strcmp(n, "shape") == 0 && m->sym_sizes) {
+        int handled = 0;
+        TValue *r = em_tr_sym_query(T, t, "shape", NULL, 0, &handled);
+        if (handled || T->broke) return r;
+    }
     if (strcmp(n, "shape") == 0) {
         PyObject *sz = PyTuple_New(m->ndim);
         if (!sz) return NULL;
@@ -733,6 +738,10 @@ TValue *em_tr_getattr(Trace *T, TValue *v, PyObject *name, int *missing) {
         if (n && (strcmp(n, "__name__") == 0 || strcmp(n, "__qualname__") == 0)) {
             if (v->obj) return em_tr_const(T, strcmp(n, "__name__") == 0 ? ((PyFunctionObject *)v->obj)->func_name : ((PyFunctionObject *)v->obj)->func_qualname);
             return em_tr_const(T, strcmp(n, "__name__") == 0 ? v->u.fn.code->co_name : v->u.fn.code->co_qualname);
+        }
+        if (n && strcmp(n, "__doc__") == 0 && v->obj) { /* read by contextlib.contextmanager's __init__ */
+            PyObject *doc = ((PyFunctionObject *)v->obj)->func_doc;
+            if (doc == Py_None || PyUnicode_CheckExact(doc)) return em_tr_const(T, doc);
         }
         break;
     }

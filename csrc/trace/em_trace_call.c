@@ -217,6 +217,7 @@ static TValue *call_grad_mode(Trace *T, TValue *gm, uint32_t nargs) {
 /* What converting the arguments of a call learned. */
 typedef struct Conv {
     bool has_tensor, any_rg;
+    bool sym;                  /* a tensor with symbolic sizes or a SYMINT among the arguments */
     PyObject *device;          /* borrowed: the common device of the tensor arguments */
     TValue *tens[32];          /* tensor argument values (for in-place aliasing) */
     int ntens;
@@ -271,6 +272,7 @@ static int conv_arg(Trace *T, TValue *v, IRArg *out, PyObject **py, Conv *c, int
         IRMeta *m = v->u.t.meta;
         *py = Py_NewRef(m->example);
         c->has_tensor = true;
+        if (m->sym_sizes) c->sym = true;
         c->any_rg |= m->requires_grad;
         if (!c->device || (m->device && PyObject_RichCompareBool(c->device, m->device, Py_NE) == 1 &&
                            PyObject_HasAttrString(c->device, "type") && m->ndim > 0)) {
@@ -312,7 +314,48 @@ static int conv_arg(Trace *T, TValue *v, IRArg *out, PyObject **py, Conv *c, int
         *py = seq;
         return 0;
     }
+    case TV_SYMINT:
+        c->sym = true;
+        return em_tr_sym_arg(T, v, out, py);
     case TV_SLICE: {
+        TValue *parts[3] = {v->u.sl.start, v->u.sl.stop, v->u.sl.step};
+        bool symbolic = false;
+        for (int i = 0; i < 3; i++)
+            if (parts[i] && (parts[i] = em_tr_realize(T, parts[i])) && parts[i]->kind == TV_SYMINT) symbolic = true;
+        if (symbolic) { /* x[: n // 2]: a slice(...) node over the size values */
+            IRArg *sa = em_arena_alloc(T->arena, sizeof(IRArg) * 3);
+            PyObject *p[3] = {NULL, NULL, NULL};
+            if (!sa) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            int rc = 0;
+            for (int i = 0; i < 3 && rc == 0; i++) {
+                if (!parts[i]) {
+                    sa[i].kind = IRARG_CONST;
+                    sa[i].u.obj = Py_None;
+                    p[i] = Py_NewRef(Py_None);
+                } else {
+                    rc = conv_arg(T, parts[i], &sa[i], &p[i], c, depth + 1);
+                }
+            }
+            PyObject *hint = rc == 0 ? PySlice_New(p[0], p[1], p[2]) : NULL;
+            for (int i = 0; i < 3; i++) Py_XDECREF(p[i]);
+            if (!hint) return -1;
+            IRMeta sm;
+            memset(&sm, 0, sizeof sm);
+            sm.kind = IRMETA_OTHER;
+            sm.example = em_arena_hold(T->arena, hint);
+            uint32_t r = add_node(T, IR_CALL_FUNCTION, (PyObject *)&PySlice_Type, sa, 3, NULL, NULL, 0, &sm);
+            if (!r) {
+                Py_DECREF(hint);
+                return -1;
+            }
+            out->kind = IRARG_NODE;
+            out->u.ref = r;
+            *py = hint;
+            return 0;
+        }
         PyObject *s = em_tr_to_py_const(T, v);
         if (!s) {
             if (T->broke || PyErr_Occurred()) return -1;
@@ -694,6 +737,7 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
         TValue *alias = inplace ? aliased_arg(&c, res) : NULL;
         if (alias) Py_SETREF(device, Py_NewRef(alias->u.t.meta->device));
         if (result_meta(T, res, device, c.any_rg || (alias && alias->u.t.meta->requires_grad), &m) < 0) goto done;
+        if (c.sym && em_tr_sym_call(T, kind, target, ia, nargs, kwnames, ik, nkw, res, &m, NULL) < 0) goto done;
         uint32_t node = add_node(T, kind, target, ia, nargs, kwnames, ik, nkw, &m);
         if (!node) goto done;
         if (alias) { /* the value now refers to the mutated tensor's node (graph order = program order) */
@@ -717,6 +761,7 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
         IRMeta m;
         int ok = seq_meta(T, res, device, c.any_rg, &m, 0);
         if (ok < 0) goto done;
+        if (ok && c.sym && em_tr_sym_call(T, kind, target, ia, nargs, kwnames, ik, nkw, res, &m, NULL) < 0) goto done;
         if (ok) {
             uint32_t node = add_node(T, kind, target, ia, nargs, kwnames, ik, nkw, &m);
             if (!node) goto done;
@@ -725,6 +770,10 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
         }
     }
     if (c.has_tensor && is_const_result(res)) {
+        if (c.sym) { /* x.numel(), torch.Size: size values */
+            em_tr_sym_call(T, kind, target, ia, nargs, kwnames, ik, nkw, res, NULL, &out);
+            goto done;
+        }
         out = em_tr_from_py(T, res);
         goto done;
     }
@@ -803,6 +852,11 @@ static TValue *bool_value(Trace *T, bool b) { return em_tr_const(T, b ? Py_True 
 
 static TValue *int_value(Trace *T, Py_ssize_t n) { return em_tr_const_steal(T, PyLong_FromSsize_t(n)); }
 
+uint32_t em_tr_add_node(Trace *T, IRKind kind, PyObject *target, IRArg *args, uint32_t nargs, PyObject *kwnames,
+                        IRArg *kwargs, uint32_t nkw, const IRMeta *meta) {
+    return add_node(T, kind, target, args, nargs, kwnames, kwargs, nkw, meta);
+}
+
 /* ------------------------------------------------------------------------------------------- */
 /* Python operators                                                                             */
 
@@ -816,10 +870,16 @@ TValue *em_tr_binop(Trace *T, int nb, TValue *a, TValue *b) {
         TValue *args[2] = {a, b};
         return em_tr_torch_call(T, IR_CALL_FUNCTION, fn, args, 2, NULL, NULL);
     }
+    if (a->kind == TV_SYMINT || b->kind == TV_SYMINT) { /* size arithmetic; others specialise in the fold */
+        int handled = 0;
+        TValue *r = em_tr_sym_binop(T, nb, a, b, &handled);
+        if (handled || T->broke) return r;
+    }
     int base = nb >= 13 ? nb - 13 : nb;
     /* containers built in the trace: concatenation and repetition are structural */
     if (base == 0 && is_seq(a) && is_seq(b) && a->kind == b->kind && !(a->kind == TV_TUPLE && (a->u.seq.cls || b->u.seq.cls))) {
         if (nb >= 13 && a->kind == TV_LIST) { /* += on a list extends it in place */
+            if (em_tr_effect_container(T, a, "+=") < 0) return NULL;
             for (uint32_t i = 0, n = b->u.seq.n; i < n; i++)
                 if (em_tr_list_push(T, a, b->u.seq.items[i]) < 0) return NULL;
             return a;
@@ -879,6 +939,11 @@ TValue *em_tr_compare(Trace *T, int cmp, TValue *a, TValue *b) {
     PyObject *fn = em_trace_rt.cmp_fn[cmp];
     TValue *args[2] = {a, b};
     if (a->kind == TV_TENSOR || b->kind == TV_TENSOR) return em_tr_torch_call(T, IR_CALL_FUNCTION, fn, args, 2, NULL, NULL);
+    if (a->kind == TV_SYMINT || b->kind == TV_SYMINT) { /* a relation among sizes: guarded */
+        int handled = 0;
+        TValue *r = em_tr_sym_compare(T, cmp, a, b, &handled);
+        if (handled || T->broke) return r;
+    }
     bool nc = false;
     TValue *r = fold_call(T, fn, args, 2, NULL, NULL, &nc);
     if (r || !nc) return r;
@@ -900,6 +965,8 @@ TValue *em_tr_compare(Trace *T, int cmp, TValue *a, TValue *b) {
 TValue *em_tr_unary(Trace *T, PyObject *opfn, TValue *a) {
     if (!(a = em_tr_realize(T, a))) return NULL;
     if (a->kind == TV_TENSOR) return em_tr_torch_call(T, IR_CALL_FUNCTION, opfn, &a, 1, NULL, NULL);
+    if (a->kind == TV_SYMINT && opfn == em_trace_rt.op_neg) return em_tr_sym_neg(T, a);
+    if (a->kind == TV_SYMINT && opfn == em_trace_rt.op_pos) return a;
     return fold_or_break(T, opfn, &a, 1, NULL, NULL);
 }
 
@@ -1053,8 +1120,9 @@ int em_tr_setitem(Trace *T, TValue *c, TValue *key, TValue *v) {
         TValue *args[2] = {key, v};
         return em_tr_instance_dunder(T, c, v ? "__setitem__" : "__delitem__", args, v ? 2 : 1) ? 0 : -1;
     }
-    if (!c->mutable || (c->kind != TV_LIST && c->kind != TV_DICT))
+    if (c->kind != TV_LIST && c->kind != TV_DICT)
         return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "item store into an object that outlives the frame");
+    if (em_tr_effect_container(T, c, v ? "item store" : "item deletion") < 0) return -1;
     if (c->kind == TV_DICT) {
         if (key->kind != TV_CONST) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "dict key that is not a constant");
         if (em_tr_use(T, key) < 0) return -1;
@@ -1277,13 +1345,20 @@ TValue *em_tr_inline(Trace *T, TValue *fn, TValue **args, uint32_t nargs, PyObje
             GuardSrc cs = fs >= 0 ? em_guard_src_attr(T->gb, fs, em_str("__closure__"), clo) : -1;
             for (uint32_t i = 0; i < ncells; i++) {
                 PyObject *cell = PyTuple_GET_ITEM(clo, i);
+                if ((cells[i] = em_tr_effect_cell_of(T, cell))) continue; /* shared with a closure seen before */
                 TValue *cv = em_tr_new(T, TV_CELL);
                 if (!cv) return NULL;
                 PyObject *contents = PyCell_Check(cell) ? PyCell_GET(cell) : NULL;
+                GuardSrc s1 = cs >= 0 && PyCell_Check(cell) ? em_guard_src_item(T->gb, cs, i, cell) : -1;
                 if (contents) {
-                    GuardSrc s1 = cs >= 0 ? em_guard_src_item(T->gb, cs, i, cell) : -1;
                     GuardSrc s2 = s1 >= 0 ? em_guard_src_attr(T->gb, s1, em_str("cell_contents"), contents) : -1;
                     if (!(cv->u.cell.contents = em_tr_wrap(T, contents, s2, s2 < 0))) return NULL;
+                }
+                if (s1 >= 0) { /* a `nonlocal` store into this cell can be replayed through s1 */
+                    cv->u.cell.self = s1;
+                    cv->u.cell.has_self = true;
+                    cv->obj = em_arena_hold(T->arena, cell);
+                    if (em_tr_effect_container_seen(T, cv) < 0) return NULL;
                 }
                 cells[i] = cv;
             }
@@ -1572,6 +1647,9 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
                 em_tr_break(T, EM_BREAK_RAISE, "len() of a 0-d tensor");
                 return NULL;
             }
+            int handled = 0;
+            TValue *sl = em_tr_sym_query(T, a, "__len__", NULL, 0, &handled);
+            if (handled || T->broke) return sl;
             return em_tr_const_steal(T, PyLong_FromLongLong(a->u.t.meta->sizes[0]));
         }
         if (a->kind == TV_NN_MODULE) {
@@ -1739,7 +1817,8 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
         if (rc < 0) return NULL;
         if (rc == 0) {
             if (nargs == 2) return args[1];
-            em_tr_break(T, EM_BREAK_RAISE, "StopIteration");
+            /* catchable, as eager's StopIteration() (contextlib.contextmanager's __exit__) */
+            em_tr_raise_steal(T, PyObject_CallNoArgs(PyExc_StopIteration), NULL);
             return NULL;
         }
         return r;
@@ -1864,10 +1943,7 @@ static TValue *call_container_method(Trace *T, TValue *self, PyObject *name, TVa
     if (self->kind == TV_LIST) {
         bool mut = strcmp(n, "append") == 0 || strcmp(n, "extend") == 0 || strcmp(n, "insert") == 0 || strcmp(n, "pop") == 0 ||
                    strcmp(n, "clear") == 0 || strcmp(n, "reverse") == 0 || strcmp(n, "remove") == 0;
-        if (mut && !self->mutable) {
-            em_tr_break(T, EM_BREAK_SIDE_EFFECT, "list.%s on a list that outlives the frame", n);
-            return NULL;
-        }
+        if (mut && em_tr_effect_container(T, self, n) < 0) return NULL;
         if (strcmp(n, "append") == 0 && nargs == 1) return em_tr_list_push(T, self, args[0]) < 0 ? NULL : em_tr_const(T, Py_None);
         if (strcmp(n, "extend") == 0 && nargs == 1) {
             TValue **items;
@@ -1929,10 +2005,7 @@ static TValue *call_container_method(Trace *T, TValue *self, PyObject *name, TVa
     if (self->kind == TV_DICT) {
         bool mut = strcmp(n, "pop") == 0 || strcmp(n, "update") == 0 || strcmp(n, "setdefault") == 0 ||
                    strcmp(n, "clear") == 0 || strcmp(n, "popitem") == 0;
-        if (mut && !self->mutable) {
-            em_tr_break(T, EM_BREAK_SIDE_EFFECT, "dict.%s on a dict that outlives the frame", n);
-            return NULL;
-        }
+        if (mut && em_tr_effect_container(T, self, n) < 0) return NULL;
         if ((strcmp(n, "get") == 0 || strcmp(n, "pop") == 0 || strcmp(n, "setdefault") == 0) && nargs >= 1 && nargs <= 2) {
             TValue *k = em_tr_realize(T, args[0]);
             if (!k || k->kind != TV_CONST || em_tr_use(T, k) < 0) goto unsupported;
@@ -2049,6 +2122,11 @@ static TValue *call_tensor_method(Trace *T, TValue *self, PyObject *name, TValue
             Py_XDECREF(typ);
             if (!r && !T->broke) em_tr_break_exc(T, EM_BREAK_INTERNAL);
             return r;
+        }
+        if (m->sym_sizes && !kwnames) { /* sizes of a tensor with symbolic dims */
+            int handled = 0;
+            TValue *r = em_tr_sym_query(T, self, n, args, nargs, &handled);
+            if (handled || T->broke) return r;
         }
         PyObject *meth = PyObject_GetAttr(m->example, name);
         if (!meth) {

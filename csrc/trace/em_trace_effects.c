@@ -6,12 +6,18 @@
  * side-effect replay). Invariant: only stores whose replay does exactly what eager's store does
  * are recorded: the object's class sets attributes with object.__setattr__ or
  * nn.Module.__setattr__ (plain values), and no data descriptor (property, slot) owns the name.
- * Anything else stays a SIDE_EFFECT break, run in Python by a graph break. */
+ * Anything else stays a SIDE_EFFECT break, run in Python by a graph break.
+ * Lists and dicts of the caller (`acc.append(y)`, `d["k"] = v`, reached through a source) are
+ * mutated in the trace like lists made there, and their final contents are written back into the
+ * caller's object after the graph (`obj[:] = items`; `obj.clear(); obj.update(items)`): the
+ * object keeps its identity, and nothing outside the frame can see the states in between. One
+ * object realized through two paths (an argument that is also `self.acc`) gives two views, so
+ * a mutation of it breaks instead. */
 #include "trace/em_trace_int.h"
 
 #include <string.h>
 
-enum { EFFECT_ATTR = 1, EFFECT_GLOBAL = 2 };
+enum { EFFECT_ATTR = 1, EFFECT_GLOBAL = 2, EFFECT_CONTAINER = 3, EFFECT_CELL = 4 };
 
 /* May `obj.name = value` be recorded and replayed? Returns 1 yes, 0 no (why in *why). */
 static int attr_replayable(Trace *T, TValue *target, PyObject *name, TValue *value, const char **why) {
@@ -105,6 +111,102 @@ int em_tr_effect_store_global(Trace *T, TFrame *F, PyObject *name, TValue *value
     return push_effect(T, EFFECT_GLOBAL, NULL, F->globals, name, value);
 }
 
+int em_tr_effect_container_seen(Trace *T, TValue *c) {
+    for (uint32_t i = 0; i < T->containers.n; i++) {
+        TValue *o = T->containers.items[i];
+        if (o->obj != c->obj || o == c) continue;
+        if (o->replayed)
+            return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "%s read through a second path after a mutation",
+                               Py_TYPE(c->obj)->tp_name);
+        o->aliased = c->aliased = true;
+    }
+    if (EM_VEC_PUSH(T->arena, T->containers, c) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* Containers whose write-back would bypass what reads them in the trace: a module's parameter,
+ * buffer and submodule dicts and instance __dict__s are read through attribute lookups, not
+ * through this value. */
+static bool internal_dict(Trace *T, TValue *c) {
+    PyObject *r = em_guard_src_repr(T->gb, c->src);
+    if (!r) {
+        PyErr_Clear();
+        return true;
+    }
+    static const char *const tails[] = {"._parameters", "._buffers", "._modules", ".__dict__", NULL};
+    const char *u = PyUnicode_AsUTF8(r);
+    bool bad = !u;
+    size_t n = u ? strlen(u) : 0;
+    for (int i = 0; u && tails[i]; i++) {
+        size_t m = strlen(tails[i]);
+        if (n >= m && strcmp(u + n - m, tails[i]) == 0) bad = true;
+    }
+    if (!u) PyErr_Clear();
+    Py_DECREF(r);
+    return bad;
+}
+
+int em_tr_effect_container(Trace *T, TValue *c, const char *what) {
+    if (c->mutable || c->replayed) return 0;
+    const char *kind = c->kind == TV_LIST ? "list" : "dict";
+    if ((c->kind != TV_LIST && c->kind != TV_DICT) || c->src < 0 || !c->obj ||
+        !(PyList_CheckExact(c->obj) || PyDict_CheckExact(c->obj)))
+        return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "%s on a %s that outlives the frame", what, kind);
+    if (c->aliased)
+        return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "%s on a %s reached through two paths", what, kind);
+    if (PyDict_CheckExact(c->obj) && internal_dict(T, c))
+        return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "%s on a module's or object's own dict", what);
+    c->replayed = true;
+    return push_effect(T, EFFECT_CONTAINER, c, em_arena_hold(T->arena, c->obj), Py_Ellipsis, c);
+}
+
+TValue *em_tr_effect_cell_of(Trace *T, PyObject *cellobj) {
+    for (uint32_t i = 0; i < T->containers.n; i++)
+        if (T->containers.items[i]->kind == TV_CELL && T->containers.items[i]->obj == cellobj)
+            return T->containers.items[i];
+    return NULL;
+}
+
+int em_tr_effect_store_cell(Trace *T, TValue *cell, TValue *value) {
+    if (!cell->u.cell.has_self || !cell->obj)
+        return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "store to a closure variable of the traced function");
+    if (cell->aliased) /* the same cell through another closure: two views of its contents */
+        return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "store to a closure variable shared with another traced closure");
+    cell->replayed = true;
+    cell->u.cell.contents = value;
+    return push_effect(T, EFFECT_CELL, cell, em_arena_hold(T->arena, cell->obj), em_str("cell_contents"), value);
+}
+
+/* The spec of an input container's final contents: a new list/dict of its items. */
+static int contents_spec(Trace *T, OutCtx *C, TValue *c, OutSpec *o) {
+    uint32_t n = c->kind == TV_LIST ? c->u.seq.n : c->u.dict.n;
+    TValue **vals = c->kind == TV_LIST ? c->u.seq.items : c->u.dict.vals;
+    o->n = n;
+    o->items = em_arena_alloc(T->arena, sizeof(OutSpec) * (n + 1));
+    if (!o->items) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (c->kind == TV_LIST) {
+        o->kind = OUT_LIST;
+    } else {
+        PyObject *keys = PyTuple_New(n);
+        if (!keys) return -1;
+        for (uint32_t i = 0; i < n; i++) PyTuple_SET_ITEM(keys, i, Py_NewRef(c->u.dict.keys[i]));
+        o->kind = OUT_DICT;
+        if (!(o->obj = em_arena_hold_steal(T->arena, keys))) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (em_tr_out_spec(T, C, vals[i], &o->items[i], 1) < 0) return -1;
+    return 0;
+}
+
 /* The latest recorded store to (obj, name), or NULL. */
 static TValue *pending(Trace *T, int kind, PyObject *obj, PyObject *name) {
     for (uint32_t i = T->effects.n; i-- > 0;) {
@@ -149,12 +251,14 @@ int em_tr_effects_spec(Trace *T, OutCtx *C) {
             t->kind = OUT_CONST;
             t->obj = Py_None;
         } else {
-            int slot = em_guard_fetch(T->gb, e->target->src);
+            int slot = em_guard_fetch(T->gb, e->kind == EFFECT_CELL ? e->target->u.cell.self : e->target->src);
             if (slot < 0) return -1;
             t->kind = OUT_FETCH;
             t->index = (uint32_t)slot;
         }
-        if (em_tr_out_spec(T, C, e->value, &spec->items[2 * i + 1], 1) < 0) return -1;
+        if (e->kind == EFFECT_CONTAINER ? contents_spec(T, C, e->value, &spec->items[2 * i + 1]) < 0
+                                        : em_tr_out_spec(T, C, e->value, &spec->items[2 * i + 1], 1) < 0)
+            return -1;
     }
     T->res->effects = spec;
     T->res->effect_names = names;

@@ -74,6 +74,8 @@ typedef enum {
     TV_SUPER,         /* sup.self + sup.cls: super(cls, self) */
     TV_GRAD_MODE,     /* gm: a grad-mode context manager (torch.no_grad(), enable_grad(),
                          set_grad_enabled(b)) or, gm.exit, the __exit__ that BEFORE_WITH pushed */
+    TV_SYMINT,        /* si.e: a Python int that is a size expression over the trace's symbols
+                         (x.shape[0], x.size(1) // 2); em_trace_sym.c */
     TV_INSTANCE       /* inst: an object of a Python class constructed in the trace (dataclasses,
                          ModelOutput, context managers): attributes and, for dict subclasses,
                          items are trace values (em_trace_obj.c) */
@@ -93,6 +95,9 @@ struct TValue {
     bool stable;       /* identity fixed by other guards (globals, module dicts): no ID/EQUALS */
     bool guarded;      /* the use-guard (EQUALS/ID) was added */
     bool mutable;      /* LIST/DICT/CELL created in the trace (may be mutated) */
+    bool replayed;     /* an input LIST/DICT mutated in the trace: its final contents are written
+                          back into the caller's object after the graph (em_trace_effects.c) */
+    bool aliased;      /* an input LIST/DICT whose object was realized through another path too */
     PyObject *obj;     /* LAZY/CONST/NN_MODULE/OBJECT/FUNCTION(real): the object (held).
                           TENSOR input: the real tensor. TUPLE from a torch op: the meta result. */
     union {
@@ -108,12 +113,18 @@ struct TValue {
         } fn;
         struct { TValue *self; TValue *func; PyObject *name; } bm;
         struct { TValue *self; PyObject *name; } tm;
-        struct { TValue *contents; } cell;
+        struct {
+            TValue *contents;
+            GuardSrc self;  /* has_self: the source of the real cell (a frame or function closure's),
+                               so that a `nonlocal` store can be replayed into it */
+            bool has_self;
+        } cell;
         struct {
             TIterKind kind; TValue **items; uint32_t n, pos; TValue *base;
             struct TFrame *genframe; /* IT_GEN: the bound, not yet run generator frame */
         } it;
         struct { TValue *start, *stop, *step; } sl;
+        struct { uint32_t e; } si; /* SymRef in Trace.env */
         struct { TValue *self; PyObject *cls; } sup;
         struct {
             bool mode;    /* grad mode inside the block */
@@ -221,7 +232,8 @@ extern TraceRT em_trace_rt;
 
 /* A side effect recorded for replay after the graph (em_trace_effects.c). */
 typedef struct TEffect {
-    int kind;              /* 1: obj.name = value; 2: globals[name] = value */
+    int kind;              /* 1: obj.name = value; 2: globals[name] = value; 3: obj[:] = value
+                              (an input list/dict takes its final contents; name is Ellipsis) */
     TValue *target;        /* the object (attribute stores) */
     PyObject *obj;         /* the real object / the globals dict (identity key; held) */
     PyObject *name;
@@ -248,6 +260,7 @@ typedef struct Trace {
     bool grad_statement;    /* ... made by a torch.set_grad_enabled(b) statement (never restored) */
     TValue *null_value;
     struct { struct TEffect *items; uint32_t n, cap; } effects; /* side effects to replay */
+    struct { TValue **items; uint32_t n, cap; } containers;     /* input lists/dicts realized */
     long stop_at;           /* -1, or the top-frame instruction step at which to split */
     long top_steps;         /* top-frame instructions started so far */
     PyObject *exc;          /* the exception a RAISE break stands for, when the trace knows it (a real
@@ -258,6 +271,14 @@ typedef struct Trace {
      * em_tr_overlay_check */
     struct TAttrStore { PyObject *obj, *name, *orig; TValue *val; } *stores;
     uint32_t nstores, capstores;
+    /* symbolic shapes (em_trace_sym.c): NULL env until an input dim is made dynamic */
+    struct ShapeEnv *env;
+    struct TSymSrc { TValue *t; int32_t dim; GuardSrc src; } *symsrc; /* per symbol: where it is read */
+    uint32_t capsymsrc;
+    uint32_t *symnode;      /* SymRef -> node computing it (0: none yet) */
+    uint32_t capsymnode;
+    PyObject *sym_ctx;      /* ember._fake.SymContext of this trace (held by the arena), or NULL */
+    PyObject *sym_notes;    /* list of str: which dims are symbolic and why, what was specialised */
 } Trace;
 
 /* Building the return value (or the values live at a graph break) from abstract values. */
@@ -329,6 +350,18 @@ int em_tr_effect_store_global(Trace *T, TFrame *F, PyObject *name, TValue *value
 /* The value a recorded store gave v.name / the global name, or NULL when none. */
 TValue *em_tr_effect_attr(Trace *T, TValue *v, PyObject *name);
 TValue *em_tr_effect_global(Trace *T, TFrame *F, PyObject *name);
+/* An input list/dict (c->src >= 0) is about to be mutated by `what`: records the write-back of
+ * its final contents (once), or a SIDE_EFFECT break (-1) when that would not be exact. */
+int em_tr_effect_container(Trace *T, TValue *c, const char *what);
+/* Registers an input list/dict just realized; -1 (break) when its object was already mutated in
+ * the trace through another path, whose view this one would not see. */
+int em_tr_effect_container_seen(Trace *T, TValue *c);
+/* `nonlocal name = value` on a cell of a closure from outside the trace: recorded for replay
+ * (`cell.cell_contents = value` after the graph), or a SIDE_EFFECT break (-1). */
+int em_tr_effect_store_cell(Trace *T, TValue *cell, TValue *value);
+/* The CELL value already made for the real cell object, or NULL: one value per cell, so that
+ * every closure sharing it sees the trace's stores. */
+TValue *em_tr_effect_cell_of(Trace *T, PyObject *cellobj);
 /* Builds res->effects / res->effect_names (nothing when no effect was recorded). */
 int em_tr_effects_spec(Trace *T, OutCtx *C);
 
@@ -398,6 +431,38 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
  * records one) and in the trace's own state; no node when the mode is already `mode`. -1 on
  * break. */
 int em_tr_set_grad_mode(Trace *T, bool mode);
+
+/* ---- em_trace_sym.c: symbolic sizes ---- */
+/* Decides which dims of the tensor input at src are dynamic (dynamic=, marks, automatic dynamic)
+ * and fills m->sym_sizes / sym_strides; *dynmask gets those dims (0: static). -1 on error. */
+int em_tr_sym_input(Trace *T, TValue *v, PyObject *tensor, GuardSrc src, IRMeta *m, uint64_t *dynmask);
+/* A value for size expression e: a CONST int when e is constant, else a SYMINT. */
+TValue *em_tr_symint(Trace *T, uint32_t e);
+/* The graph argument for a SYMINT (a node computing it, built from sym_size nodes on first use)
+ * and its hint as *py (new reference). -1 on break. */
+int em_tr_sym_arg(Trace *T, TValue *v, IRArg *out, PyObject **py);
+/* Specialises a SYMINT: guards it equal to its hint. New int, NULL on break. */
+PyObject *em_tr_sym_specialize(Trace *T, TValue *v, const char *why);
+/* Operators with a SYMINT operand: NULL with *handled = 0 when not handled here. */
+TValue *em_tr_sym_binop(Trace *T, int nb, TValue *a, TValue *b, int *handled);
+TValue *em_tr_sym_compare(Trace *T, int cmp, TValue *a, TValue *b, int *handled);
+TValue *em_tr_sym_neg(Trace *T, TValue *a);
+int em_tr_sym_truth(Trace *T, TValue *v, bool *out);
+/* Size queries on a tensor with symbolic sizes: x.shape, x.size(), x.size(d), x.numel(), len(x),
+ * x.stride(). NULL with *handled = 0 for a static tensor or another query. */
+TValue *em_tr_sym_query(Trace *T, TValue *t, const char *what, TValue **args, uint32_t nargs, int *handled);
+/* After an op's meta call when an argument is symbolic: runs it again on fake tensors with a torch
+ * ShapeEnv mirroring ours (ember._fake.sym_run), imports the relations torch relied on as guards,
+ * and gives each tensor result in m its symbolic sizes. *symout: for an int / Size result, the
+ * value to use (or NULL). -1 on break. */
+int em_tr_sym_call(Trace *T, IRKind kind, PyObject *target, const IRArg *ia, uint32_t nargs, PyObject *kwnames,
+                   const IRArg *ik, uint32_t nkw, PyObject *res, IRMeta *m, TValue **symout);
+/* Specialises the first dim of a symbolic tensor (iteration, len as a loop bound). */
+int em_tr_sym_dim_int(Trace *T, IRMeta *m, int dim, int64_t *out);
+/* At the end of a trace: the sym guard leaf, symbolic metadata simplified, the graph's env. */
+int em_tr_sym_finish(Trace *T, IRGraph *g);
+uint32_t em_tr_add_node(Trace *T, IRKind kind, PyObject *target, IRArg *args, uint32_t nargs, PyObject *kwnames,
+                        IRArg *kwargs, uint32_t nkw, const IRMeta *meta);
 
 /* ---- em_trace_attr.c ---- */
 /* Attribute access. *missing (optional) is set to 1 when the attribute certainly does not exist

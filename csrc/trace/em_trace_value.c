@@ -209,7 +209,10 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
             return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "tensor subclass", o);
         if (s < 0) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "tensor without a source", o);
         IRMeta *m;
-        if (em_guard_tensor(T->gb, s) < 0 || input_meta(T, o, &m) < 0) {
+        uint64_t dynmask = 0;
+        if (input_meta(T, o, &m) < 0 || em_tr_sym_input(T, v, o, s, m, &dynmask) < 0 ||
+            em_guard_tensor_dynamic(T->gb, s, dynmask) < 0) {
+            if (T->broke) return NULL;
             if (!PyErr_ExceptionMatches(PyExc_MemoryError)) em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_VALUE);
             return NULL;
         }
@@ -296,7 +299,7 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
         v->u.seq.n = v->u.seq.cap = (uint32_t)n;
         v->mutable = false;
         v->guarded = true;
-        return v;
+        return em_tr_effect_container_seen(T, v) < 0 ? NULL : v;
     }
     if (PyDict_Check(o)) {
         const char *tn = Py_TYPE(o)->tp_name;
@@ -337,6 +340,7 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
             v->u.dict.vals[v->u.dict.n++] = iv;
         }
         v->guarded = true;
+        if (s >= 0 && em_tr_effect_container_seen(T, v) < 0) return NULL;
         return v;
     }
     if (PyList_Check(o) || PyAnySet_Check(o))
@@ -405,7 +409,7 @@ TValue *em_tr_dict(Trace *T) {
 }
 
 int em_tr_list_push(Trace *T, TValue *l, TValue *v) {
-    if (!l || l->kind != TV_LIST || !l->mutable)
+    if (!l || l->kind != TV_LIST || !(l->mutable || l->replayed))
         return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "append to a list that outlives the frame");
     if (l->u.seq.n == l->u.seq.cap) {
         uint32_t nc = l->u.seq.cap ? l->u.seq.cap * 2 : 8;
@@ -439,7 +443,7 @@ TValue *em_tr_dict_get(TValue *d, PyObject *key) {
 }
 
 int em_tr_dict_set(Trace *T, TValue *d, PyObject *key, TValue *v) {
-    if (!d || d->kind != TV_DICT || !d->mutable)
+    if (!d || d->kind != TV_DICT || !(d->mutable || d->replayed))
         return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "store into a dict that outlives the frame");
     for (uint32_t i = 0; i < d->u.dict.n; i++) {
         int eq = d->u.dict.keys[i] == key ? 1 : PyObject_RichCompareBool(d->u.dict.keys[i], key, Py_EQ);
@@ -660,6 +664,7 @@ int em_tr_items(Trace *T, TValue *v, TValue ***items, uint32_t *n) {
         IRMeta *m = v->u.t.meta;
         if (m->ndim == 0) return em_tr_break(T, EM_BREAK_RAISE, "iteration over a 0-d tensor");
         int64_t d0 = m->sizes[0];
+        if (em_tr_sym_dim_int(T, m, 0, &d0) < 0) return -1;
         if (d0 > T->opts.max_loop_iterations)
             return em_tr_break(T, EM_BREAK_LOOP_LIMIT, "iteration over %lld tensor rows", (long long)d0);
         TValue **r = em_arena_alloc(T->arena, sizeof(TValue *) * (size_t)(d0 + 1));
@@ -701,6 +706,8 @@ int em_tr_truth(Trace *T, TValue *v, bool *out) {
     }
     case TV_TENSOR:
         return em_tr_break(T, EM_BREAK_DATA_DEPENDENT_BRANCH, "branch on a tensor value");
+    case TV_SYMINT:
+        return em_tr_sym_truth(T, v, out);
     case TV_TUPLE: case TV_LIST:
         *out = v->u.seq.n > 0;
         return 0;
@@ -764,6 +771,8 @@ PyObject *em_tr_type_of(Trace *T, TValue *v) {
         return v->u.bm.func ? (PyObject *)&PyMethod_Type : NULL;
     case TV_SLICE:
         return (PyObject *)&PySlice_Type;
+    case TV_SYMINT:
+        return (PyObject *)&PyLong_Type;
     default:
         break;
     }
@@ -774,6 +783,8 @@ PyObject *em_tr_type_of(Trace *T, TValue *v) {
 PyObject *em_tr_to_py_const(Trace *T, TValue *v) {
     if (!(v = em_tr_realize(T, v))) return NULL;
     switch (v->kind) {
+    case TV_SYMINT: /* a size used as a plain Python int: specialised (guarded equal to its hint) */
+        return em_tr_sym_specialize(T, v, "used as a Python int");
     case TV_CONST:
         if (em_tr_use(T, v) < 0) return NULL;
         return Py_NewRef(v->obj);
@@ -784,7 +795,8 @@ PyObject *em_tr_to_py_const(Trace *T, TValue *v) {
         }
         return NULL;
     case TV_TUPLE: case TV_LIST: {
-        if (v->kind == TV_TUPLE && v->u.seq.cls) return NULL;
+        bool size = v->kind == TV_TUPLE && v->u.seq.cls == em_trace_rt.Size; /* x.shape with symbolic dims */
+        if (v->kind == TV_TUPLE && v->u.seq.cls && !size) return NULL;
         PyObject *r = v->kind == TV_TUPLE ? PyTuple_New(v->u.seq.n) : PyList_New(v->u.seq.n);
         if (!r) return NULL;
         for (uint32_t i = 0; i < v->u.seq.n; i++) {
@@ -798,6 +810,7 @@ PyObject *em_tr_to_py_const(Trace *T, TValue *v) {
             else
                 PyList_SET_ITEM(r, i, it);
         }
+        if (size) Py_SETREF(r, PyObject_CallOneArg(em_trace_rt.Size, r));
         return r;
     }
     case TV_DICT: {

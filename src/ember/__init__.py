@@ -21,13 +21,14 @@ import torch
 from ._config import config
 from . import _C
 from ._backends import list_backends, register_backend, resolve as _resolve_backend
+from ._dynamic import mark_dynamic, mark_static, maybe_mark_dynamic
 
 GraphBreakError = _C.GraphBreakError
 FALLBACK_REASONS: dict[str, str] = _C._break_reasons()
 
 __all__ = [
     "compile", "reset", "disable", "config", "cache_info", "explain", "list_backends",
-    "register_backend", "GraphBreakError", "FALLBACK_REASONS",
+    "register_backend", "GraphBreakError", "FALLBACK_REASONS", "mark_dynamic", "mark_static", "maybe_mark_dynamic",
 ]
 
 _module_classes: dict[type, type] = {}
@@ -48,8 +49,10 @@ def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None
         callable`` (torch.compile's custom-backend contract).
       fullgraph: raise ember.GraphBreakError (naming the reason and the source line) instead of
         falling back when a frame cannot be captured whole.
-      dynamic: accepted for torch.compile compatibility; shapes are specialised (static) for now
-        and ``dynamic=True`` raises NotImplementedError.
+      dynamic: as torch.compile's. None (default): static first; a recompile caused by a changed
+        size makes that dim symbolic ("automatic dynamic"). True: every dim of every tensor input
+        symbolic from the first call. False: never (marks from ember.mark_dynamic also ignored).
+        Sizes 0 and 1 are always specialised; docs/dynamic_shapes.md.
       options: accepted for compatibility; must be None or empty.
 
     Returns: for a function, an ember._C.CompiledFunction; for a bound method, the same bound to
@@ -62,26 +65,28 @@ def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None
     """
     if fn_or_module is None:
         return functools.partial(compile, backend=backend, fullgraph=fullgraph, dynamic=dynamic, options=options)
-    if dynamic:
-        raise NotImplementedError("ember: dynamic shapes are not implemented yet; use dynamic=None or False")
+    if dynamic is not None:
+        dynamic = bool(dynamic)
     if options:
         raise ValueError(f"ember: unknown options {sorted(options)}")
     backend, key = _resolve_backend(backend)
     if isinstance(fn_or_module, torch.nn.Module):
-        return _compile_module(fn_or_module, backend, key, fullgraph)
+        return _compile_module(fn_or_module, backend, key, fullgraph, dynamic)
     if isinstance(fn_or_module, _C.CompiledFunction):
         fn_or_module = fn_or_module.__wrapped_function__
     if isinstance(fn_or_module, types.MethodType) and isinstance(fn_or_module.__func__, types.FunctionType):
-        cf = _C.CompiledFunction(fn_or_module.__func__, backend, key, bool(fullgraph), self=fn_or_module.__self__)
+        cf = _C.CompiledFunction(fn_or_module.__func__, backend, key, bool(fullgraph), self=fn_or_module.__self__,
+                                 dynamic=dynamic)
         return functools.update_wrapper(cf, fn_or_module.__func__)
     if isinstance(fn_or_module, types.FunctionType):
         if inspect.isgeneratorfunction(fn_or_module) or inspect.iscoroutinefunction(fn_or_module):
             raise TypeError(f"ember.compile: generators and coroutines are not supported: {fn_or_module!r}")
-        return functools.update_wrapper(_C.CompiledFunction(fn_or_module, backend, key, bool(fullgraph)), fn_or_module)
+        return functools.update_wrapper(_C.CompiledFunction(fn_or_module, backend, key, bool(fullgraph), dynamic=dynamic),
+                                        fn_or_module)
     raise TypeError(f"ember.compile expects a function, a bound method or an nn.Module, got {type(fn_or_module).__name__}")
 
 
-def _compile_module(mod: torch.nn.Module, backend, key, fullgraph):
+def _compile_module(mod: torch.nn.Module, backend, key, fullgraph, dynamic=None):
     """A module sharing mod's __dict__ whose class's __call__ is the compiled forward (or the
     compiled __call__, when the class overrides nn.Module.__call__)."""
     cls = type(mod)
@@ -89,12 +94,12 @@ def _compile_module(mod: torch.nn.Module, backend, key, fullgraph):
         forward = cls.forward
         if not isinstance(forward, types.FunctionType):
             raise TypeError(f"ember.compile: {cls.__name__}.forward is not a Python function")
-        cf = _C.CompiledFunction(forward, backend, key, bool(fullgraph), self=mod, module=mod)
+        cf = _C.CompiledFunction(forward, backend, key, bool(fullgraph), self=mod, module=mod, dynamic=dynamic)
     else:
         call = cls.__call__
         if not isinstance(call, types.FunctionType):
             raise TypeError(f"ember.compile: {cls.__name__}.__call__ is not a Python function")
-        cf = _C.CompiledFunction(call, backend, key, bool(fullgraph), self=mod, module=mod)
+        cf = _C.CompiledFunction(call, backend, key, bool(fullgraph), self=mod, module=mod, dynamic=dynamic)
     # one subclass per compiled module: the compiled call lives on the class (slot_tp_call finds
     # it there), so instances need no extra state and share the original's __dict__
     sub = type(f"Compiled{cls.__name__}", (cls,), {
@@ -217,8 +222,14 @@ def explain(fn, *args, **kwargs) -> ExplainOutput:
             lines.append("  graph:")
             lines += ["    " + ln for ln in e["graph"].splitlines()]
             lines.append(f"  output: {e['output']}")
+        if e.get("dynamic"):
+            lines.append("  symbolic sizes:")
+            lines += ["    " + d for d in e["dynamic"]]
         if e.get("ember"):
             lines += _backends.explain_ember(e["ember"])
+        if e.get("autograd"):
+            from . import _autograd
+            lines += _autograd.explain_lines(e["autograd"])
         lines.append("  guards:")
         lines += ["    " + g for g in e["guards"]]
     head = [f"graphs: {ngraphs}, graph breaks: {nbreaks}"] + [f"  break: {r}" for r in reasons]

@@ -25,14 +25,38 @@ def register_backend(name: str, fn: Callable | None = None):
 
 
 def list_backends() -> list[str]:
-    """Names accepted by ember.compile(backend=...): "eager", "ember" and the registered ones."""
-    return ["eager", "ember", *sorted(_REGISTRY)]
+    """Names accepted by ember.compile(backend=...): "eager", "ember", "aot_eager" and the registered ones."""
+    return ["aot_eager", "eager", "ember", *sorted(_REGISTRY)]
 
 
 @register_backend("inductor")
 def _inductor(gm: torch.fx.GraphModule, example_inputs):
+    """torch's Inductor. A graph with symbolic sizes is compiled once for all sizes: Inductor gets
+    the placeholders' fake tensors (node.meta["val"], sizes that are SymInts of one torch ShapeEnv)
+    as its example inputs, as Dynamo hands them over. Inductor may guard on those sizes itself
+    (a size range its kernels assume, say) where Dynamo would add the guard to the frame's; ember's
+    guards are built by then, so such guards are checked in front of Inductor's code
+    (ShapeEnv.produce_guards_expression) and a call that fails them runs the graph as fx code."""
     from torch._inductor.compile_fx import compile_fx
-    return compile_fx(gm, example_inputs)
+    fakes = _fx.symbolic_inputs(gm)
+    if fakes is None:
+        return compile_fx(gm, example_inputs)
+    shape_env = _fx.shape_env_of(gm)
+    n0 = len(shape_env.guards)
+    compiled = compile_fx(gm, fakes)
+    added = shape_env.guards[n0:]
+    if not added:
+        return compiled
+    code = shape_env.produce_guards_expression(fakes, guards=added)
+    if not code:
+        return compiled
+    gm.meta["ember_inductor_guards"] = code
+    check = shape_env.evaluate_guards_expression
+    fallback = gm.forward
+
+    def run(*args):
+        return compiled(*args) if check(code, args) else fallback(*args)
+    return run
 
 
 @register_backend("fx")
@@ -43,7 +67,7 @@ def _fx_forward(gm: torch.fx.GraphModule, example_inputs):
 
 def resolve(backend):
     """Checks a backend argument; returns (backend, key). Raises ValueError for unknown names."""
-    if backend in ("eager", "ember"):
+    if backend in ("eager", "ember", "aot_eager"):
         return backend, backend
     if isinstance(backend, str):
         if backend not in _REGISTRY:
@@ -57,6 +81,7 @@ def resolve(backend):
 def compile_graph(backend, export, example_inputs, name):
     """Called by the C core on a cache miss: builds the fx graph and hands it to the backend."""
     gm = _fx.to_graph_module(export, name=f"ember_{name}")
+    _fx.add_fake_inputs(gm, example_inputs)  # symbolic sizes: placeholders' meta["val"], as Dynamo's
     fn = _REGISTRY[backend] if isinstance(backend, str) else backend
     compiled = fn(gm, list(example_inputs))
     if not callable(compiled):
@@ -133,7 +158,7 @@ def explain_ember(info: dict) -> list[str]:
              f"{' (loaded from the disk cache)' if info['from_disk_cache'] else ''}"]
     for i, k in enumerate(info["kernel_list"]):
         lines.append(f"    kernel {i}: {k['kind']}{' (in place)' if k['inplace'] else ''}: {', '.join(k['nodes'])}")
-    lines.append("  generated C:")
+    lines.append("  generated CUDA C:" if info.get("device") == "cuda" else "  generated C:")
     src = info["source"]
     body = src[src.find("/* kernel "):] if "/* kernel " in src else src
     lines += ["    " + ln for ln in body.rstrip().splitlines()]

@@ -11,6 +11,13 @@ Attributes (ints unless stated):
                        (graph, the breaking instruction in Python, a compiled resume function);
                        0: it runs as ordinary Python (the foundation's behaviour).
 
+Training (backends "aot_eager" and "ember"; read when a graph is compiled):
+  activation_memory_budget  float in [0, 1] (Inductor's torch._functorch.config option of the same
+                       name): 1.0 (default) is the min-cut that recomputes only cheap pointwise ops
+                       and views; below 1, when that cut saves more than budget x the bytes of saving
+                       every value the backward reads, the cut is taken again with every
+                       deterministic forward op recomputable (matmul, convolution ...).
+
 Backend "ember" (str or None; read when a graph is compiled):
   cc                   the C compiler (None: $CC, else "cc"), found on PATH.
   cflags               its flags; the cache key includes them.
@@ -23,7 +30,7 @@ Backend "ember" (str or None; read when a graph is compiled):
 
 class Config:
     __slots__ = ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions", "graph_breaks",
-                 "cc", "cflags", "ldflags", "cache_dir")
+                 "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget")
 
     def __init__(self):
         self.cache_size_limit = 8
@@ -35,6 +42,7 @@ class Config:
         self.cflags = "-O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math -fwrapv -shared -fPIC"
         self.ldflags = "-lmvec -lm"
         self.cache_dir = None
+        self.activation_memory_budget = 1.0
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)

@@ -27,7 +27,7 @@ import torch
 import torch.fx
 from torch.fx.passes.shape_prop import TensorMetadata
 
-__all__ = ["to_graph_module"]
+__all__ = ["to_graph_module", "symbolic_inputs", "shape_env_of"]
 
 _NODE = "__node__"
 _CONST = "__const__"
@@ -164,3 +164,63 @@ def to_graph_module(export: list, *, name: str = "ember_graph") -> torch.fx.Grap
     gm = torch.fx.GraphModule(root, graph, class_name=name)
     gm.graph.lint()
     return gm
+
+
+def _symbolic_placeholders(gm):
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def add_fake_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence) -> bool:
+    """For a graph with symbolic sizes (a placeholder's ember_meta has "sym_shape"): sets
+    ``node.meta["val"]`` of every placeholder to a FakeTensor whose sizes and strides are SymInts of
+    one torch ShapeEnv (one torch symbol per ember symbol, its hint the example's size), as
+    Dynamo's graphs carry them; gm.meta["ember_shape_env"] is that ShapeEnv. Returns False (and
+    sets nothing) for a static graph, or one whose input sizes are expressions this cannot
+    rebuild."""
+    import re
+    from . import _fake
+    phs = _symbolic_placeholders(gm)
+    metas = [n.meta.get("ember_meta") or {} for n in phs]
+    if not any(m.get("sym_shape") for m in metas) or len(example_inputs) != len(phs):
+        return False
+    hints: dict[int, int] = {}
+    for m, ex in zip(metas, example_inputs):
+        for d, text in enumerate(m.get("sym_shape") or ()):
+            k = re.fullmatch(r"s(\d+)", text)
+            if k and isinstance(ex, torch.Tensor):
+                hints[int(k.group(1))] = int(ex.shape[d])
+    used = {int(k) for m in metas for t in (m.get("sym_shape") or ()) + (m.get("sym_stride") or ()) or ()
+            for k in re.findall(r"\bs(\d+)\b", t)}
+    if not used or not used <= set(hints):
+        return False
+    hint_list = [hints.get(i, 2) for i in range(max(used) + 1)]
+    ctx = _fake.SymContext()
+    vals = []
+    with ctx.mode:
+        for n, m, ex in zip(phs, metas, example_inputs):
+            if not isinstance(ex, torch.Tensor):
+                return False
+            if m.get("sym_shape"):
+                size = [ctx.expr(t, hint_list) for t in m["sym_shape"]]
+                stride = [ctx.expr(t, hint_list) for t in m["sym_stride"]]
+            else:
+                size, stride = list(ex.shape), list(ex.stride())
+            t = torch.empty_strided(size, stride, dtype=ex.dtype, device=ex.device)
+            if ex.requires_grad:
+                t.requires_grad_(True)
+            vals.append(t)
+    for n, v in zip(phs, vals):
+        n.meta["val"] = v
+    gm.meta["ember_shape_env"] = ctx.shape_env
+    return True
+
+
+def symbolic_inputs(gm: torch.fx.GraphModule):
+    """The placeholders' fake tensors (meta["val"]) when add_fake_inputs made them, else None."""
+    if "ember_shape_env" not in gm.meta:
+        return None
+    return [n.meta["val"] for n in _symbolic_placeholders(gm)]
+
+
+def shape_env_of(gm: torch.fx.GraphModule):
+    return gm.meta.get("ember_shape_env")

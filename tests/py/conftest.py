@@ -173,3 +173,12 @@ def no_graph_breaks():
     yield
     ember.config.graph_breaks = old
     ember.reset()
+
+
+@pytest.fixture
+def cpu_tensors():
+    """CPU tensors even when the suite runs with EMBER_TEST_DEVICE=cuda (tools/gpu_check.sh): for
+    tests of CPU-only paths (backend "ember"'s C kernels; CUDA tensors go to its CUDA code generator
+    or the eager backend)."""
+    with torch.device("cpu"):
+        yield

@@ -265,7 +265,7 @@ def test_config_cache_size_limit():
 
     def f(x):
         return x * 3.0 - 1.0
-    c = ember.compile(f, backend=backend)
+    c = ember.compile(f, backend=backend, dynamic=False)  # every size its own entry (no automatic dynamic)
     shapes = [(1,), (2,), (3,), (4,), (5,)]
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import ember
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("cpu_tensors")]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -293,23 +293,41 @@ def test_externs_cover_everything_eager_runs():
     check(lambda x: torch.topk(x.flatten(1), 3, dim=1).values + 1, x)
 
 
-def test_grad_inputs_run_on_the_eager_backend():
+def test_grad_inputs_train_through_aot_autograd():
+    # issue 12: a graph that needs a backward is split by csrc/autograd into a forward and a
+    # backward graph, each compiled by this backend (tests/py/test_autograd.py has the rest)
     x = torch.randn(4, 4, requires_grad=True)
     c = ember.compile(lambda x: (x.sin() * 2).sum(), backend="ember")
     out = c(x)
     out.backward()
     torch.testing.assert_close(x.grad, 2 * x.detach().cos())
-    info = ember.cache_info(c)[0]["ember"]
-    assert "grad" in info["fallback"]
+    info = ember.cache_info(c)[0]["autograd"]
+    assert set(info["ember"]) == {"forward", "backward"}
+    assert "kernels" in info["ember"]["backward"]
 
 
-def test_inplace_graph_runs_on_the_eager_backend():
+def test_inplace_op_on_a_fresh_value_is_functionalized():
+    """y.add_(1) on a value made in the graph and not read again as y: lowered as y + 1, one kernel."""
     def f(x):
         y = x * 2
         y.add_(1)
         return y.exp()
     info = check(f, torch.randn(5))
-    assert "in-place" in info["fallback"]
+    assert not info.get("fallback") and info["kernels"] == 1 and info["externs"] == 0
+
+
+def test_inplace_op_on_an_input_runs_on_the_eager_backend():
+    def f(x):
+        x.mul_(2)
+        return x + 1
+    x = torch.randn(5)
+    xe, xc = x.clone(), x.clone()
+    ref = f(xe)
+    c = ember.compile(f, backend="ember")
+    out = c(xc)
+    _same(out, ref)
+    _same(xc, xe)
+    assert "in-place" in ember.cache_info(c)[0]["ember"]["fallback"]
 
 
 def test_module_on_ember_backend():
@@ -341,4 +359,6 @@ def test_explain_shows_kernels_and_source_or_why_eager():
     assert "backend ember: 1 kernel(s)" in text and "void ember_k0(" in text
     x = torch.randn(3, requires_grad=True)
     text = ember.explain(ember.compile(lambda x: x.sin() * 2, backend="ember"), x)
-    assert "requires grad" in text and "eager backend" in text
+    # issue 12: training graphs show the joint/forward/backward graphs and each half's kernels
+    assert "autograd:" in text and "backward graph:" in text and "backward half:" in text
+    assert "backend ember:" in text

@@ -12,6 +12,8 @@ import torch
 
 import ember
 
+pytestmark = pytest.mark.usefixtures("cpu_tensors")
+
 SCRIPT = textwrap.dedent("""
     import sys, torch, ember
     ember.config.cc = sys.argv[1]

@@ -242,6 +242,39 @@ def test_nonlocal_store_after_break():
     assert_same(outs[-1], torch.ones(2) * 2 * 3)
 
 
+def _counter():
+    count, last = 0, None
+
+    def inc(x):
+        nonlocal count, last
+        count += 1
+        last = x * count  # a tensor the graph makes, stored into the enclosing function's cell
+        return x + count
+
+    def twice(x):  # a second closure over the same cells, calling the first (inlined)
+        return inc(inc(x)) + count
+
+    def state():
+        return count, last
+
+    return inc, twice, state
+
+
+def test_nonlocal_stores_are_replayed_without_a_break():
+    for which in (0, 1):  # inc compiled, then twice compiled
+        fns_e, fns_c = _counter(), _counter()
+        fn_e, fn_c = fns_e[which], fns_c[which]
+        c = ember.compile(fn_c)
+        for _ in range(3):
+            x = torch.randn(3)
+            assert_same(c(x), fn_e(x))
+            (n_c, last_c), (n_e, last_e) = fns_c[2](), fns_e[2]()
+            assert n_c == n_e
+            assert_same(last_c, last_e)
+        info = entries(c)
+        assert {e["kind"] for e in info} == {"graph"}, [(e["kind"], e["reason"], e["detail"]) for e in info]
+
+
 def test_star_args_at_a_break():
     def f(*args, scale=1.0):
         s = sum(args)
@@ -509,7 +542,7 @@ def test_tutorial_f1_f2_f3_graph_counts():
     assert graphs(c1) == 2  # `x.sum() < 0`, then `-y`; `return y` is an empty graph
     c2 = run_both(f2, [(torch.randn(5, 5), 3)])
     assert kinds_tree(c2) == ["graph"]
-    c3 = run_both(f3, [(torch.randn(5, 5),)])
+    c3 = run_both(f3, [(torch.randn(5, 5, device="cpu"),)])  # .numpy() needs a CPU tensor
     assert graphs(c3) == 2 and "fallback" not in kinds_tree(c3)
     assert ember.explain(f1, -torch.ones(5), torch.randn(5)).graph_count == 2
 
@@ -588,7 +621,7 @@ def test_replayed_store_before_a_break_keeps_program_order():
 
     def f(x, h):
         h.stage = 1
-        seen.append(h.stage)  # a break (list mutation) that reads the stored attribute in Python
+        seen.append(h.stage)  # the caller's list takes the value the store gave h.stage
         h.stage = 2
         return x + h.stage
 
@@ -596,6 +629,96 @@ def test_replayed_store_before_a_break_keeps_program_order():
     out = ember.compile(f)(torch.zeros(2), h)
     assert seen == [1] and h.stage == 2
     assert_same(out, torch.full((2,), 2.0))
+
+
+GLOBAL_LOG = []
+
+
+def _eager_and_compiled(fn, make_args, calls=2):
+    """Runs fn eagerly and compiled on fresh argument sets from make_args(); returns both lists of
+    (result, args) so that the mutated containers can be compared too."""
+    c = ember.compile(fn)
+    got, want = [], []
+    for _ in range(calls):
+        torch.manual_seed(0)
+        ea = make_args()
+        torch.manual_seed(0)
+        ca = make_args()
+        with ember.disable():
+            want.append((fn(*ea), ea))
+        got.append((c(*ca), ca))
+    return c, got, want
+
+
+def test_mutations_of_the_callers_lists_and_dicts_are_replayed_without_a_break():
+    def f(x, acc, d, nested):
+        y = x.sin()
+        acc.append(y)
+        acc += [x, 1]
+        acc.insert(0, "first")
+        last = acc.pop()
+        d["k"] = y * 2
+        d.update({"u": last})
+        del d["gone"]
+        d.setdefault("s", 3)
+        nested["l"].append(len(acc))  # a list inside a dict argument
+        return y + len(acc) + d["s"], acc
+
+    def make():
+        return torch.randn(3), [0.5], {"gone": 1, "a": torch.ones(2)}, {"l": []}
+
+    c, got, want = _eager_and_compiled(f, make)
+    for (rc, ca), (re, ea) in zip(got, want):
+        assert_same(rc, re)
+        assert rc[1] is ca[1]  # the caller's list itself is returned, with its new contents
+        assert_same(ca, ea)
+        assert list(ca[2]) == list(ea[2])  # dict order as in eager
+    info = entries(c)
+    assert [(e["kind"], e["hits"]) for e in info] == [("graph", 1)], [(e["kind"], e["reason"], e["detail"]) for e in info]
+
+
+def test_mutated_container_before_a_break_is_seen_by_the_resumed_code():
+    def f(x, acc):
+        acc.append(x * 2)
+        if x.sum() > 0:  # graph break: the stub and the resume function read acc in Python
+            acc.append(len(acc))
+        else:
+            acc.append(-len(acc))
+        GLOBAL_LOG.append(acc[-1])  # a module-global list: source G['GLOBAL_LOG']
+        return acc[0] + 1
+
+    for sign in (1.0, -1.0):
+        GLOBAL_LOG.clear()
+        c, got, want = _eager_and_compiled(f, lambda: (torch.full((2,), sign), []), calls=1)
+        assert_same(got[0], want[0])  # results and the mutated argument lists
+        assert len(GLOBAL_LOG) == 2 and GLOBAL_LOG[0] == GLOBAL_LOG[1]  # eager's append, then ember's
+        assert "break" in kinds_tree(c)
+
+
+def test_container_mutations_that_cannot_be_replayed_still_break():
+    class Holder2:
+        def __init__(self, acc):
+            self.acc = acc
+
+    def through_two_paths(x, acc, h):
+        acc.append(x)  # the same list as h.acc: the trace would see two versions of it
+        return x + len(h.acc)
+
+    shared = []
+    c = ember.compile(through_two_paths)
+    out = c(torch.ones(2), shared, Holder2(shared))
+    assert_same(out, torch.full((2,), 2.0))
+    assert len(shared) == 1
+    assert [e["reason"] for e in entries(c)] == ["SIDE_EFFECT"]
+
+    class WithBuffer(torch.nn.Module):
+        def forward(self, x):
+            self._buffers["b"] = x  # nn.Module's own dict: attribute reads would not see the write-back
+            return self.b + 1
+
+    m = WithBuffer()
+    c = run_both(m, [(torch.ones(2),)])
+    assert "SIDE_EFFECT" in {e["reason"] for e in entries(c)}
 
 
 def test_long_loop_with_a_break_each_iteration_does_not_exhaust_the_stack():

@@ -6,6 +6,7 @@ torch.compiler.is_compiling(). Each case is compared with eager on the same inpu
 and checked to be captured as one graph, or to fall back with the expected reason.
 """
 import collections
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -200,6 +201,43 @@ def test_with_manager_that_does_not_swallow_lets_the_exception_propagate():
     c = falls_back(f, (x34(),), "RAISE", "KeyError")
     with pytest.raises(KeyError):
         c(x34())
+
+
+@contextlib.contextmanager
+def scaled(k, log):
+    log.append("enter")  # a list made in the frame (or the caller's): mutated inside the generator
+    try:
+        yield k * 2
+    finally:
+        log.append("exit")
+
+
+def test_with_on_a_contextmanager_function_is_one_graph():
+    def f(x):
+        log = []
+        with scaled(3, log) as k:
+            y = x * k
+        with scaled(1, log):
+            y = y + 1
+        return y, log
+
+    one_graph(f, x34(), x34())
+
+
+def test_contextmanager_exception_in_the_body_behaves_as_eager():
+    def f(x, log):
+        with scaled(2, log) as k:
+            if k > 1:
+                raise ValueError("inside")
+        return x
+
+    c = ember.compile(f)
+    log_c, log_e = [], []
+    with pytest.raises(ValueError, match="inside"):
+        c(x34(), log_c)
+    with pytest.raises(ValueError, match="inside"):
+        f(x34(), log_e)
+    assert log_c == log_e == ["enter", "exit"]
 
 
 def test_with_on_nullcontext_and_no_grad_nested():

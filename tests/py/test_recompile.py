@@ -14,9 +14,9 @@ def scaled_exp(x):
     return torch.exp(x) * 0.5
 
 
-def _compiled(fn):
+def _compiled(fn, **kw):
     backend = CountingBackend()
-    return ember.compile(fn, backend=backend), backend
+    return ember.compile(fn, backend=backend, **kw), backend
 
 
 def test_same_input_hits():
@@ -213,7 +213,7 @@ def _limit_warnings(record):
 @pytest.mark.parametrize("limit", [1, 3, 8])
 def test_cache_size_limit_warns_once_then_runs_eagerly(limit):
     ember.config.cache_size_limit = limit
-    c, b = _compiled(scaled_exp)
+    c, b = _compiled(scaled_exp, dynamic=False)  # each size its own entry (no automatic dynamic)
     sizes = list(range(1, limit + 6))
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
@@ -231,7 +231,7 @@ def test_cache_size_limit_warns_once_then_runs_eagerly(limit):
 
 def test_cache_size_limit_warning_with_pytest_warns():
     ember.config.cache_size_limit = 2
-    c, b = _compiled(scaled_exp)
+    c, b = _compiled(scaled_exp, dynamic=False)
     c(torch.randn(1))
     c(torch.randn(2))
     x3 = torch.randn(3)

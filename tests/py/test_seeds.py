@@ -57,7 +57,11 @@ def test_every_case_has_an_expectation_or_is_documented():
 @pytest.mark.parametrize("module_name,case_name", _NAMES, ids=[n for _, n in _NAMES])
 def test_case_equals_eager(module_name, case_name):
     obj, arg_list = fresh_case(module_name, case_name)
-    compiled = run_both(obj, arg_list, copy_args=False)
+    # bert_tiny on CUDA: transformers' compiling code path (is_compiling() is True under ember, as under
+    # torch.compile) picks another SDPA kernel; see tests/py/test_transformers.py::_exact.
+    on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for a in arg_list for t in a)
+    exact = not (case_name == "bert_tiny" and on_cuda)
+    compiled = run_both(obj, arg_list, copy_args=False, exact=exact)
     info = entries(compiled)
     assert info, "a compiled call leaves at least one cache entry"
     if case_name in EXPECT_GRAPH:
@@ -68,7 +72,7 @@ def test_case_equals_eager(module_name, case_name):
         assert {e["reason"] for e in info} <= EXPECT_FALLBACK[case_name], _describe(info)
     # calling again with the same objects hits the cache: no new entries, same results
     n = len(info)
-    run_both(obj, arg_list, compiled=compiled, copy_args=False)
+    run_both(obj, arg_list, compiled=compiled, copy_args=False, exact=exact)
     assert len(entries(compiled)) == n
 
 

@@ -27,7 +27,17 @@ def cases():
     return _cases()
 
 
+def _exact(model):
+    """Bitwise on CPU. On CUDA, transformers takes its compiling code path under ember (is_compiling()
+    is True, as under torch.compile): BERT then builds its SDPA mask explicitly, which picks another
+    attention kernel; ember's result equals torch.compile(backend="eager")'s bitwise there, and eager's
+    to about 5e-7 (measured on an H100: .gpu probe in the issue 8 note), so CUDA compares within
+    assert_close's float32 tolerance."""
+    return next(model.parameters()).device.type == "cpu"
+
+
 def _check(model, calls):
+    exact = _exact(model)
     compiled = ember.compile(model, backend="eager")
     with torch.no_grad():
         for args in calls:
@@ -36,9 +46,9 @@ def _check(model, calls):
             assert type(got) is type(expected)
             assert list(got.keys()) == list(expected.keys())
             for k in expected.keys():
-                assert_same(got[k], expected[k], where=k)
-                assert_same(getattr(got, k), getattr(expected, k), where=k)
-            assert_same(got.to_tuple(), expected.to_tuple(), where="to_tuple()")
+                assert_same(got[k], expected[k], exact, where=k)
+                assert_same(getattr(got, k), getattr(expected, k), exact, where=k)
+            assert_same(got.to_tuple(), expected.to_tuple(), exact, where="to_tuple()")
     info = entries(compiled)
     assert [e["kind"] for e in info] == ["graph"], [(e["kind"], e["reason"], e["detail"], e["filename"], e["lineno"])
                                                    for e in info]
@@ -63,4 +73,4 @@ def test_return_dict_false_gives_the_tuple(cases):
     compiled = ember.compile(model, backend="eager")
     with torch.no_grad():
         for args in calls:
-            assert_same(compiled(*args, return_dict=False), model(*args, return_dict=False))
+            assert_same(compiled(*args, return_dict=False), model(*args, return_dict=False), _exact(model))

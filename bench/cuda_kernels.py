@@ -1,0 +1,177 @@
+"""CUDA kernel speed of backend="ember" vs eager vs torch.compile(inductor), side by side in one process.
+
+Workloads (issue 13's targets): the pointwise chain cos(cos(x)) * y + 1 on 64M float32 (reported as
+GB/s of the bytes it must move, 2 reads + 1 write, and as % of a device copy measured in the same
+run: y.copy_(x), 1 read + 1 write), softmax and layer_norm over the last dim of (4096, 1024) and
+(32768, 4096) in float32 and bfloat16. Per workload and compiler: the median time per call from
+CUDA events over several rounds (rounds interleave the compilers), the ratio against eager and
+against inductor (> 1 = faster), the first-call time (compile + run), whether ember's result matches
+eager (assert_close), and whether ember really ran its own kernels (else the fallback reason).
+Timings are never asserted by tests.
+
+usage: python bench/cuda_kernels.py [--quick] [--rounds N] [--iters N] [--only SUBSTR] [--no-inductor] [--json PATH]
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+
+def pointwise(x, y):
+    return torch.cos(torch.cos(x)) * y + 1
+
+
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+def layer_norm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def workloads(quick):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s, dt=torch.float32: torch.randn(*s, device="cuda", generator=g).to(dt)  # noqa: E731
+    n = (16 if quick else 64) * 1024 * 1024
+    w = {"pointwise_%dM_f32" % (n >> 20): (pointwise, (r(n), r(n)), 3 * 4 * n)}
+    shapes = [(4096, 1024)] if quick else [(4096, 1024), (32768, 4096)]
+    for (m, k) in shapes:
+        for dt, dn in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+            es = 4 if dt == torch.float32 else 2
+            w[f"softmax_{m}x{k}_{dn}"] = (softmax, (r(m, k, dt=dt),), 2 * es * m * k)
+            w[f"layer_norm_{m}x{k}_{dn}"] = (layer_norm, (r(m, k, dt=dt), r(k, dt=dt), r(k, dt=dt)), 2 * es * m * k)
+    return w
+
+
+def time_cuda(fn, args, iters):
+    """Median-free mean time per call (seconds) over iters calls, measured with CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn(*args)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def copy_bandwidth(n, iters):
+    x = torch.randn(n, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    times = [time_cuda(lambda: y.copy_(x), (), iters) for _ in range(5)]
+    return 2 * 4 * n / statistics.median(times) / 1e9
+
+
+def build(name, fn):
+    if name == "eager":
+        return fn
+    if name == "inductor":
+        return torch.compile(fn)
+    import ember
+    return ember.compile(fn, backend="ember")
+
+
+def ember_state(compiled):
+    import ember
+    try:
+        info = ember.cache_info(compiled)[0]["ember"]
+    except Exception as e:  # noqa: BLE001
+        return f"no cache_info ({e})"
+    if "fallback" in info:
+        return "FALLBACK: " + info["fallback"]
+    return f"{info.get('device')} {info['kernels']} kernel(s) {info.get('launch')}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="16M pointwise and (4096, 1024) only, fewer rounds")
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--only", default=None, help="workloads whose name contains this")
+    ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to measure")
+        return 0
+    rounds = a.rounds or (3 if a.quick else 7)
+    iters = a.iters or (10 if a.quick else 30)
+    print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}, python {sys.version.split()[0]}")
+    try:
+        import ember
+        from ember import _C
+        print("ember NVRTC:", _C._cuda_info(load_driver=True))
+    except Exception as e:  # noqa: BLE001
+        print("ember import failed:", e)
+        return 1
+    wl = workloads(a.quick)
+    if a.only:
+        wl = {k: v for k, v in wl.items() if a.only in k}
+    copy_n = 64 * 1024 * 1024 if not a.quick else 16 * 1024 * 1024
+    copy_gbs = copy_bandwidth(copy_n, iters)
+    print(f"device copy ({copy_n >> 20}M float32): {copy_gbs:.0f} GB/s")
+    compilers = ["eager"] + ([] if a.no_inductor else ["inductor"]) + ["ember"]
+    results = {"device": torch.cuda.get_device_name(0), "copy_GBps": copy_gbs, "workloads": {}}
+    for wname, (fn, args, nbytes) in wl.items():
+        row = {"bytes": nbytes}
+        ref = fn(*args)
+        compiled = {}
+        for c in compilers:
+            try:
+                f = build(c, fn)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                out = f(*args)
+                torch.cuda.synchronize()
+                row[f"{c}_first_call_s"] = time.perf_counter() - t0
+                tol = dict(atol=2e-2, rtol=2e-2) if ref.dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
+                try:
+                    torch.testing.assert_close(out, ref, **tol)
+                    row[f"{c}_matches_eager"] = True
+                except AssertionError as e:
+                    row[f"{c}_matches_eager"] = False
+                    print(f"  {wname} {c}: MISMATCH vs eager: {str(e).splitlines()[0:3]}")
+                for _ in range(3):
+                    f(*args)
+                compiled[c] = f
+            except Exception as e:  # noqa: BLE001
+                row[f"{c}_error"] = f"{type(e).__name__}: {e}"
+                print(f"  {wname} {c}: ERROR {type(e).__name__}: {str(e)[:400]}")
+                traceback.print_exc(limit=3)
+        if "ember" in compiled:
+            row["ember_state"] = ember_state(compiled["ember"])
+        times = {c: [] for c in compiled}
+        for _ in range(rounds):
+            for c, f in compiled.items():
+                times[c].append(time_cuda(f, args, iters))
+        for c in compiled:
+            t = statistics.median(times[c])
+            row[f"{c}_us"] = t * 1e6
+            row[f"{c}_GBps"] = nbytes / t / 1e9
+        line = [f"{wname:28s}"]
+        for c in compiled:
+            line.append(f"{c} {row[c + '_us']:9.1f} us {row[c + '_GBps']:6.0f} GB/s ({100 * row[c + '_GBps'] / copy_gbs:3.0f}% copy)")
+        if "ember" in compiled and "eager" in compiled:
+            row["ember_vs_eager"] = row["eager_us"] / row["ember_us"]
+            line.append(f"ember/eager {row['ember_vs_eager']:.2f}x")
+        if "ember" in compiled and "inductor" in compiled:
+            row["ember_vs_inductor"] = row["inductor_us"] / row["ember_us"]
+            line.append(f"ember/inductor {row['ember_vs_inductor']:.2f}x")
+        print(" | ".join(line))
+        fc = ", ".join(f"{c} {row[c + '_first_call_s']:.2f}s" for c in compilers if c + "_first_call_s" in row)
+        print(f"    first call: {fc}; ember: {row.get('ember_state', '-')}")
+        results["workloads"][wname] = row
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(results, fh, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

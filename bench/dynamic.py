@@ -1,0 +1,147 @@
+"""Dynamic shapes, side by side in one process: ember.compile against torch.compile, both with
+dynamic=None (static first, automatic dynamic after a recompile caused by a size change).
+
+  1. Over a sequence of 10 sizes per program: how many graphs each compiles and the total time spent
+     in calls that compiled (the call's wall time minus the eager call's), backend "eager" for both
+     (the frontend: capture, shape inference, guards) and, with --inductor, backend "inductor".
+  2. Frontend overhead of a hit: a tiny function (x + 1 on a 4-element tensor) answered by a static
+     entry vs a dynamic entry (its sym guard reads the sizes and runs the compiled relations), per
+     call, minus the eager call. Minimum over interleaved rounds.
+
+Not asserted anywhere (STYLE.md). Run:
+
+    .venv/bin/python bench/dynamic.py [--inductor] [--rounds 5] [--iters 20000]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import torch
+
+import ember
+
+warnings.filterwarnings("ignore")
+torch.manual_seed(0)
+
+
+def pointwise(x, y):
+    return (torch.cos(x) * y + 1).relu() - x.shape[0]
+
+
+def attention(q, k, v):
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    return torch.softmax(s, dim=-1) @ v
+
+
+def view_slice(x):
+    h = (x * 2).view(x.size(0), -1)
+    return h[: h.shape[0] // 2].sum(0)
+
+
+_layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+_net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                           torch.nn.Conv2d(8, 8, 3)).eval()
+
+
+def encoder(x):
+    return _layer(x)
+
+
+def convnet(x):
+    return _net(x)
+
+
+SIZES = [8, 12, 16, 20, 24, 32, 40, 48, 56, 64]
+PROGRAMS = {
+    "pointwise": (pointwise, lambda n: (torch.randn(n, 64), torch.randn(n, 64))),
+    "attention": (attention, lambda n: tuple(torch.randn(4, n, 32) for _ in range(3))),
+    "view_slice": (view_slice, lambda n: (torch.randn(n, 4, 8),)),
+    "encoder": (encoder, lambda n: (torch.randn(2, n, 32),)),
+    "convnet": (convnet, lambda n: (torch.randn(1, 3, n, n),)),
+}
+
+
+def ember_count(cf):
+    return sum(1 for e in ember.cache_info(cf, resume=True) if e["kind"] != "fallback")
+
+
+def run_sequence(f, make, backend, which):
+    """(graphs compiled, total compile seconds) over SIZES for one compiler."""
+    if which == "ember":
+        ember.reset()
+        cf = ember.compile(f, backend=backend)
+    else:
+        torch._dynamo.reset()
+        cf = torch.compile(f, backend=backend)
+    total = 0.0
+    ngraphs = 0
+    for n in SIZES:
+        args = make(n)
+        t0 = time.perf_counter()
+        f(*args)
+        eager = time.perf_counter() - t0
+        before = ember_count(cf) if which == "ember" else torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        t0 = time.perf_counter()
+        out = cf(*args)
+        dt = time.perf_counter() - t0
+        after = ember_count(cf) if which == "ember" else torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        torch.testing.assert_close(out, f(*args), rtol=1e-4, atol=1e-4)
+        if after > before:
+            total += max(dt - eager, 0.0)
+            ngraphs += after - before
+    return ngraphs, total
+
+
+def hit_overhead(rounds, iters):
+    def tiny(x):
+        return x + 1
+
+    x = torch.randn(4)
+    static = ember.compile(tiny, dynamic=False)
+    dyn = ember.compile(lambda x: x + 1, dynamic=True)
+    tc = torch.compile(tiny, backend="eager", dynamic=None)
+    for fn in (static, dyn, tc):
+        for _ in range(3):
+            fn(x)
+    assert ember.cache_info(dyn)[0]["dynamic"], "the dynamic entry has no symbolic dim"
+    best = {}
+    for _ in range(rounds):
+        for name, fn in (("eager", tiny), ("ember static hit", static), ("ember dynamic hit", dyn),
+                         ("torch.compile hit", tc)):
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn(x)
+            ns = (time.perf_counter() - t0) / iters * 1e9
+            best[name] = min(best.get(name, ns), ns)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--inductor", action="store_true", help="also compare with backend inductor (slow)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20000)
+    args = ap.parse_args()
+    backends = ["eager"] + (["inductor"] if args.inductor else [])
+    print(f"sizes: {SIZES}")
+    for backend in backends:
+        print(f"\nbackend {backend!r}: graphs compiled / total compile time over 10 sizes (dynamic=None)")
+        print(f"{'program':12s} {'ember':>16s} {'torch.compile':>18s} {'time ratio':>11s}")
+        for name, (f, make) in PROGRAMS.items():
+            eg, et = run_sequence(f, make, backend, "ember")
+            tg, tt = run_sequence(f, make, backend, "torch")
+            print(f"{name:12s} {eg:4d} {et * 1e3:9.1f} ms {tg:4d} {tt * 1e3:11.1f} ms {et / tt if tt else float('nan'):10.3f}x")
+    print("\nper-call time of a hit (x + 1 on 4 floats), minimum of rounds")
+    best = hit_overhead(args.rounds, args.iters)
+    eager = best["eager"]
+    for k, v in best.items():
+        extra = "" if k == "eager" else f"   frontend {v - eager:7.0f} ns"
+        print(f"  {k:20s} {v:8.0f} ns{extra}")
+    s, d = best["ember static hit"] - eager, best["ember dynamic hit"] - eager
+    print(f"  dynamic / static frontend overhead: {d / s:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

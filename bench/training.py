@@ -1,0 +1,231 @@
+"""Training-step benchmark (issue 12): ResNet-18 (batch 16, 3x128x128, SGD) and
+nn.TransformerEncoder (d 256, 4 layers, AdamW), one step = forward + loss + backward + optimizer
+step. Side by side in one process, interleaved: eager, torch.compile (Inductor), ember
+backend="aot_eager" and backend="ember". Reports step time (median of the timed steps, min over
+rounds), peak memory of a step (torch.cuda.max_memory_allocated on CUDA; on CPU the allocator's
+statistics are not kept by torch, so the figure is the saved-tensor bytes of ember's partition and
+the resident-set growth), compile time (first step) and the losses of the last step, which must
+agree across compilers.
+
+    .venv/bin/python bench/training.py --quick                 # small shapes, 1 round (dev VM)
+    .venv/bin/python bench/training.py --device cuda           # the GPU machine
+    options: --models resnet18,transformer --compilers eager,inductor,aot_eager,ember
+             --steps N --rounds N --threads N --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+import ember  # noqa: E402
+
+
+# ---------------------------------------------------------------- models (no torchvision needed)
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + (x if self.down is None else self.down(x)))
+
+
+class ResNet18(nn.Module):
+    """torchvision.models.resnet18's layout (BasicBlock, [2, 2, 2, 2])."""
+
+    def __init__(self, num_classes=1000, width=64):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        layers, cin = [], width
+        for i, n in enumerate([2, 2, 2, 2]):
+            cout = width * 2 ** i
+            for j in range(n):
+                layers.append(BasicBlock(cin, cout, 2 if (j == 0 and i > 0) else 1))
+                cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, 2, 1)
+        x = self.layers(x)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class Encoder(nn.Module):
+    def __init__(self, d, layers, vocab=1000, classes=10):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.1, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        return self.head(self.enc(self.emb(x)).mean(1))
+
+
+def make_case(name, quick, device):
+    g = torch.Generator().manual_seed(0)
+    if name == "resnet18":
+        batch, hw = (4, 64) if quick else (16, 128)
+        model = ResNet18()
+        x = torch.randn(batch, 3, hw, hw, generator=g)
+        y = torch.randint(0, 1000, (batch,), generator=g)
+        opt = lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)  # noqa: E731
+        shape = f"batch {batch}, 3x{hw}x{hw}, SGD"
+    else:
+        d, nl, batch, seq = (128, 2, 8, 32) if quick else (256, 4, 16, 128)
+        model = Encoder(d, nl)
+        x = torch.randint(0, 1000, (batch, seq), generator=g)
+        y = torch.randint(0, 10, (batch,), generator=g)
+        opt = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
+        shape = f"d {d}, {nl} layers, batch {batch}, seq {seq}, AdamW"
+    return model.to(device), x.to(device), y.to(device), opt, shape
+
+
+def compile_with(model, compiler):
+    if compiler == "eager":
+        return model
+    if compiler == "inductor":
+        return torch.compile(model)
+    return ember.compile(model, backend=compiler)
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def rss_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def saved_bytes(fn):
+    """Sum of saved-tensor bytes over ember's compiled regions (0 for other compilers)."""
+    total = 0
+    try:
+        info = ember.cache_info(fn)
+    except Exception:  # noqa: BLE001  (not an ember-compiled function)
+        return None
+
+    def walk(a):
+        nonlocal total
+        if not a:
+            return
+        if "saved_bytes" in a:
+            total += a["saved_bytes"]
+        for st in a.get("steps", []):
+            walk(st.get("autograd"))
+    for e in (info["entries"] if isinstance(info, dict) else info):
+        walk(e.get("autograd"))
+    return total
+
+
+def run_model(name, compilers, args, device):
+    base, x, y, make_opt, shape = make_case(name, args.quick, device)
+    runs = {}
+    for c in compilers:
+        model = copy.deepcopy(base)
+        model.train()
+        fn = compile_with(model, c)
+        opt = make_opt(model.parameters())
+
+        def step(fn=fn, opt=opt):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(fn(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        rss0 = rss_mib()
+        t0 = time.perf_counter()
+        torch.manual_seed(1)
+        step()
+        sync(device)
+        compile_s = time.perf_counter() - t0
+        peak = torch.cuda.max_memory_allocated() / 2 ** 20 if device == "cuda" else None
+        runs[c] = {"step": step, "times": [], "compile_s": compile_s, "peak_mib": peak,
+                   "rss_growth_mib": rss_mib() - rss0, "fn": fn}
+    for _ in range(args.rounds):
+        for c in compilers:
+            r = runs[c]
+            torch.manual_seed(2)
+            ts = []
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                loss = r["step"]()
+                sync(device)
+                ts.append(time.perf_counter() - t0)
+            r["times"].append(statistics.median(ts))
+            r["loss"] = float(loss)
+    out = {"model": name, "shape": shape, "device": device, "rows": {}}
+    for c in compilers:
+        r = runs[c]
+        out["rows"][c] = {"step_ms": 1e3 * min(r["times"]), "compile_s": r["compile_s"], "peak_mib": r["peak_mib"],
+                          "rss_growth_mib": r["rss_growth_mib"], "saved_mib": (lambda b: None if b is None else b / 2 ** 20)(
+                              saved_bytes(r["fn"]) if c in ("aot_eager", "ember") else None),
+                          "last_loss": r["loss"]}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--models", default="resnet18,transformer")
+    ap.add_argument("--compilers", default="eager,inductor,aot_eager,ember")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    args.steps = args.steps or (3 if args.quick else 10)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    compilers = args.compilers.split(",")
+    print(f"# {platform.platform()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
+          f"Python {platform.python_version()}, torch {torch.__version__}, device {args.device}")
+    results = []
+    for name in args.models.split(","):
+        res = run_model(name, compilers, args, args.device)
+        results.append(res)
+        eager_ms = res["rows"]["eager"]["step_ms"] if "eager" in res["rows"] else None
+        print(f"\n{name} ({res['shape']}), {args.steps} steps x {args.rounds} rounds")
+        print(f"{'compiler':<10} {'step ms':>9} {'vs eager':>9} {'compile s':>10} {'peak MiB':>9} "
+              f"{'saved MiB':>10} {'last loss':>10}")
+        for c, r in res["rows"].items():
+            ratio = f"{eager_ms / r['step_ms']:.2f}x" if eager_ms else "-"
+            peak = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
+            saved = f"{r['saved_mib']:.1f}" if r["saved_mib"] is not None else "-"
+            print(f"{c:<10} {r['step_ms']:>9.1f} {ratio:>9} {r['compile_s']:>10.2f} {peak:>9} {saved:>10} "
+                  f"{r['last_loss']:>10.4f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,2282 @@
+/* autograd: the joint forward+backward graph and its min-cut partition (DESIGN.md stage `autograd`).
+ * Invariant: a region gets a compiled backward only when every node that needs a gradient has a
+ * rule (em_autograd_rules.h) whose formulas cover every argument that requires grad; anything else
+ * (no rule, in-place updates of values autograd would need, grad-mode changes) keeps torch's eager
+ * autograd for the whole region, with the reason in cache_info()["autograd"]["fallback"].
+ *
+ * Pipeline (as torch's AOTAutograd + Inductor's min_cut_rematerialization_partition):
+ *   1. joint graph: primals, tangents, the forward nodes (layer_norm / batch_norm / dropout are
+ *      rewritten to the native ops that return what their backward needs), then for each node in
+ *      reverse order the backward nodes its rule emits, gradients accumulated per value;
+ *   2. min-cut over the forward nodes (each value split into in -> out with its size in bytes;
+ *      ops that are not cheap or not deterministic are tied to the source): the cut is the set of
+ *      saved tensors; forward values on the sink side that the backward needs are recomputed;
+ *   3. forward graph (primals -> outputs + saved) and backward graph (saved + tangents ->
+ *      gradients of the inputs that require grad), each an ember._C.EagerGraph, wrapped by
+ *      ember._autograd.make_region in a torch.autograd.Function. */
+#include "autograd/em_autograd.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/em_runtime.h"
+#include "autograd/em_autograd_rules.h"
+
+#define MAXP 16
+#define INF_CAP ((int64_t)1 << 50)
+
+enum { ROLE_PRIMAL = 1, ROLE_TANGENT, ROLE_FWD, ROLE_BWD };
+
+typedef struct {
+    char name[40];
+    const char *dflt; /* default literal, NULL: required */
+    bool kwonly, varargs;
+} Param;
+
+typedef struct {
+    const Rule *rule;
+    int np;
+    Param p[MAXP];
+    IRArg val[MAXP];
+} Bind;
+
+typedef struct {
+    EmArena *a;
+    const IRGraph *g;
+    IRGraph *j;
+    IRRef *fmap;      /* g ref -> joint ref of the value */
+    IRRef (*aux)[3];  /* g ref -> joint refs a rewrite made for the backward (mean, rstd, mask ...) */
+    IRRef *grad;      /* g ref -> joint ref of its accumulated gradient, 0: none */
+    uint8_t *role;    /* joint ref -> ROLE_* */
+    uint8_t *pinned;  /* joint ref -> 1: the partitioner must not recompute it */
+    uint32_t rcap;
+    PyObject *reason; /* why the region keeps eager autograd; NULL while fine */
+    IRRef cur;        /* the g node whose rule runs */
+    uint8_t cur_role;
+    bool cur_pinned;
+    bool ember_halves; /* compile both halves with backend "ember" (em_ember_compile) */
+} AG;
+
+/* ---------------------------------------------------------------- small helpers */
+
+static int ag_fail(AG *ag, const char *fmt, ...) {
+    if (!ag->reason) {
+        va_list va;
+        va_start(va, fmt);
+        ag->reason = PyUnicode_FromFormatV(fmt, va);
+        va_end(va);
+        if (!ag->reason) PyErr_Clear();
+    }
+    return -1;
+}
+
+/* Turns a pending Python exception (a failed meta call while emitting) into the fallback reason. */
+static int ag_fail_exc(AG *ag) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    const IRNode *n = ag->cur ? em_ir_node(ag->g, ag->cur) : NULL;
+    if (!ag->reason)
+        ag->reason = PyUnicode_FromFormat("derivative of %s failed: %S", n ? n->name : "?", v ? v : Py_None);
+    if (!ag->reason) PyErr_Clear();
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+    return -1;
+}
+
+static IRArg arg_node(IRRef r) {
+    IRArg a = {0};
+    a.kind = IRARG_NODE;
+    a.u.ref = r;
+    return a;
+}
+
+/* A constant argument; steals obj (held by the arena). kind IRARG_NODE with ref 0 on failure. */
+static IRArg arg_const_steal(AG *ag, PyObject *obj) {
+    IRArg a = {0};
+    a.kind = IRARG_CONST;
+    a.u.obj = obj ? em_arena_hold_steal(ag->a, obj) : NULL;
+    if (!a.u.obj) {
+        a.kind = IRARG_NODE;
+        a.u.ref = 0;
+    }
+    return a;
+}
+
+static bool arg_bad(const IRArg *a) { return a->kind == IRARG_NODE && a->u.ref == 0; }
+static bool arg_is_none(const IRArg *a) { return a->kind == IRARG_CONST && a->u.obj == Py_None; }
+
+static bool meta_needs_grad(const IRMeta *m) {
+    if (m->kind == IRMETA_TENSOR) return m->requires_grad;
+    if (m->kind == IRMETA_TUPLE)
+        for (uint32_t i = 0; i < m->nitems; i++)
+            if (meta_needs_grad(&m->items[i])) return true;
+    return false;
+}
+
+static int64_t meta_bytes(const IRMeta *m) {
+    if (m->kind != IRMETA_TENSOR) return -1;
+    int64_t numel = 1;
+    for (int32_t i = 0; i < m->ndim; i++) numel *= m->sizes[i];
+    PyObject *isz = PyObject_GetAttrString(m->dtype, "itemsize");
+    long item = isz ? PyLong_AsLong(isz) : 4;
+    Py_XDECREF(isz);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        item = 4;
+    }
+    return numel * item;
+}
+
+static int ag_grow_roles(AG *ag) {
+    if (ag->j->nnodes <= ag->rcap) return 0;
+    uint32_t cap = ag->j->nnodes * 2 + 16;
+    uint8_t *r = realloc(ag->role, cap), *p = realloc(ag->pinned, cap);
+    if (r) ag->role = r;
+    if (p) ag->pinned = p;
+    if (!r || !p) return -1;
+    memset(ag->role + ag->rcap, 0, cap - ag->rcap);
+    memset(ag->pinned + ag->rcap, 0, cap - ag->rcap);
+    ag->rcap = cap;
+    return 0;
+}
+
+/* The name rules use for a node: "Tensor.m" for call_method m, else the target's qualified name. */
+static PyObject *node_opname(const IRNode *n) {
+    if (n->kind == IR_CALL_METHOD) return PyUnicode_FromFormat("Tensor.%U", n->target);
+    return em_ir_target_qualname(n->target);
+}
+
+static bool names_has(const char *names, const char *s) {
+    size_t len = strlen(s);
+    for (const char *p = names; *p;) {
+        while (*p == ' ') p++;
+        const char *e = p;
+        while (*e && *e != ' ') e++;
+        if ((size_t)(e - p) == len && memcmp(p, s, len) == 0) return true;
+        p = e;
+    }
+    return false;
+}
+
+/* ---------------------------------------------------------------- signatures and binding */
+
+static int parse_sig(const char *sig, Param *out) {
+    int np = 0;
+    bool kwonly = false;
+    const char *p = sig;
+    while (*p && np < MAXP) {
+        while (*p == ' ' || *p == ',') p++;
+        if (!*p) break;
+        if (*p == '*' && (p[1] == ',' || p[1] == '\0')) {
+            kwonly = true;
+            p++;
+            continue;
+        }
+        Param *q = &out[np];
+        memset(q, 0, sizeof *q);
+        if (*p == '*') {
+            q->varargs = true;
+            p++;
+        }
+        size_t k = 0;
+        while (*p && *p != ',' && *p != '=' && *p != ' ' && k + 1 < sizeof q->name) q->name[k++] = *p++;
+        q->name[k] = '\0';
+        q->kwonly = kwonly;
+        if (q->varargs) kwonly = true;
+        while (*p == ' ') p++;
+        if (*p == '=') {
+            q->dflt = ++p; /* up to the next top-level comma */
+            int depth = 0;
+            while (*p && (depth || *p != ',')) {
+                if (*p == '(') depth++;
+                if (*p == ')') depth--;
+                p++;
+            }
+        }
+        np++;
+    }
+    return np;
+}
+
+/* A default literal ("None", "True", "1", "1e-05", "'none'", "()", "inf") as a new object. */
+static PyObject *literal(const char *s, size_t n) {
+    while (n && s[n - 1] == ' ') n--;
+    if (n == 4 && !memcmp(s, "None", 4)) return Py_NewRef(Py_None);
+    if (n == 4 && !memcmp(s, "True", 4)) return Py_NewRef(Py_True);
+    if (n == 5 && !memcmp(s, "False", 5)) return Py_NewRef(Py_False);
+    if (n == 2 && !memcmp(s, "()", 2)) return PyTuple_New(0);
+    if (n == 3 && !memcmp(s, "inf", 3)) return PyFloat_FromDouble(INFINITY);
+    if (n == 4 && !memcmp(s, "-inf", 4)) return PyFloat_FromDouble(-INFINITY);
+    if (n >= 2 && s[0] == '\'') return PyUnicode_FromStringAndSize(s + 1, (Py_ssize_t)n - 2);
+    char buf[64];
+    if (n >= sizeof buf) n = sizeof buf - 1;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    bool isfloat = strpbrk(buf, ".eE") != NULL;
+    return isfloat ? PyFloat_FromDouble(strtod(buf, NULL)) : PyLong_FromLongLong(strtoll(buf, NULL, 10));
+}
+
+static size_t dflt_len(const char *d) {
+    size_t n = 0;
+    int depth = 0;
+    while (d[n] && (depth || d[n] != ',')) {
+        if (d[n] == '(') depth++;
+        if (d[n] == ')') depth--;
+        n++;
+    }
+    return n;
+}
+
+static int find_param(const Bind *b, const char *name) {
+    for (int i = 0; i < b->np; i++)
+        if (strcmp(b->p[i].name, name) == 0) return i;
+    if (b->np && (strcmp(name, "input") == 0 || strcmp(name, "self") == 0) &&
+        (strcmp(b->p[0].name, "self") == 0 || strcmp(b->p[0].name, "input") == 0))
+        return 0;
+    return -1;
+}
+
+/* Binds the node's arguments to the rule's signature. -1: they do not fit (no exception). */
+static int bind_args(AG *ag, const Rule *r, const IRNode *n, Bind *b) {
+    b->rule = r;
+    b->np = parse_sig(r->sig, b->p);
+    bool set[MAXP] = {0};
+    uint32_t ia = 0;
+    for (int i = 0; i < b->np && ia < n->nargs; i++) {
+        if (b->p[i].kwonly) break;
+        if (b->p[i].varargs) {
+            uint32_t rest = n->nargs - ia;
+            if (rest == 1 && (n->args[ia].kind == IRARG_TUPLE || n->args[ia].kind == IRARG_LIST ||
+                              (n->args[ia].kind == IRARG_CONST &&
+                               (PyTuple_Check(n->args[ia].u.obj) || PyList_Check(n->args[ia].u.obj))))) {
+                b->val[i] = n->args[ia];
+            } else {
+                IRArg t = {0};
+                t.kind = IRARG_TUPLE;
+                t.n = rest;
+                t.u.items = n->args + ia;
+                b->val[i] = t;
+            }
+            set[i] = true;
+            ia = n->nargs;
+            break;
+        }
+        b->val[i] = n->args[ia++];
+        set[i] = true;
+    }
+    if (ia < n->nargs) return -1;
+    for (uint32_t k = 0; k < n->nkwargs; k++) {
+        const char *kn = PyUnicode_AsUTF8(n->kwnames[k]);
+        if (!kn) {
+            PyErr_Clear();
+            return -1;
+        }
+        int i = find_param(b, kn);
+        if (i < 0 || set[i] || b->p[i].varargs) return -1;
+        b->val[i] = n->kwargs[k];
+        set[i] = true;
+    }
+    for (int i = 0; i < b->np; i++) {
+        if (set[i]) continue;
+        if (b->p[i].varargs) {
+            b->val[i] = arg_const_steal(ag, PyTuple_New(0));
+        } else {
+            if (!b->p[i].dflt) return -1;
+            b->val[i] = arg_const_steal(ag, literal(b->p[i].dflt, dflt_len(b->p[i].dflt)));
+        }
+        if (arg_bad(&b->val[i])) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static const IRMeta *val_meta(const AG *ag, const IRArg *v) {
+    return v->kind == IRARG_NODE ? &em_ir_node(ag->g, v->u.ref)->meta : NULL;
+}
+
+/* Checks of a rule against the bound g-node arguments (see em_autograd_rules.h). */
+static bool checks_pass(const AG *ag, const Bind *b) {
+    const char *p = b->rule->checks;
+    while (*p) {
+        while (*p == ' ') p++;
+        if (!*p) break;
+        const char *colon = strchr(p, ':');
+        if (!colon) return false;
+        const char *e = colon + 1;
+        while (*e && *e != ' ') e++;
+        char kind[16], name[40];
+        size_t kl = (size_t)(colon - p), nl = (size_t)(e - colon - 1);
+        if (kl >= sizeof kind || nl >= sizeof name) return false;
+        memcpy(kind, p, kl);
+        kind[kl] = '\0';
+        memcpy(name, colon + 1, nl);
+        name[nl] = '\0';
+        p = e;
+        int i = find_param(b, name);
+        if (i < 0) return false;
+        const IRArg *v = &b->val[i];
+        bool ok;
+        if (!strcmp(kind, "null")) ok = arg_is_none(v);
+        else if (!strcmp(kind, "notnull")) ok = !arg_is_none(v);
+        else if (!strcmp(kind, "false")) ok = arg_is_none(v) || (v->kind == IRARG_CONST && v->u.obj == Py_False);
+        else if (!strcmp(kind, "const")) ok = v->kind == IRARG_CONST && (PyLong_Check(v->u.obj) || PyFloat_Check(v->u.obj));
+        else if (!strcmp(kind, "node")) ok = v->kind == IRARG_NODE;
+        else if (!strcmp(kind, "eq0")) {
+            ok = v->kind == IRARG_CONST && (PyLong_Check(v->u.obj) || PyFloat_Check(v->u.obj)) &&
+                 PyFloat_AsDouble(v->u.obj) == 0.0;
+        } else if (!strcmp(kind, "batched")) { /* conv: input has the weight's number of dims */
+            const IRMeta *m = val_meta(ag, v);
+            int wi = find_param(b, "weight");
+            const IRMeta *wm = wi >= 0 ? val_meta(ag, &b->val[wi]) : NULL;
+            ok = m && wm && m->kind == IRMETA_TENSOR && wm->kind == IRMETA_TENSOR && m->ndim == wm->ndim;
+        } else if (!strcmp(kind, "ndim2")) {
+            const IRMeta *m = val_meta(ag, v);
+            ok = m && m->kind == IRMETA_TENSOR && m->ndim >= 2;
+        } else {
+            ok = false;
+        }
+        if (!ok) return false;
+    }
+    return true;
+}
+
+/* The first rule that matches the node's name, binding and checks; NULL if none. */
+static const Rule *find_rule(AG *ag, const IRNode *n, Bind *b) {
+    if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) return NULL;
+    PyObject *name = node_opname(n);
+    const char *s = name ? PyUnicode_AsUTF8(name) : NULL;
+    const Rule *found = NULL;
+    if (s) {
+        for (size_t i = 0; i < NRULES && !found; i++) {
+            if (!names_has(RULES[i].names, s)) continue;
+            if (bind_args(ag, &RULES[i], n, b) < 0) continue;
+            if (checks_pass(ag, b)) found = &RULES[i];
+        }
+    }
+    Py_XDECREF(name);
+    PyErr_Clear();
+    return found;
+}
+
+/* ---------------------------------------------------------------- emitting joint nodes */
+
+static PyObject *arg_example(const AG *ag, const IRArg *a);
+
+static PyObject *meta_example(const IRMeta *m) {
+    if (m->kind == IRMETA_TUPLE) {
+        PyObject *t = PyTuple_New(m->nitems);
+        for (uint32_t i = 0; t && i < m->nitems; i++) {
+            PyObject *x = meta_example(&m->items[i]);
+            if (!x) {
+                Py_CLEAR(t);
+                break;
+            }
+            PyTuple_SET_ITEM(t, i, x);
+        }
+        return t;
+    }
+    if (m->kind == IRMETA_NONE) return Py_NewRef(Py_None);
+    if (!m->example) {
+        PyErr_SetString(PyExc_RuntimeError, "ember: value without an example");
+        return NULL;
+    }
+    return Py_NewRef(m->example);
+}
+
+static PyObject *arg_example(const AG *ag, const IRArg *a) {
+    switch (a->kind) {
+    case IRARG_NODE: return meta_example(&em_ir_node(ag->j, a->u.ref)->meta);
+    case IRARG_CONST: return Py_NewRef(a->u.obj);
+    case IRARG_TUPLE:
+    case IRARG_LIST: {
+        PyObject *t = a->kind == IRARG_TUPLE ? PyTuple_New(a->n) : PyList_New(a->n);
+        for (uint32_t i = 0; t && i < a->n; i++) {
+            PyObject *x = arg_example(ag, &a->u.items[i]);
+            if (!x) {
+                Py_CLEAR(t);
+                break;
+            }
+            if (a->kind == IRARG_TUPLE) PyTuple_SET_ITEM(t, i, x);
+            else PyList_SET_ITEM(t, i, x);
+        }
+        return t;
+    }
+    }
+    return NULL;
+}
+
+static PyObject *first_device(const AG *ag, const IRArg *args, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        if (args[i].kind == IRARG_NODE) {
+            const IRMeta *m = &em_ir_node(ag->j, args[i].u.ref)->meta;
+            if (m->kind == IRMETA_TENSOR) return m->device;
+            for (uint32_t k = 0; m->kind == IRMETA_TUPLE && k < m->nitems; k++)
+                if (m->items[k].kind == IRMETA_TENSOR) return m->items[k].device;
+        } else if (args[i].kind == IRARG_TUPLE || args[i].kind == IRARG_LIST) {
+            PyObject *d = first_device(ag, args[i].u.items, args[i].n);
+            if (d) return d;
+        }
+    }
+    return NULL;
+}
+
+static int meta_from_value(AG *ag, PyObject *v, PyObject *device, IRMeta *out) {
+    memset(out, 0, sizeof *out);
+    if (v == Py_None) {
+        out->kind = IRMETA_NONE;
+        return 0;
+    }
+    if (PyTuple_Check(v) || PyList_Check(v)) {
+        PyObject *seq = PySequence_Tuple(v);
+        if (!seq) return -1;
+        uint32_t n = (uint32_t)PyTuple_GET_SIZE(seq);
+        out->kind = IRMETA_TUPLE;
+        out->nitems = n;
+        out->items = em_arena_alloc(ag->a, (n ? n : 1) * sizeof(IRMeta));
+        for (uint32_t i = 0; out->items && i < n; i++)
+            if (meta_from_value(ag, PyTuple_GET_ITEM(seq, i), device, &out->items[i]) < 0) {
+                Py_DECREF(seq);
+                return -1;
+            }
+        Py_DECREF(seq);
+        return out->items ? 0 : (PyErr_NoMemory(), -1);
+    }
+    PyObject *tensor_type = NULL;
+    PyObject *torch = PyImport_ImportModule("torch");
+    if (torch) tensor_type = PyObject_GetAttrString(torch, "Tensor");
+    Py_XDECREF(torch);
+    if (!tensor_type) return -1;
+    int is_t = PyObject_IsInstance(v, tensor_type);
+    Py_DECREF(tensor_type);
+    if (is_t < 0) return -1;
+    if (is_t) {
+        if (em_ir_meta_from_tensor(ag->a, v, device, out) < 0) return -1;
+        out->requires_grad = false;
+        return 0;
+    }
+    out->kind = IRMETA_OTHER;
+    out->example = em_arena_hold(ag->a, v);
+    return 0;
+}
+
+/* Appends a call node to the joint graph; its meta comes from running the target on the meta
+ * examples of its arguments (as the tracer does). Returns 0 with ag->reason set on failure. */
+static IRRef ag_emit(AG *ag, IRKind kind, PyObject *target, const IRArg *args, uint32_t nargs,
+                     PyObject *const *kwn, const IRArg *kwv, uint32_t nkw) {
+    PyObject *pargs = NULL, *pkw = NULL, *fn = NULL, *res = NULL;
+    IRRef r = 0;
+    IRMeta meta;
+    uint32_t first = kind == IR_CALL_METHOD ? 1 : 0;
+    pargs = PyTuple_New(nargs - first);
+    pkw = PyDict_New();
+    if (!pargs || !pkw) goto done;
+    for (uint32_t i = first; i < nargs; i++) {
+        PyObject *x = arg_example(ag, &args[i]);
+        if (!x) goto done;
+        PyTuple_SET_ITEM(pargs, i - first, x);
+    }
+    for (uint32_t i = 0; i < nkw; i++) {
+        PyObject *x = arg_example(ag, &kwv[i]);
+        if (!x || PyDict_SetItem(pkw, kwn[i], x) < 0) {
+            Py_XDECREF(x);
+            goto done;
+        }
+        Py_DECREF(x);
+    }
+    if (kind == IR_CALL_METHOD) {
+        PyObject *self = arg_example(ag, &args[0]);
+        if (!self) goto done;
+        fn = PyObject_GetAttr(self, target);
+        Py_DECREF(self);
+    } else {
+        fn = Py_NewRef(target);
+    }
+    if (!fn) goto done;
+    res = PyObject_Call(fn, pargs, pkw);
+    if (!res || meta_from_value(ag, res, first_device(ag, args, nargs), &meta) < 0) goto done;
+    r = em_ir_call(ag->j, kind, target, args, nargs, kwn, kwv, nkw, &meta);
+    if (!r && !PyErr_Occurred()) PyErr_NoMemory();
+    if (r && ag_grow_roles(ag) < 0) {
+        r = 0;
+        PyErr_NoMemory();
+    }
+    if (r) {
+        ag->role[r] = ag->cur_role;
+        ag->pinned[r] = ag->cur_pinned;
+    }
+done:
+    Py_XDECREF(pargs);
+    Py_XDECREF(pkw);
+    Py_XDECREF(fn);
+    Py_XDECREF(res);
+    if (!r) ag_fail_exc(ag);
+    return r;
+}
+
+static PyObject *torch_attr(const char *dotted) {
+    PyObject *obj = PyImport_ImportModule("torch");
+    const char *p = dotted;
+    while (obj && *p) {
+        const char *e = strchr(p, '.');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        PyObject *name = PyUnicode_FromStringAndSize(p, (Py_ssize_t)n);
+        PyObject *next = name ? PyObject_GetAttr(obj, name) : NULL;
+        Py_XDECREF(name);
+        Py_SETREF(obj, next);
+        p += n;
+        if (*p == '.') p++;
+    }
+    return obj;
+}
+
+/* Emits torch.<dotted>(args) / operator.<name> / a Tensor method; the target is held by the arena. */
+static IRRef emit_fn(AG *ag, const char *dotted, const IRArg *args, uint32_t n) {
+    PyObject *t = torch_attr(dotted);
+    if (!t || !em_arena_hold_steal(ag->a, t)) {
+        ag_fail_exc(ag);
+        return 0;
+    }
+    return ag_emit(ag, IR_CALL_FUNCTION, t, args, n, NULL, NULL, 0);
+}
+
+static IRRef emit_method(AG *ag, const char *name, const IRArg *args, uint32_t n) {
+    PyObject *s = PyUnicode_InternFromString(name);
+    if (!s || !em_arena_hold_steal(ag->a, s)) {
+        ag_fail_exc(ag);
+        return 0;
+    }
+    return ag_emit(ag, IR_CALL_METHOD, s, args, n, NULL, NULL, 0);
+}
+
+static IRRef emit_op(AG *ag, const char *opname, IRArg a, IRArg b, uint32_t n) {
+    PyObject *mod = PyImport_ImportModule("operator");
+    PyObject *t = mod ? PyObject_GetAttrString(mod, opname) : NULL;
+    Py_XDECREF(mod);
+    if (!t || !em_arena_hold_steal(ag->a, t)) {
+        ag_fail_exc(ag);
+        return 0;
+    }
+    IRArg args[2] = {a, b};
+    return ag_emit(ag, IR_CALL_FUNCTION, t, args, n, NULL, NULL, 0);
+}
+
+static IRRef emit_getitem(AG *ag, IRRef tuple, long i) {
+    return emit_op(ag, "getitem", arg_node(tuple), arg_const_steal(ag, PyLong_FromLong(i)), 2);
+}
+
+static IRArg shape_const(AG *ag, const IRMeta *m) {
+    PyObject *t = PyTuple_New(m->ndim);
+    for (int32_t i = 0; t && i < m->ndim; i++) {
+        PyObject *v = PyLong_FromLongLong(m->sizes[i]);
+        if (!v) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return arg_const_steal(ag, t);
+}
+
+static const IRMeta *jmeta(const AG *ag, IRRef r) { return &em_ir_node(ag->j, r)->meta; }
+
+/* Sum a broadcast gradient back to the input's shape and cast it to the input's dtype, as
+ * torch/csrc/autograd/engine.cpp validate_outputs does. */
+static IRRef reduce_to(AG *ag, IRRef gi, const IRMeta *want) {
+    const IRMeta *m = jmeta(ag, gi);
+    if (m->kind != IRMETA_TENSOR || want->kind != IRMETA_TENSOR) return gi;
+    bool same = m->ndim == want->ndim;
+    for (int32_t i = 0; same && i < m->ndim; i++) same = m->sizes[i] == want->sizes[i];
+    if (!same) {
+        IRArg a[2] = {arg_node(gi), shape_const(ag, want)};
+        gi = emit_method(ag, "sum_to_size", a, 2);
+        if (!gi) return 0;
+    }
+    if (jmeta(ag, gi)->dtype != want->dtype) {
+        IRArg a[2] = {arg_node(gi), arg_const_steal(ag, Py_NewRef(want->dtype))};
+        gi = emit_method(ag, "to", a, 2);
+    }
+    return gi;
+}
+
+static int accumulate(AG *ag, IRRef gref, IRRef gi) {
+    if (!gi) return -1;
+    gi = reduce_to(ag, gi, &em_ir_node(ag->g, gref)->meta);
+    if (!gi) return -1;
+    if (ag->grad[gref]) {
+        gi = emit_op(ag, "add", arg_node(ag->grad[gref]), arg_node(gi), 2);
+        if (!gi) return -1;
+    }
+    ag->grad[gref] = gi;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- formula evaluation */
+
+typedef struct {
+    AG *ag;
+    const Bind *b;
+    IRRef n;     /* the g node */
+    const char *p;
+} Eval;
+
+static void skip_ws(Eval *e) {
+    while (*e->p == ' ') e->p++;
+}
+
+/* Maps a bound g-level argument to the joint graph (node refs through fmap). */
+static IRArg map_arg(AG *ag, const IRArg *a) {
+    if (a->kind == IRARG_NODE) return arg_node(ag->fmap[a->u.ref]);
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) {
+        IRArg out = *a;
+        IRArg *items = em_arena_alloc(ag->a, (a->n ? a->n : 1) * sizeof(IRArg));
+        if (!items) return arg_node(0);
+        for (uint32_t i = 0; i < a->n; i++) items[i] = map_arg(ag, &a->u.items[i]);
+        out.u.items = items;
+        return out;
+    }
+    return *a;
+}
+
+static int64_t norm_dim(int64_t d, int64_t ndim) { return d < 0 ? d + (ndim ? ndim : 1) : d; }
+
+/* The reduced dims of a reduction (None / () = all) as a sorted bitmask; -1 if not ints. */
+static int64_t dims_mask(const IRArg *dim, int32_t ndim) {
+    if (dim->kind != IRARG_CONST) return -1;
+    PyObject *d = dim->u.obj;
+    if (d == Py_None || (PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 0) || (PyList_Check(d) && PyList_GET_SIZE(d) == 0))
+        return ndim >= 63 ? -1 : (int64_t)((1ull << ndim) - 1);
+    int64_t mask = 0;
+    if (PyLong_Check(d)) return (int64_t)1 << norm_dim(PyLong_AsLongLong(d), ndim);
+    PyObject *seq = PySequence_Fast(d, "dims");
+    if (!seq) {
+        PyErr_Clear();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            Py_DECREF(seq);
+            return -1;
+        }
+        mask |= (int64_t)1 << norm_dim(v, ndim);
+    }
+    Py_DECREF(seq);
+    return mask;
+}
+
+/* unsqueeze x at each reduced dim (when keepdim is false), so it broadcasts against self. */
+static IRRef unsq(AG *ag, IRRef x, const IRMeta *self, const IRArg *dim, const IRArg *keepdim) {
+    int64_t mask = dims_mask(dim, self->ndim);
+    if (mask < 0) {
+        ag_fail(ag, "reduction dims are not constants");
+        return 0;
+    }
+    bool keep = keepdim->kind == IRARG_CONST && PyObject_IsTrue(keepdim->u.obj) == 1;
+    if (keep || self->ndim == 0) return x;
+    if (jmeta(ag, x)->ndim == self->ndim) return x;
+    for (int32_t d = 0; d < self->ndim; d++) {
+        if (!(mask & ((int64_t)1 << d))) continue;
+        IRArg a[2] = {arg_node(x), arg_const_steal(ag, PyLong_FromLong(d))};
+        x = emit_method(ag, "unsqueeze", a, 2);
+        if (!x) return 0;
+    }
+    return x;
+}
+
+static IRArg eval_expr(Eval *e);
+
+static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, PyObject **kwn, IRArg *kwv, uint32_t nkw) {
+    AG *ag = e->ag;
+    const IRMeta *selfm = NULL;
+    for (uint32_t k = 0; k < nargs; k++) { /* a tuple of constants (varargs dims) as one constant */
+        if (args[k].kind != IRARG_TUPLE && args[k].kind != IRARG_LIST) continue;
+        bool allc = true;
+        for (uint32_t i = 0; i < args[k].n; i++) allc &= args[k].u.items[i].kind == IRARG_CONST;
+        if (!allc) continue;
+        PyObject *t = PyTuple_New(args[k].n);
+        for (uint32_t i = 0; t && i < args[k].n; i++) PyTuple_SET_ITEM(t, i, Py_NewRef(args[k].u.items[i].u.obj));
+        args[k] = arg_const_steal(ag, t);
+        if (arg_bad(&args[k])) goto bad;
+    }
+    /* helpers */
+    if (!strcmp(fname, "shape") || !strcmp(fname, "dtype") || !strcmp(fname, "size0")) {
+        if (nargs != 1 || args[0].kind != IRARG_NODE) goto bad;
+        selfm = jmeta(ag, args[0].u.ref);
+        if (fname[0] == 's' && fname[1] == 'h') return shape_const(ag, selfm);
+        if (fname[0] == 'd') return arg_const_steal(ag, Py_NewRef(selfm->dtype));
+        return arg_const_steal(ag, PyLong_FromLongLong(selfm->ndim ? selfm->sizes[0] : 1));
+    }
+    if (!strcmp(fname, "padidx")) { /* F.embedding: None -> -1, negative -> += num_weights */
+        if (nargs != 2) goto bad;
+        if (arg_is_none(&args[0])) return arg_const_steal(ag, PyLong_FromLong(-1));
+        long long p = PyLong_AsLongLong(args[0].u.obj);
+        if (PyErr_Occurred()) goto bad;
+        if (p < 0) p += jmeta(ag, args[1].u.ref)->sizes[0];
+        return arg_const_steal(ag, PyLong_FromLongLong(p));
+    }
+    if (!strcmp(fname, "stride_or_kernel")) { /* pooling: stride None means the kernel size */
+        if (nargs != 2) goto bad;
+        return arg_is_none(&args[0]) ? args[1] : args[0];
+    }
+    if (!strcmp(fname, "numel_ratio")) {
+        int64_t a = 1, b = 1;
+        const IRMeta *ma = jmeta(ag, args[0].u.ref), *mb = jmeta(ag, args[1].u.ref);
+        for (int32_t i = 0; i < ma->ndim; i++) a *= ma->sizes[i];
+        for (int32_t i = 0; i < mb->ndim; i++) b *= mb->sizes[i];
+        return arg_const_steal(ag, PyLong_FromLongLong(b ? a / b : 1));
+    }
+    if (!strcmp(fname, "invperm")) {
+        PyObject *d = args[0].kind == IRARG_CONST ? PySequence_Tuple(args[0].u.obj) : NULL;
+        if (!d) goto bad;
+        Py_ssize_t n = PyTuple_GET_SIZE(d);
+        PyObject *inv = PyTuple_New(n);
+        for (Py_ssize_t i = 0; inv && i < n; i++) {
+            long v = PyLong_AsLong(PyTuple_GET_ITEM(d, i));
+            if (v < 0) v += (long)n;
+            if (v < 0 || v >= n || PyErr_Occurred()) {
+                Py_CLEAR(inv);
+                break;
+            }
+            PyTuple_SET_ITEM(inv, v, PyLong_FromSsize_t(i));
+        }
+        Py_DECREF(d);
+        if (!inv) goto bad;
+        return arg_const_steal(ag, inv);
+    }
+    if (!strcmp(fname, "flat2")) {
+        const IRMeta *m = jmeta(ag, args[0].u.ref);
+        PyObject *shape = Py_BuildValue("(iL)", -1, (long long)(m->ndim ? m->sizes[m->ndim - 1] : 1));
+        IRArg a[2] = {args[0], arg_const_steal(ag, shape)};
+        return arg_node(emit_method(ag, "reshape", a, 2));
+    }
+    if (!strcmp(fname, "like")) {
+        const IRMeta *want = jmeta(ag, args[1].u.ref), *m = jmeta(ag, args[0].u.ref);
+        int same_dev = PyObject_RichCompareBool(want->device, m->device, Py_EQ);
+        if (same_dev != 1) { /* a copy between devices: the meta call cannot express it */
+            PyErr_Clear();
+            ag_fail(ag, "a copy between devices (%S -> %S)", m->device, want->device);
+            return arg_node(0);
+        }
+        if (want->dtype == m->dtype) return args[0];
+        IRArg a[2] = {args[0], arg_const_steal(ag, Py_NewRef(want->dtype))};
+        return arg_node(emit_method(ag, "to", a, 2));
+    }
+    if (!strcmp(fname, "sumback")) { /* sum's backward: unsqueeze the reduced dims, expand */
+        if (nargs != 4) goto bad;
+        selfm = jmeta(ag, args[1].u.ref);
+        IRRef x = unsq(ag, args[0].u.ref, selfm, &args[2], &args[3]);
+        if (!x) return arg_node(0);
+        IRArg a[2] = {arg_node(x), shape_const(ag, selfm)};
+        return arg_node(emit_method(ag, "expand", a, 2));
+    }
+    if (!strcmp(fname, "amaxback")) { /* torch: grad distributed evenly among the maxima */
+        if (nargs != 5) goto bad;
+        selfm = jmeta(ag, args[1].u.ref);
+        IRRef g = unsq(ag, args[0].u.ref, selfm, &args[3], &args[4]);
+        IRRef r = g ? unsq(ag, args[2].u.ref, selfm, &args[3], &args[4]) : 0;
+        IRRef mask = r ? emit_op(ag, "eq", args[1], arg_node(r), 2) : 0;
+        if (!mask) return arg_node(0);
+        int64_t dm = dims_mask(&args[3], selfm->ndim);
+        PyObject *dims = PyList_New(0);
+        for (int32_t d = 0; dims && d < selfm->ndim; d++)
+            if (dm & ((int64_t)1 << d)) {
+                PyObject *v = PyLong_FromLong(d);
+                if (!v || PyList_Append(dims, v) < 0) Py_CLEAR(dims);
+                Py_XDECREF(v);
+            }
+        IRArg sa[3] = {arg_node(mask), arg_const_steal(ag, dims), arg_const_steal(ag, Py_NewRef(Py_True))};
+        IRRef count = selfm->ndim ? emit_method(ag, "sum", sa, 3) : emit_method(ag, "sum", sa, 1);
+        IRRef scaled = count ? emit_op(ag, "truediv", arg_node(g), arg_node(count), 2) : 0;
+        return arg_node(scaled ? emit_op(ag, "mul", arg_node(scaled), arg_node(mask), 2) : 0);
+    }
+    /* Python operators, constants folded, multiplication by 1 dropped */
+    static const char *const ops[][2] = {{"add", "add"}, {"sub", "sub"}, {"mul", "mul"}, {"div", "truediv"}, {"neg", "neg"}};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        if (strcmp(fname, ops[i][0])) continue;
+        bool allconst = true;
+        for (uint32_t k = 0; k < nargs; k++) allconst &= args[k].kind == IRARG_CONST;
+        if (allconst) {
+            PyObject *mod = PyImport_ImportModule("operator");
+            PyObject *f = mod ? PyObject_GetAttrString(mod, ops[i][1]) : NULL;
+            PyObject *r = NULL;
+            if (f) r = nargs == 1 ? PyObject_CallOneArg(f, args[0].u.obj)
+                                  : PyObject_CallFunctionObjArgs(f, args[0].u.obj, args[1].u.obj, NULL);
+            Py_XDECREF(mod);
+            Py_XDECREF(f);
+            if (!r) goto bad;
+            return arg_const_steal(ag, r);
+        }
+        bool one1 = nargs == 2 && args[1].kind == IRARG_CONST && PyNumber_Check(args[1].u.obj) &&
+                    !PyBool_Check(args[1].u.obj) && PyFloat_AsDouble(args[1].u.obj) == 1.0;
+        bool one0 = nargs == 2 && args[0].kind == IRARG_CONST && PyNumber_Check(args[0].u.obj) &&
+                    !PyBool_Check(args[0].u.obj) && PyFloat_AsDouble(args[0].u.obj) == 1.0;
+        PyErr_Clear();
+        if ((i == 2 || i == 3) && one1) return args[0];
+        if (i == 2 && one0) return args[1];
+        return arg_node(emit_op(ag, ops[i][1], args[0], nargs > 1 ? args[1] : args[0], nargs));
+    }
+    for (uint32_t k = 0; k < nargs; k++)
+        if (arg_bad(&args[k])) return arg_node(0);
+    PyObject *target;
+    IRKind kind = IR_CALL_FUNCTION;
+    if (!strncmp(fname, "T.", 2)) {
+        target = PyUnicode_InternFromString(fname + 2);
+        kind = IR_CALL_METHOD;
+    } else if (!strncmp(fname, "aten.", 5)) {
+        char buf[96];
+        snprintf(buf, sizeof buf, "ops.%s", fname);
+        target = torch_attr(buf);
+    } else {
+        target = torch_attr(fname);
+    }
+    if (!target || !em_arena_hold_steal(ag->a, target)) goto bad;
+    return arg_node(ag_emit(ag, kind, target, args, nargs, kwn, kwv, nkw));
+bad:
+    if (PyErr_Occurred()) ag_fail_exc(ag);
+    else ag_fail(ag, "bad derivative formula call %s", fname);
+    return arg_node(0);
+}
+
+static IRArg eval_expr(Eval *e) {
+    AG *ag = e->ag;
+    skip_ws(e);
+    const char *s = e->p;
+    if (*s == '-' || (*s >= '0' && *s <= '9')) {
+        const char *q = s + 1;
+        while ((*q >= '0' && *q <= '9') || *q == '.' || *q == 'e') q++;
+        e->p = q;
+        return arg_const_steal(ag, literal(s, (size_t)(q - s)));
+    }
+    const char *q = s;
+    while ((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') || *q == '_' || *q == '.') q++;
+    char name[64];
+    size_t nl = (size_t)(q - s);
+    if (!nl || nl >= sizeof name) {
+        ag_fail(ag, "bad derivative formula at %s", s);
+        return arg_node(0);
+    }
+    memcpy(name, s, nl);
+    name[nl] = '\0';
+    e->p = q;
+    skip_ws(e);
+    if (*e->p != '(') {
+        if (!strcmp(name, "grad")) return arg_node(ag->grad[e->n]);
+        if (!strcmp(name, "result")) return arg_node(ag->fmap[e->n]);
+        int i = find_param(e->b, name);
+        if (i >= 0) return map_arg(ag, &e->b->val[i]);
+        if (!strcmp(name, "None") || !strcmp(name, "True") || !strcmp(name, "False") || !strcmp(name, "inf"))
+            return arg_const_steal(ag, literal(name, nl));
+        ag_fail(ag, "derivative formula names %s, which is not a parameter", name);
+        return arg_node(0);
+    }
+    e->p++;
+    IRArg args[8];
+    IRArg kwv[4];
+    PyObject *kwn[4];
+    uint32_t na = 0, nk = 0;
+    for (;;) {
+        skip_ws(e);
+        if (*e->p == ')') {
+            e->p++;
+            break;
+        }
+        /* keyword argument? */
+        const char *k = e->p;
+        while ((*k >= 'a' && *k <= 'z') || *k == '_') k++;
+        if (*k == '=' && k > e->p && nk < 4) {
+            kwn[nk] = em_arena_hold_steal(ag->a, PyUnicode_FromStringAndSize(e->p, k - e->p));
+            e->p = k + 1;
+            kwv[nk] = eval_expr(e);
+            if (!kwn[nk] || arg_bad(&kwv[nk])) return arg_node(0);
+            nk++;
+        } else {
+            if (na >= 8) return arg_node(0);
+            args[na] = eval_expr(e);
+            if (arg_bad(&args[na])) return arg_node(0);
+            na++;
+        }
+        skip_ws(e);
+        if (*e->p == ',') e->p++;
+    }
+    return eval_call(e, name, args, na, kwn, kwv, nk);
+}
+
+/* ---------------------------------------------------------------- rules: generic and special */
+
+static bool collect_grad_refs(const AG *ag, const IRArg *a, bool top, bool *nested) {
+    bool any = false;
+    if (a->kind == IRARG_NODE) return meta_needs_grad(&em_ir_node(ag->g, a->u.ref)->meta);
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++)
+            if (collect_grad_refs(ag, &a->u.items[i], false, nested)) {
+                any = true;
+                *nested = true;
+            }
+    EM_UNUSED(top);
+    return any;
+}
+
+/* Finds the formula of a parameter in "p: expr; q: expr". */
+static const char *formula_of(const char *grads, const char *pname) {
+    size_t n = strlen(pname);
+    const char *p = grads;
+    while (*p) {
+        while (*p == ' ' || *p == ';') p++;
+        if (!strncmp(p, pname, n) && p[n] == ':') return p + n + 1;
+        /* skip to the next top-level ';' */
+        int depth = 0;
+        while (*p && (depth || *p != ';')) {
+            if (*p == '(') depth++;
+            if (*p == ')') depth--;
+            p++;
+        }
+    }
+    return NULL;
+}
+
+static int backward_generic(AG *ag, IRRef n, const Bind *b) {
+    const IRNode *node = em_ir_node(ag->g, n);
+    /* every argument that requires grad must be a parameter with a formula */
+    for (uint32_t i = 0; i < node->nargs + node->nkwargs; i++) {
+        const IRArg *a = i < node->nargs ? &node->args[i] : &node->kwargs[i - node->nargs];
+        bool nested = false;
+        if (!collect_grad_refs(ag, a, true, &nested)) continue;
+        if (nested) return ag_fail(ag, "%s: a tensor that requires grad inside a list argument", node->name);
+        int pi = -1;
+        for (int k = 0; k < b->np && pi < 0; k++)
+            if (b->val[k].kind == IRARG_NODE && b->val[k].u.ref == a->u.ref) pi = k;
+        if (pi < 0 || !formula_of(b->rule->grads, b->p[pi].name))
+            return ag_fail(ag, "no derivative formula for argument %s of %s", pi < 0 ? "?" : b->p[pi].name, node->name);
+    }
+    for (int k = 0; k < b->np; k++) {
+        const IRArg *v = &b->val[k];
+        if (v->kind != IRARG_NODE || !meta_needs_grad(&em_ir_node(ag->g, v->u.ref)->meta)) continue;
+        const char *f = formula_of(b->rule->grads, b->p[k].name);
+        Eval e = {ag, b, n, f};
+        IRArg gi = eval_expr(&e);
+        if (gi.kind != IRARG_NODE || !gi.u.ref) {
+            if (!ag->reason) ag_fail(ag, "derivative of %s is not a tensor", node->name);
+            return -1;
+        }
+        if (accumulate(ag, v->u.ref, gi.u.ref) < 0) return -1;
+    }
+    return 0;
+}
+
+static IRArg bval(const Bind *b, const char *name) {
+    int i = find_param(b, name);
+    return b->val[i];
+}
+
+static bool needs(const AG *ag, const IRArg *v) {
+    return v->kind == IRARG_NODE && meta_needs_grad(&em_ir_node(ag->g, v->u.ref)->meta);
+}
+
+static PyObject *bool_list(bool a, bool b, bool c) {
+    return Py_BuildValue("[OOO]", a ? Py_True : Py_False, b ? Py_True : Py_False, c ? Py_True : Py_False);
+}
+
+/* A constant int or tuple of ints as a list of n ints (conv's stride/padding/dilation). */
+static PyObject *int_list(PyObject *v, int n) {
+    if (PyLong_Check(v)) {
+        PyObject *l = PyList_New(n);
+        for (int i = 0; l && i < n; i++) PyList_SET_ITEM(l, i, Py_NewRef(v));
+        return l;
+    }
+    if (PyTuple_Check(v) || PyList_Check(v)) {
+        if (PySequence_Size(v) == 1 && n > 1) {
+            PyObject *x = PySequence_GetItem(v, 0);
+            PyObject *l = x ? int_list(x, n) : NULL;
+            Py_XDECREF(x);
+            return l;
+        }
+        return PySequence_List(v);
+    }
+    PyErr_SetString(PyExc_TypeError, "not an int list");
+    return NULL;
+}
+
+/* A tuple/list argument of constants as one constant tuple (else returned as is). */
+static IRArg const_fold(AG *ag, IRArg a) {
+    if (a.kind != IRARG_TUPLE && a.kind != IRARG_LIST) return a;
+    for (uint32_t i = 0; i < a.n; i++)
+        if (a.u.items[i].kind != IRARG_CONST) return a;
+    PyObject *t = PyTuple_New(a.n);
+    for (uint32_t i = 0; t && i < a.n; i++) PyTuple_SET_ITEM(t, i, Py_NewRef(a.u.items[i].u.obj));
+    IRArg c = arg_const_steal(ag, t);
+    if (arg_bad(&c)) PyErr_Clear();
+    return arg_bad(&c) ? a : c;
+}
+
+static int backward_special(AG *ag, IRRef n, const Bind *b) {
+    const IRNode *node = em_ir_node(ag->g, n);
+    IRRef g = ag->grad[n];
+    const IRMeta *selfm = NULL;
+    switch (b->rule->special) {
+    case SP_GETITEM: {
+        IRArg self = bval(b, "self"), idx = bval(b, "index");
+        bool nested = false;
+        if (collect_grad_refs(ag, &idx, true, &nested)) return ag_fail(ag, "%s: index requires grad", node->name);
+        if (!needs(ag, &self)) return 0;
+        if (idx.kind == IRARG_TUPLE || idx.kind == IRARG_LIST)
+            for (uint32_t i = 0; i < idx.n; i++)
+                if (idx.u.items[i].kind != IRARG_CONST)
+                    return ag_fail(ag, "%s: indexing with tensors inside a tuple", node->name);
+        selfm = &em_ir_node(ag->g, self.u.ref)->meta;
+        IRArg a[3] = {arg_node(g), shape_const(ag, selfm)};
+        IRRef z = emit_method(ag, "new_zeros", a, 2);
+        if (!z) return -1;
+        if (idx.kind == IRARG_NODE) { /* x[t]: scatter-add, duplicates accumulate */
+            IRArg il = {0};
+            il.kind = IRARG_LIST;
+            il.n = 1;
+            il.u.items = em_arena_alloc(ag->a, sizeof(IRArg));
+            if (!il.u.items) return -1;
+            il.u.items[0] = map_arg(ag, &idx);
+            IRArg ia[4] = {arg_node(z), il, arg_node(g), arg_const_steal(ag, Py_NewRef(Py_True))};
+            PyObject *t = torch_attr("ops.aten.index_put");
+            if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+            IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, ia, 4, NULL, NULL, 0);
+            return r ? accumulate(ag, self.u.ref, r) : -1;
+        }
+        IRArg va[2] = {arg_node(z), map_arg(ag, &idx)};
+        IRRef v = emit_op(ag, "getitem", va[0], va[1], 2);
+        IRArg ca[2] = {arg_node(v), arg_node(g)};
+        if (!v || !emit_method(ag, "copy_", ca, 2)) return -1;
+        ag->pinned[z] = 1;
+        return accumulate(ag, self.u.ref, z);
+    }
+    case SP_SELECT:
+    case SP_NARROW: {
+        IRArg self = bval(b, "self");
+        if (!needs(ag, &self)) return 0;
+        selfm = &em_ir_node(ag->g, self.u.ref)->meta;
+        IRArg dim = bval(b, "dim");
+        PyObject *t = torch_attr(b->rule->special == SP_SELECT ? "ops.aten.select_backward" : "ops.aten.slice_backward");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+        IRRef r;
+        if (b->rule->special == SP_SELECT) {
+            IRArg a[4] = {arg_node(g), shape_const(ag, selfm), dim, bval(b, "index")};
+            r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 4, NULL, NULL, 0);
+        } else {
+            IRArg start = bval(b, "start"), len = bval(b, "length");
+            if (start.kind != IRARG_CONST || len.kind != IRARG_CONST) return ag_fail(ag, "narrow with tensor bounds");
+            long long s = PyLong_AsLongLong(start.u.obj), l = PyLong_AsLongLong(len.u.obj);
+            long long d = PyLong_AsLongLong(dim.u.obj);
+            if (PyErr_Occurred()) return ag_fail_exc(ag);
+            if (d < 0) d += selfm->ndim;
+            if (s < 0) s += selfm->sizes[d];
+            IRArg a[6] = {arg_node(g), shape_const(ag, selfm), arg_const_steal(ag, PyLong_FromLongLong(d)),
+                          arg_const_steal(ag, PyLong_FromLongLong(s)), arg_const_steal(ag, PyLong_FromLongLong(s + l)),
+                          arg_const_steal(ag, PyLong_FromLong(1))};
+            r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 6, NULL, NULL, 0);
+        }
+        return r ? accumulate(ag, self.u.ref, r) : -1;
+    }
+    case SP_CAT:
+    case SP_STACK: {
+        IRArg ts = bval(b, "tensors"), dim = bval(b, "dim");
+        if (ts.kind != IRARG_TUPLE && ts.kind != IRARG_LIST) return ag_fail(ag, "%s of a non-list", node->name);
+        long long d = PyLong_AsLongLong(dim.u.obj);
+        if (PyErr_Occurred()) return ag_fail_exc(ag);
+        const IRMeta *om = &node->meta;
+        if (d < 0) d += om->ndim;
+        long long off = 0;
+        for (uint32_t i = 0; i < ts.n; i++) {
+            const IRArg *it = &ts.u.items[i];
+            if (it->kind != IRARG_NODE) return ag_fail(ag, "%s of a non-tensor", node->name);
+            const IRMeta *im = &em_ir_node(ag->g, it->u.ref)->meta;
+            long long sz = b->rule->special == SP_CAT ? (im->ndim == 1 && im->sizes[0] == 0 && om->ndim > 1 ? 0 : im->sizes[d]) : 1;
+            if (b->rule->special == SP_CAT && im->ndim != om->ndim) {
+                off += sz;
+                continue; /* legacy empty 1-D input: no gradient */
+            }
+            if (meta_needs_grad(im)) {
+                IRRef r;
+                if (b->rule->special == SP_CAT) {
+                    IRArg a[4] = {arg_node(g), arg_const_steal(ag, PyLong_FromLongLong(d)),
+                                  arg_const_steal(ag, PyLong_FromLongLong(off)), arg_const_steal(ag, PyLong_FromLongLong(sz))};
+                    r = emit_method(ag, "narrow", a, 4);
+                } else {
+                    IRArg a[3] = {arg_node(g), arg_const_steal(ag, PyLong_FromLongLong(d)),
+                                  arg_const_steal(ag, PyLong_FromLongLong(i))};
+                    r = emit_method(ag, "select", a, 3);
+                }
+                if (!r || accumulate(ag, it->u.ref, r) < 0) return -1;
+            }
+            off += sz;
+        }
+        return 0;
+    }
+    case SP_LAYER_NORM: {
+        IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias");
+        PyObject *t = torch_attr("ops.aten.native_layer_norm_backward");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+        IRArg a[8] = {arg_node(g), map_arg(ag, &self), const_fold(ag, bval(b, "normalized_shape")), arg_node(ag->aux[n][0]),
+                      arg_node(ag->aux[n][1]), map_arg(ag, &w), map_arg(ag, &bias),
+                      arg_const_steal(ag, bool_list(needs(ag, &self), needs(ag, &w), needs(ag, &bias)))};
+        IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 8, NULL, NULL, 0);
+        if (!r) return -1;
+        const IRArg *ins[3] = {&self, &w, &bias};
+        for (int i = 0; i < 3; i++)
+            if (needs(ag, ins[i])) {
+                IRRef gi = emit_getitem(ag, r, i);
+                if (!gi || accumulate(ag, ins[i]->u.ref, gi) < 0) return -1;
+            }
+        return 0;
+    }
+    case SP_BATCH_NORM: {
+        IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias"), train = bval(b, "training");
+        IRArg rm = bval(b, "running_mean"), rv = bval(b, "running_var");
+        if (needs(ag, &rm) || needs(ag, &rv)) return ag_fail(ag, "batch_norm running statistics require grad");
+        int training = train.kind == IRARG_CONST ? PyObject_IsTrue(train.u.obj) : -1;
+        if (training < 0) return ag_fail(ag, "batch_norm with a non-constant training flag");
+        PyObject *t = torch_attr("ops.aten.native_batch_norm_backward");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+        IRArg none = arg_const_steal(ag, Py_NewRef(Py_None));
+        IRArg a[10] = {arg_node(g), map_arg(ag, &self), map_arg(ag, &w), training ? none : map_arg(ag, &rm),
+                       training ? none : map_arg(ag, &rv), arg_node(ag->aux[n][0]), arg_node(ag->aux[n][1]),
+                       train, bval(b, "eps"),
+                       arg_const_steal(ag, bool_list(needs(ag, &self), needs(ag, &w), needs(ag, &bias)))};
+        IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 10, NULL, NULL, 0);
+        if (!r) return -1;
+        const IRArg *ins[3] = {&self, &w, &bias};
+        for (int i = 0; i < 3; i++)
+            if (needs(ag, ins[i])) {
+                IRRef gi = emit_getitem(ag, r, i);
+                if (!gi || accumulate(ag, ins[i]->u.ref, gi) < 0) return -1;
+            }
+        return 0;
+    }
+    case SP_CONV: {
+        IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias");
+        const IRMeta *wm = &em_ir_node(ag->g, w.u.ref)->meta;
+        int nsp = wm->ndim - 2;
+        IRArg st = const_fold(ag, bval(b, "stride")), pd = const_fold(ag, bval(b, "padding"));
+        IRArg dl = const_fold(ag, bval(b, "dilation")), gr = bval(b, "groups");
+        if (st.kind != IRARG_CONST || pd.kind != IRARG_CONST || dl.kind != IRARG_CONST || gr.kind != IRARG_CONST ||
+            PyUnicode_Check(pd.u.obj))
+            return ag_fail(ag, "%s with non-constant or string stride/padding", node->name);
+        PyObject *bias_sizes = bias.kind == IRARG_NODE
+                                   ? Py_BuildValue("[L]", (long long)em_ir_node(ag->g, bias.u.ref)->meta.sizes[0])
+                                   : Py_NewRef(Py_None);
+        PyObject *t = torch_attr("ops.aten.convolution_backward");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+        IRArg a[11] = {arg_node(g), map_arg(ag, &self), map_arg(ag, &w), arg_const_steal(ag, bias_sizes),
+                       arg_const_steal(ag, int_list(st.u.obj, nsp)), arg_const_steal(ag, int_list(pd.u.obj, nsp)),
+                       arg_const_steal(ag, int_list(dl.u.obj, nsp)), arg_const_steal(ag, Py_NewRef(Py_False)),
+                       arg_const_steal(ag, int_list(PyLong_FromLong(0), nsp)), gr,
+                       arg_const_steal(ag, bool_list(needs(ag, &self), needs(ag, &w), needs(ag, &bias)))};
+        for (int i = 0; i < 11; i++)
+            if (arg_bad(&a[i])) return ag_fail_exc(ag);
+        IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 11, NULL, NULL, 0);
+        if (!r) return -1;
+        const IRArg *ins[3] = {&self, &w, &bias};
+        for (int i = 0; i < 3; i++)
+            if (needs(ag, ins[i])) {
+                IRRef gi = emit_getitem(ag, r, i);
+                if (!gi || accumulate(ag, ins[i]->u.ref, gi) < 0) return -1;
+            }
+        return 0;
+    }
+    case SP_MAX_POOL2D: {
+        IRArg self = bval(b, "self"), st = bval(b, "stride");
+        PyObject *t = torch_attr("ops.aten.max_pool2d_with_indices_backward");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+        IRArg a[8] = {arg_node(g), map_arg(ag, &self), const_fold(ag, bval(b, "kernel_size")),
+                      arg_is_none(&st) ? arg_const_steal(ag, PyList_New(0)) : const_fold(ag, st),
+                      const_fold(ag, bval(b, "padding")), const_fold(ag, bval(b, "dilation")), bval(b, "ceil_mode"),
+                      arg_node(ag->aux[n][0])};
+        IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 8, NULL, NULL, 0);
+        return r ? accumulate(ag, self.u.ref, r) : -1;
+    }
+    case SP_DROPOUT: {
+        IRArg self = bval(b, "self");
+        if (!needs(ag, &self)) return 0;
+        if (!ag->aux[n][0]) return accumulate(ag, self.u.ref, g); /* eval mode or p == 0: identity */
+        if (ag->aux[n][1]) { /* CUDA: native_dropout's mask */
+            PyObject *t = torch_attr("ops.aten.native_dropout_backward");
+            if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+            double pv = PyFloat_AsDouble(bval(b, "p").u.obj);
+            IRArg a[3] = {arg_node(g), arg_node(ag->aux[n][0]), arg_const_steal(ag, PyFloat_FromDouble(1.0 / (1.0 - pv)))};
+            IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 3, NULL, NULL, 0);
+            return r ? accumulate(ag, self.u.ref, r) : -1;
+        }
+        IRRef r = emit_op(ag, "mul", arg_node(g), arg_node(ag->aux[n][0]), 2);
+        return r ? accumulate(ag, self.u.ref, r) : -1;
+    }
+    }
+    return ag_fail(ag, "unknown special rule");
+}
+
+/* ---------------------------------------------------------------- the forward half of the joint graph */
+
+static IRArg copy_arg(AG *ag, const IRArg *a) { return map_arg(ag, a); }
+
+static IRRef copy_node(AG *ag, const IRNode *n) {
+    IRArg *args = em_arena_alloc(ag->a, (n->nargs + n->nkwargs + 1) * sizeof(IRArg));
+    if (!args) return 0;
+    for (uint32_t i = 0; i < n->nargs; i++) args[i] = copy_arg(ag, &n->args[i]);
+    for (uint32_t i = 0; i < n->nkwargs; i++) args[n->nargs + i] = copy_arg(ag, &n->kwargs[i]);
+    IRRef r = em_ir_call(ag->j, n->kind, n->target, args, n->nargs, n->kwnames, args + n->nargs, n->nkwargs, &n->meta);
+    if (r && ag_grow_roles(ag) == 0) {
+        ag->role[r] = ROLE_FWD;
+        return r;
+    }
+    return 0;
+}
+
+/* Ops the forward may rewrite so the backward gets what torch's backward kernels need. Returns the
+ * joint ref of the value, 0 (and no reason) when the node is copied as is, or 0 with a reason. */
+static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
+    const IRNode *node = em_ir_node(ag->g, n);
+    ag->cur_role = ROLE_FWD;
+    switch (b->rule->special) {
+    case SP_LAYER_NORM: {
+        PyObject *t = torch_attr("ops.aten.native_layer_norm");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
+        IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias");
+        IRArg a[5] = {map_arg(ag, &self), const_fold(ag, bval(b, "normalized_shape")), map_arg(ag, &w), map_arg(ag, &bias), bval(b, "eps")};
+        ag->cur_pinned = true;
+        IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 5, NULL, NULL, 0);
+        ag->cur_pinned = false;
+        IRRef out = r ? emit_getitem(ag, r, 0) : 0;
+        ag->aux[n][0] = out ? emit_getitem(ag, r, 1) : 0;
+        ag->aux[n][1] = ag->aux[n][0] ? emit_getitem(ag, r, 2) : 0;
+        return ag->aux[n][1] ? out : 0;
+    }
+    case SP_BATCH_NORM: {
+        PyObject *t = torch_attr("ops.aten.native_batch_norm");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
+        IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias");
+        IRArg rm = bval(b, "running_mean"), rv = bval(b, "running_var");
+        IRArg a[8] = {map_arg(ag, &self), map_arg(ag, &w), map_arg(ag, &bias), map_arg(ag, &rm), map_arg(ag, &rv),
+                      bval(b, "training"), bval(b, "momentum"), bval(b, "eps")};
+        ag->cur_pinned = true; /* updates the running statistics: runs exactly once, in the forward */
+        IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 8, NULL, NULL, 0);
+        ag->cur_pinned = false;
+        IRRef out = r ? emit_getitem(ag, r, 0) : 0;
+        ag->aux[n][0] = out ? emit_getitem(ag, r, 1) : 0;
+        ag->aux[n][1] = ag->aux[n][0] ? emit_getitem(ag, r, 2) : 0;
+        return ag->aux[n][1] ? out : 0;
+    }
+    case SP_MAX_POOL2D: { /* at::max_pool2d's values are max_pool2d_with_indices' first result */
+        PyObject *t = torch_attr("ops.aten.max_pool2d_with_indices");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
+        IRArg self = bval(b, "self"), st = bval(b, "stride");
+        IRArg a[6] = {map_arg(ag, &self), const_fold(ag, bval(b, "kernel_size")),
+                      arg_is_none(&st) ? arg_const_steal(ag, PyList_New(0)) : const_fold(ag, st),
+                      const_fold(ag, bval(b, "padding")), const_fold(ag, bval(b, "dilation")), bval(b, "ceil_mode")};
+        IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 6, NULL, NULL, 0);
+        IRRef out = r ? emit_getitem(ag, r, 0) : 0;
+        ag->aux[n][0] = out ? emit_getitem(ag, r, 1) : 0;
+        return ag->aux[n][0] ? out : 0;
+    }
+    case SP_DROPOUT: {
+        IRArg p = bval(b, "p"), train = bval(b, "training"), self = bval(b, "self");
+        if (p.kind != IRARG_CONST || train.kind != IRARG_CONST) return ag_fail(ag, "dropout with tensor arguments"), 0;
+        double pv = PyFloat_AsDouble(p.u.obj);
+        int tr = PyObject_IsTrue(train.u.obj);
+        if (PyErr_Occurred() || tr < 0) return ag_fail_exc(ag), 0;
+        if (!tr || pv == 0.0) return 0; /* identity: copied as is, aux stays 0 */
+        if (pv >= 1.0) return ag_fail(ag, "dropout with p=1"), 0;
+        const IRMeta *m = &node->meta;
+        PyObject *dtype_str = PyObject_GetAttrString(m->device, "type");
+        int cuda = dtype_str ? PyUnicode_CompareWithASCIIString(dtype_str, "cuda") == 0 : 0;
+        Py_XDECREF(dtype_str);
+        PyErr_Clear();
+        ag->cur_pinned = true; /* random: never recomputed */
+        IRRef out = 0;
+        if (cuda) { /* at::dropout on CUDA is native_dropout (aten/src/ATen/native/Dropout.cpp) */
+            PyObject *t = torch_attr("ops.aten.native_dropout");
+            if (t && em_arena_hold_steal(ag->a, t)) {
+                IRArg a[3] = {map_arg(ag, &self), p, train};
+                IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 3, NULL, NULL, 0);
+                out = r ? emit_getitem(ag, r, 0) : 0;
+                ag->aux[n][0] = out ? emit_getitem(ag, r, 1) : 0;
+                ag->aux[n][1] = ag->aux[n][0]; /* marks native_dropout's mask */
+            } else {
+                ag_fail_exc(ag);
+            }
+        } else { /* on CPU: noise = empty_like(x).bernoulli_(1 - p).div_(1 - p); x * noise (_dropout_impl) */
+            IRArg a1[1] = {map_arg(ag, &self)};
+            IRRef e = emit_fn(ag, "empty_like", a1, 1);
+            IRArg a2[2] = {arg_node(e), arg_const_steal(ag, PyFloat_FromDouble(1.0 - pv))};
+            IRRef bern = e ? emit_method(ag, "bernoulli_", a2, 2) : 0;
+            a2[0] = arg_node(bern);
+            IRRef noise = bern ? emit_method(ag, "div_", a2, 2) : 0;
+            out = noise ? emit_op(ag, "mul", map_arg(ag, &self), arg_node(noise), 2) : 0;
+            ag->aux[n][0] = noise;
+            if (out) ag->pinned[out] = 0;
+        }
+        ag->cur_pinned = false;
+        return out;
+    }
+    }
+    return 0;
+}
+
+/* Is this node an in-place update (x.add_(), operator.iadd, out=, inplace=True)? */
+static bool is_mutation(const IRNode *n) {
+    PyObject *name = node_opname(n);
+    const char *s = name ? PyUnicode_AsUTF8(name) : NULL;
+    bool mut = false;
+    if (s) {
+        const char *last = strrchr(s, '.');
+        last = last ? last + 1 : s;
+        size_t len = strlen(last);
+        mut = (len > 1 && last[len - 1] == '_' && !(len > 2 && last[len - 2] == '_')) ||
+              (!strncmp(s, "operator.i", 10) && names_has("iadd isub imul itruediv ifloordiv imod ipow imatmul iand ior "
+                                                          "ixor ilshift irshift", s + 9)) ||
+              !strcmp(s, "operator.setitem") || !strcmp(s, "Tensor.__setitem__");
+    }
+    Py_XDECREF(name);
+    PyErr_Clear();
+    for (uint32_t k = 0; k < n->nkwargs && !mut; k++) {
+        const char *kn = PyUnicode_AsUTF8(n->kwnames[k]);
+        if (!kn) {
+            PyErr_Clear();
+            continue;
+        }
+        if (!strcmp(kn, "out")) mut = true;
+        if (!strcmp(kn, "inplace") && n->kwargs[k].kind == IRARG_CONST && n->kwargs[k].u.obj == Py_True) mut = true;
+    }
+    return mut;
+}
+
+static bool is_batch_norm(const IRNode *n) {
+    PyObject *name = node_opname(n);
+    const char *s = name ? PyUnicode_AsUTF8(name) : NULL;
+    bool r = s && !strcmp(s, "torch.nn.functional.batch_norm");
+    Py_XDECREF(name);
+    PyErr_Clear();
+    return r;
+}
+
+/* In-place updates are allowed only on inputs that do not require grad and that no other op reads
+ * except other in-place updates of them and batch_norm (its running statistics): then no value the
+ * backward uses can change under it. Returns -1 with a reason otherwise. */
+static int check_mutations(AG *ag) {
+    const IRGraph *g = ag->g;
+    for (IRRef r = 1; r < g->nnodes; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        PyObject *qn = node_opname(n);
+        const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
+        bool gm = s && strstr(s, "set_grad_enabled");
+        Py_XDECREF(qn);
+        PyErr_Clear();
+        if (gm) return ag_fail(ag, "the graph changes grad mode (%s)", n->name);
+        if (!is_mutation(n)) continue;
+        const IRArg *a0 = n->nargs ? &n->args[0] : NULL;
+        if (!a0 || a0->kind != IRARG_NODE || em_ir_node(g, a0->u.ref)->kind != IR_PLACEHOLDER ||
+            meta_needs_grad(&em_ir_node(g, a0->u.ref)->meta) || meta_needs_grad(&n->meta))
+            return ag_fail(ag, "in-place update %s of a value autograd may need", n->name);
+        IRRef p = a0->u.ref;
+        for (IRRef u = 1; u < g->nnodes; u++) {
+            const IRNode *un = em_ir_node(g, u);
+            if (un->kind != IR_CALL_FUNCTION && un->kind != IR_CALL_METHOD) continue;
+            bool uses = false;
+            for (uint32_t i = 0; i < un->nargs + un->nkwargs && !uses; i++) {
+                const IRArg *a = i < un->nargs ? &un->args[i] : &un->kwargs[i - un->nargs];
+                uses = a->kind == IRARG_NODE && a->u.ref == p;
+            }
+            if (!uses) continue;
+            bool ok = (is_mutation(un) && un->nargs && un->args[0].kind == IRARG_NODE && un->args[0].u.ref == p) ||
+                      (is_batch_norm(un) && un->args[0].kind == IRARG_NODE && un->args[0].u.ref != p);
+            if (!ok) return ag_fail(ag, "%s reads %s, which %s updates in place", un->name, em_ir_node(g, p)->name, n->name);
+        }
+    }
+    return 0;
+}
+
+static bool dtype_differentiable(PyObject *dtype) {
+    PyObject *f = dtype ? PyObject_GetAttrString(dtype, "is_floating_point") : NULL;
+    PyObject *c = dtype ? PyObject_GetAttrString(dtype, "is_complex") : NULL;
+    bool r = (f && PyObject_IsTrue(f) == 1) || (c && PyObject_IsTrue(c) == 1);
+    Py_XDECREF(f);
+    Py_XDECREF(c);
+    PyErr_Clear();
+    return r;
+}
+
+static bool arg_requires_grad(const IRGraph *g, const IRArg *a) {
+    if (a->kind == IRARG_NODE) return meta_needs_grad(&em_ir_node(g, a->u.ref)->meta);
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++)
+            if (arg_requires_grad(g, &a->u.items[i])) return true;
+    return false;
+}
+
+static void meta_clear_grad(IRMeta *m, bool all) {
+    if (m->kind == IRMETA_TENSOR && (all || !dtype_differentiable(m->dtype))) m->requires_grad = false;
+    if (m->kind == IRMETA_TUPLE)
+        for (uint32_t i = 0; i < m->nitems; i++) meta_clear_grad(&m->items[i], all);
+}
+
+/* requires_grad as eager autograd sets it: the tracer's metas are an upper bound; a value of an
+ * integer or bool dtype, a detach, and an op none of whose arguments requires grad never do. The
+ * graph's metas are corrected in place (the graph is the compilation's own). */
+static void fix_requires_grad(IRGraph *g) {
+    for (IRRef r = 1; r < g->nnodes; r++) {
+        IRNode *n = &g->nodes[r];
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        if (!meta_needs_grad(&n->meta)) continue;
+        bool any = false;
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs && !any; i++)
+            any = arg_requires_grad(g, i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs]);
+        PyObject *qn = node_opname(n);
+        const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
+        bool detach = s && names_has("Tensor.detach torch.detach Tensor.argmax torch.argmax Tensor.argmin torch.argmin", s);
+        Py_XDECREF(qn);
+        PyErr_Clear();
+        meta_clear_grad(&n->meta, !any || detach);
+    }
+}
+
+bool em_autograd_needed(const IRGraph *g) {
+    fix_requires_grad((IRGraph *)g);
+    for (IRRef r = 1; r < g->nnodes; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && meta_needs_grad(&n->meta)) return true;
+    }
+    return false;
+}
+
+/* ---------------------------------------------------------------- min-cut (Dinic's max-flow) */
+
+typedef struct {
+    uint32_t to, next;
+    int64_t cap;
+} Edge;
+
+typedef struct {
+    Edge *e;
+    uint32_t ne, cap;
+    uint32_t *head, *it;
+    int32_t *level;
+    uint32_t nv;
+} Flow;
+
+static int flow_add(Flow *f, uint32_t u, uint32_t v, int64_t c) {
+    if (f->ne + 2 > f->cap) {
+        uint32_t nc = f->cap * 2 + 64;
+        Edge *ne = realloc(f->e, nc * sizeof(Edge));
+        if (!ne) return -1;
+        f->e = ne;
+        f->cap = nc;
+    }
+    f->e[f->ne] = (Edge){v, f->head[u], c};
+    f->head[u] = f->ne++;
+    f->e[f->ne] = (Edge){u, f->head[v], 0};
+    f->head[v] = f->ne++;
+    return 0;
+}
+
+static bool flow_bfs(Flow *f, uint32_t s, uint32_t t, uint32_t *queue) {
+    for (uint32_t i = 0; i < f->nv; i++) f->level[i] = -1;
+    uint32_t qh = 0, qt = 0;
+    f->level[s] = 0;
+    queue[qt++] = s;
+    while (qh < qt) {
+        uint32_t u = queue[qh++];
+        for (uint32_t k = f->head[u]; k != UINT32_MAX; k = f->e[k].next)
+            if (f->e[k].cap > 0 && f->level[f->e[k].to] < 0) {
+                f->level[f->e[k].to] = f->level[u] + 1;
+                queue[qt++] = f->e[k].to;
+            }
+    }
+    return f->level[t] >= 0;
+}
+
+static int64_t flow_dfs(Flow *f, uint32_t u, uint32_t t, int64_t pushed) {
+    if (u == t) return pushed;
+    for (; f->it[u] != UINT32_MAX; f->it[u] = f->e[f->it[u]].next) {
+        Edge *ed = &f->e[f->it[u]];
+        if (ed->cap <= 0 || f->level[ed->to] != f->level[u] + 1) continue;
+        int64_t d = flow_dfs(f, ed->to, t, pushed < ed->cap ? pushed : ed->cap);
+        if (d > 0) {
+            f->e[f->it[u]].cap -= d;
+            f->e[f->it[u] ^ 1].cap += d;
+            return d;
+        }
+    }
+    return 0;
+}
+
+/* Partition: saved[r] = 1 for the joint values the forward saves, recompute[r] = 1 for forward
+ * values the backward recomputes. allow_all: every deterministic forward op may be recomputed
+ * (activation-memory budget below 1). Returns -1 when no finite cut exists. */
+static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *saved, uint8_t *recompute) {
+    IRGraph *j = ag->j;
+    uint32_t N = j->nnodes;
+    Flow f = {0};
+    f.nv = 2 * N + 2;
+    uint32_t S = 2 * N, T = 2 * N + 1;
+    f.head = malloc(f.nv * sizeof(uint32_t));
+    f.it = malloc(f.nv * sizeof(uint32_t));
+    f.level = malloc(f.nv * sizeof(int32_t));
+    uint32_t *queue = malloc(f.nv * sizeof(uint32_t));
+    int rc = -1;
+    if (!f.head || !f.it || !f.level || !queue) goto done;
+    memset(f.head, 0xff, f.nv * sizeof(uint32_t));
+    for (IRRef r = 1; r < N; r++) {
+        const IRNode *n = em_ir_node(j, r);
+        uint8_t role = ag->role[r];
+        if (role == ROLE_PRIMAL) {
+            if (flow_add(&f, S, 2 * r, INF_CAP) < 0 || flow_add(&f, 2 * r, 2 * r + 1, bytes[r] >= 0 ? 1 : INF_CAP) < 0)
+                goto done;
+        } else if (role == ROLE_FWD) {
+            PyObject *qn = node_opname(n);
+            bool cheap = false;
+            const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
+            for (size_t i = 0; s && i < NRULES && !cheap; i++)
+                cheap = names_has(RULES[i].names, s) && (RULES[i].flags & R_RECOMPUTE);
+            Py_XDECREF(qn);
+            PyErr_Clear();
+            if (allow_all) cheap = true;
+            if (ag->pinned[r] || is_mutation(n)) cheap = false;
+            if (!cheap && flow_add(&f, S, 2 * r, INF_CAP) < 0) goto done;
+            if (flow_add(&f, 2 * r, 2 * r + 1, bytes[r] >= 0 ? bytes[r] + 1 : INF_CAP) < 0) goto done;
+        }
+        if (role != ROLE_FWD && role != ROLE_BWD) continue;
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) {
+            const IRArg *a = i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs];
+            /* flatten nested args */
+            const IRArg *stack[64];
+            int sp = 0;
+            stack[sp++] = a;
+            while (sp) {
+                const IRArg *x = stack[--sp];
+                if (x->kind == IRARG_TUPLE || x->kind == IRARG_LIST) {
+                    for (uint32_t k = 0; k < x->n && sp < 64; k++) stack[sp++] = &x->u.items[k];
+                    continue;
+                }
+                if (x->kind != IRARG_NODE) continue;
+                uint8_t ar = ag->role[x->u.ref];
+                if (ar != ROLE_PRIMAL && ar != ROLE_FWD) continue;
+                if (flow_add(&f, 2 * x->u.ref + 1, role == ROLE_BWD ? T : 2 * r, INF_CAP) < 0) goto done;
+            }
+        }
+    }
+    int64_t total = 0;
+    while (flow_bfs(&f, S, T, queue)) {
+        memcpy(f.it, f.head, f.nv * sizeof(uint32_t));
+        int64_t d;
+        while ((d = flow_dfs(&f, S, T, INF_CAP)) > 0) {
+            total += d;
+            if (total >= INF_CAP) goto done;
+        }
+    }
+    flow_bfs(&f, S, T, queue); /* level >= 0: reachable from the source in the residual graph */
+    for (IRRef r = 1; r < N; r++) {
+        uint8_t role = ag->role[r];
+        saved[r] = recompute[r] = 0;
+        if (role != ROLE_PRIMAL && role != ROLE_FWD) continue;
+        bool in_s = f.level[2 * r] >= 0, out_s = f.level[2 * r + 1] >= 0;
+        if (in_s && !out_s) saved[r] = 1;
+        else if (!in_s && role == ROLE_FWD) recompute[r] = 1; /* filtered to what the backward needs later */
+    }
+    rc = 0;
+done:
+    free(f.e);
+    free(f.head);
+    free(f.it);
+    free(f.level);
+    free(queue);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the two halves */
+
+static IRArg remap(EmArena *a, const IRArg *x, const IRRef *map) {
+    IRArg o = *x;
+    if (x->kind == IRARG_NODE) o.u.ref = map[x->u.ref];
+    if (x->kind == IRARG_TUPLE || x->kind == IRARG_LIST) {
+        o.u.items = em_arena_alloc(a, (x->n ? x->n : 1) * sizeof(IRArg));
+        if (!o.u.items) return o;
+        for (uint32_t i = 0; i < x->n; i++) o.u.items[i] = remap(a, &x->u.items[i], map);
+    }
+    return o;
+}
+
+static IRRef copy_into(EmArena *a, IRGraph *dst, const IRNode *n, const IRRef *map) {
+    IRArg *args = em_arena_alloc(a, (n->nargs + n->nkwargs + 1) * sizeof(IRArg));
+    if (!args) return 0;
+    for (uint32_t i = 0; i < n->nargs; i++) args[i] = remap(a, &n->args[i], map);
+    for (uint32_t i = 0; i < n->nkwargs; i++) args[n->nargs + i] = remap(a, &n->kwargs[i], map);
+    return em_ir_call(dst, n->kind, n->target, args, n->nargs, n->kwnames, args + n->nargs, n->nkwargs, &n->meta);
+}
+
+static void mark_args(const IRArg *a, uint8_t *need) {
+    if (a->kind == IRARG_NODE) need[a->u.ref] = 1;
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++) mark_args(&a->u.items[i], need);
+}
+
+static PyObject *float_config(const char *name, double dflt) {
+    PyObject *m = PyImport_ImportModule("ember._config");
+    PyObject *cfg = m ? PyObject_GetAttrString(m, "config") : NULL;
+    PyObject *v = cfg ? PyObject_GetAttrString(cfg, name) : NULL;
+    Py_XDECREF(m);
+    Py_XDECREF(cfg);
+    if (!v) {
+        PyErr_Clear();
+        return PyFloat_FromDouble(dflt);
+    }
+    return v;
+}
+
+static PyObject *fallback_result(const IRGraph *g, AG *ag, int *is_eager_graph, PyObject **info) {
+    *is_eager_graph = 1;
+    *info = Py_BuildValue("{s:O}", "fallback", ag->reason ? ag->reason : Py_None);
+    if (!*info) return NULL;
+    return em_eager_graph_new(g);
+}
+
+/* ---------------------------------------------------------------- splitting around ops without a rule */
+
+/* Nodes that keep torch's eager autograd: they need a gradient and have no rule (or one whose
+ * formulas do not cover an argument that requires grad), and the getitems of their tuple results.
+ * Appends a reason per node to reasons. Returns how many. */
+static int find_eager_nodes(AG *ag, uint8_t *U, PyObject *reasons) {
+    const IRGraph *g = ag->g;
+    int count = 0;
+    for (IRRef r = 1; r < g->nnodes; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        if (!meta_needs_grad(&n->meta)) continue;
+        bool eager = false;
+        for (uint32_t i = 0; i < n->nargs && !eager; i++)
+            eager = n->args[i].kind == IRARG_NODE && U[n->args[i].u.ref] &&
+                    em_ir_node(g, n->args[i].u.ref)->meta.kind == IRMETA_TUPLE;
+        Bind b;
+        const Rule *rule = eager ? NULL : find_rule(ag, n, &b);
+        if (!eager && !rule) {
+            eager = true;
+            PyObject *qn = node_opname(n);
+            PyObject *msg = PyUnicode_FromFormat("no derivative rule for %S (node %s): it keeps eager autograd",
+                                                 qn ? qn : Py_None, n->name);
+            if (!msg || PyList_Append(reasons, msg) < 0) PyErr_Clear();
+            Py_XDECREF(msg);
+            Py_XDECREF(qn);
+        } else if (rule && !rule->special) {
+            for (uint32_t i = 0; i < n->nargs + n->nkwargs && !eager; i++) {
+                const IRArg *a = i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs];
+                bool nested = false;
+                if (!collect_grad_refs(ag, a, true, &nested)) continue;
+                int pi = -1;
+                for (int k = 0; !nested && k < b.np && pi < 0; k++)
+                    if (b.val[k].kind == IRARG_NODE && b.val[k].u.ref == a->u.ref) pi = k;
+                if (nested || pi < 0 || !formula_of(rule->grads, b.p[pi].name)) {
+                    eager = true;
+                    PyObject *msg = PyUnicode_FromFormat("no derivative for an argument of %s: it keeps eager autograd", n->name);
+                    if (!msg || PyList_Append(reasons, msg) < 0) PyErr_Clear();
+                    Py_XDECREF(msg);
+                }
+            }
+        }
+        PyErr_Clear();
+        if (eager) {
+            U[r] = 1;
+            count++;
+        }
+    }
+    return count;
+}
+
+static void visit_refs(const IRArg *a, void (*fn)(IRRef, void *), void *ctx) {
+    if (a->kind == IRARG_NODE) fn(a->u.ref, ctx);
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++) visit_refs(&a->u.items[i], fn, ctx);
+}
+
+typedef struct {
+    const uint32_t *step;
+    uint32_t s;
+    uint8_t *mark;
+    IRRef *list;
+    uint32_t n;
+} RefCollect;
+
+static void collect_input(IRRef r, void *ctx) {
+    RefCollect *c = ctx;
+    if (c->step[r] == c->s || c->mark[r]) return;
+    c->mark[r] = 1;
+    c->list[c->n++] = r;
+}
+
+typedef struct {
+    const uint32_t *step;
+    uint32_t s;
+    uint8_t *used_outside;
+} UseCollect;
+
+static void collect_use(IRRef r, void *ctx) {
+    UseCollect *c = ctx;
+    if (c->step[r] != c->s) c->used_outside[r] = 1;
+}
+
+/* The graph as a chain of steps: runs of nodes with rules (each its own compiled region) and runs
+ * of nodes that keep eager autograd (replayed by an EagerGraph with grad enabled), glued by
+ * ember._autograd.make_split. Gradients flow between steps through eager autograd. */
+static PyObject *compile_split(AG *ag, const uint8_t *U, PyObject *reasons, PyObject **info) {
+    const IRGraph *g = ag->g;
+    uint32_t G = g->nnodes;
+    uint32_t *step = calloc(G, sizeof(uint32_t));
+    uint8_t *used_outside = calloc(G, 1), *mark = calloc(G, 1);
+    IRRef *map = calloc(G, sizeof(IRRef)), *list = calloc(G, sizeof(IRRef)), *outl = calloc(G, sizeof(IRRef));
+    PyObject *steps = PyList_New(0), *infos = PyList_New(0), *result = NULL, *make = NULL, *outs = NULL, *ins = NULL;
+    if (!step || !used_outside || !mark || !map || !list || !outl || !steps || !infos) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint32_t nsteps = 0;
+    int prev = -1;
+    for (IRRef r = 1; r < G; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind == IR_PLACEHOLDER) {
+            step[r] = UINT32_MAX;
+            continue;
+        }
+        if (n->kind == IR_OUTPUT) continue;
+        if ((int)U[r] != prev) {
+            nsteps++;
+            prev = U[r];
+        }
+        step[r] = nsteps - 1;
+    }
+    for (IRRef r = 1; r < G; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind == IR_PLACEHOLDER) continue;
+        UseCollect uc = {step, n->kind == IR_OUTPUT ? UINT32_MAX - 1 : step[r], used_outside};
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+            visit_refs(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], collect_use, &uc);
+    }
+    for (uint32_t s = 0; s < nsteps; s++) {
+        IRGraph *sub = em_ir_new(g->arena);
+        if (!sub) goto done;
+        memset(mark, 0, G);
+        RefCollect rc = {step, s, mark, list, 0};
+        bool eager = false;
+        for (IRRef r = 1; r < G; r++) {
+            if (step[r] != s || em_ir_node(g, r)->kind == IR_PLACEHOLDER || em_ir_node(g, r)->kind == IR_OUTPUT) continue;
+            const IRNode *n = em_ir_node(g, r);
+            eager = U[r];
+            for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+                visit_refs(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], collect_input, &rc);
+        }
+        ins = PyTuple_New(rc.n);
+        if (!ins) goto done;
+        for (uint32_t i = 0; i < rc.n; i++) {
+            const IRNode *p = em_ir_node(g, rc.list[i]);
+            map[rc.list[i]] = em_ir_placeholder(sub, p->name, &p->meta);
+            PyObject *v = PyLong_FromUnsignedLong(rc.list[i]);
+            if (!map[rc.list[i]] || !v) {
+                Py_XDECREF(v);
+                goto done;
+            }
+            PyTuple_SET_ITEM(ins, i, v);
+        }
+        uint32_t nout = 0;
+        for (IRRef r = 1; r < G; r++) {
+            if (step[r] != s || (em_ir_node(g, r)->kind != IR_CALL_FUNCTION && em_ir_node(g, r)->kind != IR_CALL_METHOD)) continue;
+            map[r] = copy_into(g->arena, sub, em_ir_node(g, r), map);
+            if (!map[r]) goto done;
+            if (used_outside[r]) outl[nout++] = r;
+        }
+        outs = PyTuple_New(nout);
+        IRRef *subouts = calloc(nout + 1, sizeof(IRRef));
+        if (!outs || !subouts) {
+            free(subouts);
+            goto done;
+        }
+        for (uint32_t i = 0; i < nout; i++) {
+            subouts[i] = map[outl[i]];
+            PyTuple_SET_ITEM(outs, i, PyLong_FromUnsignedLong(outl[i]));
+        }
+        int rcode = em_ir_set_output(sub, subouts, nout);
+        free(subouts);
+        if (rcode < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        PyObject *fn = NULL, *sinfo = NULL;
+        int is_eg = 0;
+        if (eager) fn = em_eager_graph_new(sub);
+        else fn = em_autograd_compile(sub, ag->ember_halves, &is_eg, &sinfo);
+        if (!fn) {
+            Py_XDECREF(sinfo);
+            goto done;
+        }
+        PyObject *item = Py_BuildValue("(NOO)", fn, ins, outs);
+        PyObject *ii = Py_BuildValue("{s:s,s:N}", "kind", eager ? "eager autograd" : "compiled",
+                                     "autograd", sinfo ? sinfo : Py_NewRef(Py_None));
+        Py_CLEAR(ins);
+        Py_CLEAR(outs);
+        if (!item || !ii || PyList_Append(steps, item) < 0 || PyList_Append(infos, ii) < 0) {
+            Py_XDECREF(item);
+            Py_XDECREF(ii);
+            goto done;
+        }
+        Py_DECREF(item);
+        Py_DECREF(ii);
+    }
+    {
+        const IRArg *go = &em_ir_node(g, g->output)->args[0];
+        outs = PyTuple_New(go->n);
+        ins = PyTuple_New(g->ninputs);
+        if (!outs || !ins) goto done;
+        for (uint32_t k = 0; k < go->n; k++) PyTuple_SET_ITEM(outs, k, PyLong_FromUnsignedLong(go->u.items[k].u.ref));
+        for (uint32_t i = 0; i < g->ninputs; i++) PyTuple_SET_ITEM(ins, i, PyLong_FromUnsignedLong(g->inputs[i]));
+    }
+    if (!em_lazy_attr(&make, "ember._autograd", "make_split")) goto done;
+    result = PyObject_CallFunction(make, "OOOI", steps, ins, outs, (unsigned)G);
+    if (result) {
+        *info = Py_BuildValue("{s:O,s:O}", "split", reasons, "steps", infos);
+        if (!*info) Py_CLEAR(result);
+    }
+done:
+    free(step);
+    free(used_outside);
+    free(mark);
+    free(map);
+    free(list);
+    free(outl);
+    Py_XDECREF(steps);
+    Py_XDECREF(infos);
+    Py_XDECREF(outs);
+    Py_XDECREF(ins);
+    return result;
+}
+
+PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info) {
+    AG ag = {0};
+    PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
+    PyObject *saved_list = NULL, *recomp_list = NULL, *tang = NULL, *gin = NULL, *nondiff = NULL;
+    PyObject *jt = NULL, *ft = NULL, *bt = NULL, *budget_obj = NULL, *ember_info = NULL;
+    int64_t *bytes = NULL;
+    uint8_t *saved = NULL, *recompute = NULL, *need = NULL;
+    IRRef *fmapF = NULL, *fmapB = NULL;
+    *info = NULL;
+    *is_eager_graph = 0;
+    if (!em_autograd_needed(g)) {
+        *is_eager_graph = 1;
+        return em_eager_graph_new(g);
+    }
+    ag.a = g->arena;
+    ag.g = g;
+    ag.ember_halves = ember_halves;
+    ag.j = em_ir_new(g->arena);
+    uint32_t G = g->nnodes;
+    ag.fmap = calloc(G, sizeof(IRRef));
+    ag.aux = calloc(G, sizeof *ag.aux);
+    ag.grad = calloc(G, sizeof(IRRef));
+    if (!ag.j || !ag.fmap || !ag.aux || !ag.grad || ag_grow_roles(&ag) < 0) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    {
+        PyObject *blk = NULL;
+        PyObject *fn = PyImport_ImportModule("ember._autograd");
+        if (fn) Py_SETREF(fn, PyObject_GetAttrString(fn, "compile_blocker"));
+        if (fn) blk = PyObject_CallNoArgs(fn);
+        Py_XDECREF(fn);
+        if (!blk) goto error;
+        if (blk != Py_None) {
+            ag.reason = blk;
+            goto fallback;
+        }
+        Py_DECREF(blk);
+    }
+    if (check_mutations(&ag) < 0) goto fallback;
+    {
+        uint8_t *U = calloc(G, 1);
+        PyObject *reasons = PyList_New(0);
+        if (!U || !reasons) {
+            free(U);
+            Py_XDECREF(reasons);
+            PyErr_NoMemory();
+            goto error;
+        }
+        int ne = find_eager_nodes(&ag, U, reasons);
+        if (ne > 0) {
+            result = compile_split(&ag, U, reasons, info);
+            free(U);
+            Py_DECREF(reasons);
+            if (!result) goto error;
+            goto done;
+        }
+        free(U);
+        Py_DECREF(reasons);
+    }
+    const IRNode *outn = em_ir_node(g, g->output);
+    const IRArg *outs = &outn->args[0];
+    for (uint32_t k = 0; k < outs->n; k++) {
+        const IRArg *o = &outs->u.items[k];
+        if (o->kind != IRARG_NODE) {
+            ag_fail(&ag, "a graph output that is not a node");
+            goto fallback;
+        }
+        const IRNode *on = em_ir_node(g, o->u.ref);
+        if (on->kind == IR_PLACEHOLDER && meta_needs_grad(&on->meta)) {
+            ag_fail(&ag, "an input that requires grad is returned as a graph output");
+            goto fallback;
+        }
+        if (on->meta.kind == IRMETA_TUPLE && meta_needs_grad(&on->meta)) {
+            ag_fail(&ag, "a tuple output that requires grad");
+            goto fallback;
+        }
+    }
+    /* 1. joint graph: primals, tangents, forward */
+    for (uint32_t i = 0; i < g->ninputs; i++) {
+        const IRNode *p = em_ir_node(g, g->inputs[i]);
+        IRRef r = em_ir_placeholder(ag.j, p->name, &p->meta);
+        if (!r || ag_grow_roles(&ag) < 0) goto error;
+        ag.role[r] = ROLE_PRIMAL;
+        ag.fmap[g->inputs[i]] = r;
+    }
+    IRRef *tangent = calloc(outs->n + 1, sizeof(IRRef));
+    if (!tangent) goto error;
+    for (uint32_t k = 0; k < outs->n; k++) {
+        const IRNode *on = em_ir_node(g, outs->u.items[k].u.ref);
+        if (on->meta.kind != IRMETA_TENSOR || !on->meta.requires_grad) continue;
+        char name[32];
+        snprintf(name, sizeof name, "tangents_%u", k + 1);
+        IRMeta m = on->meta;
+        m.requires_grad = false;
+        tangent[k] = em_ir_placeholder(ag.j, name, &m);
+        if (!tangent[k] || ag_grow_roles(&ag) < 0) {
+            free(tangent);
+            goto error;
+        }
+        ag.role[tangent[k]] = ROLE_TANGENT;
+    }
+    for (IRRef r = 1; r < G; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        ag.cur = r;
+        Bind b;
+        const Rule *rule = meta_needs_grad(&n->meta) ? find_rule(&ag, n, &b) : NULL;
+        IRRef v = 0;
+        if (rule && rule->special) v = forward_rewrite(&ag, r, &b);
+        if (ag.reason) break;
+        if (!v) v = copy_node(&ag, n);
+        if (!v) {
+            if (!ag.reason) ag_fail_exc(&ag);
+            break;
+        }
+        ag.fmap[r] = v;
+    }
+    if (ag.reason) {
+        free(tangent);
+        goto fallback;
+    }
+    uint32_t nfwd_end = ag.j->nnodes;
+    /* 2. backward: output gradients, then each node in reverse */
+    ag.cur_role = ROLE_BWD;
+    for (uint32_t k = 0; k < outs->n; k++) {
+        if (!tangent[k]) continue;
+        IRRef o = outs->u.items[k].u.ref;
+        if (ag.grad[o]) {
+            IRRef s = emit_op(&ag, "add", arg_node(ag.grad[o]), arg_node(tangent[k]), 2);
+            if (!s) break;
+            ag.grad[o] = s;
+        } else {
+            ag.grad[o] = tangent[k];
+        }
+    }
+    for (IRRef r = G - 1; r >= 1 && !ag.reason; r--) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        if (!ag.grad[r] || !meta_needs_grad(&n->meta)) continue;
+        ag.cur = r;
+        Bind b;
+        const Rule *rule = find_rule(&ag, n, &b);
+        if (!rule) {
+            PyObject *qn = node_opname(n);
+            ag_fail(&ag, "no derivative rule for %S (node %s)", qn ? qn : Py_None, n->name);
+            Py_XDECREF(qn);
+            PyErr_Clear();
+            break;
+        }
+        if (rule->special ? backward_special(&ag, r, &b) : backward_generic(&ag, r, &b)) {
+            if (!ag.reason) ag_fail(&ag, "derivative of %s failed", n->name);
+            break;
+        }
+    }
+    if (ag.reason) {
+        free(tangent);
+        goto fallback;
+    }
+    /* gradient outputs: inputs that require grad and were reached */
+    IRRef grads[256];
+    uint32_t ngrads = 0;
+    gin = PyList_New(0);
+    tang = PyList_New(0);
+    nondiff = PyList_New(0);
+    if (!gin || !tang || !nondiff) {
+        free(tangent);
+        goto error;
+    }
+    for (uint32_t i = 0; i < g->ninputs; i++) {
+        IRRef p = g->inputs[i];
+        if (!ag.grad[p] || !meta_needs_grad(&em_ir_node(g, p)->meta)) continue;
+        if (ngrads >= 256) {
+            free(tangent);
+            ag_fail(&ag, "more than 256 inputs that require grad");
+            goto fallback;
+        }
+        grads[ngrads++] = ag.grad[p];
+        PyObject *v = PyLong_FromUnsignedLong(i);
+        if (!v || PyList_Append(gin, v) < 0) {
+            Py_XDECREF(v);
+            free(tangent);
+            goto error;
+        }
+        Py_DECREF(v);
+    }
+    for (uint32_t k = 0; k < outs->n; k++) {
+        PyObject *v = PyLong_FromUnsignedLong(k);
+        if (!v || PyList_Append(tangent[k] ? tang : nondiff, v) < 0) {
+            Py_XDECREF(v);
+            free(tangent);
+            goto error;
+        }
+        Py_DECREF(v);
+    }
+    if (em_ir_set_output(ag.j, grads, ngrads) < 0) {
+        free(tangent);
+        PyErr_NoMemory();
+        goto error;
+    }
+    /* 3. partition */
+    uint32_t N = ag.j->nnodes;
+    bytes = calloc(N, sizeof(int64_t));
+    saved = calloc(N, 1);
+    recompute = calloc(N, 1);
+    need = calloc(N, 1);
+    fmapF = calloc(N, sizeof(IRRef));
+    fmapB = calloc(N, sizeof(IRRef));
+    if (!bytes || !saved || !recompute || !need || !fmapF || !fmapB) {
+        free(tangent);
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (IRRef r = 1; r < N; r++) bytes[r] = meta_bytes(&em_ir_node(ag.j, r)->meta);
+    if (partition(&ag, bytes, false, saved, recompute) < 0) {
+        free(tangent);
+        ag_fail(&ag, "the min-cut found no finite cut");
+        goto fallback;
+    }
+    budget_obj = float_config("activation_memory_budget", 1.0);
+    double budget = budget_obj ? PyFloat_AsDouble(budget_obj) : 1.0;
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        budget = 1.0;
+    }
+    if (budget < 1.0) {
+        /* baseline: every forward value the backward reads is saved (nothing recomputed) */
+        int64_t base = 0, cut = 0;
+        for (IRRef r = nfwd_end; r < N; r++) {
+            const IRNode *n = em_ir_node(ag.j, r);
+            for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+                mark_args(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], need);
+        }
+        for (IRRef r = 1; r < nfwd_end; r++) {
+            if (need[r] && ag.role[r] == ROLE_FWD && bytes[r] > 0) base += bytes[r];
+            if (saved[r] && ag.role[r] == ROLE_FWD && bytes[r] > 0) cut += bytes[r];
+        }
+        memset(need, 0, N);
+        if ((double)cut > budget * (double)base) {
+            uint8_t *s2 = calloc(N, 1), *r2 = calloc(N, 1);
+            if (s2 && r2 && partition(&ag, bytes, true, s2, r2) == 0) {
+                memcpy(saved, s2, N);
+                memcpy(recompute, r2, N);
+            }
+            free(s2);
+            free(r2);
+        }
+    }
+    /* what the backward needs: backward nodes' forward arguments, then recomputed values' arguments */
+    for (IRRef r = N - 1; r >= 1; r--) {
+        const IRNode *n = em_ir_node(ag.j, r);
+        uint8_t role = ag.role[r];
+        bool in_bwd = role == ROLE_BWD || (role == ROLE_FWD && recompute[r] && need[r]);
+        if (n->kind == IR_OUTPUT || !in_bwd) continue;
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+            mark_args(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], need);
+    }
+    /* forward graph */
+    IRGraph *F = em_ir_new(g->arena), *B = em_ir_new(g->arena);
+    if (!F || !B) {
+        free(tangent);
+        goto error;
+    }
+    for (IRRef r = 1; r < nfwd_end; r++) {
+        const IRNode *n = em_ir_node(ag.j, r);
+        if (ag.role[r] == ROLE_PRIMAL) fmapF[r] = em_ir_placeholder(F, n->name, &n->meta);
+        else if (ag.role[r] == ROLE_FWD) fmapF[r] = copy_into(g->arena, F, n, fmapF);
+        else continue;
+        if (!fmapF[r]) {
+            free(tangent);
+            goto error;
+        }
+    }
+    IRRef *fout = malloc((outs->n + N + 1) * sizeof(IRRef));
+    if (!fout) {
+        free(tangent);
+        goto error;
+    }
+    uint32_t nfout = 0, nsaved = 0;
+    for (uint32_t k = 0; k < outs->n; k++) fout[nfout++] = fmapF[ag.fmap[outs->u.items[k].u.ref]];
+    saved_list = PyList_New(0);
+    recomp_list = PyList_New(0);
+    int64_t saved_bytes = 0, recomp_bytes = 0;
+    /* backward graph placeholders: saved values, then tangents */
+    for (IRRef r = 1; r < nfwd_end && saved_list; r++) {
+        if (!(saved[r] && need[r])) continue;
+        const IRNode *n = em_ir_node(ag.j, r);
+        fout[nfout++] = fmapF[r];
+        nsaved++;
+        fmapB[r] = em_ir_placeholder(B, n->name, &n->meta);
+        PyObject *it = Py_BuildValue("(sL)", n->name, (long long)bytes[r]);
+        if (!it || PyList_Append(saved_list, it) < 0 || !fmapB[r]) {
+            Py_XDECREF(it);
+            free(fout);
+            free(tangent);
+            goto error;
+        }
+        Py_DECREF(it);
+        saved_bytes += bytes[r] > 0 ? bytes[r] : 0;
+    }
+    for (uint32_t k = 0; k < outs->n; k++) {
+        if (!tangent[k]) continue;
+        fmapB[tangent[k]] = em_ir_placeholder(B, em_ir_node(ag.j, tangent[k])->name, &em_ir_node(ag.j, tangent[k])->meta);
+        if (!fmapB[tangent[k]]) {
+            free(fout);
+            free(tangent);
+            goto error;
+        }
+    }
+    free(tangent);
+    if (em_ir_set_output(F, fout, nfout) < 0) {
+        free(fout);
+        PyErr_NoMemory();
+        goto error;
+    }
+    free(fout);
+    for (IRRef r = 1; r < N; r++) {
+        const IRNode *n = em_ir_node(ag.j, r);
+        if (n->kind == IR_OUTPUT || ag.role[r] == ROLE_PRIMAL || ag.role[r] == ROLE_TANGENT) continue;
+        if (ag.role[r] == ROLE_FWD && !(recompute[r] && need[r] && !saved[r])) continue;
+        fmapB[r] = copy_into(g->arena, B, n, fmapB);
+        if (!fmapB[r]) goto error;
+        if (ag.role[r] == ROLE_FWD) {
+            PyObject *it = Py_BuildValue("(sL)", n->name, (long long)bytes[r]);
+            if (!it || PyList_Append(recomp_list, it) < 0) {
+                Py_XDECREF(it);
+                goto error;
+            }
+            Py_DECREF(it);
+            recomp_bytes += bytes[r] > 0 ? bytes[r] : 0;
+        }
+    }
+    for (uint32_t i = 0; i < ngrads; i++) grads[i] = fmapB[grads[i]];
+    if (em_ir_set_output(B, grads, ngrads) < 0) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    char vbuf[256];
+    if (em_ir_verify(F, vbuf, sizeof vbuf) < 0 || em_ir_verify(B, vbuf, sizeof vbuf) < 0) {
+        ag_fail(&ag, "internal: partitioned graph does not verify: %s", vbuf);
+        em_cc_note_internal_fallback();
+        goto fallback;
+    }
+    /* both halves run under no_grad inside the Function: their values do not require grad */
+    for (IRRef r = 1; r < F->nnodes; r++) F->nodes[r].meta.requires_grad = false;
+    for (IRRef r = 1; r < B->nnodes; r++) B->nodes[r].meta.requires_grad = false;
+    if (ember_halves) {
+        PyObject *fi = NULL, *bi = NULL;
+        fwd_eg = em_ember_compile(F, &fi);
+        bwd_eg = fwd_eg ? em_ember_compile(B, &bi) : NULL;
+        if (fi && saved_list) {
+            PyObject *t = Py_BuildValue("{s:N,s:N}", "forward", fi, "backward", bi ? bi : Py_NewRef(Py_None));
+            ember_info = t;
+        } else {
+            Py_XDECREF(fi);
+            Py_XDECREF(bi);
+        }
+    } else {
+        fwd_eg = em_eager_graph_new(F);
+        bwd_eg = em_eager_graph_new(B);
+    }
+    if (!fwd_eg || !bwd_eg) goto error;
+    jt = em_ir_format_tabular(ag.j);
+    ft = em_ir_format_tabular(F);
+    bt = em_ir_format_tabular(B);
+    if (!jt || !ft || !bt) goto error;
+    d = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:L,s:L,s:O,s:O,s:O,s:I}", "joint", jt, "forward", ft, "backward", bt,
+                      "saved", saved_list, "recomputed", recomp_list, "saved_bytes", (long long)saved_bytes,
+                      "recomputed_bytes", (long long)recomp_bytes, "grad_inputs", gin, "tangent_outputs", tang,
+                      "non_differentiable_outputs", nondiff, "nsaved", nsaved);
+    if (!d || (ember_info && PyDict_SetItemString(d, "ember", ember_info) < 0)) goto error;
+    if (!em_lazy_attr(&make, "ember._autograd", "make_region")) goto error;
+    /* ember's kernels index tangents with the output's layout; autograd may hand any strides */
+    PyObject *layouts = Py_NewRef(Py_None);
+    if (ember_halves) {
+        Py_SETREF(layouts, PyList_New(0));
+        for (uint32_t k = 0; layouts && k < outs->n; k++) {
+            const IRMeta *m = &em_ir_node(g, outs->u.items[k].u.ref)->meta;
+            PyObject *st = PyTuple_New(m->kind == IRMETA_TENSOR ? m->ndim : 0);
+            for (int32_t i = 0; st && m->kind == IRMETA_TENSOR && i < m->ndim; i++)
+                PyTuple_SET_ITEM(st, i, PyLong_FromLongLong(m->strides[i]));
+            if (!st || PyList_Append(layouts, st) < 0) Py_CLEAR(layouts);
+            Py_XDECREF(st);
+        }
+        if (!layouts) goto error;
+    }
+    result = PyObject_CallFunction(make, "OOIIOOON", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin, tang,
+                                   nondiff, layouts);
+    if (!result) goto error;
+    *info = d;
+    d = NULL;
+    goto done;
+fallback:
+    result = fallback_result(g, &ag, is_eager_graph, info);
+    goto done;
+error:
+    result = NULL;
+done:
+    free(ag.fmap);
+    free(ag.aux);
+    free(ag.grad);
+    free(ag.role);
+    free(ag.pinned);
+    Py_XDECREF(ag.reason);
+    free(bytes);
+    free(saved);
+    free(recompute);
+    free(need);
+    free(fmapF);
+    free(fmapB);
+    Py_XDECREF(fwd_eg);
+    Py_XDECREF(bwd_eg);
+    Py_XDECREF(d);
+    Py_XDECREF(saved_list);
+    Py_XDECREF(recomp_list);
+    Py_XDECREF(tang);
+    Py_XDECREF(gin);
+    Py_XDECREF(nondiff);
+    Py_XDECREF(jt);
+    Py_XDECREF(ft);
+    Py_XDECREF(bt);
+    Py_XDECREF(budget_obj);
+    Py_XDECREF(ember_info);
+    return result;
+}

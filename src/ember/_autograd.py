@@ -1,0 +1,144 @@
+"""The compiled training region (DESIGN.md: the torch.autograd.Function wrapper, thin).
+
+csrc/autograd/ derives the joint graph of a captured graph, partitions it with a min-cut and
+hands over two ember._C.EagerGraph halves:
+  fwd(*inputs) -> (*outputs, *saved)          run under no_grad inside Function.forward
+  bwd(*saved, *tangents) -> grads              the gradients of the inputs in grad_inputs
+The region composes with eager autograd like any torch.autograd.Function: a loss outside,
+.backward(), torch.autograd.grad, hooks and optimizers. Double backward through it (create_graph=True)
+raises a RuntimeError naming the limitation instead of giving a wrong second derivative.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class CompiledRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, plan, *inputs):
+        res = plan.fwd(*inputs)
+        n = plan.noutputs
+        outs, saved = res[:n], res[n:]
+        ctx.save_for_backward(*saved)
+        ctx.plan = plan
+        nd = [outs[k] for k in plan.nondiff if isinstance(outs[k], torch.Tensor)]
+        if nd:
+            ctx.mark_non_differentiable(*nd)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if torch.is_grad_enabled():
+            # create_graph=True: the backward graph's ops are not themselves differentiated, so a
+            # gradient of this gradient would be silently missing. Refuse before anything is wrong.
+            raise RuntimeError(
+                "ember: double backward (create_graph=True, or a gradient of a gradient) through a region "
+                "compiled with ahead-of-time autograd is not supported; compile this function with "
+                "backend='eager' to keep eager autograd")
+        with torch.no_grad():
+            return CompiledRegion._backward(ctx, grads)
+
+    @staticmethod
+    def _backward(ctx, grads):
+        plan = ctx.plan
+        saved = ctx.saved_tensors
+        tangents = [grads[k] for k in plan.tangents]
+        if plan.strides is not None:  # backend ember: kernels index tangents with the output's strides
+            tangents = [t if t.stride() == plan.strides[k] else
+                        torch.empty_strided(t.shape, plan.strides[k], dtype=t.dtype, device=t.device).copy_(t)
+                        for k, t in zip(plan.tangents, tangents)]
+        res = plan.bwd(*saved, *tangents)
+        out = [None] * (plan.ninputs + 1)
+        for i, g in zip(plan.grad_inputs, res):
+            out[i + 1] = g
+        return tuple(out)
+
+
+class _Plan:
+    __slots__ = ("fwd", "bwd", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides")
+
+
+def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None):
+    """Called by csrc/autograd on a cache miss; returns compiled(*graph_inputs) -> tuple.
+    Under no_grad / inference_mode the guard on grad mode makes a separate, forward-only entry,
+    so this callable always runs with grad enabled."""
+    plan = _Plan()
+    plan.fwd, plan.bwd = fwd, bwd
+    plan.noutputs, plan.ninputs = noutputs, ninputs
+    plan.grad_inputs, plan.tangents, plan.nondiff = tuple(grad_inputs), tuple(tangents), tuple(nondiff)
+    plan.strides = None if strides is None else tuple(tuple(s) for s in strides)
+    apply = CompiledRegion.apply
+
+    def region(*inputs):
+        return apply(plan, *inputs)
+    region.plan = plan
+    return region
+
+
+def make_split(steps, inputs, outputs, nvalues):
+    """A graph split around ops without a derivative rule: steps is a list of
+    (callable, input value ids, output value ids); compiled regions and eager-autograd runs
+    alternate, and gradients flow between them through eager autograd."""
+    steps = tuple((fn, tuple(i), tuple(o)) for fn, i, o in steps)
+    inputs, outputs = tuple(inputs), tuple(outputs)
+
+    def region(*args):
+        vals = [None] * nvalues
+        for i, a in zip(inputs, args):
+            vals[i] = a
+        for fn, ins, outs in steps:
+            res = fn(*[vals[i] for i in ins])
+            for i, v in zip(outs, res):
+                vals[i] = v
+        return tuple(vals[i] for i in outputs)
+    region.steps = steps
+    return region
+
+
+def compile_blocker():
+    """Why a region must keep eager autograd whatever its ops (None: nothing blocks). Under
+    torch.autocast the forward's casts are decided per op at dispatch, and a backward derived from
+    the traced dtypes could differ from eager's, so autocast regions keep eager autograd."""
+    for dev in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(dev):
+                return f"torch.autocast is enabled ({dev}): the region keeps eager autograd"
+        except (TypeError, RuntimeError):  # older signature
+            if torch.is_autocast_enabled():
+                return "torch.autocast is enabled: the region keeps eager autograd"
+    return None
+
+
+def _fmt_bytes(n):
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
+
+
+def explain_lines(info: dict, indent: str = "  ") -> list[str]:
+    """ember.explain's lines for a training region: the joint, forward and backward graphs and
+    what the partitioner saved or recomputed, or why (part of) the region keeps eager autograd."""
+    if "fallback" in info:
+        return [f"{indent}autograd: eager autograd for the whole region: {info['fallback']}"]
+    if "split" in info:
+        lines = [f"{indent}autograd: split into {len(info['steps'])} step(s)"]
+        lines += [f"{indent}  {r}" for r in info["split"]]
+        for i, st in enumerate(info["steps"]):
+            lines.append(f"{indent}  step {i}: {st['kind']}")
+            if st.get("autograd"):
+                lines += explain_lines(st["autograd"], indent + "    ")
+        return lines
+    saved = ", ".join(f"{n} ({_fmt_bytes(b)})" for n, b in info["saved"])
+    rec = ", ".join(f"{n} ({_fmt_bytes(b)})" for n, b in info["recomputed"])
+    lines = [f"{indent}autograd: {len(info['saved'])} saved tensor(s), {_fmt_bytes(info['saved_bytes'])}: {saved}",
+             f"{indent}  recomputed in the backward: {len(info['recomputed'])} value(s), "
+             f"{_fmt_bytes(info['recomputed_bytes'])}: {rec or '-'}",
+             f"{indent}  gradients for inputs {info['grad_inputs']}"]
+    for key in ("joint", "forward", "backward"):
+        lines.append(f"{indent}  {key} graph:")
+        lines += [f"{indent}    {ln}" for ln in info[key].splitlines()]
+    if info.get("ember"):  # backend ember: each half's kernels
+        from ._backends import explain_ember
+        for half in ("forward", "backward"):
+            if info["ember"].get(half):
+                lines.append(f"{indent}  {half} half:")
+                lines += [f"{indent}  {ln}" for ln in explain_ember(info["ember"][half])]
+    return lines

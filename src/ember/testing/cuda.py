@@ -1,0 +1,216 @@
+"""CUDA code generation without a GPU (tests, CI): the CUDA C that backend "ember" generates for a
+function, from its fx graph with meta tensors standing for CUDA tensors (csrc/runtime/
+em_runtime_testing.c, `_ir_build(..., cuda_source=True)`), and NVRTC compiles of it.
+
+    info = cuda_codegen(lambda x, y: torch.cos(x) * y, torch.randn(8), torch.randn(8))
+    info["source"], info["launch"], info["kernel_list"]        # or info["fallback"]
+    ptx = ember._C._nvrtc_compile(info["source"], arch="compute_90")
+"""
+import operator
+
+import torch
+import torch.fx
+
+__all__ = ["cuda_codegen", "meta_like", "nvrtc_available", "emulate", "emulator_available"]
+
+
+def meta_like(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with t's sizes, strides, storage offset and dtype (no memory)."""
+    if not t.dim():
+        return torch.empty((), dtype=t.dtype, device="meta")
+    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0) if t.numel() else 0
+    base = torch.empty(t.storage_offset() + span, dtype=t.dtype, device="meta")
+    return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def cuda_codegen(fn, *examples) -> dict:
+    """fn traced by torch.fx.symbolic_trace, its nodes' values computed on meta tensors, lowered,
+    scheduled and generated as CUDA C. examples: tensors (real or meta) or Python values."""
+    from .. import _C
+    gm = torch.fx.symbolic_trace(fn)
+    metas = [meta_like(e) if isinstance(e, torch.Tensor) and e.device.type != "meta" else e for e in examples]
+    vals = {}
+
+    class Rec(torch.fx.Interpreter):
+        def run_node(self, n):
+            r = super().run_node(n)
+            vals[n] = r
+            return r
+
+    Rec(gm).run(*metas)
+    nodes, index = [], {}
+
+    def ref(a):
+        return ("__node__", index[a])
+
+    def plain(a):
+        if isinstance(a, dict):
+            return {k: plain(v) for k, v in a.items()}
+        if isinstance(a, list):
+            return [plain(v) for v in a]
+        if isinstance(a, tuple) and not (len(a) == 2 and a[0] == "__node__"):
+            return tuple(plain(v) for v in a)
+        return a
+
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            nodes.append(("placeholder", n.name, vals[n]))
+        elif n.op in ("call_function", "call_method"):
+            args = torch.fx.node.map_arg(tuple(n.args), ref)
+            kwargs = torch.fx.node.map_arg(dict(n.kwargs), ref)
+            nodes.append((n.op, n.target, plain(args), plain(kwargs), vals[n]))
+        elif n.op == "output":
+            outs = n.args[0] if isinstance(n.args[0], (tuple, list)) else (n.args[0],)
+            nodes.append(("output", [index[o] for o in outs]))
+            continue
+        else:
+            raise ValueError(f"cuda_codegen: {n.op} nodes are not supported here")
+        index[n] = len(nodes) - 1
+    return _C._ir_build(nodes, cuda_source=True)
+
+
+def nvrtc_available() -> str:
+    """'' when NVRTC loads, else why not."""
+    from .. import _C
+    info = _C._cuda_info()
+    return "" if info["nvrtc"] else info["nvrtc_error"]
+
+
+_ = operator  # fx graphs of symbolic_trace call operator.* targets
+
+
+# ------------------------------------------------------------------------------------------------
+# A CPU emulator of the generated kernels (tests without a GPU). The CUDA C is compiled by g++ with
+# a shim: every CUDA thread of a block is a POSIX thread, __syncthreads a block barrier,
+# __shfl_xor_sync an exchange through memory between two warp barriers, __shared__ a static (one
+# block runs at a time). Slow, but it runs the generated code itself: indexing, vector and scalar
+# paths, warp/block reductions, rows held in registers, grid-stride loops (the grid is capped small).
+# ------------------------------------------------------------------------------------------------
+
+_SHIM = r"""
+#include <math.h>
+#include <string.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <utility>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static
+struct em_dim3 { unsigned x, y, z; };
+static thread_local em_dim3 threadIdx, blockIdx;
+static em_dim3 blockDim, gridDim;
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+static inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
+static inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i, 8); return d; }
+static pthread_barrier_t em_block_bar, em_warp_bar[32];
+static unsigned long long em_xchg[1024];
+static inline void __syncthreads() { pthread_barrier_wait(&em_block_bar); }
+template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int m) {
+    unsigned t = threadIdx.x, w = t >> 5;
+    unsigned long long u = 0; memcpy(&u, &v, sizeof v);
+    em_xchg[t] = u;
+    pthread_barrier_wait(&em_warp_bar[w]);
+    unsigned long long o = em_xchg[(t & ~31u) | ((t & 31u) ^ (unsigned)m)];
+    pthread_barrier_wait(&em_warp_bar[w]);
+    T r; memcpy(&r, &o, sizeof r); return r;
+}
+"""
+
+_LAUNCH = r"""
+template <typename... P, size_t... I> static void em_call_impl(void (*f)(P...), void **a, std::index_sequence<I...>) { f((P)a[I]...); }
+template <typename... P> static void em_call(void (*f)(P...), void **a) { em_call_impl(f, a, std::index_sequence_for<P...>{}); }
+struct em_targ { unsigned bx, tx; void **a; void (*run)(void **); };
+static void *em_thread(void *p) {
+    em_targ *t = (em_targ *)p;
+    blockIdx = {t->bx, 0, 0}; threadIdx = {t->tx, 0, 0};
+    t->run(t->a);
+    return 0;
+}
+static int em_launch(void (*run)(void **), unsigned grid, unsigned block, void **a) {
+    gridDim = {grid, 1, 1}; blockDim = {block, 1, 1};
+    pthread_t *th = (pthread_t *)calloc(block, sizeof(pthread_t));
+    em_targ *ta = (em_targ *)calloc(block, sizeof(em_targ));
+    pthread_attr_t attr; pthread_attr_init(&attr); pthread_attr_setstacksize(&attr, 1 << 20);
+    int rc = 0;
+    for (unsigned b = 0; b < grid && !rc; b++) {
+        pthread_barrier_init(&em_block_bar, 0, block);
+        for (unsigned w = 0; w < (block + 31) / 32; w++) pthread_barrier_init(&em_warp_bar[w], 0, 32);
+        for (unsigned t = 0; t < block; t++) {
+            ta[t] = {b, t, a, run};
+            if (pthread_create(&th[t], &attr, em_thread, &ta[t])) { rc = -1; block = t; break; }
+        }
+        for (unsigned t = 0; t < block; t++) pthread_join(th[t], 0);
+        pthread_barrier_destroy(&em_block_bar);
+        for (unsigned w = 0; w < (block + 31) / 32; w++) pthread_barrier_destroy(&em_warp_bar[w]);
+    }
+    free(th); free(ta);
+    return rc;
+}
+"""
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+           "bool": torch.bool}
+
+
+def emulator_available() -> str:
+    """'' when g++ (with _Float16 and pthreads) is found, else why not."""
+    import shutil
+    return "" if shutil.which("g++") else "g++ not found"
+
+
+def emulate(fn, *inputs, grid_cap: int = 3):
+    """Runs the CUDA kernels generated for fn on the CPU tensors inputs with the emulator; returns
+    (outputs, info). Only graphs made of kernels alone (no extern call), whose outputs are kernel
+    results. grid_cap caps each launch's grid so that grid-stride loops are exercised."""
+    import ctypes
+    import hashlib
+    import os
+    import subprocess
+    import tempfile
+    info = cuda_codegen(fn, *inputs)
+    if "fallback" in info:
+        raise RuntimeError(info["fallback"])
+    if not info["kernels_only"] or any(o is None for o in info["outputs"]):
+        raise ValueError("emulate: the graph has extern calls or outputs that are not kernel results")
+    n = len(info["kernel_list"])
+    wrappers = "".join(
+        f"static void em_run{i}(void **a) {{ em_call(ember_k{i}, a); }}\n"
+        f'extern "C" int em_launch{i}(unsigned g, unsigned b, void **a) {{ return em_launch(em_run{i}, g, b, a); }}\n'
+        for i in range(n))
+    text = _SHIM + info["source"] + _LAUNCH + wrappers
+    d = os.path.join(tempfile.gettempdir(), f"ember-cuda-emu-{os.getuid()}")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    h = hashlib.sha256(text.encode()).hexdigest()[:24]
+    so = os.path.join(d, h + ".so")
+    if not os.path.exists(so):
+        src = os.path.join(d, h + ".cpp")
+        with open(src, "w") as f:
+            f.write(text)
+        tmp = so + f".{os.getpid()}.tmp"
+        r = subprocess.run(["g++", "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-pthread", "-o", tmp, src],
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError("emulate: g++ failed:\n" + r.stderr[:4000])
+        os.replace(tmp, so)
+    lib = ctypes.CDLL(so)
+    bufs = {}
+    for i, b in enumerate(info["buffers"]):
+        if b["kind"] == "input":
+            bufs[i] = inputs[b["index"]]
+    for i, (kd, ln) in enumerate(zip(info["kernel_list"], info["launch"])):
+        ptrs = []
+        for b in kd["args"]:
+            if b not in bufs:
+                m = info["buffers"][b]
+                bufs[b] = torch.empty_strided(m["sizes"], m["strides"], dtype=_DTYPES[m["dtype"]], device="cpu")
+            ptrs.append(bufs[b].data_ptr())
+        if ln["blocks"] <= 0:
+            continue
+        arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        grid = max(1, min(ln["blocks"], grid_cap))
+        if getattr(lib, f"em_launch{i}")(ctypes.c_uint(grid), ctypes.c_uint(ln["block"]), arr):
+            raise RuntimeError("emulate: could not start the threads")
+    return [bufs[o] for o in info["outputs"]], info

@@ -1,0 +1,365 @@
+"""backend="ember" on CUDA: the CUDA C code generator (csrc/codegen/em_codegen_cuda.c) and its runtime
+(csrc/runtime/em_runtime_cuda.c).
+
+Without a GPU (CI): the CUDA C generated for a set of graphs (meta tensors stand for CUDA tensors,
+ember.testing.cuda) must compile under NVRTC to PTX for sm_90 (skipped, with the reason, when
+nvidia-cuda-nvrtc is not installed), and the schedule rules (vector width, alignment check, 64-bit
+indexing, one row per warp or per block) are checked on the launch table and the source.
+With a GPU (tools/gpu_check.sh on the GPU machine): values against eager over dtypes, shapes and
+layouts, torch's current stream, several kernels, and the launch on misaligned inputs.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+from ember import _C
+from ember.testing.cuda import cuda_codegen, nvrtc_available
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+_NVRTC_WHY = nvrtc_available()
+needs_nvrtc = pytest.mark.skipif(bool(_NVRTC_WHY), reason=f"NVRTC not available: {_NVRTC_WHY}")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (run by tools/gpu_check.sh)")
+
+
+def cpu(*shape, dtype=torch.float32):
+    t = torch.randn(*shape, device="cpu")
+    return t.to(dtype) if dtype.is_floating_point else (t * 10).to(dtype)
+
+
+def _gen(fn, *ex):
+    info = cuda_codegen(fn, *ex)
+    assert "fallback" not in info, info.get("fallback")
+    return info
+
+
+# graphs: (name, fn, example inputs); each must lower to kernels (no fallback) and compile
+_H, _B = torch.float16, torch.bfloat16
+GRAPHS = [
+    ("chain_f32", lambda x, y: torch.cos(torch.cos(x)) * y + 1, [cpu(4096), cpu(4096)]),
+    ("chain_f16", lambda x, y: torch.sigmoid(x) * y - torch.tanh(y), [cpu(1000, dtype=_H), cpu(1000, dtype=_H)]),
+    ("chain_bf16", lambda x, y: torch.exp(x) / (y.abs() + 1), [cpu(64, 48, dtype=_B), cpu(64, 48, dtype=_B)]),
+    ("chain_f64", lambda x: torch.erf(x) + torch.log1p(x.abs()), [cpu(333, dtype=torch.float64)]),
+    ("mixed_f16_f32", lambda x, y: x * y, [cpu(256, dtype=_H), cpu(256)]),
+    ("int_ops", lambda x, y: (x + y) * 3 - (x > y).to(torch.int32), [cpu(100, dtype=torch.int32), cpu(100, dtype=torch.int32)]),
+    ("int64_bool", lambda x: torch.where(x > 0, x, -x) + (x == 3), [cpu(77, dtype=torch.int64)]),
+    ("cmp_where", lambda x, y: torch.where(x > y, x, y * 2).relu(), [cpu(31, 17), cpu(31, 17)]),
+    ("minmax_nan", lambda x, y: torch.maximum(x, y) - torch.minimum(x, y), [cpu(512), cpu(512)]),
+    ("broadcast_row", lambda x, b: x + b, [cpu(64, 128), cpu(128)]),
+    ("broadcast_col", lambda x, b: x * b, [cpu(64, 128), cpu(64, 1)]),
+    ("transposed", lambda x: x.t() * 2 + 1, [cpu(64, 128)]),
+    ("sliced", lambda x: x[:, 1:] * 2, [cpu(32, 65)]),
+    ("softmax", lambda x: torch.softmax(x, -1), [cpu(64, 1024)]),
+    ("softmax_bf16", lambda x: torch.softmax(x, -1), [cpu(64, 1024, dtype=_B)]),
+    ("softmax_long", lambda x: torch.softmax(x, -1), [cpu(4, 32768)]),
+    ("log_softmax_dim0", lambda x: torch.log_softmax(x, 0), [cpu(300, 20)]),
+    ("layer_norm", lambda x, w, b: F.layer_norm(x, (4096,), w, b), [cpu(8, 4096), cpu(4096), cpu(4096)]),
+    ("layer_norm_f16", lambda x, w, b: F.layer_norm(x, (768,), w, b), [cpu(8, 768, dtype=_H), cpu(768, dtype=_H), cpu(768, dtype=_H)]),
+    ("rms_norm", lambda x, w: F.rms_norm(x, (512,), w), [cpu(16, 512), cpu(512)]),
+    ("sum_rows", lambda x: x.sum(1), [cpu(64, 100)]),
+    ("sum_all", lambda x: x.sum(), [cpu(1000, 100)]),
+    ("sum_f16", lambda x: x.sum(-1), [cpu(64, 3000, dtype=_H)]),
+    ("amax_dim0", lambda x: x.amax(0), [cpu(64, 100)]),
+    ("amin_int", lambda x: x.amin(-1), [cpu(64, 100, dtype=torch.int16)]),
+    ("mean_var", lambda x: x.var(-1) + x.mean(-1), [cpu(32, 700)]),
+    ("argmax", lambda x: x.argmax(-1), [cpu(64, 2000)]),
+    ("any_all", lambda x: torch.logical_or((x > 0).all(-1), (x > 2).any(-1)), [cpu(64, 100)]),
+    ("reduce_two_dims", lambda x: x.sum((0, 2)), [cpu(6, 7, 9)]),
+    ("prod", lambda x: x.prod(-1), [cpu(16, 10)]),
+]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name,fn,ex", GRAPHS, ids=[g[0] for g in GRAPHS])
+def test_generated_cuda_compiles_for_sm90(name, fn, ex):
+    info = _gen(fn, *ex)
+    assert info["kernel_list"], "no kernel generated"
+    src = info["source"]
+    assert "#include" not in src
+    for k, kd in enumerate(info["kernel_list"]):
+        assert f"ember_k{k}(" in src
+        for node in kd["nodes"]:
+            assert node in src  # comments name the graph nodes
+    ptx = _C._nvrtc_compile(src, arch="compute_90").decode()
+    assert ".target sm_90" in ptx
+    for k in range(len(info["kernel_list"])):
+        assert f".entry ember_k{k}(" in ptx
+
+
+@needs_nvrtc
+def test_cubin_for_sm90():
+    info = _gen(lambda x: torch.softmax(x, -1) * 2, cpu(16, 256))
+    cubin = _C._nvrtc_compile(info["source"], arch="sm_90")
+    assert cubin[:4] == b"\x7fELF"
+
+
+@needs_nvrtc
+def test_nvrtc_error_is_reported():
+    with pytest.raises(RuntimeError, match="NVRTC"):
+        _C._nvrtc_compile('extern "C" __global__ void f() { this is not C++; }', arch="compute_90")
+
+
+def test_vector_width_rules():
+    launch = lambda fn, *ex: _gen(fn, *ex)["launch"][0]  # noqa: E731
+    assert launch(lambda x: x * 2, cpu(4096))["vec"] == 4                      # float32: 4 x 32 bit
+    assert launch(lambda x: x * 2, cpu(4096, dtype=_H))["vec"] == 8            # float16: 8 x 16 bit
+    assert launch(lambda x: x * 2, cpu(4096, dtype=torch.float64))["vec"] == 2
+    assert launch(lambda x, y: x * y, cpu(256, dtype=_H), cpu(256))["vec"] == 4  # the widest type moves 16 bytes
+    assert launch(lambda x, b: x + b, cpu(64, 128), cpu(128))["vec"] == 4      # broadcast row: still contiguous
+    assert launch(lambda x: x.t() * 2, cpu(64, 128))["vec"] == 1               # transposed: scalar
+    assert launch(lambda x: x * 2, cpu(64, 130)[:, :129])["vec"] == 1          # row of 129: scalar
+    assert launch(lambda x: x + 1, cpu(6))["vec"] == 1                         # too short to bother
+
+
+def test_alignment_checked_at_run_time():
+    # an input's data pointer may have any alignment (a slice); a view inside the graph adds an offset
+    src = _gen(lambda x: x * 2, cpu(1025)[1:])["source"]
+    assert "(em_uptr)a0 % 16 == 0" in src
+    info = _gen(lambda x: x[1:] * 2, cpu(1025))
+    src = info["source"]
+    assert info["launch"][0]["vec"] == 4
+    assert "(em_uptr)(a0 + 1) % 16 == 0" in src  # the vector path only when the base is aligned
+    assert "for (idx_t i = t0; i < N; i += step)" in src  # scalar fallback
+
+
+def test_64bit_indexing_choice():
+    small = _gen(lambda x: x * 2, cpu(1 << 20))
+    assert small["launch"][0]["idx64"] == 0 and "typedef int idx_t;" in small["source"]
+    big = torch.empty(1, device="meta").expand((1 << 31) + 8)  # no memory: meta tensors
+    info = _gen(lambda x: x * 2, big)
+    assert info["launch"][0]["idx64"] == 1 and "typedef long long idx_t;" in info["source"]
+    # a small domain that reaches far into its buffer also needs 64-bit offsets
+    far = torch.empty((1 << 31) + 1024, device="meta")
+    info = _gen(lambda x: x[(1 << 31):] + 1, far)
+    assert info["launch"][0]["idx64"] == 1
+
+
+def test_reduction_schedule_by_row_length():
+    short = _gen(lambda x: x.sum(-1), cpu(64, 100))["launch"][0]
+    assert short["rows_per_block"] == 8 and short["threads_per_row"] == 32 and short["cached"] == 4
+    mid = _gen(lambda x: torch.softmax(x, -1), cpu(64, 1024))["launch"][0]
+    assert mid["rows_per_block"] == 1 and mid["threads_per_row"] == 128 and mid["cached"] == 8
+    ln = _gen(lambda x: F.layer_norm(x, (4096,)), cpu(4, 4096))["launch"][0]
+    assert ln["threads_per_row"] == 512 and ln["cached"] == 8  # one pass: the row stays in registers
+    long = _gen(lambda x: torch.softmax(x, -1), cpu(2, 32768))["launch"][0]
+    assert long["threads_per_row"] == 1024 and long["cached"] == 0  # too long: re-read per pass
+
+
+def test_softmax_is_one_kernel_with_warp_and_block_steps():
+    info = _gen(lambda x: torch.softmax(x, -1), cpu(64, 1024))
+    assert len(info["kernel_list"]) == 1
+    src = info["source"]
+    assert "__shfl_xor_sync" in src and "__shared__" in src and "__syncthreads" in src
+
+
+def test_half_types_load_natively_compute_in_float():
+    src = _gen(lambda x, y: x * y + 1, cpu(512, dtype=_B), cpu(512, dtype=_B))["source"]
+    assert "em_vec<em_bf16, 8>" in src and "em_bf2f(" in src and "em_bf16_round(" in src and "em_f2bf(" in src
+    src = _gen(lambda x: x.exp(), cpu(512, dtype=_H))["source"]
+    assert "em_h2f(" in src and "em_f2h(" in src and "expf(" in src
+
+
+def test_codegen_is_deterministic():
+    a = _gen(lambda x: torch.softmax(x, -1), cpu(8, 300))["source"]
+    b = _gen(lambda x: torch.softmax(x, -1), cpu(8, 300))["source"]
+    assert a == b
+
+
+def test_cuda_info_reports():
+    info = _C._cuda_info()
+    assert set(info) >= {"nvrtc", "nvrtc_error", "nvrtc_version", "driver"}
+    assert bool(info["nvrtc"]) != bool(info["nvrtc_error"])
+
+
+# ------------------------------------------------------------------------------------------------
+# On a GPU
+# ------------------------------------------------------------------------------------------------
+
+def _run(fn, *args, atol=None, rtol=None, kernels=None):
+    f = ember.compile(fn, backend="ember")
+    out = f(*args)
+    ref = fn(*args)
+    info = ember.cache_info(f)[0]["ember"]
+    assert "fallback" not in info, info.get("fallback")
+    assert info["device"] == "cuda"
+    if kernels is not None:
+        assert info["kernels"] == kernels
+    outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
+    for o, r in zip(outs, refs):
+        assert o.device == r.device and o.dtype == r.dtype and o.shape == r.shape
+        if o.dtype.is_floating_point:
+            torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True)
+        else:
+            assert torch.equal(o, r)
+    return info
+
+
+def _cuda(*shape, dtype=torch.float32):
+    t = torch.randn(*shape, device="cuda")
+    return t.to(dtype) if dtype.is_floating_point else (t * 10).to(dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("shape", [(7,), (1000,), (64, 129), (3, 5, 1024)])
+def test_gpu_pointwise_values(dtype, shape):
+    _run(lambda x, y: torch.cos(torch.cos(x)) * y + 1, _cuda(*shape, dtype=dtype), _cuda(*shape, dtype=dtype), kernels=1)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(4, 17), (64, 1024), (8, 4096), (2, 40000)])
+def test_gpu_softmax_layer_norm_values(dtype, shape):
+    x = _cuda(*shape, dtype=dtype)
+    w, b = _cuda(shape[-1], dtype=dtype), _cuda(shape[-1], dtype=dtype)
+    _run(lambda x: torch.softmax(x, -1), x, kernels=1)
+    _run(lambda x: torch.log_softmax(x, -1), x)
+    _run(lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), x, w, b)
+    _run(lambda x, w: F.rms_norm(x, x.shape[-1:], w), x, w)
+
+
+@needs_gpu
+def test_gpu_reductions_values():
+    x = _cuda(64, 300)
+    x[3, 7] = float("nan")
+    _run(lambda x: (x.sum(-1), x.amax(0), x.amin(-1), x.mean(0), x.var(-1)), x)
+    _run(lambda x: (x.argmax(-1), x.argmin(0)), _cuda(64, 3000))
+    _run(lambda x: x.sum(), _cuda(1000, 1000), rtol=1e-4, atol=1e-3)
+    _run(lambda x: ((x > 0).all(-1), (x > 2).any(0)), _cuda(64, 100))
+    _run(lambda x: x.amax(-1), _cuda(64, 100, dtype=torch.int32))
+
+
+@needs_gpu
+def test_gpu_layouts():
+    x = _cuda(64, 128)
+    _run(lambda x: x.t() * 2 + 1, x)
+    _run(lambda x: x[:, 1:] * 2, x)                 # misaligned rows: scalar path
+    _run(lambda x: x * 3, _cuda(4097)[1:])          # misaligned base: scalar path of a vector kernel
+    _run(lambda x, b: x + b, x, _cuda(128))         # broadcast
+    _run(lambda x, b: x * b, x, _cuda(64, 1))
+    _run(lambda x: x.sum(0), x.t())                 # strided reduction
+    _run(lambda x: x.expand(4, 64, 128) + 1, x)
+
+
+@needs_gpu
+def test_gpu_several_kernels_and_externs():
+    a, b = _cuda(64, 256), _cuda(256, 128)
+    info = _run(lambda a, b: torch.softmax(torch.relu(a @ b + 1), -1).sum(-1), a, b, rtol=1e-4, atol=1e-4)
+    assert info["kernels"] >= 2 and info["externs"] >= 1
+
+
+@needs_gpu
+def test_gpu_current_stream():
+    f = ember.compile(lambda x, y: torch.cos(x) * y, backend="ember")
+    x, y = _cuda(1 << 20), _cuda(1 << 20)
+    f(x, y)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        x2 = x * 2              # queued on s
+        out = f(x2, y)          # must be ordered after x2 on s
+    s.synchronize()
+    torch.testing.assert_close(out, torch.cos(x * 2) * y)
+
+
+@needs_gpu
+def test_gpu_compile_cache_hit(tmp_path):
+    old = ember.config.cache_dir
+    ember.config.cache_dir = str(tmp_path)
+    try:
+        fn = lambda x: torch.softmax(x, -1) + 3  # noqa: E731
+        info1 = _run(fn, _cuda(16, 700))
+        ember.reset()
+        info2 = _run(fn, _cuda(16, 700))
+        assert info1["cache_key"] == info2["cache_key"] and info2["from_disk_cache"]
+        assert any(p.suffix in (".cubin", ".ptx") for p in tmp_path.iterdir())
+    finally:
+        ember.config.cache_dir = old
+
+
+@needs_gpu
+def test_gpu_64bit_indexing():
+    if torch.cuda.get_device_properties(0).total_memory < 16 << 30:
+        pytest.skip("needs 16 GB")
+    x = torch.ones(1, device="cuda").expand((1 << 31) + 5)
+    f = ember.compile(lambda x: x > 0, backend="ember")
+    out = f(x)
+    assert out.shape == x.shape and bool(out[-1]) and bool(out.all())
+
+
+# ------------------------------------------------------------------------------------------------
+# The generated kernels run on the CPU emulator (g++, one POSIX thread per CUDA thread): values vs
+# eager without a GPU. Small shapes; grids capped at 3 blocks so that grid-stride loops run.
+# ------------------------------------------------------------------------------------------------
+from ember.testing.cuda import emulate, emulator_available  # noqa: E402
+
+needs_emu = pytest.mark.skipif(bool(emulator_available()), reason=f"emulator: {emulator_available()}")
+
+
+def _emu_check(fn, *inputs, atol=None, rtol=None, **kw):
+    outs, info = emulate(fn, *inputs, **kw)
+    ref = fn(*inputs)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs):
+        assert o.dtype == r.dtype and o.shape == r.shape, (o.dtype, r.dtype, o.shape, r.shape)
+        if o.dtype.is_floating_point:
+            torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True)
+        else:
+            assert torch.equal(o, r), (o, r)
+    return info
+
+
+EMU_CASES = [
+    ("chain_f32", lambda x, y: torch.cos(torch.cos(x)) * y + 1, [cpu(4099), cpu(4099)]),        # vector + tail
+    ("chain_misaligned", lambda x, y: x * y - 1, [cpu(4097)[1:], cpu(4096)]),                  # scalar fallback
+    ("view_offset", lambda x: x[3:] * 2, [cpu(1027)]),                                         # offset in kernel
+    ("chain_f16", lambda x, y: torch.sigmoid(x) * y - 2, [cpu(1000, dtype=_H), cpu(1000, dtype=_H)]),
+    ("chain_bf16", lambda x, y: torch.exp(x) / (y.abs() + 1), [cpu(64, 48, dtype=_B), cpu(64, 48, dtype=_B)]),
+    ("mixed", lambda x, y: x * y, [cpu(256, dtype=_H), cpu(256)]),
+    ("int_bool", lambda x: torch.where(x > 0, x, -x) + (x == 3), [cpu(77, dtype=torch.int64)]),
+    ("broadcast", lambda x, b, c: x + b * c, [cpu(64, 128), cpu(128), cpu(64, 1)]),
+    ("transposed", lambda x: x.t() * 2 + 1, [cpu(64, 120)]),
+    ("softmax_warp", lambda x: torch.softmax(x, -1), [cpu(37, 100)]),
+    ("softmax_block_cached", lambda x: torch.softmax(x, -1), [cpu(5, 1024)]),
+    ("softmax_block_long", lambda x: torch.softmax(x, -1), [cpu(2, 20000)]),
+    ("softmax_bf16", lambda x: torch.softmax(x, -1), [cpu(9, 700, dtype=_B)]),
+    ("log_softmax_dim0", lambda x: torch.log_softmax(x, 0), [cpu(300, 20)]),
+    ("layer_norm", lambda x, w, b: F.layer_norm(x, (2048,), w, b), [cpu(3, 2048), cpu(2048), cpu(2048)]),
+    ("layer_norm_f16", lambda x, w, b: F.layer_norm(x, (96,), w, b), [cpu(10, 96, dtype=_H), cpu(96, dtype=_H), cpu(96, dtype=_H)]),
+    ("rms_norm", lambda x, w: F.rms_norm(x, (600,), w), [cpu(7, 600), cpu(600)]),
+    ("reductions", lambda x: (x.sum(-1), x.amax(0), x.amin(-1), x.mean(0), x.var(-1)), [cpu(33, 70)]),
+    ("argmax_argmin", lambda x: (x.argmax(-1), x.argmin(0)), [cpu(20, 1500)]),
+    ("nan", lambda x: (x.amax(-1), x.argmax(-1), x.sum(-1)), [torch.tensor([[1.0, float("nan"), 3.0, 0.0]] * 5)]),
+    ("any_all", lambda x: torch.logical_or((x > 0).all(-1), (x > 2).any(-1)), [cpu(40, 100)]),
+    ("int_max", lambda x: (x.amax(-1), x.sum(-1)), [cpu(12, 50, dtype=torch.int32)]),
+    ("sum_all", lambda x: x.sum(), [cpu(100, 90)]),
+    ("two_dims", lambda x: x.sum((0, 2)), [cpu(6, 7, 9)]),
+    ("prod", lambda x: x.prod(-1), [cpu(16, 10) * 0.5 + 1]),
+    ("empty_rows", lambda x: x.sum(-1), [cpu(4, 0)]),
+    ("broadcast_mid", lambda x, y: x * y, [cpu(4, 5, 64), cpu(4, 1, 64)]),
+    ("permute", lambda x: x.permute(2, 0, 1) + 1, [cpu(4, 6, 8)]),
+    ("expand", lambda x: x.expand(3, 64, 32) * 2, [cpu(64, 32)]),
+    ("cmp_bool_vec", lambda x, y: x > y, [cpu(4096), cpu(4096)]),
+    ("int8_vec16", lambda x, y: x + y, [cpu(1000, dtype=torch.int8), cpu(1000, dtype=torch.int8)]),
+    ("bool_any_long", lambda x: x.any(-1), [cpu(10, 3000) > 1]),
+    ("silu_f16", lambda x: F.silu(x), [cpu(5000, dtype=_H)]),
+    ("softmax_mid_dim", lambda x: torch.softmax(x, 1), [cpu(3, 50, 7)]),
+    ("layer_norm_bf16_long", lambda x: F.layer_norm(x, (5000,)), [cpu(3, 5000, dtype=_B)]),
+    ("center_rows", lambda x: x - x.mean(-1, keepdim=True), [cpu(9, 777)]),
+    ("argmin_int64", lambda x: x.argmin(-1), [cpu(10, 600, dtype=torch.int64)]),
+]
+
+
+@needs_emu
+@pytest.mark.parametrize("name,fn,ex", EMU_CASES, ids=[c[0] for c in EMU_CASES])
+def test_emulated_kernels_match_eager(name, fn, ex):
+    tol = dict(atol=1e-4, rtol=1e-4) if name == "sum_all" else {}
+    _emu_check(fn, *ex, **tol)
+
+
+@needs_emu
+def test_emulated_full_grid():
+    # grids as the runtime computes them for a small GPU (blocks of work up to 2 x per_sm)
+    _emu_check(lambda x: torch.softmax(x, -1) * 2, cpu(40, 300), grid_cap=64)

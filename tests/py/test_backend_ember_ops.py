@@ -1,0 +1,256 @@
+"""backend="ember": the lowerings the model benchmarks need (pooling, cat/stack, group_norm, in-place
+ops lowered as functional ops) and small models, against eager PyTorch on the same inputs."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import ember
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache_dir(tmp_path_factory):
+    old = ember.config.cache_dir
+    ember.config.cache_dir = str(tmp_path_factory.mktemp("ember_cache"))
+    yield
+    ember.config.cache_dir = old
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _same(out, ref, bitwise=False):
+    if isinstance(ref, (tuple, list)):
+        assert len(out) == len(ref)
+        for o, r in zip(out, ref):
+            _same(o, r, bitwise)
+        return
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    if bitwise and out.is_floating_point():  # equal values, zeros of the same sign (NaN's sign is not compared)
+        nan = torch.isnan(ref)
+        assert torch.equal(torch.isnan(out), nan)
+        assert torch.equal(out[~nan], ref[~nan]) and torch.equal(torch.signbit(out[~nan]), torch.signbit(ref[~nan]))
+    elif bitwise:
+        assert torch.equal(out, ref)
+    torch.testing.assert_close(out, ref, equal_nan=True)
+
+
+def check(fn, *args, bitwise=False):
+    ref = fn(*args)
+    c = ember.compile(fn, backend="ember")
+    _same(c(*args), ref, bitwise)
+    _same(c(*args), ref, bitwise)
+    return ember.cache_info(c)[0]["ember"]
+
+
+# ---- max pooling: windows of masked loads --------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("args", [(3, 2, 1), (2, None, 0), ((3, 2), (2, 1), (1, 0)), (3, 1, 1), (1, 1, 0)])
+def test_max_pool2d(dtype, args):
+    k, s, p = args
+    x = torch.randn(2, 3, 9, 11).to(dtype)
+    x[0, 0, 0, 0] = float("nan")
+    x[1, 2, 4, 5] = float("inf")
+    x[1, 1, 3, 3] = -float("inf")
+    info = check(lambda x: F.max_pool2d(x, k, s, p) + 0, x, bitwise=True)
+    assert info["externs"] == 0 and info["kernels"] == 1
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_max_pool2d_dilation_ceil_and_layouts(ceil_mode):
+    x = torch.randn(2, 4, 10, 7)
+    f = lambda x: F.max_pool2d(x, 3, 2, 1, dilation=2, ceil_mode=ceil_mode)  # noqa: E731
+    check(f, x, bitwise=True)
+    check(f, x.to(memory_format=torch.channels_last), bitwise=True)
+    check(f, x[:, ::2, :, 1:], bitwise=True)  # sliced, non-contiguous
+    check(lambda x: F.max_pool2d(x.relu() * 2, 2), x, bitwise=True)  # a computed input
+    check(lambda x: F.max_pool2d(x, 3, 2, 1), torch.randn(4, 9, 9), bitwise=True)  # (C, H, W)
+    check(lambda x: F.max_pool2d(x, 3, 2, 1), torch.randn(1, 1, 1, 1), bitwise=True)  # 1x1 output
+
+
+def test_max_pool1d_and_module():
+    check(lambda x: F.max_pool1d(x, 3, 2, 1), torch.randn(2, 5, 13), bitwise=True)
+    m = nn.MaxPool2d(3, 2, 1)
+    check(lambda x: m(x), torch.randn(1, 2, 8, 8), bitwise=True)
+
+
+def test_max_pool_with_indices_stays_extern():
+    info = check(lambda x: F.max_pool2d(x, 2, return_indices=True), torch.randn(1, 2, 6, 6))
+    assert info["externs"] >= 1
+
+
+def test_adaptive_avg_pool_to_one():
+    x = torch.randn(3, 5, 7, 9)
+    info = check(lambda x: F.adaptive_avg_pool2d(x, 1).flatten(1) * 2, x)
+    assert info["externs"] == 0
+    check(lambda x: F.adaptive_avg_pool2d(x, (1, 1)), x.to(memory_format=torch.channels_last))
+    check(lambda x: F.adaptive_avg_pool2d(x, (2, 3)), x)  # not to 1: the torch op
+    check(lambda x: F.adaptive_avg_pool1d(x, 1), torch.randn(2, 3, 10).double())
+
+
+# ---- cat / stack ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool, torch.uint8])
+def test_cat_dtypes(dtype):
+    a = (torch.randn(3, 4, 5) * 5).to(dtype)
+    b = (torch.randn(3, 2, 5) * 5).to(dtype)
+    info = check(lambda a, b: torch.cat([a, b, a], 1), a, b, bitwise=True)
+    assert info["externs"] == 0
+
+
+def test_cat_dims_layouts_and_edge_cases():
+    a, b = torch.randn(4, 6), torch.randn(4, 6)
+    for d in (0, 1, -1):
+        check(lambda a, b: torch.cat((a, b * 2), d).sin(), a, b)
+    check(lambda a, b: torch.cat([a.t(), b[:, :4].t()], 0), a, b, bitwise=True)  # strided pieces
+    check(lambda a, b: torch.cat([a, b[:0]], 0), a, b, bitwise=True)  # an empty piece
+    check(lambda a: torch.cat([a], 1) + 1, a)
+    z = torch.tensor([[-0.0, 1.0]])
+    check(lambda a, b: torch.cat([a, b], 0) * 1, z, -z, bitwise=True)  # -0.0 keeps its sign
+    # mixed dtypes promote: the torch op
+    info = check(lambda a, b: torch.cat([a, b], 0), torch.randn(2, 3), torch.ones(2, 3, dtype=torch.float64))
+    assert info["externs"] == 1
+
+
+def test_stack():
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    for d in (0, 1, 2, -1):
+        info = check(lambda a, b: torch.stack([a, b * 3, a], d) - 1, a, b, bitwise=True)
+        assert info["externs"] == 0
+    check(lambda a, b: torch.stack((a.t(), b.t())), a, b, bitwise=True)
+
+
+# ---- group_norm ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape,groups", [((2, 8, 5, 3), 4), ((3, 6, 7), 3), ((2, 4), 2), ((1, 6, 1, 2), 6)])
+def test_group_norm(dtype, shape, groups):
+    x = torch.randn(shape, dtype=dtype) * 3 + 1
+    c = shape[1]
+    w, b = torch.randn(c, dtype=dtype), torch.randn(c, dtype=dtype)
+    info = check(lambda x, w, b: F.group_norm(x, groups, w, b, 1e-5), x, w, b)
+    assert info["externs"] == 0
+    check(lambda x: F.group_norm(x, groups), x)
+    m = nn.GroupNorm(groups, c).to(dtype)
+    with torch.no_grad():
+        check(lambda x: m(x), x)
+
+
+def test_group_norm_channels_last():
+    x = torch.randn(2, 8, 5, 3).to(memory_format=torch.channels_last)
+    check(lambda x, w: F.group_norm(x, 2, w), x, torch.randn(8))
+
+
+# ---- in-place ops lowered as functional ops ------------------------------------------------
+
+def test_functionalized_inplace_ops():
+    def f(x, y):
+        a = x * 2
+        a += y
+        b = F.relu(a, inplace=True)
+        b.mul_(3)
+        return b.sigmoid_()
+    info = check(f, torch.randn(4, 5), torch.randn(5))
+    assert not info.get("fallback") and info["kernels"] == 1 and info["externs"] == 0
+
+
+def test_inplace_seen_through_a_view_or_read_again_keeps_eager():
+    def through_view(x):
+        a = x * 2
+        v = a[0]
+        a.add_(1)
+        return v * 1
+    info = check(through_view, torch.randn(3, 4))
+    assert "in-place" in info["fallback"]
+
+    def read_again(x):
+        a = x * 2
+        b = a + 0
+        a.add_(1)
+        return a, b
+    check(read_again, torch.randn(3))
+
+    def promoted(x, y):  # in-place add computes in float64 and rounds to float32
+        a = x * 1
+        a += y
+        return a
+    info = check(promoted, torch.randn(5), torch.randn(5, dtype=torch.float64))
+    assert "in-place" in info["fallback"]
+
+
+# ---- models (tiny sizes) -------------------------------------------------------------------
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+
+def test_resnet_basic_block_and_tiny_resnet():
+    from resnet import BasicBlock, ResNet
+    blk = BasicBlock(8, 8).eval()
+    x = torch.randn(2, 8, 12, 12)
+    with torch.no_grad():
+        info = check(blk, x)
+    assert not info.get("fallback") and info["externs"] == 2  # two convolutions; bn, +=, relu in kernels
+    m = ResNet((1, 1, 1, 1), num_classes=10).eval()
+    with torch.no_grad():
+        for bn in m.modules():  # non-trivial running statistics
+            if isinstance(bn, nn.BatchNorm2d):
+                bn.running_mean.uniform_(-0.5, 0.5)
+                bn.running_var.uniform_(0.5, 2.0)
+        ref = m(torch.randn(2, 3, 32, 32))
+        x = torch.randn(2, 3, 32, 32)
+        ref = m(x)
+        c = ember.compile(m, backend="ember")
+        out = c(x)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    info = ember.cache_info(c)[0]["ember"]
+    assert not info.get("fallback")
+    assert "max_pool2d" not in info["extern_list"] and "adaptive_avg_pool2d" not in info["extern_list"]
+
+
+@pytest.mark.parametrize("fastpath", [True, False])
+def test_tiny_transformer_encoder(fastpath):
+    layer = nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, batch_first=True)
+    m = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+    x = torch.randn(2, 5, 16)
+    old = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(fastpath)
+    try:
+        with torch.no_grad():
+            ref = m(x)
+            out = ember.compile(m, backend="ember")(x)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(old)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+# ---- F.linear: the bias is added in the kernel after the matmul ------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_linear_bias_epilogue(dtype):
+    x, w, b = torch.randn(4, 3, 8, dtype=dtype), torch.randn(16, 8, dtype=dtype), torch.randn(16, dtype=dtype)
+    info = check(lambda x, w, b: F.relu(F.linear(x, w, b)), x, w, b)
+    assert info["kernels"] == 1 and info["extern_list"] == ["linear"]
+    assert info["kernel_list"][0]["inplace"]  # written into the matmul's result
+    check(lambda x, w, b: F.linear(x, w, bias=b), x, w, b)  # returned as is
+    check(lambda x, w, b: (F.linear(x, w, b), F.linear(x, w, b).sum(-1)), x, w, b)
+    check(lambda x, w, b: F.linear(F.linear(x, w, b), w.t().contiguous(), b[:8]), x, w, b)  # read by an extern
+    check(lambda x, w, b: F.linear(x, w, b) + b, x, w, b)  # the bias read again
+
+
+def test_linear_without_bias_or_half_keeps_the_torch_op():
+    x, w = torch.randn(5, 8), torch.randn(6, 8)
+    info = check(lambda x, w: F.linear(x, w).tanh(), x, w)
+    assert info["extern_list"] == ["linear"]
+    xh, wh, bh = x.bfloat16(), w.bfloat16(), torch.randn(6).bfloat16()
+    check(lambda x, w, b: F.linear(x, w, b) * 2, xh, wh, bh)
+    m = nn.Linear(8, 6)
+    with torch.no_grad():
+        check(lambda x: torch.sigmoid(m(x)), x)

@@ -1,0 +1,259 @@
+"""Dynamic shapes end to end (docs/dynamic_shapes.md): symbolic sizes in the tracer, guards on the
+relations the program relied on, automatic dynamic / dynamic=True / marks, and backends that get one
+graph for all sizes. Every call is checked against eager PyTorch on the same inputs (values, dtypes,
+shapes, exceptions) and the number of compiles is asserted."""
+import pytest
+import torch
+
+import ember
+
+
+def entries(cf):
+    return ember.cache_info(cf)
+
+
+def check_sequence(f, make_args, sizes, backend="eager", **kw):
+    """Calls compiled f on make_args(n) for each n, compares with eager, returns the compiled f."""
+    cf = ember.compile(f, backend=backend, **kw)
+    for n in sizes:
+        args = make_args(n)
+        try:
+            want = f(*args)
+        except Exception as e:  # noqa: BLE001
+            with pytest.raises(type(e)):
+                cf(*args)
+            continue
+        got = cf(*args)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    return cf
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    ember.reset()
+    yield
+    ember.reset()
+
+
+# ---- automatic dynamic: the 2nd size recompiles with a symbol, later sizes reuse that graph ----
+
+def test_pointwise_chain_automatic_dynamic():
+    def f(x, y):
+        return (torch.cos(x) * y + 1).relu() - x.shape[0]
+    cf = check_sequence(f, lambda n: (torch.randn(n, 3), torch.randn(n, 3)), [4, 6, 8, 10, 12])
+    es = entries(cf)
+    assert len(es) == 2, [e["guards"] for e in es]
+    dyn = es[0]
+    assert dyn["hits"] == 3
+    assert any("L['x'].size()[0] = s0 (automatic dynamic" in d for d in dyn["dynamic"])
+    assert "L['y'].size()[0] == L['x'].size()[0]" in dyn["guards"]
+    assert "2 <= L['x'].size()[0]" in dyn["guards"]
+    assert "[s0, 3]" in dyn["graph"] and "sym_size" in dyn["graph"]
+
+
+def test_dynamic_false_never_symbolic():
+    cf = check_sequence(lambda x: x * 2, lambda n: (torch.randn(n),), [3, 4, 5, 6], dynamic=False)
+    assert len(entries(cf)) == 4
+    assert all(not e["dynamic"] for e in entries(cf))
+
+
+def test_dynamic_true_one_graph_from_the_first_call():
+    cf = check_sequence(lambda x: (x * 2).reshape(-1), lambda n: (torch.randn(n, n + 1),), [4, 6, 8], dynamic=True)
+    es = entries(cf)
+    assert len(es) == 1 and es[0]["hits"] == 2
+    assert any("dynamic=True" in d for d in es[0]["dynamic"])
+
+
+def test_view_size0_minus_one():
+    cf = check_sequence(lambda x: (x * 2).view(x.size(0), -1), lambda n: (torch.randn(n, 3, 4),), [4, 6, 8, 10])
+    assert len(entries(cf)) == 2
+
+
+def test_slice_by_half_size():
+    cf = check_sequence(lambda x: x[: x.shape[0] // 2] + 1, lambda n: (torch.randn(n, 5),), [4, 6, 9, 11, 13])
+    assert len(entries(cf)) == 2
+    assert "(s0//2)" in entries(cf)[0]["graph"]
+
+
+def test_branch_on_size_both_ways():
+    def f(x):
+        if x.shape[0] > 6:
+            return x.sin()
+        return x.cos()
+    cf = check_sequence(f, lambda n: (torch.randn(n, 3),), [3, 4, 5, 8, 9, 10, 4])
+    es = entries(cf)
+    # static 3, then s0 <= 6 (answers 4, 5 and 4 again), then s0 > 6 (answers 8, 9, 10)
+    assert len(es) == 3
+    texts = ["\n".join(e["guards"]) for e in es]
+    assert any("L['x'].size()[0] <= 6" in t for t in texts)
+    assert any("7 <= L['x'].size()[0]" in t for t in texts)
+
+
+def test_arange_of_symbolic_n():
+    cf = check_sequence(lambda x: x + torch.arange(x.shape[0]).unsqueeze(1), lambda n: (torch.randn(n, 3),), [4, 6, 8, 10])
+    assert len(entries(cf)) == 2
+
+
+def test_attention_varying_sequence_length():
+    def attn(q, k, v):
+        s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        return torch.softmax(s, dim=-1) @ v
+    cf = check_sequence(attn, lambda n: tuple(torch.randn(2, n, 8) for _ in range(3)), [5, 7, 9, 12, 16])
+    assert len(entries(cf)) == 2
+
+
+def test_transformer_encoder_layer_over_lengths():
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
+    cf = check_sequence(lambda x: layer(x), lambda n: (torch.randn(2, n, 16),), [5, 7, 9, 12])
+    assert len(entries(cf)) == 2
+
+
+def test_conv_net_over_image_sizes():
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                              torch.nn.Conv2d(4, 4, 3)).eval()
+    cf = check_sequence(lambda x: net(x), lambda n: (torch.randn(1, 3, n, n + 2),), [8, 10, 12, 16])
+    assert len(entries(cf)) == 2
+
+
+def test_loop_over_a_size_specialises():
+    def f(x):
+        acc = x[0]
+        for i in range(1, x.shape[0]):
+            acc = acc + x[i]
+        return acc
+    cf = check_sequence(f, lambda n: (torch.randn(n, 3),), [3, 4, 4, 5])
+    # the trip count is a Python int: every size is its own entry, and the note says why
+    es = entries(cf)
+    assert len(es) == 3
+    assert any("specialised" in d for d in es[0]["dynamic"])
+
+
+def test_int_argument_stays_specialised():
+    cf = check_sequence(lambda x, k: x * k, lambda n: (torch.randn(4), n), [2, 3, 4])
+    assert len(entries(cf)) == 3
+
+
+def test_non_contiguous_input_with_symbolic_dims():
+    cf = check_sequence(lambda x: x * 2 + x.sum(0), lambda n: (torch.randn(3, n).t(),), [4, 6, 8, 10])
+    assert len(entries(cf)) == 2
+    # a contiguous input of the same size is not answered by the transposed entry's strides
+    x = torch.randn(10, 3)
+    torch.testing.assert_close(cf(x), x * 2 + x.sum(0))
+    assert len(entries(cf)) == 3
+
+
+# ---- marks ----
+
+def test_mark_dynamic_first_call_and_bounds():
+    def f(x):
+        return x * x.shape[0]
+    cf = ember.compile(f)
+    for n in (5, 7, 9):
+        x = torch.randn(n, 2)
+        ember.mark_dynamic(x, 0, min=2, max=10)
+        torch.testing.assert_close(cf(x), f(x))
+    assert len(entries(cf)) == 1
+    assert "L['x'].size()[0] <= 10" in entries(cf)[0]["guards"]
+    assert any("marked dynamic" in d for d in entries(cf)[0]["dynamic"])
+    x = torch.randn(12, 2)  # outside the bounds: a miss, then a correct answer
+    torch.testing.assert_close(cf(x), f(x))
+    assert len(entries(cf)) == 2
+
+
+def test_mark_static_wins_over_dynamic_true():
+    cf = ember.compile(lambda x: x + 1, dynamic=True)
+    for n in (4, 5):
+        x = torch.randn(n, 3)
+        ember.mark_static(x, 0)
+        torch.testing.assert_close(cf(x), x + 1)
+    assert len(entries(cf)) == 2
+    assert "check_tensor(L['x'], torch.float32, device='cpu', size=[4, None]" in "\n".join(entries(cf)[-1]["guards"])
+
+
+def test_maybe_mark_dynamic():
+    cf = ember.compile(lambda x: x.sum(-1))
+    for n in (4, 6, 8):
+        x = torch.randn(3, n)
+        ember.maybe_mark_dynamic(x, 1)
+        torch.testing.assert_close(cf(x), x.sum(-1))
+    assert len(entries(cf)) == 1
+
+
+def test_mark_dynamic_bad_dim():
+    with pytest.raises(IndexError):
+        ember.mark_dynamic(torch.randn(2), 3)
+
+
+# ---- bad input ----
+
+def test_broadcast_mismatch_raises_as_eager():
+    def f(x, y):
+        return x + y
+    cf = check_sequence(f, lambda n: (torch.randn(n, 3), torch.randn(n if n < 8 else n + 1, 3)), [4, 6, 8, 10])
+    with pytest.raises(RuntimeError):
+        cf(torch.randn(7, 3), torch.randn(5, 3))
+
+
+def test_size_zero_and_one_are_specialised():
+    cf = check_sequence(lambda x: x.sum(0) + x.shape[0], lambda n: (torch.randn(n, 3),), [4, 6, 0, 8, 1, 0, 1])
+    es = entries(cf)
+    assert len(es) == 4  # 4 (static), s0 (6 and 8), 0, 1
+    assert sum(e["hits"] for e in es) == 3
+
+
+def test_size_that_would_need_to_be_negative():
+    def f(x):
+        return torch.zeros(x.shape[0] - 5) + 1
+    check_sequence(f, lambda n: (torch.randn(n),), [8, 9, 12, 3, 10, 4])
+
+
+def test_huge_symbolic_size_expression():
+    # expand to a large virtual size: no data, sizes only; the relation is kept exact in int64
+    def f(x):
+        return x.expand(x.shape[0], 1 << 20, 4).sum(1)
+    check_sequence(f, lambda n: (torch.randn(n, 1, 4),), [2, 3, 4])
+
+
+# ---- backends ----
+
+def test_custom_backend_gets_one_symbolic_graph():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    cf = check_sequence(lambda x: (x * 2).view(x.size(0), -1), lambda n: (torch.randn(n, 2, 3),), [4, 6, 8, 10],
+                        backend=backend, dynamic=True)
+    assert len(graphs) == 1
+    gm = graphs[0]
+    code = gm.code
+    assert "torch.ops.aten.sym_size.int" in code
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"][0]
+    val = ph.meta["val"]
+    assert isinstance(val.shape[0], torch.SymInt)
+    assert ph.meta["ember_meta"]["sym_shape"] == ("s0", "s1", "s2")
+
+
+def test_backend_ember_runs_symbolic_graphs_eagerly():
+    cf = check_sequence(lambda x: x.sin() + x.shape[0], lambda n: (torch.randn(n, 3),), [4, 6, 8], backend="ember",
+                        dynamic=True)
+    e = entries(cf)[0]
+    assert len(entries(cf)) == 1
+    assert "symbolic sizes" in e["ember"]["fallback"]
+
+
+def test_inductor_one_graph_for_all_sizes():
+    pytest.importorskip("torch._inductor")
+    cf = check_sequence(lambda x, y: (x * y).sin() + x.shape[0], lambda n: (torch.randn(n, 4), torch.randn(n, 4)),
+                        [4, 6, 8, 10], backend="inductor")
+    assert len(entries(cf)) == 2
+
+
+def test_explain_names_symbolic_dims():
+    def f(x):
+        return x * x.shape[0]
+    x = torch.randn(5, 2)
+    ember.mark_dynamic(x, 0)
+    out = ember.explain(f, x)
+    assert "symbolic sizes:" in out
+    assert "L['x'].size()[0] = s0 (marked dynamic)" in out
