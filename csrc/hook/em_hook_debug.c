@@ -82,6 +82,12 @@ PyObject *em_debug_run(CacheEntry *e, PyObject **fetched, const EmFrameView *fv,
     PyObject *r = PyObject_Vectorcall(fn, (PyObject *const *)fv->locals, (size_t)fv->nlocals, NULL);
     em_hook_exit();
     tl_debug_depth--;
+    if (!r) {
+        /* the graph (inside a with-block it entered) or the breaking instruction raised: eager's
+         * __exit__ would have put the grad mode back (as em_entry_run / em_entry_run_break do) */
+        int mode = e->grad_restore >= 0 ? e->grad_restore : e->brk ? e->brk->restore_grad : -1;
+        if (mode >= 0) em_entry_restore_grad_mode(mode);
+    }
     Py_DECREF(fn);
     return r;
 }

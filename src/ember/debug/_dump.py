@@ -50,6 +50,29 @@ def _signature(code: types.CodeType) -> str:
     return ", ".join(parts)
 
 
+def _torch_names_resolve(src: str) -> bool:
+    """Every torch.a.b chain in src names a real object (fx and reprs print some callables by a
+    path that does not resolve: a lambda defined in a module prints as module.name)."""
+    import torch
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain, n = [], node
+            while isinstance(n, ast.Attribute):
+                chain.append(n.attr)
+                n = n.value
+            if isinstance(n, ast.Name) and n.id == "torch":
+                obj = torch
+                for a in reversed(chain):
+                    if not hasattr(obj, a):
+                        return False
+                    obj = getattr(obj, a)
+    return True
+
+
 def _expr(text: str | None, sources: list[str]) -> str | None:
     """The C core's output/values spec as a Python expression over L, G, B and graph_out, or None
     when it names something only the C core can build (cells, functions made in the frame)."""
@@ -64,7 +87,12 @@ def _expr(text: str | None, sources: list[str]) -> str | None:
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             return None
-    return expr if names <= _SAFE_NAMES else None
+    if not names <= _SAFE_NAMES:
+        return None
+    # a constant's repr that names torch.something must name it for real (reprs need not round-trip)
+    if not _torch_names_resolve(expr):
+        return None
+    return expr
 
 
 _KNOWN = {"L", "G", "B", "torch", "len", "type", "list", "id", "getattr", "True", "False", "None", "int", "float",
@@ -299,7 +327,9 @@ class _Frame:
         return head + "".join(self.blocks) + "".join(
             f"{g} = __ember_rt.load_graph(globals(), {g!r})\n" for g in graphs) + "\n" + self.dispatchers()
 
-    def write_and_load(self, tfn: str | None):
+    def write_and_load(self, tfn: str | None, user_globals: dict):
+        """Writes the file; returns the entry's transformed code compiled from it, bound to the
+        globals the entry was compiled under (one code object may run under several: exec)."""
         text = self.text()
         with open(self.path, "w", encoding="utf-8") as f:
             f.write(text)
@@ -307,8 +337,8 @@ class _Frame:
             return None
         code = compile(text, self.path, "exec")
         _skip_all(code)
-        resume = {rn: types.FunctionType(rc, self.globals) for rn, rc in self.resume_objs.items()}
-        ns = {"__name__": f"ember_dump_{self.name}", "__file__": self.path, "__ember_globals__": self.globals,
+        resume = {rn: types.FunctionType(rc, user_globals) for rn, rc in self.resume_objs.items()}
+        ns = {"__name__": f"ember_dump_{self.name}", "__file__": self.path, "__ember_globals__": user_globals,
               "__ember_graphs__": dict(self.graphs), "__ember_resume__": resume}
         exec(code, ns)
         return ns[tfn]
@@ -352,7 +382,8 @@ class Dumper:
                        or ln.startswith("    kernel ")]
             summary = summary[:summary.index("  generated C:")] if "  generated C:" in summary else summary
             table += "\n#\n" + "\n".join("#" + ln for ln in summary)
-        runs_fx = backend == "eager" or program is None
+        # backend "eager": the fx code runs (breakpoints inside the graph), when it is real Python
+        runs_fx = (backend == "eager" and _torch_names_resolve(fx_code)) or program is None
         text = (
             f'"""Graph {self.ngraphs} of ember: cache entry {k} of {cname} (frame {fr.origin.co_qualname}),\n'
             f"backend {backend!r}. The fx graph below is the one handed to the backend (fx-style, readable).\n"
@@ -398,7 +429,7 @@ class Dumper:
             if fr.globals is None:
                 fr.globals = info.get("__globals__")
             tfn = fr.add_entry(code, info)
-            fn = fr.write_and_load(tfn)
+            fn = fr.write_and_load(tfn, info.get("__globals__") or fr.globals)
             self.write_index(fr)
             return fn
 
