@@ -298,7 +298,13 @@ def test_gpu_64bit_indexing():
 # ------------------------------------------------------------------------------------------------
 from ember.testing.cuda import emulate, emulator_available  # noqa: E402
 
-needs_emu = pytest.mark.skipif(bool(emulator_available()), reason=f"emulator: {emulator_available()}")
+_emu_skip = pytest.mark.skipif(bool(emulator_available()), reason=f"emulator: {emulator_available()}")
+
+
+def needs_emu(f):
+    """Emulator tests: CPU tensors (the emulator reads memory from the host), also when the suite runs
+    with EMBER_TEST_DEVICE=cuda."""
+    return _emu_skip(pytest.mark.usefixtures("cpu_tensors")(f))
 
 
 def _emu_check(fn, *inputs, atol=None, rtol=None, **kw):

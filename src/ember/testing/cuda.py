@@ -170,6 +170,9 @@ def emulate(fn, *inputs, grid_cap: int = 3):
     import os
     import subprocess
     import tempfile
+    bad = [t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type != "cpu"]
+    if bad:  # the emulator reads the inputs' memory from the host
+        raise ValueError(f"emulate: inputs must be CPU tensors, got a tensor on {bad[0]}")
     info = cuda_codegen(fn, *inputs)
     if "fallback" in info:
         raise RuntimeError(info["fallback"])
