@@ -430,7 +430,9 @@ def test_training_steps_match_eager(case, backend):
     m_c = copy.deepcopy(m_e)
     compiled = ember.compile(m_c, backend=backend)
     o_e, o_c = opt(m_e.parameters()), opt(m_c.parameters())
-    exact = backend == "aot_eager"  # the same ops in the same order: bitwise equal
+    # the same ops in the same order: bitwise equal on CPU; CUDA's convolution and batch-norm
+    # backward kernels are not deterministic from run to run, so CUDA compares within tolerance
+    exact = backend == "aot_eager" and torch.empty(0).device.type == "cpu"
     tol = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-4, "atol": 1e-5}
     for step in range(3):
         x, y = data()
@@ -481,8 +483,9 @@ def test_batchnorm_running_stats_updated_once_per_forward():
         c(x).sum().backward()
         m_e(x).sum().backward()
     assert m_c[1].num_batches_tracked.item() == 2
-    torch.testing.assert_close(m_c[1].running_mean, m_e[1].running_mean, rtol=0, atol=0)
-    torch.testing.assert_close(m_c[1].running_var, m_e[1].running_var, rtol=0, atol=0)
+    tol = {"rtol": 0, "atol": 0} if m_e[1].running_mean.device.type == "cpu" else {}  # CUDA: see above
+    torch.testing.assert_close(m_c[1].running_mean, m_e[1].running_mean, **tol)
+    torch.testing.assert_close(m_c[1].running_var, m_e[1].running_var, **tol)
 
 
 GRAD_SWEEP_OPS = ("^(add|mul|sub|div.no_rounding_mode|sin|exp|tanh|sigmoid|nn.functional.relu|softmax|log_softmax|sum|"

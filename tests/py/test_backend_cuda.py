@@ -341,7 +341,7 @@ EMU_CASES = [
     ("rms_norm", lambda x, w: F.rms_norm(x, (600,), w), [cpu(7, 600), cpu(600)]),
     ("reductions", lambda x: (x.sum(-1), x.amax(0), x.amin(-1), x.mean(0), x.var(-1)), [cpu(33, 70)]),
     ("argmax_argmin", lambda x: (x.argmax(-1), x.argmin(0)), [cpu(20, 1500)]),
-    ("nan", lambda x: (x.amax(-1), x.argmax(-1), x.sum(-1)), [torch.tensor([[1.0, float("nan"), 3.0, 0.0]] * 5)]),
+    ("nan", lambda x: (x.amax(-1), x.argmax(-1), x.sum(-1)), [torch.tensor([[1.0, float("nan"), 3.0, 0.0]] * 5, device="cpu")]),
     ("any_all", lambda x: torch.logical_or((x > 0).all(-1), (x > 2).any(-1)), [cpu(40, 100)]),
     ("int_max", lambda x: (x.amax(-1), x.sum(-1)), [cpu(12, 50, dtype=torch.int32)]),
     ("sum_all", lambda x: x.sum(), [cpu(100, 90)]),

@@ -15,6 +15,9 @@ import pytest
 import torch
 
 import ember
+
+# the dumped guards are compared as text (device='cpu'): CPU tensors under EMBER_TEST_DEVICE=cuda too
+pytestmark = pytest.mark.usefixtures("cpu_tensors")
 import ember.debug
 
 OUT = io.StringIO()
