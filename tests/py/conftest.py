@@ -182,3 +182,12 @@ def cpu_tensors():
     or the eager backend)."""
     with torch.device("cpu"):
         yield
+
+
+@pytest.fixture(scope="module")
+def ember_cache_dir(tmp_path_factory):
+    """backend "ember"'s kernel cache in a fresh directory for the module's tests."""
+    old = ember.config.cache_dir
+    ember.config.cache_dir = str(tmp_path_factory.mktemp("ember_cache"))
+    yield
+    ember.config.cache_dir = old

@@ -11,15 +11,7 @@ import torch.nn.functional as F
 
 import ember
 
-pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("cpu_tensors")]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory):
-    old = ember.config.cache_dir
-    ember.config.cache_dir = str(tmp_path_factory.mktemp("ember_cache"))
-    yield
-    ember.config.cache_dir = old
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("cpu_tensors", "ember_cache_dir")]
 
 
 @pytest.fixture(autouse=True)
