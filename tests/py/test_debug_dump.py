@@ -338,3 +338,25 @@ def test_dump_entry_turned_fallback_runs_no_dumped_graph(dump_dir):
     with ember.debug.dump(dump_dir):
         for _ in range(3):
             torch.testing.assert_close(c(x), m.forward(x), rtol=0, atol=0)
+
+
+def test_dump_writes_the_aot_autograd_graphs(dump_dir):
+    def f(x, w):
+        return (torch.tanh(x @ w) * 2).sum()
+
+    cf = ember.compile(f, backend="aot_eager")
+    x, w = torch.randn(4, 3), torch.randn(3, 5, requires_grad=True)
+    with ember.debug.dump(dump_dir):
+        loss = cf(x, w)
+    loss.backward()
+    w2 = w.detach().clone().requires_grad_(True)
+    f(x, w2).backward()
+    torch.testing.assert_close(w.grad, w2.grad)
+    files = [n for n in os.listdir(dump_dir) if n.endswith(".autograd.txt")]
+    assert len(files) == 1, sorted(os.listdir(dump_dir))
+    text = open(os.path.join(dump_dir, files[0]), encoding="utf-8").read()
+    for part in ("joint graph:", "forward graph:", "backward graph:", "saved tensor(s)", "recomputed"):
+        assert part in text, text
+    from ember.debug import report
+    page = open(report.render(dump_dir), encoding="utf-8").read()
+    assert "AOT autograd: joint, forward, backward graphs" in page and "backward graph:" in page

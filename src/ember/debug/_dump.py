@@ -301,6 +301,7 @@ class _Frame:
             "compile_time_s": info.get("compile_time_s"), "runs_from": "C" if why_c else "dump file",
             "c_only": why_c, "transformed": tfn, "graph_nodes": self.graph_nodes.get(graph_name),
             "kernels": f"{graph_name}.kernels.c" if graph_name and (info.get("ember") or {}).get("source") else None,
+            "autograd": f"{graph_name}.autograd.txt" if graph_name and info.get("autograd") else None,
         })
         return tfn if not why_c else None
 
@@ -412,6 +413,11 @@ class Dumper:
         if info.get("ember") and info["ember"].get("source"):
             with open(os.path.join(self.dir, name + ".kernels.c"), "w", encoding="utf-8") as f:
                 f.write(info["ember"]["source"])
+        if info.get("autograd"):  # AOT autograd: joint, forward and backward graphs, saved vs recomputed
+            from .._autograd import explain_lines
+            with open(os.path.join(self.dir, name + ".autograd.txt"), "w", encoding="utf-8") as f:
+                f.write(f"AOT autograd of graph {self.ngraphs} (backend {backend!r}), as ember.explain shows it:\n")
+                f.write("\n".join(explain_lines(info["autograd"], indent="")) + "\n")
         code = compile(text, path, "exec")
         _skip_all(code)
         gns = {"__name__": name, "__file__": path, "__self__": gm, "__builtins__": __builtins__,

@@ -185,12 +185,15 @@ def render(directory: str) -> str:
                     parts.append(f"<details><summary>graph code ({html.escape(e['graph'])}.py)</summary>{code(gsrc)}</details>")
                 except OSError:
                     pass
-            if e.get("kernels"):
+            for key, title, lang in (("kernels", "generated C kernels", "c"),
+                                     ("autograd", "AOT autograd: joint, forward, backward graphs", "text")):
+                if not e.get(key):
+                    continue
                 try:
-                    with open(os.path.join(directory, e["kernels"]), encoding="utf-8") as f:
+                    with open(os.path.join(directory, e[key]), encoding="utf-8") as f:
                         ksrc = f.read()
-                    parts.append(f"<details><summary>generated C kernels ({html.escape(e['kernels'])})</summary>"
-                                 f"{code(ksrc, 'c')}</details>")
+                    parts.append(f"<details><summary>{title} ({html.escape(e[key])})</summary>"
+                                 f"{code(ksrc, lang) if lang != 'text' else '<pre>' + html.escape(ksrc) + '</pre>'}</details>")
                 except OSError:
                     pass
             parts.append("</details>")
