@@ -1141,6 +1141,22 @@ SymRef em_sym_min(ShapeEnv *env, SymRef a, SymRef b) { return done(env, mk_minma
 SymRef em_sym_max(ShapeEnv *env, SymRef a, SymRef b) { return done(env, mk_minmax(env, SYM_MAX, S(a), S(b))); }
 SymRef em_sym_cmp(ShapeEnv *env, SymOp op, SymRef a, SymRef b) { return done(env, mk_cmp(env, op, S(a), S(b))); }
 
+SymRef em_sym_binop_named(ShapeEnv *env, const char *op, SymRef a, SymRef b, int *known) {
+    *known = 1;
+    if (!strcmp(op, "add")) return em_sym_add(env, a, b);
+    if (!strcmp(op, "sub")) return em_sym_sub(env, a, b);
+    if (!strcmp(op, "mul")) return em_sym_mul(env, a, b);
+    if (!strcmp(op, "floordiv")) return em_sym_floordiv(env, a, b);
+    if (!strcmp(op, "mod")) return em_sym_mod(env, a, b);
+    if (!strcmp(op, "min")) return em_sym_min(env, a, b);
+    if (!strcmp(op, "max")) return em_sym_max(env, a, b);
+    static const char *const cmps[] = {"==", "!=", "<", "<=", ">", ">="};
+    for (int i = 0; i < 6; i++)
+        if (!strcmp(op, cmps[i])) return em_sym_cmp(env, (SymOp)(SYM_EQ + i), a, b);
+    *known = 0;
+    return SYM_NONE;
+}
+
 #undef S
 
 /* ---- evaluation ---- */

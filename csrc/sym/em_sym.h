@@ -119,6 +119,9 @@ SymRef em_sym_mod(ShapeEnv *env, SymRef a, SymRef b);      /* a % b, Python sema
 SymRef em_sym_min(ShapeEnv *env, SymRef a, SymRef b);
 SymRef em_sym_max(ShapeEnv *env, SymRef a, SymRef b);
 SymRef em_sym_cmp(ShapeEnv *env, SymOp op, SymRef a, SymRef b); /* op in EQ..GE; 0/1 when decided */
+/* The binary op named op ("add" "sub" "mul" "floordiv" "mod" "min" "max" "==" "!=" "<" "<=" ">" ">=")
+ * of a and b; *known = 0 (and SYM_NONE, no exception) for any other name. */
+SymRef em_sym_binop_named(ShapeEnv *env, const char *op, SymRef a, SymRef b, int *known);
 /* e rewritten under what the env knows now (a replacement or range learnt since e was built). */
 SymRef em_sym_simplify(ShapeEnv *env, SymRef e);
 

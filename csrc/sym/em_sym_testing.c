@@ -33,16 +33,9 @@ static SymRef t_build(ShapeEnv *env, PyObject *tree, const SymRef *syms, Py_ssiz
     if (PyErr_Occurred()) return SYM_NONE;
     SymRef b = t_build(env, PyTuple_GET_ITEM(tree, 2), syms, nsyms);
     if (PyErr_Occurred()) return SYM_NONE;
-    if (!strcmp(op, "add")) return em_sym_add(env, a, b);
-    if (!strcmp(op, "sub")) return em_sym_sub(env, a, b);
-    if (!strcmp(op, "mul")) return em_sym_mul(env, a, b);
-    if (!strcmp(op, "floordiv")) return em_sym_floordiv(env, a, b);
-    if (!strcmp(op, "mod")) return em_sym_mod(env, a, b);
-    if (!strcmp(op, "min")) return em_sym_min(env, a, b);
-    if (!strcmp(op, "max")) return em_sym_max(env, a, b);
-    static const char *const cmps[] = {"==", "!=", "<", "<=", ">", ">="};
-    for (int i = 0; i < 6; i++)
-        if (!strcmp(op, cmps[i])) return em_sym_cmp(env, (SymOp)(SYM_EQ + i), a, b);
+    int known;
+    SymRef r = em_sym_binop_named(env, op, a, b, &known);
+    if (known) return r;
     PyErr_Format(PyExc_ValueError, "_sym: unknown op %s", op);
     return SYM_NONE;
 }

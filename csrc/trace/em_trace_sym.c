@@ -746,16 +746,9 @@ static SymRef tree_build(Trace *T, PyObject *tree) {
     if (PyErr_Occurred()) return SYM_NONE;
     SymRef b = tree_build(T, PyTuple_GET_ITEM(tree, 2));
     if (PyErr_Occurred()) return SYM_NONE;
-    if (!strcmp(op, "add")) return em_sym_add(env, a, b);
-    if (!strcmp(op, "sub")) return em_sym_sub(env, a, b);
-    if (!strcmp(op, "mul")) return em_sym_mul(env, a, b);
-    if (!strcmp(op, "floordiv")) return em_sym_floordiv(env, a, b);
-    if (!strcmp(op, "mod")) return em_sym_mod(env, a, b);
-    if (!strcmp(op, "min")) return em_sym_min(env, a, b);
-    if (!strcmp(op, "max")) return em_sym_max(env, a, b);
-    static const char *const cmps[] = {"==", "!=", "<", "<=", ">", ">="};
-    for (int i = 0; i < 6; i++)
-        if (!strcmp(op, cmps[i])) return em_sym_cmp(env, (SymOp)(SYM_EQ + i), a, b);
+    int known;
+    SymRef r = em_sym_binop_named(env, op, a, b, &known);
+    if (known) return r;
     PyErr_Format(PyExc_ValueError, "ember: unknown size op %s", op);
     return SYM_NONE;
 }
