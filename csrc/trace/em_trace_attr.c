@@ -82,7 +82,7 @@ static TValue *attr_value(Trace *T, GuardSrc owner, PyObject *name, PyObject *va
     return em_tr_wrap(T, val, s, true);
 }
 
-static TValue *function_value(Trace *T, PyObject *f, GuardSrc src) {
+TValue *em_tr_function_value(Trace *T, PyObject *f, GuardSrc src) {
     TValue *v = em_tr_new(T, TV_FUNCTION);
     if (!v) return NULL;
     v->obj = em_arena_hold(T->arena, f);
@@ -91,7 +91,7 @@ static TValue *function_value(Trace *T, PyObject *f, GuardSrc src) {
     return v;
 }
 
-static TValue *bound(Trace *T, TValue *self, TValue *func) {
+TValue *em_tr_bound(Trace *T, TValue *self, TValue *func) {
     TValue *b = em_tr_new(T, TV_BOUND_METHOD);
     if (!b) return NULL;
     b->u.bm.self = self;
@@ -108,7 +108,7 @@ static TValue *inline_property(Trace *T, TValue *self, PyObject *prop, PyObject 
     }
     TValue *r = NULL;
     if (PyFunction_Check(fget)) {
-        TValue *f = function_value(T, fget, -1);
+        TValue *f = em_tr_function_value(T, fget, -1);
         TValue *args[1] = {self};
         if (f) r = em_tr_inline(T, f, args, 1, NULL, NULL);
     } else {
@@ -121,8 +121,8 @@ static TValue *inline_property(Trace *T, TValue *self, PyObject *prop, PyObject 
 /* What a class attribute found on the type becomes when read through an instance `self`. */
 static TValue *class_attr_on_instance(Trace *T, TValue *self, PyObject *descr, PyObject *name, GuardSrc fsrc) {
     if (PyFunction_Check(descr)) {
-        TValue *f = function_value(T, descr, fsrc);
-        return f ? bound(T, self, f) : NULL;
+        TValue *f = em_tr_function_value(T, descr, fsrc);
+        return f ? em_tr_bound(T, self, f) : NULL;
     }
     if (Py_IS_TYPE(descr, &PyStaticMethod_Type)) {
         PyObject *f = PyObject_GetAttrString(descr, "__func__");
@@ -130,7 +130,7 @@ static TValue *class_attr_on_instance(Trace *T, TValue *self, PyObject *descr, P
             em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE);
             return NULL;
         }
-        TValue *r = PyFunction_Check(f) ? function_value(T, f, -1) : em_tr_object(T, f, -1);
+        TValue *r = PyFunction_Check(f) ? em_tr_function_value(T, f, -1) : em_tr_object(T, f, -1);
         Py_DECREF(f);
         return r;
     }
@@ -142,8 +142,8 @@ static TValue *class_attr_on_instance(Trace *T, TValue *self, PyObject *descr, P
         }
         TValue *r = NULL;
         if (PyFunction_Check(f)) {
-            TValue *fv = function_value(T, f, -1), *cls = em_tr_object(T, (PyObject *)Py_TYPE(self->obj), -1);
-            if (fv && cls) r = bound(T, cls, fv);
+            TValue *fv = em_tr_function_value(T, f, -1), *cls = em_tr_object(T, (PyObject *)Py_TYPE(self->obj), -1);
+            if (fv && cls) r = em_tr_bound(T, cls, fv);
         } else {
             em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "classmethod .%U", name);
         }
@@ -431,7 +431,7 @@ static TValue *class_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
     if (PyFunction_Check(d)) {
         GuardSrc s = v->src >= 0 ? em_guard_src_attr(T->gb, v->src, name, d) : -1;
         if (s >= 0) em_guard_src_stable(T->gb, s);
-        return function_value(T, d, s);
+        return em_tr_function_value(T, d, s);
     }
     if (Py_IS_TYPE(d, &PyStaticMethod_Type) || Py_IS_TYPE(d, &PyClassMethod_Type)) {
         PyObject *f = PyObject_GetAttrString(d, "__func__");
@@ -443,10 +443,10 @@ static TValue *class_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
         if (!PyFunction_Check(f))
             em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "static/class method .%U", name);
         else if (Py_IS_TYPE(d, &PyStaticMethod_Type))
-            r = function_value(T, f, -1);
+            r = em_tr_function_value(T, f, -1);
         else {
-            TValue *fv = function_value(T, f, -1);
-            if (fv) r = bound(T, v, fv);
+            TValue *fv = em_tr_function_value(T, f, -1);
+            if (fv) r = em_tr_bound(T, v, fv);
         }
         Py_DECREF(f);
         return r;
@@ -686,14 +686,14 @@ static TValue *super_attr(Trace *T, TValue *s, PyObject *name) {
         if (!d && PyErr_Occurred()) return NULL;
         if (!d) continue;
         if (PyFunction_Check(d)) {
-            TValue *f = function_value(T, d, -1);
-            return f ? bound(T, self, f) : NULL;
+            TValue *f = em_tr_function_value(T, d, -1);
+            return f ? em_tr_bound(T, self, f) : NULL;
         }
         if (Py_TYPE(d) == &PyWrapperDescr_Type || Py_TYPE(d) == &PyMethodDescr_Type) {
             /* object.__getattribute__, dict.__setitem__ ...: em_tr_call_slot runs them */
             TValue *f = em_tr_object(T, d, -1);
             if (f) f->stable = true;
-            return f ? bound(T, self, f) : NULL;
+            return f ? em_tr_bound(T, self, f) : NULL;
         }
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "super().%U is not a function", name);
         return NULL;

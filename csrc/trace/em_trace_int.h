@@ -365,6 +365,12 @@ TValue *em_tr_effect_cell_of(Trace *T, PyObject *cellobj);
 /* Builds res->effects / res->effect_names (nothing when no effect was recorded). */
 int em_tr_effects_spec(Trace *T, OutCtx *C);
 
+/* ---- em_trace_attr.c: values for functions found by attribute lookups ---- */
+/* A real Python function f (identity-stable), with source src or -1. */
+TValue *em_tr_function_value(Trace *T, PyObject *f, GuardSrc src);
+/* The method func bound to self. */
+TValue *em_tr_bound(Trace *T, TValue *self, TValue *func);
+
 /* ---- em_trace_value.c ---- */
 TValue *em_tr_new(Trace *T, TVKind kind);
 TValue *em_tr_const(Trace *T, PyObject *obj);             /* held; CONST, or TUPLE of CONST */

@@ -13,25 +13,9 @@
 
 #include <string.h>
 
-static TValue *fn_value(Trace *T, PyObject *f) {
-    TValue *v = em_tr_new(T, TV_FUNCTION);
-    if (!v) return NULL;
-    v->obj = em_arena_hold(T->arena, f);
-    v->stable = true;
-    return v;
-}
-
-static TValue *bound_to(Trace *T, TValue *self, TValue *func) {
-    TValue *b = em_tr_new(T, TV_BOUND_METHOD);
-    if (!b) return NULL;
-    b->u.bm.self = self;
-    b->u.bm.func = func;
-    return b;
-}
-
 /* Inlines the Python function f(self, *rest). */
 static TValue *inline2(Trace *T, PyObject *f, TValue *self, TValue **rest, uint32_t nrest) {
-    TValue *fv = fn_value(T, f);
+    TValue *fv = em_tr_function_value(T, f, -1);
     TValue **all = em_arena_alloc(T->arena, sizeof(TValue *) * (nrest + 2));
     if (!fv || !all) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
@@ -169,7 +153,7 @@ TValue *em_tr_instance_new(Trace *T, PyObject *cls, TValue **args, uint32_t narg
     }
     PyObject *init = _PyType_Lookup(tp, em_str("__init__"));
     if (init && PyFunction_Check(init)) {
-        TValue *fv = fn_value(T, init);
+        TValue *fv = em_tr_function_value(T, init, -1);
         TValue **all = em_arena_alloc(T->arena, sizeof(TValue *) * (nargs + nkw + 2));
         if (!fv || !all) {
             if (!PyErr_Occurred()) PyErr_NoMemory();
@@ -232,11 +216,11 @@ static TValue *instance_generic_getattr(Trace *T, TValue *v, PyObject *name, int
         if (Py_TYPE(descr) == &PyMethodDescr_Type || Py_TYPE(descr) == &PyWrapperDescr_Type) {
             TValue *f = em_tr_object(T, descr, -1);
             if (f) f->stable = true;
-            return f ? bound_to(T, v, f) : NULL;
+            return f ? em_tr_bound(T, v, f) : NULL;
         }
         if (PyFunction_Check(descr)) {
-            TValue *f = fn_value(T, descr);
-            return f ? bound_to(T, v, f) : NULL;
+            TValue *f = em_tr_function_value(T, descr, -1);
+            return f ? em_tr_bound(T, v, f) : NULL;
         }
         if (Py_IS_TYPE(descr, &PyClassMethod_Type) || Py_IS_TYPE(descr, &PyStaticMethod_Type)) {
             PyObject *f = PyObject_GetAttrString(descr, "__func__");
@@ -248,12 +232,12 @@ static TValue *instance_generic_getattr(Trace *T, TValue *v, PyObject *name, int
             if (!PyFunction_Check(f))
                 em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "static/class method .%U", name);
             else if (Py_IS_TYPE(descr, &PyStaticMethod_Type))
-                r = fn_value(T, f);
+                r = em_tr_function_value(T, f, -1);
             else {
-                TValue *fv = fn_value(T, f), *c = em_tr_object(T, (PyObject *)tp, -1);
+                TValue *fv = em_tr_function_value(T, f, -1), *c = em_tr_object(T, (PyObject *)tp, -1);
                 if (fv && c) {
                     c->stable = true;
-                    r = bound_to(T, c, fv);
+                    r = em_tr_bound(T, c, fv);
                 }
             }
             Py_DECREF(f);
