@@ -2,8 +2,9 @@
 with a backend whose callable returns precomputed outputs (no tensor work), so that a call costs
 only the frontend: binding, guards, output building. Two such backends: "quiet" creates no dict
 (on 3.11 the probe epoch holds, the dict group is skipped), "dict" creates one dict per call, as
-Inductor's callable does (on 3.11 every call walks the whole dict group; on 3.12 the dict watchers
-skip it). Each is timed plain and under ember.pinned (the UNSAFE pin: no guard runs).
+Inductor's callable does (on 3.12 the dict watchers skip the group; on 3.11 the callable's dict
+activity is excused by the window around the call, docs/architecture.md "Guards", so the group is
+skipped too; before that window every call walked the whole group, 5 dicts per submodule). Each is timed plain and under ember.pinned (the UNSAFE pin: no guard runs).
 Per-call µs = min over interleaved rounds of loops of N calls (the minimum is the least noisy
 figure on a shared machine). usage: python bench/guard_cost.py [--rounds 9] [--calls 5000]
 """

@@ -461,6 +461,18 @@ static inline uint64_t dict_tag(PyObject *d) { return ((PyDictObject *)d)->ma_ve
  * the epoch stays and every guard set that passed its dict group at this epoch skips the group
  * (the same one-compare steady state as the 3.12 watchers). Any mutation in between moves the
  * epoch and costs each guard set one exact re-check. */
+/* Stores into the probe dict (a changed value: insertdict assigns a new tag) and reads its tag:
+ * the global counter. 0, or -1 (exception cleared). */
+static int probe_read(EmGuardState *st, uint64_t *v) {
+    st->probe_flip ^= 1;
+    if (PyDict_SetItem(st->probe_dict, st->s_module, st->probe_flip ? Py_True : Py_False) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    *v = dict_tag(st->probe_dict);
+    return 0;
+}
+
 static uint64_t dict_probe_epoch(void) {
     EmGuardState *st = &em_guard_state;
     if (!st->probe_dict) {
@@ -470,17 +482,44 @@ static uint64_t dict_probe_epoch(void) {
             return ++st->dict_epoch;
         }
     }
-    st->probe_flip ^= 1; /* a changed value: insertdict assigns a new tag */
-    if (PyDict_SetItem(st->probe_dict, st->s_module, st->probe_flip ? Py_True : Py_False) < 0) {
-        PyErr_Clear();
-        return ++st->dict_epoch;
-    }
-    uint64_t v = dict_tag(st->probe_dict);
+    uint64_t v;
+    if (probe_read(st, &v) < 0) return ++st->dict_epoch;
     if (v != st->probe_last + 1) st->dict_epoch++;
     st->probe_last = v;
     return st->dict_epoch;
 }
 #endif
+
+/* See em_guard.h. */
+void em_guard_window_open(const GuardSet *gs, EmGraphWindow *w, unsigned long stamp) {
+    w->open = 0;
+#if EM_PY312
+    EM_UNUSED(gs);
+    EM_UNUSED(stamp);
+#else
+    EmGuardState *st = &em_guard_state;
+    w->gen = ++st->window_gen; /* also closes an enclosing window */
+    if (gs->ndict < EM_DICT_PROBE_MIN || gs->dict_epoch == UINT64_MAX) return;
+    if (dict_probe_epoch() != gs->dict_epoch) return; /* a dict changed since the check passed */
+    w->stamp = stamp;
+    w->open = 1;
+#endif
+}
+
+/* See em_guard.h. */
+void em_guard_window_close(EmGraphWindow *w, unsigned long stamp) {
+#if EM_PY312
+    EM_UNUSED(w);
+    EM_UNUSED(stamp);
+#else
+    EmGuardState *st = &em_guard_state;
+    if (!w->open || w->gen != st->window_gen || w->stamp != stamp) return;
+    w->open = 0;
+    uint64_t v;
+    if (probe_read(st, &v) < 0) st->dict_epoch++;
+    else st->probe_last = v; /* the epoch stays: the call's dict activity is excused */
+#endif
+}
 
 /* Appends (key, value) to a builder dict leaf's pairs (both held by the arena; value NULL: absent).
  * 0, or -1 with MemoryError. */
@@ -1237,10 +1276,15 @@ int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int 
     uint64_t epoch = em_guard_state.dict_epoch;
     int skip = gs->dict_epoch == epoch && em_guard_state.watcher_id >= 0;
 #else
+    em_guard_state.window_gen++; /* a check inside a graph callable closes its window */
     /* a small group costs less than the probe (a dict store): it is always walked */
     uint64_t epoch = gs->ndict >= EM_DICT_PROBE_MIN ? dict_probe_epoch() : UINT64_MAX;
     int skip = epoch != UINT64_MAX && gs->dict_epoch == epoch;
 #endif
+    if (gs->ndict) {
+        if (skip) em_guard_state.group_skips++;
+        else em_guard_state.group_walks++;
+    }
     if (!skip && !dict_group_passes(gs, &i)) goto fail;
     gs->dict_epoch = epoch;
     for (i = gs->ndict; i < gs->nleaf; i++)
@@ -1285,11 +1329,26 @@ static int intern(PyObject **slot, const char *s) {
     return 0;
 }
 
+/* ember._C._guard_stats() -> {"dict_group_walks": n, "dict_group_skips": n}: how many guard checks
+ * since start-up compared their dict-version group slot by slot, and how many passed it with one
+ * epoch compare (tests check the 3.12 watcher and 3.11 probe fast paths by these, not by timing). */
+static PyObject *guard_stats(PyObject *self, PyObject *noargs) {
+    return Py_BuildValue("{sKsK}", "dict_group_walks", (unsigned long long)em_guard_state.group_walks,
+                         "dict_group_skips", (unsigned long long)em_guard_state.group_skips);
+}
+
 /* Interned names and, on 3.12, the dict watcher; torch objects now if torch is already imported
- * (otherwise at the first compile). module may be NULL. */
+ * (otherwise at the first compile). module may be NULL (a lazy init: no functions are added). */
 int em_guard_init(PyObject *module) {
     EmGuardState *st = &em_guard_state;
-    EM_UNUSED(module);
+    static PyMethodDef stats_def = {"_guard_stats", guard_stats, METH_NOARGS, "Dict-group fast-path counters."};
+    if (module) {
+        PyObject *f = PyCFunction_New(&stats_def, NULL);
+        if (!f || PyModule_AddObject(module, "_guard_stats", f) < 0) {
+            Py_XDECREF(f);
+            return -1;
+        }
+    }
     if (intern(&st->str_cpu, "cpu") < 0 || intern(&st->str_cuda, "cuda") < 0 ||
         intern(&st->s_requires_grad, "requires_grad") < 0 || intern(&st->s_is_conj, "is_conj") < 0 ||
         intern(&st->s_is_neg, "is_neg") < 0 || intern(&st->s_shape, "shape") < 0 ||

@@ -100,6 +100,26 @@ int em_guard_nfetch(const GuardSet *gs);
  * fails (*failed = index of the failing guard, fetched holds nothing). A source that cannot be
  * evaluated (attribute error, ...) counts as a failure, and the exception is cleared. */
 int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int *failed);
+/* 3.11 only (3.12's dict watchers need none of this; there both calls are no-ops). A compiled
+ * graph's callable (a backend's compiled function: Inductor's creates dicts on every call) moves
+ * 3.11's global dict-version counter, so the next check's probe (em_guard.c) would see "some dict
+ * changed" and walk the whole dict group: a cost that grows with the number of guarded dicts
+ * (hook dicts of every submodule). The callable is a compiled form of a graph, which mutates no
+ * Python object (torch's backend contract: the callable computes what the fx graph computes; the
+ * frame's own writes are replayed by ember after it), so the dict activity inside it is excused:
+ * em_guard_window_open, right before the call, checks that nothing changed since gs passed (a
+ * probe); em_guard_window_close, right after a successful call, re-reads the counter without
+ * moving the epoch, unless other code may have run inside the call: stamp (read by the caller,
+ * em_hook_window_stamp) moved because another thread took the GIL or the cyclic GC ran, or a
+ * nested window opened (compiled code answered inside the call). Small groups (no probe) open
+ * no window. */
+typedef struct EmGraphWindow {
+    uint64_t gen;
+    unsigned long stamp;
+    int open;
+} EmGraphWindow;
+void em_guard_window_open(const GuardSet *gs, EmGraphWindow *w, unsigned long stamp);
+void em_guard_window_close(EmGraphWindow *w, unsigned long stamp);
 /* UNSAFE by design (ember.pin): fills fetched like a passing em_guard_check without evaluating a
  * single leaf. 1, or 0 when a fetched source cannot be evaluated (exception cleared). */
 int em_guard_fetch_only(GuardSet *gs, const EmFrameView *fv, PyObject **fetched);

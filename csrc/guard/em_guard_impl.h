@@ -223,6 +223,10 @@ typedef struct EmGuardState {
     PyObject *probe_dict;        /* 3.11: the private dict whose tag reads the global counter */
     uint64_t probe_last;
     int probe_flip;
+    uint64_t group_walks, group_skips; /* dict groups compared slot by slot / passed at once
+                                          (ember._C._guard_stats) */
+    uint64_t window_gen;         /* 3.11: bumped by every guard check and window opening: a nested
+                                    one closes the window around a graph callable (em_guard.h) */
 } EmGuardState;
 
 extern EmGuardState em_guard_state;

@@ -6,6 +6,7 @@
  * frame), the stub runs with the hook active under the entry's config, so the resume function's
  * frame is compiled like any other; whatever raises leaves the grad mode as eager would. */
 #include "hook/em_hook.h"
+#include "hook/em_hook_cpython.h"
 
 #include <stdlib.h>
 
@@ -36,8 +37,11 @@ static PyObject *run_graph(CacheEntry *e, PyObject **fetched) {
     PyObject **args = e->ninputs <= 16 ? small : PyMem_Malloc(e->ninputs * sizeof(PyObject *));
     if (!args) return PyErr_NoMemory();
     for (uint32_t i = 0; i < e->ninputs; i++) args[i] = fetched[e->input_fetch[i]];
+    EmGraphWindow w;
+    em_guard_window_open(e->guards, &w, em_hook_window_stamp());
     PyObject *out = e->eager_graph ? em_eager_graph_run(e->compiled, args, e->ninputs)
                                    : PyObject_Vectorcall(e->compiled, args, e->ninputs, NULL);
+    if (out) em_guard_window_close(&w, em_hook_window_stamp());
     if (args != small) PyMem_Free(args);
     return out;
 }

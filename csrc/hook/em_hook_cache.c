@@ -4,6 +4,7 @@
  * call only if all its guards pass. The ExtraState is freed with its code object (co_extra's free
  * function); ember.reset drops the entries of every live ExtraState. */
 #include "hook/em_hook.h"
+#include "hook/em_hook_cpython.h"
 
 #include "trace/em_trace.h"
 #include "autograd/em_autograd.h"
@@ -219,8 +220,11 @@ PyObject *em_entry_run(CacheEntry *e, PyObject **fetched, PyObject *globals) {
         goto done;
     }
     for (uint32_t i = 0; i < e->ninputs; i++) args[i] = fetched[e->input_fetch[i]];
+    EmGraphWindow w;
+    em_guard_window_open(e->guards, &w, em_hook_window_stamp());
     if (e->eager_graph) out = em_eager_graph_run(e->compiled, args, e->ninputs);
     else out = PyObject_Vectorcall(e->compiled, args, e->ninputs, NULL);
+    if (out) em_guard_window_close(&w, em_hook_window_stamp());
     if (!out) {
         if (e->grad_restore >= 0) em_entry_restore_grad_mode(e->grad_restore);
         goto done;

@@ -13,6 +13,29 @@
 #define Py_BUILD_CORE_MODULE 1
 #endif
 #include "internal/pycore_frame.h"
+#if !EM_PY312
+#include "internal/pycore_interp.h"
+#include "internal/pycore_runtime.h"
+#endif
+
+/* A stamp that moves whenever Python code other than the running call's own may have run: another
+ * thread took the GIL (3.11: _PyRuntime.ceval.gil.switch_number, internal/pycore_gil.h; take_gil
+ * counts a hand-over whenever the new holder is not the last one) or the cyclic GC collected (its
+ * finalizers and weakref callbacks run arbitrary code; the interpreter's per-generation collection
+ * counts, internal/pycore_gc.h). Both only grow, so their sum is unchanged exactly when neither
+ * moved. For em_guard_window_open/close (em_guard.h); 3.12 has no use for it (dict watchers) and
+ * answers 0. */
+static inline unsigned long em_hook_window_stamp(void)
+{
+#if EM_PY312
+    return 0;
+#else
+    const struct _gc_runtime_state *gc = &PyInterpreterState_Get()->gc;
+    unsigned long n = _PyRuntime.ceval.gil.switch_number;
+    for (int g = 0; g < NUM_GENERATIONS; g++) n += (unsigned long)gc->generation_stats[g].collections;
+    return n;
+#endif
+}
 
 /* The frame's code object and function object (borrowed; the frame holds strong references).
  * 3.11: f_func is a PyFunctionObject *; 3.12: f_funcobj is a PyObject * (internal/pycore_frame.h). */

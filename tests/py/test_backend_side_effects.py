@@ -283,3 +283,147 @@ def test_inductor_resnet_block_compiles_once():
     info = entries(c)
     assert len(info) == 1 and info[0]["kind"] == "graph", [e["detail"] for e in info]
     assert info[0]["hits"] == 2
+
+
+# ---- The compiled callable's own dict activity (issue 7, item 3) ----
+# A backend's callable (Inductor's) creates dicts on every call. On 3.11 that moves the global
+# dict-version counter that ember's probe reads, and every next check compared its whole dict group
+# (5 dicts per submodule): guard cost grew with the number of submodules. The call of a graph's
+# callable is now a window whose dict activity is excused (em_guard.h, em_guard_window_open), unless
+# another thread ran inside it: the callable computes what the graph computes, and a graph mutates
+# no Python object (torch's backend contract; a callable that writes module state breaks it).
+# These tests hold on 3.11 and 3.12 alike.
+
+
+class Add(nn.Module):
+    def __init__(self, i):
+        super().__init__()
+        self.i = i
+
+    def forward(self, x):
+        return x + self.i
+
+
+class Chain(nn.Module):
+    """20 submodules: a dict-version group of over 100 dicts (3.11 probes groups of 64 or more)."""
+
+    def __init__(self, n=20):
+        super().__init__()
+        self.fs = nn.ModuleList([Add(i) for i in range(n)])
+
+    def forward(self, x):
+        for f in self.fs:
+            x = f(x)
+        return x
+
+
+class DictMakingBackend:
+    """Returns a callable that creates dicts on every call, as Inductor's does; `during`, when set,
+    runs inside the callable once (then is cleared)."""
+
+    def __init__(self):
+        self.count = 0
+        self.during = None
+
+    def __call__(self, gm, example_inputs):
+        self.count += 1
+
+        def run(*args):
+            scratch = {"made": len(args)}  # noqa: F841  (a new dict: moves 3.11's counter)
+            out = gm.forward(*args)
+            during, self.during = self.during, None
+            if during is not None:
+                during()
+            return out
+        return run
+
+
+def test_callable_dict_activity_keeps_the_dict_group_fast_path():
+    m, backend = Chain(), DictMakingBackend()
+    c = ember.compile(m, backend=backend)
+    x = torch.zeros(3)
+    want = m(x)
+    for _ in range(3):
+        assert_same(c(x), want)
+    before = ember._C._guard_stats()  # a new dict outside any call: the next check walks once
+    for _ in range(10):
+        c(x)
+    after = ember._C._guard_stats()
+    # without the window every one of the 10 checks walks its group (3.11)
+    assert after["dict_group_walks"] - before["dict_group_walks"] <= 1, (before, after)
+    assert after["dict_group_skips"] - before["dict_group_skips"] >= 9
+    assert backend.count == 1
+
+
+def test_hook_registered_between_calls_runs():
+    m, backend = Chain(), DictMakingBackend()
+    c = ember.compile(m, backend=backend)
+    x = torch.zeros(3)
+    for _ in range(3):
+        assert_same(c(x), m(x))
+    h = m.fs[7].register_forward_hook(lambda mod, args, out: out * 2)
+    assert_same(c(x), m(x))
+    h.remove()
+    assert_same(c(x), m(x))
+
+
+def test_hook_registered_by_another_thread_during_the_call_runs():
+    """Another thread takes the GIL while the callable runs (join releases it) and registers a
+    hook: the window is not excused (CPython's GIL hand-over count moved), the next call sees it."""
+    import threading
+    m, backend = Chain(), DictMakingBackend()
+    c = ember.compile(m, backend=backend)
+    x = torch.zeros(3)
+    for _ in range(3):
+        assert_same(c(x), m(x))
+    handles = []
+
+    def in_the_call():
+        t = threading.Thread(target=lambda: handles.append(m.fs[7].register_forward_hook(
+            lambda mod, args, out: out * 2)))
+        t.start()
+        t.join()
+
+    backend.during = in_the_call
+    first = c(x)  # the hook came during this call, after its graph ran: not in this result
+    second = c(x)  # nothing between the two calls: only the window decides whether guards re-check
+    assert handles
+    assert float(first[0]) == sum(range(20))
+    assert float(second[0]) == 2 * sum(range(8)) + sum(range(8, 20))
+    assert_same(second, m(x))
+    handles[0].remove()
+
+
+def test_hook_registered_by_a_finalizer_during_the_call_runs():
+    """The cyclic GC runs inside the callable and a finalizer registers a hook: the window is not
+    excused (the GC's collection count moved), the next call sees the hook."""
+    import gc
+    m, backend = Chain(), DictMakingBackend()
+    c = ember.compile(m, backend=backend)
+    x = torch.zeros(3)
+    for _ in range(3):
+        assert_same(c(x), m(x))
+    handles = []
+
+    class RegistersWhenCollected:
+        def __init__(self):
+            self.me = self  # a reference cycle: only the cyclic GC frees it
+
+        def __del__(self):
+            handles.append(m.fs[7].register_forward_hook(lambda mod, args, out: out * 2))
+
+    enabled = gc.isenabled()
+    gc.disable()  # the collection must happen inside the call, not at an allocation before it
+    try:
+        RegistersWhenCollected()
+        backend.during = gc.collect
+        first = c(x)
+        second = c(x)
+    finally:
+        if enabled:
+            gc.enable()
+    assert handles
+    assert float(first[0]) == sum(range(20))
+    assert float(second[0]) == 2 * sum(range(8)) + sum(range(8, 20))
+    assert_same(second, m(x))
+    handles[0].remove()
