@@ -11,7 +11,13 @@ Programs (issue 11's model targets), all inference under torch.no_grad():
   the fast path off (torch.backends.mha.set_fastpath_enabled(False): linear, attention, layer_norm,
   the math a compiler can fuse);
 - ResNet-18 on (16, 3, 128, 128): torchvision's when it imports, else bench/resnet.py's definition
-  (the same architecture: BasicBlock [2, 2, 2, 2], 1000 classes); the output says which.
+  (the same architecture: BasicBlock [2, 2, 2, 2], 1000 classes); the output says which;
+- transformers' GPT-2 (LM head) and BERT, 2 layers, width 64, batch 2, sequence 16 (examples/hf_models.py,
+  built from a config; the anchor's "real models"), when transformers imports (not with --quick).
+
+--device cuda runs every program on the GPU (backend "ember" then compiles CUDA C, docs/backend_cuda.md):
+the timings synchronize the device after each timed loop and each first call. The seeds run there too
+(their tensors are tiny: per-call overhead and launch counts, not bandwidth).
 
 Per program: the median per-call time over interleaved rounds, speedup over eager (> 1 = faster),
 and compile time (the first call, which traces and compiles) with a cold cache (ember: an empty
@@ -21,7 +27,7 @@ compile one trivial function so that importing their machinery is not billed to 
 Every compiled output is checked against eager (assert_close, float32 tolerances scaled for deep
 models). Timings are never asserted by tests.
 
-usage: python bench/models.py [--device cpu] [--quick] [--rounds N] [--only NAME] [--no-inductor] [--json PATH]
+usage: python bench/models.py [--device cpu|cuda] [--quick] [--rounds N] [--only NAME] [--no-inductor] [--json PATH]
 --quick: 3 timed rounds and the seeds, the transformer (fast path off) and ResNet-18 only.
 """
 import argparse
@@ -131,7 +137,27 @@ class NoCtx:
         pass
 
 
-def programs(quick):
+def hf_programs():
+    """GPT-2 and BERT from examples/hf_models.py (first input of each), or [] without transformers."""
+    sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+    try:
+        import hf_models
+    except Exception:  # transformers missing or broken: the other programs still run
+        return []
+    return [(name, model, calls[0], NoCtx, 1e-4) for name, model, calls in hf_models.cases()]
+
+
+def to_device(v, device):
+    if isinstance(v, torch.Tensor):
+        return v.to(device)
+    if isinstance(v, dict):
+        return {k: to_device(x, device) for k, x in v.items()}
+    if isinstance(v, (tuple, list)):
+        return type(v)(to_device(x, device) for x in v)
+    return v
+
+
+def programs(quick, device="cpu"):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     x10, y10 = torch.randn(10, 10, generator=g), torch.randn(10, 10, generator=g)
@@ -149,7 +175,17 @@ def programs(quick):
     out.append(("transformer_encoder_nofastpath", transformer_encoder(), (seq,), FastPathOff, 1e-4))
     rn, src = resnet18()
     out.append(("resnet18", rn, (torch.randn(16, 3, 128, 128, generator=g),), NoCtx, 1e-3))
+    if not quick:
+        out.extend(hf_programs())
+    if device != "cpu":
+        out = [(n, fn.to(device) if isinstance(fn, nn.Module) else fn, to_device(args, device), ctx, tol)
+               for n, fn, args, ctx, tol in out]
     return out, src
+
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def fresh_inductor_cache():
@@ -166,14 +202,18 @@ def fresh_inductor_cache():
     return d
 
 
-def timed_first(fn, args):
+def timed_first(fn, args, device="cpu"):
+    sync(device)
     t0 = time.perf_counter()
     with torch.no_grad():
         out = fn(*args)
+    sync(device)
     return time.perf_counter() - t0, out
 
 
 def check(out, ref, tol):
+    if hasattr(out, "to_tuple"):  # a transformers ModelOutput
+        out, ref = out.to_tuple(), ref.to_tuple()
     if tol == 0:
         torch.testing.assert_close(out, ref, rtol=0, atol=0)
     else:
@@ -182,22 +222,24 @@ def check(out, ref, tol):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cpu", help="only cpu: ember's backend on CPU (the CUDA one is another issue)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--only", default=None)
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    if a.device != "cpu":
-        ap.error("--device: only cpu is supported by backend='ember' for now")
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device")
     rounds = a.rounds or (3 if a.quick else 10)
     import ember
 
     ember_cache = tempfile.mkdtemp(prefix="ember-bench-cache-")
+    dev = a.device
     print(f"machine: {platform.machine()} {platform.processor() or ''} cpus={os.cpu_count()} "
-          f"torch={torch.__version__} threads={torch.get_num_threads()} python={platform.python_version()}")
-    progs, rn_src = programs(a.quick)
+          f"torch={torch.__version__} threads={torch.get_num_threads()} python={platform.python_version()}"
+          + (f" device={torch.cuda.get_device_name(0)}" if dev.startswith("cuda") else ""))
+    progs, rn_src = programs(a.quick, dev)
     print(f"resnet18: {rn_src}")
 
     # warm up both compilers' machinery (imports, first compiler call) on a trivial function
@@ -205,12 +247,14 @@ def main(argv=None):
         return x * 2 + 1
     ember.config.cache_dir = os.path.join(ember_cache, "warmup")
     t = time.perf_counter()
-    ember.compile(_warm, backend="ember")(torch.ones(4))
+    ember.compile(_warm, backend="ember")(torch.ones(4, device=dev))
+    sync(dev)
     warm_ember = time.perf_counter() - t
     warm_ind = 0.0
     if not a.no_inductor:
         t = time.perf_counter()
-        torch.compile(_warm, backend="inductor")(torch.ones(4))
+        torch.compile(_warm, backend="inductor")(torch.ones(4, device=dev))
+        sync(dev)
         warm_ind = time.perf_counter() - t
     print(f"first compile in process (imports): ember {warm_ember:.2f} s, inductor {warm_ind:.2f} s")
 
@@ -225,38 +269,45 @@ def main(argv=None):
             ember.config.cache_dir = os.path.join(ember_cache, name)
             ember.reset()
             ef = ember.compile(fn, backend="ember")
-            cs["ember_cold"], out = timed_first(ef, args)
+            cs["ember_cold"], out = timed_first(ef, args, dev)
             check(out, ref, tol)
             ember.reset()
             ef = ember.compile(fn, backend="ember")
-            cs["ember_warm"], out = timed_first(ef, args)
+            cs["ember_warm"], out = timed_first(ef, args, dev)
             check(out, ref, tol)
             comp["ember"] = ef
             infos = [i.get("ember") for i in ember.cache_info(ef) if i.get("ember")]
-            kinfo = {"graphs": len(infos), "kernels": sum(i["kernels"] for i in infos),
-                     "externs": sum(i["externs"] for i in infos),
+            kinfo = {"graphs": len(infos), "kernels": sum(i.get("kernels", 0) for i in infos),
+                     "externs": sum(i.get("externs", 0) for i in infos),
                      "fallback": [i["fallback"] for i in infos if i.get("fallback")]}
             if not a.no_inductor:
                 fresh_inductor_cache()
                 torch._dynamo.reset()
                 tf = torch.compile(fn, backend="inductor")
-                cs["inductor_cold"], out = timed_first(tf, args)
+                cs["inductor_cold"], out = timed_first(tf, args, dev)
                 check(out, ref, tol)
                 torch._dynamo.reset()
                 tf = torch.compile(fn, backend="inductor")
-                cs["inductor_warm"], out = timed_first(tf, args)
+                cs["inductor_warm"], out = timed_first(tf, args, dev)
                 comp["inductor"] = tf
             times = {k: [] for k in comp}
-            small = name.startswith("seed_")
-            inner = 200 if small else 1
             for f in comp.values():  # warm-up
-                for _ in range(inner if small else 2):
+                for _ in range(3):
                     f(*args)
+            sync(dev)
+            t0 = time.perf_counter()
+            fn(*args)
+            sync(dev)
+            one = time.perf_counter() - t0
+            inner = max(1, min(200, int(0.02 / max(one, 1e-7))))  # timed loops of about 20 ms
+            small = one < 1e-3
+            sync(dev)
             for _ in range(rounds):
                 for k, f in comp.items():
                     t0 = time.perf_counter()
                     for _ in range(inner):
                         f(*args)
+                    sync(dev)
                     times[k].append((time.perf_counter() - t0) / inner)
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         results[name] = {"median_ms": med, "compile_s": cs, "ember": kinfo}
@@ -269,7 +320,7 @@ def main(argv=None):
               + (f" fallback={kinfo['fallback']}" if kinfo["fallback"] else "") + ")", flush=True)
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"resnet18": rn_src, "results": results}, fh, indent=1)
+            json.dump({"resnet18": rn_src, "device": dev, "results": results}, fh, indent=1)
     return 0
 
 

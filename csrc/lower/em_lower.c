@@ -1549,7 +1549,10 @@ static int mutates(const IRNode *n) {
     if (target_key(n, key, sizeof key) == 0) {
         const char *dot = strrchr(key, '.');
         const char *base = dot ? dot + 1 : key;
-        if (name_is_inplace(base) || strcmp(base, "setitem") == 0) return 1;
+        /* the operator module spells its in-place forms op.iadd ... (the table below); its and_,
+         * or_, not_, concat ... are out-of-place despite the trailing underscore */
+        int op_module = strncmp(key, "op.", 3) == 0;
+        if ((!op_module && name_is_inplace(base)) || strcmp(base, "setitem") == 0) return 1;
         for (size_t i = 0; i < sizeof inplace_operators / sizeof inplace_operators[0]; i++)
             if (strcmp(key, inplace_operators[i][0]) == 0 && n->meta.kind == IRMETA_TENSOR) return 1;
     }

@@ -308,6 +308,17 @@ def test_inplace_op_on_a_fresh_value_is_functionalized():
     assert not info.get("fallback") and info["kernels"] == 1 and info["externs"] == 0
 
 
+def test_operator_and_is_not_an_in_place_op():
+    """operator.and_ / or_ (a & b on masks, as transformers' GPT-2 builds its attention mask) end in
+    an underscore but are out-of-place: the graph stays on backend "ember" (it used to fall back)."""
+    def f(x, y):
+        m = (x > 0) & (y < 0.5)
+        k = (x < -1) | m
+        return torch.where(k, x, y) + 1
+    info = check(f, torch.randn(6, 5), torch.randn(6, 5))
+    assert not info.get("fallback"), info.get("fallback")
+
+
 def test_inplace_op_on_an_input_runs_on_the_eager_backend():
     def f(x):
         x.mul_(2)
