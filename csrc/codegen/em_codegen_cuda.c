@@ -142,6 +142,8 @@ static LDtype access_dtype(const Schedule *s, const SKernel *k, const SAccess *a
  * vector stays in one row and keeps the base's alignment. 1 = scalar only. */
 int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k) {
     if (k->reduction || k->ndim == 0) return 1;
+    for (uint32_t q = 0; q < k->nloads; q++)
+        if (k->loads[q].mask) return 1; /* masked loads (padding, cat) run the scalar path */
     int maxsz = 0, any_unit = 0, last = k->ndim - 1;
     for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
         const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
@@ -429,6 +431,27 @@ static void addr_expr(SB *b, const SAccess *ac, int from, int to, const char *pr
     free(t.p);
 }
 
+/* A masked load (pooling with padding, cat): `(i<j> in [lo, hi) for each masked dim) ? load : fill`;
+ * the address is only formed, and memory only read, inside the ranges (as the C generator does). */
+static void masked_open(SB *b, const SKernel *k, const SAccess *ac) {
+    int first = 1;
+    sb_printf(b, "(");
+    for (int j = 0; j < k->ndim; j++) {
+        if (!((ac->mask >> j) & 1)) continue;
+        sb_printf(b, "%si%d >= %lld && i%d < %lld", first ? "" : " && ", j, (long long)ac->lo[j], j, (long long)ac->hi[j]);
+        first = 0;
+    }
+    sb_printf(b, ") ? ");
+}
+
+static void masked_close(SB *b, LDtype dt, const SAccess *ac) {
+    if (!em_ldt_is_float(dt)) sb_printf(b, " : (%s)%lldLL", ctype(dt), (long long)ac->ival);
+    else if (ac->fval != ac->fval) sb_printf(b, " : EM_NAN%s", dt == LDT_F64 ? "" : "F");
+    else if (ac->fval == -INFINITY || ac->fval == INFINITY)
+        sb_printf(b, " : %sEM_INF%s", ac->fval < 0 ? "-" : "", dt == LDT_F64 ? "" : "F");
+    else sb_printf(b, " : (%s)%.17e", ctype(dt), ac->fval); /* exponent form: a floating literal, keeps -0.0 */
+}
+
 /* The body of one element (scalar path): loads, values, store; `e` is the multi-index prefix. */
 static void pw_scalar_body(SB *b, const Schedule *s, const SKernel *k, const char *ind) {
     multi_index(b, k, 0, k->ndim, "i", "i", ind);
@@ -441,9 +464,11 @@ static void pw_scalar_body(SB *b, const Schedule *s, const SKernel *k, const cha
             addr_expr(&t, ac, 0, k->ndim, "i");
             sb_printf(&t, "]");
             sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
+            if (ac->mask) masked_open(b, k, ac);
             if (t.oom) b->oom = 1;
             else load_conv(b, n->dtype, t.p);
             free(t.p);
+            if (ac->mask) masked_close(b, n->dtype, ac);
             sb_printf(b, ";");
             end_line(b, s, n);
         } else {
@@ -922,7 +947,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L) 
     const SKernel *k = &s->kernels[ki];
     const LGraph *lg = s->lg;
     for (uint32_t q = 0; q < k->nloads; q++)
-        if (k->loads[q].mask) b->unsupported = "masked loads (pooling with padding, cat/stack)";
+        if (k->loads[q].mask && k->reduction) b->unsupported = "masked loads in a reduction kernel";
     choose_launch(s, k, L);
     sb_printf(b, "/* kernel %u (%s): ", ki, k->reduction ? "reduction" : "pointwise");
     for (uint32_t q = 0; q < k->nirs; q++) sb_printf(b, "%s%s", q ? ", " : "", lg->ir->nodes[k->irs[q]].name);

@@ -67,6 +67,8 @@ GRAPHS = [
     ("any_all", lambda x: torch.logical_or((x > 0).all(-1), (x > 2).any(-1)), [cpu(64, 100)]),
     ("reduce_two_dims", lambda x: x.sum((0, 2)), [cpu(6, 7, 9)]),
     ("prod", lambda x: x.prod(-1), [cpu(16, 10)]),
+    ("max_pool_padded", lambda x: F.max_pool2d(x, 3, 2, 1), [cpu(2, 3, 9, 11)]),
+    ("cat_stack", lambda a, b: torch.stack([torch.cat([a, b], 1), torch.cat([b, a], 1)]), [cpu(4, 5), cpu(4, 5)]),
 ]
 
 
@@ -361,6 +363,12 @@ EMU_CASES = [
     ("argmin_int64", lambda x: x.argmin(-1), [cpu(10, 600, dtype=torch.int64)]),
     ("softmax_misaligned_rows", lambda x: torch.softmax(x, -1), [cpu(4097)[1:].view(4, 1024)]),  # scalar path of chunks
     ("layer_norm_bf16_chunks", lambda x, w: F.layer_norm(x, (1024,), w), [cpu(6, 1024, dtype=_B), cpu(1024, dtype=_B)]),
+    # masked loads (scalar path): pooling windows over padding, cat/stack ranges
+    ("max_pool_padded", lambda x: F.max_pool2d(x, 3, 2, 1), [cpu(2, 3, 9, 11)]),
+    ("max_pool_relu_f16", lambda x: F.max_pool2d(torch.relu(x), 3, 2, 1) + 1, [cpu(2, 4, 8, 8, dtype=_H)]),
+    ("max_pool_int", lambda x: F.max_pool2d(x.float(), 2, 2, 1).to(torch.int32), [cpu(1, 2, 7, 7, dtype=torch.int32)]),
+    ("cat_dim1", lambda a, b: torch.cat([a * 2, b + 1], 1), [cpu(4, 5), cpu(4, 7)]),
+    ("stack_dim0", lambda a, b: torch.stack([a, b.exp()], 0), [cpu(4, 5), cpu(4, 5)]),
 ]
 
 
