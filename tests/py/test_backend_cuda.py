@@ -8,6 +8,8 @@ indexing, one row per warp or per block) are checked on the launch table and the
 With a GPU (tools/gpu_check.sh on the GPU machine): values against eager over dtypes, shapes and
 layouts, torch's current stream, several kernels, and the launch on misaligned inputs.
 """
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -292,6 +294,53 @@ def test_gpu_64bit_indexing():
     f = ember.compile(lambda x: x > 0, backend="ember")
     out = f(x)
     assert out.shape == x.shape and bool(out[-1]) and bool(out.all())
+
+
+@needs_gpu
+def test_gpu_masked_loads_pooling_and_cat():
+    """Masked loads (the scalar path): max-pool windows over padding, cat/stack pieces; ResNet's
+    stem (conv extern, batch-norm + relu kernel, padded max-pool kernel) stays on CUDA kernels."""
+    x = _cuda(2, 3, 9, 11)
+    _run(lambda x: F.max_pool2d(x, 3, 2, 1), x, kernels=1)
+    _run(lambda x: F.max_pool2d(torch.relu(x), 3, 2, 1) + 1, _cuda(2, 4, 8, 8, dtype=torch.float16))
+    _run(lambda a, b: torch.cat([a * 2, b + 1], 1), _cuda(4, 5), _cuda(4, 7))
+    _run(lambda a, b: torch.stack([a, b.exp()], 0), _cuda(4, 5), _cuda(4, 5))
+    conv = torch.nn.Conv2d(3, 8, 7, 2, 3).cuda().eval()
+    bn = torch.nn.BatchNorm2d(8).cuda().eval()
+    with torch.no_grad():
+        info = _run(lambda x: F.max_pool2d(torch.relu(bn(conv(x))), 3, 2, 1), _cuda(2, 3, 32, 32), rtol=1e-4, atol=1e-4)
+    assert info["externs"] >= 1 and info["kernels"] >= 1
+
+
+@needs_gpu
+def test_gpu_out_of_memory_raises_torchs_error_and_keeps_working():
+    """An output too large for the device: torch's OutOfMemoryError from the caching allocator
+    (ember allocates through it), then the same compiled function works on a small input."""
+    f = ember.compile(lambda x: x.expand(1 << 20, 1 << 19) + 1, backend="ember")
+    free, _ = torch.cuda.mem_get_info()
+    if (1 << 41) < free:  # the output is 2^39 float32 = 2 TiB
+        pytest.skip("the device has more than 2 TiB free")
+    with pytest.raises(torch.OutOfMemoryError):
+        f(_cuda(1 << 19))
+    g = ember.compile(lambda x: x * 2 + 1, backend="ember")
+    x = _cuda(1000)
+    torch.testing.assert_close(g(x), x * 2 + 1)
+
+
+@needs_gpu
+def test_gpu_launch_blocking_subprocess():
+    """CUDA_LAUNCH_BLOCKING=1 (every launch synchronous): same values, in a fresh process."""
+    import subprocess
+    import sys
+    code = ("import torch, ember\n"
+            "f = ember.compile(lambda x, y: torch.softmax(torch.cos(x) * y, -1), backend='ember')\n"
+            "x, y = torch.randn(64, 1000, device='cuda'), torch.randn(64, 1000, device='cuda')\n"
+            "torch.testing.assert_close(f(x, y), torch.softmax(torch.cos(x) * y, -1))\n"
+            "assert 'fallback' not in ember.cache_info(f)[0]['ember']\n"
+            "print('ok')\n")
+    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
 
 
 # ------------------------------------------------------------------------------------------------
