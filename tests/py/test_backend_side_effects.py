@@ -338,13 +338,18 @@ class DictMakingBackend:
         return run
 
 
-def test_callable_dict_activity_keeps_the_dict_group_fast_path():
+def compiled_chain():
+    """A Chain compiled with a DictMakingBackend and called 3 times (compiled, then hits)."""
     m, backend = Chain(), DictMakingBackend()
     c = ember.compile(m, backend=backend)
     x = torch.zeros(3)
-    want = m(x)
     for _ in range(3):
-        assert_same(c(x), want)
+        assert_same(c(x), m(x))
+    return m, backend, c, x
+
+
+def test_callable_dict_activity_keeps_the_dict_group_fast_path():
+    m, backend, c, x = compiled_chain()
     before = ember._C._guard_stats()  # a new dict outside any call: the next check walks once
     for _ in range(10):
         c(x)
@@ -356,11 +361,7 @@ def test_callable_dict_activity_keeps_the_dict_group_fast_path():
 
 
 def test_hook_registered_between_calls_runs():
-    m, backend = Chain(), DictMakingBackend()
-    c = ember.compile(m, backend=backend)
-    x = torch.zeros(3)
-    for _ in range(3):
-        assert_same(c(x), m(x))
+    m, backend, c, x = compiled_chain()
     h = m.fs[7].register_forward_hook(lambda mod, args, out: out * 2)
     assert_same(c(x), m(x))
     h.remove()
@@ -371,11 +372,7 @@ def test_hook_registered_by_another_thread_during_the_call_runs():
     """Another thread takes the GIL while the callable runs (join releases it) and registers a
     hook: the window is not excused (CPython's GIL hand-over count moved), the next call sees it."""
     import threading
-    m, backend = Chain(), DictMakingBackend()
-    c = ember.compile(m, backend=backend)
-    x = torch.zeros(3)
-    for _ in range(3):
-        assert_same(c(x), m(x))
+    m, backend, c, x = compiled_chain()
     handles = []
 
     def in_the_call():
@@ -398,11 +395,7 @@ def test_hook_registered_by_a_finalizer_during_the_call_runs():
     """The cyclic GC runs inside the callable and a finalizer registers a hook: the window is not
     excused (the GC's collection count moved), the next call sees the hook."""
     import gc
-    m, backend = Chain(), DictMakingBackend()
-    c = ember.compile(m, backend=backend)
-    x = torch.zeros(3)
-    for _ in range(3):
-        assert_same(c(x), m(x))
+    m, backend, c, x = compiled_chain()
     handles = []
 
     class RegistersWhenCollected:
