@@ -85,6 +85,11 @@ static const char PRELUDE[] =
     "    if (mod != 0 && (b < 0) != (mod < 0)) div -= 1.0f;\n"
     "    if (div != 0) { float fl = floorf(div); if (div - fl > 0.5f) fl += 1.0f; return fl; }\n"
     "    return copysignf(0.0f, a / b);\n}\n"
+    "/* Python's // and % on sizes (size expressions of symbolic graphs) */\n"
+    "static inline int64_t em_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }\n"
+    "static inline int64_t em_mod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n"
+    "static inline int64_t em_min(int64_t a, int64_t b) { return a < b ? a : b; }\n"
+    "static inline int64_t em_max(int64_t a, int64_t b) { return a > b ? a : b; }\n"
     "static inline double em_div_floor(double a, double b) {\n"
     "    if (b == 0) return a / b;\n"
     "    double mod = fmod(a, b), div = (a - mod) / b;\n"
@@ -190,10 +195,119 @@ static void expr(SB *b, const SKernel *k, uint32_t i) {
 #undef FN
 }
 
+/* ---- sizes as kernel arguments ----
+ * A kernel of a symbolic graph is `ember_k<i>(args, sv)`: sv[j] is the value of symbol j for this
+ * call (read by the runtime from the input tensors' sizes). Its domain sizes, access strides and
+ * offsets are size expressions, computed once at the top of the kernel from sv (locals n<j>,
+ * s<q>_<j>, o<q>) and used by name below; a static kernel uses literals, as before. */
+
+typedef struct {
+    char v[40];     /* literal, or the local's name */
+    int zero, one;  /* 0 / 1 for every size */
+} Num;
+
+typedef struct {
+    const SKernel *k;
+    ShapeEnv *env;            /* NULL: static kernel */
+    uint8_t *used;            /* per symbol: read by some kernel (the runtime must supply it) */
+    int bad;                  /* an expression C cannot render */
+    Num size[EM_LMAXDIM];
+    Num *off;                 /* per access (loads, then stores) */
+    Num (*st)[EM_LMAXDIM];
+    Num R;                    /* the inner extent */
+} KG;
+
+/* Writes the C of a size expression (Python // and % semantics: em_floordiv, em_mod). */
+static void sym_c(SB *b, KG *g, SymRef e) {
+    int64_t kk, c;
+    uint32_t n;
+    if (e == SYM_NONE) {
+        g->bad = 1;
+        sb_printf(b, "0");
+        return;
+    }
+    SymOp op = em_sym_node(g->env, e, &kk, &n);
+    switch (op) {
+    case SYM_CONST: sb_printf(b, kk < 0 ? "(%lldLL)" : "%lldLL", (long long)kk); return;
+    case SYM_SYMBOL:
+        sb_printf(b, "sv[%lld]", (long long)kk);
+        if (g->used) g->used[kk] = 1;
+        return;
+    case SYM_ADD:
+        sb_printf(b, "(%lldLL", (long long)kk);
+        for (uint32_t i = 0; i < n; i++) {
+            SymRef t = em_sym_operand(g->env, e, i, &c);
+            sb_printf(b, " + %lldLL * ", (long long)c);
+            sym_c(b, g, t);
+        }
+        sb_printf(b, ")");
+        return;
+    case SYM_MUL:
+        sb_printf(b, "(");
+        for (uint32_t i = 0; i < n; i++) {
+            SymRef t = em_sym_operand(g->env, e, i, &c);
+            if (c < 1 || c > 8) g->bad = 1;
+            for (int64_t r = 0; r < c; r++) {
+                sb_printf(b, i || r ? " * " : "");
+                sym_c(b, g, t);
+            }
+        }
+        sb_printf(b, ")");
+        return;
+    case SYM_FLOORDIV:
+    case SYM_MOD:
+        sb_printf(b, op == SYM_FLOORDIV ? "em_floordiv(" : "em_mod(");
+        sym_c(b, g, em_sym_operand(g->env, e, 0, NULL));
+        sb_printf(b, ", ");
+        sym_c(b, g, em_sym_operand(g->env, e, 1, NULL));
+        sb_printf(b, ")");
+        return;
+    case SYM_MIN:
+    case SYM_MAX:
+        for (uint32_t i = 0; i + 1 < n; i++) sb_printf(b, op == SYM_MIN ? "em_min(" : "em_max(");
+        for (uint32_t i = 0; i < n; i++) {
+            sym_c(b, g, em_sym_operand(g->env, e, i, NULL));
+            if (i) sb_printf(b, ")");
+            if (i + 1 < n) sb_printf(b, ", ");
+        }
+        return;
+    default:
+        g->bad = 1;
+        sb_printf(b, "0");
+        return;
+    }
+}
+
+/* A number of the kernel: the literal hint (static kernel or constant shadow), else a local named
+ * `name` defined in the prologue as the expression. */
+static void num_of(SB *b, KG *g, Num *out, int64_t hint, SymRef e, const char *name) {
+    int64_t v = hint;
+    if (g->env && e == SYM_NONE) g->bad = 1;
+    if (!g->env || em_sym_is_const(g->env, e, &v)) {
+        snprintf(out->v, sizeof out->v, "%lld", (long long)v);
+        out->zero = v == 0;
+        out->one = v == 1;
+        return;
+    }
+    snprintf(out->v, sizeof out->v, "%s", name);
+    out->zero = out->one = 0;
+    sb_printf(b, "    const int64_t %s = ", name);
+    sym_c(b, g, e);
+    sb_printf(b, ";\n");
+}
+
 /* The value of node i as its dtype's compute type, rounded when the dtype is a half type. */
-static void emit_value(SB *b, const SKernel *k, uint32_t i, const char *ind) {
+static void emit_value(SB *b, const KG *g, uint32_t i, const char *ind) {
+    const SKernel *k = g->k;
     const LNode *n = &k->nodes[i];
     const char *ct = ctype(n->dtype);
+    if (n->op == LP_CONST && n->sval) {
+        /* an element count of a symbolic graph (mean, var): this call's value */
+        sb_printf(b, "%sconst %s v%u = (%s)", ind, ct, i, ct);
+        sym_c(b, (KG *)g, n->sval);
+        sb_printf(b, ";\n");
+        return;
+    }
     if (n->op == LP_CONST) {
         if (em_ldt_is_float(n->dtype)) {
             double v = n->fval;
@@ -213,22 +327,24 @@ static void emit_value(SB *b, const SKernel *k, uint32_t i, const char *ind) {
     sb_printf(b, ";\n");
 }
 
-/* The address expression of access ac at the current row (base b<q>) and inner index r. */
-static void addr(SB *b, const SKernel *k, const SAccess *ac, const char *base, int inner) {
+/* The address expression of access q at the current row (base b<q>) and inner index r. */
+static void addr(SB *b, const KG *g, uint32_t q, const char *base, int inner) {
+    const SKernel *k = g->k;
     sb_printf(b, "%s", base);
     if (!inner) return;
     int ninner = k->ndim - k->nouter;
     if (ninner == 1) {
-        int64_t s = ac->strides[k->nouter];
-        if (s == 1) sb_printf(b, " + r");
-        else if (s) sb_printf(b, " + r * %lld", (long long)s);
+        const Num *s = &g->st[q][k->nouter];
+        if (s->one) sb_printf(b, " + r");
+        else if (!s->zero) sb_printf(b, " + r * %s", s->v);
         return;
     }
     for (int j = k->nouter; j < k->ndim; j++)
-        if (ac->strides[j]) sb_printf(b, " + j%d * %lld", j, (long long)ac->strides[j]);
+        if (!g->st[q][j].zero) sb_printf(b, " + j%d * %s", j, g->st[q][j].v);
 }
 
-static void emit_load(SB *b, const SKernel *k, uint32_t i, const char *ind, int inner) {
+static void emit_load(SB *b, const KG *g, uint32_t i, const char *ind, int inner) {
+    const SKernel *k = g->k;
     const LNode *n = &k->nodes[i];
     uint32_t q = k->acc_of[i];
     const SAccess *ac = &k->loads[q];
@@ -254,7 +370,7 @@ static void emit_load(SB *b, const SKernel *k, uint32_t i, const char *ind, int 
     if (n->dtype == LDT_BF16) sb_printf(b, "em_bf16_to_f(");
     if (n->dtype == LDT_BOOL) sb_printf(b, "(_Bool)");
     sb_printf(b, "a%u[", ac->arg);
-    addr(b, k, ac, base, inner);
+    addr(b, g, q, base, inner);
     sb_printf(b, "]%s", n->dtype == LDT_BF16 ? ")" : "");
     if (ac->mask) {
         if (!em_ldt_is_float(n->dtype)) sb_printf(b, " : (%s)%lldLL", ctype(n->dtype), (long long)ac->ival);
@@ -265,35 +381,38 @@ static void emit_load(SB *b, const SKernel *k, uint32_t i, const char *ind, int 
 }
 
 /* Inner-loop header: r over the inner extent, and the inner multi-index when several dims. */
-static void inner_index(SB *b, const SKernel *k, const char *ind) {
+static void inner_index(SB *b, const KG *g, const char *ind) {
+    const SKernel *k = g->k;
     int ninner = k->ndim - k->nouter;
     if (ninner <= 1) return;
     sb_printf(b, "%sint64_t t_ = r;\n", ind);
     for (int j = k->ndim - 1; j >= k->nouter; j--) {
-        if (j > k->nouter) sb_printf(b, "%sconst int64_t j%d = t_ %% %lld; t_ /= %lld;\n", ind, j, (long long)k->sizes[j], (long long)k->sizes[j]);
+        if (j > k->nouter) sb_printf(b, "%sconst int64_t j%d = t_ %% %s; t_ /= %s;\n", ind, j, g->size[j].v, g->size[j].v);
         else sb_printf(b, "%sconst int64_t j%d = t_;\n", ind, j);
     }
 }
 
 /* Emits, inside an inner loop, the element-level nodes that node i needs (memo: done[]). */
-static void emit_elem(SB *b, const SKernel *k, uint32_t i, uint8_t *done, const char *ind) {
+static void emit_elem(SB *b, const KG *g, uint32_t i, uint8_t *done, const char *ind) {
+    const SKernel *k = g->k;
     if (done[i] || !k->elem[i]) return;
     const LNode *n = &k->nodes[i];
     if (n->op != LP_LOAD)
-        for (int q = 0; q < em_lprim_arity(n->op); q++) emit_elem(b, k, n->in[q], done, ind);
-    if (n->op == LP_LOAD) emit_load(b, k, i, ind, 1);
-    else emit_value(b, k, i, ind);
+        for (int q = 0; q < em_lprim_arity(n->op); q++) emit_elem(b, g, n->in[q], done, ind);
+    if (n->op == LP_LOAD) emit_load(b, g, i, ind, 1);
+    else emit_value(b, g, i, ind);
     done[i] = 1;
 }
 
-static void emit_store(SB *b, const SKernel *k, uint32_t s, const char *ind, int inner) {
+static void emit_store(SB *b, const KG *g, uint32_t s, const char *ind, int inner) {
+    const SKernel *k = g->k;
     const SAccess *ac = &k->stores[s];
     uint32_t i = k->store_node[s];
     LDtype dt = k->nodes[i].dtype;
     char base[32];
     snprintf(base, sizeof base, "c%u", s);
     sb_printf(b, "%sa%u[", ind, ac->arg);
-    addr(b, k, ac, base, inner);
+    addr(b, g, k->nloads + s, base, inner);
     if (dt == LDT_BF16) sb_printf(b, "] = em_f_to_bf16(v%u);\n", i);
     else sb_printf(b, "] = (%s)v%u;\n", em_ldt_storage(dt), i);
 }
@@ -304,8 +423,11 @@ static int64_t inner_extent(const SKernel *k) {
     return r;
 }
 
-/* A reduction node's loop. The accumulator type: float sums of long rows accumulate in double. */
-static void emit_reduce(SB *b, const SKernel *k, uint32_t i, uint8_t *done_row, const char *ind, int64_t R) {
+/* A reduction node's loop. The accumulator type: float sums of long rows accumulate in double
+ * (a symbolic row length: whenever its range reaches past 2048). */
+static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const char *ind, int long_rows) {
+    const SKernel *k = g->k;
+    const char *R = g->R.v;
     const LNode *n = &k->nodes[i];
     uint32_t x = n->in[0];
     LDtype it = k->nodes[x].dtype;
@@ -324,12 +446,12 @@ static void emit_reduce(SB *b, const SKernel *k, uint32_t i, uint8_t *done_row, 
     case LP_RSUM:
     case LP_RPROD: {
         const char *opc = n->op == LP_RSUM ? "+" : "*";
-        if (em_ldt_is_float(n->dtype) && n->dtype != LDT_F64 && R > 2048) acct = "double";
+        if (em_ldt_is_float(n->dtype) && n->dtype != LDT_F64 && long_rows) acct = "double";
         sb_printf(b, "%s%s acc%u = %s;\n", ind, acct, i, n->op == LP_RSUM ? "0" : "1");
         sb_printf(b, "%s#pragma omp simd reduction(%s:acc%u)\n", ind, opc, i);
-        sb_printf(b, "%sfor (int64_t r = 0; r < %lld; r++) {\n", ind, (long long)R);
-        inner_index(b, k, in2);
-        emit_elem(b, k, x, done, in2);
+        sb_printf(b, "%sfor (int64_t r = 0; r < %s; r++) {\n", ind, R);
+        inner_index(b, g, in2);
+        emit_elem(b, g, x, done, in2);
         sb_printf(b, "%sacc%u %s= v%u;\n%s}\n", in2, i, opc, x, ind);
         break;
     }
@@ -341,17 +463,17 @@ static void emit_reduce(SB *b, const SKernel *k, uint32_t i, uint8_t *done_row, 
                   fl ? (n->op == LP_RMAX ? "-INFINITY" : "INFINITY") : (n->op == LP_RMAX ? (it == LDT_BOOL ? "0" : "INT64_MIN") : (it == LDT_BOOL ? "1" : "INT64_MAX")), i);
         if (!fl) {
             /* integer extremes fit the accumulator's type after conversion only for int64; use the first element */
-            sb_printf(b, "%s{\n", ind);
+            sb_printf(b, "%sif (%s > 0) {\n", ind, R);
             sb_printf(b, "%s    const int64_t r = 0;\n", ind);
-            inner_index(b, k, in2);
-            emit_elem(b, k, x, done, in2);
+            inner_index(b, g, in2);
+            emit_elem(b, g, x, done, in2);
             sb_printf(b, "%s    acc%u = v%u;\n%s}\n", ind, i, x, ind);
             memcpy(done, done_row, k->nnodes);
         }
         sb_printf(b, "%s#pragma omp simd reduction(%s:acc%u) reduction(|:nan%u)\n", ind, om, i, i);
-        sb_printf(b, "%sfor (int64_t r = 0; r < %lld; r++) {\n", ind, (long long)R);
-        inner_index(b, k, in2);
-        emit_elem(b, k, x, done, in2);
+        sb_printf(b, "%sfor (int64_t r = 0; r < %s; r++) {\n", ind, R);
+        inner_index(b, g, in2);
+        emit_elem(b, g, x, done, in2);
         sb_printf(b, "%sacc%u = v%u %s acc%u ? v%u : acc%u;\n", in2, i, x, cmp, i, x, i);
         if (fl) sb_printf(b, "%snan%u |= v%u != v%u;\n", in2, i, x, x);
         sb_printf(b, "%s}\n", ind);
@@ -364,9 +486,9 @@ static void emit_reduce(SB *b, const SKernel *k, uint32_t i, uint8_t *done_row, 
         const char *opc = n->op == LP_RANY ? "|" : "&";
         sb_printf(b, "%sint acc%u = %s;\n", ind, i, n->op == LP_RANY ? "0" : "1");
         sb_printf(b, "%s#pragma omp simd reduction(%s:acc%u)\n", ind, opc, i);
-        sb_printf(b, "%sfor (int64_t r = 0; r < %lld; r++) {\n", ind, (long long)R);
-        inner_index(b, k, in2);
-        emit_elem(b, k, x, done, in2);
+        sb_printf(b, "%sfor (int64_t r = 0; r < %s; r++) {\n", ind, R);
+        inner_index(b, g, in2);
+        emit_elem(b, g, x, done, in2);
         sb_printf(b, "%sacc%u %s= (v%u != 0);\n%s}\n", in2, i, opc, x, ind);
         acct = "int";
         break;
@@ -376,9 +498,9 @@ static void emit_reduce(SB *b, const SKernel *k, uint32_t i, uint8_t *done_row, 
         /* first index of the extreme; a NaN is the extreme (aten/src/ATen/native/SharedReduceOps.h) */
         const char *cmp = n->op == LP_RARGMAX ? ">" : "<";
         sb_printf(b, "%s%s best%u = 0; int64_t acc%u = -1;\n", ind, xt, i, i);
-        sb_printf(b, "%sfor (int64_t r = 0; r < %lld; r++) {\n", ind, (long long)R);
-        inner_index(b, k, in2);
-        emit_elem(b, k, x, done, in2);
+        sb_printf(b, "%sfor (int64_t r = 0; r < %s; r++) {\n", ind, R);
+        inner_index(b, g, in2);
+        emit_elem(b, g, x, done, in2);
         if (fl)
             sb_printf(b, "%sif (acc%u < 0 || (best%u == best%u && (v%u %s best%u || v%u != v%u))) { best%u = v%u; acc%u = r; }\n",
                       in2, i, i, i, x, cmp, i, x, x, i, x, i);
@@ -398,82 +520,163 @@ static void emit_reduce(SB *b, const SKernel *k, uint32_t i, uint8_t *done_row, 
     free(done);
 }
 
-static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOptions *opt) {
+/* The product of a kernel's sizes over dims [j0, j1) as C text (literal in a static kernel). */
+static void prod_text(char *out, size_t size, const KG *g, int j0, int j1) {
+    const SKernel *k = g->k;
+    if (!g->env) {
+        int64_t p = 1;
+        for (int j = j0; j < j1; j++) p *= k->sizes[j];
+        snprintf(out, size, "%lld", (long long)p);
+        return;
+    }
+    size_t n = 0;
+    n += (size_t)snprintf(out + n, size - n, "(1");
+    for (int j = j0; j < j1 && n < size; j++) n += (size_t)snprintf(out + n, size - n, " * %s", g->size[j].v);
+    if (n < size) snprintf(out + n, size - n, ")");
+}
+
+static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOptions *opt, uint8_t *used, int *bad) {
     const SKernel *k = &s->kernels[ki];
     const LGraph *lg = s->lg;
+    ShapeEnv *env = lg->env;
+    uint32_t nacc = k->nloads + k->nstores;
+    KG g = {.k = k, .env = env, .used = used};
+    g.off = calloc(nacc + 1, sizeof(Num));
+    g.st = calloc(nacc + 1, sizeof *g.st);
+    if (!g.off || !g.st) {
+        free(g.off);
+        free(g.st);
+        b->oom = 1;
+        return;
+    }
     /* the comment naming the graph nodes */
     sb_printf(b, "/* kernel %u (%s): ", ki, k->reduction ? "reduction" : "pointwise");
     for (uint32_t q = 0; q < k->nirs; q++) sb_printf(b, "%s%s", q ? ", " : "", lg->ir->nodes[k->irs[q]].name);
     sb_printf(b, "\n * domain [");
-    for (int j = 0; j < k->ndim; j++) sb_printf(b, "%s%lld%s", j ? ", " : "", (long long)k->sizes[j], j == k->nouter - 1 && k->nouter < k->ndim ? " |" : "");
-    sb_printf(b, "] (outer | inner) */\n");
-    sb_printf(b, "void ember_k%u(char *const *restrict args) {\n", ki);
+    for (int j = 0; j < k->ndim; j++) {
+        char t[64];
+        if (env) em_sym_render(env, k->ssizes[j], SYM_STYLE_SYMBOLS, t, sizeof t);
+        else snprintf(t, sizeof t, "%lld", (long long)k->sizes[j]);
+        sb_printf(b, "%s%s%s", j ? ", " : "", t, j == k->nouter - 1 && k->nouter < k->ndim ? " |" : "");
+    }
+    sb_printf(b, "] (outer | inner)%s */\n", env ? "; sv[j]: symbol s<j>'s value for this call" : "");
+    sb_printf(b, "void ember_k%u(char *const *restrict args, const int64_t *restrict sv) {\n", ki);
+    if (!env) sb_printf(b, "    (void)sv;\n");
     for (uint32_t a = 0; a < k->nargs; a++) {
         const LBuf *lb = &lg->bufs[k->args[a]];
         sb_printf(b, "    %s%s *restrict a%u = (%s%s *)args[%u];\n", a < k->nin ? "const " : "", em_ldt_storage(lb->dtype), a,
                   a < k->nin ? "const " : "", em_ldt_storage(lb->dtype), a);
     }
-    int64_t O = 1, R = inner_extent(k);
-    for (int j = 0; j < k->nouter; j++) O *= k->sizes[j];
-    int64_t chunk = k->reduction ? R : (opt->chunk > 0 ? opt->chunk : 65536);
-    if (chunk > R) chunk = R;
-    if (chunk < 1) chunk = 1;
-    int64_t NC = k->reduction ? 1 : (R + chunk - 1) / chunk;
-    if (R == 0 && !k->reduction) NC = 0; /* a reduction over nothing still writes its init value */
-    int64_t T = O * NC;
-    if (T > 1 && O * R >= opt->parallel_threshold) sb_printf(b, "    #pragma omp parallel for schedule(static)\n");
-    sb_printf(b, "    for (int64_t t = 0; t < %lld; t++) {\n", (long long)T);
+    /* sizes, strides and offsets: literals, or locals computed from sv */
+    for (int j = 0; j < k->ndim; j++) {
+        char nm[16];
+        snprintf(nm, sizeof nm, "n%d", j);
+        num_of(b, &g, &g.size[j], k->sizes[j], k->ssizes[j], nm);
+    }
+    for (uint32_t q = 0; q < nacc; q++) {
+        const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
+        char nm[24];
+        snprintf(nm, sizeof nm, "o%u", q);
+        num_of(b, &g, &g.off[q], ac->offset, ac->soffset, nm);
+        for (int j = 0; j < k->ndim; j++) {
+            snprintf(nm, sizeof nm, "s%u_%d", q, j);
+            num_of(b, &g, &g.st[q][j], ac->strides[j], ac->sstrides[j], nm);
+        }
+    }
+    char O[160], Rt[160];
+    prod_text(O, sizeof O, &g, 0, k->nouter);
+    prod_text(Rt, sizeof Rt, &g, k->nouter, k->ndim);
+    int long_rows;
+    if (env) {
+        sb_printf(b, "    const int64_t R = %s, O = %s;\n", Rt, O);
+        snprintf(g.R.v, sizeof g.R.v, "R");
+        /* the accumulator choice is made for every size the row length can take */
+        SymRef re = em_sym_const(env, 1);
+        for (int j = k->nouter; j < k->ndim; j++) re = em_sym_mul(env, re, k->ssizes[j]);
+        int64_t lo, hi;
+        em_sym_range(env, re, &lo, &hi);
+        long_rows = hi > 2048;
+    } else {
+        snprintf(g.R.v, sizeof g.R.v, "%lld", (long long)inner_extent(k));
+        long_rows = inner_extent(k) > 2048;
+    }
+    int64_t chunk0 = k->reduction ? 0 : (opt->chunk > 0 ? opt->chunk : 65536);
+    if (env) {
+        /* rows x chunks and the thread count follow this call's sizes (OpenMP's if clause) */
+        if (k->reduction) sb_printf(b, "    const int64_t NC = 1, chunk = R;\n");
+        else
+            sb_printf(b, "    const int64_t chunk = R < %lld ? (R > 0 ? R : 1) : %lld, NC = R > 0 ? (R + chunk - 1) / chunk : 0;\n",
+                      (long long)chunk0, (long long)chunk0);
+        sb_printf(b, "    const int64_t T = O * NC;\n");
+        sb_printf(b, "    #pragma omp parallel for schedule(static) if (T > 1 && O * R >= %lld)\n", (long long)opt->parallel_threshold);
+        sb_printf(b, "    for (int64_t t = 0; t < T; t++) {\n");
+    } else {
+        int64_t Ov = 1, R = inner_extent(k);
+        for (int j = 0; j < k->nouter; j++) Ov *= k->sizes[j];
+        int64_t chunk = k->reduction ? R : chunk0;
+        if (chunk > R) chunk = R;
+        if (chunk < 1) chunk = 1;
+        int64_t NC = k->reduction ? 1 : (R + chunk - 1) / chunk;
+        if (R == 0 && !k->reduction) NC = 0; /* a reduction over nothing still writes its init value */
+        int64_t T = Ov * NC;
+        if (T > 1 && Ov * R >= opt->parallel_threshold) sb_printf(b, "    #pragma omp parallel for schedule(static)\n");
+        sb_printf(b, "    for (int64_t t = 0; t < %lld; t++) {\n", (long long)T);
+        if (NC > 1)
+            sb_printf(b, "        const int64_t NC = %lld, chunk = %lld, R = %lld;\n", (long long)NC, (long long)chunk, (long long)R);
+        else
+            sb_printf(b, "        const int64_t NC = 1, chunk = %lld, R = %lld;\n", (long long)chunk, (long long)R);
+        sb_printf(b, "        (void)chunk;\n");
+    }
     const char *ind = "        ";
-    if (NC > 1) sb_printf(b, "%sconst int64_t o = t / %lld, r0 = (t %% %lld) * %lld;\n%sconst int64_t r1 = r0 + %lld < %lld ? r0 + %lld : %lld;\n",
-                          ind, (long long)NC, (long long)NC, (long long)chunk, ind, (long long)chunk, (long long)R, (long long)chunk, (long long)R);
-    else sb_printf(b, "%sconst int64_t o = t, r0 = 0, r1 = %lld;\n", ind, (long long)R);
+    sb_printf(b, "%sconst int64_t o = t / NC, r0 = (t %% NC) * chunk;\n%sconst int64_t r1 = NC > 1 && r0 + chunk < R ? r0 + chunk : R;\n", ind, ind);
     /* outer multi-index */
     if (k->nouter) {
         sb_printf(b, "%sint64_t u_ = o;\n", ind);
         for (int j = k->nouter - 1; j >= 0; j--) {
-            if (j) sb_printf(b, "%sconst int64_t i%d = u_ %% %lld; u_ /= %lld;\n", ind, j, (long long)k->sizes[j], (long long)k->sizes[j]);
+            if (j) sb_printf(b, "%sconst int64_t i%d = u_ %% %s; u_ /= %s;\n", ind, j, g.size[j].v, g.size[j].v);
             else sb_printf(b, "%sconst int64_t i%d = u_;\n", ind, j);
         }
     } else {
         sb_printf(b, "%s(void)o;\n", ind);
     }
-    for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
-        const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
-        if (q < k->nloads) sb_printf(b, "%sconst int64_t b%u = %lld", ind, q, (long long)ac->offset);
-        else sb_printf(b, "%sconst int64_t c%u = %lld", ind, q - k->nloads, (long long)ac->offset);
+    for (uint32_t q = 0; q < nacc; q++) {
+        if (q < k->nloads) sb_printf(b, "%sconst int64_t b%u = %s", ind, q, g.off[q].v);
+        else sb_printf(b, "%sconst int64_t c%u = %s", ind, q - k->nloads, g.off[q].v);
         for (int j = 0; j < k->nouter; j++)
-            if (ac->strides[j]) sb_printf(b, " + i%d * %lld", j, (long long)ac->strides[j]);
+            if (!g.st[q][j].zero) sb_printf(b, " + i%d * %s", j, g.st[q][j].v);
         sb_printf(b, ";\n");
     }
     /* row scope: values that do not vary along the inner dims, reductions in order */
     uint8_t *done = calloc(k->nnodes ? k->nnodes : 1, 1);
     if (!done) {
         b->oom = 1;
+        free(g.off);
+        free(g.st);
         return;
     }
     for (uint32_t i = 0; i < k->nnodes; i++) {
         if (k->elem[i]) continue;
         const LNode *n = &k->nodes[i];
-        if (n->op == LP_LOAD) emit_load(b, k, i, ind, 0);
-        else if (em_lprim_is_reduce(n->op)) emit_reduce(b, k, i, done, ind, R);
-        else emit_value(b, k, i, ind);
+        if (n->op == LP_LOAD) emit_load(b, &g, i, ind, 0);
+        else if (em_lprim_is_reduce(n->op)) emit_reduce(b, &g, i, done, ind, long_rows);
+        else emit_value(b, &g, i, ind);
         done[i] = 1;
     }
     /* stores */
     int any_elem_store = 0;
     for (uint32_t q = 0; q < k->nstores; q++) {
         if (k->elem[k->store_node[q]]) any_elem_store = 1;
-        else emit_store(b, k, q, ind, 0);
+        else emit_store(b, &g, q, ind, 0);
     }
     if (any_elem_store) {
         int simd = k->ndim - k->nouter == 1;
         if (simd) sb_printf(b, "%s#pragma omp simd\n", ind);
         sb_printf(b, "%sfor (int64_t r = r0; r < r1; r++) {\n", ind);
-        inner_index(b, k, "            ");
+        inner_index(b, &g, "            ");
         for (uint32_t q = 0; q < k->nstores; q++)
             if (k->elem[k->store_node[q]]) {
-                emit_elem(b, k, k->store_node[q], done, "            ");
-                emit_store(b, k, q, "            ", 1);
+                emit_elem(b, &g, k->store_node[q], done, "            ");
+                emit_store(b, &g, q, "            ", 1);
             }
         sb_printf(b, "%s}\n", ind);
     } else {
@@ -481,17 +684,80 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
     }
     free(done);
     sb_printf(b, "    }\n}\n\n");
+    if (env) {
+        /* what the runtime needs per call (layout in em_codegen.h, EM_KMETA_*) */
+        const LBuf *ob = &lg->bufs[k->args[k->nin]];
+        sb_printf(b, "/* kernel %u's layout for this call: work, elements, output sizes and strides, then the\n"
+                     " * sizes and strides of each extern result it reads (checked against the tensor) */\n", ki);
+        sb_printf(b, "void ember_k%u_meta(const int64_t *restrict sv, int64_t *restrict m) {\n", ki);
+        int mi = 0;
+        sb_printf(b, "    m[%d] = ", mi++);
+        sym_c(b, &g, em_sym_const(env, 1));
+        for (int j = 0; j < k->ndim; j++) {
+            sb_printf(b, " * ");
+            sym_c(b, &g, k->ssizes[j]);
+        }
+        sb_printf(b, ";\n    m[%d] = ", mi++);
+        sym_c(b, &g, em_sym_const(env, 1));
+        for (int j = 0; j < (k->reduction ? k->nouter : k->ndim); j++) {
+            sb_printf(b, " * ");
+            sym_c(b, &g, k->ssizes[j]);
+        }
+        sb_printf(b, ";\n");
+        for (int j = 0; j < ob->ndim; j++) {
+            sb_printf(b, "    m[%d] = ", mi++);
+            sym_c(b, &g, ob->ssizes[j]);
+            sb_printf(b, ";\n");
+        }
+        for (int j = 0; j < ob->ndim; j++) {
+            sb_printf(b, "    m[%d] = ", mi++);
+            sym_c(b, &g, ob->sstrides[j]);
+            sb_printf(b, ";\n");
+        }
+        for (uint32_t a = 0; a < k->nin; a++) {
+            const LBuf *ib = &lg->bufs[k->args[a]];
+            if (ib->kind != LBUF_EXTERN) continue;
+            for (int j = 0; j < ib->ndim; j++) {
+                sb_printf(b, "    m[%d] = ", mi++);
+                sym_c(b, &g, ib->ssizes[j]);
+                sb_printf(b, ";\n");
+            }
+            for (int j = 0; j < ib->ndim; j++) {
+                sb_printf(b, "    m[%d] = ", mi++);
+                sym_c(b, &g, ib->sstrides[j]);
+                sb_printf(b, ";\n");
+            }
+        }
+        sb_printf(b, "}\n\n");
+    }
+    if (g.bad) *bad = 1;
+    free(g.off);
+    free(g.st);
 }
 
-PyObject *em_codegen_c(const Schedule *s, const EmCodegenOptions *opt) {
+PyObject *em_codegen_c(const Schedule *s, const EmCodegenOptions *opt, uint8_t *sym_used) {
     SB b = {0};
+    ShapeEnv *env = s->lg->env;
+    uint32_t nsym = env ? em_sym_nsymbols(env) : 0;
+    uint8_t *used = calloc(nsym + 1, 1);
+    int bad = 0;
+    if (!used) return PyErr_NoMemory();
     sb_printf(&b, "%s", PRELUDE);
-    for (uint32_t k = 0; k < s->nkernels; k++) emit_kernel(&b, s, k, opt);
+    for (uint32_t k = 0; k < s->nkernels; k++) emit_kernel(&b, s, k, opt, used, &bad);
     if (b.oom) {
         free(b.p);
+        free(used);
         return PyErr_NoMemory();
+    }
+    if (bad) {
+        free(b.p);
+        free(used);
+        PyErr_SetString(PyExc_NotImplementedError, "a size expression the C code generator cannot write");
+        return NULL;
     }
     PyObject *r = PyUnicode_FromStringAndSize(b.p, (Py_ssize_t)b.n);
     free(b.p);
+    if (r && sym_used && nsym) memcpy(sym_used, used, nsym);
+    free(used);
     return r;
 }

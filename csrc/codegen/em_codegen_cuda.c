@@ -951,6 +951,11 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L) 
 
 PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch) {
     SB b = {0};
+    if (s->lg->env) {
+        /* the CUDA kernels and their launch shapes are per size: a symbolic graph runs elsewhere */
+        PyErr_SetString(PyExc_NotImplementedError, "symbolic sizes (CUDA kernels take concrete sizes)");
+        return NULL;
+    }
     sb_printf(&b, "%s", PRELUDE);
     for (uint32_t k = 0; k < s->nkernels; k++) emit_kernel(&b, s, k, &launch[k]);
     if (b.oom) {
