@@ -101,7 +101,7 @@ enum { KSTACK = 16 };
 
 /* Does tensor t have sizes m[0..nd) and (dims of size > 1) strides m[nd..2nd)? 1 / 0, -1 error. */
 static int layout_is_m(PyObject *t, int32_t nd, const int64_t *m) {
-    PyObject *sh = PyObject_GetAttrString(t, "shape");
+    PyObject *sh = PyObject_GetAttr(t, em_str("shape"));
     if (!sh) return -1;
     int same = PyTuple_Check(sh) && PyTuple_GET_SIZE(sh) == nd;
     for (int32_t d = 0; same && d < nd; d++) same = PyLong_AsLongLong(PyTuple_GET_ITEM(sh, d)) == m[d];
@@ -117,17 +117,20 @@ static int layout_is_m(PyObject *t, int32_t nd, const int64_t *m) {
     return same;
 }
 
-static PyObject *tuple_of(int32_t n, const int64_t *v) {
-    PyObject *t = PyTuple_New(n);
-    for (int32_t i = 0; t && i < n; i++) {
-        PyObject *x = PyLong_FromLongLong(v[i]);
-        if (!x) Py_CLEAR(t);
-        else PyTuple_SET_ITEM(t, i, x);
-    }
-    return t;
-}
+static PyObject *int_tuple(int32_t n, const int64_t *v);
 
 static int data_ptr(PyObject *t, char **out);
+
+/* OpenMP threads follow torch.set_num_threads (ember's kernels run in their own OpenMP runtime,
+ * torch's in its bundled one). -1 with an exception. */
+static int follow_torch_threads(Kernel *k) {
+    PyObject *nt = PyObject_CallNoArgs(get_num_threads);
+    long n = nt ? PyLong_AsLong(nt) : -1;
+    Py_XDECREF(nt);
+    if (n < 0 && PyErr_Occurred()) return -1;
+    k->set_threads((int)n);
+    return 0;
+}
 
 /* A kernel of a symbolic graph: this call's symbol values from the source tensors' sizes, its
  * layout from ember_k<i>_meta, then the kernel with the values as arguments. */
@@ -150,7 +153,7 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
     }
     Py_ssize_t first_src = (Py_ssize_t)k->nin + (k->donor >= 0 && (uint32_t)k->donor >= k->nin);
     for (uint32_t i = 0; i < k->nsrc; i++) {
-        PyObject *sh = PyObject_GetAttrString(args[first_src + k->src_arg[i]], "shape");
+        PyObject *sh = PyObject_GetAttr(args[first_src + k->src_arg[i]], em_str("shape"));
         if (!sh) goto done;
         if (!PyTuple_Check(sh) || k->src_dim[i] >= PyTuple_GET_SIZE(sh)) {
             Py_DECREF(sh);
@@ -171,7 +174,7 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
             int same = layout_is_m(t, nd, m + mi);
             if (same < 0) goto done;
             if (!same) {
-                PyObject *sz = tuple_of(nd, m + mi), *st = sz ? tuple_of(nd, m + mi + nd) : NULL;
+                PyObject *sz = int_tuple(nd, m + mi), *st = sz ? int_tuple(nd, m + mi + nd) : NULL;
                 fixed[i] = st ? tensor_as(t, sz, st) : NULL;
                 Py_XDECREF(sz);
                 Py_XDECREF(st);
@@ -185,8 +188,8 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
     if (k->donor >= 0) {
         out = Py_NewRef(args[k->donor]);
     } else {
-        size = tuple_of(k->out_ndim, m + EM_KMETA_OUT);
-        stride = size ? tuple_of(k->out_ndim, m + EM_KMETA_OUT + k->out_ndim) : NULL;
+        size = int_tuple(k->out_ndim, m + EM_KMETA_OUT);
+        stride = size ? int_tuple(k->out_ndim, m + EM_KMETA_OUT + k->out_ndim) : NULL;
         if (!stride) goto done;
         PyObject *eargs[4] = {NULL, size, stride, k->out_dtype};
         out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype);
@@ -196,15 +199,9 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
         Py_CLEAR(out);
         goto done;
     }
-    if (m[EM_KMETA_NUMEL] > 0 && k->set_threads && m[EM_KMETA_WORK] >= k->threshold) {
-        PyObject *nt = PyObject_CallNoArgs(get_num_threads);
-        long n = nt ? PyLong_AsLong(nt) : -1;
-        Py_XDECREF(nt);
-        if (n < 0 && PyErr_Occurred()) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        k->set_threads((int)n);
+    if (m[EM_KMETA_NUMEL] > 0 && k->set_threads && m[EM_KMETA_WORK] >= k->threshold && follow_torch_threads(k) < 0) {
+        Py_CLEAR(out);
+        goto done;
     }
     if (m[EM_KMETA_NUMEL] > 0) {
         Py_BEGIN_ALLOW_THREADS
@@ -273,17 +270,9 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
         Py_CLEAR(out);
         goto done;
     }
-    if (k->numel > 0 && !k->cuda && k->set_threads) {
-        /* OpenMP threads follow torch.set_num_threads (ember's kernels run in their own OpenMP
-         * runtime, torch's in its bundled one) */
-        PyObject *nt = PyObject_CallNoArgs(get_num_threads);
-        long n = nt ? PyLong_AsLong(nt) : -1;
-        Py_XDECREF(nt);
-        if (n < 0 && PyErr_Occurred()) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        k->set_threads((int)n);
+    if (k->numel > 0 && !k->cuda && k->set_threads && follow_torch_threads(k) < 0) {
+        Py_CLEAR(out);
+        goto done;
     }
     if (k->numel > 0 && k->cuda) {
         if (em_cuda_launch(k->cuda, ptrs, k->nin + 1) < 0) Py_CLEAR(out);
@@ -429,6 +418,14 @@ static PyObject *launch_list(const EmCudaLaunch *L, uint32_t n) {
     return l;
 }
 
+/* The graph on the eager backend, with the reason in info["fallback"]. New reference or NULL. */
+static PyObject *eager_fallback(PyObject *info, const IRGraph *g, const char *why) {
+    PyObject *w = PyUnicode_FromString(why);
+    int bad = !w || PyDict_SetItemString(info, "fallback", w) < 0;
+    Py_XDECREF(w);
+    return bad ? NULL : em_eager_graph_new(g);
+}
+
 /* Where each symbol the kernels read comes from: a graph input (placeholder) whose size at some
  * dim is that symbol. input[]: the distinct inputs (passed to every kernel after its tensors);
  * per used symbol, which of them and which dim. */
@@ -560,13 +557,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             goto done;
         }
         /* not for this backend: the eager backend runs it, and cache_info says why */
-        PyObject *w = PyUnicode_FromString(why);
-        if (!w || PyDict_SetItemString(d, "fallback", w) < 0) {
-            Py_XDECREF(w);
-            goto done;
-        }
-        Py_DECREF(w);
-        result = em_eager_graph_new(g);
+        result = eager_fallback(d, g, why);
         goto done;
     }
     Schedule *s = em_schedule_graph(lg);
@@ -713,7 +704,8 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     const char *swhy = NULL;
     if (!src && PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
         PyErr_Clear();
-        swhy = "symbolic sizes: a size expression the C code generator cannot write: ran by the eager backend";
+        swhy = "the C code generator cannot write an expression of this graph (a size expression or an "
+               "operation): ran by the eager backend";
     } else if (!src) {
         goto done;
     } else if (lg->env && sym_sources(g, lg->env, sym_used, &srcs) < 0) {
@@ -721,13 +713,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         swhy = "symbolic sizes: a symbol the kernels read is not the size of a graph input: ran by the eager backend";
     }
     if (swhy) {
-        PyObject *w = PyUnicode_FromString(swhy);
-        if (!w || PyDict_SetItemString(d, "fallback", w) < 0) {
-            Py_XDECREF(w);
-            goto done;
-        }
-        Py_DECREF(w);
-        result = em_eager_graph_new(g);
+        result = eager_fallback(d, g, swhy);
         goto done;
     }
     t_codegen = em_now();
