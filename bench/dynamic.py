@@ -4,13 +4,16 @@ dynamic=None (static first, automatic dynamic after a recompile caused by a size
   1. Over a sequence of 10 sizes per program: how many graphs each compiles and the total time spent
      in calls that compiled (the call's wall time minus the eager call's), backend "eager" for both
      (the frontend: capture, shape inference, guards) and, with --inductor, backend "inductor".
+     With --ember: ember's own code generator (backend "ember": one C library for all sizes of a
+     dynamic graph, sizes as kernel arguments) against torch.compile's Inductor, both with a cold
+     cache (a fresh EMBER_CACHE_DIR; Inductor's caches disabled), plus the C compiler calls.
   2. Frontend overhead of a hit: a tiny function (x + 1 on a 4-element tensor) answered by a static
      entry vs a dynamic entry (its sym guard reads the sizes and runs the compiled relations), per
      call, minus the eager call. Minimum over interleaved rounds.
 
 Not asserted anywhere (STYLE.md). Run:
 
-    .venv/bin/python bench/dynamic.py [--inductor] [--rounds 5] [--iters 20000]
+    .venv/bin/python bench/dynamic.py [--inductor] [--ember] [--rounds 5] [--iters 20000]
 """
 from __future__ import annotations
 
@@ -123,8 +126,10 @@ def main():
     ap.add_argument("--inductor", action="store_true", help="also compare with backend inductor (slow)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20000)
+    ap.add_argument("--ember", action="store_true", help="backend ember against torch.compile's inductor (slow)")
+    ap.add_argument("--only-ember", action="store_true", help="just the --ember table")
     args = ap.parse_args()
-    backends = ["eager"] + (["inductor"] if args.inductor else [])
+    backends = [] if args.only_ember else ["eager"] + (["inductor"] if args.inductor else [])
     # warm up both frontends once (imports of sympy, FakeTensorMode, Dynamo) outside the figures
     w = lambda x: x.sin() * x.shape[0]  # noqa: E731
     for n in (3, 4, 5):
@@ -140,6 +145,32 @@ def main():
             eg, et = run_sequence(f, make, backend, "ember")
             tg, tt = run_sequence(f, make, backend, "torch")
             print(f"{name:12s} {eg:4d} {et * 1e3:9.1f} ms {tg:4d} {tt * 1e3:11.1f} ms {et / tt if tt else float('nan'):10.3f}x")
+    if args.ember or args.only_ember:
+        import tempfile
+        import torch._inductor.config as icfg
+        from ember import _C
+        icfg.force_disable_caches = True
+        ember.config.cache_dir = tempfile.mkdtemp(prefix="ember-bench-")
+        # one-time start-up of both code generators (Inductor's imports and C++ toolchain checks,
+        # ember's first compiler run) outside the figures
+        for n in (3, 4, 5):
+            torch.compile(lambda x: x.cos() + 2, backend="inductor")(torch.randn(n, 2))
+            ember.compile(lambda x: x.cos() + 2, backend="ember")(torch.randn(n, 2))
+        torch._dynamo.reset()
+        ember.reset()
+        print("\nember backend 'ember' vs torch.compile backend 'inductor', cold caches: graphs compiled / "
+              "C compiler calls / total compile time over 10 sizes (dynamic=None)")
+        print(f"{'program':12s} {'ember':>24s} {'torch.compile':>18s} {'time ratio':>11s}")
+        for name, (f, make) in PROGRAMS.items():
+            c0 = _C._cc_stats()["compiles"]
+            with torch.no_grad():
+                eg, et = run_sequence(f, make, "ember", "ember")
+                cc = _C._cc_stats()["compiles"] - c0
+                tg, tt = run_sequence(f, make, "inductor", "torch")
+            print(f"{name:12s} {eg:4d} {cc:3d} cc {et * 1e3:9.1f} ms {tg:4d} {tt * 1e3:11.1f} ms "
+                  f"{et / tt if tt else float('nan'):10.3f}x")
+        if args.only_ember:
+            return
     print("\nper-call time of a hit (x + 1 on 4 floats), minimum of rounds")
     best = hit_overhead(args.rounds, args.iters)
     eager = best["eager"]

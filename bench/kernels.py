@@ -7,9 +7,12 @@ round times every compiler once per workload, so machine noise hits all alike), 
 against eager and against inductor (> 1 = faster), and compile times: cold (empty ember cache dir /
 fresh dynamo state, inductor's cache dir fresh) and warm (ember: ember.reset() and a fresh cache entry served from the on-disk
 kernel cache, no compiler call; inductor: torch._dynamo.reset() with its own caches warm).
+Column "ember_dyn": the same workload compiled with dynamic=True, i.e. ember's symbolic kernels
+(sizes as kernel arguments, docs/backend_cpu.md "Symbolic sizes"), timed on the same inputs.
 Timings are never asserted by tests.
 
-usage: python bench/kernels.py [--device cpu] [--quick] [--rounds N] [--only NAME] [--no-inductor] [--json PATH]
+usage: python bench/kernels.py [--device cpu] [--quick] [--rounds N] [--only NAME] [--no-inductor] [--no-dynamic]
+                              [--json PATH]
 --quick: 5 timed rounds (the default is 15).
 """
 import argparse
@@ -64,6 +67,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--only", default=None)
     ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--no-dynamic", action="store_true", help="skip the ember_dyn column (dynamic=True)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.device != "cpu":
@@ -95,6 +99,18 @@ def main(argv=None):
         info = ember.cache_info(ef)[0]["ember"]
         assert info["from_disk_cache"], "warm start should not compile"
         comp["ember"] = ef
+        if not a.no_dynamic:
+            ember.reset()
+            df = ember.compile(fn, backend="ember", dynamic=True)
+            compile_s["ember_dyn_cold"], out = timed(df, args)
+            torch.testing.assert_close(out, ref)
+            dinfo = ember.cache_info(df)[0]["ember"]
+            assert "fallback" not in dinfo, dinfo.get("fallback")
+            comp["ember_dyn"] = df
+            ember.reset()
+            ef = ember.compile(fn, backend="ember")
+            ef(*args)
+            comp["ember"] = ef
         if not a.no_inductor:
             torch._dynamo.reset()
             tf = torch.compile(fn, backend="inductor")

@@ -13,9 +13,19 @@ typedef struct EmCodegenOptions {
     int64_t chunk;              /* elements per parallel chunk of a pointwise loop */
 } EmCodegenOptions;
 
-/* Kernel i is `void ember_k<i>(char *const *restrict args)`; args[j] is the data pointer of the
- * kernel's j-th argument buffer (SKernel.args). Returns a new str, NULL with an exception. */
-PyObject *em_codegen_c(const Schedule *s, const EmCodegenOptions *opt);
+/* Kernel i is `void ember_k<i>(char *const *restrict args, const int64_t *restrict sv)`; args[j] is
+ * the data pointer of the kernel's j-th argument buffer (SKernel.args). Symbolic graphs
+ * (s->lg->env): sv[j] is symbol j's value for this call, and every size, stride and offset is
+ * computed from sv in the kernel (sizes as kernel arguments: one library serves every size);
+ * `void ember_k<i>_meta(const int64_t *sv, int64_t *m)` writes the layout the runtime needs per
+ * call (EM_KMETA_*). sym_used (em_sym_nsymbols entries, may be NULL) receives which symbols the
+ * kernels read. Returns a new str, NULL with an exception (NotImplementedError: an expression the
+ * generator cannot write). */
+PyObject *em_codegen_c(const Schedule *s, const EmCodegenOptions *opt, uint8_t *sym_used);
+/* ember_k<i>_meta's m[]: work (elements of the whole domain: the thread-count decision), elements
+ * (0: nothing to run), the output's sizes then strides (ndim each), then for each extern result
+ * the kernel reads (in argument order) its sizes then strides. */
+enum { EM_KMETA_WORK = 0, EM_KMETA_NUMEL = 1, EM_KMETA_OUT = 2 };
 
 /* ---- CUDA C (em_codegen_cuda.c) ---- */
 /* How a CUDA kernel is launched: the runtime takes grid = min(blocks, SMs * per_sm) (at least 1)

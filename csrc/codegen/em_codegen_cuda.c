@@ -7,7 +7,7 @@
  * natively, compute in float and round after every op (as eager does). Invariant: the text depends
  * only on the schedule, so equal graphs share one cache entry; no header is included (NVRTC needs
  * none, and none exists at build time). */
-#include "codegen/em_codegen.h"
+#include "codegen/em_codegen_impl.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -15,38 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-    const char *unsupported; /* what this generator cannot emit (the graph goes to the eager backend) */
-} SB;
-
-static void sb_printf(SB *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->oom = 1;
-            return;
-        }
-        if (b->p && b->n + (size_t)k < b->cap) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t cap = (b->cap + (size_t)k + 1) * 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-}
+typedef EmSB SB;
+#define sb_printf em_sb_printf
 
 /* Helpers every translation unit starts with. fp16 conversions are the PTX cvt instructions (what
  * cuda_fp16.h's __half2float / __float2half_rn compile to); bfloat16 rounds to nearest even in
@@ -97,7 +67,6 @@ static const int DT_SIZE[LDT__COUNT] = {4, 8, 2, 2, 8, 4, 2, 1, 1, 1};
 
 static const char *ctype(LDtype t) { return CU_COMPUTE[t]; }
 static const char *stype(LDtype t) { return CU_STORAGE[t]; }
-static const char *fsuf(LDtype t) { return t == LDT_F64 ? "" : "f"; }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Schedule rules (pure functions of the kernel, exported for the tests through the launch table)  */
@@ -259,100 +228,8 @@ static const char *node_name(const Schedule *s, const LNode *n) {
     return n->ir && n->ir < s->lg->ir->nnodes ? s->lg->ir->nodes[n->ir].name : NULL;
 }
 
-static void expr(SB *b, const SKernel *k, uint32_t i) {
-    const LNode *n = &k->nodes[i];
-    LDtype ct = n->cdtype;
-    int fl = em_ldt_is_float(ct), isbool = ct == LDT_BOOL;
-    const char *f = fsuf(ct);
-    char A[24], B[24], C[24];
-    snprintf(A, sizeof A, "v%u", n->in[0]);
-    snprintf(B, sizeof B, "v%u", n->in[1]);
-    snprintf(C, sizeof C, "v%u", n->in[2]);
-#define FN(name) (fl ? sb_printf(b, "%s%s(%s)", name, f, A) : sb_printf(b, "%s", A))
-    switch (n->op) {
-    case LP_CAST:
-        if (n->dtype == LDT_BOOL) sb_printf(b, "(%s != 0)", A);
-        else sb_printf(b, "(%s)%s", ctype(n->dtype), A);
-        return;
-    case LP_NEG: sb_printf(b, isbool ? "%s" : "-%s", A); return;
-    case LP_ABS:
-        if (fl) sb_printf(b, "fabs%s(%s)", f, A);
-        else if (isbool || ct == LDT_U8) sb_printf(b, "%s", A);
-        else sb_printf(b, "(%s < 0 ? -%s : %s)", A, A, A);
-        return;
-    case LP_RECIP: sb_printf(b, "(1 / %s)", A); return;
-    case LP_SQRT: sb_printf(b, "sqrt%s(%s)", f, A); return;
-    case LP_RSQRT: sb_printf(b, "(1 / sqrt%s(%s))", f, A); return;
-    case LP_EXP: sb_printf(b, "exp%s(%s)", f, A); return;
-    case LP_EXP2: sb_printf(b, "exp2%s(%s)", f, A); return;
-    case LP_EXPM1: sb_printf(b, "expm1%s(%s)", f, A); return;
-    case LP_LOG: sb_printf(b, "log%s(%s)", f, A); return;
-    case LP_LOG2: sb_printf(b, "log2%s(%s)", f, A); return;
-    case LP_LOG10: sb_printf(b, "log10%s(%s)", f, A); return;
-    case LP_LOG1P: sb_printf(b, "log1p%s(%s)", f, A); return;
-    case LP_SIN: sb_printf(b, "sin%s(%s)", f, A); return;
-    case LP_COS: sb_printf(b, "cos%s(%s)", f, A); return;
-    case LP_TAN: sb_printf(b, "tan%s(%s)", f, A); return;
-    case LP_TANH: sb_printf(b, "tanh%s(%s)", f, A); return;
-    case LP_ASIN: sb_printf(b, "asin%s(%s)", f, A); return;
-    case LP_ACOS: sb_printf(b, "acos%s(%s)", f, A); return;
-    case LP_ATAN: sb_printf(b, "atan%s(%s)", f, A); return;
-    case LP_SINH: sb_printf(b, "sinh%s(%s)", f, A); return;
-    case LP_COSH: sb_printf(b, "cosh%s(%s)", f, A); return;
-    case LP_ERF: sb_printf(b, "erf%s(%s)", f, A); return;
-    case LP_SIGMOID: sb_printf(b, "(1 / (1 + exp%s(-%s)))", f, A); return;
-    case LP_RELU: sb_printf(b, "(%s < 0 ? 0 : %s)", A, A); return;
-    case LP_FLOOR: FN("floor"); return;
-    case LP_CEIL: FN("ceil"); return;
-    case LP_ROUND: FN("nearbyint"); return;
-    case LP_TRUNC: FN("trunc"); return;
-    case LP_SIGN:
-        if (isbool) sb_printf(b, "%s", A);
-        else sb_printf(b, "((%s > 0) - (%s < 0))", A, A);
-        return;
-    case LP_NOT: sb_printf(b, "!%s", A); return;
-    case LP_ISNAN: sb_printf(b, fl ? "(%s != %s)" : "(false && %s == %s)", A, A); return;
-    case LP_ISINF:
-        if (fl) sb_printf(b, "em_isinf(%s)", A);
-        else sb_printf(b, "(false && %s)", A);
-        return;
-    case LP_ADD: sb_printf(b, "(%s + %s)", A, B); return;
-    case LP_SUB: sb_printf(b, "(%s - %s)", A, B); return;
-    case LP_MUL: sb_printf(b, "(%s * %s)", A, B); return;
-    case LP_DIV: sb_printf(b, "(%s / %s)", A, B); return;
-    case LP_DIV_TRUNC:
-        /* torch rounds a half quotient to half before truncating (BinaryOpsKernel.cpp div_trunc) */
-        if (n->dtype == LDT_F16) sb_printf(b, "truncf(em_f16_round(%s / %s))", A, B);
-        else if (n->dtype == LDT_BF16) sb_printf(b, "truncf(em_bf16_round(%s / %s))", A, B);
-        else sb_printf(b, "trunc%s(%s / %s)", f, A, B);
-        return;
-    case LP_DIV_FLOOR: sb_printf(b, "em_div_floor(%s, %s)", A, B); return;
-    case LP_POW: sb_printf(b, "pow%s(%s, %s)", f, A, B); return;
-    case LP_MAX:
-        if (fl) sb_printf(b, "(%s != %s ? %s : (%s != %s ? %s : (%s > %s ? %s : %s)))", A, A, A, B, B, B, A, B, A, B);
-        else sb_printf(b, "(%s > %s ? %s : %s)", A, B, A, B);
-        return;
-    case LP_MIN:
-        if (fl) sb_printf(b, "(%s != %s ? %s : (%s != %s ? %s : (%s < %s ? %s : %s)))", A, A, A, B, B, B, A, B, A, B);
-        else sb_printf(b, "(%s < %s ? %s : %s)", A, B, A, B);
-        return;
-    case LP_EQ: sb_printf(b, "(%s == %s)", A, B); return;
-    case LP_NE: sb_printf(b, "(%s != %s)", A, B); return;
-    case LP_LT: sb_printf(b, "(%s < %s)", A, B); return;
-    case LP_LE: sb_printf(b, "(%s <= %s)", A, B); return;
-    case LP_GT: sb_printf(b, "(%s > %s)", A, B); return;
-    case LP_GE: sb_printf(b, "(%s >= %s)", A, B); return;
-    case LP_AND: sb_printf(b, "(%s && %s)", A, B); return;
-    case LP_OR: sb_printf(b, "(%s || %s)", A, B); return;
-    case LP_XOR: sb_printf(b, "(%s != %s)", A, B); return;
-    case LP_WHERE: sb_printf(b, "(%s ? %s : %s)", A, B, C); return;
-    default:
-        b->unsupported = "a pointwise operation the CUDA code generator does not emit";
-        sb_printf(b, "0 /* ? */");
-        return;
-    }
-#undef FN
-}
+static const EmCgDialect CUDA_DIALECT = {ctype, "em_isinf(%s)", "false", 0};
+
 
 static void end_line(SB *b, const Schedule *s, const LNode *n) {
     const char *nm = node_name(s, n);
@@ -378,10 +255,7 @@ static void emit_value(SB *b, const Schedule *s, const SKernel *k, uint32_t i, c
         return;
     }
     sb_printf(b, "%sconst %s v%u = ", ind, ct, i);
-    if (n->dtype == LDT_F16) sb_printf(b, "em_f16_round(");
-    else if (n->dtype == LDT_BF16) sb_printf(b, "em_bf16_round(");
-    expr(b, k, i);
-    if (em_ldt_is_half(n->dtype)) sb_printf(b, ")");
+    em_codegen_rounded_expr(b, &CUDA_DIALECT, k, i);
     sb_printf(b, ";");
     end_line(b, s, n);
 }
@@ -976,6 +850,11 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L) 
 
 PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch) {
     SB b = {0};
+    if (s->lg->env) {
+        /* the CUDA kernels and their launch shapes are per size: a symbolic graph runs elsewhere */
+        PyErr_SetString(PyExc_NotImplementedError, "symbolic sizes (CUDA kernels take concrete sizes)");
+        return NULL;
+    }
     sb_printf(&b, "%s", PRELUDE);
     for (uint32_t k = 0; k < s->nkernels; k++) emit_kernel(&b, s, k, &launch[k]);
     if (b.oom) {

@@ -315,12 +315,13 @@ static PyObject *backend_compile_timed(const EmCompileConfig *cfg, const EmTrace
     }
     if (res->symbolic && PyUnicode_Check(cfg->backend) &&
         (PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") == 0 ||
-         PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0)) {
-        /* ember's AOT autograd and code generator take concrete sizes: one graph for all sizes runs
-         * on the eager backend (eager autograd) */
+         (PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0 && em_autograd_needed(res->graph)))) {
+        /* ember's AOT autograd takes concrete sizes: one graph for all sizes runs on the eager
+         * backend (eager autograd). Inference graphs go to ember's code generator, which takes
+         * sizes as kernel arguments. */
         *is_eager_graph = 1;
         *backend_info = Py_BuildValue("{s:s}", "fallback", "symbolic sizes: the graph runs on the eager backend "
-                                                           "(ember's autograd and code generator specialise sizes)");
+                                                           "(ember's autograd specialises sizes)");
         if (!*backend_info) return NULL;
         return em_eager_graph_new(res->graph);
     }

@@ -73,7 +73,48 @@ int em_lower_dtype_of(PyObject *dtype) {
 /* Building nodes                                                                             */
 /* ------------------------------------------------------------------------------------------ */
 
-static uint32_t new_node(LGraph *lg, LPrim op, LDtype dt, LDtype cdt, int32_t ndim, const int64_t *sizes) {
+/* ---- symbolic shadows (docs/backend_cpu.md, "Symbolic sizes") ----
+ * In a symbolic graph every size, stride, offset and mask bound has a shadow expression. The
+ * helpers below build shadows next to the hints; a SYM_NONE shadow in a symbolic graph means
+ * "not known", and a rule that leaves one behind is not used (the node stays an extern call). */
+
+static SymRef sk(const LGraph *lg, int64_t v) { return lg->env ? em_sym_const(lg->env, v) : SYM_NONE; }
+
+int em_lower_size_is1(LGraph *lg, int64_t hint, SymRef s) {
+    if (!lg->env) return hint == 1;
+    int64_t v;
+    if (s == SYM_NONE) return -1;
+    if (em_sym_is_const(lg->env, s, &v)) return v == 1;
+    return em_sym_static_bool(lg->env, em_sym_cmp(lg->env, SYM_EQ, s, em_sym_const(lg->env, 1)));
+}
+
+bool em_lower_same(LGraph *lg, int64_t ha, SymRef a, int64_t hb, SymRef b) {
+    if (ha != hb) return false;
+    if (!lg->env) return true;
+    if (a == SYM_NONE || b == SYM_NONE) return false;
+    if (a == b) return true;
+    return em_sym_static_bool(lg->env, em_sym_cmp(lg->env, SYM_EQ, a, b)) == 1;
+}
+
+/* Decided for every admitted size: 1 / 0, -1 when it depends on the sizes (or no shadow). */
+static int sdecide(LGraph *lg, SymOp op, SymRef a, SymRef b) {
+    if (a == SYM_NONE || b == SYM_NONE) return -1;
+    return em_sym_static_bool(lg->env, em_sym_cmp(lg->env, op, a, b));
+}
+
+/* The shadows of an IR meta's sizes / strides (constants where the meta is static). */
+static void meta_shadows(LGraph *lg, const IRMeta *m, SymRef *ss, SymRef *sst) {
+    for (int d = 0; d < m->ndim && d < EM_LMAXDIM; d++) {
+        if (ss) ss[d] = !lg->env ? SYM_NONE : m->sym_sizes ? em_sym_simplify(lg->env, m->sym_sizes[d]) : sk(lg, m->sizes[d]);
+        if (sst)
+            sst[d] = !lg->env ? SYM_NONE
+                     : m->sym_strides ? em_sym_simplify(lg->env, m->sym_strides[d])
+                                      : sk(lg, m->strides[d]);
+    }
+}
+
+static uint32_t new_node(LGraph *lg, LPrim op, LDtype dt, LDtype cdt, int32_t ndim, const int64_t *sizes,
+                         const SymRef *ssizes) {
     if (lg->nnodes == lg->capnodes) {
         uint32_t cap = lg->capnodes ? lg->capnodes * 2 : 64;
         LNode *n = em_arena_realloc(lg->arena, lg->nodes, lg->capnodes * sizeof(LNode), cap * sizeof(LNode));
@@ -89,6 +130,7 @@ static uint32_t new_node(LGraph *lg, LPrim op, LDtype dt, LDtype cdt, int32_t nd
     n->cdtype = cdt;
     n->ndim = ndim;
     if (ndim) memcpy(n->sizes, sizes, ndim * sizeof(int64_t));
+    if (ndim && ssizes) memcpy(n->ssizes, ssizes, ndim * sizeof(SymRef));
     return id;
 }
 
@@ -105,13 +147,19 @@ uint32_t em_lower_buffer(LGraph *lg, const LBuf *b) {
 }
 
 uint32_t em_lower_load(LGraph *lg, uint32_t b, int32_t ndim, const int64_t *sizes, int64_t offset,
-                       const int64_t *strides, IRRef ir) {
-    uint32_t id = new_node(lg, LP_LOAD, lg->bufs[b].dtype, lg->bufs[b].dtype, ndim, sizes);
+                       const int64_t *strides, const SymRef *ss, SymRef soff, const SymRef *sst, IRRef ir) {
+    uint32_t id = new_node(lg, LP_LOAD, lg->bufs[b].dtype, lg->bufs[b].dtype, ndim, sizes, ss);
     if (!id) return 0;
     LNode *n = &lg->nodes[id];
     n->buf = b;
     n->offset = offset;
-    for (int d = 0; d < ndim; d++) n->strides[d] = sizes[d] == 1 ? 0 : strides[d];
+    n->soffset = soff;
+    for (int d = 0; d < ndim; d++) {
+        /* a stride on a dim of size 1 never matters: 0 where the size is 1 for every admitted size */
+        int one = em_lower_size_is1(lg, sizes[d], ss ? ss[d] : SYM_NONE) == 1;
+        n->strides[d] = one ? 0 : strides[d];
+        n->sstrides[d] = !lg->env ? SYM_NONE : one ? sk(lg, 0) : sst ? sst[d] : SYM_NONE;
+    }
     n->ir = ir;
     return id;
 }
@@ -121,6 +169,17 @@ static void contiguous_strides(int32_t ndim, const int64_t *sizes, int64_t *stri
     for (int d = ndim - 1; d >= 0; d--) {
         strides[d] = s;
         s *= sizes[d] > 1 ? sizes[d] : 1;
+    }
+}
+
+/* torch's contiguous strides of shadow sizes: stride[d] = prod(max(size[j], 1), j > d). */
+static void contiguous_sstrides(LGraph *lg, int32_t ndim, const SymRef *ss, SymRef *sst) {
+    if (!lg->env) return;
+    ShapeEnv *e = lg->env;
+    SymRef s = em_sym_const(e, 1);
+    for (int d = ndim - 1; d >= 0; d--) {
+        sst[d] = s;
+        s = em_sym_mul(e, s, em_sym_max(e, ss[d], em_sym_const(e, 1)));
     }
 }
 
@@ -139,7 +198,7 @@ typedef struct {
 static uint32_t mk_cast(Ctx *c, uint32_t x, LDtype dt) {
     if (!x || NODE(c, x)->dtype == dt) return x;
     LNode src = *NODE(c, x);
-    uint32_t id = new_node(c->lg, LP_CAST, dt, src.dtype, src.ndim, src.sizes);
+    uint32_t id = new_node(c->lg, LP_CAST, dt, src.dtype, src.ndim, src.sizes, src.ssizes);
     if (id) {
         NODE(c, id)->in[0] = x;
         NODE(c, id)->ir = c->ir;
@@ -148,7 +207,7 @@ static uint32_t mk_cast(Ctx *c, uint32_t x, LDtype dt) {
 }
 
 static uint32_t mk_const(Ctx *c, double f, int64_t i, int isint, LDtype dt) {
-    uint32_t id = new_node(c->lg, LP_CONST, dt, dt, 0, NULL);
+    uint32_t id = new_node(c->lg, LP_CONST, dt, dt, 0, NULL, NULL);
     if (!id) return 0;
     LNode *n = NODE(c, id);
     n->ir = c->ir;
@@ -158,13 +217,32 @@ static uint32_t mk_const(Ctx *c, double f, int64_t i, int isint, LDtype dt) {
     return id;
 }
 
-static int broadcast(const LNode *a, const LNode *b, int32_t *ndim, int64_t *sizes) {
+/* torch's broadcasting of two shapes. Symbolic: a dim is taken from the other side only when it
+ * is 1 for every admitted size; sizes that are neither equal nor 1 for all sizes do not lower. */
+static int broadcast(LGraph *lg, const LNode *a, const LNode *b, int32_t *ndim, int64_t *sizes, SymRef *ss) {
     int32_t nd = a->ndim > b->ndim ? a->ndim : b->ndim;
+    SymRef one = sk(lg, 1);
     for (int d = 0; d < nd; d++) {
         int da = d - (nd - a->ndim), db = d - (nd - b->ndim);
         int64_t sa = da >= 0 ? a->sizes[da] : 1, sb = db >= 0 ? b->sizes[db] : 1;
-        if (sa != sb && sa != 1 && sb != 1) return -1;
-        sizes[d] = sa == 1 ? sb : sa;
+        SymRef xa = da >= 0 ? a->ssizes[da] : one, xb = db >= 0 ? b->ssizes[db] : one;
+        if (!lg->env) {
+            if (sa != sb && sa != 1 && sb != 1) return -1;
+            sizes[d] = sa == 1 ? sb : sa;
+            continue;
+        }
+        if (em_lower_same(lg, sa, xa, sb, xb)) {
+            sizes[d] = sa;
+            ss[d] = xa;
+        } else if (em_lower_size_is1(lg, sa, xa) == 1) {
+            sizes[d] = sb;
+            ss[d] = xb;
+        } else if (em_lower_size_is1(lg, sb, xb) == 1) {
+            sizes[d] = sa;
+            ss[d] = xa;
+        } else {
+            return -1;
+        }
     }
     *ndim = nd;
     return 0;
@@ -176,6 +254,7 @@ static uint32_t mk_op(Ctx *c, LPrim op, LDtype dt, LDtype cdt, uint32_t a, uint3
     int ar = em_lprim_arity(op);
     int32_t nd = 0;
     int64_t sizes[EM_LMAXDIM] = {0};
+    SymRef ss[EM_LMAXDIM] = {0};
     for (int i = 0; i < ar; i++) {
         if (!ins[i]) return 0;
         LDtype want = (op == LP_WHERE && i == 0) ? LDT_BOOL : cdt;
@@ -183,9 +262,10 @@ static uint32_t mk_op(Ctx *c, LPrim op, LDtype dt, LDtype cdt, uint32_t a, uint3
         if (!ins[i]) return 0;
         LNode tmp = {.ndim = nd};
         memcpy(tmp.sizes, sizes, nd * sizeof(int64_t));
-        if (broadcast(&tmp, NODE(c, ins[i]), &nd, sizes) < 0) return 0;
+        memcpy(tmp.ssizes, ss, nd * sizeof(SymRef));
+        if (broadcast(c->lg, &tmp, NODE(c, ins[i]), &nd, sizes, ss) < 0) return 0;
     }
-    uint32_t id = new_node(c->lg, op, dt, cdt, nd, sizes);
+    uint32_t id = new_node(c->lg, op, dt, cdt, nd, sizes, ss);
     if (!id) return 0;
     for (int i = 0; i < ar; i++) NODE(c, id)->in[i] = ins[i];
     NODE(c, id)->ir = c->ir;
@@ -196,8 +276,12 @@ static uint32_t mk_reduce(Ctx *c, LPrim op, LDtype dt, uint32_t x, uint32_t rmas
     if (!x) return 0;
     LNode src = *NODE(c, x);
     int64_t sizes[EM_LMAXDIM];
-    for (int d = 0; d < src.ndim; d++) sizes[d] = (rmask >> d) & 1 ? 1 : src.sizes[d];
-    uint32_t id = new_node(c->lg, op, dt, src.dtype, src.ndim, sizes);
+    SymRef ss[EM_LMAXDIM];
+    for (int d = 0; d < src.ndim; d++) {
+        sizes[d] = (rmask >> d) & 1 ? 1 : src.sizes[d];
+        ss[d] = (rmask >> d) & 1 ? sk(c->lg, 1) : src.ssizes[d];
+    }
+    uint32_t id = new_node(c->lg, op, dt, src.dtype, src.ndim, sizes, ss);
     if (!id) return 0;
     NODE(c, id)->in[0] = x;
     NODE(c, id)->rmask = rmask;
@@ -214,7 +298,7 @@ static int64_t numel_of(int32_t ndim, const int64_t *sizes) {
 /* A LOAD that sees node x's value: x itself if it is a LOAD, else a LOAD of a NODE buffer that
  * materializes x, contiguous, declared with shape (nd, sizes) (same elements in the same order as
  * x's shape; a non-keepdim reduction declares its squeezed shape so that the buffer can be returned). */
-static uint32_t as_load_shape(Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes) {
+static uint32_t as_load_shape(Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes, const SymRef *ss) {
     if (!x) return 0;
     if (NODE(c, x)->op == LP_LOAD && !NODE(c, x)->lmask) return x;
     LGraph *lg = c->lg;
@@ -227,23 +311,26 @@ static uint32_t as_load_shape(Ctx *c, uint32_t x, int32_t nd, const int64_t *siz
         c->cap_node_buf = cap;
     }
     uint32_t b = c->node_buf[x];
-    if (b != UINT32_MAX && (lg->bufs[b].ndim != nd || memcmp(lg->bufs[b].sizes, sizes, nd * sizeof(int64_t)) != 0))
+    if (b != UINT32_MAX && (lg->bufs[b].ndim != nd || memcmp(lg->bufs[b].sizes, sizes, nd * sizeof(int64_t)) != 0 ||
+                            memcmp(lg->bufs[b].ssizes, ss, nd * sizeof(SymRef)) != 0))
         b = UINT32_MAX;
     if (b == UINT32_MAX) {
         LBuf buf = {.kind = LBUF_NODE, .index = x, .dtype = NODE(c, x)->dtype, .ndim = nd};
         memcpy(buf.sizes, sizes, nd * sizeof(int64_t));
+        memcpy(buf.ssizes, ss, nd * sizeof(SymRef));
         contiguous_strides(nd, sizes, buf.strides);
+        contiguous_sstrides(lg, nd, ss, buf.sstrides);
         b = em_lower_buffer(lg, &buf);
         if (b == UINT32_MAX) return 0;
         c->node_buf[x] = b;
     }
-    return em_lower_load(lg, b, nd, sizes, 0, lg->bufs[b].strides, c->ir);
+    return em_lower_load(lg, b, nd, sizes, 0, lg->bufs[b].strides, ss, sk(lg, 0), lg->bufs[b].sstrides, c->ir);
 }
 
 static uint32_t as_load(Ctx *c, uint32_t x) {
     if (!x) return 0;
     LNode src = *NODE(c, x);
-    return as_load_shape(c, x, src.ndim, src.sizes);
+    return as_load_shape(c, x, src.ndim, src.sizes, src.ssizes);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -285,8 +372,10 @@ static int bind(const IRNode *n, const char *sig, const IRArg **slot) {
 }
 
 typedef struct {
-    int kind;  /* 0 absent/None, 1 tensor, 2 number, 3 other constant */
+    int kind;  /* 0 absent/None, 1 tensor, 2 number, 3 other constant, 4 a size of a symbolic graph
+                  (a SymInt node: `x + x.shape[0]`; only operand_node takes it, as a CONST with sval) */
     uint32_t node;
+    SymRef sym;
     PyObject *obj;
     double f;
     int64_t i;
@@ -301,6 +390,19 @@ static int opnd(Ctx *c, const IRArg *a, Opnd *o) {
         if (v->kind == LV_NODE || (v->kind == LV_EXTERN && v->has_load)) {
             o->kind = 1;
             o->node = v->lnode;
+            return 0;
+        }
+        const IRMeta *m = &c->lg->ir->nodes[a->u.ref].meta;
+        if (c->lg->env && m->sym && m->example && PyLong_CheckExact(m->example)) {
+            int overflow = 0;
+            o->i = PyLong_AsLongLongAndOverflow(m->example, &overflow);
+            if (overflow || PyErr_Occurred()) {
+                PyErr_Clear();
+                return -1;
+            }
+            o->kind = 4;
+            o->isint = 1;
+            o->sym = em_sym_simplify(c->lg->env, m->sym);
             return 0;
         }
         return -1;
@@ -350,6 +452,13 @@ static uint32_t operand_node(Ctx *c, const Opnd *o, LDtype dt) {
                                      [LDT_I8] = INT8_MAX, [LDT_U8] = 255, [LDT_BOOL] = 1};
         if (!em_ldt_is_float(dt) && dt != LDT_BOOL && (!o->isint || o->i < lo[dt] || o->i > hi[dt])) return 0;
         return mk_const(c, o->f, o->i, o->isint, dt);
+    }
+    if (o->kind == 4) {
+        /* this call's value of a size: float types and int64 hold every size exactly enough */
+        if (!(em_ldt_is_float(dt) || dt == LDT_I64) || o->sym == SYM_NONE) return 0;
+        uint32_t k = mk_const(c, o->f, o->i, 1, dt);
+        if (k && !em_sym_is_const(c->lg->env, o->sym, NULL)) NODE(c, k)->sval = o->sym;
+        return k;
     }
     return 0;
 }
@@ -681,20 +790,73 @@ static int compute_stride(int32_t ond, const int64_t *os, const int64_t *ost, in
     return view_d == -1 ? 0 : -1;
 }
 
-/* The value of x seen with sizes/strides/offset relative to x's own view (x a LOAD). */
-static uint32_t reload(Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes, const int64_t *strides, int64_t off) {
+/* compute_stride on shadows: the same algorithm with every comparison decided for all admitted
+ * sizes (-1 when one is not: the view does not lower). */
+static int compute_sstride(LGraph *lg, int32_t ond, const SymRef *os, const SymRef *ost, int32_t nnd, const SymRef *ns,
+                           SymRef *nst) {
+    ShapeEnv *e = lg->env;
+    SymRef one = em_sym_const(e, 1), zero = em_sym_const(e, 0);
+    SymRef numel = one;
+    for (int d = 0; d < ond; d++) numel = em_sym_mul(e, numel, os[d]);
+    int empty = ond == 0 ? 1 : sdecide(lg, SYM_EQ, numel, zero);
+    if (empty < 0) return -1;
+    if (empty) {
+        contiguous_sstrides(lg, nnd, ns, nst);
+        return 0;
+    }
+    int view_d = nnd - 1;
+    SymRef chunk = ost[ond - 1], tnumel = one, vnumel = one;
+    for (int td = ond - 1; td >= 0; td--) {
+        tnumel = em_sym_mul(e, tnumel, os[td]);
+        int brk = 1;
+        if (td > 0) {
+            int is1 = em_lower_size_is1(lg, 2, os[td - 1]);
+            int ne = is1 == 1 ? 0 : sdecide(lg, SYM_NE, ost[td - 1], em_sym_mul(e, tnumel, chunk));
+            if (is1 < 0 || ne < 0) return -1;
+            brk = !is1 && ne;
+        }
+        if (!brk) continue;
+        while (view_d >= 0) {
+            int lt = sdecide(lg, SYM_LT, vnumel, tnumel);
+            if (lt < 0) return -1;
+            int is1 = lt ? 0 : em_lower_size_is1(lg, 2, ns[view_d]);
+            if (is1 < 0) return -1;
+            if (!lt && !is1) break;
+            nst[view_d] = em_sym_mul(e, vnumel, chunk);
+            vnumel = em_sym_mul(e, vnumel, ns[view_d]);
+            view_d--;
+        }
+        if (sdecide(lg, SYM_EQ, vnumel, tnumel) != 1) return -1;
+        if (td > 0) {
+            chunk = ost[td - 1];
+            tnumel = one;
+            vnumel = one;
+        }
+    }
+    return view_d == -1 ? 0 : -1;
+}
+
+/* The value of x seen with sizes/strides/offset relative to x's own view (x a LOAD); ss/sst/soff
+ * their shadows (ignored in a static graph). */
+static uint32_t reload_s(Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes, const int64_t *strides, int64_t off,
+                         const SymRef *ss, const SymRef *sst, SymRef soff) {
     LNode src = *NODE(c, x);
-    return em_lower_load(c->lg, src.buf, nd, sizes, src.offset + off, strides, c->ir);
+    SymRef so = c->lg->env ? em_sym_add(c->lg->env, src.soffset, soff) : SYM_NONE;
+    return em_lower_load(c->lg, src.buf, nd, sizes, src.offset + off, strides, ss, so, sst, c->ir);
 }
 
 static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
     const IRNode *n = c->n;
     const IRMeta *m = &n->meta;
+    LGraph *lg = c->lg;
+    ShapeEnv *env = lg->env;
     Opnd x;
     if (n->nargs < 1 || opnd(c, &n->args[0], &x) < 0 || x.kind != 1) return 0;
     uint32_t base = x.node;
     LNode src = *NODE(c, base);
     int64_t st[EM_LMAXDIM] = {0};
+    SymRef mss[EM_LMAXDIM] = {0}, sst[EM_LMAXDIM] = {0};
+    meta_shadows(lg, m, mss, NULL);
     switch (rule->kind) {
     case R_IDENTITY:
         return base;
@@ -705,11 +867,12 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
         uint32_t l = as_load(c, base);
         if (!l) return 0;
         src = *NODE(c, l);
-        if (compute_stride(src.ndim, src.sizes, src.strides, m->ndim, m->sizes, st) == 0)
-            return reload(c, l, m->ndim, m->sizes, st, 0);
+        if (compute_stride(src.ndim, src.sizes, src.strides, m->ndim, m->sizes, st) == 0 &&
+            (!env || compute_sstride(lg, src.ndim, src.ssizes, src.sstrides, m->ndim, mss, sst) == 0))
+            return reload_s(c, l, m->ndim, m->sizes, st, 0, mss, sst, sk(lg, 0));
         if (rule->prim != 1) return 0; /* view() of an incompatible layout: torch raised already */
         /* reshape that copies: materialize the value contiguous, then view it */
-        uint32_t cp = new_node(c->lg, LP_CAST, src.dtype, src.dtype, src.ndim, src.sizes);
+        uint32_t cp = new_node(c->lg, LP_CAST, src.dtype, src.dtype, src.ndim, src.sizes, src.ssizes);
         if (!cp) return 0;
         NODE(c, cp)->in[0] = l;
         NODE(c, cp)->ir = c->ir;
@@ -718,7 +881,8 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
         if (!l2) return 0;
         src = *NODE(c, l2);
         if (compute_stride(src.ndim, src.sizes, src.strides, m->ndim, m->sizes, st) < 0) return 0;
-        return reload(c, l2, m->ndim, m->sizes, st, 0);
+        if (env && compute_sstride(lg, src.ndim, src.ssizes, src.sstrides, m->ndim, mss, sst) < 0) return 0;
+        return reload_s(c, l2, m->ndim, m->sizes, st, 0, mss, sst, sk(lg, 0));
     }
     case R_PERMUTE:
     case R_TRANSPOSE:
@@ -746,13 +910,16 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
         if (!l) return 0;
         src = *NODE(c, l);
         int64_t sizes[EM_LMAXDIM];
+        SymRef ss[EM_LMAXDIM] = {0};
         for (int d = 0; d < k; d++) {
             int32_t p;
             if (norm_dim(perm[d], k, &p) < 0) return 0;
             sizes[d] = src.sizes[p];
             st[d] = src.strides[p];
+            ss[d] = src.ssizes[p];
+            sst[d] = src.sstrides[p];
         }
-        return reload(c, l, k, sizes, st, 0);
+        return reload_s(c, l, k, sizes, st, 0, ss, sst, sk(lg, 0));
     }
     case R_EXPAND: {
         uint32_t l = as_load(c, base);
@@ -761,10 +928,20 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
         if (m->ndim < src.ndim) return 0;
         for (int d = 0; d < m->ndim; d++) {
             int sd = d - (m->ndim - src.ndim);
-            st[d] = sd >= 0 && src.sizes[sd] == m->sizes[d] ? src.strides[sd] : 0;
-            if (sd >= 0 && src.sizes[sd] != m->sizes[d] && src.sizes[sd] != 1) return 0;
+            if (sd < 0) {
+                st[d] = 0;
+                sst[d] = sk(lg, 0);
+            } else if (em_lower_same(lg, src.sizes[sd], src.ssizes[sd], m->sizes[d], mss[d])) {
+                st[d] = src.strides[sd];
+                sst[d] = src.sstrides[sd];
+            } else if (em_lower_size_is1(lg, src.sizes[sd], src.ssizes[sd]) == 1) {
+                st[d] = 0;
+                sst[d] = sk(lg, 0);
+            } else {
+                return 0;
+            }
         }
-        return reload(c, l, m->ndim, m->sizes, st, 0);
+        return reload_s(c, l, m->ndim, m->sizes, st, 0, mss, sst, sk(lg, 0));
     }
     case R_NARROW:
     case R_SELECT: {
@@ -774,19 +951,31 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
             src.ndim == 0)
             return 0;
         if (rule->kind == R_NARROW && get_int(slot[3], &len) < 0) return 0;
-        if (start < 0) start += src.sizes[d];
+        SymRef sstart = sk(lg, start);
+        if (start < 0) {
+            sstart = env ? em_sym_add(env, src.ssizes[d], sstart) : SYM_NONE;
+            start += src.sizes[d];
+        }
         if (start < 0 || start + len > src.sizes[d]) return 0;
+        /* symbolic: 0 <= start and start + len <= size for every admitted size */
+        if (env && (sdecide(lg, SYM_GE, sstart, sk(lg, 0)) != 1 ||
+                    sdecide(lg, SYM_LE, em_sym_add(env, sstart, sk(lg, len)), src.ssizes[d]) != 1))
+            return 0;
         uint32_t l = as_load(c, base);
         if (!l) return 0;
         src = *NODE(c, l);
         int64_t sizes[EM_LMAXDIM];
+        SymRef ss[EM_LMAXDIM] = {0};
         int k = 0;
         for (int i = 0; i < src.ndim; i++) {
             if (i == d && rule->kind == R_SELECT) continue;
             sizes[k] = i == d ? len : src.sizes[i];
+            ss[k] = i == d ? sk(lg, len) : src.ssizes[i];
+            sst[k] = src.sstrides[i];
             st[k++] = src.strides[i];
         }
-        return reload(c, l, k, sizes, st, start * src.strides[d]);
+        return reload_s(c, l, k, sizes, st, start * src.strides[d], ss, sst,
+                        env ? em_sym_mul(env, sstart, src.sstrides[d]) : SYM_NONE);
     }
     case R_GETITEM: {
         /* basic indexing: ints, slices with step > 0, None, Ellipsis (torch/csrc/autograd/python_variable_indexing.cpp) */
@@ -821,6 +1010,7 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
         if (!l) return 0;
         src = *NODE(c, l);
         int64_t sizes[EM_LMAXDIM], off = 0;
+        SymRef ss[EM_LMAXDIM] = {0}, soff = sk(lg, 0);
         int k = 0, d = 0;
         for (int i = 0; i < nitems; i++) {
             PyObject *it = items[i];
@@ -828,11 +1018,15 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
                 for (int e = 0; e < src.ndim - consumed; e++, d++) {
                     if (k >= EM_LMAXDIM) return 0;
                     sizes[k] = src.sizes[d];
+                    ss[k] = src.ssizes[d];
+                    sst[k] = src.sstrides[d];
                     st[k++] = src.strides[d];
                 }
             } else if (it == Py_None) {
                 if (k >= EM_LMAXDIM) return 0;
                 sizes[k] = 1;
+                ss[k] = sk(lg, 1);
+                sst[k] = sk(lg, 0);
                 st[k++] = 0;
             } else if (PyLong_CheckExact(it)) {
                 int64_t v = PyLong_AsLongLong(it);
@@ -840,9 +1034,16 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
                     PyErr_Clear();
                     return 0;
                 }
-                if (v < 0) v += src.sizes[d];
+                SymRef sv = sk(lg, v);
+                if (v < 0) {
+                    sv = env ? em_sym_add(env, src.ssizes[d], sv) : SYM_NONE;
+                    v += src.sizes[d];
+                }
                 if (v < 0 || v >= src.sizes[d]) return 0;
+                if (env && (sdecide(lg, SYM_GE, sv, sk(lg, 0)) != 1 || sdecide(lg, SYM_LT, sv, src.ssizes[d]) != 1))
+                    return 0;
                 off += v * src.strides[d];
+                if (env) soff = em_sym_add(env, soff, em_sym_mul(env, sv, src.sstrides[d]));
                 d++;
             } else {
                 Py_ssize_t start, stop, step;
@@ -851,9 +1052,16 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
                     return 0;
                 }
                 if (step <= 0) return 0;
+                if (env) {
+                    /* symbolic: the whole dim only (x[:, 0]); other slices are torch's */
+                    PySliceObject *sl = (PySliceObject *)it;
+                    if (sl->start != Py_None || sl->stop != Py_None || sl->step != Py_None) return 0;
+                }
                 Py_ssize_t len = PySlice_AdjustIndices((Py_ssize_t)src.sizes[d], &start, &stop, step);
                 if (k >= EM_LMAXDIM) return 0;
                 sizes[k] = len;
+                ss[k] = src.ssizes[d];
+                sst[k] = src.sstrides[d];
                 st[k++] = src.strides[d] * step;
                 if (len > 0) off += start * src.strides[d];
                 d++;
@@ -862,9 +1070,11 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
         for (; d < src.ndim; d++) {
             if (k >= EM_LMAXDIM) return 0;
             sizes[k] = src.sizes[d];
+            ss[k] = src.ssizes[d];
+            sst[k] = src.sstrides[d];
             st[k++] = src.strides[d];
         }
-        return reload(c, l, k, sizes, st, off);
+        return reload_s(c, l, k, sizes, st, off, ss, sst, soff);
     }
     default:
         return 0;
@@ -876,14 +1086,27 @@ static LDtype opmath(LDtype t) { return em_ldt_is_half(t) ? LDT_F32 : t; }
 
 static uint32_t cnum(Ctx *c, double v, LDtype dt) { return mk_const(c, v, 0, 0, dt); }
 
+/* The element count of the dims in rmask as a constant of dtype dt: a number in a static graph,
+ * the size expression (CONST with sval) in a symbolic one. */
+static uint32_t mk_count(Ctx *c, const LNode *src, uint32_t rmask, LDtype dt) {
+    int64_t cnt = 1;
+    SymRef scnt = sk(c->lg, 1);
+    for (int d = 0; d < src->ndim; d++)
+        if ((rmask >> d) & 1) {
+            cnt *= src->sizes[d];
+            if (c->lg->env) scnt = em_sym_mul(c->lg->env, scnt, src->ssizes[d]);
+        }
+    uint32_t k = cnum(c, (double)cnt, dt);
+    if (k && c->lg->env && !em_sym_is_const(c->lg->env, scnt, NULL)) NODE(c, k)->sval = scnt ? scnt : SYM_NONE;
+    if (k && c->lg->env && scnt == SYM_NONE) return 0;
+    return k;
+}
+
 /* sum over rmask divided by the element count (mean, keepdim). */
 static uint32_t mk_mean(Ctx *c, uint32_t x, uint32_t rmask, LDtype dt) {
     LNode src = *NODE(c, x);
-    int64_t cnt = 1;
-    for (int d = 0; d < src.ndim; d++)
-        if ((rmask >> d) & 1) cnt *= src.sizes[d];
     uint32_t s = mk_reduce(c, LP_RSUM, dt, mk_cast(c, x, dt), rmask);
-    return mk_op(c, LP_DIV, dt, dt, s, cnum(c, (double)cnt, dt), 0);
+    return mk_op(c, LP_DIV, dt, dt, s, mk_count(c, &src, rmask, dt), 0);
 }
 
 /* var with correction: two passes (mean, then the centered sum of squares), keepdim. */
@@ -897,9 +1120,16 @@ static uint32_t mk_var(Ctx *c, uint32_t x, uint32_t rmask, double correction, LD
     uint32_t dev = mk_op(c, LP_SUB, dt, dt, xf, mean, 0);
     uint32_t sq = mk_op(c, LP_MUL, dt, dt, dev, dev, 0);
     uint32_t ss = mk_reduce(c, LP_RSUM, dt, sq, rmask);
-    double denom = (double)cnt - correction;
-    if (denom < 0) denom = 0;
-    return mk_op(c, LP_DIV, dt, dt, ss, cnum(c, denom, dt), 0);
+    uint32_t den = mk_count(c, &src, rmask, dt);
+    if (den && NODE(c, den)->sval) {
+        /* symbolic count: max(count - correction, 0) computed in the kernel */
+        den = mk_op(c, LP_MAX, dt, dt, mk_op(c, LP_SUB, dt, dt, den, cnum(c, correction, dt), 0), cnum(c, 0, dt), 0);
+    } else {
+        double denom = (double)cnt - correction;
+        if (denom < 0) denom = 0;
+        den = cnum(c, denom, dt);
+    }
+    return mk_op(c, LP_DIV, dt, dt, ss, den, 0);
 }
 
 /* Drops the reduced dims of a keepdim value (non-keepdim reductions). The value is stored with
@@ -909,25 +1139,58 @@ static uint32_t squeeze_dims(Ctx *c, uint32_t x, uint32_t rmask) {
     LNode src = *NODE(c, x);
     if (!rmask) return x;
     int64_t sizes[EM_LMAXDIM];
+    SymRef ss[EM_LMAXDIM] = {0}, sst[EM_LMAXDIM] = {0};
     int k = 0;
     for (int d = 0; d < src.ndim; d++)
-        if (!((rmask >> d) & 1)) sizes[k++] = src.sizes[d];
-    if (src.op != LP_LOAD || src.lmask) return as_load_shape(c, x, k, sizes);
+        if (!((rmask >> d) & 1)) {
+            ss[k] = src.ssizes[d];
+            sizes[k++] = src.sizes[d];
+        }
+    if (src.op != LP_LOAD || src.lmask) return as_load_shape(c, x, k, sizes, ss);
     int64_t st[EM_LMAXDIM];
     k = 0;
     for (int d = 0; d < src.ndim; d++)
-        if (!((rmask >> d) & 1)) st[k++] = src.strides[d];
-    return reload(c, x, k, sizes, st, 0);
+        if (!((rmask >> d) & 1)) {
+            sst[k] = src.sstrides[d];
+            st[k++] = src.strides[d];
+        }
+    return reload_s(c, x, k, sizes, st, 0, ss, sst, sk(c->lg, 0));
 }
 
-/* normalized_shape -> mask of the trailing dims. */
-static int trailing_mask(const IRArg *a, const LNode *x, uint32_t *mask) {
+/* normalized_shape -> mask of the trailing dims. In a symbolic graph an item may be a SymInt
+ * node (F.layer_norm(x, x.shape[-1:])): it must be x's size expression. */
+static int trailing_mask(Ctx *c, const IRArg *a, const LNode *x, uint32_t *mask) {
     int64_t ns[EM_LMAXDIM];
+    SymRef sns[EM_LMAXDIM] = {0};
     int k = get_ints(a, ns, EM_LMAXDIM);
+    if (k < 0 && c->lg->env && a && (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) && a->n <= EM_LMAXDIM) {
+        k = (int)a->n;
+        for (int i = 0; i < k && k > 0; i++) {
+            const IRArg *it = &a->u.items[i];
+            if (it->kind == IRARG_NODE) {
+                const IRMeta *im = &c->lg->ir->nodes[it->u.ref].meta;
+                if (!im->sym || !im->example || !PyLong_Check(im->example)) k = -1;
+                else {
+                    ns[i] = PyLong_AsLongLong(im->example);
+                    sns[i] = em_sym_simplify(c->lg->env, im->sym);
+                    if (PyErr_Occurred()) {
+                        PyErr_Clear();
+                        k = -1;
+                    }
+                }
+            } else if (get_int(it, &ns[i]) == 0) {
+                sns[i] = sk(c->lg, ns[i]);
+            } else {
+                k = -1;
+            }
+        }
+    } else if (k > 0) {
+        for (int i = 0; i < k; i++) sns[i] = sk(c->lg, ns[i]);
+    }
     if (k < 0 || k > x->ndim) return -1;
     *mask = 0;
     for (int i = 0; i < k; i++) {
-        if (x->sizes[x->ndim - k + i] != ns[i]) return -1;
+        if (!em_lower_same(c->lg, x->sizes[x->ndim - k + i], x->ssizes[x->ndim - k + i], ns[i], sns[i])) return -1;
         *mask |= 1u << (x->ndim - k + i);
     }
     return 0;
@@ -940,11 +1203,14 @@ static uint32_t channel_view(Ctx *c, uint32_t v, int32_t ndim) {
     LNode src = *NODE(c, l);
     if (src.ndim != 1 || ndim < 2) return 0;
     int64_t sizes[EM_LMAXDIM], st[EM_LMAXDIM];
+    SymRef ss[EM_LMAXDIM] = {0}, sst[EM_LMAXDIM] = {0};
     for (int d = 0; d < ndim - 1; d++) {
         sizes[d] = d == 0 ? src.sizes[0] : 1;
         st[d] = d == 0 ? src.strides[0] : 0;
+        ss[d] = d == 0 ? src.ssizes[0] : sk(c->lg, 1);
+        sst[d] = d == 0 ? src.sstrides[0] : sk(c->lg, 0);
     }
-    return reload(c, l, ndim - 1, sizes, st, 0);
+    return reload_s(c, l, ndim - 1, sizes, st, 0, ss, sst, sk(c->lg, 0));
 }
 
 /* ceil(a / b) for b > 0 */
@@ -963,7 +1229,7 @@ static uint32_t mk_masked_load(Ctx *c, uint32_t buf, int32_t nd, const int64_t *
         if (lo[d] <= 0 && hi[d] >= sizes[d]) mask &= ~(1u << d);
         else if (sizes[d] == 1) return mk_const(c, ffill, ifill, !em_ldt_is_float(dt), dt);
     }
-    uint32_t id = em_lower_load(c->lg, buf, nd, sizes, offset, strides, c->ir);
+    uint32_t id = em_lower_load(c->lg, buf, nd, sizes, offset, strides, NULL, SYM_NONE, NULL, c->ir);
     if (!id || !mask) return id;
     LNode *n = NODE(c, id);
     n->lmask = mask;
@@ -1104,6 +1370,9 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     if (rule->sig[0] && bind(c->n, rule->sig, slot) < 0) return 0;
     if (!rule->sig[0] && c->n->nkwargs) return 0;
     if (is_view_rule(rule)) return lower_view(c, rule, slot);
+    /* masked loads (pooling windows, cat pieces) and group_norm's regrouping have no shadows yet:
+     * in a symbolic graph they stay torch's */
+    if (c->lg->env && (rule->kind == R_CAT || rule->kind == R_MAX_POOL || rule->kind == R_GROUP_NORM)) return 0;
     if (rule->kind == R_CAT) return lower_cat(c, rule->prim, slot);
     Opnd a, b, w;
     if (opnd(c, slot[0], &a) < 0 || opnd(c, slot[1], &b) < 0 || opnd(c, slot[2], &w) < 0) return 0;
@@ -1357,15 +1626,14 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         if (a.kind != 1 || !em_ldt_is_float(R)) return 0;
         LNode src = *NODE(c, a.node);
         uint32_t mask;
-        if (trailing_mask(slot[1], &src, &mask) < 0) return 0;
+        if (trailing_mask(c, slot[1], &src, &mask) < 0) return 0;
         const IRArg *weight = slot[2], *bias = rule->kind == R_LAYER_NORM ? slot[3] : NULL;
         const IRArg *epsa = rule->kind == R_LAYER_NORM ? slot[4] : slot[3];
         /* rms_norm's default eps is the epsilon of the opmath type (aten/src/ATen/native/layer_norm.cpp) */
         double eps = rule->kind == R_LAYER_NORM ? 1e-5 : (R == LDT_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-07);
         if (!is_none(epsa) && get_double(epsa, &eps) < 0) return 0;
         Opnd wo, bo;
-        if (opnd(c, weight, &wo) < 0 || opnd(c, bias, &bo) < 0 || wo.kind == 2 || wo.kind == 3 || bo.kind == 2 ||
-            bo.kind == 3)
+        if (opnd(c, weight, &wo) < 0 || opnd(c, bias, &bo) < 0 || wo.kind >= 2 || bo.kind >= 2)
             return 0;
         LDtype F = opmath(R);
         uint32_t x = mk_cast(c, a.node, F), y;
@@ -1373,11 +1641,8 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
             /* aten/src/ATen/native/cpu/layer_norm_kernel.cpp: mean, biased variance, rstd */
             uint32_t mean = mk_mean(c, x, mask, F);
             uint32_t dev = mk_op(c, LP_SUB, F, F, x, mean, 0);
-            int64_t cnt = 1;
-            for (int d = 0; d < src.ndim; d++)
-                if ((mask >> d) & 1) cnt *= src.sizes[d];
             uint32_t var = mk_op(c, LP_DIV, F, F, mk_reduce(c, LP_RSUM, F, mk_op(c, LP_MUL, F, F, dev, dev, 0), mask),
-                                 cnum(c, (double)cnt, F), 0);
+                                 mk_count(c, &src, mask, F), 0);
             uint32_t rstd = mk_op(c, LP_RSQRT, F, F, mk_op(c, LP_ADD, F, F, var, cnum(c, eps, F), 0), 0, 0);
             y = mk_op(c, LP_MUL, F, F, dev, rstd, 0);
         } else {
@@ -1440,7 +1705,7 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
             sizes[d + 1] = src.sizes[d];
             st[d + 1] = src.strides[d];
         }
-        uint32_t xs = reload(c, l, nd, sizes, st, 0);
+        uint32_t xs = reload_s(c, l, nd, sizes, st, 0, NULL, NULL, SYM_NONE);
         uint32_t mask = 0;
         int64_t cnt = 1;
         for (int d = 2; d < nd; d++) {
@@ -1471,7 +1736,7 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
                 ws[d] = 1;
                 wst[d] = 0;
             }
-            uint32_t wv = mk_cast(c, reload(c, wl, nd - 1, ws, wst, 0), F);
+            uint32_t wv = mk_cast(c, reload_s(c, wl, nd - 1, ws, wst, 0, NULL, NULL, SYM_NONE), F);
             y = mk_op(c, i == 0 ? LP_MUL : LP_ADD, F, F, y, wv, 0);
         }
         y = mk_cast(c, y, R);
@@ -1480,7 +1745,7 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         if (!yl) return 0;
         int64_t cst[EM_LMAXDIM];
         contiguous_strides(src.ndim, src.sizes, cst);
-        return reload(c, yl, src.ndim, src.sizes, cst, 0);
+        return reload_s(c, yl, src.ndim, src.sizes, cst, 0, NULL, NULL, SYM_NONE);
     }
     case R_BATCH_NORM: {
         if (a.kind != 1 || !em_ldt_is_float(R) || !is_false(slot[5])) return 0;
@@ -1731,20 +1996,23 @@ static int linear_bias_epilogue(Ctx *c, IRRef r) {
     LDtype R = (LDtype)em_lower_dtype_of(n->meta.dtype);
     if (none_arg < 0 || opnd(c, slot[2], &bo) < 0 || bo.kind != 1 || !em_ldt_is_float(R) || em_ldt_is_half(R)) return 0;
     const LNode *bn = NODE(c, bo.node);
-    if (bn->dtype != R || bn->ndim != 1 || n->meta.ndim < 1 || bn->sizes[0] != n->meta.sizes[n->meta.ndim - 1]) return 0;
-    uint32_t before = lg->nnodes, bbefore = lg->nbufs;
+    if (bn->dtype != R || bn->ndim != 1 || n->meta.ndim < 1 || n->meta.ndim > EM_LMAXDIM) return 0;
     LBuf b = {.kind = LBUF_EXTERN, .index = r, .dtype = R, .ndim = n->meta.ndim, .ir = r, .fresh = true};
+    meta_shadows(lg, &n->meta, b.ssizes, b.sstrides);
+    if (!em_lower_same(lg, bn->sizes[0], bn->ssizes[0], n->meta.sizes[n->meta.ndim - 1], b.ssizes[b.ndim - 1])) return 0;
+    uint32_t before = lg->nnodes, bbefore = lg->nbufs;
     memcpy(b.sizes, n->meta.sizes, b.ndim * sizeof(int64_t));
     memcpy(b.strides, n->meta.strides, b.ndim * sizeof(int64_t));
     uint32_t bi = em_lower_buffer(lg, &b);
     if (bi == UINT32_MAX) return -1;
-    uint32_t ld = em_lower_load(lg, bi, b.ndim, b.sizes, 0, b.strides, r);
+    uint32_t ld = em_lower_load(lg, bi, b.ndim, b.sizes, 0, b.strides, b.ssizes, sk(lg, 0), b.sstrides, r);
     c->ir = r;
     c->n = n;
     c->rdt = R;
     uint32_t y = ld ? mk_op(c, LP_ADD, R, R, ld, bo.node, 0) : 0;
     if (!y || NODE(c, y)->ndim != n->meta.ndim ||
-        memcmp(NODE(c, y)->sizes, n->meta.sizes, n->meta.ndim * sizeof(int64_t)) != 0) {
+        memcmp(NODE(c, y)->sizes, n->meta.sizes, n->meta.ndim * sizeof(int64_t)) != 0 ||
+        (lg->env && memcmp(NODE(c, y)->ssizes, b.ssizes, b.ndim * sizeof(SymRef)) != 0)) {
         if (PyErr_Occurred()) return -1;
         lg->nnodes = before;
         lg->nbufs = bbefore;
@@ -1757,6 +2025,31 @@ static int linear_bias_epilogue(Ctx *c, IRRef r) {
     v->none_arg = none_arg;
     v->ext_buf = bi;
     lg->nextern++;
+    return 1;
+}
+
+/* Every shadow of nodes [n0, nnodes) and buffers [b0, nbufs) is known and evaluates to its hint
+ * (a rule that forgot one, or computed it differently, is not used). */
+static int shadow_is(LGraph *lg, SymRef s, int64_t hint) {
+    int64_t v;
+    return s != SYM_NONE && em_sym_hint(lg->env, s, &v) == 0 && v == hint;
+}
+
+static int shadows_ok(LGraph *lg, uint32_t n0, uint32_t b0) {
+    for (uint32_t i = n0; i < lg->nnodes; i++) {
+        const LNode *n = &lg->nodes[i];
+        for (int d = 0; d < n->ndim; d++) {
+            if (!shadow_is(lg, n->ssizes[d], n->sizes[d])) return 0;
+            if (n->op == LP_LOAD && !shadow_is(lg, n->sstrides[d], n->strides[d])) return 0;
+        }
+        if (n->op == LP_LOAD && (n->lmask || !shadow_is(lg, n->soffset, n->offset))) return 0;
+        if (n->op == LP_CONST && n->sval && !shadow_is(lg, n->sval, (int64_t)n->fval)) return 0;
+    }
+    for (uint32_t i = b0; i < lg->nbufs; i++) {
+        const LBuf *b = &lg->bufs[i];
+        for (int d = 0; d < b->ndim; d++)
+            if (!shadow_is(lg, b->ssizes[d], b->sizes[d]) || !shadow_is(lg, b->sstrides[d], b->strides[d])) return 0;
+    }
     return 1;
 }
 
@@ -1783,11 +2076,12 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
     lg->arena = a;
     lg->ir = g;
     lg->vals = em_arena_alloc(a, g->nnodes * sizeof(LVal));
-    if (!lg->vals || (new_node(lg, LP_CONST, LDT_F32, LDT_F32, 0, NULL), lg->nnodes != 1)) {
+    if (!lg->vals || (new_node(lg, LP_CONST, LDT_F32, LDT_F32, 0, NULL, NULL), lg->nnodes != 1)) {
         PyErr_NoMemory();
         return NULL;
     }
     lg->device = -1;
+    lg->env = em_ir_is_symbolic(g) ? g->shape_env : NULL;
     int first = 1;
     uint8_t *functional = em_arena_alloc(a, g->nnodes + 1);
     if (!functional) {
@@ -1849,7 +2143,7 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             if (rc > 0) continue;
         }
         if (n->kind == IR_PLACEHOLDER || ext[r] || !meta_ok(&n->meta)) {
-            if (n->kind != IR_PLACEHOLDER) lg->nextern++;
+            if (n->kind != IR_PLACEHOLDER && !(lg->env && n->meta.sym)) lg->nextern++; /* sizes are not ops */
             v->kind = n->kind == IR_PLACEHOLDER ? LV_NONE : LV_EXTERN;
             if (!meta_ok(&n->meta)) continue;
             LBuf b = {.kind = n->kind == IR_PLACEHOLDER ? LBUF_INPUT : LBUF_EXTERN, .index = r,
@@ -1865,9 +2159,10 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             }
             memcpy(b.sizes, n->meta.sizes, b.ndim * sizeof(int64_t));
             memcpy(b.strides, n->meta.strides, b.ndim * sizeof(int64_t));
+            meta_shadows(lg, &n->meta, b.ssizes, b.sstrides);
             uint32_t bi = em_lower_buffer(lg, &b);
             if (bi == UINT32_MAX) goto oom;
-            v->lnode = em_lower_load(lg, bi, b.ndim, b.sizes, 0, b.strides, r);
+            v->lnode = em_lower_load(lg, bi, b.ndim, b.sizes, 0, b.strides, b.ssizes, sk(lg, 0), b.sstrides, r);
             if (!v->lnode) goto oom;
             if (n->kind == IR_PLACEHOLDER) v->kind = LV_NODE;
             else v->has_load = true;
@@ -1883,6 +2178,15 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             const LNode *ln = &lg->nodes[id];
             ok = ln->dtype == c.rdt && ln->ndim == n->meta.ndim &&
                  memcmp(ln->sizes, n->meta.sizes, ln->ndim * sizeof(int64_t)) == 0;
+            if (ok && lg->env) {
+                /* symbolic: the result's shape equals the meta's for every admitted size, and every
+                 * shadow the rule made is known and agrees with its hint */
+                SymRef mss[EM_LMAXDIM];
+                meta_shadows(lg, &n->meta, mss, NULL);
+                for (int d = 0; ok && d < ln->ndim; d++)
+                    ok = em_lower_same(lg, ln->sizes[d], ln->ssizes[d], n->meta.sizes[d], mss[d]);
+                ok = ok && shadows_ok(lg, before, bbefore);
+            }
         }
         if (!ok && functional[r]) {
             /* an in-place op must not run as a torch call: readers of the value it overwrites may

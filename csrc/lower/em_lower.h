@@ -7,6 +7,7 @@
 #define EM_LOWER_H
 
 #include "ir/em_ir.h"
+#include "sym/em_sym.h"
 
 #define EM_LMAXDIM 8
 
@@ -64,7 +65,12 @@ const char *em_lprim_name(LPrim p);
 int em_lprim_arity(LPrim p);
 static inline int em_lprim_is_reduce(LPrim p) { return p >= LP_RSUM; }
 
-/* A node of the lowered graph. Shapes are static (the guards specialise on sizes and strides). */
+/* A node of the lowered graph. sizes/strides/offset/lo/hi are the example's values (the hints);
+ * in a symbolic graph (LGraph.env) each has a shadow expression (ssizes, sstrides, ...; SymRefs of
+ * the graph's ShapeEnv) that holds for every size the entry's guards admit. Every decision the
+ * lowering and the scheduler make on a size (is it 1, are two sizes equal, is a dim contiguous) is
+ * made on the shadows when there are any (em_sym_static_bool: decided for all sizes, else the
+ * conservative choice or no lowering), so that one set of kernels serves every size. */
 typedef struct LNode {
     LPrim op;
     LDtype dtype;          /* result dtype */
@@ -83,6 +89,11 @@ typedef struct LNode {
     int64_t lo[EM_LMAXDIM], hi[EM_LMAXDIM];
     uint32_t rmask;        /* reductions: bit d set = dim d reduced (result keeps it as 1) */
     IRRef ir;              /* the torch-level node this comes from (for comments) */
+    /* symbolic shadows (SYM_NONE in a static graph) */
+    SymRef ssizes[EM_LMAXDIM], sstrides[EM_LMAXDIM], soffset;
+    SymRef slo[EM_LMAXDIM], shi[EM_LMAXDIM];
+    SymRef sval;           /* CONST of a symbolic graph: the value is this size expression (an element
+                              count: mean, var), fval its hint */
 } LNode;
 
 /* A buffer: memory a kernel loads or stores. */
@@ -100,6 +111,7 @@ typedef struct LBuf {
     int64_t sizes[EM_LMAXDIM];
     int64_t strides[EM_LMAXDIM];
     IRRef ir;              /* NODE: the IR node whose value it is (0 for internal nodes) */
+    SymRef ssizes[EM_LMAXDIM], sstrides[EM_LMAXDIM]; /* symbolic shadows (SYM_NONE: static graph) */
     bool fresh;            /* EXTERN: the op returns a new tensor it does not alias (matmul ...) */
 } LBuf;
 
@@ -135,6 +147,7 @@ typedef struct LGraph {
     uint32_t nextern;      /* IR nodes left as extern calls */
     uint32_t nlowered;     /* IR nodes lowered */
     int32_t device;        /* -1: every tensor on the CPU; d >= 0: every tensor on CUDA device d */
+    ShapeEnv *env;         /* the IR graph's ShapeEnv when it has symbolic sizes (shadows), else NULL */
 } LGraph;
 
 /* Lowers g. Returns NULL with a Python exception on failure; *why (may be NULL) receives a static
@@ -147,9 +160,14 @@ LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why);
  * GPU, for tests). */
 LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, const char **why);
 
-/* Appends a LOAD of buffer b seen with the given shape/offset/strides; 0 on OOM. */
+/* Appends a LOAD of buffer b seen with the given shape/offset/strides (ss/soff/sst: their shadows,
+ * NULL/SYM_NONE in a static graph); 0 on OOM. */
 uint32_t em_lower_load(LGraph *lg, uint32_t b, int32_t ndim, const int64_t *sizes, int64_t offset,
-                       const int64_t *strides, IRRef ir);
+                       const int64_t *strides, const SymRef *ss, SymRef soff, const SymRef *sst, IRRef ir);
+/* Is a size 1 for every admitted size (1), never 1 (0), or undecided (-1)? Static graphs: the hint. */
+int em_lower_size_is1(LGraph *lg, int64_t hint, SymRef s);
+/* Are two sizes / strides equal for every admitted size? Static graphs: the hints. */
+bool em_lower_same(LGraph *lg, int64_t ha, SymRef a, int64_t hb, SymRef b);
 /* Appends a buffer; UINT32_MAX on OOM. */
 uint32_t em_lower_buffer(LGraph *lg, const LBuf *b);
 /* The dtype of a torch.dtype object; -1 when the code generators do not handle it. */

@@ -19,7 +19,8 @@
 
 #define NONE UINT32_MAX
 
-typedef void (*KernelFn)(char *const *);
+typedef void (*KernelFn)(char *const *, const int64_t *);
+typedef void (*MetaFn)(const int64_t *, int64_t *);
 typedef void (*SetThreadsFn)(int);
 
 typedef struct {
@@ -36,6 +37,16 @@ typedef struct {
     PyObject **in_size, **in_stride; /* per input: expected layout, NULL when guaranteed */
     EmCudaFn *cuda;       /* a CUDA kernel (em_runtime_cuda.c): launched instead of fn */
     PyObject *out_device; /* CUDA: the torch.device outputs are allocated on */
+    /* symbolic sizes (sizes as kernel arguments): meta computes this call's layout from the
+     * symbols' values, read from the sizes of the source tensors passed after the inputs (and the
+     * donor): symbol src_sym[i] = size src_dim[i] of call argument src_arg[i] */
+    MetaFn meta;
+    uint32_t nsym, nsrc, nsrcargs, nmeta;
+    uint32_t *src_sym, *src_arg;
+    int32_t *src_dim;
+    int32_t out_ndim;
+    int32_t *in_ndim;     /* per input: ndim of an extern result checked against m[], else -1 */
+    int64_t threshold;    /* work from which the kernel runs in parallel (ember_set_threads) */
 } Kernel;
 
 static PyTypeObject *Kernel_Type = NULL;
@@ -88,13 +99,135 @@ static int data_ptr(PyObject *t, char **out) {
 
 enum { KSTACK = 16 };
 
+/* Does tensor t have sizes m[0..nd) and (dims of size > 1) strides m[nd..2nd)? 1 / 0, -1 error. */
+static int layout_is_m(PyObject *t, int32_t nd, const int64_t *m) {
+    PyObject *sh = PyObject_GetAttr(t, em_str("shape"));
+    if (!sh) return -1;
+    int same = PyTuple_Check(sh) && PyTuple_GET_SIZE(sh) == nd;
+    for (int32_t d = 0; same && d < nd; d++) same = PyLong_AsLongLong(PyTuple_GET_ITEM(sh, d)) == m[d];
+    Py_DECREF(sh);
+    if (PyErr_Occurred()) return -1;
+    if (!same) return 0;
+    PyObject *st = PyObject_CallMethodNoArgs(t, em_str("stride"));
+    if (!st) return -1;
+    same = PyTuple_Check(st) && PyTuple_GET_SIZE(st) == nd;
+    for (int32_t d = 0; same && d < nd; d++) same = m[d] <= 1 || PyLong_AsLongLong(PyTuple_GET_ITEM(st, d)) == m[nd + d];
+    Py_DECREF(st);
+    if (PyErr_Occurred()) return -1;
+    return same;
+}
+
+static PyObject *int_tuple(int32_t n, const int64_t *v);
+
+static int data_ptr(PyObject *t, char **out);
+
+/* OpenMP threads follow torch.set_num_threads (ember's kernels run in their own OpenMP runtime,
+ * torch's in its bundled one). -1 with an exception. */
+static int follow_torch_threads(Kernel *k) {
+    PyObject *nt = PyObject_CallNoArgs(get_num_threads);
+    long n = nt ? PyLong_AsLong(nt) : -1;
+    Py_XDECREF(nt);
+    if (n < 0 && PyErr_Occurred()) return -1;
+    k->set_threads((int)n);
+    return 0;
+}
+
+/* A kernel of a symbolic graph: this call's symbol values from the source tensors' sizes, its
+ * layout from ember_k<i>_meta, then the kernel with the values as arguments. */
+static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
+    int64_t svbuf[KSTACK], mbuf[4 * KSTACK], *sv = svbuf, *m = mbuf;
+    char *pbuf[KSTACK], **ptrs = pbuf;
+    PyObject *fixbuf[KSTACK], **fixed = fixbuf, *out = NULL, *size = NULL, *stride = NULL;
+    uint32_t nptr = k->nin + 1;
+    memset(fixbuf, 0, sizeof fixbuf);
+    if (k->nsym > KSTACK) sv = PyMem_Calloc(k->nsym, sizeof(int64_t));
+    else memset(svbuf, 0, sizeof svbuf);
+    if (k->nmeta > 4 * KSTACK) m = PyMem_Calloc(k->nmeta, sizeof(int64_t));
+    if (nptr > KSTACK) {
+        ptrs = PyMem_Malloc(nptr * sizeof(char *));
+        fixed = PyMem_Calloc(nptr, sizeof(PyObject *));
+    }
+    if (!sv || !m || !ptrs || !fixed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t first_src = (Py_ssize_t)k->nin + (k->donor >= 0 && (uint32_t)k->donor >= k->nin);
+    for (uint32_t i = 0; i < k->nsrc; i++) {
+        PyObject *sh = PyObject_GetAttr(args[first_src + k->src_arg[i]], em_str("shape"));
+        if (!sh) goto done;
+        if (!PyTuple_Check(sh) || k->src_dim[i] >= PyTuple_GET_SIZE(sh)) {
+            Py_DECREF(sh);
+            PyErr_Format(PyExc_SystemError, "ember kernel %U: a size source is not a tensor of the expected rank", k->name);
+            goto done;
+        }
+        sv[k->src_sym[i]] = PyLong_AsLongLong(PyTuple_GET_ITEM(sh, k->src_dim[i]));
+        Py_DECREF(sh);
+        if (PyErr_Occurred()) goto done;
+    }
+    k->meta(sv, m);
+    int32_t mi = EM_KMETA_OUT + 2 * k->out_ndim;
+    for (uint32_t i = 0; i < k->nin; i++) {
+        PyObject *t = args[i];
+        if (k->in_ndim[i] >= 0) {
+            /* an extern result: the layout its meta promised for these sizes, else a copy into it */
+            int nd = k->in_ndim[i];
+            int same = layout_is_m(t, nd, m + mi);
+            if (same < 0) goto done;
+            if (!same) {
+                PyObject *sz = int_tuple(nd, m + mi), *st = sz ? int_tuple(nd, m + mi + nd) : NULL;
+                fixed[i] = st ? tensor_as(t, sz, st) : NULL;
+                Py_XDECREF(sz);
+                Py_XDECREF(st);
+                if (!fixed[i]) goto done;
+                t = fixed[i];
+            }
+            mi += 2 * nd;
+        }
+        if (data_ptr(t, &ptrs[i]) < 0) goto done;
+    }
+    if (k->donor >= 0) {
+        out = Py_NewRef(args[k->donor]);
+    } else {
+        size = int_tuple(k->out_ndim, m + EM_KMETA_OUT);
+        stride = size ? int_tuple(k->out_ndim, m + EM_KMETA_OUT + k->out_ndim) : NULL;
+        if (!stride) goto done;
+        PyObject *eargs[4] = {NULL, size, stride, k->out_dtype};
+        out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype);
+        if (!out) goto done;
+    }
+    if (data_ptr(out, &ptrs[k->nin]) < 0) {
+        Py_CLEAR(out);
+        goto done;
+    }
+    if (m[EM_KMETA_NUMEL] > 0 && k->set_threads && m[EM_KMETA_WORK] >= k->threshold && follow_torch_threads(k) < 0) {
+        Py_CLEAR(out);
+        goto done;
+    }
+    if (m[EM_KMETA_NUMEL] > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        k->fn(ptrs, sv);
+        Py_END_ALLOW_THREADS
+    }
+done:
+    for (uint32_t i = 0; i < k->nin && fixed; i++) Py_XDECREF(fixed[i]);
+    Py_XDECREF(size);
+    Py_XDECREF(stride);
+    if (sv && sv != svbuf) PyMem_Free(sv);
+    if (m && m != mbuf) PyMem_Free(m);
+    if (ptrs && ptrs != pbuf) PyMem_Free(ptrs);
+    if (fixed && fixed != fixbuf) PyMem_Free(fixed);
+    return out;
+}
+
 static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Kernel *k = (Kernel *)self;
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if ((kwnames && PyTuple_GET_SIZE(kwnames)) || n != (Py_ssize_t)k->nin + (k->donor >= 0 && (uint32_t)k->donor >= k->nin)) {
+    if ((kwnames && PyTuple_GET_SIZE(kwnames)) ||
+        n != (Py_ssize_t)k->nin + (k->donor >= 0 && (uint32_t)k->donor >= k->nin) + (Py_ssize_t)k->nsrcargs) {
         PyErr_Format(PyExc_TypeError, "ember kernel %U: wrong arguments", k->name);
         return NULL;
     }
+    if (k->meta) return kernel_call_symbolic(k, args);
     char *pbuf[KSTACK], **ptrs = pbuf;
     PyObject *fixbuf[KSTACK], **fixed = fixbuf, *out = NULL;
     uint32_t nptr = k->nin + 1;
@@ -137,23 +270,15 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
         Py_CLEAR(out);
         goto done;
     }
-    if (k->numel > 0 && !k->cuda && k->set_threads) {
-        /* OpenMP threads follow torch.set_num_threads (ember's kernels run in their own OpenMP
-         * runtime, torch's in its bundled one) */
-        PyObject *nt = PyObject_CallNoArgs(get_num_threads);
-        long n = nt ? PyLong_AsLong(nt) : -1;
-        Py_XDECREF(nt);
-        if (n < 0 && PyErr_Occurred()) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        k->set_threads((int)n);
+    if (k->numel > 0 && !k->cuda && k->set_threads && follow_torch_threads(k) < 0) {
+        Py_CLEAR(out);
+        goto done;
     }
     if (k->numel > 0 && k->cuda) {
         if (em_cuda_launch(k->cuda, ptrs, k->nin + 1) < 0) Py_CLEAR(out);
     } else if (k->numel > 0) {
         Py_BEGIN_ALLOW_THREADS
-        k->fn(ptrs);
+        k->fn(ptrs, NULL);
         Py_END_ALLOW_THREADS
     }
 done:
@@ -173,6 +298,10 @@ static void kernel_dealloc(PyObject *self) {
     Py_XDECREF(k->out_dtype);
     Py_XDECREF(k->out_device);
     em_cuda_fn_free(k->cuda);
+    free(k->src_sym);
+    free(k->src_arg);
+    free(k->src_dim);
+    free(k->in_ndim);
     if (k->in_size) {
         for (uint32_t i = 0; i < k->nin; i++) {
             Py_XDECREF(k->in_size[i]);
@@ -260,9 +389,12 @@ static int copy_arg(Prog *p, const IRArg *a, IRArg *out) {
     return 0;
 }
 
+/* Same dtype and layout (symbolic graph: the same expressions, so for every size). */
 static int same_layout(const LBuf *a, const LBuf *b) {
     return a->dtype == b->dtype && a->ndim == b->ndim && memcmp(a->sizes, b->sizes, a->ndim * sizeof(int64_t)) == 0 &&
-           memcmp(a->strides, b->strides, a->ndim * sizeof(int64_t)) == 0;
+           memcmp(a->strides, b->strides, a->ndim * sizeof(int64_t)) == 0 &&
+           memcmp(a->ssizes, b->ssizes, a->ndim * sizeof(SymRef)) == 0 &&
+           memcmp(a->sstrides, b->sstrides, a->ndim * sizeof(SymRef)) == 0;
 }
 
 static void mark_ext_uses(const Schedule *s, const IRArg *a, uint8_t *ext_seen) {
@@ -286,12 +418,112 @@ static PyObject *launch_list(const EmCudaLaunch *L, uint32_t n) {
     return l;
 }
 
+/* The graph on the eager backend, with the reason in info["fallback"]. New reference or NULL. */
+static PyObject *eager_fallback(PyObject *info, const IRGraph *g, const char *why) {
+    PyObject *w = PyUnicode_FromString(why);
+    int bad = !w || PyDict_SetItemString(info, "fallback", w) < 0;
+    Py_XDECREF(w);
+    return bad ? NULL : em_eager_graph_new(g);
+}
+
+/* Where each symbol the kernels read comes from: a graph input (placeholder) whose size at some
+ * dim is that symbol. input[]: the distinct inputs (passed to every kernel after its tensors);
+ * per used symbol, which of them and which dim. */
+typedef struct {
+    uint32_t n, nsym;      /* distinct inputs; symbols sourced */
+    uint32_t *input;       /* graph input index, per distinct input */
+    uint32_t *sym, *which; /* per sourced symbol: symbol index, position in input[] */
+    int32_t *dim;
+} SymSources;
+
+/* -1 without an exception when a used symbol has no source (the graph runs eagerly). Arrays are
+ * malloc'd (freed by sym_sources_free). */
+static int sym_sources(const IRGraph *g, ShapeEnv *env, const uint8_t *used, SymSources *out) {
+    uint32_t ns = em_sym_nsymbols(env);
+    out->input = calloc(g->ninputs + 1, sizeof(uint32_t));
+    out->sym = calloc(ns + 1, sizeof(uint32_t));
+    out->which = calloc(ns + 1, sizeof(uint32_t));
+    out->dim = calloc(ns + 1, sizeof(int32_t));
+    if (!out->input || !out->sym || !out->which || !out->dim) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (uint32_t i = 0; i < ns; i++) {
+        if (!used[i]) continue;
+        int found = 0;
+        for (uint32_t p = 0; p < g->ninputs && !found; p++) {
+            const IRMeta *m = &g->nodes[g->inputs[p]].meta;
+            if (m->kind != IRMETA_TENSOR || !m->sym_sizes) continue;
+            for (int32_t d = 0; d < m->ndim && !found; d++) {
+                if (em_sym_symbol_index(env, em_sym_simplify(env, m->sym_sizes[d])) != (int64_t)i) continue;
+                uint32_t w = NONE;
+                for (uint32_t q = 0; q < out->n; q++)
+                    if (out->input[q] == p) w = q;
+                if (w == NONE) {
+                    w = out->n;
+                    out->input[out->n++] = p;
+                }
+                out->sym[out->nsym] = i;
+                out->which[out->nsym] = w;
+                out->dim[out->nsym++] = d;
+                found = 1;
+            }
+        }
+        if (!found) return -1;
+    }
+    return 0;
+}
+
+static void sym_sources_free(SymSources *s) {
+    free(s->input);
+    free(s->sym);
+    free(s->which);
+    free(s->dim);
+}
+
+/* Fills a kernel's symbolic part: its meta function, the symbol sources, the layout of m[]. */
+static int kernel_set_symbolic(Kernel *ko, void *handle, const char *fname, const Schedule *s, const SKernel *k,
+                               const SymSources *srcs) {
+    const LGraph *lg = s->lg;
+    char mname[48];
+    snprintf(mname, sizeof mname, "%s_meta", fname);
+    ko->meta = (MetaFn)dlsym(handle, mname);
+    ko->nsym = em_sym_nsymbols(lg->env);
+    ko->nsrc = srcs->nsym;
+    ko->nsrcargs = srcs->n;
+    ko->src_sym = malloc((srcs->nsym + 1) * sizeof(uint32_t));
+    ko->src_arg = malloc((srcs->nsym + 1) * sizeof(uint32_t));
+    ko->src_dim = malloc((srcs->nsym + 1) * sizeof(int32_t));
+    ko->in_ndim = malloc((k->nin + 1) * sizeof(int32_t));
+    if (!ko->meta || !ko->src_sym || !ko->src_arg || !ko->src_dim || !ko->in_ndim) {
+        if (!ko->meta) PyErr_Format(PyExc_RuntimeError, "ember: %s missing from the library", mname);
+        else PyErr_NoMemory();
+        return -1;
+    }
+    for (uint32_t i = 0; i < srcs->nsym; i++) {
+        ko->src_sym[i] = srcs->sym[i];
+        ko->src_arg[i] = srcs->which[i];
+        ko->src_dim[i] = srcs->dim[i];
+    }
+    ko->out_ndim = lg->bufs[k->args[k->nin]].ndim;
+    uint32_t nm = EM_KMETA_OUT + 2 * (uint32_t)ko->out_ndim;
+    for (uint32_t q = 0; q < k->nin; q++) {
+        const LBuf *ib = &lg->bufs[k->args[q]];
+        ko->in_ndim[q] = ib->kind == LBUF_EXTERN ? ib->ndim : -1;
+        if (ib->kind == LBUF_EXTERN) nm += 2 * (uint32_t)ib->ndim;
+    }
+    ko->nmeta = nm;
+    return 0;
+}
+
 /* mode 0: compile and load (CPU or CUDA by the graph's device); mode 1: CUDA code generation
  * only (tests without a GPU), returning the info dict itself. */
 static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     EmArena *a = em_arena_new(), *na = em_arena_new();
     PyObject *result = NULL, *src = NULL, *lib = NULL, *d = NULL, *kernels = NULL, *device = NULL;
     EmCudaLaunch *launch = NULL;
+    uint8_t *sym_used = NULL;
+    SymSources srcs = {0};
     int cuda = 0;
     void *handle = NULL;
     const char *why = NULL;
@@ -325,13 +557,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             goto done;
         }
         /* not for this backend: the eager backend runs it, and cache_info says why */
-        PyObject *w = PyUnicode_FromString(why);
-        if (!w || PyDict_SetItemString(d, "fallback", w) < 0) {
-            Py_XDECREF(w);
-            goto done;
-        }
-        Py_DECREF(w);
-        result = em_eager_graph_new(g);
+        result = eager_fallback(d, g, why);
         goto done;
     }
     Schedule *s = em_schedule_graph(lg);
@@ -466,8 +692,30 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             if (!lib) goto done; /* an NVRTC or driver failure: the eager backend runs it (below) */
         }
     } else {
-    src = em_codegen_c(s, &opt);
-    if (!src) goto done;
+    if (lg->env) {
+        sym_used = em_arena_alloc(a, em_sym_nsymbols(lg->env) + 1);
+        if (!sym_used) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        memset(sym_used, 0, em_sym_nsymbols(lg->env) + 1);
+    }
+    src = em_codegen_c(s, &opt, sym_used);
+    const char *swhy = NULL;
+    if (!src && PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
+        PyErr_Clear();
+        swhy = "the C code generator cannot write an expression of this graph (a size expression or an "
+               "operation): ran by the eager backend";
+    } else if (!src) {
+        goto done;
+    } else if (lg->env && sym_sources(g, lg->env, sym_used, &srcs) < 0) {
+        if (PyErr_Occurred()) goto done;
+        swhy = "symbolic sizes: a symbol the kernels read is not the size of a graph input: ran by the eager backend";
+    }
+    if (swhy) {
+        result = eager_fallback(d, g, swhy);
+        goto done;
+    }
     t_codegen = em_now();
     if (s->nkernels) {
         Py_ssize_t srclen;
@@ -540,7 +788,9 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                     for (uint32_t l = 0; l < k->nloads && ok; l++)
                         if (k->loads[l].buf == b)
                             ok = k->loads[l].offset == k->stores[0].offset &&
-                                 memcmp(k->loads[l].strides, k->stores[0].strides, k->ndim * sizeof(int64_t)) == 0;
+                                 memcmp(k->loads[l].strides, k->stores[0].strides, k->ndim * sizeof(int64_t)) == 0 &&
+                                 k->loads[l].soffset == k->stores[0].soffset &&
+                                 memcmp(k->loads[l].sstrides, k->stores[0].sstrides, k->ndim * sizeof(SymRef)) == 0;
                 }
                 if (!ok) continue;
                 consumed[b] = 1;
@@ -610,6 +860,12 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         const SKernel *k = &s->kernels[sp->index];
         Kernel *ko = PyObject_New(Kernel, Kernel_Type);
         if (!ko) goto done;
+        ko->meta = NULL;
+        ko->nsym = ko->nsrc = ko->nsrcargs = ko->nmeta = 0;
+        ko->src_sym = ko->src_arg = NULL;
+        ko->src_dim = ko->in_ndim = NULL;
+        ko->out_ndim = 0;
+        ko->threshold = opt.parallel_threshold;
         ko->vectorcall = kernel_vectorcall;
         ko->cuda = NULL;
         ko->out_device = NULL;
@@ -639,7 +895,11 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             ko->fn = (KernelFn)dlsym(handle, fname);
             int64_t work = 1;
             for (int j = 0; j < k->ndim; j++) work *= k->sizes[j];
-            if (work >= opt.parallel_threshold) ko->set_threads = (SetThreadsFn)dlsym(handle, "ember_set_threads");
+            if (work >= opt.parallel_threshold || lg->env) ko->set_threads = (SetThreadsFn)dlsym(handle, "ember_set_threads");
+            if (lg->env && kernel_set_symbolic(ko, handle, fname, s, k, &srcs) < 0) {
+                Py_DECREF(ko);
+                goto done;
+            }
         }
         if (!ko->name || !ko->out_size || !ko->out_stride || !ko->out_dtype || (!ko->fn && !ko->cuda)) {
             if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "ember: kernel %s missing from the library", fname);
@@ -665,7 +925,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             }
         }
         uint32_t nargs = k->nin;
-        IRArg *args = em_arena_alloc(na, (k->nin + 1) * sizeof(IRArg));
+        IRArg *args = em_arena_alloc(na, (k->nin + 2 + srcs.n) * sizeof(IRArg));
         if (!args) {
             Py_DECREF(ko);
             PyErr_NoMemory();
@@ -686,6 +946,10 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                 args[nargs++].u.ref = p.buf_new[dn];
             }
             ko->donor = (int32_t)pos;
+        }
+        for (uint32_t q = 0; q < ko->nsrcargs; q++) { /* the tensors whose sizes are the symbols */
+            args[nargs].kind = IRARG_NODE;
+            args[nargs++].u.ref = p.ir_new[g->inputs[srcs.input[q]]];
         }
         int bad = 0;
         for (uint32_t q = 0; q < nargs; q++) bad |= args[q].u.ref == 0;
@@ -756,6 +1020,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         PyObject *ext = PyList_New(0);
         for (IRRef r = 1; ext && r < g->nnodes; r++) {
             if (lg->vals[r].kind != LV_EXTERN && !lg->vals[r].ext_call) continue;
+            if (lg->env && g->nodes[r].meta.sym) continue; /* a size, read by the kernels themselves */
             PyObject *nm = PyUnicode_FromString(g->nodes[r].name);
             if (!nm || PyList_Append(ext, nm) < 0) Py_CLEAR(ext);
             Py_XDECREF(nm);
@@ -792,6 +1057,7 @@ done:
         Py_XDECREF(msg);
     }
     if (result) *info = Py_NewRef(d);
+    sym_sources_free(&srcs);
     Py_XDECREF(d);
     Py_XDECREF(src);
     Py_XDECREF(lib);

@@ -19,6 +19,7 @@ typedef struct {
     LGraph *lg;
     uint32_t *mat;         /* lnode -> buffer holding its value, NONE */
     uint32_t nnodes;       /* lg->nnodes at the start (the scheduler adds none) */
+    uint8_t *sym_done;     /* per IR node: a SymInt extern (sym_size, size arithmetic) already scheduled */
 } Sched;
 
 static int grow_bufs(Sched *c) {
@@ -48,33 +49,49 @@ static int push_step(Schedule *s, SStepKind kind, uint32_t index) {
     return 0;
 }
 
+static int is1(LGraph *lg, int64_t hint, SymRef s) { return em_lower_size_is1(lg, hint, s) == 1; }
+
 /* Strides with which a value of shape (nd, sizes) sits in buffer b: the dims of size > 1 of both
- * shapes match in order (a squeezed or unsqueezed view of the same elements). -1 otherwise. */
-static int map_strides(const LBuf *b, int32_t nd, const int64_t *sizes, int64_t *st) {
+ * shapes match in order (a squeezed or unsqueezed view of the same elements). -1 otherwise.
+ * sst: the shadows (symbolic graph). */
+static int map_strides(LGraph *lg, const LBuf *b, int32_t nd, const int64_t *sizes, const SymRef *ss, int64_t *st,
+                       SymRef *sst) {
     int j = 0;
+    SymRef zero = lg->env ? em_sym_const(lg->env, 0) : SYM_NONE;
     for (int d = 0; d < nd; d++) {
         st[d] = 0;
-        if (sizes[d] == 1) continue;
-        while (j < b->ndim && b->sizes[j] == 1) j++;
-        if (j >= b->ndim || b->sizes[j] != sizes[d]) return -1;
+        sst[d] = zero;
+        if (is1(lg, sizes[d], ss[d])) continue;
+        while (j < b->ndim && is1(lg, b->sizes[j], b->ssizes[j])) j++;
+        if (j >= b->ndim || !em_lower_same(lg, b->sizes[j], b->ssizes[j], sizes[d], ss[d])) return -1;
+        sst[d] = b->sstrides[j];
         st[d] = b->strides[j++];
     }
-    while (j < b->ndim && b->sizes[j] == 1) j++;
+    while (j < b->ndim && is1(lg, b->sizes[j], b->ssizes[j])) j++;
     return j == b->ndim ? 0 : -1;
 }
 
-static void contiguous(int32_t nd, const int64_t *sizes, int64_t *st) {
+static void contiguous(LGraph *lg, int32_t nd, const int64_t *sizes, const SymRef *ss, int64_t *st, SymRef *sst) {
     int64_t s = 1;
     for (int d = nd - 1; d >= 0; d--) {
         st[d] = s;
         s *= sizes[d] > 1 ? sizes[d] : 1;
     }
+    if (!lg->env) return;
+    SymRef x = em_sym_const(lg->env, 1);
+    for (int d = nd - 1; d >= 0; d--) {
+        sst[d] = x;
+        x = em_sym_mul(lg->env, x, em_sym_max(lg->env, ss[d], em_sym_const(lg->env, 1)));
+    }
 }
 
-static uint32_t add_buffer(Sched *c, uint32_t x, int32_t nd, const int64_t *sizes, const int64_t *strides, IRRef ir) {
+static uint32_t add_buffer(Sched *c, uint32_t x, int32_t nd, const int64_t *sizes, const int64_t *strides,
+                           const SymRef *ss, const SymRef *sst, IRRef ir) {
     LBuf b = {.kind = LBUF_NODE, .index = x, .dtype = c->lg->nodes[x].dtype, .ndim = nd, .ir = ir};
     memcpy(b.sizes, sizes, nd * sizeof(int64_t));
     memcpy(b.strides, strides, nd * sizeof(int64_t));
+    if (ss) memcpy(b.ssizes, ss, nd * sizeof(SymRef));
+    if (sst) memcpy(b.sstrides, sst, nd * sizeof(SymRef));
     uint32_t id = em_lower_buffer(c->lg, &b);
     if (id == NONE || grow_bufs(c) < 0) return NONE;
     c->s->buf_output[id] = false;
@@ -91,9 +108,15 @@ static int ensure_produced(Sched *c, uint32_t b) {
 }
 
 /* Reduction domain of node r: input shape and mask. */
-static int same_domain(const LNode *a, const LNode *b, const LGraph *lg) {
+static int same_shape(LGraph *lg, int32_t nd, const int64_t *a, const SymRef *sa, const int64_t *b, const SymRef *sb) {
+    for (int d = 0; d < nd; d++)
+        if (!em_lower_same(lg, a[d], sa[d], b[d], sb[d])) return 0;
+    return 1;
+}
+
+static int same_domain(const LNode *a, const LNode *b, LGraph *lg) {
     const LNode *ia = &lg->nodes[a->in[0]], *ib = &lg->nodes[b->in[0]];
-    return a->rmask == b->rmask && ia->ndim == ib->ndim && memcmp(ia->sizes, ib->sizes, ia->ndim * sizeof(int64_t)) == 0;
+    return a->rmask == b->rmask && ia->ndim == ib->ndim && same_shape(lg, ia->ndim, ia->sizes, ia->ssizes, ib->sizes, ib->ssizes);
 }
 
 /* The DAG of root x: nodes in id (topological) order. Returns 1 when it had to produce a buffer
@@ -136,8 +159,9 @@ static int collect(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, uint32
 static int materialize_internal(Sched *c, uint32_t y) {
     const LNode *ny = &c->lg->nodes[y];
     int64_t st[EM_LMAXDIM];
-    contiguous(ny->ndim, ny->sizes, st);
-    uint32_t b = add_buffer(c, y, ny->ndim, ny->sizes, st, 0);
+    SymRef sst[EM_LMAXDIM] = {0};
+    contiguous(c->lg, ny->ndim, ny->sizes, ny->ssizes, st, sst);
+    uint32_t b = add_buffer(c, y, ny->ndim, ny->sizes, st, ny->ssizes, sst, 0);
     if (b == NONE) return -1;
     return materialize(c, y, b);
 }
@@ -155,12 +179,15 @@ static int push_kernel(Sched *c, SKernel *k) {
     return push_step(s, SSTEP_KERNEL, s->nkernels++);
 }
 
-/* Domain strides of a value of shape (nd, sizes, st) broadcast to the domain (right-aligned). */
-static void to_domain(int32_t dn, const int64_t *dsizes, int32_t nd, const int64_t *sizes, const int64_t *st,
-                      int64_t *out) {
+/* Domain strides of a value of shape (nd, sizes, st) broadcast to the domain (right-aligned);
+ * sout: the shadows (symbolic graph). */
+static void to_domain(LGraph *lg, int32_t dn, const int64_t *dsizes, const SymRef *dss, int32_t nd, const int64_t *sizes,
+                      const SymRef *ss, const int64_t *st, const SymRef *sst, int64_t *out, SymRef *sout) {
     for (int j = 0; j < dn; j++) {
         int k = j - (dn - nd);
-        out[j] = k >= 0 && sizes[k] != 1 && dsizes[j] != 1 ? st[k] : 0;
+        int keep = k >= 0 && !is1(lg, sizes[k], ss[k]) && !is1(lg, dsizes[j], dss[j]);
+        out[j] = keep ? st[k] : 0;
+        sout[j] = !lg->env ? SYM_NONE : keep ? sst[k] : em_sym_const(lg->env, 0);
     }
 }
 
@@ -189,8 +216,8 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
         if (!dom) break;
         const LNode *dn = &lg->nodes[dom], *din = &lg->nodes[dn->in[0]];
         int fits = root->ndim == din->ndim &&
-                   (memcmp(root->sizes, din->sizes, root->ndim * sizeof(int64_t)) == 0 ||
-                    memcmp(root->sizes, dn->sizes, root->ndim * sizeof(int64_t)) == 0);
+                   (same_shape(lg, root->ndim, root->sizes, root->ssizes, din->sizes, din->ssizes) ||
+                    same_shape(lg, root->ndim, root->sizes, root->ssizes, dn->sizes, dn->ssizes));
         uint32_t other = 0;
         for (uint32_t i = 0; i < n; i++) {
             uint32_t y = list[i];
@@ -211,23 +238,26 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
     /* the domain in original dim order, then its loop order */
     int32_t dnd;
     int64_t dsizes[EM_LMAXDIM];
+    SymRef dss[EM_LMAXDIM];
     uint32_t rmask;
     if (dom) {
         const LNode *din = &lg->nodes[lg->nodes[dom].in[0]];
         dnd = din->ndim;
         memcpy(dsizes, din->sizes, dnd * sizeof(int64_t));
+        memcpy(dss, din->ssizes, dnd * sizeof(SymRef));
         rmask = lg->nodes[dom].rmask;
     } else {
         dnd = root->ndim;
         memcpy(dsizes, root->sizes, dnd * sizeof(int64_t));
+        memcpy(dss, root->ssizes, dnd * sizeof(SymRef));
         rmask = 0;
     }
     int perm[EM_LMAXDIM], np = 0, nouter = 0;
     for (int d = 0; d < dnd; d++)
-        if (!((rmask >> d) & 1) && dsizes[d] != 1) perm[np++] = d;
+        if (!((rmask >> d) & 1) && !is1(lg, dsizes[d], dss[d])) perm[np++] = d;
     nouter = np;
     for (int d = 0; d < dnd; d++)
-        if (((rmask >> d) & 1) && dsizes[d] != 1) perm[np++] = d;
+        if (((rmask >> d) & 1) && !is1(lg, dsizes[d], dss[d])) perm[np++] = d;
     if (!dom && nouter > 0) nouter--; /* pointwise: the innermost dim is the inner loop */
 
     SKernel k;
@@ -246,6 +276,7 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
         return -1;
     /* accesses in the domain's original order first */
     int64_t full[EM_LMAXDIM];
+    SymRef sfull[EM_LMAXDIM];
     for (uint32_t i = 0; i < n; i++) {
         uint32_t y = list[i];
         local[y] = i;
@@ -257,18 +288,24 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
             memset(ac, 0, sizeof *ac);
             if (leaf_mat) {
                 int64_t st[EM_LMAXDIM];
+                SymRef sst[EM_LMAXDIM];
                 ac->buf = c->mat[y];
-                if (map_strides(&lg->bufs[ac->buf], ln.ndim, ln.sizes, st) < 0) return -1;
-                to_domain(dnd, dsizes, ln.ndim, ln.sizes, st, full);
+                if (map_strides(lg, &lg->bufs[ac->buf], ln.ndim, ln.sizes, ln.ssizes, st, sst) < 0) return -1;
+                to_domain(lg, dnd, dsizes, dss, ln.ndim, ln.sizes, ln.ssizes, st, sst, full, sfull);
                 ln.op = LP_LOAD;
                 ln.cdtype = ln.dtype;
                 ln.lmask = 0;
+                ac->soffset = lg->env ? em_sym_const(lg->env, 0) : SYM_NONE;
             } else {
                 ac->buf = ln.buf;
                 ac->offset = ln.offset;
-                to_domain(dnd, dsizes, ln.ndim, ln.sizes, ln.strides, full);
+                ac->soffset = ln.soffset;
+                to_domain(lg, dnd, dsizes, dss, ln.ndim, ln.sizes, ln.ssizes, ln.strides, ln.sstrides, full, sfull);
             }
-            for (int j = 0; j < np; j++) ac->strides[j] = full[perm[j]];
+            for (int j = 0; j < np; j++) {
+                ac->strides[j] = full[perm[j]];
+                ac->sstrides[j] = sfull[perm[j]];
+            }
             if (ln.lmask) {
                 /* node dim d is domain dim d + (dnd - ndim) (right-aligned), at loop position p */
                 for (int d = 0; d < ln.ndim; d++) {
@@ -298,17 +335,25 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
     {
         SAccess *st = &k.stores[0];
         int64_t bst[EM_LMAXDIM];
+        SymRef sbst[EM_LMAXDIM];
         memset(st, 0, sizeof *st);
         st->buf = b;
-        if (map_strides(&lg->bufs[b], root->ndim, root->sizes, bst) < 0) return -1;
-        to_domain(dnd, dsizes, root->ndim, root->sizes, bst, full);
-        for (int j = 0; j < np; j++) st->strides[j] = full[perm[j]];
+        st->soffset = lg->env ? em_sym_const(lg->env, 0) : SYM_NONE;
+        if (map_strides(lg, &lg->bufs[b], root->ndim, root->sizes, root->ssizes, bst, sbst) < 0) return -1;
+        to_domain(lg, dnd, dsizes, dss, root->ndim, root->sizes, root->ssizes, bst, sbst, full, sfull);
+        for (int j = 0; j < np; j++) {
+            st->strides[j] = full[perm[j]];
+            st->sstrides[j] = sfull[perm[j]];
+        }
         k.store_node[0] = local[x];
         k.nstores = 1;
     }
     k.ndim = np;
     k.nouter = nouter;
-    for (int j = 0; j < np; j++) k.sizes[j] = dsizes[perm[j]];
+    for (int j = 0; j < np; j++) {
+        k.sizes[j] = dsizes[perm[j]];
+        k.ssizes[j] = dss[perm[j]];
+    }
     /* merge adjacent dims of the same group that every access walks contiguously */
     for (int j = k.ndim - 2; j >= 0; j--) {
         if ((j < k.nouter) != (j + 1 < k.nouter)) continue;
@@ -316,20 +361,30 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
         for (uint32_t q = 0; q < k.nloads + k.nstores && ok; q++) {
             const SAccess *ac = q < k.nloads ? &k.loads[q] : &k.stores[q - k.nloads];
             ok = ac->strides[j] == ac->strides[j + 1] * k.sizes[j + 1] && !((ac->mask >> j) & 3u);
+            if (ok && lg->env) {
+                SymRef want = em_sym_mul(lg->env, ac->sstrides[j + 1], k.ssizes[j + 1]);
+                ok = em_lower_same(lg, ac->strides[j], ac->sstrides[j], ac->strides[j], want);
+            }
         }
         if (!ok) continue;
         k.sizes[j] *= k.sizes[j + 1];
+        if (lg->env) k.ssizes[j] = em_sym_mul(lg->env, k.ssizes[j], k.ssizes[j + 1]);
         for (uint32_t q = 0; q < k.nloads + k.nstores; q++) {
             SAccess *ac = q < k.nloads ? &k.loads[q] : &k.stores[q - k.nloads];
             ac->strides[j] = ac->strides[j + 1];
+            ac->sstrides[j] = ac->sstrides[j + 1];
             for (int t = j + 1; t < k.ndim - 1; t++) {
                 ac->strides[t] = ac->strides[t + 1];
+                ac->sstrides[t] = ac->sstrides[t + 1];
                 ac->lo[t] = ac->lo[t + 1];
                 ac->hi[t] = ac->hi[t + 1];
             }
             ac->mask = (ac->mask & ((1u << (j + 1)) - 1)) | ((ac->mask >> (j + 2)) << (j + 1));
         }
-        for (int t = j + 1; t < k.ndim - 1; t++) k.sizes[t] = k.sizes[t + 1];
+        for (int t = j + 1; t < k.ndim - 1; t++) {
+            k.sizes[t] = k.sizes[t + 1];
+            k.ssizes[t] = k.ssizes[t + 1];
+        }
         k.ndim--;
         if (j + 1 < k.nouter) k.nouter--;
     }
@@ -339,8 +394,12 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
         const LNode *ln = &k.nodes[i];
         uint8_t e = 0;
         if (ln->op == LP_LOAD) {
-            for (int j = k.nouter; j < k.ndim; j++)
-                e |= k.loads[k.acc_of[i]].strides[j] != 0 || ((k.loads[k.acc_of[i]].mask >> j) & 1);
+            for (int j = k.nouter; j < k.ndim; j++) {
+                const SAccess *ac = &k.loads[k.acc_of[i]];
+                int64_t z;
+                int moves = lg->env ? !(em_sym_is_const(lg->env, ac->sstrides[j], &z) && z == 0) : ac->strides[j] != 0;
+                e |= moves || ((ac->mask >> j) & 1);
+            }
         } else if (!em_lprim_is_reduce(ln->op)) {
             for (int q = 0; q < em_lprim_arity(ln->op); q++) e |= k.elem[ln->in[q]];
         }
@@ -365,11 +424,19 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
     return push_kernel(c, &k);
 }
 
-/* Layout of buffer b equals the IR meta's (sizes, and strides of dims of size > 1)? */
-static int layout_is(const LBuf *b, const IRMeta *m) {
+/* Layout of buffer b equals the IR meta's (sizes, and strides of dims of size > 1)? Symbolic
+ * graph: for every admitted size. */
+static int layout_is(LGraph *lg, const LBuf *b, const IRMeta *m) {
     if (b->ndim != m->ndim) return 0;
-    for (int d = 0; d < b->ndim; d++)
+    for (int d = 0; d < b->ndim; d++) {
         if (b->sizes[d] != m->sizes[d] || (b->sizes[d] > 1 && b->strides[d] != m->strides[d])) return 0;
+        if (!lg->env) continue;
+        SymRef ms = m->sym_sizes ? em_sym_simplify(lg->env, m->sym_sizes[d]) : em_sym_const(lg->env, m->sizes[d]);
+        SymRef mst = m->sym_strides ? em_sym_simplify(lg->env, m->sym_strides[d]) : em_sym_const(lg->env, m->strides[d]);
+        if (!em_lower_same(lg, b->sizes[d], b->ssizes[d], m->sizes[d], ms)) return 0;
+        if (!is1(lg, b->sizes[d], b->ssizes[d]) && !em_lower_same(lg, b->strides[d], b->sstrides[d], m->strides[d], mst))
+            return 0;
+    }
     return 1;
 }
 
@@ -390,23 +457,31 @@ static int need_tensor(Sched *c, IRRef r, int output) {
     const LNode *ln = &lg->nodes[x];
     if (ln->op == LP_LOAD && ln->offset == 0 && !ln->lmask) {
         const LBuf *b = &lg->bufs[ln->buf];
-        int exact = b->ndim == ln->ndim && memcmp(b->sizes, ln->sizes, ln->ndim * sizeof(int64_t)) == 0;
-        for (int d = 0; exact && d < ln->ndim; d++) exact = ln->sizes[d] == 1 || ln->strides[d] == b->strides[d];
+        int exact = b->ndim == ln->ndim && same_shape(lg, ln->ndim, b->sizes, b->ssizes, ln->sizes, ln->ssizes) &&
+                    (!lg->env || em_lower_same(lg, 0, ln->soffset, 0, em_sym_const(lg->env, 0)));
+        for (int d = 0; exact && d < ln->ndim; d++)
+            exact = is1(lg, ln->sizes[d], ln->ssizes[d]) ||
+                    em_lower_same(lg, ln->strides[d], ln->sstrides[d], b->strides[d], b->sstrides[d]);
         LBufKind bk = b->kind;
         uint32_t bi = ln->buf;
-        if (exact && (bk != LBUF_INPUT || lg->ir->nodes[r].kind == IR_PLACEHOLDER) && (!output || layout_is(b, m))) {
+        if (exact && (bk != LBUF_INPUT || lg->ir->nodes[r].kind == IR_PLACEHOLDER) && (!output || layout_is(lg, b, m))) {
             if (ensure_produced(c, bi) < 0) return -1;
             s->ir_buf[r] = bi;
             if (output && bk == LBUF_NODE) s->buf_output[bi] = true;
             return 0;
         }
     }
-    if (s->ir_buf[r] != NONE && (!output || layout_is(&lg->bufs[s->ir_buf[r]], m))) {
+    if (s->ir_buf[r] != NONE && (!output || layout_is(lg, &lg->bufs[s->ir_buf[r]], m))) {
         if (output && lg->bufs[s->ir_buf[r]].kind == LBUF_NODE) s->buf_output[s->ir_buf[r]] = true;
         return 0;
     }
     /* a buffer with eager's layout (the IR meta) */
-    uint32_t b = add_buffer(c, x, m->ndim, m->sizes, m->strides, r);
+    SymRef mss[EM_LMAXDIM] = {0}, msst[EM_LMAXDIM] = {0};
+    for (int d = 0; lg->env && d < m->ndim; d++) {
+        mss[d] = m->sym_sizes ? em_sym_simplify(lg->env, m->sym_sizes[d]) : em_sym_const(lg->env, m->sizes[d]);
+        msst[d] = m->sym_strides ? em_sym_simplify(lg->env, m->sym_strides[d]) : em_sym_const(lg->env, m->strides[d]);
+    }
+    uint32_t b = add_buffer(c, x, m->ndim, m->sizes, m->strides, mss, msst, r);
     if (b == NONE) return -1;
     if (materialize(c, x, b) < 0) return -1;
     s->ir_buf[r] = b;
@@ -414,7 +489,27 @@ static int need_tensor(Sched *c, IRRef r, int output) {
     return 0;
 }
 
+/* A SymInt value computed by torch (sym_size, arithmetic on sizes) is scheduled only where an
+ * extern call or the output reads it: kernels read sizes as their own arguments. */
+static int is_sym_extern(const LGraph *lg, IRRef r) {
+    return lg->env && lg->vals[r].kind == LV_EXTERN && lg->ir->nodes[r].meta.sym;
+}
+
+static int need_arg(Sched *c, const IRArg *a);
+
+static int need_sym(Sched *c, IRRef r) {
+    if (!is_sym_extern(c->lg, r) || c->sym_done[r]) return 0;
+    c->sym_done[r] = 1;
+    const IRNode *n = &c->lg->ir->nodes[r];
+    for (uint32_t i = 0; i < n->nargs; i++)
+        if (need_arg(c, &n->args[i]) < 0) return -1;
+    for (uint32_t i = 0; i < n->nkwargs; i++)
+        if (need_arg(c, &n->kwargs[i]) < 0) return -1;
+    return push_step(c->s, SSTEP_EXTERN, r);
+}
+
 static int need_arg(Sched *c, const IRArg *a) {
+    if (a->kind == IRARG_NODE && is_sym_extern(c->lg, a->u.ref)) return need_sym(c, a->u.ref);
     if (a->kind == IRARG_NODE) return need_tensor(c, a->u.ref, 0);
     if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
         for (uint32_t i = 0; i < a->n; i++)
@@ -431,7 +526,9 @@ Schedule *em_schedule_graph(LGraph *lg) {
     s->lg = lg;
     s->ir_buf = em_arena_alloc(a, g->nnodes * sizeof(uint32_t));
     c.mat = em_arena_alloc(a, lg->nnodes * sizeof(uint32_t));
-    if (!s->ir_buf || !c.mat || grow_bufs(&c) < 0) goto oom;
+    c.sym_done = em_arena_alloc(a, g->nnodes + 1);
+    if (!s->ir_buf || !c.mat || !c.sym_done || grow_bufs(&c) < 0) goto oom;
+    memset(c.sym_done, 0, g->nnodes + 1);
     for (uint32_t i = 0; i < g->nnodes; i++) s->ir_buf[i] = NONE;
     for (uint32_t i = 0; i < lg->nnodes; i++) c.mat[i] = NONE;
     for (uint32_t i = 0; i < lg->nbufs; i++) {
@@ -442,6 +539,7 @@ Schedule *em_schedule_graph(LGraph *lg) {
         const IRNode *n = &g->nodes[r];
         const LVal *v = &lg->vals[r];
         if (v->kind != LV_EXTERN && !v->ext_call) continue;
+        if (is_sym_extern(lg, r)) continue; /* scheduled where something reads it (need_sym) */
         for (uint32_t i = 0; i < n->nargs; i++)
             if ((!v->ext_call || (int32_t)i != v->none_arg) && need_arg(&c, &n->args[i]) < 0) goto oom;
         for (uint32_t i = 0; i < n->nkwargs; i++)
@@ -452,7 +550,8 @@ Schedule *em_schedule_graph(LGraph *lg) {
     const IRNode *out = &g->nodes[g->output];
     if (out->nargs == 1 && out->args[0].kind == IRARG_TUPLE)
         for (uint32_t i = 0; i < out->args[0].n; i++)
-            if (out->args[0].u.items[i].kind == IRARG_NODE && need_tensor(&c, out->args[0].u.items[i].u.ref, 1) < 0)
+            if (out->args[0].u.items[i].kind == IRARG_NODE &&
+                (need_sym(&c, out->args[0].u.items[i].u.ref) < 0 || need_tensor(&c, out->args[0].u.items[i].u.ref, 1) < 0))
                 goto oom;
     return s;
 oom:

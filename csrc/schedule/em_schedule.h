@@ -20,16 +20,20 @@ typedef struct SAccess {
     int64_t lo[EM_LMAXDIM], hi[EM_LMAXDIM];
     double fval;
     int64_t ival;
+    SymRef soffset, sstrides[EM_LMAXDIM]; /* symbolic graph: the shadows of offset and strides */
 } SAccess;
 
 /* A kernel: the loop nest over its domain, with the domain's dims in loop order:
  * [0, nouter) are the outer (parallel) dims, [nouter, ndim) the inner dims. A reduction kernel
  * reduces over the inner dims (one row = one outer index); a pointwise kernel's inner dims are
  * its innermost (unit-stride when it can) dim. Dims of size 1 are removed and adjacent dims that
- * every access walks contiguously are merged. */
+ * every access walks contiguously are merged. In a symbolic graph both decisions are taken on the
+ * shadows (a dim is dropped only when it is 1 for every size, merged only when contiguous for
+ * every size), so the kernel is right for every size its entry admits. */
 typedef struct SKernel {
     int32_t ndim, nouter;
     int64_t sizes[EM_LMAXDIM];
+    SymRef ssizes[EM_LMAXDIM]; /* symbolic graph: the shadows of sizes (Schedule.lg->env) */
     bool reduction;
     LNode *nodes;          /* local copies in topological order; in[] are local indices */
     uint32_t nnodes;

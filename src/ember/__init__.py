@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 _module_classes: dict[type, type] = {}
-_STATIC_BACKENDS = ("ember", "aot_eager")  # backends that compile concrete sizes only
+_STATIC_BACKENDS = ("aot_eager",)  # backends that compile concrete sizes only
 
 
 def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None, options=None):
@@ -50,17 +50,21 @@ def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None
     Args:
       fn_or_module: a Python function, a bound method, or a torch.nn.Module. Omitted: returns a
         decorator (``@ember.compile(backend=...)``).
-      backend: "eager" (the graph replayed op by op from C), "inductor" (torch's Inductor, for
-        comparison), "fx", or a callable ``(gm: torch.fx.GraphModule, example_inputs: list) ->
+      backend: "eager" (the graph replayed op by op from C), "ember" (ember's own code generator:
+        lowering, fusion, C kernels; docs/backend_cpu.md), "aot_eager", "inductor" (torch's Inductor,
+        for comparison), "fx", or a callable ``(gm: torch.fx.GraphModule, example_inputs: list) ->
         callable`` (torch.compile's custom-backend contract).
       fullgraph: raise ember.GraphBreakError (naming the reason and the source line) instead of
         falling back when a frame cannot be captured whole.
       dynamic: as torch.compile's. None (default): static first; a recompile caused by a changed
         size makes that dim symbolic ("automatic dynamic"). True: every dim of every tensor input
         symbolic from the first call. False: never (marks from ember.mark_dynamic also ignored).
-        Sizes 0 and 1 are always specialised; docs/dynamic_shapes.md. Backends "ember" and
-        "aot_eager" compile concrete sizes (their kernels and partitions are per shape), so for them
-        None means False: each new size compiles its own graph, up to config.cache_size_limit.
+        Sizes 0 and 1 are always specialised; docs/dynamic_shapes.md. Backend "ember" compiles a
+        symbolic graph once for all sizes (sizes are kernel arguments: one C compiler call serves
+        every size the entry's guards admit); on CUDA, and for graphs that need autograd, a
+        symbolic graph runs on the eager backend (cache_info's "fallback" says so). Backend
+        "aot_eager" compiles concrete sizes (its partitions are per shape), so for it None means
+        False: each new size compiles its own graph, up to config.cache_size_limit.
       options: accepted for compatibility; must be None or empty.
 
     Returns: for a function, an ember._C.CompiledFunction; for a bound method, the same bound to
