@@ -9,7 +9,8 @@ dynamic=None (static first, automatic dynamic after a recompile caused by a size
      cache (a fresh EMBER_CACHE_DIR; Inductor's caches disabled), plus the C compiler calls.
   2. Frontend overhead of a hit: a tiny function (x + 1 on a 4-element tensor) answered by a static
      entry vs a dynamic entry (its sym guard reads the sizes and runs the compiled relations), per
-     call, minus the eager call. Minimum over interleaved rounds.
+     call, minus the eager call; the same for x * n with n a constant vs a symbolic int (read from
+     the frame by the sym guard, passed to the graph). Minimum over interleaved rounds.
 
 Not asserted anywhere (STYLE.md). Run:
 
@@ -52,6 +53,10 @@ def encoder(x):
     return _layer(x)
 
 
+def int_arg(x, n):
+    return x[:n] * n + torch.arange(n)
+
+
 def convnet(x):
     return _net(x)
 
@@ -63,6 +68,7 @@ PROGRAMS = {
     "view_slice": (view_slice, lambda n: (torch.randn(n, 4, 8),)),
     "encoder": (encoder, lambda n: (torch.randn(2, n, 32),)),
     "convnet": (convnet, lambda n: (torch.randn(1, 3, n, n),)),
+    "int_arg": (int_arg, lambda n: (torch.randn(64), n)),  # a Python int argument: automatic dynamic
 }
 
 
@@ -101,21 +107,31 @@ def hit_overhead(rounds, iters):
     def tiny(x):
         return x + 1
 
+    def scaled(x, n):
+        return x * n
+
     x = torch.randn(4)
     static = ember.compile(tiny, dynamic=False)
     dyn = ember.compile(lambda x: x + 1, dynamic=True)
+    scaled_static = ember.compile(scaled, dynamic=False)
+    scaled_dyn = ember.compile(lambda x, n: x * n, dynamic=True)
     tc = torch.compile(tiny, backend="eager", dynamic=None)
     for fn in (static, dyn, tc):
         for _ in range(3):
             fn(x)
+    for fn in (scaled_static, scaled_dyn):
+        fn(x, 3)
     assert ember.cache_info(dyn)[0]["dynamic"], "the dynamic entry has no symbolic dim"
+    assert ember.cache_info(scaled_dyn)[0]["dynamic"], "the int is not symbolic"
     best = {}
+    cases = (("eager", tiny, (x,)), ("ember static hit", static, (x,)), ("ember dynamic hit", dyn, (x,)),
+             ("torch.compile hit", tc, (x,)), ("eager x*n", scaled, (x, 3)),
+             ("ember static hit x*n", scaled_static, (x, 3)), ("ember dynamic-int hit x*n", scaled_dyn, (x, 3)))
     for _ in range(rounds):
-        for name, fn in (("eager", tiny), ("ember static hit", static), ("ember dynamic hit", dyn),
-                         ("torch.compile hit", tc)):
+        for name, fn, a in cases:
             t0 = time.perf_counter()
             for _ in range(iters):
-                fn(x)
+                fn(*a)
             ns = (time.perf_counter() - t0) / iters * 1e9
             best[name] = min(best.get(name, ns), ns)
     return best
@@ -173,12 +189,14 @@ def main():
             return
     print("\nper-call time of a hit (x + 1 on 4 floats), minimum of rounds")
     best = hit_overhead(args.rounds, args.iters)
-    eager = best["eager"]
     for k, v in best.items():
-        extra = "" if k == "eager" else f"   frontend {v - eager:7.0f} ns"
-        print(f"  {k:20s} {v:8.0f} ns{extra}")
-    s, d = best["ember static hit"] - eager, best["ember dynamic hit"] - eager
-    print(f"  dynamic / static frontend overhead: {d / s:.2f}x")
+        eager = best["eager x*n" if "x*n" in k else "eager"]
+        extra = "" if k.startswith("eager") else f"   frontend {v - eager:7.0f} ns"
+        print(f"  {k:26s} {v:8.0f} ns{extra}")
+    s, d = best["ember static hit"] - best["eager"], best["ember dynamic hit"] - best["eager"]
+    print(f"  dynamic / static frontend overhead (a symbolic dim): {d / s:.2f}x")
+    s, d = best["ember static hit x*n"] - best["eager x*n"], best["ember dynamic-int hit x*n"] - best["eager x*n"]
+    print(f"  dynamic / static frontend overhead (a symbolic int): {d / s:.2f}x")
 
 
 if __name__ == "__main__":

@@ -192,6 +192,17 @@ static BSrc *src_get(const GuardBuilder *b, GuardSrc s) {
     return b && s >= 0 && (uint32_t)s < b->src.n ? &b->src.items[s] : NULL;
 }
 
+GuardSrc em_guard_src_parent(const GuardBuilder *b, GuardSrc s) {
+    const BSrc *x = src_get(b, s);
+    return x ? x->d.parent : -1;
+}
+
+bool em_guard_src_is_local(const GuardBuilder *b, GuardSrc s) {
+    const BSrc *x = src_get(b, s);
+    for (int depth = 0; x && x->d.parent >= 0 && depth < 1000; depth++) x = src_get(b, x->d.parent);
+    return x && x->d.kind == SRC_LOCAL;
+}
+
 /* The compile-time value of s (borrowed; NULL without exception if s is invalid or had none). */
 PyObject *em_guard_src_value_borrow(const GuardBuilder *b, GuardSrc s) {
     BSrc *src = src_get(b, s);
@@ -1240,12 +1251,17 @@ static int leaf_passes(const GuardSet *gs, GLeaf *g, PyObject **vals, const EmFr
         return global_state_passes(g);
     case GUARD_TENSOR_MATCH:
         return Py_TYPE(v) == (PyTypeObject *)g->obj && em_guard_tensor_check(g->aux, v);
-    case GUARD_SYM: { /* the symbols' sizes into a stack array, then the compiled relations */
+    case GUARD_SYM: { /* the symbols' values (sizes, int arguments) into a stack array, then the compiled relations */
         const GSymInfo *info = g->aux;
         int64_t stack[16], *sz = info->n <= 16 ? stack : malloc(sizeof(int64_t) * info->n);
         int ok = sz != NULL;
         for (uint32_t j = 0; ok && j < info->n; j++) {
             PyObject *t = resolve(gs, vals, fv, info->src[j]);
+            if (t && info->dim[j] < 0) { /* an int argument's symbol: the exact int itself */
+                int overflow = 0;
+                ok = PyLong_CheckExact(t) && ((sz[j] = PyLong_AsLongLongAndOverflow(t, &overflow)), !overflow);
+                continue;
+            }
             ok = t && em_guard_tensor_size(info->api[j], t, info->dim[j], &sz[j]) == 0;
         }
         ok = ok && em_sym_prog_check(info->prog, sz) < 0;

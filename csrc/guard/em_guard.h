@@ -37,7 +37,11 @@ GuardSrc em_guard_src_attr(GuardBuilder *b, GuardSrc parent, PyObject *name, PyO
 GuardSrc em_guard_src_item(GuardBuilder *b, GuardSrc parent, Py_ssize_t index, PyObject *value); /* list/tuple */
 GuardSrc em_guard_src_dict_item(GuardBuilder *b, GuardSrc parent, PyObject *key, PyObject *value);
 PyObject *em_guard_src_value_borrow(const GuardBuilder *b, GuardSrc s);
-/* The source as Python text: "L['x']", "G['torch']", "L['self'].fs[3]", "L['d']['k']". New str. */
+/* The parent of a derived source (attribute, item), -1 for a frame root or an invalid s. */
+GuardSrc em_guard_src_parent(const GuardBuilder *b, GuardSrc s);
+/* True when s's root is a frame local (L[...]), whatever the path below it. */
+bool em_guard_src_is_local(const GuardBuilder *b, GuardSrc s);
+/* The source as Python text: "L['x'], "G['torch']", "L['self'].fs[3]", "L['d']['k']". New str. */
 PyObject *em_guard_src_repr(const GuardBuilder *b, GuardSrc s);
 
 /* Declares that the value at s is fixed while the other guards pass (it was reached through

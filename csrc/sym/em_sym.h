@@ -154,7 +154,8 @@ bool em_sym_specializes(const ShapeEnv *env, int64_t hint);
  * source: Python text ("L['x'].size()[0]"), copied. lo/hi: user bounds (mark_dynamic min/max),
  * SYM_NEG_INF / SYM_INF for none. A hint outside [lo, hi] fails BAD_ARG. */
 SymRef em_sym_new_size(ShapeEnv *env, const char *source, int64_t hint, int64_t lo, int64_t hi);
-/* A Python int argument made symbolic (range unbounded unless given; 0/1 specialised). */
+/* A Python int argument made symbolic: range unbounded unless given, no duck shaping, and 0/1 are
+ * not specialised (torch's ShapeEnv.create_unspecified_symbol). */
 SymRef em_sym_new_int(ShapeEnv *env, const char *source, int64_t hint, int64_t lo, int64_t hi);
 
 uint32_t em_sym_nsymbols(const ShapeEnv *env);                /* symbols are 0 .. n-1 */

@@ -245,7 +245,9 @@ static int learn(ShapeEnv *env, SymOp op, SymRef a, SymRef b) {
 static SymRef new_symbol(ShapeEnv *env, const char *source, int64_t hint, SymKind kind, int64_t lo, int64_t hi) {
     if (env->error) return SYM_NONE;
     if (!source) return em_sym__fail(env, SYM_ERR_BAD_ARG), SYM_NONE;
-    if (em_sym_specializes(env, hint)) return em_sym_const(env, hint);
+    /* sizes 0/1 are specialised; an int symbol is not (torch's create_unspecified_symbol:
+     * do_not_specialize_zero_one, so x * n compiles once for every n, 0 and 1 included) */
+    if (kind == SYM_KIND_SIZE && em_sym_specializes(env, hint)) return em_sym_const(env, hint);
     bool user_bounds = lo != SYM_NEG_INF || hi != SYM_INF;
     if (kind == SYM_KIND_SIZE) {
         int64_t natural = env->opts.specialize_zero_one ? 2 : 0;

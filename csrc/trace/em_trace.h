@@ -25,7 +25,10 @@ typedef struct EmTraceOptions {
                                 ORIGINAL code of this frame, or NULL */
     int dynamic;             /* ember.compile(dynamic=): -1 None (automatic), 0 False, 1 True */
     PyObject *frame_state;   /* dict (borrowed): source text -> list of the sizes seen for that
-                                tensor input (None where a dim became dynamic), for automatic dynamic */
+                                tensor input (None where a dim became dynamic), or the int an int
+                                input had (None once it changed), for automatic dynamic */
+    int shape_rules;         /* ops with symbolic arguments: ember's C shape rules first (1), or
+                                always the fake-tensor run (0: config.sym_shape_rules, for tests) */
 } EmTraceOptions;
 
 /* A frame split at a graph break (em_trace_resume.c). After the graph ran, `values` builds a tuple:

@@ -273,12 +273,15 @@ typedef struct Trace {
     uint32_t nstores, capstores;
     /* symbolic shapes (em_trace_sym.c): NULL env until an input dim is made dynamic */
     struct ShapeEnv *env;
-    struct TSymSrc { TValue *t; int32_t dim; GuardSrc src; } *symsrc; /* per symbol: where it is read */
+    /* per symbol: where it is read. A size: tensor t's dim; an int argument: dim -1, t NULL, and
+     * ref its placeholder node once the graph needs the value (0 before) */
+    struct TSymSrc { TValue *t; int32_t dim; GuardSrc src; uint32_t ref; } *symsrc;
     uint32_t capsymsrc;
     uint32_t *symnode;      /* SymRef -> node computing it (0: none yet) */
     uint32_t capsymnode;
     PyObject *sym_ctx;      /* ember._fake.SymContext of this trace (held by the arena), or NULL */
     PyObject *sym_notes;    /* list of str: which dims are symbolic and why, what was specialised */
+    PyObject *sym_fake;     /* list of str: ops whose symbolic sizes came from the fake-tensor run */
 } Trace;
 
 /* Building the return value (or the values live at a graph break) from abstract values. */
@@ -442,6 +445,9 @@ int em_tr_set_grad_mode(Trace *T, bool mode);
 /* Decides which dims of the tensor input at src are dynamic (dynamic=, marks, automatic dynamic)
  * and fills m->sym_sizes / sym_strides; *dynmask gets those dims (0: static). -1 on error. */
 int em_tr_sym_input(Trace *T, TValue *v, PyObject *tensor, GuardSrc src, IRMeta *m, uint64_t *dynmask);
+/* A Python int input (exact int at a local source): 1 when it became a SYMINT (dynamic=True, or
+ * automatic dynamic after its value changed), 0 when it stays a constant, -1 on error. */
+int em_tr_sym_int_input(Trace *T, TValue *v, PyObject *o, GuardSrc src);
 /* A value for size expression e: a CONST int when e is constant, else a SYMINT. */
 TValue *em_tr_symint(Trace *T, uint32_t e);
 /* The graph argument for a SYMINT (a node computing it, built from sym_size nodes on first use)
@@ -463,6 +469,11 @@ TValue *em_tr_sym_query(Trace *T, TValue *t, const char *what, TValue **args, ui
  * value to use (or NULL). -1 on break. */
 int em_tr_sym_call(Trace *T, IRKind kind, PyObject *target, const IRArg *ia, uint32_t nargs, PyObject *kwnames,
                    const IRArg *ik, uint32_t nkw, PyObject *res, IRMeta *m, TValue **symout);
+/* em_trace_shape.c: the symbolic sizes/strides of a tensor result m of a common op by ember's own
+ * shape rules, recording the relations eager relied on. 1 when done, 0 when the op has no rule
+ * (or the rule does not describe this call: the fake run decides), -1 on error. */
+int em_tr_shape_rule(Trace *T, IRKind kind, PyObject *target, const IRArg *ia, uint32_t nargs, PyObject *kwnames,
+                     const IRArg *ik, uint32_t nkw, IRMeta *m);
 /* Specialises the first dim of a symbolic tensor (iteration, len as a loop bound). */
 int em_tr_sym_dim_int(Trace *T, IRMeta *m, int dim, int64_t *out);
 /* At the end of a trace: the sym guard leaf, symbolic metadata simplified, the graph's env. */

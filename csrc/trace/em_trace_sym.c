@@ -52,6 +52,29 @@ static int env_break(Trace *T) {
     return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "symbolic sizes: %s", em_sym_error_text(em_sym_env_error(T->env)));
 }
 
+/* Records where the guard reads the symbols made since before_n (one entry per symbol). */
+static int add_symsrc(Trace *T, uint32_t before_n, TValue *t, int32_t dim, GuardSrc src) {
+    uint32_t after_n = em_sym_nsymbols(T->env);
+    if (after_n > T->capsymsrc) {
+        uint32_t nc = after_n * 2 + 8;
+        struct TSymSrc *ns = em_arena_alloc(T->arena, sizeof(struct TSymSrc) * nc);
+        if (!ns) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (T->symsrc) memcpy(ns, T->symsrc, sizeof(struct TSymSrc) * T->capsymsrc);
+        T->symsrc = ns;
+        T->capsymsrc = nc;
+    }
+    for (uint32_t i = before_n; i < after_n; i++) {
+        T->symsrc[i].t = t;
+        T->symsrc[i].dim = dim;
+        T->symsrc[i].src = src;
+        T->symsrc[i].ref = 0;
+    }
+    return 0;
+}
+
 /* ---- policy: which dims of an input are dynamic ---- */
 
 /* Dims listed in tensor.<attr> (a set of ints, as torch._dynamo.mark_dynamic stores them). */
@@ -195,24 +218,7 @@ int em_tr_sym_input(Trace *T, TValue *v, PyObject *tensor, GuardSrc src, IRMeta 
             rc = env_break(T);
             goto done;
         }
-        uint32_t after_n = em_sym_nsymbols(T->env);
-        if (after_n > T->capsymsrc) { /* one entry per symbol: where its guard reads it */
-            uint32_t nc = after_n * 2 + 8;
-            struct TSymSrc *ns = em_arena_alloc(T->arena, sizeof(struct TSymSrc) * nc);
-            if (!ns) {
-                PyErr_NoMemory();
-                rc = -1;
-                goto done;
-            }
-            if (T->symsrc) memcpy(ns, T->symsrc, sizeof(struct TSymSrc) * T->capsymsrc);
-            T->symsrc = ns;
-            T->capsymsrc = nc;
-        }
-        for (uint32_t i = before_n; i < after_n; i++) {
-            T->symsrc[i].t = v;
-            T->symsrc[i].dim = d;
-            T->symsrc[i].src = src;
-        }
+        if ((rc = add_symsrc(T, before_n, v, d, src)) < 0) goto done;
         ss[d] = e;
         dyn |= (uint64_t)1 << d;
         char sym[64];
@@ -248,6 +254,127 @@ done:
     Py_XDECREF(before);
     Py_DECREF(key);
     return rc;
+}
+
+/* ---- Python int inputs ----
+ *
+ * Dynamo's wrap_symint (torch/_dynamo/variables/builder.py, torch 2.13, specialize_int=False): an
+ * exact int read from a local (a frame argument, or an item of one) is a constant guarded by
+ * value on the first compile; when a recompile sees a different value (frame_state, as for sizes)
+ * it becomes a symbol of its own ("automatic dynamic"); dynamic=True makes it one from the first
+ * call (assume_static_by_default=False). Int symbols are unbounded and neither duck-shaped nor 0/1
+ * specialised (ShapeEnv.create_unspecified_symbol). Ints of globals, closures and nn.Module
+ * attributes stay constants, as Dynamo's is_int_specialization_case keeps them. Where the program needs a concrete value (range(n), a list index, int(n), a Python
+ * call) the symbol is specialised by em_tr_sym_specialize: a guard n == value, noted. The frame
+ * state key is the source text, shared with tensor sources (a list of sizes there). */
+
+/* Dynamo's is_int_specialization_case, negated: a local's path (L['n'], L['args'][0], L['cfg'].k)
+ * that passes through no nn.Module (module attributes are taken as configuration, kept static). */
+static bool unspecialised_source(Trace *T, GuardSrc src) {
+    if (!em_guard_src_is_local(T->gb, src)) return false;
+    for (GuardSrc p = em_guard_src_parent(T->gb, src); p >= 0; p = em_guard_src_parent(T->gb, p)) {
+        PyObject *o = em_guard_src_value_borrow(T->gb, p);
+        if (o && PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.Module)) return false;
+    }
+    return true;
+}
+
+int em_tr_sym_int_input(Trace *T, TValue *v, PyObject *o, GuardSrc src) {
+    if (T->opts.dynamic == 0) return 0;
+    int overflow = 0;
+    long long hint = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (hint == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    /* the same source met twice in one trace is the same symbol */
+    for (uint32_t i = 0; T->env && i < em_sym_nsymbols(T->env) && i < T->capsymsrc; i++)
+        if (T->symsrc[i].dim < 0 && T->symsrc[i].src == src) {
+            v->kind = TV_SYMINT;
+            v->u.si.e = em_sym_symbol(T->env, i);
+            return 1;
+        }
+    PyObject *key = em_guard_src_repr(T->gb, src), *why = NULL;
+    if (!key) return -1;
+    const char *ktext = PyUnicode_AsUTF8(key);
+    int rc = 0;
+    if (!ktext) {
+        rc = -1;
+        goto done;
+    }
+    if (!unspecialised_source(T, src)) goto done;
+    if (T->opts.dynamic == 1) {
+        why = PyUnicode_FromString("dynamic=True");
+    } else {
+        PyObject *fs = T->opts.frame_state, *prev = fs ? PyDict_GetItem(fs, key) : NULL;
+        if (!fs) goto done;
+        if (!prev) { /* first sight: remembered, stays a constant */
+            PyObject *x = PyLong_FromLongLong(hint);
+            rc = x ? PyDict_SetItem(fs, key, x) : -1;
+            Py_XDECREF(x);
+            goto done;
+        }
+        if (prev == Py_None) {
+            why = PyUnicode_FromString("automatic dynamic");
+        } else if (PyLong_CheckExact(prev)) {
+            long long was = PyLong_AsLongLongAndOverflow(prev, &overflow);
+            PyErr_Clear();
+            if (!overflow && was == hint) goto done;
+            why = PyUnicode_FromFormat("automatic dynamic: the value changed (first %S, now %lld)", prev, hint);
+            if (why && PyDict_SetItem(fs, key, Py_None) < 0) Py_CLEAR(why);
+        } else {
+            goto done; /* the source held a tensor before: a different program point, stays static */
+        }
+    }
+    if (!why || ensure_env(T) < 0) {
+        rc = -1;
+        goto done;
+    }
+    uint32_t before_n = em_sym_nsymbols(T->env);
+    SymRef e = em_sym_new_int(T->env, ktext, hint, SYM_NEG_INF, SYM_INF);
+    if (e == SYM_NONE) {
+        rc = env_break(T);
+        goto done;
+    }
+    if ((rc = add_symsrc(T, before_n, NULL, -1, src)) < 0) goto done;
+    char sym[64];
+    em_sym_render(T->env, e, SYM_STYLE_SYMBOLS, sym, sizeof sym);
+    if ((rc = note(T, PyUnicode_FromFormat("%s = %s (%U)", ktext, sym, why))) < 0) goto done;
+    v->kind = TV_SYMINT;
+    v->u.si.e = e;
+    rc = 1;
+done:
+    Py_XDECREF(why);
+    Py_DECREF(key);
+    return rc;
+}
+
+/* The placeholder node of int symbol k (made on first use: a graph input fetched from its source,
+ * a SymInt placeholder in the fx export, as Dynamo's graphs take an unspecialised int). */
+static uint32_t int_placeholder(Trace *T, struct TSymSrc *s, SymRef e, int64_t k) {
+    if (s->ref) return s->ref;
+    TNode nd;
+    memset(&nd, 0, sizeof nd);
+    nd.kind = IR_PLACEHOLDER;
+    nd.meta.kind = IRMETA_OTHER;
+    nd.meta.sym = e;
+    nd.meta.example = em_arena_hold_steal(T->arena, PyLong_FromLongLong(em_sym_symbol_hint(T->env, (uint32_t)k)));
+    if (!nd.meta.example) return 0;
+    nd.src = s->src;
+    nd.real = nd.meta.example;
+    nd.lineno = -1;
+    char *name = em_arena_alloc(T->arena, 32);
+    if (!name) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    snprintf(name, 32, "s%lld", (long long)k); /* as Dynamo names a SymInt placeholder */
+    nd.pname = name;
+    if (EM_VEC_PUSH(T->arena, T->nodes, nd) < 0 || EM_VEC_PUSH(T->arena, T->inputs, T->nodes.n - 1) < 0) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    return s->ref = T->nodes.n - 1;
 }
 
 /* ---- SYMINT values ---- */
@@ -463,6 +590,10 @@ static uint32_t sym_node(Trace *T, SymRef e, IRArg *out) {
     switch (op) {
     case SYM_SYMBOL: { /* torch.ops.aten.sym_size.int(x, d) on the input the symbol was read from */
         struct TSymSrc *s = (uint64_t)k < T->capsymsrc ? &T->symsrc[k] : NULL;
+        if (s && s->dim < 0) {
+            r = int_placeholder(T, s, e, k);
+            break;
+        }
         if (!s || !s->t) {
             em_tr_break(T, EM_BREAK_INTERNAL, "symbol s%lld has no input", (long long)k);
             return 0;
@@ -894,6 +1025,21 @@ int em_tr_sym_call(Trace *T, IRKind kind, PyObject *target, const IRArg *ia, uin
     PyObject *args = NULL, *kw = NULL, *hints = NULL, *r = NULL;
     int rc = -1;
     if (symout) *symout = NULL;
+    if (m && (m->kind == IRMETA_TENSOR || m->kind == IRMETA_TUPLE) && T->opts.shape_rules) { /* ember's own rule first (em_trace_shape.c) */
+        int k = em_tr_shape_rule(T, kind, target, ia, nargs, kwnames, ik, nkw, m);
+        if (k != 0) return k < 0 ? -1 : 0;
+    }
+    { /* remembered for the entry's notes: ops that still need torch's fake run (docs/dynamic_shapes.md) */
+        PyObject *name = PyUnicode_Check(target) ? Py_NewRef(target) : PyObject_GetAttrString(target, "__name__");
+        if (!name) PyErr_Clear();
+        if (name && !T->sym_fake) {
+            PyObject *l = PyList_New(0);
+            if (!l || !(T->sym_fake = em_arena_hold_steal(T->arena, l))) PyErr_Clear();
+        }
+        if (name && T->sym_fake && !PySequence_Contains(T->sym_fake, name) && PyList_Append(T->sym_fake, name) < 0)
+            PyErr_Clear();
+        Py_XDECREF(name);
+    }
     if (!em_lazy_attr(&sym_run, "ember._fake", "sym_run") || !em_lazy_attr(&ctx_cls, "ember._fake", "SymContext"))
         return em_tr_break_exc(T, EM_BREAK_INTERNAL);
     if (!T->sym_ctx) {
@@ -904,7 +1050,13 @@ int em_tr_sym_call(Trace *T, IRKind kind, PyObject *target, const IRArg *ia, uin
     kw = PyDict_New();
     hints = PyList_New(em_sym_nsymbols(T->env));
     if (!args || !kw || !hints) goto done;
-    for (uint32_t i = 0; i < em_sym_nsymbols(T->env); i++) PyList_SET_ITEM(hints, i, PyLong_FromLongLong(em_sym_symbol_hint(T->env, i)));
+    for (uint32_t i = 0; i < em_sym_nsymbols(T->env); i++) {
+        /* an int argument's symbol is passed as (hint, True): torch makes it an unspecified int */
+        PyObject *h = PyLong_FromLongLong(em_sym_symbol_hint(T->env, i));
+        if (h && i < T->capsymsrc && T->symsrc[i].dim < 0) Py_SETREF(h, Py_BuildValue("(NO)", h, Py_True));
+        if (!h) goto done;
+        PyList_SET_ITEM(hints, i, h);
+    }
     for (uint32_t i = 0; i < nargs; i++) {
         PyObject *x = sym_py_arg(T, &ia[i], 0);
         if (!x) goto done;
@@ -1007,6 +1159,15 @@ int em_tr_sym_finish(Trace *T, IRGraph *g) {
     if (g) {
         g->shape_env = T->env;
         for (IRRef i = 1; i < g->nnodes; i++) simplify_meta(T->env, &g->nodes[i].meta);
+    }
+    if (T->sym_fake && PyList_GET_SIZE(T->sym_fake)) {
+        PyObject *sep = PyUnicode_FromString(", "), *j = sep ? PyUnicode_Join(sep, T->sym_fake) : NULL;
+        Py_XDECREF(sep);
+        if (!j || note(T, PyUnicode_FromFormat("sizes from a fake-tensor run (no C shape rule): %U", j)) < 0) {
+            Py_XDECREF(j);
+            return -1;
+        }
+        Py_DECREF(j);
     }
     T->res->sym_notes = T->sym_notes;
     if (g) T->res->symbolic = em_ir_is_symbolic(g);

@@ -252,6 +252,14 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
         v->u.bm.func = fv;
         return v;
     }
+    if (PyLong_CheckExact(o) && s >= 0 && !v->stable) { /* an int argument may become a symbolic int */
+        int r = em_tr_sym_int_input(T, v, o, s);
+        if (r < 0) {
+            if (!T->broke && !PyErr_ExceptionMatches(PyExc_MemoryError)) em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_VALUE);
+            return NULL;
+        }
+        if (r) return v;
+    }
     if (is_simple_const(o) || is_torch_enum(o) || PyObject_TypeCheck(o, (PyTypeObject *)rt->device_type) ||
         PyCode_Check(o) || PySlice_Check(o) || PyRange_Check(o) || PyFrozenSet_CheckExact(o)) {
         v->kind = TV_CONST;

@@ -11,6 +11,11 @@ Attributes (ints unless stated):
                        (graph, the breaking instruction in Python, a compiled resume function);
                        0: it runs as ordinary Python (the foundation's behaviour).
 
+Dynamic shapes (read when a frame is traced):
+  sym_shape_rules      1 (default): an op with symbolic sizes gets its output sizes from ember's C
+                       shape rules (csrc/trace/em_trace_shape.c) when it has one, else from a
+                       fake-tensor run in torch; 0: always the fake-tensor run (tests compare both).
+
 Training (backends "aot_eager" and "ember"; read when a graph is compiled):
   activation_memory_budget  float in [0, 1] (Inductor's torch._functorch.config option of the same
                        name): 1.0 (default) is the min-cut that recomputes only cheap pointwise ops
@@ -30,7 +35,7 @@ Backend "ember" (str or None; read when a graph is compiled):
 
 class Config:
     __slots__ = ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions", "graph_breaks",
-                 "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget")
+                 "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget", "sym_shape_rules")
 
     def __init__(self):
         self.cache_size_limit = 8
@@ -43,6 +48,7 @@ class Config:
         self.ldflags = "-lmvec -lm"
         self.cache_dir = None
         self.activation_memory_budget = 1.0
+        self.sym_shape_rules = 1
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)

@@ -105,9 +105,14 @@ class SymContext:
         while len(self.syms) <= i:
             k = len(self.syms)
             src = ConstantSource(f"ember_s{k}")
-            s = self.shape_env.create_symbol(hints[k], src, dynamic_dim=DimDynamic.DYNAMIC)
+            h = hints[k]
+            if type(h) is tuple:  # (hint, True): an int argument, any int (create_unspecified_symbol)
+                h = h[0]
+                s = self.shape_env.create_unspecified_symbol(h, src, dynamic_dim=DimDynamic.DYNAMIC)
+            else:
+                s = self.shape_env.create_symbol(h, src, dynamic_dim=DimDynamic.DYNAMIC)
             self.index[s.name] = k
-            self.syms.append(self.shape_env.create_symintnode(s, hint=hints[k], source=src))
+            self.syms.append(self.shape_env.create_symintnode(s, hint=h, source=src))
         return self.syms[i]
 
     def expr(self, text, hints):

@@ -171,26 +171,33 @@ def _symbolic_placeholders(gm):
 
 
 def add_fake_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence) -> bool:
-    """For a graph with symbolic sizes (a placeholder's ember_meta has "sym_shape"): sets
-    ``node.meta["val"]`` of every placeholder to a FakeTensor whose sizes and strides are SymInts of
-    one torch ShapeEnv (one torch symbol per ember symbol, its hint the example's size), as
-    Dynamo's graphs carry them; gm.meta["ember_shape_env"] is that ShapeEnv. Returns False (and
-    sets nothing) for a static graph, or one whose input sizes are expressions this cannot
-    rebuild."""
+    """For a graph with symbolic sizes (a placeholder's ember_meta has "sym_shape", or is a SymInt
+    placeholder: an int argument made symbolic): sets ``node.meta["val"]`` of every placeholder to a
+    FakeTensor whose sizes and strides are SymInts of one torch ShapeEnv (one torch symbol per ember
+    symbol, its hint the example's size), or to that SymInt for an int placeholder, as Dynamo's
+    graphs carry them; gm.meta["ember_shape_env"] is that ShapeEnv. Returns False (and sets nothing)
+    for a static graph, or one whose input sizes are expressions this cannot rebuild."""
     import re
     from . import _fake
     phs = _symbolic_placeholders(gm)
     metas = [n.meta.get("ember_meta") or {} for n in phs]
-    if not any(m.get("sym_shape") for m in metas) or len(example_inputs) != len(phs):
+    if not any(m.get("sym_shape") or m.get("kind") == "symint" for m in metas) or len(example_inputs) != len(phs):
         return False
-    hints: dict[int, int] = {}
+    hints: dict[int, object] = {}
     for m, ex in zip(metas, example_inputs):
+        if m.get("kind") == "symint":
+            k = re.fullmatch(r"s(\d+)", m.get("expr") or "")
+            if not k or type(ex) is not int:
+                return False
+            hints[int(k.group(1))] = (ex, True)  # an int argument: any int (SymContext.symint)
+            continue
         for d, text in enumerate(m.get("sym_shape") or ()):
             k = re.fullmatch(r"s(\d+)", text)
             if k and isinstance(ex, torch.Tensor):
                 hints[int(k.group(1))] = int(ex.shape[d])
     used = {int(k) for m in metas for t in (m.get("sym_shape") or ()) + (m.get("sym_stride") or ()) or ()
             for k in re.findall(r"\bs(\d+)\b", t)}
+    used |= {int(k) for m in metas if m.get("kind") == "symint" for k in re.findall(r"\bs(\d+)\b", m["expr"])}
     if not used or not used <= set(hints):
         return False
     hint_list = [hints.get(i, 2) for i in range(max(used) + 1)]
@@ -198,6 +205,9 @@ def add_fake_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence) -> bool:
     vals = []
     with ctx.mode:
         for n, m, ex in zip(phs, metas, example_inputs):
+            if m.get("kind") == "symint":
+                vals.append(ctx.expr(m["expr"], hint_list))
+                continue
             if not isinstance(ex, torch.Tensor):
                 return False
             if m.get("sym_shape"):

@@ -371,12 +371,12 @@ def test_resume_past_cache_size_limit_warns_once():
     def f(x, n):
         y = x + 1
         print("", end="", file=SINK)
-        return y * n  # the resume function specialises on n
+        return y * n  # the resume function specialises on n (dynamic=False: no symbolic int)
 
     old = ember.config.cache_size_limit
     ember.config.cache_size_limit = 3
     try:
-        c = ember.compile(f)
+        c = ember.compile(f, dynamic=False)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             for n in range(8):

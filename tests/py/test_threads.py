@@ -45,7 +45,9 @@ def test_threads_different_shapes_graph():
             assert_same(c(x, y), expected)
     _run_threads(work)
     info = entries(c)
-    assert 4 <= len(info) and all(e["kind"] == "graph" for e in info)
+    # automatic dynamic: a second size compiles a symbolic graph, which may serve the other threads
+    # (how many threads trace before it exists depends on timing)
+    assert 2 <= len(info) and all(e["kind"] == "graph" for e in info)
     assert sum(e["hits"] for e in info) >= 4 * 199
 
 
