@@ -95,6 +95,25 @@ def make_split(steps, inputs, outputs, nvalues):
     return region
 
 
+def sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, device, requires_grad):
+    """The kernel eager's F.scaled_dot_product_attention picks for these inputs ("math", "flash",
+    "efficient", "cudnn" or "other"), asked of torch itself (torch._fused_sdp_choice, the choice
+    at::scaled_dot_product_attention makes in aten/src/ATen/native/transformers/attention.cpp).
+    query/key/value/attn_mask are the graph's meta examples; the choice reads dtypes, sizes, strides,
+    requires_grad and the device's capabilities, so it is asked with real tensors of the same
+    layout on `device` (made with torch.empty_strided: no values are read)."""
+    def real(t, rg):
+        if t is None:
+            return None
+        x = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+        return x.requires_grad_(rg) if rg and x.dtype.is_floating_point else x
+    q, k, v = (real(t, rg) for t, rg in zip((query, key, value), requires_grad))
+    m = real(attn_mask, False)
+    with torch.enable_grad():
+        choice = int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa))
+    return {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}.get(choice, "other")
+
+
 def compile_blocker():
     """Why a region must keep eager autograd whatever its ops (None: nothing blocks). Under
     torch.autocast the forward's casts are decided per op at dispatch, and a backward derived from
@@ -126,9 +145,12 @@ def explain_lines(info: dict, indent: str = "  ") -> list[str]:
             if st.get("autograd"):
                 lines += explain_lines(st["autograd"], indent + "    ")
         return lines
+    pre = []
+    if info.get("decomposed"):  # attention ops rewritten into the ops they are made of
+        pre = [f"{indent}autograd: decomposed before the joint graph: {', '.join(info['decomposed'])}"]
     saved = ", ".join(f"{n} ({_fmt_bytes(b)})" for n, b in info["saved"])
     rec = ", ".join(f"{n} ({_fmt_bytes(b)})" for n, b in info["recomputed"])
-    lines = [f"{indent}autograd: {len(info['saved'])} saved tensor(s), {_fmt_bytes(info['saved_bytes'])} of "
+    lines = pre + [f"{indent}autograd: {len(info['saved'])} saved tensor(s), {_fmt_bytes(info['saved_bytes'])} of "
              f"activations + {_fmt_bytes(info['saved_input_bytes'])} of graph inputs: {saved}",
              f"{indent}  recomputed in the backward: {len(info['recomputed'])} value(s), "
              f"{_fmt_bytes(info['recomputed_bytes'])}: {rec or '-'}",

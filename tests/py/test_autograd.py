@@ -159,6 +159,22 @@ CASES = [
     ("avg_pool2d", lambda x: F.avg_pool2d(x, 2) + F.avg_pool2d(x, 3, 1, 1).mean(), lambda d: (r(2, 3, 6, 6, dtype=d),)),
     ("embedding", lambda i, w: F.embedding(i, w, padding_idx=1) * 2, lambda d: (torch.tensor([[0, 1, 2], [2, 2, 3]]), r(5, 4, dtype=d))),
     ("embedding_nopad", lambda i, w: F.embedding(i, w) * 2, lambda d: (torch.tensor([[0, 1, 2], [2, 2, 3]]), r(5, 4, dtype=d))),
+    # scaled_dot_product_attention: on CPU eager runs the flash kernel for 4-D inputs without dropout
+    # (its backward op is called), the math kernel otherwise (decomposed op for op)
+    ("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+     lambda d: (r(2, 3, 5, 8, dtype=d), r(2, 3, 6, 8, dtype=d), r(2, 3, 6, 8, dtype=d))),
+    ("sdpa_causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+     lambda d: (r(2, 3, 5, 8, dtype=d), r(2, 3, 5, 8, dtype=d), r(2, 3, 5, 8, dtype=d))),
+    ("sdpa_float_mask_scale", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3),
+     lambda d: (r(2, 3, 5, 8, dtype=d), r(2, 3, 6, 8, dtype=d), r(2, 3, 6, 8, dtype=d), r(5, 6, dtype=d, grad=False))),
+    ("sdpa_key_nograd", lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+     lambda d: (r(2, 3, 5, 8, dtype=d), r(2, 3, 6, 8, dtype=d, grad=False), r(2, 3, 6, 8, dtype=d))),
+    ("sdpa_math_3d", lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+     lambda d: (r(3, 5, 8, dtype=d), r(3, 6, 8, dtype=d), r(3, 6, 8, dtype=d))),
+    ("sdpa_math_causal_negscale", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=-0.5),
+     lambda d: (r(3, 5, 8, dtype=d), r(3, 6, 8, dtype=d), r(3, 6, 8, dtype=d))),
+    ("sdpa_math_bool_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+     lambda d: (r(3, 5, 8, dtype=d), r(3, 6, 8, dtype=d), r(3, 6, 8, dtype=d), torch.rand(5, 6) > 0.3)),
 ]
 
 IDS = [c[0] for c in CASES]
@@ -174,7 +190,9 @@ def test_rule_matches_eager(case, dtype):
 
 GRADCHECK = ["add_broadcast", "div", "pow_tensor", "tanh", "gelu", "sum_dims", "mean", "amax", "permute_transpose",
              "getitem_basic", "getitem_tensor", "cat", "stack", "matmul_3d_2d", "linear", "addmm", "softmax",
-             "log_softmax", "layer_norm", "conv2d", "max_pool2d", "adaptive_avg_pool2d", "avg_pool2d", "batch_norm_train", "embedding_nopad", "clamp", "where"]
+             "log_softmax", "layer_norm", "conv2d", "max_pool2d", "adaptive_avg_pool2d", "avg_pool2d", "batch_norm_train", "embedding_nopad", "clamp", "where",
+             "sdpa", "sdpa_causal", "sdpa_float_mask_scale", "sdpa_math_3d", "sdpa_math_causal_negscale",
+             "sdpa_math_bool_mask"]
 
 
 @pytest.mark.parametrize("name", GRADCHECK)
@@ -196,6 +214,87 @@ def test_gradcheck_float64(name):
 def test_dropout_same_mask_as_eager():
     check(lambda x: F.dropout(x, 0.3, True) * 2, (r(8, 16),), seed=7)
     check(lambda x: F.dropout(x, 0.3, False) * 2, (r(8, 16),), compiled=False)
+
+
+def test_sdpa_uses_the_kernel_eager_uses():
+    """The flash kernel's forward and backward ops where eager runs flash; the math kernel's ops
+    (with the same dropout draws as eager) where eager runs math; bitwise equal to eager."""
+    q, k, v = r(2, 3, 5, 8), r(2, 3, 6, 8), r(2, 3, 6, 8)
+    c = check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), (q, k, v), rtol=0, atol=0)
+    info = autograd_info(c)
+    assert "_scaled_dot_product_flash_attention_for_cpu_backward" in info["backward"] and "decomposed" not in info
+    ember.reset()
+    c = check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.3), (q, k, v), seed=3, rtol=0, atol=0)
+    info = autograd_info(c)
+    assert info["decomposed"] == ["scaled_dot_product_attention"] and "_safe_softmax" in info["joint"]
+    assert "bernoulli_" in info["forward"]  # the dropout mask is drawn once, in the forward, and saved
+
+
+def test_sdpa_mask_requiring_grad_keeps_eager_autograd():
+    def f(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    c = check(f, (r(2, 3, 5, 8), r(2, 3, 6, 8), r(2, 3, 6, 8), r(5, 6)), compiled=False)
+    info = autograd_info(c)
+    assert "split" in info and "scaled_dot_product_attention" in info["split"][0]
+
+
+def _encoder_layer():
+    return nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+
+
+_CAUSAL = nn.Transformer.generate_square_subsequent_mask(7)
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("call", [
+    lambda m, x: m(x),
+    lambda m, x: m(x, src_mask=_CAUSAL.to(x.device), is_causal=True),
+    lambda m, x: m(x, src_mask=_CAUSAL.to(x.device)),
+    lambda m, x: m(x, src_mask=torch.rand(7, 7, device=x.device) > 0.5),
+], ids=["nomask", "causal", "float_mask", "bool_mask"])
+def test_transformer_layer_attention_is_decomposed(call, train):
+    """nn.TransformerEncoderLayer's multi_head_attention_forward is decomposed (in-projection,
+    views, scaled_dot_product_attention, out-projection) and the whole layer gets one compiled
+    backward; outputs and gradients bitwise equal to eager's on CPU (the same ops in the same order,
+    the same dropout draws)."""
+    torch.manual_seed(0)
+    m_e = _encoder_layer().train(train)
+    m_c = copy.deepcopy(m_e)
+    c = ember.compile(m_c, backend="aot_eager")
+    x = torch.randn(3, 7, 16)
+    exact = torch.empty(0).device.type == "cpu"
+    tol = {"rtol": 0, "atol": 0} if exact else {}
+    for _ in range(2):
+        torch.manual_seed(1)
+        oe = call(m_e, x)
+        torch.manual_seed(1)
+        oc = call(c, x)
+        torch.testing.assert_close(oc, oe, **tol)
+        oe.square().sum().backward()
+        oc.square().sum().backward()
+        for (n, pe), pc in zip(m_e.named_parameters(), m_c.parameters()):
+            torch.testing.assert_close(pc.grad, pe.grad, **tol, msg=lambda s: f"{n}: {s}")
+    info = autograd_info(c)
+    assert info.get("decomposed") == ["multi_head_attention_forward"], info.get("split") or info.get("fallback")
+    assert "split" not in info and "fallback" not in info
+
+
+def test_mha_with_key_padding_mask_keeps_eager_autograd():
+    torch.manual_seed(0)
+    m_e = _encoder_layer()
+    m_c = copy.deepcopy(m_e)
+    c = ember.compile(m_c, backend="aot_eager")
+    x = torch.randn(3, 7, 16)
+    kpm = torch.zeros(3, 7, dtype=torch.bool)
+    kpm[:, -2:] = True
+    torch.manual_seed(1)
+    m_e(x, src_key_padding_mask=kpm).sum().backward()
+    torch.manual_seed(1)
+    c(x, src_key_padding_mask=kpm).sum().backward()
+    for pe, pc in zip(m_e.parameters(), m_c.parameters()):
+        torch.testing.assert_close(pc.grad, pe.grad)
+    info = autograd_info(c)
+    assert "split" in info and "multi_head_attention_forward" in info["split"][0]
 
 
 def test_partition_recomputes_pointwise_chain():
@@ -453,10 +552,9 @@ def test_training_steps_match_eager(case, backend):
         for (n, be), bc in zip(m_e.state_dict().items(), m_c.state_dict().values()):
             torch.testing.assert_close(bc, be, **tol, msg=lambda s: f"{n}: {s}")
     info = autograd_info(compiled)
-    if name == "transformer_adamw":
-        assert "split" in info  # multi_head_attention_forward keeps eager autograd
-    else:
-        assert "fallback" not in info and "split" not in info
+    assert "fallback" not in info and "split" not in info, info.get("fallback") or info.get("split")
+    if name == "transformer_adamw":  # multi_head_attention_forward decomposed: one compiled backward
+        assert info["decomposed"] == ["multi_head_attention_forward", "multi_head_attention_forward_1"]
 
 
 def test_ember_backend_transformer_gradients():
