@@ -48,6 +48,8 @@ typedef struct {
     IRRef *fmap;      /* g ref -> joint ref of the value */
     IRRef (*aux)[3];  /* g ref -> joint refs a rewrite made for the backward (mean, rstd, mask ...) */
     IRRef *grad;      /* g ref -> joint ref of its accumulated gradient, 0: none */
+    IRRef *scatter;   /* g ref -> its gradient while it is a zeros buffer that getitem gradients
+                       * add into slice by slice (x[0], x[1], x[2] of one tensor), 0: none */
     uint8_t *role;    /* joint ref -> ROLE_* */
     uint8_t *pinned;  /* joint ref -> 1: the partitioner must not recompute it */
     uint32_t rcap;
@@ -693,6 +695,7 @@ static int accumulate(AG *ag, IRRef gref, IRRef gi) {
         if (!gi) return -1;
     }
     ag->grad[gref] = gi;
+    if (ag->scatter) ag->scatter[gref] = 0; /* read by an add: no longer written slice by slice */
     return 0;
 }
 
@@ -1110,6 +1113,14 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
                 if (idx.u.items[i].kind != IRARG_CONST)
                     return ag_fail(ag, "%s: indexing with tensors inside a tuple", node->name);
         selfm = &em_ir_node(ag->g, self.u.ref)->meta;
+        if (idx.kind != IRARG_NODE && ag->scatter && ag->scatter[self.u.ref]) {
+            /* another slice of the same tensor (proj[0], proj[1], proj[2] of the attention's packed
+             * in-projection): add into the pending zeros buffer in place, no new buffer, no add */
+            IRRef z = ag->scatter[self.u.ref];
+            IRRef v = emit_op(ag, "getitem", arg_node(z), map_arg(ag, &idx), 2);
+            IRArg ca[2] = {arg_node(v), arg_node(g)};
+            return v && emit_method(ag, "add_", ca, 2) ? 0 : -1;
+        }
         IRArg a[3] = {arg_node(g), shape_const(ag, selfm)};
         IRRef z = emit_method(ag, "new_zeros", a, 2);
         if (!z) return -1;
@@ -1131,7 +1142,9 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         IRArg ca[2] = {arg_node(v), arg_node(g)};
         if (!v || !emit_method(ag, "copy_", ca, 2)) return -1;
         ag->pinned[z] = 1;
-        return accumulate(ag, self.u.ref, z);
+        if (accumulate(ag, self.u.ref, z) < 0) return -1;
+        if (ag->scatter && ag->grad[self.u.ref] == z) ag->scatter[self.u.ref] = z;
+        return 0;
     }
     case SP_SELECT:
     case SP_NARROW: {
@@ -1691,6 +1704,8 @@ static int64_t flow_dfs(Flow *f, uint32_t u, uint32_t t, int64_t pushed) {
     return 0;
 }
 
+static void mark_args(const IRArg *a, uint8_t *need);
+
 /* Partition: saved[r] = 1 for the joint values the forward saves, recompute[r] = 1 for forward
  * values the backward recomputes. allow_all: every deterministic forward op may be recomputed
  * (activation-memory budget below 1). Returns -1 when no finite cut exists. */
@@ -1705,8 +1720,15 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
     f.level = malloc(f.nv * sizeof(int32_t));
     uint32_t *queue = malloc(f.nv * sizeof(uint32_t));
     int rc = -1;
-    if (!f.head || !f.it || !f.level || !queue) goto done;
+    uint8_t *read_by_bwd = calloc(N, 1);
+    if (!f.head || !f.it || !f.level || !queue || !read_by_bwd) goto done;
     memset(f.head, 0xff, f.nv * sizeof(uint32_t));
+    for (IRRef r = 1; r < N; r++) {
+        const IRNode *n = em_ir_node(j, r);
+        if (ag->role[r] != ROLE_BWD) continue;
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+            mark_args(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], read_by_bwd);
+    }
     for (IRRef r = 1; r < N; r++) {
         const IRNode *n = em_ir_node(j, r);
         uint8_t role = ag->role[r];
@@ -1724,7 +1746,11 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
             if (allow_all) cheap = true;
             if (ag->pinned[r] || is_mutation(n)) cheap = false;
             if (!cheap && flow_add(&f, S, 2 * r, INF_CAP) < 0) goto done;
-            if (flow_add(&f, 2 * r, 2 * r + 1, bytes[r] >= 0 ? bytes[r] + 1 : INF_CAP) < 0) goto done;
+            /* bytes first; among cuts of equal bytes, the one that saves values the backward reads
+             * itself (+1) over their producers (+7): recomputation costs kernels (a copy like
+             * contiguous, a chain replayed op by op) and saves no memory then */
+            if (flow_add(&f, 2 * r, 2 * r + 1, bytes[r] >= 0 ? 8 * bytes[r] + (read_by_bwd[r] ? 1 : 7) : INF_CAP) < 0)
+                goto done;
         }
         if (role != ROLE_FWD && role != ROLE_BWD) continue;
         for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) {
@@ -1766,6 +1792,7 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
     }
     rc = 0;
 done:
+    free(read_by_bwd);
     free(f.e);
     free(f.head);
     free(f.it);
@@ -2399,7 +2426,8 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     ag.fmap = calloc(G, sizeof(IRRef));
     ag.aux = calloc(G, sizeof *ag.aux);
     ag.grad = calloc(G, sizeof(IRRef));
-    if (!ag.j || !ag.fmap || !ag.aux || !ag.grad || ag_grow_roles(&ag) < 0) {
+    ag.scatter = calloc(G, sizeof(IRRef));
+    if (!ag.j || !ag.fmap || !ag.aux || !ag.grad || !ag.scatter || ag_grow_roles(&ag) < 0) {
         PyErr_NoMemory();
         goto error;
     }
@@ -2795,6 +2823,7 @@ done:
     free(ag.fmap);
     free(ag.aux);
     free(ag.grad);
+    free(ag.scatter);
     free(ag.role);
     free(ag.pinned);
     Py_XDECREF(ag.reason);
