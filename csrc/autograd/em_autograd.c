@@ -2404,6 +2404,33 @@ done:
     return out;
 }
 
+typedef struct {
+    AG *ag;
+    IRGraph *B;
+    IRRef *fmapB;
+    const uint8_t *recompute, *need, *saved;
+    const int64_t *bytes;
+    PyObject *list; /* (name, bytes) of each recomputed value */
+    int64_t bytes_total;
+    int failed;
+} RecompCtx;
+
+/* Emits the recomputed forward value r into the backward graph (its recomputed inputs first). */
+static void emit_recomputed(IRRef r, void *ctx) {
+    RecompCtx *c = ctx;
+    AG *ag = c->ag;
+    if (c->failed || c->fmapB[r] || ag->role[r] != ROLE_FWD || !(c->recompute[r] && c->need[r] && !c->saved[r])) return;
+    const IRNode *n = em_ir_node(ag->j, r);
+    for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+        visit_refs(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], emit_recomputed, c);
+    if (c->failed) return;
+    c->fmapB[r] = copy_into(ag->g->arena, c->B, n, c->fmapB);
+    PyObject *it = c->fmapB[r] ? Py_BuildValue("(sL)", n->name, (long long)c->bytes[r]) : NULL;
+    if (!it || PyList_Append(c->list, it) < 0) c->failed = 1;
+    Py_XDECREF(it);
+    c->bytes_total += c->bytes[r] > 0 ? c->bytes[r] : 0;
+}
+
 PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info) {
     AG ag = {0};
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
@@ -2737,21 +2764,22 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         goto error;
     }
     free(fout);
-    for (IRRef r = 1; r < N; r++) {
-        const IRNode *n = em_ir_node(ag.j, r);
-        if (n->kind == IR_OUTPUT || ag.role[r] == ROLE_PRIMAL || ag.role[r] == ROLE_TANGENT) continue;
-        if (ag.role[r] == ROLE_FWD && !(recompute[r] && need[r] && !saved[r])) continue;
-        fmapB[r] = copy_into(g->arena, B, n, fmapB);
-        if (!fmapB[r]) goto error;
-        if (ag.role[r] == ROLE_FWD) {
-            PyObject *it = Py_BuildValue("(sL)", n->name, (long long)bytes[r]);
-            if (!it || PyList_Append(recomp_list, it) < 0) {
-                Py_XDECREF(it);
-                goto error;
-            }
-            Py_DECREF(it);
-            recomp_bytes += bytes[r] > 0 ? bytes[r] : 0;
+    /* backward nodes in order; a recomputed forward value is emitted just before the first
+     * backward node that reads it (after its own inputs), not at the start of the backward: it
+     * then lives only from there to its last use (as Inductor's partitioner places recomputation) */
+    {
+        RecompCtx rc = {&ag, B, fmapB, recompute, need, saved, bytes, recomp_list, 0, 0};
+        for (IRRef r = 1; r < N && !rc.failed; r++) {
+            const IRNode *n = em_ir_node(ag.j, r);
+            if (n->kind == IR_OUTPUT || ag.role[r] != ROLE_BWD) continue;
+            for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+                visit_refs(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], emit_recomputed, &rc);
+            if (rc.failed) break;
+            fmapB[r] = copy_into(g->arena, B, n, fmapB);
+            if (!fmapB[r]) goto error;
         }
+        if (rc.failed) goto error;
+        recomp_bytes = rc.bytes_total;
     }
     for (uint32_t i = 0; i < ngrads; i++) grads[i] = fmapB[grads[i]];
     if (em_ir_set_output(B, grads, ngrads) < 0) {

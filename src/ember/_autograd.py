@@ -42,12 +42,18 @@ class CompiledRegion(torch.autograd.Function):
     def _backward(ctx, grads):
         plan = ctx.plan
         saved = ctx.saved_tensors
+        # AOTAutograd's boxed convention: the backward graph owns the saved tensors and releases
+        # each after its last use, as eager autograd frees a node's saved tensors after its backward
+        # (kept when retain_graph=True: maybe_clear_saved_tensors does nothing then)
+        ctx.maybe_clear_saved_tensors()
         tangents = [grads[k] for k in plan.tangents]
         if plan.strides is not None:  # backend ember: kernels index tangents with the output's strides
             tangents = [t if t.stride() == plan.strides[k] else
                         torch.empty_strided(t.shape, plan.strides[k], dtype=t.dtype, device=t.device).copy_(t)
                         for k, t in zip(plan.tangents, tangents)]
-        res = plan.bwd(*saved, *tangents)
+        args = [*saved, *tangents]
+        del saved, tangents
+        res = plan.bwd_boxed(args) if plan.bwd_boxed is not None else plan.bwd(*args)
         out = [None] * (plan.ninputs + 1)
         for i, g in zip(plan.grad_inputs, res):
             out[i + 1] = g
@@ -55,7 +61,7 @@ class CompiledRegion(torch.autograd.Function):
 
 
 class _Plan:
-    __slots__ = ("fwd", "bwd", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides")
+    __slots__ = ("fwd", "bwd", "bwd_boxed", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides")
 
 
 def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None):
@@ -64,6 +70,7 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     so this callable always runs with grad enabled."""
     plan = _Plan()
     plan.fwd, plan.bwd = fwd, bwd
+    plan.bwd_boxed = getattr(bwd, "run_boxed", None)
     plan.noutputs, plan.ninputs = noutputs, ninputs
     plan.grad_inputs, plan.tangents, plan.nondiff = tuple(grad_inputs), tuple(tangents), tuple(nondiff)
     plan.strides = None if strides is None else tuple(tuple(s) for s in strides)
