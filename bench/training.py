@@ -2,10 +2,18 @@
 nn.TransformerEncoder (d 256, 4 layers, AdamW), one step = forward + loss + backward + optimizer
 step. Side by side in one process, interleaved: eager, torch.compile (Inductor), ember
 backend="aot_eager" and backend="ember". Reports step time (median of the timed steps, min over
-rounds), peak memory of a step (torch.cuda.max_memory_allocated on CUDA; on CPU the allocator's
-statistics are not kept by torch, so the figure is the saved-tensor bytes of ember's partition and
-the resident-set growth), compile time (first step) and the losses of the last step, which must
-agree across compilers.
+rounds), memory, compile time (first step) and the losses of the last step, which must agree across
+compilers. Memory, measured on a steady-state step (after the timed ones, not timed itself):
+  step MiB  the most memory the step allocates above what is allocated when it starts, the gradients
+            of the previous step already freed (zero_grad(set_to_none=True)): activations, saved
+            tensors, the new gradients, optimizer temporaries; from the allocator itself: on CUDA
+            torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated() at the step's start;
+            on CPU torch's CPU allocator as the profiler reports it (profile_memory=True: each
+            allocation and free with the running "Total Allocated"), over the second of two
+            profiled steps so that frees of the first step's tensors are seen too;
+  peak MiB  (CUDA) torch.cuda.max_memory_allocated() over that step: parameters and optimizer state
+            included;
+  saved MiB the activation bytes ember's partition saves for the backward (aot_eager / ember).
 
     .venv/bin/python bench/training.py --quick                 # small shapes, 1 round (dev VM)
     .venv/bin/python bench/training.py --device cuda           # the GPU machine
@@ -117,6 +125,49 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def cpu_step_peak_bytes(step, zero_grad):
+    """Peak growth of CPU-allocator memory during one training step (see the module docstring):
+    two steps under torch.profiler with profile_memory=True; the second is marked, and its peak
+    "Total Allocated" is taken relative to the total when it starts."""
+    import tempfile
+    from torch.profiler import ProfilerActivity, profile, record_function
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+        zero_grad()
+        with record_function("ember_bench_measured_step"):
+            step()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+    span = next(e for e in events if e.get("name") == "ember_bench_measured_step" and e.get("ph") == "X")
+    t0, t1 = span["ts"], span["ts"] + span["dur"]
+    mem = sorted((e["ts"], e["args"]["Total Allocated"]) for e in events
+                 if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == 0)
+    before = [tot for ts, tot in mem if ts < t0]
+    base = before[-1] if before else 0
+    during = [tot for ts, tot in mem if t0 <= ts <= t1]
+    return max(during, default=base) - base
+
+
+def step_memory(step, zero_grad, device):
+    """(step MiB, peak MiB) of one steady-state training step (module docstring)."""
+    if device == "cuda":
+        zero_grad()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        return (peak - start) / 2 ** 20, peak / 2 ** 20
+    return cpu_step_peak_bytes(step, zero_grad) / 2 ** 20, None
+
+
 def rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -157,17 +208,13 @@ def run_model(name, compilers, args, device):
             loss.backward()
             opt.step()
             return loss
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
         rss0 = rss_mib()
         t0 = time.perf_counter()
         torch.manual_seed(1)
         step()
         sync(device)
         compile_s = time.perf_counter() - t0
-        peak = torch.cuda.max_memory_allocated() / 2 ** 20 if device == "cuda" else None
-        runs[c] = {"step": step, "times": [], "compile_s": compile_s, "peak_mib": peak,
-                   "rss_growth_mib": rss_mib() - rss0, "fn": fn}
+        runs[c] = {"step": step, "zero_grad": lambda opt=opt: opt.zero_grad(set_to_none=True), "times": [], "compile_s": compile_s, "rss_growth_mib": rss_mib() - rss0, "fn": fn}
     for _ in range(args.rounds):
         for c in compilers:
             r = runs[c]
@@ -180,10 +227,14 @@ def run_model(name, compilers, args, device):
                 ts.append(time.perf_counter() - t0)
             r["times"].append(statistics.median(ts))
             r["loss"] = float(loss.detach())
+    for c in compilers:  # memory of a steady-state step, after the timed ones (profiling slows it)
+        torch.manual_seed(3)
+        runs[c]["step_mib"], runs[c]["peak_mib"] = step_memory(runs[c]["step"], runs[c]["zero_grad"], device)
     out = {"model": name, "shape": shape, "device": device, "rows": {}}
     for c in compilers:
         r = runs[c]
         out["rows"][c] = {"step_ms": 1e3 * min(r["times"]), "compile_s": r["compile_s"], "peak_mib": r["peak_mib"],
+                          "step_mib": r["step_mib"],
                           "rss_growth_mib": r["rss_growth_mib"], "saved_mib": (lambda b: None if b is None else b / 2 ** 20)(
                               saved_bytes(r["fn"]) if c in ("aot_eager", "ember") else None),
                           "last_loss": r["loss"]}
@@ -214,14 +265,14 @@ def main():
         results.append(res)
         eager_ms = res["rows"]["eager"]["step_ms"] if "eager" in res["rows"] else None
         print(f"\n{name} ({res['shape']}), {args.steps} steps x {args.rounds} rounds")
-        print(f"{'compiler':<10} {'step ms':>9} {'vs eager':>9} {'compile s':>10} {'peak MiB':>9} "
+        print(f"{'compiler':<10} {'step ms':>9} {'vs eager':>9} {'compile s':>10} {'step MiB':>9} {'peak MiB':>9} "
               f"{'saved MiB':>10} {'last loss':>10}")
         for c, r in res["rows"].items():
             ratio = f"{eager_ms / r['step_ms']:.2f}x" if eager_ms else "-"
             peak = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
             saved = f"{r['saved_mib']:.1f}" if r["saved_mib"] is not None else "-"
-            print(f"{c:<10} {r['step_ms']:>9.1f} {ratio:>9} {r['compile_s']:>10.2f} {peak:>9} {saved:>10} "
-                  f"{r['last_loss']:>10.4f}")
+            print(f"{c:<10} {r['step_ms']:>9.1f} {ratio:>9} {r['compile_s']:>10.2f} {r['step_mib']:>9.1f} {peak:>9} "
+                  f"{saved:>10} {r['last_loss']:>10.4f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

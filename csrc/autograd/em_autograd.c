@@ -23,7 +23,7 @@
 #include "runtime/em_runtime.h"
 #include "autograd/em_autograd_rules.h"
 
-#define MAXP 16
+#define MAXP 32
 #define INF_CAP ((int64_t)1 << 50)
 
 enum { ROLE_PRIMAL = 1, ROLE_TANGENT, ROLE_FWD, ROLE_BWD };
@@ -48,6 +48,8 @@ typedef struct {
     IRRef *fmap;      /* g ref -> joint ref of the value */
     IRRef (*aux)[3];  /* g ref -> joint refs a rewrite made for the backward (mean, rstd, mask ...) */
     IRRef *grad;      /* g ref -> joint ref of its accumulated gradient, 0: none */
+    IRRef *scatter;   /* g ref -> its gradient while it is a zeros buffer that getitem gradients
+                       * add into slice by slice (x[0], x[1], x[2] of one tensor), 0: none */
     uint8_t *role;    /* joint ref -> ROLE_* */
     uint8_t *pinned;  /* joint ref -> 1: the partitioner must not recompute it */
     uint32_t rcap;
@@ -298,6 +300,79 @@ static const IRMeta *val_meta(const AG *ag, const IRArg *v) {
     return v->kind == IRARG_NODE ? &em_ir_node(ag->g, v->u.ref)->meta : NULL;
 }
 
+/* ---------------------------------------------------------------- which attention kernel eager runs */
+
+enum { SDPA_UNSUPPORTED = -1, SDPA_MATH = 0, SDPA_FLASH_CPU, SDPA_FLASH_CUDA, SDPA_EFFICIENT };
+
+static bool meta_on_cuda(const IRMeta *m) {
+    PyObject *t = m->device ? PyObject_GetAttrString(m->device, "type") : NULL;
+    bool r = t && PyUnicode_Check(t) && PyUnicode_CompareWithASCIIString(t, "cuda") == 0;
+    Py_XDECREF(t);
+    PyErr_Clear();
+    return r;
+}
+
+static bool meta_dtype_is(const IRMeta *m, const char *name) {
+    PyObject *s = m->kind == IRMETA_TENSOR && m->dtype ? PyObject_Str(m->dtype) : NULL;
+    bool r = s && PyUnicode_CompareWithASCIIString(s, name) == 0;
+    Py_XDECREF(s);
+    PyErr_Clear();
+    return r;
+}
+
+/* The kernel eager's F.scaled_dot_product_attention runs for these arguments (asked of torch's own
+ * choice, ember._autograd.sdpa_backend) and whether ember can take its derivative:
+ *   SDPA_MATH        the composite math kernel: decomposed before the joint graph (float32/64);
+ *   SDPA_FLASH_CPU   _scaled_dot_product_flash_attention_for_cpu (+ its backward op);
+ *   SDPA_FLASH_CUDA  _scaled_dot_product_flash_attention, no mask, head dim a multiple of 8 (eager
+ *                    pads other head dims, which this rule does not reproduce);
+ *   SDPA_EFFICIENT   _scaled_dot_product_efficient_attention without a mask (eager pads masks to
+ *                    16-element alignment first);
+ * anything else (cuDNN, a mask that requires grad, GQA, non-constant flags): SDPA_UNSUPPORTED, and
+ * the op keeps eager autograd. Masks are only read, never differentiated here. */
+static int sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask, const IRArg *dropout_p,
+                     const IRArg *is_causal, const IRArg *scale, const IRArg *gqa) {
+    static PyObject *choose = NULL; /* one interpreter (em_lazy_attr) */
+    if (!q || !k || !v || q->kind != IRMETA_TENSOR || k->kind != IRMETA_TENSOR || v->kind != IRMETA_TENSOR)
+        return SDPA_UNSUPPORTED;
+    if (mask && (mask->kind != IRMETA_TENSOR || mask->requires_grad)) return SDPA_UNSUPPORTED;
+    if (dropout_p->kind != IRARG_CONST || is_causal->kind != IRARG_CONST || scale->kind != IRARG_CONST ||
+        gqa->kind != IRARG_CONST || gqa->u.obj != Py_False || !PyBool_Check(is_causal->u.obj))
+        return SDPA_UNSUPPORTED;
+    if (!q->example || !k->example || !v->example || (mask && !mask->example) || q->ndim < 2) return SDPA_UNSUPPORTED;
+    PyObject *rg = Py_BuildValue("(OOO)", q->requires_grad ? Py_True : Py_False, k->requires_grad ? Py_True : Py_False,
+                                 v->requires_grad ? Py_True : Py_False);
+    PyObject *res = NULL;
+    if (rg && em_lazy_attr(&choose, "ember._autograd", "sdpa_backend"))
+        res = PyObject_CallFunction(choose, "OOOOOOOOOO", q->example, k->example, v->example,
+                                    mask ? mask->example : Py_None, dropout_p->u.obj, is_causal->u.obj, scale->u.obj,
+                                    gqa->u.obj, q->device, rg);
+    Py_XDECREF(rg);
+    const char *c = res && PyUnicode_Check(res) ? PyUnicode_AsUTF8(res) : NULL;
+    int kind = SDPA_UNSUPPORTED;
+    bool cuda = meta_on_cuda(q);
+    int64_t hd = q->sizes[q->ndim - 1];
+    bool fp = meta_dtype_is(q, "torch.float32") || meta_dtype_is(q, "torch.float64");
+    if (c && !strcmp(c, "math") && fp) kind = SDPA_MATH;
+    else if (c && !strcmp(c, "flash") && !cuda && (!mask || !meta_dtype_is(mask, "torch.bool"))) kind = SDPA_FLASH_CPU;
+    else if (c && !strcmp(c, "flash") && cuda && !mask && hd % 8 == 0) kind = SDPA_FLASH_CUDA;
+    else if (c && !strcmp(c, "efficient") && cuda && !mask) kind = SDPA_EFFICIENT;
+    Py_XDECREF(res);
+    PyErr_Clear();
+    return kind;
+}
+
+static IRArg bval(const Bind *b, const char *name);
+
+/* sdpa_kind of a bound g-level scaled_dot_product_attention node. */
+static int sdpa_kind_bound(const AG *ag, const Bind *b) {
+    IRArg q = bval(b, "query"), k = bval(b, "key"), v = bval(b, "value"), m = bval(b, "attn_mask");
+    IRArg dp = bval(b, "dropout_p"), ic = bval(b, "is_causal"), sc = bval(b, "scale"), gq = bval(b, "enable_gqa");
+    if (m.kind != IRARG_NODE && !arg_is_none(&m)) return SDPA_UNSUPPORTED;
+    return sdpa_kind(val_meta(ag, &q), val_meta(ag, &k), val_meta(ag, &v), m.kind == IRARG_NODE ? val_meta(ag, &m) : NULL,
+                     &dp, &ic, &sc, &gq);
+}
+
 /* Checks of a rule against the bound g-node arguments (see em_autograd_rules.h). */
 static bool checks_pass(const AG *ag, const Bind *b) {
     const char *p = b->rule->checks;
@@ -333,6 +408,9 @@ static bool checks_pass(const AG *ag, const Bind *b) {
             int wi = find_param(b, "weight");
             const IRMeta *wm = wi >= 0 ? val_meta(ag, &b->val[wi]) : NULL;
             ok = m && wm && m->kind == IRMETA_TENSOR && wm->kind == IRMETA_TENSOR && m->ndim == wm->ndim;
+        } else if (!strcmp(kind, "sdpa")) {
+            int sk = sdpa_kind_bound(ag, b);
+            ok = sk == SDPA_FLASH_CPU || sk == SDPA_FLASH_CUDA || sk == SDPA_EFFICIENT;
         } else if (!strcmp(kind, "ndim2")) {
             const IRMeta *m = val_meta(ag, v);
             ok = m && m->kind == IRMETA_TENSOR && m->ndim >= 2;
@@ -568,6 +646,12 @@ static IRRef emit_getitem(AG *ag, IRRef tuple, long i) {
     return emit_op(ag, "getitem", arg_node(tuple), arg_const_steal(ag, PyLong_FromLong(i)), 2);
 }
 
+/* An interned keyword name held by the arena; NULL with an exception. */
+static PyObject *kwname(AG *ag, const char *s) {
+    PyObject *k = PyUnicode_InternFromString(s);
+    return k ? em_arena_hold_steal(ag->a, k) : NULL;
+}
+
 static IRArg shape_const(AG *ag, const IRMeta *m) {
     PyObject *t = PyTuple_New(m->ndim);
     for (int32_t i = 0; t && i < m->ndim; i++) {
@@ -611,6 +695,7 @@ static int accumulate(AG *ag, IRRef gref, IRRef gi) {
         if (!gi) return -1;
     }
     ag->grad[gref] = gi;
+    if (ag->scatter) ag->scatter[gref] = 0; /* read by an add: no longer written slice by slice */
     return 0;
 }
 
@@ -1028,6 +1113,14 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
                 if (idx.u.items[i].kind != IRARG_CONST)
                     return ag_fail(ag, "%s: indexing with tensors inside a tuple", node->name);
         selfm = &em_ir_node(ag->g, self.u.ref)->meta;
+        if (idx.kind != IRARG_NODE && ag->scatter && ag->scatter[self.u.ref]) {
+            /* another slice of the same tensor (proj[0], proj[1], proj[2] of the attention's packed
+             * in-projection): add into the pending zeros buffer in place, no new buffer, no add */
+            IRRef z = ag->scatter[self.u.ref];
+            IRRef v = emit_op(ag, "getitem", arg_node(z), map_arg(ag, &idx), 2);
+            IRArg ca[2] = {arg_node(v), arg_node(g)};
+            return v && emit_method(ag, "add_", ca, 2) ? 0 : -1;
+        }
         IRArg a[3] = {arg_node(g), shape_const(ag, selfm)};
         IRRef z = emit_method(ag, "new_zeros", a, 2);
         if (!z) return -1;
@@ -1049,7 +1142,9 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         IRArg ca[2] = {arg_node(v), arg_node(g)};
         if (!v || !emit_method(ag, "copy_", ca, 2)) return -1;
         ag->pinned[z] = 1;
-        return accumulate(ag, self.u.ref, z);
+        if (accumulate(ag, self.u.ref, z) < 0) return -1;
+        if (ag->scatter && ag->grad[self.u.ref] == z) ag->scatter[self.u.ref] = z;
+        return 0;
     }
     case SP_SELECT:
     case SP_NARROW: {
@@ -1195,6 +1290,54 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 8, NULL, NULL, 0);
         return r ? accumulate(ag, self.u.ref, r) : -1;
     }
+    case SP_SDPA: { /* derivatives.yaml: _scaled_dot_product_{flash_attention_for_cpu,efficient,flash}_attention */
+        IRArg q = bval(b, "query"), k = bval(b, "key"), v = bval(b, "value"), m = bval(b, "attn_mask");
+        IRArg dp = bval(b, "dropout_p"), ic = bval(b, "is_causal"), sc = bval(b, "scale");
+        int kind = sdpa_kind_bound(ag, b);
+        PyObject *kwn[2] = {kwname(ag, "attn_mask"), kwname(ag, "scale")};
+        if (!kwn[0] || !kwn[1]) return ag_fail_exc(ag);
+        IRArg none = arg_const_steal(ag, Py_NewRef(Py_None));
+        IRArg out = arg_node(ag->fmap[n]);
+        IRRef r = 0;
+        if (kind == SDPA_FLASH_CPU) {
+            PyObject *t = torch_attr("ops.aten._scaled_dot_product_flash_attention_for_cpu_backward");
+            if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+            IRArg a[8] = {arg_node(g), map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), out, arg_node(ag->aux[n][0]), dp, ic};
+            IRArg kv[2] = {map_arg(ag, &m), sc};
+            r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 8, kwn, kv, 2);
+        } else if (kind == SDPA_EFFICIENT) {
+            PyObject *t = torch_attr("ops.aten._scaled_dot_product_efficient_attention_backward");
+            if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+            PyObject *mask = Py_BuildValue("[OOOO]", needs(ag, &q) ? Py_True : Py_False, needs(ag, &k) ? Py_True : Py_False,
+                                           needs(ag, &v) ? Py_True : Py_False, Py_False);
+            IRArg a[12] = {arg_node(g), map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), none, out,
+                           arg_node(ag->aux[n][0]), arg_node(ag->aux[n][1]), arg_node(ag->aux[n][2]), dp,
+                           arg_const_steal(ag, mask), ic};
+            if (arg_bad(&a[10])) return ag_fail_exc(ag);
+            r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 12, kwn + 1, &sc, 1);
+        } else if (kind == SDPA_FLASH_CUDA) {
+            PyObject *t = torch_attr("ops.aten._scaled_dot_product_flash_attention_backward");
+            if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+            const IRMeta *qm = val_meta(ag, &q), *km = val_meta(ag, &k);
+            /* dense inputs: cum_seq_q/k are undefined, max_q/max_k the sequence lengths (attention.cu) */
+            IRArg a[14] = {arg_node(g), map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), out, arg_node(ag->aux[n][0]),
+                           none, none, arg_const_steal(ag, PyLong_FromLongLong(qm->sizes[qm->ndim - 2])),
+                           arg_const_steal(ag, PyLong_FromLongLong(km->sizes[km->ndim - 2])), dp, ic,
+                           arg_node(ag->aux[n][1]), arg_node(ag->aux[n][2])};
+            if (arg_bad(&a[8]) || arg_bad(&a[9])) return ag_fail_exc(ag);
+            r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 14, kwn + 1, &sc, 1);
+        } else {
+            return ag_fail(ag, "scaled_dot_product_attention: no fused kernel with a backward op for these inputs");
+        }
+        if (!r) return -1;
+        const IRArg *ins[3] = {&q, &k, &v};
+        for (int i = 0; i < 3; i++)
+            if (needs(ag, ins[i])) {
+                IRRef gi = emit_getitem(ag, r, i);
+                if (!gi || accumulate(ag, ins[i]->u.ref, gi) < 0) return -1;
+            }
+        return 0;
+    }
     case SP_DROPOUT: {
         IRArg self = bval(b, "self");
         if (!needs(ag, &self)) return 0;
@@ -1276,6 +1419,50 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         IRRef out = r ? emit_getitem(ag, r, 0) : 0;
         ag->aux[n][0] = out ? emit_getitem(ag, r, 1) : 0;
         return ag->aux[n][0] ? out : 0;
+    }
+    case SP_SDPA: { /* the fused op eager's scaled_dot_product_attention calls, with what its backward reads */
+        IRArg q = bval(b, "query"), k = bval(b, "key"), v = bval(b, "value"), m = bval(b, "attn_mask");
+        IRArg dp = bval(b, "dropout_p"), ic = bval(b, "is_causal"), sc = bval(b, "scale");
+        int kind = sdpa_kind_bound(ag, b);
+        PyObject *kwn[2] = {kwname(ag, "attn_mask"), kwname(ag, "scale")};
+        if (!kwn[0] || !kwn[1]) return ag_fail_exc(ag), 0;
+        IRArg none = arg_const_steal(ag, Py_NewRef(Py_None)), yes = arg_const_steal(ag, Py_NewRef(Py_True));
+        IRArg no = arg_const_steal(ag, Py_NewRef(Py_False));
+        IRRef r = 0;
+        int aux[3] = {1, 0, 0}; /* which results the backward reads besides the output */
+        ag->cur_pinned = true;  /* random with dropout_p > 0 (philox state): never recomputed */
+        if (kind == SDPA_FLASH_CPU) {
+            PyObject *t = torch_attr("ops.aten._scaled_dot_product_flash_attention_for_cpu");
+            if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
+            IRArg a[5] = {map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), dp, ic};
+            IRArg kv[2] = {map_arg(ag, &m), sc};
+            r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 5, kwn, kv, 2);
+        } else if (kind == SDPA_EFFICIENT) { /* compute_log_sumexp: inputs require grad, grad mode on */
+            PyObject *t = torch_attr("ops.aten._scaled_dot_product_efficient_attention");
+            if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
+            IRArg a[7] = {map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), none, yes, dp, ic};
+            r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 7, kwn + 1, &sc, 1);
+            aux[1] = 2;
+            aux[2] = 3;
+        } else if (kind == SDPA_FLASH_CUDA) {
+            PyObject *t = torch_attr("ops.aten._scaled_dot_product_flash_attention");
+            if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
+            IRArg a[6] = {map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), dp, ic, no};
+            r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 6, kwn + 1, &sc, 1);
+            aux[1] = 6;
+            aux[2] = 7;
+        } else {
+            ag->cur_pinned = false;
+            return ag_fail(ag, "scaled_dot_product_attention: no fused kernel with a backward op"), 0;
+        }
+        ag->cur_pinned = false;
+        IRRef out = r ? emit_getitem(ag, r, 0) : 0;
+        for (int i = 0; out && i < 3; i++) {
+            if (!aux[i]) continue;
+            ag->aux[n][i] = emit_getitem(ag, r, aux[i]);
+            if (!ag->aux[n][i]) return 0;
+        }
+        return out;
     }
     case SP_DROPOUT: {
         IRArg p = bval(b, "p"), train = bval(b, "training"), self = bval(b, "self");
@@ -1517,6 +1704,8 @@ static int64_t flow_dfs(Flow *f, uint32_t u, uint32_t t, int64_t pushed) {
     return 0;
 }
 
+static void mark_args(const IRArg *a, uint8_t *need);
+
 /* Partition: saved[r] = 1 for the joint values the forward saves, recompute[r] = 1 for forward
  * values the backward recomputes. allow_all: every deterministic forward op may be recomputed
  * (activation-memory budget below 1). Returns -1 when no finite cut exists. */
@@ -1531,8 +1720,15 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
     f.level = malloc(f.nv * sizeof(int32_t));
     uint32_t *queue = malloc(f.nv * sizeof(uint32_t));
     int rc = -1;
-    if (!f.head || !f.it || !f.level || !queue) goto done;
+    uint8_t *read_by_bwd = calloc(N, 1);
+    if (!f.head || !f.it || !f.level || !queue || !read_by_bwd) goto done;
     memset(f.head, 0xff, f.nv * sizeof(uint32_t));
+    for (IRRef r = 1; r < N; r++) {
+        const IRNode *n = em_ir_node(j, r);
+        if (ag->role[r] != ROLE_BWD) continue;
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+            mark_args(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], read_by_bwd);
+    }
     for (IRRef r = 1; r < N; r++) {
         const IRNode *n = em_ir_node(j, r);
         uint8_t role = ag->role[r];
@@ -1550,7 +1746,11 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
             if (allow_all) cheap = true;
             if (ag->pinned[r] || is_mutation(n)) cheap = false;
             if (!cheap && flow_add(&f, S, 2 * r, INF_CAP) < 0) goto done;
-            if (flow_add(&f, 2 * r, 2 * r + 1, bytes[r] >= 0 ? bytes[r] + 1 : INF_CAP) < 0) goto done;
+            /* bytes first; among cuts of equal bytes, the one that saves values the backward reads
+             * itself (+1) over their producers (+7): recomputation costs kernels (a copy like
+             * contiguous, a chain replayed op by op) and saves no memory then */
+            if (flow_add(&f, 2 * r, 2 * r + 1, bytes[r] >= 0 ? 8 * bytes[r] + (read_by_bwd[r] ? 1 : 7) : INF_CAP) < 0)
+                goto done;
         }
         if (role != ROLE_FWD && role != ROLE_BWD) continue;
         for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) {
@@ -1592,6 +1792,7 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
     }
     rc = 0;
 done:
+    free(read_by_bwd);
     free(f.e);
     free(f.head);
     free(f.it);
@@ -1863,6 +2064,373 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- decompositions before the joint graph */
+
+/* Attention is decomposed before the joint graph is built, as AOTAutograd's tracing through
+ * F.multi_head_attention_forward and the math attention kernel does: the region then holds the
+ * ops they are made of (linear, views, scaled_dot_product_attention or matmul / _safe_softmax /
+ * dropout), each with its own rule, instead of one op without a derivative that splits it.
+ *   multi_head_attention_forward: the self-attention form nn.MultiheadAttention and
+ *     nn.TransformerEncoderLayer call (query is key is value, packed in_proj_weight, no bias_k/v,
+ *     no zero attention, need_weights=False, no key_padding_mask), op for op as
+ *     torch/nn/functional.py writes it; other forms keep eager autograd (split).
+ *   scaled_dot_product_attention running the math kernel (sdpa_kind): op for op as
+ *     _scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp): q and
+ *     k^T each scaled by sqrt(scale), matmul, + mask (is_causal: the 0/-inf lower-triangular
+ *     mask), _safe_softmax, dropout (at::dropout: the same random draws), matmul with v. */
+
+/* requires_grad of a decomposition's node as eager autograd sets it. */
+static IRRef dz(AG *d, IRRef r) {
+    if (!r) return 0;
+    IRNode *n = &d->j->nodes[r];
+    bool any = false;
+    for (uint32_t i = 0; i < n->nargs + n->nkwargs && !any; i++)
+        any = arg_requires_grad(d->j, i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs]);
+    if (n->meta.kind == IRMETA_TENSOR) n->meta.requires_grad = any && dtype_differentiable(n->meta.dtype);
+    return r;
+}
+
+/* x.name(*consts) (consts: a new tuple, stolen), requires_grad set. */
+static IRRef dz_m(AG *d, const char *name, IRRef x, PyObject *consts) {
+    if (!x || !consts || PyTuple_GET_SIZE(consts) > 6) {
+        Py_XDECREF(consts);
+        if (!d->reason) ag_fail_exc(d);
+        return 0;
+    }
+    IRArg a[8];
+    uint32_t n = 1 + (uint32_t)PyTuple_GET_SIZE(consts);
+    a[0] = arg_node(x);
+    for (uint32_t i = 1; i < n; i++) a[i] = arg_const_steal(d, Py_NewRef(PyTuple_GET_ITEM(consts, i - 1)));
+    Py_DECREF(consts);
+    return dz(d, emit_method(d, name, a, n));
+}
+
+static IRRef dz_mul(AG *d, IRRef x, double c) {
+    return x ? dz(d, emit_op(d, "mul", arg_node(x), arg_const_steal(d, PyFloat_FromDouble(c)), 2)) : 0;
+}
+
+/* bool mask -> 0 / -inf in dtype: zeros_like(m, dtype=dtype).masked_fill(where_inf, -inf), as
+ * convert_boolean_attn_mask (attention.cpp) and F._canonical_mask do. where_inf: m itself (MHA's
+ * convention, True = masked) or m.logical_not() (scaled_dot_product_attention's, True = attend). */
+static IRRef dz_bool_mask(AG *d, IRRef m, bool true_attends, PyObject *dtype) {
+    PyObject *kwn[1] = {kwname(d, "dtype")};
+    if (!kwn[0]) return ag_fail_exc(d), 0;
+    PyObject *t = torch_attr("zeros_like");
+    if (!t || !em_arena_hold_steal(d->a, t)) return ag_fail_exc(d), 0;
+    IRArg a[1] = {arg_node(m)}, kv[1] = {arg_const_steal(d, Py_NewRef(dtype))};
+    IRRef z = dz(d, ag_emit(d, IR_CALL_FUNCTION, t, a, 1, kwn, kv, 1));
+    IRRef w = true_attends ? dz_m(d, "logical_not", m, PyTuple_New(0)) : m;
+    if (!z || !w) return 0;
+    IRArg fa[3] = {arg_node(z), arg_node(w), arg_const_steal(d, PyFloat_FromDouble(-INFINITY))};
+    return dz(d, emit_method(d, "masked_fill", fa, 3));
+}
+
+/* scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale) in the decomposed graph:
+ * the math kernel's ops when eager runs that kernel, else one sdpa node (its SP_SDPA rule, or the
+ * split when no rule applies). Returns 0 with d->reason on failure. */
+static IRRef dz_sdpa(AG *d, IRRef q, IRRef k, IRRef v, IRRef mask, double dropout_p, bool causal, PyObject *scale) {
+    const IRMeta *qm = jmeta(d, q), *km = jmeta(d, k), *mm = mask ? jmeta(d, mask) : NULL;
+    IRArg dp = arg_const_steal(d, PyFloat_FromDouble(dropout_p)), ic = arg_const_steal(d, PyBool_FromLong(causal));
+    IRArg sc = arg_const_steal(d, Py_NewRef(scale)), gq = arg_const_steal(d, Py_NewRef(Py_False));
+    if (arg_bad(&dp) || arg_bad(&ic) || arg_bad(&sc) || arg_bad(&gq)) return ag_fail_exc(d), 0;
+    int kind = sdpa_kind(qm, km, jmeta(d, v), mm, &dp, &ic, &sc, &gq);
+    bool bcast_ok = true; /* attn.add_(mask): the mask broadcasts to the scores' shape */
+    if (mm) { /* scores: (*q.batch, L, S) */
+        bcast_ok = mm->ndim <= qm->ndim;
+        for (int32_t i = 1; bcast_ok && i <= mm->ndim; i++) {
+            int64_t want = i == 1 ? km->sizes[km->ndim - 2] : qm->sizes[qm->ndim - i];
+            int64_t ms = mm->sizes[mm->ndim - i];
+            bcast_ok = ms == 1 || ms == want;
+        }
+    }
+    if (kind != SDPA_MATH || (causal && mask) || !bcast_ok) {
+        PyObject *t = torch_attr("nn.functional.scaled_dot_product_attention");
+        if (!t || !em_arena_hold_steal(d->a, t)) return ag_fail_exc(d), 0;
+        IRArg a[6] = {arg_node(q), arg_node(k), arg_node(v), mask ? arg_node(mask) : arg_const_steal(d, Py_NewRef(Py_None)),
+                      dp, ic};
+        PyObject *kwn[1] = {kwname(d, "scale")};
+        if (!kwn[0]) return ag_fail_exc(d), 0;
+        return dz(d, ag_emit(d, IR_CALL_FUNCTION, t, a, 6, kwn, &sc, scale == Py_None ? 0 : 1));
+    }
+    double s = scale == Py_None ? 1.0 / sqrt((double)qm->sizes[qm->ndim - 1]) : fabs(PyFloat_AsDouble(scale));
+    bool neg = scale != Py_None && PyFloat_AsDouble(scale) < 0.0;
+    if (PyErr_Occurred()) return ag_fail_exc(d), 0;
+    double sf = sqrt(s); /* sdp::calculate_scale(...).sqrt() */
+    IRRef q1 = dz_mul(d, q, neg ? 0.0 - sf : sf);
+    IRRef kt = dz_mul(d, dz_m(d, "transpose", k, Py_BuildValue("(ii)", -2, -1)), sf);
+    IRRef attn = q1 && kt ? dz(d, emit_fn(d, "matmul", (IRArg[]){arg_node(q1), arg_node(kt)}, 2)) : 0;
+    if (!attn) return 0;
+    IRRef add = mask;
+    if (causal) { /* at::ones({L, S}, bool).tril(), converted */
+        PyObject *kwn[2] = {kwname(d, "dtype"), kwname(d, "device")};
+        PyObject *bool_t = torch_attr("bool"), *ones = torch_attr("ones");
+        if (!kwn[0] || !kwn[1] || !bool_t || !ones || !em_arena_hold_steal(d->a, bool_t) || !em_arena_hold_steal(d->a, ones))
+            return ag_fail_exc(d), 0;
+        IRArg a[1] = {arg_const_steal(d, Py_BuildValue("(LL)", (long long)qm->sizes[qm->ndim - 2],
+                                                       (long long)km->sizes[km->ndim - 2]))};
+        IRArg kv[2] = {arg_const_steal(d, Py_NewRef(bool_t)), arg_const_steal(d, Py_NewRef(qm->device))};
+        IRRef o = dz(d, ag_emit(d, IR_CALL_FUNCTION, ones, a, 1, kwn, kv, 2));
+        IRRef tri = dz_m(d, "tril", o, PyTuple_New(0));
+        add = tri ? dz_bool_mask(d, tri, true, qm->dtype) : 0;
+        if (!add) return 0;
+    } else if (mask && meta_dtype_is(mm, "torch.bool")) {
+        add = dz_bool_mask(d, mask, true, qm->dtype);
+        if (!add) return 0;
+    }
+    if (add) attn = dz(d, emit_op(d, "add", arg_node(attn), arg_node(add), 2));
+    PyObject *ss = torch_attr("ops.aten._safe_softmax");
+    if (!attn || !ss || !em_arena_hold_steal(d->a, ss)) return attn ? (ag_fail_exc(d), 0) : 0;
+    IRRef p = dz(d, ag_emit(d, IR_CALL_FUNCTION, ss, (IRArg[]){arg_node(attn), arg_const_steal(d, PyLong_FromLong(-1))}, 2,
+                            NULL, NULL, 0));
+    if (p && dropout_p > 0.0) { /* at::dropout(attn, p, true) */
+        IRArg a[4] = {arg_node(p), dp, arg_const_steal(d, Py_NewRef(Py_True)), arg_const_steal(d, Py_NewRef(Py_False))};
+        p = dz(d, emit_fn(d, "nn.functional.dropout", a, 4));
+    }
+    return p ? dz(d, emit_fn(d, "matmul", (IRArg[]){arg_node(p), arg_node(v)}, 2)) : 0;
+}
+
+static const Rule MHA_RULE = {
+    "torch.nn.functional.multi_head_attention_forward",
+    "query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_proj_bias, bias_k, bias_v, add_zero_attn, "
+    "dropout_p, out_proj_weight, out_proj_bias, training=True, key_padding_mask=None, need_weights=True, attn_mask=None, "
+    "use_separate_proj_weight=False, q_proj_weight=None, k_proj_weight=None, v_proj_weight=None, static_k=None, "
+    "static_v=None, average_attn_weights=True, is_causal=False",
+    "", "", 0, 0};
+
+static bool const_is(IRArg a, PyObject *v) { return a.kind == IRARG_CONST && a.u.obj == v; }
+static bool const_false(IRArg a) { return a.kind == IRARG_CONST && (a.u.obj == Py_False || a.u.obj == Py_None); }
+
+/* F.multi_head_attention_forward (torch/nn/functional.py, need_weights=False branch) op for op.
+ * Returns the joint ref of attn_output, 0 without a reason when this form is not decomposed. */
+static IRRef dz_mha(AG *d, const Bind *b) {
+    IRArg q = bval(b, "query"), k = bval(b, "key"), v = bval(b, "value"), w = bval(b, "in_proj_weight");
+    IRArg bias = bval(b, "in_proj_bias"), wo = bval(b, "out_proj_weight"), bo = bval(b, "out_proj_bias");
+    IRArg nh = bval(b, "num_heads"), dp = bval(b, "dropout_p"), tr = bval(b, "training"), ic = bval(b, "is_causal");
+    IRArg am = bval(b, "attn_mask");
+    if (q.kind != IRARG_NODE || k.kind != IRARG_NODE || v.kind != IRARG_NODE || q.u.ref != k.u.ref || k.u.ref != v.u.ref)
+        return 0; /* cross-attention forms: not decomposed */
+    if (!const_is(bval(b, "bias_k"), Py_None) || !const_is(bval(b, "bias_v"), Py_None) ||
+        !const_false(bval(b, "add_zero_attn")) || !const_is(bval(b, "need_weights"), Py_False) ||
+        !const_false(bval(b, "use_separate_proj_weight")) || !const_is(bval(b, "key_padding_mask"), Py_None) ||
+        !const_is(bval(b, "static_k"), Py_None) || !const_is(bval(b, "static_v"), Py_None) || w.kind != IRARG_NODE ||
+        wo.kind != IRARG_NODE || nh.kind != IRARG_CONST || !PyLong_Check(nh.u.obj) || dp.kind != IRARG_CONST ||
+        tr.kind != IRARG_CONST || ic.kind != IRARG_CONST || (am.kind != IRARG_NODE && !arg_is_none(&am)) ||
+        (bias.kind != IRARG_NODE && !arg_is_none(&bias)) || (bo.kind != IRARG_NODE && !arg_is_none(&bo)))
+        return 0;
+    const IRMeta *xm = &em_ir_node(d->g, q.u.ref)->meta, *wom = &em_ir_node(d->g, wo.u.ref)->meta;
+    if (xm->kind != IRMETA_TENSOR || xm->ndim != 3 || wom->kind != IRMETA_TENSOR || wom->ndim != 2) return 0;
+    long long L = xm->sizes[0], B = xm->sizes[1], E = xm->sizes[2], H = PyLong_AsLongLong(nh.u.obj);
+    double p = PyFloat_AsDouble(dp.u.obj);
+    int training = PyObject_IsTrue(tr.u.obj), causal = PyObject_IsTrue(ic.u.obj);
+    if (PyErr_Occurred() || H <= 0 || E % H || training < 0 || causal < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    long long hd = E / H, S = L;
+    IRRef mask = 0;
+    if (am.kind == IRARG_NODE) {
+        const IRMeta *mm = &em_ir_node(d->g, am.u.ref)->meta;
+        if (mm->kind != IRMETA_TENSOR || mm->requires_grad) return 0;
+        if (!(mm->ndim == 2 && mm->sizes[0] == L && mm->sizes[1] == S) &&
+            !(mm->ndim == 3 && mm->sizes[0] == B * H && mm->sizes[1] == L && mm->sizes[2] == S))
+            return 0; /* eager raises: keep its error */
+        if (!causal) { /* is_causal with no key_padding_mask and need_weights=False: the mask is dropped */
+            mask = d->fmap[am.u.ref];
+            if (meta_dtype_is(mm, "torch.bool")) mask = dz_bool_mask(d, mask, false, xm->dtype);
+            else if (!dtype_differentiable(mm->dtype)) return 0;
+            if (mask && mm->ndim == 2) mask = dz_m(d, "unsqueeze", mask, Py_BuildValue("(i)", 0));
+            if (!mask) return 0;
+        }
+    } else if (causal) {
+        return 0; /* eager raises "Need attn_mask if specifying the is_causal hint" */
+    }
+    /* _in_projection_packed, q is k is v */
+    IRArg la[3] = {d->fmap[q.u.ref] ? arg_node(d->fmap[q.u.ref]) : arg_node(0), map_arg(d, &w), map_arg(d, &bias)};
+    IRRef proj = dz(d, emit_fn(d, "nn.functional.linear", la, 3));
+    proj = dz_m(d, "unflatten", proj, Py_BuildValue("(i(LL))", -1, 3LL, E));
+    proj = dz_m(d, "unsqueeze", proj, Py_BuildValue("(i)", 0));
+    proj = dz_m(d, "transpose", proj, Py_BuildValue("(ii)", 0, -2));
+    proj = dz_m(d, "squeeze", proj, Py_BuildValue("(i)", -2));
+    proj = dz_m(d, "contiguous", proj, PyTuple_New(0));
+    if (!proj) return 0;
+    IRRef qkv[3];
+    for (int i = 0; i < 3; i++) {
+        qkv[i] = dz(d, emit_getitem(d, proj, i));
+        qkv[i] = dz_m(d, "view", qkv[i], Py_BuildValue("((LLL))", L, B * H, hd));
+        qkv[i] = dz_m(d, "transpose", qkv[i], Py_BuildValue("(ii)", 0, 1));
+    }
+    if (!training) p = 0.0;
+    if (mask) {
+        const IRMeta *mm = jmeta(d, mask);
+        if (!(mm->sizes[0] == 1 && mm->ndim == 3)) mask = dz_m(d, "view", mask, Py_BuildValue("((LLLL))", B, H, -1LL, S));
+        else mask = dz_m(d, "unsqueeze", mask, Py_BuildValue("(i)", 0));
+        if (!mask) return 0;
+    }
+    for (int i = 0; i < 3; i++) qkv[i] = dz_m(d, "view", qkv[i], Py_BuildValue("((LLLL))", B, H, L, hd));
+    if (!qkv[0] || !qkv[1] || !qkv[2]) return 0;
+    IRRef out = dz_sdpa(d, qkv[0], qkv[1], qkv[2], mask, p, causal, Py_None);
+    out = dz_m(d, "permute", out, Py_BuildValue("(iiii)", 2, 0, 1, 3));
+    out = dz_m(d, "reshape", out, Py_BuildValue("(LL)", B * L, E));
+    if (!out) return 0;
+    IRArg oa[3] = {arg_node(out), map_arg(d, &wo), map_arg(d, &bo)};
+    out = dz(d, emit_fn(d, "nn.functional.linear", oa, 3));
+    return dz_m(d, "view", out, Py_BuildValue("(LLL)", L, B, (long long)wom->sizes[0]));
+}
+
+/* Which attention node to decompose: 1 MHA, 2 sdpa on the math kernel, 0 none. */
+static int dz_target(AG *d, IRRef r, Bind *b) {
+    const IRNode *n = em_ir_node(d->g, r);
+    if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !meta_needs_grad(&n->meta)) return 0;
+    PyObject *qn = node_opname(n);
+    const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
+    int what = 0;
+    if (s && !strcmp(s, MHA_RULE.names) && bind_args(d, &MHA_RULE, n, b) == 0) what = 1;
+    else if (s && !strcmp(s, "torch.nn.functional.scaled_dot_product_attention")) {
+        for (size_t i = 0; i < NRULES && !what; i++)
+            if (RULES[i].special == SP_SDPA && bind_args(d, &RULES[i], n, b) == 0 && sdpa_kind_bound(d, b) == SDPA_MATH)
+                what = 2;
+    }
+    Py_XDECREF(qn);
+    PyErr_Clear();
+    return what;
+}
+
+/* The graph with its attention decomposed; NULL when there is nothing to decompose or a
+ * decomposition failed (no exception: the region then keeps the ops as they are). names receives
+ * the decomposed nodes' names. */
+static IRGraph *decompose_attention(const IRGraph *g, PyObject *names) {
+    AG d = {0};
+    IRGraph *out = NULL;
+    uint32_t G = g->nnodes;
+    uint8_t *what = calloc(G, 1), *bad = calloc(G, 1);
+    IRRef *outs = NULL;
+    bool any = false;
+    if (!what || !bad) goto done;
+    d.a = g->arena;
+    d.g = g;
+    for (IRRef r = 1; r < G; r++) {
+        Bind b;
+        what[r] = (uint8_t)dz_target(&d, r, &b);
+        any |= what[r] != 0;
+    }
+    if (!any) goto done;
+    /* an MHA result is decomposed only when every use is getitem(result, 0) (need_weights=False) */
+    for (IRRef u = 1; u < G; u++) {
+        const IRNode *un = em_ir_node(g, u);
+        for (uint32_t i = 0; i < un->nargs + un->nkwargs; i++) {
+            const IRArg *a = i < un->nargs ? &un->args[i] : &un->kwargs[i - un->nargs];
+            if (un->kind == IR_OUTPUT && (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)) {
+                for (uint32_t k = 0; k < a->n; k++)
+                    if (a->u.items[k].kind == IRARG_NODE && what[a->u.items[k].u.ref] == 1) bad[a->u.items[k].u.ref] = 1;
+                continue;
+            }
+            if (a->kind != IRARG_NODE || what[a->u.ref] != 1) continue;
+            bool ok = i == 0 && un->nargs == 2 && un->nkwargs == 0 && un->args[1].kind == IRARG_CONST &&
+                      PyLong_Check(un->args[1].u.obj) && PyLong_AsLong(un->args[1].u.obj) == 0;
+            PyObject *qn = ok ? node_opname(un) : NULL;
+            const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
+            ok = ok && s && !strcmp(s, "operator.getitem");
+            Py_XDECREF(qn);
+            PyErr_Clear();
+            if (!ok) bad[a->u.ref] = 1;
+        }
+    }
+    d.j = em_ir_new(g->arena);
+    d.fmap = calloc(G, sizeof(IRRef));
+    d.aux = calloc(G, sizeof *d.aux);
+    d.grad = calloc(G, sizeof(IRRef));
+    outs = calloc(G + 1, sizeof(IRRef));
+    if (!d.j || !d.fmap || !d.aux || !d.grad || !outs || ag_grow_roles(&d) < 0) goto done;
+    d.cur_role = ROLE_FWD;
+    for (uint32_t i = 0; i < g->ninputs; i++) {
+        const IRNode *p = em_ir_node(g, g->inputs[i]);
+        d.fmap[g->inputs[i]] = em_ir_placeholder(d.j, p->name, &p->meta);
+        if (!d.fmap[g->inputs[i]] || ag_grow_roles(&d) < 0) goto done;
+    }
+    int ndone = 0;
+    for (IRRef r = 1; r < G && !d.reason; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        if (n->nargs == 2 && n->args[0].kind == IRARG_NODE && what[n->args[0].u.ref] == 1 && !bad[n->args[0].u.ref] &&
+            d.fmap[n->args[0].u.ref]) { /* getitem(mha, 0): the decomposed attn_output */
+            d.fmap[r] = d.fmap[n->args[0].u.ref];
+            continue;
+        }
+        IRRef v = 0;
+        if (what[r] && !bad[r]) {
+            d.cur = r;
+            Bind b;
+            dz_target(&d, r, &b);
+            v = what[r] == 1 ? dz_mha(&d, &b)
+                             : dz_sdpa(&d, d.fmap[bval(&b, "query").u.ref], d.fmap[bval(&b, "key").u.ref],
+                                       d.fmap[bval(&b, "value").u.ref],
+                                       bval(&b, "attn_mask").kind == IRARG_NODE ? d.fmap[bval(&b, "attn_mask").u.ref] : 0,
+                                       PyFloat_AsDouble(bval(&b, "dropout_p").u.obj),
+                                       PyObject_IsTrue(bval(&b, "is_causal").u.obj) == 1, bval(&b, "scale").u.obj);
+            if (v) {
+                ndone++;
+                PyObject *nm = PyUnicode_FromString(n->name);
+                if (!nm || PyList_Append(names, nm) < 0) PyErr_Clear();
+                Py_XDECREF(nm);
+            } else if (PyErr_Occurred() || d.reason) {
+                goto done; /* a failed emission: keep the graph as it is */
+            }
+        }
+        if (!v) v = copy_node(&d, n);
+        if (!v) goto done;
+        d.fmap[r] = v;
+    }
+    if (d.reason || !ndone) goto done;
+    const IRArg *go = &em_ir_node(g, g->output)->args[0];
+    for (uint32_t k = 0; k < go->n; k++) {
+        if (go->u.items[k].kind != IRARG_NODE || !d.fmap[go->u.items[k].u.ref]) goto done;
+        outs[k] = d.fmap[go->u.items[k].u.ref];
+    }
+    if (em_ir_set_output(d.j, outs, go->n) < 0) goto done;
+    char vbuf[256];
+    if (em_ir_verify(d.j, vbuf, sizeof vbuf) < 0) goto done;
+    out = d.j;
+done:
+    PyErr_Clear();
+    free(what);
+    free(bad);
+    free(outs);
+    free(d.fmap);
+    free(d.aux);
+    free(d.grad);
+    free(d.role);
+    free(d.pinned);
+    Py_XDECREF(d.reason);
+    return out;
+}
+
+typedef struct {
+    AG *ag;
+    IRGraph *B;
+    IRRef *fmapB;
+    const uint8_t *recompute, *need, *saved;
+    const int64_t *bytes;
+    PyObject *list; /* (name, bytes) of each recomputed value */
+    int64_t bytes_total;
+    int failed;
+} RecompCtx;
+
+/* Emits the recomputed forward value r into the backward graph (its recomputed inputs first). */
+static void emit_recomputed(IRRef r, void *ctx) {
+    RecompCtx *c = ctx;
+    AG *ag = c->ag;
+    if (c->failed || c->fmapB[r] || ag->role[r] != ROLE_FWD || !(c->recompute[r] && c->need[r] && !c->saved[r])) return;
+    const IRNode *n = em_ir_node(ag->j, r);
+    for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+        visit_refs(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], emit_recomputed, c);
+    if (c->failed) return;
+    c->fmapB[r] = copy_into(ag->g->arena, c->B, n, c->fmapB);
+    PyObject *it = c->fmapB[r] ? Py_BuildValue("(sL)", n->name, (long long)c->bytes[r]) : NULL;
+    if (!it || PyList_Append(c->list, it) < 0) c->failed = 1;
+    Py_XDECREF(it);
+    c->bytes_total += c->bytes[r] > 0 ? c->bytes[r] : 0;
+}
+
 PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info) {
     AG ag = {0};
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
@@ -1885,7 +2453,8 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     ag.fmap = calloc(G, sizeof(IRRef));
     ag.aux = calloc(G, sizeof *ag.aux);
     ag.grad = calloc(G, sizeof(IRRef));
-    if (!ag.j || !ag.fmap || !ag.aux || !ag.grad || ag_grow_roles(&ag) < 0) {
+    ag.scatter = calloc(G, sizeof(IRRef));
+    if (!ag.j || !ag.fmap || !ag.aux || !ag.grad || !ag.scatter || ag_grow_roles(&ag) < 0) {
         PyErr_NoMemory();
         goto error;
     }
@@ -1903,6 +2472,20 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         Py_DECREF(blk);
     }
     if (check_mutations(&ag) < 0) goto fallback;
+    {
+        PyObject *names = PyList_New(0);
+        IRGraph *g2 = names ? decompose_attention(g, names) : NULL;
+        if (!names) goto error;
+        if (g2) {
+            result = em_autograd_compile(g2, ember_halves, is_eager_graph, info);
+            if (result && *info && PyDict_Check(*info) && PyDict_SetItemString(*info, "decomposed", names) < 0)
+                Py_CLEAR(result);
+            Py_DECREF(names);
+            if (!result) goto error;
+            goto done;
+        }
+        Py_DECREF(names);
+    }
     {
         uint8_t *U = calloc(G, 1);
         PyObject *reasons = PyList_New(0);
@@ -2181,21 +2764,22 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         goto error;
     }
     free(fout);
-    for (IRRef r = 1; r < N; r++) {
-        const IRNode *n = em_ir_node(ag.j, r);
-        if (n->kind == IR_OUTPUT || ag.role[r] == ROLE_PRIMAL || ag.role[r] == ROLE_TANGENT) continue;
-        if (ag.role[r] == ROLE_FWD && !(recompute[r] && need[r] && !saved[r])) continue;
-        fmapB[r] = copy_into(g->arena, B, n, fmapB);
-        if (!fmapB[r]) goto error;
-        if (ag.role[r] == ROLE_FWD) {
-            PyObject *it = Py_BuildValue("(sL)", n->name, (long long)bytes[r]);
-            if (!it || PyList_Append(recomp_list, it) < 0) {
-                Py_XDECREF(it);
-                goto error;
-            }
-            Py_DECREF(it);
-            recomp_bytes += bytes[r] > 0 ? bytes[r] : 0;
+    /* backward nodes in order; a recomputed forward value is emitted just before the first
+     * backward node that reads it (after its own inputs), not at the start of the backward: it
+     * then lives only from there to its last use (as Inductor's partitioner places recomputation) */
+    {
+        RecompCtx rc = {&ag, B, fmapB, recompute, need, saved, bytes, recomp_list, 0, 0};
+        for (IRRef r = 1; r < N && !rc.failed; r++) {
+            const IRNode *n = em_ir_node(ag.j, r);
+            if (n->kind == IR_OUTPUT || ag.role[r] != ROLE_BWD) continue;
+            for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+                visit_refs(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], emit_recomputed, &rc);
+            if (rc.failed) break;
+            fmapB[r] = copy_into(g->arena, B, n, fmapB);
+            if (!fmapB[r]) goto error;
         }
+        if (rc.failed) goto error;
+        recomp_bytes = rc.bytes_total;
     }
     for (uint32_t i = 0; i < ngrads; i++) grads[i] = fmapB[grads[i]];
     if (em_ir_set_output(B, grads, ngrads) < 0) {
@@ -2267,6 +2851,7 @@ done:
     free(ag.fmap);
     free(ag.aux);
     free(ag.grad);
+    free(ag.scatter);
     free(ag.role);
     free(ag.pinned);
     Py_XDECREF(ag.reason);

@@ -17,13 +17,16 @@
  *
  * Checks: `null:p` p is None; `notnull:p`; `false:p` p is None or False; `const:p` p is a Python
  * constant; `node:p` p is a graph value; `eq0:p` p is the constant 0; `ndim2:p` p has >= 2 dims;
- * `batched:p` p has as many dims as the parameter `weight` (convolution's batched form).
+ * `batched:p` p has as many dims as the parameter `weight` (convolution's batched form);
+ * `sdpa:p` eager's scaled_dot_product_attention runs a fused kernel whose backward op ember calls
+ * (CPU flash, CUDA flash / memory-efficient; the math kernel is decomposed before the joint graph).
  * Flags: R_RECOMPUTE: cheap and deterministic, the partitioner may recompute it in the backward. */
 
 #define R_RECOMPUTE 1u
 
 enum { SP_NONE, SP_GETITEM, SP_CAT, SP_STACK, SP_LAYER_NORM, SP_BATCH_NORM, SP_CONV, SP_DROPOUT,
-       SP_SELECT, SP_NARROW, SP_MAX_POOL2D };
+       SP_SELECT, SP_NARROW, SP_MAX_POOL2D,
+       SP_SDPA };
 
 typedef struct {
     const char *names;
@@ -133,6 +136,13 @@ static const Rule RULES[] = {
      "self: aten._log_softmax_backward_data(grad, result, dim, dtype(self))", 0, 0},
     {"torch.log_softmax Tensor.log_softmax torch.special.log_softmax", "self, dim, dtype=None", "null:dtype",
      "self: aten._log_softmax_backward_data(grad, result, dim, dtype(self))", 0, 0},
+    /* _safe_softmax: the math attention's softmax (rows of -inf give 0); derivatives.yaml: as softmax */
+    {"torch.ops.aten._safe_softmax", "self, dim, dtype=None", "null:dtype",
+     "self: aten._softmax_backward_data(grad, result, dim, dtype(self))", 0, 0},
+    /* ---- attention: torch's fused backward kernels (derivatives.yaml _scaled_dot_product_*) ---- */
+    {"torch.nn.functional.scaled_dot_product_attention",
+     "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False", "sdpa:query",
+     "", 0, SP_SDPA},
     /* ---- extern ops: torch's own backward kernels ---- */
     {"torch.nn.functional.layer_norm torch.layer_norm", "self, normalized_shape, weight=None, bias=None, eps=1e-05",
      "", "", 0, SP_LAYER_NORM},

@@ -55,6 +55,8 @@ typedef struct {
     Tpl *tpl;
     uint32_t *frees;
     uint32_t *outputs; /* result slot of each graph output */
+    uint32_t *in_order; /* input slots by last use (run_boxed releases them in this order) */
+    uint32_t *in_last;  /* input slot -> last instruction using it; UINT32_MAX: unused; ninstr: an output */
     PyObject *names;   /* tuple: the IR name of each slot, for __repr__ */
 } EagerGraph;
 
@@ -95,31 +97,39 @@ static PyObject *eg_build(const EagerGraph *eg, const Tpl *t, PyObject *const *v
     return NULL;
 }
 
-/* The replay loop. vals[0, ninputs) borrow the inputs; vals[ninputs, nvalues) own the results
- * until their last use (NULL once released). args has one spare slot in front so that callees
- * may use PY_VECTORCALL_ARGUMENTS_OFFSET (CPython Objects/call.c, Include/cpython/abstract.h). */
-static PyObject *eg_run(EagerGraph *eg, PyObject *const *inputs) {
+/* The replay loop. vals[0, ninputs) borrow the inputs (own_inputs: own them, and release each
+ * after its last use, as the results are); vals[ninputs, nvalues) own the results until their last
+ * use (NULL once released). args has one spare slot in front so that callees may use
+ * PY_VECTORCALL_ARGUMENTS_OFFSET (CPython Objects/call.c, Include/cpython/abstract.h). */
+static PyObject *eg_run(EagerGraph *eg, PyObject *const *inputs, int own_inputs) {
     PyObject *valbuf[EG_STACK_VALUES], *argbuf[EG_STACK_ARGS + 1];
     PyObject **vals = valbuf, **argsp = argbuf, *result = NULL;
     if (eg->cleared) {
         PyErr_SetString(PyExc_RuntimeError, "ember: EagerGraph was cleared by the garbage collector");
-        return NULL;
+        goto early;
     }
     if (eg->nvalues > EG_STACK_VALUES) {
         vals = PyMem_Malloc(eg->nvalues * sizeof(PyObject *));
-        if (!vals) return PyErr_NoMemory();
+        if (!vals) {
+            PyErr_NoMemory();
+            goto early;
+        }
     }
     if (eg->maxargs > EG_STACK_ARGS) {
         argsp = PyMem_Malloc((eg->maxargs + 1) * sizeof(PyObject *));
         if (!argsp) {
             if (vals != valbuf) PyMem_Free(vals);
-            return PyErr_NoMemory();
+            PyErr_NoMemory();
+            goto early;
         }
     }
-    uint32_t ninputs = (uint32_t)eg->ninputs;
+    uint32_t ninputs = (uint32_t)eg->ninputs, inext = 0;
     memcpy(vals, inputs, ninputs * sizeof(PyObject *));
     memset(vals + ninputs, 0, (eg->nvalues - ninputs) * sizeof(PyObject *));
     PyObject **args = argsp + 1;
+    if (own_inputs) /* inputs no instruction reads */
+        for (; inext < ninputs && eg->in_last[eg->in_order[inext]] == UINT32_MAX; inext++)
+            Py_CLEAR(vals[eg->in_order[inext]]);
     for (uint32_t k = 0; k < eg->ninstr; k++) {
         const Instr *in = &eg->instr[k];
         const Tpl *tpl = &eg->tpl[in->tpl];
@@ -146,16 +156,21 @@ static PyObject *eg_run(EagerGraph *eg, PyObject *const *inputs) {
         if (!res) goto error;
         vals[in->out] = res;
         for (uint32_t f = 0; f < in->nfree; f++) Py_CLEAR(vals[eg->frees[in->free_first + f]]);
+        if (own_inputs)
+            for (; inext < ninputs && eg->in_last[eg->in_order[inext]] == k; inext++) Py_CLEAR(vals[eg->in_order[inext]]);
     }
     result = PyTuple_New(eg->noutputs);
     if (result) {
         for (uint32_t i = 0; i < eg->noutputs; i++) PyTuple_SET_ITEM(result, i, Py_NewRef(vals[eg->outputs[i]]));
     }
 error:
-    for (uint32_t s = ninputs; s < eg->nvalues; s++) Py_XDECREF(vals[s]);
+    for (uint32_t s = own_inputs ? 0 : ninputs; s < eg->nvalues; s++) Py_XDECREF(vals[s]);
     if (vals != valbuf) PyMem_Free(vals);
     if (argsp != argbuf) PyMem_Free(argsp);
     return result;
+early: /* nothing ran: owned inputs are still to release */
+    for (uint32_t i = 0; own_inputs && i < (uint32_t)eg->ninputs; i++) Py_DECREF(inputs[i]);
+    return NULL;
 }
 
 /* Entry for dispatch: the inputs as an array, no argument tuple. */
@@ -165,8 +180,43 @@ PyObject *em_eager_graph_run(PyObject *eager_graph, PyObject *const *inputs, Py_
         PyErr_Format(PyExc_TypeError, "EagerGraph takes %zd inputs, got %zd", eg->ninputs, n);
         return NULL;
     }
-    return eg_run(eg, inputs);
+    return eg_run(eg, inputs, 0);
 }
+
+/* eager_graph.run_boxed(list) -> tuple: the list's items are the inputs; the list is emptied and
+ * each input is released right after its last use, so that tensors the caller hands over (a
+ * backward's saved tensors) are freed as the graph goes, as eager autograd frees each node's saved
+ * tensors after its backward (AOTAutograd's boxed calling convention). */
+static PyObject *eg_run_boxed(PyObject *self, PyObject *list) {
+    EagerGraph *eg = (EagerGraph *)self;
+    if (!PyList_CheckExact(list)) {
+        PyErr_SetString(PyExc_TypeError, "run_boxed takes a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    if (n != eg->ninputs) {
+        PyErr_Format(PyExc_TypeError, "EagerGraph takes %zd inputs, got %zd", eg->ninputs, n);
+        return NULL;
+    }
+    PyObject **owned = PyMem_Malloc((n ? n : 1) * sizeof(PyObject *));
+    if (!owned) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) owned[i] = Py_NewRef(PyList_GET_ITEM(list, i));
+    if (PyList_SetSlice(list, 0, n, NULL) < 0) {
+        for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(owned[i]);
+        PyMem_Free(owned);
+        return NULL;
+    }
+    PyObject *r = eg_run(eg, owned, 1); /* releases every owned input */
+    PyMem_Free(owned);
+    return r;
+}
+
+static PyMethodDef eg_methods[] = {
+    {"run_boxed", eg_run_boxed, METH_O,
+     "run_boxed(list) -> tuple: runs with the list's items as inputs, emptying the list and releasing "
+     "each input after its last use."},
+    {NULL, NULL, 0, NULL},
+};
 
 /* eager_graph(*inputs) -> tuple; keyword arguments are refused. */
 static PyObject *eg_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -312,8 +362,9 @@ PyObject *em_eager_graph_new(const IRGraph *g) {
     eg->maxargs = maxargs;
     eg->cleared = 0;
     eg->names = NULL;
-    /* one block: instr[ninstr] | tpl[ntpl] | frees[nvalues] | outputs[noutputs] */
-    size_t bytes = ninstr * sizeof(Instr) + ntpl * sizeof(Tpl) + (nvalues + noutputs) * sizeof(uint32_t);
+    /* one block: instr[ninstr] | tpl[ntpl] | frees[nvalues] | outputs[noutputs] | in_order | in_last */
+    size_t bytes = ninstr * sizeof(Instr) + ntpl * sizeof(Tpl) +
+                   (nvalues + noutputs + 2 * (size_t)g->ninputs) * sizeof(uint32_t);
     eg->instr = calloc(1, bytes ? bytes : 1);
     slot_of = malloc(g->nnodes * sizeof(uint32_t));
     lastuse = malloc((nvalues ? nvalues : 1) * sizeof(uint32_t));
@@ -326,6 +377,8 @@ PyObject *em_eager_graph_new(const IRGraph *g) {
     eg->tpl = (Tpl *)(eg->instr + ninstr);
     eg->frees = (uint32_t *)(eg->tpl + ntpl);
     eg->outputs = eg->frees + nvalues;
+    eg->in_order = eg->outputs + noutputs;
+    eg->in_last = eg->in_order + g->ninputs;
     for (IRRef r = 0; r < g->nnodes; r++) slot_of[r] = UINT32_MAX;
     for (uint32_t s = 0; s < nvalues; s++) lastuse[s] = UINT32_MAX;
     for (uint32_t i = 0; i < g->ninputs; i++) {
@@ -418,6 +471,17 @@ PyObject *em_eager_graph_new(const IRGraph *g) {
     for (uint32_t s = g->ninputs; s < nvalues; s++) {
         uint32_t last = lastuse[s] == UINT32_MAX ? s - (uint32_t)g->ninputs : lastuse[s];
         if (last < ninstr) eg->frees[eg->instr[last].free_first + eg->instr[last].nfree++] = s;
+    }
+    /* inputs by last use (insertion sort: graphs have tens of inputs); unused ones first */
+    for (uint32_t i = 0; i < g->ninputs; i++) {
+        uint32_t last = lastuse[i], j = i;
+        eg->in_last[i] = last;
+        while (j > 0 && (last == UINT32_MAX ? 0 : last + 1) <
+                            (eg->in_last[eg->in_order[j - 1]] == UINT32_MAX ? 0 : eg->in_last[eg->in_order[j - 1]] + 1)) {
+            eg->in_order[j] = eg->in_order[j - 1];
+            j--;
+        }
+        eg->in_order[j] = i;
     }
     free(slot_of);
     free(lastuse);
@@ -601,6 +665,7 @@ static PyType_Slot eg_slots[] = {
     {Py_tp_repr, eg_repr},
     {Py_tp_call, PyVectorcall_Call},
     {Py_tp_members, eg_members},
+    {Py_tp_methods, eg_methods},
     {Py_tp_getset, eg_getset},
     {0, NULL},
 };

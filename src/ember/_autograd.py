@@ -42,12 +42,18 @@ class CompiledRegion(torch.autograd.Function):
     def _backward(ctx, grads):
         plan = ctx.plan
         saved = ctx.saved_tensors
+        # AOTAutograd's boxed convention: the backward graph owns the saved tensors and releases
+        # each after its last use, as eager autograd frees a node's saved tensors after its backward
+        # (kept when retain_graph=True: maybe_clear_saved_tensors does nothing then)
+        ctx.maybe_clear_saved_tensors()
         tangents = [grads[k] for k in plan.tangents]
         if plan.strides is not None:  # backend ember: kernels index tangents with the output's strides
             tangents = [t if t.stride() == plan.strides[k] else
                         torch.empty_strided(t.shape, plan.strides[k], dtype=t.dtype, device=t.device).copy_(t)
                         for k, t in zip(plan.tangents, tangents)]
-        res = plan.bwd(*saved, *tangents)
+        args = [*saved, *tangents]
+        del saved, tangents
+        res = plan.bwd_boxed(args) if plan.bwd_boxed is not None else plan.bwd(*args)
         out = [None] * (plan.ninputs + 1)
         for i, g in zip(plan.grad_inputs, res):
             out[i + 1] = g
@@ -55,7 +61,7 @@ class CompiledRegion(torch.autograd.Function):
 
 
 class _Plan:
-    __slots__ = ("fwd", "bwd", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides")
+    __slots__ = ("fwd", "bwd", "bwd_boxed", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides")
 
 
 def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None):
@@ -64,6 +70,7 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     so this callable always runs with grad enabled."""
     plan = _Plan()
     plan.fwd, plan.bwd = fwd, bwd
+    plan.bwd_boxed = getattr(bwd, "run_boxed", None)
     plan.noutputs, plan.ninputs = noutputs, ninputs
     plan.grad_inputs, plan.tangents, plan.nondiff = tuple(grad_inputs), tuple(tangents), tuple(nondiff)
     plan.strides = None if strides is None else tuple(tuple(s) for s in strides)
@@ -93,6 +100,25 @@ def make_split(steps, inputs, outputs, nvalues):
         return tuple(vals[i] for i in outputs)
     region.steps = steps
     return region
+
+
+def sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, device, requires_grad):
+    """The kernel eager's F.scaled_dot_product_attention picks for these inputs ("math", "flash",
+    "efficient", "cudnn" or "other"), asked of torch itself (torch._fused_sdp_choice, the choice
+    at::scaled_dot_product_attention makes in aten/src/ATen/native/transformers/attention.cpp).
+    query/key/value/attn_mask are the graph's meta examples; the choice reads dtypes, sizes, strides,
+    requires_grad and the device's capabilities, so it is asked with real tensors of the same
+    layout on `device` (made with torch.empty_strided: no values are read)."""
+    def real(t, rg):
+        if t is None:
+            return None
+        x = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+        return x.requires_grad_(rg) if rg and x.dtype.is_floating_point else x
+    q, k, v = (real(t, rg) for t, rg in zip((query, key, value), requires_grad))
+    m = real(attn_mask, False)
+    with torch.enable_grad():
+        choice = int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa))
+    return {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}.get(choice, "other")
 
 
 def compile_blocker():
@@ -126,9 +152,12 @@ def explain_lines(info: dict, indent: str = "  ") -> list[str]:
             if st.get("autograd"):
                 lines += explain_lines(st["autograd"], indent + "    ")
         return lines
+    pre = []
+    if info.get("decomposed"):  # attention ops rewritten into the ops they are made of
+        pre = [f"{indent}autograd: decomposed before the joint graph: {', '.join(info['decomposed'])}"]
     saved = ", ".join(f"{n} ({_fmt_bytes(b)})" for n, b in info["saved"])
     rec = ", ".join(f"{n} ({_fmt_bytes(b)})" for n, b in info["recomputed"])
-    lines = [f"{indent}autograd: {len(info['saved'])} saved tensor(s), {_fmt_bytes(info['saved_bytes'])} of "
+    lines = pre + [f"{indent}autograd: {len(info['saved'])} saved tensor(s), {_fmt_bytes(info['saved_bytes'])} of "
              f"activations + {_fmt_bytes(info['saved_input_bytes'])} of graph inputs: {saved}",
              f"{indent}  recomputed in the backward: {len(info['recomputed'])} value(s), "
              f"{_fmt_bytes(info['recomputed_bytes'])}: {rec or '-'}",

@@ -294,3 +294,34 @@ def test_outspec_build_and_repr():
     assert type(value) is type(m) and value.values is m.values and value.indices is m.indices
     with pytest.raises(IndexError):
         _C._out_build(("graph", 5), (a,), [])
+
+
+def test_run_boxed_releases_each_input_after_its_last_use():
+    """run_boxed(list) (the backward half's call in ember._autograd): the list is emptied and each
+    input is released right after the last op that reads it, so saved tensors die as the backward
+    goes (eager autograd frees each node's saved tensors after its backward)."""
+    a, b = torch.randn(5), torch.randn(5)
+    ref = weakref.ref(a)
+    seen = []
+
+    def probe(t):  # runs after a's last use
+        seen.append(ref() is None)
+        return t + 1
+    r = build([
+        ("placeholder", "a", a),
+        ("placeholder", "b", b),
+        ("call_function", operator.mul, (N(0), 2), {}, None),
+        ("call_function", probe, (N(1),), {}, None),
+        ("output", [2, 3, 1]),
+    ])
+    expected = (a * 2, b + 1, b)
+    seen.clear()
+    args = [a, b]
+    del a
+    out = r["eager"].run_boxed(args)
+    assert args == [] and seen == [True]
+    same(out, expected)
+    with pytest.raises(TypeError):
+        r["eager"].run_boxed((torch.randn(5), b))
+    with pytest.raises(TypeError):
+        r["eager"].run_boxed([b])
