@@ -357,6 +357,40 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
         acct = xt;
         break;
     }
+    case LP_RM2: {
+        /* Welford (B. P. Welford 1962; as ATen's WelfordOps and Inductor's welford_reduce): 8 lanes
+         * updated in lockstep (vectorizable: one count, one reciprocal per block of 8), combined
+         * by Chan et al.'s pairwise formula, then the tail of the row one element at a time */
+        /* in double, as ATen's var accumulates float rows (float Welford drifts with a large mean) */
+        const char *at = em_ldt_is_float(n->dtype) ? "double" : ct;
+        sb_printf(b, "%s%s wm%u[8] = {0}, wq%u[8] = {0};\n%sint64_t wb%u = 0;\n", ind, at, i, i, ind, i);
+        sb_printf(b, "%sfor (int64_t rb = 0; rb + 8 <= %s; rb += 8) {\n", ind, R);
+        sb_printf(b, "%s    wb%u++;\n%s    const %s winv = (%s)1 / (%s)wb%u;\n", ind, i, ind, at, at, at, i);
+        sb_printf(b, "%s    #pragma omp simd\n%s    for (int l_ = 0; l_ < 8; l_++) {\n", ind, ind);
+        char in3[72];
+        snprintf(in3, sizeof in3, "%s        ", ind);
+        sb_printf(b, "%sconst int64_t r = rb + l_;\n", in3);
+        inner_index(b, g, in3);
+        emit_elem(b, g, x, done, in3);
+        sb_printf(b, "%sconst %s d_ = (%s)v%u - wm%u[l_];\n%swm%u[l_] += d_ * winv;\n%swq%u[l_] += d_ * ((%s)v%u - wm%u[l_]);\n",
+                  in3, at, at, x, i, in3, i, in3, i, at, x, i);
+        sb_printf(b, "%s    }\n%s}\n", ind, ind);
+        sb_printf(b, "%s%s wmean%u = wm%u[0], acc%u = wq%u[0];\n%sint64_t wn%u = wb%u;\n", ind, at, i, i, i, i, ind, i, i);
+        sb_printf(b, "%sfor (int l_ = 1; l_ < 8 && wb%u > 0; l_++) {\n", ind, i);
+        sb_printf(b, "%s    const %s d_ = wm%u[l_] - wmean%u, nn_ = (%s)(wn%u + wb%u);\n", ind, at, i, i, at, i, i);
+        sb_printf(b, "%s    wmean%u += d_ * ((%s)wb%u / nn_);\n", ind, i, at, i);
+        sb_printf(b, "%s    acc%u += wq%u[l_] + d_ * d_ * ((%s)wn%u * (%s)wb%u / nn_);\n", ind, i, i, at, i, at, i);
+        sb_printf(b, "%s    wn%u += wb%u;\n%s}\n", ind, i, i, ind);
+        memcpy(done, done_row, k->nnodes);
+        sb_printf(b, "%sfor (int64_t r = wb%u * 8; r < %s; r++) {\n", ind, i, R);
+        inner_index(b, g, in2);
+        emit_elem(b, g, x, done, in2);
+        sb_printf(b, "%swn%u++;\n%sconst %s d_ = (%s)v%u - wmean%u;\n%swmean%u += d_ / (%s)wn%u;\n%sacc%u += d_ * ((%s)v%u - wmean%u);\n",
+                  in2, i, in2, at, at, x, i, in2, i, at, i, in2, i, at, x, i);
+        sb_printf(b, "%s}\n", ind);
+        acct = at;
+        break;
+    }
     case LP_RANY:
     case LP_RALL: {
         const char *opc = n->op == LP_RANY ? "|" : "&";

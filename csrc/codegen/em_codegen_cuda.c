@@ -856,6 +856,9 @@ PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch) {
         return NULL;
     }
     sb_printf(&b, "%s", PRELUDE);
+    for (uint32_t k = 0; k < s->nkernels; k++)
+        for (uint32_t i = 0; i < s->kernels[k].nnodes; i++)
+            if (s->kernels[k].nodes[i].op == LP_RM2) b.unsupported = "Welford's reduction (RM2)";
     for (uint32_t k = 0; k < s->nkernels; k++) emit_kernel(&b, s, k, &launch[k]);
     if (b.oom) {
         free(b.p);

@@ -1109,17 +1109,22 @@ static uint32_t mk_mean(Ctx *c, uint32_t x, uint32_t rmask, LDtype dt) {
     return mk_op(c, LP_DIV, dt, dt, s, mk_count(c, &src, rmask, dt), 0);
 }
 
-/* var with correction: two passes (mean, then the centered sum of squares), keepdim. */
+/* var with correction, keepdim: Welford's M2 (one pass over the row) divided by count - correction. */
 static uint32_t mk_var(Ctx *c, uint32_t x, uint32_t rmask, double correction, LDtype dt) {
     LNode src = *NODE(c, x);
     int64_t cnt = 1;
     for (int d = 0; d < src.ndim; d++)
         if ((rmask >> d) & 1) cnt *= src.sizes[d];
-    uint32_t xf = mk_cast(c, x, dt);
-    uint32_t mean = mk_mean(c, xf, rmask, dt);
-    uint32_t dev = mk_op(c, LP_SUB, dt, dt, xf, mean, 0);
-    uint32_t sq = mk_op(c, LP_MUL, dt, dt, dev, dev, 0);
-    uint32_t ss = mk_reduce(c, LP_RSUM, dt, sq, rmask);
+    uint32_t xf = mk_cast(c, x, dt), ss;
+    if (c->lg->device < 0) {
+        /* CPU: Welford's one pass (as Inductor and ATen's var), the sum of squared deviations */
+        ss = mk_reduce(c, LP_RM2, dt, xf, rmask);
+    } else {
+        /* the CUDA generator has no RM2 yet: mean, then the centered sum of squares */
+        uint32_t mean = mk_mean(c, xf, rmask, dt);
+        uint32_t dev = mk_op(c, LP_SUB, dt, dt, xf, mean, 0);
+        ss = mk_reduce(c, LP_RSUM, dt, mk_op(c, LP_MUL, dt, dt, dev, dev, 0), rmask);
+    }
     uint32_t den = mk_count(c, &src, rmask, dt);
     if (den && NODE(c, den)->sval) {
         /* symbolic count: max(count - correction, 0) computed in the kernel */

@@ -52,7 +52,7 @@ const char *em_ldt_compute(LDtype t);
     _(MIN, 2) _(EQ, 2) _(NE, 2) _(LT, 2) _(LE, 2) _(GT, 2) _(GE, 2) _(AND, 2) _(OR, 2) _(XOR, 2) \
     _(WHERE, 3)                                                                                \
     _(RSUM, 1) _(RPROD, 1) _(RMAX, 1) _(RMIN, 1) _(RANY, 1) _(RALL, 1) _(RARGMAX, 1)           \
-    _(RARGMIN, 1)
+    _(RARGMIN, 1) _(RM2, 1) /* RM2: sum of squared deviations from the mean (Welford, one pass) */
 
 typedef enum {
 #define LP_ENUM(e, n) LP_##e,

@@ -365,3 +365,25 @@ def test_explain_shows_kernels_and_source_or_why_eager():
     # issue 12: training graphs show the joint/forward/backward graphs and each half's kernels
     assert "autograd:" in text and "backward graph:" in text and "backward half:" in text
     assert "backend ember:" in text
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 17, 1000, 3001])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_var_std_welford(n, dtype):
+    # Welford's one pass (RM2): lanes of 8, their combination and the row's tail; a large mean
+    # against the spread; correction 0 and 1 (n = 1 gives NaN with correction 1, as eager)
+    x = (torch.randn(3, n, dtype=torch.float64) * 3 + 1000).to(dtype)
+
+    def f(x):
+        return x.var(-1), x.std(-1, correction=0), torch.var(x, 0), x.var(-1, keepdim=True) + 1
+
+    info = check(f, x)
+    assert "wq" in info["source"]  # the Welford loop, not two passes
+
+
+def test_var_welford_special_values():
+    x = torch.randn(4, 20)
+    x[0, 3] = float("nan")
+    x[1, 5] = float("inf")
+    x[2, 19] = -float("inf")
+    check(lambda x: (x.var(1), x.std(1)), x)
