@@ -584,7 +584,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
     /* stores */
     int any_elem_store = 0;
     for (uint32_t q = 0; q < k->nstores; q++) {
-        if (k->elem[k->store_node[q]]) any_elem_store = 1;
+        if (em_schedule_store_per_element(k, q)) any_elem_store = 1;
         else emit_store(b, &g, q, ind, 0);
     }
     if (any_elem_store) {
@@ -593,8 +593,8 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         sb_printf(b, "%sfor (int64_t r = r0; r < r1; r++) {\n", ind);
         inner_index(b, &g, "            ");
         for (uint32_t q = 0; q < k->nstores; q++)
-            if (k->elem[k->store_node[q]]) {
-                emit_elem(b, &g, k->store_node[q], done, "            ");
+            if (em_schedule_store_per_element(k, q)) {
+                emit_elem(b, &g, k->store_node[q], done, "            "); /* nothing for a row value */
                 emit_store(b, &g, q, "            ", 1);
             }
         sb_printf(b, "%s}\n", ind);

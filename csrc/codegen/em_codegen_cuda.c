@@ -822,6 +822,9 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L) 
     const LGraph *lg = s->lg;
     for (uint32_t q = 0; q < k->nloads; q++)
         if (k->loads[q].mask && k->reduction) b->unsupported = "masked loads in a reduction kernel";
+    for (uint32_t q = 0; q < k->nstores; q++) /* (pointwise kernels walk every element anyway) */
+        if (k->reduction && !k->elem[k->store_node[q]] && em_schedule_store_per_element(k, q))
+            b->unsupported = "a row value stored along the row in a reduction kernel";
     choose_launch(s, k, L);
     sb_printf(b, "/* kernel %u (%s): ", ki, k->reduction ? "reduction" : "pointwise");
     for (uint32_t q = 0; q < k->nirs; q++) sb_printf(b, "%s%s", q ? ", " : "", lg->ir->nodes[k->irs[q]].name);

@@ -50,6 +50,16 @@ typedef struct SKernel {
     uint32_t nirs;
 } SKernel;
 
+/* Is store q written once per element of the inner dims? Yes when its value varies along them, and
+ * also when only its address does: a value computed once per row (a broadcast, a row's reduction)
+ * stored into an output that walks the inner dims, e.g. expand(scalar) * 2 into a dense [3, 3]. */
+static inline bool em_schedule_store_per_element(const SKernel *k, uint32_t q) {
+    if (k->elem[k->store_node[q]]) return true;
+    for (int j = k->nouter; j < k->ndim; j++)
+        if (k->stores[q].strides[j] != 0) return true;
+    return false;
+}
+
 typedef enum { SSTEP_KERNEL, SSTEP_EXTERN } SStepKind;
 typedef struct SStep {
     SStepKind kind;

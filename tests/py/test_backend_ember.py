@@ -308,6 +308,32 @@ def test_inplace_op_on_a_fresh_value_is_functionalized():
     assert not info.get("fallback") and info["kernels"] == 1 and info["externs"] == 0
 
 
+@pytest.mark.parametrize("name,fn,shape", [
+    ("column_expand", lambda x: x.expand(3, 4) + 1, (3, 1)),
+    ("scalar_expand", lambda x: x.expand(3, 3) * 2, ()),
+    ("middle_expand", lambda x: x.expand(2, 5, 3, 4).exp(), (2, 1, 3, 1)),
+    ("row_value_two_outputs", lambda x: (x.expand(4, 6) - 1, x.sum() + 0), (4, 1)),
+])
+def test_row_values_stored_along_the_row(name, fn, shape):
+    """A value that does not vary along a kernel's inner dims (a broadcast load) stored into an
+    output that does: the store runs for every inner element. (It used to be written once per row,
+    leaving the rest of the output uninitialised; x.expand(3, 4) + 1 returned garbage.)"""
+    check(fn, torch.randn(shape))
+
+
+def test_gradient_through_a_broadcast_scalar():
+    """The backward of ((x @ w) * 2).sum() expands the scalar tangent and scales it: the same
+    store pattern, in a compiled backward graph."""
+    def f(x, w):
+        return ((x @ w) * 2).sum() + torch.tanh(x @ w).mean()
+    x = torch.randn(3, 4)
+    w1 = torch.randn(4, 3, requires_grad=True)
+    w2 = w1.detach().clone().requires_grad_()
+    f(x, w1).backward()
+    ember.compile(f, backend="ember")(x, w2).backward()
+    torch.testing.assert_close(w2.grad, w1.grad)
+
+
 def test_operator_and_is_not_an_in_place_op():
     """operator.and_ / or_ (a & b on masks, as transformers' GPT-2 builds its attention mask) end in
     an underscore but are out-of-place: the graph stays on backend "ember" (it used to fall back)."""

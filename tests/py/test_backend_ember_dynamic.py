@@ -229,3 +229,25 @@ def test_cache_info_and_explain_show_symbolic_kernels():
     info = ember_infos(cf)[0]
     assert "ember_k0_meta" in info["source"]
     assert "domain [s0 |, s1]" in info["source"]
+
+
+def test_training_graph_under_automatic_dynamic_is_compiled_per_size():
+    """ember's AOT autograd takes concrete sizes: under dynamic=None a size change does not send a
+    symbolic training graph to the eager backend; the frame is traced again with concrete sizes and
+    each size gets its own compiled forward/backward (as before automatic dynamic)."""
+    def f(x, w):
+        return (torch.tanh(x @ w) * 2).sum()
+
+    cf = ember.compile(f, backend="ember")
+    for n in [3, 5, 7]:
+        x = torch.randn(n, 4)
+        w1 = torch.randn(4, 3, requires_grad=True)
+        w2 = w1.detach().clone().requires_grad_()
+        f(x, w1).backward()
+        cf(x, w2).backward()
+        torch.testing.assert_close(w2.grad, w1.grad)
+    entries = ember.cache_info(cf)
+    assert [e["kind"] for e in entries] == ["graph"] * 3
+    for e in entries:
+        assert e["dynamic"] == [] and "autograd" in e, e.get("ember")
+        assert set(e["autograd"]["ember"]) == {"forward", "backward"}
