@@ -56,9 +56,11 @@ def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None
       fullgraph: raise ember.GraphBreakError (naming the reason and the source line) instead of
         falling back when a frame cannot be captured whole.
       dynamic: as torch.compile's. None (default): static first; a recompile caused by a changed
-        size makes that dim symbolic ("automatic dynamic"). True: every dim of every tensor input
-        symbolic from the first call. False: never (marks from ember.mark_dynamic also ignored).
-        Sizes 0 and 1 are always specialised; docs/dynamic_shapes.md. Backends "ember" and
+        size makes that dim symbolic ("automatic dynamic"), and one caused by a changed value of a
+        Python int argument makes that int a symbolic int (a graph input). True: every dim of every
+        tensor input and every int argument symbolic from the first call. False: never (marks from
+        ember.mark_dynamic also ignored). Sizes 0 and 1 are always specialised (ints are not, as
+        torch's); docs/dynamic_shapes.md. Backends "ember" and
         "aot_eager" compile concrete sizes (their kernels and partitions are per shape), so for them
         None means False: each new size compiles its own graph, up to config.cache_size_limit.
       options: accepted for compatibility; must be None or empty.
