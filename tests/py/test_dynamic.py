@@ -494,3 +494,20 @@ def test_shape_rules_layout_of_a_slice_dense_only_at_the_first_size():
         return a.view(-1), b.stride(), c.stride(), a.stride(), (y + 1).stride()
     with_rules, fake_only = _rules_vs_fake(f, lambda n: (torch.randn(4, 8), n), [8, 5, 3, 8, 6], dynamic=True)
     assert with_rules <= fake_only
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_int_argument_dynamic_true_on_static_backends(backend):
+    # backends that compile concrete sizes run a symbolic graph (here an int placeholder) eagerly
+    def f(x, n):
+        return (x[:n] * n).sin()
+    cf = ember.compile(f, backend=backend, dynamic=True)
+    for n in (3, 5, 7):
+        x = torch.randn(8, requires_grad=True)
+        got, want = cf(x, n), f(x, n)
+        torch.testing.assert_close(got, want)
+        g1, = torch.autograd.grad(got.sum(), x)
+        g2, = torch.autograd.grad(want.sum(), x)
+        torch.testing.assert_close(g1, g2)
+    assert len(entries(cf)) == 1
+    assert "symbolic sizes" in entries(cf)[0]["ember"]["fallback"]
