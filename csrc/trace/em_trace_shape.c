@@ -32,6 +32,8 @@ typedef enum {
     R_ENCODER,     /* torch._transformer_encoder_layer_fwd (nn.TransformerEncoderLayer's fast path) */
     R_LAYER_NORM,  /* the input's sizes; its trailing dims are normalized_shape (guarded) */
     R_ARANGE,      /* torch.arange(end): [end], end >= 0 guarded */
+    R_CAT,         /* torch.cat(tensors, dim) */
+    R_EXPAND,      /* x.expand(*sizes) */
 } Rule;
 
 /* Functions by qualified name; methods by name. */
@@ -74,6 +76,7 @@ static const struct { const char *mod, *name; Rule r; } fn_rules[] = {
     {"torch.nn.functional", "multi_head_attention_forward", R_MHA},
     {"torch", "_transformer_encoder_layer_fwd", R_ENCODER},
     {"torch", "arange", R_ARANGE},
+    {"torch", "cat", R_CAT}, {"torch", "concat", R_CAT}, {"torch", "concatenate", R_CAT},
 };
 
 static const struct { const char *name; Rule r; } method_rules[] = {
@@ -89,7 +92,7 @@ static const struct { const char *name; Rule r; } method_rules[] = {
     {"contiguous", R_CONTIG},
     {"sum", R_REDUCE}, {"mean", R_REDUCE}, {"amax", R_REDUCE}, {"amin", R_REDUCE},
     {"view", R_VIEW}, {"reshape", R_VIEW}, {"permute", R_PERMUTE}, {"transpose", R_TRANSPOSE}, {"t", R_T},
-    {"unsqueeze", R_UNSQUEEZE}, {"__getitem__", R_GETITEM},
+    {"unsqueeze", R_UNSQUEEZE}, {"__getitem__", R_GETITEM}, {"expand", R_EXPAND},
     {"matmul", R_MATMUL}, {"mm", R_MATMUL}, {"bmm", R_MATMUL}, {"__matmul__", R_MATMUL},
 };
 
@@ -460,6 +463,81 @@ static int rule_arange(Call *c, Out *o) {
     o->n = 1;
     o->contig = true;
     return 1;
+}
+
+/* torch.cat(tensors, dim=0): _refs.cat; every tensor of the same rank (the legacy skipping of 1-D
+ * empty tensors declines), sizes summed along dim, the other dims guarded equal. */
+static int rule_cat(Call *c, Out *o) {
+    static const char *const kws[] = {"dim", "axis", NULL};
+    const IRArg *ts = arg_at(c, 0, "tensors");
+    if (!ts || (ts->kind != IRARG_TUPLE && ts->kind != IRARG_LIST) || ts->n == 0 || ts->n > 64 || !kw_only(c, kws))
+        return -1;
+    const IRArg *da = arg_at(c, 1, "dim");
+    if (!da) da = arg_at(c, 99, "axis");
+    long dim0 = 0;
+    if (da && !arg_const_int(da, &dim0)) return -1;
+    const SymRef *shapes[64];
+    int n = -1, d;
+    for (uint32_t i = 0; i < ts->n; i++) {
+        const IRMeta *m = tensor_meta(c, &ts->u.items[i]);
+        if (!m || m->ndim == 0 || m->ndim > MAXD || (n >= 0 && m->ndim != n)) return -1;
+        n = m->ndim;
+        if (!(shapes[i] = sym_sizes_of(c, m, false))) return -2;
+    }
+    if (wrap_dim(dim0, n, &d) < 0) return -1;
+    int rc = em_sym_cat_shape(c->env, shapes, ts->n, (uint32_t)n, (uint32_t)d, o->sizes);
+    if (rc != 0) return rc < 0 ? -2 : -1;
+    o->n = n;
+    o->contig = true;
+    return n;
+}
+
+/* Tensor.expand(*sizes): _refs.expand; -1 keeps a dim, a dim of size 1 broadcasts (stride 0), any
+ * other size must equal the input's (guarded); new leading dims have stride 0. */
+static int rule_expand(Call *c, Out *o) {
+    const IRMeta *m = tensor_meta(c, arg_at(c, 0, NULL));
+    static const char *const kws[] = {"implicit", NULL};
+    if (!m || m->ndim > MAXD || !kw_only(c, kws)) return -1;
+    SymRef want[MAXD];
+    int n = int_list(c, 1, "size", want, MAXD);
+    if (n < m->ndim) return -1;
+    SymRef *s = sym_sizes_of(c, m, false), *t = sym_sizes_of(c, m, true);
+    if (!s || !t) return -2;
+    ShapeEnv *env = c->env;
+    int lead = n - m->ndim;
+    for (int i = 0; i < n; i++) {
+        int64_t v;
+        bool keep = em_sym_is_const(env, want[i], &v) && v == -1;
+        if (i < lead) { /* a new dim: its size given, >= 0 */
+            if (keep) return -1;
+            int ok = em_sym_guard_bool(env, em_sym_cmp(env, SYM_GE, want[i], em_sym_const(env, 0)));
+            if (ok <= 0) return ok < 0 ? -2 : -1;
+            o->sizes[i] = want[i];
+            o->strides[i] = em_sym_const(env, 0);
+            continue;
+        }
+        SymRef in = s[i - lead];
+        if (keep || want[i] == in) {
+            o->sizes[i] = in;
+            o->strides[i] = t[i - lead];
+            continue;
+        }
+        int64_t k;
+        if (em_sym_is_const(env, in, &k) && k == 1) { /* broadcast a dim of size 1 */
+            int ok = em_sym_guard_bool(env, em_sym_cmp(env, SYM_GE, want[i], em_sym_const(env, 0)));
+            if (ok <= 0) return ok < 0 ? -2 : -1;
+            o->sizes[i] = want[i];
+            o->strides[i] = em_sym_const(env, 0);
+            continue;
+        }
+        int eq = guard_eq(c, in, want[i]); /* "The expanded size of the tensor must match" */
+        if (eq <= 0) return eq < 0 ? -2 : -1;
+        o->sizes[i] = in;
+        o->strides[i] = t[i - lead];
+    }
+    o->n = n;
+    o->contig = false;
+    return n;
 }
 
 /* torch/_refs reduction_dims + _compute_reduction_shape: dims removed, or kept as 1. */
@@ -929,6 +1007,8 @@ int em_tr_shape_rule(Trace *T, IRKind kind, PyObject *target, const IRArg *ia, u
         break;
     case R_LAYER_NORM: n = rule_trailing(&c, &o, 1, "normalized_shape"); break;
     case R_ARANGE: n = rule_arange(&c, &o); break;
+    case R_CAT: n = rule_cat(&c, &o); break;
+    case R_EXPAND: n = rule_expand(&c, &o); break;
     case R_REDUCE: n = rule_reduce(&c, &o); break;
     case R_VIEW: n = rule_view(&c, &o, kind == IR_CALL_METHOD); break;
     case R_PERMUTE: case R_TRANSPOSE: case R_T: n = rule_permute(&c, &o, r); break;

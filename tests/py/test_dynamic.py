@@ -452,6 +452,11 @@ _LIN = torch.nn.Linear(6, 5)
     ("conv_pool", lambda x: _CONV(x), lambda n: (torch.randn(1, 3, n, n + 4),), [8, 12, 16, 20]),
     ("embedding", lambda i: _EMB(i).sum(-1), lambda n: (torch.randint(0, 50, (2, n)),), [3, 5, 7]),
     ("arange", lambda x: torch.arange(x.shape[0], dtype=torch.float32) + x, lambda n: (torch.randn(n),), [3, 5, 7]),
+    ("cat_expand", lambda x, y: (torch.cat([x, y, x], dim=1), torch.cat((x, x)), x[:, :1].expand(-1, 4),
+                                 y.expand(2, -1, -1), x.unsqueeze(1).expand(x.shape[0], 3, x.shape[1])),
+     lambda n: (torch.randn(n, 3), torch.randn(n, 2)), [3, 5, 7]),
+    ("cat_mismatch", lambda x, y: torch.cat([x, y], 1), lambda n: (torch.randn(n, 3), torch.randn(n if n != 5 else 4, 2)),
+     [3, 4, 5, 6]),
 ])
 def test_shape_rules_agree_with_the_fake_run(name, f, make, sizes):
     with_rules, fake_only = _rules_vs_fake(f, make, sizes)
@@ -511,3 +516,40 @@ def test_int_argument_dynamic_true_on_static_backends(backend):
         torch.testing.assert_close(g1, g2)
     assert len(entries(cf)) == 1
     assert "symbolic sizes" in entries(cf)[0]["ember"]["fallback"]
+
+
+def _random_index(rng, ndim):
+    """Python source of a basic index for an ndim tensor x: ints, slices with constant or
+    size-derived bounds and steps 1-2, None, one Ellipsis."""
+    parts, used = [], 0
+    while used < ndim and len(parts) < ndim + 1:
+        k = rng.randrange(6)
+        if k == 0:
+            parts.append(str(rng.randrange(-2, 2)))
+            used += 1
+        elif k == 1:
+            parts.append("None")
+        elif k == 2 and "..." not in parts:
+            parts.append("...")
+            used = ndim  # the rest
+        else:
+            def bound():
+                return rng.choice(["", str(rng.randrange(-3, 4)), f"x.shape[{used}] // 2", f"-x.shape[{used}] // 3"])
+            step = rng.choice(["", ":2"])
+            parts.append(f"{bound()}:{bound()}{step}")
+            used += 1
+    return ", ".join(parts) or "..."
+
+
+@pytest.mark.parametrize("seed", range(int(__import__("os").environ.get("EMBER_FUZZ_SEEDS", "12"))))
+def test_shape_rules_random_indexing(seed):
+    import random
+    rng = random.Random(seed)
+    ndim = rng.randrange(1, 4)
+    src = f"def f(x):\n    y = x[{_random_index(rng, ndim)}]\n    return y * 2, y.stride()\n"
+    ns = {}
+    exec(src, ns)  # noqa: S102  (a generated test program)
+    f = ns["f"]
+    shapes = [tuple(rng.randrange(2, 7) for _ in range(ndim)) for _ in range(4)]
+    with_rules, fake_only = _rules_vs_fake(f, lambda s: (torch.randn(s),), shapes, dynamic=True)
+    assert with_rules <= fake_only, src
