@@ -17,6 +17,7 @@ typedef enum {
     R_POINTWISE, /* broadcast of every tensor argument (torch._refs._broadcast_shapes) */
     R_SAME,      /* the first argument's sizes and layout: softmax, layer_norm, dropout, clone */
     R_CONTIG,    /* the first argument's sizes, contiguous: contiguous() */
+    R_ALIAS,     /* the first argument's sizes and strides: detach() */
     R_REDUCE,    /* sum/mean/amax/amin/... over dim (keepdim) */
     R_VIEW,      /* view/reshape of a contiguous tensor (infer_size) */
     R_PERMUTE, R_TRANSPOSE, R_T, R_UNSQUEEZE,
@@ -30,6 +31,9 @@ typedef enum {
     R_MHA,         /* F.multi_head_attention_forward: (output, weights) */
     R_ENCODER,     /* torch._transformer_encoder_layer_fwd (nn.TransformerEncoderLayer's fast path) */
     R_LAYER_NORM,  /* the input's sizes; its trailing dims are normalized_shape (guarded) */
+    R_ARANGE,      /* torch.arange(end): [end], end >= 0 guarded */
+    R_CAT,         /* torch.cat(tensors, dim) */
+    R_EXPAND,      /* x.expand(*sizes) */
 } Rule;
 
 /* Functions by qualified name; methods by name. */
@@ -71,6 +75,8 @@ static const struct { const char *mod, *name; Rule r; } fn_rules[] = {
     {"torch.nn.functional", "embedding", R_F_EMBEDDING},
     {"torch.nn.functional", "multi_head_attention_forward", R_MHA},
     {"torch", "_transformer_encoder_layer_fwd", R_ENCODER},
+    {"torch", "arange", R_ARANGE},
+    {"torch", "cat", R_CAT}, {"torch", "concat", R_CAT}, {"torch", "concatenate", R_CAT},
 };
 
 static const struct { const char *name; Rule r; } method_rules[] = {
@@ -82,11 +88,11 @@ static const struct { const char *name; Rule r; } method_rules[] = {
     {"long", R_POINTWISE}, {"bool", R_POINTWISE}, {"__add__", R_POINTWISE}, {"__sub__", R_POINTWISE},
     {"__mul__", R_POINTWISE}, {"__truediv__", R_POINTWISE}, {"__radd__", R_POINTWISE}, {"__rmul__", R_POINTWISE},
     {"maximum", R_POINTWISE}, {"minimum", R_POINTWISE}, {"clamp", R_POINTWISE}, {"masked_fill", R_NONE},
-    {"softmax", R_SAME}, {"log_softmax", R_SAME}, {"clone", R_SAME}, {"detach", R_SAME},
+    {"softmax", R_SAME}, {"log_softmax", R_SAME}, {"clone", R_SAME}, {"detach", R_ALIAS},
     {"contiguous", R_CONTIG},
     {"sum", R_REDUCE}, {"mean", R_REDUCE}, {"amax", R_REDUCE}, {"amin", R_REDUCE},
     {"view", R_VIEW}, {"reshape", R_VIEW}, {"permute", R_PERMUTE}, {"transpose", R_TRANSPOSE}, {"t", R_T},
-    {"unsqueeze", R_UNSQUEEZE}, {"__getitem__", R_GETITEM},
+    {"unsqueeze", R_UNSQUEEZE}, {"__getitem__", R_GETITEM}, {"expand", R_EXPAND},
     {"matmul", R_MATMUL}, {"mm", R_MATMUL}, {"bmm", R_MATMUL}, {"__matmul__", R_MATMUL},
 };
 
@@ -334,6 +340,25 @@ typedef struct {
     bool contig; /* strides: contiguous strides of sizes */
 } Out;
 
+/* o->strides: dense strides for o->sizes in the dim order of m's (hint) strides, innermost first,
+ * ties keeping the inner dim first (as em_trace_sym.c's dense_order and torch's
+ * infer_dense_strides order them). */
+static void dense_like(Call *c, const IRMeta *m, Out *o) {
+    int n = o->n, order[MAXD];
+    for (int i = 0; i < n; i++) order[i] = n - 1 - i;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && m->strides[order[j]] < m->strides[order[j - 1]]; j--) {
+            int tmp = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = tmp;
+        }
+    SymRef acc = em_sym_const(c->env, 1);
+    for (int k = 0; k < n; k++) {
+        o->strides[order[k]] = acc;
+        acc = em_sym_mul(c->env, acc, em_sym_max(c->env, o->sizes[order[k]], em_sym_const(c->env, 1)));
+    }
+}
+
 static int rule_pointwise(Call *c, Out *o) {
     static const char *const kws[] = {"alpha", "rounding_mode", "approximate", "negative_slope", "min", "max", "inplace", NULL};
     if (!kw_only(c, kws)) return -1;
@@ -362,29 +387,34 @@ static int rule_pointwise(Call *c, Out *o) {
     if (!first) return -1;
     o->n = (int)na;
     memcpy(o->sizes, acc, sizeof(SymRef) * na);
-    /* TensorIterator keeps the layout of an input of the output's shape (a transposed input gives
-     * a transposed output); otherwise contiguous. Checked on the hints by the caller. */
+    /* TensorIterator lays the output out densely in the dim order of an input of the output's shape
+     * (a transposed input gives a transposed output); otherwise contiguous. Checked on the hints. */
     o->contig = true;
-    if (first->ndim == (int)na && first->sym_strides) {
-        SymRef *fs = sym_sizes_of(c, first, false), *ft = sym_sizes_of(c, first, true);
-        if (!fs || !ft) return -2;
+    if (first->ndim == (int)na) {
+        SymRef *fs = sym_sizes_of(c, first, false);
+        if (!fs) return -2;
         if (!memcmp(fs, acc, sizeof(SymRef) * na)) {
-            memcpy(o->strides, ft, sizeof(SymRef) * na);
+            dense_like(c, first, o);
             o->contig = false;
         }
     }
     return o->n;
 }
 
-static int rule_same(Call *c, Out *o, bool contig) {
+/* The input's sizes; strides by `layout`: SAME_DENSE, dense in the input's dim order (empty_like's
+ * preserve_format, torch's infer_dense_strides: equal to the input's strides when it is dense);
+ * SAME_CONTIG, contiguous; SAME_ALIAS, the input's own strides (a view: detach). */
+enum { SAME_DENSE, SAME_CONTIG, SAME_ALIAS };
+static int rule_same(Call *c, Out *o, int layout) {
     const IRMeta *m = tensor_meta(c, arg_at(c, 0, "input"));
     if (!m || m->ndim > MAXD) return -1;
     SymRef *s = sym_sizes_of(c, m, false), *t = sym_sizes_of(c, m, true);
     if (!s || !t) return -2;
     o->n = m->ndim;
     memcpy(o->sizes, s, sizeof(SymRef) * (size_t)m->ndim);
-    memcpy(o->strides, t, sizeof(SymRef) * (size_t)m->ndim);
-    o->contig = contig || !m->sym_strides;
+    o->contig = layout == SAME_CONTIG;
+    if (layout == SAME_ALIAS) memcpy(o->strides, t, sizeof(SymRef) * (size_t)m->ndim);
+    else if (layout == SAME_DENSE) dense_like(c, m, o);
     return o->n;
 }
 
@@ -419,7 +449,95 @@ static int rule_trailing(Call *c, Out *o, uint32_t pos, const char *kw) {
         int eq = guard_eq(c, s[m->ndim - k + i], want[i]);
         if (eq <= 0) return eq < 0 ? -2 : -1;
     }
-    return rule_same(c, o, false);
+    return rule_same(c, o, SAME_DENSE);
+}
+
+/* torch.arange(end) (torch/_refs arange: length ceil((end - 0) / 1); eager raises for end < 0). */
+static int rule_arange(Call *c, Out *o) {
+    static const char *const kws[] = {"dtype", "device", "layout", "requires_grad", "pin_memory", NULL};
+    SymRef end;
+    if (c->nargs != 1 || !kw_only(c, kws) || !arg_int(c, &c->ia[0], &end)) return -1;
+    int ok = em_sym_guard_bool(c->env, em_sym_cmp(c->env, SYM_GE, end, em_sym_const(c->env, 0)));
+    if (ok <= 0) return ok < 0 ? -2 : -1;
+    o->sizes[0] = end;
+    o->n = 1;
+    o->contig = true;
+    return 1;
+}
+
+/* torch.cat(tensors, dim=0): _refs.cat; every tensor of the same rank (the legacy skipping of 1-D
+ * empty tensors declines), sizes summed along dim, the other dims guarded equal. */
+static int rule_cat(Call *c, Out *o) {
+    static const char *const kws[] = {"dim", "axis", NULL};
+    const IRArg *ts = arg_at(c, 0, "tensors");
+    if (!ts || (ts->kind != IRARG_TUPLE && ts->kind != IRARG_LIST) || ts->n == 0 || ts->n > 64 || !kw_only(c, kws))
+        return -1;
+    const IRArg *da = arg_at(c, 1, "dim");
+    if (!da) da = arg_at(c, 99, "axis");
+    long dim0 = 0;
+    if (da && !arg_const_int(da, &dim0)) return -1;
+    const SymRef *shapes[64];
+    int n = -1, d;
+    for (uint32_t i = 0; i < ts->n; i++) {
+        const IRMeta *m = tensor_meta(c, &ts->u.items[i]);
+        if (!m || m->ndim == 0 || m->ndim > MAXD || (n >= 0 && m->ndim != n)) return -1;
+        n = m->ndim;
+        if (!(shapes[i] = sym_sizes_of(c, m, false))) return -2;
+    }
+    if (wrap_dim(dim0, n, &d) < 0) return -1;
+    int rc = em_sym_cat_shape(c->env, shapes, ts->n, (uint32_t)n, (uint32_t)d, o->sizes);
+    if (rc != 0) return rc < 0 ? -2 : -1;
+    o->n = n;
+    o->contig = true;
+    return n;
+}
+
+/* Tensor.expand(*sizes): _refs.expand; -1 keeps a dim, a dim of size 1 broadcasts (stride 0), any
+ * other size must equal the input's (guarded); new leading dims have stride 0. */
+static int rule_expand(Call *c, Out *o) {
+    const IRMeta *m = tensor_meta(c, arg_at(c, 0, NULL));
+    static const char *const kws[] = {"implicit", NULL};
+    if (!m || m->ndim > MAXD || !kw_only(c, kws)) return -1;
+    SymRef want[MAXD];
+    int n = int_list(c, 1, "size", want, MAXD);
+    if (n < m->ndim) return -1;
+    SymRef *s = sym_sizes_of(c, m, false), *t = sym_sizes_of(c, m, true);
+    if (!s || !t) return -2;
+    ShapeEnv *env = c->env;
+    int lead = n - m->ndim;
+    for (int i = 0; i < n; i++) {
+        int64_t v;
+        bool keep = em_sym_is_const(env, want[i], &v) && v == -1;
+        if (i < lead) { /* a new dim: its size given, >= 0 */
+            if (keep) return -1;
+            int ok = em_sym_guard_bool(env, em_sym_cmp(env, SYM_GE, want[i], em_sym_const(env, 0)));
+            if (ok <= 0) return ok < 0 ? -2 : -1;
+            o->sizes[i] = want[i];
+            o->strides[i] = em_sym_const(env, 0);
+            continue;
+        }
+        SymRef in = s[i - lead];
+        if (keep || want[i] == in) {
+            o->sizes[i] = in;
+            o->strides[i] = t[i - lead];
+            continue;
+        }
+        int64_t k;
+        if (em_sym_is_const(env, in, &k) && k == 1) { /* broadcast a dim of size 1 */
+            int ok = em_sym_guard_bool(env, em_sym_cmp(env, SYM_GE, want[i], em_sym_const(env, 0)));
+            if (ok <= 0) return ok < 0 ? -2 : -1;
+            o->sizes[i] = want[i];
+            o->strides[i] = em_sym_const(env, 0);
+            continue;
+        }
+        int eq = guard_eq(c, in, want[i]); /* "The expanded size of the tensor must match" */
+        if (eq <= 0) return eq < 0 ? -2 : -1;
+        o->sizes[i] = in;
+        o->strides[i] = t[i - lead];
+    }
+    o->n = n;
+    o->contig = false;
+    return n;
 }
 
 /* torch/_refs reduction_dims + _compute_reduction_shape: dims removed, or kept as 1. */
@@ -881,12 +999,16 @@ int em_tr_shape_rule(Trace *T, IRKind kind, PyObject *target, const IRArg *ia, u
     int n;
     switch (r) {
     case R_POINTWISE: n = rule_pointwise(&c, &o); break;
-    case R_SAME: n = rule_same(&c, &o, false); break;
-    case R_CONTIG: n = rule_same(&c, &o, true); break;
+    case R_SAME: n = rule_same(&c, &o, SAME_DENSE); break;
+    case R_CONTIG: n = rule_same(&c, &o, SAME_CONTIG); break;
+    case R_ALIAS: n = rule_same(&c, &o, SAME_ALIAS); break;
     case R_ENCODER: /* src's shape without a mask, src's last dim embed_dim (ATen transformer.cpp) */
         n = c.nargs >= 18 && is_none(arg_at(&c, 18, "mask")) ? rule_trailing(&c, &o, 1, "embed_dim") : -1;
         break;
     case R_LAYER_NORM: n = rule_trailing(&c, &o, 1, "normalized_shape"); break;
+    case R_ARANGE: n = rule_arange(&c, &o); break;
+    case R_CAT: n = rule_cat(&c, &o); break;
+    case R_EXPAND: n = rule_expand(&c, &o); break;
     case R_REDUCE: n = rule_reduce(&c, &o); break;
     case R_VIEW: n = rule_view(&c, &o, kind == IR_CALL_METHOD); break;
     case R_PERMUTE: case R_TRANSPOSE: case R_T: n = rule_permute(&c, &o, r); break;

@@ -57,14 +57,18 @@ def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None
       fullgraph: raise ember.GraphBreakError (naming the reason and the source line) instead of
         falling back when a frame cannot be captured whole.
       dynamic: as torch.compile's. None (default): static first; a recompile caused by a changed
-        size makes that dim symbolic ("automatic dynamic"). True: every dim of every tensor input
-        symbolic from the first call. False: never (marks from ember.mark_dynamic also ignored).
-        Sizes 0 and 1 are always specialised; docs/dynamic_shapes.md. Backend "ember" compiles a
-        symbolic graph once for all sizes (sizes are kernel arguments: one C compiler call serves
-        every size the entry's guards admit); on CUDA, and for graphs that need autograd, a
-        symbolic graph runs on the eager backend (cache_info's "fallback" says so). Backend
-        "aot_eager" compiles concrete sizes (its partitions are per shape), so for it None means
-        False: each new size compiles its own graph, up to config.cache_size_limit.
+        size makes that dim symbolic ("automatic dynamic"), and one caused by a changed value of a
+        Python int argument makes that int a symbolic int (a graph input). True: every dim of every
+        tensor input and every int argument symbolic from the first call. False: never (marks from
+        ember.mark_dynamic also ignored). Sizes 0 and 1 are always specialised (ints are not, as
+        torch's); docs/dynamic_shapes.md. Backend "ember" compiles a symbolic inference graph on
+        the CPU once for all sizes (sizes are kernel arguments: one C compiler call serves every
+        size the entry's guards admit); its CUDA code generator and its AOT autograd take concrete
+        sizes, so under None a size change traces such a graph again with concrete sizes (one
+        compiled graph per size), and under True it runs on the eager backend (cache_info's
+        "fallback" says so). Backend "aot_eager" compiles concrete sizes (its partitions are per
+        shape), so for it None means False: each new size compiles its own graph, up to
+        config.cache_size_limit.
       options: accepted for compatibility; must be None or empty.
 
     Returns: for a function, an ember._C.CompiledFunction; for a bound method, the same bound to

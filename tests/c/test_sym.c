@@ -255,6 +255,22 @@ static void dump_guards(ShapeEnv *env) {
     for (uint32_t i = 0; i < n; i++) fprintf(stderr, "   guard %u: %s\n", i, SRCS(g[i].rel));
 }
 
+/* int arguments (em_sym_new_int): not 0/1 specialised, not duck-shaped, unbounded (no guards) */
+static void test_int_symbols(void) {
+    ShapeEnv *env = em_sym_env_new(NULL);
+    SymRef one = em_sym_new_int(env, "L['a']", 1, SYM_NEG_INF, SYM_INF);
+    SymRef zero = em_sym_new_int(env, "L['b']", 0, SYM_NEG_INF, SYM_INF);
+    SymRef size8 = em_sym_new_size(env, "L['x'].size()[0]", 8, SYM_NEG_INF, SYM_INF);
+    SymRef int8 = em_sym_new_int(env, "L['n']", 8, SYM_NEG_INF, SYM_INF);
+    CHECK(em_sym_op(env, one) == SYM_SYMBOL && em_sym_op(env, zero) == SYM_SYMBOL && em_sym_nsymbols(env) == 4);
+    CHECK(int8 != size8 && em_sym_op(env, int8) == SYM_SYMBOL);
+    const SymGuard *g;
+    CHECK(em_sym_produce_guards(env, &g) == 1); /* only the size's range: 2 <= L['x'].size()[0] */
+    CHECK(em_sym_guard_bool(env, em_sym_cmp(env, SYM_GT, int8, C(3))) == 1); /* learnt: L['n'] > 3 */
+    CHECK(em_sym_guard_bool(env, em_sym_cmp(env, SYM_EQ, one, C(1))) == 1 && em_sym_simplify(env, one) == C(1));
+    em_sym_env_free(env);
+}
+
 static void test_guards(void) {
     ShapeEnv *env = em_sym_env_new(NULL);
     /* 0/1 specialisation */
@@ -798,6 +814,7 @@ int main(void) {
     test_canonical();
     test_render();
     test_semantics();
+    test_int_symbols();
     test_guards();
     test_replacements();
     test_shapes();
