@@ -582,7 +582,13 @@ static PyObject *plan_entry(const IRGraph *g, PyObject *const *ex, uint32_t n, P
                             uint8_t *batched_out, long *batch, int *rows_ok, char *why, size_t nwhy) {
     static PyObject *tensor_type = NULL;
     if (!tensor_type && !em_lazy_attr(&tensor_type, "torch", "Tensor")) return NULL;
+    static PyObject *is_grad_enabled = NULL;
+    if (!is_grad_enabled && !em_lazy_attr(&is_grad_enabled, "torch", "is_grad_enabled")) return NULL;
     if (em_ir_is_symbolic(g)) return PyUnicode_FromString("symbolic sizes (one entry serves many shapes)");
+    PyObject *ge = PyObject_CallNoArgs(is_grad_enabled);
+    if (!ge) return NULL;
+    int grad_on = ge == Py_True;
+    Py_DECREF(ge);
     long dev = -2;
     *batch = -1;
     for (uint32_t i = 0; i < n; i++) {
@@ -596,7 +602,7 @@ static PyObject *plan_entry(const IRGraph *g, PyObject *const *ex, uint32_t n, P
         if (tensor_attr_long(ex[i], "get_device", &d) < 0) return NULL;
         if (dev != -2 && d != dev) return PyUnicode_FromString("inputs on several CUDA devices");
         dev = d;
-        int rg = tensor_attr_true(ex[i], "requires_grad");
+        int rg = grad_on ? tensor_attr_true(ex[i], "requires_grad") : 0; /* grad mode is guarded */
         if (rg < 0) return NULL;
         if (rg) return PyUnicode_FromString("inputs require grad (training graphs are not recorded; run under torch.no_grad())");
         int p = is_param(ex[i]);
@@ -619,6 +625,24 @@ static PyObject *plan_entry(const IRGraph *g, PyObject *const *ex, uint32_t n, P
     int bucketable = PyUnicode_Check(backend) && (PyUnicode_CompareWithASCIIString(backend, "eager") == 0 ||
                                                   PyUnicode_CompareWithASCIIString(backend, "ember") == 0);
     int ok = em_cudagraph_rows(g, batched_in, batched_out, why, nwhy);
+    if (ok == 0) {
+        /* another input of B rows may be a coincidence (a bias of size B broadcast along rows):
+         * the analysis proves the mask it is given, so try the first batched input alone */
+        int first = 1, more = 0;
+        uint8_t *one = calloc(n + 1, 1);
+        if (!one) return PyErr_NoMemory();
+        for (uint32_t i = 0; i < n; i++) {
+            one[i] = batched_in[i] && first;
+            if (batched_in[i] && !first) more = 1;
+            if (batched_in[i]) first = 0;
+        }
+        char why2[256];
+        if (more && em_cudagraph_rows(g, one, batched_out, why2, sizeof why2) == 1) {
+            memcpy(batched_in, one, n);
+            ok = 1;
+        }
+        free(one);
+    }
     if (ok < 0) return PyErr_NoMemory();
     if (ok && !bucketable) {
         snprintf(why, nwhy, "backend records one graph per shape");

@@ -92,10 +92,12 @@ def record(pool, plan, inner, args, stats):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.device(device), torch.cuda.graph(g, pool=pool.handle(device), capture_error_mode="thread_local"):
             outs = tuple(fn(*statics))
-        rec = pool.recordings[key] = (g, statics, outs)
+        # fn is kept with the graph: the graph launches its kernels, so their CUDA modules must
+        # stay loaded (a bucket program has no other owner)
+        rec = pool.recordings[key] = (g, statics, outs, fn)
         pool.stats["captures"] += 1
         pool.stats["shapes"].append([tuple(s.shape) for s in statics if not isinstance(s, torch.nn.Parameter)])
-    g, statics, outs = rec
+    g, statics, outs, _ = rec
     dsts, src_idx, static_idx, static_ptrs = [], [], [], []
     for i, a in enumerate(args):
         if static[i]:
