@@ -12,6 +12,8 @@ Recordings: the MLP called with batch sizes 1..10 (each twice); ember's count fr
 ember.cache_info(m)[0]["cudagraphs"]["pool"]["captures"], torch's from its cudagraph tree
 manager's graph counter. Timings are never asserted by tests.
 
+Also printed: the time of one clone of the output (what ember's output semantics add per call).
+
 usage: python bench/cuda_graphs.py [--rounds N] [--calls N] [--json PATH]
 """
 import argparse
@@ -109,14 +111,16 @@ def main(argv=None):
             for _ in range(a.rounds):
                 for k, f in comps.items():
                     best[k] = min(best[k], per_call(f, x, a.calls))
+            # what cloning the outputs adds to ember's call (docs/backend_cuda.md, "CUDA graphs")
+            clone = min(per_call(torch.Tensor.clone, want, a.calls) for _ in range(a.rounds))
             cg = ember.cache_info(comps["ember"])[0].get("cudagraphs", {})
-            res["programs"][name] = {"us": {k: v * 1e6 for k, v in best.items()}, "match": ok,
+            res["programs"][name] = {"us": {k: v * 1e6 for k, v in best.items()}, "match": ok, "output_clone_us": clone * 1e6,
                                      "ember_state": cg.get("state"), "ember_reason": cg.get("reason")}
             r = res["programs"][name]
             print(f"{name:8s} per call us: " + "  ".join(f"{k}={v:.2f}" for k, v in r["us"].items())
                   + f" | ember/torch.compile={r['us']['ember'] / r['us']['torch.compile']:.2f}"
                   + f" ember/eager={r['us']['ember'] / r['us']['eager']:.2f}"
-                  + f" | match {ok} | ember cudagraphs: {r['ember_state']} {r['ember_reason'] or ''}", flush=True)
+                  + f" | output clone {clone * 1e6:.2f} | match {ok} | ember cudagraphs: {r['ember_state']} {r['ember_reason'] or ''}", flush=True)
         # recordings over 10 batch sizes
         old = ember.config.cache_size_limit
         ember.config.cache_size_limit = 64
