@@ -237,3 +237,16 @@ def test_capture_error_falls_back():
     x = torch.randn(4, device="cuda")
     torch.testing.assert_close(cf(x), f(x))
     torch.testing.assert_close(cf(x), f(x))
+
+
+@needs_cuda
+def test_aot_eager_records_per_shape(big_cache):
+    m = MLP().cuda()
+    cm = ember.compile(m, backend="aot_eager", mode="reduce-overhead")
+    with torch.no_grad():
+        for b in (2, 3, 2):
+            x = torch.randn(b, 16, device="cuda")
+            torch.testing.assert_close(cm(x), m(x))
+    cg = ember.cache_info(cm)[0]["cudagraphs"]
+    assert cg["state"] == "recorded" and "one graph per shape" in cg["reason"], cg
+    assert cg["pool"]["captures"] == 2
