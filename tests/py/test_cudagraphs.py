@@ -63,6 +63,7 @@ def test_cpu_tensors_run_plainly(backend):
     info = ember.cache_info(cf)[0]["cudagraphs"]
     assert info["state"] == "plain" and "CPU tensors" in info["reason"]
     assert info["pool"]["captures"] == 0
+    assert "CUDA graphs: plain" in str(ember.explain(cf)(x, y))
 
 
 def test_rows_pointwise_linear_norms():
