@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool): builds ember for its Python 3.12 + torch 2.11, runs the
 # whole test suite with CPU tensors and with CUDA tensors, backend "ember"'s CUDA tests and kernel
-# bench (tests/py/test_backend_cuda.py, bench/cuda_kernels.py), the overhead benchmark and the demo;
+# bench (tests/py/test_backend_cuda.py, bench/cuda_kernels.py, bench/cuda_graphs.py), the overhead benchmark and the demo;
 # summaries go to $OUT.  usage (repo root, on that machine): bash tools/gpu_check.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -16,6 +16,7 @@ $py -c "import ember; print('ember built for', ember._C.PYTHON_ABI)" 2>&1 | tee 
 $py -c "from ember import _C; print(_C._cuda_info(load_driver=True))" 2>&1 | tee "$OUT/cuda_info.txt"
 $py -m pytest -p no:cacheprovider -rs tests/py/test_backend_cuda.py 2>&1 | tail -n 60 | tee "$OUT/pytest_backend_cuda.txt"
 $py bench/cuda_kernels.py --json "$OUT/cuda_kernels.json" 2>&1 | tail -n 60 | tee "$OUT/cuda_kernels.txt"
+$py bench/cuda_graphs.py --json "$OUT/cuda_graphs.json" 2>&1 | tail -n 20 | tee "$OUT/cuda_graphs.txt"
 $py -m pytest -p no:cacheprovider tests/py 2>&1 | tail -n 25 | tee "$OUT/pytest_cpu.txt"
 EMBER_TEST_DEVICE=cuda $py -m pytest -p no:cacheprovider tests/py 2>&1 | tail -n 40 | tee "$OUT/pytest_cuda.txt"
 $py bench/overhead.py --json "$OUT/overhead.json" 2>&1 | tail -16 | tee "$OUT/overhead.txt"

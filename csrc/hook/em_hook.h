@@ -23,6 +23,9 @@ typedef struct EmCompileConfig {
     PyObject *backend_key; /* identity used to match cache entries to this backend */
     int fullgraph;         /* a break raises instead of falling back */
     int dynamic;           /* -1: None (automatic dynamic), 0: False (static), 1: True */
+    PyObject *cudagraphs;  /* mode="reduce-overhead": the ember._cudagraphs.Pool of the compiled
+                              function (strong), NULL otherwise: graph entries are wrapped in an
+                              ember._C.CudaGraphs runner (em_runtime_cudagraph.c) */
 } EmCompileConfig;
 
 typedef enum { ENTRY_GRAPH, ENTRY_FALLBACK, ENTRY_BREAK } EntryKind;

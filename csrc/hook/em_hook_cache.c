@@ -585,7 +585,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     EmTraceResult res;
     memset(&res, 0, sizeof res);
     CacheEntry *e = NULL;
-    PyObject *graph_text = NULL, *out_text = NULL, *backend_info = NULL;
+    PyObject *graph_text = NULL, *out_text = NULL, *backend_info = NULL, *cg_info = NULL;
     const char *info_key = "ember";
     double backend_s = 0, t_traced, t_guarded;
     if (em_trace_frame(func, code, fv, &opts, &res) < 0) goto error;
@@ -631,6 +631,13 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     if (e->kind == ENTRY_GRAPH) {
         e->compiled = backend_compile(cfg, &res, code, &e->eager_graph, &backend_info, &info_key, &backend_s);
         if (!e->compiled) goto error;
+        if (cfg->cudagraphs) { /* mode="reduce-overhead": replayed from CUDA graphs where it is safe */
+            PyObject *w = em_cudagraph_wrap(e->compiled, e->eager_graph, res.graph, res.example_inputs, res.ninputs,
+                                            cfg->backend, cfg->cudagraphs, &cg_info);
+            if (!w) goto error;
+            Py_SETREF(e->compiled, w);
+            e->eager_graph = 0;
+        }
         e->out = em_out_copy(res.out);
         e->ninputs = res.ninputs;
         e->grad_restore = res.grad_restore;
@@ -654,6 +661,8 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     }
     e->info = entry_info(e->kind, e->guards, cfg, &res, graph_text, out_text);
     if (!e->info || (backend_info && PyDict_SetItemString(e->info, info_key, backend_info) < 0)) goto error;
+    if (cg_info && PyDict_SetItemString(e->info, "cudagraphs", cg_info) < 0) goto error;
+    Py_CLEAR(cg_info);
     {   /* which dims are symbolic and why (ember.cache_info / explain) */
         PyObject *dyn = res.sym_notes ? PyList_GetSlice(res.sym_notes, 0, PY_SSIZE_T_MAX) : PyList_New(0);
         int bad = !dyn || PyDict_SetItemString(e->info, "dynamic", dyn) < 0;
@@ -729,6 +738,7 @@ error:
     Py_XDECREF(graph_text);
     Py_XDECREF(out_text);
     Py_XDECREF(backend_info);
+    Py_XDECREF(cg_info);
     entry_free(e);
     em_arena_free(res.arena);
     return NULL;

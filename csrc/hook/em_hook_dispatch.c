@@ -238,13 +238,15 @@ done:
     return result;
 }
 
-/* CompiledFunction(func, backend, backend_key, fullgraph, self=None, module=None, dynamic=None) */
+/* CompiledFunction(func, backend, backend_key, fullgraph, self=None, module=None, dynamic=None,
+ *                  cudagraphs=None) */
 static PyObject *cf_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"func", "backend", "backend_key", "fullgraph", "self", "module", "dynamic", NULL};
+    static char *kwlist[] = {"func", "backend", "backend_key", "fullgraph", "self", "module", "dynamic", "cudagraphs", NULL};
     PyObject *func, *backend, *backend_key, *self_obj = Py_None, *module = Py_None, *dynamic = Py_None;
+    PyObject *cudagraphs = Py_None;
     int fullgraph = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOp|OOO:CompiledFunction", kwlist, &func, &backend, &backend_key,
-                                     &fullgraph, &self_obj, &module, &dynamic))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOp|OOOO:CompiledFunction", kwlist, &func, &backend, &backend_key,
+                                     &fullgraph, &self_obj, &module, &dynamic, &cudagraphs))
         return NULL;
     if (!PyFunction_Check(func)) {
         PyErr_Format(PyExc_TypeError, "ember.compile expects a Python function, got %.100s", Py_TYPE(func)->tp_name);
@@ -260,6 +262,7 @@ static PyObject *cf_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     cf->cfg.backend_key = Py_NewRef(backend_key);
     cf->cfg.fullgraph = fullgraph;
     cf->cfg.dynamic = dynamic == Py_None ? -1 : PyObject_IsTrue(dynamic) ? 1 : 0;
+    cf->cfg.cudagraphs = cudagraphs == Py_None ? NULL : Py_NewRef(cudagraphs);
     return (PyObject *)cf;
 }
 
@@ -270,6 +273,7 @@ static int cf_traverse(CompiledFunction *cf, visitproc visit, void *arg) {
     Py_VISIT(cf->module);
     Py_VISIT(cf->cfg.backend);
     Py_VISIT(cf->cfg.backend_key);
+    Py_VISIT(cf->cfg.cudagraphs);
     Py_VISIT(cf->dict);
     return 0;
 }
@@ -282,6 +286,7 @@ static int cf_clear(CompiledFunction *cf) {
     cf->es = NULL;
     Py_CLEAR(cf->cfg.backend);
     Py_CLEAR(cf->cfg.backend_key);
+    Py_CLEAR(cf->cfg.cudagraphs);
     Py_CLEAR(cf->dict);
     return 0;
 }

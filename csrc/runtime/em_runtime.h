@@ -63,6 +63,18 @@ PyObject *em_eager_graph_run(PyObject *eager_graph, PyObject *const *inputs, Py_
  * the extern calls) and, in *info, a dict for cache_info (kernels, externs, source, cache key, or
  * why the graph runs on the eager backend). NULL with an exception on failure. */
 PyObject *em_ember_compile(const IRGraph *g, PyObject **info);
+/* ---- CUDA graphs (em_runtime_cudagraph.c): ember.compile(mode="reduce-overhead") ---- */
+/* Row independence along the batch dim (dim 0 of the inputs flagged in batched_in): 1 when every
+ * output row depends only on the same row of the batched inputs (batched_out[k]: output k carries
+ * the batch), 0 with the reason in why, -1 on OOM. */
+int em_cudagraph_rows(const IRGraph *g, const uint8_t *batched_in, uint8_t *batched_out, char *why, size_t nwhy);
+/* The same as a dict {row_independent, reason, batched_outputs} (the _ir_build(rows=...) hook). */
+PyObject *em_cudagraph_rows_py(const IRGraph *g, PyObject *batched);
+/* Wraps an entry's compiled callable in an ember._C.CudaGraphs runner sharing pool (an
+ * ember._cudagraphs.Pool); *info: its live stats dict for cache_info. New reference or NULL. */
+PyObject *em_cudagraph_wrap(PyObject *compiled, int is_eager_graph, const IRGraph *g, PyObject *const *examples,
+                            uint32_t n, PyObject *backend, PyObject *pool, PyObject **info);
+int em_runtime_cudagraph_init(PyObject *module);
 /* Compile driver (em_runtime_cc.c): compiles or loads from the on-disk cache; dlopen handle. */
 void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cached);
 PyObject *em_cc_stats(PyObject *self, PyObject *noargs);

@@ -690,5 +690,6 @@ int em_runtime_init(PyObject *module) {
     }
     Py_XSETREF(EmEagerGraph_Type, (PyTypeObject *)tp);
     if (em_runtime_ember_init(module) < 0) return -1;
+    if (em_runtime_cudagraph_init(module) < 0) return -1;
     return em_runtime_testing_init(module);
 }

@@ -82,16 +82,18 @@ static int t_meta(EmArena *a, PyObject *ex, IRMeta *m) {
  * torch.compile backend "ember" imports Dynamo's fx graphs this way, src/ember/_backends.py).
  * With cuda_source=True: the CUDA C backend "ember" generates for it (em_ember_cuda_codegen), with
  * meta tensors standing for CUDA tensors; nothing is compiled or run.
+ * With rows=[bool per input]: the row-independence analysis of CUDA graph buckets with those inputs
+ * batched (em_cudagraph_rows_py): {row_independent, reason, batched_outputs}.
  * nodes: ("placeholder", name, example) | ("call_function", target, args, kwargs, example) |
  *        ("call_method", name, args, kwargs, example) | ("output", [node index, ...]).
  * In args/kwargs, ("__node__", i) refers to nodes[i] and ("__const__", v) is a constant v. */
 static PyObject *t_ir_build(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"nodes", "dce", "ember", "cuda_source", NULL};
-    PyObject *nodes = NULL, *result = NULL, *fast = NULL, *v = NULL;
+    static char *kwlist[] = {"nodes", "dce", "ember", "cuda_source", "rows", NULL};
+    PyObject *nodes = NULL, *result = NULL, *fast = NULL, *v = NULL, *rows = NULL;
     int dce = 0, ember = 0, cuda_source = 0;
     EmArena *a = NULL;
     IRRef *refs = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ppp:_ir_build", kwlist, &nodes, &dce, &ember, &cuda_source)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pppO:_ir_build", kwlist, &nodes, &dce, &ember, &cuda_source, &rows)) return NULL;
     fast = PySequence_Fast(nodes, "_ir_build: nodes must be a sequence");
     if (!fast) return NULL;
     Py_ssize_t nn = PySequence_Fast_GET_SIZE(fast);
@@ -181,6 +183,10 @@ static PyObject *t_ir_build(PyObject *self, PyObject *args, PyObject *kw) {
     int removed = 0;
     if (dce && (removed = em_ir_dce(g, NULL)) < 0) {
         PyErr_NoMemory();
+        goto done;
+    }
+    if (rows && rows != Py_None) {
+        result = em_cudagraph_rows_py(g, rows);
         goto done;
     }
     if (cuda_source) {

@@ -40,7 +40,10 @@ _module_classes: dict[type, type] = {}
 _STATIC_BACKENDS = ("aot_eager",)  # backends that compile concrete sizes only
 
 
-def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None, options=None):
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None, mode=None, options=None):
     """Compiles a function, bound method or nn.Module; returns an object called like the original.
 
     Each call binds its arguments, checks the guards of the cache entries of the function's code
@@ -69,6 +72,20 @@ def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None
         "fallback" says so). Backend "aot_eager" compiles concrete sizes (its partitions are per
         shape), so for it None means False: each new size compiles its own graph, up to
         config.cache_size_limit.
+      mode: torch.compile's modes. None / "default" and "max-autotune-no-cudagraphs": launch the
+        compiled graph on every call (ember has no measured kernel search yet, so the latter is the
+        default's behaviour). "reduce-overhead" and "max-autotune": CUDA graphs
+        (docs/backend_cuda.md, "CUDA graphs"): each graph entry on CUDA tensors is recorded once
+        in a CUDA graph (in a memory pool of torch's caching allocator private to this compiled
+        function) and replayed: the inputs are copied into static buffers, the graph replayed and
+        its outputs cloned (a later replay never changes a returned tensor). A graph whose rows
+        along dim 0 are independent (proved over the IR) is recorded at the bucket of its batch
+        size, the next power of two (inputs padded, outputs sliced), so batch sizes 5..8 share one
+        recording; other graphs record one per shape. Entries that cannot be replayed safely (CPU
+        tensors, inputs that require grad, several devices, symbolic sizes, a capture error) launch
+        as usual, with the reason in ember.cache_info(fn)[i]["cudagraphs"] (also: "captures", the
+        function's recordings). With a CUDA graph mode dynamic=None means False (one entry per
+        shape; the buckets share recordings).
       options: accepted for compatibility; must be None or empty.
 
     Returns: for a function, an ember._C.CompiledFunction; for a bound method, the same bound to
@@ -77,34 +94,45 @@ def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None
     is compiled.
 
     Raises: TypeError for anything that is not a Python function, method or module; ValueError
-    for an unknown backend name.
+    for an unknown backend name or mode.
     """
+    if mode not in MODES:
+        raise ValueError(f"ember: unknown mode {mode!r}; known: {', '.join(map(repr, MODES))}")
     if fn_or_module is None:
-        return functools.partial(compile, backend=backend, fullgraph=fullgraph, dynamic=dynamic, options=options)
+        return functools.partial(compile, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
+                                 options=options)
     if dynamic is not None:
         dynamic = bool(dynamic)
     if options:
         raise ValueError(f"ember: unknown options {sorted(options)}")
+    cudagraphs = None
+    if mode in ("reduce-overhead", "max-autotune"):
+        from ._cudagraphs import Pool
+        cudagraphs = Pool()
+        if dynamic is None:
+            dynamic = False
     if dynamic is None and backend in _STATIC_BACKENDS:
         dynamic = False  # a symbolic graph would run on the eager backend: specialise instead
     backend, key = _resolve_backend(backend)
+    if cudagraphs is not None:
+        key = (key, cudagraphs)  # entries of this compiled function only: they hold its pool's recordings
     if isinstance(fn_or_module, torch.nn.Module):
-        return _compile_module(fn_or_module, backend, key, fullgraph, dynamic)
+        return _compile_module(fn_or_module, backend, key, fullgraph, dynamic, cudagraphs)
     if isinstance(fn_or_module, _C.CompiledFunction):
         fn_or_module = fn_or_module.__wrapped_function__
     if isinstance(fn_or_module, types.MethodType) and isinstance(fn_or_module.__func__, types.FunctionType):
         cf = _C.CompiledFunction(fn_or_module.__func__, backend, key, bool(fullgraph), self=fn_or_module.__self__,
-                                 dynamic=dynamic)
+                                 dynamic=dynamic, cudagraphs=cudagraphs)
         return functools.update_wrapper(cf, fn_or_module.__func__)
     if isinstance(fn_or_module, types.FunctionType):
         if inspect.isgeneratorfunction(fn_or_module) or inspect.iscoroutinefunction(fn_or_module):
             raise TypeError(f"ember.compile: generators and coroutines are not supported: {fn_or_module!r}")
-        return functools.update_wrapper(_C.CompiledFunction(fn_or_module, backend, key, bool(fullgraph), dynamic=dynamic),
-                                        fn_or_module)
+        return functools.update_wrapper(_C.CompiledFunction(fn_or_module, backend, key, bool(fullgraph), dynamic=dynamic,
+                                                            cudagraphs=cudagraphs), fn_or_module)
     raise TypeError(f"ember.compile expects a function, a bound method or an nn.Module, got {type(fn_or_module).__name__}")
 
 
-def _compile_module(mod: torch.nn.Module, backend, key, fullgraph, dynamic=None):
+def _compile_module(mod: torch.nn.Module, backend, key, fullgraph, dynamic=None, cudagraphs=None):
     """A module sharing mod's __dict__ whose class's __call__ is the compiled forward (or the
     compiled __call__, when the class overrides nn.Module.__call__)."""
     cls = type(mod)
@@ -112,12 +140,14 @@ def _compile_module(mod: torch.nn.Module, backend, key, fullgraph, dynamic=None)
         forward = cls.forward
         if not isinstance(forward, types.FunctionType):
             raise TypeError(f"ember.compile: {cls.__name__}.forward is not a Python function")
-        cf = _C.CompiledFunction(forward, backend, key, bool(fullgraph), self=mod, module=mod, dynamic=dynamic)
+        cf = _C.CompiledFunction(forward, backend, key, bool(fullgraph), self=mod, module=mod, dynamic=dynamic,
+                                 cudagraphs=cudagraphs)
     else:
         call = cls.__call__
         if not isinstance(call, types.FunctionType):
             raise TypeError(f"ember.compile: {cls.__name__}.__call__ is not a Python function")
-        cf = _C.CompiledFunction(call, backend, key, bool(fullgraph), self=mod, module=mod, dynamic=dynamic)
+        cf = _C.CompiledFunction(call, backend, key, bool(fullgraph), self=mod, module=mod, dynamic=dynamic,
+                                 cudagraphs=cudagraphs)
     # one subclass per compiled module: the compiled call lives on the class (slot_tp_call finds
     # it there), so instances need no extra state and share the original's __dict__
     sub = type(f"Compiled{cls.__name__}", (cls,), {

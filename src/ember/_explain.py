@@ -87,6 +87,12 @@ def report(entries) -> ExplainOutput:
         if e.get("autograd"):
             from . import _autograd
             lines += _autograd.explain_lines(e["autograd"])
+        cg = e.get("cudagraphs")
+        if cg:
+            how = (f"bucket {cg['bucket']} (batch {cg['batch']})" if cg.get("row_independent")
+                   else "one recording per shape")
+            lines.append(f"  CUDA graphs: {cg['state']}, {how}; {cg['pool']['captures']} recording(s) in this "
+                         f"function's pool{'; ' + cg['reason'] if cg.get('reason') else ''}")
         lines.append("  guards:")
         lines += ["    " + g for g in e["guards"]]
         guards += e["guards"]
