@@ -1647,6 +1647,36 @@ static int tensor_dtype_is(const IRGraph *g, const IRArg *a, PyObject *dtype) {
  * a functionalized result), nothing reads v after r, v is not returned, no node that may alias v
  * (a view, an unknown torch call) reads it, and every tensor argument has v's dtype (an in-place
  * op computes in the promoted type and rounds to v's; the functional rule computes in v's). */
+static int arg_refers(const IRArg *a, IRRef r) {
+    if (a->kind == IRARG_NODE) return a->u.ref == r;
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++)
+            if (arg_refers(&a->u.items[i], r)) return 1;
+    return 0;
+}
+
+/* An in-place update of a graph input that no other node reads, whose result nothing reads
+ * (BatchNorm's num_batches_tracked.add_(1) in a training forward): an extern call with a side
+ * effect only, at its place in graph order; no kernel can observe the input before or after it. */
+static int lone_input_update(const IRGraph *g, IRRef r) {
+    const IRNode *n = &g->nodes[r];
+    if (n->nargs < 1 || n->args[0].kind != IRARG_NODE || g->nodes[n->args[0].u.ref].kind != IR_PLACEHOLDER) return 0;
+    IRRef in = n->args[0].u.ref;
+    for (uint32_t i = 1; i < n->nargs; i++)
+        if (arg_refers(&n->args[i], in)) return 0;
+    for (uint32_t i = 0; i < n->nkwargs; i++)
+        if (arg_refers(&n->kwargs[i], in)) return 0;
+    for (IRRef u = 1; u < g->nnodes; u++) {
+        if (u == r) continue;
+        const IRNode *un = &g->nodes[u];
+        for (uint32_t i = 0; i < un->nargs; i++)
+            if (arg_refers(&un->args[i], in) || arg_refers(&un->args[i], r)) return 0;
+        for (uint32_t i = 0; i < un->nkwargs; i++)
+            if (arg_refers(&un->kwargs[i], in) || arg_refers(&un->kwargs[i], r)) return 0;
+    }
+    return 1;
+}
+
 static int functionalize(const IRGraph *g, uint8_t *functional) {
     uint32_t nn = g->nnodes;
     IRRef *last_use = calloc(nn + 1, sizeof(IRRef));
@@ -1813,7 +1843,8 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
                 return NULL;
             }
         }
-        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && !functional[r] && mutates(n)) {
+        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && !functional[r] && mutates(n) &&
+            !lone_input_update(g, r)) {
             *why = "the graph has an in-place op on a graph input or on a value read again (or through a view) "
                    "after it: ran by the eager backend";
             return NULL;
