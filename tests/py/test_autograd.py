@@ -813,3 +813,34 @@ def test_transformer_training_step_cuda_ember():
     assert info["decomposed"] and "split" not in info
     for half in ("forward", "backward"):
         assert info["ember"][half].get("device") == "cuda", info["ember"][half].get("fallback")
+
+
+def test_lone_input_update_is_an_extern_side_effect_unless_inputs_may_alias():
+    """csrc/lower: an in-place update of a graph input nothing else reads (BatchNorm's
+    num_batches_tracked.add_(1)) runs as an extern call and the rest of the graph is compiled;
+    when another input of its dtype is read by the graph (it may be a view of the updated one:
+    there is no guard on storage), the graph keeps the eager backend, and results match eager."""
+    def f(x, n):
+        n.add_(1)
+        return x.sin() * 2
+
+    c = ember.compile(f, backend="ember")
+    x, n = torch.randn(8), torch.zeros((), dtype=torch.int64)
+    out = c(x, n)
+    torch.testing.assert_close(out, x.sin() * 2)
+    assert n.item() == 1
+    ember_info = [e for e in entries(c) if e.get("ember")][0]["ember"]
+    assert "fallback" not in ember_info, ember_info.get("fallback")
+
+    def g(x, y):
+        y.add_(1)
+        return x * 2
+
+    c2 = ember.compile(g, backend="ember")
+    base = torch.zeros(4, 3)
+    xe = torch.zeros(4, 3)
+    ref = g(xe, xe[0])
+    out2 = c2(base, base[0])  # y is a view of x: x * 2 must see the update
+    torch.testing.assert_close(out2, ref)
+    info2 = [e for e in entries(c2) if e.get("ember")][0]["ember"]
+    assert "fallback" in info2
