@@ -48,6 +48,8 @@ typedef struct {
     IRRef *fmap;      /* g ref -> joint ref of the value */
     IRRef (*aux)[3];  /* g ref -> joint refs a rewrite made for the backward (mean, rstd, mask ...) */
     IRRef *grad;      /* g ref -> joint ref of its accumulated gradient, 0: none */
+    struct Pieces { IRRef *part; int64_t n; } *pieces; /* g ref -> gradients of x[0] .. x[n-1] (int
+                       * getitems) not yet stacked into x's gradient (finalize_grad) */
     IRRef *scatter;   /* g ref -> its gradient while it is a zeros buffer that getitem gradients
                        * add into slice by slice (x[0], x[1], x[2] of one tensor), 0: none */
     uint8_t *role;    /* joint ref -> ROLE_* */
@@ -686,8 +688,47 @@ static IRRef reduce_to(AG *ag, IRRef gi, const IRMeta *want) {
     return gi;
 }
 
+/* x[0], x[1], ... x[n-1] each used (the packed attention projection's proj[0], proj[1], proj[2]):
+ * x's gradient is torch.stack of theirs (zeros for an index not used), one buffer written once,
+ * no in-place op, as eager's SelectBackward nodes summed would give. Called before anything reads
+ * the gradient of gref. */
+static int finalize_grad(AG *ag, IRRef gref) {
+    struct Pieces *pc = ag->pieces ? &ag->pieces[gref] : NULL;
+    if (!pc || !pc->part) return 0;
+    IRRef any = 0;
+    for (int64_t i = 0; i < pc->n && !any; i++) any = pc->part[i];
+    const IRMeta *xm = &em_ir_node(ag->g, gref)->meta;
+    IRArg list = {0};
+    list.kind = IRARG_LIST;
+    list.n = (uint32_t)pc->n;
+    list.u.items = em_arena_alloc(ag->a, (size_t)pc->n * sizeof(IRArg));
+    if (!list.u.items) return -1;
+    for (int64_t i = 0; i < pc->n; i++) {
+        IRRef v = pc->part[i];
+        if (!v) {
+            IRMeta pm = *xm;
+            pm.ndim = xm->ndim - 1;
+            pm.sizes = xm->sizes + 1;
+            IRArg za[2] = {arg_node(any), shape_const(ag, &pm)};
+            v = emit_method(ag, "new_zeros", za, 2);
+            if (!v) return -1;
+        }
+        list.u.items[i] = arg_node(v);
+    }
+    pc->part = NULL;
+    IRRef st = emit_fn(ag, "stack", &list, 1);
+    if (!st) return -1;
+    if (ag->grad[gref]) {
+        st = emit_op(ag, "add", arg_node(ag->grad[gref]), arg_node(st), 2);
+        if (!st) return -1;
+    }
+    ag->grad[gref] = st;
+    return 0;
+}
+
 static int accumulate(AG *ag, IRRef gref, IRRef gi) {
     if (!gi) return -1;
+    if (finalize_grad(ag, gref) < 0) return -1;
     gi = reduce_to(ag, gi, &em_ir_node(ag->g, gref)->meta);
     if (!gi) return -1;
     if (ag->grad[gref]) {
@@ -1113,6 +1154,27 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
                 if (idx.u.items[i].kind != IRARG_CONST)
                     return ag_fail(ag, "%s: indexing with tensors inside a tuple", node->name);
         selfm = &em_ir_node(ag->g, self.u.ref)->meta;
+        if (idx.kind == IRARG_CONST && PyLong_Check(idx.u.obj) && !PyBool_Check(idx.u.obj) && ag->pieces &&
+            selfm->ndim >= 1 && selfm->sizes[0] >= 1 && selfm->sizes[0] <= 64 && !ag->grad[self.u.ref] &&
+            jmeta(ag, g)->dtype == selfm->dtype) { /* x[i]: one piece of x's stacked gradient */
+            long long i = PyLong_AsLongLong(idx.u.obj);
+            if (PyErr_Occurred()) return ag_fail_exc(ag);
+            if (i < 0) i += selfm->sizes[0];
+            struct Pieces *pc = &ag->pieces[self.u.ref];
+            if (i >= 0 && i < selfm->sizes[0]) {
+                if (!pc->part) {
+                    pc->n = selfm->sizes[0];
+                    pc->part = em_arena_alloc(ag->a, (size_t)pc->n * sizeof(IRRef));
+                    if (!pc->part) return -1;
+                    memset(pc->part, 0, (size_t)pc->n * sizeof(IRRef));
+                }
+                IRRef v = g;
+                if (pc->part[i]) v = emit_op(ag, "add", arg_node(pc->part[i]), arg_node(g), 2);
+                if (!v) return -1;
+                pc->part[i] = v;
+                return 0;
+            }
+        }
         if (idx.kind != IRARG_NODE && ag->scatter && ag->scatter[self.u.ref]) {
             /* another slice of the same tensor (proj[0], proj[1], proj[2] of the attention's packed
              * in-projection): add into the pending zeros buffer in place, no new buffer, no add */
@@ -1374,6 +1436,58 @@ static IRRef copy_node(AG *ag, const IRNode *n) {
     return 0;
 }
 
+#define EM_MAXDIM_AG 16
+
+/* perm: m's dims ordered by stride, largest first (stable), such that x.permute(perm) is
+ * contiguous; false when m is not dense and non-overlapping (then empty_like's layout is not a
+ * permutation of a contiguous one). */
+static bool dense_order(const IRMeta *m, int32_t *perm) {
+    if (m->kind != IRMETA_TENSOR || m->ndim > EM_MAXDIM_AG) return false;
+    for (int32_t i = 0; i < m->ndim; i++) {
+        int32_t j = i;
+        while (j > 0 && m->strides[perm[j - 1]] < m->strides[i]) {
+            perm[j] = perm[j - 1];
+            j--;
+        }
+        perm[j] = i;
+    }
+    int64_t want = 1;
+    for (int32_t k = m->ndim - 1; k >= 0; k--) {
+        int32_t d = perm[k];
+        if (m->sizes[d] == 0) return false;
+        if (m->sizes[d] != 1 && m->strides[d] != want) return false;
+        want *= m->sizes[d];
+    }
+    return true;
+}
+
+static bool identity_perm(const int32_t *perm, int32_t n) {
+    for (int32_t i = 0; i < n; i++)
+        if (perm[i] != i) return false;
+    return true;
+}
+
+/* perm (or its inverse) as a tuple of ints; new reference. */
+static PyObject *int_tuple_of(const int32_t *perm, int32_t n, bool inverse) {
+    PyObject *t = PyTuple_New(n);
+    for (int32_t i = 0; t && i < n; i++) {
+        int32_t v = i;
+        if (inverse) {
+            for (int32_t k = 0; k < n; k++)
+                if (perm[k] == i) v = k;
+        } else {
+            v = perm[i];
+        }
+        PyObject *o = PyLong_FromLong(v);
+        if (!o) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, o);
+    }
+    return t;
+}
+
 /* Ops the forward may rewrite so the backward gets what torch's backward kernels need. Returns the
  * joint ref of the value, 0 (and no reason) when the node is copied as is, or 0 with a reason. */
 static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
@@ -1479,6 +1593,7 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         PyErr_Clear();
         ag->cur_pinned = true; /* random: never recomputed */
         IRRef out = 0;
+        int32_t perm[EM_MAXDIM_AG];
         if (cuda) { /* at::dropout on CUDA is native_dropout (aten/src/ATen/native/Dropout.cpp) */
             PyObject *t = torch_attr("ops.aten.native_dropout");
             if (t && em_arena_hold_steal(ag->a, t)) {
@@ -1490,7 +1605,30 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
             } else {
                 ag_fail_exc(ag);
             }
-        } else { /* on CPU: noise = empty_like(x).bernoulli_(1 - p).div_(1 - p); x * noise (_dropout_impl) */
+        } else if (dense_order(m, perm)) {
+            /* on CPU: noise = empty_like(x).bernoulli_(1 - p).div_(1 - p); x * noise (_dropout_impl).
+             * empty_like keeps x's layout (dense: a permutation of a contiguous one) and bernoulli_
+             * draws in memory order; torch.bernoulli(x.permute(perm), 1 - p) (perm: x's dims by
+             * stride, a contiguous view) makes the same draws in the same memory order, and
+             * .permute(back) puts them on x's elements: the same mask, and no in-place op (the
+             * ember backend then compiles the forward half; lower refuses in-place updates of
+             * values read again) */
+            IRArg pm = arg_const_steal(ag, int_tuple_of(perm, m->ndim, false));
+            IRArg inv = arg_const_steal(ag, int_tuple_of(perm, m->ndim, true));
+            if (arg_bad(&pm) || arg_bad(&inv)) return ag_fail_exc(ag), 0;
+            IRArg pa[2] = {map_arg(ag, &self), pm};
+            IRRef xp = identity_perm(perm, m->ndim) ? map_arg(ag, &self).u.ref : emit_method(ag, "permute", pa, 2);
+            IRArg a2[2] = {arg_node(xp), arg_const_steal(ag, PyFloat_FromDouble(1.0 - pv))};
+            IRRef bern = xp ? emit_fn(ag, "bernoulli", a2, 2) : 0;
+            if (bern && !identity_perm(perm, m->ndim)) {
+                IRArg ba[2] = {arg_node(bern), inv};
+                bern = emit_method(ag, "permute", ba, 2);
+            }
+            IRRef noise = bern ? emit_op(ag, "truediv", arg_node(bern), a2[1], 2) : 0;
+            out = noise ? emit_op(ag, "mul", map_arg(ag, &self), arg_node(noise), 2) : 0;
+            ag->aux[n][0] = noise;
+            if (out) ag->pinned[out] = 0;
+        } else { /* on CPU, x not contiguous: empty_like keeps x's layout, so the in-place form */
             IRArg a1[1] = {map_arg(ag, &self)};
             IRRef e = emit_fn(ag, "empty_like", a1, 1);
             IRArg a2[2] = {arg_node(e), arg_const_steal(ag, PyFloat_FromDouble(1.0 - pv))};
@@ -2454,7 +2592,8 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     ag.aux = calloc(G, sizeof *ag.aux);
     ag.grad = calloc(G, sizeof(IRRef));
     ag.scatter = calloc(G, sizeof(IRRef));
-    if (!ag.j || !ag.fmap || !ag.aux || !ag.grad || !ag.scatter || ag_grow_roles(&ag) < 0) {
+    ag.pieces = calloc(G, sizeof *ag.pieces);
+    if (!ag.j || !ag.fmap || !ag.aux || !ag.grad || !ag.scatter || !ag.pieces || ag_grow_roles(&ag) < 0) {
         PyErr_NoMemory();
         goto error;
     }
@@ -2585,6 +2724,10 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     for (IRRef r = G - 1; r >= 1 && !ag.reason; r--) {
         const IRNode *n = em_ir_node(g, r);
         if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        if (finalize_grad(&ag, r) < 0) {
+            if (!ag.reason) ag_fail_exc(&ag);
+            break;
+        }
         if (!ag.grad[r] || !meta_needs_grad(&n->meta)) continue;
         ag.cur = r;
         Bind b;
@@ -2614,6 +2757,12 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     if (!gin || !tang || !nondiff) {
         free(tangent);
         goto error;
+    }
+    for (uint32_t i = 0; i < g->ninputs && !ag.reason; i++)
+        if (finalize_grad(&ag, g->inputs[i]) < 0 && !ag.reason) ag_fail_exc(&ag);
+    if (ag.reason) {
+        free(tangent);
+        goto fallback;
     }
     for (uint32_t i = 0; i < g->ninputs; i++) {
         IRRef p = g->inputs[i];
@@ -2852,6 +3001,7 @@ done:
     free(ag.aux);
     free(ag.grad);
     free(ag.scatter);
+    free(ag.pieces);
     free(ag.role);
     free(ag.pinned);
     Py_XDECREF(ag.reason);

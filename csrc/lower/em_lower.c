@@ -1920,6 +1920,68 @@ static int tensor_dtype_is(const IRGraph *g, const IRArg *a, PyObject *dtype) {
  * a functionalized result), nothing reads v after r, v is not returned, no node that may alias v
  * (a view, an unknown torch call) reads it, and every tensor argument has v's dtype (an in-place
  * op computes in the promoted type and rounds to v's; the functional rule computes in v's). */
+static int arg_refers(const IRArg *a, IRRef r) {
+    if (a->kind == IRARG_NODE) return a->u.ref == r;
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++)
+            if (arg_refers(&a->u.items[i], r)) return 1;
+    return 0;
+}
+
+static int mutates(const IRNode *n);
+
+/* Is node r an in-place update of graph input `in` (args[0]) that is the only node reading `in`
+ * and whose result nothing reads? */
+static int sole_update_of(const IRGraph *g, IRRef r, IRRef in) {
+    const IRNode *n = &g->nodes[r];
+    if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !mutates(n) || n->nargs < 1 ||
+        n->args[0].kind != IRARG_NODE || n->args[0].u.ref != in)
+        return 0;
+    for (uint32_t i = 1; i < n->nargs; i++)
+        if (arg_refers(&n->args[i], in)) return 0;
+    for (uint32_t i = 0; i < n->nkwargs; i++)
+        if (arg_refers(&n->kwargs[i], in)) return 0;
+    for (IRRef u = 1; u < g->nnodes; u++) {
+        if (u == r) continue;
+        const IRNode *un = &g->nodes[u];
+        for (uint32_t i = 0; i < un->nargs; i++)
+            if (arg_refers(&un->args[i], in) || arg_refers(&un->args[i], r)) return 0;
+        for (uint32_t i = 0; i < un->nkwargs; i++)
+            if (arg_refers(&un->kwargs[i], in) || arg_refers(&un->kwargs[i], r)) return 0;
+    }
+    return 1;
+}
+
+/* An in-place update of a graph input that no other node reads, whose result nothing reads
+ * (BatchNorm's num_batches_tracked.add_(1) in a training forward): an extern call with a side
+ * effect only; extern calls keep their IR order (schedule), and no kernel reads the input. Graph
+ * inputs may alias each other (no guard on storage), and kernels read inputs when demanded, not
+ * in IR order: so every other input of the same dtype (a view would share it) must itself be
+ * touched only by such an update, or a kernel could read memory the update changes. */
+static int lone_input_update(const IRGraph *g, IRRef r) {
+    const IRNode *n = &g->nodes[r];
+    if (n->nargs < 1 || n->args[0].kind != IRARG_NODE || g->nodes[n->args[0].u.ref].kind != IR_PLACEHOLDER) return 0;
+    IRRef in = n->args[0].u.ref;
+    if (!sole_update_of(g, r, in) || g->nodes[in].meta.kind != IRMETA_TENSOR) return 0;
+    for (uint32_t i = 0; i < g->ninputs; i++) {
+        IRRef p = g->inputs[i];
+        if (p == in || g->nodes[p].meta.kind != IRMETA_TENSOR || g->nodes[p].meta.dtype != g->nodes[in].meta.dtype)
+            continue;
+        int ok = 0, used = 0;
+        for (IRRef u = 1; u < g->nnodes; u++) {
+            const IRNode *un = &g->nodes[u];
+            int refers = 0;
+            for (uint32_t k = 0; k < un->nargs && !refers; k++) refers = arg_refers(&un->args[k], p);
+            for (uint32_t k = 0; k < un->nkwargs && !refers; k++) refers = arg_refers(&un->kwargs[k], p);
+            if (!refers) continue;
+            used++;
+            ok = sole_update_of(g, u, p);
+        }
+        if (used && !(used == 1 && ok)) return 0;
+    }
+    return 1;
+}
+
 static int functionalize(const IRGraph *g, uint8_t *functional) {
     uint32_t nn = g->nnodes;
     IRRef *last_use = calloc(nn + 1, sizeof(IRRef));
@@ -2115,7 +2177,8 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
                 return NULL;
             }
         }
-        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && !functional[r] && mutates(n)) {
+        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && !functional[r] && mutates(n) &&
+            !lone_input_update(g, r)) {
             *why = "the graph has an in-place op on a graph input or on a value read again (or through a view) "
                    "after it: ran by the eager backend";
             return NULL;
