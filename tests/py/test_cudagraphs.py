@@ -52,6 +52,7 @@ def test_mode_validation():
     assert callable(ember.compile(mode="reduce-overhead")(lambda x: x))
 
 
+@pytest.mark.usefixtures("cpu_tensors")
 @pytest.mark.parametrize("backend", ["eager", "ember"])
 def test_cpu_tensors_run_plainly(backend):
     def f(x, y):

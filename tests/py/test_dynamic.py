@@ -238,6 +238,7 @@ def test_custom_backend_gets_one_symbolic_graph():
     assert ph.meta["ember_meta"]["sym_shape"] == ("s0", "s1", "s2")
 
 
+@pytest.mark.usefixtures("cpu_tensors")  # symbolic sizes in kernels: the C code generator only
 def test_backend_ember_compiles_symbolic_graphs():
     # sizes are kernel arguments (docs/backend_cpu.md): one entry, one kernel, no fallback; the
     # SymInt operand is the kernel's size expression
@@ -320,6 +321,7 @@ def test_int_argument_view_and_slice():
     assert n_ember <= n_torch
 
 
+@pytest.mark.usefixtures("cpu_tensors")  # torch.compile's count on CUDA is not comparable here
 def test_int_argument_arange():
     cf, n_ember, n_torch = int_case(lambda x, n: torch.arange(n) * 2 + x[:n], [2, 4, 8, 3, 1, 0])
     assert n_ember <= n_torch
@@ -477,6 +479,9 @@ def test_shape_rules_dynamic_true_and_int_arguments():
     assert with_rules <= fake_only
 
 
+@pytest.mark.xfail(torch.empty(0).device.type == "cuda", strict=True,
+                   reason="known gap (issue 9): on CUDA the encoder layer's fast path recompiles per length; "
+                          "tools/dynamic_recompile_probe.py --device cuda")
 def test_shape_rules_encoder_layer():
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
     with torch.no_grad():
