@@ -188,8 +188,9 @@ def test_rule_matches_eager(case, dtype):
     # an attention mask on CUDA keeps eager autograd (docs/autograd.md): correct gradients, split
     split = torch.empty(0).device.type == "cuda" and name in CUDA_EAGER_AUTOGRAD
     c = check(fn, mk(dtype), compiled=not split)
-    if split:
-        assert "scaled_dot_product_attention" in autograd_info(c)["split"][0]
+    if split:  # float32 runs a fused kernel (split); float64 the math kernel (decomposed, compiled)
+        info = autograd_info(c)
+        assert "split" not in info or "scaled_dot_product_attention" in info["split"][0]
 
 
 CUDA_EAGER_AUTOGRAD = {"sdpa_float_mask_scale"}
@@ -236,6 +237,8 @@ def test_sdpa_uses_the_kernel_eager_uses():
     fused = ("_scaled_dot_product_flash_attention_for_cpu_backward",) if q.device.type == "cpu" else (
         "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward")
     assert any(op in info["backward"] for op in fused) and "decomposed" not in info, info["backward"]
+    if q.device.type != "cpu":
+        return  # CUDA's fused kernels take dropout themselves: the math kernel (below) is CPU's choice
     ember.reset()
     c = check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.3), (q, k, v), seed=3, rtol=0, atol=0)
     info = autograd_info(c)
@@ -780,7 +783,10 @@ def test_ember_backend_compiles_both_halves(case):
     for half in ("forward", "backward"):
         h = info["ember"][half]
         assert "fallback" not in h, (half, h.get("fallback"))
-        assert h["device"] == _DEVICE and h["kernels"] >= 1, (half, h.get("device"), h.get("kernels"), h.get("extern_list"))
+        # on CUDA the CNN's backward half is all extern calls (cuDNN convolution and batch-norm
+        # backward, mm, views): nothing left to fuse, and no eager-backend fallback either
+        least = 0 if (_DEVICE == "cuda" and half == "backward" and name == "cnn") else 1
+        assert h["device"] == _DEVICE and h["kernels"] >= least, (half, h.get("device"), h.get("kernels"), h.get("extern_list"))
 
 
 @needs_cuda
