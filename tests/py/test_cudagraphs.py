@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import ember
 from ember import _C
-from ember._backends import _plain
+from ember.testing.cuda import fx_ir_nodes
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -16,32 +16,9 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 def rows(fn, *examples, batched=None):
     """The row analysis of fn's graph (torch.fx trace, example values on meta)."""
-    gm = torch.fx.symbolic_trace(fn)
-    vals = {}
-
-    class Rec(torch.fx.Interpreter):
-        def run_node(self, n):
-            r = super().run_node(n)
-            vals[n] = r
-            return r
-
-    Rec(gm).run(*[e.to("meta") for e in examples])
-    nodes, index = [], {}
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            nodes.append(("placeholder", n.name, vals[n]))
-        elif n.op in ("call_function", "call_method"):
-            ref = lambda a: ("__node__", index[a])  # noqa: E731
-            nodes.append((n.op, n.target, _plain(tuple(torch.fx.node.map_arg(tuple(n.args), ref))),
-                          _plain(dict(torch.fx.node.map_arg(dict(n.kwargs), ref))), vals[n]))
-        elif n.op == "output":
-            outs = n.args[0] if isinstance(n.args[0], (tuple, list)) else (n.args[0],)
-            nodes.append(("output", [index[o] for o in outs]))
-            continue
-        index[n] = len(nodes) - 1
     if batched is None:
         batched = [True] + [False] * (len(examples) - 1)
-    return _C._ir_build(nodes, rows=batched)
+    return _C._ir_build(fx_ir_nodes(fn, *examples), rows=batched)
 
 
 def test_mode_validation():

@@ -23,10 +23,9 @@ def meta_like(t: torch.Tensor) -> torch.Tensor:
     return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
-def cuda_codegen(fn, *examples) -> dict:
-    """fn traced by torch.fx.symbolic_trace, its nodes' values computed on meta tensors, lowered,
-    scheduled and generated as CUDA C. examples: tensors (real or meta) or Python values."""
-    from .. import _C
+def fx_ir_nodes(fn, *examples) -> list:
+    """fn traced by torch.fx.symbolic_trace, its nodes' values computed on meta tensors, as the node
+    list ember._C._ir_build takes. examples: tensors (real or meta) or Python values."""
     gm = torch.fx.symbolic_trace(fn)
     metas = [meta_like(e) if isinstance(e, torch.Tensor) and e.device.type != "meta" else e for e in examples]
     vals = {}
@@ -64,9 +63,15 @@ def cuda_codegen(fn, *examples) -> dict:
             nodes.append(("output", [index[o] for o in outs]))
             continue
         else:
-            raise ValueError(f"cuda_codegen: {n.op} nodes are not supported here")
+            raise ValueError(f"fx_ir_nodes: {n.op} nodes are not supported here")
         index[n] = len(nodes) - 1
-    return _C._ir_build(nodes, cuda_source=True)
+    return nodes
+
+
+def cuda_codegen(fn, *examples) -> dict:
+    """fn's graph (fx_ir_nodes) lowered, scheduled and generated as CUDA C."""
+    from .. import _C
+    return _C._ir_build(fx_ir_nodes(fn, *examples), cuda_source=True)
 
 
 def nvrtc_available() -> str:
