@@ -28,12 +28,15 @@ PyObject *em_codegen_c(const Schedule *s, const EmCodegenOptions *opt, uint8_t *
 enum { EM_KMETA_WORK = 0, EM_KMETA_NUMEL = 1, EM_KMETA_OUT = 2 };
 
 /* ---- CUDA C (em_codegen_cuda.c) ---- */
-/* How a CUDA kernel is launched: the runtime takes grid = min(blocks, SMs * per_sm) (at least 1)
- * and the kernels loop grid-stride over what is left. */
+/* How a CUDA kernel is launched: the runtime takes grid = min(blocks, SMs * per_sm) (per_sm 0: no
+ * per-SM cap), at least 1 and at most EM_CUDA_MAX_THREADS threads, and the kernels loop grid-stride
+ * over what is left. */
+/* Headroom for a grid-stride index that steps past the end: grids stay below 2^24 threads. */
+#define EM_CUDA_MAX_THREADS (1LL << 24)
 typedef struct EmCudaLaunch {
     int32_t block;           /* threads per block */
     int64_t blocks;          /* blocks the work needs (0: nothing to do) */
-    int32_t per_sm;          /* blocks per SM beyond which the grid-stride loop takes over */
+    int32_t per_sm;          /* blocks per SM beyond which the grid-stride loop takes over (0: none) */
     int32_t vec;             /* pointwise: elements per vector step (1: scalar only) */
     int32_t idx64;           /* 64-bit index arithmetic */
     int32_t rows_per_block;  /* reductions: 1 = one row per block, 8 = one row per warp */

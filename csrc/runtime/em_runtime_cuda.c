@@ -485,8 +485,11 @@ EmCudaFn *em_cuda_fn_new(PyObject *module, const char *name, const EmCudaLaunch 
     f->device = m->device;
     f->launch = *launch;
     snprintf(f->name, sizeof f->name, "%s", name);
-    /* grid: the blocks the work needs, at most per_sm resident blocks on every SM (grid-stride) */
-    int64_t cap = (int64_t)L.dev[m->device].sms * (launch->per_sm > 0 ? launch->per_sm : 1);
+    /* grid: the blocks the work needs, at most per_sm resident blocks on every SM when per_sm > 0,
+     * and at most EM_CUDA_MAX_THREADS threads (the index headroom); the kernels loop grid-stride */
+    int64_t cap = EM_CUDA_MAX_THREADS / (launch->block > 0 ? launch->block : 1);
+    if (launch->per_sm > 0 && (int64_t)L.dev[m->device].sms * launch->per_sm < cap)
+        cap = (int64_t)L.dev[m->device].sms * launch->per_sm;
     int64_t g = launch->blocks < cap ? launch->blocks : cap;
     f->grid = (unsigned)(g < 1 ? 1 : g);
     f->device_index = PyLong_FromLong(m->device);
