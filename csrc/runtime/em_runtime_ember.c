@@ -426,6 +426,27 @@ static PyObject *eager_fallback(PyObject *info, const IRGraph *g, const char *wh
     return bad ? NULL : em_eager_graph_new(g);
 }
 
+/* The graph on the eager backend after em_cc_load failed with a RuntimeError (set on entry). */
+static PyObject *cc_fallback(PyObject *info, const IRGraph *g) {
+    static int warned_missing = 0;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *msg = ev ? PyObject_Str(ev) : NULL;
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+    if (!msg) return NULL;
+    PyObject *result = NULL, *w = PyUnicode_FromFormat("%U: ran by the eager backend", msg);
+    const char *m = PyUnicode_AsUTF8(msg);
+    int missing = m && strstr(m, "needs a C compiler") != NULL;
+    if (w && PyDict_SetItemString(info, "fallback", w) == 0 &&
+        ((missing && warned_missing++) || PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "%U", w) == 0))
+        result = em_eager_graph_new(g);
+    Py_DECREF(msg);
+    Py_XDECREF(w);
+    return result;
+}
+
 /* Where each symbol the kernels read comes from: a graph input (placeholder) whose size at some
  * dim is that symbol. input[]: the distinct inputs (passed to every kernel after its tensors);
  * per used symbol, which of them and which dim. */
@@ -723,7 +744,13 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         if (!text) goto done;
         handle = em_cc_load(text, (size_t)srclen, key, &cached);
         if (!handle) {
-            cc_failed = 1; /* no compiler, or it failed: the user's error to see */
+            /* no C compiler, or it failed: "ember" is the default backend, so the program must
+             * still run. The eager backend runs the graph, cache_info says why, and a
+             * RuntimeWarning names the cause (once per process for a missing compiler, once per
+             * graph for a failed compile: its message names the source and the compiler's log). */
+            if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) goto done; /* MemoryError ... */
+            cc_failed = 1;
+            result = cc_fallback(d, g);
             goto done;
         }
         lib = PyCapsule_New(handle, "ember.lib", lib_close);

@@ -43,7 +43,7 @@ _STATIC_BACKENDS = ("aot_eager",)  # backends that compile concrete sizes only
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None, mode=None, options=None):
+def compile(fn_or_module=None, *, backend="ember", fullgraph=False, dynamic=None, mode=None, options=None):
     """Compiles a function, bound method or nn.Module; returns an object called like the original.
 
     Each call binds its arguments, checks the guards of the cache entries of the function's code
@@ -53,10 +53,14 @@ def compile(fn_or_module=None, *, backend="eager", fullgraph=False, dynamic=None
     Args:
       fn_or_module: a Python function, a bound method, or a torch.nn.Module. Omitted: returns a
         decorator (``@ember.compile(backend=...)``).
-      backend: "eager" (the graph replayed op by op from C), "ember" (ember's own code generator:
-        lowering, fusion, C kernels; docs/backend_cpu.md), "aot_eager", "inductor" (torch's Inductor,
-        for comparison), "fx", or a callable ``(gm: torch.fx.GraphModule, example_inputs: list) ->
-        callable`` (torch.compile's custom-backend contract).
+      backend: "ember" (the default: ember's own code generator: lowering, fusion, C + OpenMP
+        kernels on the CPU, CUDA C kernels on a GPU, training through ember's AOT autograd;
+        docs/backend_cpu.md, docs/backend_cuda.md, docs/autograd.md. A graph it cannot compile, or
+        a machine without a C compiler / NVRTC, runs on the eager backend with a RuntimeWarning and
+        the reason in ember.cache_info(fn)[i]["ember"]["fallback"]), "eager" (the graph replayed op
+        by op from C: eager's own kernels, bitwise eager's results), "aot_eager", "inductor" (torch's
+        Inductor, for comparison), "fx", or a callable ``(gm: torch.fx.GraphModule, example_inputs:
+        list) -> callable`` (torch.compile's custom-backend contract).
       fullgraph: raise ember.GraphBreakError (naming the reason and the source line) instead of
         falling back when a frame cannot be captured whole.
       dynamic: as torch.compile's. None (default): static first; a recompile caused by a changed

@@ -136,7 +136,9 @@ def explain(fn, *args, **kwargs):
     import ember
     from . import _C
 
-    compiled = fn if isinstance(fn, _C.CompiledFunction) or hasattr(type(fn), "_ember_compiled") else ember.compile(fn)
+    compiled = fn
+    if not (isinstance(fn, _C.CompiledFunction) or hasattr(type(fn), "_ember_compiled")):
+        compiled = ember.compile(fn, backend="eager")
 
     def run(*a, **k) -> ExplainOutput:
         compiled(*a, **k)

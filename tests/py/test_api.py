@@ -32,15 +32,17 @@ def test_decorator_without_arguments():
     @ember.compile
     def f(x, y):
         return torch.cos(torch.cos(x)) * y
-    assert_same(f(X, Y), torch.cos(torch.cos(X)) * Y)
-    assert kinds(f) == ["graph"]
+    # the default backend, "ember": C kernels (libmvec's cosf: within assert_close's tolerance)
+    assert_same(f(X, Y), torch.cos(torch.cos(X)) * Y, exact=False)
+    assert kinds(f) == ["graph"] and entries(f)[0]["backend"] == "ember"
+    assert ember.cache_info(f)[0]["ember"]["kernels"] == 1
 
 
 def test_decorator_with_empty_arguments():
     @ember.compile()
     def f(x, y):
         return torch.sin(x) - y
-    assert_same(f(X, Y), torch.sin(X) - Y)
+    assert_same(f(X, Y), torch.sin(X) - Y, exact=False)
     assert kinds(f) == ["graph"]
 
 
@@ -59,7 +61,7 @@ def test_function_call_form_and_metadata():
     c = ember.compile(cos_cos)
     assert c is not cos_cos
     assert c.__name__ == "cos_cos" and c.__doc__ == cos_cos.__doc__
-    run_both(cos_cos, [(X, Y), (X, Y)], compiled=c)
+    run_both(cos_cos, [(X, Y), (X, Y)], compiled=c, exact=False)
     assert kinds(c) == ["graph"]
     # cache_info accepts the plain function too: the cache lives on the code object
     assert kinds(cos_cos) == ["graph"]
@@ -70,15 +72,15 @@ def test_compiling_a_compiled_function_shares_its_cache():
     c1 = ember.compile(cos_cos)
     c1(X, Y)
     c2 = ember.compile(c1)
-    assert_same(c2(X, Y), cos_cos(X, Y))
+    assert_same(c2(X, Y), cos_cos(X, Y), exact=False)
     assert kinds(c2) == ["graph"]
 
 
 def test_compile_rejects_non_callables():
     with pytest.raises(TypeError):
-        ember.compile(42)
+        ember.compile(42, backend="eager")
     with pytest.raises(TypeError):
-        ember.compile("not a function")
+        ember.compile("not a function", backend="eager")
 
 
 # ---- bound methods ----
@@ -94,7 +96,7 @@ class Scaler:
 
 def test_bound_method():
     s = Scaler(3.0)
-    c = ember.compile(s.apply)
+    c = ember.compile(s.apply, backend="eager")
     assert_same(c(X), s.apply(X))
     assert_same(c(X), X * 3.0 + 1.0)
     # the method's object is read at call time: changing it changes the result like eager
@@ -102,14 +104,14 @@ def test_bound_method():
     assert_same(c(X), X * -2.0 + 1.0)
     # another instance's bound method compiles the same code, separately guarded
     t = Scaler(0.5)
-    ct = ember.compile(t.apply)
+    ct = ember.compile(t.apply, backend="eager")
     assert_same(ct(X), X * 0.5 + 1.0)
     assert_same(c(X), X * -2.0 + 1.0)
 
 
 def test_bound_method_of_module():
     lin = torch.nn.Linear(5, 3)
-    c = ember.compile(lin.forward)
+    c = ember.compile(lin.forward, backend="eager")
     assert_same(c(X), lin(X))
 
 
@@ -132,7 +134,7 @@ class Net(torch.nn.Module):
 def test_module_shares_state_with_original():
     torch.manual_seed(0)
     m = Net()
-    c = ember.compile(m)
+    c = ember.compile(m, backend="eager")
     assert isinstance(c, Net) and isinstance(c, torch.nn.Module)
     assert c is not m
     assert c.scale is m.scale and c.lin.weight is m.lin.weight and c.offset is m.offset
@@ -153,7 +155,7 @@ def test_module_results_equal_eager():
 def test_module_train_eval_switch():
     torch.manual_seed(0)
     m = Net()
-    c = ember.compile(m)
+    c = ember.compile(m, backend="eager")
     assert_same(c(X), m.forward(X))
     c.eval()
     assert m.training is False
@@ -167,7 +169,7 @@ def test_module_train_eval_switch():
 def test_load_state_dict_through_compiled_module():
     torch.manual_seed(0)
     m = Net()
-    c = ember.compile(m)
+    c = ember.compile(m, backend="eager")
     c(X)
     torch.manual_seed(1)
     new = Net().state_dict()
@@ -183,7 +185,7 @@ def test_load_state_dict_through_compiled_module():
 def test_module_with_forward_hook_runs_the_hook():
     torch.manual_seed(0)
     m = Net()
-    c = ember.compile(m)
+    c = ember.compile(m, backend="eager")
     seen = []
     h = m.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
     assert_same(c(X), m.forward(X))
@@ -245,7 +247,7 @@ def test_disable_nested_in_fallback_frame(no_graph_breaks):
     run_both(outer, [(X,)])
     assert kinds(inner) == ["graph"]
     ember.reset()
-    c = ember.compile(outer)
+    c = ember.compile(outer, backend="eager")
     with ember.disable():
         assert_same(c(X), outer(X))
     assert entries(inner) == [] and entries(outer) == []
@@ -295,14 +297,14 @@ def test_cache_info_graph_entry():
     c = ember.compile(cos_cos)
     c(X, Y)
     (e,) = entries(c)
-    assert e["kind"] == "graph" and e["backend"] == "eager"
+    assert e["kind"] == "graph" and e["backend"] == "ember"
     assert "cos" in e["graph"]
     assert any("L['x']" in g for g in e["guards"]) and any("L['y']" in g for g in e["guards"])
     assert e["reason"] is None and isinstance(e["output"], str)
 
 
 def test_cache_info_fallback_entry(no_graph_breaks):
-    c = ember.compile(branchy)
+    c = ember.compile(branchy, backend="eager")
     assert_same(c(X), branchy(X))
     (e,) = entries(c)
     assert e["kind"] == "fallback" and e["reason"] == "DATA_DEPENDENT_BRANCH"
@@ -313,7 +315,7 @@ def test_cache_info_fallback_entry(no_graph_breaks):
 
 def test_cache_info_of_module_and_unknown():
     torch.manual_seed(0)
-    c = ember.compile(Net())
+    c = ember.compile(Net(), backend="eager")
     c(X)
     assert kinds(c) == ["graph"]
     with pytest.raises(TypeError):
@@ -352,7 +354,7 @@ def test_backend_returning_non_callable_raises():
 
 
 def test_fullgraph_raises_with_reason_and_line():
-    c = ember.compile(branchy, fullgraph=True)
+    c = ember.compile(branchy, fullgraph=True, backend="eager")
     with pytest.raises(ember.GraphBreakError) as ei:
         c(X)
     msg = str(ei.value)
@@ -362,12 +364,12 @@ def test_fullgraph_raises_with_reason_and_line():
 
 
 def test_fullgraph_without_break_is_fine():
-    run_both(cos_cos, [(X, Y)], compiled=ember.compile(cos_cos, fullgraph=True))
+    run_both(cos_cos, [(X, Y)], compiled=ember.compile(cos_cos, fullgraph=True), exact=False)
 
 
 def test_dynamic_and_options_arguments():
     # dynamic=None/False and options=None are accepted (torch.compile's signature)
-    run_both(cos_cos, [(X, Y)], compiled=ember.compile(cos_cos, dynamic=False, options=None))
+    run_both(cos_cos, [(X, Y)], compiled=ember.compile(cos_cos, dynamic=False, options=None), exact=False)
 
 
 def _line_of(fn, marker):
@@ -392,7 +394,7 @@ def test_module_with_its_own_call_runs_that_call():
             return super().__call__(x) * scale
 
     m = Scaled()
-    c = ember.compile(m)
+    c = ember.compile(m, backend="eager")
     x = torch.randn(2, 3)
     torch.testing.assert_close(c(x), m(x), rtol=0, atol=0)
     torch.testing.assert_close(c(x, scale=3.0), m(x, scale=3.0), rtol=0, atol=0)
@@ -407,7 +409,7 @@ def test_decorated_forward_in_class_body():
             super().__init__()
             self.i = i
 
-        @ember.compile
+        @ember.compile(backend="eager")
         def forward(self, x):
             return x + self.i
 
@@ -428,7 +430,7 @@ def test_many_graph_inputs():
             s = s + x
         return s
 
-    c = ember.compile(total)
+    c = ember.compile(total, backend="eager")
     xs = [torch.randn(2) for _ in range(80)]
     for _ in range(3):
         torch.testing.assert_close(c(xs), total(xs), rtol=0, atol=0)

@@ -68,24 +68,24 @@ def test_mutated_module_attributes():
     torch.manual_seed(0)
     m = Affine()
     c = ember.compile(m)
-    assert_same(c(X), m.forward(X))
+    assert_same(c(X), m.forward(X), exact=False)
     m.k = -3.5                                   # a Python float attribute
-    assert_same(c(X), m.forward(X))
+    assert_same(c(X), m.forward(X), exact=False)
     m.lin = torch.nn.Linear(4, 4)                # a new submodule
-    assert_same(c(X), m.forward(X))
+    assert_same(c(X), m.forward(X), exact=False)
     m.lin.weight = torch.nn.Parameter(torch.ones(4, 4))  # a new parameter object
-    assert_same(c(X), m.forward(X))
+    assert_same(c(X), m.forward(X), exact=False)
     with torch.no_grad():
         m.lin.bias.fill_(0.5)                    # a parameter changed in place
-    assert_same(c(X), m.forward(X))
+    assert_same(c(X), m.forward(X), exact=False)
     m.lin.bias.requires_grad_(False)             # requires_grad flipped
-    assert_same(c(X), m.forward(X))
+    assert_same(c(X), m.forward(X), exact=False)
     m.lin.weight.data = torch.randn(4, 4).t()    # .data swapped: new strides
-    assert_same(c(X), m.forward(X))
+    assert_same(c(X), m.forward(X), exact=False)
     m.lin = torch.nn.Identity()                  # a submodule of another type
-    assert_same(c(X), m.forward(X))
+    assert_same(c(X), m.forward(X), exact=False)
     del m.k                                      # attribute removed: eager raises AttributeError
-    assert_same_outcome(outcome(c, X), outcome(m, X))
+    assert_same_outcome(outcome(c, X), outcome(m, X), exact=False)
 
 
 class AddK(torch.nn.Module):
@@ -110,7 +110,7 @@ class Steps(torch.nn.Module):
 
 def test_module_swapped_in_module_list():
     m = Steps(5)
-    c = ember.compile(m)
+    c = ember.compile(m, backend="eager")
     x = torch.zeros(2)
     assert_same(c(x), m.forward(x))
     m.steps[3] = AddK(1000)
@@ -192,7 +192,7 @@ def test_keyword_and_default_arguments():
 def test_changed_defaults():
     def f(x, k=2.0):
         return x * k
-    c = ember.compile(f)
+    c = ember.compile(f, backend="eager")
     assert_same(c(X), X * 2.0)
     f.__defaults__ = (5.0,)
     assert_same(c(X), f(X))
@@ -248,14 +248,14 @@ def _grad_case(fn, *shapes):
     torch.manual_seed(0)
     ins = [torch.randn(s, requires_grad=True) for s in shapes]
     ins_e = [t.detach().clone().requires_grad_(True) for t in ins]
-    c = ember.compile(fn)
+    c = ember.compile(fn)  # the default backend: ember's AOT autograd and kernels (assert_close tolerances)
     out_c, out_e = c(*ins), fn(*ins_e)
-    assert_same(out_c, out_e)
+    assert_same(out_c, out_e, exact=False)
     assert (out_c.grad_fn is None) == (out_e.grad_fn is None)
     out_c.sum().backward()
     out_e.sum().backward()
     for a, b in zip(ins, ins_e):
-        assert_same(a.grad, b.grad)
+        assert_same(a.grad, b.grad, exact=False)
     return c
 
 
@@ -270,11 +270,11 @@ def test_requires_grad_switch_recompiles():
         return torch.sigmoid(x) * y
     c = _grad_case(f, (4,), (4,))
     x, y = torch.randn(4), torch.randn(4)
-    assert_same(c(x, y), f(x, y))                 # same shapes, requires_grad=False now
+    assert_same(c(x, y), f(x, y), exact=False)    # same shapes, requires_grad=False now
     assert not c(x, y).requires_grad
     with torch.no_grad():                          # grad mode is part of the guards
         xr = torch.randn(4, requires_grad=True)
-        assert_same(c(xr, y), f(xr, y))
+        assert_same(c(xr, y), f(xr, y), exact=False)
         assert not c(xr, y).requires_grad
 
 
@@ -288,7 +288,7 @@ def test_requires_grad_module_parameters():
     c(x).pow(2).sum().backward()
     me(x).pow(2).sum().backward()
     for (n, p), (_, pe) in zip(m.named_parameters(), me.named_parameters()):
-        assert_same(p.grad, pe.grad, where=n)
+        assert_same(p.grad, pe.grad, exact=False, where=n)
 
 
 def test_input_mutation_inside_function():
@@ -298,7 +298,7 @@ def test_input_mutation_inside_function():
     run_both(f, [(X,), (X,)])
     a = X.clone()
     b = X.clone()
-    ember.compile(f)(a)
+    ember.compile(f, backend="eager")(a)
     f(b)
     assert_same(a, b)
 

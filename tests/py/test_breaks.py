@@ -56,7 +56,7 @@ def modified_sigmoid(d):  # walk-through: dict input, data-dependent branch
 
 def test_modified_sigmoid_two_graphs_for_one_shape():
     d = {"x": torch.randn(8) + 3.0, "scale": torch.ones(8)}
-    c = ember.compile(modified_sigmoid)
+    c = ember.compile(modified_sigmoid, backend="eager")
     assert_same(c(d), modified_sigmoid(d))
     assert graphs(c) == 2
     rep = ember.explain(c, d)
@@ -236,7 +236,7 @@ def test_nonlocal_store_after_break():
         state["n"] += 1
         return y * count
 
-    c = ember.compile(f)
+    c = ember.compile(f, backend="eager")
     outs = [c(torch.ones(2)) for _ in range(3)]
     assert count == 3 and state["n"] == 3
     assert_same(outs[-1], torch.ones(2) * 2 * 3)
@@ -264,7 +264,7 @@ def test_nonlocal_stores_are_replayed_without_a_break():
     for which in (0, 1):  # inc compiled, then twice compiled
         fns_e, fns_c = _counter(), _counter()
         fn_e, fn_c = fns_e[which], fns_c[which]
-        c = ember.compile(fn_c)
+        c = ember.compile(fn_c, backend="eager")
         for _ in range(3):
             x = torch.randn(3)
             assert_same(c(x), fn_e(x))
@@ -300,7 +300,7 @@ def test_side_effects_before_and_after_a_break():
     COUNTER = 0
     acc_e, acc_c, d_e, d_c = [], [], {}, {}
     x = torch.randn(3)
-    c = ember.compile(f)
+    c = ember.compile(f, backend="eager")
     with ember.disable():
         re = f(x, acc_e, d_e)
     rc = c(x, acc_c, d_c)
@@ -319,7 +319,7 @@ def test_in_place_op_on_input_view_before_a_break():
 
     run_both(f, [(torch.randn(3, 2),), (torch.randn(3, 2),)])
     x = torch.zeros(3, 2)
-    ember.compile(f)(x)
+    ember.compile(f, backend="eager")(x)
     assert_same(x, torch.tensor([[2.0, 2.0], [0.0, 0.0], [0.0, 0.0]]))
 
 
@@ -348,7 +348,7 @@ def test_exception_at_the_breaking_instruction():
 
 
 def test_fullgraph_raises_at_the_first_break():
-    c = ember.compile(bar, fullgraph=True)
+    c = ember.compile(bar, fullgraph=True, backend="eager")
     with pytest.raises(ember.GraphBreakError) as ei:
         c(torch.randn(3), torch.randn(3))
     msg = str(ei.value)
@@ -376,7 +376,7 @@ def test_resume_past_cache_size_limit_warns_once():
     old = ember.config.cache_size_limit
     ember.config.cache_size_limit = 3
     try:
-        c = ember.compile(f, dynamic=False)
+        c = ember.compile(f, dynamic=False, backend="eager")
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             for n in range(8):
@@ -402,7 +402,7 @@ def test_no_leak_over_10000_calls_of_a_frame_with_breaks():
             z = z + 1
         return z
 
-    c = ember.compile(f)
+    c = ember.compile(f, backend="eager")
     x, y = torch.randn(8), torch.randn(8)
     for _ in range(200):
         c(x, y)
@@ -464,7 +464,7 @@ def test_break_shapes_of_the_value_stack():
         oe, oc = Opaque(), Opaque()
         with ember.disable():
             re = f(x, oe, tag="kw")
-        rc = ember.compile(f)(x, oc, tag="kw")
+        rc = ember.compile(f, backend="eager")(x, oc, tag="kw")
         assert_same(rc, re)
         assert oc.log == oe.log
         ember.reset()
@@ -589,7 +589,7 @@ def test_attribute_and_global_stores_are_replayed_without_a_break():
     m, he, hc = Counter(), Holder(), Holder()
     me = Counter()
     me.load_state_dict(m.state_dict())
-    c = ember.compile(m)
+    c = ember.compile(m, backend="eager")
     x = torch.randn(3)
     for _ in range(3):
         GLOBAL_N = 0
@@ -612,7 +612,7 @@ def test_stores_that_cannot_be_replayed_still_break():
     c = run_both(f, [(torch.randn(2), WithProperty())])
     assert "break" in kinds_tree(c)
     w = WithProperty()
-    ember.compile(f)(torch.randn(2), w)
+    ember.compile(f, backend="eager")(torch.randn(2), w)
     assert w.v == 30
 
 
@@ -626,7 +626,7 @@ def test_replayed_store_before_a_break_keeps_program_order():
         return x + h.stage
 
     h = Holder()
-    out = ember.compile(f)(torch.zeros(2), h)
+    out = ember.compile(f, backend="eager")(torch.zeros(2), h)
     assert seen == [1] and h.stage == 2
     assert_same(out, torch.full((2,), 2.0))
 
@@ -637,7 +637,7 @@ GLOBAL_LOG = []
 def _eager_and_compiled(fn, make_args, calls=2):
     """Runs fn eagerly and compiled on fresh argument sets from make_args(); returns both lists of
     (result, args) so that the mutated containers can be compared too."""
-    c = ember.compile(fn)
+    c = ember.compile(fn, backend="eager")
     got, want = [], []
     for _ in range(calls):
         torch.manual_seed(0)
@@ -705,7 +705,7 @@ def test_container_mutations_that_cannot_be_replayed_still_break():
         return x + len(h.acc)
 
     shared = []
-    c = ember.compile(through_two_paths)
+    c = ember.compile(through_two_paths, backend="eager")
     out = c(torch.ones(2), shared, Holder2(shared))
     assert_same(out, torch.full((2,), 2.0))
     assert len(shared) == 1

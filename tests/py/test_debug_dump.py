@@ -54,7 +54,7 @@ def dump_dir(tmp_path):
 
 
 def test_dump_frame_with_breaks_and_recompiles(dump_dir):
-    cf = ember.compile(brk, dynamic=False)  # static sizes: the second shape is a second entry
+    cf = ember.compile(brk, dynamic=False, backend="eager")  # static sizes: the second shape is a second entry
     x, y = torch.ones(4), torch.ones(4)
     xs, ys = torch.ones(6), torch.ones(6)
     with ember.debug.dump(dump_dir) as d:
@@ -92,7 +92,7 @@ def test_dump_frame_with_breaks_and_recompiles(dump_dir):
 
 
 def test_full_code_runs_on_its_own(dump_dir):
-    cf = ember.compile(brk)
+    cf = ember.compile(brk, backend="eager")
     cases = [(torch.rand(4) + 1, torch.rand(4)), (-torch.rand(4) - 2, torch.rand(4)), (torch.rand(3) + 1, torch.rand(3))]
     with ember.debug.dump(dump_dir):
         compiled = [cf(*a) for a in cases]
@@ -108,7 +108,7 @@ def test_full_code_runs_on_its_own(dump_dir):
 def test_dump_module(dump_dir):
     torch.manual_seed(0)
     net = Net()
-    cm = ember.compile(net)
+    cm = ember.compile(net, backend="eager")
     x = torch.randn(2, 4)
     with ember.debug.dump(dump_dir):
         got = cm(x)
@@ -154,12 +154,12 @@ def test_dump_custom_backend_gets_same_fx_graph(dump_dir):
 
 
 def test_dump_off_writes_nothing_and_runs_no_dumped_code(dump_dir, tmp_path):
-    cf = ember.compile(brk)
+    cf = ember.compile(brk, backend="eager")
     x, y = torch.ones(4), torch.ones(4)
     cf(x, y)
     assert not os.path.exists(dump_dir)
     with ember.debug.dump(dump_dir):
-        cf2 = ember.compile(lambda x: torch.cos(x) + 1)
+        cf2 = ember.compile(lambda x: torch.cos(x) + 1, backend="eager")
         cf2(x)
     ran = []
 
@@ -189,7 +189,7 @@ def _pdb_session(tmp_path, target_file, needle, commands):
             a = torch.sin(x) + y
             print("between graphs", file=OUT)
             return a * 2
-        cf = ember.compile(brk)
+        cf = ember.compile(brk, backend="eager")
         x, y = torch.ones(4), torch.full((4,), 2.0)
         with ember.debug.dump({str(dump)!r}) as d:
             cf(x, y)
@@ -223,8 +223,8 @@ def test_pdb_breakpoint_in_graph_file(tmp_path):
 
 def _make_report(dump_dir):
     torch.manual_seed(0)
-    cf = ember.compile(brk)
-    cm = ember.compile(Net())
+    cf = ember.compile(brk, backend="eager")
+    cm = ember.compile(Net(), backend="eager")
     cg = ember.compile(lambda x: torch.cos(x) * 2 + 1, backend="ember")
     with ember.debug.dump(dump_dir):
         cf(torch.ones(4), torch.ones(4))
@@ -282,7 +282,7 @@ def test_dump_break_in_a_long_loop(dump_dir):
             x = x + 1
             print(i, end="", file=OUT)  # a break in each iteration: resume functions nest
         return x * 2
-    cf = ember.compile(loop)
+    cf = ember.compile(loop, backend="eager")
     x = torch.zeros(3)
     with ember.debug.dump(dump_dir):
         got = cf(x, 300)
@@ -307,7 +307,7 @@ def test_full_code_keeps_the_signature(dump_dir):
         y = x * scale + sum(rest)
         print("sig", file=OUT)
         return y + kw["bias"]
-    cf = ember.compile(sig)
+    cf = ember.compile(sig, backend="eager")
     x = torch.ones(3)
     with ember.debug.dump(dump_dir):
         got = cf(x, 1.0, 2.0, scale=3.0, bias=torch.full((3,), 0.5))

@@ -74,7 +74,7 @@ def test_explain_of_no_argument_function():
 # ---- pin ----
 
 def test_pin_runs_pinned_entry_on_changed_input_unpin_restores_guards():
-    c = ember.compile(scale)
+    c = ember.compile(scale, backend="eager")
     assert_same(c(X, 2), scale(X, 2))
     ember.pin(c)
     # UNSAFE by design: n=3 changes the guarded constant, the pinned entry (n=2) still answers
@@ -86,7 +86,7 @@ def test_pin_runs_pinned_entry_on_changed_input_unpin_restores_guards():
 
 
 def test_pinned_context_takes_most_recent_entry_and_unpins_on_exit():
-    c = ember.compile(scale, dynamic=False)  # n specialised per entry (automatic dynamic would make it a graph input)
+    c = ember.compile(scale, dynamic=False, backend="eager")  # n specialised per entry (automatic dynamic would make it a graph input)
     c(X, 2)
     c(X, 3)  # most recently used: n=3
     with ember.pinned(c):
@@ -102,7 +102,7 @@ def test_pinned_context_takes_most_recent_entry_and_unpins_on_exit():
 
 
 def test_pin_before_first_call_compiles_then_pins():
-    c = ember.compile(scale)
+    c = ember.compile(scale, backend="eager")
     with ember.pinned(c):
         assert_same(c(X, 2), scale(X, 2))
         assert_same(c(X, 4), scale(X, 2))
@@ -110,7 +110,7 @@ def test_pin_before_first_call_compiles_then_pins():
 
 
 def test_pin_covers_break_entries_and_resume_functions():
-    c = ember.compile(broken)
+    c = ember.compile(broken, backend="eager")
     assert_same(c(X, 2), broken(X, 2))
     with ember.pinned(c):
         # n=-1 would take the other branch; pinned, both the frame's entry (n=2) and the resume
@@ -129,7 +129,7 @@ def test_pin_of_module():
             return x * self.k
 
     m = M()
-    cm = ember.compile(m)
+    cm = ember.compile(m, backend="eager")
     assert_same(cm(X), X * 2)
     ember.pin(cm)
     m.k = 5
@@ -143,7 +143,7 @@ def test_hooks_while_pinned():
     call through Module.__call__), pinned or not; a hook on a submodule is guarded by its hook
     dict, which a pin does not evaluate: ignored while pinned, run again after unpin."""
     net = torch.nn.Sequential(torch.nn.Linear(6, 3), torch.nn.ReLU())
-    cm = ember.compile(net)
+    cm = ember.compile(net, backend="eager")
     with torch.no_grad():
         assert_same(cm(X), net(X))
         seen = []

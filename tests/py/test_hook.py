@@ -96,7 +96,7 @@ def rec_forever(x, n):
 
 def test_helper_of_a_fallback_frame_gets_its_own_graph_entry(capsys, no_graph_breaks):
     x, y = torch.randn(4, 3), torch.randn(4, 3)
-    c = ember.compile(print_outer)
+    c = ember.compile(print_outer, backend="eager")
     for _ in range(3):
         assert_same(c(x, y), print_outer(x, y))
     assert kinds(c) == ["fallback"]
@@ -106,7 +106,7 @@ def test_helper_of_a_fallback_frame_gets_its_own_graph_entry(capsys, no_graph_br
 
 
 def test_tensor_branch_fallback_compiles_both_helper_calls(no_graph_breaks):
-    c = ember.compile(branch_outer)
+    c = ember.compile(branch_outer, backend="eager")
     for x, y in [(torch.ones(3), torch.randn(3)), (-torch.ones(3), torch.randn(3)), (torch.ones(2, 2), torch.randn(2, 2))]:
         assert_same(c(x, y), branch_outer(x, y))
     assert set(kinds(c)) == {"fallback"}
@@ -118,7 +118,7 @@ def test_tensor_branch_fallback_compiles_both_helper_calls(no_graph_breaks):
 def test_hook_installed_only_during_the_fallback_call():
     installed_seen.clear()
     assert not _C._hook_installed()
-    c = ember.compile(recording_outer)
+    c = ember.compile(recording_outer, backend="eager")
     x = torch.randn(3)
     assert_same(c(x), helper(x, x))
     assert_same(c(x), helper(x, x))
@@ -131,7 +131,7 @@ def test_hook_installed_only_during_the_fallback_call():
 
 
 def test_hook_uninstalled_after_an_exception():
-    c = ember.compile(raise_outer)
+    c = ember.compile(raise_outer, backend="eager")
     with pytest.raises(ValueError):
         c(torch.ones(2))
     assert not _C._hook_installed()
@@ -139,7 +139,7 @@ def test_hook_uninstalled_after_an_exception():
 
 
 def test_generators_called_from_a_fallback_frame(no_graph_breaks):
-    c = ember.compile(gen_outer)
+    c = ember.compile(gen_outer, backend="eager")
     for x in [torch.ones(3), -torch.ones(3), torch.randn(2, 2).abs()]:
         assert_same(c(x), gen_outer(x))
     assert entries(squares) == []  # generator code is never compiled
@@ -148,10 +148,10 @@ def test_generators_called_from_a_fallback_frame(no_graph_breaks):
 
 
 def test_exceptions_in_nested_frames_propagate_unchanged(no_graph_breaks):
-    c = ember.compile(raise_outer)
+    c = ember.compile(raise_outer, backend="eager")
     for x in [torch.ones(2, 3), torch.ones(2, 3), -torch.ones(1)]:
         assert_same_outcome(outcome(c, x), outcome(raise_outer, x))
-    c2 = ember.compile(shape_error_outer)
+    c2 = ember.compile(shape_error_outer, backend="eager")
     calls = [(torch.ones(3), torch.ones(3)), (torch.ones(3), torch.ones(4)), (torch.ones(3), torch.ones(3)),
              (torch.ones(2), torch.ones(5))]
     for x, y in calls:
@@ -160,7 +160,7 @@ def test_exceptions_in_nested_frames_propagate_unchanged(no_graph_breaks):
 
 
 def test_stdlib_and_torch_frames_are_not_compiled():
-    c = ember.compile(stdlib_outer)
+    c = ember.compile(stdlib_outer, backend="eager")
     x = torch.ones(2, 2)
     assert_same(c(x), stdlib_outer(x))
     assert entries(json.dumps) == []
@@ -177,7 +177,7 @@ def test_stdlib_and_torch_frames_are_not_compiled():
 
 def test_disable_as_decorator_and_context_manager(no_graph_breaks):
     x, y = torch.randn(3), torch.randn(3)
-    c = ember.compile(print_outer)
+    c = ember.compile(print_outer, backend="eager")
     with ember.disable():
         assert_same(c(x, y), print_outer(x, y))
         assert _C._hook_disabled()
@@ -192,7 +192,7 @@ def test_disable_as_decorator_and_context_manager(no_graph_breaks):
         print("ember test: break")
         return disabled_helper(a, b) + helper(b, a)
 
-    co = ember.compile(outer)
+    co = ember.compile(outer, backend="eager")
     assert_same(co(x, y), outer(x, y))
     assert kinds(co) == ["fallback"]
     # helper(b, a) is compiled by the hook; helper(a, b) inside the disabled region is not:
@@ -205,7 +205,7 @@ def test_disable_as_decorator_and_context_manager(no_graph_breaks):
 
 def test_two_threads_different_shapes_1000_calls_each(no_graph_breaks):
     ember.config.cache_size_limit = 16
-    c = ember.compile(branch_outer)
+    c = ember.compile(branch_outer, backend="eager")
     errors = []
     barrier = threading.Barrier(2)
 
@@ -238,7 +238,7 @@ def test_two_threads_different_shapes_1000_calls_each(no_graph_breaks):
 
 
 def test_recursive_user_function():
-    c = ember.compile(rec_fallback)
+    c = ember.compile(rec_fallback, backend="eager")
     x = torch.randn(3)
     for n in [0, 1, 5, 50]:
         assert_same(c(x, n), rec_fallback(x, n))
@@ -246,7 +246,7 @@ def test_recursive_user_function():
 
 
 def test_infinite_recursion_raises_recursion_error():
-    c = ember.compile(rec_forever)
+    c = ember.compile(rec_forever, backend="eager")
     with pytest.raises(RecursionError):
         rec_forever(torch.ones(1), 0)
     with pytest.raises(RecursionError):
@@ -254,7 +254,7 @@ def test_infinite_recursion_raises_recursion_error():
     assert not _C._hook_installed()
     assert _C._hook_thread_state()["depth"] == 0
     x = torch.randn(2)  # the interpreter is still usable
-    assert_same(ember.compile(print_outer)(x, x), print_outer(x, x))
+    assert_same(ember.compile(print_outer, backend="eager")(x, x), print_outer(x, x))
 
 
 def test_argument_refcounts_flat_over_10000_fallback_calls(capsys, no_graph_breaks):
@@ -262,7 +262,7 @@ def test_argument_refcounts_flat_over_10000_fallback_calls(capsys, no_graph_brea
         if x.sum() > 1e30:
             return x
         return helper(x, y)
-    c = ember.compile(fb)
+    c = ember.compile(fb, backend="eager")
     x, y = torch.randn(3), torch.randn(3)
     for _ in range(20):
         c(x, y)
@@ -281,14 +281,14 @@ def test_innermost_config_wins(counting_backend, no_graph_breaks):
     c = ember.compile(print_outer, backend=counting_backend)
     assert_same(c(x, y), print_outer(x, y), exact=False)
     assert counting_backend.count == 1  # helper's graph went to the outer call's backend
-    ce = ember.compile(print_outer)  # eager backend: a separate entry for helper
+    ce = ember.compile(print_outer, backend="eager")  # eager backend: a separate entry for helper
     assert_same(ce(x, y), print_outer(x, y))
     assert len(entries(helper)) == 2
 
 
 def test_reset_drops_hook_entries(no_graph_breaks):
     x, y = torch.randn(3), torch.randn(3)
-    c = ember.compile(print_outer)
+    c = ember.compile(print_outer, backend="eager")
     c(x, y)
     assert kinds(helper) == ["graph"]
     ember.reset()

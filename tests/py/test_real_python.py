@@ -138,7 +138,7 @@ def test_exception_propagates_with_eager_type_and_message():
             return x + 1
         finally:
             raise RuntimeError("from finally")
-    assert outcome(ember.compile(g), x34())[:3:2] == ("raise", "from finally")
+    assert outcome(ember.compile(g, backend="eager"), x34())[:3:2] == ("raise", "from finally")
 
 
 def test_bare_reraise_in_handler_propagates():
@@ -231,7 +231,7 @@ def test_contextmanager_exception_in_the_body_behaves_as_eager():
                 raise ValueError("inside")
         return x
 
-    c = ember.compile(f)
+    c = ember.compile(f, backend="eager")
     log_c, log_e = [], []
     with pytest.raises(ValueError, match="inside"):
         c(x34(), log_c)
@@ -354,7 +354,7 @@ def test_dataclass_built_used_and_returned():
         q = Pair(a=x, b=p.total())
         return q, q.total()
     x = x34()
-    compiled = ember.compile(f)
+    compiled = ember.compile(f, backend="eager")
     (q, t), (q0, t0) = compiled(x), f(x)
     assert type(q) is Pair and q.scale == q0.scale
     for a, b in ((q.a, q0.a), (q.b, q0.b), (t, t0)):
@@ -376,7 +376,7 @@ def test_object_mutated_after_construction_is_not_returned():
         p = Pair(x)
         p.a = x + 1  # mutated after __init__: rebuilding by calling Pair would lose this
         return p
-    compiled = ember.compile(f)
+    compiled = ember.compile(f, backend="eager")
     x = x34()
     torch.testing.assert_close(compiled(x).a, x + 1, rtol=0, atol=0)
     e = entries(compiled)[0]
@@ -467,7 +467,7 @@ def test_is_compiling_answers_true_while_tracing():
             return x + 1
         return x - 1
     x = x34()
-    compiled = ember.compile(f)
+    compiled = ember.compile(f, backend="eager")
     torch.testing.assert_close(compiled(x), x + 1, rtol=0, atol=0)  # as under torch.compile
     assert f(x).equal(x - 1)
     assert entries(compiled)[0]["kind"] == "graph"
@@ -524,7 +524,7 @@ def test_attribute_store_that_stays_has_eagers_effect():
     for _ in range(2):
         flag = Flag()
         x = x34()
-        torch.testing.assert_close(ember.compile(f)(x, flag), x + 1, rtol=0, atol=0)
+        torch.testing.assert_close(ember.compile(f, backend="eager")(x, flag), x + 1, rtol=0, atol=0)
         assert flag.on is True
     assert all(e["kind"] == "graph" or e["reason"] == "SIDE_EFFECT" for e in entries(f))
 

@@ -114,7 +114,7 @@ def test_module_attribute_change_through_submodule():
         def forward(self, x):
             return self.inner(x) + 1.0
     m = Outer()
-    c = ember.compile(m)
+    c = ember.compile(m, backend="eager")
     x = torch.randn(3)
     assert_same(c(x), m.forward(x))
     m.inner.i = 5
@@ -171,7 +171,7 @@ def test_closure_variable_change_recompiles():
 
     def f(x):
         return x * k
-    c = ember.compile(f)
+    c = ember.compile(f, backend="eager")
     x = torch.randn(3)
     assert_same(c(x), x * 3.0)
     k = -1.0  # noqa: F841 (read through the closure cell)
@@ -192,7 +192,7 @@ def test_grad_mode_change_recompiles():
 def test_default_dtype_change():
     def f(x):
         return x + torch.ones(3)
-    c = ember.compile(f)
+    c = ember.compile(f, backend="eager")
     x = torch.randn(3)
     assert_same(c(x), f(x))
     old = torch.get_default_dtype()
@@ -253,7 +253,7 @@ def test_cache_size_limit_fallback_still_compiles_callees():
 
     def outer(x, k):
         return inner(x) * k
-    c = ember.compile(outer)
+    c = ember.compile(outer, backend="eager")
     x = torch.randn(3)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")

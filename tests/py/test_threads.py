@@ -36,7 +36,7 @@ def poly(x, y):
 
 def test_threads_different_shapes_graph():
     ember.config.cache_size_limit = 16
-    c = ember.compile(poly)
+    c = ember.compile(poly, backend="eager")
 
     def work(i):
         x, y = torch.randn(i + 2, 3), torch.randn(i + 2, 3)
@@ -66,7 +66,7 @@ def test_threads_fallback_and_nested_compile():
     def outer(x):
         print(end="")  # falls back: leaf is compiled by the frame hook on the calling thread
         return leaf(x) + branchy(x)
-    c = ember.compile(outer)
+    c = ember.compile(outer, backend="eager")
 
     def work(i):
         x = torch.randn(i + 1, 2) * (1 if i % 2 else -1)
@@ -79,7 +79,7 @@ def test_threads_fallback_and_nested_compile():
 def test_threads_module_shared():
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2))
-    c = ember.compile(m)
+    c = ember.compile(m, backend="eager")
 
     def work(i):
         x = torch.randn(i + 1, 6)
@@ -113,7 +113,7 @@ def test_thread_without_ember_is_untouched():
         for _ in range(200):
             x = torch.sin(x)
         return x
-    c = ember.compile(slow_fallback)
+    c = ember.compile(slow_fallback, backend="eager")
     t = threading.Thread(target=other)
     t.start()
     started.wait()
@@ -134,7 +134,7 @@ def no_meta_kernel(x):
 
 def test_threads_trace_with_the_fake_tensor_fallback():
     ember.config.cache_size_limit = 16
-    c = ember.compile(no_meta_kernel)
+    c = ember.compile(no_meta_kernel, backend="eager")
 
     def work(i):
         x = torch.randn(i + 3, 3, device="cpu")

@@ -134,7 +134,7 @@ def test_inplace_on_input_is_graph_and_visible():
         x[0] = 0.0
         return x * 2
     x = x34()
-    compiled = ember.compile(f)
+    compiled = ember.compile(f, backend="eager")
     xe, xc = x.clone(), x.clone()
     assert_same(compiled(xc), f(xe))
     assert_same(xc, xe)
@@ -188,7 +188,7 @@ def test_return_input_objects_as_is():
     def f(xs, d, n, s):
         return xs, d, n, s, xs[0] + 1
     xs = [torch.randn(2), torch.randn(2)]
-    compiled = ember.compile(f)
+    compiled = ember.compile(f, backend="eager")
     d = {"k": 1}
     r = compiled(xs, d, 3, "s")
     assert r[0] is xs and r[1] is d and r[2] == 3 and r[3] == "s"
@@ -370,7 +370,7 @@ def test_module_tree_eval_and_train():
     import copy
     net.train()
     twin = copy.deepcopy(net)
-    compiled = ember.compile(net)
+    compiled = ember.compile(net, backend="eager")
     torch.manual_seed(1)
     got = compiled(img, ids)
     torch.manual_seed(1)
@@ -393,7 +393,7 @@ def test_module_attribute_change_recompiles():
         def forward(self, x):
             return self.lin(x) * self.k
     m = M()
-    compiled = ember.compile(m)
+    compiled = ember.compile(m, backend="eager")
     x = torch.randn(2, 4)
     assert_same(compiled(x), m(x))
     m.k = 3
@@ -430,7 +430,7 @@ def test_transformer_encoder_layer():
     for grad in (True, False):
         ember.reset()
         with torch.set_grad_enabled(grad):
-            compiled = ember.compile(layer)
+            compiled = ember.compile(layer, backend="eager")
             got = compiled(x)
             exp = layer(x)
         torch.testing.assert_close(got, exp)
@@ -640,7 +640,7 @@ def test_break_raise_and_assert(no_graph_breaks):
     ns = {}
     exec("def g(x):\n    assert x.dim() == 3, 'need 3 dims'\n    return x\n", ns)  # no pytest rewriting
     g = ns["g"]
-    compiled = ember.compile(g)
+    compiled = ember.compile(g, backend="eager")
     with pytest.raises(AssertionError):
         compiled(x34())
     assert [(e["reason"], e["detail"]) for e in entries(compiled)] == [("RAISE", "AssertionError: need 3 dims")]
@@ -651,7 +651,7 @@ def test_tensor_descriptor_on_a_non_tensor_raises_like_eager():
     the trace records that raise instead of an unsupported call."""
     def f(x):
         return torch.Tensor.__rmul__(2, x)
-    compiled = ember.compile(f)
+    compiled = ember.compile(f, backend="eager")
     with pytest.raises(TypeError) as eager:
         f(x34())
     with pytest.raises(TypeError) as got:
@@ -749,7 +749,7 @@ def test_set_grad_enabled_statement_keeps_its_mode_when_the_graph_raises():
     def f(x):
         torch.set_grad_enabled(False)
         return torch.linalg.cholesky(x) + 1
-    compiled = ember.compile(f)
+    compiled = ember.compile(f, backend="eager")
     try:
         compiled(torch.eye(3) * 2)
         assert entries(compiled)[0]["kind"] == "graph"
@@ -768,7 +768,7 @@ def test_no_grad_restored_when_the_graph_raises():
     def f(x):
         with torch.no_grad():
             return torch.linalg.cholesky(x) + 1
-    compiled = ember.compile(f)
+    compiled = ember.compile(f, backend="eager")
     compiled(torch.eye(3) * 2)
     assert entries(compiled)[0]["kind"] == "graph"
     with pytest.raises(torch.linalg.LinAlgError):
@@ -783,7 +783,7 @@ def test_break_inside_no_grad_keeps_grad_mode(no_graph_breaks):
             print("inside", end="")
         return y + x
     x = torch.randn(3, requires_grad=True)
-    compiled = ember.compile(f)
+    compiled = ember.compile(f, backend="eager")
     got = compiled(x)  # the trace breaks at print, inside the block: the frame runs eagerly
     assert torch.is_grad_enabled()
     assert entries(compiled)[0]["kind"] == "fallback"
@@ -854,7 +854,7 @@ def test_break_unsupported_opcode():
 def test_break_meta_failed(no_graph_breaks):
     def f(x, y):
         return x @ y  # shapes do not match: eager raises too
-    compiled = ember.compile(f)
+    compiled = ember.compile(f, backend="eager")
     with pytest.raises(RuntimeError):
         compiled(torch.randn(2, 3), torch.randn(4, 5))
     info = entries(compiled)
@@ -880,7 +880,7 @@ def test_tensor_subclass_argument_falls_back(no_graph_breaks):
     def f(x):
         return x + 1
     x = torch.randn(3).as_subclass(MyT)
-    compiled = ember.compile(f)
+    compiled = ember.compile(f, backend="eager")
     r = compiled(x)
     assert type(r) is type(f(x))
     assert entries(compiled)[0]["kind"] == "fallback"
@@ -901,7 +901,7 @@ def test_grad_mode_and_requires_grad():
     def f(x):
         return lin(x).sum(), torch.is_grad_enabled()
     x = torch.randn(3, 4, requires_grad=True)
-    compiled = ember.compile(f)
+    compiled = ember.compile(f, backend="eager")
     got = compiled(x)
     exp = f(x)
     assert got[0].requires_grad == exp[0].requires_grad and got[1] is exp[1]
