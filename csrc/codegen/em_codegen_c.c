@@ -395,10 +395,13 @@ done:
     free(under);
 }
 
-/* In the pass of reduction i: writes the row-cached value into the output row. */
+/* In the pass of reduction i: writes the row-cached value into the output row. A plain assignment
+ * both ways: row_cache_plan admits only float32/float64, whose storage type is the compute type
+ * (a half type's storage would need em_f_to_bf16 / a _Float16 conversion, and rounds). */
 static void emit_row_cache_write(SB *b, const KG *g, uint32_t i, const char *ind) {
     if (g->rc_pass != i) return;
     const SKernel *k = g->k;
+    EM_ASSERT(k->nodes[g->rc_node].dtype == LDT_F32 || k->nodes[g->rc_node].dtype == LDT_F64);
     sb_printf(b, "%sa%u[", ind, k->stores[0].arg);
     addr(b, g, k->nloads, "c0", 1);
     sb_printf(b, "] = v%u; /* kept for the store pass (row cache) */\n", g->rc_node);
