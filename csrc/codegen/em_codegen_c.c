@@ -2,7 +2,8 @@
  * domain: an outer loop over rows (parallel when the work is large), row-level values computed
  * once per row, one inner loop per reduction (an `omp simd` reduction where the order may be
  * reassociated: sums, products, min/max, any/all; argmax/argmin in order), and a last inner loop
- * for the stores. Inner loops over unit strides are plain `p[base + r]` so that gcc vectorizes
+ * for the stores (which reads back, from the output row, an expensive value a reduction pass kept
+ * there: the row cache). Inner loops over unit strides are plain `p[base + r]` so that gcc vectorizes
  * them; libm's scalar functions are declared `simd` so that glibc's libmvec serves them.
  * Values compute in the node's compute type (float for half types, rounded to the storage type
  * after every op, as eager rounds each op's result). */
