@@ -366,25 +366,29 @@ static void row_cache_plan(SB *b, KG *g, const LGraph *lg) {
     if (dt != LDT_F32 && dt != LDT_F64) return;
     uint32_t sn = k->store_node[0];
     uint8_t *in_store = calloc(n, 1), *in_pass = calloc(n, 1), *under = calloc(n, 1);
-    if (!in_store || !in_pass || !under) {
+    uint32_t *cost = calloc(n, sizeof *cost);
+    if (!in_store || !in_pass || !under || !cost) {
         b->oom = 1;
         goto done;
     }
+    /* the candidates: what the store pass computes, each with the expensive ops under it */
     elem_closure(k, sn, in_store);
-    int best = 0;
+    for (uint32_t c = 0; c < n; c++) {
+        if (!in_store[c] || c == sn || k->nodes[c].op == LP_LOAD || k->nodes[c].dtype != dt) continue;
+        memset(under, 0, n);
+        elem_closure(k, c, under);
+        for (uint32_t t = 0; t < n; t++) cost[c] += under[t] && expensive_op(k->nodes[t].op);
+    }
+    uint32_t best = 0;
     for (uint32_t p = 0; p < n; p++) {
         if (k->elem[p] || !em_lprim_is_reduce(k->nodes[p].op) || k->nodes[p].op == LP_RM2) continue;
         memset(in_pass, 0, n);
         elem_closure(k, k->nodes[p].in[0], in_pass);
         for (uint32_t c = 0; c < n; c++) {
-            if (!in_pass[c] || !in_store[c] || c == sn || k->nodes[c].op == LP_LOAD || k->nodes[c].dtype != dt) continue;
-            memset(under, 0, n);
-            elem_closure(k, c, under);
-            int cost = 0;
-            for (uint32_t t = 0; t < n; t++) cost += under[t] && expensive_op(k->nodes[t].op);
+            if (!in_pass[c] || cost[c] == 0) continue;
             /* passes in order: a tie on the same node moves it to the later pass */
-            if (cost > 0 && (cost > best || (cost == best && c >= g->rc_node))) {
-                best = cost;
+            if (cost[c] > best || (cost[c] == best && c >= g->rc_node)) {
+                best = cost[c];
                 g->rc_node = c;
                 g->rc_pass = p;
             }
@@ -394,6 +398,7 @@ done:
     free(in_store);
     free(in_pass);
     free(under);
+    free(cost);
 }
 
 /* In the pass of reduction i: writes the row-cached value into the output row. A plain assignment
