@@ -2,7 +2,8 @@
  * domain: an outer loop over rows (parallel when the work is large), row-level values computed
  * once per row, one inner loop per reduction (an `omp simd` reduction where the order may be
  * reassociated: sums, products, min/max, any/all; argmax/argmin in order), and a last inner loop
- * for the stores. Inner loops over unit strides are plain `p[base + r]` so that gcc vectorizes
+ * for the stores (which reads back, from the output row, an expensive value a reduction pass kept
+ * there: the row cache). Inner loops over unit strides are plain `p[base + r]` so that gcc vectorizes
  * them; libm's scalar functions are declared `simd` so that glibc's libmvec serves them.
  * Values compute in the node's compute type (float for half types, rounded to the storage type
  * after every op, as eager rounds each op's result). */
@@ -94,6 +95,8 @@ typedef struct {
     Num *off;                 /* per access (loads, then stores) */
     Num (*st)[EM_LMAXDIM];
     Num R;                    /* the inner extent */
+    uint32_t rc_node;         /* row cache (row_cache_plan): the node kept in the output row, */
+    uint32_t rc_pass;         /* and the reduction whose pass writes it; UINT32_MAX: none */
 } KG;
 
 /* Writes the C of a size expression (Python // and % semantics: em_floordiv, em_mod). */
@@ -299,6 +302,127 @@ static int64_t inner_extent(const SKernel *k) {
     return r;
 }
 
+/* ---- the row cache ----
+ * A reduction kernel's store pass recomputes, element by element, the element-level values that
+ * its reduction passes already computed (softmax: exp(x - max) in the sum's pass, then again in
+ * the store pass). When such a value costs a libm call (expensive_op), the last reduction pass
+ * that computes it also writes it into the kernel's output row, and the store pass reads it back
+ * instead of recomputing it: one expf per element instead of two, as ATen's _vec_softmax_lastdim
+ * (aten/src/ATen/native/cpu/SoftMaxKernel.cpp) writes exp(x - max) into the output and scales it
+ * in place.
+ *
+ * Why the output row rather than a per-thread scratch row: it needs no memory of its own, so no
+ * row-length limit and nothing to size per call in a symbolic kernel; the store pass writes those
+ * lines right after, so they are in cache when it reads them back (a row longer than the cache
+ * pays one extra write-back and read per element, as ATen does, against one libm call saved).
+ * It is legal only where the row holds exactly the value, element for element, until the store
+ * pass overwrites it:
+ *   - one store, written once per element, one inner dim walked with stride 1 (for every size in
+ *     a symbolic kernel): the reduction pass's element r is the store pass's element r, and the
+ *     store pass of a reduction kernel covers the whole row (NC = 1);
+ *   - the value's dtype is the output's dtype and is float32 or float64, whose compute type is
+ *     the storage type, so the round trip is exact (a half or bfloat16 output would round it);
+ *   - nothing else reads the output: no load of the kernel reads its buffer, and the runtime never
+ *     gives a reduction kernel an output that aliases one of its inputs (em_runtime_ember.c
+ *     donates in place to pointwise kernels only).
+ * The value kept is the element-level node that the store pass and a one-loop reduction pass
+ * (not RM2's blocked loops) both compute, with the most expensive ops under it (a tie: the later
+ * node, which covers more of the store's expression). Every other kernel recomputes, as before. */
+
+/* The ops worth keeping instead of recomputing: calls into libm/libmvec (em_codegen_expr.c), each
+ * tens of instructions per element, against one store and one load from cache. sqrt is one
+ * instruction; comparisons and arithmetic are cheaper than the load that would replace them. */
+static int expensive_op(LPrim op) {
+    switch (op) {
+    case LP_EXP: case LP_EXP2: case LP_EXPM1: case LP_LOG: case LP_LOG2: case LP_LOG10: case LP_LOG1P:
+    case LP_SIN: case LP_COS: case LP_TAN: case LP_TANH: case LP_ASIN: case LP_ACOS: case LP_ATAN:
+    case LP_SINH: case LP_COSH: case LP_ERF: case LP_SIGMOID: case LP_POW: case LP_DIV_FLOOR:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Marks in set the nodes that computing node i inside an inner loop writes (what emit_elem emits:
+ * element-level nodes, down to loads and row-level values). */
+static void elem_closure(const SKernel *k, uint32_t i, uint8_t *set) {
+    if (set[i] || !k->elem[i]) return;
+    set[i] = 1;
+    if (k->nodes[i].op != LP_LOAD)
+        for (int q = 0; q < em_lprim_arity(k->nodes[i].op); q++) elem_closure(k, k->nodes[i].in[q], set);
+}
+
+/* Chooses g->rc_node and g->rc_pass (UINT32_MAX: no row cache), by the rules above. */
+static void row_cache_plan(SB *b, KG *g, const LGraph *lg) {
+    const SKernel *k = g->k;
+    uint32_t n = k->nnodes;
+    g->rc_node = g->rc_pass = UINT32_MAX;
+    if (!k->reduction || k->nstores != 1 || k->ndim - k->nouter != 1 || !em_schedule_store_per_element(k, 0)) return;
+    const SAccess *st = &k->stores[0];
+    if (!g->st[k->nloads][k->nouter].one) return;
+    for (uint32_t l = 0; l < k->nloads; l++)
+        if (k->loads[l].buf == st->buf) return;
+    LDtype dt = lg->bufs[st->buf].dtype;
+    if (dt != LDT_F32 && dt != LDT_F64) return;
+    uint32_t sn = k->store_node[0];
+    uint8_t *in_store = calloc(n, 1), *in_pass = calloc(n, 1), *under = calloc(n, 1);
+    uint32_t *cost = calloc(n, sizeof *cost);
+    if (!in_store || !in_pass || !under || !cost) {
+        b->oom = 1;
+        goto done;
+    }
+    /* the candidates: what the store pass computes, each with the expensive ops under it */
+    elem_closure(k, sn, in_store);
+    for (uint32_t c = 0; c < n; c++) {
+        if (!in_store[c] || c == sn || k->nodes[c].op == LP_LOAD || k->nodes[c].dtype != dt) continue;
+        memset(under, 0, n);
+        elem_closure(k, c, under);
+        for (uint32_t t = 0; t < n; t++) cost[c] += under[t] && expensive_op(k->nodes[t].op);
+    }
+    uint32_t best = 0;
+    for (uint32_t p = 0; p < n; p++) {
+        if (k->elem[p] || !em_lprim_is_reduce(k->nodes[p].op) || k->nodes[p].op == LP_RM2) continue;
+        memset(in_pass, 0, n);
+        elem_closure(k, k->nodes[p].in[0], in_pass);
+        for (uint32_t c = 0; c < n; c++) {
+            if (!in_pass[c] || cost[c] == 0) continue;
+            /* passes in order: a tie on the same node moves it to the later pass */
+            if (cost[c] > best || (cost[c] == best && c >= g->rc_node)) {
+                best = cost[c];
+                g->rc_node = c;
+                g->rc_pass = p;
+            }
+        }
+    }
+done:
+    free(in_store);
+    free(in_pass);
+    free(under);
+    free(cost);
+}
+
+/* In the pass of reduction i: writes the row-cached value into the output row. A plain assignment
+ * both ways: row_cache_plan admits only float32/float64, whose storage type is the compute type
+ * (a half type's storage would need em_f_to_bf16 / a _Float16 conversion, and rounds). */
+static void emit_row_cache_write(SB *b, const KG *g, uint32_t i, const char *ind) {
+    if (g->rc_pass != i) return;
+    const SKernel *k = g->k;
+    EM_ASSERT(k->nodes[g->rc_node].dtype == LDT_F32 || k->nodes[g->rc_node].dtype == LDT_F64);
+    sb_printf(b, "%sa%u[", ind, k->stores[0].arg);
+    addr(b, g, k->nloads, "c0", 1);
+    sb_printf(b, "] = v%u; /* kept for the store pass (row cache) */\n", g->rc_node);
+}
+
+/* In the store pass: the row-cached value, read back instead of recomputed. */
+static void emit_row_cache_read(SB *b, const KG *g, uint8_t *done, const char *ind) {
+    if (g->rc_node == UINT32_MAX) return;
+    const SKernel *k = g->k;
+    sb_printf(b, "%sconst %s v%u = a%u[", ind, ctype(k->nodes[g->rc_node].dtype), g->rc_node, k->stores[0].arg);
+    addr(b, g, k->nloads, "c0", 1);
+    sb_printf(b, "]; /* row cache: computed by the reduction pass */\n");
+    done[g->rc_node] = 1;
+}
+
 /* A reduction node's loop. The accumulator type: float sums of long rows accumulate in double
  * (a symbolic row length: whenever its range reaches past 2048). */
 static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const char *ind, int long_rows) {
@@ -328,6 +452,7 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
         sb_printf(b, "%sfor (int64_t r = 0; r < %s; r++) {\n", ind, R);
         inner_index(b, g, in2);
         emit_elem(b, g, x, done, in2);
+        emit_row_cache_write(b, g, i, in2);
         sb_printf(b, "%sacc%u %s= v%u;\n%s}\n", in2, i, opc, x, ind);
         break;
     }
@@ -350,6 +475,7 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
         sb_printf(b, "%sfor (int64_t r = 0; r < %s; r++) {\n", ind, R);
         inner_index(b, g, in2);
         emit_elem(b, g, x, done, in2);
+        emit_row_cache_write(b, g, i, in2);
         sb_printf(b, "%sacc%u = v%u %s acc%u ? v%u : acc%u;\n", in2, i, x, cmp, i, x, i);
         if (fl) sb_printf(b, "%snan%u |= v%u != v%u;\n", in2, i, x, x);
         sb_printf(b, "%s}\n", ind);
@@ -399,6 +525,7 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
         sb_printf(b, "%sfor (int64_t r = 0; r < %s; r++) {\n", ind, R);
         inner_index(b, g, in2);
         emit_elem(b, g, x, done, in2);
+        emit_row_cache_write(b, g, i, in2);
         sb_printf(b, "%sacc%u %s= (v%u != 0);\n%s}\n", in2, i, opc, x, ind);
         acct = "int";
         break;
@@ -411,6 +538,7 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
         sb_printf(b, "%sfor (int64_t r = 0; r < %s; r++) {\n", ind, R);
         inner_index(b, g, in2);
         emit_elem(b, g, x, done, in2);
+        emit_row_cache_write(b, g, i, in2);
         if (fl)
             sb_printf(b, "%sif (acc%u < 0 || (best%u == best%u && (v%u %s best%u || v%u != v%u))) { best%u = v%u; acc%u = r; }\n",
                       in2, i, i, i, x, cmp, i, x, x, i, x, i);
@@ -565,6 +693,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
             if (!g.st[q][j].zero) sb_printf(b, " + i%d * %s", j, g.st[q][j].v);
         sb_printf(b, ";\n");
     }
+    row_cache_plan(b, &g, lg);
     /* row scope: values that do not vary along the inner dims, reductions in order */
     uint8_t *done = calloc(k->nnodes ? k->nnodes : 1, 1);
     if (!done) {
@@ -594,6 +723,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         inner_index(b, &g, "            ");
         for (uint32_t q = 0; q < k->nstores; q++)
             if (em_schedule_store_per_element(k, q)) {
+                emit_row_cache_read(b, &g, done, "            ");
                 emit_elem(b, &g, k->store_node[q], done, "            "); /* nothing for a row value */
                 emit_store(b, &g, q, "            ", 1);
             }

@@ -810,7 +810,9 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                 if (consumed[b] || !same_layout(&lg->bufs[b], &lg->bufs[ob])) continue;
                 int ok = last[b] < st + 1;
                 if (!ok && last[b] == st + 1 && !k->reduction) {
-                    /* in place: every read of b is at the element being written */
+                    /* in place: every read of b is at the element being written. Never for a
+                     * reduction kernel: its row cache (em_codegen_c.c) may write the output row in
+                     * one reduction pass while a later pass reads the inputs again */
                     ok = 1;
                     for (uint32_t l = 0; l < k->nloads && ok; l++)
                         if (k->loads[l].buf == b)

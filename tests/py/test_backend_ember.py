@@ -413,3 +413,134 @@ def test_var_welford_special_values():
     x[1, 5] = float("inf")
     x[2, 19] = -float("inf")
     check(lambda x: (x.var(1), x.std(1)), x)
+
+
+# ---- the row cache (em_codegen_c.c): an expensive element value the last reduction pass computed
+# is kept in the output row and read back by the store pass instead of being recomputed ----
+
+def _kernel_src(info):
+    """The generated kernels without the prelude (which declares expf, exp ... for libmvec)."""
+    src = info["source"]
+    return src[src.index("/* kernel"):]
+
+
+def _exp_calls(info):
+    src = _kernel_src(info)
+    return src.count("expf(v") + src.count("exp(v")
+
+
+def _special_rows(x):
+    """Rows with NaN, +inf, -inf, all -inf, a huge value, in float64 then cast (a fresh tensor)."""
+    x = x.clone()
+    if x.shape[0] >= 6 and x.shape[-1] >= 1:
+        x[1, -1] = float("nan")
+        x[2, 0] = float("inf")
+        x[3, x.shape[-1] // 2] = -float("inf")
+        x[4] = -float("inf")
+        x[5, 0] = 1e30 if x.dtype != torch.float16 else 6e4
+    return x
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 1023, 1025, 2049, 4100])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_cache_softmax_row_lengths(n, dtype):
+    x = _special_rows(torch.randn(9, n, dtype=dtype) * 4)
+    info = check(lambda x: torch.softmax(x, -1), x)
+    assert info["kernels"] == 1
+    # exp once per element, not twice (n = 1: the row dim is dropped, one row value, no store pass)
+    assert ("row cache" in info["source"]) == (n > 1) and _exp_calls(info) == 1
+    info = check(lambda x: F.log_softmax(x, -1), x)
+    # log_softmax's store pass recomputes only x - max (cheap): no row cache, one exp per element anyway
+    assert "row cache" not in info["source"] and _exp_calls(info) == 1
+
+
+def test_row_cache_empty_rows():
+    check(lambda x: torch.softmax(x, -1), torch.randn(4, 0))
+    check(lambda x: torch.softmax(x, -1), torch.randn(0, 5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_row_cache_not_for_half_outputs(dtype):
+    # softmax computes exp in float: keeping it in a half output row would round it
+    x = _special_rows(torch.randn(9, 130).to(dtype))
+    info = check(lambda x: torch.softmax(x, -1), x)
+    assert "row cache" not in info["source"] and _exp_calls(info) == 2
+    # an exp computed in the half type itself: not kept either (the rule takes float32/float64 only)
+    info = check(lambda x: x.exp() / x.exp().amax(-1, keepdim=True), x)
+    assert "row cache" not in info["source"]
+    info = check(lambda x: (lambda e: e / e.sum(-1, keepdim=True))(x.exp()), x)
+    assert "row cache" not in info["source"] and _exp_calls(info) == 2
+    # a float32 result of a half input: the output row holds float exactly, the cache applies
+    info = check(lambda x: torch.softmax(x, -1, dtype=torch.float32), x)
+    assert "row cache" in info["source"] and _exp_calls(info) == 1
+
+
+def test_row_cache_layouts():
+    x = _special_rows(torch.randn(9, 301))
+    # strided input, contiguous output: the row cache reads the input's layout only once
+    info = check(lambda x: torch.softmax(x[:, ::2], -1), x)
+    assert "row cache" in info["source"]
+    # a transposed input (eager's softmax output is contiguous all the same)
+    info = check(lambda x: torch.softmax(x, -1), x.t().contiguous().t())
+    assert "row cache" in info["source"] and _exp_calls(info) == 1
+    # softmax over dim 0 of a contiguous tensor: the row is a column of the output
+    info = check(lambda x: torch.softmax(x, 0), x)
+    assert "row cache" not in info["source"] and _exp_calls(info) == 2
+    info = check(lambda x: torch.softmax(x, 1), _special_rows(torch.randn(9, 5, 3, 4)))
+    assert "row cache" not in info["source"] and _exp_calls(info) == 2
+    # a reduction over two inner dims (not merged: one is strided)
+    check(lambda x: torch.softmax(x.reshape(9, 7, 43)[:, ::2].flatten(1), -1), x)
+
+
+def test_row_cache_other_passes_and_values():
+    x = _special_rows(torch.randn(9, 65))
+
+    def f(x):
+        e, s, t, g = x.exp(), x.sin(), x.tanh(), F.gelu(x.clamp(-20, 20))
+        return (e / e.amax(-1, keepdim=True),                                   # kept from a max pass
+                s * s.argmax(-1, keepdim=True),                                  # from an argmax pass
+                e * (x * e.sum(-1, keepdim=True)).amax(-1, keepdim=True),        # from the first of two passes
+                (t - t.mean(-1, keepdim=True)) / t.std(-1, keepdim=True),        # the sum's pass, not Welford's
+                torch.softmax(torch.softmax(x, -1) * 3, -1),                     # two softmaxes in one kernel
+                g / g.sum(-1, keepdim=True))                                     # erf
+    info = check(f, x)
+    assert info["externs"] == 0 and info["kernels"] == 6
+    assert _kernel_src(info).count("row cache: computed by the reduction pass") == 6
+
+
+def test_row_cache_two_outputs_of_the_same_rows():
+    x = _special_rows(torch.randn(9, 77))
+
+    def f(x):
+        m = x.amax(-1, keepdim=True)
+        e = (x - m).exp()
+        s = e.sum(-1, keepdim=True)
+        return e / s, e, s, torch.log_softmax(x, -1), torch.softmax(x, -1) * 2
+
+    check(f, x)
+    check(lambda x: (torch.softmax(x, -1), torch.softmax(x, -1).sum(-1)), x)
+
+
+def test_row_cache_symbolic_sizes():
+    cf = ember.compile(lambda x: torch.softmax(x, -1), backend="ember", dynamic=True)
+    for shape in [(3, 7), (5, 1025), (9, 2), (2, 4100), (6, 33)]:
+        x = _special_rows(torch.randn(*shape) * 3)
+        torch.testing.assert_close(cf(x), torch.softmax(x, -1), equal_nan=True)
+    info = [e["ember"] for e in ember.cache_info(cf) if "sv[" in e["ember"]["source"]]
+    assert info and "row cache" in info[0]["source"] and _exp_calls(info[0]) == 1
+
+
+def test_row_cache_output_never_aliases_an_input():
+    # the matmul's result is dead after the row kernel, but a reduction kernel never writes over
+    # what it reads: the row cache writes exp(y) in the sum's pass, and the max pass reads y again
+    x, w = torch.randn(9, 16), torch.randn(16, 33)
+
+    def f(x, w):
+        y = x @ w
+        e = y.exp()
+        return e * (y * e.sum(-1, keepdim=True)).amax(-1, keepdim=True)
+
+    info = check(f, x, w)
+    assert "row cache" in info["source"] and info["kernel_list"][-1]["inplace"] == 0
+    info = check(lambda x, w: torch.softmax(x @ w, -1), x, w)
+    assert "row cache" in info["source"] and info["kernel_list"][-1]["inplace"] == 0
