@@ -1674,6 +1674,39 @@ static bool is_mutation(const IRNode *n) {
     return mut;
 }
 
+/* The tensor an in-place update writes, which is also what it returns (torch's in-place methods
+ * and functions return self; an out= op returns `out`): the `out` keyword when there is one, else
+ * the first argument. NULL when the node has neither. */
+static const IRArg *mutated_arg(const IRNode *n) {
+    for (uint32_t k = 0; k < n->nkwargs; k++) {
+        const char *kn = PyUnicode_AsUTF8(n->kwnames[k]);
+        if (!kn) PyErr_Clear();
+        else if (!strcmp(kn, "out")) return &n->kwargs[k];
+    }
+    return n->nargs ? &n->args[0] : NULL;
+}
+
+/* The index of the graph input that graph value r is: the placeholder itself, or an in-place update
+ * of it (x.add_(1), x += 1, out=x: eager returns the input object). -1 for any other value, a view
+ * of an input included (eager returns a new view object too). */
+static int32_t returned_input(const IRGraph *g, IRRef r) {
+    for (int depth = 0; depth < 64; depth++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind == IR_PLACEHOLDER) {
+            for (uint32_t i = 0; i < g->ninputs; i++)
+                if (g->inputs[i] == r) return (int32_t)i;
+            return -1;
+        }
+        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->meta.kind != IRMETA_TENSOR ||
+            !is_mutation(n))
+            return -1;
+        const IRArg *m = mutated_arg(n);
+        if (!m || m->kind != IRARG_NODE) return -1;
+        r = m->u.ref;
+    }
+    return -1;
+}
+
 static bool is_batch_norm(const IRNode *n) {
     PyObject *name = node_opname(n);
     const char *s = name ? PyUnicode_AsUTF8(name) : NULL;
@@ -1698,7 +1731,7 @@ static int check_mutations(AG *ag) {
         PyErr_Clear();
         if (gm) return ag_fail(ag, "the graph changes grad mode (%s)", n->name);
         if (!is_mutation(n)) continue;
-        const IRArg *a0 = n->nargs ? &n->args[0] : NULL;
+        const IRArg *a0 = mutated_arg(n); /* out= writes `out`, not its first argument */
         if (!a0 || a0->kind != IRARG_NODE || em_ir_node(g, a0->u.ref)->kind != IR_PLACEHOLDER ||
             meta_needs_grad(&em_ir_node(g, a0->u.ref)->meta) || meta_needs_grad(&n->meta))
             return ag_fail(ag, "in-place update %s of a value autograd may need", n->name);
@@ -1712,7 +1745,8 @@ static int check_mutations(AG *ag) {
                 uses = a->kind == IRARG_NODE && a->u.ref == p;
             }
             if (!uses) continue;
-            bool ok = (is_mutation(un) && un->nargs && un->args[0].kind == IRARG_NODE && un->args[0].u.ref == p) ||
+            const IRArg *um = is_mutation(un) ? mutated_arg(un) : NULL;
+            bool ok = (um && um->kind == IRARG_NODE && um->u.ref == p) ||
                       (is_batch_norm(un) && un->args[0].kind == IRARG_NODE && un->args[0].u.ref != p);
             if (!ok) return ag_fail(ag, "%s reads %s, which %s updates in place", un->name, em_ir_node(g, p)->name, n->name);
         }
@@ -2573,6 +2607,7 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     AG ag = {0};
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
     PyObject *saved_list = NULL, *recomp_list = NULL, *tang = NULL, *gin = NULL, *nondiff = NULL;
+    PyObject *gdeps = NULL, *same = NULL;
     PyObject *jt = NULL, *ft = NULL, *bt = NULL, *budget_obj = NULL, *ember_info = NULL;
     int64_t *bytes = NULL;
     uint8_t *saved = NULL, *recompute = NULL, *need = NULL;
@@ -2790,6 +2825,57 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         }
         Py_DECREF(v);
     }
+    /* which outputs' gradients each input gradient reads: an output that gets no gradient (None:
+     * nothing after the region uses it) contributes nothing, and an input all of whose paths go
+     * through such outputs gets None, as in eager autograd (ember._autograd.CompiledRegion) */
+    gdeps = PyList_New(0);
+    uint8_t *reach = calloc(ag.j->nnodes + 1, 1);
+    if (!gdeps || !reach) {
+        free(reach);
+        free(tangent);
+        if (gdeps) PyErr_NoMemory();
+        goto error;
+    }
+    for (uint32_t i = 0; i < ngrads; i++) {
+        PyObject *ks = PyList_New(0);
+        memset(reach, 0, ag.j->nnodes + 1);
+        reach[grads[i]] = 1;
+        for (IRRef r = grads[i]; ks && r >= 1; r--) {
+            if (!reach[r]) continue;
+            const IRNode *n = em_ir_node(ag.j, r);
+            for (uint32_t a = 0; a < n->nargs + n->nkwargs; a++)
+                mark_args(a < n->nargs ? &n->args[a] : &n->kwargs[a - n->nargs], reach);
+        }
+        for (uint32_t k = 0; ks && k < outs->n; k++) {
+            if (!tangent[k] || !reach[tangent[k]]) continue;
+            PyObject *v = PyLong_FromUnsignedLong(k);
+            if (!v || PyList_Append(ks, v) < 0) Py_CLEAR(ks);
+            Py_XDECREF(v);
+        }
+        if (!ks || PyList_Append(gdeps, ks) < 0) {
+            Py_XDECREF(ks);
+            free(reach);
+            free(tangent);
+            goto error;
+        }
+        Py_DECREF(ks);
+    }
+    free(reach);
+    /* outputs that are graph inputs, or in-place updates of them (they never require grad here:
+     * checked above and by check_mutations): eager returns the input object itself, the Function
+     * would return a new alias of it */
+    same = PyList_New(0);
+    for (uint32_t k = 0; same && k < outs->n; k++) {
+        int32_t i = returned_input(g, outs->u.items[k].u.ref);
+        if (i < 0 || tangent[k]) continue;
+        PyObject *it = Py_BuildValue("(Ii)", (unsigned)k, (int)i);
+        if (!it || PyList_Append(same, it) < 0) Py_CLEAR(same);
+        Py_XDECREF(it);
+    }
+    if (!same) {
+        free(tangent);
+        goto error;
+    }
     if (em_ir_set_output(ag.j, grads, ngrads) < 0) {
         free(tangent);
         PyErr_NoMemory();
@@ -2985,8 +3071,8 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         }
         if (!layouts) goto error;
     }
-    result = PyObject_CallFunction(make, "OOIIOOON", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin, tang,
-                                   nondiff, layouts);
+    result = PyObject_CallFunction(make, "OOIIOOONOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
+                                   tang, nondiff, layouts, gdeps, same);
     if (!result) goto error;
     *info = d;
     d = NULL;
@@ -3019,6 +3105,8 @@ done:
     Py_XDECREF(tang);
     Py_XDECREF(gin);
     Py_XDECREF(nondiff);
+    Py_XDECREF(gdeps);
+    Py_XDECREF(same);
     Py_XDECREF(jt);
     Py_XDECREF(ft);
     Py_XDECREF(bt);
