@@ -1686,21 +1686,22 @@ static const IRArg *mutated_arg(const IRNode *n) {
     return n->nargs ? &n->args[0] : NULL;
 }
 
-/* The index of the graph input that graph value r is: the placeholder itself, or an in-place update
- * of it (x.add_(1), x += 1, out=x: eager returns the input object). -1 for any other value, a view
- * of an input included (eager returns a new view object too). */
-static int32_t returned_input(const IRGraph *g, IRRef r) {
-    for (int depth = 0; depth < 64; depth++) {
+/* The graph input that graph value r may be at run time, as an object: -1 when none can be. The
+ * placeholder itself; an in-place update returns what it writes (x.add_(1), x += 1, out=x); and
+ * many ops return their first argument itself when there is nothing to do (x.contiguous() of a
+ * contiguous x, x.to(x.dtype), F.dropout(x, training=False), x.flatten() of a 1-d x), so any
+ * other call node is followed through its first argument. The caller compares objects at run time
+ * (ember._autograd.CompiledRegion.forward): this only names the one input worth comparing. */
+static int32_t maybe_input(const IRGraph *g, IRRef r) {
+    for (uint32_t depth = 0; depth < g->nnodes; depth++) {
         const IRNode *n = em_ir_node(g, r);
         if (n->kind == IR_PLACEHOLDER) {
             for (uint32_t i = 0; i < g->ninputs; i++)
                 if (g->inputs[i] == r) return (int32_t)i;
             return -1;
         }
-        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->meta.kind != IRMETA_TENSOR ||
-            !is_mutation(n))
-            return -1;
-        const IRArg *m = mutated_arg(n);
+        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->meta.kind != IRMETA_TENSOR) return -1;
+        const IRArg *m = is_mutation(n) ? mutated_arg(n) : (n->nargs ? &n->args[0] : NULL);
         if (!m || m->kind != IRARG_NODE) return -1;
         r = m->u.ref;
     }
@@ -2603,6 +2604,46 @@ static void emit_recomputed(IRRef r, void *ctx) {
     c->bytes_total += c->bytes[r] > 0 ? c->bytes[r] : 0;
 }
 
+/* Do two elements of a tensor of this layout share memory (an expand: stride 0 over a size > 1)?
+ * The dims of size > 1 ordered by stride must each step over the ones inside it (torch's
+ * has_internal_overlap is the cheap half of this: a zero stride). */
+static bool layout_overlaps(const IRMeta *m) {
+    int32_t order[64], n = 0;
+    if (m->ndim > 64) return true; /* torch has at most 64 dims; be safe */
+    for (int32_t d = 0; d < m->ndim; d++) {
+        if (m->sizes[d] <= 1) continue;
+        int32_t k = n++;
+        for (; k > 0 && m->strides[order[k - 1]] > m->strides[d]; k--) order[k] = order[k - 1];
+        order[k] = d;
+    }
+    for (int32_t k = 0; k < n; k++) {
+        const int32_t d = order[k];
+        if (k == 0 ? m->strides[d] < 1 : m->strides[d] < m->strides[order[k - 1]] * m->sizes[order[k - 1]])
+            return true;
+    }
+    return false;
+}
+
+/* The layout of the tangent of an output in the backward graph: the output's own (ember's kernels
+ * index the tangent with those strides; CompiledRegion re-strides what autograd hands over), unless
+ * the output's elements overlap in memory (an expand), where a gradient, one value per element,
+ * cannot be stored: contiguous then. m: a copy of the output's meta, changed in place. */
+static int tangent_meta(EmArena *a, IRMeta *m) {
+    m->requires_grad = false;
+    if (m->kind != IRMETA_TENSOR || !layout_overlaps(m)) return 0;
+    int64_t *st = em_arena_alloc(a, (size_t)(m->ndim ? m->ndim : 1) * sizeof(int64_t));
+    PyObject *ex = m->example ? em_arena_hold_steal(a, PyObject_CallMethod(m->example, "contiguous", NULL)) : NULL;
+    if (!st || (m->example && !ex)) return -1;
+    int64_t acc = 1;
+    for (int32_t d = m->ndim - 1; d >= 0; d--) {
+        st[d] = acc; /* torch._prims_common.make_contiguous_strides_for */
+        acc *= m->sizes[d] > 1 ? m->sizes[d] : 1;
+    }
+    m->strides = st;
+    m->example = ex;
+    return 0;
+}
+
 PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info) {
     AG ag = {0};
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
@@ -2714,7 +2755,10 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         char name[32];
         snprintf(name, sizeof name, "tangents_%u", k + 1);
         IRMeta m = on->meta;
-        m.requires_grad = false;
+        if (tangent_meta(g->arena, &m) < 0) {
+            free(tangent);
+            goto error;
+        }
         tangent[k] = em_ir_placeholder(ag.j, name, &m);
         if (!tangent[k] || ag_grow_roles(&ag) < 0) {
             free(tangent);
@@ -2861,13 +2905,13 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         Py_DECREF(ks);
     }
     free(reach);
-    /* outputs that are graph inputs, or in-place updates of them (they never require grad here:
-     * checked above and by check_mutations): eager returns the input object itself, the Function
-     * would return a new alias of it */
+    /* outputs that may be a graph input object at run time (the input itself, an in-place update
+     * of it, x.contiguous() ...): eager returns the input object, the Function would return a new
+     * alias of it (ember._autograd.make_region) */
     same = PyList_New(0);
     for (uint32_t k = 0; same && k < outs->n; k++) {
-        int32_t i = returned_input(g, outs->u.items[k].u.ref);
-        if (i < 0 || tangent[k]) continue;
+        int32_t i = maybe_input(g, outs->u.items[k].u.ref);
+        if (i < 0) continue;
         PyObject *it = Py_BuildValue("(Ii)", (unsigned)k, (int)i);
         if (!it || PyList_Append(same, it) < 0) Py_CLEAR(same);
         Py_XDECREF(it);
@@ -3062,10 +3106,14 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     if (ember_halves) {
         Py_SETREF(layouts, PyList_New(0));
         for (uint32_t k = 0; layouts && k < outs->n; k++) {
-            const IRMeta *m = &em_ir_node(g, outs->u.items[k].u.ref)->meta;
-            PyObject *st = PyTuple_New(m->kind == IRMETA_TENSOR ? m->ndim : 0);
-            for (int32_t i = 0; st && m->kind == IRMETA_TENSOR && i < m->ndim; i++)
-                PyTuple_SET_ITEM(st, i, PyLong_FromLongLong(m->strides[i]));
+            IRMeta tm = em_ir_node(g, outs->u.items[k].u.ref)->meta;
+            const IRMeta *m = &tm;
+            PyObject *st = tangent_meta(g->arena, &tm) < 0 ? NULL : PyTuple_New(m->kind == IRMETA_TENSOR ? m->ndim : 0);
+            for (int32_t i = 0; st && m->kind == IRMETA_TENSOR && i < m->ndim; i++) {
+                PyObject *v = PyLong_FromLongLong(m->strides[i]);
+                if (!v) Py_CLEAR(st);
+                else PyTuple_SET_ITEM(st, i, v);
+            }
             if (!st || PyList_Append(layouts, st) < 0) Py_CLEAR(layouts);
             Py_XDECREF(st);
         }

@@ -21,10 +21,12 @@ class CompiledRegion(torch.autograd.Function):
     gradient tensor, zeros included (plan.grad_deps, from the joint graph in csrc/autograd)."""
 
     @staticmethod
-    def forward(ctx, plan, *inputs):
+    def forward(ctx, plan, same, *inputs):
         res = plan.fwd(*inputs)
         n = plan.noutputs
         outs, saved = res[:n], res[n:]
+        if same is not None:  # outputs that are input objects (make_region)
+            same.extend((k, i) for k, i in plan.maybe_same if outs[k] is inputs[i])
         ctx.save_for_backward(*saved)
         ctx.plan = plan
         ctx.set_materialize_grads(False)
@@ -55,7 +57,7 @@ class CompiledRegion(torch.autograd.Function):
         # each after its last use, as eager autograd frees a node's saved tensors after its backward
         # (kept when retain_graph=True: maybe_clear_saved_tensors does nothing then)
         ctx.maybe_clear_saved_tensors()
-        out = [None] * (plan.ninputs + 1)
+        out = [None] * (plan.ninputs + 2)  # plan and same get None
         tangents = [grads[k] for k in plan.tangents]
         keep = None  # all outputs got a gradient: every input gradient is returned
         if any(t is None for t in tangents):
@@ -73,25 +75,28 @@ class CompiledRegion(torch.autograd.Function):
         res = plan.bwd_boxed(args) if plan.bwd_boxed is not None else plan.bwd(*args)
         for j, (i, g) in enumerate(zip(plan.grad_inputs, res)):
             if keep is None or keep[j]:
-                out[i + 1] = g
+                out[i + 2] = g
         return tuple(out)
 
 
 class _Plan:
     __slots__ = ("fwd", "bwd", "bwd_boxed", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides",
-                 "grad_deps", "same")
+                 "grad_deps", "maybe_same")
 
 
 def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None, grad_deps=None,
-                same=()):
+                maybe_same=()):
     """Called by csrc/autograd on a cache miss; returns compiled(*graph_inputs) -> tuple.
     Under no_grad / inference_mode the guard on grad mode makes a separate, forward-only entry,
     so this callable always runs with grad enabled. grad_deps: per entry of grad_inputs, the
-    output indices whose tangents its gradient reads. same: (output index, input index) pairs of
-    outputs that are a graph input or an in-place update of one (never requiring grad): they are
-    returned as the input object itself, as eager returns it (Function.apply would return a new
-    alias of it, torch/csrc/autograd/custom_function.cpp _view_as_self_with_no_grad); the
-    in-place update already ran on the input in the forward, bumping its version once as eager."""
+    output indices whose tangents its gradient reads. maybe_same: (output index, input index)
+    pairs of outputs that may be that input object at run time (the input itself, an in-place
+    update of it, x.contiguous() of a contiguous x ...). One that is, is returned as the input
+    object itself, as eager returns it: Function.apply would return a new alias of it
+    (torch/csrc/autograd/custom_function.cpp, _view_as_self_with_no_grad). An in-place update
+    already ran on the input in the forward, bumping its version once, as eager's op does; an
+    input that requires grad, returned itself, is differentiated by eager autograd directly (the
+    region's output then gets no gradient: CompiledRegion's None tangents)."""
     plan = _Plan()
     plan.fwd, plan.bwd = fwd, bwd
     plan.bwd_boxed = getattr(bwd, "run_boxed", None)
@@ -99,16 +104,20 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     plan.grad_inputs, plan.tangents, plan.nondiff = tuple(grad_inputs), tuple(tangents), tuple(nondiff)
     plan.strides = None if strides is None else tuple(tuple(s) for s in strides)
     plan.grad_deps = tuple(tuple(d) for d in grad_deps) if grad_deps is not None else ((),) * len(plan.grad_inputs)
-    plan.same = tuple(tuple(p) for p in same)
+    plan.maybe_same = tuple(tuple(p) for p in maybe_same)
     apply = CompiledRegion.apply
 
-    if not plan.same:
+    if not plan.maybe_same:
         def region(*inputs):
-            return apply(plan, *inputs)
+            return apply(plan, None, *inputs)
     else:
         def region(*inputs):
-            outs = list(apply(plan, *inputs))
-            for k, i in plan.same:
+            same = []
+            outs = apply(plan, same, *inputs)
+            if not same:
+                return outs
+            outs = list(outs)
+            for k, i in same:
                 outs[k] = inputs[i]
             return tuple(outs)
     region.plan = plan

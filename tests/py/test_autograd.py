@@ -890,14 +890,19 @@ def _out_kwarg_return(x, y):
     return x, y * 3
 
 
+def _contiguous_return(x, y):
+    return [x.contiguous(), x.t().contiguous(), (x @ y).relu()]
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "ember"])
-@pytest.mark.parametrize("fn", [_inplace_return, _iadd_return_dict, _input_returned, _out_kwarg_return],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [_inplace_return, _iadd_return_dict, _input_returned, _out_kwarg_return,
+                                _contiguous_return], ids=lambda f: f.__name__)
 def test_returned_input_is_the_input_object(fn, backend):
-    """program_gen seeds 241, 316, 377: a region with an input that requires grad returns another
-    input (x, x.add_(1), x += 1, out=x). Eager returns the input object itself; the Function of a
-    compiled region used to return a new alias of it (custom_function.cpp _view_as_self_with_no_grad).
-    Now the object itself, its version bumped once by the in-place op (as eager), the region compiled."""
+    """program_gen seeds 241, 316, 377, 598: a region with an input that requires grad returns
+    another input (x, x.add_(1), x += 1, out=x, x.contiguous() of a contiguous x). Eager returns the
+    input object itself; the Function of a compiled region used to return a new alias of it
+    (custom_function.cpp _view_as_self_with_no_grad). Now the object itself, its version bumped once
+    by the in-place op (as eager), the region compiled."""
     x, y = torch.randn(3, 4), torch.randn(4, 4, requires_grad=True)
     xe, ye = x.clone(), y.detach().clone().requires_grad_()
     c = ember.compile(fn, backend=backend)
@@ -989,3 +994,31 @@ def test_split_region_output_unused_later_gives_none(backend):
     assert ge[1] is None and gc[1] is None
     torch.testing.assert_close(gc[0], ge[0])
     assert "split" in autograd_info(c)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_input_requiring_grad_returned_itself_gets_eager_gradients(backend):
+    """w.contiguous() of a contiguous w that requires grad is w itself in eager: the leaf, not a
+    region output; gradients through it reach w directly, the rest through the region."""
+    def f(x, w):
+        return w.contiguous(), (x * w).sum()
+    x, w = torch.randn(3, 3), r(3, 3)
+    we = w.detach().clone().requires_grad_()
+    c = ember.compile(f, backend=backend)
+    out, ref = c(x, w), f(x, we)
+    assert out[0] is w and ref[0] is we
+    (out[0].sum() * 3 + out[1]).backward()
+    (ref[0].sum() * 3 + ref[1]).backward()
+    torch.testing.assert_close(w.grad, we.grad)
+    assert "fallback" not in autograd_info(c)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_expanded_output_gets_a_dense_tangent(backend):
+    """program_gen seed 929: an output made by expand (stride 0) requires grad. Its tangent is
+    contiguous in the backward graph: a gradient has a value per element; the expanded layout
+    made CompiledRegion copy autograd's gradient into an overlapping tensor, which torch refuses."""
+    def f(x):
+        return x[0].unsqueeze(0).expand(2, *x[0].shape), x[1:].expand(3, 3, 3) * 2
+    check(f, (r(2, 3, 3),), backend=backend)
+    check(f, (r(2, 3, 3, dtype=torch.float64),), backend=backend)
