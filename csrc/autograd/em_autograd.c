@@ -1674,6 +1674,8 @@ static bool is_mutation(const IRNode *n) {
     return mut;
 }
 
+static bool arg_requires_grad(const IRGraph *g, const IRArg *a);
+
 /* The tensor an in-place update writes, which is also what it returns (torch's in-place methods
  * and functions return self; an out= op returns `out`): the `out` keyword when there is one, else
  * the first argument. NULL when the node has neither. */
@@ -1736,6 +1738,13 @@ static int check_mutations(AG *ag) {
         if (!a0 || a0->kind != IRARG_NODE || em_ir_node(g, a0->u.ref)->kind != IR_PLACEHOLDER ||
             meta_needs_grad(&em_ir_node(g, a0->u.ref)->meta) || meta_needs_grad(&n->meta))
             return ag_fail(ag, "in-place update %s of a value autograd may need", n->name);
+        /* x[i] = v with v requiring grad: eager gives x a grad_fn (CopySlices) and requires_grad;
+         * the Function's forward runs under no_grad and cannot. (Its meta is None: checked here.) */
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) {
+            const IRArg *a = i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs];
+            if (a != a0 && arg_requires_grad(g, a))
+                return ag_fail(ag, "in-place update %s writes a value that requires grad into an input", n->name);
+        }
         IRRef p = a0->u.ref;
         for (IRRef u = 1; u < g->nnodes; u++) {
             const IRNode *un = em_ir_node(g, u);

@@ -1022,3 +1022,25 @@ def test_expanded_output_gets_a_dense_tangent(backend):
         return x[0].unsqueeze(0).expand(2, *x[0].shape), x[1:].expand(3, 3, 3) * 2
     check(f, (r(2, 3, 3),), backend=backend)
     check(f, (r(2, 3, 3, dtype=torch.float64),), backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_setitem_of_a_value_requiring_grad_into_an_input_keeps_eager_autograd(backend):
+    """program_gen seed 1874: x[..., 0] = y.sum() with y requiring grad makes x require grad in
+    eager (a CopySlices grad_fn); the Function's forward (no_grad) left x without. check_mutations
+    now refuses an in-place update that writes a value requiring grad (setitem's result is None,
+    its meta said nothing), and the region keeps eager autograd."""
+    def f(x, y):
+        x[..., 0] = y.sum()
+        return y * 2
+    x, y = torch.randn(3, 5), r(5)
+    xe, ye = x.clone(), y.detach().clone().requires_grad_()
+    c = ember.compile(f, backend=backend)
+    out, ref = c(x, y), f(xe, ye)
+    assert x.requires_grad and xe.requires_grad
+    torch.testing.assert_close(x, xe)
+    (out.sum() + x.sum()).backward()
+    (ref.sum() + xe.sum()).backward()
+    torch.testing.assert_close(y.grad, ye.grad)
+    info = autograd_info(c)
+    assert "fallback" in info and "requires grad" in info["fallback"]

@@ -135,8 +135,25 @@ def test_tolerance_is_that_of_the_least_precise_dtype_computed_in(monkeypatch):
 def test_backend_ember_seeds_that_were_wrong():
     """program_gen --backend ember found these: 241, 316, 377, 598 (an input returned as another object),
     226 (zeros instead of None for an input with no gradient), 91 (float32 rounding compared at
-    float64 tolerances: the harness), 929 (the tangent of an expanded output). tests/py/test_autograd.py
+    float64 tolerances: the harness), 929 (the tangent of an expanded output), 1090 and 1516 (strides of
+    size-1 dims: the harness), 1874 (x[i] = v, v requiring grad, into an input). tests/py/test_autograd.py
     has the minimized cases."""
-    for seed in (91, 226, 241, 316, 377, 598, 929):
+    for seed in (91, 226, 241, 316, 377, 598, 929, 1090, 1516, 1874):
         cls, detail = pg.run_program(pg.generate(seed), backend="ember")
         assert cls not in pg.FAILURES, f"seed {seed}: {cls}: {detail}"
+
+
+def test_strides_of_size_one_dims_are_not_compared_for_other_backends(monkeypatch):
+    """program_gen seeds 1090, 1516: x.t() / -3 of a (1, 4) x has strides (1, 4) on eager's CPU
+    kernel, (1, 1) from torch's meta function (pytorch/pytorch#77553), which backend "ember" uses.
+    A size-1 dim's stride addresses nothing: other backends compare the significant strides only
+    (torch._prims_common.check_significant_strides); backend "eager" compares them all."""
+    x = torch.randn(1, 4)
+    prog = lambda x: x.t() / -3                                          # noqa: E731
+    _fake_ember(monkeypatch, lambda x: torch.empty_strided((4, 1), (1, 1)).copy_(x.t() / -3))
+    assert prog(x).stride() == (1, 4)
+    assert pg.check(prog, [(x,)], backend="ember")[0] == "pass"
+    assert "stride" in pg.check(prog, [(x,)], backend="eager")[1]
+    y = torch.randn(3, 4)
+    _fake_ember(monkeypatch, lambda y: y.t().contiguous() / -3)         # a significant stride differs
+    assert "stride" in pg.check(lambda y: y.t() / -3, [(y,)], backend="ember")[1]
