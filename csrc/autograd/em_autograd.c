@@ -2920,7 +2920,13 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     same = PyList_New(0);
     for (uint32_t k = 0; same && k < outs->n; k++) {
         int32_t i = maybe_input(g, outs->u.items[k].u.ref);
-        if (i < 0) continue;
+        const IRMeta *om = &em_ir_node(g, outs->u.items[k].u.ref)->meta;
+        const IRMeta *im = i < 0 ? NULL : &em_ir_node(g, g->inputs[i])->meta;
+        /* the same object has the same sizes and dtype */
+        if (!im || om->kind != im->kind || (om->kind == IRMETA_TENSOR &&
+            (om->ndim != im->ndim || om->dtype != im->dtype ||
+             memcmp(om->sizes, im->sizes, (size_t)om->ndim * sizeof(int64_t)) != 0)))
+            continue;
         PyObject *it = Py_BuildValue("(Ii)", (unsigned)k, (int)i);
         if (!it || PyList_Append(same, it) < 0) Py_CLEAR(same);
         Py_XDECREF(it);
