@@ -1674,6 +1674,42 @@ static bool is_mutation(const IRNode *n) {
     return mut;
 }
 
+static bool arg_requires_grad(const IRGraph *g, const IRArg *a);
+
+/* The tensor an in-place update writes, which is also what it returns (torch's in-place methods
+ * and functions return self; an out= op returns `out`): the `out` keyword when there is one, else
+ * the first argument. NULL when the node has neither. */
+static const IRArg *mutated_arg(const IRNode *n) {
+    for (uint32_t k = 0; k < n->nkwargs; k++) {
+        const char *kn = PyUnicode_AsUTF8(n->kwnames[k]);
+        if (!kn) PyErr_Clear();
+        else if (!strcmp(kn, "out")) return &n->kwargs[k];
+    }
+    return n->nargs ? &n->args[0] : NULL;
+}
+
+/* The graph input that graph value r may be at run time, as an object: -1 when none can be. The
+ * placeholder itself; an in-place update returns what it writes (x.add_(1), x += 1, out=x); and
+ * many ops return their first argument itself when there is nothing to do (x.contiguous() of a
+ * contiguous x, x.to(x.dtype), F.dropout(x, training=False), x.flatten() of a 1-d x), so any
+ * other call node is followed through its first argument. The caller compares objects at run time
+ * (ember._autograd.CompiledRegion.forward): this only names the one input worth comparing. */
+static int32_t maybe_input(const IRGraph *g, IRRef r) {
+    for (uint32_t depth = 0; depth < g->nnodes; depth++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind == IR_PLACEHOLDER) {
+            for (uint32_t i = 0; i < g->ninputs; i++)
+                if (g->inputs[i] == r) return (int32_t)i;
+            return -1;
+        }
+        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->meta.kind != IRMETA_TENSOR) return -1;
+        const IRArg *m = is_mutation(n) ? mutated_arg(n) : (n->nargs ? &n->args[0] : NULL);
+        if (!m || m->kind != IRARG_NODE) return -1;
+        r = m->u.ref;
+    }
+    return -1;
+}
+
 static bool is_batch_norm(const IRNode *n) {
     PyObject *name = node_opname(n);
     const char *s = name ? PyUnicode_AsUTF8(name) : NULL;
@@ -1698,10 +1734,17 @@ static int check_mutations(AG *ag) {
         PyErr_Clear();
         if (gm) return ag_fail(ag, "the graph changes grad mode (%s)", n->name);
         if (!is_mutation(n)) continue;
-        const IRArg *a0 = n->nargs ? &n->args[0] : NULL;
+        const IRArg *a0 = mutated_arg(n); /* out= writes `out`, not its first argument */
         if (!a0 || a0->kind != IRARG_NODE || em_ir_node(g, a0->u.ref)->kind != IR_PLACEHOLDER ||
             meta_needs_grad(&em_ir_node(g, a0->u.ref)->meta) || meta_needs_grad(&n->meta))
             return ag_fail(ag, "in-place update %s of a value autograd may need", n->name);
+        /* x[i] = v with v requiring grad: eager gives x a grad_fn (CopySlices) and requires_grad;
+         * the Function's forward runs under no_grad and cannot. (Its meta is None: checked here.) */
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) {
+            const IRArg *a = i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs];
+            if (a != a0 && arg_requires_grad(g, a))
+                return ag_fail(ag, "in-place update %s writes a value that requires grad into an input", n->name);
+        }
         IRRef p = a0->u.ref;
         for (IRRef u = 1; u < g->nnodes; u++) {
             const IRNode *un = em_ir_node(g, u);
@@ -1712,7 +1755,8 @@ static int check_mutations(AG *ag) {
                 uses = a->kind == IRARG_NODE && a->u.ref == p;
             }
             if (!uses) continue;
-            bool ok = (is_mutation(un) && un->nargs && un->args[0].kind == IRARG_NODE && un->args[0].u.ref == p) ||
+            const IRArg *um = is_mutation(un) ? mutated_arg(un) : NULL;
+            bool ok = (um && um->kind == IRARG_NODE && um->u.ref == p) ||
                       (is_batch_norm(un) && un->args[0].kind == IRARG_NODE && un->args[0].u.ref != p);
             if (!ok) return ag_fail(ag, "%s reads %s, which %s updates in place", un->name, em_ir_node(g, p)->name, n->name);
         }
@@ -2569,10 +2613,51 @@ static void emit_recomputed(IRRef r, void *ctx) {
     c->bytes_total += c->bytes[r] > 0 ? c->bytes[r] : 0;
 }
 
+/* Do two elements of a tensor of this layout share memory (an expand: stride 0 over a size > 1)?
+ * The dims of size > 1 ordered by stride must each step over the ones inside it (torch's
+ * has_internal_overlap is the cheap half of this: a zero stride). */
+static bool layout_overlaps(const IRMeta *m) {
+    int32_t order[64], n = 0;
+    if (m->ndim > 64) return true; /* torch has at most 64 dims; be safe */
+    for (int32_t d = 0; d < m->ndim; d++) {
+        if (m->sizes[d] <= 1) continue;
+        int32_t k = n++;
+        for (; k > 0 && m->strides[order[k - 1]] > m->strides[d]; k--) order[k] = order[k - 1];
+        order[k] = d;
+    }
+    for (int32_t k = 0; k < n; k++) {
+        const int32_t d = order[k];
+        if (k == 0 ? m->strides[d] < 1 : m->strides[d] < m->strides[order[k - 1]] * m->sizes[order[k - 1]])
+            return true;
+    }
+    return false;
+}
+
+/* The layout of the tangent of an output in the backward graph: the output's own (ember's kernels
+ * index the tangent with those strides; CompiledRegion re-strides what autograd hands over), unless
+ * the output's elements overlap in memory (an expand), where a gradient, one value per element,
+ * cannot be stored: contiguous then. m: a copy of the output's meta, changed in place. */
+static int tangent_meta(EmArena *a, IRMeta *m) {
+    m->requires_grad = false;
+    if (m->kind != IRMETA_TENSOR || !layout_overlaps(m)) return 0;
+    int64_t *st = em_arena_alloc(a, (size_t)(m->ndim ? m->ndim : 1) * sizeof(int64_t));
+    PyObject *ex = m->example ? em_arena_hold_steal(a, PyObject_CallMethod(m->example, "contiguous", NULL)) : NULL;
+    if (!st || (m->example && !ex)) return -1;
+    int64_t acc = 1;
+    for (int32_t d = m->ndim - 1; d >= 0; d--) {
+        st[d] = acc; /* torch._prims_common.make_contiguous_strides_for */
+        acc *= m->sizes[d] > 1 ? m->sizes[d] : 1;
+    }
+    m->strides = st;
+    m->example = ex;
+    return 0;
+}
+
 PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info) {
     AG ag = {0};
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
     PyObject *saved_list = NULL, *recomp_list = NULL, *tang = NULL, *gin = NULL, *nondiff = NULL;
+    PyObject *gdeps = NULL, *same = NULL;
     PyObject *jt = NULL, *ft = NULL, *bt = NULL, *budget_obj = NULL, *ember_info = NULL;
     int64_t *bytes = NULL;
     uint8_t *saved = NULL, *recompute = NULL, *need = NULL;
@@ -2679,7 +2764,10 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         char name[32];
         snprintf(name, sizeof name, "tangents_%u", k + 1);
         IRMeta m = on->meta;
-        m.requires_grad = false;
+        if (tangent_meta(g->arena, &m) < 0) {
+            free(tangent);
+            goto error;
+        }
         tangent[k] = em_ir_placeholder(ag.j, name, &m);
         if (!tangent[k] || ag_grow_roles(&ag) < 0) {
             free(tangent);
@@ -2789,6 +2877,63 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
             goto error;
         }
         Py_DECREF(v);
+    }
+    /* which outputs' gradients each input gradient reads: an output that gets no gradient (None:
+     * nothing after the region uses it) contributes nothing, and an input all of whose paths go
+     * through such outputs gets None, as in eager autograd (ember._autograd.CompiledRegion) */
+    gdeps = PyList_New(0);
+    uint8_t *reach = calloc(ag.j->nnodes + 1, 1);
+    if (!gdeps || !reach) {
+        free(reach);
+        free(tangent);
+        if (gdeps) PyErr_NoMemory();
+        goto error;
+    }
+    for (uint32_t i = 0; i < ngrads; i++) {
+        PyObject *ks = PyList_New(0);
+        memset(reach, 0, ag.j->nnodes + 1);
+        reach[grads[i]] = 1;
+        for (IRRef r = grads[i]; ks && r >= 1; r--) {
+            if (!reach[r]) continue;
+            const IRNode *n = em_ir_node(ag.j, r);
+            for (uint32_t a = 0; a < n->nargs + n->nkwargs; a++)
+                mark_args(a < n->nargs ? &n->args[a] : &n->kwargs[a - n->nargs], reach);
+        }
+        for (uint32_t k = 0; ks && k < outs->n; k++) {
+            if (!tangent[k] || !reach[tangent[k]]) continue;
+            PyObject *v = PyLong_FromUnsignedLong(k);
+            if (!v || PyList_Append(ks, v) < 0) Py_CLEAR(ks);
+            Py_XDECREF(v);
+        }
+        if (!ks || PyList_Append(gdeps, ks) < 0) {
+            Py_XDECREF(ks);
+            free(reach);
+            free(tangent);
+            goto error;
+        }
+        Py_DECREF(ks);
+    }
+    free(reach);
+    /* outputs that may be a graph input object at run time (the input itself, an in-place update
+     * of it, x.contiguous() ...): eager returns the input object, the Function would return a new
+     * alias of it (ember._autograd.make_region) */
+    same = PyList_New(0);
+    for (uint32_t k = 0; same && k < outs->n; k++) {
+        int32_t i = maybe_input(g, outs->u.items[k].u.ref);
+        const IRMeta *om = &em_ir_node(g, outs->u.items[k].u.ref)->meta;
+        const IRMeta *im = i < 0 ? NULL : &em_ir_node(g, g->inputs[i])->meta;
+        /* the same object has the same sizes and dtype */
+        if (!im || om->kind != im->kind || (om->kind == IRMETA_TENSOR &&
+            (om->ndim != im->ndim || om->dtype != im->dtype ||
+             memcmp(om->sizes, im->sizes, (size_t)om->ndim * sizeof(int64_t)) != 0)))
+            continue;
+        PyObject *it = Py_BuildValue("(Ii)", (unsigned)k, (int)i);
+        if (!it || PyList_Append(same, it) < 0) Py_CLEAR(same);
+        Py_XDECREF(it);
+    }
+    if (!same) {
+        free(tangent);
+        goto error;
     }
     if (em_ir_set_output(ag.j, grads, ngrads) < 0) {
         free(tangent);
@@ -2976,17 +3121,21 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     if (ember_halves) {
         Py_SETREF(layouts, PyList_New(0));
         for (uint32_t k = 0; layouts && k < outs->n; k++) {
-            const IRMeta *m = &em_ir_node(g, outs->u.items[k].u.ref)->meta;
-            PyObject *st = PyTuple_New(m->kind == IRMETA_TENSOR ? m->ndim : 0);
-            for (int32_t i = 0; st && m->kind == IRMETA_TENSOR && i < m->ndim; i++)
-                PyTuple_SET_ITEM(st, i, PyLong_FromLongLong(m->strides[i]));
+            IRMeta tm = em_ir_node(g, outs->u.items[k].u.ref)->meta;
+            const IRMeta *m = &tm;
+            PyObject *st = tangent_meta(g->arena, &tm) < 0 ? NULL : PyTuple_New(m->kind == IRMETA_TENSOR ? m->ndim : 0);
+            for (int32_t i = 0; st && m->kind == IRMETA_TENSOR && i < m->ndim; i++) {
+                PyObject *v = PyLong_FromLongLong(m->strides[i]);
+                if (!v) Py_CLEAR(st);
+                else PyTuple_SET_ITEM(st, i, v);
+            }
             if (!st || PyList_Append(layouts, st) < 0) Py_CLEAR(layouts);
             Py_XDECREF(st);
         }
         if (!layouts) goto error;
     }
-    result = PyObject_CallFunction(make, "OOIIOOON", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin, tang,
-                                   nondiff, layouts);
+    result = PyObject_CallFunction(make, "OOIIOOONOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
+                                   tang, nondiff, layouts, gdeps, same);
     if (!result) goto error;
     *info = d;
     d = NULL;
@@ -3019,6 +3168,8 @@ done:
     Py_XDECREF(tang);
     Py_XDECREF(gin);
     Py_XDECREF(nondiff);
+    Py_XDECREF(gdeps);
+    Py_XDECREF(same);
     Py_XDECREF(jt);
     Py_XDECREF(ft);
     Py_XDECREF(bt);

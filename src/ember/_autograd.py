@@ -14,13 +14,24 @@ import torch
 
 
 class CompiledRegion(torch.autograd.Function):
+    """Gradients as eager autograd gives them: an output nothing after the region differentiates
+    gets no gradient (None, not materialized zeros); its tangent is zeros for the backward graph,
+    and an input whose gradient reads only such outputs' tangents gets None (its .grad stays None,
+    as eager never reaches it), while an input with a path from a differentiated output keeps its
+    gradient tensor, zeros included (plan.grad_deps, from the joint graph in csrc/autograd)."""
+
     @staticmethod
-    def forward(ctx, plan, *inputs):
+    def forward(ctx, plan, same, *inputs):
         res = plan.fwd(*inputs)
         n = plan.noutputs
         outs, saved = res[:n], res[n:]
+        if same is not None:  # outputs that are input objects (make_region)
+            same.extend((k, i) for k, i in plan.maybe_same if outs[k] is inputs[i])
         ctx.save_for_backward(*saved)
         ctx.plan = plan
+        ctx.set_materialize_grads(False)
+        # the tangents' metadata, for the zeros of an output that gets no gradient
+        ctx.tmeta = tuple((outs[k].shape, outs[k].dtype, outs[k].device) for k in plan.tangents)
         nd = [outs[k] for k in plan.nondiff if isinstance(outs[k], torch.Tensor)]
         if nd:
             ctx.mark_non_differentiable(*nd)
@@ -46,7 +57,15 @@ class CompiledRegion(torch.autograd.Function):
         # each after its last use, as eager autograd frees a node's saved tensors after its backward
         # (kept when retain_graph=True: maybe_clear_saved_tensors does nothing then)
         ctx.maybe_clear_saved_tensors()
+        out = [None] * (plan.ninputs + 2)  # plan and same get None
         tangents = [grads[k] for k in plan.tangents]
+        keep = None  # all outputs got a gradient: every input gradient is returned
+        if any(t is None for t in tangents):
+            keep = [not deps or any(grads[k] is not None for k in deps) for deps in plan.grad_deps]
+            if not any(keep):
+                return tuple(out)
+            tangents = [t if t is not None else torch.zeros(s, dtype=d, device=dev)
+                        for t, (s, d, dev) in zip(tangents, ctx.tmeta)]
         if plan.strides is not None:  # backend ember: kernels index tangents with the output's strides
             tangents = [t if t.stride() == plan.strides[k] else
                         torch.empty_strided(t.shape, plan.strides[k], dtype=t.dtype, device=t.device).copy_(t)
@@ -54,30 +73,53 @@ class CompiledRegion(torch.autograd.Function):
         args = [*saved, *tangents]
         del saved, tangents
         res = plan.bwd_boxed(args) if plan.bwd_boxed is not None else plan.bwd(*args)
-        out = [None] * (plan.ninputs + 1)
-        for i, g in zip(plan.grad_inputs, res):
-            out[i + 1] = g
+        for j, (i, g) in enumerate(zip(plan.grad_inputs, res)):
+            if keep is None or keep[j]:
+                out[i + 2] = g
         return tuple(out)
 
 
 class _Plan:
-    __slots__ = ("fwd", "bwd", "bwd_boxed", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides")
+    __slots__ = ("fwd", "bwd", "bwd_boxed", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides",
+                 "grad_deps", "maybe_same")
 
 
-def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None):
+def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None, grad_deps=None,
+                maybe_same=()):
     """Called by csrc/autograd on a cache miss; returns compiled(*graph_inputs) -> tuple.
     Under no_grad / inference_mode the guard on grad mode makes a separate, forward-only entry,
-    so this callable always runs with grad enabled."""
+    so this callable always runs with grad enabled. grad_deps: per entry of grad_inputs, the
+    output indices whose tangents its gradient reads. maybe_same: (output index, input index)
+    pairs of outputs that may be that input object at run time (the input itself, an in-place
+    update of it, x.contiguous() of a contiguous x ...). One that is, is returned as the input
+    object itself, as eager returns it: Function.apply would return a new alias of it
+    (torch/csrc/autograd/custom_function.cpp, _view_as_self_with_no_grad). An in-place update
+    already ran on the input in the forward, bumping its version once, as eager's op does; an
+    input that requires grad, returned itself, is differentiated by eager autograd directly (the
+    region's output then gets no gradient: CompiledRegion's None tangents)."""
     plan = _Plan()
     plan.fwd, plan.bwd = fwd, bwd
     plan.bwd_boxed = getattr(bwd, "run_boxed", None)
     plan.noutputs, plan.ninputs = noutputs, ninputs
     plan.grad_inputs, plan.tangents, plan.nondiff = tuple(grad_inputs), tuple(tangents), tuple(nondiff)
     plan.strides = None if strides is None else tuple(tuple(s) for s in strides)
+    plan.grad_deps = tuple(tuple(d) for d in grad_deps) if grad_deps is not None else ((),) * len(plan.grad_inputs)
+    plan.maybe_same = tuple(tuple(p) for p in maybe_same)
     apply = CompiledRegion.apply
 
-    def region(*inputs):
-        return apply(plan, *inputs)
+    if not plan.maybe_same:
+        def region(*inputs):
+            return apply(plan, None, *inputs)
+    else:
+        def region(*inputs):
+            same = []
+            outs = apply(plan, same, *inputs)
+            if not same:
+                return outs
+            outs = list(outs)
+            for k, i in same:
+                outs[k] = inputs[i]
+            return tuple(outs)
     region.plan = plan
     return region
 

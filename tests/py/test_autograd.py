@@ -866,3 +866,181 @@ def test_lone_input_update_is_an_extern_side_effect_unless_inputs_may_alias():
     torch.testing.assert_close(out2, ref)
     info2 = [e for e in entries(c2) if e.get("ember")][0]["ember"]
     assert "fallback" in info2
+
+
+# ---------------------------------------------------------------- program_gen seeds 241/316/377, 226
+
+def _inplace_return(x, y):
+    x.add_(1)
+    return x, y.amax(dim=-2, keepdim=True) - 0.5
+
+
+def _iadd_return_dict(x, y):
+    v = x
+    v += 1
+    return {"flat": v.reshape(-1), "v": v, "y": y.sin().cos()}
+
+
+def _input_returned(x, y):
+    return x, (y * 2).sin()
+
+
+def _out_kwarg_return(x, y):
+    torch.mul(x, 2, out=x)
+    return x, y * 3
+
+
+def _contiguous_return(x, y):
+    return [x.contiguous(), x.t().contiguous(), (x @ y).relu()]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+@pytest.mark.parametrize("fn", [_inplace_return, _iadd_return_dict, _input_returned, _out_kwarg_return,
+                                _contiguous_return], ids=lambda f: f.__name__)
+def test_returned_input_is_the_input_object(fn, backend):
+    """program_gen seeds 241, 316, 377, 598: a region with an input that requires grad returns
+    another input (x, x.add_(1), x += 1, out=x, x.contiguous() of a contiguous x). Eager returns the
+    input object itself; the Function of a compiled region used to return a new alias of it
+    (custom_function.cpp _view_as_self_with_no_grad). Now the object itself, its version bumped once
+    by the in-place op (as eager), the region compiled."""
+    x, y = torch.randn(3, 4), torch.randn(4, 4, requires_grad=True)
+    xe, ye = x.clone(), y.detach().clone().requires_grad_()
+    c = ember.compile(fn, backend=backend)
+    out, ref = c(x, y), fn(xe, ye)
+    flat = (lambda o: list(o.values()) if isinstance(o, dict) else list(o))
+    assert [o is x for o in flat(out)] == [o is xe for o in flat(ref)]
+    assert x._version == xe._version
+    for o, oe in zip(flat(out), flat(ref)):
+        torch.testing.assert_close(o, oe)
+        assert o.requires_grad == oe.requires_grad
+        assert (o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()) == \
+            (oe.untyped_storage().data_ptr() == xe.untyped_storage().data_ptr())
+    torch.testing.assert_close(x, xe)
+    sum(o.sum() for o in flat(out) if o.requires_grad).backward()
+    sum(o.sum() for o in flat(ref) if o.requires_grad).backward()
+    torch.testing.assert_close(y.grad, ye.grad)
+    info = autograd_info(c)
+    assert "fallback" not in info and "split" not in info, info.get("fallback") or info.get("split")
+    out2 = c(x, y)  # a cache hit does the same
+    assert [o is x for o in flat(out2)] == [o is xe for o in flat(ref)]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_out_kwarg_update_of_an_input_read_before_keeps_eager_autograd(backend):
+    """torch.mul(z, 2, out=x) writes x, not its first argument: x read before by x * y (saved for
+    y's gradient) makes the region keep eager autograd, whose backward raises as eager's does
+    (check_mutations used to look at z, and y's gradient was silently computed from the new x)."""
+    def f(x, y, z):
+        u = x * y
+        torch.mul(z, 2, out=x)
+        return x, u
+    x, y, z = torch.randn(3, 3), torch.randn(3, 3, requires_grad=True), torch.randn(3, 3)
+    c = ember.compile(f, backend=backend)
+    out = c(x, y, z)
+    assert out[0] is x
+    info = autograd_info(c)
+    assert "fallback" in info and "in place" in info["fallback"]
+    with pytest.raises(RuntimeError, match="inplace"):
+        out[1].sum().backward()
+    with pytest.raises(RuntimeError, match="inplace"):
+        f(x.clone(), y.detach().clone().requires_grad_(), z)[1].sum().backward()
+
+
+def _grads_after(fn, c, inputs, use):
+    """Input gradients of eager fn and compiled c after backward of the sum of outputs use[i]."""
+    res = []
+    for f in (fn, c):
+        xs = clone_inputs(inputs)
+        outs = f(*xs)
+        sum(outs[i].sum() for i in use).backward()
+        res.append([x.grad for x in xs])
+    return res
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_output_without_gradient_gives_none_not_zeros(backend):
+    """An input whose only paths to the loss go through region outputs that get no gradient is not
+    reached by eager autograd: its .grad stays None. The Function used to receive materialized zero
+    gradients for those outputs and return zeros. An input with a path keeps its gradient tensor,
+    numerically zero or not."""
+    def f(x, y):
+        return x * 2, y.sin(), x * y, y * 0
+    inputs = (r(3), r(3))
+    c = ember.compile(f, backend=backend)
+    for use, none in (((0,), [False, True]), ((1,), [True, False]), ((2,), [False, False]),
+                      ((3,), [True, False]), ((0, 1), [False, False])):
+        ge, gc = _grads_after(f, c, inputs, use)
+        assert [g is None for g in gc] == [g is None for g in ge] == none, use
+        for a, b in zip(gc, ge):
+            if b is not None:
+                torch.testing.assert_close(a, b)
+    info = autograd_info(c)
+    assert "fallback" not in info and "split" not in info
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_split_region_output_unused_later_gives_none(backend):
+    """program_gen seed 226: the region is split around new_ones (no rule); the first step's output
+    exp(x1) feeds only a later step's value that reaches no output, so x1 gets no gradient in eager
+    (None), and ember gave zeros."""
+    def f(x0, x1):
+        v1 = x0[-1:, ...]
+        v4 = torch.exp(x1.clamp(-4, 4))
+        v6 = v4.new_ones(v4.shape[-1]) + v4  # noqa: F841 (read by nothing: its step is still run)
+        return (v1 / -3,)
+    inputs = (r(3, 3, 4, dtype=torch.float64), r(3, 4, dtype=torch.float64))
+    c = ember.compile(f, backend=backend)
+    ge, gc = _grads_after(f, c, inputs, (0,))
+    assert ge[1] is None and gc[1] is None
+    torch.testing.assert_close(gc[0], ge[0])
+    assert "split" in autograd_info(c)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_input_requiring_grad_returned_itself_gets_eager_gradients(backend):
+    """w.contiguous() of a contiguous w that requires grad is w itself in eager: the leaf, not a
+    region output; gradients through it reach w directly, the rest through the region."""
+    def f(x, w):
+        return w.contiguous(), (x * w).sum()
+    x, w = torch.randn(3, 3), r(3, 3)
+    we = w.detach().clone().requires_grad_()
+    c = ember.compile(f, backend=backend)
+    out, ref = c(x, w), f(x, we)
+    assert out[0] is w and ref[0] is we
+    (out[0].sum() * 3 + out[1]).backward()
+    (ref[0].sum() * 3 + ref[1]).backward()
+    torch.testing.assert_close(w.grad, we.grad)
+    assert "fallback" not in autograd_info(c)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_expanded_output_gets_a_dense_tangent(backend):
+    """program_gen seed 929: an output made by expand (stride 0) requires grad. Its tangent is
+    contiguous in the backward graph: a gradient has a value per element; the expanded layout
+    made CompiledRegion copy autograd's gradient into an overlapping tensor, which torch refuses."""
+    def f(x):
+        return x[0].unsqueeze(0).expand(2, *x[0].shape), x[1:].expand(3, 3, 3) * 2
+    check(f, (r(2, 3, 3),), backend=backend)
+    check(f, (r(2, 3, 3, dtype=torch.float64),), backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_setitem_of_a_value_requiring_grad_into_an_input_keeps_eager_autograd(backend):
+    """program_gen seed 1874: x[..., 0] = y.sum() with y requiring grad makes x require grad in
+    eager (a CopySlices grad_fn); the Function's forward (no_grad) left x without. check_mutations
+    now refuses an in-place update that writes a value requiring grad (setitem's result is None,
+    its meta said nothing), and the region keeps eager autograd."""
+    def f(x, y):
+        x[..., 0] = y.sum()
+        return y * 2
+    x, y = torch.randn(3, 5), r(5)
+    xe, ye = x.clone(), y.detach().clone().requires_grad_()
+    c = ember.compile(f, backend=backend)
+    out, ref = c(x, y), f(xe, ye)
+    assert x.requires_grad and xe.requires_grad
+    torch.testing.assert_close(x, xe)
+    (out.sum() + x.sum()).backward()
+    (ref.sum() + xe.sum()).backward()
+    torch.testing.assert_close(y.grad, ye.grad)
+    info = autograd_info(c)
+    assert "fallback" in info and "requires grad" in info["fallback"]

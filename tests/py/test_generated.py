@@ -48,7 +48,7 @@ def _fake_ember(monkeypatch, compiled_fn):
     """ember.compile replaced by a function returning compiled_fn (a stand-in for a buggy compiler)."""
     import ember
     monkeypatch.setattr(ember, "compile", lambda fn, backend="eager": compiled_fn)
-    monkeypatch.setattr(ember, "cache_info", lambda fn: [])
+    monkeypatch.setattr(ember, "cache_info", lambda fn, **kw: [])
 
 
 def test_harness_detects_wrong_values(monkeypatch):
@@ -108,3 +108,52 @@ def test_harness_detects_lost_aliasing_and_wrong_gradients(monkeypatch):
     _fake_ember(monkeypatch, lambda x: (x * 2).detach().requires_grad_() + x)   # same value, other grad
     cls, detail = pg.check(lambda x: x * 3, [(torch.ones(3, requires_grad=True),)])
     assert cls == "wrong" and "gradients" in detail, detail
+
+
+def test_tolerance_is_that_of_the_least_precise_dtype_computed_in(monkeypatch):
+    """Backend "ember" (its own kernels): a float64 value computed from float32 data carries
+    float32 rounding (seed 91: x.sum() in float32, then .double()), so it compares at float32's
+    tolerances; a float64 value computed in float64 only keeps float64's; backend "eager" stays
+    bitwise."""
+    x32 = torch.linspace(-1, 1, 45).reshape(3, 5, 3)
+    from_f32 = lambda x: x.sum().double() + x.double()                  # noqa: E731
+    _fake_ember(monkeypatch, lambda x: from_f32(x) + 2e-6)              # a few float32 ulps off
+    assert pg.check(from_f32, [(x32,)], backend="ember")[0] == "pass"
+    assert pg.check(from_f32, [(x32,)], backend="eager")[0] == "wrong"
+    _fake_ember(monkeypatch, lambda x: from_f32(x) + 1e-3)              # beyond float32's tolerance
+    assert pg.check(from_f32, [(x32,)], backend="ember")[0] == "wrong"
+
+    x64 = x32.double()
+    in_f64 = lambda x: x.sum() + x                                       # noqa: E731
+    _fake_ember(monkeypatch, lambda x: in_f64(x) + 2e-6)
+    assert pg.check(in_f64, [(x64,)], backend="ember")[0] == "wrong"
+    via_f32 = lambda x: (x.float() * 3).double() + x                     # noqa: E731 - a cast inside
+    _fake_ember(monkeypatch, lambda x: via_f32(x) + 2e-6)
+    assert pg.check(via_f32, [(x64,)], backend="ember")[0] == "pass"
+
+
+def test_backend_ember_seeds_that_were_wrong():
+    """program_gen --backend ember found these: 241, 316, 377, 598 (an input returned as another object),
+    226 (zeros instead of None for an input with no gradient), 91 (float32 rounding compared at
+    float64 tolerances: the harness), 929 (the tangent of an expanded output), 1090 and 1516 (strides of
+    size-1 dims: the harness), 1874 (x[i] = v, v requiring grad, into an input). tests/py/test_autograd.py
+    has the minimized cases."""
+    for seed in (91, 226, 241, 316, 377, 598, 929, 1090, 1516, 1874):
+        cls, detail = pg.run_program(pg.generate(seed), backend="ember")
+        assert cls not in pg.FAILURES, f"seed {seed}: {cls}: {detail}"
+
+
+def test_strides_of_size_one_dims_are_not_compared_for_other_backends(monkeypatch):
+    """program_gen seeds 1090, 1516: x.t() / -3 of a (1, 4) x has strides (1, 4) on eager's CPU
+    kernel, (1, 1) from torch's meta function (pytorch/pytorch#77553), which backend "ember" uses.
+    A size-1 dim's stride addresses nothing: other backends compare the significant strides only
+    (torch._prims_common.check_significant_strides); backend "eager" compares them all."""
+    x = torch.randn(1, 4)
+    prog = lambda x: x.t() / -3                                          # noqa: E731
+    _fake_ember(monkeypatch, lambda x: torch.empty_strided((4, 1), (1, 1)).copy_(x.t() / -3))
+    assert prog(x).stride() == (1, 4)
+    assert pg.check(prog, [(x,)], backend="ember")[0] == "pass"
+    assert "stride" in pg.check(prog, [(x,)], backend="eager")[1]
+    y = torch.randn(3, 4)
+    _fake_ember(monkeypatch, lambda y: y.t().contiguous() / -3)         # a significant stride differs
+    assert "stride" in pg.check(lambda y: y.t() / -3, [(y,)], backend="ember")[1]

@@ -4,9 +4,12 @@ A seeded generator builds the Python source of a random function (pointwise chai
 views, matmul, branches on shapes and on tensor values, loops, closures, nn.Module calls, in-place
 ops on inputs, tuple/list/dict returns); every statement is kept only if eager PyTorch runs it on
 every input shape set (a few statements that raise are kept on purpose, to compare exceptions).
-Each program is compiled with ember.compile(backend="eager"), called on 2-3 shape sets (so it
-recompiles) and compared with eager, bitwise: outputs, dtypes, shapes, strides, the inputs after
-the call (each side gets its own deep copy), exceptions (type and message).
+Each program is compiled with ember.compile(backend="eager") (or --backend), called on 2-3 shape
+sets (so it recompiles) and compared with eager: outputs, dtypes, shapes, strides, the inputs after
+the call (each side gets its own deep copy), which outputs are the input objects, gradients,
+exceptions (type and message). Values and strides compare exactly with backend "eager"; with
+another backend, values within the tolerances of the least precise floating dtype the run computed
+in, strides of dims of size > 1 only (compare()).
 
 Classes: pass, break (equal to eager; a frame was split at a graph break and resumed in compiled
 resume functions), fallback (equal to eager; ember ran a frame as Python), wrong (different values,
@@ -166,11 +169,12 @@ def load_source(src: str, filename: str) -> dict:
 
 
 class Outcome:
-    __slots__ = ("value", "exc", "args_after", "alias", "grads")
+    __slots__ = ("value", "exc", "args_after", "alias", "grads", "float_dtypes")
 
-    def __init__(self, value=None, exc=None, args_after=None, alias=None, grads=None):
+    def __init__(self, value=None, exc=None, args_after=None, alias=None, grads=None, float_dtypes=None):
         self.value, self.exc, self.args_after = value, exc, args_after
         self.alias, self.grads = alias, grads
+        self.float_dtypes = float_dtypes  # set of floating dtypes the run read or made (None: not recorded)
 
 
 def _tensor_leaves(obj) -> list:
@@ -206,38 +210,110 @@ def _backward(args, value):
     return [t.grad for t in leaves]
 
 
-def call(fn, args) -> Outcome:
+class _FloatDtypes(torch.overrides.TorchFunctionMode):
+    """Records the floating (and complex) dtypes of every tensor that a torch call reads or returns:
+    the precisions a program computed in, casts and module parameters included."""
+
+    def __init__(self, seen: set):
+        super().__init__()
+        self.seen = seen
+
+    def _note(self, obj):
+        for t in _tensor_leaves(obj):
+            if t.is_floating_point() or t.is_complex():
+                self.seen.add(t.dtype)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self._note((args, kwargs))
+        out = func(*args, **kwargs)
+        self._note(out)
+        return out
+
+
+def call(fn, args, record=False) -> Outcome:
+    """Runs fn(*args) and its backward (_backward). record: note the floating dtypes the call read
+    or made (Outcome.float_dtypes; the inputs' included), for compare's tolerances."""
+    seen = set()
+    if record:
+        _FloatDtypes(seen)._note([list(a.parameters()) + list(a.buffers()) if isinstance(a, torch.nn.Module) else a
+                                  for a in args])
     try:
-        value = fn(*args)
+        if record:
+            with _FloatDtypes(seen):
+                value = fn(*args)
+        else:
+            value = fn(*args)
     except Exception as e:  # noqa: BLE001 - the exception is the result being compared
-        return Outcome(exc=e, args_after=args)
+        return Outcome(exc=e, args_after=args, float_dtypes=seen if record else None)
     alias = _alias_signature(args, value)
-    return Outcome(value=value, args_after=args, alias=alias, grads=_backward(args, value))
+    return Outcome(value=value, args_after=args, alias=alias, grads=_backward(args, value),
+                   float_dtypes=seen if record else None)
 
 
 def _exc_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
 
 
-# Values compare bitwise with the eager backend (it runs eager's own kernels); backend "ember"
-# generates its own kernels, so its values compare with assert_close's default tolerances.
+# Values compare bitwise with the eager backend (it runs eager's own kernels); other backends
+# (backend "ember" generates its own kernels) compare with tolerances: see compare().
 _EXACT = [True]
 
+# assert_close's default (rtol, atol) per dtype (torch/testing/_comparison.py, _DTYPE_PRECISIONS)
+_PRECISION = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5),
+              torch.float64: (1e-7, 1e-7), torch.complex32: (1e-3, 1e-5), torch.complex64: (1.3e-6, 1e-5),
+              torch.complex128: (1e-7, 1e-7)}
 
-def compare(exp, got, where="output") -> str | None:
-    """None if got equals exp exactly (containers, tensor metadata and bits, modules' state),
-    else the first difference."""
+
+def _tolerances(dtype, computed_in) -> tuple:
+    """(rtol, atol): the loosest of assert_close's defaults for dtype and for each dtype in
+    computed_in (the floating dtypes the eager run read or made)."""
+    tols = [_PRECISION.get(dtype, (0.0, 0.0))] + [_PRECISION[d] for d in computed_in if d in _PRECISION]
+    return max(t[0] for t in tols), max(t[1] for t in tols)
+
+
+def _strides(t, computed_in) -> tuple:
+    """The strides compared: all of them with backend "eager" (computed_in None); otherwise the
+    significant ones, of dims of size > 1 in a tensor with elements (torch._prims_common.
+    check_significant_strides): the stride of a size-1 dim addresses nothing, and eager's CPU
+    kernels and torch's own meta functions already disagree on it (pytorch/pytorch#77553: x.t()
+    / -3 of a (1, 4) x is (1, 4) on the CPU, (1, 1) on "meta", which is what ember allocates)."""
+    if computed_in is None:
+        return t.stride()
+    if t.numel() == 0:
+        return ()
+    return tuple(s if n > 1 else None for n, s in zip(t.shape, t.stride()))
+
+
+def compare(exp, got, where="output", computed_in=None) -> str | None:
+    """None if got equals exp (containers, tensor metadata and values, modules' state), else the
+    first difference. Strides: _strides().
+
+    Values: computed_in None (backend "eager", which runs eager's own kernels): bitwise. Otherwise
+    (a backend with its own kernels: another reduction order, another rounding of an intermediate
+    within its dtype's precision) with assert_close's default rtol/atol of the least precise
+    floating dtype the value was computed from: the loosest of the tensor's own dtype and of each
+    dtype in computed_in, the set of floating dtypes the eager run read or made (inputs, module
+    parameters, every torch call's arguments and results). A float64 value computed from float32
+    inputs (x.sum() in float32, then .double()) carries float32 rounding, so it compares at float32
+    tolerances (rtol 1.3e-6, atol 1e-5), not float64's (1e-7, 1e-7). The set is the whole run's,
+    not the value's own dependencies: a value can also depend on a float32 tensor through a Python
+    number (t.item()) that no dispatch sees."""
     if isinstance(exp, torch.Tensor):
         if not isinstance(got, torch.Tensor):
             return f"{where}: got {type(got).__name__}, expected a tensor"
         for what, a, b in (("dtype", exp.dtype, got.dtype), ("shape", tuple(exp.shape), tuple(got.shape)),
                            ("device", exp.device, got.device), ("requires_grad", exp.requires_grad, got.requires_grad),
-                           ("stride", exp.stride(), got.stride())):
+                           ("stride", _strides(exp, computed_in), _strides(got, computed_in))):
             if a != b:
-                return f"{where}: {what} {b} vs eager {a}"
+                return f"{where}: {what} {b} vs eager {a}" if what != "stride" else \
+                    f"{where}: {what} {got.stride()} vs eager {exp.stride()}"
         try:
-            if _EXACT[0]:
+            if computed_in is None:
                 torch.testing.assert_close(got, exp, rtol=0, atol=0, equal_nan=True)
+            elif exp.is_floating_point() or exp.is_complex():
+                rtol, atol = _tolerances(exp.dtype, computed_in)
+                torch.testing.assert_close(got, exp, rtol=rtol, atol=atol, equal_nan=True)
             else:
                 torch.testing.assert_close(got, exp, equal_nan=True)
         except AssertionError as e:
@@ -246,12 +322,12 @@ def compare(exp, got, where="output") -> str | None:
     if isinstance(exp, torch.nn.Module):
         if type(got) is not type(exp):
             return f"{where}: {type(got).__name__} vs eager {type(exp).__name__}"
-        return compare(dict(exp.state_dict()), dict(got.state_dict()), where + ".state_dict()")
+        return compare(dict(exp.state_dict()), dict(got.state_dict()), where + ".state_dict()", computed_in)
     if isinstance(exp, (tuple, list)):
         if type(got) is not type(exp) or len(got) != len(exp):
             return f"{where}: {type(got).__name__}/{len(got) if hasattr(got, '__len__') else '-'} vs eager {type(exp).__name__}/{len(exp)}"
         for i, (a, b) in enumerate(zip(exp, got)):
-            d = compare(a, b, f"{where}[{i}]")
+            d = compare(a, b, f"{where}[{i}]", computed_in)
             if d:
                 return d
         return None
@@ -259,7 +335,7 @@ def compare(exp, got, where="output") -> str | None:
         if type(got) is not type(exp) or list(got) != list(exp):
             return f"{where}: keys {list(got) if isinstance(got, dict) else type(got).__name__} vs eager {list(exp)}"
         for k in exp:
-            d = compare(exp[k], got[k], f"{where}[{k!r}]")
+            d = compare(exp[k], got[k], f"{where}[{k!r}]", computed_in)
             if d:
                 return d
         return None
@@ -269,7 +345,9 @@ def compare(exp, got, where="output") -> str | None:
 
 
 def classify(ref: Outcome, got: Outcome) -> tuple:
-    """(class without the fallback distinction, detail)."""
+    """(class without the fallback distinction, detail). Values compare bitwise when
+    ref.float_dtypes is None (backend "eager"), else with compare()'s tolerances."""
+    tol = None if _EXACT[0] or ref.float_dtypes is None else ref.float_dtypes
     if ref.exc is not None:
         if got.exc is None:
             return "mismatch", f"eager raised {_exc_text(ref.exc)}; compiled returned"
@@ -280,16 +358,16 @@ def classify(ref: Outcome, got: Outcome) -> tuple:
     elif got.exc is not None:
         return "crash", _exc_text(got.exc)
     else:
-        d = compare(ref.value, got.value, "output")
+        d = compare(ref.value, got.value, "output", tol)
         if d:
             return "wrong", d
-    d = compare(ref.args_after, got.args_after, "arguments after the call")
+    d = compare(ref.args_after, got.args_after, "arguments after the call", tol)
     if d:
         return "wrong", d
     if ref.exc is None:
         if ref.alias != got.alias:
             return "wrong", f"aliasing of outputs (input index, storage-sharing input, same as output): {got.alias} vs eager {ref.alias}"
-        d = compare(ref.grads, got.grads, "gradients")
+        d = compare(ref.grads, got.grads, "gradients", tol)
         if d:
             return "wrong", d
     return "pass", ""
@@ -313,7 +391,7 @@ def check(program_fn, calls, repeat=True, eager_fn=None, backend="eager") -> tup
         eager_args = copy.deepcopy(tuple(args))
         comp_args = copy.deepcopy(tuple(args))
         with ember.disable():
-            ref = call(eager_fn, eager_args)
+            ref = call(eager_fn, eager_args, record=not _EXACT[0])
         got = call(compiled, comp_args)
         cls, detail = classify(ref, got)
         if cls != "pass":
