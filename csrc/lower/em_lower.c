@@ -570,7 +570,8 @@ typedef enum {
     R_CAST, R_TO, R_GELU, R_SILU, R_SOFTPLUS, R_SQUARE, R_MAXMIN,
     R_REDUCE, R_MEAN, R_VAR, R_SOFTMAX, R_LOGSUMEXP, R_LAYER_NORM, R_RMS_NORM, R_BATCH_NORM, R_GROUP_NORM,
     R_MAX_POOL, R_ADAPTIVE_AVG_POOL, R_CAT,
-    R_RESHAPE, R_PERMUTE, R_TRANSPOSE, R_T, R_EXPAND, R_NARROW, R_SELECT, R_GETITEM, R_IDENTITY, R_DROPOUT
+    R_RESHAPE, R_PERMUTE, R_TRANSPOSE, R_T, R_EXPAND, R_NARROW, R_SELECT, R_GETITEM, R_IDENTITY, R_DROPOUT,
+    R_SPLIT
 } RuleKind;
 
 typedef struct {
@@ -615,7 +616,7 @@ static const LowerRule LOWER_RULES[] = {
     {"clamp_min", R_CLAMP_MIN, 0, "input,min"}, {"clamp_max", R_CLAMP_MAX, 0, "input,max"},
     {"max", R_MAXMIN, LP_RMAX, "input,other"}, {"min", R_MAXMIN, LP_RMIN, "input,other"},
     /* casts */
-    {"to", R_TO, 0, "input,dtype"}, {"type_as", R_CAST, -2, "input,other"},
+    {"to", R_TO, 0, "input"}, {"type_as", R_CAST, -2, "input,other"},
     {"float", R_CAST, LDT_F32, "input"}, {"double", R_CAST, LDT_F64, "input"},
     {"half", R_CAST, LDT_F16, "input"}, {"bfloat16", R_CAST, LDT_BF16, "input"},
     {"long", R_CAST, LDT_I64, "input"}, {"int", R_CAST, LDT_I32, "input"}, {"short", R_CAST, LDT_I16, "input"},
@@ -655,6 +656,9 @@ static const LowerRule LOWER_RULES[] = {
     {"expand", R_EXPAND, 0, ""}, {"expand_as", R_EXPAND, 0, ""}, {"broadcast_to", R_EXPAND, 0, ""},
     {"narrow", R_NARROW, 0, "input,dim,start,length"}, {"select", R_SELECT, 0, "input,dim,index"},
     {"op.getitem", R_GETITEM, 0, "input,index"}, {"contiguous", R_IDENTITY, 0, "input"},
+    /* a tuple of views, each lowered where a getitem takes it (split_piece) */
+    {"split", R_SPLIT, 0, "input,split_size_or_sections,dim"}, {"chunk", R_SPLIT, 1, "input,chunks,dim"},
+    {"unbind", R_SPLIT, 2, "input,dim"},
 };
 #undef U
 #undef B
@@ -730,6 +734,15 @@ static const LowerRule *find_rule(const IRNode *n, int functional) {
 }
 
 static int is_view_rule(const LowerRule *r) { return r && r->kind >= R_RESHAPE; }
+
+/* Does eager return the input itself or a view of it: a view rule (dropout in eval and
+ * contiguous() included), or a cast/to() to the dtype the input already has (torch returns self)? */
+static int aliases_input(const IRGraph *g, const IRNode *n, const LowerRule *r) {
+    if (is_view_rule(r)) return 1;
+    if (!r || (r->kind != R_TO && r->kind != R_CAST) || n->nargs < 1 || n->args[0].kind != IRARG_NODE) return 0;
+    const IRMeta *in = &g->nodes[n->args[0].u.ref].meta;
+    return in->kind == IRMETA_TENSOR && n->meta.kind == IRMETA_TENSOR && in->dtype == n->meta.dtype;
+}
 
 /* torch.result_type(a, b) for a comparison's compute dtype, from the operands' meta examples and
  * Python numbers. -1 when unknown. */
@@ -845,12 +858,80 @@ static uint32_t reload_s(Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes, c
     return em_lower_load(c->lg, src.buf, nd, sizes, src.offset + off, strides, ss, so, sst, c->ir);
 }
 
+/* Piece k of split(x, size | sizes, dim), chunk(x, chunks, dim) or unbind(x, dim) (IR node sp, a
+ * tuple the getitem being lowered indexes with the constant k): narrow(x, dim, start, len), or
+ * select(x, dim, k) for unbind (torch's split_with_sizes / chunk rules, aten/src/ATen/native/
+ * TensorShape.cpp). Static graphs only. */
+static uint32_t split_piece(Ctx *c, IRRef sp, const IRArg *index) {
+    const IRNode *n = &c->lg->ir->nodes[sp];
+    const LowerRule *rule = find_rule(n, 0);
+    const IRArg *slot[MAXP];
+    Opnd x;
+    int64_t k, dim = 0, sizes[64], start = 0;
+    int32_t d;
+    if (!rule || rule->kind != R_SPLIT || bind(n, rule->sig, slot) < 0 || get_int(index, &k) < 0 ||
+        opnd(c, slot[0], &x) < 0 || x.kind != 1)
+        return 0;
+    const IRArg *dim_arg = rule->prim == 2 ? slot[1] : slot[2];
+    if (dim_arg && get_int(dim_arg, &dim) < 0) return 0;
+    LNode src = *NODE(c, x.node);
+    if (norm_dim(dim, src.ndim, &d) < 0 || src.ndim == 0) return 0;
+    int64_t len = src.sizes[d], npieces;
+    if (rule->prim == 2) { /* unbind */
+        npieces = len;
+    } else {
+        int64_t each;
+        if (rule->prim == 1) { /* chunk: pieces of ceil(len / chunks) */
+            int64_t chunks;
+            if (get_int(slot[1], &chunks) < 0 || chunks <= 0) return 0;
+            each = (len + chunks - 1) / chunks;
+            npieces = each ? (len + each - 1) / each : 1;
+        } else if (get_int(slot[1], &each) == 0) { /* split(size): the last piece may be shorter */
+            if (each <= 0) return 0;
+            npieces = len ? (len + each - 1) / each : 1;
+        } else { /* split(sizes) */
+            npieces = get_ints(slot[1], sizes, 64);
+            int64_t sum = 0;
+            for (int64_t i = 0; i < npieces; i++) sum += sizes[i];
+            if (npieces <= 0 || sum != len) return 0;
+            each = -1;
+        }
+        if (k < 0) k += npieces;
+        if (k < 0 || k >= npieces) return 0;
+        if (each >= 0) {
+            start = k * each;
+            len = start + each > len ? len - start : each;
+        } else {
+            for (int64_t i = 0; i < k; i++) start += sizes[i];
+            len = sizes[k];
+        }
+    }
+    if (rule->prim == 2) {
+        if (k < 0) k += npieces;
+        if (k < 0 || k >= npieces) return 0;
+        start = k;
+    }
+    uint32_t l = as_load(c, x.node);
+    if (!l) return 0;
+    src = *NODE(c, l);
+    int64_t sz[EM_LMAXDIM], st[EM_LMAXDIM];
+    int nd = 0;
+    for (int i = 0; i < src.ndim; i++) {
+        if (i == d && rule->prim == 2) continue;
+        sz[nd] = i == d ? len : src.sizes[i];
+        st[nd++] = src.strides[i];
+    }
+    return reload_s(c, l, nd, sz, st, start * src.strides[d], NULL, NULL, SYM_NONE);
+}
+
 static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
     const IRNode *n = c->n;
     const IRMeta *m = &n->meta;
     LGraph *lg = c->lg;
     ShapeEnv *env = lg->env;
     Opnd x;
+    if (rule->kind == R_GETITEM && n->nargs >= 1 && n->args[0].kind == IRARG_NODE && lg->vals[n->args[0].u.ref].split)
+        return split_piece(c, n->args[0].u.ref, slot[1]);
     if (n->nargs < 1 || opnd(c, &n->args[0], &x) < 0 || x.kind != 1) return 0;
     uint32_t base = x.node;
     LNode src = *NODE(c, base);
@@ -1370,8 +1451,48 @@ static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
     return acc;
 }
 
+/* Tensor.to(dtype | device | device, dtype | other, non_blocking, copy=False): the result dtype is
+ * the IR meta's and every tensor of the graph is on one device (em_lower_graph_device), so to() is
+ * a cast, or, to the dtype the input has, the input itself (torch returns self: an alias, like a
+ * view). copy=True and memory_format are the torch op's. */
+static uint32_t lower_to(Ctx *c) {
+    const IRNode *n = c->n;
+    Opnd a;
+    if (n->nargs < 1 || opnd(c, &n->args[0], &a) < 0 || a.kind != 1) return 0;
+    int nbools = 0;
+    for (uint32_t i = 1; i < n->nargs; i++) {
+        const IRArg *x = &n->args[i];
+        if (x->kind == IRARG_NODE && c->lg->ir->nodes[x->u.ref].meta.kind == IRMETA_TENSOR) continue; /* to(other) */
+        if (x->kind != IRARG_CONST) return 0;
+        PyObject *o = x->u.obj;
+        if (PyBool_Check(o)) {
+            if (nbools++ == 1 && o != Py_False) return 0; /* (dtype, non_blocking, copy) */
+        } else if (o != Py_None && !PyUnicode_Check(o) && em_lower_dtype_of(o) < 0 &&
+                   strcmp(Py_TYPE(o)->tp_name, "torch.device") != 0) {
+            return 0;
+        }
+    }
+    for (uint32_t k = 0; k < n->nkwargs; k++) {
+        const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
+        if (!kw) {
+            PyErr_Clear();
+            return 0;
+        }
+        const IRArg *x = &n->kwargs[k];
+        if (strcmp(kw, "copy") == 0 || strcmp(kw, "memory_format") == 0) {
+            if (strcmp(kw, "copy") == 0 ? !is_false(x) : !is_none(x)) return 0;
+        } else if (strcmp(kw, "dtype") != 0 && strcmp(kw, "device") != 0 && strcmp(kw, "non_blocking") != 0) {
+            return 0;
+        } else if (x->kind != IRARG_CONST) {
+            return 0;
+        }
+    }
+    return mk_cast(c, a.node, c->rdt);
+}
+
 static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     const IRArg *slot[MAXP];
+    if (rule->kind == R_TO) return lower_to(c);
     if (rule->sig[0] && bind(c->n, rule->sig, slot) < 0) return 0;
     if (!rule->sig[0] && c->n->nkwargs) return 0;
     if (is_view_rule(rule)) return lower_view(c, rule, slot);
@@ -1472,16 +1593,9 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         uint32_t mask = src.ndim ? (1u << src.ndim) - 1 : 0;
         return squeeze_dims(c, mk_reduce(c, (LPrim)rule->prim, R, a.node, mask), mask);
     }
-    case R_CAST:
-    case R_TO: {
-        if (a.kind != 1) return 0;
-        if (rule->kind == R_TO) {
-            if (!slot[1] || slot[1]->kind != IRARG_CONST || em_lower_dtype_of(slot[1]->u.obj) < 0) return 0;
-        } else if (rule->prim == -2) {
-            if (b.kind != 1) return 0;
-        }
-        if (NODE(c, a.node)->dtype == R) return 0; /* same dtype: torch returns self (an alias): extern */
-        return mk_cast(c, a.node, R);
+    case R_CAST: {
+        if (a.kind != 1 || (rule->prim == -2 && b.kind != 1)) return 0;
+        return mk_cast(c, a.node, R); /* the dtype it has: torch returns self, the same node */
     }
     case R_GELU: {
         if (a.kind != 1 || !em_ldt_is_float(R)) return 0;
@@ -1982,6 +2096,22 @@ static int lone_input_update(const IRGraph *g, IRRef r) {
     return 1;
 }
 
+/* Is every reader of node r a getitem r[k] with a constant int k (and r not returned)? */
+static int only_getitems_read(const IRGraph *g, IRRef r) {
+    for (IRRef u = r + 1; u < g->nnodes; u++) {
+        const IRNode *un = &g->nodes[u];
+        int refers = 0;
+        for (uint32_t i = 0; i < un->nargs && !refers; i++) refers = arg_refers(&un->args[i], r);
+        for (uint32_t i = 0; i < un->nkwargs && !refers; i++) refers = arg_refers(&un->kwargs[i], r);
+        if (!refers) continue;
+        const LowerRule *rule = find_rule(un, 0);
+        if (!rule || rule->kind != R_GETITEM || un->nargs != 2 || un->nkwargs || un->args[0].kind != IRARG_NODE ||
+            un->args[0].u.ref != r || un->args[1].kind != IRARG_CONST || !PyLong_CheckExact(un->args[1].u.obj))
+            return 0;
+    }
+    return 1;
+}
+
 static int functionalize(const IRGraph *g, uint8_t *functional) {
     uint32_t nn = g->nnodes;
     IRRef *last_use = calloc(nn + 1, sizeof(IRRef));
@@ -2136,7 +2266,8 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
     const LowerRule **rules = em_arena_alloc(a, g->nnodes * sizeof(LowerRule *));
     uint8_t *ext = em_arena_alloc(a, g->nnodes + 1);
     uint8_t *used_by_extern = em_arena_alloc(a, g->nnodes + 1);
-    if (!lg || !rules || !ext || !used_by_extern) {
+    uint8_t *returned = em_arena_alloc(a, g->nnodes + 1);
+    if (!lg || !rules || !ext || !used_by_extern || !returned) {
         PyErr_NoMemory();
         return NULL;
     }
@@ -2184,19 +2315,34 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             return NULL;
         }
     }
-    /* pass 1: rules; pass 2 (backwards): a view used by an extern or returned is itself extern, so
-     * that torch makes the alias (users may rely on a view sharing memory with its base) */
+    /* pass 1: rules; pass 2 (backwards): a view that is returned is itself extern, and so is every
+     * view it is made from, so that torch makes the alias the user sees (users may rely on a view
+     * sharing memory with its base). A view that an extern call reads is lowered in a static
+     * graph: the scheduler hands the call a tensor with eager's sizes, strides and offset on the
+     * base's storage (the base's own tensor, a kernel output allocated in the view's layout, or one
+     * as_strided: need_tensor); in a symbolic graph it is extern too. */
     const IRNode *outn = &g->nodes[g->output];
     for (IRRef r = 1; r < g->nnodes; r++) rules[r] = find_rule(&g->nodes[r], functional[r]);
-    if (outn->nargs == 1) mark_users(&outn->args[0], used_by_extern);
+    if (outn->nargs == 1) {
+        mark_users(&outn->args[0], used_by_extern);
+        mark_users(&outn->args[0], returned);
+    }
     for (IRRef r = g->nnodes - 1; r >= 1; r--) {
         const IRNode *n = &g->nodes[r];
         if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
-        ext[r] = !rules[r] || !meta_ok(&n->meta) || (is_view_rule(rules[r]) && used_by_extern[r]);
-        if (ext[r])
-            for (uint32_t i = 0; i < n->nargs; i++) mark_users(&n->args[i], used_by_extern);
-        if (ext[r])
-            for (uint32_t i = 0; i < n->nkwargs; i++) mark_users(&n->kwargs[i], used_by_extern);
+        int alias = aliases_input(g, n, rules[r]);
+        if (rules[r] && rules[r]->kind == R_SPLIT) /* a tuple: lowered only as the pieces its getitems take */
+            ext[r] = lg->env || used_by_extern[r] || !only_getitems_read(g, r);
+        else
+            ext[r] = !rules[r] || !meta_ok(&n->meta) || (alias && (lg->env ? used_by_extern[r] : returned[r]));
+        for (uint32_t i = 0; ext[r] && i < n->nargs; i++) {
+            mark_users(&n->args[i], used_by_extern);
+            if (alias) mark_users(&n->args[i], returned);
+        }
+        for (uint32_t i = 0; ext[r] && i < n->nkwargs; i++) {
+            mark_users(&n->kwargs[i], used_by_extern);
+            if (alias) mark_users(&n->kwargs[i], returned);
+        }
     }
     Ctx c = {.lg = lg};
     for (IRRef r = 1; r < g->nnodes; r++) {
@@ -2209,6 +2355,12 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             int rc = linear_bias_epilogue(&c, r);
             if (rc < 0) goto oom;
             if (rc > 0) continue;
+        }
+        if (n->kind != IR_PLACEHOLDER && !ext[r] && rules[r] && rules[r]->kind == R_SPLIT) {
+            v->kind = LV_NONE;
+            v->split = true;
+            lg->nlowered++;
+            continue;
         }
         if (n->kind == IR_PLACEHOLDER || ext[r] || !meta_ok(&n->meta)) {
             if (n->kind != IR_PLACEHOLDER && !(lg->env && n->meta.sym)) lg->nextern++; /* sizes are not ops */
@@ -2269,12 +2421,20 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             for (uint32_t i = 0; c.node_buf && i < c.cap_node_buf; i++)
                 if (c.node_buf[i] != UINT32_MAX && c.node_buf[i] >= bbefore) c.node_buf[i] = UINT32_MAX;
             ext[r] = 1;
+            if (n->nargs >= 1 && n->args[0].kind == IRARG_NODE && lg->vals[n->args[0].u.ref].split) {
+                /* the tuple is needed after all: the split runs as the torch op */
+                LVal *sv = &lg->vals[n->args[0].u.ref];
+                sv->split = false;
+                sv->kind = LV_EXTERN;
+                lg->nextern++;
+                lg->nlowered--;
+            }
             r--; /* redo as extern */
             continue;
         }
         v->kind = LV_NODE;
         v->lnode = id;
-        v->view = is_view_rule(rules[r]);
+        v->view = aliases_input(g, n, rules[r]) != 0;
         lg->nlowered++;
     }
     return lg;

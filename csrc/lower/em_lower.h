@@ -100,7 +100,11 @@ typedef struct LNode {
 typedef enum {
     LBUF_INPUT,  /* graph input number index */
     LBUF_EXTERN, /* the tensor an extern node (IR ref index) returns */
-    LBUF_NODE    /* the value of lowered node index, materialized by a kernel */
+    LBUF_NODE,   /* the value of lowered node index, materialized by a kernel */
+    LBUF_VIEW    /* a view of buffer index (sizes, strides, offset: elements from its start), made
+                    for an extern call or an output by the runtime (one as_strided, or nothing when
+                    the kernel producing the base allocates it in this layout); kernels never
+                    read it, they read the base (schedule, need_tensor) */
 } LBufKind;
 
 typedef struct LBuf {
@@ -113,6 +117,7 @@ typedef struct LBuf {
     IRRef ir;              /* NODE: the IR node whose value it is (0 for internal nodes) */
     SymRef ssizes[EM_LMAXDIM], sstrides[EM_LMAXDIM]; /* symbolic shadows (SYM_NONE: static graph) */
     bool fresh;            /* EXTERN: the op returns a new tensor it does not alias (matmul ...) */
+    int64_t offset;        /* VIEW: element offset from the base's first element */
 } LBuf;
 
 /* What each IR node became. */
@@ -127,6 +132,8 @@ typedef struct LVal {
     uint32_t lnode;        /* NODE: node id; EXTERN with a tensor result: a LOAD node of its buffer */
     bool has_load;         /* EXTERN: lnode is valid */
     bool view;             /* NODE: produced by a view rule (a LOAD of another buffer) */
+    bool split;            /* NONE: split/chunk/unbind whose pieces are views, each lowered where a
+                              getitem takes it (every reader is such a getitem) */
     /* NODE with ext_call: the torch op is still called (an extern step at this IR node), with
      * argument none_arg (positional index, or nargs + keyword index) passed as None, into buffer
      * ext_buf; lnode computes the rest (F.linear's bias added in the kernel that follows the
