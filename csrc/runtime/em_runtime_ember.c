@@ -642,6 +642,7 @@ static int kernel_set_symbolic(Kernel *ko, void *handle, const char *fname, cons
 static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     EmArena *a = em_arena_new(), *na = em_arena_new();
     PyObject *result = NULL, *src = NULL, *lib = NULL, *d = NULL, *kernels = NULL, *device = NULL, *ext_list = NULL;
+    PyObject *index_table = NULL;
     EmCudaLaunch *launch = NULL;
     uint8_t *sym_used = NULL;
     SymSources srcs = {0};
@@ -766,7 +767,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             PyObject *bufs = PyList_New(0);
             for (uint32_t bi = 0; bufs && bi < lg->nbufs; bi++) {
                 const LBuf *lb = &lg->bufs[bi];
-                static const char *const kinds[] = {"input", "extern", "node", "view"};
+                static const char *const kinds[] = {"input", "extern", "node", "index", "view"};
                 PyObject *e = Py_BuildValue("{s:s,s:I,s:s,s:N,s:N}", "kind", kinds[lb->kind], "index", lb->index, "dtype",
                                             em_ldt_name(lb->dtype), "sizes", int_tuple(lb->ndim, lb->sizes), "strides",
                                             int_tuple(lb->ndim, lb->strides));
@@ -968,6 +969,23 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     }
     for (uint32_t b = 0; b < nb; b++)
         if (lg->bufs[b].kind == LBUF_INPUT) p.buf_new[b] = p.ir_new[g->inputs[lg->bufs[b].index]];
+    /* the index table arange() loads (LBUF_INDEX): 0, 1, ... on the graph's device, made once */
+    for (uint32_t b = 0; b < nb && !index_table; b++) {
+        if (lg->bufs[b].kind != LBUF_INDEX) continue;
+        PyObject *torch = PyImport_ImportModule("torch");
+        PyObject *ar = torch ? PyObject_GetAttrString(torch, "arange") : NULL;
+        PyObject *kw = ar ? Py_BuildValue("{s:O,s:O}", "dtype", em_lower_dtype_obj(LDT_I64), "device",
+                                          cuda ? device : Py_None) : NULL;
+        PyObject *n = kw ? PyLong_FromLongLong(lg->bufs[b].sizes[0]) : NULL;
+        PyObject *targs = n ? PyTuple_Pack(1, n) : NULL;
+        index_table = targs ? PyObject_Call(ar, targs, kw) : NULL;
+        Py_XDECREF(torch);
+        Py_XDECREF(ar);
+        Py_XDECREF(kw);
+        Py_XDECREF(n);
+        Py_XDECREF(targs);
+        if (!index_table || !em_arena_hold(p.ng->arena, index_table)) goto done;
+    }
     uint32_t nviews = 0; /* VIEW steps that call as_strided */
     ext_list = PyList_New(0); /* cache_info's extern_list: the torch calls, in program order */
     if (!ext_list) goto done;
@@ -1120,6 +1138,10 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         for (uint32_t q = 0; q < k->nin; q++) {
             args[q].kind = IRARG_NODE;
             args[q].u.ref = p.buf_new[k->args[q]];
+            if (lg->bufs[k->args[q]].kind == LBUF_INDEX) { /* the program's index table, a constant argument */
+                args[q].kind = IRARG_CONST;
+                args[q].u.obj = index_table;
+            }
         }
         int32_t dn = donor_of[sp->index];
         if (dn >= 0) {
@@ -1138,7 +1160,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             args[nargs++].u.ref = p.ir_new[g->inputs[srcs.input[q]]];
         }
         int bad = 0;
-        for (uint32_t q = 0; q < nargs; q++) bad |= args[q].u.ref == 0;
+        for (uint32_t q = 0; q < nargs; q++) bad |= args[q].kind == IRARG_NODE && args[q].u.ref == 0;
         IRRef r = bad ? 0 : em_ir_call(p.ng, IR_CALL_FUNCTION, (PyObject *)ko, args, nargs, NULL, NULL, 0, NULL);
         Py_DECREF(ko);
         if (!r) {
@@ -1244,6 +1266,7 @@ done:
     Py_XDECREF(kernels);
     Py_XDECREF(device);
     Py_XDECREF(ext_list);
+    Py_XDECREF(index_table);
     em_arena_free(na);
     em_arena_free(a);
     return result;

@@ -502,14 +502,16 @@ static int need_tensor(Sched *c, IRRef r, int output) {
         LBufKind bk = b->kind;
         uint32_t bi = ln->buf;
         /* an input is returned only as itself (an output never aliases it through a lowered value) */
-        if (exact && (bk != LBUF_INPUT || !output || lg->ir->nodes[r].kind == IR_PLACEHOLDER) && layout_is(lg, b, m)) {
+        if (exact && bk != LBUF_INDEX && (bk != LBUF_INPUT || !output || lg->ir->nodes[r].kind == IR_PLACEHOLDER) &&
+            layout_is(lg, b, m)) {
             if (ensure_produced(c, bi) < 0) return -1;
             s->ir_buf[r] = bi;
             if (output && bk == LBUF_NODE) s->buf_output[bi] = true;
             return 0;
         }
     }
-    if (!lg->env && !output && s->ir_buf[r] == NONE && ln->op == LP_LOAD && !ln->lmask && load_has_meta_layout(ln, m)) {
+    if (!lg->env && !output && s->ir_buf[r] == NONE && ln->op == LP_LOAD && !ln->lmask &&
+        lg->bufs[ln->buf].kind != LBUF_INDEX && load_has_meta_layout(ln, m)) {
         uint32_t vb = view_buffer(c, ln->buf, m, ln->offset, r);
         if (vb == NONE) return -1;
         s->ir_buf[r] = vb;
