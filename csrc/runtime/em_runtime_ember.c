@@ -362,9 +362,30 @@ typedef struct {
     int64_t offset;          /* elements from the base's first element */
     PyObject *base_size, *base_stride; /* an extern's result: its meta layout; else NULL */
     PyObject *name;          /* the IR node it stands for */
+    /* a view of a parameter is made once: the last base when it was an nn.Parameter, its data
+     * pointer then, and the view made from it (reused while nothing else holds it) */
+    bool input_base;         /* the base is a graph input */
+    PyObject *cache_base, *cache_view;
+    void *cache_ptr;
 } View;
 
 static PyTypeObject *View_Type = NULL;
+static PyObject *parameter_type = NULL; /* torch.nn.Parameter */
+
+/* The cached view of v for base t, or NULL (no exception) when it cannot be used: t is the same
+ * nn.Parameter object as last time with the same data pointer (its sizes, strides and dtype are
+ * the guarded ones, so the view's metadata is the same, and the storage the same since the cached
+ * view keeps the old one alive: an address cannot be reused while it lives), and nothing but the
+ * cache holds the view (no caller, no earlier output can see the object handed out again). */
+static PyObject *view_cached(View *v, PyObject *t) {
+    if (!v->cache_view || v->cache_base != t || Py_REFCNT(v->cache_view) != 1) return NULL;
+    char *p;
+    if (data_ptr(t, &p) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return p == v->cache_ptr ? Py_NewRef(v->cache_view) : NULL;
+}
 
 static PyObject *view_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     View *v = (View *)self;
@@ -373,6 +394,8 @@ static PyObject *view_vectorcall(PyObject *self, PyObject *const *args, size_t n
         return NULL;
     }
     PyObject *t = args[0], *fixed = NULL, *r = NULL;
+    int param = v->input_base && parameter_type && PyObject_TypeCheck(t, (PyTypeObject *)parameter_type);
+    if (param && (r = view_cached(v, t))) return r;
     if (v->base_size) {
         int d = layout_differs(t, v->base_size, v->base_stride);
         if (d < 0) return NULL;
@@ -393,12 +416,24 @@ static PyObject *view_vectorcall(PyObject *self, PyObject *const *args, size_t n
         }
     }
     Py_XDECREF(fixed);
+    if (r && param) {
+        char *p;
+        if (data_ptr(t, &p) < 0) {
+            Py_DECREF(r);
+            return NULL;
+        }
+        Py_XSETREF(v->cache_base, Py_NewRef(t));
+        Py_XSETREF(v->cache_view, Py_NewRef(r));
+        v->cache_ptr = p;
+    }
     return r;
 }
 
 static void view_dealloc(PyObject *self) {
     View *v = (View *)self;
     PyTypeObject *tp = Py_TYPE(self);
+    Py_XDECREF(v->cache_base);
+    Py_XDECREF(v->cache_view);
     Py_XDECREF(v->size);
     Py_XDECREF(v->stride);
     Py_XDECREF(v->base_size);
@@ -986,7 +1021,13 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         Py_XDECREF(targs);
         if (!index_table || !em_arena_hold(p.ng->arena, index_table)) goto done;
     }
-    uint32_t nviews = 0; /* VIEW steps that call as_strided */
+    uint32_t nviews = 0, ninput_views = 0; /* VIEW steps that call as_strided; of those, views of graph inputs */
+    if (!parameter_type) {
+        PyObject *nn = PyImport_ImportModule("torch.nn");
+        parameter_type = nn ? PyObject_GetAttrString(nn, "Parameter") : NULL;
+        Py_XDECREF(nn);
+        if (!parameter_type) goto done;
+    }
     ext_list = PyList_New(0); /* cache_info's extern_list: the torch calls, in program order */
     if (!ext_list) goto done;
     for (uint32_t st = 0; st < s->nsteps; st++) {
@@ -1007,6 +1048,10 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             vo->base_size = base->kind == LBUF_EXTERN ? int_tuple(base->ndim, base->sizes) : NULL;
             vo->base_stride = base->kind == LBUF_EXTERN ? int_tuple(base->ndim, base->strides) : NULL;
             vo->name = PyUnicode_FromString(g->nodes[vb->ir].name);
+            vo->input_base = base->kind == LBUF_INPUT;
+            vo->cache_base = vo->cache_view = NULL;
+            vo->cache_ptr = NULL;
+            ninput_views += vo->input_base;
             IRArg varg = {.kind = IRARG_NODE, .u.ref = p.buf_new[vb->index]};
             IRRef r = 0;
             if (vo->size && vo->stride && vo->name && (base->kind != LBUF_EXTERN || (vo->base_size && vo->base_stride))) {
@@ -1228,6 +1273,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         SET("externs", PyLong_FromUnsignedLong(lg->nextern + nviews));
         SET("extern_list", Py_NewRef(ext_list));
         SET("views", PyLong_FromUnsignedLong(nviews));
+        SET("input_views", PyLong_FromUnsignedLong(ninput_views)); /* made once per nn.Parameter */
         SET("lowered", PyLong_FromUnsignedLong(lg->nlowered));
         SET("reused_buffers", PyLong_FromLong(ndonated));
         SET("source", Py_NewRef(src));
