@@ -27,7 +27,7 @@ compile one trivial function so that importing their machinery is not billed to 
 Every compiled output is checked against eager (assert_close, float32 tolerances scaled for deep
 models). Timings are never asserted by tests.
 
-usage: python bench/models.py [--device cpu|cuda] [--quick] [--rounds N] [--only NAME] [--no-inductor] [--json PATH]
+usage: python bench/models.py [--device cpu|cuda] [--quick] [--rounds N] [--only NAME] [--no-inductor] [--threads N] [--json PATH]
 --quick: 3 timed rounds and the seeds, the transformer (fast path off) and ResNet-18 only.
 """
 import argparse
@@ -227,11 +227,15 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--only", default=None)
     ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (on a small shared machine 1 keeps OpenMP spinning out of the figures)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device")
     rounds = a.rounds or (3 if a.quick else 10)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     import ember
 
     ember_cache = tempfile.mkdtemp(prefix="ember-bench-cache-")

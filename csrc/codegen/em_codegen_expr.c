@@ -126,6 +126,10 @@ void em_codegen_expr(EmSB *b, const EmCgDialect *d, const SKernel *k, uint32_t i
     case LP_AND: em_sb_printf(b, "(%s && %s)", A, B); return;
     case LP_OR: em_sb_printf(b, "(%s || %s)", A, B); return;
     case LP_XOR: em_sb_printf(b, "(%s != %s)", A, B); return;
+    case LP_BAND: em_sb_printf(b, "(%s & %s)", A, B); return;
+    case LP_BOR: em_sb_printf(b, "(%s | %s)", A, B); return;
+    case LP_BXOR: em_sb_printf(b, "(%s ^ %s)", A, B); return;
+    case LP_BNOT: em_sb_printf(b, "(~%s)", A); return;
     case LP_WHERE: em_sb_printf(b, "(%s ? %s : %s)", A, B, C); return;
     default:
         b->unsupported = "a pointwise operation the code generator does not emit";

@@ -569,8 +569,9 @@ typedef enum {
     R_UNARY, R_BINARY, R_ADDSUB, R_DIV, R_POW, R_WHERE, R_MASKED_FILL, R_CLAMP, R_CLAMP_MIN, R_CLAMP_MAX,
     R_CAST, R_TO, R_GELU, R_SILU, R_SOFTPLUS, R_SQUARE, R_MAXMIN,
     R_REDUCE, R_MEAN, R_VAR, R_SOFTMAX, R_LOGSUMEXP, R_LAYER_NORM, R_RMS_NORM, R_BATCH_NORM, R_GROUP_NORM,
-    R_MAX_POOL, R_ADAPTIVE_AVG_POOL, R_CAT,
-    R_RESHAPE, R_PERMUTE, R_TRANSPOSE, R_T, R_EXPAND, R_NARROW, R_SELECT, R_GETITEM, R_IDENTITY, R_DROPOUT
+    R_MAX_POOL, R_ADAPTIVE_AVG_POOL, R_CAT, R_FILL, R_ARANGE, R_BITWISE, R_BITNOT, R_DIFF,
+    R_RESHAPE, R_PERMUTE, R_TRANSPOSE, R_T, R_EXPAND, R_NARROW, R_SELECT, R_GETITEM, R_IDENTITY, R_DROPOUT,
+    R_SPLIT
 } RuleKind;
 
 typedef struct {
@@ -615,7 +616,7 @@ static const LowerRule LOWER_RULES[] = {
     {"clamp_min", R_CLAMP_MIN, 0, "input,min"}, {"clamp_max", R_CLAMP_MAX, 0, "input,max"},
     {"max", R_MAXMIN, LP_RMAX, "input,other"}, {"min", R_MAXMIN, LP_RMIN, "input,other"},
     /* casts */
-    {"to", R_TO, 0, "input,dtype"}, {"type_as", R_CAST, -2, "input,other"},
+    {"to", R_TO, 0, "input"}, {"type_as", R_CAST, -2, "input,other"},
     {"float", R_CAST, LDT_F32, "input"}, {"double", R_CAST, LDT_F64, "input"},
     {"half", R_CAST, LDT_F16, "input"}, {"bfloat16", R_CAST, LDT_BF16, "input"},
     {"long", R_CAST, LDT_I64, "input"}, {"int", R_CAST, LDT_I32, "input"}, {"short", R_CAST, LDT_I16, "input"},
@@ -646,6 +647,21 @@ static const LowerRule LOWER_RULES[] = {
     /* cat/stack: one masked load per piece */
     {"cat", R_CAT, 0, "tensors,dim"}, {"concat", R_CAT, 0, "tensors,dim"}, {"concatenate", R_CAT, 0, "tensors,dim"},
     {"stack", R_CAT, 1, "tensors,dim"},
+    /* factories: a constant of the meta's dtype and shape (prim: 0 zeros, 1 ones, 2 the fill value) */
+    {"zeros", R_FILL, 0, ""}, {"ones", R_FILL, 1, ""}, {"full", R_FILL, 2, ""},
+    {"new_zeros", R_FILL, 0, ""}, {"new_ones", R_FILL, 1, ""}, {"new_full", R_FILL, 2, ""},
+    {"zeros_like", R_FILL, 0, ""}, {"ones_like", R_FILL, 1, ""}, {"full_like", R_FILL, 2, ""},
+    {"arange", R_ARANGE, 0, ""},
+    /* bitwise ops: integer dtypes; on bool they are the logical ones */
+    {"op.and_", R_BITWISE, LP_BAND, "input,other"}, {"bitwise_and", R_BITWISE, LP_BAND, "input,other"},
+    {"__and__", R_BITWISE, LP_BAND, "input,other"}, {"__rand__", R_BITWISE, LP_BAND, "input,other"},
+    {"op.or_", R_BITWISE, LP_BOR, "input,other"}, {"bitwise_or", R_BITWISE, LP_BOR, "input,other"},
+    {"__or__", R_BITWISE, LP_BOR, "input,other"}, {"__ror__", R_BITWISE, LP_BOR, "input,other"},
+    {"op.xor", R_BITWISE, LP_BXOR, "input,other"}, {"bitwise_xor", R_BITWISE, LP_BXOR, "input,other"},
+    {"__xor__", R_BITWISE, LP_BXOR, "input,other"}, {"__rxor__", R_BITWISE, LP_BXOR, "input,other"},
+    {"op.invert", R_BITNOT, 0, "input"}, {"op.inv", R_BITNOT, 0, "input"}, {"bitwise_not", R_BITNOT, 0, "input"},
+    {"__invert__", R_BITNOT, 0, "input"},
+    {"diff", R_DIFF, 0, "input,n,dim,prepend,append"},
     /* views: index arithmetic */
     {"view", R_RESHAPE, 0, ""}, {"reshape", R_RESHAPE, 1, ""}, {"flatten", R_RESHAPE, 1, ""},
     {"squeeze", R_RESHAPE, 0, ""}, {"unsqueeze", R_RESHAPE, 0, ""}, {"view_as", R_RESHAPE, 0, ""},
@@ -655,6 +671,9 @@ static const LowerRule LOWER_RULES[] = {
     {"expand", R_EXPAND, 0, ""}, {"expand_as", R_EXPAND, 0, ""}, {"broadcast_to", R_EXPAND, 0, ""},
     {"narrow", R_NARROW, 0, "input,dim,start,length"}, {"select", R_SELECT, 0, "input,dim,index"},
     {"op.getitem", R_GETITEM, 0, "input,index"}, {"contiguous", R_IDENTITY, 0, "input"},
+    /* a tuple of views, each lowered where a getitem takes it (split_piece) */
+    {"split", R_SPLIT, 0, "input,split_size_or_sections,dim"}, {"chunk", R_SPLIT, 1, "input,chunks,dim"},
+    {"unbind", R_SPLIT, 2, "input,dim"},
 };
 #undef U
 #undef B
@@ -730,6 +749,15 @@ static const LowerRule *find_rule(const IRNode *n, int functional) {
 }
 
 static int is_view_rule(const LowerRule *r) { return r && r->kind >= R_RESHAPE; }
+
+/* Does eager return the input itself or a view of it: a view rule (dropout in eval and
+ * contiguous() included), or a cast/to() to the dtype the input already has (torch returns self)? */
+static int aliases_input(const IRGraph *g, const IRNode *n, const LowerRule *r) {
+    if (is_view_rule(r)) return 1;
+    if (!r || (r->kind != R_TO && r->kind != R_CAST) || n->nargs < 1 || n->args[0].kind != IRARG_NODE) return 0;
+    const IRMeta *in = &g->nodes[n->args[0].u.ref].meta;
+    return in->kind == IRMETA_TENSOR && n->meta.kind == IRMETA_TENSOR && in->dtype == n->meta.dtype;
+}
 
 /* torch.result_type(a, b) for a comparison's compute dtype, from the operands' meta examples and
  * Python numbers. -1 when unknown. */
@@ -845,12 +873,80 @@ static uint32_t reload_s(Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes, c
     return em_lower_load(c->lg, src.buf, nd, sizes, src.offset + off, strides, ss, so, sst, c->ir);
 }
 
+/* Piece k of split(x, size | sizes, dim), chunk(x, chunks, dim) or unbind(x, dim) (IR node sp, a
+ * tuple the getitem being lowered indexes with the constant k): narrow(x, dim, start, len), or
+ * select(x, dim, k) for unbind (torch's split_with_sizes / chunk rules, aten/src/ATen/native/
+ * TensorShape.cpp). Static graphs only. */
+static uint32_t split_piece(Ctx *c, IRRef sp, const IRArg *index) {
+    const IRNode *n = &c->lg->ir->nodes[sp];
+    const LowerRule *rule = find_rule(n, 0);
+    const IRArg *slot[MAXP];
+    Opnd x;
+    int64_t k, dim = 0, sizes[64], start = 0;
+    int32_t d;
+    if (!rule || rule->kind != R_SPLIT || bind(n, rule->sig, slot) < 0 || get_int(index, &k) < 0 ||
+        opnd(c, slot[0], &x) < 0 || x.kind != 1)
+        return 0;
+    const IRArg *dim_arg = rule->prim == 2 ? slot[1] : slot[2];
+    if (dim_arg && get_int(dim_arg, &dim) < 0) return 0;
+    LNode src = *NODE(c, x.node);
+    if (norm_dim(dim, src.ndim, &d) < 0 || src.ndim == 0) return 0;
+    int64_t len = src.sizes[d], npieces;
+    if (rule->prim == 2) { /* unbind */
+        npieces = len;
+    } else {
+        int64_t each;
+        if (rule->prim == 1) { /* chunk: pieces of ceil(len / chunks) */
+            int64_t chunks;
+            if (get_int(slot[1], &chunks) < 0 || chunks <= 0) return 0;
+            each = (len + chunks - 1) / chunks;
+            npieces = each ? (len + each - 1) / each : 1;
+        } else if (get_int(slot[1], &each) == 0) { /* split(size): the last piece may be shorter */
+            if (each <= 0) return 0;
+            npieces = len ? (len + each - 1) / each : 1;
+        } else { /* split(sizes) */
+            npieces = get_ints(slot[1], sizes, 64);
+            int64_t sum = 0;
+            for (int64_t i = 0; i < npieces; i++) sum += sizes[i];
+            if (npieces <= 0 || sum != len) return 0;
+            each = -1;
+        }
+        if (k < 0) k += npieces;
+        if (k < 0 || k >= npieces) return 0;
+        if (each >= 0) {
+            start = k * each;
+            len = start + each > len ? len - start : each;
+        } else {
+            for (int64_t i = 0; i < k; i++) start += sizes[i];
+            len = sizes[k];
+        }
+    }
+    if (rule->prim == 2) {
+        if (k < 0) k += npieces;
+        if (k < 0 || k >= npieces) return 0;
+        start = k;
+    }
+    uint32_t l = as_load(c, x.node);
+    if (!l) return 0;
+    src = *NODE(c, l);
+    int64_t sz[EM_LMAXDIM], st[EM_LMAXDIM];
+    int nd = 0;
+    for (int i = 0; i < src.ndim; i++) {
+        if (i == d && rule->prim == 2) continue;
+        sz[nd] = i == d ? len : src.sizes[i];
+        st[nd++] = src.strides[i];
+    }
+    return reload_s(c, l, nd, sz, st, start * src.strides[d], NULL, NULL, SYM_NONE);
+}
+
 static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
     const IRNode *n = c->n;
     const IRMeta *m = &n->meta;
     LGraph *lg = c->lg;
     ShapeEnv *env = lg->env;
     Opnd x;
+    if (rule->kind == R_GETITEM && n->nargs >= 1 && n->args[0].kind == IRARG_NODE && lg->vals[n->args[0].u.ref].split)
+        return split_piece(c, n->args[0].u.ref, slot[1]);
     if (n->nargs < 1 || opnd(c, &n->args[0], &x) < 0 || x.kind != 1) return 0;
     uint32_t base = x.node;
     LNode src = *NODE(c, base);
@@ -1370,15 +1466,231 @@ static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
     return acc;
 }
 
+/* Tensor.to(dtype | device | device, dtype | other, non_blocking, copy=False): the result dtype is
+ * the IR meta's and every tensor of the graph is on one device (em_lower_graph_device), so to() is
+ * a cast, or, to the dtype the input has, the input itself (torch returns self: an alias, like a
+ * view). copy=True and memory_format are the torch op's. */
+static uint32_t lower_to(Ctx *c) {
+    const IRNode *n = c->n;
+    Opnd a;
+    if (n->nargs < 1 || opnd(c, &n->args[0], &a) < 0 || a.kind != 1) return 0;
+    int nbools = 0;
+    for (uint32_t i = 1; i < n->nargs; i++) {
+        const IRArg *x = &n->args[i];
+        if (x->kind == IRARG_NODE && c->lg->ir->nodes[x->u.ref].meta.kind == IRMETA_TENSOR) continue; /* to(other) */
+        if (x->kind != IRARG_CONST) return 0;
+        PyObject *o = x->u.obj;
+        if (PyBool_Check(o)) {
+            if (nbools++ == 1 && o != Py_False) return 0; /* (dtype, non_blocking, copy) */
+        } else if (o != Py_None && !PyUnicode_Check(o) && em_lower_dtype_of(o) < 0 &&
+                   strcmp(Py_TYPE(o)->tp_name, "torch.device") != 0) {
+            return 0;
+        }
+    }
+    for (uint32_t k = 0; k < n->nkwargs; k++) {
+        const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
+        if (!kw) {
+            PyErr_Clear();
+            return 0;
+        }
+        const IRArg *x = &n->kwargs[k];
+        if (strcmp(kw, "copy") == 0 || strcmp(kw, "memory_format") == 0) {
+            if (strcmp(kw, "copy") == 0 ? !is_false(x) : !is_none(x)) return 0;
+        } else if (strcmp(kw, "dtype") != 0 && strcmp(kw, "device") != 0 && strcmp(kw, "non_blocking") != 0) {
+            return 0;
+        } else if (x->kind != IRARG_CONST) {
+            return 0;
+        }
+    }
+    return mk_cast(c, a.node, c->rdt);
+}
+
+/* ones/zeros/full, new_ones/new_zeros/new_full, ones_like/zeros_like/full_like: a CONST of the IR
+ * meta's dtype and shape. The sizes, dtype, device and layout arguments must be constants (the meta
+ * says what they give); requires_grad only False; the fill value a Python number that converts to
+ * the dtype exactly (torch would round or raise otherwise: its op runs). Static graphs only. */
+static uint32_t lower_fill(Ctx *c, int which) {
+    const IRNode *n = c->n;
+    const IRMeta *m = &n->meta;
+    char key[64];
+    if (c->lg->env || target_key(n, key, sizeof key) < 0) return 0;
+    int self_first = strncmp(key, "new_", 4) == 0 || strstr(key, "_like") != NULL;
+    const IRArg *value = NULL;
+    for (uint32_t i = 0; i < n->nargs; i++) {
+        const IRArg *x = &n->args[i];
+        if (i == 0 && self_first) {
+            if (x->kind != IRARG_NODE) return 0;
+            continue;
+        }
+        if (which == 2 && i == n->nargs - 1) value = x; /* full(size, v), new_full(self, size, v), full_like(x, v) */
+        else if (x->kind == IRARG_NODE) return 0;      /* a size computed at run time */
+    }
+    for (uint32_t k = 0; k < n->nkwargs; k++) {
+        const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
+        if (!kw) {
+            PyErr_Clear();
+            return 0;
+        }
+        const IRArg *x = &n->kwargs[k];
+        if (strcmp(kw, "fill_value") == 0) value = x;
+        else if (strcmp(kw, "requires_grad") == 0 ? !is_false(x) : x->kind != IRARG_CONST) return 0;
+        else if (strcmp(kw, "dtype") && strcmp(kw, "device") && strcmp(kw, "layout") && strcmp(kw, "pin_memory") &&
+                 strcmp(kw, "memory_format") && strcmp(kw, "size") && strcmp(kw, "requires_grad"))
+            return 0;
+    }
+    double f = which;
+    int64_t i = which;
+    int isint = 1;
+    if (which == 2) {
+        Opnd v;
+        if (!value || opnd(c, value, &v) < 0 || v.kind != 2) return 0;
+        isint = v.isint;
+        f = v.f;
+        i = v.i;
+    }
+    LDtype R = c->rdt;
+    if (!isint && !em_ldt_is_float(R) && R != LDT_BOOL && !(f == (double)(int64_t)f && fabs(f) < 9e15)) return 0;
+    /* the kernels round a half type's constant through float: one rounding only if float holds it */
+    if (!isint && em_ldt_is_half(R) && f == f && (double)(float)f != f) return 0;
+    uint32_t k = mk_const(c, f, isint ? i : (int64_t)f, isint, R);
+    if (!k) return 0;
+    if (!isint && R == LDT_BOOL) NODE(c, k)->ival = f != 0;
+    if (R == LDT_BOOL) NODE(c, k)->ival = NODE(c, k)->ival != 0;
+    if (!em_ldt_is_float(R) && R != LDT_BOOL) {
+        /* the value must fit the integer type (torch raises "value cannot be converted ...") */
+        Opnd o = {.kind = 2, .isint = 1, .i = NODE(c, k)->ival};
+        if (!operand_node(c, &o, R)) return 0;
+    }
+    LNode *kn = NODE(c, k);
+    kn->ndim = m->ndim;
+    memcpy(kn->sizes, m->sizes, m->ndim * sizeof(int64_t));
+    return k;
+}
+
+/* arange(end) / arange(start, end[, step]) with Python numbers: start + step * i, i loaded from the
+ * program's index table (LBUF_INDEX, made once) and computed in int64, then cast to the meta's dtype.
+ * Integer results; float results only when every value is an integer the dtype holds exactly (ATen
+ * computes start + step * i in double on the CPU and in float on CUDA: equal then). Static graphs,
+ * at most 2^20 elements (the table is kept with the compiled graph). */
+static uint32_t lower_arange(Ctx *c) {
+    const IRNode *n = c->n;
+    const IRMeta *m = &n->meta;
+    LGraph *lg = c->lg;
+    if (lg->env || m->ndim != 1 || m->sizes[0] > (1 << 20) || n->nargs < 1 || n->nargs > 3) return 0;
+    double v[3] = {0, 0, 1};
+    int allint = 1;
+    for (uint32_t i = 0; i < n->nargs; i++) {
+        Opnd o;
+        if (opnd(c, &n->args[i], &o) < 0 || o.kind != 2) return 0;
+        double x = o.isint ? (double)o.i : o.f;
+        if (!o.isint) allint &= x == floor(x);
+        if (fabs(x) > 9e15) return 0;
+        v[n->nargs == 1 ? 1 : i] = x;
+    }
+    for (uint32_t k = 0; k < n->nkwargs; k++) {
+        const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
+        if (!kw) {
+            PyErr_Clear();
+            return 0;
+        }
+        const IRArg *x = &n->kwargs[k];
+        if (strcmp(kw, "requires_grad") == 0 ? !is_false(x) : x->kind != IRARG_CONST) return 0;
+        if (strcmp(kw, "dtype") && strcmp(kw, "device") && strcmp(kw, "layout") && strcmp(kw, "pin_memory") &&
+            strcmp(kw, "requires_grad"))
+            return 0;
+    }
+    LDtype R = c->rdt;
+    int64_t len = m->sizes[0], start = (int64_t)v[0], step = (int64_t)v[2];
+    if (!allint || step == 0) return 0;
+    if (em_ldt_is_float(R)) {
+        static const double exact[] = {[LDT_F32] = 16777216.0, [LDT_F64] = 9007199254740992.0, [LDT_F16] = 2048.0,
+                                       [LDT_BF16] = 256.0};
+        double hi = fabs((double)start) + fabs((double)step) * (double)len;
+        if (hi > exact[R]) return 0;
+    } else if (R == LDT_BOOL) {
+        return 0;
+    }
+    uint32_t tb = UINT32_MAX;
+    for (uint32_t i = 0; i < lg->nbufs; i++)
+        if (lg->bufs[i].kind == LBUF_INDEX) tb = i;
+    if (tb == UINT32_MAX) {
+        LBuf b = {.kind = LBUF_INDEX, .dtype = LDT_I64, .ndim = 1, .sizes = {len}, .strides = {1}};
+        tb = em_lower_buffer(lg, &b);
+        if (tb == UINT32_MAX) return 0;
+    } else if (lg->bufs[tb].sizes[0] < len) {
+        lg->bufs[tb].sizes[0] = len;
+    }
+    int64_t one = 1;
+    uint32_t i = em_lower_load(lg, tb, 1, &len, 0, &one, NULL, SYM_NONE, NULL, c->ir);
+    if (!i) return 0;
+    if (step != 1) i = mk_op(c, LP_MUL, LDT_I64, LDT_I64, i, mk_const(c, 0, step, 1, LDT_I64), 0);
+    if (start != 0) i = mk_op(c, LP_ADD, LDT_I64, LDT_I64, i, mk_const(c, 0, start, 1, LDT_I64), 0);
+    return mk_cast(c, i, R);
+}
+
+/* y[i + shift] along dim d, i over the result's sizes, of y = cat(pieces) along d: one masked load
+ * per piece (lower_cat's rule: fill -0.0 / 0 combined by ADD, OR for bool). */
+static uint32_t cat_window(Ctx *c, const uint32_t *pieces, int np, int32_t d, int32_t nd, const int64_t *rsizes,
+                           int64_t shift, LDtype R) {
+    uint32_t acc = 0;
+    int64_t start = 0;
+    for (int p = 0; p < np; p++) {
+        LNode src = *NODE(c, pieces[p]);
+        int64_t lo[EM_LMAXDIM] = {0}, hi[EM_LMAXDIM] = {0}, piece = src.sizes[d];
+        if (src.ndim != nd) return 0;
+        for (int e = 0; e < nd; e++)
+            if (e != d && src.sizes[e] != rsizes[e]) return 0;
+        if (piece == 0) continue;
+        lo[d] = start - shift;
+        hi[d] = start + piece - shift;
+        uint32_t v = mk_masked_load(c, src.buf, nd, rsizes, src.offset - (start - shift) * src.strides[d], src.strides,
+                                    1u << d, lo, hi, -0.0, 0);
+        if (!v) return 0;
+        acc = acc ? mk_op(c, R == LDT_BOOL ? LP_OR : LP_ADD, R, R, acc, v, 0) : v;
+        start += piece;
+    }
+    return acc;
+}
+
+/* diff(x, n=1, dim, prepend, append): y[i + 1] - y[i] over y = cat(prepend, x, append) along dim
+ * (xor for bool: aten/src/ATen/native/ReduceOps.cpp, diff_helper). Pieces of the result's dtype. */
+static uint32_t lower_diff(Ctx *c, const IRArg **slot) {
+    const IRMeta *m = &c->n->meta;
+    LDtype R = c->rdt;
+    int64_t nn = 1, dim = -1;
+    int32_t d;
+    if ((slot[1] && get_int(slot[1], &nn) < 0) || nn != 1 || (slot[2] && get_int(slot[2], &dim) < 0)) return 0;
+    if (m->ndim == 0 || norm_dim(dim, m->ndim, &d) < 0) return 0;
+    uint32_t pieces[3];
+    int np = 0;
+    const IRArg *order[3] = {slot[3], slot[0], slot[4]};
+    for (int i = 0; i < 3; i++) {
+        Opnd o;
+        if (is_none(order[i])) continue;
+        if (opnd(c, order[i], &o) < 0 || o.kind != 1 || NODE(c, o.node)->dtype != R) return 0;
+        if (!(pieces[np++] = as_load(c, o.node))) return 0;
+    }
+    uint32_t hi = cat_window(c, pieces, np, d, m->ndim, m->sizes, 1, R);
+    uint32_t lo = cat_window(c, pieces, np, d, m->ndim, m->sizes, 0, R);
+    if (!hi || !lo) return 0;
+    return mk_op(c, R == LDT_BOOL ? LP_XOR : LP_SUB, R, R, hi, lo, 0);
+}
+
 static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     const IRArg *slot[MAXP];
+    if (rule->kind == R_TO) return lower_to(c);
+    if (rule->kind == R_FILL) return lower_fill(c, rule->prim);
+    if (rule->kind == R_ARANGE) return lower_arange(c);
     if (rule->sig[0] && bind(c->n, rule->sig, slot) < 0) return 0;
     if (!rule->sig[0] && c->n->nkwargs) return 0;
     if (is_view_rule(rule)) return lower_view(c, rule, slot);
     /* masked loads (pooling windows, cat pieces) and group_norm's regrouping have no shadows yet:
      * in a symbolic graph they stay torch's */
-    if (c->lg->env && (rule->kind == R_CAT || rule->kind == R_MAX_POOL || rule->kind == R_GROUP_NORM)) return 0;
+    if (c->lg->env && (rule->kind == R_CAT || rule->kind == R_MAX_POOL || rule->kind == R_GROUP_NORM ||
+                       rule->kind == R_DIFF))
+        return 0;
     if (rule->kind == R_CAT) return lower_cat(c, rule->prim, slot);
+    if (rule->kind == R_DIFF) return lower_diff(c, slot);
     Opnd a, b, w;
     if (opnd(c, slot[0], &a) < 0 || opnd(c, slot[1], &b) < 0 || opnd(c, slot[2], &w) < 0) return 0;
     LDtype R = c->rdt;
@@ -1390,6 +1702,16 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         if (p == LP_SIGN && R == LDT_BOOL) return 0;
         return mk_op(c, p, R, cd, a.node, 0, 0);
     }
+    case R_BITWISE: {
+        if (a.kind == 0 || b.kind == 0 || a.kind == 3 || b.kind == 3 || (a.kind != 1 && b.kind != 1)) return 0;
+        if (em_ldt_is_float(R)) return 0; /* torch raises */
+        static const LPrim logical[] = {[LP_BAND] = LP_AND, [LP_BOR] = LP_OR, [LP_BXOR] = LP_XOR};
+        LPrim p = R == LDT_BOOL ? logical[rule->prim] : (LPrim)rule->prim;
+        return mk_op(c, p, R, R, operand_node(c, &a, R), operand_node(c, &b, R), 0);
+    }
+    case R_BITNOT:
+        if (a.kind != 1 || em_ldt_is_float(R)) return 0;
+        return mk_op(c, R == LDT_BOOL ? LP_NOT : LP_BNOT, R, R, mk_cast(c, a.node, R), 0, 0);
     case R_SQUARE:
         if (a.kind != 1) return 0;
         return mk_op(c, LP_MUL, R, R, a.node, a.node, 0);
@@ -1472,16 +1794,9 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         uint32_t mask = src.ndim ? (1u << src.ndim) - 1 : 0;
         return squeeze_dims(c, mk_reduce(c, (LPrim)rule->prim, R, a.node, mask), mask);
     }
-    case R_CAST:
-    case R_TO: {
-        if (a.kind != 1) return 0;
-        if (rule->kind == R_TO) {
-            if (!slot[1] || slot[1]->kind != IRARG_CONST || em_lower_dtype_of(slot[1]->u.obj) < 0) return 0;
-        } else if (rule->prim == -2) {
-            if (b.kind != 1) return 0;
-        }
-        if (NODE(c, a.node)->dtype == R) return 0; /* same dtype: torch returns self (an alias): extern */
-        return mk_cast(c, a.node, R);
+    case R_CAST: {
+        if (a.kind != 1 || (rule->prim == -2 && b.kind != 1)) return 0;
+        return mk_cast(c, a.node, R); /* the dtype it has: torch returns self, the same node */
     }
     case R_GELU: {
         if (a.kind != 1 || !em_ldt_is_float(R)) return 0;
@@ -1982,6 +2297,22 @@ static int lone_input_update(const IRGraph *g, IRRef r) {
     return 1;
 }
 
+/* Is every reader of node r a getitem r[k] with a constant int k (and r not returned)? */
+static int only_getitems_read(const IRGraph *g, IRRef r) {
+    for (IRRef u = r + 1; u < g->nnodes; u++) {
+        const IRNode *un = &g->nodes[u];
+        int refers = 0;
+        for (uint32_t i = 0; i < un->nargs && !refers; i++) refers = arg_refers(&un->args[i], r);
+        for (uint32_t i = 0; i < un->nkwargs && !refers; i++) refers = arg_refers(&un->kwargs[i], r);
+        if (!refers) continue;
+        const LowerRule *rule = find_rule(un, 0);
+        if (!rule || rule->kind != R_GETITEM || un->nargs != 2 || un->nkwargs || un->args[0].kind != IRARG_NODE ||
+            un->args[0].u.ref != r || un->args[1].kind != IRARG_CONST || !PyLong_CheckExact(un->args[1].u.obj))
+            return 0;
+    }
+    return 1;
+}
+
 static int functionalize(const IRGraph *g, uint8_t *functional) {
     uint32_t nn = g->nnodes;
     IRRef *last_use = calloc(nn + 1, sizeof(IRRef));
@@ -2136,7 +2467,8 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
     const LowerRule **rules = em_arena_alloc(a, g->nnodes * sizeof(LowerRule *));
     uint8_t *ext = em_arena_alloc(a, g->nnodes + 1);
     uint8_t *used_by_extern = em_arena_alloc(a, g->nnodes + 1);
-    if (!lg || !rules || !ext || !used_by_extern) {
+    uint8_t *returned = em_arena_alloc(a, g->nnodes + 1);
+    if (!lg || !rules || !ext || !used_by_extern || !returned) {
         PyErr_NoMemory();
         return NULL;
     }
@@ -2184,19 +2516,34 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             return NULL;
         }
     }
-    /* pass 1: rules; pass 2 (backwards): a view used by an extern or returned is itself extern, so
-     * that torch makes the alias (users may rely on a view sharing memory with its base) */
+    /* pass 1: rules; pass 2 (backwards): a view that is returned is itself extern, and so is every
+     * view it is made from, so that torch makes the alias the user sees (users may rely on a view
+     * sharing memory with its base). A view that an extern call reads is lowered in a static
+     * graph: the scheduler hands the call a tensor with eager's sizes, strides and offset on the
+     * base's storage (the base's own tensor, a kernel output allocated in the view's layout, or one
+     * as_strided: need_tensor); in a symbolic graph it is extern too. */
     const IRNode *outn = &g->nodes[g->output];
     for (IRRef r = 1; r < g->nnodes; r++) rules[r] = find_rule(&g->nodes[r], functional[r]);
-    if (outn->nargs == 1) mark_users(&outn->args[0], used_by_extern);
+    if (outn->nargs == 1) {
+        mark_users(&outn->args[0], used_by_extern);
+        mark_users(&outn->args[0], returned);
+    }
     for (IRRef r = g->nnodes - 1; r >= 1; r--) {
         const IRNode *n = &g->nodes[r];
         if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
-        ext[r] = !rules[r] || !meta_ok(&n->meta) || (is_view_rule(rules[r]) && used_by_extern[r]);
-        if (ext[r])
-            for (uint32_t i = 0; i < n->nargs; i++) mark_users(&n->args[i], used_by_extern);
-        if (ext[r])
-            for (uint32_t i = 0; i < n->nkwargs; i++) mark_users(&n->kwargs[i], used_by_extern);
+        int alias = aliases_input(g, n, rules[r]);
+        if (rules[r] && rules[r]->kind == R_SPLIT) /* a tuple: lowered only as the pieces its getitems take */
+            ext[r] = lg->env || used_by_extern[r] || !only_getitems_read(g, r);
+        else
+            ext[r] = !rules[r] || !meta_ok(&n->meta) || (alias && (lg->env ? used_by_extern[r] : returned[r]));
+        for (uint32_t i = 0; ext[r] && i < n->nargs; i++) {
+            mark_users(&n->args[i], used_by_extern);
+            if (alias) mark_users(&n->args[i], returned);
+        }
+        for (uint32_t i = 0; ext[r] && i < n->nkwargs; i++) {
+            mark_users(&n->kwargs[i], used_by_extern);
+            if (alias) mark_users(&n->kwargs[i], returned);
+        }
     }
     Ctx c = {.lg = lg};
     for (IRRef r = 1; r < g->nnodes; r++) {
@@ -2209,6 +2556,12 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             int rc = linear_bias_epilogue(&c, r);
             if (rc < 0) goto oom;
             if (rc > 0) continue;
+        }
+        if (n->kind != IR_PLACEHOLDER && !ext[r] && rules[r] && rules[r]->kind == R_SPLIT) {
+            v->kind = LV_NONE;
+            v->split = true;
+            lg->nlowered++;
+            continue;
         }
         if (n->kind == IR_PLACEHOLDER || ext[r] || !meta_ok(&n->meta)) {
             if (n->kind != IR_PLACEHOLDER && !(lg->env && n->meta.sym)) lg->nextern++; /* sizes are not ops */
@@ -2269,12 +2622,20 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             for (uint32_t i = 0; c.node_buf && i < c.cap_node_buf; i++)
                 if (c.node_buf[i] != UINT32_MAX && c.node_buf[i] >= bbefore) c.node_buf[i] = UINT32_MAX;
             ext[r] = 1;
+            if (n->nargs >= 1 && n->args[0].kind == IRARG_NODE && lg->vals[n->args[0].u.ref].split) {
+                /* the tuple is needed after all: the split runs as the torch op */
+                LVal *sv = &lg->vals[n->args[0].u.ref];
+                sv->split = false;
+                sv->kind = LV_EXTERN;
+                lg->nextern++;
+                lg->nlowered--;
+            }
             r--; /* redo as extern */
             continue;
         }
         v->kind = LV_NODE;
         v->lnode = id;
-        v->view = is_view_rule(rules[r]);
+        v->view = aliases_input(g, n, rules[r]) != 0;
         lg->nlowered++;
     }
     return lg;

@@ -50,6 +50,7 @@ const char *em_ldt_compute(LDtype t);
     _(ISINF, 1)                                                                                \
     _(ADD, 2) _(SUB, 2) _(MUL, 2) _(DIV, 2) _(DIV_TRUNC, 2) _(DIV_FLOOR, 2) _(POW, 2) _(MAX, 2) \
     _(MIN, 2) _(EQ, 2) _(NE, 2) _(LT, 2) _(LE, 2) _(GT, 2) _(GE, 2) _(AND, 2) _(OR, 2) _(XOR, 2) \
+    _(BAND, 2) _(BOR, 2) _(BXOR, 2) _(BNOT, 1) /* bitwise, integer dtypes (bool: AND, OR, XOR, NOT) */ \
     _(WHERE, 3)                                                                                \
     _(RSUM, 1) _(RPROD, 1) _(RMAX, 1) _(RMIN, 1) _(RANY, 1) _(RALL, 1) _(RARGMAX, 1)           \
     _(RARGMIN, 1) _(RM2, 1) /* RM2: sum of squared deviations from the mean (Welford, one pass) */
@@ -100,7 +101,14 @@ typedef struct LNode {
 typedef enum {
     LBUF_INPUT,  /* graph input number index */
     LBUF_EXTERN, /* the tensor an extern node (IR ref index) returns */
-    LBUF_NODE    /* the value of lowered node index, materialized by a kernel */
+    LBUF_NODE,   /* the value of lowered node index, materialized by a kernel */
+    LBUF_INDEX,  /* 0, 1, 2 ... (int64, sizes[0] elements): a tensor the compiled program holds,
+                    made once (torch.arange); what arange() loads. Static graphs only; never handed
+                    to an extern call or returned (a kernel copies what they need) */
+    LBUF_VIEW    /* a view of buffer index (sizes, strides, offset: elements from its start), made
+                    for an extern call or an output by the runtime (one as_strided, or nothing when
+                    the kernel producing the base allocates it in this layout); kernels never
+                    read it, they read the base (schedule, need_tensor) */
 } LBufKind;
 
 typedef struct LBuf {
@@ -113,6 +121,7 @@ typedef struct LBuf {
     IRRef ir;              /* NODE: the IR node whose value it is (0 for internal nodes) */
     SymRef ssizes[EM_LMAXDIM], sstrides[EM_LMAXDIM]; /* symbolic shadows (SYM_NONE: static graph) */
     bool fresh;            /* EXTERN: the op returns a new tensor it does not alias (matmul ...) */
+    int64_t offset;        /* VIEW: element offset from the base's first element */
 } LBuf;
 
 /* What each IR node became. */
@@ -127,6 +136,8 @@ typedef struct LVal {
     uint32_t lnode;        /* NODE: node id; EXTERN with a tensor result: a LOAD node of its buffer */
     bool has_load;         /* EXTERN: lnode is valid */
     bool view;             /* NODE: produced by a view rule (a LOAD of another buffer) */
+    bool split;            /* NONE: split/chunk/unbind whose pieces are views, each lowered where a
+                              getitem takes it (every reader is such a getitem) */
     /* NODE with ext_call: the torch op is still called (an extern step at this IR node), with
      * argument none_arg (positional index, or nargs + keyword index) passed as None, into buffer
      * ext_buf; lnode computes the rest (F.linear's bias added in the kernel that follows the

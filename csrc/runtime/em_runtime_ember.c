@@ -344,6 +344,132 @@ static PyType_Spec kernel_spec = {
     .slots = kernel_slots,
 };
 
+/* ------------------------------------------------------------------------------------------ */
+/* View: the tensor an extern call reads as a view of a buffer (LBUF_VIEW)                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* view(base) -> base.as_strided(size, stride, base.storage_offset() + offset): eager's sizes,
+ * strides and storage offset on the base's storage, in one torch call however many view ops
+ * eager ran (x.view(2, 16, 2, 32).transpose(1, 2) is one). as_strided keeps the base's storage
+ * offset when none is given (torch/_torch_docs.py), so offset 0 costs no storage_offset() read.
+ * A base that is an extern's result is first checked against the layout its meta promised (the
+ * strides were computed from it) and copied into that layout when torch chose another, as the
+ * kernels do with what they read. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *size, *stride; /* tuples */
+    int64_t offset;          /* elements from the base's first element */
+    PyObject *base_size, *base_stride; /* an extern's result: its meta layout; else NULL */
+    PyObject *name;          /* the IR node it stands for */
+    /* a view of a parameter is made once: the last base when it was an nn.Parameter, its data
+     * pointer then, and the view made from it (reused while nothing else holds it) */
+    bool input_base;         /* the base is a graph input */
+    PyObject *cache_base, *cache_view;
+    void *cache_ptr;
+} View;
+
+static PyTypeObject *View_Type = NULL;
+static PyObject *parameter_type = NULL; /* torch.nn.Parameter */
+
+/* The cached view of v for base t, or NULL (no exception) when it cannot be used: t is the same
+ * nn.Parameter object as last time with the same data pointer (its sizes, strides and dtype are
+ * the guarded ones, so the view's metadata is the same, and the storage the same since the cached
+ * view keeps the old one alive: an address cannot be reused while it lives), and nothing but the
+ * cache holds the view (no caller, no earlier output can see the object handed out again). */
+static PyObject *view_cached(View *v, PyObject *t) {
+    if (!v->cache_view || v->cache_base != t || Py_REFCNT(v->cache_view) != 1) return NULL;
+    char *p;
+    if (data_ptr(t, &p) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return p == v->cache_ptr ? Py_NewRef(v->cache_view) : NULL;
+}
+
+static PyObject *view_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    View *v = (View *)self;
+    if ((kwnames && PyTuple_GET_SIZE(kwnames)) || PyVectorcall_NARGS(nargsf) != 1) {
+        PyErr_Format(PyExc_TypeError, "ember view %U: wrong arguments", v->name);
+        return NULL;
+    }
+    PyObject *t = args[0], *fixed = NULL, *r = NULL;
+    int param = v->input_base && parameter_type && PyObject_TypeCheck(t, (PyTypeObject *)parameter_type);
+    if (param && (r = view_cached(v, t))) return r;
+    if (v->base_size) {
+        int d = layout_differs(t, v->base_size, v->base_stride);
+        if (d < 0) return NULL;
+        if (d && !(t = fixed = tensor_as(t, v->base_size, v->base_stride))) return NULL;
+    }
+    if (v->offset == 0) {
+        PyObject *a[3] = {t, v->size, v->stride};
+        r = PyObject_VectorcallMethod(em_str("as_strided"), a, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    } else {
+        PyObject *so = PyObject_CallMethodNoArgs(t, em_str("storage_offset"));
+        long long o = so ? PyLong_AsLongLong(so) : -1;
+        Py_XDECREF(so);
+        PyObject *off = (o == -1 && PyErr_Occurred()) ? NULL : PyLong_FromLongLong(o + v->offset);
+        if (off) {
+            PyObject *a[4] = {t, v->size, v->stride, off};
+            r = PyObject_VectorcallMethod(em_str("as_strided"), a, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            Py_DECREF(off);
+        }
+    }
+    Py_XDECREF(fixed);
+    if (r && param) {
+        char *p;
+        if (data_ptr(t, &p) < 0) {
+            Py_DECREF(r);
+            return NULL;
+        }
+        Py_XSETREF(v->cache_base, Py_NewRef(t));
+        Py_XSETREF(v->cache_view, Py_NewRef(r));
+        v->cache_ptr = p;
+    }
+    return r;
+}
+
+static void view_dealloc(PyObject *self) {
+    View *v = (View *)self;
+    PyTypeObject *tp = Py_TYPE(self);
+    Py_XDECREF(v->cache_base);
+    Py_XDECREF(v->cache_view);
+    Py_XDECREF(v->size);
+    Py_XDECREF(v->stride);
+    Py_XDECREF(v->base_size);
+    Py_XDECREF(v->base_stride);
+    Py_XDECREF(v->name);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *view_repr(PyObject *self) {
+    View *v = (View *)self;
+    return PyUnicode_FromFormat("<ember view %U: as_strided(%R, %R, +%lld)>", v->name, v->size, v->stride,
+                                (long long)v->offset);
+}
+
+static PyMemberDef view_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(View, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot view_slots[] = {
+    {Py_tp_dealloc, view_dealloc},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_repr, view_repr},
+    {Py_tp_members, view_members},
+    {Py_tp_doc, (void *)"A view an extern call reads: view(base) -> base.as_strided(size, stride, offset)."},
+    {0, NULL},
+};
+
+static PyType_Spec view_spec = {
+    .name = "ember._C.View",
+    .basicsize = sizeof(View),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = view_slots,
+};
+
 static PyObject *int_tuple(int32_t n, const int64_t *v) {
     PyObject *t = PyTuple_New(n);
     for (int32_t i = 0; t && i < n; i++) {
@@ -389,6 +515,28 @@ static int copy_arg(Prog *p, const IRArg *a, IRArg *out) {
     return 0;
 }
 
+/* Does buffer b's layout map its elements one to one onto the element offsets [0, numel)? (dims
+ * of size > 1 ordered by stride: the smallest 1, each the product of the ones below) */
+static int dense_layout(const LBuf *b) {
+    int64_t want = 1;
+    uint32_t used = 0;
+    for (;;) {
+        int pick = -1;
+        for (int d = 0; d < b->ndim; d++)
+            if (b->sizes[d] > 1 && !((used >> d) & 1) && (pick < 0 || b->strides[d] < b->strides[pick])) pick = d;
+        if (pick < 0) return 1;
+        if (b->strides[pick] != want) return 0;
+        want *= b->sizes[pick];
+        used |= 1u << pick;
+    }
+}
+
+static int64_t numel_of_buf(const LBuf *b) {
+    int64_t n = 1;
+    for (int d = 0; d < b->ndim; d++) n *= b->sizes[d];
+    return n;
+}
+
 /* Same dtype and layout (symbolic graph: the same expressions, so for every size). */
 static int same_layout(const LBuf *a, const LBuf *b) {
     return a->dtype == b->dtype && a->ndim == b->ndim && memcmp(a->sizes, b->sizes, a->ndim * sizeof(int64_t)) == 0 &&
@@ -397,9 +545,17 @@ static int same_layout(const LBuf *a, const LBuf *b) {
            memcmp(a->sstrides, b->sstrides, a->ndim * sizeof(SymRef)) == 0;
 }
 
+/* ext_seen[b]: SEEN_ANY when an extern call or a VIEW made for one can see buffer b's memory,
+ * SEEN_DIRECT when a call reads b's own tensor (not through a VIEW). */
+enum { SEEN_ANY = 1, SEEN_DIRECT = 2 };
+
 static void mark_ext_uses(const Schedule *s, const IRArg *a, uint8_t *ext_seen) {
     if (a->kind == IRARG_NODE) {
-        if (s->ir_buf[a->u.ref] != NONE) ext_seen[s->ir_buf[a->u.ref]] = 1;
+        uint32_t b = s->ir_buf[a->u.ref];
+        if (b != NONE) {
+            ext_seen[b] |= SEEN_ANY | SEEN_DIRECT;
+            if (s->lg->bufs[b].kind == LBUF_VIEW) ext_seen[s->lg->bufs[b].index] |= SEEN_ANY;
+        }
     } else if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) {
         for (uint32_t i = 0; i < a->n; i++) mark_ext_uses(s, &a->u.items[i], ext_seen);
     }
@@ -541,7 +697,8 @@ static int kernel_set_symbolic(Kernel *ko, void *handle, const char *fname, cons
  * only (tests without a GPU), returning the info dict itself. */
 static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     EmArena *a = em_arena_new(), *na = em_arena_new();
-    PyObject *result = NULL, *src = NULL, *lib = NULL, *d = NULL, *kernels = NULL, *device = NULL;
+    PyObject *result = NULL, *src = NULL, *lib = NULL, *d = NULL, *kernels = NULL, *device = NULL, *ext_list = NULL;
+    PyObject *index_table = NULL;
     EmCudaLaunch *launch = NULL;
     uint8_t *sym_used = NULL;
     SymSources srcs = {0};
@@ -666,7 +823,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             PyObject *bufs = PyList_New(0);
             for (uint32_t bi = 0; bufs && bi < lg->nbufs; bi++) {
                 const LBuf *lb = &lg->bufs[bi];
-                static const char *const kinds[] = {"input", "extern", "node"};
+                static const char *const kinds[] = {"input", "extern", "node", "index", "view"};
                 PyObject *e = Py_BuildValue("{s:s,s:I,s:s,s:N,s:N}", "kind", kinds[lb->kind], "index", lb->index, "dtype",
                                             em_ldt_name(lb->dtype), "sizes", int_tuple(lb->ndim, lb->sizes), "strides",
                                             int_tuple(lb->ndim, lb->strides));
@@ -775,6 +932,9 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         if (sp->kind == SSTEP_KERNEL) {
             const SKernel *k = &s->kernels[sp->index];
             for (uint32_t q = 0; q < k->nin; q++) last[k->args[q]] = st + 1;
+        } else if (sp->kind == SSTEP_VIEW) {
+            ext_seen[sp->index] |= SEEN_ANY;
+            ext_seen[lg->bufs[sp->index].index] |= SEEN_ANY;
         } else {
             const IRNode *n = &g->nodes[sp->index];
             for (uint32_t i = 0; i < n->nargs; i++) mark_ext_uses(s, &n->args[i], ext_seen);
@@ -788,9 +948,30 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         PyErr_NoMemory();
         goto done;
     }
+    /* a kernel output whose own tensor no call reads, only views of it (x.view(-1, 64) of a
+     * layer_norm for a matmul, the transposed heads of a linear's bias epilogue for attention), is
+     * allocated in the layout of one of those views when that layout covers the same elements
+     * (dense, offset 0): that view is the kernel's output itself, the others are made from it */
+    uint32_t *form_of = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t));
+    if (!form_of) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (uint32_t b = 0; b < nb; b++) form_of[b] = NONE;
+    for (uint32_t st = 0; st < s->nsteps && !lg->env; st++) {
+        const SStep *sp = &s->steps[st];
+        if (sp->kind != SSTEP_VIEW) continue;
+        const LBuf *vb = &lg->bufs[sp->index], *base = &lg->bufs[vb->index];
+        if (base->kind != LBUF_NODE || (ext_seen[vb->index] & SEEN_DIRECT) || s->buf_output[vb->index] ||
+            form_of[vb->index] != NONE || vb->offset != 0 || !dense_layout(vb) || !dense_layout(base) ||
+            numel_of_buf(vb) != numel_of_buf(base))
+            continue;
+        form_of[vb->index] = sp->index;
+    }
     int ndonated = 0;
     for (uint32_t st = 0; st < s->nsteps; st++) {
         const SStep *sp = &s->steps[st];
+        if (sp->kind == SSTEP_VIEW) continue;
         if (sp->kind != SSTEP_KERNEL) {
             const LVal *v = &lg->vals[sp->index];
             if (v->kind == LV_EXTERN && v->has_load) {
@@ -804,7 +985,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         const SKernel *k = &s->kernels[sp->index];
         uint32_t ob = k->args[k->nin];
         donor_of[sp->index] = -1;
-        {
+        if (form_of[ob] == NONE) {
             for (uint32_t q = 0; q < npool; q++) {
                 uint32_t b = pool[q];
                 if (consumed[b] || !same_layout(&lg->bufs[b], &lg->bufs[ob])) continue;
@@ -852,10 +1033,77 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     }
     for (uint32_t b = 0; b < nb; b++)
         if (lg->bufs[b].kind == LBUF_INPUT) p.buf_new[b] = p.ir_new[g->inputs[lg->bufs[b].index]];
+    /* the index table arange() loads (LBUF_INDEX): 0, 1, ... on the graph's device, made once */
+    for (uint32_t b = 0; b < nb && !index_table; b++) {
+        if (lg->bufs[b].kind != LBUF_INDEX) continue;
+        PyObject *torch = PyImport_ImportModule("torch");
+        PyObject *ar = torch ? PyObject_GetAttrString(torch, "arange") : NULL;
+        PyObject *kw = ar ? Py_BuildValue("{s:O,s:O}", "dtype", em_lower_dtype_obj(LDT_I64), "device",
+                                          cuda ? device : Py_None) : NULL;
+        PyObject *n = kw ? PyLong_FromLongLong(lg->bufs[b].sizes[0]) : NULL;
+        PyObject *targs = n ? PyTuple_Pack(1, n) : NULL;
+        index_table = targs ? PyObject_Call(ar, targs, kw) : NULL;
+        Py_XDECREF(torch);
+        Py_XDECREF(ar);
+        Py_XDECREF(kw);
+        Py_XDECREF(n);
+        Py_XDECREF(targs);
+        if (!index_table || !em_arena_hold(p.ng->arena, index_table)) goto done;
+    }
+    uint32_t nviews = 0, ninput_views = 0; /* VIEW steps that call as_strided; of those, views of graph inputs */
+    if (!parameter_type) {
+        PyObject *nn = PyImport_ImportModule("torch.nn");
+        parameter_type = nn ? PyObject_GetAttrString(nn, "Parameter") : NULL;
+        Py_XDECREF(nn);
+        if (!parameter_type) goto done;
+    }
+    ext_list = PyList_New(0); /* cache_info's extern_list: the torch calls, in program order */
+    if (!ext_list) goto done;
     for (uint32_t st = 0; st < s->nsteps; st++) {
         const SStep *sp = &s->steps[st];
+        if (sp->kind == SSTEP_VIEW) {
+            const LBuf *vb = &lg->bufs[sp->index];
+            if (form_of[vb->index] == sp->index) { /* the kernel's output is this view */
+                p.buf_new[sp->index] = p.buf_new[vb->index];
+                continue;
+            }
+            const LBuf *base = &lg->bufs[vb->index];
+            View *vo = PyObject_New(View, View_Type);
+            if (!vo) goto done;
+            vo->vectorcall = view_vectorcall;
+            vo->offset = vb->offset;
+            vo->size = int_tuple(vb->ndim, vb->sizes);
+            vo->stride = int_tuple(vb->ndim, vb->strides);
+            vo->base_size = base->kind == LBUF_EXTERN ? int_tuple(base->ndim, base->sizes) : NULL;
+            vo->base_stride = base->kind == LBUF_EXTERN ? int_tuple(base->ndim, base->strides) : NULL;
+            vo->name = PyUnicode_FromString(g->nodes[vb->ir].name);
+            vo->input_base = base->kind == LBUF_INPUT;
+            vo->cache_base = vo->cache_view = NULL;
+            vo->cache_ptr = NULL;
+            ninput_views += vo->input_base;
+            IRArg varg = {.kind = IRARG_NODE, .u.ref = p.buf_new[vb->index]};
+            IRRef r = 0;
+            if (vo->size && vo->stride && vo->name && (base->kind != LBUF_EXTERN || (vo->base_size && vo->base_stride))) {
+                r = varg.u.ref ? em_ir_call(p.ng, IR_CALL_FUNCTION, (PyObject *)vo, &varg, 1, NULL, NULL, 0, NULL) : 0;
+                if (!r && !PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: view of a buffer without a value");
+            }
+            if (r && PyList_Append(ext_list, vo->name) < 0) r = 0;
+            Py_DECREF(vo);
+            if (!r) goto done;
+            p.buf_new[sp->index] = r;
+            nviews++;
+            continue;
+        }
         if (sp->kind == SSTEP_EXTERN) {
             const IRNode *n = &g->nodes[sp->index];
+            if (!(lg->env && n->meta.sym)) { /* a size of a symbolic graph: read by the kernels themselves */
+                PyObject *nm = PyUnicode_FromString(n->name);
+                if (!nm || PyList_Append(ext_list, nm) < 0) {
+                    Py_XDECREF(nm);
+                    goto done;
+                }
+                Py_DECREF(nm);
+            }
             IRArg *args = n->nargs ? em_arena_alloc(na, n->nargs * sizeof(IRArg)) : NULL;
             IRArg *kw = n->nkwargs ? em_arena_alloc(na, n->nkwargs * sizeof(IRArg)) : NULL;
             if ((n->nargs && !args) || (n->nkwargs && !kw)) {
@@ -904,6 +1152,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         ko->name = PyUnicode_FromFormat("ember_k%u", sp->index);
         ko->in_size = ko->in_stride = NULL;
         const LBuf *ob = &lg->bufs[k->args[k->nin]];
+        if (form_of[k->args[k->nin]] != NONE) ob = &lg->bufs[form_of[k->args[k->nin]]]; /* same memory, a view's layout */
         ko->out_size = int_tuple(ob->ndim, ob->sizes);
         ko->out_stride = int_tuple(ob->ndim, ob->strides);
         ko->out_dtype = Py_XNewRef(em_lower_dtype_obj(ob->dtype));
@@ -963,6 +1212,10 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         for (uint32_t q = 0; q < k->nin; q++) {
             args[q].kind = IRARG_NODE;
             args[q].u.ref = p.buf_new[k->args[q]];
+            if (lg->bufs[k->args[q]].kind == LBUF_INDEX) { /* the program's index table, a constant argument */
+                args[q].kind = IRARG_CONST;
+                args[q].u.obj = index_table;
+            }
         }
         int32_t dn = donor_of[sp->index];
         if (dn >= 0) {
@@ -981,7 +1234,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             args[nargs++].u.ref = p.ir_new[g->inputs[srcs.input[q]]];
         }
         int bad = 0;
-        for (uint32_t q = 0; q < nargs; q++) bad |= args[q].u.ref == 0;
+        for (uint32_t q = 0; q < nargs; q++) bad |= args[q].kind == IRARG_NODE && args[q].u.ref == 0;
         IRRef r = bad ? 0 : em_ir_call(p.ng, IR_CALL_FUNCTION, (PyObject *)ko, args, nargs, NULL, NULL, 0, NULL);
         Py_DECREF(ko);
         if (!r) {
@@ -1045,16 +1298,11 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     Py_DECREF(v);
         SET("kernels", PyLong_FromUnsignedLong(s->nkernels));
         SET("kernel_list", Py_NewRef(kernels));
-        SET("externs", PyLong_FromUnsignedLong(lg->nextern));
-        PyObject *ext = PyList_New(0);
-        for (IRRef r = 1; ext && r < g->nnodes; r++) {
-            if (lg->vals[r].kind != LV_EXTERN && !lg->vals[r].ext_call) continue;
-            if (lg->env && g->nodes[r].meta.sym) continue; /* a size, read by the kernels themselves */
-            PyObject *nm = PyUnicode_FromString(g->nodes[r].name);
-            if (!nm || PyList_Append(ext, nm) < 0) Py_CLEAR(ext);
-            Py_XDECREF(nm);
-        }
-        SET("extern_list", ext);
+        /* torch calls per run: the extern calls and the views made for them by as_strided */
+        SET("externs", PyLong_FromUnsignedLong(lg->nextern + nviews));
+        SET("extern_list", Py_NewRef(ext_list));
+        SET("views", PyLong_FromUnsignedLong(nviews));
+        SET("input_views", PyLong_FromUnsignedLong(ninput_views)); /* made once per nn.Parameter */
         SET("lowered", PyLong_FromUnsignedLong(lg->nlowered));
         SET("reused_buffers", PyLong_FromLong(ndonated));
         SET("source", Py_NewRef(src));
@@ -1092,6 +1340,8 @@ done:
     Py_XDECREF(lib);
     Py_XDECREF(kernels);
     Py_XDECREF(device);
+    Py_XDECREF(ext_list);
+    Py_XDECREF(index_table);
     em_arena_free(na);
     em_arena_free(a);
     return result;
@@ -1113,6 +1363,13 @@ int em_runtime_ember_init(PyObject *module) {
         return -1;
     }
     Py_XSETREF(Kernel_Type, (PyTypeObject *)tp);
+    tp = PyType_FromModuleAndSpec(module, &view_spec, NULL);
+    if (!tp) return -1;
+    if (PyModule_AddObjectRef(module, "View", tp) < 0) {
+        Py_DECREF(tp);
+        return -1;
+    }
+    Py_XSETREF(View_Type, (PyTypeObject *)tp);
     if (em_runtime_cuda_init(module) < 0) return -1;
     static PyMethodDef stats_def = {"_cc_stats", em_cc_stats, METH_NOARGS,
                                     "Compiler calls and disk-cache loads of backend \"ember\" in this process."};

@@ -440,7 +440,44 @@ static int layout_is(LGraph *lg, const LBuf *b, const IRMeta *m) {
     return 1;
 }
 
-/* The tensor value of IR node r, available as a buffer (or as the extern's own slot). */
+/* Does LOAD ln see its buffer with the IR meta's sizes and (dims of size > 1) strides? */
+static int load_has_meta_layout(const LNode *ln, const IRMeta *m) {
+    if (ln->ndim != m->ndim) return 0;
+    for (int d = 0; d < ln->ndim; d++)
+        if (ln->sizes[d] != m->sizes[d] || (ln->sizes[d] > 1 && ln->strides[d] != m->strides[d])) return 0;
+    return 1;
+}
+
+/* The VIEW buffer over buffer b with the meta's sizes and strides at element offset off (one per
+ * distinct view: two extern calls reading the same view, or two equal views, share its tensor),
+ * its step scheduled after b is produced. NONE on OOM. */
+static uint32_t view_buffer(Sched *c, uint32_t b, const IRMeta *m, int64_t off, IRRef r) {
+    LGraph *lg = c->lg;
+    for (uint32_t i = 0; i < lg->nbufs; i++) {
+        const LBuf *v = &lg->bufs[i];
+        if (v->kind == LBUF_VIEW && v->index == b && v->offset == off && v->ndim == m->ndim &&
+            memcmp(v->sizes, m->sizes, m->ndim * sizeof(int64_t)) == 0 &&
+            memcmp(v->strides, m->strides, m->ndim * sizeof(int64_t)) == 0)
+            return i;
+    }
+    if (ensure_produced(c, b) < 0) return NONE;
+    LBuf vb = {.kind = LBUF_VIEW, .index = b, .dtype = lg->bufs[b].dtype, .ndim = m->ndim, .ir = r, .offset = off};
+    memcpy(vb.sizes, m->sizes, m->ndim * sizeof(int64_t));
+    memcpy(vb.strides, m->strides, m->ndim * sizeof(int64_t));
+    uint32_t id = em_lower_buffer(lg, &vb);
+    if (id == NONE || grow_bufs(c) < 0) return NONE;
+    c->s->buf_output[id] = false;
+    c->s->buf_produced[id] = true;
+    return push_step(c->s, SSTEP_VIEW, id) < 0 ? NONE : id;
+}
+
+/* The tensor value of IR node r, available as a buffer (or as the extern's own slot). A lowered
+ * value that is a LOAD with eager's layout (a view, dropout in eval, contiguous() of a contiguous
+ * value, to() its own dtype) is passed as the buffer's tensor when it is the whole buffer, else,
+ * in a static graph and for an extern call, as a VIEW buffer of it (view_buffer): the call sees
+ * eager's sizes, strides and storage offset on the base's storage, as with torch's view ops, and a
+ * result of the call that aliases its argument aliases the base as in eager. Anything else (a
+ * computed value, a LOAD whose layout is not eager's) is materialized with eager's layout. */
 static int need_tensor(Sched *c, IRRef r, int output) {
     LGraph *lg = c->lg;
     Schedule *s = c->s;
@@ -464,15 +501,30 @@ static int need_tensor(Sched *c, IRRef r, int output) {
                     em_lower_same(lg, ln->strides[d], ln->sstrides[d], b->strides[d], b->sstrides[d]);
         LBufKind bk = b->kind;
         uint32_t bi = ln->buf;
-        if (exact && (bk != LBUF_INPUT || lg->ir->nodes[r].kind == IR_PLACEHOLDER) && (!output || layout_is(lg, b, m))) {
+        /* an input is returned only as itself (an output never aliases it through a lowered value) */
+        if (exact && bk != LBUF_INDEX && (bk != LBUF_INPUT || !output || lg->ir->nodes[r].kind == IR_PLACEHOLDER) &&
+            layout_is(lg, b, m)) {
             if (ensure_produced(c, bi) < 0) return -1;
             s->ir_buf[r] = bi;
             if (output && bk == LBUF_NODE) s->buf_output[bi] = true;
             return 0;
         }
     }
+    if (!lg->env && !output && s->ir_buf[r] == NONE && ln->op == LP_LOAD && !ln->lmask &&
+        lg->bufs[ln->buf].kind != LBUF_INDEX && load_has_meta_layout(ln, m)) {
+        uint32_t vb = view_buffer(c, ln->buf, m, ln->offset, r);
+        if (vb == NONE) return -1;
+        s->ir_buf[r] = vb;
+        return 0;
+    }
     if (s->ir_buf[r] != NONE && (!output || layout_is(lg, &lg->bufs[s->ir_buf[r]], m))) {
         if (output && lg->bufs[s->ir_buf[r]].kind == LBUF_NODE) s->buf_output[s->ir_buf[r]] = true;
+        return 0;
+    }
+    /* already materialized with eager's layout (for a view of it that an extern call read) */
+    if (c->mat[x] != NONE && lg->bufs[c->mat[x]].kind == LBUF_NODE && layout_is(lg, &lg->bufs[c->mat[x]], m)) {
+        s->ir_buf[r] = c->mat[x];
+        if (output) s->buf_output[c->mat[x]] = true;
         return 0;
     }
     /* a buffer with eager's layout (the IR meta) */

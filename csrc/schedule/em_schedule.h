@@ -60,10 +60,12 @@ static inline bool em_schedule_store_per_element(const SKernel *k, uint32_t q) {
     return false;
 }
 
-typedef enum { SSTEP_KERNEL, SSTEP_EXTERN } SStepKind;
+/* SSTEP_VIEW: the tensor of an LBUF_VIEW buffer (index), made from its base's tensor for the
+ * extern calls that read it; placed after the step producing the base, before its first reader. */
+typedef enum { SSTEP_KERNEL, SSTEP_EXTERN, SSTEP_VIEW } SStepKind;
 typedef struct SStep {
     SStepKind kind;
-    uint32_t index;        /* kernel number, or the extern's IR ref */
+    uint32_t index;        /* kernel number, the extern's IR ref, or the VIEW buffer */
 } SStep;
 
 typedef struct Schedule {

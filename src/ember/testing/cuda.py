@@ -208,6 +208,8 @@ def emulate(fn, *inputs, grid_cap: int = 3):
     for i, b in enumerate(info["buffers"]):
         if b["kind"] == "input":
             bufs[i] = inputs[b["index"]]
+        elif b["kind"] == "index":  # the index table arange() loads (the runtime makes it once)
+            bufs[i] = torch.arange(b["sizes"][0], dtype=torch.int64)
     for i, (kd, ln) in enumerate(zip(info["kernel_list"], info["launch"])):
         ptrs = []
         for b in kd["args"]:
