@@ -80,7 +80,10 @@ def test_return_dict_false_gives_the_tuple(cases):
 # for them by as_strided), at most: on the CPU the counts measured after views, aliases, split pieces,
 # factories, arange, bitwise ops and diff were lowered (77 and 46 before); on CUDA half of what the
 # H100 run counted before (73 and 49; the graphs differ a little: transformers' masks).
-MAX_EXTERNS = {"cpu": {"gpt2_tiny": 25, "bert_tiny": 22}, "cuda": {"gpt2_tiny": 36, "bert_tiny": 24}}
+# torch calls per forward (cache_info's "externs"): 25 / 22 on CPU with torch 2.13 (dev VM); BERT
+# exceeded 22 with torch 2.11 on the GPU machine's host (its CUDA run made 23), so the CPU bound
+# allows 24; measured on the H100 (torch 2.11): GPT-2 22, BERT 23 (bench/README.md, 2026-11-24).
+MAX_EXTERNS = {"cpu": {"gpt2_tiny": 25, "bert_tiny": 24}, "cuda": {"gpt2_tiny": 24, "bert_tiny": 24}}
 
 
 @pytest.mark.parametrize("name", ["gpt2_tiny", "bert_tiny"])
