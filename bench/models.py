@@ -27,7 +27,7 @@ compile one trivial function so that importing their machinery is not billed to 
 Every compiled output is checked against eager (assert_close, float32 tolerances scaled for deep
 models). Timings are never asserted by tests.
 
-usage: python bench/models.py [--device cpu|cuda] [--quick] [--rounds N] [--only NAME] [--no-inductor] [--threads N] [--json PATH]
+usage: python bench/models.py [--device cpu|cuda] [--quick] [--rounds N] [--only NAME[,NAME...]] [--no-inductor] [--threads N] [--json PATH]
 --quick: 3 timed rounds and the seeds, the transformer (fast path off) and ResNet-18 only.
 """
 import argparse
@@ -264,7 +264,7 @@ def main(argv=None):
 
     results = {}
     for name, fn, args, ctx, tol in progs:
-        if a.only and a.only not in name:
+        if a.only and not any(o in name for o in a.only.split(",")):
             continue
         with ctx(), torch.no_grad():
             ref = fn(*args)

@@ -60,6 +60,7 @@ typedef struct {
     uint8_t cur_role;
     bool cur_pinned;
     bool ember_halves; /* compile both halves with backend "ember" (em_ember_compile) */
+    bool inference;    /* decompose_attention of an inference graph: every node, grad or not */
 } AG;
 
 /* ---------------------------------------------------------------- small helpers */
@@ -2268,7 +2269,8 @@ static IRRef dz(AG *d, IRRef r) {
     bool any = false;
     for (uint32_t i = 0; i < n->nargs + n->nkwargs && !any; i++)
         any = arg_requires_grad(d->j, i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs]);
-    if (n->meta.kind == IRMETA_TENSOR) n->meta.requires_grad = any && dtype_differentiable(n->meta.dtype);
+    if (n->meta.kind == IRMETA_TENSOR) /* an inference graph's values need no gradient (no_grad, or no input that does) */
+        n->meta.requires_grad = !d->inference && any && dtype_differentiable(n->meta.dtype);
     return r;
 }
 
@@ -2462,7 +2464,8 @@ static IRRef dz_mha(AG *d, const Bind *b) {
 /* Which attention node to decompose: 1 MHA, 2 sdpa on the math kernel, 0 none. */
 static int dz_target(AG *d, IRRef r, Bind *b) {
     const IRNode *n = em_ir_node(d->g, r);
-    if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !meta_needs_grad(&n->meta)) return 0;
+    if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || (!d->inference && !meta_needs_grad(&n->meta)))
+        return 0;
     PyObject *qn = node_opname(n);
     const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
     int what = 0;
@@ -2480,8 +2483,8 @@ static int dz_target(AG *d, IRRef r, Bind *b) {
 /* The graph with its attention decomposed; NULL when there is nothing to decompose or a
  * decomposition failed (no exception: the region then keeps the ops as they are). names receives
  * the decomposed nodes' names. */
-static IRGraph *decompose_attention(const IRGraph *g, PyObject *names) {
-    AG d = {0};
+IRGraph *em_autograd_decompose_attention(const IRGraph *g, bool inference, PyObject *names) {
+    AG d = {.inference = inference};
     IRGraph *out = NULL;
     uint32_t G = g->nnodes;
     uint8_t *what = calloc(G, 1), *bad = calloc(G, 1);
@@ -2698,7 +2701,7 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     if (check_mutations(&ag) < 0) goto fallback;
     {
         PyObject *names = PyList_New(0);
-        IRGraph *g2 = names ? decompose_attention(g, names) : NULL;
+        IRGraph *g2 = names ? em_autograd_decompose_attention(g, false, names) : NULL;
         if (!names) goto error;
         if (g2) {
             result = em_autograd_compile(g2, ember_halves, is_eager_graph, info);

@@ -17,6 +17,16 @@
  * region keeps torch's eager autograd. NULL with an exception on failure. */
 PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info);
 
+/* g with its attention decomposed into the ops eager runs (the same graph inputs and outputs):
+ * F.multi_head_attention_forward's self-attention form into linear / views / scaled_dot_product_attention
+ * (torch/nn/functional.py), and scaled_dot_product_attention, where eager runs its math kernel for
+ * these inputs, into matmul / _safe_softmax / matmul (attention.cpp). The training path decomposes
+ * before building the joint graph; backend "ember" also decomposes inference graphs, so that the
+ * projections' bias, the scaling and the softmax fuse into generated kernels (inference: every
+ * attention node, not only those that need a gradient). names (a list)
+ * receives the decomposed nodes' names. NULL when nothing was decomposed (no exception). */
+IRGraph *em_autograd_decompose_attention(const IRGraph *g, bool inference, PyObject *names);
+
 /* True when some node of g produces a value that requires grad (the graph needs a backward). */
 bool em_autograd_needed(const IRGraph *g);
 

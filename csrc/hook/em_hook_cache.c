@@ -354,7 +354,16 @@ static PyObject *backend_compile_timed(const EmCompileConfig *cfg, const EmTrace
     }
     if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0) {
         *is_eager_graph = 1; /* the "ember" backend's program is an EagerGraph of kernels and extern calls */
-        return em_ember_compile(res->graph, backend_info);
+        /* attention decomposed as for training (em_autograd.h), when sizes are concrete (the
+         * decompositions read them) */
+        PyObject *names = res->symbolic ? NULL : PyList_New(0);
+        IRGraph *g2 = names ? em_autograd_decompose_attention(res->graph, true, names) : NULL;
+        PyObject *r = em_ember_compile(g2 ? g2 : res->graph, backend_info);
+        if (r && g2 && *backend_info && PyDict_Check(*backend_info) &&
+            PyDict_SetItemString(*backend_info, "decomposed", names) < 0)
+            Py_CLEAR(r);
+        Py_XDECREF(names);
+        return r;
     }
     if (!em_lazy_attr(&compile_graph_fn, "ember._backends", "compile_graph")) return NULL;
     PyObject *export = NULL, *examples = NULL, *r = NULL;

@@ -191,6 +191,8 @@ typedef struct {
     uint32_t *node_buf;    /* lnode -> NODE buffer requested for views (UINT32_MAX none) */
     uint32_t cap_node_buf;
     bool inplace_ok;       /* the node is an in-place op lowered as its functional form */
+    bool view_no_copy;     /* view_of on a pushed-down leaf: a view that needs a copy fails instead */
+    const uint8_t *ext;    /* IR ref -> 1: runs as an extern call */
 } Ctx;
 
 #define NODE(c, id) (&(c)->lg->nodes[id])
@@ -632,6 +634,8 @@ static const LowerRule LOWER_RULES[] = {
     {"softmax", R_SOFTMAX, 0, "input,dim,dtype"}, {"F.softmax", R_SOFTMAX, 0, "input,dim,_stacklevel,dtype"},
     {"special.softmax", R_SOFTMAX, 0, "input,dim,dtype"},
     {"log_softmax", R_SOFTMAX, 1, "input,dim,dtype"}, {"F.log_softmax", R_SOFTMAX, 1, "input,dim,_stacklevel,dtype"},
+    /* the math attention kernel's softmax (decomposed attention, csrc/autograd): rows of -inf give 0 */
+    {"ops.aten._safe_softmax", R_SOFTMAX, 2, "input,dim,dtype"},
     {"logsumexp", R_LOGSUMEXP, 0, "input,dim,keepdim"},
     /* normalizations (inference) as decompositions */
     {"F.layer_norm", R_LAYER_NORM, 0, "input,normalized_shape,weight,bias,eps"},
@@ -670,7 +674,7 @@ static const LowerRule LOWER_RULES[] = {
     {"swapaxes", R_TRANSPOSE, 0, "input,axis0,axis1"}, {"t", R_T, 0, "input"},
     {"expand", R_EXPAND, 0, ""}, {"expand_as", R_EXPAND, 0, ""}, {"broadcast_to", R_EXPAND, 0, ""},
     {"narrow", R_NARROW, 0, "input,dim,start,length"}, {"select", R_SELECT, 0, "input,dim,index"},
-    {"op.getitem", R_GETITEM, 0, "input,index"}, {"contiguous", R_IDENTITY, 0, "input"},
+    {"op.getitem", R_GETITEM, 0, "input,index"}, {"contiguous", R_IDENTITY, 1, "input"},
     /* a tuple of views, each lowered where a getitem takes it (split_piece) */
     {"split", R_SPLIT, 0, "input,split_size_or_sections,dim"}, {"chunk", R_SPLIT, 1, "input,chunks,dim"},
     {"unbind", R_SPLIT, 2, "input,dim"},
@@ -939,16 +943,210 @@ static uint32_t split_piece(Ctx *c, IRRef sp, const IRArg *index) {
     return reload_s(c, l, nd, sz, st, start * src.strides[d], NULL, NULL, SYM_NONE);
 }
 
+static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint32_t base);
+
+/* Does some node read IR node r through a view (view, reshape, getitem, transpose ...)? */
+static int read_by_view(const IRGraph *g, IRRef r) {
+    for (IRRef u = r + 1; u < g->nnodes; u++) {
+        const IRNode *un = &g->nodes[u];
+        if (un->kind != IR_CALL_FUNCTION && un->kind != IR_CALL_METHOD) continue;
+        const LowerRule *ur = find_rule(un, 0);
+        if (!ur || !is_view_rule(ur) || ur->kind == R_IDENTITY || ur->kind == R_DROPOUT) continue;
+        if (un->nargs >= 1 && un->args[0].kind == IRARG_NODE && un->args[0].u.ref == r) return 1;
+    }
+    return 0;
+}
+
+static int arg_reads(const IRArg *a, IRRef r) {
+    if (a->kind == IRARG_NODE) return a->u.ref == r;
+    int k = 0;
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++) k += arg_reads(&a->u.items[i], r);
+    return k;
+}
+
+/* How many times the nodes after r (the output included) read IR node r. */
+static int ir_reads(const IRGraph *g, IRRef r) {
+    int k = 0;
+    for (IRRef u = r + 1; u < g->nnodes; u++) {
+        const IRNode *un = &g->nodes[u];
+        for (uint32_t i = 0; i < un->nargs; i++) k += arg_reads(&un->args[i], r);
+        for (uint32_t i = 0; i < un->nkwargs; i++) k += arg_reads(&un->kwargs[i], r);
+    }
+    return k;
+}
+
+/* Does every reader of IR node r (through views) take only its values, not its layout? Lowered
+ * ops and the extern calls below do; the output, as_strided, and any other extern (whose result's
+ * strides may follow its input's, as TensorIterator's do) may not. A pushed-down view materializes
+ * its value contiguous in the view's shape, where eager's tensor has the base's layout. */
+static int layout_free(Ctx *c, IRRef r, int depth) {
+    static const char *const value_externs[] = {"mm", "bmm", "matmul", "op.matmul", "addmm", "baddbmm", "F.linear",
+                                                 "F.scaled_dot_product_attention", NULL};
+    const IRGraph *g = c->lg->ir;
+    if (depth > 16) return 0;
+    for (IRRef u = r + 1; u < g->nnodes; u++) {
+        const IRNode *un = &g->nodes[u];
+        int reads = 0;
+        for (uint32_t i = 0; i < un->nargs; i++) reads += arg_reads(&un->args[i], r);
+        for (uint32_t i = 0; i < un->nkwargs; i++) reads += arg_reads(&un->kwargs[i], r);
+        if (!reads) continue;
+        if (un->kind != IR_CALL_FUNCTION && un->kind != IR_CALL_METHOD) return 0;
+        const LowerRule *ur = find_rule(un, 0);
+        if (ur && is_view_rule(ur)) {
+            if (!layout_free(c, u, depth + 1)) return 0;
+            continue;
+        }
+        if (!c->ext[u]) continue;
+        char key[128];
+        int ok = 0;
+        if (target_key(un, key, sizeof key) == 0)
+            for (int i = 0; value_externs[i] && !ok; i++) ok = strcmp(key, value_externs[i]) == 0;
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+/* A view of a computed value without materializing it: x is a pointwise DAG (every node x's
+ * shape, no reduction) over LOADs and scalar constants; each LOAD, broadcast to x's shape, is seen
+ * through the view (view_of) and the DAG is rebuilt on top with the view's shape. Index arithmetic
+ * commutes with pointwise ops, so the value is the same; the bias add of a linear followed by
+ * view/transpose (attention heads) then fuses into the kernel that reads the heads, instead of a
+ * kernel that materializes the linear's result and a copy that permutes it. Static graphs; small
+ * DAGs whose IR value has no other reader (else the value would be computed twice, once
+ * materialized for the other readers). 0 when it does not apply. */
+#define PUSHDOWN_MAX 24
+static uint32_t view_pushdown(Ctx *c, const LowerRule *rule, const IRArg **slot, uint32_t x) {
+    uint32_t order[PUSHDOWN_MAX], map[PUSHDOWN_MAX], stack[PUSHDOWN_MAX];
+    int n = 0, sp = 0;
+    const LNode root = *NODE(c, x);
+    /* collect the DAG's inner nodes (post-order below) and check its form */
+    stack[sp++] = x;
+    while (sp) {
+        uint32_t id = stack[--sp];
+        const LNode *nd = NODE(c, id);
+        bool seen = false;
+        for (int i = 0; i < n && !seen; i++) seen = order[i] == id;
+        if (seen || nd->op == LP_CONST || nd->op == LP_LOAD) {
+            if (nd->op == LP_CONST && nd->ndim != 0) return 0;
+            if (nd->op == LP_LOAD && nd->lmask) return 0;
+            continue;
+        }
+        if (em_lprim_is_reduce(nd->op) || nd->ndim != root.ndim ||
+            memcmp(nd->sizes, root.sizes, root.ndim * sizeof(int64_t)) != 0 || n == PUSHDOWN_MAX)
+            return 0;
+        order[n++] = id;
+        for (int i = 0; i < em_lprim_arity(nd->op); i++) {
+            if (sp == PUSHDOWN_MAX) return 0;
+            stack[sp++] = nd->in[i];
+        }
+    }
+    /* rebuild: inputs before users (node ids grow from inputs to users) */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && order[j - 1] > order[j]; j--) {
+            uint32_t t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    uint32_t leaf_old[PUSHDOWN_MAX * 3], leaf_new[PUSHDOWN_MAX * 3];
+    int nleaf = 0;
+    int32_t vnd = -1;
+    int64_t vsizes[EM_LMAXDIM];
+    for (int i = 0; i < n; i++) {
+        LNode nn = *NODE(c, order[i]);
+        for (int k = 0; k < em_lprim_arity(nn.op); k++) {
+            uint32_t in = nn.in[k], got = 0;
+            const LNode *ln = NODE(c, in);
+            for (int j = 0; j < i && !got; j++)
+                if (order[j] == in) got = map[j];
+            for (int j = 0; j < nleaf && !got; j++)
+                if (leaf_old[j] == in) got = leaf_new[j];
+            if (!got && ln->op == LP_CONST) got = in;
+            if (!got) { /* a LOAD: broadcast to the DAG's shape, then the view */
+                LNode l = *ln;
+                int64_t st[EM_LMAXDIM];
+                for (int d = 0; d < root.ndim; d++) {
+                    int sd = d - (root.ndim - l.ndim);
+                    if (sd < 0 || (l.sizes[sd] == 1 && root.sizes[d] != 1)) st[d] = 0;
+                    else if (l.sizes[sd] == root.sizes[d]) st[d] = l.strides[sd];
+                    else return 0;
+                }
+                uint32_t e = reload_s(c, in, root.ndim, root.sizes, st, 0, NULL, NULL, SYM_NONE);
+                c->view_no_copy = true;
+                got = e ? view_of(c, rule, slot, e) : 0;
+                c->view_no_copy = false;
+                if (!got || NODE(c, got)->op != LP_LOAD || nleaf == PUSHDOWN_MAX * 3) return 0;
+                const LNode *g = NODE(c, got);
+                if (vnd < 0) {
+                    vnd = g->ndim;
+                    memcpy(vsizes, g->sizes, vnd * sizeof(int64_t));
+                } else if (g->ndim != vnd || memcmp(g->sizes, vsizes, vnd * sizeof(int64_t)) != 0) {
+                    return 0;
+                }
+                leaf_old[nleaf] = in;
+                leaf_new[nleaf++] = got;
+            }
+            nn.in[k] = got;
+        }
+        if (vnd < 0) return 0; /* constants only: nothing to view */
+        uint32_t id = new_node(c->lg, nn.op, nn.dtype, nn.cdtype, vnd, vsizes, NULL);
+        if (!id) return 0;
+        LNode *dst = NODE(c, id);
+        memcpy(dst->in, nn.in, sizeof nn.in);
+        dst->fval = nn.fval;
+        dst->ival = nn.ival;
+        dst->ir = nn.ir;
+        map[i] = id;
+    }
+    return n ? map[n - 1] : 0;
+}
+
 static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
     const IRNode *n = c->n;
-    const IRMeta *m = &n->meta;
     LGraph *lg = c->lg;
-    ShapeEnv *env = lg->env;
     Opnd x;
     if (rule->kind == R_GETITEM && n->nargs >= 1 && n->args[0].kind == IRARG_NODE && lg->vals[n->args[0].u.ref].split)
         return split_piece(c, n->args[0].u.ref, slot[1]);
     if (n->nargs < 1 || opnd(c, &n->args[0], &x) < 0 || x.kind != 1) return 0;
-    uint32_t base = x.node;
+    const LNode *xn = NODE(c, x.node);
+    if (rule->kind == R_IDENTITY && rule->prim == 1 && !lg->env && read_by_view(lg->ir, c->ir)) {
+        /* contiguous() read through a view (attention's heads: a permuted projection, then
+         * view(L, B * H, hd)): materialized here, as eager does, so that the views after it are
+         * index arithmetic on a contiguous buffer, not one copy each */
+        if (xn->op != LP_LOAD) return as_load(c, x.node);
+        bool contiguous = !xn->lmask;
+        int64_t want = 1;
+        for (int d = xn->ndim - 1; d >= 0 && contiguous; d--) {
+            if (xn->sizes[d] != 1 && xn->strides[d] != want) contiguous = false;
+            want *= xn->sizes[d];
+        }
+        if (!contiguous) {
+            LNode src = *xn;
+            uint32_t cp = new_node(lg, LP_CAST, src.dtype, src.dtype, src.ndim, src.sizes, src.ssizes);
+            if (!cp) return 0;
+            NODE(c, cp)->in[0] = x.node;
+            NODE(c, cp)->ir = c->ir;
+            return as_load(c, cp); /* a CAST to the same dtype is a copy; as_load materializes it */
+        }
+    }
+    if (!lg->env && xn->op != LP_LOAD && xn->op != LP_CONST && rule->kind != R_IDENTITY && rule->kind != R_DROPOUT &&
+        n->args[0].kind == IRARG_NODE && ir_reads(lg->ir, n->args[0].u.ref) == 1 && layout_free(c, c->ir, 0)) {
+        uint32_t before = lg->nnodes, bbefore = lg->nbufs;
+        uint32_t v = view_pushdown(c, rule, slot, x.node);
+        if (v) return v;
+        if (PyErr_Occurred()) return 0;
+        lg->nnodes = before; /* nothing of a failed attempt stays */
+        lg->nbufs = bbefore;
+    }
+    return view_of(c, rule, slot, x.node);
+}
+
+/* The view (rule, slot: the IR node c->n) of lowered node base. */
+static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint32_t base) {
+    const IRNode *n = c->n;
+    const IRMeta *m = &n->meta;
+    LGraph *lg = c->lg;
+    ShapeEnv *env = lg->env;
     LNode src = *NODE(c, base);
     int64_t st[EM_LMAXDIM] = {0};
     SymRef mss[EM_LMAXDIM] = {0}, sst[EM_LMAXDIM] = {0};
@@ -966,7 +1164,7 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
         if (compute_stride(src.ndim, src.sizes, src.strides, m->ndim, m->sizes, st) == 0 &&
             (!env || compute_sstride(lg, src.ndim, src.ssizes, src.sstrides, m->ndim, mss, sst) == 0))
             return reload_s(c, l, m->ndim, m->sizes, st, 0, mss, sst, sk(lg, 0));
-        if (rule->prim != 1) return 0; /* view() of an incompatible layout: torch raised already */
+        if (rule->prim != 1 || c->view_no_copy) return 0; /* view() of an incompatible layout: torch raised already */
         /* reshape that copies: materialize the value contiguous, then view it */
         uint32_t cp = new_node(c->lg, LP_CAST, src.dtype, src.dtype, src.ndim, src.sizes, src.ssizes);
         if (!cp) return 0;
@@ -1920,6 +2118,11 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         uint32_t s = mk_reduce(c, LP_RSUM, F, e, mask);
         uint32_t r = rule->prim == 1 ? mk_op(c, LP_SUB, F, F, sh, mk_op(c, LP_LOG, F, F, s, 0, 0), 0)
                                      : mk_op(c, LP_MUL, F, F, e, mk_op(c, LP_RECIP, F, F, s, 0, 0), 0);
+        if (rule->prim == 2) { /* aten/src/ATen/native/SoftMax.cpp _safe_softmax: where(all(x == -inf), 0, softmax) */
+            uint32_t ninf = mk_op(c, LP_EQ, LDT_BOOL, F, x, cnum(c, -INFINITY, F), 0);
+            uint32_t dead = mk_reduce(c, LP_RALL, LDT_BOOL, ninf, mask);
+            r = mk_op(c, LP_WHERE, F, F, dead, cnum(c, 0, F), r);
+        }
         return mk_cast(c, r, R);
     }
     case R_LOGSUMEXP: {
@@ -2374,15 +2577,38 @@ static int functionalize(const IRGraph *g, uint8_t *functional) {
     return 0;
 }
 
+/* Is IR node r read (through views) only by extern calls and the output? */
+static int only_externs_read(Ctx *c, IRRef r, int depth) {
+    const IRGraph *g = c->lg->ir;
+    if (depth > 16) return 0;
+    for (IRRef u = r + 1; u < g->nnodes; u++) {
+        const IRNode *un = &g->nodes[u];
+        int reads = 0;
+        for (uint32_t i = 0; i < un->nargs; i++) reads += arg_reads(&un->args[i], r);
+        for (uint32_t i = 0; i < un->nkwargs; i++) reads += arg_reads(&un->kwargs[i], r);
+        if (!reads || un->kind == IR_OUTPUT) continue;
+        const LowerRule *ur = find_rule(un, 0);
+        if (ur && ur->kind == R_IDENTITY && ur->prim == 1 && read_by_view(g, u)) return 0; /* a copy (lower_view) */
+        if (ur && is_view_rule(ur) && !c->ext[u]) {
+            if (!only_externs_read(c, u, depth + 1)) return 0;
+        } else if (!c->ext[u]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* F.linear(x, w, b) with a tensor bias: the extern call runs as F.linear(x, w) (a matmul into a
  * fresh tensor) and the bias add is a lowered node, fused into the kernel that reads the result
  * (the activation or residual epilogue), instead of addmm's pass copying the bias into its output.
+ * Not when only extern calls read the result (attention's value projection): the bias add would
+ * be a kernel of its own, where F.linear adds it in the matmul (cuBLAS's epilogue, or one pass).
  * 1 when done, 0 when it does not apply, -1 on OOM. */
 static int linear_bias_epilogue(Ctx *c, IRRef r) {
     LGraph *lg = c->lg;
     const IRNode *n = &lg->ir->nodes[r];
     char key[128];
-    if (target_key(n, key, sizeof key) < 0 || strcmp(key, "F.linear") != 0) return 0;
+    if (target_key(n, key, sizeof key) < 0 || strcmp(key, "F.linear") != 0 || only_externs_read(c, r, 0)) return 0;
     const IRArg *slot[MAXP];
     if (bind(n, "input,weight,bias", slot) < 0 || !slot[2] || slot[2]->kind != IRARG_NODE) return 0;
     int32_t none_arg = -1;
@@ -2545,7 +2771,7 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             if (alias) mark_users(&n->kwargs[i], returned);
         }
     }
-    Ctx c = {.lg = lg};
+    Ctx c = {.lg = lg, .ext = ext};
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = &g->nodes[r];
         LVal *v = &lg->vals[r];

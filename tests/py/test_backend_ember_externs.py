@@ -65,18 +65,42 @@ def test_view_chain_of_an_extern_result_is_one_as_strided():
 
 
 def test_views_of_a_kernel_output_are_the_kernel_output():
-    """A kernel whose output only views read is allocated in a view's layout: the heads of a linear's
-    bias epilogue and a layer_norm flattened for a matmul cost no torch call."""
+    """A kernel whose output only views read is allocated in a view's layout: the heads of a scaled
+    linear and a layer_norm flattened for a matmul cost no torch call. A bias add that only an
+    extern call reads stays in F.linear (no kernel; the heads are one as_strided)."""
     x, w, b, k = torch.randn(2, 16, 8), torch.randn(64, 8), torch.randn(64), torch.randn(2, 2, 16, 32)
     info = check(lambda x, w, b, k: F.scaled_dot_product_attention(F.linear(x, w, b).view(2, 16, 2, 32).transpose(1, 2), k, k),
                  x, w, b, k)
+    assert info["extern_list"] == ["linear", "transpose", "scaled_dot_product_attention"] and info["kernels"] == 0
+    info = check(lambda x, w, b, k: F.scaled_dot_product_attention((F.linear(x, w, b) * 2).view(2, 16, 2, 32).transpose(1, 2),
+                                                                   k, k), x, w, b, k)
     assert info["extern_list"] == ["linear", "scaled_dot_product_attention"] and info["views"] == 0
+    assert info["kernels"] == 1
     w2 = torch.randn(8, 24)
     info = check(lambda x, w: torch.addmm(torch.zeros(24), F.layer_norm(x, (8,)).view(-1, 8), w), x, w2)
     assert info["extern_list"] == ["addmm"]
-    # two views of one kernel output: one is the output, the other one as_strided
+    # two views of a pointwise value read only by them: each view is pushed down to the loads, so
+    # each matmul input is a kernel's output in that view's shape (no as_strided)
     info = check(lambda x, w: (torch.mm((x * 2).view(-1, 8), w), torch.mm((x * 2).view(-1, 8)[1:], w)), x, w2)
-    assert info["extern_list"] == ["mm", "getitem", "mm_1"]
+    assert info["extern_list"] == ["mm", "mm_1"] and info["views"] == 0 and info["kernels"] == 2
+    # one value read by two views: one kernel, its output seen by the second view through as_strided
+    info = check(lambda x, w: (lambda y: (torch.mm(y.view(-1, 8), w), torch.mm(y.view(-1, 8)[1:], w)))(x * 2), x, w2)
+    assert info["extern_list"] == ["mm", "getitem", "mm_1"] and info["kernels"] == 1
+
+
+def test_views_pushed_down_through_pointwise_values():
+    """A view of a pointwise value read only through views is applied to the value's loads (the heads
+    of a linear's bias epilogue: one kernel reads the matmul's result permuted); a reader that sees the
+    layout (as_strided, the graph's output) keeps the value materialized in eager's layout."""
+    x, w, b = torch.randn(2, 16, 8), torch.randn(64, 8), torch.randn(64)
+    f = lambda x, w, b: (F.linear(x, w, b).view(2, 16, 2, 32).transpose(1, 2) * 0.5).sum(-1)  # noqa: E731
+    info = check(f, x, w, b)
+    assert info["extern_list"] == ["linear"] and info["kernels"] == 1
+    f = lambda x, w, b: torch.as_strided((F.linear(x, w, b) + 1)[:, 1:], (5,), (3,))  # noqa: E731
+    check(f, x, w, b)
+    f = lambda x, w, b: (F.linear(x, w, b) + 1).view(2, 16, 2, 32).transpose(1, 2)  # noqa: E731
+    ref, out = f(x, w, b), ember.compile(f)(x, w, b)
+    assert out.stride() == ref.stride()
 
 
 def test_views_keep_eager_layout_and_storage_offset():
@@ -225,3 +249,37 @@ def test_diff():
     assert info["externs"] == 0
     info = check(lambda y: torch.diff(y, n=2), y)  # n > 1: torch's
     assert info["extern_list"] == ["diff"]
+
+
+def test_attention_decomposed_in_inference():
+    """F.multi_head_attention_forward (nn.TransformerEncoderLayer with the fast path off) is decomposed
+    as for training (csrc/autograd): the in-projection's bias and the heads' permute are one kernel
+    (contiguous() materializes, the q/k/v views are free), the out-projection's bias joins the
+    residual + layer_norm kernel; values as eager's."""
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True).eval()
+    x = torch.randn(2, 10, 32)
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        f = ember.compile(layer)
+        with torch.no_grad():
+            ref = layer(x)
+            torch.testing.assert_close(f(x), ref, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(f(x), ref, rtol=1e-5, atol=1e-5)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    info = ember.cache_info(f)[0]["ember"]
+    assert info["decomposed"] == ["multi_head_attention_forward"]
+    # in-projection bias + heads, the attention output's permute, out-projection bias + residual +
+    # norm1, feed-forward bias + relu, bias + residual + norm2
+    assert info["kernels"] == 5, info["kernel_list"]
+    assert [e for e in info["extern_list"] if not e.startswith(("view", "transpose"))] == [
+        "linear", "scaled_dot_product_attention", "linear_1", "linear_2", "linear_3"], info["extern_list"]
+
+
+def test_safe_softmax_is_lowered():
+    """aten._safe_softmax (the math attention kernel's softmax): rows of -inf give 0, as eager."""
+    x = torch.randn(4, 8)
+    x[1] = -float("inf")
+    x[2, :3] = -float("inf")
+    info = check(lambda x: torch.ops.aten._safe_softmax(x * 2, -1), x)
+    assert info["extern_list"] == [] and info["kernels"] == 1

@@ -76,14 +76,12 @@ def test_return_dict_false_gives_the_tuple(cases):
             assert_same(compiled(*args, return_dict=False), model(*args, return_dict=False), _exact(model))
 
 
-# Torch calls per run under backend "ember" (cache_info()["externs"]: extern calls and the views made
-# for them by as_strided), at most: on the CPU the counts measured after views, aliases, split pieces,
-# factories, arange, bitwise ops and diff were lowered (77 and 46 before); on CUDA half of what the
-# H100 run counted before (73 and 49; the graphs differ a little: transformers' masks).
-# torch calls per forward (cache_info's "externs"): 25 / 22 on CPU with torch 2.13 (dev VM); BERT
-# exceeded 22 with torch 2.11 on the GPU machine's host (its CUDA run made 23), so the CPU bound
-# allows 24; measured on the H100 (torch 2.11): GPT-2 22, BERT 23 (bench/README.md, 2026-11-24).
-MAX_EXTERNS = {"cpu": {"gpt2_tiny": 25, "bert_tiny": 24}, "cuda": {"gpt2_tiny": 24, "bert_tiny": 24}}
+# Calls per forward under backend "ember", at most: torch calls (cache_info()["externs"]: extern
+# calls and the views made for them by as_strided) plus generated kernels (cache_info()["kernels"]).
+# The sum is bounded, not each: a linear's bias epilogue that no other op joins is left to F.linear
+# (one kernel less, one as_strided view more). CPU, torch 2.13 (dev VM): GPT-2 25 + 16, BERT 28 + 10
+# (torch 2.11 makes one more BERT call); CUDA: measured on the H100 (bench/README.md).
+MAX_CALLS = {"cpu": {"gpt2_tiny": 42, "bert_tiny": 40}, "cuda": {"gpt2_tiny": 39, "bert_tiny": 42}}
 
 
 @pytest.mark.parametrize("name", ["gpt2_tiny", "bert_tiny"])
@@ -106,4 +104,4 @@ def test_backend_ember_values_and_extern_calls(cases, name, tmp_path):
     ei = info[0]["ember"]
     assert not ei.get("fallback"), ei.get("fallback")
     dev = next(model.parameters()).device.type
-    assert ei["externs"] <= MAX_EXTERNS[dev][name], (ei["externs"], ei["extern_list"])
+    assert ei["externs"] + ei["kernels"] <= MAX_CALLS[dev][name], (ei["externs"], ei["kernels"], ei["extern_list"])
