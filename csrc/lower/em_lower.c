@@ -1778,8 +1778,10 @@ static uint32_t lower_embedding(Ctx *c, int torch_form, const IRArg **slot) {
 }
 
 /* index_select(input, dim, index): index 0-d or 1-d; the result is input with dim's size the
- * index's length. Negative indices raise in eager (IndexError "index out of range in self",
- * aten/src/ATen/native/TensorAdvancedIndexing.cpp index_select_out_cpu_). */
+ * index's length. Negative indices raise in eager: IndexError "index out of range in self", except
+ * along dim 1 of a tensor of 2+ dims, whose fast path checks first and raises RuntimeError "INDICES
+ * element is out of DATA bounds, id=i axis_dim=n" (aten/src/ATen/native/TensorAdvancedIndexing.cpp,
+ * index_select_out_cpu_ and index_select_out_cpu_dim1_). */
 static uint32_t lower_index_select(Ctx *c, const IRArg **slot) {
     Opnd xo, io;
     int64_t dim;
@@ -1798,7 +1800,7 @@ static uint32_t lower_index_select(Ctx *c, const IRArg **slot) {
     memcpy(st, xl.strides, nd * sizeof(int64_t));
     sizes[d] = ind == 0 ? 1 : NODE(c, io.node)->sizes[0];
     st[d] = 0;
-    GatherIdx g = {idx, xl.strides[d], xl.sizes[d], 0, LGERR_RANGE_IN_SELF, d};
+    GatherIdx g = {idx, xl.strides[d], xl.sizes[d], 0, nd > 1 && d == 1 ? LGERR_DATA_BOUNDS : LGERR_RANGE_IN_SELF, d};
     return mk_gather_load(c, xl.buf, xl.offset, nd, sizes, st, 1, &g);
 }
 

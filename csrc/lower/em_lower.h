@@ -112,7 +112,9 @@ typedef struct LNode {
 typedef enum {
     LGERR_RANGE_IN_SELF, /* IndexError "index out of range in self" (embedding, index_select) */
     LGERR_INDEX,         /* IndexError "index i is out of bounds for dimension d with size n" (x[idx]) */
-    LGERR_GATHER         /* RuntimeError, the same text (gather) */
+    LGERR_GATHER,        /* RuntimeError, the same text (gather) */
+    LGERR_DATA_BOUNDS    /* RuntimeError "INDICES element is out of DATA bounds, id=i axis_dim=n"
+                            (index_select along dim 1 of a tensor of 2+ dims: ATen's fast path) */
 } LGatherErr;
 
 /* How many node inputs n reads: a LOAD's index operands, else the op's arity. */

@@ -239,6 +239,9 @@ static int gather_error(const Kernel *k, const int64_t *err) {
         const GatherCheck *c = &k->checks[i];
         if (c->check != err[0] - 1) continue;
         if (c->err == LGERR_RANGE_IN_SELF) PyErr_SetString(PyExc_IndexError, "index out of range in self");
+        else if (c->err == LGERR_DATA_BOUNDS)
+            PyErr_Format(PyExc_RuntimeError, "INDICES element is out of DATA bounds, id=%lld axis_dim=%lld",
+                         (long long)err[1], (long long)c->size);
         else
             PyErr_Format(c->err == LGERR_GATHER ? PyExc_RuntimeError : PyExc_IndexError,
                          "index %lld is out of bounds for dimension %d with size %lld", (long long)err[1], c->dim,
