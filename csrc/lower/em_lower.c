@@ -1830,6 +1830,12 @@ static uint32_t lower_gather(Ctx *c, const IRArg **slot) {
     return mk_gather_load(c, xl.buf, xl.offset, nd, il.sizes, st, 1, &g);
 }
 
+/* Does node n (rule r) lower to a gather load, whose bounds check only runs where it is computed? */
+static int is_gather(const IRGraph *g, const IRNode *n, const LowerRule *r) {
+    return r && (r->kind == R_EMBEDDING || r->kind == R_INDEX_SELECT || r->kind == R_GATHER ||
+                 (r->kind == R_GETITEM && getitem_advanced(g, n)));
+}
+
 /* Is getitem node n's index, or an item of it, a tensor (advanced indexing)? */
 static int getitem_advanced(const IRGraph *g, const IRNode *n) {
     if (n->nargs < 2) return 0;
@@ -2779,7 +2785,8 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
     uint8_t *ext = em_arena_alloc(a, g->nnodes + 1);
     uint8_t *used_by_extern = em_arena_alloc(a, g->nnodes + 1);
     uint8_t *returned = em_arena_alloc(a, g->nnodes + 1);
-    if (!lg || !rules || !ext || !used_by_extern || !returned) {
+    uint8_t *live = em_arena_alloc(a, g->nnodes + 1);
+    if (!lg || !rules || !ext || !used_by_extern || !returned || !live) {
         PyErr_NoMemory();
         return NULL;
     }
@@ -2838,6 +2845,7 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
     if (outn->nargs == 1) {
         mark_users(&outn->args[0], used_by_extern);
         mark_users(&outn->args[0], returned);
+        mark_users(&outn->args[0], live);
     }
     for (IRRef r = g->nnodes - 1; r >= 1; r--) {
         const IRNode *n = &g->nodes[r];
@@ -2847,6 +2855,13 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             ext[r] = lg->env || used_by_extern[r] || !only_getitems_read(g, r);
         else
             ext[r] = !rules[r] || !meta_ok(&n->meta) || (alias && (lg->env ? used_by_extern[r] : returned[r]));
+        /* live: the value is computed (an extern call or the output reads it, or a live node does).
+         * A gather that is not (dead code the tracer kept: F.embedding may have effects for all it
+         * knows) stays the torch call, which raises eager's error for a bad index: no kernel would
+         * ever run to check it. */
+        if (!ext[r] && !live[r] && is_gather(g, n, rules[r])) ext[r] = 1;
+        for (uint32_t i = 0; (ext[r] || live[r]) && i < n->nargs; i++) mark_users(&n->args[i], live);
+        for (uint32_t i = 0; (ext[r] || live[r]) && i < n->nkwargs; i++) mark_users(&n->kwargs[i], live);
         for (uint32_t i = 0; ext[r] && i < n->nargs; i++) {
             mark_users(&n->args[i], used_by_extern);
             if (alias) mark_users(&n->args[i], returned);

@@ -382,3 +382,16 @@ def test_cuda_gather_emulated_matches_eager(name, fn, ex):
     for o, r in zip(outs, refs):
         assert o.dtype == r.dtype and o.shape == r.shape
         torch.testing.assert_close(o, r)
+
+
+def test_dead_gather_still_raises():
+    # the tracer keeps a call it cannot prove pure (F.embedding) even when nothing reads it: eager
+    # raises for the bad id, so the call stays torch's instead of a kernel that never runs
+    def f(x, i):
+        F.embedding(i, x)
+        return x * 2
+    c = ember.compile(f, backend="ember")
+    x = torch.randn(4, 3)
+    _same(c(x, torch.tensor([1])), f(x, torch.tensor([1])))
+    with pytest.raises(IndexError, match="index out of range in self"):
+        c(x, torch.tensor([7]))
