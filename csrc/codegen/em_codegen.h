@@ -27,6 +27,18 @@ PyObject *em_codegen_c(const Schedule *s, const EmCodegenOptions *opt, uint8_t *
  * the kernel reads (in argument order) its sizes then strides. */
 enum { EM_KMETA_WORK = 0, EM_KMETA_NUMEL = 1, EM_KMETA_OUT = 2 };
 
+/* Gather loads (LNode.nidx) check each index against its dim. On the CPU a kernel with such a load
+ * gets an error word as its extra last argument, args[nargs] (int64_t[2], zeroed by the runtime):
+ * err[0] = check + 1 for the first index found outside its dim, err[1] = that index, where check
+ * names the load (its position in SKernel.nodes) and the operand; the runtime raises eager's error
+ * (LNode.gerr) after the kernel. CUDA kernels trap instead (eager's device-side assert). */
+static inline int64_t em_codegen_gather_check(uint32_t node, int operand) { return (int64_t)node * 4 + operand; }
+static inline int em_codegen_has_checks(const SKernel *k) {
+    for (uint32_t q = 0; q < k->nloads; q++)
+        if (k->loads[q].nidx) return 1;
+    return 0;
+}
+
 /* ---- CUDA C (em_codegen_cuda.c) ---- */
 /* How a CUDA kernel is launched: the runtime takes grid = min(blocks, SMs * per_sm) (per_sm 0: no
  * per-SM cap), at least 1 and at most EM_CUDA_MAX_THREADS threads, and the kernels loop grid-stride

@@ -62,6 +62,18 @@ static const char PRELUDE[] =
     "static inline int64_t em_mod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n"
     "static inline int64_t em_min(int64_t a, int64_t b) { return a < b ? a : b; }\n"
     "static inline int64_t em_max(int64_t a, int64_t b) { return a > b ? a : b; }\n"
+    "/* gather loads: an index outside [0, n) (after wrapping a negative one where eager does) is\n"
+    " * recorded for the runtime, which raises eager's error after the kernel (err[0]: check + 1,\n"
+    " * err[1]: the index; the first one recorded wins), and reads the dim's element 0 instead */\n"
+    "static void em_oob(int64_t *err, int64_t check, int64_t v) __attribute__((noinline, cold));\n"
+    "static void em_oob(int64_t *err, int64_t check, int64_t v) {\n"
+    "    int64_t none = 0;\n"
+    "    if (__atomic_compare_exchange_n(&err[0], &none, check + 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))\n"
+    "        __atomic_store_n(&err[1], v, __ATOMIC_RELAXED);\n}\n"
+    "static inline int64_t em_gidx(int64_t v, int64_t n, int wrap, int64_t *err, int64_t check) {\n"
+    "    const int64_t w = wrap && v < 0 ? v + n : v;\n"
+    "    if ((uint64_t)w < (uint64_t)n) return w;\n"
+    "    em_oob(err, check, v);\n    return 0;\n}\n"
     "static inline double em_div_floor(double a, double b) {\n"
     "    if (b == 0) return a / b;\n"
     "    double mod = fmod(a, b), div = (a - mod) / b;\n"
@@ -222,6 +234,16 @@ static void addr(SB *b, const KG *g, uint32_t q, const char *base, int inner) {
         if (!g->st[q][j].zero) sb_printf(b, " + j%d * %s", j, g->st[q][j].v);
 }
 
+/* The checked index g<i>_<t> of operand t of gather load i (em_gidx: eager's bounds, the error
+ * recorded for the runtime). Written once per row for an operand that does not vary along the row
+ * (embedding's id: the row's loop over the embedding stays a plain vectorizable copy), else next to
+ * the load, per element. */
+static void emit_gidx(SB *b, const KG *g, uint32_t i, int t, const char *ind) {
+    const LNode *n = &g->k->nodes[i];
+    sb_printf(b, "%sconst int64_t g%u_%d = em_gidx((int64_t)v%u, %lld, %d, err, %lld);\n", ind, i, t, n->in[t],
+              (long long)n->gsize[t], (n->gwrap >> t) & 1, (long long)em_codegen_gather_check(i, t));
+}
+
 static void emit_load(SB *b, const KG *g, uint32_t i, const char *ind, int inner) {
     const SKernel *k = g->k;
     const LNode *n = &k->nodes[i];
@@ -229,6 +251,8 @@ static void emit_load(SB *b, const KG *g, uint32_t i, const char *ind, int inner
     const SAccess *ac = &k->loads[q];
     char base[32];
     snprintf(base, sizeof base, "b%u", q);
+    for (int t = 0; t < n->nidx && inner; t++)
+        if (k->elem[n->in[t]]) emit_gidx(b, g, i, t, ind);
     sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
     if (ac->mask) {
         /* a masked load: read only inside the ranges, else the fill value */
@@ -250,6 +274,7 @@ static void emit_load(SB *b, const KG *g, uint32_t i, const char *ind, int inner
     if (n->dtype == LDT_BOOL) sb_printf(b, "(_Bool)");
     sb_printf(b, "a%u[", ac->arg);
     addr(b, g, q, base, inner);
+    for (int t = 0; t < n->nidx; t++) sb_printf(b, " + g%u_%d * %lld", i, t, (long long)n->gstride[t]);
     sb_printf(b, "]%s", n->dtype == LDT_BF16 ? ")" : "");
     if (ac->mask) {
         if (!em_ldt_is_float(n->dtype)) sb_printf(b, " : (%s)%lldLL", ctype(n->dtype), (long long)ac->ival);
@@ -276,8 +301,7 @@ static void emit_elem(SB *b, const KG *g, uint32_t i, uint8_t *done, const char 
     const SKernel *k = g->k;
     if (done[i] || !k->elem[i]) return;
     const LNode *n = &k->nodes[i];
-    if (n->op != LP_LOAD)
-        for (int q = 0; q < em_lprim_arity(n->op); q++) emit_elem(b, g, n->in[q], done, ind);
+    for (int q = 0; q < em_lnode_nin(n); q++) emit_elem(b, g, n->in[q], done, ind);
     if (n->op == LP_LOAD) emit_load(b, g, i, ind, 1);
     else emit_value(b, g, i, ind);
     done[i] = 1;
@@ -348,8 +372,7 @@ static int expensive_op(LPrim op) {
 static void elem_closure(const SKernel *k, uint32_t i, uint8_t *set) {
     if (set[i] || !k->elem[i]) return;
     set[i] = 1;
-    if (k->nodes[i].op != LP_LOAD)
-        for (int q = 0; q < em_lprim_arity(k->nodes[i].op); q++) elem_closure(k, k->nodes[i].in[q], set);
+    for (int q = 0; q < em_lnode_nin(&k->nodes[i]); q++) elem_closure(k, k->nodes[i].in[q], set);
 }
 
 /* Chooses g->rc_node and g->rc_pass (UINT32_MAX: no row cache), by the rules above. */
@@ -614,6 +637,11 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         sb_printf(b, "    %s%s *restrict a%u = (%s%s *)args[%u];\n", a < k->nin ? "const " : "", em_ldt_storage(lb->dtype), a,
                   a < k->nin ? "const " : "", em_ldt_storage(lb->dtype), a);
     }
+    if (em_codegen_has_checks(k)) {
+        /* the error word of the gather loads' bounds checks (em_codegen.h) */
+        sb_printf(b, "    int64_t *restrict err = (int64_t *)args[%u];\n", k->nargs);
+        if (env) g.bad = 1; /* gather loads are lowered in static graphs only */
+    }
     /* sizes, strides and offsets: literals, or locals computed from sv */
     for (int j = 0; j < k->ndim; j++) {
         char nm[16];
@@ -703,8 +731,10 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         return;
     }
     for (uint32_t i = 0; i < k->nnodes; i++) {
-        if (k->elem[i]) continue;
         const LNode *n = &k->nodes[i];
+        for (int t = 0; t < n->nidx; t++) /* a gather's row-level indices, checked once per row */
+            if (!k->elem[n->in[t]]) emit_gidx(b, &g, i, t, ind);
+        if (k->elem[i]) continue;
         if (n->op == LP_LOAD) emit_load(b, &g, i, ind, 0);
         else if (em_lprim_is_reduce(n->op)) emit_reduce(b, &g, i, done, ind, long_rows);
         else emit_value(b, &g, i, ind);

@@ -44,6 +44,13 @@ static const char PRELUDE[] =
     "#define EM_NAN __longlong_as_double(0x7ff8000000000000LL)\n#define EM_INF __longlong_as_double(0x7ff0000000000000LL)\n"
     "static __device__ __forceinline__ bool em_isinf(float x) { return fabsf(x) == EM_INFF; }\n"
     "static __device__ __forceinline__ bool em_isinf(double x) { return fabs(x) == EM_INF; }\n"
+    "/* gather loads: an index outside [0, n) (after wrapping a negative one where eager does) stops\n"
+    " * the kernel, as eager's CUDA_KERNEL_ASSERT does (a sticky launch failure); never a stray read */\n"
+    "static __device__ __forceinline__ long long em_gidx(long long v, long long n, int wrap) {\n"
+    "    const long long w = wrap && v < 0 ? v + n : v;\n"
+    "#ifdef __CUDA_ARCH__\n    if ((unsigned long long)w >= (unsigned long long)n) __trap();\n"
+    "#else\n    if ((unsigned long long)w >= (unsigned long long)n) abort();\n#endif\n"
+    "    return w;\n}\n"
     "/* c10/util/generic_math.h div_floor_floating */\n"
     "static __device__ __forceinline__ float em_div_floor(float a, float b) {\n"
     "    if (b == 0) return a / b;\n"
@@ -82,7 +89,7 @@ static int64_t domain_numel(const SKernel *k) {
 
 /* Largest element offset an access reaches (strides are never negative in torch). */
 static int64_t max_offset(const SKernel *k, const SAccess *ac) {
-    int64_t m = ac->offset;
+    int64_t m = ac->offset + ac->gextent; /* a gather load's index operands reach up to gextent further */
     for (int j = 0; j < k->ndim; j++)
         if (k->sizes[j] > 0) m += (k->sizes[j] - 1) * (ac->strides[j] < 0 ? -ac->strides[j] : ac->strides[j]);
     return m;
@@ -110,7 +117,7 @@ static LDtype access_dtype(const Schedule *s, const SKernel *k, const SAccess *a
 int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k) {
     if (k->reduction || k->ndim == 0) return 1;
     for (uint32_t q = 0; q < k->nloads; q++)
-        if (k->loads[q].mask) return 1; /* masked loads (padding, cat) run the scalar path */
+        if (k->loads[q].mask || k->loads[q].nidx) return 1; /* masked loads (padding, cat), gather loads: scalar */
     int maxsz = 0, any_unit = 0, last = k->ndim - 1;
     for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
         const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
@@ -220,6 +227,10 @@ static void choose_launch(const Schedule *s, const SKernel *k, EmCudaLaunch *L) 
     /* registers held per thread: at most half of what __launch_bounds__(block) leaves (64K per SM) */
     int64_t budget = 32768 / L->block < 64 ? 32768 / L->block : 64;
     L->cached = R > 0 && e <= 16 && e * (int64_t)(nelem_loads ? nelem_loads : 1) <= budget ? (int32_t)e : 0;
+    /* a gather load's indices are values of the row, computed after the registers would be filled:
+     * such kernels re-read the row per pass */
+    for (uint32_t q = 0; q < k->nloads; q++)
+        if (k->loads[q].nidx) L->cached = 0;
     L->vec = L->cached ? v : 1; /* vector accesses only for a row held in registers */
 }
 
@@ -308,6 +319,13 @@ static void addr_expr(SB *b, const SAccess *ac, int from, int to, const char *pr
     free(t.p);
 }
 
+/* The index operands of gather load n (in an address): `+ em_gidx(v<operand>, size, wrap) * stride`. */
+static void gather_terms(SB *b, const LNode *n) {
+    for (int t = 0; t < n->nidx; t++)
+        sb_printf(b, " + em_gidx((long long)v%u, %lldLL, %d) * %lldLL", n->in[t], (long long)n->gsize[t], (n->gwrap >> t) & 1,
+                  (long long)n->gstride[t]);
+}
+
 /* A masked load (pooling with padding, cat): `(i<j> in [lo, hi) for each masked dim) ? load : fill`;
  * the address is only formed, and memory only read, inside the ranges (as the C generator does). */
 static void masked_open(SB *b, const SKernel *k, const SAccess *ac) {
@@ -339,6 +357,7 @@ static void pw_scalar_body(SB *b, const Schedule *s, const SKernel *k, const cha
             SB t = {0};
             sb_printf(&t, "a%u[", ac->arg);
             addr_expr(&t, ac, 0, k->ndim, "i");
+            gather_terms(&t, n);
             sb_printf(&t, "]");
             sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
             if (ac->mask) masked_open(b, k, ac);
@@ -488,6 +507,7 @@ static void rload_expr(SB *b, const RCtx *c, uint32_t i, int inner) {
     SB t = {0};
     sb_printf(&t, "a%u[", ac->arg);
     raddr(&t, k, ac, base, inner);
+    gather_terms(&t, &k->nodes[i]);
     sb_printf(&t, "]");
     if (t.oom) b->oom = 1;
     else load_conv(b, k->nodes[i].dtype, t.p);
@@ -499,8 +519,7 @@ static void emit_elem(SB *b, const RCtx *c, uint32_t i, uint8_t *done, const cha
     const SKernel *k = c->k;
     if (done[i] || !k->elem[i]) return;
     const LNode *n = &k->nodes[i];
-    if (n->op != LP_LOAD)
-        for (int q = 0; q < em_lprim_arity(n->op); q++) emit_elem(b, c, n->in[q], done, ind);
+    for (int q = 0; q < em_lnode_nin(n); q++) emit_elem(b, c, n->in[q], done, ind);
     if (n->op == LP_LOAD) {
         sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
         if (c->L->cached) sb_printf(b, "L%u[e]", i);

@@ -302,7 +302,7 @@ static int64_t numel_of(int32_t ndim, const int64_t *sizes) {
  * x's shape; a non-keepdim reduction declares its squeezed shape so that the buffer can be returned). */
 static uint32_t as_load_shape(Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes, const SymRef *ss) {
     if (!x) return 0;
-    if (NODE(c, x)->op == LP_LOAD && !NODE(c, x)->lmask) return x;
+    if (em_lnode_is_view(NODE(c, x))) return x;
     LGraph *lg = c->lg;
     if (x >= c->cap_node_buf) {
         uint32_t cap = lg->capnodes;
@@ -572,6 +572,7 @@ typedef enum {
     R_CAST, R_TO, R_GELU, R_SILU, R_SOFTPLUS, R_SQUARE, R_MAXMIN,
     R_REDUCE, R_MEAN, R_VAR, R_SOFTMAX, R_LOGSUMEXP, R_LAYER_NORM, R_RMS_NORM, R_BATCH_NORM, R_GROUP_NORM,
     R_MAX_POOL, R_ADAPTIVE_AVG_POOL, R_CAT, R_FILL, R_ARANGE, R_BITWISE, R_BITNOT, R_DIFF,
+    R_EMBEDDING, R_INDEX_SELECT, R_GATHER,
     R_RESHAPE, R_PERMUTE, R_TRANSPOSE, R_T, R_EXPAND, R_NARROW, R_SELECT, R_GETITEM, R_IDENTITY, R_DROPOUT,
     R_SPLIT
 } RuleKind;
@@ -666,6 +667,11 @@ static const LowerRule LOWER_RULES[] = {
     {"op.invert", R_BITNOT, 0, "input"}, {"op.inv", R_BITNOT, 0, "input"}, {"bitwise_not", R_BITNOT, 0, "input"},
     {"__invert__", R_BITNOT, 0, "input"},
     {"diff", R_DIFF, 0, "input,n,dim,prepend,append"},
+    /* indirect loads: the index values are another node's (gather loads, LNode.nidx) */
+    {"F.embedding", R_EMBEDDING, 0, "input,weight,padding_idx,max_norm,norm_type,scale_grad_by_freq,sparse"},
+    {"embedding", R_EMBEDDING, 1, "weight,input,padding_idx,scale_grad_by_freq,sparse"},
+    {"index_select", R_INDEX_SELECT, 0, "input,dim,index"},
+    {"gather", R_GATHER, 0, "input,dim,index,sparse_grad"},
     /* views: index arithmetic */
     {"view", R_RESHAPE, 0, ""}, {"reshape", R_RESHAPE, 1, ""}, {"flatten", R_RESHAPE, 1, ""},
     {"squeeze", R_RESHAPE, 0, ""}, {"unsqueeze", R_RESHAPE, 0, ""}, {"view_as", R_RESHAPE, 0, ""},
@@ -756,8 +762,10 @@ static int is_view_rule(const LowerRule *r) { return r && r->kind >= R_RESHAPE; 
 
 /* Does eager return the input itself or a view of it: a view rule (dropout in eval and
  * contiguous() included), or a cast/to() to the dtype the input already has (torch returns self)? */
+static int getitem_advanced(const IRGraph *g, const IRNode *n);
+
 static int aliases_input(const IRGraph *g, const IRNode *n, const LowerRule *r) {
-    if (is_view_rule(r)) return 1;
+    if (is_view_rule(r)) return !(r->kind == R_GETITEM && getitem_advanced(g, n));
     if (!r || (r->kind != R_TO && r->kind != R_CAST) || n->nargs < 1 || n->args[0].kind != IRARG_NODE) return 0;
     const IRMeta *in = &g->nodes[n->args[0].u.ref].meta;
     return in->kind == IRMETA_TENSOR && n->meta.kind == IRMETA_TENSOR && in->dtype == n->meta.dtype;
@@ -1029,7 +1037,7 @@ static uint32_t view_pushdown(Ctx *c, const LowerRule *rule, const IRArg **slot,
         for (int i = 0; i < n && !seen; i++) seen = order[i] == id;
         if (seen || nd->op == LP_CONST || nd->op == LP_LOAD) {
             if (nd->op == LP_CONST && nd->ndim != 0) return 0;
-            if (nd->op == LP_LOAD && nd->lmask) return 0;
+            if (nd->op == LP_LOAD && !em_lnode_is_view(nd)) return 0; /* masked or gather loads */
             continue;
         }
         if (em_lprim_is_reduce(nd->op) || nd->ndim != root.ndim ||
@@ -1113,8 +1121,8 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
         /* contiguous() read through a view (attention's heads: a permuted projection, then
          * view(L, B * H, hd)): materialized here, as eager does, so that the views after it are
          * index arithmetic on a contiguous buffer, not one copy each */
-        if (xn->op != LP_LOAD) return as_load(c, x.node);
-        bool contiguous = !xn->lmask;
+        if (!em_lnode_is_view(xn)) return as_load(c, x.node);
+        bool contiguous = true;
         int64_t want = 1;
         for (int d = xn->ndim - 1; d >= 0 && contiguous; d--) {
             if (xn->sizes[d] != 1 && xn->strides[d] != want) contiguous = false;
@@ -1445,7 +1453,7 @@ static uint32_t squeeze_dims(Ctx *c, uint32_t x, uint32_t rmask) {
             ss[k] = src.ssizes[d];
             sizes[k++] = src.sizes[d];
         }
-    if (src.op != LP_LOAD || src.lmask) return as_load_shape(c, x, k, sizes, ss);
+    if (!em_lnode_is_view(&src)) return as_load_shape(c, x, k, sizes, ss);
     int64_t st[EM_LMAXDIM];
     k = 0;
     for (int d = 0; d < src.ndim; d++)
@@ -1874,6 +1882,302 @@ static uint32_t lower_diff(Ctx *c, const IRArg **slot) {
     return mk_op(c, R == LDT_BOOL ? LP_XOR : LP_SUB, R, R, hi, lo, 0);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Indirect ("gather") loads: embedding, index_select, gather, advanced indexing              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The element at result index i is src[offset + sum_d i_d * strides[d] + sum_t idx_t(i) * gstride[t]]:
+ * a LOAD of the source's buffer whose indexed dims have stride 0, with one index operand per
+ * indexed dim, an integer node broadcast (right-aligned) to the result's shape (em_lower.h,
+ * LNode.nidx). The scheduler fuses the index node and the load into the kernel that reads the
+ * value (embedding + position embedding + layer_norm is one reduction kernel reading W[ids[b, s], :]).
+ * Bounds are the kernel's to check (codegen): an index outside [0, size) reads the dim's element 0
+ * instead and records eager's error, which the runtime raises after the kernel (CPU; the CUDA kernel
+ * traps, as eager's device-side assert does), so nothing outside the source is ever read.
+ * Static graphs only (bounds and strides are literals in the kernel), indexed dims of size > 0 (an
+ * empty dim has no element 0 to read instead: the torch op runs). */
+
+typedef struct {
+    uint32_t node;     /* the index values: an int64/int32 node broadcast (right-aligned) to the result */
+    int64_t stride;    /* the source's element stride along the indexed dim */
+    int64_t size;      /* the indexed dim's size (the bound) */
+    int wrap;          /* a negative value counts from the end (advanced indexing) */
+    LGatherErr err;
+    int dim;           /* the dim eager's message names */
+} GatherIdx;
+
+/* A gather load of buffer buf with the result's shape, the offset and direct strides of the source's
+ * view. 0 when an operand is not an int64/int32 node broadcastable to the shape, or a bound is 0. */
+static uint32_t mk_gather_load(Ctx *c, uint32_t buf, int64_t offset, int32_t nd, const int64_t *sizes,
+                               const int64_t *strides, int nidx, const GatherIdx *ix) {
+    if (c->lg->env || nidx < 1 || nidx > 3) return 0;
+    for (int t = 0; t < nidx; t++) {
+        const LNode *in = ix[t].node ? NODE(c, ix[t].node) : NULL;
+        if (!in || (in->dtype != LDT_I64 && in->dtype != LDT_I32) || in->ndim > nd || ix[t].size <= 0) return 0;
+        for (int d = 0; d < in->ndim; d++) {
+            int64_t want = sizes[nd - in->ndim + d];
+            if (in->sizes[d] != want && in->sizes[d] != 1) return 0;
+        }
+    }
+    uint32_t id = em_lower_load(c->lg, buf, nd, sizes, offset, strides, NULL, SYM_NONE, NULL, c->ir);
+    if (!id) return 0;
+    LNode *n = NODE(c, id);
+    n->nidx = (uint8_t)nidx;
+    for (int t = 0; t < nidx; t++) {
+        n->in[t] = ix[t].node;
+        n->gstride[t] = ix[t].stride;
+        n->gsize[t] = ix[t].size;
+        n->gerr[t] = (uint8_t)ix[t].err;
+        n->gdim[t] = (int8_t)ix[t].dim;
+        if (ix[t].wrap) n->gwrap |= (uint8_t)(1u << t);
+    }
+    return id;
+}
+
+/* x seen with `ones` trailing dims of size 1 appended (so that it broadcasts, right-aligned, against
+ * a result whose trailing dims it does not index); x itself when ones is 0. */
+static uint32_t with_trailing_ones(Ctx *c, uint32_t x, int ones) {
+    if (!x || ones == 0) return x;
+    uint32_t l = as_load(c, x);
+    if (!l) return 0;
+    LNode src = *NODE(c, l);
+    if (src.ndim + ones > EM_LMAXDIM) return 0;
+    int64_t sizes[EM_LMAXDIM], st[EM_LMAXDIM];
+    for (int d = 0; d < src.ndim + ones; d++) {
+        sizes[d] = d < src.ndim ? src.sizes[d] : 1;
+        st[d] = d < src.ndim ? src.strides[d] : 0;
+    }
+    return reload_s(c, l, src.ndim + ones, sizes, st, 0, NULL, NULL, SYM_NONE);
+}
+
+/* F.embedding(input, weight, padding_idx, max_norm, ...) / torch.embedding(weight, input, ...):
+ * weight[input[...], :], shape input.shape + (D,). padding_idx, scale_grad_by_freq and sparse only
+ * change the backward; max_norm renormalizes the weight in place first (the torch op runs). Eager
+ * raises IndexError("index out of range in self") for an id outside [0, V), negatives included
+ * (aten/src/ATen/native/Embedding.cpp -> index_select). */
+static uint32_t lower_embedding(Ctx *c, int torch_form, const IRArg **slot) {
+    const IRArg *ia = torch_form ? slot[1] : slot[0], *wa = torch_form ? slot[0] : slot[1];
+    Opnd io, wo;
+    if ((!torch_form && !is_none(slot[3])) || opnd(c, ia, &io) < 0 || io.kind != 1 || opnd(c, wa, &wo) < 0 ||
+        wo.kind != 1)
+        return 0;
+    int32_t ind = NODE(c, io.node)->ndim;
+    if (NODE(c, wo.node)->ndim != 2 || ind + 1 > EM_LMAXDIM) return 0;
+    uint32_t w = as_load(c, wo.node);
+    uint32_t ids = with_trailing_ones(c, io.node, 1);
+    if (!w || !ids) return 0;
+    LNode wl = *NODE(c, w), il = *NODE(c, io.node);
+    int64_t sizes[EM_LMAXDIM], st[EM_LMAXDIM] = {0};
+    memcpy(sizes, il.sizes, ind * sizeof(int64_t));
+    sizes[ind] = wl.sizes[1];
+    st[ind] = wl.strides[1];
+    GatherIdx g = {ids, wl.strides[0], wl.sizes[0], 0, LGERR_RANGE_IN_SELF, 0};
+    return mk_gather_load(c, wl.buf, wl.offset, ind + 1, sizes, st, 1, &g);
+}
+
+/* index_select(input, dim, index): index 0-d or 1-d; the result is input with dim's size the
+ * index's length. Negative indices raise in eager: IndexError "index out of range in self", except
+ * along dim 1 of a tensor of 2+ dims, whose fast path checks first and raises RuntimeError "INDICES
+ * element is out of DATA bounds, id=i axis_dim=n" (aten/src/ATen/native/TensorAdvancedIndexing.cpp,
+ * index_select_out_cpu_ and index_select_out_cpu_dim1_). */
+static uint32_t lower_index_select(Ctx *c, const IRArg **slot) {
+    Opnd xo, io;
+    int64_t dim;
+    int32_t d;
+    if (opnd(c, slot[0], &xo) < 0 || xo.kind != 1 || get_int(slot[1], &dim) < 0 || opnd(c, slot[2], &io) < 0 ||
+        io.kind != 1)
+        return 0;
+    int32_t nd = NODE(c, xo.node)->ndim, ind = NODE(c, io.node)->ndim;
+    if (nd == 0 || ind > 1 || norm_dim(dim, nd, &d) < 0) return 0;
+    uint32_t x = as_load(c, xo.node);
+    uint32_t idx = with_trailing_ones(c, io.node, nd - d - (ind == 0 ? 0 : 1));
+    if (!x || !idx) return 0;
+    LNode xl = *NODE(c, x);
+    int64_t sizes[EM_LMAXDIM], st[EM_LMAXDIM];
+    memcpy(sizes, xl.sizes, nd * sizeof(int64_t));
+    memcpy(st, xl.strides, nd * sizeof(int64_t));
+    sizes[d] = ind == 0 ? 1 : NODE(c, io.node)->sizes[0];
+    st[d] = 0;
+    GatherIdx g = {idx, xl.strides[d], xl.sizes[d], 0, nd > 1 && d == 1 ? LGERR_DATA_BOUNDS : LGERR_RANGE_IN_SELF, d};
+    return mk_gather_load(c, xl.buf, xl.offset, nd, sizes, st, 1, &g);
+}
+
+/* gather(input, dim, index): out[i] = input[i with i_dim = index[i]], shape index.shape, where
+ * index.size(d) <= input.size(d) for d != dim (torch checks; checked again here). Negative indices
+ * raise in eager: RuntimeError "index -1 is out of bounds for dimension 1 with size 4"
+ * (aten/src/ATen/native/cpu/ScatterGatherKernel.cpp). */
+static uint32_t lower_gather(Ctx *c, const IRArg **slot) {
+    Opnd xo, io;
+    int64_t dim;
+    int32_t d;
+    if (opnd(c, slot[0], &xo) < 0 || xo.kind != 1 || get_int(slot[1], &dim) < 0 || opnd(c, slot[2], &io) < 0 ||
+        io.kind != 1)
+        return 0;
+    LNode il = *NODE(c, io.node);
+    int32_t nd = NODE(c, xo.node)->ndim;
+    if (nd == 0 || il.ndim != nd || norm_dim(dim, nd, &d) < 0) return 0;
+    uint32_t x = as_load(c, xo.node);
+    if (!x) return 0;
+    LNode xl = *NODE(c, x);
+    int64_t st[EM_LMAXDIM];
+    for (int e = 0; e < nd; e++) {
+        if (e != d && il.sizes[e] > xl.sizes[e]) return 0;
+        st[e] = e == d ? 0 : xl.strides[e];
+    }
+    GatherIdx g = {io.node, xl.strides[d], xl.sizes[d], 0, LGERR_GATHER, d};
+    return mk_gather_load(c, xl.buf, xl.offset, nd, il.sizes, st, 1, &g);
+}
+
+/* Does node n (rule r) lower to a gather load, whose bounds check only runs where it is computed? */
+static int is_gather(const IRGraph *g, const IRNode *n, const LowerRule *r) {
+    return r && (r->kind == R_EMBEDDING || r->kind == R_INDEX_SELECT || r->kind == R_GATHER ||
+                 (r->kind == R_GETITEM && getitem_advanced(g, n)));
+}
+
+/* Is getitem node n's index, or an item of it, a tensor (advanced indexing)? */
+static int getitem_advanced(const IRGraph *g, const IRNode *n) {
+    if (n->nargs < 2) return 0;
+    const IRArg *a = &n->args[1];
+    uint32_t cnt = a->kind == IRARG_TUPLE || a->kind == IRARG_LIST ? a->n : 1;
+    for (uint32_t i = 0; i < cnt; i++) {
+        const IRArg *it = cnt == 1 && a->kind == IRARG_NODE ? a : (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) ? &a->u.items[i] : NULL;
+        if (it && it->kind == IRARG_NODE && g->nodes[it->u.ref].meta.kind == IRMETA_TENSOR) return 1;
+    }
+    return 0;
+}
+
+/* x[index] with integer tensors among the index items (advanced indexing), as torch does it
+ * (torch/csrc/autograd/python_variable_indexing.cpp applySlicing, then ATen's index): ints, slices
+ * (step > 0), None and Ellipsis first make a view V (an int selects, so it never counts as an
+ * advanced index); each tensor item indexes one dim a_t of V. The tensors broadcast together to
+ * shape B. When the a_t are consecutive the result is V[:a_1] + B + V[a_k + 1:], else B followed by
+ * V's other dims (aten/src/ATen/TensorIndexing / IndexingUtils.h: transposeToFront). Negative
+ * indices count from the end; outside [-size, size) eager raises IndexError "index i is out of
+ * bounds for dimension t with size n", t the tensor's position among the index tensors. Bool and
+ * uint8 tensors (masks: a data-dependent shape), lists, and more than 3 tensors: the torch op. */
+static uint32_t lower_adv_index(Ctx *c, const IRArg **slot) {
+    const IRArg *idx = slot[1];
+    LGraph *lg = c->lg;
+    Opnd x;
+    if (lg->env || !idx || opnd(c, slot[0], &x) < 0 || x.kind != 1) return 0;
+    const IRArg *items[EM_LMAXDIM * 2];
+    int nitems = 0;
+    if (idx->kind == IRARG_TUPLE) {
+        if (idx->n > EM_LMAXDIM * 2) return 0;
+        for (uint32_t i = 0; i < idx->n; i++) items[nitems++] = &idx->u.items[i];
+    } else if (idx->kind == IRARG_NODE) {
+        items[nitems++] = idx;
+    } else {
+        return 0;
+    }
+    uint32_t base = as_load(c, x.node);
+    if (!base) return 0;
+    LNode src = *NODE(c, base);
+    int consumed = 0, nell = 0;
+    for (int i = 0; i < nitems; i++) {
+        const IRArg *it = items[i];
+        if (it->kind == IRARG_NODE) {
+            const IRMeta *m = &lg->ir->nodes[it->u.ref].meta;
+            int dt = m->kind == IRMETA_TENSOR ? em_lower_dtype_of(m->dtype) : -1;
+            if (dt != LDT_I64 && dt != LDT_I32) return 0;
+            consumed++;
+        } else if (it->kind != IRARG_CONST) {
+            return 0;
+        } else if (it->u.obj == Py_Ellipsis) {
+            nell++;
+        } else if (it->u.obj != Py_None) {
+            if (!(PyLong_CheckExact(it->u.obj) || PySlice_Check(it->u.obj))) return 0;
+            consumed++;
+        }
+    }
+    if (nell > 1 || consumed > src.ndim) return 0;
+    /* the view V (sizes, strides, offset) and the dims a_t of V the tensors index */
+    int64_t vs[EM_LMAXDIM], vst[EM_LMAXDIM], off = src.offset;
+    int at[3], nt = 0, k = 0, d = 0;
+    uint32_t tnode[3];
+    for (int i = 0; i < nitems; i++) {
+        const IRArg *it = items[i];
+        PyObject *o = it->kind == IRARG_CONST ? it->u.obj : NULL;
+        if (it->kind == IRARG_NODE) {
+            Opnd t;
+            if (nt == 3 || k >= EM_LMAXDIM || opnd(c, it, &t) < 0 || t.kind != 1) return 0;
+            tnode[nt] = t.node;
+            at[nt++] = k;
+            vs[k] = src.sizes[d];
+            vst[k++] = src.strides[d++];
+        } else if (o == Py_Ellipsis) {
+            for (int e = 0; e < src.ndim - consumed; e++, d++) {
+                if (k >= EM_LMAXDIM) return 0;
+                vs[k] = src.sizes[d];
+                vst[k++] = src.strides[d];
+            }
+        } else if (o == Py_None) {
+            if (k >= EM_LMAXDIM) return 0;
+            vs[k] = 1;
+            vst[k++] = 0;
+        } else if (PyLong_CheckExact(o)) {
+            int64_t v = PyLong_AsLongLong(o);
+            if (PyErr_Occurred()) {
+                PyErr_Clear();
+                return 0;
+            }
+            if (v < 0) v += src.sizes[d];
+            if (v < 0 || v >= src.sizes[d]) return 0;
+            off += v * src.strides[d++];
+        } else {
+            Py_ssize_t start, stop, step;
+            if (PySlice_Unpack(o, &start, &stop, &step) < 0) {
+                PyErr_Clear();
+                return 0;
+            }
+            if (step <= 0 || k >= EM_LMAXDIM) return 0;
+            Py_ssize_t len = PySlice_AdjustIndices((Py_ssize_t)src.sizes[d], &start, &stop, step);
+            vs[k] = len;
+            vst[k++] = src.strides[d] * step;
+            if (len > 0) off += start * src.strides[d];
+            d++;
+        }
+    }
+    for (; d < src.ndim; d++) {
+        if (k >= EM_LMAXDIM) return 0;
+        vs[k] = src.sizes[d];
+        vst[k++] = src.strides[d];
+    }
+    if (nt == 0) return 0;
+    /* B: the index tensors broadcast together */
+    int32_t bnd = 0;
+    int64_t bs[EM_LMAXDIM];
+    for (int t = 0; t < nt; t++) {
+        LNode tmp = {.ndim = bnd};
+        memcpy(tmp.sizes, bs, bnd * sizeof(int64_t));
+        if (broadcast(lg, &tmp, NODE(c, tnode[t]), &bnd, bs, NULL) < 0) return 0;
+    }
+    int adjacent = at[nt - 1] - at[0] == nt - 1;
+    int nbefore = adjacent ? at[0] : 0, nafter = k - nt - nbefore;
+    int32_t rnd = nbefore + bnd + nafter;
+    if (rnd > EM_LMAXDIM) return 0;
+    int64_t rs[EM_LMAXDIM], rst[EM_LMAXDIM] = {0};
+    int r = 0;
+    for (int e = 0; e < nbefore; e++, r++) {
+        rs[r] = vs[e];
+        rst[r] = vst[e];
+    }
+    for (int e = 0; e < bnd; e++, r++) rs[r] = bs[e];
+    for (int e = nbefore; e < k; e++) {
+        int indexed = 0;
+        for (int t = 0; t < nt; t++) indexed |= at[t] == e;
+        if (indexed) continue;
+        rs[r] = vs[e];
+        rst[r++] = vst[e];
+    }
+    GatherIdx g[3];
+    for (int t = 0; t < nt; t++) {
+        g[t] = (GatherIdx){with_trailing_ones(c, tnode[t], nafter), vst[at[t]], vs[at[t]], 1, LGERR_INDEX, t};
+        if (!g[t].node) return 0;
+    }
+    return mk_gather_load(c, src.buf, off, rnd, rs, rst, nt, g);
+}
+
 static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     const IRArg *slot[MAXP];
     if (rule->kind == R_TO) return lower_to(c);
@@ -1881,7 +2185,13 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     if (rule->kind == R_ARANGE) return lower_arange(c);
     if (rule->sig[0] && bind(c->n, rule->sig, slot) < 0) return 0;
     if (!rule->sig[0] && c->n->nkwargs) return 0;
+    if (rule->kind == R_GETITEM && getitem_advanced(c->lg->ir, c->n)) return lower_adv_index(c, slot);
     if (is_view_rule(rule)) return lower_view(c, rule, slot);
+    if (c->lg->env && (rule->kind == R_EMBEDDING || rule->kind == R_INDEX_SELECT || rule->kind == R_GATHER))
+        return 0; /* gather loads are static only */
+    if (rule->kind == R_EMBEDDING) return lower_embedding(c, rule->prim, slot);
+    if (rule->kind == R_INDEX_SELECT) return lower_index_select(c, slot);
+    if (rule->kind == R_GATHER) return lower_gather(c, slot);
     /* masked loads (pooling windows, cat pieces) and group_norm's regrouping have no shadows yet:
      * in a symbolic graph they stay torch's */
     if (c->lg->env && (rule->kind == R_CAT || rule->kind == R_MAX_POOL || rule->kind == R_GROUP_NORM ||
@@ -1926,6 +2236,13 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
             cd = LDT_BOOL;
         }
         if (R == LDT_BOOL && (p == LP_SUB)) return 0; /* torch raises; keep its error */
+        /* arange(n) + 0 (transformers' position arithmetic) is the index table's LOAD itself, so
+         * that views of it stay views (an index operand then needs no kernel of its own). Only for
+         * the index table: it never reaches a call or the output as itself (need_tensor copies it),
+         * so this makes no alias that eager would not make. */
+        if (p == LP_ADD && a.kind == 1 && b.kind == 2 && b.isint && b.i == 0 && NODE(c, a.node)->dtype == R &&
+            em_lnode_is_view(NODE(c, a.node)) && c->lg->bufs[NODE(c, a.node)->buf].kind == LBUF_INDEX)
+            return a.node;
         uint32_t x = operand_node(c, &a, cd), y = operand_node(c, &b, cd);
         if (rule->kind == R_ADDSUB && slot[2]) {
             Opnd al;
@@ -2666,7 +2983,7 @@ static int shadows_ok(LGraph *lg, uint32_t n0, uint32_t b0) {
             if (!shadow_is(lg, n->ssizes[d], n->sizes[d])) return 0;
             if (n->op == LP_LOAD && !shadow_is(lg, n->sstrides[d], n->strides[d])) return 0;
         }
-        if (n->op == LP_LOAD && (n->lmask || !shadow_is(lg, n->soffset, n->offset))) return 0;
+        if (n->op == LP_LOAD && (n->lmask || n->nidx || !shadow_is(lg, n->soffset, n->offset))) return 0;
         if (n->op == LP_CONST && n->sval && !shadow_is(lg, n->sval, (int64_t)n->fval)) return 0;
     }
     for (uint32_t i = b0; i < lg->nbufs; i++) {
@@ -2694,7 +3011,8 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
     uint8_t *ext = em_arena_alloc(a, g->nnodes + 1);
     uint8_t *used_by_extern = em_arena_alloc(a, g->nnodes + 1);
     uint8_t *returned = em_arena_alloc(a, g->nnodes + 1);
-    if (!lg || !rules || !ext || !used_by_extern || !returned) {
+    uint8_t *live = em_arena_alloc(a, g->nnodes + 1);
+    if (!lg || !rules || !ext || !used_by_extern || !returned || !live) {
         PyErr_NoMemory();
         return NULL;
     }
@@ -2753,6 +3071,7 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
     if (outn->nargs == 1) {
         mark_users(&outn->args[0], used_by_extern);
         mark_users(&outn->args[0], returned);
+        mark_users(&outn->args[0], live);
     }
     for (IRRef r = g->nnodes - 1; r >= 1; r--) {
         const IRNode *n = &g->nodes[r];
@@ -2762,6 +3081,13 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             ext[r] = lg->env || used_by_extern[r] || !only_getitems_read(g, r);
         else
             ext[r] = !rules[r] || !meta_ok(&n->meta) || (alias && (lg->env ? used_by_extern[r] : returned[r]));
+        /* live: the value is computed (an extern call or the output reads it, or a live node does).
+         * A gather that is not (dead code the tracer kept: F.embedding may have effects for all it
+         * knows) stays the torch call, which raises eager's error for a bad index: no kernel would
+         * ever run to check it. */
+        if (!ext[r] && !live[r] && is_gather(g, n, rules[r])) ext[r] = 1;
+        for (uint32_t i = 0; (ext[r] || live[r]) && i < n->nargs; i++) mark_users(&n->args[i], live);
+        for (uint32_t i = 0; (ext[r] || live[r]) && i < n->nkwargs; i++) mark_users(&n->kwargs[i], live);
         for (uint32_t i = 0; ext[r] && i < n->nargs; i++) {
             mark_users(&n->args[i], used_by_extern);
             if (alias) mark_users(&n->args[i], returned);

@@ -90,12 +90,37 @@ typedef struct LNode {
     int64_t lo[EM_LMAXDIM], hi[EM_LMAXDIM];
     uint32_t rmask;        /* reductions: bit d set = dim d reduced (result keeps it as 1) */
     IRRef ir;              /* the torch-level node this comes from (for comments) */
+    /* LOAD with index operands: an indirect ("gather") load. nidx > 0 integer nodes in in[0..nidx),
+     * each broadcast (right-aligned) to the load's shape; operand t adds its value times gstride[t]
+     * to the address (the strides of the dims it indexes are 0). Its value must lie in
+     * [0, gsize[t]) once a negative value has gsize[t] added where gwrap bit t is set (advanced
+     * indexing wraps, embedding/index_select/gather do not); elsewhere the kernel reads the dim's
+     * element 0 instead and reports error gerr[t] (LGatherErr, naming dim gdim[t]) for the runtime
+     * to raise as eager does. Static graphs only; gsize[t] > 0. Never masked (lmask 0). */
+    uint8_t nidx, gwrap;
+    uint8_t gerr[3];
+    int8_t gdim[3];
+    int64_t gstride[3], gsize[3];
     /* symbolic shadows (SYM_NONE in a static graph) */
     SymRef ssizes[EM_LMAXDIM], sstrides[EM_LMAXDIM], soffset;
     SymRef slo[EM_LMAXDIM], shi[EM_LMAXDIM];
     SymRef sval;           /* CONST of a symbolic graph: the value is this size expression (an element
                               count: mean, var), fval its hint */
 } LNode;
+
+/* The error eager raises for an index outside its dim (LNode.gerr), by op. */
+typedef enum {
+    LGERR_RANGE_IN_SELF, /* IndexError "index out of range in self" (embedding, index_select) */
+    LGERR_INDEX,         /* IndexError "index i is out of bounds for dimension d with size n" (x[idx]) */
+    LGERR_GATHER,        /* RuntimeError, the same text (gather) */
+    LGERR_DATA_BOUNDS    /* RuntimeError "INDICES element is out of DATA bounds, id=i axis_dim=n"
+                            (index_select along dim 1 of a tensor of 2+ dims: ATen's fast path) */
+} LGatherErr;
+
+/* How many node inputs n reads: a LOAD's index operands, else the op's arity. */
+static inline int em_lnode_nin(const LNode *n) { return n->op == LP_LOAD ? n->nidx : em_lprim_arity(n->op); }
+/* Is n a plain view of its buffer (strides and offset only: no mask, no index operand)? */
+static inline int em_lnode_is_view(const LNode *n) { return n->op == LP_LOAD && !n->lmask && !n->nidx; }
 
 /* A buffer: memory a kernel loads or stores. */
 typedef enum {

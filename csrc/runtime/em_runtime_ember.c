@@ -23,6 +23,15 @@ typedef void (*KernelFn)(char *const *, const int64_t *);
 typedef void (*MetaFn)(const int64_t *, int64_t *);
 typedef void (*SetThreadsFn)(int);
 
+/* A bounds check of a gather load (em_codegen.h, em_codegen_gather_check): the error eager raises
+ * when the kernel reports it. */
+typedef struct {
+    int64_t check;
+    int64_t size;         /* the dim's size */
+    uint8_t err;          /* LGatherErr */
+    int8_t dim;           /* the dim eager's message names */
+} GatherCheck;
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -47,6 +56,9 @@ typedef struct {
     int32_t out_ndim;
     int32_t *in_ndim;     /* per input: ndim of an extern result checked against m[], else -1 */
     int64_t threshold;    /* work from which the kernel runs in parallel (ember_set_threads) */
+    GatherCheck *checks;  /* CPU kernels with gather loads: their bounds checks (the kernel's last
+                             argument is then the error word, int64_t[2]) */
+    uint32_t nchecks;
 } Kernel;
 
 static PyTypeObject *Kernel_Type = NULL;
@@ -219,6 +231,27 @@ done:
     return out;
 }
 
+/* Raises the error eager raises for the index a gather load's check reported (err: the kernel's
+ * error word), and returns -1; 0 when no check failed. */
+static int gather_error(const Kernel *k, const int64_t *err) {
+    if (!err[0]) return 0;
+    for (uint32_t i = 0; i < k->nchecks; i++) {
+        const GatherCheck *c = &k->checks[i];
+        if (c->check != err[0] - 1) continue;
+        if (c->err == LGERR_RANGE_IN_SELF) PyErr_SetString(PyExc_IndexError, "index out of range in self");
+        else if (c->err == LGERR_DATA_BOUNDS)
+            PyErr_Format(PyExc_RuntimeError, "INDICES element is out of DATA bounds, id=%lld axis_dim=%lld",
+                         (long long)err[1], (long long)c->size);
+        else
+            PyErr_Format(c->err == LGERR_GATHER ? PyExc_RuntimeError : PyExc_IndexError,
+                         "index %lld is out of bounds for dimension %d with size %lld", (long long)err[1], c->dim,
+                         (long long)c->size);
+        return -1;
+    }
+    PyErr_Format(PyExc_SystemError, "ember kernel %U: an unknown bounds check failed", k->name);
+    return -1;
+}
+
 static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Kernel *k = (Kernel *)self;
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
@@ -230,7 +263,8 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
     if (k->meta) return kernel_call_symbolic(k, args);
     char *pbuf[KSTACK], **ptrs = pbuf;
     PyObject *fixbuf[KSTACK], **fixed = fixbuf, *out = NULL;
-    uint32_t nptr = k->nin + 1;
+    int64_t err[2] = {0, 0}; /* the gather loads' error word (em_codegen.h) */
+    uint32_t nptr = k->nin + 1 + (k->nchecks > 0);
     if (nptr > KSTACK) {
         ptrs = PyMem_Malloc(nptr * sizeof(char *));
         fixed = PyMem_Calloc(nptr, sizeof(PyObject *));
@@ -277,9 +311,11 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
     if (k->numel > 0 && k->cuda) {
         if (em_cuda_launch(k->cuda, ptrs, k->nin + 1) < 0) Py_CLEAR(out);
     } else if (k->numel > 0) {
+        if (k->nchecks) ptrs[k->nin + 1] = (char *)err;
         Py_BEGIN_ALLOW_THREADS
         k->fn(ptrs, NULL);
         Py_END_ALLOW_THREADS
+        if (gather_error(k, err) < 0) Py_CLEAR(out);
     }
 done:
     for (uint32_t i = 0; i < k->nin && fixed; i++) Py_XDECREF(fixed[i]);
@@ -302,6 +338,7 @@ static void kernel_dealloc(PyObject *self) {
     free(k->src_arg);
     free(k->src_dim);
     free(k->in_ndim);
+    free(k->checks);
     if (k->in_size) {
         for (uint32_t i = 0; i < k->nin; i++) {
             Py_XDECREF(k->in_size[i]);
@@ -997,7 +1034,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                     ok = 1;
                     for (uint32_t l = 0; l < k->nloads && ok; l++)
                         if (k->loads[l].buf == b)
-                            ok = k->loads[l].offset == k->stores[0].offset &&
+                            ok = !k->loads[l].nidx && k->loads[l].offset == k->stores[0].offset &&
                                  memcmp(k->loads[l].strides, k->stores[0].strides, k->ndim * sizeof(int64_t)) == 0 &&
                                  k->loads[l].soffset == k->stores[0].soffset &&
                                  memcmp(k->loads[l].sstrides, k->stores[0].sstrides, k->ndim * sizeof(SymRef)) == 0;
@@ -1151,6 +1188,8 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         ko->donor = -1;
         ko->name = PyUnicode_FromFormat("ember_k%u", sp->index);
         ko->in_size = ko->in_stride = NULL;
+        ko->checks = NULL;
+        ko->nchecks = 0;
         const LBuf *ob = &lg->bufs[k->args[k->nin]];
         if (form_of[k->args[k->nin]] != NONE) ob = &lg->bufs[form_of[k->args[k->nin]]]; /* same memory, a view's layout */
         ko->out_size = int_tuple(ob->ndim, ob->sizes);
@@ -1171,6 +1210,17 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             }
         } else {
             ko->fn = (KernelFn)dlsym(handle, fname);
+            /* the gather loads' bounds checks, to raise eager's error when the kernel reports one */
+            for (uint32_t i = 0; i < k->nnodes; i++) ko->nchecks += k->nodes[i].op == LP_LOAD ? k->nodes[i].nidx : 0;
+            if (ko->nchecks && !(ko->checks = calloc(ko->nchecks, sizeof(GatherCheck)))) {
+                Py_DECREF(ko);
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (uint32_t i = 0, c = 0; i < k->nnodes && ko->nchecks; i++)
+                for (int t = 0; k->nodes[i].op == LP_LOAD && t < k->nodes[i].nidx; t++)
+                    ko->checks[c++] = (GatherCheck){em_codegen_gather_check(i, t), k->nodes[i].gsize[t],
+                                                    k->nodes[i].gerr[t], k->nodes[i].gdim[t]};
             int64_t work = 1;
             for (int j = 0; j < k->ndim; j++) work *= k->sizes[j];
             if (work >= opt.parallel_threshold || lg->env) ko->set_threads = (SetThreadsFn)dlsym(handle, "ember_set_threads");

@@ -140,9 +140,9 @@ static int collect(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, uint32
                 if (materialize(c, b->index, ny->buf) < 0) return -1;
                 return 1;
             }
-            continue;
         }
-        for (int i = 0; i < em_lprim_arity(ny->op); i++) stack[sp++] = ny->in[i];
+        /* a gather load's index operands are computed in the same kernel */
+        for (int i = 0; i < em_lnode_nin(ny); i++) stack[sp++] = ny->in[i];
     }
     /* insertion sort by id: lists are short */
     for (uint32_t i = 1; i < *n; i++) {
@@ -295,6 +295,7 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
                 ln.op = LP_LOAD;
                 ln.cdtype = ln.dtype;
                 ln.lmask = 0;
+                ln.nidx = 0;
                 ac->soffset = lg->env ? em_sym_const(lg->env, 0) : SYM_NONE;
             } else {
                 ac->buf = ln.buf;
@@ -320,6 +321,11 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
                 }
                 ac->fval = ln.fval;
                 ac->ival = ln.ival;
+            }
+            ac->nidx = ln.nidx;
+            for (int t = 0; t < ln.nidx; t++) {
+                ln.in[t] = local[ln.in[t]];
+                ac->gextent += (ln.gsize[t] - 1) * (ln.gstride[t] < 0 ? -ln.gstride[t] : ln.gstride[t]);
             }
             k.acc_of[i] = k.nloads++;
         } else {
@@ -400,6 +406,7 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
                 int moves = lg->env ? !(em_sym_is_const(lg->env, ac->sstrides[j], &z) && z == 0) : ac->strides[j] != 0;
                 e |= moves || ((ac->mask >> j) & 1);
             }
+            for (int t = 0; t < ln->nidx; t++) e |= k.elem[ln->in[t]]; /* an index that varies */
         } else if (!em_lprim_is_reduce(ln->op)) {
             for (int q = 0; q < em_lprim_arity(ln->op); q++) e |= k.elem[ln->in[q]];
         }
@@ -492,7 +499,7 @@ static int need_tensor(Sched *c, IRRef r, int output) {
     if (v->kind != LV_NODE) return 0;
     uint32_t x = v->lnode;
     const LNode *ln = &lg->nodes[x];
-    if (ln->op == LP_LOAD && ln->offset == 0 && !ln->lmask) {
+    if (em_lnode_is_view(ln) && ln->offset == 0) {
         const LBuf *b = &lg->bufs[ln->buf];
         int exact = b->ndim == ln->ndim && same_shape(lg, ln->ndim, b->sizes, b->ssizes, ln->sizes, ln->ssizes) &&
                     (!lg->env || em_lower_same(lg, 0, ln->soffset, 0, em_sym_const(lg->env, 0)));
@@ -510,7 +517,7 @@ static int need_tensor(Sched *c, IRRef r, int output) {
             return 0;
         }
     }
-    if (!lg->env && !output && s->ir_buf[r] == NONE && ln->op == LP_LOAD && !ln->lmask &&
+    if (!lg->env && !output && s->ir_buf[r] == NONE && em_lnode_is_view(ln) &&
         lg->bufs[ln->buf].kind != LBUF_INDEX && load_has_meta_layout(ln, m)) {
         uint32_t vb = view_buffer(c, ln->buf, m, ln->offset, r);
         if (vb == NONE) return -1;

@@ -21,6 +21,11 @@ typedef struct SAccess {
     double fval;
     int64_t ival;
     SymRef soffset, sstrides[EM_LMAXDIM]; /* symbolic graph: the shadows of offset and strides */
+    /* loads only: a gather load (LNode.nidx index operands: the node's in[], local indices) reads
+     * elsewhere than at its strides alone, up to gextent elements past them (sum of (gsize - 1) *
+     * |gstride|); never the element being written, so never an in-place donor */
+    uint8_t nidx;
+    int64_t gextent;
 } SAccess;
 
 /* A kernel: the loop nest over its domain, with the domain's dims in loop order:
