@@ -951,6 +951,22 @@ static uint32_t split_piece(Ctx *c, IRRef sp, const IRArg *index) {
     return reload_s(c, l, nd, sz, st, start * src.strides[d], NULL, NULL, SYM_NONE);
 }
 
+/* A slice (step > 0) over dim d of the LOAD src, as basic indexing takes it: the view's length and
+ * stride, and the element offset it adds to *off. -1 when it does not lower. */
+static int slice_item(PyObject *it, const LNode *src, int d, int64_t *len, int64_t *stride, int64_t *off) {
+    Py_ssize_t start, stop, step;
+    if (PySlice_Unpack(it, &start, &stop, &step) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (step <= 0) return -1;
+    Py_ssize_t n = PySlice_AdjustIndices((Py_ssize_t)src->sizes[d], &start, &stop, step);
+    *len = n;
+    *stride = src->strides[d] * step;
+    if (n > 0) *off += start * src->strides[d];
+    return 0;
+}
+
 static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint32_t base);
 
 /* Does some node read IR node r through a view (view, reshape, getitem, transpose ...)? */
@@ -973,14 +989,18 @@ static int arg_reads(const IRArg *a, IRRef r) {
     return k;
 }
 
+/* How many of node un's arguments are IR node r. */
+static int node_reads(const IRNode *un, IRRef r) {
+    int k = 0;
+    for (uint32_t i = 0; i < un->nargs; i++) k += arg_reads(&un->args[i], r);
+    for (uint32_t i = 0; i < un->nkwargs; i++) k += arg_reads(&un->kwargs[i], r);
+    return k;
+}
+
 /* How many times the nodes after r (the output included) read IR node r. */
 static int ir_reads(const IRGraph *g, IRRef r) {
     int k = 0;
-    for (IRRef u = r + 1; u < g->nnodes; u++) {
-        const IRNode *un = &g->nodes[u];
-        for (uint32_t i = 0; i < un->nargs; i++) k += arg_reads(&un->args[i], r);
-        for (uint32_t i = 0; i < un->nkwargs; i++) k += arg_reads(&un->kwargs[i], r);
-    }
+    for (IRRef u = r + 1; u < g->nnodes; u++) k += node_reads(&g->nodes[u], r);
     return k;
 }
 
@@ -995,10 +1015,7 @@ static int layout_free(Ctx *c, IRRef r, int depth) {
     if (depth > 16) return 0;
     for (IRRef u = r + 1; u < g->nnodes; u++) {
         const IRNode *un = &g->nodes[u];
-        int reads = 0;
-        for (uint32_t i = 0; i < un->nargs; i++) reads += arg_reads(&un->args[i], r);
-        for (uint32_t i = 0; i < un->nkwargs; i++) reads += arg_reads(&un->kwargs[i], r);
-        if (!reads) continue;
+        if (!node_reads(un, r)) continue;
         if (un->kind != IR_CALL_FUNCTION && un->kind != IR_CALL_METHOD) return 0;
         const LowerRule *ur = find_rule(un, 0);
         if (ur && is_view_rule(ur)) {
@@ -1348,24 +1365,14 @@ static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint3
                 if (env) soff = em_sym_add(env, soff, em_sym_mul(env, sv, src.sstrides[d]));
                 d++;
             } else {
-                Py_ssize_t start, stop, step;
-                if (PySlice_Unpack(it, &start, &stop, &step) < 0) {
-                    PyErr_Clear();
-                    return 0;
-                }
-                if (step <= 0) return 0;
                 if (env) {
                     /* symbolic: the whole dim only (x[:, 0]); other slices are torch's */
                     PySliceObject *sl = (PySliceObject *)it;
                     if (sl->start != Py_None || sl->stop != Py_None || sl->step != Py_None) return 0;
                 }
-                Py_ssize_t len = PySlice_AdjustIndices((Py_ssize_t)src.sizes[d], &start, &stop, step);
-                if (k >= EM_LMAXDIM) return 0;
-                sizes[k] = len;
+                if (k >= EM_LMAXDIM || slice_item(it, &src, d, &sizes[k], &st[k], &off) < 0) return 0;
                 ss[k] = src.ssizes[d];
-                sst[k] = src.sstrides[d];
-                st[k++] = src.strides[d] * step;
-                if (len > 0) off += start * src.strides[d];
+                sst[k++] = src.sstrides[d];
                 d++;
             }
         }
@@ -1975,6 +1982,14 @@ static uint32_t lower_embedding(Ctx *c, int torch_form, const IRArg **slot) {
     return mk_gather_load(c, wl.buf, wl.offset, ind + 1, sizes, st, 1, &g);
 }
 
+/* The (input, dim, index) arguments of index_select and gather: two tensors and an int. */
+static int input_dim_index(Ctx *c, const IRArg **slot, Opnd *xo, int64_t *dim, Opnd *io) {
+    if (opnd(c, slot[0], xo) < 0 || xo->kind != 1 || get_int(slot[1], dim) < 0 || opnd(c, slot[2], io) < 0 ||
+        io->kind != 1)
+        return -1;
+    return 0;
+}
+
 /* index_select(input, dim, index): index 0-d or 1-d; the result is input with dim's size the
  * index's length. Negative indices raise in eager: IndexError "index out of range in self", except
  * along dim 1 of a tensor of 2+ dims, whose fast path checks first and raises RuntimeError "INDICES
@@ -1984,9 +1999,7 @@ static uint32_t lower_index_select(Ctx *c, const IRArg **slot) {
     Opnd xo, io;
     int64_t dim;
     int32_t d;
-    if (opnd(c, slot[0], &xo) < 0 || xo.kind != 1 || get_int(slot[1], &dim) < 0 || opnd(c, slot[2], &io) < 0 ||
-        io.kind != 1)
-        return 0;
+    if (input_dim_index(c, slot, &xo, &dim, &io) < 0) return 0;
     int32_t nd = NODE(c, xo.node)->ndim, ind = NODE(c, io.node)->ndim;
     if (nd == 0 || ind > 1 || norm_dim(dim, nd, &d) < 0) return 0;
     uint32_t x = as_load(c, xo.node);
@@ -2010,9 +2023,7 @@ static uint32_t lower_gather(Ctx *c, const IRArg **slot) {
     Opnd xo, io;
     int64_t dim;
     int32_t d;
-    if (opnd(c, slot[0], &xo) < 0 || xo.kind != 1 || get_int(slot[1], &dim) < 0 || opnd(c, slot[2], &io) < 0 ||
-        io.kind != 1)
-        return 0;
+    if (input_dim_index(c, slot, &xo, &dim, &io) < 0) return 0;
     LNode il = *NODE(c, io.node);
     int32_t nd = NODE(c, xo.node)->ndim;
     if (nd == 0 || il.ndim != nd || norm_dim(dim, nd, &d) < 0) return 0;
@@ -2125,16 +2136,8 @@ static uint32_t lower_adv_index(Ctx *c, const IRArg **slot) {
             if (v < 0 || v >= src.sizes[d]) return 0;
             off += v * src.strides[d++];
         } else {
-            Py_ssize_t start, stop, step;
-            if (PySlice_Unpack(o, &start, &stop, &step) < 0) {
-                PyErr_Clear();
-                return 0;
-            }
-            if (step <= 0 || k >= EM_LMAXDIM) return 0;
-            Py_ssize_t len = PySlice_AdjustIndices((Py_ssize_t)src.sizes[d], &start, &stop, step);
-            vs[k] = len;
-            vst[k++] = src.strides[d] * step;
-            if (len > 0) off += start * src.strides[d];
+            if (k >= EM_LMAXDIM || slice_item(o, &src, d, &vs[k], &vst[k], &off) < 0) return 0;
+            k++;
             d++;
         }
     }
@@ -2900,10 +2903,7 @@ static int only_externs_read(Ctx *c, IRRef r, int depth) {
     if (depth > 16) return 0;
     for (IRRef u = r + 1; u < g->nnodes; u++) {
         const IRNode *un = &g->nodes[u];
-        int reads = 0;
-        for (uint32_t i = 0; i < un->nargs; i++) reads += arg_reads(&un->args[i], r);
-        for (uint32_t i = 0; i < un->nkwargs; i++) reads += arg_reads(&un->kwargs[i], r);
-        if (!reads || un->kind == IR_OUTPUT) continue;
+        if (!node_reads(un, r) || un->kind == IR_OUTPUT) continue;
         const LowerRule *ur = find_rule(un, 0);
         if (ur && ur->kind == R_IDENTITY && ur->prim == 1 && read_by_view(g, u)) return 0; /* a copy (lower_view) */
         if (ur && is_view_rule(ur) && !c->ext[u]) {
