@@ -192,12 +192,13 @@ def emulate(fn, *inputs, grid_cap: int = 3):
     return emulate_info(cuda_codegen(fn, *inputs), *inputs, grid_cap=grid_cap)
 
 
-def emulate_info(info: dict, *inputs, grid_cap: int = 3):
+def emulate_info(info: dict, *inputs, grid_cap: int = 3, idx64: bool | None = None):
     """Runs the kernels of a code generation result (cuda_codegen's dict, or the "cuda_test" entry
     that EMBER_TEST_CUDA_SOURCE=1 adds to a CPU compile's cache_info) on the CPU tensors inputs (the
     graph's inputs, in order); returns (outputs, info). A symbolic graph (info["symbols"]) runs for
     the inputs' sizes: the symbols' values, buffer layouts, grid, per-call block and index width are
-    computed here as the runtime computes them (em_cuda_launch_sym)."""
+    computed here as the runtime computes them (em_cuda_launch_sym); idx64=True/False runs the 64- or
+    32-bit variant of kernels compiled with both (launch idx64 == 2) whatever the sizes."""
     import ctypes
     import hashlib
     import os
@@ -265,7 +266,7 @@ def emulate_info(info: dict, *inputs, grid_cap: int = 3):
                 block = row_block(val(ln["row"]))
             per = ln["rows_per_block"] if ln["rows_per_block"] > 0 else ln["vec"] * block
             blocks = (units + per - 1) // per if units > 0 else 0
-            if ln["idx64"] == 2 and val(ln["reach"]) >= IDX32_LIMIT:
+            if ln["idx64"] == 2 and (val(ln["reach"]) >= IDX32_LIMIT if idx64 is None else idx64):
                 name = f"{i}_64"
         if blocks <= 0:
             continue
