@@ -54,15 +54,35 @@ typedef struct EmCudaLaunch {
     int32_t rows_per_block;  /* reductions: 1 = one row per block, 8 = one row per warp */
     int32_t threads_per_row; /* reductions: 32 or the block size */
     int32_t cached;          /* reductions: elements per thread held in registers (0: re-read) */
+    /* symbolic graphs (sizes as kernel arguments): blocks is the example's, the runtime computes it
+     * per call from the sizes; idx64 2 = both index widths compiled, `ember_k<i>` (32-bit) and
+     * `ember_k<i>_64`, picked per call by the farthest element reached (em_codegen_cuda_sym_exprs) */
+    int32_t sym;
+    int32_t block_dyn;       /* reductions: block (= threads per row) picked per call from the row length */
 } EmCudaLaunch;
 
 /* Kernel i is `extern "C" __global__ void ember_k<i>(T0 *a0, ...)`, one pointer per argument buffer
  * (SKernel.args), launched as launch[i] says (an array of s->nkernels entries, filled here). New
  * str (CUDA C++ for NVRTC, no #include), NULL with an exception: NotImplementedError naming what it
  * cannot emit (masked loads, an operation without a CUDA form), so that the graph runs elsewhere. */
-PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch);
+PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch, uint8_t *sym_used);
+/* Symbolic graphs: every kernel's last argument is `struct em_sv { long long v[n]; }` by value, n =
+ * em_sym_nsymbols (at least 1), v[j] symbol j's value; sym_used (n entries, may be NULL) receives
+ * which symbols the kernels read. At most EM_CUDA_MAX_SYMBOLS (kernel parameters stay small). */
+#define EM_CUDA_MAX_SYMBOLS 256
 /* The rules behind launch[] (tests read them through the launch table). */
 int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k);
 int em_codegen_cuda_needs_idx64(const SKernel *k);
+/* Symbolic graphs: the farthest element kernel k reaches (max of the domain's element count and each
+ * access's largest offset) and its row length, as size expressions (the runtime evaluates them per
+ * call: 64-bit indices from EM_CUDA_IDX32_LIMIT, the grid, a per-call block). */
+void em_codegen_cuda_sym_exprs(const Schedule *s, const SKernel *k, SymRef *reach, SymRef *row);
+#define EM_CUDA_IDX32_LIMIT ((1LL << 31) - EM_CUDA_MAX_THREADS * 16)
+/* The block of a per-call reduction block: next_pow2(ceil(R / 8)) in [128, 1024]. */
+static inline int32_t em_cuda_row_block(int64_t R) {
+    int64_t t = 128;
+    while (t < 1024 && t * 8 < R) t <<= 1;
+    return (int32_t)t;
+}
 
 #endif /* EM_CODEGEN_H */

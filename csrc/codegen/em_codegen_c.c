@@ -111,66 +111,8 @@ typedef struct {
     uint32_t rc_pass;         /* and the reduction whose pass writes it; UINT32_MAX: none */
 } KG;
 
-/* Writes the C of a size expression (Python // and % semantics: em_floordiv, em_mod). */
-static void sym_c(SB *b, KG *g, SymRef e) {
-    int64_t kk, c;
-    uint32_t n;
-    if (e == SYM_NONE) {
-        g->bad = 1;
-        sb_printf(b, "0");
-        return;
-    }
-    SymOp op = em_sym_node(g->env, e, &kk, &n);
-    switch (op) {
-    case SYM_CONST: sb_printf(b, kk < 0 ? "(%lldLL)" : "%lldLL", (long long)kk); return;
-    case SYM_SYMBOL:
-        sb_printf(b, "sv[%lld]", (long long)kk);
-        if (g->used) g->used[kk] = 1;
-        return;
-    case SYM_ADD:
-        sb_printf(b, "(%lldLL", (long long)kk);
-        for (uint32_t i = 0; i < n; i++) {
-            SymRef t = em_sym_operand(g->env, e, i, &c);
-            sb_printf(b, " + %lldLL * ", (long long)c);
-            sym_c(b, g, t);
-        }
-        sb_printf(b, ")");
-        return;
-    case SYM_MUL:
-        sb_printf(b, "(");
-        for (uint32_t i = 0; i < n; i++) {
-            SymRef t = em_sym_operand(g->env, e, i, &c);
-            if (c < 1 || c > 8) g->bad = 1;
-            for (int64_t r = 0; r < c; r++) {
-                sb_printf(b, i || r ? " * " : "");
-                sym_c(b, g, t);
-            }
-        }
-        sb_printf(b, ")");
-        return;
-    case SYM_FLOORDIV:
-    case SYM_MOD:
-        sb_printf(b, op == SYM_FLOORDIV ? "em_floordiv(" : "em_mod(");
-        sym_c(b, g, em_sym_operand(g->env, e, 0, NULL));
-        sb_printf(b, ", ");
-        sym_c(b, g, em_sym_operand(g->env, e, 1, NULL));
-        sb_printf(b, ")");
-        return;
-    case SYM_MIN:
-    case SYM_MAX:
-        for (uint32_t i = 0; i + 1 < n; i++) sb_printf(b, op == SYM_MIN ? "em_min(" : "em_max(");
-        for (uint32_t i = 0; i < n; i++) {
-            sym_c(b, g, em_sym_operand(g->env, e, i, NULL));
-            if (i) sb_printf(b, ")");
-            if (i + 1 < n) sb_printf(b, ", ");
-        }
-        return;
-    default:
-        g->bad = 1;
-        sb_printf(b, "0");
-        return;
-    }
-}
+/* Writes the C of a size expression (em_codegen_expr.c). */
+static void sym_c(SB *b, KG *g, SymRef e) { em_codegen_sym(b, g->env, e, g->used, &g->bad); }
 
 /* A number of the kernel: the literal hint (static kernel or constant shadow), else a local named
  * `name` defined in the prologue as the expression. */

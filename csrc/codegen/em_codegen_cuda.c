@@ -63,7 +63,12 @@ static const char PRELUDE[] =
     "    double mod = fmod(a, b), div = (a - mod) / b;\n"
     "    if (mod != 0 && (b < 0) != (mod < 0)) div -= 1.0;\n"
     "    if (div != 0) { double fl = floor(div); if (div - fl > 0.5) fl += 1.0; return fl; }\n"
-    "    return copysign(0.0, a / b);\n}\n\n";
+    "    return copysign(0.0, a / b);\n}\n"
+    "/* Python's // and % on sizes (size expressions of symbolic graphs, em_codegen_sym) */\n"
+    "static __device__ __forceinline__ long long em_floordiv(long long a, long long b) { long long q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }\n"
+    "static __device__ __forceinline__ long long em_mod(long long a, long long b) { long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n"
+    "static __device__ __forceinline__ long long em_min(long long a, long long b) { return a < b ? a : b; }\n"
+    "static __device__ __forceinline__ long long em_max(long long a, long long b) { return a > b ? a : b; }\n\n";
 
 /* storage and compute types on the device (em_lower.h LDTYPES order) */
 static const char *const CU_STORAGE[LDT__COUNT] = {"float", "double", "em_half", "em_bf16", "long long",
@@ -74,6 +79,49 @@ static const int DT_SIZE[LDT__COUNT] = {4, 8, 2, 2, 8, 4, 2, 1, 1, 1};
 
 static const char *ctype(LDtype t) { return CU_COMPUTE[t]; }
 static const char *stype(LDtype t) { return CU_STORAGE[t]; }
+
+/* ---- sizes as kernel arguments (symbolic graphs, s->lg->env) ----
+ * A kernel of a symbolic graph takes the symbols' values as its last argument, a struct passed by
+ * value (`em_sv`, one long long per symbol of the graph's ShapeEnv). Its body is a template over
+ * the index type; the domain sizes, access strides and offsets are locals computed at its top from
+ * sv (n<j>, s<q>_<j>, o<q>; constant shadows stay literals), and every schedule choice holds for
+ * every size the entry's guards admit: it is decided on the shadows (constants, ranges), or made
+ * per call (grid, a block size chosen from the row length, 32- or 64-bit indices by the farthest
+ * element this call reaches, vectors behind a run-time alignment and divisibility check). A static
+ * graph's text is unchanged: literals everywhere. */
+
+typedef struct {
+    char v[24];    /* literal, or the local's name */
+    int zero, one; /* 0 / 1 for every size */
+} Num;
+
+typedef struct KC {
+    const Schedule *s;
+    const SKernel *k;
+    ShapeEnv *env;  /* NULL: static kernel */
+    uint8_t *used;  /* per symbol: read by some kernel */
+    int bad;        /* a size expression the generator cannot write */
+    Num size[EM_LMAXDIM];
+    Num *off;       /* per access: loads, then stores */
+    Num (*st)[EM_LMAXDIM];
+} KC;
+
+/* Is the shadow e (hint in a static graph) the same constant for every size? */
+static int known(ShapeEnv *env, SymRef e, int64_t hint, int64_t *v) {
+    if (!env) {
+        *v = hint;
+        return 1;
+    }
+    return e != SYM_NONE && em_sym_is_const(env, e, v);
+}
+
+static uint32_t acc_ix(const SKernel *k, const SAccess *ac) {
+    for (uint32_t q = 0; q < k->nloads; q++)
+        if (&k->loads[q] == ac) return q;
+    for (uint32_t q = 0; q < k->nstores; q++)
+        if (&k->stores[q] == ac) return k->nloads + q;
+    return 0;
+}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Schedule rules (pure functions of the kernel, exported for the tests through the launch table)  */
@@ -115,13 +163,17 @@ static LDtype access_dtype(const Schedule *s, const SKernel *k, const SAccess *a
  * then a scalar tail runs) and the outer strides of stride-1 accesses multiples of it, so that each
  * vector stays in one row and keeps the base's alignment. 1 = scalar only. */
 int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k) {
+    ShapeEnv *env = s->lg->env; /* symbolic: decided on the shadows; sizes and outer strides whose
+                                   divisibility is not known are checked per call in the kernel */
+    int64_t c;
     if (k->reduction || k->ndim == 0) return 1;
     for (uint32_t q = 0; q < k->nloads; q++)
         if (k->loads[q].mask || k->loads[q].nidx) return 1; /* masked loads (padding, cat), gather loads: scalar */
     int maxsz = 0, any_unit = 0, last = k->ndim - 1;
     for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
         const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
-        int64_t st = ac->strides[last];
+        int64_t st;
+        if (!known(env, ac->sstrides[last], ac->strides[last], &st)) return 1;
         if (st != 0 && st != 1) return 1;
         if (st == 1) {
             int sz = DT_SIZE[access_dtype(s, k, ac)];
@@ -132,13 +184,13 @@ int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k) {
     if (!any_unit || maxsz == 0) return 1;
     int v = 16 / maxsz;
     if (v > 16) v = 16;
-    if (k->ndim > 1 && k->sizes[last] % v) return 1;
-    if (k->ndim == 1 && k->sizes[0] < 2 * v) return 1;
+    if (k->ndim > 1 && known(env, k->ssizes[last], k->sizes[last], &c) && c % v) return 1;
+    if (!env && k->ndim == 1 && k->sizes[0] < 2 * v) return 1;
     for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
         const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
         if (ac->strides[last] != 1) continue;
         for (int j = 0; j < last; j++)
-            if (ac->strides[j] % v) return 1;
+            if (known(env, ac->sstrides[j], ac->strides[j], &c) && c % v) return 1;
     }
     return v < 2 ? 1 : v;
 }
@@ -148,6 +200,9 @@ int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k) {
  * width, so each thread's chunk of V elements is one aligned 16-byte access (checked per row at run
  * time). 1 = scalar. */
 static int reduction_vec_width(const Schedule *s, const SKernel *k, int64_t R) {
+    ShapeEnv *env = s->lg->env; /* symbolic: the row length R must be a known multiple; the outer
+                                   strides and offsets are covered by the per-row alignment check */
+    int64_t c;
     if (k->ndim - k->nouter != 1) return 1;
     int maxsz = 0, any = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -159,20 +214,26 @@ static int reduction_vec_width(const Schedule *s, const SKernel *k, int64_t R) {
                 if (k->store_node[q] == i && k->elem[i]) ac = &k->stores[q];
             if (!ac) continue;
             if (pass == 0) {
-                if (ac->strides[k->nouter] != 1) return 1;
+                if (!known(env, ac->sstrides[k->nouter], ac->strides[k->nouter], &c) || c != 1) return 1;
                 int sz = DT_SIZE[access_dtype(s, k, ac)];
                 if (sz > maxsz) maxsz = sz;
                 any = 1;
             } else {
                 for (int j = 0; j < k->nouter; j++)
-                    if (ac->strides[j] % v) return 1;
-                if (ac->offset % v) return 1;
+                    if (known(env, ac->sstrides[j], ac->strides[j], &c) && c % v) return 1;
+                if (known(env, ac->soffset, ac->offset, &c) && c % v) return 1;
             }
         }
         if (!any) return 1;
     }
     int v = 16 / maxsz;
     if (v > 8) v = 8; /* 8 x 1-byte values: 64-bit accesses, registers stay few */
+    if (env) {
+        SymRef Rs = em_sym_const(env, 1);
+        for (int j = k->nouter; j < k->ndim; j++) Rs = em_sym_mul(env, Rs, k->ssizes[j]);
+        SymRef div = em_sym_cmp(env, SYM_EQ, em_sym_mod(env, Rs, em_sym_const(env, v)), em_sym_const(env, 0));
+        return v >= 2 && Rs != SYM_NONE && div != SYM_NONE && em_sym_static_bool(env, div) == 1 ? v : 1;
+    }
     return v >= 2 && R % v == 0 ? v : 1;
 }
 
@@ -182,15 +243,57 @@ static int64_t next_pow2(int64_t x) {
     return p;
 }
 
-/* Launch shape of a kernel (rules from the shape; see docs/backend_cuda.md). */
+void em_codegen_cuda_sym_exprs(const Schedule *s, const SKernel *k, SymRef *reach, SymRef *row) {
+    ShapeEnv *env = s->lg->env;
+    SymRef one = em_sym_const(env, 1), n = one, r = one;
+    for (int j = 0; j < k->ndim; j++) n = em_sym_mul(env, n, k->ssizes[j]);
+    for (int j = k->nouter; j < k->ndim; j++) r = em_sym_mul(env, r, k->ssizes[j]);
+    SymRef m = n;
+    for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
+        const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
+        SymRef e = em_sym_add(env, ac->soffset, em_sym_const(env, ac->gextent));
+        for (int j = 0; j < k->ndim; j++)
+            e = em_sym_add(env, e, em_sym_mul(env, em_sym_sub(env, k->ssizes[j], one), ac->sstrides[j]));
+        m = em_sym_max(env, m, e);
+    }
+    *reach = m;
+    *row = r;
+}
+
+/* 64-bit indices of a symbolic kernel: 0 when no admitted size reaches the limit, 1 when every one
+ * does, 2 when it depends on the sizes (both variants are compiled, the runtime picks per call).
+ * A stride that may be negative: 64-bit. */
+static int sym_idx64(const Schedule *s, const SKernel *k) {
+    ShapeEnv *env = s->lg->env;
+    const int64_t lim = (1LL << IDX32_LIMIT_LOG2) - EM_CUDA_MAX_THREADS * 16;
+    int64_t lo, hi;
+    for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
+        const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
+        for (int j = 0; j < k->ndim; j++) {
+            em_sym_range(env, ac->sstrides[j], &lo, &hi);
+            if (lo < 0) return 1;
+        }
+    }
+    SymRef reach, row;
+    em_codegen_cuda_sym_exprs(s, k, &reach, &row);
+    if (reach == SYM_NONE) return 1;
+    em_sym_range(env, reach, &lo, &hi);
+    return hi < lim ? 0 : lo >= lim ? 1 : 2;
+}
+
+/* Launch shape of a kernel (rules from the shape; see docs/backend_cuda.md). A symbolic kernel's
+ * blocks are the example's (the runtime computes them per call); its other fields hold for every
+ * admitted size. */
 static void choose_launch(const Schedule *s, const SKernel *k, EmCudaLaunch *L) {
+    ShapeEnv *env = s->lg->env;
     memset(L, 0, sizeof *L);
-    L->idx64 = em_codegen_cuda_needs_idx64(k);
+    L->idx64 = env ? sym_idx64(s, k) : em_codegen_cuda_needs_idx64(k);
+    L->sym = env != NULL;
     if (!k->reduction) {
         int64_t n = domain_numel(k);
         L->vec = em_codegen_cuda_vec_width(s, k);
         int64_t groups = (n + L->vec - 1) / L->vec;
-        L->block = groups >= 256 ? 256 : (int32_t)(groups < 32 ? 32 : (groups + 31) / 32 * 32);
+        L->block = groups >= 256 || env ? 256 : (int32_t)(groups < 32 ? 32 : (groups + 31) / 32 * 32);
         L->blocks = (groups + L->block - 1) / L->block;
         /* one block per 256 vector groups, no per-SM cap: a grid capped at full occupancy
          * (8 blocks of 256 per SM) loops ~60 times per thread on 64M elements and reached 90-92%
@@ -205,11 +308,36 @@ static void choose_launch(const Schedule *s, const SKernel *k, EmCudaLaunch *L) 
     for (int j = 0; j < k->nouter; j++) rows *= k->sizes[j];
     for (int j = k->nouter; j < k->ndim; j++) R *= k->sizes[j];
     L->vec = 1;
-    if (R <= 512) {
+    int64_t Rmax = R; /* the longest row the kernel must handle */
+    if (env) {
+        SymRef reach, row;
+        int64_t lo;
+        em_codegen_cuda_sym_exprs(s, k, &reach, &row);
+        em_sym_range(env, row, &lo, &Rmax);
+        if (row == SYM_NONE) Rmax = SYM_INF;
+    }
+    if (Rmax <= 512) {
         /* one row per warp, 8 rows per block */
         L->threads_per_row = 32;
         L->block = 256;
         L->rows_per_block = 8;
+    } else if (env) {
+        /* a symbolic row that may be long: a constant one takes the static rule below; otherwise one
+         * row per block, whose size the runtime picks per call by that rule from this call's row
+         * length (the kernel reads blockDim.x, launch bounds 1024) */
+        int64_t c = 1, v;
+        int dyn = 0;
+        for (int j = k->nouter; j < k->ndim; j++) {
+            if (known(env, k->ssizes[j], k->sizes[j], &v)) c *= v;
+            else dyn = 1;
+        }
+        int64_t t = dyn ? 1024 : next_pow2((c + 7) / 8);
+        if (t < 128) t = 128;
+        if (t > 1024) t = 1024;
+        if (!dyn) Rmax = c;
+        L->block_dyn = dyn;
+        L->threads_per_row = L->block = (int32_t)t;
+        L->rows_per_block = 1;
     } else {
         int64_t t = next_pow2((R + 7) / 8);
         if (t < 128) t = 128;
@@ -220,13 +348,14 @@ static void choose_launch(const Schedule *s, const SKernel *k, EmCudaLaunch *L) 
     }
     L->blocks = (rows + L->rows_per_block - 1) / L->rows_per_block;
     L->per_sm = 2048 / L->block;
-    int v = reduction_vec_width(s, k, R);
-    int64_t e = (R + (int64_t)L->threads_per_row * v - 1) / ((int64_t)L->threads_per_row * v) * v;
+    if (L->block_dyn || Rmax > (1LL << 40)) return; /* no bound on the row: re-read per pass, scalar */
+    int v = reduction_vec_width(s, k, Rmax);
+    int64_t e = (Rmax + (int64_t)L->threads_per_row * v - 1) / ((int64_t)L->threads_per_row * v) * v;
     uint32_t nelem_loads = 0;
     for (uint32_t i = 0; i < k->nnodes; i++) nelem_loads += k->nodes[i].op == LP_LOAD && k->elem[i];
     /* registers held per thread: at most half of what __launch_bounds__(block) leaves (64K per SM) */
     int64_t budget = 32768 / L->block < 64 ? 32768 / L->block : 64;
-    L->cached = R > 0 && e <= 16 && e * (int64_t)(nelem_loads ? nelem_loads : 1) <= budget ? (int32_t)e : 0;
+    L->cached = Rmax > 0 && e <= 16 && e * (int64_t)(nelem_loads ? nelem_loads : 1) <= budget ? (int32_t)e : 0;
     /* a gather load's indices are values of the row, computed after the registers would be filled:
      * such kernels re-read the row per pass */
     for (uint32_t q = 0; q < k->nloads; q++)
@@ -252,9 +381,19 @@ static void end_line(SB *b, const Schedule *s, const LNode *n) {
 }
 
 /* `const T v<i> = <expr>;` rounded to the storage type for half types. */
-static void emit_value(SB *b, const Schedule *s, const SKernel *k, uint32_t i, const char *ind) {
+static void emit_value(SB *b, KC *c, uint32_t i, const char *ind) {
+    const Schedule *s = c->s;
+    const SKernel *k = c->k;
     const LNode *n = &k->nodes[i];
     const char *ct = ctype(n->dtype);
+    if (n->op == LP_CONST && n->sval) {
+        /* an element count of a symbolic graph (mean, var): this call's value */
+        sb_printf(b, "%sconst %s v%u = (%s)", ind, ct, i, ct);
+        em_codegen_sym(b, c->env, n->sval, c->used, &c->bad);
+        sb_printf(b, ";");
+        end_line(b, s, n);
+        return;
+    }
     if (n->op == LP_CONST) {
         if (em_ldt_is_float(n->dtype)) {
             double v = n->fval;
@@ -293,27 +432,29 @@ static void store_conv(SB *b, LDtype dt, uint32_t v) {
 /* ---------------------------------------------------------------------------------------------- */
 
 /* `i<j>` = multi-index of linear index `lin` over all domain dims. */
-static void multi_index(SB *b, const SKernel *k, int from, int to, const char *lin, const char *pre, const char *ind) {
+static void multi_index(SB *b, const KC *c, int from, int to, const char *lin, const char *pre, const char *ind) {
     if (from >= to) return;
     sb_printf(b, "%sidx_t %s_t = %s;\n", ind, pre, lin);
     for (int j = to - 1; j >= from; j--) {
-        if (j > from) sb_printf(b, "%sconst idx_t %s%d = %s_t %% %lld; %s_t /= %lld;\n", ind, pre, j, pre, (long long)k->sizes[j], pre, (long long)k->sizes[j]);
+        if (j > from) sb_printf(b, "%sconst idx_t %s%d = %s_t %% %s; %s_t /= %s;\n", ind, pre, j, pre, c->size[j].v, pre, c->size[j].v);
         else sb_printf(b, "%sconst idx_t %s%d = %s_t;\n", ind, pre, j, pre);
     }
 }
 
-static void addr_terms(SB *b, const SAccess *ac, int from, int to, const char *pre) {
+static void addr_terms(SB *b, const KC *c, const SAccess *ac, int from, int to, const char *pre) {
+    const Num *st = c->st[acc_ix(c->k, ac)];
     for (int j = from; j < to; j++) {
-        if (ac->strides[j] == 1) sb_printf(b, " + %s%d", pre, j);
-        else if (ac->strides[j]) sb_printf(b, " + %s%d * %lld", pre, j, (long long)ac->strides[j]);
+        if (st[j].one) sb_printf(b, " + %s%d", pre, j);
+        else if (!st[j].zero) sb_printf(b, " + %s%d * %s", pre, j, st[j].v);
     }
 }
 
 /* offset + sum(index * stride) as one expression ("0" when empty). */
-static void addr_expr(SB *b, const SAccess *ac, int from, int to, const char *pre) {
+static void addr_expr(SB *b, const KC *c, const SAccess *ac, int from, int to, const char *pre) {
     SB t = {0};
-    if (ac->offset) sb_printf(&t, " + %lld", (long long)ac->offset);
-    addr_terms(&t, ac, from, to, pre);
+    const Num *o = &c->off[acc_ix(c->k, ac)];
+    if (!o->zero) sb_printf(&t, " + %s", o->v);
+    addr_terms(&t, c, ac, from, to, pre);
     if (t.oom) b->oom = 1;
     else sb_printf(b, "%s", t.p ? t.p + 3 : "0");
     free(t.p);
@@ -348,15 +489,17 @@ static void masked_close(SB *b, LDtype dt, const SAccess *ac) {
 }
 
 /* The body of one element (scalar path): loads, values, store; `e` is the multi-index prefix. */
-static void pw_scalar_body(SB *b, const Schedule *s, const SKernel *k, const char *ind) {
-    multi_index(b, k, 0, k->ndim, "i", "i", ind);
+static void pw_scalar_body(SB *b, KC *c, const char *ind) {
+    const Schedule *s = c->s;
+    const SKernel *k = c->k;
+    multi_index(b, c, 0, k->ndim, "i", "i", ind);
     for (uint32_t i = 0; i < k->nnodes; i++) {
         const LNode *n = &k->nodes[i];
         if (n->op == LP_LOAD) {
             const SAccess *ac = &k->loads[k->acc_of[i]];
             SB t = {0};
             sb_printf(&t, "a%u[", ac->arg);
-            addr_expr(&t, ac, 0, k->ndim, "i");
+            addr_expr(&t, c, ac, 0, k->ndim, "i");
             gather_terms(&t, n);
             sb_printf(&t, "]");
             sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
@@ -368,38 +511,40 @@ static void pw_scalar_body(SB *b, const Schedule *s, const SKernel *k, const cha
             sb_printf(b, ";");
             end_line(b, s, n);
         } else {
-            emit_value(b, s, k, i, ind);
+            emit_value(b, c, i, ind);
         }
     }
     const SAccess *st = &k->stores[0];
     sb_printf(b, "%sa%u[", ind, st->arg);
-    addr_expr(b, st, 0, k->ndim, "i");
+    addr_expr(b, c, st, 0, k->ndim, "i");
     sb_printf(b, "] = ");
     store_conv(b, k->nodes[k->store_node[0]].dtype, k->store_node[0]);
     sb_printf(b, ";\n");
 }
 
 /* The vector path: one step covers V consecutive elements of the innermost dim. */
-static void pw_vector_body(SB *b, const Schedule *s, const SKernel *k, int V, const char *ind) {
+static void pw_vector_body(SB *b, KC *c, int V, const char *ind) {
+    const Schedule *s = c->s;
+    const SKernel *k = c->k;
     int last = k->ndim - 1;
-    multi_index(b, k, 0, k->ndim, "i", "i", ind);
+    multi_index(b, c, 0, k->ndim, "i", "i", ind);
     /* loads: vectors for stride-1 accesses, one scalar for broadcast ones */
     for (uint32_t q = 0; q < k->nloads; q++) {
         const SAccess *ac = &k->loads[q];
         LDtype dt = access_dtype(s, k, ac);
-        if (ac->strides[last] == 1) {
+        if (c->st[q][last].one) {
             sb_printf(b, "%sconst em_vec<%s, %d> x%u = *(const em_vec<%s, %d> *)(a%u + ", ind, stype(dt), V, q, stype(dt), V, ac->arg);
-            addr_expr(b, ac, 0, k->ndim, "i");
+            addr_expr(b, c, ac, 0, k->ndim, "i");
             sb_printf(b, ");\n");
         } else {
             sb_printf(b, "%sconst %s x%u = a%u[", ind, stype(dt), q, ac->arg);
-            addr_expr(b, ac, 0, last, "i");
+            addr_expr(b, c, ac, 0, last, "i");
             sb_printf(b, "];\n");
         }
     }
     const SAccess *st = &k->stores[0];
     LDtype sdt = access_dtype(s, k, st);
-    int vstore = st->strides[last] == 1;
+    int vstore = c->st[k->nloads][last].one;
     if (vstore) sb_printf(b, "%sem_vec<%s, %d> y;\n", ind, stype(sdt), V);
     sb_printf(b, "%s#pragma unroll\n%sfor (int l = 0; l < %d; l++) {\n", ind, ind, V);
     char in2[64];
@@ -409,14 +554,14 @@ static void pw_vector_body(SB *b, const Schedule *s, const SKernel *k, int V, co
         if (n->op == LP_LOAD) {
             uint32_t q = k->acc_of[i];
             char x[32];
-            if (k->loads[q].strides[last] == 1) snprintf(x, sizeof x, "x%u.v[l]", q);
+            if (c->st[q][last].one) snprintf(x, sizeof x, "x%u.v[l]", q);
             else snprintf(x, sizeof x, "x%u", q);
             sb_printf(b, "%sconst %s v%u = ", in2, ctype(n->dtype), i);
             load_conv(b, n->dtype, x);
             sb_printf(b, ";");
             end_line(b, s, n);
         } else {
-            emit_value(b, s, k, i, in2);
+            emit_value(b, c, i, in2);
         }
     }
     if (vstore) {
@@ -424,51 +569,80 @@ static void pw_vector_body(SB *b, const Schedule *s, const SKernel *k, int V, co
         store_conv(b, sdt, k->store_node[0]);
         sb_printf(b, ";\n%s}\n", ind);
         sb_printf(b, "%s*(em_vec<%s, %d> *)(a%u + ", ind, stype(sdt), V, st->arg);
-        addr_expr(b, st, 0, k->ndim, "i");
+        addr_expr(b, c, st, 0, k->ndim, "i");
         sb_printf(b, ") = y;\n");
     } else {
         /* a broadcast store cannot happen (outputs are dense); kept scalar for safety */
         sb_printf(b, "%sa%u[", in2, st->arg);
-        addr_expr(b, st, 0, last, "i");
+        addr_expr(b, c, st, 0, last, "i");
         sb_printf(b, "] = ");
         store_conv(b, sdt, k->store_node[0]);
         sb_printf(b, ";\n%s}\n", ind);
     }
 }
 
-static void emit_pointwise(SB *b, const Schedule *s, const SKernel *k, const EmCudaLaunch *L) {
+/* The product of the kernel's sizes over dims [j0, j1) as text: a literal when every one is. */
+static void prod_text(SB *b, const KC *c, int j0, int j1) {
+    int64_t p = 1, v;
+    int lit = 1;
+    for (int j = j0; j < j1; j++) {
+        if (known(c->env, c->k->ssizes[j], c->k->sizes[j], &v)) p *= v;
+        else lit = 0;
+    }
+    if (lit) {
+        sb_printf(b, "%lld", (long long)p);
+        return;
+    }
+    sb_printf(b, "(idx_t)%lld", (long long)p);
+    for (int j = j0; j < j1; j++)
+        if (!known(c->env, c->k->ssizes[j], c->k->sizes[j], &v)) sb_printf(b, " * %s", c->size[j].v);
+}
+
+static void emit_pointwise(SB *b, KC *c, const EmCudaLaunch *L) {
+    const Schedule *s = c->s;
+    const SKernel *k = c->k;
     int64_t n = domain_numel(k);
     int V = L->vec;
-    sb_printf(b, "    const idx_t N = %lld;\n", (long long)n);
+    sb_printf(b, "    const idx_t N = ");
+    prod_text(b, c, 0, k->ndim);
+    sb_printf(b, ";\n");
     sb_printf(b, "    const idx_t step = (idx_t)gridDim.x * blockDim.x;\n");
     sb_printf(b, "    const idx_t t0 = (idx_t)blockIdx.x * blockDim.x + threadIdx.x;\n");
     if (V > 1) {
         int last = k->ndim - 1;
-        /* every stride-1 access's base must be aligned to its vector size */
+        /* every stride-1 access's base must be aligned to its vector size; in a symbolic kernel,
+         * also this call's innermost size and the outer strides of those accesses divisible by V
+         * where that is not known for every size (em_codegen_cuda_vec_width) */
         sb_printf(b, "    const bool aligned = true");
         for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
             const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
-            if (ac->strides[last] != 1) continue;
+            if (!c->st[q][last].one) continue;
             LDtype dt = access_dtype(s, k, ac);
-            if (ac->offset) sb_printf(b, " &&\n        (em_uptr)(a%u + %lld) %% %d == 0", ac->arg, (long long)ac->offset, V * DT_SIZE[dt]);
+            if (!c->off[q].zero) sb_printf(b, " &&\n        (em_uptr)(a%u + %s) %% %d == 0", ac->arg, c->off[q].v, V * DT_SIZE[dt]);
             else sb_printf(b, " &&\n        (em_uptr)a%u %% %d == 0", ac->arg, V * DT_SIZE[dt]);
+            int64_t v;
+            for (int j = 0; c->env && j < last; j++)
+                if (!known(c->env, ac->sstrides[j], ac->strides[j], &v)) sb_printf(b, " &&\n        %s %% %d == 0", c->st[q][j].v, V);
         }
+        int64_t v;
+        if (c->env && last > 0 && !known(c->env, k->ssizes[last], k->sizes[last], &v))
+            sb_printf(b, " &&\n        %s %% %d == 0", c->size[last].v, V);
         sb_printf(b, ";\n");
         sb_printf(b, "    if (aligned) {\n");
         sb_printf(b, "        /* %d elements per step: 128-bit loads/stores for the widest type */\n", V);
         sb_printf(b, "        for (idx_t g = t0; g < N / %d; g += step) {\n", V);
         sb_printf(b, "            const idx_t i = g * %d;\n", V);
-        pw_vector_body(b, s, k, V, "            ");
+        pw_vector_body(b, c, V, "            ");
         sb_printf(b, "        }\n");
-        if (n % V) {
+        if (n % V || c->env) {
             sb_printf(b, "        for (idx_t i = N / %d * %d + t0; i < N; i += step) {  /* tail */\n", V, V);
-            pw_scalar_body(b, s, k, "            ");
+            pw_scalar_body(b, c, "            ");
             sb_printf(b, "        }\n");
         }
         sb_printf(b, "        return;\n    }\n");
     }
     sb_printf(b, "    for (idx_t i = t0; i < N; i += step) {\n");
-    pw_scalar_body(b, s, k, "        ");
+    pw_scalar_body(b, c, "        ");
     sb_printf(b, "    }\n");
 }
 
@@ -480,22 +654,24 @@ typedef struct {
     const Schedule *s;
     const SKernel *k;
     const EmCudaLaunch *L;
-    int64_t R;
+    KC *kc;
     int block_mode;
+    char tpr[16]; /* threads per row: a literal, or "tpr" (blockDim.x, a per-call block) */
 } RCtx;
 
 /* The address of access ac at row base (b<q>/c<s>) and inner index r. */
-static void raddr(SB *b, const SKernel *k, const SAccess *ac, const char *base, int inner) {
+static void raddr(SB *b, const KC *c, const SAccess *ac, const char *base, int inner) {
+    const SKernel *k = c->k;
     sb_printf(b, "%s", base);
     if (!inner) return;
     int ninner = k->ndim - k->nouter;
     if (ninner == 1) {
-        int64_t st = ac->strides[k->nouter];
-        if (st == 1) sb_printf(b, " + r");
-        else if (st) sb_printf(b, " + r * %lld", (long long)st);
+        const Num *st = &c->st[acc_ix(k, ac)][k->nouter];
+        if (st->one) sb_printf(b, " + r");
+        else if (!st->zero) sb_printf(b, " + r * %s", st->v);
         return;
     }
-    addr_terms(b, ac, k->nouter, k->ndim, "j");
+    addr_terms(b, c, ac, k->nouter, k->ndim, "j");
 }
 
 static void rload_expr(SB *b, const RCtx *c, uint32_t i, int inner) {
@@ -506,7 +682,7 @@ static void rload_expr(SB *b, const RCtx *c, uint32_t i, int inner) {
     snprintf(base, sizeof base, "b%u", q);
     SB t = {0};
     sb_printf(&t, "a%u[", ac->arg);
-    raddr(&t, k, ac, base, inner);
+    raddr(&t, c->kc, ac, base, inner);
     gather_terms(&t, &k->nodes[i]);
     sb_printf(&t, "]");
     if (t.oom) b->oom = 1;
@@ -527,7 +703,7 @@ static void emit_elem(SB *b, const RCtx *c, uint32_t i, uint8_t *done, const cha
         sb_printf(b, ";");
         end_line(b, c->s, n);
     } else {
-        emit_value(b, c->s, c->k, i, ind);
+        emit_value(b, c->kc, i, ind);
     }
     done[i] = 1;
 }
@@ -543,12 +719,12 @@ static void loop_open(SB *b, const RCtx *c, const char *ind) {
         else sb_printf(b, "%s    const idx_t r = tid + (idx_t)e * %d;\n", ind, c->L->threads_per_row);
         sb_printf(b, "%s    if (r >= R) continue;\n", ind);
     } else {
-        sb_printf(b, "%sfor (idx_t r = tid; r < R; r += %d) {\n", ind, c->L->threads_per_row);
+        sb_printf(b, "%sfor (idx_t r = tid; r < R; r += %s) {\n", ind, c->tpr);
     }
     if (k->ndim - k->nouter > 1) {
         char in2[64];
         snprintf(in2, sizeof in2, "%s    ", ind);
-        multi_index(b, k, k->nouter, k->ndim, "r", "j", in2);
+        multi_index(b, c->kc, k->nouter, k->ndim, "r", "j", in2);
     }
 }
 
@@ -661,6 +837,9 @@ static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_ro
     sb_printf(b, "%s}\n", ind);
     if (c->block_mode) {
         int nw = c->L->block / 32;
+        char nws[24];
+        if (c->L->block_dyn) snprintf(nws, sizeof nws, "(int)(blockDim.x >> 5)");
+        else snprintf(nws, sizeof nws, "%d", nw);
         sb_printf(b, "%s{\n", ind);
         sb_printf(b, "%s    __shared__ %s red_v[%d];\n", ind, at, nw);
         if (arg) sb_printf(b, "%s    __shared__ long long red_i[%d];\n", ind, nw);
@@ -669,7 +848,7 @@ static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_ro
         sb_printf(b, "%s    __syncthreads();\n", ind);
         sb_printf(b, "%s    acc%u = red_v[0];\n", ind, i);
         if (arg) sb_printf(b, "%s    idx%u = red_i[0];\n", ind, i);
-        sb_printf(b, "%s    for (int w = 1; w < %d; w++) {\n", ind, nw);
+        sb_printf(b, "%s    for (int w = 1; w < %s; w++) {\n", ind, nws);
         sb_printf(b, "%s        const %s o_v = red_v[w];\n", ind, at);
         if (arg) sb_printf(b, "%s        const long long o_i = red_i[w];\n", ind);
         char in3[72];
@@ -686,13 +865,20 @@ static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_ro
     free(done);
 }
 
-static void emit_reduction(SB *b, const Schedule *s, const SKernel *k, const EmCudaLaunch *L) {
-    int64_t O = 1, R = 1;
-    for (int j = 0; j < k->nouter; j++) O *= k->sizes[j];
-    for (int j = k->nouter; j < k->ndim; j++) R *= k->sizes[j];
-    RCtx c = {.s = s, .k = k, .L = L, .R = R, .block_mode = L->rows_per_block == 1};
-    sb_printf(b, "    const idx_t O = %lld, R = %lld;  /* rows, row length */\n", (long long)O, (long long)R);
-    if (c.block_mode) {
+static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L) {
+    const Schedule *s = kc->s;
+    const SKernel *k = kc->k;
+    RCtx c = {.s = s, .k = k, .L = L, .kc = kc, .block_mode = L->rows_per_block == 1};
+    snprintf(c.tpr, sizeof c.tpr, L->block_dyn ? "tpr" : "%d", L->threads_per_row);
+    sb_printf(b, "    const idx_t O = ");
+    prod_text(b, kc, 0, k->nouter);
+    sb_printf(b, ", R = ");
+    prod_text(b, kc, k->nouter, k->ndim);
+    sb_printf(b, ";  /* rows, row length */\n");
+    if (L->block_dyn) {
+        sb_printf(b, "    const int tid = threadIdx.x, tpr = blockDim.x;  /* one row per block of this call's size */\n");
+        sb_printf(b, "    for (idx_t o = blockIdx.x; o < O; o += gridDim.x) {\n");
+    } else if (c.block_mode) {
         sb_printf(b, "    const int tid = threadIdx.x;  /* one row per block of %d threads */\n", L->block);
         sb_printf(b, "    for (idx_t o = blockIdx.x; o < O; o += gridDim.x) {\n");
     } else {
@@ -701,11 +887,11 @@ static void emit_reduction(SB *b, const Schedule *s, const SKernel *k, const EmC
                   L->rows_per_block, L->rows_per_block);
     }
     const char *ind = "        ";
-    multi_index(b, k, 0, k->nouter, "o", "i", ind);
+    multi_index(b, kc, 0, k->nouter, "o", "i", ind);
     for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
         const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
         sb_printf(b, "%sconst idx_t %c%u = ", ind, q < k->nloads ? 'b' : 'c', q < k->nloads ? q : q - k->nloads);
-        addr_expr(b, ac, 0, k->nouter, "i");
+        addr_expr(b, kc, ac, 0, k->nouter, "i");
         sb_printf(b, ";\n");
     }
     if (L->cached) {
@@ -760,7 +946,7 @@ static void emit_reduction(SB *b, const Schedule *s, const SKernel *k, const EmC
         sb_printf(b, "%s#pragma unroll\n%sfor (int e = 0; e < %d; e++) {\n", ind, ind, L->cached);
         sb_printf(b, "%s    const idx_t r = tid + (idx_t)e * %d;\n", ind, L->threads_per_row);
         sb_printf(b, "%s    if (r >= R) continue;\n", ind);
-        if (k->ndim - k->nouter > 1) multi_index(b, k, k->nouter, k->ndim, "r", "j", "            ");
+        if (k->ndim - k->nouter > 1) multi_index(b, kc, k->nouter, k->ndim, "r", "j", "            ");
         for (uint32_t i = 0; i < k->nnodes; i++) {
             const LNode *n = &k->nodes[i];
             if (n->op != LP_LOAD || !k->elem[i]) continue;
@@ -787,7 +973,7 @@ static void emit_reduction(SB *b, const Schedule *s, const SKernel *k, const EmC
         } else if (em_lprim_is_reduce(n->op)) {
             emit_reduce(b, &c, i, done, ind);
         } else {
-            emit_value(b, s, k, i, ind);
+            emit_value(b, kc, i, ind);
         }
         done[i] = 1;
     }
@@ -798,7 +984,7 @@ static void emit_reduction(SB *b, const Schedule *s, const SKernel *k, const EmC
         snprintf(base, sizeof base, "c%u", q);
         if (!k->elem[v]) {
             sb_printf(b, "%sif (tid == 0) a%u[", ind, ac->arg);
-            raddr(b, k, ac, base, 0);
+            raddr(b, kc, ac, base, 0);
             sb_printf(b, "] = ");
             store_conv(b, k->nodes[v].dtype, v);
             sb_printf(b, ";\n");
@@ -826,7 +1012,7 @@ static void emit_reduction(SB *b, const Schedule *s, const SKernel *k, const EmC
             sb_printf(b, "            }\n%s}\n", ind);
         } else {
             sb_printf(b, "            a%u[", ac->arg);
-            raddr(b, k, ac, base, 1);
+            raddr(b, kc, ac, base, 1);
             sb_printf(b, "] = ");
             store_conv(b, k->nodes[v].dtype, v);
             sb_printf(b, ";\n%s}\n", ind);
@@ -839,21 +1025,70 @@ static void emit_reduction(SB *b, const Schedule *s, const SKernel *k, const EmC
 
 /* ---------------------------------------------------------------------------------------------- */
 
-static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L) {
+/* A number of the kernel: the literal (static kernel, or a constant shadow), else a local `name`
+ * computed in the prologue from sv. */
+static void num_of(SB *b, KC *c, Num *out, int64_t hint, SymRef e, const char *name) {
+    int64_t v;
+    if (known(c->env, e, hint, &v)) {
+        snprintf(out->v, sizeof out->v, "%lld", (long long)v);
+        out->zero = v == 0;
+        out->one = v == 1;
+        return;
+    }
+    if (e == SYM_NONE) c->bad = 1;
+    snprintf(out->v, sizeof out->v, "%s", name);
+    out->zero = out->one = 0;
+    sb_printf(b, "    const idx_t %s = (idx_t)", name);
+    em_codegen_sym(b, c->env, e, c->used, &c->bad);
+    sb_printf(b, ";\n");
+}
+
+/* The kernel's parameter list (its buffers), with `tail` appended. */
+static void params(SB *b, const Schedule *s, const SKernel *k, const char *tail) {
+    for (uint32_t a = 0; a < k->nargs; a++) {
+        const LBuf *lb = &s->lg->bufs[k->args[a]];
+        sb_printf(b, "%s%s%s *__restrict__ a%u", a ? ", " : "", a < k->nin ? "const " : "", stype(lb->dtype), a);
+    }
+    sb_printf(b, "%s", tail);
+}
+
+static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, uint8_t *used, int *bad) {
     const SKernel *k = &s->kernels[ki];
     const LGraph *lg = s->lg;
-    for (uint32_t q = 0; q < k->nloads; q++)
+    ShapeEnv *env = lg->env;
+    for (uint32_t q = 0; q < k->nloads; q++) {
         if (k->loads[q].mask && k->reduction) b->unsupported = "masked loads in a reduction kernel";
+        if (env && (k->loads[q].mask || k->loads[q].nidx)) *bad = 1; /* lowered in static graphs only */
+    }
     for (uint32_t q = 0; q < k->nstores; q++) /* (pointwise kernels walk every element anyway) */
         if (k->reduction && !k->elem[k->store_node[q]] && em_schedule_store_per_element(k, q))
             b->unsupported = "a row value stored along the row in a reduction kernel";
+    uint32_t nacc = k->nloads + k->nstores;
+    KC c = {.s = s, .k = k, .env = env, .used = used};
+    c.off = calloc(nacc + 1, sizeof(Num));
+    c.st = calloc(nacc + 1, sizeof *c.st);
+    if (!c.off || !c.st) {
+        free(c.off);
+        free(c.st);
+        b->oom = 1;
+        return;
+    }
     choose_launch(s, k, L);
     sb_printf(b, "/* kernel %u (%s): ", ki, k->reduction ? "reduction" : "pointwise");
     for (uint32_t q = 0; q < k->nirs; q++) sb_printf(b, "%s%s", q ? ", " : "", lg->ir->nodes[k->irs[q]].name);
     sb_printf(b, "\n * domain [");
-    for (int j = 0; j < k->ndim; j++)
-        sb_printf(b, "%s%lld%s", j ? ", " : "", (long long)k->sizes[j], j == k->nouter - 1 && k->nouter < k->ndim ? " |" : "");
-    sb_printf(b, "] (outer | inner)\n * launch: %d threads per block, %lld blocks of work ", L->block, (long long)L->blocks);
+    for (int j = 0; j < k->ndim; j++) {
+        char t[64];
+        if (env) em_sym_render(env, k->ssizes[j], SYM_STYLE_SYMBOLS, t, sizeof t);
+        else snprintf(t, sizeof t, "%lld", (long long)k->sizes[j]);
+        sb_printf(b, "%s%s%s", j ? ", " : "", t, j == k->nouter - 1 && k->nouter < k->ndim ? " |" : "");
+    }
+    if (env) {
+        sb_printf(b, "] (outer | inner); sv[j]: symbol s<j>'s value for this call\n * launch: %d threads per block%s, blocks per call ",
+                  L->block, L->block_dyn ? " at most (this call's row length picks it)" : "");
+    } else {
+        sb_printf(b, "] (outer | inner)\n * launch: %d threads per block, %lld blocks of work ", L->block, (long long)L->blocks);
+    }
     if (L->per_sm > 0) sb_printf(b, "(grid-stride beyond %d per SM)", L->per_sm);
     else sb_printf(b, "(grid-stride beyond %lld threads)", (long long)EM_CUDA_MAX_THREADS);
     if (k->reduction)
@@ -861,35 +1096,72 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L) 
                   L->cached ? ", row held in registers" : "");
     else
         sb_printf(b, ", vector width %d", L->vec);
-    sb_printf(b, ", %s indexing */\n", L->idx64 ? "64-bit" : "32-bit");
-    sb_printf(b, "extern \"C\" __global__ __launch_bounds__(%d) void ember_k%u(", L->block, ki);
-    for (uint32_t a = 0; a < k->nargs; a++) {
-        const LBuf *lb = &lg->bufs[k->args[a]];
-        sb_printf(b, "%s%s%s *__restrict__ a%u", a ? ", " : "", a < k->nin ? "const " : "", stype(lb->dtype), a);
+    sb_printf(b, ", %s indexing */\n", L->idx64 == 2 ? "32- or 64-bit (per call)" : L->idx64 ? "64-bit" : "32-bit");
+    if (env) {
+        /* the body, a template over the index type; the kernels (one per index width) call it */
+        sb_printf(b, "template <typename idx_t> static __device__ __forceinline__ void ember_k%u_body(", ki);
+        params(b, s, k, ", const long long *__restrict__ sv) {\n");
+        for (int j = 0; j < k->ndim; j++) {
+            char nm[16];
+            snprintf(nm, sizeof nm, "n%d", j);
+            num_of(b, &c, &c.size[j], k->sizes[j], k->ssizes[j], nm);
+        }
+    } else {
+        sb_printf(b, "extern \"C\" __global__ __launch_bounds__(%d) void ember_k%u(", L->block, ki);
+        params(b, s, k, ") {\n");
+        sb_printf(b, "    typedef %s idx_t;\n", L->idx64 ? "long long" : "int");
+        for (int j = 0; j < k->ndim; j++) num_of(b, &c, &c.size[j], k->sizes[j], SYM_NONE, "");
     }
-    sb_printf(b, ") {\n");
-    sb_printf(b, "    typedef %s idx_t;\n", L->idx64 ? "long long" : "int");
-    if (k->reduction) emit_reduction(b, s, k, L);
-    else emit_pointwise(b, s, k, L);
+    for (uint32_t q = 0; q < nacc; q++) {
+        const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
+        char nm[24];
+        snprintf(nm, sizeof nm, "o%u", q);
+        num_of(b, &c, &c.off[q], ac->offset, ac->soffset, nm);
+        for (int j = 0; j < k->ndim; j++) {
+            snprintf(nm, sizeof nm, "s%u_%d", q, j);
+            num_of(b, &c, &c.st[q][j], ac->strides[j], ac->sstrides[j], nm);
+        }
+    }
+    if (k->reduction) emit_reduction(b, &c, L);
+    else emit_pointwise(b, &c, L);
     sb_printf(b, "}\n\n");
+    if (env) {
+        for (int w = 0; w < 2; w++) {
+            if ((w == 0 && L->idx64 == 1) || (w == 1 && L->idx64 == 0)) continue;
+            const char *name_sfx = w == 1 && L->idx64 == 2 ? "_64" : "";
+            sb_printf(b, "extern \"C\" __global__ __launch_bounds__(%d) void ember_k%u%s(", L->block, ki, name_sfx);
+            params(b, s, k, ", const em_sv svs) {\n");
+            sb_printf(b, "    ember_k%u_body<%s>(", ki, w ? "long long" : "int");
+            for (uint32_t a = 0; a < k->nargs; a++) sb_printf(b, "a%u, ", a);
+            sb_printf(b, "svs.v);\n}\n");
+        }
+        sb_printf(b, "\n");
+    }
+    if (c.bad) *bad = 1;
+    free(c.off);
+    free(c.st);
 }
 
-PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch) {
+PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch, uint8_t *sym_used) {
     SB b = {0};
-    if (s->lg->env) {
-        /* the CUDA kernels and their launch shapes are per size: a symbolic graph runs elsewhere */
-        PyErr_SetString(PyExc_NotImplementedError, "symbolic sizes (CUDA kernels take concrete sizes)");
-        return NULL;
-    }
+    ShapeEnv *env = s->lg->env;
+    uint32_t nsym = env ? em_sym_nsymbols(env) : 0;
+    int bad = 0;
     sb_printf(&b, "%s", PRELUDE);
+    if (env) {
+        /* the symbols' values, one kernel argument passed by value (cuLaunchKernel copies it) */
+        if (nsym > EM_CUDA_MAX_SYMBOLS) b.unsupported = "more symbols than a kernel argument holds";
+        sb_printf(&b, "struct em_sv { long long v[%u]; };  /* v[j]: symbol s<j>'s value for this call */\n\n", nsym ? nsym : 1);
+    }
     for (uint32_t k = 0; k < s->nkernels; k++)
         for (uint32_t i = 0; i < s->kernels[k].nnodes; i++)
             if (s->kernels[k].nodes[i].op == LP_RM2) b.unsupported = "Welford's reduction (RM2)";
-    for (uint32_t k = 0; k < s->nkernels; k++) emit_kernel(&b, s, k, &launch[k]);
+    for (uint32_t k = 0; k < s->nkernels; k++) emit_kernel(&b, s, k, &launch[k], sym_used, &bad);
     if (b.oom) {
         free(b.p);
         return PyErr_NoMemory();
     }
+    if (bad && !b.unsupported) b.unsupported = "a size expression of this symbolic graph";
     if (b.unsupported) { /* never emit code that computes something else: the caller falls back */
         free(b.p);
         PyErr_Format(PyExc_NotImplementedError, "%s", b.unsupported);

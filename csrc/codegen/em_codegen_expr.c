@@ -147,3 +147,65 @@ void em_codegen_rounded_expr(EmSB *b, const EmCgDialect *d, const SKernel *k, ui
     em_codegen_expr(b, d, k, i);
     if (em_ldt_is_half(dt)) em_sb_printf(b, ")");
 }
+
+/* Writes a size expression as C over sv[j] (Python // and % semantics: em_floordiv, em_mod, em_min,
+ * em_max, which both generators' preludes define). */
+void em_codegen_sym(EmSB *b, ShapeEnv *env, SymRef e, uint8_t *used, int *bad) {
+    int64_t kk, c;
+    uint32_t n;
+    if (e == SYM_NONE) {
+        *bad = 1;
+        em_sb_printf(b, "0");
+        return;
+    }
+    SymOp op = em_sym_node(env, e, &kk, &n);
+    switch (op) {
+    case SYM_CONST: em_sb_printf(b, kk < 0 ? "(%lldLL)" : "%lldLL", (long long)kk); return;
+    case SYM_SYMBOL:
+        em_sb_printf(b, "sv[%lld]", (long long)kk);
+        if (used) used[kk] = 1;
+        return;
+    case SYM_ADD:
+        em_sb_printf(b, "(%lldLL", (long long)kk);
+        for (uint32_t i = 0; i < n; i++) {
+            SymRef t = em_sym_operand(env, e, i, &c);
+            em_sb_printf(b, " + %lldLL * ", (long long)c);
+            em_codegen_sym(b, env, t, used, bad);
+        }
+        em_sb_printf(b, ")");
+        return;
+    case SYM_MUL:
+        em_sb_printf(b, "(");
+        for (uint32_t i = 0; i < n; i++) {
+            SymRef t = em_sym_operand(env, e, i, &c);
+            if (c < 1 || c > 8) *bad = 1;
+            for (int64_t r = 0; r < c; r++) {
+                em_sb_printf(b, i || r ? " * " : "");
+                em_codegen_sym(b, env, t, used, bad);
+            }
+        }
+        em_sb_printf(b, ")");
+        return;
+    case SYM_FLOORDIV:
+    case SYM_MOD:
+        em_sb_printf(b, op == SYM_FLOORDIV ? "em_floordiv(" : "em_mod(");
+        em_codegen_sym(b, env, em_sym_operand(env, e, 0, NULL), used, bad);
+        em_sb_printf(b, ", ");
+        em_codegen_sym(b, env, em_sym_operand(env, e, 1, NULL), used, bad);
+        em_sb_printf(b, ")");
+        return;
+    case SYM_MIN:
+    case SYM_MAX:
+        for (uint32_t i = 0; i + 1 < n; i++) em_sb_printf(b, op == SYM_MIN ? "em_min(" : "em_max(");
+        for (uint32_t i = 0; i < n; i++) {
+            em_codegen_sym(b, env, em_sym_operand(env, e, i, NULL), used, bad);
+            if (i) em_sb_printf(b, ")");
+            if (i + 1 < n) em_sb_printf(b, ", ");
+        }
+        return;
+    default:
+        *bad = 1;
+        em_sb_printf(b, "0");
+        return;
+    }
+}

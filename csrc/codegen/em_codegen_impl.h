@@ -31,4 +31,9 @@ void em_codegen_expr(EmSB *b, const EmCgDialect *d, const SKernel *k, uint32_t i
  * op's result; both dialects' preludes define those helpers. */
 void em_codegen_rounded_expr(EmSB *b, const EmCgDialect *d, const SKernel *k, uint32_t i);
 
+/* Size expression e of a symbolic graph as C over `sv[j]` (symbol j's value for this call), with
+ * Python's // and % (em_floordiv, em_mod; em_min, em_max), which both preludes define. Marks
+ * used[j] for every symbol read (used may be NULL); sets *bad for what it cannot write. */
+void em_codegen_sym(EmSB *b, ShapeEnv *env, SymRef e, uint8_t *used, int *bad);
+
 #endif /* EM_CODEGEN_IMPL_H */

@@ -302,21 +302,12 @@ error:
     return NULL;
 }
 
-/* Does backend "ember" specialise this graph's sizes? Its CUDA code generator and its AOT autograd
- * take concrete sizes (docs/dynamic_shapes.md); its C code generator takes symbolic ones. */
+/* Does backend "ember" specialise this graph's sizes? Its AOT autograd takes concrete sizes
+ * (docs/dynamic_shapes.md); its C and CUDA code generators take symbolic ones (sizes as kernel
+ * arguments, docs/backend_cpu.md and docs/backend_cuda.md "Symbolic sizes"). */
 static int specialises_sizes(const EmCompileConfig *cfg, const IRGraph *g) {
     if (!PyUnicode_Check(cfg->backend) || PyUnicode_CompareWithASCIIString(cfg->backend, "ember") != 0) return 0;
-    if (em_autograd_needed(g)) return 1;
-    for (IRRef r = 1; r < g->nnodes; r++) {
-        const IRMeta *m = &g->nodes[r].meta;
-        if (m->kind != IRMETA_TENSOR || !m->device) continue;
-        PyObject *t = PyObject_GetAttrString(m->device, "type");
-        int cuda = t && PyUnicode_Check(t) && PyUnicode_CompareWithASCIIString(t, "cuda") == 0;
-        Py_XDECREF(t);
-        if (!t) PyErr_Clear();
-        if (cuda) return 1;
-    }
-    return 0;
+    return em_autograd_needed(g) ? 1 : 0;
 }
 
 /* Hands the graph to the backend. "eager" compiles to an ember._C.EagerGraph in C; anything else
@@ -600,7 +591,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     if (em_trace_frame(func, code, fv, &opts, &res) < 0) goto error;
     if (cfg->dynamic < 0 && res.graph && res.symbolic && specialises_sizes(cfg, res.graph)) {
         /* Automatic dynamic made a dim symbolic, but backend "ember" compiles this graph per size
-         * (CUDA kernels, training graphs): a symbolic graph would run on the eager backend. Trace
+         * (training graphs): a symbolic graph would run on the eager backend. Trace
          * again with concrete sizes, as before automatic dynamic: one compiled graph per size, up
          * to config.cache_size_limit. dynamic=True and mark_dynamic keep the symbolic graph. */
         em_arena_free(res.arena);

@@ -106,6 +106,15 @@ void em_cuda_fn_free(EmCudaFn *f);
 /* Launches f on torch's current stream of its device with the argument data pointers; no host
  * synchronisation (except under CUDA_LAUNCH_BLOCKING=1). -1 with an exception naming the kernel. */
 int em_cuda_launch(EmCudaFn *f, char *const *ptrs, uint32_t nptr);
+/* A kernel of a symbolic graph, launched for this call's sizes: sv (em_sym_nsymbols values, at
+ * least 1: the kernel's em_sv argument), units (rows of a reduction, elements of a pointwise
+ * kernel; 0: nothing to run), row (the row length: a per-call block) and reach (the farthest
+ * element: which index width runs), all from em_codegen_cuda_sym_exprs's expressions. */
+typedef struct EmCudaCall {
+    const int64_t *sv;
+    int64_t units, row, reach;
+} EmCudaCall;
+int em_cuda_launch_sym(EmCudaFn *f, char *const *ptrs, uint32_t nptr, const EmCudaCall *c);
 int em_runtime_cuda_init(PyObject *module); /* ember._C._nvrtc_compile, ember._C._cuda_info */
 
 int em_runtime_init(PyObject *module);

@@ -90,6 +90,7 @@ static CudaLib L; /* process-wide: the libraries are process-wide too */
 
 struct EmCudaFn {
     CUfunction fn;
+    CUfunction fn64; /* symbolic kernel compiled for both index widths (launch.idx64 == 2): the 64-bit one */
     CUcontext ctx;
     int device;
     PyObject *device_index; /* int, for torch._C._cuda_getCurrentRawStream */
@@ -470,6 +471,16 @@ PyObject *em_cuda_module_load(const char *source, size_t srclen, int device, cha
     return cap;
 }
 
+/* The grid of a launch: the blocks the work needs, at most per_sm resident blocks on every SM when
+ * per_sm > 0, and at most EM_CUDA_MAX_THREADS threads (the index headroom); the kernels loop
+ * grid-stride over what is left. */
+static unsigned grid_of(int device, int64_t blocks, int32_t block, int32_t per_sm) {
+    int64_t cap = EM_CUDA_MAX_THREADS / (block > 0 ? block : 1);
+    if (per_sm > 0 && (int64_t)L.dev[device].sms * per_sm < cap) cap = (int64_t)L.dev[device].sms * per_sm;
+    int64_t g = blocks < cap ? blocks : cap;
+    return (unsigned)(g < 1 ? 1 : g);
+}
+
 EmCudaFn *em_cuda_fn_new(PyObject *module, const char *name, const EmCudaLaunch *launch) {
     CudaModule *m = PyCapsule_GetPointer(module, "ember.cumodule");
     if (!m) return NULL;
@@ -481,17 +492,21 @@ EmCudaFn *em_cuda_fn_new(PyObject *module, const char *name, const EmCudaLaunch 
         cu_error(rc, "cuModuleGetFunction", name);
         return NULL;
     }
+    if (launch->sym && launch->idx64 == 2) {
+        char n64[48];
+        snprintf(n64, sizeof n64, "%s_64", name);
+        rc = L.cuModuleGetFunction(&f->fn64, m->mod, n64);
+        if (rc != 0) {
+            free(f);
+            cu_error(rc, "cuModuleGetFunction", n64);
+            return NULL;
+        }
+    }
     f->ctx = m->ctx;
     f->device = m->device;
     f->launch = *launch;
     snprintf(f->name, sizeof f->name, "%s", name);
-    /* grid: the blocks the work needs, at most per_sm resident blocks on every SM when per_sm > 0,
-     * and at most EM_CUDA_MAX_THREADS threads (the index headroom); the kernels loop grid-stride */
-    int64_t cap = EM_CUDA_MAX_THREADS / (launch->block > 0 ? launch->block : 1);
-    if (launch->per_sm > 0 && (int64_t)L.dev[m->device].sms * launch->per_sm < cap)
-        cap = (int64_t)L.dev[m->device].sms * launch->per_sm;
-    int64_t g = launch->blocks < cap ? launch->blocks : cap;
-    f->grid = (unsigned)(g < 1 ? 1 : g);
+    f->grid = grid_of(m->device, launch->blocks, launch->block, launch->per_sm);
     f->device_index = PyLong_FromLong(m->device);
     if (!f->device_index) {
         free(f);
@@ -508,8 +523,10 @@ void em_cuda_fn_free(EmCudaFn *f) {
 
 enum { NPARAM_STACK = 32 };
 
-int em_cuda_launch(EmCudaFn *f, char *const *ptrs, uint32_t nptr) {
-    if (f->launch.blocks <= 0) return 0;
+/* cuLaunchKernel of fn with the data pointers (and, when extra is not NULL, one more parameter whose
+ * bytes extra points at: the em_sv struct of a symbolic kernel) on torch's current stream. */
+static int launch_fn(EmCudaFn *f, CUfunction fn, unsigned grid, unsigned block, char *const *ptrs, uint32_t nptr,
+                     const void *extra) {
     /* torch's current stream on the kernel's device (what torch.cuda.current_stream(d).cuda_stream
      * returns), so that the kernel is ordered with torch's own work and the caching allocator */
     PyObject *s = PyObject_CallOneArg(L.raw_stream, f->device_index);
@@ -519,12 +536,12 @@ int em_cuda_launch(EmCudaFn *f, char *const *ptrs, uint32_t nptr) {
     if (PyErr_Occurred()) return -1;
     /* cuLaunchKernel's kernelParams: one pointer per kernel parameter, pointing at its value */
     unsigned long long vbuf[NPARAM_STACK];
-    void *pbuf[NPARAM_STACK];
+    void *pbuf[NPARAM_STACK + 1];
     unsigned long long *vals = vbuf;
     void **params = pbuf;
     if (nptr > NPARAM_STACK) {
         vals = PyMem_Malloc(nptr * sizeof *vals);
-        params = PyMem_Malloc(nptr * sizeof *params);
+        params = PyMem_Malloc((nptr + 1) * sizeof *params);
         if (!vals || !params) {
             PyMem_Free(vals);
             PyMem_Free(params);
@@ -536,6 +553,7 @@ int em_cuda_launch(EmCudaFn *f, char *const *ptrs, uint32_t nptr) {
         vals[i] = (unsigned long long)(uintptr_t)ptrs[i];
         params[i] = &vals[i];
     }
+    if (extra) params[nptr] = (void *)(uintptr_t)extra;
     CUcontext prev = NULL;
     CUresult rc = L.cuCtxGetCurrent(&prev);
     const char *what = "cuCtxGetCurrent";
@@ -544,7 +562,7 @@ int em_cuda_launch(EmCudaFn *f, char *const *ptrs, uint32_t nptr) {
         what = "cuCtxSetCurrent";
     }
     if (rc == 0) {
-        rc = L.cuLaunchKernel(f->fn, f->grid, 1, 1, (unsigned)f->launch.block, 1, 1, 0, stream, params, NULL);
+        rc = L.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, params, NULL);
         what = "launch";
         if (rc == 0 && L.launch_blocking) {
             rc = L.cuStreamSynchronize(stream);
@@ -561,6 +579,23 @@ int em_cuda_launch(EmCudaFn *f, char *const *ptrs, uint32_t nptr) {
         return -1;
     }
     return 0;
+}
+
+int em_cuda_launch(EmCudaFn *f, char *const *ptrs, uint32_t nptr) {
+    if (f->launch.blocks <= 0) return 0;
+    return launch_fn(f, f->fn, f->grid, (unsigned)f->launch.block, ptrs, nptr, NULL);
+}
+
+int em_cuda_launch_sym(EmCudaFn *f, char *const *ptrs, uint32_t nptr, const EmCudaCall *c) {
+    const EmCudaLaunch *l = &f->launch;
+    if (c->units <= 0) return 0;
+    /* this call's launch shape: the rules of choose_launch (em_codegen_cuda.c) on this call's sizes */
+    int32_t block = l->block_dyn ? em_cuda_row_block(c->row) : l->block;
+    int64_t per = l->rows_per_block > 0 ? l->rows_per_block : (int64_t)l->vec * block;
+    int64_t blocks = (c->units + per - 1) / per;
+    int32_t per_sm = l->rows_per_block > 0 ? 2048 / block : l->per_sm;
+    CUfunction fn = l->idx64 == 2 && c->reach >= EM_CUDA_IDX32_LIMIT ? f->fn64 : f->fn;
+    return launch_fn(f, fn, grid_of(f->device, blocks, block, per_sm), (unsigned)block, ptrs, nptr, c->sv);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -50,6 +50,8 @@ typedef struct {
      * symbols' values, read from the sizes of the source tensors passed after the inputs (and the
      * donor): symbol src_sym[i] = size src_dim[i] of call argument src_arg[i] */
     MetaFn meta;
+    SymProg *mprog;       /* CUDA: the same layout as a program over sv (em_sym_exprs_compile), then
+                             the row length and the farthest element (EmCudaCall) */
     uint32_t nsym, nsrc, nsrcargs, nmeta;
     uint32_t *src_sym, *src_arg;
     int32_t *src_dim;
@@ -176,7 +178,12 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
         Py_DECREF(sh);
         if (PyErr_Occurred()) goto done;
     }
-    k->meta(sv, m);
+    if (!k->mprog) {
+        k->meta(sv, m);
+    } else if (em_sym_exprs_eval(k->mprog, sv, m) < 0) {
+        PyErr_Format(PyExc_RuntimeError, "ember kernel %U: a size expression overflows for these sizes", k->name);
+        goto done;
+    }
     int32_t mi = EM_KMETA_OUT + 2 * k->out_ndim;
     for (uint32_t i = 0; i < k->nin; i++) {
         PyObject *t = args[i];
@@ -203,8 +210,9 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
         size = int_tuple(k->out_ndim, m + EM_KMETA_OUT);
         stride = size ? int_tuple(k->out_ndim, m + EM_KMETA_OUT + k->out_ndim) : NULL;
         if (!stride) goto done;
-        PyObject *eargs[4] = {NULL, size, stride, k->out_dtype};
-        out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype);
+        PyObject *eargs[5] = {NULL, size, stride, k->out_dtype, k->out_device};
+        out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                  k->cuda ? kw_dtype_device : kw_dtype);
         if (!out) goto done;
     }
     if (data_ptr(out, &ptrs[k->nin]) < 0) {
@@ -215,7 +223,12 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
         Py_CLEAR(out);
         goto done;
     }
-    if (m[EM_KMETA_NUMEL] > 0) {
+    if (k->cuda) {
+        /* the launch shape of this call's sizes; the last two values of m are the row length
+         * and the farthest element (cuda_meta_exprs) */
+        EmCudaCall cc = {sv, m[EM_KMETA_NUMEL], m[k->nmeta - 2], m[k->nmeta - 1]};
+        if (em_cuda_launch_sym(k->cuda, ptrs, nptr, &cc) < 0) Py_CLEAR(out);
+    } else if (m[EM_KMETA_NUMEL] > 0) {
         Py_BEGIN_ALLOW_THREADS
         k->fn(ptrs, sv);
         Py_END_ALLOW_THREADS
@@ -260,7 +273,7 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
         PyErr_Format(PyExc_TypeError, "ember kernel %U: wrong arguments", k->name);
         return NULL;
     }
-    if (k->meta) return kernel_call_symbolic(k, args);
+    if (k->meta || k->mprog) return kernel_call_symbolic(k, args);
     char *pbuf[KSTACK], **ptrs = pbuf;
     PyObject *fixbuf[KSTACK], **fixed = fixbuf, *out = NULL;
     int64_t err[2] = {0, 0}; /* the gather loads' error word (em_codegen.h) */
@@ -334,6 +347,7 @@ static void kernel_dealloc(PyObject *self) {
     Py_XDECREF(k->out_dtype);
     Py_XDECREF(k->out_device);
     em_cuda_fn_free(k->cuda);
+    em_sym_prog_free(k->mprog);
     free(k->src_sym);
     free(k->src_arg);
     free(k->src_dim);
@@ -602,9 +616,11 @@ static void mark_ext_uses(const Schedule *s, const IRArg *a, uint8_t *ext_seen) 
 static PyObject *launch_list(const EmCudaLaunch *L, uint32_t n) {
     PyObject *l = PyList_New(0);
     for (uint32_t i = 0; l && i < n; i++) {
-        PyObject *e = Py_BuildValue("{s:i,s:L,s:i,s:i,s:i,s:i,s:i,s:i}", "block", L[i].block, "blocks", (long long)L[i].blocks,
-                                    "per_sm", L[i].per_sm, "vec", L[i].vec, "idx64", L[i].idx64, "rows_per_block",
-                                    L[i].rows_per_block, "threads_per_row", L[i].threads_per_row, "cached", L[i].cached);
+        PyObject *e = Py_BuildValue("{s:i,s:L,s:i,s:i,s:i,s:i,s:i,s:i,s:O,s:O}", "block", L[i].block, "blocks",
+                                    (long long)L[i].blocks, "per_sm", L[i].per_sm, "vec", L[i].vec, "idx64", L[i].idx64,
+                                    "rows_per_block", L[i].rows_per_block, "threads_per_row", L[i].threads_per_row,
+                                    "cached", L[i].cached, "symbolic", L[i].sym ? Py_True : Py_False, "block_dyn",
+                                    L[i].block_dyn ? Py_True : Py_False);
         if (!e || PyList_Append(l, e) < 0) Py_CLEAR(l);
         Py_XDECREF(e);
     }
@@ -695,13 +711,56 @@ static void sym_sources_free(SymSources *s) {
     free(s->dim);
 }
 
-/* Fills a kernel's symbolic part: its meta function, the symbol sources, the layout of m[]. */
+/* The layout of a CUDA kernel's m[] as size expressions (EM_KMETA_*: work, elements, the output's
+ * sizes and strides, each extern result's; then the row length and the farthest element reached,
+ * em_codegen_cuda_sym_exprs). out has room for cuda_meta_cap(s, k) entries; returns the count. */
+static uint32_t cuda_meta_cap(const SKernel *k) { return 4 + 2 * EM_LMAXDIM * (k->nin + 1); }
+
+static uint32_t cuda_meta_exprs(const Schedule *s, const SKernel *k, SymRef *out) {
+    const LGraph *lg = s->lg;
+    ShapeEnv *env = lg->env;
+    uint32_t n = 0;
+    SymRef work = em_sym_const(env, 1), numel = work;
+    for (int j = 0; j < k->ndim; j++) work = em_sym_mul(env, work, k->ssizes[j]);
+    for (int j = 0; j < (k->reduction ? k->nouter : k->ndim); j++) numel = em_sym_mul(env, numel, k->ssizes[j]);
+    out[n++] = work;
+    out[n++] = numel;
+    const LBuf *ob = &lg->bufs[k->args[k->nin]];
+    for (int t = 0; t < 2 * ob->ndim; t++) out[n++] = t < ob->ndim ? ob->ssizes[t] : ob->sstrides[t - ob->ndim];
+    for (uint32_t a = 0; a < k->nin; a++) {
+        const LBuf *ib = &lg->bufs[k->args[a]];
+        if (ib->kind != LBUF_EXTERN) continue;
+        for (int t = 0; t < 2 * ib->ndim; t++) out[n++] = t < ib->ndim ? ib->ssizes[t] : ib->sstrides[t - ib->ndim];
+    }
+    em_codegen_cuda_sym_exprs(s, k, &out[n + 1], &out[n]);
+    return n + 2;
+}
+
+/* Fills a kernel's symbolic part: its meta function (C) or program (CUDA), the symbol sources, the
+ * layout of m[]. */
 static int kernel_set_symbolic(Kernel *ko, void *handle, const char *fname, const Schedule *s, const SKernel *k,
                                const SymSources *srcs) {
     const LGraph *lg = s->lg;
     char mname[48];
     snprintf(mname, sizeof mname, "%s_meta", fname);
-    ko->meta = (MetaFn)dlsym(handle, mname);
+    uint32_t ncuda = 0;
+    if (ko->cuda) {
+        SymRef *e = malloc(cuda_meta_cap(k) * sizeof(SymRef));
+        if (!e) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        ncuda = cuda_meta_exprs(s, k, e);
+        ko->mprog = em_sym_exprs_compile(lg->env, e, ncuda);
+        free(e);
+        if (!ko->mprog) {
+            PyErr_Format(PyExc_RuntimeError, "ember: the size expressions of %s: %s", fname,
+                         em_sym_error_text(em_sym_env_error(lg->env)));
+            return -1;
+        }
+    } else {
+        ko->meta = (MetaFn)dlsym(handle, mname);
+    }
     ko->nsym = em_sym_nsymbols(lg->env);
     ko->nsrc = srcs->nsym;
     ko->nsrcargs = srcs->n;
@@ -709,8 +768,8 @@ static int kernel_set_symbolic(Kernel *ko, void *handle, const char *fname, cons
     ko->src_arg = malloc((srcs->nsym + 1) * sizeof(uint32_t));
     ko->src_dim = malloc((srcs->nsym + 1) * sizeof(int32_t));
     ko->in_ndim = malloc((k->nin + 1) * sizeof(int32_t));
-    if (!ko->meta || !ko->src_sym || !ko->src_arg || !ko->src_dim || !ko->in_ndim) {
-        if (!ko->meta) PyErr_Format(PyExc_RuntimeError, "ember: %s missing from the library", mname);
+    if ((!ko->meta && !ko->mprog) || !ko->src_sym || !ko->src_arg || !ko->src_dim || !ko->in_ndim) {
+        if (!ko->meta && !ko->mprog) PyErr_Format(PyExc_RuntimeError, "ember: %s missing from the library", mname);
         else PyErr_NoMemory();
         return -1;
     }
@@ -726,7 +785,69 @@ static int kernel_set_symbolic(Kernel *ko, void *handle, const char *fname, cons
         ko->in_ndim[q] = ib->kind == LBUF_EXTERN ? ib->ndim : -1;
         if (ib->kind == LBUF_EXTERN) nm += 2 * (uint32_t)ib->ndim;
     }
-    ko->nmeta = nm;
+    ko->nmeta = ko->cuda ? ncuda : nm;
+    EM_ASSERT(!ko->cuda || ncuda == nm + 2);
+    return 0;
+}
+
+/* Marks the symbols the runtime's per-call expressions of every CUDA kernel read. -1 with an
+ * exception (memory). */
+static int cuda_mark_meta_symbols(const Schedule *s, uint8_t *used) {
+    ShapeEnv *env = s->lg->env;
+    for (uint32_t ki = 0; ki < s->nkernels; ki++) {
+        const SKernel *k = &s->kernels[ki];
+        SymRef *e = malloc(cuda_meta_cap(k) * sizeof(SymRef));
+        uint32_t *syms = malloc((em_sym_nsymbols(env) + 1) * sizeof(uint32_t));
+        if (!e || !syms) {
+            free(e);
+            free(syms);
+            PyErr_NoMemory();
+            return -1;
+        }
+        uint32_t n = cuda_meta_exprs(s, k, e);
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t m = e[i] == SYM_NONE ? 0 : em_sym_free_symbols(env, e[i], syms, em_sym_nsymbols(env));
+            for (uint32_t j = 0; j < m; j++) used[syms[j]] = 1;
+        }
+        free(e);
+        free(syms);
+    }
+    return 0;
+}
+
+/* Size expressions rendered with SYM_STYLE_SYMBOLS (`s0*s1`, `(s0//2)`: Python syntax), a list. */
+static PyObject *rendered(ShapeEnv *env, const SymRef *e, uint32_t n) {
+    PyObject *l = PyList_New(0);
+    for (uint32_t i = 0; l && i < n; i++) {
+        char t[256];
+        em_sym_render(env, e[i], SYM_STYLE_SYMBOLS, t, sizeof t);
+        PyObject *v = PyUnicode_FromString(t);
+        if (!v || PyList_Append(l, v) < 0) Py_CLEAR(l);
+        Py_XDECREF(v);
+    }
+    return l;
+}
+
+/* Symbolic graphs, for the emulator of the tests: each launch entry gets its per-call expressions
+ * ("units", "row", "reach"), rendered. */
+static int sym_launch_info(const Schedule *s, PyObject *ll) {
+    for (uint32_t ki = 0; ki < s->nkernels; ki++) {
+        const SKernel *k = &s->kernels[ki];
+        SymRef *e = malloc(cuda_meta_cap(k) * sizeof(SymRef));
+        if (!e) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        uint32_t n = cuda_meta_exprs(s, k, e);
+        SymRef three[3] = {e[EM_KMETA_NUMEL], e[n - 2], e[n - 1]};
+        free(e);
+        PyObject *r = rendered(s->lg->env, three, 3), *ent = PyList_GET_ITEM(ll, ki);
+        int bad = !r || PyDict_SetItemString(ent, "units", PyList_GET_ITEM(r, 0)) < 0 ||
+                  PyDict_SetItemString(ent, "row", PyList_GET_ITEM(r, 1)) < 0 ||
+                  PyDict_SetItemString(ent, "reach", PyList_GET_ITEM(r, 2)) < 0;
+        Py_XDECREF(r);
+        if (bad) return -1;
+    }
     return 0;
 }
 
@@ -801,11 +922,13 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             goto done;
         }
         launch = em_arena_alloc(a, (s->nkernels + 1) * sizeof(EmCudaLaunch));
-        if (!launch) {
+        if (lg->env) sym_used = em_arena_alloc(a, em_sym_nsymbols(lg->env) + 1);
+        if (!launch || (lg->env && !sym_used)) {
             PyErr_NoMemory();
             goto done;
         }
-        src = em_codegen_cuda(s, launch);
+        if (lg->env) memset(sym_used, 0, em_sym_nsymbols(lg->env) + 1);
+        src = em_codegen_cuda(s, launch, sym_used);
         t_codegen = em_now();
         if (!src && PyErr_ExceptionMatches(PyExc_NotImplementedError)) { /* the eager backend runs it */
             PyObject *et, *ev, *tb;
@@ -824,8 +947,30 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             goto done;
         }
         if (!src) goto done;
+        if (lg->env) {
+            /* the runtime's per-call expressions read symbols too: every one needs a source */
+            int srcs_ok = cuda_mark_meta_symbols(s, sym_used) == 0;
+            if (srcs_ok && sym_sources(g, lg->env, sym_used, &srcs) < 0) {
+                if (PyErr_Occurred()) goto done;
+                srcs_ok = 0;
+            }
+            if (!srcs_ok) {
+                if (PyErr_Occurred()) goto done;
+                const char *w = "CUDA tensors ran by the eager backend: symbolic sizes: a symbol the kernels read is "
+                                "not the size of a graph input";
+                if (mode == 1) {
+                    PyObject *wo = PyUnicode_FromString(w);
+                    if (wo && PyDict_SetItemString(d, "fallback", wo) == 0) result = Py_NewRef(d);
+                    Py_XDECREF(wo);
+                } else {
+                    result = eager_fallback(d, g, w);
+                }
+                goto done;
+            }
+        }
         if (mode == 1) {
             PyObject *ll = launch_list(launch, s->nkernels);
+            if (ll && lg->env && sym_launch_info(s, ll) < 0) Py_CLEAR(ll);
             if (!ll || PyDict_SetItemString(d, "launch", ll) < 0 || PyDict_SetItemString(d, "source", src) < 0) {
                 Py_XDECREF(ll);
                 goto done;
@@ -864,6 +1009,14 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                 PyObject *e = Py_BuildValue("{s:s,s:I,s:s,s:N,s:N}", "kind", kinds[lb->kind], "index", lb->index, "dtype",
                                             em_ldt_name(lb->dtype), "sizes", int_tuple(lb->ndim, lb->sizes), "strides",
                                             int_tuple(lb->ndim, lb->strides));
+                if (e && lg->env) { /* symbolic: the layout as expressions over s<j> (Python syntax) */
+                    PyObject *ss = rendered(lg->env, lb->ssizes, (uint32_t)lb->ndim);
+                    PyObject *st = rendered(lg->env, lb->sstrides, (uint32_t)lb->ndim);
+                    if (!ss || !st || PyDict_SetItemString(e, "ssizes", ss) < 0 || PyDict_SetItemString(e, "sstrides", st) < 0)
+                        Py_CLEAR(e);
+                    Py_XDECREF(ss);
+                    Py_XDECREF(st);
+                }
                 if (!e || PyList_Append(bufs, e) < 0) Py_CLEAR(bufs);
                 Py_XDECREF(e);
             }
@@ -892,6 +1045,19 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                 goto done;
             }
             Py_DECREF(ok);
+            if (lg->env) { /* symbol j = size dim of graph input i: [(j, i, dim), ...] */
+                PyObject *sl = PyList_New(0);
+                for (uint32_t q = 0; sl && q < srcs.nsym; q++) {
+                    PyObject *t = Py_BuildValue("(IIi)", srcs.sym[q], srcs.input[srcs.which[q]], srcs.dim[q]);
+                    if (!t || PyList_Append(sl, t) < 0) Py_CLEAR(sl);
+                    Py_XDECREF(t);
+                }
+                PyObject *ns = sl ? PyLong_FromUnsignedLong(em_sym_nsymbols(lg->env)) : NULL;
+                int bad = !sl || !ns || PyDict_SetItemString(d, "symbols", sl) < 0 || PyDict_SetItemString(d, "nsymbols", ns) < 0;
+                Py_XDECREF(sl);
+                Py_XDECREF(ns);
+                if (bad) goto done;
+            }
             result = Py_NewRef(d);
             goto done;
         }
@@ -1200,11 +1366,12 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         char fname[32];
         snprintf(fname, sizeof fname, "ember_k%u", sp->index);
         ko->set_threads = NULL;
+        ko->mprog = NULL;
         if (cuda) {
             ko->fn = NULL;
             ko->out_device = Py_NewRef(device);
             ko->cuda = em_cuda_fn_new(lib, fname, &launch[sp->index]);
-            if (!ko->cuda) {
+            if (!ko->cuda || (lg->env && kernel_set_symbolic(ko, NULL, fname, s, k, &srcs) < 0)) {
                 Py_DECREF(ko);
                 goto done;
             }
@@ -1397,7 +1564,25 @@ done:
     return result;
 }
 
-PyObject *em_ember_compile(const IRGraph *g, PyObject **info) { return ember_compile(g, info, 0); }
+/* EMBER_TEST_CUDA_SOURCE=1 (tests without a GPU): a graph compiled for the CPU also goes through the
+ * CUDA code generator, and its entry's info gets "cuda_test", the dict _C._ir_build(...,
+ * cuda_source=True) returns (source, launch table, buffers; for a symbolic graph the symbols'
+ * sources and the layouts as expressions): the symbolic graph the tracer made, for the emulator. */
+PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
+    PyObject *r = ember_compile(g, info, 0);
+    const char *t = getenv("EMBER_TEST_CUDA_SOURCE");
+    if (!r || !*info || !t || !*t || *t == '0' || !PyDict_Check(*info)) return r;
+    PyObject *dev = PyDict_GetItemString(*info, "device");
+    if (!dev || !PyUnicode_Check(dev) || PyUnicode_CompareWithASCIIString(dev, "cpu") != 0) return r;
+    PyObject *ci = NULL, *c = ember_compile(g, &ci, 1);
+    Py_XDECREF(ci);
+    if (!c || PyDict_SetItemString(*info, "cuda_test", c) < 0) {
+        Py_CLEAR(r);
+        Py_CLEAR(*info);
+    }
+    Py_XDECREF(c);
+    return r;
+}
 
 PyObject *em_ember_cuda_codegen(const IRGraph *g) {
     PyObject *info = NULL, *r = ember_compile(g, &info, 1);

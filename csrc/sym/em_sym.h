@@ -225,6 +225,12 @@ uint64_t em_sym_prog_input_tag(const SymProg *p, uint32_t i); /* symbol i's tag 
 /* -1 when every check holds, else the index of the first failing check (an overflow fails the
  * check it happens in). No allocation; values has em_sym_prog_ninputs entries. */
 int em_sym_prog_check(const SymProg *p, const int64_t *values);
+/* Size expressions compiled the same way, for a runtime that needs their values per call (the CUDA
+ * launch: grid, output layout): out[i] = exprs[i] under this call's symbol values. Free with
+ * em_sym_prog_free; em_sym_prog_nchecks gives n. eval: 0, or -1 when an expression overflows or
+ * divides by zero (no allocation). */
+SymProg *em_sym_exprs_compile(ShapeEnv *env, const SymRef *exprs, uint32_t n);
+int em_sym_exprs_eval(const SymProg *p, const int64_t *values, int64_t *out);
 
 /* ---- shape rules the tracer calls (torch's own formulas, guarded as Dynamo guards them) ----
  * Each returns 0 on success, SYM_SHAPE_ERROR when eager would raise for these sizes (the

@@ -33,6 +33,7 @@ typedef enum {
     PI_CHECK_LE_K, /* values[a] <= k */
     PI_CHECK_EQ_K, /* values[a] == k */
     PI_CHECK_EQ_V, /* values[a] == values[k] */
+    PI_STORE,      /* pop into out[a] (expression programs, em_sym_exprs_compile) */
 } ProgOp;
 
 typedef struct SymInsn {
@@ -142,7 +143,10 @@ uint32_t em_sym_prog_ninputs(const SymProg *p) { return p->ninputs; }
 uint32_t em_sym_prog_nchecks(const SymProg *p) { return p->nchecks; }
 uint64_t em_sym_prog_input_tag(const SymProg *p, uint32_t i) { return i < p->ninputs ? p->tags[i] : 0; }
 
-int em_sym_prog_check(const SymProg *p, const int64_t *values) {
+/* Runs p: guard checks (out NULL) or stores into out. Returns -1 when every check holds (and for
+ * an expression program that ran to the end), else the index of the failing check; an overflow
+ * fails the check it happens in (expression programs: returns 0). */
+static int prog_run(const SymProg *p, const int64_t *values, int64_t *out) {
     int64_t st[SYM_PROG_STACK];
     int sp = 0;
     int check = 0;
@@ -208,7 +212,45 @@ int em_sym_prog_check(const SymProg *p, const int64_t *values) {
             if (values[in->a] != values[in->k]) return check;
             check++;
             break;
+        case PI_STORE: out[in->a] = st[--sp]; break;
         }
     }
     return -1;
+}
+
+int em_sym_prog_check(const SymProg *p, const int64_t *values) { return prog_run(p, values, NULL); }
+
+/* Expression programs: the same instructions, each expression followed by a store of its value. */
+SymProg *em_sym_exprs_compile(ShapeEnv *env, const SymRef *exprs, uint32_t n) {
+    if (env->error) return NULL;
+    Emitter em = {env, NULL, 0, 0, 0, 0};
+    for (uint32_t i = 0; i < n; i++) {
+        if (exprs[i] == SYM_NONE) {
+            em_sym__fail(env, SYM_ERR_BAD_ARG);
+            free(em.code);
+            return NULL;
+        }
+        if (emit_expr(&em, exprs[i]) < 0 || put(&em, PI_STORE, i, 0, -1) < 0) {
+            free(em.code);
+            return NULL;
+        }
+    }
+    SymProg *p = malloc(sizeof(SymProg) + (size_t)em.n * sizeof(SymInsn) + (size_t)env->nsyms * sizeof(uint64_t));
+    if (!p) {
+        free(em.code);
+        em_sym__fail(env, SYM_ERR_NOMEM);
+        return NULL;
+    }
+    p->ninputs = env->nsyms;
+    p->nchecks = n;
+    p->ninsns = em.n;
+    if (em.n) memcpy(p->code, em.code, (size_t)em.n * sizeof(SymInsn));
+    p->tags = (uint64_t *)(void *)&p->code[em.n];
+    for (uint32_t i = 0; i < env->nsyms; i++) p->tags[i] = em_sym_symbol_tag(env, i);
+    free(em.code);
+    return p;
+}
+
+int em_sym_exprs_eval(const SymProg *p, const int64_t *values, int64_t *out) {
+    return prog_run(p, values, out) == -1 ? 0 : -1;
 }

@@ -11,7 +11,18 @@ import operator
 import torch
 import torch.fx
 
-__all__ = ["cuda_codegen", "meta_like", "nvrtc_available", "emulate", "emulator_available"]
+__all__ = ["cuda_codegen", "meta_like", "nvrtc_available", "emulate", "emulate_info", "emulator_available",
+           "IDX32_LIMIT", "row_block"]
+
+IDX32_LIMIT = (1 << 31) - (1 << 24) * 16  # EM_CUDA_IDX32_LIMIT (csrc/codegen/em_codegen.h)
+
+
+def row_block(row: int) -> int:
+    """The block of a reduction kernel whose block is picked per call (em_cuda_row_block)."""
+    t = 128
+    while t < 1024 and t * 8 < row:
+        t <<= 1
+    return t
 
 
 def meta_like(t: torch.Tensor) -> torch.Tensor:
@@ -124,7 +135,12 @@ template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int m) {
 """
 
 _LAUNCH = r"""
-template <typename... P, size_t... I> static void em_call_impl(void (*f)(P...), void **a, std::index_sequence<I...>) { f((P)a[I]...); }
+#include <type_traits>
+/* a pointer parameter is the pointer itself; a by-value one (em_sv, the sizes of a symbolic kernel) is read from it */
+template <typename P> static inline P em_arg(void *p) {
+    if constexpr (std::is_pointer<P>::value) return (P)p; else return *(const P *)p;
+}
+template <typename... P, size_t... I> static void em_call_impl(void (*f)(P...), void **a, std::index_sequence<I...>) { f(em_arg<P>(a[I])...); }
 template <typename... P> static void em_call(void (*f)(P...), void **a) { em_call_impl(f, a, std::index_sequence_for<P...>{}); }
 struct em_targ { unsigned bx, tx; void **a; void (*run)(void **); };
 static void *em_thread(void *p) {
@@ -170,24 +186,46 @@ def emulate(fn, *inputs, grid_cap: int = 3):
     """Runs the CUDA kernels generated for fn on the CPU tensors inputs with the emulator; returns
     (outputs, info). Only graphs made of kernels alone (no extern call), whose outputs are kernel
     results. grid_cap caps each launch's grid so that grid-stride loops are exercised."""
+    bad = [t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type != "cpu"]
+    if bad:  # the emulator reads the inputs' memory from the host
+        raise ValueError(f"emulate: inputs must be CPU tensors, got a tensor on {bad[0]}")
+    return emulate_info(cuda_codegen(fn, *inputs), *inputs, grid_cap=grid_cap)
+
+
+def emulate_info(info: dict, *inputs, grid_cap: int = 3, idx64: bool | None = None):
+    """Runs the kernels of a code generation result (cuda_codegen's dict, or the "cuda_test" entry
+    that EMBER_TEST_CUDA_SOURCE=1 adds to a CPU compile's cache_info) on the CPU tensors inputs (the
+    graph's inputs, in order); returns (outputs, info). A symbolic graph (info["symbols"]) runs for
+    the inputs' sizes: the symbols' values, buffer layouts, grid, per-call block and index width are
+    computed here as the runtime computes them (em_cuda_launch_sym); idx64=True/False runs the 64- or
+    32-bit variant of kernels compiled with both (launch idx64 == 2) whatever the sizes."""
     import ctypes
     import hashlib
     import os
     import subprocess
     import tempfile
     bad = [t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type != "cpu"]
-    if bad:  # the emulator reads the inputs' memory from the host
+    if bad:
         raise ValueError(f"emulate: inputs must be CPU tensors, got a tensor on {bad[0]}")
-    info = cuda_codegen(fn, *inputs)
     if "fallback" in info:
         raise RuntimeError(info["fallback"])
     if not info["kernels_only"] or any(o is None for o in info["outputs"]):
         raise ValueError("emulate: the graph has extern calls or outputs that are not kernel results")
+    symbolic = "symbols" in info
+    env = {"Min": min, "Max": max}
+    sv = [0] * max(1, info.get("nsymbols", 1))
+    for j, i, d in info.get("symbols", []):
+        sv[j] = inputs[i].shape[d]
+        env[f"s{j}"] = sv[j]
+
+    def val(e):
+        return int(eval(e, {"__builtins__": {}}, env)) if isinstance(e, str) else e
     n = len(info["kernel_list"])
+    names = [f"{i}" for i in range(n)] + [f"{i}_64" for i, ln in enumerate(info["launch"]) if ln.get("idx64") == 2 and symbolic]
     wrappers = "".join(
-        f"static void em_run{i}(void **a) {{ em_call(ember_k{i}, a); }}\n"
-        f'extern "C" int em_launch{i}(unsigned g, unsigned b, void **a) {{ return em_launch(em_run{i}, g, b, a); }}\n'
-        for i in range(n))
+        f"static void em_run{x}(void **a) {{ em_call(ember_k{x}, a); }}\n"
+        f'extern "C" int em_launch{x}(unsigned g, unsigned b, void **a) {{ return em_launch(em_run{x}, g, b, a); }}\n'
+        for x in names)
     text = _SHIM + info["source"] + _LAUNCH + wrappers
     d = os.path.join(tempfile.gettempdir(), f"ember-cuda-emu-{os.getuid()}")
     os.makedirs(d, mode=0o700, exist_ok=True)
@@ -215,12 +253,25 @@ def emulate(fn, *inputs, grid_cap: int = 3):
         for b in kd["args"]:
             if b not in bufs:
                 m = info["buffers"][b]
-                bufs[b] = torch.empty_strided(m["sizes"], m["strides"], dtype=_DTYPES[m["dtype"]], device="cpu")
+                sizes = [val(e) for e in m["ssizes"]] if symbolic else m["sizes"]
+                strides = [val(e) for e in m["sstrides"]] if symbolic else m["strides"]
+                bufs[b] = torch.empty_strided(sizes, strides, dtype=_DTYPES[m["dtype"]], device="cpu")
             ptrs.append(bufs[b].data_ptr())
-        if ln["blocks"] <= 0:
+        name, block, blocks = f"{i}", ln["block"], ln["blocks"]
+        if symbolic:
+            svarr = (ctypes.c_int64 * len(sv))(*sv)
+            ptrs.append(ctypes.addressof(svarr))
+            units = val(ln["units"])
+            if ln["block_dyn"]:
+                block = row_block(val(ln["row"]))
+            per = ln["rows_per_block"] if ln["rows_per_block"] > 0 else ln["vec"] * block
+            blocks = (units + per - 1) // per if units > 0 else 0
+            if ln["idx64"] == 2 and (val(ln["reach"]) >= IDX32_LIMIT if idx64 is None else idx64):
+                name = f"{i}_64"
+        if blocks <= 0:
             continue
         arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
-        grid = max(1, min(ln["blocks"], grid_cap))
-        if getattr(lib, f"em_launch{i}")(ctypes.c_uint(grid), ctypes.c_uint(ln["block"]), arr):
+        grid = max(1, min(blocks, grid_cap))
+        if getattr(lib, f"em_launch{name}")(ctypes.c_uint(grid), ctypes.c_uint(block), arr):
             raise RuntimeError("emulate: could not start the threads")
     return [bufs[o] for o in info["outputs"]], info
