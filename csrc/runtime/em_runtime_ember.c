@@ -66,8 +66,11 @@ typedef struct {
 static PyTypeObject *Kernel_Type = NULL;
 static PyObject *empty_strided = NULL; /* torch.empty_strided */
 static PyObject *get_num_threads = NULL; /* torch.get_num_threads */
-static PyObject *kw_dtype = NULL;      /* ("dtype",) */
 static PyObject *kw_dtype_device = NULL; /* ("dtype", "device") */
+/* torch.device("cpu"): CPU buffers name their device, so that torch.set_default_device("cuda")
+ * (a TorchFunctionMode that factory calls made through Python see) never puts memory a C kernel
+ * writes on the GPU */
+static PyObject *cpu_device = NULL;
 
 static PyObject *tensor_as(PyObject *t, PyObject *size, PyObject *stride) {
     /* an extern's result with another layout than its meta said: copy into the expected one (same
@@ -211,8 +214,7 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
         stride = size ? int_tuple(k->out_ndim, m + EM_KMETA_OUT + k->out_ndim) : NULL;
         if (!stride) goto done;
         PyObject *eargs[5] = {NULL, size, stride, k->out_dtype, k->out_device};
-        out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                  k->cuda ? kw_dtype_device : kw_dtype);
+        out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype_device);
         if (!out) goto done;
     }
     if (data_ptr(out, &ptrs[k->nin]) < 0) {
@@ -303,14 +305,10 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
     }
     if (k->donor >= 0) {
         out = Py_NewRef(args[k->donor]);
-    } else if (k->cuda) {
-        /* torch's caching allocator on the graph's device, ordered on its current stream */
+    } else {
+        /* CUDA: torch's caching allocator on the graph's device, ordered on its current stream */
         PyObject *eargs[5] = {NULL, k->out_size, k->out_stride, k->out_dtype, k->out_device};
         out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype_device);
-        if (!out) goto done;
-    } else {
-        PyObject *eargs[4] = {NULL, k->out_size, k->out_stride, k->out_dtype};
-        out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype);
         if (!out) goto done;
     }
     if (data_ptr(out, &ptrs[k->nin]) < 0) {
@@ -874,10 +872,10 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         if (!torch) goto done;
         empty_strided = PyObject_GetAttrString(torch, "empty_strided");
         get_num_threads = PyObject_GetAttrString(torch, "get_num_threads");
+        cpu_device = PyObject_CallMethod(torch, "device", "s", "cpu");
         Py_DECREF(torch);
-        kw_dtype = Py_BuildValue("(s)", "dtype");
         kw_dtype_device = Py_BuildValue("(ss)", "dtype", "device");
-        if (!empty_strided || !get_num_threads || !kw_dtype || !kw_dtype_device) goto done;
+        if (!empty_strided || !get_num_threads || !kw_dtype_device || !cpu_device) goto done;
     }
     d = PyDict_New();
     if (!d) goto done;
@@ -1242,7 +1240,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         PyObject *torch = PyImport_ImportModule("torch");
         PyObject *ar = torch ? PyObject_GetAttrString(torch, "arange") : NULL;
         PyObject *kw = ar ? Py_BuildValue("{s:O,s:O}", "dtype", em_lower_dtype_obj(LDT_I64), "device",
-                                          cuda ? device : Py_None) : NULL;
+                                          cuda ? device : cpu_device) : NULL;
         PyObject *n = kw ? PyLong_FromLongLong(lg->bufs[b].sizes[0]) : NULL;
         PyObject *targs = n ? PyTuple_Pack(1, n) : NULL;
         index_table = targs ? PyObject_Call(ar, targs, kw) : NULL;
@@ -1348,7 +1346,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         ko->threshold = opt.parallel_threshold;
         ko->vectorcall = kernel_vectorcall;
         ko->cuda = NULL;
-        ko->out_device = NULL;
+        ko->out_device = Py_NewRef(cpu_device); /* CUDA: the graph's device, below */
         ko->lib = Py_NewRef(lib);
         ko->nin = k->nin;
         ko->donor = -1;
@@ -1369,7 +1367,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         ko->mprog = NULL;
         if (cuda) {
             ko->fn = NULL;
-            ko->out_device = Py_NewRef(device);
+            Py_SETREF(ko->out_device, Py_NewRef(device));
             ko->cuda = em_cuda_fn_new(lib, fname, &launch[sp->index]);
             if (!ko->cuda || (lg->env && kernel_set_symbolic(ko, NULL, fname, s, k, &srcs) < 0)) {
                 Py_DECREF(ko);

@@ -20,7 +20,12 @@ from ember.testing.cuda import emulate_info, emulator_available, nvrtc_available
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 _NVRTC_WHY = nvrtc_available()
-needs_nvrtc = pytest.mark.skipif(bool(_NVRTC_WHY), reason=f"NVRTC not available: {_NVRTC_WHY}")
+_nvrtc_skip = pytest.mark.skipif(bool(_NVRTC_WHY), reason=f"NVRTC not available: {_NVRTC_WHY}")
+
+
+def needs_nvrtc(f):
+    """Source tests compile CPU graphs (EMBER_TEST_CUDA_SOURCE): CPU tensors, also under EMBER_TEST_DEVICE=cuda."""
+    return _nvrtc_skip(pytest.mark.usefixtures("cpu_tensors")(f))
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (run by tools/gpu_check.sh)")
 _emu_skip = pytest.mark.skipif(bool(emulator_available()), reason=f"emulator: {emulator_available()}")
 _H, _B = torch.float16, torch.bfloat16
