@@ -109,7 +109,11 @@ def _check(outs, refs):
     assert len(outs) == len(refs)
     for o, r in zip(outs, refs):
         assert o.dtype == r.dtype and o.shape == r.shape, (o.dtype, r.dtype, o.shape, r.shape)
-        if o.dtype.is_floating_point:
+        if o.dtype == torch.float32:
+            # row sums of up to 5000 elements: a block's tree order against ATen's vectorized order
+            # differs by a few ulps of the sum (1.4e-5 absolute on a sum of ~2.3 seen on the H100)
+            torch.testing.assert_close(o, r, equal_nan=True, rtol=1e-5, atol=1e-4)
+        elif o.dtype.is_floating_point:
             torch.testing.assert_close(o, r, equal_nan=True)
         else:
             assert torch.equal(o, r)
