@@ -93,10 +93,7 @@ static const EmCgDialect C_DIALECT = {ctype, "(isinf(%s) != 0)", "0", 1};
  * offsets are size expressions, computed once at the top of the kernel from sv (locals n<j>,
  * s<q>_<j>, o<q>) and used by name below; a static kernel uses literals, as before. */
 
-typedef struct {
-    char v[40];     /* literal, or the local's name */
-    int zero, one;  /* 0 / 1 for every size */
-} Num;
+typedef EmCgNum Num;
 
 typedef struct {
     const SKernel *k;
@@ -114,22 +111,10 @@ typedef struct {
 /* Writes the C of a size expression (em_codegen_expr.c). */
 static void sym_c(SB *b, KG *g, SymRef e) { em_codegen_sym(b, g->env, e, g->used, &g->bad); }
 
-/* A number of the kernel: the literal hint (static kernel or constant shadow), else a local named
- * `name` defined in the prologue as the expression. */
+/* A number of the kernel (em_codegen_num): int64_t locals computed from sv. */
 static void num_of(SB *b, KG *g, Num *out, int64_t hint, SymRef e, const char *name) {
-    int64_t v = hint;
-    if (g->env && e == SYM_NONE) g->bad = 1;
-    if (!g->env || em_sym_is_const(g->env, e, &v)) {
-        snprintf(out->v, sizeof out->v, "%lld", (long long)v);
-        out->zero = v == 0;
-        out->one = v == 1;
-        return;
-    }
-    snprintf(out->v, sizeof out->v, "%s", name);
-    out->zero = out->one = 0;
-    sb_printf(b, "    const int64_t %s = ", name);
-    sym_c(b, g, e);
-    sb_printf(b, ";\n");
+    EmCgNums ns = {g->env, g->used, &g->bad, "int64_t", 0};
+    em_codegen_num(b, &ns, out, hint, e, name);
 }
 
 /* The value of node i as its dtype's compute type, rounded when the dtype is a half type. */
@@ -553,14 +538,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
     ShapeEnv *env = lg->env;
     uint32_t nacc = k->nloads + k->nstores;
     KG g = {.k = k, .env = env, .used = used};
-    g.off = calloc(nacc + 1, sizeof(Num));
-    g.st = calloc(nacc + 1, sizeof *g.st);
-    if (!g.off || !g.st) {
-        free(g.off);
-        free(g.st);
-        b->oom = 1;
-        return;
-    }
+    if (em_codegen_nums_alloc(b, k, &g.off, &g.st) < 0) return;
     /* the comment naming the graph nodes */
     sb_printf(b, "/* kernel %u (%s): ", ki, k->reduction ? "reduction" : "pointwise");
     for (uint32_t q = 0; q < k->nirs; q++) sb_printf(b, "%s%s", q ? ", " : "", lg->ir->nodes[k->irs[q]].name);
@@ -590,16 +568,8 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         snprintf(nm, sizeof nm, "n%d", j);
         num_of(b, &g, &g.size[j], k->sizes[j], k->ssizes[j], nm);
     }
-    for (uint32_t q = 0; q < nacc; q++) {
-        const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
-        char nm[24];
-        snprintf(nm, sizeof nm, "o%u", q);
-        num_of(b, &g, &g.off[q], ac->offset, ac->soffset, nm);
-        for (int j = 0; j < k->ndim; j++) {
-            snprintf(nm, sizeof nm, "s%u_%d", q, j);
-            num_of(b, &g, &g.st[q][j], ac->strides[j], ac->sstrides[j], nm);
-        }
-    }
+    EmCgNums ns = {g.env, g.used, &g.bad, "int64_t", 0};
+    em_codegen_access_nums(b, &ns, k, g.off, g.st);
     char O[160], Rt[160];
     prod_text(O, sizeof O, &g, 0, k->nouter);
     prod_text(Rt, sizeof Rt, &g, k->nouter, k->ndim);

@@ -90,10 +90,7 @@ static const char *stype(LDtype t) { return CU_STORAGE[t]; }
  * element this call reaches, vectors behind a run-time alignment and divisibility check). A static
  * graph's text is unchanged: literals everywhere. */
 
-typedef struct {
-    char v[24];    /* literal, or the local's name */
-    int zero, one; /* 0 / 1 for every size */
-} Num;
+typedef EmCgNum Num;
 
 typedef struct KC {
     const Schedule *s;
@@ -1025,22 +1022,10 @@ static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L) {
 
 /* ---------------------------------------------------------------------------------------------- */
 
-/* A number of the kernel: the literal (static kernel, or a constant shadow), else a local `name`
- * computed in the prologue from sv. */
+/* A number of the kernel (em_codegen_num): idx_t locals computed from sv. */
 static void num_of(SB *b, KC *c, Num *out, int64_t hint, SymRef e, const char *name) {
-    int64_t v;
-    if (known(c->env, e, hint, &v)) {
-        snprintf(out->v, sizeof out->v, "%lld", (long long)v);
-        out->zero = v == 0;
-        out->one = v == 1;
-        return;
-    }
-    if (e == SYM_NONE) c->bad = 1;
-    snprintf(out->v, sizeof out->v, "%s", name);
-    out->zero = out->one = 0;
-    sb_printf(b, "    const idx_t %s = (idx_t)", name);
-    em_codegen_sym(b, c->env, e, c->used, &c->bad);
-    sb_printf(b, ";\n");
+    EmCgNums ns = {c->env, c->used, &c->bad, "idx_t", 1};
+    em_codegen_num(b, &ns, out, hint, e, name);
 }
 
 /* The kernel's parameter list (its buffers), with `tail` appended. */
@@ -1063,16 +1048,8 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
     for (uint32_t q = 0; q < k->nstores; q++) /* (pointwise kernels walk every element anyway) */
         if (k->reduction && !k->elem[k->store_node[q]] && em_schedule_store_per_element(k, q))
             b->unsupported = "a row value stored along the row in a reduction kernel";
-    uint32_t nacc = k->nloads + k->nstores;
     KC c = {.s = s, .k = k, .env = env, .used = used};
-    c.off = calloc(nacc + 1, sizeof(Num));
-    c.st = calloc(nacc + 1, sizeof *c.st);
-    if (!c.off || !c.st) {
-        free(c.off);
-        free(c.st);
-        b->oom = 1;
-        return;
-    }
+    if (em_codegen_nums_alloc(b, k, &c.off, &c.st) < 0) return;
     choose_launch(s, k, L);
     sb_printf(b, "/* kernel %u (%s): ", ki, k->reduction ? "reduction" : "pointwise");
     for (uint32_t q = 0; q < k->nirs; q++) sb_printf(b, "%s%s", q ? ", " : "", lg->ir->nodes[k->irs[q]].name);
@@ -1112,15 +1089,9 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
         sb_printf(b, "    typedef %s idx_t;\n", L->idx64 ? "long long" : "int");
         for (int j = 0; j < k->ndim; j++) num_of(b, &c, &c.size[j], k->sizes[j], SYM_NONE, "");
     }
-    for (uint32_t q = 0; q < nacc; q++) {
-        const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
-        char nm[24];
-        snprintf(nm, sizeof nm, "o%u", q);
-        num_of(b, &c, &c.off[q], ac->offset, ac->soffset, nm);
-        for (int j = 0; j < k->ndim; j++) {
-            snprintf(nm, sizeof nm, "s%u_%d", q, j);
-            num_of(b, &c, &c.st[q][j], ac->strides[j], ac->sstrides[j], nm);
-        }
+    {
+        EmCgNums ns = {c.env, c.used, &c.bad, "idx_t", 1};
+        em_codegen_access_nums(b, &ns, k, c.off, c.st);
     }
     if (k->reduction) emit_reduction(b, &c, L);
     else emit_pointwise(b, &c, L);

@@ -209,3 +209,47 @@ void em_codegen_sym(EmSB *b, ShapeEnv *env, SymRef e, uint8_t *used, int *bad) {
         return;
     }
 }
+
+void em_codegen_num(EmSB *b, const EmCgNums *ns, EmCgNum *out, int64_t hint, SymRef e, const char *name) {
+    int64_t v = hint;
+    if (!ns->env || (e != SYM_NONE && em_sym_is_const(ns->env, e, &v))) {
+        snprintf(out->v, sizeof out->v, "%lld", (long long)v);
+        out->zero = v == 0;
+        out->one = v == 1;
+        return;
+    }
+    if (e == SYM_NONE) *ns->bad = 1;
+    snprintf(out->v, sizeof out->v, "%s", name);
+    out->zero = out->one = 0;
+    em_sb_printf(b, "    const %s %s = ", ns->type, name);
+    if (ns->cast) em_sb_printf(b, "(%s)", ns->type);
+    em_codegen_sym(b, ns->env, e, ns->used, ns->bad);
+    em_sb_printf(b, ";\n");
+}
+
+void em_codegen_access_nums(EmSB *b, const EmCgNums *ns, const SKernel *k, EmCgNum *off, EmCgNum (*st)[EM_LMAXDIM]) {
+    uint32_t nacc = k->nloads + k->nstores;
+    for (uint32_t q = 0; q < nacc; q++) {
+        const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
+        char nm[24];
+        snprintf(nm, sizeof nm, "o%u", q);
+        em_codegen_num(b, ns, &off[q], ac->offset, ac->soffset, nm);
+        for (int j = 0; j < k->ndim; j++) {
+            snprintf(nm, sizeof nm, "s%u_%d", q, j);
+            em_codegen_num(b, ns, &st[q][j], ac->strides[j], ac->sstrides[j], nm);
+        }
+    }
+}
+
+int em_codegen_nums_alloc(EmSB *b, const SKernel *k, EmCgNum **off, EmCgNum (**st)[EM_LMAXDIM]) {
+    uint32_t nacc = k->nloads + k->nstores;
+    *off = calloc(nacc + 1, sizeof **off);
+    *st = calloc(nacc + 1, sizeof **st);
+    if (*off && *st) return 0;
+    free(*off);
+    free(*st);
+    *off = NULL;
+    *st = NULL;
+    b->oom = 1;
+    return -1;
+}

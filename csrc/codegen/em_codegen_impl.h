@@ -36,4 +36,33 @@ void em_codegen_rounded_expr(EmSB *b, const EmCgDialect *d, const SKernel *k, ui
  * used[j] for every symbol read (used may be NULL); sets *bad for what it cannot write. */
 void em_codegen_sym(EmSB *b, ShapeEnv *env, SymRef e, uint8_t *used, int *bad);
 
+/* A number of a kernel (a size, stride or offset): a literal, or the name of a local the kernel's
+ * prologue computes from the size values; zero / one: it is 0 / 1 for every size. */
+typedef struct EmCgNum {
+    char v[40];
+    int zero, one;
+} EmCgNum;
+
+/* Where size locals go: the graph's ShapeEnv (NULL: a static kernel, literals only), the symbols
+ * read (used, may be NULL), the failure flag, and the locals' C type (cast: written as a cast of the
+ * expression, "(idx_t)"). */
+typedef struct EmCgNums {
+    ShapeEnv *env;
+    uint8_t *used;
+    int *bad;
+    const char *type;
+    int cast;
+} EmCgNums;
+
+/* *out = the literal hint (static kernel, or a constant shadow), else a local `name` defined in the
+ * prologue as e ("const <type> name = e;"). */
+void em_codegen_num(EmSB *b, const EmCgNums *ns, EmCgNum *out, int64_t hint, SymRef e, const char *name);
+
+/* Room for the offset and strides of every access of k (one more entry, never empty); 0, or -1
+ * with *b marked out of memory. The caller frees both. */
+int em_codegen_nums_alloc(EmSB *b, const SKernel *k, EmCgNum **off, EmCgNum (**st)[EM_LMAXDIM]);
+
+/* The offset (o<q>) and strides (s<q>_<j>) of every access of k, loads then stores. */
+void em_codegen_access_nums(EmSB *b, const EmCgNums *ns, const SKernel *k, EmCgNum *off, EmCgNum (*st)[EM_LMAXDIM]);
+
 #endif /* EM_CODEGEN_IMPL_H */

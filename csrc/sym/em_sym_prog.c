@@ -102,6 +102,26 @@ static int emit_expr(Emitter *em, SymRef e) {
     }
 }
 
+/* The program of em's instructions (nchecks: guards or stored expressions), with the symbols' tags;
+ * frees em's buffer. NULL (env failed) when out of memory. */
+static SymProg *prog_finish(Emitter *em, uint32_t nchecks) {
+    ShapeEnv *env = em->env;
+    SymProg *p = malloc(sizeof(SymProg) + (size_t)em->n * sizeof(SymInsn) + (size_t)env->nsyms * sizeof(uint64_t));
+    if (!p) {
+        free(em->code);
+        em_sym__fail(env, SYM_ERR_NOMEM);
+        return NULL;
+    }
+    p->ninputs = env->nsyms;
+    p->nchecks = nchecks;
+    p->ninsns = em->n;
+    if (em->n) memcpy(p->code, em->code, (size_t)em->n * sizeof(SymInsn));
+    p->tags = (uint64_t *)(void *)&p->code[em->n]; /* SymInsn is 16 bytes: 8-byte aligned */
+    for (uint32_t i = 0; i < env->nsyms; i++) p->tags[i] = em_sym_symbol_tag(env, i);
+    free(em->code);
+    return p;
+}
+
 SymProg *em_sym_prog_compile(ShapeEnv *env) {
     const SymGuard *g;
     uint32_t ng = em_sym_produce_guards(env, &g);
@@ -122,20 +142,7 @@ SymProg *em_sym_prog_compile(ShapeEnv *env) {
             return NULL;
         }
     }
-    SymProg *p = malloc(sizeof(SymProg) + (size_t)em.n * sizeof(SymInsn) + (size_t)env->nsyms * sizeof(uint64_t));
-    if (!p) {
-        free(em.code);
-        em_sym__fail(env, SYM_ERR_NOMEM);
-        return NULL;
-    }
-    p->ninputs = env->nsyms;
-    p->nchecks = ng;
-    p->ninsns = em.n;
-    if (em.n) memcpy(p->code, em.code, (size_t)em.n * sizeof(SymInsn));
-    p->tags = (uint64_t *)(void *)&p->code[em.n]; /* SymInsn is 16 bytes: 8-byte aligned */
-    for (uint32_t i = 0; i < env->nsyms; i++) p->tags[i] = em_sym_symbol_tag(env, i);
-    free(em.code);
-    return p;
+    return prog_finish(&em, ng);
 }
 
 void em_sym_prog_free(SymProg *p) { free(p); }
@@ -235,20 +242,7 @@ SymProg *em_sym_exprs_compile(ShapeEnv *env, const SymRef *exprs, uint32_t n) {
             return NULL;
         }
     }
-    SymProg *p = malloc(sizeof(SymProg) + (size_t)em.n * sizeof(SymInsn) + (size_t)env->nsyms * sizeof(uint64_t));
-    if (!p) {
-        free(em.code);
-        em_sym__fail(env, SYM_ERR_NOMEM);
-        return NULL;
-    }
-    p->ninputs = env->nsyms;
-    p->nchecks = n;
-    p->ninsns = em.n;
-    if (em.n) memcpy(p->code, em.code, (size_t)em.n * sizeof(SymInsn));
-    p->tags = (uint64_t *)(void *)&p->code[em.n];
-    for (uint32_t i = 0; i < env->nsyms; i++) p->tags[i] = em_sym_symbol_tag(env, i);
-    free(em.code);
-    return p;
+    return prog_finish(&em, n);
 }
 
 int em_sym_exprs_eval(const SymProg *p, const int64_t *values, int64_t *out) {

@@ -70,6 +70,28 @@ def assert_same(got, expected, exact=True, where="result"):
         assert type(got) is type(expected) and got == expected, f"{where}: {got!r} vs {expected!r}"
 
 
+def same_as_eager(out, ref, where="out"):
+    """A backend "ember" result against eager's: containers, tensor dtypes and shapes, the strides of
+    dims longer than 1 (torch's check_significant_strides), values within assert_close's
+    tolerances; == for the rest."""
+    if isinstance(ref, (tuple, list)):
+        assert isinstance(out, (tuple, list)) and len(out) == len(ref), where
+        for i, (o, r) in enumerate(zip(out, ref)):
+            same_as_eager(o, r, f"{where}[{i}]")
+        return
+    if isinstance(ref, torch.Tensor):
+        assert isinstance(out, torch.Tensor), where
+        assert out.dtype == ref.dtype, (where, out.dtype, ref.dtype)
+        assert out.shape == ref.shape, (where, out.shape, ref.shape)
+        if ref.numel() > 1:
+            so = [s for s, n in zip(out.stride(), out.shape) if n > 1]
+            sr = [s for s, n in zip(ref.stride(), ref.shape) if n > 1]
+            assert so == sr, (where, out.stride(), ref.stride())
+        torch.testing.assert_close(out, ref, equal_nan=True, msg=lambda m: f"{where}: {m}")
+        return
+    assert out == ref, where
+
+
 def outcome(fn, *args, **kwargs):
     """('ok', result) or ('raise', exception type, message) of one call."""
     try:

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
+from conftest import same_as_eager as _same
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("cpu_tensors", "ember_cache_dir")]
 
@@ -17,25 +18,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.use
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-
-
-def _same(out, ref, where="out"):
-    if isinstance(ref, (tuple, list)):
-        assert isinstance(out, (tuple, list)) and len(out) == len(ref), where
-        for i, (o, r) in enumerate(zip(out, ref)):
-            _same(o, r, f"{where}[{i}]")
-        return
-    if isinstance(ref, torch.Tensor):
-        assert isinstance(out, torch.Tensor), where
-        assert out.dtype == ref.dtype, (where, out.dtype, ref.dtype)
-        assert out.shape == ref.shape, (where, out.shape, ref.shape)
-        if ref.numel() > 1:
-            so = [s for s, n in zip(out.stride(), out.shape) if n > 1]
-            sr = [s for s, n in zip(ref.stride(), ref.shape) if n > 1]
-            assert so == sr, (where, out.stride(), ref.stride())
-        torch.testing.assert_close(out, ref, equal_nan=True, msg=lambda m: f"{where}: {m}")
-        return
-    assert out == ref, where
 
 
 def check(fn, *args):
