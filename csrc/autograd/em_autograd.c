@@ -60,6 +60,11 @@ typedef struct {
     uint8_t cur_role;
     bool cur_pinned;
     bool ember_halves; /* compile both halves with backend "ember" (em_ember_compile) */
+    /* dropout with Philox random numbers (ember_halves, ember.config.fallback_random False): one
+     * ember._C.philox_seeds node draws a seed per dropout of the graph (nphilox of them); philox[r]
+     * is 1 + the seed's index for dropout node r of g, 0 for others */
+    uint32_t nphilox, *philox;
+    IRRef seeds;
     bool inference;    /* decompose_attention of an inference graph: every node, grad or not */
 } AG;
 
@@ -631,6 +636,18 @@ static IRRef emit_method(AG *ag, const char *name, const IRArg *args, uint32_t n
         return 0;
     }
     return ag_emit(ag, IR_CALL_METHOD, s, args, n, NULL, NULL, 0);
+}
+
+/* Emits ember._C.<name>(args) (the random ops' eager forms, em_runtime_random.c). */
+static IRRef emit_ember(AG *ag, const char *name, const IRArg *args, uint32_t n) {
+    PyObject *mod = PyImport_ImportModule("ember._C");
+    PyObject *t = mod ? PyObject_GetAttrString(mod, name) : NULL;
+    Py_XDECREF(mod);
+    if (!t || !em_arena_hold_steal(ag->a, t)) {
+        ag_fail_exc(ag);
+        return 0;
+    }
+    return ag_emit(ag, IR_CALL_FUNCTION, t, args, n, NULL, NULL, 0);
 }
 
 static IRRef emit_op(AG *ag, const char *opname, IRArg a, IRArg b, uint32_t n) {
@@ -1405,6 +1422,12 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         IRArg self = bval(b, "self");
         if (!needs(ag, &self)) return 0;
         if (!ag->aux[n][0]) return accumulate(ag, self.u.ref, g); /* eval mode or p == 0: identity */
+        if (ag->philox[n]) { /* the same mask from the same seed: philox_dropout is its own derivative */
+            IRArg a[4] = {arg_node(g), arg_node(ag->aux[n][0]), arg_const_steal(ag, PyLong_FromUnsignedLong(ag->philox[n] - 1)),
+                          bval(b, "p")};
+            IRRef r = arg_bad(&a[2]) ? 0 : emit_ember(ag, "philox_dropout", a, 4);
+            return r ? accumulate(ag, self.u.ref, r) : -1;
+        }
         if (ag->aux[n][1]) { /* CUDA: native_dropout's mask */
             PyObject *t = torch_attr("ops.aten.native_dropout_backward");
             if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
@@ -1595,7 +1618,22 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         ag->cur_pinned = true; /* random: never recomputed */
         IRRef out = 0;
         int32_t perm[EM_MAXDIM_AG];
-        if (cuda) { /* at::dropout on CUDA is native_dropout (aten/src/ATen/native/Dropout.cpp) */
+        if (ag->nphilox) {
+            /* Philox: the seeds drawn once per call of the graph (at its first dropout), each dropout
+             * one op that lowers into kernels; the backward draws its mask again from the saved seed */
+            if (!ag->seeds) {
+                IRArg a[2] = {map_arg(ag, &self), arg_const_steal(ag, PyLong_FromUnsignedLong(ag->nphilox))};
+                ag->seeds = arg_bad(&a[1]) ? 0 : emit_ember(ag, "philox_seeds", a, 2);
+                if (!ag->seeds) return 0;
+            }
+            uint32_t k = 0;
+            for (IRRef r = 1; r < n; r++) k += ag->philox[r] != 0;
+            ag->cur_pinned = false; /* deterministic given the seeds */
+            IRArg a[4] = {map_arg(ag, &self), arg_node(ag->seeds), arg_const_steal(ag, PyLong_FromUnsignedLong(k)), p};
+            out = arg_bad(&a[2]) || k >= ag->nphilox ? 0 : emit_ember(ag, "philox_dropout", a, 4);
+            ag->philox[n] = k + 1;
+            ag->aux[n][0] = ag->seeds;
+        } else if (cuda) { /* at::dropout on CUDA is native_dropout (aten/src/ATen/native/Dropout.cpp) */
             PyObject *t = torch_attr("ops.aten.native_dropout");
             if (t && em_arena_hold_steal(ag->a, t)) {
                 IRArg a[3] = {map_arg(ag, &self), p, train};
@@ -2022,6 +2060,15 @@ static PyObject *float_config(const char *name, double dflt) {
         return PyFloat_FromDouble(dflt);
     }
     return v;
+}
+
+/* ember.config.<name> as a truth value (False when absent or not a truth value). */
+static bool bool_config(const char *name) {
+    PyObject *v = float_config(name, 0.0);
+    int t = v ? PyObject_IsTrue(v) : 0;
+    Py_XDECREF(v);
+    PyErr_Clear();
+    return t > 0;
 }
 
 static PyObject *fallback_result(const IRGraph *g, AG *ag, int *is_eager_graph, PyObject **info) {
@@ -2681,7 +2728,8 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     ag.grad = calloc(G, sizeof(IRRef));
     ag.scatter = calloc(G, sizeof(IRRef));
     ag.pieces = calloc(G, sizeof *ag.pieces);
-    if (!ag.j || !ag.fmap || !ag.aux || !ag.grad || !ag.scatter || !ag.pieces || ag_grow_roles(&ag) < 0) {
+    ag.philox = calloc(G, sizeof(uint32_t));
+    if (!ag.j || !ag.fmap || !ag.aux || !ag.grad || !ag.scatter || !ag.pieces || !ag.philox || ag_grow_roles(&ag) < 0) {
         PyErr_NoMemory();
         goto error;
     }
@@ -2778,6 +2826,13 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         }
         ag.role[tangent[k]] = ROLE_TANGENT;
     }
+    if (ag.ember_halves && !bool_config("fallback_random")) /* a seed per dropout (an upper bound) */
+        for (IRRef r = 1; r < G; r++) {
+            const IRNode *n = em_ir_node(g, r);
+            Bind b;
+            const Rule *rule = meta_needs_grad(&n->meta) ? find_rule(&ag, n, &b) : NULL;
+            ag.nphilox += rule && rule->special == SP_DROPOUT;
+        }
     for (IRRef r = 1; r < G; r++) {
         const IRNode *n = em_ir_node(g, r);
         if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
@@ -3154,6 +3209,7 @@ done:
     free(ag.grad);
     free(ag.scatter);
     free(ag.pieces);
+    free(ag.philox);
     free(ag.role);
     free(ag.pinned);
     Py_XDECREF(ag.reason);

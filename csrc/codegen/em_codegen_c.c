@@ -79,7 +79,9 @@ static const char PRELUDE[] =
     "    double mod = fmod(a, b), div = (a - mod) / b;\n"
     "    if (mod != 0 && (b < 0) != (mod < 0)) div -= 1.0;\n"
     "    if (div != 0) { double fl = floor(div); if (div - fl > 0.5) fl += 1.0; return fl; }\n"
-    "    return copysign(0.0, a / b);\n}\n\n";
+    "    return copysign(0.0, a / b);\n}\n"
+    "/* dropout's random numbers (csrc/core/em_philox.h): the same function as ember._C.philox_dropout */\n"
+    EM_PHILOX_SRC(static inline) "\n";
 
 static const char *ctype(LDtype t) { return em_ldt_compute(t); }
 
@@ -196,13 +198,20 @@ static void emit_load(SB *b, const KG *g, uint32_t i, const char *ind, int inner
         }
         sb_printf(b, ") ? ");
     }
-    if (n->dtype == LDT_F16) sb_printf(b, "(float)");
-    if (n->dtype == LDT_BF16) sb_printf(b, "em_bf16_to_f(");
-    if (n->dtype == LDT_BOOL) sb_printf(b, "(_Bool)");
-    sb_printf(b, "a%u[", ac->arg);
-    addr(b, g, q, base, inner);
-    for (int t = 0; t < n->nidx; t++) sb_printf(b, " + g%u_%d * %lld", i, t, (long long)n->gstride[t]);
-    sb_printf(b, "]%s", n->dtype == LDT_BF16 ? ")" : "");
+    if (ac->iota) { /* the index table: the value is the element offset itself */
+        sb_printf(b, "(int64_t)(");
+        addr(b, g, q, base, inner);
+        for (int t = 0; t < n->nidx; t++) sb_printf(b, " + g%u_%d * %lld", i, t, (long long)n->gstride[t]);
+        sb_printf(b, ")");
+    } else {
+        if (n->dtype == LDT_F16) sb_printf(b, "(float)");
+        if (n->dtype == LDT_BF16) sb_printf(b, "em_bf16_to_f(");
+        if (n->dtype == LDT_BOOL) sb_printf(b, "(_Bool)");
+        sb_printf(b, "a%u[", ac->arg);
+        addr(b, g, q, base, inner);
+        for (int t = 0; t < n->nidx; t++) sb_printf(b, " + g%u_%d * %lld", i, t, (long long)n->gstride[t]);
+        sb_printf(b, "]%s", n->dtype == LDT_BF16 ? ")" : "");
+    }
     if (ac->mask) {
         if (!em_ldt_is_float(n->dtype)) sb_printf(b, " : (%s)%lldLL", ctype(n->dtype), (long long)ac->ival);
         else if (ac->fval == -INFINITY || ac->fval == INFINITY) sb_printf(b, " : %sINFINITY", ac->fval < 0 ? "-" : "");
@@ -287,7 +296,7 @@ static int expensive_op(LPrim op) {
     switch (op) {
     case LP_EXP: case LP_EXP2: case LP_EXPM1: case LP_LOG: case LP_LOG2: case LP_LOG10: case LP_LOG1P:
     case LP_SIN: case LP_COS: case LP_TAN: case LP_TANH: case LP_ASIN: case LP_ACOS: case LP_ATAN:
-    case LP_SINH: case LP_COSH: case LP_ERF: case LP_SIGMOID: case LP_POW: case LP_DIV_FLOOR:
+    case LP_SINH: case LP_COSH: case LP_ERF: case LP_SIGMOID: case LP_POW: case LP_DIV_FLOOR: case LP_RAND:
         return 1;
     default:
         return 0;

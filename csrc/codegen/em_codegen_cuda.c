@@ -68,7 +68,9 @@ static const char PRELUDE[] =
     "static __device__ __forceinline__ long long em_floordiv(long long a, long long b) { long long q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }\n"
     "static __device__ __forceinline__ long long em_mod(long long a, long long b) { long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n"
     "static __device__ __forceinline__ long long em_min(long long a, long long b) { return a < b ? a : b; }\n"
-    "static __device__ __forceinline__ long long em_max(long long a, long long b) { return a > b ? a : b; }\n\n";
+    "static __device__ __forceinline__ long long em_max(long long a, long long b) { return a > b ? a : b; }\n"
+    "/* dropout's random numbers (csrc/core/em_philox.h): the same function as ember._C.philox_dropout */\n"
+    EM_PHILOX_SRC(static __device__ __forceinline__) "\n";
 
 /* storage and compute types on the device (em_lower.h LDTYPES order) */
 static const char *const CU_STORAGE[LDT__COUNT] = {"float", "double", "em_half", "em_bf16", "long long",
@@ -172,7 +174,7 @@ int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k) {
         int64_t st;
         if (!known(env, ac->sstrides[last], ac->strides[last], &st)) return 1;
         if (st != 0 && st != 1) return 1;
-        if (st == 1) {
+        if (st == 1 && !(q < k->nloads && ac->iota)) { /* the index table reads no memory */
             int sz = DT_SIZE[access_dtype(s, k, ac)];
             if (sz > maxsz) maxsz = sz;
             any_unit = 1;
@@ -185,7 +187,7 @@ int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k) {
     if (!env && k->ndim == 1 && k->sizes[0] < 2 * v) return 1;
     for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
         const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
-        if (ac->strides[last] != 1) continue;
+        if (ac->strides[last] != 1 || (q < k->nloads && ac->iota)) continue;
         for (int j = 0; j < last; j++)
             if (known(env, ac->sstrides[j], ac->strides[j], &c) && c % v) return 1;
     }
@@ -201,6 +203,8 @@ static int reduction_vec_width(const Schedule *s, const SKernel *k, int64_t R) {
                                    strides and offsets are covered by the per-row alignment check */
     int64_t c;
     if (k->ndim - k->nouter != 1) return 1;
+    for (uint32_t q = 0; q < k->nloads; q++)
+        if (k->loads[q].iota) return 1; /* the index table (dropout's counter): scalar */
     int maxsz = 0, any = 0;
     for (int pass = 0; pass < 2; pass++) {
         int v = maxsz ? 16 / maxsz : 1;
@@ -495,10 +499,11 @@ static void pw_scalar_body(SB *b, KC *c, const char *ind) {
         if (n->op == LP_LOAD) {
             const SAccess *ac = &k->loads[k->acc_of[i]];
             SB t = {0};
-            sb_printf(&t, "a%u[", ac->arg);
+            if (ac->iota) sb_printf(&t, "(long long)("); /* the index table: the value is the offset */
+            else sb_printf(&t, "a%u[", ac->arg);
             addr_expr(&t, c, ac, 0, k->ndim, "i");
             gather_terms(&t, n);
-            sb_printf(&t, "]");
+            sb_printf(&t, ac->iota ? ")" : "]");
             sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
             if (ac->mask) masked_open(b, k, ac);
             if (t.oom) b->oom = 1;
@@ -529,6 +534,7 @@ static void pw_vector_body(SB *b, KC *c, int V, const char *ind) {
     for (uint32_t q = 0; q < k->nloads; q++) {
         const SAccess *ac = &k->loads[q];
         LDtype dt = access_dtype(s, k, ac);
+        if (ac->iota) continue; /* the index table: computed in the loop below */
         if (c->st[q][last].one) {
             sb_printf(b, "%sconst em_vec<%s, %d> x%u = *(const em_vec<%s, %d> *)(a%u + ", ind, stype(dt), V, q, stype(dt), V, ac->arg);
             addr_expr(b, c, ac, 0, k->ndim, "i");
@@ -554,7 +560,13 @@ static void pw_vector_body(SB *b, KC *c, int V, const char *ind) {
             if (c->st[q][last].one) snprintf(x, sizeof x, "x%u.v[l]", q);
             else snprintf(x, sizeof x, "x%u", q);
             sb_printf(b, "%sconst %s v%u = ", in2, ctype(n->dtype), i);
-            load_conv(b, n->dtype, x);
+            if (k->loads[q].iota) { /* the offset itself: element l of the step, or the broadcast one */
+                sb_printf(b, "(long long)(");
+                addr_expr(b, c, &k->loads[q], 0, c->st[q][last].one ? k->ndim : last, "i");
+                sb_printf(b, c->st[q][last].one ? " + l)" : ")");
+            } else {
+                load_conv(b, n->dtype, x);
+            }
             sb_printf(b, ";");
             end_line(b, s, n);
         } else {
@@ -613,7 +625,7 @@ static void emit_pointwise(SB *b, KC *c, const EmCudaLaunch *L) {
         sb_printf(b, "    const bool aligned = true");
         for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
             const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
-            if (!c->st[q][last].one) continue;
+            if (!c->st[q][last].one || (q < k->nloads && ac->iota)) continue;
             LDtype dt = access_dtype(s, k, ac);
             if (!c->off[q].zero) sb_printf(b, " &&\n        (em_uptr)(a%u + %s) %% %d == 0", ac->arg, c->off[q].v, V * DT_SIZE[dt]);
             else sb_printf(b, " &&\n        (em_uptr)a%u %% %d == 0", ac->arg, V * DT_SIZE[dt]);
@@ -678,10 +690,11 @@ static void rload_expr(SB *b, const RCtx *c, uint32_t i, int inner) {
     char base[24];
     snprintf(base, sizeof base, "b%u", q);
     SB t = {0};
-    sb_printf(&t, "a%u[", ac->arg);
+    if (ac->iota) sb_printf(&t, "(long long)("); /* the index table: the value is the offset */
+    else sb_printf(&t, "a%u[", ac->arg);
     raddr(&t, c->kc, ac, base, inner);
     gather_terms(&t, &k->nodes[i]);
-    sb_printf(&t, "]");
+    sb_printf(&t, ac->iota ? ")" : "]");
     if (t.oom) b->oom = 1;
     else load_conv(b, k->nodes[i].dtype, t.p);
     free(t.p);

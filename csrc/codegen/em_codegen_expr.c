@@ -131,6 +131,7 @@ void em_codegen_expr(EmSB *b, const EmCgDialect *d, const SKernel *k, uint32_t i
     case LP_BXOR: em_sb_printf(b, "(%s ^ %s)", A, B); return;
     case LP_BNOT: em_sb_printf(b, "(~%s)", A); return;
     case LP_WHERE: em_sb_printf(b, "(%s ? %s : %s)", A, B, C); return;
+    case LP_RAND: em_sb_printf(b, "em_philox_uniform((unsigned long long)%s, (unsigned long long)%s)", A, B); return;
     default:
         b->unsupported = "a pointwise operation the code generator does not emit";
         em_sb_printf(b, "0 /* ? */");

@@ -5,6 +5,7 @@
 #define EM_CODEGEN_IMPL_H
 
 #include "codegen/em_codegen.h"
+#include "core/em_philox.h"
 
 /* A growing text buffer with a sticky failure: oom, or `unsupported` naming what the generator
  * cannot emit (the graph then runs elsewhere: never code that computes something else). */

@@ -572,7 +572,7 @@ typedef enum {
     R_CAST, R_TO, R_GELU, R_SILU, R_SOFTPLUS, R_SQUARE, R_MAXMIN,
     R_REDUCE, R_MEAN, R_VAR, R_SOFTMAX, R_LOGSUMEXP, R_LAYER_NORM, R_RMS_NORM, R_BATCH_NORM, R_GROUP_NORM,
     R_MAX_POOL, R_ADAPTIVE_AVG_POOL, R_CAT, R_FILL, R_ARANGE, R_BITWISE, R_BITNOT, R_DIFF,
-    R_EMBEDDING, R_INDEX_SELECT, R_GATHER,
+    R_EMBEDDING, R_INDEX_SELECT, R_GATHER, R_PHILOX_DROPOUT,
     R_RESHAPE, R_PERMUTE, R_TRANSPOSE, R_T, R_EXPAND, R_NARROW, R_SELECT, R_GETITEM, R_IDENTITY, R_DROPOUT,
     R_SPLIT
 } RuleKind;
@@ -672,6 +672,8 @@ static const LowerRule LOWER_RULES[] = {
     {"embedding", R_EMBEDDING, 1, "weight,input,padding_idx,scale_grad_by_freq,sparse"},
     {"index_select", R_INDEX_SELECT, 0, "input,dim,index"},
     {"gather", R_GATHER, 0, "input,dim,index,sparse_grad"},
+    /* dropout with Philox random numbers (training graphs of backend "ember", csrc/autograd) */
+    {"ember.philox_dropout", R_PHILOX_DROPOUT, 0, "input,seeds,index,p"},
     /* views: index arithmetic */
     {"view", R_RESHAPE, 0, ""}, {"reshape", R_RESHAPE, 1, ""}, {"flatten", R_RESHAPE, 1, ""},
     {"squeeze", R_RESHAPE, 0, ""}, {"unsqueeze", R_RESHAPE, 0, ""}, {"view_as", R_RESHAPE, 0, ""},
@@ -702,7 +704,7 @@ static int target_key(const IRNode *n, char *buf, size_t size) {
         static const struct { const char *prefix, *repl; } map[] = {
             {"torch.Tensor.", ""}, {"torch.nn.functional.", "F."}, {"torch._C._nn.", "F."},
             {"torch.special.", "special."}, {"torch._C._special.special_", "special."}, {"operator.", "op."},
-            {"_operator.", "op."}, {"torch.", ""},
+            {"_operator.", "op."}, {"torch.", ""}, {"ember._C.", "ember."},
         };
         if (n->kind == IR_CALL_METHOD) {
             snprintf(buf, size, "%s", s);
@@ -1780,16 +1782,27 @@ static uint32_t lower_fill(Ctx *c, int which) {
     return k;
 }
 
+/* The program's index table (LBUF_INDEX: element e holds e), at least len elements: a load of it is
+ * its offset, computed in the kernel (SAccess.iota), so its size costs no memory. UINT32_MAX on OOM. */
+static uint32_t index_table(LGraph *lg, int64_t len) {
+    for (uint32_t i = 0; i < lg->nbufs; i++)
+        if (lg->bufs[i].kind == LBUF_INDEX) {
+            if (lg->bufs[i].sizes[0] < len) lg->bufs[i].sizes[0] = len;
+            return i;
+        }
+    LBuf b = {.kind = LBUF_INDEX, .dtype = LDT_I64, .ndim = 1, .sizes = {len}, .strides = {1}};
+    return em_lower_buffer(lg, &b);
+}
+
 /* arange(end) / arange(start, end[, step]) with Python numbers: start + step * i, i loaded from the
- * program's index table (LBUF_INDEX, made once) and computed in int64, then cast to the meta's dtype.
- * Integer results; float results only when every value is an integer the dtype holds exactly (ATen
- * computes start + step * i in double on the CPU and in float on CUDA: equal then). Static graphs,
- * at most 2^20 elements (the table is kept with the compiled graph). */
+ * program's index table and computed in int64, then cast to the meta's dtype. Integer results;
+ * float results only when every value is an integer the dtype holds exactly (ATen computes
+ * start + step * i in double on the CPU and in float on CUDA: equal then). Static graphs. */
 static uint32_t lower_arange(Ctx *c) {
     const IRNode *n = c->n;
     const IRMeta *m = &n->meta;
     LGraph *lg = c->lg;
-    if (lg->env || m->ndim != 1 || m->sizes[0] > (1 << 20) || n->nargs < 1 || n->nargs > 3) return 0;
+    if (lg->env || m->ndim != 1 || n->nargs < 1 || n->nargs > 3) return 0;
     double v[3] = {0, 0, 1};
     int allint = 1;
     for (uint32_t i = 0; i < n->nargs; i++) {
@@ -1823,16 +1836,8 @@ static uint32_t lower_arange(Ctx *c) {
     } else if (R == LDT_BOOL) {
         return 0;
     }
-    uint32_t tb = UINT32_MAX;
-    for (uint32_t i = 0; i < lg->nbufs; i++)
-        if (lg->bufs[i].kind == LBUF_INDEX) tb = i;
-    if (tb == UINT32_MAX) {
-        LBuf b = {.kind = LBUF_INDEX, .dtype = LDT_I64, .ndim = 1, .sizes = {len}, .strides = {1}};
-        tb = em_lower_buffer(lg, &b);
-        if (tb == UINT32_MAX) return 0;
-    } else if (lg->bufs[tb].sizes[0] < len) {
-        lg->bufs[tb].sizes[0] = len;
-    }
+    uint32_t tb = index_table(lg, len);
+    if (tb == UINT32_MAX) return 0;
     int64_t one = 1;
     uint32_t i = em_lower_load(lg, tb, 1, &len, 0, &one, NULL, SYM_NONE, NULL, c->ir);
     if (!i) return 0;
@@ -2181,6 +2186,57 @@ static uint32_t lower_adv_index(Ctx *c, const IRArg **slot) {
     return mk_gather_load(c, src.buf, off, rnd, rs, rst, nt, g);
 }
 
+/* v rounded to dtype dt (float types): the constant a kernel multiplies by, as eager holds it. */
+static double round_to(double v, LDtype dt) {
+    if (dt == LDT_F32) return (double)(float)v;
+    if (dt == LDT_F16) return (double)(_Float16)v;
+    if (dt == LDT_BF16) { /* round to nearest even (c10/util/BFloat16.h) */
+        float f = (float)v;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        u += 0x7fffu + ((u >> 16) & 1u);
+        u &= 0xffff0000u;
+        memcpy(&f, &u, 4);
+        return (double)f;
+    }
+    return v;
+}
+
+/* ember._C.philox_dropout(input, seeds, index, p) (em_runtime_random.c: its eager form, the same
+ * numbers): input * (u < 1 - p ? s : 0), u = em_philox_uniform(seeds[index], e) in float32 for the
+ * element at row-major position e of input's shape (its counter: a load of the index table, so that
+ * views pushed into the loads move it with the element), s = 1 / (1 - p) in input's dtype (eager's
+ * noise tensor holds it in that dtype). A dropped NaN stays NaN (x * 0), as in eager. Static
+ * graphs, float dtypes, 0 < p < 1. */
+static uint32_t lower_philox_dropout(Ctx *c, const IRArg **slot) {
+    LGraph *lg = c->lg;
+    Opnd x, sd;
+    int64_t index;
+    double p;
+    if (lg->env || opnd(c, slot[0], &x) < 0 || x.kind != 1 || opnd(c, slot[1], &sd) < 0 || sd.kind != 1 ||
+        get_int(slot[2], &index) < 0 || get_double(slot[3], &p) < 0 || !(p > 0.0 && p < 1.0))
+        return 0;
+    LDtype R = c->rdt;
+    LNode xn = *NODE(c, x.node);
+    if (!em_ldt_is_float(R) || xn.dtype != R) return 0;
+    uint32_t sl = as_load(c, sd.node);
+    if (!sl) return 0;
+    LNode sn = *NODE(c, sl);
+    if (sn.dtype != LDT_I64 || sn.ndim != 1 || index < 0 || index >= sn.sizes[0] || sn.lmask || sn.nidx) return 0;
+    int64_t zero[EM_LMAXDIM] = {0}, st[EM_LMAXDIM];
+    uint32_t seed = em_lower_load(lg, sn.buf, xn.ndim, xn.sizes, sn.offset + index * sn.strides[0], zero, NULL,
+                                  SYM_NONE, NULL, c->ir);
+    uint32_t tb = index_table(lg, numel_of(xn.ndim, xn.sizes));
+    if (!seed || tb == UINT32_MAX) return 0;
+    contiguous_strides(xn.ndim, xn.sizes, st);
+    uint32_t ctr = em_lower_load(lg, tb, xn.ndim, xn.sizes, 0, st, NULL, SYM_NONE, NULL, c->ir);
+    uint32_t u = mk_op(c, LP_RAND, LDT_F32, LDT_I64, seed, ctr, 0);
+    uint32_t keep = mk_op(c, LP_LT, LDT_BOOL, LDT_F32, u, mk_const(c, (double)(float)(1.0 - p), 0, 0, LDT_F32), 0);
+    uint32_t noise = mk_op(c, LP_WHERE, R, R, keep, mk_const(c, round_to(1.0 / (1.0 - p), R), 0, 0, R),
+                           mk_const(c, 0.0, 0, 0, R));
+    return mk_op(c, LP_MUL, R, R, x.node, noise, 0);
+}
+
 static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     const IRArg *slot[MAXP];
     if (rule->kind == R_TO) return lower_to(c);
@@ -2195,6 +2251,7 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     if (rule->kind == R_EMBEDDING) return lower_embedding(c, rule->prim, slot);
     if (rule->kind == R_INDEX_SELECT) return lower_index_select(c, slot);
     if (rule->kind == R_GATHER) return lower_gather(c, slot);
+    if (rule->kind == R_PHILOX_DROPOUT) return lower_philox_dropout(c, slot);
     /* masked loads (pooling windows, cat pieces) and group_norm's regrouping have no shadows yet:
      * in a symbolic graph they stay torch's */
     if (c->lg->env && (rule->kind == R_CAT || rule->kind == R_MAX_POOL || rule->kind == R_GROUP_NORM ||

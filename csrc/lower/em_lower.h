@@ -52,6 +52,8 @@ const char *em_ldt_compute(LDtype t);
     _(MIN, 2) _(EQ, 2) _(NE, 2) _(LT, 2) _(LE, 2) _(GT, 2) _(GE, 2) _(AND, 2) _(OR, 2) _(XOR, 2) \
     _(BAND, 2) _(BOR, 2) _(BXOR, 2) _(BNOT, 1) /* bitwise, integer dtypes (bool: AND, OR, XOR, NOT) */ \
     _(WHERE, 3)                                                                                \
+    _(RAND, 2) /* a uniform float32 in [0, 1): Philox of (seed in[0], counter in[1]), both int64 \
+                  (core/em_philox.h); dropout's mask, drawn again in the backward from the seed */ \
     _(RSUM, 1) _(RPROD, 1) _(RMAX, 1) _(RMIN, 1) _(RANY, 1) _(RALL, 1) _(RARGMAX, 1)           \
     _(RARGMIN, 1) _(RM2, 1) /* RM2: sum of squared deviations from the mean (Welford, one pass) */
 
@@ -127,9 +129,11 @@ typedef enum {
     LBUF_INPUT,  /* graph input number index */
     LBUF_EXTERN, /* the tensor an extern node (IR ref index) returns */
     LBUF_NODE,   /* the value of lowered node index, materialized by a kernel */
-    LBUF_INDEX,  /* 0, 1, 2 ... (int64, sizes[0] elements): a tensor the compiled program holds,
-                    made once (torch.arange); what arange() loads. Static graphs only; never handed
-                    to an extern call or returned (a kernel copies what they need) */
+    LBUF_INDEX,  /* 0, 1, 2 ... (int64, sizes[0] elements): what arange() and dropout's counters
+                    load. The code generators write such a load as its offset (SAccess.iota), so no
+                    memory is read: the runtime passes a one-element tensor for it, made once. Static
+                    graphs only; never handed to an extern call or returned (a kernel copies what
+                    they need) */
     LBUF_VIEW    /* a view of buffer index (sizes, strides, offset: elements from its start), made
                     for an extern call or an output by the runtime (one as_strided, or nothing when
                     the kernel producing the base allocates it in this layout); kernels never

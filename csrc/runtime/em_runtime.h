@@ -117,6 +117,10 @@ typedef struct EmCudaCall {
 int em_cuda_launch_sym(EmCudaFn *f, char *const *ptrs, uint32_t nptr, const EmCudaCall *c);
 int em_runtime_cuda_init(PyObject *module); /* ember._C._nvrtc_compile, ember._C._cuda_info */
 
+/* ember._C.philox_seeds and ember._C.philox_dropout, the eager forms of dropout with Philox random
+ * numbers (em_runtime_random.c) */
+int em_runtime_random_init(PyObject *module);
+
 int em_runtime_init(PyObject *module);
 
 /* Test support (em_runtime_testing.c): adds ember._C._ir_build(nodes, dce=False) -> dict (verify

@@ -1234,14 +1234,16 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     }
     for (uint32_t b = 0; b < nb; b++)
         if (lg->bufs[b].kind == LBUF_INPUT) p.buf_new[b] = p.ir_new[g->inputs[lg->bufs[b].index]];
-    /* the index table arange() loads (LBUF_INDEX): 0, 1, ... on the graph's device, made once */
+    /* the index table arange() and dropout's counters load (LBUF_INDEX): the code generators write
+     * a load of it as its offset (SAccess.iota) and read no memory, so one element on the graph's
+     * device, made once, stands for it (a valid pointer argument) */
     for (uint32_t b = 0; b < nb && !index_table; b++) {
         if (lg->bufs[b].kind != LBUF_INDEX) continue;
         PyObject *torch = PyImport_ImportModule("torch");
         PyObject *ar = torch ? PyObject_GetAttrString(torch, "arange") : NULL;
         PyObject *kw = ar ? Py_BuildValue("{s:O,s:O}", "dtype", em_lower_dtype_obj(LDT_I64), "device",
                                           cuda ? device : cpu_device) : NULL;
-        PyObject *n = kw ? PyLong_FromLongLong(lg->bufs[b].sizes[0]) : NULL;
+        PyObject *n = kw ? PyLong_FromLong(1) : NULL;
         PyObject *targs = n ? PyTuple_Pack(1, n) : NULL;
         index_table = targs ? PyObject_Call(ar, targs, kw) : NULL;
         Py_XDECREF(torch);
@@ -1604,6 +1606,7 @@ int em_runtime_ember_init(PyObject *module) {
     }
     Py_XSETREF(View_Type, (PyTypeObject *)tp);
     if (em_runtime_cuda_init(module) < 0) return -1;
+    if (em_runtime_random_init(module) < 0) return -1;
     static PyMethodDef stats_def = {"_cc_stats", em_cc_stats, METH_NOARGS,
                                     "Compiler calls and disk-cache loads of backend \"ember\" in this process."};
     PyObject *f = PyCFunction_NewEx(&stats_def, NULL, NULL);

@@ -299,6 +299,7 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
                 ac->soffset = lg->env ? em_sym_const(lg->env, 0) : SYM_NONE;
             } else {
                 ac->buf = ln.buf;
+                ac->iota = lg->bufs[ln.buf].kind == LBUF_INDEX;
                 ac->offset = ln.offset;
                 ac->soffset = ln.soffset;
                 to_domain(lg, dnd, dsizes, dss, ln.ndim, ln.sizes, ln.ssizes, ln.strides, ln.sstrides, full, sfull);

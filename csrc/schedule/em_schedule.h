@@ -26,6 +26,9 @@ typedef struct SAccess {
      * |gstride|); never the element being written, so never an in-place donor */
     uint8_t nidx;
     int64_t gextent;
+    /* loads only: the access reads the index table (LBUF_INDEX: element e holds e), so its value is
+     * its element offset: the code generators write the address itself and read no memory */
+    bool iota;
 } SAccess;
 
 /* A kernel: the loop nest over its domain, with the domain's dims in loop order:

@@ -22,6 +22,14 @@ Training (backends "aot_eager" and "ember"; read when a graph is compiled):
                        and views; below 1, when that cut saves more than budget x the bytes of saving
                        every value the backward reads, the cut is taken again with every
                        deterministic forward op recomputable (matmul, convolution ...).
+  fallback_random      bool (torch._inductor.config.fallback_random, also False by default). False:
+                       backend "ember" draws training dropout masks with Philox counter-based random
+                       numbers inside its generated kernels (core/em_philox.h): a seed per dropout
+                       from torch's generator of the device (so torch.manual_seed makes runs
+                       repeatable), the mask drawn again from the seed in the backward instead of
+                       saved; the same distribution as eager, not eager's draws. True: eager's own
+                       draws (torch.bernoulli / native_dropout), bitwise eager's masks, the mask
+                       saved for the backward. "aot_eager" always draws as eager does.
 
 Backend "ember" (str or None; read when a graph is compiled):
   cc                   the C compiler (None: $CC, else "cc"), found on PATH.
@@ -42,7 +50,8 @@ Backend "ember" (str or None; read when a graph is compiled):
 
 class Config:
     __slots__ = ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions", "graph_breaks",
-                 "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget", "sym_shape_rules")
+                 "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget", "sym_shape_rules",
+                 "fallback_random")
 
     def __init__(self):
         self.cache_size_limit = 8
@@ -57,6 +66,7 @@ class Config:
         self.cache_dir = None
         self.activation_memory_budget = 1.0
         self.sym_shape_rules = 1
+        self.fallback_random = False
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)

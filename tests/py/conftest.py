@@ -30,8 +30,13 @@ _CONFIG_FIELDS = [k for k in ("cache_size_limit", "max_inline_depth", "max_loop_
 
 @pytest.fixture(autouse=True)
 def _clean_ember():
-    """ember.reset() before and after each test; ember.config restored to what it was."""
-    saved = {k: getattr(ember.config, k) for k in _CONFIG_FIELDS}
+    """ember.reset() before and after each test; ember.config restored to what it was. The suite
+    compares compiled training with eager's own dropout draws, so it runs with
+    ember.config.fallback_random = True (eager's RNG, as torch's Inductor tests patch
+    torch._inductor.config.fallback_random); tests/py/test_philox_dropout.py tests the default,
+    Philox dropout in generated kernels."""
+    saved = {k: getattr(ember.config, k) for k in _CONFIG_FIELDS + ["fallback_random"]}
+    ember.config.fallback_random = True
     ember.reset()
     yield
     ember.reset()
