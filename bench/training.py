@@ -3,7 +3,8 @@ nn.TransformerEncoder (d 256, 4 layers, AdamW), one step = forward + loss + back
 step. Side by side in one process, interleaved: eager, torch.compile (Inductor), ember
 backend="aot_eager" and backend="ember". Reports step time (median of the timed steps, min over
 rounds), memory, compile time (first step) and the losses of the last step, which must agree across
-compilers. Memory, measured on a steady-state step (after the timed ones, not timed itself):
+compilers: within a few parts in a thousand, since Inductor and backend "ember" (ember.config.fallback_random
+False, the default of both) draw dropout masks from their own Philox streams, not eager's. Memory, measured on a steady-state step (after the timed ones, not timed itself):
   step MiB  the most memory the step allocates above what is allocated when it starts, the gradients
             of the previous step already freed (zero_grad(set_to_none=True)): activations, saved
             tensors, the new gradients, optimizer temporaries; from the allocator itself: on CUDA
