@@ -382,6 +382,16 @@ static int sdpa_kind_bound(const AG *ag, const Bind *b) {
 }
 
 /* Checks of a rule against the bound g-node arguments (see em_autograd_rules.h). */
+static PyObject *torch_attr(const char *dotted);
+
+/* torch.<name> for a dtype (borrowed: dtypes live as long as torch). */
+static PyObject *torch_dtype(const char *name) {
+    PyObject *d = torch_attr(name);
+    Py_XDECREF(d);
+    PyErr_Clear();
+    return d;
+}
+
 static bool checks_pass(const AG *ag, const Bind *b) {
     const char *p = b->rule->checks;
     while (*p) {
@@ -422,6 +432,19 @@ static bool checks_pass(const AG *ag, const Bind *b) {
         } else if (!strcmp(kind, "ndim2")) {
             const IRMeta *m = val_meta(ag, v);
             ok = m && m->kind == IRMETA_TENSOR && m->ndim >= 2;
+        } else if (!strcmp(kind, "reduction")) {
+            ok = v->kind == IRARG_CONST && PyUnicode_Check(v->u.obj) &&
+                 (!PyUnicode_CompareWithASCIIString(v->u.obj, "none") ||
+                  !PyUnicode_CompareWithASCIIString(v->u.obj, "mean") || !PyUnicode_CompareWithASCIIString(v->u.obj, "sum"));
+        } else if (!strcmp(kind, "sameshape") || !strcmp(kind, "nll")) {
+            int si = find_param(b, kind[0] == 's' ? "self" : "target");
+            const IRMeta *m = val_meta(ag, v), *o = si >= 0 ? val_meta(ag, &b->val[si]) : NULL;
+            ok = m && o && m->kind == IRMETA_TENSOR && o->kind == IRMETA_TENSOR;
+            if (ok && kind[0] == 's')
+                ok = m->ndim == o->ndim && !memcmp(m->sizes, o->sizes, m->ndim * sizeof(int64_t)) && m->dtype == o->dtype;
+            else if (ok) /* nll: v is the input, o the target */
+                ok = (m->ndim == 1 || m->ndim == 2) && o->ndim == m->ndim - 1 && o->dtype == torch_dtype("int64") &&
+                     !o->requires_grad;
         } else {
             ok = false;
         }
@@ -617,6 +640,12 @@ static PyObject *torch_attr(const char *dotted) {
         if (*p == '.') p++;
     }
     return obj;
+}
+
+/* A loss's reduction ('none' / 'mean' / 'sum', checked by `reduction:`) as at::Reduction's int. */
+static IRArg eval_redenum(AG *ag, IRArg r) {
+    long v = !PyUnicode_CompareWithASCIIString(r.u.obj, "none") ? 0 : !PyUnicode_CompareWithASCIIString(r.u.obj, "mean") ? 1 : 2;
+    return arg_const_steal(ag, PyLong_FromLong(v));
 }
 
 /* Emits torch.<dotted>(args) / operator.<name> / a Tensor method; the target is held by the arena. */
@@ -862,6 +891,27 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
         if (PyErr_Occurred()) goto bad;
         if (p < 0) p += jmeta(ag, args[1].u.ref)->sizes[0];
         return arg_const_steal(ag, PyLong_FromLongLong(p));
+    }
+    if (!strcmp(fname, "redenum")) { /* a loss's reduction as at::Reduction (aten/src/ATen/core/Reduction.h) */
+        if (nargs != 1 || args[0].kind != IRARG_CONST || !PyUnicode_Check(args[0].u.obj)) goto bad;
+        int r = !PyUnicode_CompareWithASCIIString(args[0].u.obj, "none")   ? 0
+                : !PyUnicode_CompareWithASCIIString(args[0].u.obj, "mean") ? 1
+                                                                           : 2;
+        return arg_const_steal(ag, PyLong_FromLong(r));
+    }
+    if (!strcmp(fname, "l1back")) { /* l1_loss(x, y): sign(x - y) * grad, / numel for 'mean' */
+        if (nargs != 4 || args[3].kind != IRARG_CONST || !PyUnicode_Check(args[3].u.obj)) goto bad;
+        IRRef d = emit_op(ag, "sub", args[1], args[2], 2);
+        IRArg da[1] = {arg_node(d)};
+        IRRef sg = d ? emit_fn(ag, "sign", da, 1) : 0;
+        IRRef r = sg ? emit_op(ag, "mul", arg_node(sg), args[0], 2) : 0;
+        if (r && !PyUnicode_CompareWithASCIIString(args[3].u.obj, "mean")) {
+            const IRMeta *m = jmeta(ag, args[1].u.ref);
+            int64_t numel = 1;
+            for (int32_t i = 0; i < m->ndim; i++) numel *= m->sizes[i];
+            r = emit_op(ag, "truediv", arg_node(r), arg_const_steal(ag, PyLong_FromLongLong(numel)), 2);
+        }
+        return r ? arg_node(r) : (IRArg){0};
     }
     if (!strcmp(fname, "stride_or_kernel")) { /* pooling: stride None means the kernel size */
         if (nargs != 2) goto bad;
@@ -1359,6 +1409,17 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             }
         return 0;
     }
+    case SP_NLL_LOSS: { /* derivatives.yaml nll_loss_forward: nll_loss_backward(grad, self, target, weight, ...) */
+        IRArg self = bval(b, "self"), target = bval(b, "target"), w = bval(b, "weight");
+        if (!needs(ag, &self)) return 0;
+        PyObject *t = torch_attr("ops.aten.nll_loss_backward");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+        IRArg red = eval_redenum(ag, bval(b, "reduction"));
+        IRArg a[7] = {arg_node(g), map_arg(ag, &self), map_arg(ag, &target), map_arg(ag, &w), red,
+                      bval(b, "ignore_index"), arg_node(ag->aux[n][0])};
+        IRRef r = arg_bad(&red) ? 0 : ag_emit(ag, IR_CALL_FUNCTION, t, a, 7, NULL, NULL, 0);
+        return r ? accumulate(ag, self.u.ref, r) : -1;
+    }
     case SP_MAX_POOL2D: {
         IRArg self = bval(b, "self"), st = bval(b, "stride");
         PyObject *t = torch_attr("ops.aten.max_pool2d_with_indices_backward");
@@ -1545,6 +1606,17 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         ag->aux[n][0] = out ? emit_getitem(ag, r, 1) : 0;
         ag->aux[n][1] = ag->aux[n][0] ? emit_getitem(ag, r, 2) : 0;
         return ag->aux[n][1] ? out : 0;
+    }
+    case SP_NLL_LOSS: { /* F.nll_loss of (C) / (N, C) is at::nll_loss_forward (LossNLL.cpp): (output, total_weight) */
+        PyObject *t = torch_attr("ops.aten.nll_loss_forward");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
+        IRArg self = bval(b, "self"), target = bval(b, "target"), w = bval(b, "weight");
+        IRArg red = eval_redenum(ag, bval(b, "reduction"));
+        IRArg a[5] = {map_arg(ag, &self), map_arg(ag, &target), map_arg(ag, &w), red, bval(b, "ignore_index")};
+        IRRef r = arg_bad(&red) ? 0 : ag_emit(ag, IR_CALL_FUNCTION, t, a, 5, NULL, NULL, 0);
+        IRRef out = r ? emit_getitem(ag, r, 0) : 0;
+        ag->aux[n][0] = out ? emit_getitem(ag, r, 1) : 0;
+        return ag->aux[n][0] ? out : 0;
     }
     case SP_MAX_POOL2D: { /* at::max_pool2d's values are max_pool2d_with_indices' first result */
         PyObject *t = torch_attr("ops.aten.max_pool2d_with_indices");
@@ -2508,7 +2580,27 @@ static IRRef dz_mha(AG *d, const Bind *b) {
     return dz_m(d, "view", out, Py_BuildValue("(LLL)", L, B, (long long)wom->sizes[0]));
 }
 
-/* Which attention node to decompose: 1 MHA, 2 sdpa on the math kernel, 0 none. */
+/* F.cross_entropy with class indices (torch/nn/functional.py -> cross_entropy_loss, LossNLL.cpp):
+ * nll_loss(log_softmax(input, class dim), target, weight, reduction, ignore_index), each with its
+ * own rule. Label smoothing and class-probability targets keep eager autograd (split). */
+static const Rule CE_RULE = {
+    "torch.nn.functional.cross_entropy",
+    "self, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction='mean', "
+    "label_smoothing=0.0",
+    "nll:self null:size_average null:reduce const:ignore_index reduction:reduction eq0:label_smoothing", "", 0, 0};
+
+static IRRef dz_cross_entropy(AG *d, const Bind *b) {
+    IRArg self = bval(b, "self"), target = bval(b, "target"), w = bval(b, "weight");
+    const IRMeta *m = val_meta(d, &self);
+    IRArg la[2] = {map_arg(d, &self), arg_const_steal(d, PyLong_FromLong(m->ndim == 1 ? 0 : 1))};
+    IRRef ls = arg_bad(&la[1]) ? 0 : dz(d, emit_fn(d, "nn.functional.log_softmax", la, 2));
+    IRArg none = arg_const_steal(d, Py_NewRef(Py_None));
+    IRArg na[7] = {arg_node(ls), map_arg(d, &target), map_arg(d, &w), none, bval(b, "ignore_index"), none,
+                   bval(b, "reduction")};
+    return ls ? dz(d, emit_fn(d, "nn.functional.nll_loss", na, 7)) : 0;
+}
+
+/* Which node to decompose: 1 MHA, 2 sdpa on the math kernel, 3 cross_entropy (training), 0 none. */
 static int dz_target(AG *d, IRRef r, Bind *b) {
     const IRNode *n = em_ir_node(d->g, r);
     if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || (!d->inference && !meta_needs_grad(&n->meta)))
@@ -2517,6 +2609,8 @@ static int dz_target(AG *d, IRRef r, Bind *b) {
     const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
     int what = 0;
     if (s && !strcmp(s, MHA_RULE.names) && bind_args(d, &MHA_RULE, n, b) == 0) what = 1;
+    else if (s && !d->inference && !strcmp(s, CE_RULE.names) && bind_args(d, &CE_RULE, n, b) == 0 && checks_pass(d, b))
+        what = 3;
     else if (s && !strcmp(s, "torch.nn.functional.scaled_dot_product_attention")) {
         for (size_t i = 0; i < NRULES && !what; i++)
             if (RULES[i].special == SP_SDPA && bind_args(d, &RULES[i], n, b) == 0 && sdpa_kind_bound(d, b) == SDPA_MATH)
@@ -2593,8 +2687,9 @@ IRGraph *em_autograd_decompose_attention(const IRGraph *g, bool inference, PyObj
             d.cur = r;
             Bind b;
             dz_target(&d, r, &b);
-            v = what[r] == 1 ? dz_mha(&d, &b)
-                             : dz_sdpa(&d, d.fmap[bval(&b, "query").u.ref], d.fmap[bval(&b, "key").u.ref],
+            v = what[r] == 1   ? dz_mha(&d, &b)
+                : what[r] == 3 ? dz_cross_entropy(&d, &b)
+                               : dz_sdpa(&d, d.fmap[bval(&b, "query").u.ref], d.fmap[bval(&b, "key").u.ref],
                                        d.fmap[bval(&b, "value").u.ref],
                                        bval(&b, "attn_mask").kind == IRARG_NODE ? d.fmap[bval(&b, "attn_mask").u.ref] : 0,
                                        PyFloat_AsDouble(bval(&b, "dropout_p").u.obj),

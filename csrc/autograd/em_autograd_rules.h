@@ -12,6 +12,7 @@
  *   aten.X                       torch.ops.aten.X          T.X   the Tensor method X
  *   X                            torch.X
  *   helpers (em_autograd.c)      sumback unsq amaxback numel_ratio shape invperm flat2 like dtype
+ *                                redenum ('none' / 'mean' / 'sum' -> at::Reduction 0 / 1 / 2)
  * Every gradient is then reduced to its input's shape (sum_to_size) and dtype, as autograd's
  * validate_outputs does for broadcasting.
  *
@@ -19,14 +20,17 @@
  * constant; `node:p` p is a graph value; `eq0:p` p is the constant 0; `ndim2:p` p has >= 2 dims;
  * `batched:p` p has as many dims as the parameter `weight` (convolution's batched form);
  * `sdpa:p` eager's scaled_dot_product_attention runs a fused kernel whose backward op ember calls
- * (CPU flash, CUDA flash / memory-efficient; the math kernel is decomposed before the joint graph).
+ * (CPU flash, CUDA flash / memory-efficient; the math kernel is decomposed before the joint graph);
+ * `reduction:p` p is 'none', 'mean' or 'sum'; `sameshape:p` p is a tensor of self's shape and dtype;
+ * `nll:p` p has 1 or 2 dims (nll_loss_forward's input: (C) or (N, C)) and `target` is an int64
+ * tensor of one dim less.
  * Flags: R_RECOMPUTE: cheap and deterministic, the partitioner may recompute it in the backward. */
 
 #define R_RECOMPUTE 1u
 
 enum { SP_NONE, SP_GETITEM, SP_CAT, SP_STACK, SP_LAYER_NORM, SP_BATCH_NORM, SP_CONV, SP_DROPOUT,
        SP_SELECT, SP_NARROW, SP_MAX_POOL2D,
-       SP_SDPA };
+       SP_SDPA, SP_NLL_LOSS };
 
 typedef struct {
     const char *names;
@@ -162,6 +166,18 @@ static const Rule RULES[] = {
      "self: aten.avg_pool2d_backward(grad, self, kernel_size, stride_or_kernel(stride, kernel_size), padding, "
      "ceil_mode, count_include_pad, divisor_override)", 0, 0},
     {"torch.nn.functional.dropout", "self, p=0.5, training=True, inplace=False", "false:inplace", "", 0, SP_DROPOUT},
+    /* ---- losses (F.cross_entropy with class indices is log_softmax + nll_loss: decomposed before
+     * the joint graph, as torch's cross_entropy_loss does) ---- */
+    {"torch.nn.functional.nll_loss",
+     "self, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction='mean'",
+     "nll:self null:size_average null:reduce const:ignore_index reduction:reduction", "", 0, SP_NLL_LOSS},
+    {"torch.nn.functional.mse_loss", "self, target, size_average=None, reduce=None, reduction='mean', weight=None",
+     "sameshape:target null:size_average null:reduce null:weight reduction:reduction",
+     "self: aten.mse_loss_backward(grad, self, target, redenum(reduction)); "
+     "target: aten.mse_loss_backward(grad, target, self, redenum(reduction))", 0, 0},
+    {"torch.nn.functional.l1_loss", "self, target, size_average=None, reduce=None, reduction='mean', weight=None",
+     "sameshape:target null:size_average null:reduce null:weight reduction:reduction",
+     "self: l1back(grad, self, target, reduction); target: neg(l1back(grad, self, target, reduction))", 0, 0},
     {"torch.nn.functional.embedding",
      "input, self, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False",
      "null:max_norm false:sparse",

@@ -175,6 +175,20 @@ CASES = [
      lambda d: (r(3, 5, 8, dtype=d), r(3, 6, 8, dtype=d), r(3, 6, 8, dtype=d))),
     ("sdpa_math_bool_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
      lambda d: (r(3, 5, 8, dtype=d), r(3, 6, 8, dtype=d), r(3, 6, 8, dtype=d), torch.rand(5, 6) > 0.3)),
+    # losses: nll_loss through aten's nll_loss_forward / _backward, cross_entropy decomposed into
+    # log_softmax + nll_loss, mse_loss and l1_loss by formula
+    ("nll_loss", lambda x, t: F.nll_loss(F.log_softmax(x, 1), t), lambda d: (r(6, 5, dtype=d), torch.tensor([0, 4, 2, 2, 1, 3]))),
+    ("nll_loss_weight_sum_ignore", lambda x, t, w: F.nll_loss(x, t, w, ignore_index=2, reduction="sum"),
+     lambda d: (r(6, 5, dtype=d), torch.tensor([0, 4, 2, 2, 1, 3]), torch.rand(5, dtype=d))),
+    ("nll_loss_none_1d", lambda x, t: F.nll_loss(x, t, reduction="none") * 2,
+     lambda d: (r(5, dtype=d), torch.tensor(3))),
+    ("cross_entropy", lambda x, t: F.cross_entropy(x, t), lambda d: (r(6, 5, dtype=d), torch.tensor([0, 4, 2, 2, 1, 3]))),
+    ("cross_entropy_weight_none", lambda x, t, w: F.cross_entropy(x * 2, t, weight=w, reduction="none", ignore_index=4),
+     lambda d: (r(6, 5, dtype=d), torch.tensor([0, 4, 2, 2, 1, 3]), r(5, dtype=d, positive=True, grad=False))),
+    ("mse_loss", lambda x, y: F.mse_loss(x, y) + F.mse_loss(x, y, reduction="sum"), lambda d: (r(3, 4, dtype=d), r(3, 4, dtype=d))),
+    ("mse_loss_none_target_nograd", lambda x, y: F.mse_loss(x, y, reduction="none"),
+     lambda d: (r(3, 4, dtype=d), r(3, 4, dtype=d, grad=False))),
+    ("l1_loss", lambda x, y: F.l1_loss(x, y) + F.l1_loss(x, y, reduction="none").sum(), lambda d: (r(3, 4, dtype=d), r(3, 4, dtype=d))),
 ]
 
 IDS = [c[0] for c in CASES]
@@ -200,7 +214,8 @@ GRADCHECK = ["add_broadcast", "div", "pow_tensor", "tanh", "gelu", "sum_dims", "
              "getitem_basic", "getitem_tensor", "cat", "stack", "matmul_3d_2d", "linear", "addmm", "softmax",
              "log_softmax", "layer_norm", "conv2d", "max_pool2d", "adaptive_avg_pool2d", "avg_pool2d", "batch_norm_train", "embedding_nopad", "clamp", "where",
              "sdpa", "sdpa_causal", "sdpa_float_mask_scale", "sdpa_math_3d", "sdpa_math_causal_negscale",
-             "sdpa_math_bool_mask"]
+             "sdpa_math_bool_mask", "nll_loss_weight_sum_ignore", "cross_entropy", "cross_entropy_weight_none",
+             "mse_loss", "l1_loss"]
 
 
 @pytest.mark.parametrize("name", GRADCHECK)
@@ -363,6 +378,17 @@ def test_op_without_rule_splits_region():
     assert kinds == ["compiled", "eager autograd", "compiled"]
     rep = ember.explain(c, r(4, 5), r(5, 6))
     assert "cumsum" in str(rep) and "step 1: eager autograd" in str(rep)
+
+
+def test_cross_entropy_with_label_smoothing_or_probabilities_splits():
+    """cross_entropy's label smoothing and class-probability targets have no rule: the region is split
+    around them (eager autograd there), the gradients still eager's."""
+    t = torch.tensor([0, 4, 2, 2, 1, 3])
+    for fn, target in ((lambda x, t: F.cross_entropy(x * 2, t, label_smoothing=0.1), t),
+                       (lambda x, t: F.cross_entropy(x * 2, t), torch.softmax(torch.randn(6, 5), 1))):
+        ember.reset()
+        c = check(fn, (r(6, 5), target), compiled=False)
+        assert "cross_entropy" in autograd_info(c)["split"][0]
 
 
 def test_modified_sigmoid_seed_with_requires_grad():
@@ -578,6 +604,39 @@ def test_training_steps_match_eager(case, backend):
     assert "fallback" not in info and "split" not in info, info.get("fallback") or info.get("split")
     if name == "transformer_adamw":  # multi_head_attention_forward decomposed: one compiled backward
         assert info["decomposed"] == ["multi_head_attention_forward", "multi_head_attention_forward_1"]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+@pytest.mark.parametrize("case", TRAIN[:2], ids=[t[0] for t in TRAIN[:2]])
+def test_training_step_with_the_loss_in_the_region(case, backend):
+    """The loss inside the compiled function (torch.compile's usual training-step form): one region,
+    cross_entropy decomposed into log_softmax + nll_loss; losses, gradients and updates as eager's."""
+    name, make, data, opt = case
+    torch.manual_seed(0)
+    m_e = make()
+    m_c = copy.deepcopy(m_e)
+    step = ember.compile(lambda x, y: F.cross_entropy(m_c(x), y), backend=backend)
+    o_e, o_c = opt(m_e.parameters()), opt(m_c.parameters())
+    exact = backend == "aot_eager" and torch.empty(0).device.type == "cpu"
+    tol = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-4, "atol": 1e-5}
+    for i in range(3):
+        x, y = data()
+        torch.manual_seed(100 + i)
+        loss_e = F.cross_entropy(m_e(x), y)
+        torch.manual_seed(100 + i)
+        loss_c = step(x, y)
+        torch.testing.assert_close(loss_c, loss_e, **tol)
+        for o in (o_e, o_c):
+            o.zero_grad()
+        loss_e.backward()
+        loss_c.backward()
+        for (n, pe), pc in zip(m_e.named_parameters(), m_c.parameters()):
+            torch.testing.assert_close(pc.grad, pe.grad, **tol, msg=lambda s: f"{n}: {s}")
+        o_e.step()
+        o_c.step()
+    info = autograd_info(step)
+    assert "fallback" not in info and "split" not in info, info.get("fallback") or info.get("split")
+    assert info["decomposed"] == ["cross_entropy"]
 
 
 def test_ember_backend_transformer_gradients():
