@@ -1361,6 +1361,24 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         if (needs(ag, &rm) || needs(ag, &rv)) return ag_fail(ag, "batch_norm running statistics require grad");
         int training = train.kind == IRARG_CONST ? PyObject_IsTrue(train.u.obj) : -1;
         if (training < 0) return ag_fail(ag, "batch_norm with a non-constant training flag");
+        if (ag->aux[n][2]) { /* cudnn_batch_norm_backward(input, grad (input's layout), weight, running stats,
+                                save_mean, save_var, eps, reserve): all three gradients */
+            PyObject *t = torch_attr("ops.aten.cudnn_batch_norm_backward");
+            if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+            IRArg ga[1] = {arg_node(g)};
+            IRRef gc = emit_method(ag, "contiguous", ga, 1);
+            IRArg a[9] = {map_arg(ag, &self), arg_node(gc), map_arg(ag, &w), map_arg(ag, &rm), map_arg(ag, &rv),
+                          arg_node(ag->aux[n][0]), arg_node(ag->aux[n][1]), bval(b, "eps"), arg_node(ag->aux[n][2])};
+            IRRef r = gc ? ag_emit(ag, IR_CALL_FUNCTION, t, a, 9, NULL, NULL, 0) : 0;
+            if (!r) return -1;
+            const IRArg *ins[3] = {&self, &w, &bias};
+            for (int i = 0; i < 3; i++)
+                if (needs(ag, ins[i])) {
+                    IRRef gi = emit_getitem(ag, r, i);
+                    if (!gi || accumulate(ag, ins[i]->u.ref, gi) < 0) return -1;
+                }
+            return 0;
+        }
         PyObject *t = torch_attr("ops.aten.native_batch_norm_backward");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
         IRArg none = arg_const_steal(ag, Py_NewRef(Py_None));
@@ -1575,6 +1593,45 @@ static PyObject *int_tuple_of(const int32_t *perm, int32_t n, bool inverse) {
 
 /* Ops the forward may rewrite so the backward gets what torch's backward kernels need. Returns the
  * joint ref of the value, 0 (and no reason) when the node is copied as is, or 0 with a reason. */
+/* Does eager's batch_norm run cuDNN here (aten/src/ATen/native/Normalization.cpp
+ * _batch_norm_impl_index)? Training on CUDA, float32 / float16 input with float weight and bias (not
+ * bfloat16), both running statistics or neither, at least 3 dims, batch <= 880801, eps >= 1e-5
+ * (CUDNN_BN_MIN_EPSILON of the cuDNN versions torch supports is at most that), fewer than 2^31
+ * elements, torch.backends.cudnn.enabled when compiled. Then at::cudnn_batch_norm: one kernel
+ * forward and one backward, where native_batch_norm launches several. Contiguous input only (eager
+ * makes the input and the gradient contiguous in the input's suggested format). */
+static bool bn_uses_cudnn(AG *ag, const Bind *b) {
+    IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias"), train = bval(b, "training");
+    IRArg rm = bval(b, "running_mean"), rv = bval(b, "running_var"), eps = bval(b, "eps");
+    const IRMeta *m = val_meta(ag, &self), *wm = val_meta(ag, &w), *bm = val_meta(ag, &bias);
+    if (!m || !wm || !bm || m->kind != IRMETA_TENSOR || wm->kind != IRMETA_TENSOR || bm->kind != IRMETA_TENSOR) return false;
+    if (train.kind != IRARG_CONST || train.u.obj != Py_True || eps.kind != IRARG_CONST) return false;
+    if (arg_is_none(&rm) != arg_is_none(&rv) || m->ndim < 3 || m->sizes[0] > 880801) return false;
+    double e = PyFloat_AsDouble(eps.u.obj);
+    if (PyErr_Occurred() || e < 1e-5) return PyErr_Clear(), false;
+    PyObject *dev = PyObject_GetAttrString(m->device, "type");
+    bool cuda = dev && !PyUnicode_CompareWithASCIIString(dev, "cuda");
+    Py_XDECREF(dev);
+    PyErr_Clear();
+    PyObject *f32 = torch_dtype("float32"), *f16 = torch_dtype("float16");
+    if (!cuda || !(m->dtype == f32 || (m->dtype == f16 && wm->dtype == f32)) || wm->dtype != bm->dtype ||
+        (wm->dtype != f32 && wm->dtype != f16))
+        return false;
+    int64_t numel = 1, st = 1;
+    bool contiguous = true;
+    for (int32_t d = m->ndim - 1; d >= 0; d--) {
+        contiguous &= m->sizes[d] == 1 || m->strides[d] == st;
+        st *= m->sizes[d];
+        numel *= m->sizes[d];
+    }
+    if (!contiguous || numel >= INT32_MAX) return false;
+    PyObject *enabled = torch_attr("backends.cudnn.enabled");
+    bool on = enabled && PyObject_IsTrue(enabled) == 1;
+    Py_XDECREF(enabled);
+    PyErr_Clear();
+    return on;
+}
+
 static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     ag->cur_role = ROLE_FWD;
@@ -1593,10 +1650,11 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         return ag->aux[n][1] ? out : 0;
     }
     case SP_BATCH_NORM: {
-        PyObject *t = torch_attr("ops.aten.native_batch_norm");
-        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
         IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias");
         IRArg rm = bval(b, "running_mean"), rv = bval(b, "running_var");
+        bool cudnn = bn_uses_cudnn(ag, b);
+        PyObject *t = torch_attr(cudnn ? "ops.aten.cudnn_batch_norm" : "ops.aten.native_batch_norm");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
         IRArg a[8] = {map_arg(ag, &self), map_arg(ag, &w), map_arg(ag, &bias), map_arg(ag, &rm), map_arg(ag, &rv),
                       bval(b, "training"), bval(b, "momentum"), bval(b, "eps")};
         ag->cur_pinned = true; /* updates the running statistics: runs exactly once, in the forward */
@@ -1605,7 +1663,8 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         IRRef out = r ? emit_getitem(ag, r, 0) : 0;
         ag->aux[n][0] = out ? emit_getitem(ag, r, 1) : 0;
         ag->aux[n][1] = ag->aux[n][0] ? emit_getitem(ag, r, 2) : 0;
-        return ag->aux[n][1] ? out : 0;
+        if (cudnn) ag->aux[n][2] = ag->aux[n][1] ? emit_getitem(ag, r, 3) : 0; /* cuDNN's reserve space */
+        return ag->aux[n][1] && (!cudnn || ag->aux[n][2]) ? out : 0;
     }
     case SP_NLL_LOSS: { /* F.nll_loss of (C) / (N, C) is at::nll_loss_forward (LossNLL.cpp): (output, total_weight) */
         PyObject *t = torch_attr("ops.aten.nll_loss_forward");
