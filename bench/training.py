@@ -20,6 +20,7 @@ False, the default of both) draw dropout masks from their own Philox streams, no
     .venv/bin/python bench/training.py --device cuda           # the GPU machine
     options: --models resnet18,transformer --compilers eager,inductor,aot_eager,ember
              --steps N --rounds N --threads N --json out.json --cpu-time
+             --channels-last   ResNet-18's parameters and input in torch.channels_last (all compilers)
              --profile N   after the table, each compiler's top N ops of one profiled step (torch.profiler:
                            self CPU time on CPU, self device time on CUDA) and its kernel launches
 """
@@ -96,7 +97,7 @@ class Encoder(nn.Module):
         return self.head(self.enc(self.emb(x)).mean(1))
 
 
-def make_case(name, quick, device):
+def make_case(name, quick, device, channels_last=False):
     g = torch.Generator().manual_seed(0)
     if name == "resnet18":
         batch, hw = (4, 64) if quick else (16, 128)
@@ -112,7 +113,11 @@ def make_case(name, quick, device):
         y = torch.randint(0, 10, (batch,), generator=g)
         opt = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
         shape = f"d {d}, {nl} layers, batch {batch}, seq {seq}, AdamW"
-    return model.to(device), x.to(device), y.to(device), opt, shape
+    model, x = model.to(device), x.to(device)
+    if channels_last and name == "resnet18":  # the user's choice of layout, for every compiler alike
+        model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+        shape += ", channels_last"
+    return model, x, y.to(device), opt, shape
 
 
 def compile_with(model, compiler):
@@ -202,7 +207,7 @@ def saved_bytes(fn, model):
 
 
 def run_model(name, compilers, args, device):
-    base, x, y, make_opt, shape = make_case(name, args.quick, device)
+    base, x, y, make_opt, shape = make_case(name, args.quick, device, getattr(args, "channels_last", False))
     runs = {}
     for c in compilers:
         model = copy.deepcopy(base)
@@ -285,6 +290,7 @@ def main():
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", type=int, default=0, metavar="N")
+    ap.add_argument("--channels-last", action="store_true", help="ResNet-18's model and input in channels_last")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time steps with time.process_time() (CPU time of the process): steadier than wall "
                          "clock on a shared VM; use with --threads 1")

@@ -258,6 +258,20 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
     nouter = np;
     for (int d = 0; d < dnd; d++)
         if (((rmask >> d) & 1) && !is1(lg, dsizes[d], dss[d])) perm[np++] = d;
+    if (!dom && !lg->env && np > 1) {
+        /* pointwise: the loops in the output's memory order (largest stride outermost), so that the
+         * inner loop walks the store with stride 1 whatever its layout (channels_last: C innermost,
+         * and the dims merge below when the inputs share it); a contiguous output keeps dim order */
+        int64_t ost[EM_LMAXDIM];
+        SymRef sost[EM_LMAXDIM];
+        if (map_strides(lg, &lg->bufs[b], root->ndim, root->sizes, root->ssizes, ost, sost) == 0)
+            for (int i = 1; i < np; i++)
+                for (int j = i; j > 0 && ost[perm[j - 1]] < ost[perm[j]]; j--) {
+                    int t = perm[j];
+                    perm[j] = perm[j - 1];
+                    perm[j - 1] = t;
+                }
+    }
     if (!dom && nouter > 0) nouter--; /* pointwise: the innermost dim is the inner loop */
 
     SKernel k;

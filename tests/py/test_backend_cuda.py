@@ -111,7 +111,10 @@ def test_vector_width_rules():
     assert launch(lambda x: x * 2, cpu(4096, dtype=torch.float64))["vec"] == 2
     assert launch(lambda x, y: x * y, cpu(256, dtype=_H), cpu(256))["vec"] == 4  # the widest type moves 16 bytes
     assert launch(lambda x, b: x + b, cpu(64, 128), cpu(128))["vec"] == 4      # broadcast row: still contiguous
-    assert launch(lambda x: x.t() * 2, cpu(64, 128))["vec"] == 1               # transposed: scalar
+    # the loops follow the output's memory order: x.t() * 2 (eager's output is transposed too) walks
+    # both with stride 1; a second, contiguous operand of the transposed output is strided: scalar
+    assert launch(lambda x: x.t() * 2, cpu(64, 128))["vec"] == 4
+    assert launch(lambda x, y: x.t() + y, cpu(64, 128), cpu(128, 64))["vec"] == 1
     assert launch(lambda x: x * 2, cpu(64, 130)[:, :129])["vec"] == 1          # row of 129: scalar
     assert launch(lambda x: x + 1, cpu(6))["vec"] == 1                         # too short to bother
 

@@ -526,3 +526,24 @@ def test_row_cache_output_never_aliases_an_input():
     assert "row cache" in info["source"] and info["kernel_list"][-1]["inplace"] == 0
     info = check(lambda x, w: torch.softmax(x @ w, -1), x, w)
     assert "row cache" in info["source"] and info["kernel_list"][-1]["inplace"] == 0
+
+
+def test_pointwise_loops_follow_the_output_layout():
+    """A pointwise kernel loops in its output's memory order (csrc/schedule): channels_last tensors
+    are walked with stride 1 (C innermost), as a contiguous tensor is, with eager's strides and values."""
+    def f(x, y):
+        return torch.relu(x * 2 + y)
+
+    x = torch.randn(2, 8, 5, 6).to(memory_format=torch.channels_last)
+    y = torch.randn(2, 8, 5, 6).to(memory_format=torch.channels_last)
+    c = ember.compile(f, backend="ember")
+    _same(c(x, y), f(x, y))
+    info = ember.cache_info(f)[0]["ember"]
+    assert info["kernels"] == 1
+    src = info["source"]
+    body = src[src.index("void ember_k0"):]
+    # every access walks the inner loop with stride 1: loads and the store index `b + r` / `c + r`
+    assert "a0[b0 + r]" in body and "a1[b1 + r]" in body and "a2[c0 + r]" in body, body[:1500]
+    # mixed layouts still give eager's values and strides
+    z = torch.randn(2, 8, 5, 6)
+    _same(ember.compile(lambda x, z: x + z, backend="ember")(x, z), x + z)
