@@ -572,8 +572,50 @@ static int meta_from_value(AG *ag, PyObject *v, PyObject *device, IRMeta *out) {
     return 0;
 }
 
+/* Collects the tensor arguments' meta examples and devices (lists) for ember._fake.run; *cl is set
+ * when one is a channels_last CPU tensor (em_ir_meta_cpu_channels_last). -1 with an exception. */
+static int fake_args(const AG *ag, const IRArg *args, uint32_t n, PyObject *metas, PyObject *devs, bool *cl) {
+    for (uint32_t i = 0; i < n; i++) {
+        if (args[i].kind == IRARG_TUPLE || args[i].kind == IRARG_LIST) {
+            if (fake_args(ag, args[i].u.items, args[i].n, metas, devs, cl) < 0) return -1;
+            continue;
+        }
+        if (args[i].kind != IRARG_NODE) continue;
+        const IRMeta *m = &em_ir_node(ag->j, args[i].u.ref)->meta;
+        if (m->kind != IRMETA_TENSOR || !m->example || !m->device) continue;
+        *cl |= em_ir_meta_cpu_channels_last(m);
+        if (PyList_Append(metas, m->example) < 0 || PyList_Append(devs, m->device) < 0) return -1;
+    }
+    return 0;
+}
+
+/* fn(*pargs, **pkw) for a node's meta: on the meta examples, or, where torch's meta kernels would
+ * pick CUDA's layout for channels_last CPU tensors, on fake tensors of the real devices
+ * (ember._fake.run, as the tracer does). New reference or NULL with an exception. */
+static PyObject *meta_call(const AG *ag, PyObject *fn, PyObject *pargs, PyObject *pkw, const IRArg *args, uint32_t nargs,
+                           const IRArg *kwv, uint32_t nkw) {
+    PyObject *metas = PyList_New(0), *devs = PyList_New(0), *res = NULL;
+    bool cl = false;
+    if (metas && devs && fake_args(ag, args, nargs, metas, devs, &cl) == 0 && fake_args(ag, kwv, nkw, metas, devs, &cl) == 0 &&
+        cl) {
+        PyObject *run = PyImport_ImportModule("ember._fake");
+        if (run) Py_SETREF(run, PyObject_GetAttrString(run, "run"));
+        PyObject *mt = run ? PyList_AsTuple(metas) : NULL, *dt = mt ? PyList_AsTuple(devs) : NULL;
+        PyObject *r = dt ? PyObject_CallFunctionObjArgs(run, fn, pargs, pkw, mt, dt, NULL) : NULL;
+        if (r && PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2) res = Py_NewRef(PyTuple_GET_ITEM(r, 0));
+        Py_XDECREF(r);
+        Py_XDECREF(run);
+        Py_XDECREF(mt);
+        Py_XDECREF(dt);
+    }
+    PyErr_Clear();
+    Py_XDECREF(metas);
+    Py_XDECREF(devs);
+    return res ? res : PyObject_Call(fn, pargs, pkw);
+}
+
 /* Appends a call node to the joint graph; its meta comes from running the target on the meta
- * examples of its arguments (as the tracer does). Returns 0 with ag->reason set on failure. */
+ * examples of its arguments (as the tracer does; meta_call). Returns 0 with ag->reason set on failure. */
 static IRRef ag_emit(AG *ag, IRKind kind, PyObject *target, const IRArg *args, uint32_t nargs,
                      PyObject *const *kwn, const IRArg *kwv, uint32_t nkw) {
     PyObject *pargs = NULL, *pkw = NULL, *fn = NULL, *res = NULL;
@@ -605,7 +647,7 @@ static IRRef ag_emit(AG *ag, IRKind kind, PyObject *target, const IRArg *args, u
         fn = Py_NewRef(target);
     }
     if (!fn) goto done;
-    res = PyObject_Call(fn, pargs, pkw);
+    res = meta_call(ag, fn, pargs, pkw, args + first, nargs - first, kwv, nkw);
     if (!res || meta_from_value(ag, res, first_device(ag, args, nargs), &meta) < 0) goto done;
     r = em_ir_call(ag->j, kind, target, args, nargs, kwn, kwv, nkw, &meta);
     if (!r && !PyErr_Occurred()) PyErr_NoMemory();

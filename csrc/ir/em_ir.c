@@ -924,3 +924,20 @@ bool em_ir_is_symbolic(const IRGraph *g) {
         if (ir_meta_symbolic(&g->nodes[i].meta)) return true;
     return false;
 }
+
+bool em_ir_meta_cpu_channels_last(const IRMeta *m) {
+    if (!m || m->kind != IRMETA_TENSOR || (m->ndim != 4 && m->ndim != 5) || !m->strides || !m->device) return false;
+    if (m->sizes[1] <= 1 || m->strides[1] != 1) return false;
+    int64_t st = 1;
+    bool contiguous = true;
+    for (int32_t d = m->ndim - 1; d >= 0; d--) {
+        contiguous &= m->sizes[d] == 1 || m->strides[d] == st;
+        st *= m->sizes[d];
+    }
+    if (contiguous) return false;
+    PyObject *t = PyObject_GetAttrString(m->device, "type");
+    bool cpu = t && PyUnicode_Check(t) && !PyUnicode_CompareWithASCIIString(t, "cpu");
+    Py_XDECREF(t);
+    PyErr_Clear();
+    return cpu;
+}

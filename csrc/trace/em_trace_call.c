@@ -491,7 +491,18 @@ static PyObject *run_meta(Trace *T, PyObject *f, PyObject *args, PyObject *kw, C
     PyObject *r = PyObject_CallOneArg(em_trace_rt.set_grad_enabled, Py_False);
     if (!r) return NULL;
     Py_DECREF(r);
-    PyObject *res = PyObject_Call(f, args, kw);
+    /* torch's meta kernels pick CUDA's output layout on device "meta" (device_hint,
+     * torch/_meta_registrations.py): a convolution or pooling of channels_last CPU tensors would get a
+     * contiguous meta where the CPU kernel returns channels_last. Such calls run on fake tensors of
+     * the real device instead (the layout eager gives; the common contiguous case stays on meta). */
+    PyObject *res = NULL;
+    bool cl = false;
+    for (int i = 0; i < c->ntens && !cl; i++) cl = em_ir_meta_cpu_channels_last(c->tens[i]->u.t.meta);
+    if (cl) {
+        res = run_fake(f, args, kw, c, device);
+        if (!res) PyErr_Clear();
+    }
+    if (!res) res = PyObject_Call(f, args, kw);
     PyObject *exc = res ? NULL : em_tr_exc_get();
     if (!res && meta_unsupported(exc)) {
         res = run_fake(f, args, kw, c, device);

@@ -639,6 +639,39 @@ def test_training_step_with_the_loss_in_the_region(case, backend):
     assert info["decomposed"] == ["cross_entropy"]
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_channels_last_training_step_keeps_eager_layouts(backend):
+    """A channels_last CNN on the CPU: the joint graph's metas are the CPU kernels' layouts (fake CPU
+    tensors where torch's meta kernels would answer CUDA's), so gradients match eager's with no
+    layout copies; eager's values."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.copy_.default:
+                Copies.n += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    m_e = cnn().to(memory_format=torch.channels_last)
+    m_c = copy.deepcopy(m_e)
+    c = ember.compile(m_c, backend=backend)
+    x = torch.randn(4, 3, 10, 10).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 4, (4,))
+    torch.manual_seed(1)
+    F.cross_entropy(m_e(x), y).backward()
+    torch.manual_seed(1)
+    F.cross_entropy(c(x), y).backward()
+    tol = {"rtol": 0, "atol": 0} if backend == "aot_eager" else {}
+    for (n, pe), pc in zip(m_e.named_parameters(), m_c.parameters()):
+        torch.testing.assert_close(pc.grad, pe.grad, **tol, msg=lambda s: f"{n}: {s}")
+    with Copies():
+        F.cross_entropy(c(x), y).backward()
+    assert Copies.n == 0
+
+
 def test_ember_backend_transformer_gradients():
     torch.manual_seed(0)
     m_e = SmallTransformer()

@@ -547,3 +547,19 @@ def test_pointwise_loops_follow_the_output_layout():
     # mixed layouts still give eager's values and strides
     z = torch.randn(2, 8, 5, 6)
     _same(ember.compile(lambda x, z: x + z, backend="ember")(x, z), x + z)
+
+
+def test_channels_last_cpu_convolution_keeps_eager_layout():
+    """torch's meta kernels give a convolution or pooling of channels_last tensors CUDA's (contiguous)
+    layout; on the CPU eager returns channels_last. The tracer infers those calls on fake CPU
+    tensors, so the graph's metas, ember's buffers and the results have eager's strides (no copy
+    into a contiguous buffer between the convolution and its consumers)."""
+    import torch.nn as nn
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                      nn.Conv2d(8, 4, 3)).eval().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 10, 10).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        out = ember.compile(m, backend="ember")(x)
+        ref = m(x)
+    _same(out, ref)
+    assert out.is_contiguous(memory_format=torch.channels_last)
