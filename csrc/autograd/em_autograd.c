@@ -1249,6 +1249,18 @@ static IRArg const_fold(AG *ag, IRArg a) {
     return arg_bad(&c) ? a : c;
 }
 
+/* Accumulates items 0, 1, 2 of the tuple r (a backward op's gradients) into the inputs a, b, c
+ * that need one. 0, or -1 on failure. */
+static int accumulate_items(AG *ag, IRRef r, const IRArg *a, const IRArg *b, const IRArg *c) {
+    const IRArg *ins[3] = {a, b, c};
+    for (int i = 0; i < 3; i++)
+        if (needs(ag, ins[i])) {
+            IRRef gi = emit_getitem(ag, r, i);
+            if (!gi || accumulate(ag, ins[i]->u.ref, gi) < 0) return -1;
+        }
+    return 0;
+}
+
 static int backward_special(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     IRRef g = ag->grad[n];
@@ -1389,13 +1401,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
                       arg_const_steal(ag, bool_list(needs(ag, &self), needs(ag, &w), needs(ag, &bias)))};
         IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 8, NULL, NULL, 0);
         if (!r) return -1;
-        const IRArg *ins[3] = {&self, &w, &bias};
-        for (int i = 0; i < 3; i++)
-            if (needs(ag, ins[i])) {
-                IRRef gi = emit_getitem(ag, r, i);
-                if (!gi || accumulate(ag, ins[i]->u.ref, gi) < 0) return -1;
-            }
-        return 0;
+        return accumulate_items(ag, r, &self, &w, &bias);
     }
     case SP_BATCH_NORM: {
         IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias"), train = bval(b, "training");
@@ -1413,13 +1419,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
                           arg_node(ag->aux[n][0]), arg_node(ag->aux[n][1]), bval(b, "eps"), arg_node(ag->aux[n][2])};
             IRRef r = gc ? ag_emit(ag, IR_CALL_FUNCTION, t, a, 9, NULL, NULL, 0) : 0;
             if (!r) return -1;
-            const IRArg *ins[3] = {&self, &w, &bias};
-            for (int i = 0; i < 3; i++)
-                if (needs(ag, ins[i])) {
-                    IRRef gi = emit_getitem(ag, r, i);
-                    if (!gi || accumulate(ag, ins[i]->u.ref, gi) < 0) return -1;
-                }
-            return 0;
+            return accumulate_items(ag, r, &self, &w, &bias);
         }
         PyObject *t = torch_attr("ops.aten.native_batch_norm_backward");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
@@ -1430,13 +1430,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
                        arg_const_steal(ag, bool_list(needs(ag, &self), needs(ag, &w), needs(ag, &bias)))};
         IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 10, NULL, NULL, 0);
         if (!r) return -1;
-        const IRArg *ins[3] = {&self, &w, &bias};
-        for (int i = 0; i < 3; i++)
-            if (needs(ag, ins[i])) {
-                IRRef gi = emit_getitem(ag, r, i);
-                if (!gi || accumulate(ag, ins[i]->u.ref, gi) < 0) return -1;
-            }
-        return 0;
+        return accumulate_items(ag, r, &self, &w, &bias);
     }
     case SP_CONV: {
         IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias");
@@ -1461,13 +1455,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             if (arg_bad(&a[i])) return ag_fail_exc(ag);
         IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 11, NULL, NULL, 0);
         if (!r) return -1;
-        const IRArg *ins[3] = {&self, &w, &bias};
-        for (int i = 0; i < 3; i++)
-            if (needs(ag, ins[i])) {
-                IRRef gi = emit_getitem(ag, r, i);
-                if (!gi || accumulate(ag, ins[i]->u.ref, gi) < 0) return -1;
-            }
-        return 0;
+        return accumulate_items(ag, r, &self, &w, &bias);
     }
     case SP_NLL_LOSS: { /* derivatives.yaml nll_loss_forward: nll_loss_backward(grad, self, target, weight, ...) */
         IRArg self = bval(b, "self"), target = bval(b, "target"), w = bval(b, "weight");
@@ -1531,13 +1519,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             return ag_fail(ag, "scaled_dot_product_attention: no fused kernel with a backward op for these inputs");
         }
         if (!r) return -1;
-        const IRArg *ins[3] = {&q, &k, &v};
-        for (int i = 0; i < 3; i++)
-            if (needs(ag, ins[i])) {
-                IRRef gi = emit_getitem(ag, r, i);
-                if (!gi || accumulate(ag, ins[i]->u.ref, gi) < 0) return -1;
-            }
-        return 0;
+        return accumulate_items(ag, r, &q, &k, &v);
     }
     case SP_DROPOUT: {
         IRArg self = bval(b, "self");

@@ -112,19 +112,12 @@ def test_eval_and_p0_stay_identity():
         assert torch.equal(y, x.detach() * 2)
 
 
-def test_fallback_random_draws_as_eager():
-    ember.config.fallback_random = True
+@pytest.mark.parametrize("backend,fallback", [("ember", True), ("aot_eager", False)])
+def test_eager_draws_with_fallback_random_or_aot_eager(backend, fallback):
+    """ember.config.fallback_random = True, and backend "aot_eager" always: eager's own draws."""
+    ember.config.fallback_random = fallback
     x = torch.randn(32, 32, requires_grad=True)
-    cf = ember.compile(lambda x: F.dropout(x, 0.3, True), backend="ember")
-    torch.manual_seed(9)
-    y = cf(x)
-    torch.manual_seed(9)
-    assert torch.equal(y, F.dropout(x.detach(), 0.3, True))
-
-
-def test_aot_eager_draws_as_eager():
-    x = torch.randn(32, 32, requires_grad=True)
-    cf = ember.compile(lambda x: F.dropout(x, 0.3, True), backend="aot_eager")
+    cf = ember.compile(lambda x: F.dropout(x, 0.3, True), backend=backend)
     torch.manual_seed(9)
     y = cf(x)
     torch.manual_seed(9)
