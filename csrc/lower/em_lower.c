@@ -2189,7 +2189,7 @@ static uint32_t lower_adv_index(Ctx *c, const IRArg **slot) {
 /* v rounded to dtype dt (float types): the constant a kernel multiplies by, as eager holds it. */
 static double round_to(double v, LDtype dt) {
     if (dt == LDT_F32) return (double)(float)v;
-    if (dt == LDT_F16) return (double)(_Float16)v;
+    if (dt == LDT_F16) return (double)(_Float16)(float)v; /* via float: torch's opmath scalar */
     if (dt == LDT_BF16) { /* round to nearest even (c10/util/BFloat16.h) */
         float f = (float)v;
         uint32_t u;
