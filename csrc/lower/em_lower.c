@@ -572,7 +572,7 @@ typedef enum {
     R_CAST, R_TO, R_GELU, R_SILU, R_SOFTPLUS, R_SQUARE, R_MAXMIN,
     R_REDUCE, R_MEAN, R_VAR, R_SOFTMAX, R_LOGSUMEXP, R_LAYER_NORM, R_RMS_NORM, R_BATCH_NORM, R_GROUP_NORM,
     R_MAX_POOL, R_ADAPTIVE_AVG_POOL, R_CAT, R_FILL, R_ARANGE, R_BITWISE, R_BITNOT, R_DIFF,
-    R_EMBEDDING, R_INDEX_SELECT, R_GATHER, R_PHILOX_DROPOUT,
+    R_EMBEDDING, R_INDEX_SELECT, R_GATHER, R_PHILOX_DROPOUT, R_SUM_TO_SIZE, R_THRESHOLD_BACKWARD,
     R_RESHAPE, R_PERMUTE, R_TRANSPOSE, R_T, R_EXPAND, R_NARROW, R_SELECT, R_GETITEM, R_IDENTITY, R_DROPOUT,
     R_SPLIT
 } RuleKind;
@@ -674,6 +674,9 @@ static const LowerRule LOWER_RULES[] = {
     {"gather", R_GATHER, 0, "input,dim,index,sparse_grad"},
     /* dropout with Philox random numbers (training graphs of backend "ember", csrc/autograd) */
     {"ember.philox_dropout", R_PHILOX_DROPOUT, 0, "input,seeds,index,p"},
+    /* what backward graphs call (csrc/autograd): a broadcast operand's gradient, ReLU's backward */
+    {"sum_to_size", R_SUM_TO_SIZE, 0, ""},
+    {"ops.aten.threshold_backward", R_THRESHOLD_BACKWARD, 0, "grad_output,input,threshold"},
     /* views: index arithmetic */
     {"view", R_RESHAPE, 0, ""}, {"reshape", R_RESHAPE, 1, ""}, {"flatten", R_RESHAPE, 1, ""},
     {"squeeze", R_RESHAPE, 0, ""}, {"unsqueeze", R_RESHAPE, 0, ""}, {"view_as", R_RESHAPE, 0, ""},
@@ -2237,11 +2240,40 @@ static uint32_t lower_philox_dropout(Ctx *c, const IRArg **slot) {
     return mk_op(c, LP_MUL, R, R, x.node, noise, 0);
 }
 
+/* x.sum_to_size(*size) (autograd's reduction of a broadcast operand's gradient): a sum over the
+ * leading dims and over the dims where size is 1 and x's is not, keeping those as 1, then the
+ * leading dims dropped. Static graphs, float dtypes (integer sums promote in torch). */
+static uint32_t lower_sum_to_size(Ctx *c) {
+    const IRNode *n = c->n;
+    int64_t size[EM_LMAXDIM];
+    Opnd a;
+    if (c->lg->env || n->nargs < 2 || opnd(c, &n->args[0], &a) < 0 || a.kind != 1) return 0;
+    int ns = varargs_ints(n, 1, size, EM_LMAXDIM);
+    LNode src = *NODE(c, a.node);
+    LDtype R = c->rdt;
+    if (ns < 0 || ns > src.ndim || !em_ldt_is_float(R) || src.dtype != R) return 0;
+    int lead = src.ndim - ns;
+    uint32_t mask = 0, lmask = 0;
+    for (int d = 0; d < src.ndim; d++) {
+        if (d < lead) {
+            mask |= 1u << d;
+            lmask |= 1u << d;
+        } else if (size[d - lead] == 1 && src.sizes[d] != 1) {
+            mask |= 1u << d;
+        } else if (size[d - lead] != src.sizes[d]) {
+            return 0; /* torch raises: not expandable to x's shape */
+        }
+    }
+    if (!mask) return 0; /* the same shape: torch returns x itself (an alias): the torch call */
+    return squeeze_dims(c, mk_reduce(c, LP_RSUM, R, a.node, mask), lmask);
+}
+
 static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     const IRArg *slot[MAXP];
     if (rule->kind == R_TO) return lower_to(c);
     if (rule->kind == R_FILL) return lower_fill(c, rule->prim);
     if (rule->kind == R_ARANGE) return lower_arange(c);
+    if (rule->kind == R_SUM_TO_SIZE) return lower_sum_to_size(c);
     if (rule->sig[0] && bind(c->n, rule->sig, slot) < 0) return 0;
     if (!rule->sig[0] && c->n->nkwargs) return 0;
     if (rule->kind == R_GETITEM && getitem_advanced(c->lg->ir, c->n)) return lower_adv_index(c, slot);
@@ -2252,6 +2284,16 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     if (rule->kind == R_INDEX_SELECT) return lower_index_select(c, slot);
     if (rule->kind == R_GATHER) return lower_gather(c, slot);
     if (rule->kind == R_PHILOX_DROPOUT) return lower_philox_dropout(c, slot);
+    if (rule->kind == R_THRESHOLD_BACKWARD) { /* aten threshold_backward: input <= threshold ? 0 : grad */
+        Opnd g, x, t;
+        LDtype R = c->rdt;
+        if (opnd(c, slot[0], &g) < 0 || g.kind != 1 || opnd(c, slot[1], &x) < 0 || x.kind != 1 ||
+            opnd(c, slot[2], &t) < 0 || t.kind != 2 || NODE(c, g.node)->dtype != R || NODE(c, x.node)->dtype != R ||
+            !em_ldt_is_float(R))
+            return 0;
+        uint32_t le = mk_op(c, LP_LE, LDT_BOOL, R, x.node, operand_node(c, &t, R), 0);
+        return mk_op(c, LP_WHERE, R, R, le, mk_const(c, 0.0, 0, 0, R), g.node);
+    }
     /* masked loads (pooling windows, cat pieces) and group_norm's regrouping have no shadows yet:
      * in a symbolic graph they stay torch's */
     if (c->lg->env && (rule->kind == R_CAT || rule->kind == R_MAX_POOL || rule->kind == R_GROUP_NORM ||

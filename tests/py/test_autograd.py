@@ -672,6 +672,19 @@ def test_channels_last_training_step_keeps_eager_layouts(backend):
     assert Copies.n == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_ember_backward_lowers_sum_to_size_and_threshold_backward(dtype):
+    """Backend "ember": the backward's broadcast reductions (sum_to_size: a bias's gradient) and ReLU's
+    threshold_backward are generated kernels, not torch calls; gradients as eager's."""
+    torch.manual_seed(0)
+    x, b, c = r(6, 5, 7, dtype=dtype), r(7, dtype=dtype), r(5, 1, dtype=dtype)
+    fn = check(lambda x, b, c: torch.relu(x + b) * c, (x, b, c), backend="ember",
+               **({"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}))
+    bw = autograd_info(fn)["ember"]["backward"]
+    assert not any(n.startswith(("sum_to_size", "threshold_backward")) for n in bw["extern_list"]), bw["extern_list"]
+    assert bw["kernels"] >= 1
+
+
 def test_ember_backend_transformer_gradients():
     torch.manual_seed(0)
     m_e = SmallTransformer()
