@@ -63,7 +63,7 @@ typedef struct {
     /* dropout with Philox random numbers (ember_halves, ember.config.fallback_random False): one
      * ember._C.philox_seeds node draws a seed per dropout of the graph (nphilox of them); philox[r]
      * is 1 + the seed's index for dropout node r of g, 0 for others */
-    uint32_t nphilox, *philox;
+    uint32_t nphilox, nphilox_used, *philox;
     IRRef seeds;
     bool inference;    /* decompose_attention of an inference graph: every node, grad or not */
 } AG;
@@ -572,8 +572,9 @@ static int meta_from_value(AG *ag, PyObject *v, PyObject *device, IRMeta *out) {
     return 0;
 }
 
-/* Collects the tensor arguments' meta examples and devices (lists) for ember._fake.run; *cl is set
- * when one is a channels_last CPU tensor (em_ir_meta_cpu_channels_last). -1 with an exception. */
+/* Sets *cl when a tensor argument is a channels_last CPU tensor (em_ir_meta_cpu_channels_last);
+ * with lists (metas non-NULL), collects the tensor arguments' meta examples and devices for
+ * ember._fake.run. -1 with an exception. */
 static int fake_args(const AG *ag, const IRArg *args, uint32_t n, PyObject *metas, PyObject *devs, bool *cl) {
     for (uint32_t i = 0; i < n; i++) {
         if (args[i].kind == IRARG_TUPLE || args[i].kind == IRARG_LIST) {
@@ -584,7 +585,7 @@ static int fake_args(const AG *ag, const IRArg *args, uint32_t n, PyObject *meta
         const IRMeta *m = &em_ir_node(ag->j, args[i].u.ref)->meta;
         if (m->kind != IRMETA_TENSOR || !m->example || !m->device) continue;
         *cl |= em_ir_meta_cpu_channels_last(m);
-        if (PyList_Append(metas, m->example) < 0 || PyList_Append(devs, m->device) < 0) return -1;
+        if (metas && (PyList_Append(metas, m->example) < 0 || PyList_Append(devs, m->device) < 0)) return -1;
     }
     return 0;
 }
@@ -594,10 +595,12 @@ static int fake_args(const AG *ag, const IRArg *args, uint32_t n, PyObject *meta
  * (ember._fake.run, as the tracer does). New reference or NULL with an exception. */
 static PyObject *meta_call(const AG *ag, PyObject *fn, PyObject *pargs, PyObject *pkw, const IRArg *args, uint32_t nargs,
                            const IRArg *kwv, uint32_t nkw) {
-    PyObject *metas = PyList_New(0), *devs = PyList_New(0), *res = NULL;
     bool cl = false;
-    if (metas && devs && fake_args(ag, args, nargs, metas, devs, &cl) == 0 && fake_args(ag, kwv, nkw, metas, devs, &cl) == 0 &&
-        cl) {
+    fake_args(ag, args, nargs, NULL, NULL, &cl);
+    fake_args(ag, kwv, nkw, NULL, NULL, &cl);
+    if (!cl) return PyObject_Call(fn, pargs, pkw); /* the common case: the meta examples */
+    PyObject *metas = PyList_New(0), *devs = PyList_New(0), *res = NULL;
+    if (metas && devs && fake_args(ag, args, nargs, metas, devs, &cl) == 0 && fake_args(ag, kwv, nkw, metas, devs, &cl) == 0) {
         PyObject *run = PyImport_ImportModule("ember._fake");
         if (run) Py_SETREF(run, PyObject_GetAttrString(run, "run"));
         PyObject *mt = run ? PyList_AsTuple(metas) : NULL, *dt = mt ? PyList_AsTuple(devs) : NULL;
@@ -709,26 +712,27 @@ static IRRef emit_method(AG *ag, const char *name, const IRArg *args, uint32_t n
     return ag_emit(ag, IR_CALL_METHOD, s, args, n, NULL, NULL, 0);
 }
 
-/* Emits ember._C.<name>(args) (the random ops' eager forms, em_runtime_random.c). */
-static IRRef emit_ember(AG *ag, const char *name, const IRArg *args, uint32_t n) {
-    PyObject *mod = PyImport_ImportModule("ember._C");
+/* module.name, held by the arena (borrowed); NULL with ag->reason set on failure. */
+static PyObject *held_attr(AG *ag, const char *module, const char *name) {
+    PyObject *mod = PyImport_ImportModule(module);
     PyObject *t = mod ? PyObject_GetAttrString(mod, name) : NULL;
     Py_XDECREF(mod);
     if (!t || !em_arena_hold_steal(ag->a, t)) {
         ag_fail_exc(ag);
-        return 0;
+        return NULL;
     }
-    return ag_emit(ag, IR_CALL_FUNCTION, t, args, n, NULL, NULL, 0);
+    return t;
+}
+
+/* Emits ember._C.<name>(args) (the random ops' eager forms, em_runtime_random.c). */
+static IRRef emit_ember(AG *ag, const char *name, const IRArg *args, uint32_t n) {
+    PyObject *t = held_attr(ag, "ember._C", name);
+    return t ? ag_emit(ag, IR_CALL_FUNCTION, t, args, n, NULL, NULL, 0) : 0;
 }
 
 static IRRef emit_op(AG *ag, const char *opname, IRArg a, IRArg b, uint32_t n) {
-    PyObject *mod = PyImport_ImportModule("operator");
-    PyObject *t = mod ? PyObject_GetAttrString(mod, opname) : NULL;
-    Py_XDECREF(mod);
-    if (!t || !em_arena_hold_steal(ag->a, t)) {
-        ag_fail_exc(ag);
-        return 0;
-    }
+    PyObject *t = held_attr(ag, "operator", opname);
+    if (!t) return 0;
     IRArg args[2] = {a, b};
     return ag_emit(ag, IR_CALL_FUNCTION, t, args, n, NULL, NULL, 0);
 }
@@ -936,10 +940,7 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
     }
     if (!strcmp(fname, "redenum")) { /* a loss's reduction as at::Reduction (aten/src/ATen/core/Reduction.h) */
         if (nargs != 1 || args[0].kind != IRARG_CONST || !PyUnicode_Check(args[0].u.obj)) goto bad;
-        int r = !PyUnicode_CompareWithASCIIString(args[0].u.obj, "none")   ? 0
-                : !PyUnicode_CompareWithASCIIString(args[0].u.obj, "mean") ? 1
-                                                                           : 2;
-        return arg_const_steal(ag, PyLong_FromLong(r));
+        return eval_redenum(ag, args[0]);
     }
     if (!strcmp(fname, "l1back")) { /* l1_loss(x, y): sign(x - y) * grad, / numel for 'mean' */
         if (nargs != 4 || args[3].kind != IRARG_CONST || !PyUnicode_Check(args[3].u.obj)) goto bad;
@@ -1781,8 +1782,7 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
                 ag->seeds = arg_bad(&a[1]) ? 0 : emit_ember(ag, "philox_seeds", a, 2);
                 if (!ag->seeds) return 0;
             }
-            uint32_t k = 0;
-            for (IRRef r = 1; r < n; r++) k += ag->philox[r] != 0;
+            uint32_t k = ag->nphilox_used++;
             ag->cur_pinned = false; /* deterministic given the seeds */
             IRArg a[4] = {map_arg(ag, &self), arg_node(ag->seeds), arg_const_steal(ag, PyLong_FromUnsignedLong(k)), p};
             out = arg_bad(&a[2]) || k >= ag->nphilox ? 0 : emit_ember(ag, "philox_dropout", a, 4);
@@ -2204,7 +2204,8 @@ static void mark_args(const IRArg *a, uint8_t *need) {
         for (uint32_t i = 0; i < a->n; i++) mark_args(&a->u.items[i], need);
 }
 
-static PyObject *float_config(const char *name, double dflt) {
+/* ember.config.<name> (new reference; dflt as a float when ember.config lacks it). */
+static PyObject *config_attr(const char *name, double dflt) {
     PyObject *m = PyImport_ImportModule("ember._config");
     PyObject *cfg = m ? PyObject_GetAttrString(m, "config") : NULL;
     PyObject *v = cfg ? PyObject_GetAttrString(cfg, name) : NULL;
@@ -2219,7 +2220,7 @@ static PyObject *float_config(const char *name, double dflt) {
 
 /* ember.config.<name> as a truth value (False when absent or not a truth value). */
 static bool bool_config(const char *name) {
-    PyObject *v = float_config(name, 0.0);
+    PyObject *v = config_attr(name, 0.0);
     int t = v ? PyObject_IsTrue(v) : 0;
     Py_XDECREF(v);
     PyErr_Clear();
@@ -3195,7 +3196,7 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         ag_fail(&ag, "the min-cut found no finite cut");
         goto fallback;
     }
-    budget_obj = float_config("activation_memory_budget", 1.0);
+    budget_obj = config_attr("activation_memory_budget", 1.0);
     double budget = budget_obj ? PyFloat_AsDouble(budget_obj) : 1.0;
     if (PyErr_Occurred()) {
         PyErr_Clear();
