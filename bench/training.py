@@ -19,6 +19,7 @@ False, the default of both) draw dropout masks from their own Philox streams, no
     .venv/bin/python bench/training.py --quick                 # small shapes, 1 round (dev VM)
     .venv/bin/python bench/training.py --device cuda           # the GPU machine
     options: --models resnet18,transformer --compilers eager,inductor,aot_eager,ember
+             (also inductor-ro, ember-ro: mode="reduce-overhead", CUDA graphs)
              --steps N --rounds N --threads N --json out.json --cpu-time
              --channels-last   ResNet-18's parameters and input in torch.channels_last (all compilers)
              --profile N   after the table, each compiler's top N ops of one profiled step (torch.profiler:
@@ -121,11 +122,15 @@ def make_case(name, quick, device, channels_last=False):
 
 
 def compile_with(model, compiler):
+    """compiler: eager, inductor, aot_eager, ember; a "-ro" suffix (inductor-ro, ember-ro) adds
+    mode="reduce-overhead" (CUDA graphs: Inductor's cudagraph trees, ember._cudagraphs.TrainingGraphs)."""
+    mode = "reduce-overhead" if compiler.endswith("-ro") else None
+    compiler = compiler.removesuffix("-ro")
     if compiler == "eager":
         return model
     if compiler == "inductor":
-        return torch.compile(model)
-    return ember.compile(model, backend=compiler)
+        return torch.compile(model, mode=mode)
+    return ember.compile(model, backend=compiler, mode=mode)
 
 
 def sync(device):
@@ -253,7 +258,7 @@ def run_model(name, compilers, args, device):
         out["rows"][c] = {"step_ms": 1e3 * min(r["times"]), "compile_s": r["compile_s"], "peak_mib": r["peak_mib"],
                           "step_mib": r["step_mib"],
                           "rss_growth_mib": r["rss_growth_mib"], "saved_mib": (lambda b: None if b is None else b / 2 ** 20)(
-                              saved_bytes(r["fn"], r["model"]) if c in ("aot_eager", "ember") else None),
+                              saved_bytes(r["fn"], r["model"]) if c in ("aot_eager", "ember", "ember-ro") else None),
                           "last_loss": r["loss"]}
         if "profile" in r:
             out["rows"][c]["profile"] = r["profile"]
@@ -308,13 +313,13 @@ def main():
         results.append(res)
         eager_ms = res["rows"]["eager"]["step_ms"] if "eager" in res["rows"] else None
         print(f"\n{name} ({res['shape']}), {args.steps} steps x {args.rounds} rounds")
-        print(f"{'compiler':<10} {'step ms':>9} {'vs eager':>9} {'compile s':>10} {'step MiB':>9} {'peak MiB':>9} "
+        print(f"{'compiler':<12} {'step ms':>9} {'vs eager':>9} {'compile s':>10} {'step MiB':>9} {'peak MiB':>9} "
               f"{'saved MiB':>10} {'last loss':>10}")
         for c, r in res["rows"].items():
             ratio = f"{eager_ms / r['step_ms']:.2f}x" if eager_ms else "-"
             peak = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
             saved = f"{r['saved_mib']:.1f}" if r["saved_mib"] is not None else "-"
-            print(f"{c:<10} {r['step_ms']:>9.1f} {ratio:>9} {r['compile_s']:>10.2f} {r['step_mib']:>9.1f} {peak:>9} "
+            print(f"{c:<12} {r['step_ms']:>9.1f} {ratio:>9} {r['compile_s']:>10.2f} {r['step_mib']:>9.1f} {peak:>9} "
                   f"{saved:>10} {r['last_loss']:>10.4f}")
         for c, r in res["rows"].items():
             if "profile" in r:

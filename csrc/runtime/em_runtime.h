@@ -70,8 +70,13 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info);
 int em_cudagraph_rows(const IRGraph *g, const uint8_t *batched_in, uint8_t *batched_out, char *why, size_t nwhy);
 /* The same as a dict {row_independent, reason, batched_outputs} (the _ir_build(rows=...) hook). */
 PyObject *em_cudagraph_rows_py(const IRGraph *g, PyObject *batched);
+/* written[i] = 1 for each input the graph may write in place (in-place ops, out=, a batch norm's
+ * running statistics, through views of it). 0, or -1 on OOM. */
+int em_cudagraph_written_inputs(const IRGraph *g, uint8_t *written);
 /* Wraps an entry's compiled callable in an ember._C.CudaGraphs runner sharing pool (an
- * ember._cudagraphs.Pool); *info: its live stats dict for cache_info. New reference or NULL. */
+ * ember._cudagraphs.Pool); *info: its live stats dict for cache_info. New reference or NULL. A training
+ * region (an input requires grad) is handed to ember._cudagraphs.training instead, which records its
+ * forward and backward halves; its callable is returned as it is. */
 PyObject *em_cudagraph_wrap(PyObject *compiled, int is_eager_graph, const IRGraph *g, PyObject *const *examples,
                             uint32_t n, PyObject *backend, PyObject *pool, PyObject **info);
 int em_runtime_cudagraph_init(PyObject *module);

@@ -143,7 +143,8 @@ static int unbatched(const RowCtx *c, const IRArg *a) {
     return !a || a->kind != IRARG_NODE || c->row[a->u.ref] != ROW_BATCHED;
 }
 
-static int rows_node(RowCtx *c, const IRNode *n) {
+/* A call node's op name (a method's name, a function's __name__) into buf; 0, or -1 if it has none. */
+static int node_name(const IRNode *n, char *buf, size_t nbuf) {
     const char *name = NULL;
     PyObject *nm = NULL;
     if (n->kind == IR_CALL_METHOD) {
@@ -152,15 +153,16 @@ static int rows_node(RowCtx *c, const IRNode *n) {
         nm = PyObject_GetAttrString(n->target, "__name__");
         name = nm && PyUnicode_Check(nm) ? PyUnicode_AsUTF8(nm) : NULL;
     }
-    if (!name) {
-        PyErr_Clear();
-        Py_XDECREF(nm);
-        return reject(c, n, "?", "an op without a name");
-    }
-    char buf[64];
-    snprintf(buf, sizeof buf, "%s", name);
+    if (name) snprintf(buf, nbuf, "%s", name);
+    else PyErr_Clear();
     Py_XDECREF(nm);
-    name = buf;
+    return name ? 0 : -1;
+}
+
+static int rows_node(RowCtx *c, const IRNode *n) {
+    char buf[64];
+    if (node_name(n, buf, sizeof buf) < 0) return reject(c, n, "?", "an op without a name");
+    const char *name = buf;
     size_t len = strlen(name);
     int r = -1;
     for (uint32_t i = 0; i < n->nargs; i++)
@@ -298,6 +300,66 @@ int em_cudagraph_rows(const IRGraph *g, const uint8_t *batched_in, uint8_t *batc
     }
     free(c.row);
     return ok;
+}
+
+/* ---- inputs written in place ----
+ * A recording reads and writes fixed addresses: an input copied into a static buffer must not be
+ * one the graph writes (the write would land in the copy, not in the user's tensor). Written, for
+ * this analysis: the self of an in-place op (name ending in one '_'), an out= argument, and every
+ * tensor argument of a batch/instance norm (its running statistics), each followed back through
+ * view ops to the input it aliases. Conservative: a view op not listed stops the walk only where
+ * its result is a new tensor, so the list names every torch op whose result may alias its self. */
+static const char *const ALIASING[] = {
+    "view", "view_as", "reshape", "reshape_as", "transpose", "swapaxes", "swapdims", "permute", "movedim", "t", "T",
+    "mT", "H", "mH", "getitem", "__getitem__", "select", "narrow", "squeeze", "unsqueeze", "flatten", "unflatten",
+    "expand", "expand_as", "as_strided", "split", "split_with_sizes", "chunk", "unbind", "tensor_split", "hsplit",
+    "vsplit", "contiguous", "detach", "diagonal", "unfold", "real", "imag", "view_as_real", "view_as_complex",
+    "alias", "type_as", "to", "float", "double", "half", "bfloat16", "data", "requires_grad_", "atleast_1d",
+    "atleast_2d", "atleast_3d", "ravel", NULL};
+
+static const char *const INPLACE[] = {"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul",
+                                      "iand", "ior", "ixor", "ilshift", "irshift", "setitem", "__setitem__", NULL};
+
+static void mark_written(const IRGraph *g, const IRArg *a, uint8_t *node_written) {
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) {
+        for (uint32_t i = 0; i < a->n; i++) mark_written(g, &a->u.items[i], node_written);
+        return;
+    }
+    if (a->kind != IRARG_NODE) return;
+    IRRef r = a->u.ref;
+    while (r && !node_written[r]) {
+        node_written[r] = 1;
+        const IRNode *n = &g->nodes[r];
+        char name[64];
+        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->nargs == 0 ||
+            node_name(n, name, sizeof name) < 0 || !in_list(name, ALIASING) || n->args[0].kind != IRARG_NODE)
+            break;
+        r = n->args[0].u.ref; /* the result may alias its self: the write reaches it too */
+    }
+}
+
+int em_cudagraph_written_inputs(const IRGraph *g, uint8_t *written) {
+    uint8_t *w = calloc(g->nnodes ? g->nnodes : 1, 1);
+    if (!w) return -1;
+    for (IRRef r = 1; r < g->nnodes; r++) {
+        const IRNode *n = &g->nodes[r];
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        char name[64];
+        if (node_name(n, name, sizeof name) < 0) continue;
+        size_t len = strlen(name);
+        int norm = strstr(name, "batch_norm") != NULL || strstr(name, "instance_norm") != NULL;
+        if (norm) {
+            for (uint32_t i = 0; i < n->nargs; i++) mark_written(g, &n->args[i], w);
+            for (uint32_t i = 0; i < n->nkwargs; i++) mark_written(g, &n->kwargs[i], w);
+        } else if (n->nargs && ((len > 1 && name[len - 1] == '_' && name[len - 2] != '_') || in_list(name, INPLACE))) {
+            mark_written(g, &n->args[0], w);
+        }
+        for (uint32_t i = 0; i < n->nkwargs; i++)
+            if (PyUnicode_CompareWithASCIIString(n->kwnames[i], "out") == 0) mark_written(g, &n->kwargs[i], w);
+    }
+    for (uint32_t i = 0; i < g->ninputs; i++) written[i] = w[g->inputs[i]];
+    free(w);
+    return 0;
 }
 
 /* Outputs of g (the OUTPUT node's tuple length). */
@@ -576,21 +638,14 @@ static int tensor_attr_true(PyObject *t, const char *attr) {
     return r;
 }
 
-/* Decides at compile time, from the example inputs, whether the entry can be recorded and how:
- * a reason string (new) for plain launching, or Py_None (new) with batched_in / plan filled. */
-static PyObject *plan_entry(const IRGraph *g, PyObject *const *ex, uint32_t n, PyObject *backend, uint8_t *batched_in,
-                            uint8_t *batched_out, long *batch, int *rows_ok, char *why, size_t nwhy) {
+/* The inputs' part of plan_entry: all CUDA tensors of one device; *training when one requires grad
+ * (grad mode on); batched_in / *batch: the non-parameter inputs whose dim 0 is the first one's.
+ * Py_None (new) when recordable, a reason string (new), or NULL with an exception. */
+static PyObject *plan_inputs(PyObject *const *ex, uint32_t n, int grad_on, const uint8_t *written, uint8_t *batched_in,
+                             long *batch, int *training, long *dev) {
     static PyObject *tensor_type = NULL;
     if (!tensor_type && !em_lazy_attr(&tensor_type, "torch", "Tensor")) return NULL;
-    static PyObject *is_grad_enabled = NULL;
-    if (!is_grad_enabled && !em_lazy_attr(&is_grad_enabled, "torch", "is_grad_enabled")) return NULL;
-    if (em_ir_is_symbolic(g)) return PyUnicode_FromString("symbolic sizes (one entry serves many shapes)");
-    PyObject *ge = PyObject_CallNoArgs(is_grad_enabled);
-    if (!ge) return NULL;
-    int grad_on = ge == Py_True;
-    Py_DECREF(ge);
-    long dev = -2;
-    *batch = -1;
+    int copied_written = 0; /* a non-parameter input the graph writes (it would be copied) */
     for (uint32_t i = 0; i < n; i++) {
         int isT = PyObject_IsInstance(ex[i], tensor_type);
         if (isT < 0) return NULL;
@@ -600,13 +655,14 @@ static PyObject *plan_entry(const IRGraph *g, PyObject *const *ex, uint32_t n, P
         if (!cuda) return PyUnicode_FromString("CPU tensors (CUDA graphs record CUDA work only)");
         long d;
         if (tensor_attr_long(ex[i], "get_device", &d) < 0) return NULL;
-        if (dev != -2 && d != dev) return PyUnicode_FromString("inputs on several CUDA devices");
-        dev = d;
+        if (*dev != -2 && d != *dev) return PyUnicode_FromString("inputs on several CUDA devices");
+        *dev = d;
         int rg = grad_on ? tensor_attr_true(ex[i], "requires_grad") : 0; /* grad mode is guarded */
         if (rg < 0) return NULL;
-        if (rg) return PyUnicode_FromString("inputs require grad (training graphs are not recorded; run under torch.no_grad())");
+        if (rg) *training = 1;
         int p = is_param(ex[i]);
         if (p < 0) return NULL;
+        if (written[i] && !p) copied_written = 1;
         long nd;
         if (tensor_attr_long(ex[i], "dim", &nd) < 0) return NULL;
         batched_in[i] = 0;
@@ -619,7 +675,31 @@ static PyObject *plan_entry(const IRGraph *g, PyObject *const *ex, uint32_t n, P
             batched_in[i] = b == *batch;
         }
     }
+    if (copied_written && !*training)
+        return PyUnicode_FromString("the graph writes an input in place (a recording would write a static copy)");
+    return Py_NewRef(Py_None);
+}
+
+/* Decides at compile time, from the example inputs, whether the entry can be recorded and how:
+ * a reason string (new) for plain launching, or Py_None (new) with batched_in / plan filled. */
+static PyObject *plan_entry(const IRGraph *g, PyObject *const *ex, uint32_t n, PyObject *backend, uint8_t *batched_in,
+                            uint8_t *batched_out, const uint8_t *written, long *batch, int *rows_ok, int *training,
+                            char *why, size_t nwhy) {
+    static PyObject *is_grad_enabled = NULL;
+    if (!is_grad_enabled && !em_lazy_attr(&is_grad_enabled, "torch", "is_grad_enabled")) return NULL;
+    if (em_ir_is_symbolic(g)) return PyUnicode_FromString("symbolic sizes (one entry serves many shapes)");
+    PyObject *ge = PyObject_CallNoArgs(is_grad_enabled);
+    if (!ge) return NULL;
+    int grad_on = ge == Py_True;
+    Py_DECREF(ge);
+    long dev = -2;
+    *batch = -1;
+    *training = 0;
+    PyObject *r = plan_inputs(ex, n, grad_on, written, batched_in, batch, training, &dev);
+    if (r != Py_None) return r;
+    Py_DECREF(r);
     if (n == 0) return PyUnicode_FromString("a graph without inputs");
+    if (*training) return Py_NewRef(Py_None); /* ember._cudagraphs.TrainingGraphs records per call */
     /* buckets need a program for the padded size: the eager backend runs any size, "ember" is
      * compiled again at the bucket (ember._cudagraphs); other backends record per shape */
     int bucketable = PyUnicode_Check(backend) && (PyUnicode_CompareWithASCIIString(backend, "eager") == 0 ||
@@ -664,17 +744,48 @@ PyObject *em_cudagraph_wrap(PyObject *compiled, int is_eager_graph, const IRGrap
     uint8_t *bin = calloc(n + 1, 1), *bout = calloc(no + 1, 1);
     PyObject *plain = NULL, *bt = NULL, *bo = NULL, *export = NULL;
     CudaGraphs *r = NULL;
+    uint8_t *written = NULL;
     char why[256] = "";
     long batch = -1;
-    int rows_ok = 0;
+    int rows_ok = 0, training = 0;
     if (!bin || !bout) {
         PyErr_NoMemory();
         goto error;
     }
     if (!record_fn && !em_lazy_attr(&record_fn, "ember._cudagraphs", "record")) goto error;
     if (!foreach_copy && !em_lazy_attr(&foreach_copy, "torch", "_foreach_copy_")) goto error;
-    plain = plan_entry(g, examples, n, backend, bin, bout, &batch, &rows_ok, why, sizeof why);
+    written = calloc(n + 1, 1);
+    if (!written || em_cudagraph_written_inputs(g, written) < 0) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    plain = plan_entry(g, examples, n, backend, bin, bout, written, &batch, &rows_ok, &training, why, sizeof why);
     if (!plain) goto error;
+    if (training && plain == Py_None) {
+        /* a training region (csrc/autograd): its forward and backward halves are recorded by
+         * ember._cudagraphs.training, which returns (callable, stats) */
+        static PyObject *training_fn = NULL;
+        if (!training_fn && !em_lazy_attr(&training_fn, "ember._cudagraphs", "training")) goto error;
+        PyObject *wt = PyTuple_New(n);
+        if (!wt) goto error;
+        for (uint32_t i = 0; i < n; i++) PyTuple_SET_ITEM(wt, i, PyBool_FromLong(written[i]));
+        PyObject *res = PyObject_CallFunctionObjArgs(training_fn, compiled, wt, NULL);
+        Py_DECREF(wt);
+        if (!res) goto error;
+        PyObject *fn = NULL, *st = NULL;
+        if (!PyArg_ParseTuple(res, "OO", &fn, &st)) {
+            Py_DECREF(res);
+            goto error;
+        }
+        *info = Py_NewRef(st);
+        PyObject *out = Py_NewRef(fn);
+        Py_DECREF(res);
+        Py_DECREF(plain);
+        free(bin);
+        free(bout);
+        free(written);
+        return out;
+    }
     r = PyObject_GC_New(CudaGraphs, CudaGraphs_Type);
     if (!r) goto error;
     r->vectorcall = cg_vectorcall;
@@ -720,6 +831,7 @@ PyObject *em_cudagraph_wrap(PyObject *compiled, int is_eager_graph, const IRGrap
     Py_XDECREF(export);
     free(bin);
     free(bout);
+    free(written);
     return (PyObject *)r;
 error:
     Py_XDECREF(plain);
@@ -729,6 +841,7 @@ error:
     Py_XDECREF(r);
     free(bin);
     free(bout);
+    free(written);
     return NULL;
 }
 

@@ -84,16 +84,19 @@ static int t_meta(EmArena *a, PyObject *ex, IRMeta *m) {
  * meta tensors standing for CUDA tensors; nothing is compiled or run.
  * With rows=[bool per input]: the row-independence analysis of CUDA graph buckets with those inputs
  * batched (em_cudagraph_rows_py): {row_independent, reason, batched_outputs}.
+ * With written=True: a tuple of bools, the inputs the graph may write in place (em_cudagraph_written_inputs).
  * nodes: ("placeholder", name, example) | ("call_function", target, args, kwargs, example) |
  *        ("call_method", name, args, kwargs, example) | ("output", [node index, ...]).
  * In args/kwargs, ("__node__", i) refers to nodes[i] and ("__const__", v) is a constant v. */
 static PyObject *t_ir_build(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"nodes", "dce", "ember", "cuda_source", "rows", NULL};
+    static char *kwlist[] = {"nodes", "dce", "ember", "cuda_source", "rows", "written", NULL};
     PyObject *nodes = NULL, *result = NULL, *fast = NULL, *v = NULL, *rows = NULL;
-    int dce = 0, ember = 0, cuda_source = 0;
+    int dce = 0, ember = 0, cuda_source = 0, written = 0;
     EmArena *a = NULL;
     IRRef *refs = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pppO:_ir_build", kwlist, &nodes, &dce, &ember, &cuda_source, &rows)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pppOp:_ir_build", kwlist, &nodes, &dce, &ember, &cuda_source, &rows,
+                                     &written))
+        return NULL;
     fast = PySequence_Fast(nodes, "_ir_build: nodes must be a sequence");
     if (!fast) return NULL;
     Py_ssize_t nn = PySequence_Fast_GET_SIZE(fast);
@@ -187,6 +190,18 @@ static PyObject *t_ir_build(PyObject *self, PyObject *args, PyObject *kw) {
     }
     if (rows && rows != Py_None) {
         result = em_cudagraph_rows_py(g, rows);
+        goto done;
+    }
+    if (written) {
+        uint8_t *w = calloc(g->ninputs + 1, 1);
+        if (!w || em_cudagraph_written_inputs(g, w) < 0) {
+            free(w);
+            PyErr_NoMemory();
+            goto done;
+        }
+        result = PyTuple_New(g->ninputs);
+        for (uint32_t i = 0; result && i < g->ninputs; i++) PyTuple_SET_ITEM(result, i, PyBool_FromLong(w[i]));
+        free(w);
         goto done;
     }
     if (cuda_source) {

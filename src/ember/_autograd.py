@@ -22,12 +22,24 @@ class CompiledRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, plan, same, *inputs):
-        res = plan.fwd(*inputs)
+        graphs = plan.graphs
+        if graphs is None:
+            res = plan.fwd(*inputs)
+        else:  # mode="reduce-overhead": replayed from CUDA graphs (ember._cudagraphs.TrainingGraphs)
+            res, ctx.holder = graphs.forward(inputs)
         n = plan.noutputs
         outs, saved = res[:n], res[n:]
         if same is not None:  # outputs that are input objects (make_region)
             same.extend((k, i) for k, i in plan.maybe_same if outs[k] is inputs[i])
-        ctx.save_for_backward(*saved)
+        if graphs is None:
+            ctx.save_for_backward(*saved)
+        else:
+            # the saved tensors live in ctx.holder, which the next replay may copy out. Saved with
+            # ctx: a token that tells the backward whether autograd released the graph, and the
+            # saved tensors that are inputs (parameters), so that an in-place update of one before
+            # the backward raises eager's error (autograd's version counter check)
+            ids = {id(a) for a in inputs}
+            ctx.save_for_backward(graphs.token, *[t for t in saved if id(t) in ids])
         ctx.plan = plan
         ctx.set_materialize_grads(False)
         # the tangents' metadata, for the zeros of an output that gets no gradient
@@ -57,6 +69,12 @@ class CompiledRegion(torch.autograd.Function):
         # each after its last use, as eager autograd frees a node's saved tensors after its backward
         # (kept when retain_graph=True: maybe_clear_saved_tensors does nothing then)
         ctx.maybe_clear_saved_tensors()
+        holder = getattr(ctx, "holder", None)
+        if holder is not None:
+            try:
+                ctx.saved_tensors
+            except RuntimeError:  # released: no second backward will read the holder
+                holder.pending = False
         out = [None] * (plan.ninputs + 2)  # plan and same get None
         tangents = [grads[k] for k in plan.tangents]
         keep = None  # all outputs got a gradient: every input gradient is returned
@@ -70,9 +88,13 @@ class CompiledRegion(torch.autograd.Function):
             tangents = [t if t.stride() == plan.strides[k] else
                         torch.empty_strided(t.shape, plan.strides[k], dtype=t.dtype, device=t.device).copy_(t)
                         for k, t in zip(plan.tangents, tangents)]
-        args = [*saved, *tangents]
-        del saved, tangents
-        res = plan.bwd_boxed(args) if plan.bwd_boxed is not None else plan.bwd(*args)
+        if holder is not None:
+            del saved
+            res = plan.graphs.backward(holder, tangents)
+        else:
+            args = [*saved, *tangents]
+            del saved, tangents
+            res = plan.bwd_boxed(args) if plan.bwd_boxed is not None else plan.bwd(*args)
         for j, (i, g) in enumerate(zip(plan.grad_inputs, res)):
             if keep is None or keep[j]:
                 out[i + 2] = g
@@ -81,7 +103,7 @@ class CompiledRegion(torch.autograd.Function):
 
 class _Plan:
     __slots__ = ("fwd", "bwd", "bwd_boxed", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides",
-                 "grad_deps", "maybe_same")
+                 "grad_deps", "maybe_same", "graphs")
 
 
 def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None, grad_deps=None,
@@ -105,6 +127,7 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     plan.strides = None if strides is None else tuple(tuple(s) for s in strides)
     plan.grad_deps = tuple(tuple(d) for d in grad_deps) if grad_deps is not None else ((),) * len(plan.grad_inputs)
     plan.maybe_same = tuple(tuple(p) for p in maybe_same)
+    plan.graphs = None  # mode="reduce-overhead" on CUDA: ember._cudagraphs.training sets it
     apply = CompiledRegion.apply
 
     if not plan.maybe_same:

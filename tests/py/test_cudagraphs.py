@@ -188,18 +188,55 @@ def test_module_with_parameters(backend, big_cache):
     assert info["pool"]["captures"] == 3  # buckets 1, 4, 8
 
 
+def written(fn, *examples):
+    return _C._ir_build(fx_ir_nodes(fn, *examples), written=True)
+
+
+def test_written_inputs():
+    """The inputs a recording must read in place: in-place ops, out=, a batch norm's
+    running statistics, through views; not inputs only read."""
+    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    assert written(lambda x, y: x.add_(y) * 2, x, y) == (True, False)
+    assert written(lambda x, y: x.view(12)[:4].mul_(2).sum() + y, x, y) == (True, False)
+    assert written(lambda x, y: (x * 2).relu_() + y, x, y) == (False, False)  # a new tensor, not x
+    assert written(lambda x, y: torch.add(x, 1, out=y), x, y) == (False, True)
+
+    rm, rv, w = torch.zeros(3), torch.ones(3), torch.ones(3)
+    assert written(lambda x, rm, rv, w: F.batch_norm(x, rm, rv, w, None, True), x, rm, rv, w)[1:3] == (True, True)
+    assert written(lambda x, y: torch.relu(x) @ y.t(), x, y) == (False, False)
+
+
 @needs_cuda
-def test_requires_grad_runs_plainly_and_mixing():
+def test_written_input_runs_plainly():
+    def f(x):
+        x.add_(1)
+        return x * 2
+
+    cf = ember.compile(f, mode="reduce-overhead")
+    with torch.no_grad():
+        a, b = torch.zeros(4, device="cuda"), torch.zeros(4, device="cuda")
+        for _ in range(3):
+            torch.testing.assert_close(cf(a), f(b))
+        torch.testing.assert_close(a, b)  # the user's tensor was written, three times
+    info = ember.cache_info(cf)[0]["cudagraphs"]
+    assert info["state"] == "plain" and "writes an input" in info["reason"], info
+
+
+@needs_cuda
+def test_training_region_recorded_and_mixing():
     def f(x):
         return torch.sin(x) + 1
 
     cf = ember.compile(f, mode="reduce-overhead")
     x = torch.randn(4, 3, device="cuda", requires_grad=True)
-    out = cf(x)
-    out.sum().backward()
-    torch.testing.assert_close(x.grad, torch.cos(x.detach()))
-    infos = ember.cache_info(cf)
-    assert "require grad" in infos[0]["cudagraphs"]["reason"]
+    for _ in range(4):
+        x.grad = None
+        out = cf(x)
+        out.sum().backward()
+        torch.testing.assert_close(x.grad, torch.cos(x.detach()))
+    cg = ember.cache_info(cf)[0]["cudagraphs"]
+    assert cg["training"] and cg["forward"] == "recorded" and cg["backward"] == "recorded", cg
+    assert cg["replays"] >= 3
     plain = ember.compile(f)  # the same code without the mode: its own entries
     z = torch.randn(4, 3, device="cuda")
     torch.testing.assert_close(plain(z), f(z))
@@ -229,3 +266,139 @@ def test_aot_eager_records_per_shape(big_cache):
     cg = ember.cache_info(cm)[0]["cudagraphs"]
     assert cg["state"] == "recorded" and "one graph per shape" in cg["reason"], cg
     assert cg["pool"]["captures"] == 2
+
+
+class BNNet(torch.nn.Module):
+    """Conv + BatchNorm (train mode: running statistics updated in place) + a dropout-free head."""
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def _train(model, steps, xs, ys):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for x, y in zip(xs[:steps], ys[:steps]):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return losses
+
+
+@needs_cuda
+@pytest.mark.parametrize("backend", ["ember", "aot_eager"])
+def test_training_steps_match_eager(backend):
+    """Five SGD steps, a new batch tensor each step: losses, parameters and running statistics as
+    eager's; the halves recorded once each and replayed; num_batches_tracked counted once per step."""
+    torch.manual_seed(0)
+    ref = BNNet().cuda()
+    m = BNNet().cuda()
+    m.load_state_dict(ref.state_dict())
+    cm = ember.compile(m, backend=backend, mode="reduce-overhead")
+    xs = [torch.randn(4, 3, 8, 8, device="cuda") for _ in range(5)]
+    ys = [torch.randint(0, 5, (4,), device="cuda") for _ in range(5)]
+    la, lb = _train(ref, 5, xs, ys), _train(cm, 5, xs, ys)
+    for a, b in zip(la, lb):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for (k, a), b in zip(ref.state_dict().items(), m.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=k)
+    assert int(m.bn.num_batches_tracked) == 5
+    cg = ember.cache_info(cm)[0]["cudagraphs"]
+    assert cg["forward"] == "recorded" and cg["backward"] == "recorded", cg
+    assert cg["captures"] == 2 and cg["replays"] >= 4, cg
+
+
+@needs_cuda
+def test_training_two_forwards_then_backwards():
+    """fwd1, fwd2, bwd2, bwd1 (and retain_graph=True twice): the second replay copies out the
+    saved tensors the first backward still needs; gradients as eager's."""
+    torch.manual_seed(0)
+    w = torch.randn(6, 6, device="cuda", requires_grad=True)
+
+    def f(x, w):
+        return torch.tanh(x @ w).sum()
+
+    cf = ember.compile(f, mode="reduce-overhead")
+    xs = [torch.randn(5, 6, device="cuda") for _ in range(4)]
+    for x in xs[:2]:  # record both halves
+        cf(x, w).backward()
+    w.grad = None
+    l1, l2 = cf(xs[2], w), cf(xs[3], w)
+    g2, = torch.autograd.grad(l2, w)
+    g1, = torch.autograd.grad(l1, w)
+    e1, = torch.autograd.grad(f(xs[2], w), w)
+    e2, = torch.autograd.grad(f(xs[3], w), w)
+    torch.testing.assert_close(g1, e1)
+    torch.testing.assert_close(g2, e2)
+    l3 = cf(xs[0], w)
+    a, = torch.autograd.grad(l3, w, retain_graph=True)
+    cf(xs[1], w)  # a replay between the two backwards of l3
+    b, = torch.autograd.grad(l3, w)
+    e, = torch.autograd.grad(f(xs[0], w), w)
+    torch.testing.assert_close(a, e)
+    torch.testing.assert_close(b, e)
+
+
+@needs_cuda
+def test_training_gradients_not_overwritten():
+    """Gradients are fresh tensors: accumulating two backwards into .grad, and keeping a gradient
+    across the next step, give eager's values."""
+    w = torch.randn(4, 4, device="cuda", requires_grad=True)
+
+    def f(x, w):
+        return (x @ w).square().mean()
+
+    cf = ember.compile(f, mode="reduce-overhead")
+    xs = [torch.randn(3, 4, device="cuda") for _ in range(5)]
+    for x in xs[:2]:
+        cf(x, w).backward()
+    w.grad = None
+    cf(xs[2], w).backward()
+    cf(xs[3], w).backward()  # accumulates into .grad
+    kept = w.grad.clone()
+    g, = torch.autograd.grad(cf(xs[4], w), w)
+    ref = torch.autograd.grad(f(xs[2], w) + f(xs[3], w), w)[0]
+    torch.testing.assert_close(kept, ref)
+    torch.testing.assert_close(w.grad, ref)
+    torch.testing.assert_close(g, torch.autograd.grad(f(xs[4], w), w)[0])
+
+
+@needs_cuda
+def test_training_replaced_parameter_runs_plainly():
+    lin = torch.nn.Linear(4, 3).cuda()
+    cm = ember.compile(lin, mode="reduce-overhead")
+    x = torch.randn(2, 4, device="cuda")
+    for _ in range(3):
+        cm(x).sum().backward()
+    lin.weight = torch.nn.Parameter(torch.randn(3, 4, device="cuda"))  # new storage: guards recompile or plain
+    lin.weight.grad = None
+    out = cm(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, lin(x))
+    torch.testing.assert_close(lin.weight.grad, x.sum(0).expand(3, 4))
+
+
+@needs_cuda
+def test_training_saved_parameter_modified_raises_as_eager():
+    """A saved parameter updated in place before the backward: eager's version-counter error."""
+    w = torch.randn(4, 4, device="cuda", requires_grad=True)
+
+    def f(x, w):
+        return (x @ w).sum()
+
+    cf = ember.compile(f, mode="reduce-overhead")
+    for _ in range(3):  # the gradient of x reads w: w is saved
+        cf(torch.randn(3, 4, device="cuda", requires_grad=True), w).backward()
+    loss = cf(torch.randn(3, 4, device="cuda", requires_grad=True), w)
+    assert ember.cache_info(cf)[0]["cudagraphs"]["replays"] >= 2
+    with torch.no_grad():
+        w.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
