@@ -88,7 +88,11 @@ def report(entries) -> ExplainOutput:
             from . import _autograd
             lines += _autograd.explain_lines(e["autograd"])
         cg = e.get("cudagraphs")
-        if cg:
+        if cg and cg.get("training"):
+            lines.append(f"  CUDA graphs (training region): {cg['state']}; forward {cg['forward']}, backward "
+                         f"{cg['backward']}; {cg['replays']} replay(s), {cg['plain_calls']} plain call(s)"
+                         f"{'; ' + cg['reason'] if cg.get('reason') else ''}")
+        elif cg:
             how = (f"bucket {cg['bucket']} (batch {cg['batch']})" if cg.get("row_independent")
                    else "one recording per shape")
             lines.append(f"  CUDA graphs: {cg['state']}, {how}; {cg['pool']['captures']} recording(s) in this "

@@ -313,6 +313,33 @@ def test_training_steps_match_eager(backend):
     cg = ember.cache_info(cm)[0]["cudagraphs"]
     assert cg["forward"] == "recorded" and cg["backward"] == "recorded", cg
     assert cg["captures"] == 2 and cg["replays"] >= 4, cg
+    assert "CUDA graphs (training region): recorded; forward recorded, backward recorded" in str(
+        ember.explain(cm)(xs[0]))
+
+
+@needs_cuda
+def test_training_dropout_masks_change_per_replay():
+    """Dropout in a recorded training region (backend "ember": Philox seeds drawn by torch.randint
+    on the device, which CUDA graph replay advances): each replay draws a new mask, and the
+    backward applies the forward's mask."""
+    w = torch.ones(64, 64, device="cuda", requires_grad=True)
+
+    def f(x, w):
+        return F.dropout(x @ w, 0.5, training=True)
+
+    cf = ember.compile(f, mode="reduce-overhead")
+    x = torch.ones(8, 64, device="cuda")
+    masks = []
+    for _ in range(4):
+        w.grad = None
+        y = cf(x, w)
+        y.sum().backward()
+        keep = y != 0
+        masks.append(keep)
+        # d(sum(dropout(x @ w)))/dw = x^T @ (mask * 2): column j of the gradient counts kept rows
+        torch.testing.assert_close(w.grad, x.t() @ (keep.float() * 2))
+    assert ember.cache_info(cf)[0]["cudagraphs"]["replays"] >= 2
+    assert not torch.equal(masks[2], masks[3])
 
 
 @needs_cuda
