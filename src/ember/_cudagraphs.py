@@ -158,10 +158,10 @@ class Saved:
     """The saved tensors of one forward call, held by its autograd context. static: they are the
     forward recording's outputs, which its next replay overwrites: TrainingGraphs.forward copies
     them out first while a backward may still read them (pending)."""
-    __slots__ = ("tensors", "static", "pending", "__weakref__")
+    __slots__ = ("tensors", "static", "pending", "gen", "__weakref__")
 
-    def __init__(self, tensors, static):
-        self.tensors, self.static, self.pending = tensors, static, True
+    def __init__(self, tensors, static, gen=0):
+        self.tensors, self.static, self.pending, self.gen = tensors, static, True, gen
 
 
 class TrainingGraphs:
@@ -182,7 +182,12 @@ class TrainingGraphs:
     retain_graph=True) copies those out first.
     Backward: recorded on its first call whose saved tensors are the forward recording's; tangents
     copied in; gradients copied out into fresh tensors (autograd may keep them as .grad). Any
-    capture error makes the region run plainly from then on (stats["reason"])."""
+    capture error makes the region run plainly from then on (stats["reason"]).
+    An input read in place whose storage changes (the first two steps fed the same batch tensor,
+    then a new one) makes the forward be recorded again with that input copied (a new pool; at
+    most MAX_RECORDINGS recordings per region, then such calls run plainly)."""
+
+    MAX_RECORDINGS = 4
 
     def __init__(self, plan, written):
         self.plan = plan
@@ -190,6 +195,7 @@ class TrainingGraphs:
         self.pool = None
         self.prev_ptrs = None
         self.fwd = None   # (graph, static_idx, static_ptrs, copy_idx, dsts, outs, saved)
+        self.gen = 0      # forward recordings made; Saved.gen: the one whose buffers a Saved holds
         self.bwd = None   # (graph, saved, tangent_dsts, tangent_meta, grads)
         self.pending = []  # weakrefs to Saved whose tensors are the forward recording's
         self.token = torch.empty(0)  # saved with each ctx: tells whether autograd released the graph
@@ -218,9 +224,8 @@ class TrainingGraphs:
                 return self._run_plain(inputs)
         g, sidx, sptrs, cidx, dsts, outs, saved = self.fwd
         for i, p in zip(sidx, sptrs):
-            if inputs[i].data_ptr() != p:  # a parameter replaced, a new buffer: its old memory is recorded
-                self.stats["plain_calls"] += 1
-                return self._run_plain(inputs)
+            if inputs[i].data_ptr() != p:  # a new storage: the recording reads the old one
+                return self._changed_storage(inputs, sidx, sptrs)
         self._protect()  # before the copy: a saved tensor may be a static input buffer
         if cidx:
             torch._foreach_copy_(dsts, [inputs[i] for i in cidx])
@@ -228,12 +233,30 @@ class TrainingGraphs:
         self.stats["replays"] += 1
         return self._hand_out(outs, saved)
 
+    def _changed_storage(self, inputs, sidx, sptrs):
+        """An input read in place has a new storage: record again with it copied (the old
+        recording's saved tensors stay valid: the new one has its own pool), or run plainly."""
+        same = [False] * len(inputs)
+        for i, p in zip(sidx, sptrs):
+            same[i] = inputs[i].data_ptr() == p
+        if self.gen >= self.MAX_RECORDINGS or any(
+                self.written[i] and not same[i] for i in sidx):
+            self.stats["plain_calls"] += 1  # a parameter replaced, a written buffer: plain
+            return self._run_plain(inputs)
+        self.fwd = self.bwd = None
+        self.stats["backward"] = "not recorded"
+        try:
+            return self._record_forward(inputs, same)
+        except Exception as e:  # noqa: BLE001
+            self._plain(f"forward capture failed: {type(e).__name__}: {e}")
+            return self._run_plain(inputs)
+
     def _run_plain(self, inputs):
         res = self.plan.fwd(*inputs)
         return res, Saved(list(res[self.plan.noutputs:]), False)
 
     def _hand_out(self, outs, saved):
-        h = Saved(list(saved), True)
+        h = Saved(list(saved), True, self.gen)
         self.pending.append(weakref.ref(h))
         return (*_copy_out(outs), *saved), h
 
@@ -267,6 +290,7 @@ class TrainingGraphs:
         sidx = tuple(i for i in range(len(inputs)) if same[i])
         cidx = tuple(i for i in range(len(inputs)) if not same[i])
         self.fwd = (g, sidx, tuple(inputs[i].data_ptr() for i in sidx), cidx, [statics[i] for i in cidx], outs, saved)
+        self.gen += 1
         self.stats["captures"] += 1
         self.stats["forward"] = "recorded"
         self.stats["state"] = "recorded"
@@ -282,7 +306,7 @@ class TrainingGraphs:
         saved = holder.tensors
         if not holder.pending:
             holder.tensors = None
-        if self.fwd is None or not holder.static or self.stats["state"] == "plain":
+        if self.fwd is None or not holder.static or holder.gen != self.gen or self.stats["state"] == "plain":
             args = [*saved, *tangents]
             del saved, tangents
             return self._bwd_boxed(args)

@@ -429,3 +429,23 @@ def test_training_saved_parameter_modified_raises_as_eager():
         w.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+@needs_cuda
+def test_training_batch_tensor_changes_after_recording():
+    """The first two steps feed one batch tensor (read in place by the recording), then new ones:
+    the forward is recorded again with the batch copied; values as eager's throughout."""
+    torch.manual_seed(0)
+    ref = BNNet().cuda()
+    m = BNNet().cuda()
+    m.load_state_dict(ref.state_dict())
+    cm = ember.compile(m, mode="reduce-overhead")
+    x0 = torch.randn(4, 3, 8, 8, device="cuda")
+    xs = [x0, x0] + [torch.randn(4, 3, 8, 8, device="cuda") for _ in range(4)]
+    ys = [torch.randint(0, 5, (4,), device="cuda") for _ in range(6)]
+    for a, b in zip(_train(ref, 6, xs, ys), _train(cm, 6, xs, ys)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for (k, a), b in zip(ref.state_dict().items(), m.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=k)
+    cg = ember.cache_info(cm)[0]["cudagraphs"]
+    assert cg["captures"] == 4 and cg["plain_calls"] == 0 and cg["forward"] == "recorded", cg
