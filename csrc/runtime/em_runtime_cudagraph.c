@@ -305,10 +305,11 @@ int em_cudagraph_rows(const IRGraph *g, const uint8_t *batched_in, uint8_t *batc
 /* ---- inputs written in place ----
  * A recording reads and writes fixed addresses: an input copied into a static buffer must not be
  * one the graph writes (the write would land in the copy, not in the user's tensor). Written, for
- * this analysis: the self of an in-place op (name ending in one '_'), an out= argument, and every
- * tensor argument of a batch/instance norm (its running statistics), each followed back through
- * view ops to the input it aliases. Conservative: a view op not listed stops the walk only where
- * its result is a new tensor, so the list names every torch op whose result may alias its self. */
+ * this analysis: the self of an in-place op (name ending in one '_', operator.iadd ..., setitem),
+ * an out= argument, and every tensor argument but the first (the input) of a batch/instance norm
+ * (running statistics; weight and bias too, conservatively), each followed back through the ops
+ * whose result may alias their self (ALIASING) to the input it aliases. The walk stops at an op
+ * not in ALIASING: that list must name every such op. */
 static const char *const ALIASING[] = {
     "view", "view_as", "reshape", "reshape_as", "transpose", "swapaxes", "swapdims", "permute", "movedim", "t", "T",
     "mT", "H", "mH", "getitem", "__getitem__", "select", "narrow", "squeeze", "unsqueeze", "flatten", "unflatten",
@@ -349,7 +350,7 @@ int em_cudagraph_written_inputs(const IRGraph *g, uint8_t *written) {
         size_t len = strlen(name);
         int norm = strstr(name, "batch_norm") != NULL || strstr(name, "instance_norm") != NULL;
         if (norm) {
-            for (uint32_t i = 0; i < n->nargs; i++) mark_written(g, &n->args[i], w);
+            for (uint32_t i = 1; i < n->nargs; i++) mark_written(g, &n->args[i], w);
             for (uint32_t i = 0; i < n->nkwargs; i++) mark_written(g, &n->kwargs[i], w);
         } else if (n->nargs && ((len > 1 && name[len - 1] == '_' && name[len - 2] != '_') || in_list(name, INPLACE))) {
             mark_written(g, &n->args[0], w);
