@@ -2218,15 +2218,6 @@ static PyObject *config_attr(const char *name, double dflt) {
     return v;
 }
 
-/* ember.config.<name> as a truth value (False when absent or not a truth value). */
-static bool bool_config(const char *name) {
-    PyObject *v = config_attr(name, 0.0);
-    int t = v ? PyObject_IsTrue(v) : 0;
-    Py_XDECREF(v);
-    PyErr_Clear();
-    return t > 0;
-}
-
 static PyObject *fallback_result(const IRGraph *g, AG *ag, int *is_eager_graph, PyObject **info) {
     *is_eager_graph = 1;
     *info = Py_BuildValue("{s:O}", "fallback", ag->reason ? ag->reason : Py_None);
@@ -3005,7 +2996,7 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         }
         ag.role[tangent[k]] = ROLE_TANGENT;
     }
-    if (ag.ember_halves && !bool_config("fallback_random")) /* a seed per dropout (an upper bound) */
+    if (ag.ember_halves && !em_config_bool("fallback_random", 0)) /* a seed per dropout (an upper bound) */
         for (IRRef r = 1; r < G; r++) {
             const IRNode *n = em_ir_node(g, r);
             Bind b;

@@ -152,6 +152,22 @@ PyObject *em_lazy_attr(PyObject **slot, const char *module, const char *attr) {
     return *slot;
 }
 
+int em_config_bool(const char *name, int dflt) {
+    static PyObject *config = NULL;
+    if (!config && !em_lazy_attr(&config, "ember._config", "config")) {
+        PyErr_Clear();
+        return dflt;
+    }
+    PyObject *v = PyObject_GetAttrString(config, name);
+    int t = v ? PyObject_IsTrue(v) : -1;
+    Py_XDECREF(v);
+    if (t < 0) {
+        PyErr_Clear();
+        return dflt;
+    }
+    return t;
+}
+
 uint32_t em_log_mask = 0;
 
 static const char *const log_topic_names[EM_LOG__COUNT] = {

@@ -94,6 +94,9 @@ PyObject *em_str(const char *literal);
 /* module.attr, imported on first use and kept in *slot (a file-level static: one interpreter,
  * em_module.c). Borrowed reference, or NULL with an exception. */
 PyObject *em_lazy_attr(PyObject **slot, const char *module, const char *attr);
+/* ember.config.<name> (src/ember/_config.py) as a truth value; dflt when it is absent or its truth
+ * cannot be taken (the error is cleared). Read when a graph is compiled, not per call. */
+int em_config_bool(const char *name, int dflt);
 
 /* ---- logs by topic (ember.set_logs, EMBER_LOGS; src/ember/_logs.py formats and emits through
  * Python's logging under the "ember" logger). One bit per topic, and the same bit shifted by

@@ -42,6 +42,14 @@ static const int lprim_arity[] = {
 const char *em_ldt_name(LDtype t) { return ldt_names[t]; }
 const char *em_ldt_storage(LDtype t) { return ldt_storage[t]; }
 const char *em_ldt_compute(LDtype t) { return ldt_compute[t]; }
+int em_ldt_size(LDtype t) {
+    switch (t) {
+    case LDT_F64: case LDT_I64: return 8;
+    case LDT_F32: case LDT_I32: return 4;
+    case LDT_F16: case LDT_BF16: case LDT_I16: return 2;
+    default: return 1;
+    }
+}
 const char *em_lprim_name(LPrim p) { return lprim_names[p]; }
 int em_lprim_arity(LPrim p) { return lprim_arity[p]; }
 

@@ -37,6 +37,7 @@ static inline int em_ldt_is_half(LDtype t) { return t == LDT_F16 || t == LDT_BF1
 const char *em_ldt_name(LDtype t);
 const char *em_ldt_storage(LDtype t);
 const char *em_ldt_compute(LDtype t);
+int em_ldt_size(LDtype t); /* bytes per element of its storage type */
 
 /* Primitive ops: _(ENUM, arity). Every pointwise op reads its inputs in the node's cdtype
  * (the lowering inserts CASTs) and produces dtype. Comparisons: cdtype = promoted input type,

@@ -14,6 +14,7 @@
 
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 #include <structmember.h> /* T_PYSSIZET, READONLY (kept as aliases of Py_T_* by 3.12) */
 
@@ -61,9 +62,32 @@ typedef struct {
     GatherCheck *checks;  /* CPU kernels with gather loads: their bounds checks (the kernel's last
                              argument is then the error word, int64_t[2]) */
     uint32_t nchecks;
+    int32_t out_elsize;   /* CPU, ember.config.huge_pages: bytes per output element (else 0) */
+    int64_t out_bytes;    /* static layouts: the output's elements x out_elsize */
 } Kernel;
 
 static PyTypeObject *Kernel_Type = NULL;
+
+/* ---- huge pages for large CPU outputs (ember.config.huge_pages) ----
+ * A CPU buffer of tens of MiB comes from glibc's mmap (above its 32 MiB mmap threshold, or after a
+ * trim) as fresh 4 KiB pages: the kernel that first writes it takes one page fault per 4 KiB, which
+ * cost more than the computation itself for a 16M-element pointwise chain (dev VM: 30 ms of a 30 ms
+ * call; 10 ms with huge pages). Before the kernel runs, the 2 MiB-aligned part of an output of at
+ * least EM_HUGE_MIN bytes is advised MADV_HUGEPAGE (Linux, transparent huge pages in "madvise" or
+ * "always" mode; a no-op otherwise): what torch's own THP_MEM_ALLOC_ENABLE=1 does for every
+ * allocation (c10/core/alloc_cpu.cpp), here only for ember's kernel outputs. */
+#define EM_HUGE_MIN ((int64_t)4 << 20)
+static void advise_huge_pages(char *p, int64_t nbytes) {
+#ifdef MADV_HUGEPAGE
+    const uintptr_t H = (uintptr_t)2 << 20;
+    if (nbytes < EM_HUGE_MIN) return;
+    uintptr_t a = ((uintptr_t)p + H - 1) & ~(H - 1), b = ((uintptr_t)p + (uintptr_t)nbytes) & ~(H - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_HUGEPAGE); /* advice: a failure changes nothing */
+#else
+    (void)p;
+    (void)nbytes;
+#endif
+}
 static PyObject *empty_strided = NULL; /* torch.empty_strided */
 static PyObject *get_num_threads = NULL; /* torch.get_num_threads */
 static PyObject *kw_dtype_device = NULL; /* ("dtype", "device") */
@@ -221,6 +245,11 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
         Py_CLEAR(out);
         goto done;
     }
+    if (k->out_elsize && k->donor < 0) {
+        int64_t nbytes = k->out_elsize;
+        for (int32_t d = 0; d < k->out_ndim; d++) nbytes *= m[EM_KMETA_OUT + d];
+        advise_huge_pages(ptrs[k->nin], nbytes);
+    }
     if (m[EM_KMETA_NUMEL] > 0 && k->set_threads && m[EM_KMETA_WORK] >= k->threshold && follow_torch_threads(k) < 0) {
         Py_CLEAR(out);
         goto done;
@@ -315,6 +344,7 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
         Py_CLEAR(out);
         goto done;
     }
+    if (k->out_elsize && k->donor < 0) advise_huge_pages(ptrs[k->nin], k->out_bytes);
     if (k->numel > 0 && !k->cuda && k->set_threads && follow_torch_threads(k) < 0) {
         Py_CLEAR(out);
         goto done;
@@ -901,6 +931,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     int cached = 0;
     cuda = mode == 1 || lg->device >= 0;
     EmCodegenOptions opt = {.parallel_threshold = 32768, .chunk = 65536}; /* C kernels */
+    const int huge_pages = em_config_bool("huge_pages", 1);
     if (cuda) {
         /* CUDA: the same schedule through the CUDA C generator, NVRTC and the driver API */
         const char *cwhy = NULL;
@@ -1358,6 +1389,9 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         ko->nchecks = 0;
         const LBuf *ob = &lg->bufs[k->args[k->nin]];
         if (form_of[k->args[k->nin]] != NONE) ob = &lg->bufs[form_of[k->args[k->nin]]]; /* same memory, a view's layout */
+        ko->out_elsize = !cuda && huge_pages ? em_ldt_size(ob->dtype) : 0;
+        ko->out_bytes = ko->out_elsize;
+        for (int j = 0; j < ob->ndim; j++) ko->out_bytes *= ob->sizes[j];
         ko->out_size = int_tuple(ob->ndim, ob->sizes);
         ko->out_stride = int_tuple(ob->ndim, ob->strides);
         ko->out_dtype = Py_XNewRef(em_lower_dtype_obj(ob->dtype));

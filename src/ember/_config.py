@@ -43,6 +43,12 @@ Backend "ember" (str or None; read when a graph is compiled):
                        0.253 ms; a CPU without AVX-512 ignores it).
   ldflags              libraries, after the source file (glibc's libmvec serves the vectorized
                        expf, cosf ... that gcc calls from simd loops).
+  huge_pages           bool, default True: before a CPU kernel writes an output of 4 MiB or more,
+                       its 2 MiB-aligned part is advised MADV_HUGEPAGE (Linux transparent huge
+                       pages; a no-op where they are off), so that the first write takes one page
+                       fault per 2 MiB instead of per 4 KiB (what torch's THP_MEM_ALLOC_ENABLE=1
+                       does for all its CPU allocations). The 16M-element pointwise chain on the
+                       dev VM: 30 ms -> 10 ms, most of it page faults (docs/backend_cpu.md).
   cache_dir            the on-disk kernel cache (None: $EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember
                        or ~/.cache/ember), created mode 0700.
 """
@@ -51,7 +57,7 @@ Backend "ember" (str or None; read when a graph is compiled):
 class Config:
     __slots__ = ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions", "graph_breaks",
                  "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget", "sym_shape_rules",
-                 "fallback_random")
+                 "fallback_random", "huge_pages")
 
     def __init__(self):
         self.cache_size_limit = 8
@@ -67,6 +73,7 @@ class Config:
         self.activation_memory_budget = 1.0
         self.sym_shape_rules = 1
         self.fallback_random = False
+        self.huge_pages = True
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)

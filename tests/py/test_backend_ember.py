@@ -4,6 +4,7 @@ Each test compiles one graph that computes many ops at once (one C translation u
 suite pays a few compiler calls per dtype/layout; the on-disk cache lives in a per-session temp dir.
 """
 import math
+import os
 
 import pytest
 import torch
@@ -563,3 +564,42 @@ def test_channels_last_cpu_convolution_keeps_eager_layout():
         ref = m(x)
     _same(out, ref)
     assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+def _vma_flags(addr):
+    """VmFlags of the mapping of this process that holds addr (/proc/self/smaps), or None."""
+    inside = False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    return None
+
+
+THP = os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled") and os.path.exists("/proc/self/smaps")
+
+
+@pytest.mark.skipif(not THP, reason="needs Linux transparent huge pages and /proc/self/smaps")
+def test_large_outputs_advised_huge_pages():
+    """ember.config.huge_pages: a CPU kernel output of 4 MiB or more is advised MADV_HUGEPAGE
+    before the kernel writes it (the "hg" flag of its mapping); off, it is not; values as eager's."""
+    x = torch.randn(8 << 20)  # a 32 MiB output
+    interior = lambda t: (t.data_ptr() + (2 << 20) - 1) & ~((2 << 20) - 1)  # noqa: E731
+    old = ember.config.huge_pages
+    def f_on(x):
+        return x * 2 + 1
+
+    def f_off(x):  # its own code object: its own cache entry, compiled with the flag off
+        return x * 2 + 1
+    try:
+        for on, f in ((True, f_on), (False, f_off)):
+            ember.config.huge_pages = on  # read when the graph is compiled (the first call)
+            out = ember.compile(f)(x)
+            torch.testing.assert_close(out, x * 2 + 1)
+            assert ("hg" in (_vma_flags(interior(out)) or [])) == on
+    finally:
+        ember.config.huge_pages = old
