@@ -156,6 +156,7 @@ int em_trace_init(PyObject *module) {
     rt->empty_strided = lookup_path(rt->torch, "empty_strided");
     rt->set_grad_enabled = lookup_path(rt->torch, "_C._set_grad_enabled");
     rt->is_grad_enabled = lookup_path(rt->torch, "is_grad_enabled");
+    rt->is_any_autocast_enabled = lookup_path(rt->torch, "_C._is_any_autocast_enabled");
     rt->get_default_device = lookup_path(rt->torch, "get_default_device");
     rt->no_grad_cls = lookup_path(rt->torch, "no_grad");
     rt->enable_grad_cls = lookup_path(rt->torch, "enable_grad");
@@ -1826,6 +1827,11 @@ static int trace_once(PyObject *func, PyCodeObject *code, const EmFrameView *fv,
         if (!ge) goto done;
         T.grad_enabled = ge == Py_True;
         Py_DECREF(ge);
+        PyObject *ac = em_trace_rt.is_any_autocast_enabled ? PyObject_CallNoArgs(em_trace_rt.is_any_autocast_enabled)
+                                                           : Py_NewRef(Py_False);
+        if (!ac) goto done;
+        T.autocast = ac == Py_True;
+        Py_DECREF(ac);
     }
     grad_at_entry = T.grad_enabled;
     if (code->co_flags & (TR_CO_GENERATOR | TR_CO_COROUTINE | TR_CO_ITERABLE_COROUTINE | TR_CO_ASYNC_GENERATOR)) {

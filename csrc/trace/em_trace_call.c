@@ -495,16 +495,25 @@ static PyObject *run_meta(Trace *T, PyObject *f, PyObject *args, PyObject *kw, C
      * torch/_meta_registrations.py): a convolution or pooling of channels_last CPU tensors would get a
      * contiguous meta where the CPU kernel returns channels_last. Such calls run on fake tensors of
      * the real device instead (the layout eager gives; the common contiguous case stays on meta). */
-    PyObject *res = NULL;
+    PyObject *res = NULL, *exc = NULL;
     bool cl = false;
     for (int i = 0; i < c->ntens && !cl; i++) cl = em_ir_meta_cpu_channels_last(c->tens[i]->u.t.meta);
-    if (cl) {
+    if (T->autocast) {
+        /* torch.autocast casts at dispatch for CPU/CUDA tensors (its AutocastCPU/AutocastCUDA
+         * keys), never for meta tensors: only fake tensors of the real device give the dtypes the
+         * op has at run time (a meta call would type a linear's result float32 where autocast
+         * makes it bfloat16). No meta fallback: a failure here is the meta call's failure. */
         res = run_fake(f, args, kw, c, device);
-        if (!res) PyErr_Clear();
+        if (!res) exc = em_tr_exc_get();
+    } else {
+        if (cl) {
+            res = run_fake(f, args, kw, c, device);
+            if (!res) PyErr_Clear();
+        }
+        if (!res) res = PyObject_Call(f, args, kw);
+        exc = res ? NULL : em_tr_exc_get();
     }
-    if (!res) res = PyObject_Call(f, args, kw);
-    PyObject *exc = res ? NULL : em_tr_exc_get();
-    if (!res && meta_unsupported(exc)) {
+    if (!res && !T->autocast && meta_unsupported(exc)) {
         res = run_fake(f, args, kw, c, device);
         if (!res) PyErr_Clear(); /* the meta call's exception is the one reported */
         else Py_CLEAR(exc);

@@ -208,6 +208,7 @@ typedef struct TraceRT {
     PyObject *opname[256];
     PyObject *torch, *Tensor, *TensorBase, *Parameter, *Module, *Size, *dtype_type, *device_type;
     PyObject *empty_strided, *set_grad_enabled, *is_grad_enabled, *get_default_device;
+    PyObject *is_any_autocast_enabled; /* torch._C._is_any_autocast_enabled (NULL on a torch without it) */
     PyObject *no_grad_cls, *enable_grad_cls, *set_grad_enabled_cls; /* torch.no_grad ... (classes) */
     PyObject *module_call;         /* torch.nn.Module.__call__ */
     PyObject *global_hooks[4];     /* torch.nn.modules.module._global_*_hooks dicts */
@@ -255,6 +256,7 @@ typedef struct Trace {
     long loop_iters, ninstr;
     bool broke;
     bool grad_enabled;      /* grad mode at the current instruction */
+    bool autocast;          /* torch.autocast on for some device: metas come from fake tensors (run_meta) */
     bool grad_changed;      /* the graph has a set-grad-mode node */
     bool grad_with;         /* ... made by a with-block (restored if the graph raises) */
     bool grad_statement;    /* ... made by a torch.set_grad_enabled(b) statement (never restored) */
