@@ -283,6 +283,9 @@ class TrainingGraphs:
         with torch.cuda.device(inputs[0].device), torch.cuda.graph(g, pool=self.pool, capture_error_mode="thread_local"):
             res = tuple(self.plan.fwd(*statics))
         outs, saved = res[:n], res[n:]
+        # checked before the replay below: an error after it would run the forward twice
+        if not all(t is None or isinstance(t, torch.Tensor) for t in res):
+            raise RuntimeError("the forward returns a value that is not a tensor")
         inp = {a.untyped_storage().data_ptr() for a in statics}
         if any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in inp for o in outs):
             # eager returns the input (or a view of it): a copy would not alias it (plan.maybe_same)
@@ -342,6 +345,8 @@ class TrainingGraphs:
         dev = dsts[0].device if dsts else saved[0].device
         with torch.cuda.device(dev), torch.cuda.graph(g, pool=self.pool, capture_error_mode="thread_local"):
             grads = tuple(self._bwd_plain(list(saved), dsts))
+        if not all(t is None or isinstance(t, torch.Tensor) for t in grads):
+            raise RuntimeError("the backward returns a value that is not a tensor")
         self.bwd = (g, tuple(saved), dsts, tuple((t.shape, t.stride(), t.dtype) for t in tangents), grads)
         self.stats["captures"] += 1
         self.stats["backward"] = "recorded"
