@@ -108,6 +108,8 @@ typedef struct {
     Num R;                    /* the inner extent */
     uint32_t rc_node;         /* row cache (row_cache_plan): the node kept in the output row, */
     uint32_t rc_pass;         /* and the reduction whose pass writes it; UINT32_MAX: none */
+    uint8_t *hoisted;         /* per node: computed once per thread into h<i>[R] (hoist_plan), or NULL */
+    int in_prologue;          /* emitting those arrays: hoisted nodes are computed, not read */
 } KG;
 
 /* Writes the C of a size expression (em_codegen_expr.c). */
@@ -237,6 +239,11 @@ static void emit_elem(SB *b, const KG *g, uint32_t i, uint8_t *done, const char 
     const SKernel *k = g->k;
     if (done[i] || !k->elem[i]) return;
     const LNode *n = &k->nodes[i];
+    if (g->hoisted && g->hoisted[i] && !g->in_prologue) { /* computed once per thread (hoist_plan) */
+        sb_printf(b, "%sconst %s v%u = h%u[r];\n", ind, ctype(n->dtype), i, i);
+        done[i] = 1;
+        return;
+    }
     for (int q = 0; q < em_lnode_nin(n); q++) emit_elem(b, g, n->in[q], done, ind);
     if (n->op == LP_LOAD) emit_load(b, g, i, ind, 1);
     else emit_value(b, g, i, ind);
@@ -517,6 +524,136 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
     free(done);
 }
 
+/* ---- row-invariant values ----
+ * In a pointwise kernel whose one inner dim is walked by r, an element-level value that reads only
+ * loads with stride 0 along every outer dim (and constants) is the same in every row: channels_last
+ * batch norm, where the row is the C channels and `1 / sqrtf(var + eps) * weight` depends on the
+ * channel alone, computed it per element (a square root and a division per element, against once
+ * per row in NCHW, where the row is a channel's plane). Such a value, when its subtree does more
+ * than load (an op other than LOAD/CONST), is computed once per thread into `h<i>[R]` before the
+ * thread's rows and read back as h<i>[r]; the same expression on the same operands, so the same
+ * bits. Static kernels with R <= 4096 and at most 32 KiB of such arrays; no masked or gather loads,
+ * no random numbers in them. */
+static int hoist_plan(KG *g) {
+    const SKernel *k = g->k;
+    g->hoisted = NULL;
+    if (g->env || k->reduction || k->ndim - k->nouter != 1 || k->nouter < 1) return 0;
+    int64_t R = inner_extent(k), rows = 1;
+    for (int j = 0; j < k->nouter; j++) rows *= k->sizes[j];
+    if (R < 1 || R > 4096 || rows < 2) return 0;
+    uint32_t n = k->nnodes;
+    uint8_t *inv = calloc(n ? n : 1, 1), *busy = calloc(n ? n : 1, 1);
+    if (!inv || !busy) {
+        free(inv);
+        free(busy);
+        return -1;
+    }
+    for (uint32_t i = 0; i < n; i++) { /* nodes come after their inputs */
+        const LNode *nd = &k->nodes[i];
+        if (!k->elem[i]) {
+            inv[i] = nd->op == LP_CONST && !nd->sval;
+            continue;
+        }
+        if (nd->op == LP_LOAD) {
+            const SAccess *ac = &k->loads[k->acc_of[i]];
+            int ok = !ac->mask && !nd->nidx && !ac->iota;
+            for (int j = 0; ok && j < k->nouter; j++) ok = g->st[k->acc_of[i]][j].zero;
+            inv[i] = (uint8_t)ok;
+            continue;
+        }
+        if (nd->op == LP_RAND || nd->op == LP_CONST) {
+            inv[i] = nd->op == LP_CONST && !nd->sval;
+            continue;
+        }
+        int ok = 1;
+        for (int q = 0; q < em_lnode_nin(nd) && ok; q++) ok = inv[nd->in[q]];
+        inv[i] = busy[i] = (uint8_t)ok;
+    }
+    /* the arrays: invariant nodes that do work, read by a node that is not invariant or stored */
+    uint8_t *h = calloc(n ? n : 1, 1);
+    if (!h) {
+        free(inv);
+        free(busy);
+        return -1;
+    }
+    int64_t bytes = 0;
+    int any = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const LNode *nd = &k->nodes[i];
+        if (!k->elem[i] || inv[i]) continue; /* a per-element node: its invariant inputs that work */
+        for (int q = 0; q < em_lnode_nin(nd); q++) {
+            uint32_t x = nd->in[q];
+            if (busy[x] && !h[x]) {
+                h[x] = 1;
+                bytes += R * 8; /* at most 8 bytes per element (the compute type) */
+                any = 1;
+            }
+        }
+    }
+    for (uint32_t q = 0; q < k->nstores; q++) {
+        uint32_t x = k->store_node[q];
+        if (busy[x] && !h[x]) { /* a stored invariant value (rare): hoisted too */
+            h[x] = 1;
+            bytes += R * 8;
+            any = 1;
+        }
+    }
+    free(inv);
+    free(busy);
+    if (!any || bytes > 32768) {
+        free(h);
+        return 0;
+    }
+    g->hoisted = h;
+    return 1;
+}
+
+/* Writes the per-thread arrays of hoist_plan: `h<i>[R]` declared and filled at the top of the
+ * thread's part of the kernel. */
+static void emit_hoisted(SB *b, KG *g, const char *ind) {
+    const SKernel *k = g->k;
+    int64_t R = inner_extent(k);
+    for (uint32_t i = 0; i < k->nnodes; i++)
+        if (g->hoisted[i]) sb_printf(b, "%s%s h%u[%lld];\n", ind, ctype(k->nodes[i].dtype), i, (long long)R);
+    sb_printf(b, "%s{ /* row-invariant values, once per thread */\n", ind);
+    /* the invariant loads' bases: their offsets (every outer stride is 0) */
+    uint8_t *need = calloc(k->nnodes ? k->nnodes : 1, 1), *done = calloc(k->nnodes ? k->nnodes : 1, 1);
+    if (!need || !done) {
+        free(need);
+        free(done);
+        b->oom = 1;
+        return;
+    }
+    for (uint32_t i = 0; i < k->nnodes; i++)
+        if (g->hoisted[i]) elem_closure(k, i, need);
+    for (uint32_t i = 0; i < k->nnodes; i++)
+        if (need[i] && k->nodes[i].op == LP_LOAD)
+            sb_printf(b, "%s    const int64_t b%u = %s;\n", ind, k->acc_of[i], g->off[k->acc_of[i]].v);
+    char ind1[64], ind2[64];
+    snprintf(ind1, sizeof ind1, "%s    ", ind);
+    snprintf(ind2, sizeof ind2, "%s        ", ind);
+    for (uint32_t i = 0; i < k->nnodes; i++) /* row-level constants the values read */
+        if (need[i])
+            for (int q = 0; q < em_lnode_nin(&k->nodes[i]); q++) {
+                uint32_t x = k->nodes[i].in[q];
+                if (!k->elem[x] && !done[x]) {
+                    emit_value(b, g, x, ind1);
+                    done[x] = 1;
+                }
+            }
+    sb_printf(b, "%s#pragma omp simd\n%sfor (int64_t r = 0; r < %lld; r++) {\n", ind1, ind1, (long long)R);
+    g->in_prologue = 1;
+    for (uint32_t i = 0; i < k->nnodes; i++)
+        if (g->hoisted[i]) {
+            emit_elem(b, g, i, done, ind2);
+            sb_printf(b, "%sh%u[r] = v%u;\n", ind2, i, i);
+        }
+    g->in_prologue = 0;
+    sb_printf(b, "%s    }\n%s}\n", ind, ind);
+    free(need);
+    free(done);
+}
+
 /* The product of a kernel's sizes over dims [j0, j1) as C text (literal in a static kernel). */
 static void prod_text(char *out, size_t size, const KG *g, int j0, int j1) {
     const SKernel *k = g->k;
@@ -615,7 +752,20 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         int64_t NC = k->reduction ? 1 : (R + chunk - 1) / chunk;
         if (R == 0 && !k->reduction) NC = 0; /* a reduction over nothing still writes its init value */
         int64_t T = Ov * NC;
-        if (T > 1 && Ov * R >= opt->parallel_threshold) sb_printf(b, "    #pragma omp parallel for schedule(static)\n");
+        int par = T > 1 && Ov * R >= opt->parallel_threshold;
+        if (hoist_plan(&g) < 0) {
+            b->oom = 1;
+            free(g.off);
+            free(g.st);
+            return;
+        }
+        if (g.hoisted) { /* a thread's row-invariant values first, then its rows */
+            sb_printf(b, "%s    {\n", par ? "    #pragma omp parallel\n" : "");
+            emit_hoisted(b, &g, "        ");
+            if (par) sb_printf(b, "        #pragma omp for schedule(static)\n");
+        } else if (par) {
+            sb_printf(b, "    #pragma omp parallel for schedule(static)\n");
+        }
         sb_printf(b, "    for (int64_t t = 0; t < %lld; t++) {\n", (long long)T);
         if (NC > 1)
             sb_printf(b, "        const int64_t NC = %lld, chunk = %lld, R = %lld;\n", (long long)NC, (long long)chunk, (long long)R);
@@ -683,7 +833,8 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         sb_printf(b, "%s(void)r0; (void)r1;\n", ind);
     }
     free(done);
-    sb_printf(b, "    }\n}\n\n");
+    sb_printf(b, "    }\n%s}\n\n", g.hoisted ? "    }\n" : "");
+    free(g.hoisted);
     if (env) {
         /* what the runtime needs per call (layout in em_codegen.h, EM_KMETA_*) */
         const LBuf *ob = &lg->bufs[k->args[k->nin]];

@@ -305,8 +305,26 @@ static int64_t numel_of(int32_t ndim, const int64_t *sizes) {
     return n;
 }
 
+/* The layout of a materialized 4-d value whose IR value is dense channels_last (strides
+ * (H*W*C, 1, W*C, C), C > 1): a convolution's result and what eager computes from it (batch norm,
+ * ReLU, residual adds, pooling keep channels_last on CPU and CUDA). Materialized in that layout, the
+ * intermediates between kernels are what eager has: the next convolution reads the layout eager
+ * gives it (NCHW would make oneDNN reorder it), and loops walk C innermost. Static graphs. */
+static bool channels_last_layout(const Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes, int64_t *strides) {
+    IRRef r = NODE(c, x)->ir;
+    if (c->lg->env || nd != 4 || !r || !c->lg->ir) return false;
+    const IRMeta *m = &c->lg->ir->nodes[r].meta;
+    if (m->kind != IRMETA_TENSOR || m->ndim != 4 || !m->strides || sizes[1] <= 1) return false;
+    const int64_t want[4] = {sizes[1] * sizes[2] * sizes[3], 1, sizes[3] * sizes[1], sizes[1]};
+    for (int d = 0; d < 4; d++)
+        if (m->sizes[d] != sizes[d] || (sizes[d] != 1 && m->strides[d] != want[d])) return false;
+    memcpy(strides, want, sizeof want);
+    return true;
+}
+
 /* A LOAD that sees node x's value: x itself if it is a LOAD, else a LOAD of a NODE buffer that
- * materializes x, contiguous, declared with shape (nd, sizes) (same elements in the same order as
+ * materializes x, contiguous (channels_last where its IR value is: channels_last_layout), declared
+ * with shape (nd, sizes) (same elements in the same order as
  * x's shape; a non-keepdim reduction declares its squeezed shape so that the buffer can be returned). */
 static uint32_t as_load_shape(Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes, const SymRef *ss) {
     if (!x) return 0;
@@ -328,7 +346,7 @@ static uint32_t as_load_shape(Ctx *c, uint32_t x, int32_t nd, const int64_t *siz
         LBuf buf = {.kind = LBUF_NODE, .index = x, .dtype = NODE(c, x)->dtype, .ndim = nd};
         memcpy(buf.sizes, sizes, nd * sizeof(int64_t));
         memcpy(buf.ssizes, ss, nd * sizeof(SymRef));
-        contiguous_strides(nd, sizes, buf.strides);
+        if (!channels_last_layout(c, x, nd, sizes, buf.strides)) contiguous_strides(nd, sizes, buf.strides);
         contiguous_sstrides(lg, nd, ss, buf.sstrides);
         b = em_lower_buffer(lg, &buf);
         if (b == UINT32_MAX) return 0;

@@ -603,3 +603,33 @@ def test_large_outputs_advised_huge_pages():
             assert ("hg" in (_vma_flags(interior(out)) or [])) == on
     finally:
         ember.config.huge_pages = old
+
+
+def test_row_invariant_values_hoisted_channels_last():
+    """channels_last batch norm (inference): each row is the C channels, so the per-channel
+    1 / sqrt(var + eps) is computed once per thread into an array (em_codegen_c.c hoist_plan), not
+    per element; the same bits as the NCHW kernel, which computes it once per row."""
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(64).eval()
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-1, 1)
+
+    def f_cl(x):
+        return torch.relu(bn(x))
+
+    def f_nchw(x):  # its own code object: its own entry
+        return torch.relu(bn(x))
+    x = torch.randn(4, 64, 8, 8)
+    xcl = x.to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        got, ref = ember.compile(f_cl)(xcl), f_cl(xcl)
+        nchw = ember.compile(f_nchw)(x)
+    assert got.stride() == ref.stride()
+    torch.testing.assert_close(got, ref)
+    assert torch.equal(got, nchw)
+    src = ember.cache_info(f_cl)[0]["ember"]["source"]
+    assert "row-invariant values, once per thread" in src
+    assert "row-invariant values" not in ember.cache_info(f_nchw)[0]["ember"]["source"]
