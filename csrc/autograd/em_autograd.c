@@ -2806,6 +2806,162 @@ done:
     return out;
 }
 
+/* ---------------------------------------------------------------- channels_last layout (CPU inference)
+ * oneDNN's convolutions are faster on channels_last inputs, and torch keeps that layout through
+ * batch norm, ReLU, residual adds and pooling; Inductor converts convolution inputs to channels_last
+ * on CPU (torch/_inductor/graph.py decide_layout_opt: "for cpu backend and mkldnn enabled, we always
+ * use channels_last"). This pass does the same to a static CPU inference graph: before each 2-d
+ * convolution of a contiguous float32 NCHW input, x.contiguous(memory_format=torch.channels_last);
+ * every node downstream of a conversion is emitted again with its meta inferred from its new
+ * arguments (ag_emit, on fake CPU tensors for channels_last ones), so it has the layout eager gives a
+ * channels_last model; a graph output whose strides changed is converted back with contiguous()
+ * when eager's was contiguous. Anything else (a non-tensor result downstream, an output of another
+ * layout, a view that channels_last cannot take, a failed meta call): NULL, the graph is kept. */
+static bool is_conv2d_nchw_f32(const IRGraph *g, const IRNode *n) {
+    if (n->kind != IR_CALL_FUNCTION || n->nargs < 2 || n->args[0].kind != IRARG_NODE || n->args[1].kind != IRARG_NODE)
+        return false;
+    PyObject *qn = node_opname(n);
+    const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
+    bool conv = s && (!strcmp(s, "torch.nn.functional.conv2d") || !strcmp(s, "torch.conv2d"));
+    Py_XDECREF(qn);
+    PyErr_Clear();
+    if (!conv) return false;
+    const IRMeta *x = &em_ir_node(g, n->args[0].u.ref)->meta, *w = &em_ir_node(g, n->args[1].u.ref)->meta;
+    if (x->kind != IRMETA_TENSOR || x->ndim != 4 || w->kind != IRMETA_TENSOR || w->ndim != 4 || !x->strides ||
+        !meta_dtype_is(x, "torch.float32") || !x->device || x->sizes[1] <= 1)
+        return false;
+    PyObject *t = PyObject_GetAttrString(x->device, "type");
+    bool cpu = t && PyUnicode_Check(t) && !PyUnicode_CompareWithASCIIString(t, "cpu");
+    Py_XDECREF(t);
+    PyErr_Clear();
+    int64_t st = 1;
+    for (int32_t d = 3; d >= 0 && cpu; d--) {
+        if (x->sizes[d] != 1 && x->strides[d] != st) return false;
+        st *= x->sizes[d];
+    }
+    return cpu;
+}
+
+static bool meta_is_contiguous(const IRMeta *m) {
+    int64_t st = 1;
+    for (int32_t d = m->ndim - 1; d >= 0; d--) {
+        if (m->sizes[d] != 1 && m->strides[d] != st) return false;
+        st *= m->sizes[d];
+    }
+    return true;
+}
+
+static bool same_strides(const IRMeta *a, const IRMeta *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int32_t d = 0; d < a->ndim; d++)
+        if (a->sizes[d] != b->sizes[d] || (a->sizes[d] != 1 && a->strides[d] != b->strides[d])) return false;
+    return true;
+}
+
+IRGraph *em_autograd_channels_last(const IRGraph *g, PyObject *names) {
+    AG d = {.inference = true};
+    IRGraph *out = NULL;
+    uint32_t G = g->nnodes;
+    uint8_t *conv = calloc(G, 1), *dep = calloc(G, 1);
+    IRRef *cl = calloc(G, sizeof(IRRef)), *outs = NULL;
+    IRArg *args = NULL;
+    bool any = false;
+    if (!conv || !dep || !cl) goto done;
+    for (IRRef r = 1; r < G; r++) {
+        conv[r] = is_conv2d_nchw_f32(g, em_ir_node(g, r));
+        any |= conv[r] != 0;
+    }
+    if (!any) goto done;
+    d.a = g->arena;
+    d.g = g;
+    d.j = em_ir_new(g->arena);
+    d.fmap = calloc(G, sizeof(IRRef));
+    d.aux = calloc(G, sizeof *d.aux);
+    d.grad = calloc(G, sizeof(IRRef));
+    outs = calloc(G + 1, sizeof(IRRef));
+    PyObject *clf = held_attr(&d, "torch", "channels_last");
+    PyObject *kw_mf = PyUnicode_InternFromString("memory_format");
+    PyObject *contig = PyUnicode_InternFromString("contiguous");
+    if (!d.j || !d.fmap || !d.aux || !d.grad || !outs || !clf || !kw_mf || !contig ||
+        !em_arena_hold_steal(d.a, kw_mf) || !em_arena_hold_steal(d.a, contig) || ag_grow_roles(&d) < 0)
+        goto done;
+    d.cur_role = ROLE_FWD;
+    for (uint32_t i = 0; i < g->ninputs; i++) {
+        const IRNode *p = em_ir_node(g, g->inputs[i]);
+        d.fmap[g->inputs[i]] = em_ir_placeholder(d.j, p->name, &p->meta);
+        if (!d.fmap[g->inputs[i]] || ag_grow_roles(&d) < 0) goto done;
+    }
+    for (IRRef r = 1; r < G && !d.reason; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs && !dep[r]; i++) {
+            const IRArg *a = i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs];
+            if (a->kind == IRARG_NODE) dep[r] = dep[a->u.ref];
+            else if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+                for (uint32_t k = 0; k < a->n; k++)
+                    if (a->u.items[k].kind == IRARG_NODE && dep[a->u.items[k].u.ref]) dep[r] = 1;
+        }
+        if (!conv[r] && !dep[r]) { /* upstream of every conversion: as it was */
+            d.fmap[r] = copy_node(&d, n);
+            if (!d.fmap[r]) goto done;
+            continue;
+        }
+        if (n->meta.kind != IRMETA_TENSOR) goto done; /* tuple / non-tensor results: keep the graph */
+        args = em_arena_alloc(d.a, (n->nargs + n->nkwargs + 1) * sizeof(IRArg));
+        if (!args) goto done;
+        for (uint32_t i = 0; i < n->nargs; i++) args[i] = map_arg(&d, &n->args[i]);
+        for (uint32_t i = 0; i < n->nkwargs; i++) args[n->nargs + i] = map_arg(&d, &n->kwargs[i]);
+        if (conv[r] && !dep[n->args[0].u.ref]) {
+            IRRef x = n->args[0].u.ref;
+            if (!cl[x]) {
+                IRArg xa = arg_node(d.fmap[x]), mf = {0};
+                mf.kind = IRARG_CONST;
+                mf.u.obj = clf;
+                cl[x] = ag_emit(&d, IR_CALL_METHOD, contig, &xa, 1, &kw_mf, &mf, 1);
+                if (!cl[x]) goto done;
+            }
+            args[0] = arg_node(cl[x]);
+            PyObject *nm = PyUnicode_FromString(n->name);
+            if (!nm || PyList_Append(names, nm) < 0) PyErr_Clear();
+            Py_XDECREF(nm);
+        }
+        dep[r] = 1;
+        d.fmap[r] = ag_emit(&d, n->kind, n->target, args, n->nargs, n->kwnames, args + n->nargs, n->nkwargs);
+        if (!d.fmap[r]) goto done;
+    }
+    if (d.reason) goto done;
+    const IRArg *go = &em_ir_node(g, g->output)->args[0];
+    for (uint32_t k = 0; k < go->n; k++) {
+        if (go->u.items[k].kind != IRARG_NODE || !d.fmap[go->u.items[k].u.ref]) goto done;
+        IRRef o = go->u.items[k].u.ref, v = d.fmap[o];
+        const IRMeta *m0 = &em_ir_node(g, o)->meta, *m1 = &em_ir_node(d.j, v)->meta;
+        if (m0->kind == IRMETA_TENSOR && dep[o] && !same_strides(m0, m1)) {
+            if (!meta_is_contiguous(m0)) goto done;
+            IRArg va = arg_node(v);
+            v = ag_emit(&d, IR_CALL_METHOD, contig, &va, 1, NULL, NULL, 0);
+            if (!v || !same_strides(m0, &em_ir_node(d.j, v)->meta)) goto done;
+        }
+        outs[k] = v;
+    }
+    if (em_ir_set_output(d.j, outs, go->n) < 0) goto done;
+    char vbuf[256];
+    if (em_ir_verify(d.j, vbuf, sizeof vbuf) < 0) goto done;
+    out = d.j;
+done:
+    PyErr_Clear();
+    free(conv);
+    free(dep);
+    free(cl);
+    free(outs);
+    free(d.fmap);
+    free(d.aux);
+    free(d.grad);
+    free(d.role);
+    free(d.pinned);
+    Py_XDECREF(d.reason);
+    return out;
+}
+
 typedef struct {
     AG *ag;
     IRGraph *B;

@@ -27,6 +27,13 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
  * receives the decomposed nodes' names. NULL when nothing was decomposed (no exception). */
 IRGraph *em_autograd_decompose_attention(const IRGraph *g, bool inference, PyObject *names);
 
+/* g with the inputs of its 2-d convolutions of contiguous float32 CPU tensors converted to
+ * channels_last and every node after a conversion re-typed (the layout eager gives a channels_last
+ * model), graph outputs converted back to their strides; names receives the converted convolutions.
+ * Static inference graphs (ember.config.layout_optimization). NULL when nothing changed or the
+ * rewrite failed (no exception): then g as it is. */
+IRGraph *em_autograd_channels_last(const IRGraph *g, PyObject *names);
+
 /* True when some node of g produces a value that requires grad (the graph needs a backward). */
 bool em_autograd_needed(const IRGraph *g);
 

@@ -349,11 +349,18 @@ static PyObject *backend_compile_timed(const EmCompileConfig *cfg, const EmTrace
          * decompositions read them) */
         PyObject *names = res->symbolic ? NULL : PyList_New(0);
         IRGraph *g2 = names ? em_autograd_decompose_attention(res->graph, true, names) : NULL;
-        PyObject *r = em_ember_compile(g2 ? g2 : res->graph, backend_info);
+        /* convolution inputs to channels_last (CPU, static graphs), as Inductor's layout optimization */
+        PyObject *convs = names && em_config_bool("layout_optimization", 1) ? PyList_New(0) : NULL;
+        IRGraph *g3 = convs ? em_autograd_channels_last(g2 ? g2 : res->graph, convs) : NULL;
+        PyObject *r = em_ember_compile(g3 ? g3 : g2 ? g2 : res->graph, backend_info);
         if (r && g2 && *backend_info && PyDict_Check(*backend_info) &&
             PyDict_SetItemString(*backend_info, "decomposed", names) < 0)
             Py_CLEAR(r);
+        if (r && g3 && *backend_info && PyDict_Check(*backend_info) &&
+            PyDict_SetItemString(*backend_info, "channels_last", convs) < 0)
+            Py_CLEAR(r);
         Py_XDECREF(names);
+        Py_XDECREF(convs);
         return r;
     }
     if (!em_lazy_attr(&compile_graph_fn, "ember._backends", "compile_graph")) return NULL;

@@ -49,6 +49,11 @@ Backend "ember" (str or None; read when a graph is compiled):
                        fault per 2 MiB instead of per 4 KiB (what torch's THP_MEM_ALLOC_ENABLE=1
                        does for all its CPU allocations). The 16M-element pointwise chain on the
                        dev VM: 30 ms -> 10 ms, most of it page faults (docs/backend_cpu.md).
+  layout_optimization  bool, default True (torch._inductor.config.layout_optimization): in a static
+                       CPU inference graph, the inputs of 2-d convolutions of contiguous float32
+                       tensors are converted to channels_last and what follows keeps that layout
+                       (oneDNN's faster path; Inductor does the same on CPU); outputs keep eager's
+                       strides (docs/backend_cpu.md, "channels_last").
   cache_dir            the on-disk kernel cache (None: $EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember
                        or ~/.cache/ember), created mode 0700.
 """
@@ -57,7 +62,7 @@ Backend "ember" (str or None; read when a graph is compiled):
 class Config:
     __slots__ = ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions", "graph_breaks",
                  "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget", "sym_shape_rules",
-                 "fallback_random", "huge_pages")
+                 "fallback_random", "huge_pages", "layout_optimization")
 
     def __init__(self):
         self.cache_size_limit = 8
@@ -74,6 +79,7 @@ class Config:
         self.sym_shape_rules = 1
         self.fallback_random = False
         self.huge_pages = True
+        self.layout_optimization = True
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)

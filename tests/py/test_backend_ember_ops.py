@@ -189,7 +189,11 @@ def test_resnet_basic_block_and_tiny_resnet():
     x = torch.randn(2, 8, 12, 12)
     with torch.no_grad():
         info = check(blk, x)
-    assert not info.get("fallback") and info["externs"] == 2  # two convolutions; bn, +=, relu in kernels
+    # two convolutions (bn, +=, relu in kernels), with the layout optimization's conversions of the
+    # block's input to channels_last and of its 4-d output back to eager's contiguous strides
+    assert not info.get("fallback") and info["kernels"] == 2
+    assert info["extern_list"] == ["contiguous", "conv2d", "conv2d_1", "contiguous_1"], info["extern_list"]
+    assert info["channels_last"] == ["conv2d"]
     m = ResNet((1, 1, 1, 1), num_classes=10).eval()
     with torch.no_grad():
         for bn in m.modules():  # non-trivial running statistics
@@ -286,3 +290,58 @@ def test_positional_inplace_argument_counts_as_in_place():
         return a, b
     info = check(leaky, torch.randn(6))
     assert "in-place" in info["fallback"]
+
+
+class _LayoutNet(torch.nn.Module):
+    def __init__(self, view=False):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8 * 6 * 6 if view else 8, 5)
+        self.view = view
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.c1(x)))
+        z = torch.relu(self.c2(y) + y)
+        if self.view:  # a view channels_last cannot take: the layout pass keeps the graph
+            return self.fc(z.view(z.shape[0], -1))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(z, 1), 1)), z
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_layout_optimization_channels_last(view):
+    """ember.config.layout_optimization: convolution inputs of a CPU inference graph converted to
+    channels_last (as Inductor does on CPU), what follows keeps that layout, outputs keep eager's
+    strides; a graph the conversion cannot take (a view of a channels_last tensor) stays as it was."""
+    torch.manual_seed(0)
+    m = _LayoutNet(view).eval()
+    x = torch.randn(2, 3, 6, 6)
+    cm = ember.compile(m)
+    with torch.no_grad():
+        got, ref = cm(x), m(x)
+    got = got if isinstance(got, tuple) else (got,)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        assert a.stride() == b.stride()
+    info = ember.cache_info(cm)[0]["ember"]
+    if view:
+        assert "channels_last" not in info
+    else:
+        assert info["channels_last"] == ["conv2d"], info.get("channels_last")
+
+
+def test_layout_optimization_off():
+    torch.manual_seed(0)
+    m = _LayoutNet().eval()
+    x = torch.randn(2, 3, 6, 6)
+    old = ember.config.layout_optimization
+    ember.config.layout_optimization = False
+    try:
+        cm = ember.compile(m)
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+        assert "channels_last" not in ember.cache_info(cm)[0]["ember"]
+    finally:
+        ember.config.layout_optimization = old
