@@ -2696,6 +2696,43 @@ static int dz_target(AG *d, IRRef r, Bind *b) {
     return what;
 }
 
+/* The graph rewriters below (attention decomposition, channels_last layout) copy g node by node
+ * into d->j through the joint-graph emitters: rewriter_begin sets d up with g's placeholders,
+ * rewriter_finish sets the outputs and verifies (the new graph or NULL), rewriter_free releases. */
+static int rewriter_begin(AG *d, const IRGraph *g) {
+    uint32_t G = g->nnodes;
+    d->a = g->arena;
+    d->g = g;
+    d->j = em_ir_new(g->arena);
+    d->fmap = calloc(G, sizeof(IRRef));
+    d->aux = calloc(G, sizeof *d->aux);
+    d->grad = calloc(G, sizeof(IRRef));
+    if (!d->j || !d->fmap || !d->aux || !d->grad || ag_grow_roles(d) < 0) return -1;
+    d->cur_role = ROLE_FWD;
+    for (uint32_t i = 0; i < g->ninputs; i++) {
+        const IRNode *p = em_ir_node(g, g->inputs[i]);
+        d->fmap[g->inputs[i]] = em_ir_placeholder(d->j, p->name, &p->meta);
+        if (!d->fmap[g->inputs[i]] || ag_grow_roles(d) < 0) return -1;
+    }
+    return 0;
+}
+
+static IRGraph *rewriter_finish(AG *d, const IRRef *outs, uint32_t n) {
+    char vbuf[256];
+    if (em_ir_set_output(d->j, outs, n) < 0 || em_ir_verify(d->j, vbuf, sizeof vbuf) < 0) return NULL;
+    return d->j;
+}
+
+static void rewriter_free(AG *d) {
+    PyErr_Clear();
+    free(d->fmap);
+    free(d->aux);
+    free(d->grad);
+    free(d->role);
+    free(d->pinned);
+    Py_XDECREF(d->reason);
+}
+
 /* The graph with its attention decomposed; NULL when there is nothing to decompose or a
  * decomposition failed (no exception: the region then keeps the ops as they are). names receives
  * the decomposed nodes' names. */
@@ -2736,18 +2773,8 @@ IRGraph *em_autograd_decompose_attention(const IRGraph *g, bool inference, PyObj
             if (!ok) bad[a->u.ref] = 1;
         }
     }
-    d.j = em_ir_new(g->arena);
-    d.fmap = calloc(G, sizeof(IRRef));
-    d.aux = calloc(G, sizeof *d.aux);
-    d.grad = calloc(G, sizeof(IRRef));
     outs = calloc(G + 1, sizeof(IRRef));
-    if (!d.j || !d.fmap || !d.aux || !d.grad || !outs || ag_grow_roles(&d) < 0) goto done;
-    d.cur_role = ROLE_FWD;
-    for (uint32_t i = 0; i < g->ninputs; i++) {
-        const IRNode *p = em_ir_node(g, g->inputs[i]);
-        d.fmap[g->inputs[i]] = em_ir_placeholder(d.j, p->name, &p->meta);
-        if (!d.fmap[g->inputs[i]] || ag_grow_roles(&d) < 0) goto done;
-    }
+    if (!outs || rewriter_begin(&d, g) < 0) goto done;
     int ndone = 0;
     for (IRRef r = 1; r < G && !d.reason; r++) {
         const IRNode *n = em_ir_node(g, r);
@@ -2788,21 +2815,12 @@ IRGraph *em_autograd_decompose_attention(const IRGraph *g, bool inference, PyObj
         if (go->u.items[k].kind != IRARG_NODE || !d.fmap[go->u.items[k].u.ref]) goto done;
         outs[k] = d.fmap[go->u.items[k].u.ref];
     }
-    if (em_ir_set_output(d.j, outs, go->n) < 0) goto done;
-    char vbuf[256];
-    if (em_ir_verify(d.j, vbuf, sizeof vbuf) < 0) goto done;
-    out = d.j;
+    out = rewriter_finish(&d, outs, go->n);
 done:
-    PyErr_Clear();
     free(what);
     free(bad);
     free(outs);
-    free(d.fmap);
-    free(d.aux);
-    free(d.grad);
-    free(d.role);
-    free(d.pinned);
-    Py_XDECREF(d.reason);
+    rewriter_free(&d);
     return out;
 }
 
@@ -2872,25 +2890,12 @@ IRGraph *em_autograd_channels_last(const IRGraph *g, PyObject *names) {
         any |= conv[r] != 0;
     }
     if (!any) goto done;
-    d.a = g->arena;
-    d.g = g;
-    d.j = em_ir_new(g->arena);
-    d.fmap = calloc(G, sizeof(IRRef));
-    d.aux = calloc(G, sizeof *d.aux);
-    d.grad = calloc(G, sizeof(IRRef));
     outs = calloc(G + 1, sizeof(IRRef));
+    if (!outs || rewriter_begin(&d, g) < 0) goto done;
     PyObject *clf = held_attr(&d, "torch", "channels_last");
-    PyObject *kw_mf = PyUnicode_InternFromString("memory_format");
-    PyObject *contig = PyUnicode_InternFromString("contiguous");
-    if (!d.j || !d.fmap || !d.aux || !d.grad || !outs || !clf || !kw_mf || !contig ||
-        !em_arena_hold_steal(d.a, kw_mf) || !em_arena_hold_steal(d.a, contig) || ag_grow_roles(&d) < 0)
-        goto done;
-    d.cur_role = ROLE_FWD;
-    for (uint32_t i = 0; i < g->ninputs; i++) {
-        const IRNode *p = em_ir_node(g, g->inputs[i]);
-        d.fmap[g->inputs[i]] = em_ir_placeholder(d.j, p->name, &p->meta);
-        if (!d.fmap[g->inputs[i]] || ag_grow_roles(&d) < 0) goto done;
-    }
+    PyObject *kw_mf = em_arena_hold_steal(d.a, PyUnicode_InternFromString("memory_format"));
+    PyObject *contig = em_arena_hold_steal(d.a, PyUnicode_InternFromString("contiguous"));
+    if (!clf || !kw_mf || !contig) goto done;
     for (IRRef r = 1; r < G && !d.reason; r++) {
         const IRNode *n = em_ir_node(g, r);
         if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
@@ -2943,22 +2948,13 @@ IRGraph *em_autograd_channels_last(const IRGraph *g, PyObject *names) {
         }
         outs[k] = v;
     }
-    if (em_ir_set_output(d.j, outs, go->n) < 0) goto done;
-    char vbuf[256];
-    if (em_ir_verify(d.j, vbuf, sizeof vbuf) < 0) goto done;
-    out = d.j;
+    out = rewriter_finish(&d, outs, go->n);
 done:
-    PyErr_Clear();
     free(conv);
     free(dep);
     free(cl);
     free(outs);
-    free(d.fmap);
-    free(d.aux);
-    free(d.grad);
-    free(d.role);
-    free(d.pinned);
-    Py_XDECREF(d.reason);
+    rewriter_free(&d);
     return out;
 }
 
