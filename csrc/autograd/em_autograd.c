@@ -601,13 +601,12 @@ static PyObject *meta_call(const AG *ag, PyObject *fn, PyObject *pargs, PyObject
     if (!cl) return PyObject_Call(fn, pargs, pkw); /* the common case: the meta examples */
     PyObject *metas = PyList_New(0), *devs = PyList_New(0), *res = NULL;
     if (metas && devs && fake_args(ag, args, nargs, metas, devs, &cl) == 0 && fake_args(ag, kwv, nkw, metas, devs, &cl) == 0) {
-        PyObject *run = PyImport_ImportModule("ember._fake");
-        if (run) Py_SETREF(run, PyObject_GetAttrString(run, "run"));
+        static PyObject *run = NULL; /* ember._fake.run */
+        if (!run) em_lazy_attr(&run, "ember._fake", "run");
         PyObject *mt = run ? PyList_AsTuple(metas) : NULL, *dt = mt ? PyList_AsTuple(devs) : NULL;
         PyObject *r = dt ? PyObject_CallFunctionObjArgs(run, fn, pargs, pkw, mt, dt, NULL) : NULL;
         if (r && PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2) res = Py_NewRef(PyTuple_GET_ITEM(r, 0));
         Py_XDECREF(r);
-        Py_XDECREF(run);
         Py_XDECREF(mt);
         Py_XDECREF(dt);
     }
@@ -1642,14 +1641,9 @@ static bool bn_uses_cudnn(AG *ag, const Bind *b) {
     if (!cuda || !(m->dtype == f32 || (m->dtype == f16 && wm->dtype == f32)) || wm->dtype != bm->dtype ||
         (wm->dtype != f32 && wm->dtype != f16))
         return false;
-    int64_t numel = 1, st = 1;
-    bool contiguous = true;
-    for (int32_t d = m->ndim - 1; d >= 0; d--) {
-        contiguous &= m->sizes[d] == 1 || m->strides[d] == st;
-        st *= m->sizes[d];
-        numel *= m->sizes[d];
-    }
-    if (!contiguous || numel >= INT32_MAX) return false;
+    int64_t numel = 1;
+    for (int32_t d = 0; d < m->ndim; d++) numel *= m->sizes[d];
+    if (!em_ir_meta_contiguous(m) || numel >= INT32_MAX) return false;
     PyObject *enabled = torch_attr("backends.cudnn.enabled");
     bool on = enabled && PyObject_IsTrue(enabled) == 1;
     Py_XDECREF(enabled);
@@ -2206,16 +2200,8 @@ static void mark_args(const IRArg *a, uint8_t *need) {
 
 /* ember.config.<name> (new reference; dflt as a float when ember.config lacks it). */
 static PyObject *config_attr(const char *name, double dflt) {
-    PyObject *m = PyImport_ImportModule("ember._config");
-    PyObject *cfg = m ? PyObject_GetAttrString(m, "config") : NULL;
-    PyObject *v = cfg ? PyObject_GetAttrString(cfg, name) : NULL;
-    Py_XDECREF(m);
-    Py_XDECREF(cfg);
-    if (!v) {
-        PyErr_Clear();
-        return PyFloat_FromDouble(dflt);
-    }
-    return v;
+    PyObject *v = em_config_attr(name);
+    return v ? v : PyFloat_FromDouble(dflt);
 }
 
 static PyObject *fallback_result(const IRGraph *g, AG *ag, int *is_eager_graph, PyObject **info) {
@@ -2845,28 +2831,8 @@ static bool is_conv2d_nchw_f32(const IRGraph *g, const IRNode *n) {
     PyErr_Clear();
     if (!conv) return false;
     const IRMeta *x = &em_ir_node(g, n->args[0].u.ref)->meta, *w = &em_ir_node(g, n->args[1].u.ref)->meta;
-    if (x->kind != IRMETA_TENSOR || x->ndim != 4 || w->kind != IRMETA_TENSOR || w->ndim != 4 || !x->strides ||
-        !meta_dtype_is(x, "torch.float32") || !x->device || x->sizes[1] <= 1)
-        return false;
-    PyObject *t = PyObject_GetAttrString(x->device, "type");
-    bool cpu = t && PyUnicode_Check(t) && !PyUnicode_CompareWithASCIIString(t, "cpu");
-    Py_XDECREF(t);
-    PyErr_Clear();
-    int64_t st = 1;
-    for (int32_t d = 3; d >= 0 && cpu; d--) {
-        if (x->sizes[d] != 1 && x->strides[d] != st) return false;
-        st *= x->sizes[d];
-    }
-    return cpu;
-}
-
-static bool meta_is_contiguous(const IRMeta *m) {
-    int64_t st = 1;
-    for (int32_t d = m->ndim - 1; d >= 0; d--) {
-        if (m->sizes[d] != 1 && m->strides[d] != st) return false;
-        st *= m->sizes[d];
-    }
-    return true;
+    return x->kind == IRMETA_TENSOR && x->ndim == 4 && w->kind == IRMETA_TENSOR && w->ndim == 4 && x->sizes[1] > 1 &&
+           meta_dtype_is(x, "torch.float32") && em_ir_meta_contiguous(x) && em_ir_meta_on_cpu(x);
 }
 
 static bool same_strides(const IRMeta *a, const IRMeta *b) {
@@ -2941,7 +2907,7 @@ IRGraph *em_autograd_channels_last(const IRGraph *g, PyObject *names) {
         IRRef o = go->u.items[k].u.ref, v = d.fmap[o];
         const IRMeta *m0 = &em_ir_node(g, o)->meta, *m1 = &em_ir_node(d.j, v)->meta;
         if (m0->kind == IRMETA_TENSOR && dep[o] && !same_strides(m0, m1)) {
-            if (!meta_is_contiguous(m0)) goto done;
+            if (!em_ir_meta_contiguous(m0)) goto done;
             IRArg va = arg_node(v);
             v = ag_emit(&d, IR_CALL_METHOD, contig, &va, 1, NULL, NULL, 0);
             if (!v || !same_strides(m0, &em_ir_node(d.j, v)->meta)) goto done;

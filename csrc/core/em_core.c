@@ -152,13 +152,15 @@ PyObject *em_lazy_attr(PyObject **slot, const char *module, const char *attr) {
     return *slot;
 }
 
-int em_config_bool(const char *name, int dflt) {
+PyObject *em_config_attr(const char *name) {
     static PyObject *config = NULL;
-    if (!config && !em_lazy_attr(&config, "ember._config", "config")) {
-        PyErr_Clear();
-        return dflt;
-    }
-    PyObject *v = PyObject_GetAttrString(config, name);
+    PyObject *v = config || em_lazy_attr(&config, "ember._config", "config") ? PyObject_GetAttrString(config, name) : NULL;
+    if (!v) PyErr_Clear();
+    return v;
+}
+
+int em_config_bool(const char *name, int dflt) {
+    PyObject *v = em_config_attr(name);
     int t = v ? PyObject_IsTrue(v) : -1;
     Py_XDECREF(v);
     if (t < 0) {

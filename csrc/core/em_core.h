@@ -97,6 +97,8 @@ PyObject *em_lazy_attr(PyObject **slot, const char *module, const char *attr);
 /* ember.config.<name> (src/ember/_config.py) as a truth value; dflt when it is absent or its truth
  * cannot be taken (the error is cleared). Read when a graph is compiled, not per call. */
 int em_config_bool(const char *name, int dflt);
+/* ember.config.<name>: a new reference, or NULL (no exception) when it cannot be read. */
+PyObject *em_config_attr(const char *name);
 
 /* ---- logs by topic (ember.set_logs, EMBER_LOGS; src/ember/_logs.py formats and emits through
  * Python's logging under the "ember" logger). One bit per topic, and the same bit shifted by

@@ -925,19 +925,27 @@ bool em_ir_is_symbolic(const IRGraph *g) {
     return false;
 }
 
-bool em_ir_meta_cpu_channels_last(const IRMeta *m) {
-    if (!m || m->kind != IRMETA_TENSOR || (m->ndim != 4 && m->ndim != 5) || !m->strides || !m->device) return false;
-    if (m->sizes[1] <= 1 || m->strides[1] != 1) return false;
+bool em_ir_meta_contiguous(const IRMeta *m) {
+    if (!m || m->kind != IRMETA_TENSOR || !m->strides) return false;
     int64_t st = 1;
-    bool contiguous = true;
     for (int32_t d = m->ndim - 1; d >= 0; d--) {
-        contiguous &= m->sizes[d] == 1 || m->strides[d] == st;
+        if (m->sizes[d] != 1 && m->strides[d] != st) return false;
         st *= m->sizes[d];
     }
-    if (contiguous) return false;
+    return true;
+}
+
+bool em_ir_meta_on_cpu(const IRMeta *m) {
+    if (!m || m->kind != IRMETA_TENSOR || !m->device) return false;
     PyObject *t = PyObject_GetAttrString(m->device, "type");
     bool cpu = t && PyUnicode_Check(t) && !PyUnicode_CompareWithASCIIString(t, "cpu");
     Py_XDECREF(t);
     PyErr_Clear();
     return cpu;
+}
+
+bool em_ir_meta_cpu_channels_last(const IRMeta *m) {
+    if (!m || m->kind != IRMETA_TENSOR || (m->ndim != 4 && m->ndim != 5) || !m->strides) return false;
+    if (m->sizes[1] <= 1 || m->strides[1] != 1 || em_ir_meta_contiguous(m)) return false;
+    return em_ir_meta_on_cpu(m);
 }

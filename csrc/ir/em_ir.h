@@ -205,5 +205,9 @@ int em_ir_meta_from_tensor(EmArena *a, PyObject *tensor, PyObject *device_overri
  * contiguous)? torch's meta kernels give such tensors CUDA's output layouts (device_hint), so the
  * tracer and the autograd stage infer their ops on fake CPU tensors instead. */
 bool em_ir_meta_cpu_channels_last(const IRMeta *m);
+/* Is m a tensor with torch's contiguous strides (size-1 dims ignored, as is_contiguous)? */
+bool em_ir_meta_contiguous(const IRMeta *m);
+/* Is m a tensor on a CPU device? */
+bool em_ir_meta_on_cpu(const IRMeta *m);
 
 #endif /* EM_IR_H */
