@@ -496,8 +496,6 @@ static PyObject *run_meta(Trace *T, PyObject *f, PyObject *args, PyObject *kw, C
      * contiguous meta where the CPU kernel returns channels_last. Such calls run on fake tensors of
      * the real device instead (the layout eager gives; the common contiguous case stays on meta). */
     PyObject *res = NULL, *exc = NULL;
-    bool cl = false;
-    for (int i = 0; i < c->ntens && !cl; i++) cl = em_ir_meta_cpu_channels_last(c->tens[i]->u.t.meta);
     if (T->autocast) {
         /* torch.autocast casts at dispatch for CPU/CUDA tensors (its AutocastCPU/AutocastCUDA
          * keys), never for meta tensors: only fake tensors of the real device give the dtypes the
@@ -506,6 +504,8 @@ static PyObject *run_meta(Trace *T, PyObject *f, PyObject *args, PyObject *kw, C
         res = run_fake(f, args, kw, c, device);
         if (!res) exc = em_tr_exc_get();
     } else {
+        bool cl = false;
+        for (int i = 0; i < c->ntens && !cl; i++) cl = em_ir_meta_cpu_channels_last(c->tens[i]->u.t.meta);
         if (cl) {
             res = run_fake(f, args, kw, c, device);
             if (!res) PyErr_Clear();
