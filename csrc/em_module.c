@@ -17,6 +17,16 @@ static PyObject *mod_reset(PyObject *self, PyObject *noargs) {
     Py_RETURN_NONE;
 }
 
+/* ember._C._meta_memo(clear=False): the meta-call memo's counts (em_ir_memo.c), taken before
+ * clearing it when clear is true. */
+static PyObject *mod_meta_memo(PyObject *self, PyObject *args) {
+    int clear = 0;
+    if (!PyArg_ParseTuple(args, "|p", &clear)) return NULL;
+    PyObject *info = em_ir_memo_info();
+    if (info && clear) em_ir_memo_clear();
+    return info;
+}
+
 /* ember._C._cache_info(code): list of dicts describing the code's cache entries. */
 static PyObject *mod_cache_info(PyObject *self, PyObject *code) {
     if (!PyCode_Check(code)) {
@@ -73,6 +83,7 @@ static PyMethodDef module_methods[] = {
     {"_set_logs", mod_set_logs, METH_O, "Set the log topic mask (ember.set_logs)."},
     {"_pin", mod_pin, METH_VARARGS, "Pin or unpin a code object's cache (ember.pin, unsafe)."},
     {"_reset", mod_reset, METH_NOARGS, "Drop every cache entry of every code object (ember.reset)."},
+    {"_meta_memo", mod_meta_memo, METH_VARARGS, "The meta-call memo's counts; clears it when given True."},
     {"_cache_info", mod_cache_info, METH_O, "List of dicts describing a code object's cache entries."},
     {"_disable_enter", mod_disable_enter, METH_NOARGS, "Enter an ember.disable region on this thread."},
     {"_disable_exit", mod_disable_exit, METH_NOARGS, "Leave an ember.disable region on this thread."},

@@ -66,6 +66,7 @@ typedef struct {
     uint32_t nphilox, nphilox_used, *philox;
     IRRef seeds;
     bool inference;    /* decompose_attention of an inference graph: every node, grad or not */
+    bool meta_memo;    /* node metas through the meta-call memo (ember.config.meta_memo) */
 } AG;
 
 /* ---------------------------------------------------------------- small helpers */
@@ -616,11 +617,49 @@ static PyObject *meta_call(const AG *ag, PyObject *fn, PyObject *pargs, PyObject
     return res ? res : PyObject_Call(fn, pargs, pkw);
 }
 
+/* Collects the metas of the tensor arguments (through tuples and lists) into metas[*n..], at most
+ * MEMO_TENSORS; false when there are more. */
+enum { MEMO_TENSORS = 32 };
+static bool memo_metas(const AG *ag, const IRArg *args, uint32_t n, const IRMeta **metas, int *nm) {
+    for (uint32_t i = 0; i < n; i++) {
+        if (args[i].kind == IRARG_TUPLE || args[i].kind == IRARG_LIST) {
+            if (!memo_metas(ag, args[i].u.items, args[i].n, metas, nm)) return false;
+        } else if (args[i].kind == IRARG_NODE) {
+            if (*nm == MEMO_TENSORS) return false;
+            metas[(*nm)++] = &em_ir_node(ag->j, args[i].u.ref)->meta;
+        }
+    }
+    return true;
+}
+
+/* The meta-call memo's key of a node (em_ir_memo.c; a method by its name, over its receiver and
+ * arguments): a new tuple, a new Py_None when not memoizable or config.meta_memo is off, NULL with
+ * an exception. metas/nmetas: the tensor arguments, for em_ir_memo_put. */
+static PyObject *memo_key(const AG *ag, IRKind kind, PyObject *target, PyObject *pargs, PyObject *pkw, const IRArg *args,
+                          uint32_t nargs, const IRArg *kwv, uint32_t nkw, const IRMeta **metas, int *nmetas) {
+    *nmetas = 0;
+    if (!ag->meta_memo || !memo_metas(ag, args, nargs, metas, nmetas) || !memo_metas(ag, kwv, nkw, metas, nmetas))
+        return Py_NewRef(Py_None);
+    if (kind != IR_CALL_METHOD) return em_ir_memo_key(target, pargs, pkw, NULL, metas, *nmetas);
+    PyObject *self = arg_example(ag, &args[0]), *all = NULL, *key = NULL;
+    if (self && (all = PyTuple_New(PyTuple_GET_SIZE(pargs) + 1))) {
+        PyTuple_SET_ITEM(all, 0, Py_NewRef(self));
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(pargs); i++) PyTuple_SET_ITEM(all, i + 1, Py_NewRef(PyTuple_GET_ITEM(pargs, i)));
+        key = em_ir_memo_key(target, all, pkw, NULL, metas, *nmetas);
+    }
+    Py_XDECREF(self);
+    Py_XDECREF(all);
+    return key;
+}
+
 /* Appends a call node to the joint graph; its meta comes from running the target on the meta
- * examples of its arguments (as the tracer does; meta_call). Returns 0 with ag->reason set on failure. */
+ * examples of its arguments (as the tracer does; meta_call), or from the meta-call memo. Returns 0
+ * with ag->reason set on failure. */
 static IRRef ag_emit(AG *ag, IRKind kind, PyObject *target, const IRArg *args, uint32_t nargs,
                      PyObject *const *kwn, const IRArg *kwv, uint32_t nkw) {
-    PyObject *pargs = NULL, *pkw = NULL, *fn = NULL, *res = NULL;
+    PyObject *pargs = NULL, *pkw = NULL, *fn = NULL, *res = NULL, *key = NULL;
+    const IRMeta *metas[MEMO_TENSORS];
+    int nmetas = 0;
     IRRef r = 0;
     IRMeta meta;
     uint32_t first = kind == IR_CALL_METHOD ? 1 : 0;
@@ -649,7 +688,11 @@ static IRRef ag_emit(AG *ag, IRKind kind, PyObject *target, const IRArg *args, u
         fn = Py_NewRef(target);
     }
     if (!fn) goto done;
-    res = meta_call(ag, fn, pargs, pkw, args + first, nargs - first, kwv, nkw);
+    if (!(key = memo_key(ag, kind, target, pargs, pkw, args, nargs, kwv, nkw, metas, &nmetas))) goto done;
+    if (!(res = em_ir_memo_get(key, metas, nmetas, NULL))) {
+        res = meta_call(ag, fn, pargs, pkw, args + first, nargs - first, kwv, nkw);
+        if (res) em_ir_memo_put(key, res, NULL, metas, nmetas);
+    }
     if (!res || meta_from_value(ag, res, first_device(ag, args, nargs), &meta) < 0) goto done;
     r = em_ir_call(ag->j, kind, target, args, nargs, kwn, kwv, nkw, &meta);
     if (!r && !PyErr_Occurred()) PyErr_NoMemory();
@@ -666,6 +709,7 @@ done:
     Py_XDECREF(pkw);
     Py_XDECREF(fn);
     Py_XDECREF(res);
+    Py_XDECREF(key);
     if (!r) ag_fail_exc(ag);
     return r;
 }
@@ -2695,6 +2739,7 @@ static int rewriter_begin(AG *d, const IRGraph *g) {
     d->grad = calloc(G, sizeof(IRRef));
     if (!d->j || !d->fmap || !d->aux || !d->grad || ag_grow_roles(d) < 0) return -1;
     d->cur_role = ROLE_FWD;
+    d->meta_memo = em_config_bool("meta_memo", 1);
     for (uint32_t i = 0; i < g->ninputs; i++) {
         const IRNode *p = em_ir_node(g, g->inputs[i]);
         d->fmap[g->inputs[i]] = em_ir_placeholder(d->j, p->name, &p->meta);
@@ -3009,6 +3054,7 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     ag.a = g->arena;
     ag.g = g;
     ag.ember_halves = ember_halves;
+    ag.meta_memo = em_config_bool("meta_memo", 1);
     ag.j = em_ir_new(g->arena);
     uint32_t G = g->nnodes;
     ag.fmap = calloc(G, sizeof(IRRef));

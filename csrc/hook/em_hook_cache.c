@@ -578,6 +578,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         .split = !cfg->fullgraph && config_int("graph_breaks", 1) != 0,
         .dynamic = cfg->dynamic,
         .shape_rules = config_int("sym_shape_rules", 1) != 0,
+        .meta_memo = config_int("meta_memo", 1) != 0,
     };
     if (!es->frame_state && !(es->frame_state = PyDict_New())) PyErr_Clear();
     opts.frame_state = es->frame_state;

@@ -210,4 +210,20 @@ bool em_ir_meta_contiguous(const IRMeta *m);
 /* Is m a tensor on a CPU device? */
 bool em_ir_meta_on_cpu(const IRMeta *m);
 
+/* The meta-call memo (em_ir_memo.c): results of fn(*args, **kw) on meta examples, by the call's
+ * key. em_ir_memo_key: the key of a call whose tensor arguments are the examples of metas[0..n)
+ * (device: the device the call's result is on, or NULL); a new tuple, a new Py_None when the call
+ * cannot be memoized, NULL with an exception. em_ir_memo_get: a new result (fresh meta tensors)
+ * (or the argument an in-place call returns) and *device (replaced when the memoized call set
+ * one), or NULL without an exception on a miss.
+ * em_ir_memo_put: keeps res when it is a fresh result; never raises (a pending exception stays).
+ * em_ir_memo_clear: drop every entry (ember._C._meta_memo(True)); em_ir_memo_info: a new dict
+ * {"entries", "hits", "misses"} (counts since the last clear). */
+PyObject *em_ir_memo_key(PyObject *fn, PyObject *args, PyObject *kw, PyObject *device, const IRMeta *const *metas,
+                         int nmetas);
+PyObject *em_ir_memo_get(PyObject *key, const IRMeta *const *metas, int nmetas, PyObject **device);
+void em_ir_memo_put(PyObject *key, PyObject *res, PyObject *device, const IRMeta *const *metas, int nmetas);
+void em_ir_memo_clear(void);
+PyObject *em_ir_memo_info(void);
+
 #endif /* EM_IR_H */

@@ -1806,6 +1806,7 @@ static int trace_once(PyObject *func, PyCodeObject *code, const EmFrameView *fv,
     T.opts.dynamic = opts ? opts->dynamic : -1;
     T.opts.frame_state = opts ? opts->frame_state : NULL;
     T.opts.shape_rules = opts ? opts->shape_rules : 1;
+    T.opts.meta_memo = opts ? opts->meta_memo : 1;
     T.gb = em_guard_builder_new(T.arena);
     res->guards = T.gb;
     if (!T.gb) {

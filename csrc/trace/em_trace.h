@@ -29,6 +29,8 @@ typedef struct EmTraceOptions {
                                 input had (None once it changed), for automatic dynamic */
     int shape_rules;         /* ops with symbolic arguments: ember's C shape rules first (1), or
                                 always the fake-tensor run (0: config.sym_shape_rules, for tests) */
+    int meta_memo;           /* meta calls go through the meta-call memo (em_ir_memo.c; default 1,
+                                config.meta_memo) */
 } EmTraceOptions;
 
 /* A frame split at a graph break (em_trace_resume.c). After the graph ran, `values` builds a tuple:

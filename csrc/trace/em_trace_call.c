@@ -644,6 +644,7 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
     IRArg *ia = em_arena_alloc(T->arena, sizeof(IRArg) * (nargs + 1));
     IRArg *ik = em_arena_alloc(T->arena, sizeof(IRArg) * (nkw + 1));
     PyObject *margs = PyList_New(0), *mkw = PyDict_New(), *res = NULL, *f = NULL, *targs = NULL, *device = NULL;
+    PyObject *mkey = NULL;
     TValue *out = NULL;
     const char *mname = NULL;
     bool inplace = false;
@@ -747,7 +748,17 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
         targs = PyList_AsTuple(margs);
     }
     if (!targs) goto done;
-    if (!(res = run_meta(T, f, targs, mkw, &c, &device))) goto done;
+    /* the meta-call memo (em_ir_memo.c); not under autocast (its casts are dispatcher state) nor
+     * with symbolic sizes (their metas carry symbols) */
+    const IRMeta *metas[sizeof c.tens / sizeof c.tens[0]];
+    for (int i = 0; i < c.ntens; i++) metas[i] = c.tens[i]->u.t.meta;
+    if (!T->autocast && !c.sym && T->opts.meta_memo &&
+        !(mkey = em_ir_memo_key(kind == IR_CALL_METHOD ? target : f, margs, mkw, device, metas, c.ntens)))
+        goto done;
+    if (!(res = em_ir_memo_get(mkey, metas, c.ntens, &device))) {
+        if (!(res = run_meta(T, f, targs, mkw, &c, &device))) goto done;
+        em_ir_memo_put(mkey, res, device, metas, c.ntens);
+    }
     if (!device) {
         device = c.device ? Py_NewRef(c.device) : default_device(T);
         if (!device) goto done;
@@ -806,6 +817,7 @@ done:
     Py_XDECREF(f);
     Py_XDECREF(targs);
     Py_XDECREF(device);
+    Py_XDECREF(mkey);
     if (!out && !T->broke && PyErr_Occurred()) em_tr_break_exc(T, EM_BREAK_INTERNAL);
     return out;
 }

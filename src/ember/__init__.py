@@ -167,7 +167,11 @@ def _compile_module(mod: torch.nn.Module, backend, key, fullgraph, dynamic=None,
 
 
 def reset() -> None:
-    """Drops every cache entry of every code object (torch._dynamo.reset's counterpart)."""
+    """Drops every cache entry of every code object (torch._dynamo.reset's counterpart).
+
+    The on-disk kernel cache and the meta-call memo (ember.config.meta_memo: metadata of torch
+    calls, no code) are kept, as torch._dynamo.reset keeps Inductor's caches and FakeTensorMode's.
+    """
     _C._reset()
 
 

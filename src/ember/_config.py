@@ -16,6 +16,14 @@ Dynamic shapes (read when a frame is traced):
                        shape rules (csrc/trace/em_trace_shape.c) when it has one, else from a
                        fake-tensor run in torch; 0: always the fake-tensor run (tests compare both).
 
+Tracing:
+  meta_memo            bool, default True: the tracer and the graph passes infer each distinct torch
+                       call on meta tensors once per process (csrc/ir/em_ir_memo.c; FakeTensorMode's
+                       dispatch cache in spirit), so repeated layers cost one meta call. ember.reset()
+                       keeps it (facts about torch, not code: torch._dynamo.reset() keeps
+                       FakeTensorMode's cache too); ember._C._meta_memo(True) clears it. False:
+                       every call runs torch's meta kernels (tests compare).
+
 Training (backends "aot_eager" and "ember"; read when a graph is compiled):
   activation_memory_budget  float in [0, 1] (Inductor's torch._functorch.config option of the same
                        name): 1.0 (default) is the min-cut that recomputes only cheap pointwise ops
@@ -62,7 +70,7 @@ Backend "ember" (str or None; read when a graph is compiled):
 class Config:
     __slots__ = ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions", "graph_breaks",
                  "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget", "sym_shape_rules",
-                 "fallback_random", "huge_pages", "layout_optimization")
+                 "fallback_random", "huge_pages", "layout_optimization", "meta_memo")
 
     def __init__(self):
         self.cache_size_limit = 8
@@ -80,6 +88,7 @@ class Config:
         self.fallback_random = False
         self.huge_pages = True
         self.layout_optimization = True
+        self.meta_memo = True
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
