@@ -347,12 +347,22 @@ static PyObject *backend_compile_timed(const EmCompileConfig *cfg, const EmTrace
         *is_eager_graph = 1; /* the "ember" backend's program is an EagerGraph of kernels and extern calls */
         /* attention decomposed as for training (em_autograd.h), when sizes are concrete (the
          * decompositions read them) */
+        double t0 = em_now();
         PyObject *names = res->symbolic ? NULL : PyList_New(0);
         IRGraph *g2 = names ? em_autograd_decompose_attention(res->graph, true, names) : NULL;
+        double t1 = em_now();
         /* convolution inputs to channels_last (CPU, static graphs), as Inductor's layout optimization */
         PyObject *convs = names && em_config_bool("layout_optimization", 1) ? PyList_New(0) : NULL;
         IRGraph *g3 = convs ? em_autograd_channels_last(g2 ? g2 : res->graph, convs) : NULL;
+        double t2 = em_now();
         PyObject *r = em_ember_compile(g3 ? g3 : g2 ? g2 : res->graph, backend_info);
+        /* seconds per backend pass (ember.cache_info(fn)[i]["ember"]["pass_times"]) */
+        PyObject *pt = r && *backend_info && PyDict_Check(*backend_info)
+                           ? Py_BuildValue("{s:d,s:d,s:d}", "decompose_attention", t1 - t0, "layout", t2 - t1,
+                                           "lower_codegen_load", em_now() - t2)
+                           : NULL;
+        if (pt && PyDict_SetItemString(*backend_info, "pass_times", pt) < 0) Py_CLEAR(r);
+        Py_XDECREF(pt);
         if (r && g2 && *backend_info && PyDict_Check(*backend_info) &&
             PyDict_SetItemString(*backend_info, "decomposed", names) < 0)
             Py_CLEAR(r);

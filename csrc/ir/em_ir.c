@@ -651,40 +651,38 @@ static int ir_read_ints(EmArena *a, PyObject *seq, int32_t *n, int64_t **out) {
  * meta tensor with the same sizes, strides and dtype (torch.empty_strided(..., device="meta")). */
 int em_ir_meta_from_tensor(EmArena *a, PyObject *tensor, PyObject *device_override, IRMeta *out) {
     PyObject *shape = NULL, *stride = NULL, *dtype = NULL, *device = NULL, *rg = NULL;
-    PyObject *dtype_name = NULL, *torch = NULL, *empty = NULL, *example = NULL, *kw = NULL;
-    PyObject *call_args = NULL, *is_meta = NULL;
+    PyObject *dtype_name = NULL, *example = NULL, *is_meta = NULL;
     IRMeta m = {0};
     m.kind = IRMETA_TENSOR;
     int32_t nstride = 0;
-    shape = PyObject_GetAttrString(tensor, "shape");
+    shape = PyObject_GetAttr(tensor, em_str("shape"));
     if (!shape || ir_read_ints(a, shape, &m.ndim, &m.sizes) < 0) goto error;
-    stride = PyObject_CallMethod(tensor, "stride", NULL);
+    stride = PyObject_CallMethodNoArgs(tensor, em_str("stride"));
     if (!stride || ir_read_ints(a, stride, &nstride, &m.strides) < 0) goto error;
     if (nstride != m.ndim) {
         PyErr_SetString(PyExc_ValueError, "ember: tensor stride() and shape disagree in length");
         goto error;
     }
-    dtype = PyObject_GetAttrString(tensor, "dtype");
-    device = PyObject_GetAttrString(tensor, "device");
-    rg = PyObject_GetAttrString(tensor, "requires_grad");
+    dtype = PyObject_GetAttr(tensor, em_str("dtype"));
+    device = PyObject_GetAttr(tensor, em_str("device"));
+    rg = PyObject_GetAttr(tensor, em_str("requires_grad"));
     if (!dtype || !device || !rg) goto error;
     int truth = PyObject_IsTrue(rg);
     if (truth < 0) goto error;
     m.requires_grad = truth;
-    is_meta = PyObject_GetAttrString(tensor, "is_meta");
+    is_meta = PyObject_GetAttr(tensor, em_str("is_meta"));
     if (!is_meta) goto error;
     truth = PyObject_IsTrue(is_meta);
     if (truth < 0) goto error;
     if (truth) {
         example = Py_NewRef(tensor);
     } else {
-        torch = PyImport_ImportModule("torch");
-        if (!torch) goto error;
-        empty = PyObject_GetAttrString(torch, "empty_strided");
-        kw = Py_BuildValue("{s:O,s:s}", "dtype", dtype, "device", "meta");
-        call_args = PyTuple_Pack(2, shape, stride);
-        if (!empty || !kw || !call_args) goto error;
-        example = PyObject_Call(empty, call_args, kw);
+        static PyObject *empty_strided, *kwnames, *s_meta; /* one interpreter (em_module.c) */
+        if (!kwnames && !(kwnames = Py_BuildValue("(ss)", "dtype", "device"))) goto error;
+        if (!s_meta && !(s_meta = PyUnicode_InternFromString("meta"))) goto error;
+        if (!em_lazy_attr(&empty_strided, "torch", "empty_strided")) goto error;
+        PyObject *call[4] = {shape, stride, dtype, s_meta};
+        example = PyObject_Vectorcall(empty_strided, call, 2, kwnames);
         if (!example) goto error;
     }
     m.dtype = em_arena_hold(a, dtype);
@@ -701,10 +699,6 @@ int em_ir_meta_from_tensor(EmArena *a, PyObject *tensor, PyObject *device_overri
     Py_DECREF(device);
     Py_DECREF(rg);
     Py_DECREF(is_meta);
-    Py_XDECREF(torch);
-    Py_XDECREF(empty);
-    Py_XDECREF(kw);
-    Py_XDECREF(call_args);
     Py_DECREF(example);
     return 0;
 error:
@@ -715,10 +709,6 @@ error:
     Py_XDECREF(rg);
     Py_XDECREF(dtype_name);
     Py_XDECREF(is_meta);
-    Py_XDECREF(torch);
-    Py_XDECREF(empty);
-    Py_XDECREF(kw);
-    Py_XDECREF(call_args);
     Py_XDECREF(example);
     return -1;
 }

@@ -150,13 +150,13 @@ static PyObject *key_item(PyObject *o, const IRMeta *const *metas, int n, int de
  * live: sizes and strides read from the example itself (after a call that may have changed them)
  * instead of from m. New reference or NULL with an exception. */
 static PyObject *tensor_desc(const IRMeta *m, bool live) {
-    PyObject *off = PyObject_CallMethod(m->example, "storage_offset", NULL), *sz = NULL, *st = NULL, *d = NULL;
+    PyObject *off = PyObject_CallMethodNoArgs(m->example, em_str("storage_offset")), *sz = NULL, *st = NULL, *d = NULL;
     if (!off) return NULL;
     if (live) {
-        PyObject *size = PyObject_CallMethod(m->example, "size", NULL);
+        PyObject *size = PyObject_CallMethodNoArgs(m->example, em_str("size"));
         sz = size ? PySequence_Tuple(size) : NULL;
         Py_XDECREF(size);
-        st = sz ? PyObject_CallMethod(m->example, "stride", NULL) : NULL;
+        st = sz ? PyObject_CallMethodNoArgs(m->example, em_str("stride")) : NULL;
     } else {
         sz = ints_tuple(m->sizes, m->ndim);
         st = sz ? ints_tuple(m->strides, m->ndim) : NULL;
@@ -262,7 +262,7 @@ PyObject *em_ir_memo_get(PyObject *key, const IRMeta *const *metas, int nmetas, 
 
 /* The storage identity of a tensor (its StorageImpl address), or 0 with an exception. */
 static uintptr_t storage_id(PyObject *t) {
-    PyObject *s = PyObject_CallMethod(t, "untyped_storage", NULL), *c = s ? PyObject_GetAttrString(s, "_cdata") : NULL;
+    PyObject *s = PyObject_CallMethodNoArgs(t, em_str("untyped_storage")), *c = s ? PyObject_GetAttr(s, em_str("_cdata")) : NULL;
     uintptr_t id = c ? (uintptr_t)PyLong_AsVoidPtr(c) : 0;
     Py_XDECREF(s);
     Py_XDECREF(c);

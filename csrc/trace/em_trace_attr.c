@@ -9,7 +9,19 @@
 
 #include <string.h>
 
+/* Is (dict, key) -- or the whole dict -- guarded already in this trace? */
+static bool dict_guarded(Trace *T, PyObject *dict, PyObject *key) {
+    bool found = false;
+    for (uint32_t i = 0; i < T->dguards.n && !found; i++) {
+        struct TDictGuard *g = &T->dguards.items[i];
+        found = g->dict == dict && (!g->key || (key && (g->key == key || PyUnicode_Compare(g->key, key) == 0)));
+    }
+    if (PyErr_Occurred()) PyErr_Clear(); /* a failed str compare: keys are str here */
+    return found;
+}
+
 int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what, PyObject *key) {
+    if (dict_guarded(T, dict, key)) return 0; /* before rendering the description */
     const char *base = owner >= 0 ? em_tr_src_cstr(T, owner) : "<object>";
     size_t n = strlen(base) + strlen(what) + 1;
     char *how = em_arena_alloc(T->arena, n);
@@ -23,13 +35,7 @@ int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what,
 }
 
 int em_tr_dict_version(Trace *T, PyObject *dict, const char *how, PyObject *key) {
-    for (uint32_t i = 0; i < T->dguards.n; i++) {
-        struct TDictGuard *g = &T->dguards.items[i];
-        if (g->dict != dict) continue;
-        if (!g->key) return 0; /* the whole dict is guarded already */
-        if (key && (g->key == key || PyUnicode_Compare(g->key, key) == 0)) return 0;
-    }
-    if (PyErr_Occurred()) PyErr_Clear(); /* a failed str compare above: keys are str here */
+    if (dict_guarded(T, dict, key)) return 0;
     struct TDictGuard g = {em_arena_hold(T->arena, dict), how, em_arena_hold(T->arena, key)};
     if (EM_VEC_PUSH(T->arena, T->dguards, g) < 0) {
         PyErr_NoMemory();

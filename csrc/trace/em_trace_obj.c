@@ -505,7 +505,7 @@ TValue *em_tr_call_slot(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, P
             em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "dict.%s on a %s with a non-str key", n, Py_TYPE(self->obj)->tp_name);
             return NULL;
         }
-        if (em_tr_use(T, k) < 0 || em_tr_dict_version(T, self->obj, em_tr_src_cstr(T, self->src), k->obj) < 0)
+        if (em_tr_use(T, k) < 0 || em_tr_guard_dict(T, self->obj, self->src, "", k->obj) < 0)
             return NULL;
         PyObject *val = PyDict_GetItemWithError(self->obj, k->obj);
         if (!val && PyErr_Occurred()) return NULL;

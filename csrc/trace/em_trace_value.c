@@ -125,6 +125,10 @@ static int input_meta(Trace *T, PyObject *tensor, IRMeta **out) {
         return -1;
     }
     if (em_ir_meta_from_tensor(T->arena, tensor, NULL, m) < 0) return -1;
+    if (m->example != tensor) { /* a new meta tensor already; a meta input gets its own below */
+        *out = m;
+        return 0;
+    }
     sizes = PyTuple_New(m->ndim);
     strides = PyTuple_New(m->ndim);
     if (!sizes || !strides) goto error;
