@@ -90,6 +90,24 @@ static bool torch_callable(PyObject *fn) {
     return ok;
 }
 
+/* Tensor methods whose result is a view of their receiver: never kept (a fresh result is needed),
+ * so their keys are not even built (the attention decomposition makes dozens of them). */
+static bool view_method(PyObject *fn) {
+    static const char *const names[] = {"view", "view_as", "reshape", "reshape_as", "transpose", "permute", "t",
+                                        "unsqueeze", "squeeze", "unflatten", "flatten", "expand", "expand_as",
+                                        "narrow", "select", "as_strided", "detach", "unfold", "movedim", "split",
+                                        "chunk", "unbind", "diagonal", "swapaxes", "swapdims", NULL};
+    if (!PyUnicode_Check(fn)) return false;
+    const char *s = PyUnicode_AsUTF8(fn);
+    if (!s) {
+        PyErr_Clear();
+        return false;
+    }
+    for (int i = 0; names[i]; i++)
+        if (strcmp(s, names[i]) == 0) return true;
+    return false;
+}
+
 /* The index of tensor argument obj among metas (by identity), or -1. */
 static int tensor_index(PyObject *obj, const IRMeta *const *metas, int n) {
     for (int i = 0; i < n; i++)
@@ -171,7 +189,7 @@ static PyObject *tensor_desc(const IRMeta *m, bool live) {
 PyObject *em_ir_memo_key(PyObject *fn, PyObject *args, PyObject *kw, PyObject *device, const IRMeta *const *metas,
                          int nmetas) {
     if (memo_init() < 0) return NULL;
-    if (!torch_callable(fn)) return Py_NewRef(Py_None);
+    if (!torch_callable(fn) || view_method(fn)) return Py_NewRef(Py_None);
     for (int i = 0; i < nmetas; i++)
         if (metas[i]->kind != IRMETA_TENSOR || !metas[i]->example || metas[i]->sym_sizes || metas[i]->sym_strides)
             return Py_NewRef(Py_None);
