@@ -688,7 +688,10 @@ static IRRef ag_emit(AG *ag, IRKind kind, PyObject *target, const IRArg *args, u
         fn = Py_NewRef(target);
     }
     if (!fn) goto done;
-    if (!(key = memo_key(ag, kind, target, pargs, pkw, args, nargs, kwv, nkw, metas, &nmetas))) goto done;
+    if (!(key = memo_key(ag, kind, target, pargs, pkw, args, nargs, kwv, nkw, metas, &nmetas))) {
+        PyErr_Clear(); /* the memo is an optimisation: without a key the call runs */
+        key = Py_NewRef(Py_None);
+    }
     if (!(res = em_ir_memo_get(key, metas, nmetas, NULL))) {
         res = meta_call(ag, fn, pargs, pkw, args + first, nargs - first, kwv, nkw);
         if (res) em_ir_memo_put(key, res, NULL, metas, nmetas);

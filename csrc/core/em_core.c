@@ -143,6 +143,16 @@ PyObject *em_str(const char *literal) {
     return NULL;
 }
 
+PyObject *em_int64_tuple(int32_t n, const int64_t *v) {
+    PyObject *t = PyTuple_New(n);
+    for (int32_t i = 0; t && i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, i, x);
+    }
+    return t;
+}
+
 PyObject *em_lazy_attr(PyObject **slot, const char *module, const char *attr) {
     if (*slot) return *slot;
     PyObject *m = PyImport_ImportModule(module);

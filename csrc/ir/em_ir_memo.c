@@ -115,16 +115,6 @@ static int tensor_index(PyObject *obj, const IRMeta *const *metas, int n) {
     return -1;
 }
 
-static PyObject *ints_tuple(const int64_t *v, int32_t n) {
-    PyObject *t = PyTuple_New(n);
-    for (int32_t i = 0; t && i < n; i++) {
-        PyObject *x = PyLong_FromLongLong(v[i]);
-        if (!x) Py_CLEAR(t);
-        else PyTuple_SET_ITEM(t, i, x);
-    }
-    return t;
-}
-
 /* The key item of one argument: new reference; Py_None (new) when it cannot be in a key; NULL
  * with an exception. */
 static PyObject *key_item(PyObject *o, const IRMeta *const *metas, int n, int depth) {
@@ -176,8 +166,8 @@ static PyObject *tensor_desc(const IRMeta *m, bool live) {
         Py_XDECREF(size);
         st = sz ? PyObject_CallMethodNoArgs(m->example, em_str("stride")) : NULL;
     } else {
-        sz = ints_tuple(m->sizes, m->ndim);
-        st = sz ? ints_tuple(m->strides, m->ndim) : NULL;
+        sz = em_int64_tuple(m->ndim, m->sizes);
+        st = sz ? em_int64_tuple(m->ndim, m->strides) : NULL;
     }
     if (st) d = PyTuple_Pack(6, sz, st, off, m->dtype, m->device ? m->device : Py_None, m->requires_grad ? Py_True : Py_False);
     Py_DECREF(off);

@@ -158,7 +158,6 @@ static int layout_is_m(PyObject *t, int32_t nd, const int64_t *m) {
     return same;
 }
 
-static PyObject *int_tuple(int32_t n, const int64_t *v);
 
 static int data_ptr(PyObject *t, char **out);
 
@@ -220,7 +219,7 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
             int same = layout_is_m(t, nd, m + mi);
             if (same < 0) goto done;
             if (!same) {
-                PyObject *sz = int_tuple(nd, m + mi), *st = sz ? int_tuple(nd, m + mi + nd) : NULL;
+                PyObject *sz = em_int64_tuple(nd, m + mi), *st = sz ? em_int64_tuple(nd, m + mi + nd) : NULL;
                 fixed[i] = st ? tensor_as(t, sz, st) : NULL;
                 Py_XDECREF(sz);
                 Py_XDECREF(st);
@@ -234,8 +233,8 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
     if (k->donor >= 0) {
         out = Py_NewRef(args[k->donor]);
     } else {
-        size = int_tuple(k->out_ndim, m + EM_KMETA_OUT);
-        stride = size ? int_tuple(k->out_ndim, m + EM_KMETA_OUT + k->out_ndim) : NULL;
+        size = em_int64_tuple(k->out_ndim, m + EM_KMETA_OUT);
+        stride = size ? em_int64_tuple(k->out_ndim, m + EM_KMETA_OUT + k->out_ndim) : NULL;
         if (!stride) goto done;
         PyObject *eargs[5] = {NULL, size, stride, k->out_dtype, k->out_device};
         out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype_device);
@@ -548,16 +547,6 @@ static PyType_Spec view_spec = {
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = view_slots,
 };
-
-static PyObject *int_tuple(int32_t n, const int64_t *v) {
-    PyObject *t = PyTuple_New(n);
-    for (int32_t i = 0; t && i < n; i++) {
-        PyObject *x = PyLong_FromLongLong(v[i]);
-        if (!x) Py_CLEAR(t);
-        else PyTuple_SET_ITEM(t, i, x);
-    }
-    return t;
-}
 
 static void lib_close(PyObject *cap) {
     void *h = PyCapsule_GetPointer(cap, "ember.lib");
@@ -1053,8 +1042,8 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                 const LBuf *lb = &lg->bufs[bi];
                 static const char *const kinds[] = {"input", "extern", "node", "index", "view"};
                 PyObject *e = Py_BuildValue("{s:s,s:I,s:s,s:N,s:N}", "kind", kinds[lb->kind], "index", lb->index, "dtype",
-                                            em_ldt_name(lb->dtype), "sizes", int_tuple(lb->ndim, lb->sizes), "strides",
-                                            int_tuple(lb->ndim, lb->strides));
+                                            em_ldt_name(lb->dtype), "sizes", em_int64_tuple(lb->ndim, lb->sizes), "strides",
+                                            em_int64_tuple(lb->ndim, lb->strides));
                 if (e && lg->env) { /* symbolic: the layout as expressions over s<j> (Python syntax) */
                     PyObject *ss = rendered(lg->env, lb->ssizes, (uint32_t)lb->ndim);
                     PyObject *st = rendered(lg->env, lb->sstrides, (uint32_t)lb->ndim);
@@ -1323,10 +1312,10 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             if (!vo) goto done;
             vo->vectorcall = view_vectorcall;
             vo->offset = vb->offset;
-            vo->size = int_tuple(vb->ndim, vb->sizes);
-            vo->stride = int_tuple(vb->ndim, vb->strides);
-            vo->base_size = base->kind == LBUF_EXTERN ? int_tuple(base->ndim, base->sizes) : NULL;
-            vo->base_stride = base->kind == LBUF_EXTERN ? int_tuple(base->ndim, base->strides) : NULL;
+            vo->size = em_int64_tuple(vb->ndim, vb->sizes);
+            vo->stride = em_int64_tuple(vb->ndim, vb->strides);
+            vo->base_size = base->kind == LBUF_EXTERN ? em_int64_tuple(base->ndim, base->sizes) : NULL;
+            vo->base_stride = base->kind == LBUF_EXTERN ? em_int64_tuple(base->ndim, base->strides) : NULL;
             vo->name = PyUnicode_FromString(g->nodes[vb->ir].name);
             vo->input_base = base->kind == LBUF_INPUT;
             vo->cache_base = vo->cache_view = NULL;
@@ -1409,8 +1398,8 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         ko->out_elsize = !cuda && huge_pages ? em_ldt_size(ob->dtype) : 0;
         ko->out_bytes = ko->out_elsize;
         for (int j = 0; j < ob->ndim; j++) ko->out_bytes *= ob->sizes[j];
-        ko->out_size = int_tuple(ob->ndim, ob->sizes);
-        ko->out_stride = int_tuple(ob->ndim, ob->strides);
+        ko->out_size = em_int64_tuple(ob->ndim, ob->sizes);
+        ko->out_stride = em_int64_tuple(ob->ndim, ob->strides);
         ko->out_dtype = Py_XNewRef(em_lower_dtype_obj(ob->dtype));
         ko->numel = 1; /* rows x row length; a reduction over an empty row still runs (writes 0, 1, ...) */
         for (int j = 0; j < (k->reduction ? k->nouter : k->ndim); j++) ko->numel *= k->sizes[j];
@@ -1463,8 +1452,8 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         for (uint32_t q = 0; q < k->nin; q++) {
             const LBuf *ib = &lg->bufs[k->args[q]];
             if (ib->kind != LBUF_EXTERN) continue;
-            ko->in_size[q] = int_tuple(ib->ndim, ib->sizes);
-            ko->in_stride[q] = int_tuple(ib->ndim, ib->strides);
+            ko->in_size[q] = em_int64_tuple(ib->ndim, ib->sizes);
+            ko->in_stride[q] = em_int64_tuple(ib->ndim, ib->strides);
             if (!ko->in_size[q] || !ko->in_stride[q]) {
                 Py_DECREF(ko);
                 goto done;

@@ -754,7 +754,7 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
     for (int i = 0; i < c.ntens; i++) metas[i] = c.tens[i]->u.t.meta;
     if (!T->autocast && !c.sym && T->opts.meta_memo &&
         !(mkey = em_ir_memo_key(kind == IR_CALL_METHOD ? target : f, margs, mkw, device, metas, c.ntens)))
-        goto done;
+        PyErr_Clear(); /* the memo is an optimisation: without a key the call runs */
     if (!(res = em_ir_memo_get(mkey, metas, c.ntens, &device))) {
         if (!(res = run_meta(T, f, targs, mkw, &c, &device))) goto done;
         em_ir_memo_put(mkey, res, device, metas, c.ntens);
