@@ -646,12 +646,21 @@ static int ir_read_ints(EmArena *a, PyObject *seq, int32_t *n, int64_t **out) {
     return 0;
 }
 
+PyObject *em_ir_meta_empty(PyObject *sizes, PyObject *strides, PyObject *dtype) {
+    static PyObject *empty_strided, *kwnames, *s_meta; /* one interpreter (em_module.c) */
+    if (!kwnames && !(kwnames = Py_BuildValue("(ss)", "dtype", "device"))) return NULL;
+    if (!s_meta && !(s_meta = PyUnicode_InternFromString("meta"))) return NULL;
+    if (!em_lazy_attr(&empty_strided, "torch", "empty_strided")) return NULL;
+    PyObject *call[4] = {sizes, strides, dtype, s_meta};
+    return PyObject_Vectorcall(empty_strided, call, 2, kwnames);
+}
+
 /* Reads sizes, strides (elements), dtype, device and requires_grad of a tensor through its Python
  * attributes (compile time only). example is the tensor itself when it lives on "meta", else a new
  * meta tensor with the same sizes, strides and dtype (torch.empty_strided(..., device="meta")). */
 int em_ir_meta_from_tensor(EmArena *a, PyObject *tensor, PyObject *device_override, IRMeta *out) {
     PyObject *shape = NULL, *stride = NULL, *dtype = NULL, *device = NULL, *rg = NULL;
-    PyObject *dtype_name = NULL, *example = NULL, *is_meta = NULL;
+    PyObject *example = NULL, *is_meta = NULL;
     IRMeta m = {0};
     m.kind = IRMETA_TENSOR;
     int32_t nstride = 0;
@@ -676,14 +685,8 @@ int em_ir_meta_from_tensor(EmArena *a, PyObject *tensor, PyObject *device_overri
     if (truth < 0) goto error;
     if (truth) {
         example = Py_NewRef(tensor);
-    } else {
-        static PyObject *empty_strided, *kwnames, *s_meta; /* one interpreter (em_module.c) */
-        if (!kwnames && !(kwnames = Py_BuildValue("(ss)", "dtype", "device"))) goto error;
-        if (!s_meta && !(s_meta = PyUnicode_InternFromString("meta"))) goto error;
-        if (!em_lazy_attr(&empty_strided, "torch", "empty_strided")) goto error;
-        PyObject *call[4] = {shape, stride, dtype, s_meta};
-        example = PyObject_Vectorcall(empty_strided, call, 2, kwnames);
-        if (!example) goto error;
+    } else if (!(example = em_ir_meta_empty(shape, stride, dtype))) {
+        goto error;
     }
     m.dtype = em_arena_hold(a, dtype);
     m.device = em_arena_hold(a, device_override ? device_override : device);
@@ -707,7 +710,6 @@ error:
     Py_XDECREF(dtype);
     Py_XDECREF(device);
     Py_XDECREF(rg);
-    Py_XDECREF(dtype_name);
     Py_XDECREF(is_meta);
     Py_XDECREF(example);
     return -1;

@@ -201,6 +201,9 @@ PyObject *em_ir_target_qualname(PyObject *target);
  * (used when the value is a meta tensor standing for a tensor on a real device). Returns -1 with an
  * exception set on failure. */
 int em_ir_meta_from_tensor(EmArena *a, PyObject *tensor, PyObject *device_override, IRMeta *out);
+/* torch.empty_strided(sizes, strides, dtype=dtype, device="meta"): a new meta example, or NULL with
+ * an exception. */
+PyObject *em_ir_meta_empty(PyObject *sizes, PyObject *strides, PyObject *dtype);
 /* Is m a 4-d or 5-d tensor on a CPU device laid out channels_last (channels innermost, not
  * contiguous)? torch's meta kernels give such tensors CUDA's output layouts (device_hint), so the
  * tracer and the autograd stage infer their ops on fake CPU tensors instead. */

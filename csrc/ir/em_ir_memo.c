@@ -32,8 +32,7 @@ enum { MEMO_MAX = 8192 };
 static PyObject *memo;        /* dict key -> (recipe, device or None); one interpreter (em_module.c) */
 static PyObject *mark_tensor; /* sentinels tagging key and recipe items */
 static PyObject *mark_const, *mark_seq, *mark_arg;
-static PyObject *t_Tensor, *t_dtype, *t_device, *t_layout, *t_memfmt, *get_default_dtype, *empty_strided, *strided,
-    *empty_kwnames, *s_meta;
+static PyObject *t_Tensor, *t_dtype, *t_device, *t_layout, *t_memfmt, *get_default_dtype, *strided;
 
 static int memo_init(void) {
     if (memo) return 0;
@@ -41,14 +40,12 @@ static int memo_init(void) {
         !em_lazy_attr(&t_device, "torch", "device") || !em_lazy_attr(&t_layout, "torch", "layout") ||
         !em_lazy_attr(&t_memfmt, "torch", "memory_format") ||
         !em_lazy_attr(&get_default_dtype, "torch", "get_default_dtype") ||
-        !em_lazy_attr(&empty_strided, "torch", "empty_strided") || !em_lazy_attr(&strided, "torch", "strided"))
+        !em_lazy_attr(&strided, "torch", "strided"))
         return -1;
     if (!mark_tensor && !(mark_tensor = PyUnicode_FromString("<tensor>"))) return -1;
     if (!mark_const && !(mark_const = PyUnicode_FromString("<const>"))) return -1;
     if (!mark_seq && !(mark_seq = PyUnicode_FromString("<seq>"))) return -1;
     if (!mark_arg && !(mark_arg = PyUnicode_FromString("<arg>"))) return -1;
-    if (!s_meta && !(s_meta = PyUnicode_FromString("meta"))) return -1;
-    if (!empty_kwnames && !(empty_kwnames = Py_BuildValue("(ss)", "dtype", "device"))) return -1;
     memo = PyDict_New();
     return memo ? 0 : -1;
 }
@@ -233,10 +230,7 @@ static PyObject *rebuild(PyObject *r, const IRMeta *const *metas, int nmetas) {
         }
         return Py_NewRef(metas[k]->example);
     }
-    if (tag == mark_tensor) {
-        PyObject *call[4] = {PyTuple_GET_ITEM(r, 1), PyTuple_GET_ITEM(r, 2), PyTuple_GET_ITEM(r, 3), s_meta};
-        return PyObject_Vectorcall(empty_strided, call, 2, empty_kwnames);
-    }
+    if (tag == mark_tensor) return em_ir_meta_empty(PyTuple_GET_ITEM(r, 1), PyTuple_GET_ITEM(r, 2), PyTuple_GET_ITEM(r, 3));
     PyObject *cls = PyTuple_GET_ITEM(r, 1), *items = PyTuple_GET_ITEM(r, 2);
     PyObject *t = PyTuple_New(PyTuple_GET_SIZE(items));
     for (Py_ssize_t i = 0; t && i < PyTuple_GET_SIZE(items); i++) {
@@ -296,17 +290,17 @@ static PyObject *recipe(PyObject *o, Seen *seen, int depth) {
             if (seen->id[i] == id) return Py_NewRef(Py_None);
         if (seen->n == MAX_STORAGES) return Py_NewRef(Py_None);
         seen->id[seen->n++] = id;
-        if (!(layout = PyObject_GetAttrString(o, "layout")) || !(rg = PyObject_GetAttrString(o, "requires_grad")) ||
-            !(off = PyObject_CallMethod(o, "storage_offset", NULL)))
+        if (!(layout = PyObject_GetAttr(o, em_str("layout"))) || !(rg = PyObject_GetAttr(o, em_str("requires_grad"))) ||
+            !(off = PyObject_CallMethodNoArgs(o, em_str("storage_offset"))))
             goto done;
         if (layout != strided || rg != Py_False || PyLong_AsLong(off) != 0) {
             r = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
             goto done;
         }
-        PyObject *size = PyObject_CallMethod(o, "size", NULL);
+        PyObject *size = PyObject_CallMethodNoArgs(o, em_str("size"));
         sz = size ? PySequence_Tuple(size) : NULL;
         Py_XDECREF(size);
-        if (!sz || !(st = PyObject_CallMethod(o, "stride", NULL)) || !(dt = PyObject_GetAttrString(o, "dtype"))) goto done;
+        if (!sz || !(st = PyObject_CallMethodNoArgs(o, em_str("stride"))) || !(dt = PyObject_GetAttr(o, em_str("dtype")))) goto done;
         if (!PyTuple_Check(st)) {
             r = Py_NewRef(Py_None);
             goto done;

@@ -158,7 +158,6 @@ static int layout_is_m(PyObject *t, int32_t nd, const int64_t *m) {
     return same;
 }
 
-
 static int data_ptr(PyObject *t, char **out);
 
 /* OpenMP threads follow torch.set_num_threads (ember's kernels run in their own OpenMP runtime,

@@ -153,7 +153,6 @@ int em_trace_init(PyObject *module) {
     rt->Size = lookup_path(rt->torch, "Size");
     rt->dtype_type = lookup_path(rt->torch, "dtype");
     rt->device_type = lookup_path(rt->torch, "device");
-    rt->empty_strided = lookup_path(rt->torch, "empty_strided");
     rt->set_grad_enabled = lookup_path(rt->torch, "_C._set_grad_enabled");
     rt->is_grad_enabled = lookup_path(rt->torch, "is_grad_enabled");
     rt->is_any_autocast_enabled = lookup_path(rt->torch, "_C._is_any_autocast_enabled");
@@ -170,7 +169,7 @@ int em_trace_init(PyObject *module) {
     rt->mod_named_children = lookup_path(rt->torch, "nn.Module.named_children");
     rt->mod_named_modules = lookup_path(rt->torch, "nn.Module.named_modules");
     if (!rt->Tensor || !rt->TensorBase || !rt->Parameter || !rt->Module || !rt->Size ||
-        !rt->dtype_type || !rt->device_type || !rt->empty_strided || !rt->set_grad_enabled ||
+        !rt->dtype_type || !rt->device_type || !rt->set_grad_enabled ||
         !rt->is_grad_enabled || !rt->module_call || !rt->ModuleList || !rt->Sequential ||
         !rt->ModuleDict || !rt->no_grad_cls || !rt->enable_grad_cls || !rt->set_grad_enabled_cls) {
         PyErr_SetString(PyExc_ImportError, "ember.trace: torch is missing objects the tracer needs");

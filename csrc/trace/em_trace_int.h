@@ -207,7 +207,7 @@ typedef struct TraceRT {
     bool jrel[256], jback[256];
     PyObject *opname[256];
     PyObject *torch, *Tensor, *TensorBase, *Parameter, *Module, *Size, *dtype_type, *device_type;
-    PyObject *empty_strided, *set_grad_enabled, *is_grad_enabled, *get_default_device;
+    PyObject *set_grad_enabled, *is_grad_enabled, *get_default_device;
     PyObject *is_any_autocast_enabled; /* torch._C._is_any_autocast_enabled (NULL on a torch without it) */
     PyObject *no_grad_cls, *enable_grad_cls, *set_grad_enabled_cls; /* torch.no_grad ... (classes) */
     PyObject *module_call;         /* torch.nn.Module.__call__ */

@@ -119,48 +119,23 @@ static bool equals_guardable(PyObject *o) {
 /* Metadata of a real tensor input plus its meta example (same sizes/strides/dtype on "meta"). */
 static int input_meta(Trace *T, PyObject *tensor, IRMeta **out) {
     IRMeta *m = em_arena_alloc(T->arena, sizeof(IRMeta));
-    PyObject *sizes = NULL, *strides = NULL, *kw = NULL, *args = NULL, *ex = NULL;
     if (!m) {
         PyErr_NoMemory();
         return -1;
     }
     if (em_ir_meta_from_tensor(T->arena, tensor, NULL, m) < 0) return -1;
-    if (m->example != tensor) { /* a new meta tensor already; a meta input gets its own below */
-        *out = m;
-        return 0;
-    }
-    sizes = PyTuple_New(m->ndim);
-    strides = PyTuple_New(m->ndim);
-    if (!sizes || !strides) goto error;
-    for (int i = 0; i < m->ndim; i++) {
-        PyObject *a = PyLong_FromLongLong(m->sizes[i]), *b = PyLong_FromLongLong(m->strides[i]);
-        if (!a || !b) {
-            Py_XDECREF(a);
-            Py_XDECREF(b);
-            goto error;
+    if (m->example == tensor) { /* a meta input: the trace's meta calls must not touch the user's tensor */
+        PyObject *sizes = em_int64_tuple(m->ndim, m->sizes), *strides = sizes ? em_int64_tuple(m->ndim, m->strides) : NULL;
+        PyObject *ex = strides ? em_ir_meta_empty(sizes, strides, m->dtype) : NULL;
+        Py_XDECREF(sizes);
+        Py_XDECREF(strides);
+        if (!ex || !(m->example = em_arena_hold_steal(T->arena, ex))) {
+            if (!PyErr_Occurred()) PyErr_NoMemory();
+            return -1;
         }
-        PyTuple_SET_ITEM(sizes, i, a);
-        PyTuple_SET_ITEM(strides, i, b);
     }
-    args = PyTuple_Pack(2, sizes, strides);
-    kw = Py_BuildValue("{sOsO}", "dtype", m->dtype, "device", em_trace_rt.meta_str);
-    if (!args || !kw) goto error;
-    ex = PyObject_Call(em_trace_rt.empty_strided, args, kw);
-    if (!ex) goto error;
-    m->example = em_arena_hold_steal(T->arena, ex);
-    m->kind = IRMETA_TENSOR;
     *out = m;
-    Py_DECREF(sizes);
-    Py_DECREF(strides);
-    Py_DECREF(args);
-    Py_DECREF(kw);
     return 0;
-error:
-    Py_XDECREF(sizes);
-    Py_XDECREF(strides);
-    Py_XDECREF(args);
-    Py_XDECREF(kw);
-    return -1;
 }
 
 static TValue *fail_value(Trace *T, EmBreak r, const char *what, PyObject *o) {
