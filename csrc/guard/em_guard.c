@@ -59,6 +59,7 @@ typedef struct BLeaf {
     PyObject *obj2;   /* DICT_KEYS: the exact type; held by the arena */
     uint64_t tag;
     const void *aux;  /* DICT_VERSION: how (arena string); TENSOR_MATCH: EmTensorMeta (arena) */
+    int32_t owner;    /* DICT_VERSION: the source how follows (-1: how is the whole name) */
     uint64_t hash;
     PyObject **kv;    /* DICT_VERSION with sub == 0: key, value pairs read (arena, held by it) */
     uint32_t nkv, capkv; /* pairs */
@@ -567,7 +568,7 @@ static int dict_leaf_whole(GuardBuilder *b, BLeaf *l, PyObject *dict) {
 }
 
 /* The DICT_VERSION leaf of dict, created on first use (sub = 1: whole dict, 0: keyed). */
-static BLeaf *dict_leaf(GuardBuilder *b, PyObject *dict, const char *how, int whole) {
+static BLeaf *dict_leaf(GuardBuilder *b, PyObject *dict, GuardSrc owner, const char *how, int whole) {
     if (!b || !dict || !PyDict_Check(dict)) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember: dict version guard on a non-dict");
         return NULL;
@@ -585,7 +586,7 @@ static BLeaf *dict_leaf(GuardBuilder *b, PyObject *dict, const char *how, int wh
     if (em_guard_state.watcher_id >= 0 && PyDict_Watch(em_guard_state.watcher_id, dict) < 0) return NULL;
 #endif
     BLeaf l = {.kind = GUARD_DICT_VERSION, .sub = 0, .src = -1, .obj = em_arena_hold(b->a, dict),
-               .tag = dict_tag(dict)};
+               .tag = dict_tag(dict), .owner = src_get(b, owner) ? owner : -1};
     l.aux = em_arena_strdup(b->a, how ? how : "<dict>");
     if (!l.obj || !l.aux) {
         PyErr_NoMemory();
@@ -596,13 +597,13 @@ static BLeaf *dict_leaf(GuardBuilder *b, PyObject *dict, const char *how, int wh
     return &b->leaf.items[b->leaf.n - 1];
 }
 
-int em_guard_dict_version(GuardBuilder *b, PyObject *dict, const char *how) {
-    return dict_leaf(b, dict, how, 1) ? 0 : -1;
+int em_guard_dict_version(GuardBuilder *b, PyObject *dict, GuardSrc owner, const char *how) {
+    return dict_leaf(b, dict, owner, how, 1) ? 0 : -1;
 }
 
-int em_guard_dict_key(GuardBuilder *b, PyObject *dict, PyObject *key, const char *how) {
+int em_guard_dict_key(GuardBuilder *b, PyObject *dict, PyObject *key, GuardSrc owner, const char *how) {
     if (!key) return bad_arg("dict key guard without a key");
-    BLeaf *l = dict_leaf(b, dict, how, 0);
+    BLeaf *l = dict_leaf(b, dict, owner, how, 0);
     if (!l) return -1;
     if (l->sub) return 0; /* the whole content is guarded already */
     for (uint32_t i = 0; i < l->nkv; i++)
@@ -856,6 +857,7 @@ GuardSet *em_guard_build(GuardBuilder *b) {
                 for (uint32_t j = 0; j < ((const BSym *)l->aux)->n; j++) remap[((const BSym *)l->aux)->src[j]] = 1;
             if (l->kind == GUARD_TENSOR_MATCH) ntensor_bytes += em_guard_tensor_meta_size(l->aux);
             if (l->kind == GUARD_DICT_VERSION) {
+                if (l->owner >= 0) remap[l->owner] = 1; /* kept to name the dict when shown */
                 nhow += (uint32_t)strlen(l->aux) + 1;
                 ndictinfo += align8(sizeof(GDictInfo)) + sizeof(PyObject *) * 2 * l->nkv;
                 nheld += 2 * l->nkv;
@@ -917,6 +919,7 @@ GuardSet *em_guard_build(GuardBuilder *b) {
             gs->ndict++;
             di += align8(sizeof(GDictInfo));
             memcpy(how, l->aux, n);
+            info->owner = l->owner >= 0 ? remap[l->owner] : -1;
             info->how = how;
             how += n;
             info->whole = l->sub;

@@ -74,18 +74,19 @@ int em_guard_sym(GuardBuilder *b, struct SymProg *prog, const GuardSrc *srcs, co
                  PyObject *lines);
 
 /* The dict (a hook dict, an iterated _modules ...) still holds what it held at compile time: the
- * same items (keys, and values by identity) in the same order. how: Python text naming the dict for
- * rendering ("L['self'].__dict__"). The version tag is the fast path (3.11: ma_version_tag; 3.12: a
+ * same items (keys, and values by identity) in the same order. owner, how: the dict's name for
+ * rendering, the rendered source owner followed by how (L['self'] + ".__dict__"), or how alone when
+ * owner < 0 ("G"); rendered only when the guard is shown, not while tracing. The version tag is the fast path (3.11: ma_version_tag; 3.12: a
  * dict watcher, the check costs nothing until a watched dict changes); a moved tag re-compares the
  * items, so an entry added and removed again keeps the guard. The dict is kept alive by the set. */
-int em_guard_dict_version(GuardBuilder *b, PyObject *dict, const char *how);
+int em_guard_dict_version(GuardBuilder *b, PyObject *dict, GuardSrc owner, const char *how);
 /* Only dict[key] is guarded: it is still the very object it was at compile time, or still absent.
  * Other keys may change without failing (a module-level loop variable rebound in f_globals must not
  * fail the guards of every function of that module). The keys of one dict share one leaf with the
  * version fast path: an unchanged version (or, on 3.12, an unchanged watcher epoch) passes at
  * once; a changed version re-reads just these keys and, if they are unchanged, remembers the new
  * version. em_guard_dict_version on the same dict subsumes its keys. */
-int em_guard_dict_key(GuardBuilder *b, PyObject *dict, PyObject *key, const char *how);
+int em_guard_dict_key(GuardBuilder *b, PyObject *dict, PyObject *key, GuardSrc owner, const char *how);
 /* Lookups through the type's MRO are stable: the tag (tp_version_tag) is the fast path; when it
  * moved, every name must still resolve to the same object and no new name may resolve (except the
  * stdlib's class caches __slotnames__ and __annotations__): an attribute patched and restored, or

@@ -164,6 +164,7 @@ enum { EQ_NONE, EQ_BOOL, EQ_INT, EQ_FLOAT, EQ_STR, EQ_OTHER };
  * leaf (em_guard_dict_version: iteration, a hook dict being empty) keeps every item in iteration
  * order. The version tag is only the fast path: when it moved, this content is compared. */
 typedef struct GDictInfo {
+    int32_t owner;   /* the dict's name: source owner's text followed by how; how alone if owner < 0 */
     const char *how;
     uint32_t nkeys; /* pairs in kv */
     uint8_t whole;  /* 1: kv is the whole content, in order; 0: the keys read */

@@ -99,15 +99,26 @@ PyObject *em_guard_render_one(const GuardSet *gs, int index) {
         const GDictInfo *info = g->aux;
         const char *watched = EM_PY312 && em_guard_state.watcher_id >= 0 ? "  # watched" : "";
         unsigned long long tag = (unsigned long long)gs->dslot[index].tag;
+        PyObject *name = NULL; /* the dict's name: owner's text + how, rendered now (not while tracing) */
+        if (info->owner >= 0) {
+            PyObject *o = em_guard_render_src(gs->src, sizeof(GSrc), info->owner);
+            name = o ? PyUnicode_FromFormat("%U%s", o, info->how) : NULL;
+            Py_XDECREF(o);
+        } else {
+            name = PyUnicode_FromString(info->how);
+        }
+        if (!name) break;
         if (info->whole && !info->nkeys) {
-            out = PyUnicode_FromFormat("___dict_version(%s) == %llu or len(%s) == 0%s", info->how, tag, info->how,
-                                       watched);
+            out = PyUnicode_FromFormat("___dict_version(%U) == %llu or len(%U) == 0%s", name, tag, name, watched);
+            Py_DECREF(name);
             break;
         }
-        if (!(t = PyList_New(info->nkeys))) break;
-        for (uint32_t k = 0; k < info->nkeys; k++) PyList_SET_ITEM(t, k, Py_NewRef(info->kv[2 * k]));
-        out = PyUnicode_FromFormat("___dict_version(%s) == %llu or ___dict_%s_unchanged(%s, %R)%s", info->how, tag,
-                                   info->whole ? "items" : "entries", info->how, t, watched);
+        if ((t = PyList_New(info->nkeys))) {
+            for (uint32_t k = 0; k < info->nkeys; k++) PyList_SET_ITEM(t, k, Py_NewRef(info->kv[2 * k]));
+            out = PyUnicode_FromFormat("___dict_version(%U) == %llu or ___dict_%s_unchanged(%U, %R)%s", name, tag,
+                                       info->whole ? "items" : "entries", name, t, watched);
+        }
+        Py_DECREF(name);
         break;
     }
     case GUARD_TYPE_VERSION:

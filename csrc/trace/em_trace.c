@@ -373,16 +373,6 @@ const char *em_tr_repr_cstr(Trace *T, PyObject *o) {
     return c ? c : "?";
 }
 
-const char *em_tr_src_cstr(Trace *T, GuardSrc s) {
-    if (s < 0) return "?";
-    PyObject *r = em_guard_src_repr(T->gb, s);
-    const char *u = r ? PyUnicode_AsUTF8(r) : NULL;
-    char *c = u ? em_arena_strdup(T->arena, u) : NULL;
-    if (!u) PyErr_Clear();
-    Py_XDECREF(r);
-    return c ? c : "?";
-}
-
 /* ------------------------------------------------------------------------------------------- */
 /* decoding                                                                                     */
 
@@ -537,10 +527,11 @@ static TValue *load_global(Trace *T, TFrame *F, PyObject *name) {
         TValue *stored = em_tr_effect_global(T, F, name);
         if (stored) return stored;
     }
-    const char *how = F->gsrc == -2 ? "G" : F->gsrc >= 0 ? em_tr_src_cstr(T, F->gsrc) : "globals";
     PyObject *v = PyDict_GetItemWithError(F->globals, name);
     if (!v && PyErr_Occurred()) return NULL;
-    if (em_tr_dict_version(T, F->globals, how, name) < 0) return NULL;
+    if (F->gsrc >= 0 ? em_tr_guard_dict(T, F->globals, F->gsrc, "", name) < 0
+                     : em_tr_dict_version(T, F->globals, F->gsrc == -2 ? "G" : "globals", name) < 0)
+        return NULL;
     GuardSrc s = -1;
     if (v) {
         if (F->gsrc == -2)

@@ -9,48 +9,95 @@
 
 #include <string.h>
 
+/* The dict guards of a trace are looked up by (dict, key) in an open-addressing table over
+ * T->dguards (a module's attribute reads guard the same few dicts hundreds of times). str keys
+ * match by value (their hash is cached), other keys by identity. */
+static uint64_t dguard_hash(PyObject *dict, PyObject *key) {
+    uint64_t h = (uint64_t)(uintptr_t)dict * 0x9E3779B97F4A7C15ull;
+    if (key) h ^= PyUnicode_CheckExact(key) ? (uint64_t)PyObject_Hash(key) : (uint64_t)(uintptr_t)key >> 4;
+    return h ^ (h >> 29);
+}
+
+static bool dguard_key_equal(PyObject *a, PyObject *b) {
+    if (a == b) return true;
+    if (!a || !b || !PyUnicode_CheckExact(a) || !PyUnicode_CheckExact(b)) return false;
+    return PyUnicode_Compare(a, b) == 0;
+}
+
+/* The index + 1 of the guard on exactly (dict, key), 0 if none. */
+static uint32_t dguard_find(const Trace *T, PyObject *dict, PyObject *key) {
+    if (!T->dguard_ht.cap) return 0;
+    uint32_t mask = T->dguard_ht.cap - 1;
+    for (uint32_t i = (uint32_t)dguard_hash(dict, key) & mask;; i = (i + 1) & mask) {
+        uint32_t e = T->dguard_ht.slots[i];
+        if (!e) return 0;
+        const struct TDictGuard *g = &T->dguards.items[e - 1];
+        if (g->dict == dict && dguard_key_equal(g->key, key)) return e;
+    }
+}
+
+static void dguard_slot_put(Trace *T, uint32_t entry) {
+    const struct TDictGuard *g = &T->dguards.items[entry - 1];
+    uint32_t mask = T->dguard_ht.cap - 1, i = (uint32_t)dguard_hash(g->dict, g->key) & mask;
+    while (T->dguard_ht.slots[i]) i = (i + 1) & mask;
+    T->dguard_ht.slots[i] = entry;
+}
+
+/* Indexes the last recorded guard, growing the table to keep its load under one half. */
+static int dguard_index_last(Trace *T) {
+    if (2 * T->dguards.n > T->dguard_ht.cap) {
+        uint32_t cap = T->dguard_ht.cap ? 2 * T->dguard_ht.cap : 64;
+        uint32_t *slots = em_arena_alloc(T->arena, sizeof(uint32_t) * cap);
+        if (!slots) return -1;
+        T->dguard_ht.slots = slots;
+        T->dguard_ht.cap = cap;
+        for (uint32_t k = 1; k < T->dguards.n; k++) dguard_slot_put(T, k);
+    }
+    dguard_slot_put(T, T->dguards.n);
+    return 0;
+}
+
 /* Is (dict, key) -- or the whole dict -- guarded already in this trace? */
-static bool dict_guarded(Trace *T, PyObject *dict, PyObject *key) {
-    bool found = false;
-    for (uint32_t i = 0; i < T->dguards.n && !found; i++) {
-        struct TDictGuard *g = &T->dguards.items[i];
-        found = g->dict == dict && (!g->key || (key && (g->key == key || PyUnicode_Compare(g->key, key) == 0)));
-    }
-    if (PyErr_Occurred()) PyErr_Clear(); /* a failed str compare: keys are str here */
-    return found;
+static bool dict_guarded(const Trace *T, PyObject *dict, PyObject *key) {
+    return dguard_find(T, dict, NULL) || (key && dguard_find(T, dict, key));
 }
 
-int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what, PyObject *key) {
-    if (dict_guarded(T, dict, key)) return 0; /* before rendering the description */
-    const char *base = owner >= 0 ? em_tr_src_cstr(T, owner) : "<object>";
-    size_t n = strlen(base) + strlen(what) + 1;
-    char *how = em_arena_alloc(T->arena, n);
-    if (!how) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    strcpy(how, base);
-    strcat(how, what);
-    return em_tr_dict_version(T, dict, how, key);
-}
-
-int em_tr_dict_version(Trace *T, PyObject *dict, const char *how, PyObject *key) {
+static int record_dict_guard(Trace *T, PyObject *dict, GuardSrc owner, const char *how, PyObject *key) {
     if (dict_guarded(T, dict, key)) return 0;
-    struct TDictGuard g = {em_arena_hold(T->arena, dict), how, em_arena_hold(T->arena, key)};
-    if (EM_VEC_PUSH(T->arena, T->dguards, g) < 0) {
+    struct TDictGuard g = {em_arena_hold(T->arena, dict), owner, how, em_arena_hold(T->arena, key)};
+    if (EM_VEC_PUSH(T->arena, T->dguards, g) < 0 || dguard_index_last(T) < 0) {
         PyErr_NoMemory();
         return -1;
     }
     return 0;
 }
 
+int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what, PyObject *key) {
+    if (owner >= 0) return record_dict_guard(T, dict, owner, what, key);
+    if (dict_guarded(T, dict, key)) return 0; /* before making the name */
+    char *how = em_arena_alloc(T->arena, strlen("<object>") + strlen(what) + 1);
+    if (!how) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    strcpy(how, "<object>");
+    strcat(how, what);
+    return record_dict_guard(T, dict, -1, how, key);
+}
+
+int em_tr_dict_version(Trace *T, PyObject *dict, const char *how, PyObject *key) {
+    return record_dict_guard(T, dict, -1, how, key);
+}
+
 int em_tr_flush_dict_guards(Trace *T) {
     for (uint32_t i = 0; i < T->dguards.n; i++) {
         struct TDictGuard *g = &T->dguards.items[i];
-        if ((g->key ? em_guard_dict_key(T->gb, g->dict, g->key, g->how) : em_guard_dict_version(T->gb, g->dict, g->how)) < 0)
+        if ((g->key ? em_guard_dict_key(T->gb, g->dict, g->key, g->owner, g->how)
+                    : em_guard_dict_version(T->gb, g->dict, g->owner, g->how)) < 0)
             return -1;
     }
     T->dguards.n = 0;
+    if (T->dguard_ht.cap) memset(T->dguard_ht.slots, 0, sizeof(uint32_t) * T->dguard_ht.cap);
     return 0;
 }
 
@@ -260,6 +307,7 @@ int em_tr_module_children(Trace *T, TValue *m, PyObject ***keys, TValue ***vals,
 
 int em_tr_module_check_hooks(Trace *T, TValue *m) {
     static const char *const names[] = {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", NULL};
+    static const char *const whats[] = {"._forward_hooks", "._forward_pre_hooks", "._backward_hooks", "._backward_pre_hooks"};
     PyObject *idict = instance_dict_borrow(m->obj);
     if (!idict) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "module without __dict__");
     for (int i = 0; names[i]; i++) {
@@ -267,9 +315,7 @@ int em_tr_module_check_hooks(Trace *T, TValue *m) {
         PyObject *d = PyDict_GetItemString(idict, names[i]);
         if (!d) continue;
         if (!PyDict_Check(d)) return em_tr_break(T, EM_BREAK_HOOKS, "%s is not a dict", names[i]);
-        char what[64];
-        snprintf(what, sizeof what, ".%s", names[i]);
-        if (em_tr_guard_dict(T, d, m->src, what, NULL) < 0) return -1;
+        if (em_tr_guard_dict(T, d, m->src, whats[i], NULL) < 0) return -1;
         if (PyDict_GET_SIZE(d)) return em_tr_break(T, EM_BREAK_HOOKS, "%s has %s", Py_TYPE(m->obj)->tp_name, names[i]);
     }
     if (em_tr_guard_dict(T, idict, m->src, ".__dict__", em_str("_compiled_call_impl")) < 0) return -1;

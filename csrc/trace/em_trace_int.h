@@ -252,7 +252,9 @@ typedef struct Trace {
     struct { TNode *items; uint32_t n, cap; } nodes;  /* items[0] unused */
     struct { uint32_t *items; uint32_t n, cap; } inputs;
     struct { TValue **items; uint32_t n, cap; } by_src;  /* GuardSrc -> wrapped value */
-    struct { struct TDictGuard { PyObject *dict; const char *how; PyObject *key; } *items; uint32_t n, cap; } dguards;
+    /* dict guards recorded, in order, and a table (dict, key) -> index + 1 over them (0: empty) */
+    struct { struct TDictGuard { PyObject *dict; GuardSrc owner; const char *how; PyObject *key; } *items; uint32_t n, cap; } dguards;
+    struct { uint32_t *slots; uint32_t cap; } dguard_ht;
     long loop_iters, ninstr;
     bool broke;
     bool grad_enabled;      /* grad mode at the current instruction */
@@ -333,7 +335,6 @@ int em_tr_run_frame(Trace *T, TFrame *F);
 /* Makes a frame for code with locals array already sized; NULL on OOM. */
 TFrame *em_tr_frame_new(Trace *T, PyCodeObject *code, PyObject *globals, PyObject *builtins, GuardSrc gsrc);
 const char *em_tr_repr_cstr(Trace *T, PyObject *o); /* arena copy of repr(o), never NULL */
-const char *em_tr_src_cstr(Trace *T, GuardSrc s);   /* arena copy of the source text */
 
 int em_tr_out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth);
 /* Turns the recorded nodes into res->graph with C's graph outputs. */
@@ -495,13 +496,15 @@ int em_tr_module_children(Trace *T, TValue *m, PyObject ***keys, TValue ***vals,
 /* Guards/ checks the hook dicts of a module before inlining its forward. -1 on break. */
 int em_tr_module_check_hooks(Trace *T, TValue *m);
 /* Records that the trace read dict[key] (or, key == NULL, depends on the whole dict: iteration,
- * emptiness of hook dicts). owner/what name the dict for rendering (owner's source + what). */
+ * emptiness of hook dicts). owner/what name the dict for rendering (owner's source + what), which
+ * happens only when the guard is shown; what must outlive the trace (a literal or arena text). */
 int em_tr_guard_dict(Trace *T, PyObject *dict, GuardSrc owner, const char *what, PyObject *key);
 /* Records a dict-version guard on dict[key] (key == NULL: the whole dict). The guards are added
  * to the builder when the trace ends (em_tr_flush_dict_guards), after every meta call: running
  * torch ops may import submodules lazily, which bumps the version tag of torch.__dict__ and would
  * make the entry fail its own guards if the tag were read before. Keyed guards survive unrelated
- * changes of the dict (em_guard_dict_key), e.g. Inductor importing into torch.__dict__. */
+ * changes of the dict (em_guard_dict_key), e.g. Inductor importing into torch.__dict__. how names the
+ * dict (a literal or arena text). */
 int em_tr_dict_version(Trace *T, PyObject *dict, const char *how, PyObject *key);
 int em_tr_flush_dict_guards(Trace *T);
 /* object.__getattribute__ on a real object (OBJECT/NN_MODULE value): the lookup without the class's
