@@ -121,6 +121,9 @@ void em_entry_restore_grad_mode(int mode);
 void em_cache_reset_all(void);
 /* list of dicts describing the code's entries (new reference). */
 PyObject *em_cache_info(PyCodeObject *code);
+/* One entry's info dict (ember.cache_info's item, less "hits"): e->info with its guards rendered
+ * now. New dict, or NULL with an exception. */
+PyObject *em_cache_entry_info(const CacheEntry *e);
 /* ember.pin / ember.unpin: sets es->pinned of the code (created on demand). 0, or -1 with an
  * exception. */
 int em_cache_pin(PyCodeObject *code, int pinned);

@@ -262,13 +262,12 @@ static PyObject *code_where(PyCodeObject *code) {
     return PyUnicode_FromFormat("%U (%U:%d)", code->co_qualname, code->co_filename, code->co_firstlineno);
 }
 
-/* The info dict of an entry for ember.cache_info. */
-static PyObject *entry_info(EntryKind kind, const GuardSet *gs, const EmCompileConfig *cfg,
-                            const EmTraceResult *res, PyObject *graph_text, PyObject *out_text) {
-    PyObject *d = PyDict_New(), *guards = NULL, *backend = NULL;
+/* The info dict of an entry for ember.cache_info, without "guards": em_cache_entry_info renders
+ * them when asked (rendering every guard's text cost a tenth of a warm compile). */
+static PyObject *entry_info(EntryKind kind, const EmCompileConfig *cfg, const EmTraceResult *res,
+                            PyObject *graph_text, PyObject *out_text) {
+    PyObject *d = PyDict_New(), *backend = NULL;
     if (!d) return NULL;
-    guards = gs ? em_guard_render(gs) : PyList_New(0);
-    if (!guards) goto error;
     backend = PyUnicode_Check(cfg->backend) ? Py_NewRef(cfg->backend) : PyObject_Repr(cfg->backend);
     if (!backend) goto error;
     const EmBreakInfo *b = &res->brk;
@@ -279,7 +278,6 @@ static PyObject *entry_info(EntryKind kind, const GuardSet *gs, const EmCompileC
     int bad = !reason || !reason_text || !lineno ||
               PyDict_SetItemString(d, "kind", em_str(kind == ENTRY_BREAK ? "break" : fallback ? "fallback" : "graph")) < 0 ||
               PyDict_SetItemString(d, "backend", backend) < 0 ||
-              PyDict_SetItemString(d, "guards", guards) < 0 ||
               PyDict_SetItemString(d, "graph", graph_text ? graph_text : Py_None) < 0 ||
               PyDict_SetItemString(d, "output", out_text ? out_text : Py_None) < 0 ||
               PyDict_SetItemString(d, "reason", reason) < 0 ||
@@ -292,11 +290,9 @@ static PyObject *entry_info(EntryKind kind, const GuardSet *gs, const EmCompileC
     Py_XDECREF(reason_text);
     Py_XDECREF(lineno);
     if (bad) goto error;
-    Py_DECREF(guards);
     Py_DECREF(backend);
     return d;
 error:
-    Py_XDECREF(guards);
     Py_XDECREF(backend);
     Py_DECREF(d);
     return NULL;
@@ -524,12 +520,14 @@ done:
  * their code from ember._backends), perf: one record each about a new entry. */
 static void log_new_entry(CacheEntry *e, PyCodeObject *code) {
     static const uint32_t topics[] = {EM_LOG_GRAPH_BREAKS, EM_LOG_GUARDS, EM_LOG_GRAPH, EM_LOG_OUTPUT_CODE, EM_LOG_PERF};
-    PyObject *d = log_record(code);
-    if (!d || PyDict_SetItemString(d, "info", e->info) < 0) {
+    PyObject *d = log_record(code), *info = d ? em_cache_entry_info(e) : NULL;
+    if (!info || PyDict_SetItemString(d, "info", info) < 0) {
+        Py_XDECREF(info);
         Py_XDECREF(d);
         PyErr_Clear();
         return;
     }
+    Py_DECREF(info);
     PyObject *graph = PyDict_GetItemString(e->info, "graph"), *ember = PyDict_GetItemString(e->info, "ember");
     for (size_t i = 0; i < sizeof topics / sizeof topics[0]; i++) {
         uint32_t t = topics[i];
@@ -677,7 +675,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         out_text = em_out_repr(e->brk->values);
         if (!out_text) goto error;
     }
-    e->info = entry_info(e->kind, e->guards, cfg, &res, graph_text, out_text);
+    e->info = entry_info(e->kind, cfg, &res, graph_text, out_text);
     if (!e->info || (backend_info && PyDict_SetItemString(e->info, info_key, backend_info) < 0)) goto error;
     if (cg_info && PyDict_SetItemString(e->info, "cudagraphs", cg_info) < 0) goto error;
     Py_CLEAR(cg_info);
@@ -742,12 +740,6 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
             em_guard_drop_fetch(e->guards);
             while (failed >= 0 && em_guard_check(e->guards, fv, fetched, &failed) != 1 && failed >= 0)
                 em_guard_drop(e->guards, failed);
-            PyObject *guards = em_guard_render(e->guards);
-            if (!guards || PyDict_SetItemString(e->info, "guards", guards) < 0) {
-                Py_XDECREF(guards);
-                return NULL;
-            }
-            Py_DECREF(guards);
         }
     }
     if (em_log_mask) log_new_entry(e, code);
@@ -762,13 +754,24 @@ error:
     return NULL;
 }
 
+PyObject *em_cache_entry_info(const CacheEntry *e) {
+    PyObject *d = PyDict_Copy(e->info), *guards = d && e->guards ? em_guard_render(e->guards) : PyList_New(0);
+    if (!d || !guards || PyDict_SetItemString(d, "guards", guards) < 0) {
+        Py_XDECREF(d);
+        Py_XDECREF(guards);
+        return NULL;
+    }
+    Py_DECREF(guards);
+    return d;
+}
+
 PyObject *em_cache_info(PyCodeObject *code) {
     PyObject *list = PyList_New(0);
     if (!list) return NULL;
     ExtraState *es = em_cache_get(code, 0);
     if (!es) return list;
     for (CacheEntry *e = es->head; e; e = e->next) {
-        PyObject *d = PyDict_Copy(e->info);
+        PyObject *d = em_cache_entry_info(e);
         PyObject *hits = PyLong_FromUnsignedLongLong(e->hits);
         if (!d || !hits || PyDict_SetItemString(d, "hits", hits) < 0 || PyList_Append(list, d) < 0) {
             Py_XDECREF(d);

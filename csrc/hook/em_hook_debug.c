@@ -38,7 +38,7 @@ void em_debug_on_compile(CacheEntry *e, PyCodeObject *code, PyObject *globals, c
     if (!hook || !e->info) return;
     Py_INCREF(hook);
     PyCodeObject *origin = em_trace_resume_origin(code); /* borrowed; NULL: not a resume function */
-    if (!(d = PyDict_Copy(e->info))) goto error;
+    if (!(d = em_cache_entry_info(e))) goto error;
     if (set_item_steal(d, "fetch_sources", em_guard_render_fetch(e->guards)) < 0) goto error;
     if (e->kind == ENTRY_GRAPH) {
         PyObject *lst = PyList_New(e->ninputs);

@@ -185,9 +185,26 @@ static IROp ir_lookup_exact(PyObject *target) {
  * "torch.Tensor.view", "_operator" as "operator", "torch._C._nn.gelu" as
  * "torch.nn.functional.gelu" (when that is the same object), "torch._ops" as "torch.ops".
  * A str target (call_method, placeholder) is returned as is. Falls back to repr(). New str. */
+static PyObject *ir_target_qualname(PyObject *target);
+
 PyObject *em_ir_target_qualname(PyObject *target) {
-    PyObject *name = NULL, *module = NULL, *result = NULL;
+    /* torch's callables keep their name: asked for every node by the printer and the lowering's
+     * rule lookup, it is found once per process (the dict holds only em_ir_torch_callable
+     * targets, which keep nothing of the user's alive) */
+    static PyObject *cache; /* one interpreter (em_module.c) */
     if (PyUnicode_Check(target)) return Py_NewRef(target);
+    if (!em_ir_torch_callable(target)) return ir_target_qualname(target);
+    if (!cache && !(cache = PyDict_New())) return NULL;
+    PyObject *hit = PyDict_GetItemWithError(cache, target);
+    if (hit) return Py_NewRef(hit);
+    if (PyErr_Occurred()) PyErr_Clear(); /* unhashable: not cached */
+    PyObject *q = ir_target_qualname(target);
+    if (q && PyDict_SetItem(cache, target, q) < 0) PyErr_Clear();
+    return q;
+}
+
+static PyObject *ir_target_qualname(PyObject *target) {
+    PyObject *name = NULL, *module = NULL, *result = NULL;
     IROp op = ir_lookup_exact(target);
     if (op != IROP_OTHER) return PyUnicode_FromString(op_pynames[op]);
 
@@ -328,8 +345,11 @@ static bool ir_name_illegal(const char *s) {
         "pytree"};
     for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++)
         if (strcmp(reserved[i], s) == 0) return true;
-    PyObject *mod = PyImport_AddModule("builtins"); /* borrowed */
-    PyObject *d = mod ? PyModule_GetDict(mod) : NULL;
+    static PyObject *d; /* builtins.__dict__, alive as long as the interpreter (em_module.c: one) */
+    if (!d) {
+        PyObject *mod = PyImport_AddModule("builtins"); /* borrowed */
+        d = mod ? Py_XNewRef(PyModule_GetDict(mod)) : NULL;
+    }
     bool found = d && PyDict_GetItemString(d, s) != NULL;
     PyErr_Clear();
     return found;

@@ -62,8 +62,7 @@ PyObject *em_ir_memo_info(void) {
                          "misses", n_misses);
 }
 
-/* Is fn torch's own callable (its result a function of its arguments and torch's state)? */
-static bool torch_callable(PyObject *fn) {
+bool em_ir_torch_callable(PyObject *fn) {
     if (PyCFunction_Check(fn)) { /* a builtin, not a method bound to an instance (a tensor) */
         PyObject *self = PyCFunction_GET_SELF(fn);
         return !self || PyModule_Check(self) || PyType_Check(self);
@@ -176,7 +175,7 @@ static PyObject *tensor_desc(const IRMeta *m, bool live) {
 PyObject *em_ir_memo_key(PyObject *fn, PyObject *args, PyObject *kw, PyObject *device, const IRMeta *const *metas,
                          int nmetas) {
     if (memo_init() < 0) return NULL;
-    if (!torch_callable(fn) || view_method(fn)) return Py_NewRef(Py_None);
+    if (!em_ir_torch_callable(fn) || view_method(fn)) return Py_NewRef(Py_None);
     for (int i = 0; i < nmetas; i++)
         if (metas[i]->kind != IRMETA_TENSOR || !metas[i]->example || metas[i]->sym_sizes || metas[i]->sym_strides)
             return Py_NewRef(Py_None);

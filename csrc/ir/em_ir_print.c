@@ -211,11 +211,20 @@ done:
     return rc;
 }
 
+/* n copies of the character of run (a string of 64 of them), written a run at a time. */
+static void ir_put_run(StrBuf *b, const char *run, size_t n) {
+    for (; n > 64; n -= 64) sb_putn(b, run, 64);
+    sb_putn(b, run, n);
+}
+
+static const char ir_spaces[] = "                                                                ";
+static const char ir_dashes[] = "----------------------------------------------------------------";
+
 /* Pads s to width w (code points) after writing it. */
 static void ir_put_cell(StrBuf *b, const char *s, size_t w, bool last) {
     sb_puts(b, s);
-    if (last) return;
-    for (size_t k = ir_width(s); k < w + 2; k++) sb_putn(b, " ", 1);
+    size_t k = ir_width(s);
+    if (!last && k < w + 2) ir_put_run(b, ir_spaces, w + 2 - k);
 }
 
 /* The table, in the layout of tabulate's "simple" format that print_tabular uses: a header
@@ -240,7 +249,7 @@ PyObject *em_ir_format_tabular(const IRGraph *g) {
     for (int c = 0; c < NCOLS; c++) ir_put_cell(&out, headers[c], width[c], c == NCOLS - 1);
     sb_puts(&out, "\n");
     for (int c = 0; c < NCOLS; c++) {
-        for (size_t k = 0; k < width[c]; k++) sb_putn(&out, "-", 1);
+        ir_put_run(&out, ir_dashes, width[c]);
         if (c != NCOLS - 1) sb_puts(&out, "  ");
     }
     for (uint32_t r = 0; r < nrows; r++) {

@@ -222,6 +222,52 @@ static const char *cpu_identity(void) {
 
 /* Compiles (or finds in the cache) source and dlopens it. Returns the handle, NULL with an
  * exception. *key_out (33 bytes) receives the cache key. */
+/* Libraries this process has loaded, by key, each holding one dlopen reference of its own: a graph
+ * compiled again (after ember.reset, or for a new guard set) finds its kernels mapped already and
+ * takes a reference with RTLD_NOLOAD instead of reading, verifying and mapping the file again. The
+ * key names the content (source, compiler, flags, CPU), so a loaded library stays right for its key
+ * whatever later happens to the file. Called with the GIL held. */
+typedef struct {
+    char key[33];
+    char *path;
+    void *handle;
+} LoadedLib;
+static LoadedLib *loaded;
+static size_t nloaded, caploaded;
+
+static void *loaded_take(const char *key) {
+    for (size_t i = 0; i < nloaded; i++)
+        if (memcmp(loaded[i].key, key, 33) == 0) {
+            void *h = dlopen(loaded[i].path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+            if (h == loaded[i].handle) return h;
+            if (h) dlclose(h);
+            return NULL;
+        }
+    return NULL;
+}
+
+/* Keeps a reference to handle (loaded from path) for later loads of key; best effort. */
+static void loaded_keep(const char *key, const char *path, void *handle) {
+    if (nloaded == caploaded) {
+        size_t cap = caploaded ? 2 * caploaded : 32;
+        LoadedLib *n = realloc(loaded, cap * sizeof *n);
+        if (!n) return;
+        loaded = n;
+        caploaded = cap;
+    }
+    char *p = strdup(path);
+    void *h = p ? dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD) : NULL;
+    if (h != handle) {
+        if (h) dlclose(h);
+        free(p);
+        return;
+    }
+    memcpy(loaded[nloaded].key, key, 33);
+    loaded[nloaded].path = p;
+    loaded[nloaded].handle = h;
+    nloaded++;
+}
+
 void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cached) {
     PyObject *ccv = NULL, *flagsv = NULL, *ldv = NULL;
     void *handle = NULL;
@@ -259,6 +305,11 @@ void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cach
     if (ldv != Py_None) h_str(&h, PyUnicode_AsUTF8(ldv));
     h_str(&h, cpu_identity());
     snprintf(key_out, 33, "%016llx%016llx", (unsigned long long)h.a, (unsigned long long)h.b);
+    if ((handle = loaded_take(key_out))) {
+        *was_cached = 1;
+        n_disk_hits++;
+        goto done;
+    }
     if (cache_dir(dir, sizeof dir) < 0) goto done;
     snprintf(path, sizeof path, "%s/%s.so", dir, key_out);
     if (entry_valid(path)) {
@@ -266,6 +317,7 @@ void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cach
         if (handle) {
             *was_cached = 1;
             n_disk_hits++;
+            loaded_keep(key_out, path, handle);
             goto done;
         }
     }
@@ -352,6 +404,7 @@ void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cach
     }
     handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!handle) PyErr_Format(PyExc_RuntimeError, "ember: dlopen(%s) failed: %s", path, dlerror());
+    else loaded_keep(key_out, path, handle);
 done:
     free(flagbuf);
     free(ldflags);
@@ -362,7 +415,8 @@ done:
 }
 
 /* ember._C._cc_stats() -> {"compiles": n, "disk_hits": n, "internal_fallbacks": n} for this
- * process (internal_fallbacks: graphs backend "ember" handed to the eager backend after an
+ * process (disk_hits: libraries loaded with no compiler call, from the cache directory or already
+ * mapped by this process; internal_fallbacks: graphs backend "ember" handed to the eager backend after an
  * internal failure). */
 PyObject *em_cc_stats(PyObject *self, PyObject *noargs) {
     return Py_BuildValue("{s:K,s:K,s:K}", "compiles", (unsigned long long)n_compiles, "disk_hits",
