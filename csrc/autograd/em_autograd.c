@@ -2658,7 +2658,7 @@ static IRRef dz_mha(AG *d, const Bind *b) {
     /* _in_projection_packed, q is k is v */
     IRArg la[3] = {d->fmap[q.u.ref] ? arg_node(d->fmap[q.u.ref]) : arg_node(0), map_arg(d, &w), map_arg(d, &bias)};
     IRRef proj = dz(d, emit_fn(d, "nn.functional.linear", la, 3));
-    proj = dz_m(d, "unflatten", proj, Py_BuildValue("(i(LL))", -1, 3LL, E));
+    proj = dz_m(d, "view", proj, Py_BuildValue("((LLLL))", L, B, 3LL, E)); /* unflatten(-1, (3, E)) */
     proj = dz_m(d, "unsqueeze", proj, Py_BuildValue("(i)", 0));
     proj = dz_m(d, "transpose", proj, Py_BuildValue("(ii)", 0, -2));
     proj = dz_m(d, "squeeze", proj, Py_BuildValue("(i)", -2));
@@ -2681,7 +2681,10 @@ static IRRef dz_mha(AG *d, const Bind *b) {
     if (!qkv[0] || !qkv[1] || !qkv[2]) return 0;
     IRRef out = dz_sdpa(d, qkv[0], qkv[1], qkv[2], mask, p, causal, Py_None);
     out = dz_m(d, "permute", out, Py_BuildValue("(iiii)", 2, 0, 1, 3));
-    out = dz_m(d, "reshape", out, Py_BuildValue("(LL)", B * L, E));
+    /* reshape(B * L, E) of the permuted (non-contiguous) result: the copy it makes, then a view
+     * (aten reshape: _unsafe_view(clone(contiguous))), each of which the meta memo keeps */
+    out = dz_m(d, "contiguous", out, PyTuple_New(0));
+    out = dz_m(d, "view", out, Py_BuildValue("((LL))", B * L, E));
     if (!out) return 0;
     IRArg oa[3] = {arg_node(out), map_arg(d, &wo), map_arg(d, &bo)};
     out = dz(d, emit_fn(d, "nn.functional.linear", oa, 3));
