@@ -185,6 +185,30 @@ static IROp ir_lookup_exact(PyObject *target) {
  * "torch.Tensor.view", "_operator" as "operator", "torch._C._nn.gelu" as
  * "torch.nn.functional.gelu" (when that is the same object), "torch._ops" as "torch.ops".
  * A str target (call_method, placeholder) is returned as is. Falls back to repr(). New str. */
+bool em_ir_torch_callable(PyObject *fn) {
+    if (PyCFunction_Check(fn)) { /* a builtin, not a method bound to an instance (a tensor) */
+        PyObject *self = PyCFunction_GET_SELF(fn);
+        return !self || PyModule_Check(self) || PyType_Check(self);
+    }
+    if (PyUnicode_Check(fn) || Py_IS_TYPE(fn, &PyMethodDescr_Type) || Py_IS_TYPE(fn, &PyWrapperDescr_Type)) return true;
+    PyObject *mod = NULL;
+    if (PyFunction_Check(fn)) {
+        mod = Py_XNewRef(PyFunction_GET_MODULE(fn));
+    } else {
+        mod = PyObject_GetAttrString((PyObject *)Py_TYPE(fn), "__module__"); /* torch._ops.OpOverload */
+        if (!mod) PyErr_Clear();
+        if (mod && !(PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "torch._ops") == 0)) Py_CLEAR(mod);
+    }
+    bool ok = false;
+    if (mod && PyUnicode_Check(mod)) {
+        const char *s = PyUnicode_AsUTF8(mod);
+        if (!s) PyErr_Clear();
+        ok = s && (strcmp(s, "torch") == 0 || strncmp(s, "torch.", 6) == 0);
+    }
+    Py_XDECREF(mod);
+    return ok;
+}
+
 static PyObject *ir_target_qualname(PyObject *target);
 
 PyObject *em_ir_target_qualname(PyObject *target) {

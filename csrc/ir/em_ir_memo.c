@@ -62,30 +62,6 @@ PyObject *em_ir_memo_info(void) {
                          "misses", n_misses);
 }
 
-bool em_ir_torch_callable(PyObject *fn) {
-    if (PyCFunction_Check(fn)) { /* a builtin, not a method bound to an instance (a tensor) */
-        PyObject *self = PyCFunction_GET_SELF(fn);
-        return !self || PyModule_Check(self) || PyType_Check(self);
-    }
-    if (PyUnicode_Check(fn) || Py_IS_TYPE(fn, &PyMethodDescr_Type) || Py_IS_TYPE(fn, &PyWrapperDescr_Type)) return true;
-    PyObject *mod = NULL;
-    if (PyFunction_Check(fn)) {
-        mod = Py_XNewRef(PyFunction_GET_MODULE(fn));
-    } else {
-        mod = PyObject_GetAttrString((PyObject *)Py_TYPE(fn), "__module__"); /* torch._ops.OpOverload */
-        if (!mod) PyErr_Clear();
-        if (mod && !(PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "torch._ops") == 0)) Py_CLEAR(mod);
-    }
-    bool ok = false;
-    if (mod && PyUnicode_Check(mod)) {
-        const char *s = PyUnicode_AsUTF8(mod);
-        if (!s) PyErr_Clear();
-        ok = s && (strcmp(s, "torch") == 0 || strncmp(s, "torch.", 6) == 0);
-    }
-    Py_XDECREF(mod);
-    return ok;
-}
-
 /* Tensor methods whose result is a view of their receiver: never kept (a fresh result is needed),
  * so their keys are not even built (the attention decomposition makes dozens of them). */
 static bool view_method(PyObject *fn) {
