@@ -555,13 +555,9 @@ static int meta_from_value(AG *ag, PyObject *v, PyObject *device, IRMeta *out) {
         Py_DECREF(seq);
         return out->items ? 0 : (PyErr_NoMemory(), -1);
     }
-    PyObject *tensor_type = NULL;
-    PyObject *torch = PyImport_ImportModule("torch");
-    if (torch) tensor_type = PyObject_GetAttrString(torch, "Tensor");
-    Py_XDECREF(torch);
-    if (!tensor_type) return -1;
+    static PyObject *tensor_type = NULL; /* one interpreter (em_lazy_attr) */
+    if (!em_lazy_attr(&tensor_type, "torch", "Tensor")) return -1;
     int is_t = PyObject_IsInstance(v, tensor_type);
-    Py_DECREF(tensor_type);
     if (is_t < 0) return -1;
     if (is_t) {
         if (em_ir_meta_from_tensor(ag->a, v, device, out) < 0) return -1;

@@ -719,6 +719,17 @@ static const LowerRule LOWER_RULES[] = {
 #undef U
 #undef B
 
+/* buf = a + b, truncated to size - 1 bytes (no rule key is that long). 0. */
+static int key_join(char *buf, size_t size, const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > size - 1) la = size - 1;
+    if (lb > size - 1 - la) lb = size - 1 - la;
+    memcpy(buf, a, la);
+    memcpy(buf + la, b, lb);
+    buf[la + lb] = '\0';
+    return 0;
+}
+
 /* The rule key of a call target: methods by name, torch.X and torch.Tensor.X as X,
  * torch.nn.functional.X as F.X, operator.X as op.X, torch.special.X as special.X. */
 static int target_key(const IRNode *n, char *buf, size_t size) {
@@ -736,28 +747,50 @@ static int target_key(const IRNode *n, char *buf, size_t size) {
             {"_operator.", "op."}, {"torch.", ""}, {"ember._C.", "ember."},
         };
         if (n->kind == IR_CALL_METHOD) {
-            snprintf(buf, size, "%s", s);
-            r = 0;
+            r = key_join(buf, size, "", s);
         } else {
             for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
                 size_t lp = strlen(map[i].prefix);
                 if (strncmp(s, map[i].prefix, lp) == 0) {
-                    snprintf(buf, size, "%s%s", map[i].repl, s + lp);
-                    r = 0;
+                    r = key_join(buf, size, map[i].repl, s + lp);
                     break;
                 }
             }
             /* builtins of torch's C module (torch._C._VariableFunctions.add ...) print as "add" */
-            if (r < 0 && !strchr(s, '.')) {
-                snprintf(buf, size, "%s", s);
-                r = 0;
-            }
+            if (r < 0 && !strchr(s, '.')) r = key_join(buf, size, "", s);
         }
     } else {
         PyErr_Clear();
     }
     Py_DECREF(q);
     return r;
+}
+
+/* The rule of a key (the first in LOWER_RULES when a key repeats), through an open-addressing
+ * index of the table built on first use. NULL if none. */
+static uint64_t key_hash(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+enum { RULE_SLOTS = 1024 }; /* a power of two, more than twice the rules */
+static const LowerRule *rule_by_key(const char *key) {
+    static uint16_t slot[RULE_SLOTS]; /* rule index + 1; 0: empty */
+    static int built;
+    const size_t nrules = sizeof LOWER_RULES / sizeof LOWER_RULES[0];
+    _Static_assert(sizeof LOWER_RULES / sizeof LOWER_RULES[0] * 2 < RULE_SLOTS, "grow RULE_SLOTS");
+    if (!built) {
+        for (size_t i = 0; i < nrules; i++) {
+            uint32_t j = (uint32_t)key_hash(LOWER_RULES[i].key) & (RULE_SLOTS - 1);
+            while (slot[j] && strcmp(LOWER_RULES[slot[j] - 1].key, LOWER_RULES[i].key) != 0) j = (j + 1) & (RULE_SLOTS - 1);
+            if (!slot[j]) slot[j] = (uint16_t)(i + 1);
+        }
+        built = 1;
+    }
+    for (uint32_t j = (uint32_t)key_hash(key) & (RULE_SLOTS - 1); slot[j]; j = (j + 1) & (RULE_SLOTS - 1))
+        if (strcmp(LOWER_RULES[slot[j] - 1].key, key) == 0) return &LOWER_RULES[slot[j] - 1];
+    return NULL;
 }
 
 /* The augmented assignments of operator (x += y) and their functional forms. */
@@ -783,10 +816,7 @@ static const LowerRule *find_rule(const IRNode *n, int functional) {
             }
         if (len > 1 && key[len - 1] == '_' && key[len - 2] != '_') key[len - 1] = 0;
     }
-    for (size_t i = 0; i < sizeof LOWER_RULES / sizeof LOWER_RULES[0]; i++)
-        if (strcmp(LOWER_RULES[i].key, key) == 0) return &LOWER_RULES[i];
-    /* F.X that is torch.X (F.relu is torch.relu's sibling; F.tanh ...) */
-    return NULL;
+    return rule_by_key(key);
 }
 
 static int is_view_rule(const LowerRule *r) { return r && r->kind >= R_RESHAPE; }
@@ -2752,7 +2782,9 @@ static int name_is_inplace(const char *s) {
 /* F.relu(x, True), F.leaky_relu(x, 0.1, True) ...: a Python function whose positional parameter
  * `inplace` receives something other than False (read from the function's code object). */
 static int inplace_positional(const IRNode *n) {
-    if (n->kind != IR_CALL_FUNCTION || n->nargs < 2) return 0;
+    /* only Python functions have a code object to read (asking a builtin for __code__ costs an
+     * AttributeError per node) */
+    if (n->kind != IR_CALL_FUNCTION || n->nargs < 2 || !PyFunction_Check(n->target)) return 0;
     int r = 0;
     PyObject *code = PyObject_GetAttrString(n->target, "__code__");
     if (!code) {
