@@ -1437,7 +1437,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
     }
     case SP_LAYER_NORM: {
         IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias");
-        PyObject *t = torch_attr("ops.aten.native_layer_norm_backward");
+        PyObject *t = torch_attr("ops.aten.native_layer_norm_backward.default");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
         IRArg a[8] = {arg_node(g), map_arg(ag, &self), const_fold(ag, bval(b, "normalized_shape")), arg_node(ag->aux[n][0]),
                       arg_node(ag->aux[n][1]), map_arg(ag, &w), map_arg(ag, &bias),
@@ -1454,7 +1454,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         if (training < 0) return ag_fail(ag, "batch_norm with a non-constant training flag");
         if (ag->aux[n][2]) { /* cudnn_batch_norm_backward(input, grad (input's layout), weight, running stats,
                                 save_mean, save_var, eps, reserve): all three gradients */
-            PyObject *t = torch_attr("ops.aten.cudnn_batch_norm_backward");
+            PyObject *t = torch_attr("ops.aten.cudnn_batch_norm_backward.default");
             if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
             IRArg ga[1] = {arg_node(g)};
             IRRef gc = emit_method(ag, "contiguous", ga, 1);
@@ -1464,7 +1464,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             if (!r) return -1;
             return accumulate_items(ag, r, &self, &w, &bias);
         }
-        PyObject *t = torch_attr("ops.aten.native_batch_norm_backward");
+        PyObject *t = torch_attr("ops.aten.native_batch_norm_backward.default");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
         IRArg none = arg_const_steal(ag, Py_NewRef(Py_None));
         IRArg a[10] = {arg_node(g), map_arg(ag, &self), map_arg(ag, &w), training ? none : map_arg(ag, &rm),
@@ -1487,7 +1487,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         PyObject *bias_sizes = bias.kind == IRARG_NODE
                                    ? Py_BuildValue("[L]", (long long)em_ir_node(ag->g, bias.u.ref)->meta.sizes[0])
                                    : Py_NewRef(Py_None);
-        PyObject *t = torch_attr("ops.aten.convolution_backward");
+        PyObject *t = torch_attr("ops.aten.convolution_backward.default");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
         IRArg a[11] = {arg_node(g), map_arg(ag, &self), map_arg(ag, &w), arg_const_steal(ag, bias_sizes),
                        arg_const_steal(ag, int_list(st.u.obj, nsp)), arg_const_steal(ag, int_list(pd.u.obj, nsp)),
@@ -1503,7 +1503,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
     case SP_NLL_LOSS: { /* derivatives.yaml nll_loss_forward: nll_loss_backward(grad, self, target, weight, ...) */
         IRArg self = bval(b, "self"), target = bval(b, "target"), w = bval(b, "weight");
         if (!needs(ag, &self)) return 0;
-        PyObject *t = torch_attr("ops.aten.nll_loss_backward");
+        PyObject *t = torch_attr("ops.aten.nll_loss_backward.default");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
         IRArg red = eval_redenum(ag, bval(b, "reduction"));
         IRArg a[7] = {arg_node(g), map_arg(ag, &self), map_arg(ag, &target), map_arg(ag, &w), red,
@@ -1699,7 +1699,7 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
     ag->cur_role = ROLE_FWD;
     switch (b->rule->special) {
     case SP_LAYER_NORM: {
-        PyObject *t = torch_attr("ops.aten.native_layer_norm");
+        PyObject *t = torch_attr("ops.aten.native_layer_norm.default");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
         IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias");
         IRArg a[5] = {map_arg(ag, &self), const_fold(ag, bval(b, "normalized_shape")), map_arg(ag, &w), map_arg(ag, &bias), bval(b, "eps")};
@@ -1715,7 +1715,7 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias");
         IRArg rm = bval(b, "running_mean"), rv = bval(b, "running_var");
         bool cudnn = bn_uses_cudnn(ag, b);
-        PyObject *t = torch_attr(cudnn ? "ops.aten.cudnn_batch_norm" : "ops.aten.native_batch_norm");
+        PyObject *t = torch_attr(cudnn ? "ops.aten.cudnn_batch_norm.default" : "ops.aten.native_batch_norm.default");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
         IRArg a[8] = {map_arg(ag, &self), map_arg(ag, &w), map_arg(ag, &bias), map_arg(ag, &rm), map_arg(ag, &rv),
                       bval(b, "training"), bval(b, "momentum"), bval(b, "eps")};
@@ -1729,7 +1729,7 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         return ag->aux[n][1] && (!cudnn || ag->aux[n][2]) ? out : 0;
     }
     case SP_NLL_LOSS: { /* F.nll_loss of (C) / (N, C) is at::nll_loss_forward (LossNLL.cpp): (output, total_weight) */
-        PyObject *t = torch_attr("ops.aten.nll_loss_forward");
+        PyObject *t = torch_attr("ops.aten.nll_loss_forward.default");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
         IRArg self = bval(b, "self"), target = bval(b, "target"), w = bval(b, "weight");
         IRArg red = eval_redenum(ag, bval(b, "reduction"));
