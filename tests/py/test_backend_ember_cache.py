@@ -132,3 +132,28 @@ def test_compiler_error_is_reported_and_the_program_runs(tmp_path):
             assert torch.equal(f(torch.ones(3)), out)  # the entry is cached: no second compile, no warning
     finally:
         ember.config.cc, ember.config.cache_dir, ember.config.cflags = old, old_dir, old_flags
+
+
+def test_library_stays_mapped_after_reset(tmp_path):
+    """A library this process loaded is taken again by its key after ember.reset(): no compiler
+    call and no read of the cache directory (its files may even be gone); its results are right."""
+    old_dir = ember.config.cache_dir
+    ember.config.cache_dir = str(tmp_path / "cache")
+    try:
+        fn = lambda x: torch.tanh(x) * 5 - 2  # noqa: E731
+        x = torch.linspace(-3, 3, 17)
+        f = ember.compile(fn, backend="ember")
+        torch.testing.assert_close(f(x), fn(x))
+        before = ember._C._cc_stats()
+        for p in (tmp_path / "cache").iterdir():
+            p.unlink()
+        ember.reset()
+        f = ember.compile(fn, backend="ember")
+        torch.testing.assert_close(f(x), fn(x))
+        after = ember._C._cc_stats()
+        assert after["compiles"] == before["compiles"]
+        assert after["disk_hits"] == before["disk_hits"] + 1
+        assert ember.cache_info(f)[0]["ember"]["from_disk_cache"]
+        assert not list((tmp_path / "cache").glob("*.so"))  # nothing was written again
+    finally:
+        ember.config.cache_dir = old_dir

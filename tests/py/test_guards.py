@@ -205,6 +205,52 @@ def test_module_guard_text():
                for g in guards), guards
 
 
+def test_dict_guards_are_named_by_their_owner():
+    """A dict guard's text is its owner's source and the dict's place in it, rendered when the
+    guards are shown (not while tracing): module dicts, hook dicts, an inlined function's globals."""
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    c = ember.compile(m, backend="eager")
+    x = torch.randn(2, 4)
+    assert_same(c(x), m(x))
+    guards = all_guards(c)
+    want = ["___dict_version(L['self']._modules) == ",
+            "___dict_items_unchanged(L['self']._modules, ['0', '1'])",
+            "len(getattr(L['self'], '0')._forward_hooks) == 0",
+            "len(torch.nn.modules.module._global_forward_hooks) == 0",
+            "___dict_version(getattr(L['self'], '0').forward.__globals__) == "]
+    for w in want:
+        assert any(w in g for g in guards), (w, guards)
+
+
+def test_many_module_dicts_each_guarded():
+    """Hundreds of dict guards in one trace (a table of (dict, key) pairs that grows): a hook added
+    to any one submodule, the first, a middle one or the last, fails the guards."""
+    layers = torch.nn.ModuleList(torch.nn.Linear(2, 2) for _ in range(120))
+
+    class Deep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = layers
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    m = Deep()
+    x = torch.randn(3, 2)
+    for k in (0, 77, 119):
+        ember.reset()
+        c = ember.compile(m, backend="eager")
+        assert_same(c(x), m(x))
+        assert n_entries(c) == 1
+        h = layers[k].register_forward_hook(lambda mod, inp, out: out * 2)
+        try:
+            assert_same(c(x), m(x))  # the hook runs, as in eager: the old entry's guards failed
+        finally:
+            h.remove()
+
+
 @pytest.mark.parametrize("change", [
     pytest.param(lambda m: setattr(m, "i", 5), id="int_attribute"),
     pytest.param(lambda m: m.eval(), id="training_flag"),
