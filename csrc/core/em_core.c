@@ -162,6 +162,16 @@ PyObject *em_lazy_attr(PyObject **slot, const char *module, const char *attr) {
     return *slot;
 }
 
+PyObject *em_attr_optional(PyObject *obj, PyObject *name) {
+    PyObject *r = NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    if (PyObject_GetOptionalAttr(obj, name, &r) < 0) return NULL;
+#else
+    if (_PyObject_LookupAttr(obj, name, &r) < 0) return NULL;
+#endif
+    return r;
+}
+
 PyObject *em_config_attr(const char *name) {
     static PyObject *config = NULL;
     PyObject *v = config || em_lazy_attr(&config, "ember._config", "config") ? PyObject_GetAttrString(config, name) : NULL;

@@ -94,6 +94,9 @@ PyObject *em_str(const char *literal);
 /* module.attr, imported on first use and kept in *slot (a file-level static: one interpreter,
  * em_module.c). Borrowed reference, or NULL with an exception. */
 PyObject *em_lazy_attr(PyObject **slot, const char *module, const char *attr);
+/* obj.name, or NULL with no exception when obj has no such attribute (a generic getattr then
+ * makes no AttributeError to clear); NULL with an exception on any other error. New reference. */
+PyObject *em_attr_optional(PyObject *obj, PyObject *name);
 /* A new tuple of n Python ints (sizes, strides), or NULL with an exception. */
 PyObject *em_int64_tuple(int32_t n, const int64_t *v);
 /* ember.config.<name> (src/ember/_config.py) as a truth value; dflt when it is absent or its truth

@@ -80,7 +80,7 @@ static int add_symsrc(Trace *T, uint32_t before_n, TValue *t, int32_t dim, Guard
 /* Dims listed in tensor.<attr> (a set of ints, as torch._dynamo.mark_dynamic stores them). */
 static uint64_t marked_dims(PyObject *t, const char *attr, int ndim) {
     uint64_t mask = 0;
-    PyObject *s = PyObject_GetAttrString(t, attr), *it = NULL, *x;
+    PyObject *s = em_attr_optional(t, em_str(attr)), *it = NULL, *x; /* usually absent */
     if (!s) {
         PyErr_Clear();
         return 0;
