@@ -160,8 +160,9 @@ static int layout_is_m(PyObject *t, int32_t nd, const int64_t *m) {
 
 static int data_ptr(PyObject *t, char **out);
 
-/* OpenMP threads follow torch.set_num_threads (ember's kernels run in their own OpenMP runtime,
- * torch's in its bundled one). -1 with an exception. */
+/* OpenMP threads follow torch.set_num_threads (the kernels' omp_set_num_threads is per calling
+ * thread, and a torch build may bring its own OpenMP runtime: docs/backend_cpu.md). -1 with an
+ * exception. */
 static int follow_torch_threads(Kernel *k) {
     PyObject *nt = PyObject_CallNoArgs(get_num_threads);
     long n = nt ? PyLong_AsLong(nt) : -1;
