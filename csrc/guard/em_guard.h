@@ -74,11 +74,12 @@ int em_guard_sym(GuardBuilder *b, struct SymProg *prog, const GuardSrc *srcs, co
                  PyObject *lines);
 
 /* The dict (a hook dict, an iterated _modules ...) still holds what it held at compile time: the
- * same items (keys, and values by identity) in the same order. owner, how: the dict's name for
- * rendering, the rendered source owner followed by how (L['self'] + ".__dict__"), or how alone when
- * owner < 0 ("G"); rendered only when the guard is shown, not while tracing. The version tag is the fast path (3.11: ma_version_tag; 3.12: a
- * dict watcher, the check costs nothing until a watched dict changes); a moved tag re-compares the
- * items, so an entry added and removed again keeps the guard. The dict is kept alive by the set. */
+ * same items (keys, and values by identity) in the same order. owner, how: the dict's name, the
+ * text of source owner followed by how (L['self'] + ".__dict__"), or how alone when owner < 0
+ * ("G"); made only when the guard is shown, not while tracing. The version tag is the fast path
+ * (3.11: ma_version_tag; 3.12: a dict watcher, the check costs nothing until a watched dict
+ * changes); a moved tag re-compares the items, so an entry added and removed again keeps the
+ * guard. The dict is kept alive by the set. */
 int em_guard_dict_version(GuardBuilder *b, PyObject *dict, GuardSrc owner, const char *how);
 /* Only dict[key] is guarded: it is still the very object it was at compile time, or still absent.
  * Other keys may change without failing (a module-level loop variable rebound in f_globals must not

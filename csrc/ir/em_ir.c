@@ -179,12 +179,6 @@ static IROp ir_lookup_exact(PyObject *target) {
     return IROP_OTHER;
 }
 
-/* The qualified name under which a target is written in printed graphs and generated Python,
- * following torch.fx's _get_qualified_name (torch/fx/node.py) with readable fix-ups:
- * table entries by their table name, builtins bare ("len"), Tensor method descriptors as
- * "torch.Tensor.view", "_operator" as "operator", "torch._C._nn.gelu" as
- * "torch.nn.functional.gelu" (when that is the same object), "torch._ops" as "torch.ops".
- * A str target (call_method, placeholder) is returned as is. Falls back to repr(). New str. */
 bool em_ir_torch_callable(PyObject *fn) {
     if (PyCFunction_Check(fn)) { /* a builtin, not a method bound to an instance (a tensor) */
         PyObject *self = PyCFunction_GET_SELF(fn);
@@ -209,6 +203,12 @@ bool em_ir_torch_callable(PyObject *fn) {
     return ok;
 }
 
+/* The qualified name under which a target is written in printed graphs and generated Python,
+ * following torch.fx's _get_qualified_name (torch/fx/node.py) with readable fix-ups:
+ * table entries by their table name, builtins bare ("len"), Tensor method descriptors as
+ * "torch.Tensor.view", "_operator" as "operator", "torch._C._nn.gelu" as
+ * "torch.nn.functional.gelu" (when that is the same object), "torch._ops" as "torch.ops".
+ * A str target (call_method, placeholder) is returned as is. Falls back to repr(). New str. */
 static PyObject *ir_target_qualname(PyObject *target);
 
 PyObject *em_ir_target_qualname(PyObject *target) {

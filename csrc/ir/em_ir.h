@@ -213,6 +213,11 @@ bool em_ir_meta_contiguous(const IRMeta *m);
 /* Is m a tensor on a CPU device? */
 bool em_ir_meta_on_cpu(const IRMeta *m);
 
+/* Is fn torch's own callable, long-lived and not bound to an instance (a builtin of a module or
+ * type, a method descriptor, a method name, an OpOverload, a Python function of a torch module)?
+ * Its result is a function of its arguments and torch's state, and holding it keeps nothing of the
+ * user's alive: the memo and em_ir_target_qualname's cache take only these. */
+bool em_ir_torch_callable(PyObject *fn);
 /* The meta-call memo (em_ir_memo.c): results of fn(*args, **kw) on meta examples, by the call's
  * key. em_ir_memo_key: the key of a call whose tensor arguments are the examples of metas[0..n)
  * (device: the device the call's result is on, or NULL); a new tuple, a new Py_None when the call
@@ -222,11 +227,6 @@ bool em_ir_meta_on_cpu(const IRMeta *m);
  * em_ir_memo_put: keeps res when it is a fresh result; never raises (a pending exception stays).
  * em_ir_memo_clear: drop every entry (ember._C._meta_memo(True)); em_ir_memo_info: a new dict
  * {"entries", "hits", "misses"} (counts since the last clear). */
-/* Is fn torch's own callable, long-lived and not bound to an instance (a builtin of a module or
- * type, a method descriptor, a method name, an OpOverload, a Python function of a torch module)?
- * Its result is a function of its arguments and torch's state, and holding it keeps nothing of the
- * user's alive: the memo and em_ir_target_qualname's cache take only these. */
-bool em_ir_torch_callable(PyObject *fn);
 PyObject *em_ir_memo_key(PyObject *fn, PyObject *args, PyObject *kw, PyObject *device, const IRMeta *const *metas,
                          int nmetas);
 PyObject *em_ir_memo_get(PyObject *key, const IRMeta *const *metas, int nmetas, PyObject **device);

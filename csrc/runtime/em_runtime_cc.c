@@ -220,8 +220,6 @@ static const char *cpu_identity(void) {
     return cpu_id;
 }
 
-/* Compiles (or finds in the cache) source and dlopens it. Returns the handle, NULL with an
- * exception. *key_out (33 bytes) receives the cache key. */
 /* Libraries this process has loaded, by key, each holding one dlopen reference of its own: a graph
  * compiled again (after ember.reset, or for a new guard set) finds its kernels mapped already and
  * takes a reference with RTLD_NOLOAD instead of reading, verifying and mapping the file again. The
@@ -268,6 +266,8 @@ static void loaded_keep(const char *key, const char *path, void *handle) {
     nloaded++;
 }
 
+/* Compiles (or finds in the cache) source and dlopens it. Returns the handle, NULL with an
+ * exception. *key_out (33 bytes) receives the cache key. */
 void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cached) {
     PyObject *ccv = NULL, *flagsv = NULL, *ldv = NULL;
     void *handle = NULL;
@@ -416,8 +416,8 @@ done:
 
 /* ember._C._cc_stats() -> {"compiles": n, "disk_hits": n, "internal_fallbacks": n} for this
  * process (disk_hits: libraries loaded with no compiler call, from the cache directory or already
- * mapped by this process; internal_fallbacks: graphs backend "ember" handed to the eager backend after an
- * internal failure). */
+ * mapped by this process; internal_fallbacks: graphs backend "ember" handed to the eager backend
+ * after an internal failure). */
 PyObject *em_cc_stats(PyObject *self, PyObject *noargs) {
     return Py_BuildValue("{s:K,s:K,s:K}", "compiles", (unsigned long long)n_compiles, "disk_hits",
                          (unsigned long long)n_disk_hits, "internal_fallbacks", (unsigned long long)n_internal);
