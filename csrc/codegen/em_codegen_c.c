@@ -175,6 +175,18 @@ static void emit_gidx(SB *b, const KG *g, uint32_t i, int t, const char *ind) {
               (long long)n->gsize[t], (n->gwrap >> t) & 1, (long long)em_codegen_gather_check(i, t));
 }
 
+/* Is the load masked on outer (row) dims only, with a non-empty range on each? Its row base is then
+ * computed from indices clamped into the ranges and its condition once per row (m<q>, emit_kernel),
+ * so the load is always in bounds and is emitted unconditionally, then selected: gcc vectorizes
+ * that, not a masked load of a non-affine address nor a chain of in-loop conditions (a channels_last
+ * max_pool2d's 3x3 window was a scalar loop, 14x Inductor's time). */
+static int row_masked(const SKernel *k, const SAccess *ac) {
+    if (!ac->mask || ac->iota || (ac->mask >> k->nouter)) return 0;
+    for (int j = 0; j < k->nouter; j++)
+        if (((ac->mask >> j) & 1) && ac->lo[j] >= ac->hi[j]) return 0;
+    return 1;
+}
+
 static void emit_load(SB *b, const KG *g, uint32_t i, const char *ind, int inner) {
     const SKernel *k = g->k;
     const LNode *n = &k->nodes[i];
@@ -184,8 +196,10 @@ static void emit_load(SB *b, const KG *g, uint32_t i, const char *ind, int inner
     snprintf(base, sizeof base, "b%u", q);
     for (int t = 0; t < n->nidx && inner; t++)
         if (k->elem[n->in[t]]) emit_gidx(b, g, i, t, ind);
-    sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
-    if (ac->mask) {
+    int sel = row_masked(k, ac) && !n->nidx; /* load unconditionally (clamped row), then select */
+    if (sel) sb_printf(b, "%sconst %s l%u = ", ind, ctype(n->dtype), i);
+    else sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
+    if (ac->mask && !sel) {
         /* a masked load: read only inside the ranges, else the fill value */
         int ninner = k->ndim - k->nouter, first = 1;
         sb_printf(b, "(");
@@ -214,6 +228,7 @@ static void emit_load(SB *b, const KG *g, uint32_t i, const char *ind, int inner
         for (int t = 0; t < n->nidx; t++) sb_printf(b, " + g%u_%d * %lld", i, t, (long long)n->gstride[t]);
         sb_printf(b, "]%s", n->dtype == LDT_BF16 ? ")" : "");
     }
+    if (sel) sb_printf(b, ";\n%sconst %s v%u = m%u ? l%u", ind, ctype(n->dtype), i, q, i);
     if (ac->mask) {
         if (!em_ldt_is_float(n->dtype)) sb_printf(b, " : (%s)%lldLL", ctype(n->dtype), (long long)ac->ival);
         else if (ac->fval == -INFINITY || ac->fval == INFINITY) sb_printf(b, " : %sINFINITY", ac->fval < 0 ? "-" : "");
@@ -318,6 +333,23 @@ static void elem_closure(const SKernel *k, uint32_t i, uint8_t *set) {
     for (int q = 0; q < em_lnode_nin(&k->nodes[i]); q++) elem_closure(k, k->nodes[i].in[q], set);
 }
 
+/* Emits the plain element loads that the per-element stores' values read, before any of those
+ * values: a load written after a NaN-propagating select was sunk by gcc into a branch it then would
+ * not vectorize (a max_pool2d window's nine loads: a scalar loop inside the OpenMP region). */
+static void emit_loads_first(SB *b, const KG *g, uint8_t *done, const char *ind) {
+    const SKernel *k = g->k;
+    uint8_t *need = calloc(k->nnodes ? k->nnodes : 1, 1);
+    if (!need) return; /* only the order changes: emit_elem still emits every load */
+    for (uint32_t q = 0; q < k->nstores; q++)
+        if (em_schedule_store_per_element(k, q)) elem_closure(k, k->store_node[q], need);
+    for (uint32_t i = 0; i < k->nnodes; i++)
+        if (need[i] && !done[i] && k->nodes[i].op == LP_LOAD && !k->nodes[i].nidx && !(g->hoisted && g->hoisted[i])) {
+            emit_load(b, g, i, ind, 1);
+            done[i] = 1;
+        }
+    free(need);
+}
+
 /* Chooses g->rc_node and g->rc_pass (UINT32_MAX: no row cache), by the rules above. */
 static void row_cache_plan(SB *b, KG *g, const LGraph *lg) {
     const SKernel *k = g->k;
@@ -381,7 +413,7 @@ static void emit_row_cache_write(SB *b, const KG *g, uint32_t i, const char *ind
 
 /* In the store pass: the row-cached value, read back instead of recomputed. */
 static void emit_row_cache_read(SB *b, const KG *g, uint8_t *done, const char *ind) {
-    if (g->rc_node == UINT32_MAX) return;
+    if (g->rc_node == UINT32_MAX || done[g->rc_node]) return;
     const SKernel *k = g->k;
     sb_printf(b, "%sconst %s v%u = a%u[", ind, ctype(k->nodes[g->rc_node].dtype), g->rc_node, k->stores[0].arg);
     addr(b, g, k->nloads, "c0", 1);
@@ -788,9 +820,28 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
     for (uint32_t q = 0; q < nacc; q++) {
         if (q < k->nloads) sb_printf(b, "%sconst int64_t b%u = %s", ind, q, g.off[q].v);
         else sb_printf(b, "%sconst int64_t c%u = %s", ind, q - k->nloads, g.off[q].v);
-        for (int j = 0; j < k->nouter; j++)
-            if (!g.st[q][j].zero) sb_printf(b, " + i%d * %s", j, g.st[q][j].v);
+        int clamp = q < k->nloads && row_masked(k, &k->loads[q]);
+        for (int j = 0; j < k->nouter; j++) {
+            if (g.st[q][j].zero) continue;
+            const SAccess *ac = &k->loads[q];
+            if (clamp && ((ac->mask >> j) & 1)) /* a row outside the range reads a row inside it */
+                sb_printf(b, " + (i%d < %lld ? %lld : i%d >= %lld ? %lld : i%d) * %s", j, (long long)ac->lo[j],
+                          (long long)ac->lo[j], j, (long long)ac->hi[j], (long long)ac->hi[j] - 1, j, g.st[q][j].v);
+            else
+                sb_printf(b, " + i%d * %s", j, g.st[q][j].v);
+        }
         sb_printf(b, ";\n");
+        if (clamp) { /* the row's mask, once: a condition in the loop body stops gcc's if-conversion */
+            const SAccess *ac = &k->loads[q];
+            sb_printf(b, "%sconst int m%u = ", ind, q);
+            for (int j = 0, first = 1; j < k->nouter; j++) {
+                if (!((ac->mask >> j) & 1)) continue;
+                sb_printf(b, "%si%d >= %lld && i%d < %lld", first ? "" : " && ", j, (long long)ac->lo[j], j,
+                          (long long)ac->hi[j]);
+                first = 0;
+            }
+            sb_printf(b, ";\n");
+        }
     }
     row_cache_plan(b, &g, lg);
     /* row scope: values that do not vary along the inner dims, reductions in order */
@@ -822,6 +873,8 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         if (simd) sb_printf(b, "%s#pragma omp simd\n", ind);
         sb_printf(b, "%sfor (int64_t r = r0; r < r1; r++) {\n", ind);
         inner_index(b, &g, "            ");
+        emit_row_cache_read(b, &g, done, "            ");
+        emit_loads_first(b, &g, done, "            ");
         for (uint32_t q = 0; q < k->nstores; q++)
             if (em_schedule_store_per_element(k, q)) {
                 emit_row_cache_read(b, &g, done, "            ");

@@ -44,14 +44,20 @@ def check(fn, *args, bitwise=False):
 
 # ---- max pooling: windows of masked loads --------------------------------------------------
 
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("args", [(3, 2, 1), (2, None, 0), ((3, 2), (2, 1), (1, 0)), (3, 1, 1), (1, 1, 0)])
-def test_max_pool2d(dtype, args):
+def test_max_pool2d(dtype, args, layout):
+    """NCHW windows mask the inner (W) dim; channels_last ones mask only row dims (H, W outside
+    the C loop): those load from a row clamped into range and select the fill, vectorized."""
     k, s, p = args
     x = torch.randn(2, 3, 9, 11).to(dtype)
-    x[0, 0, 0, 0] = float("nan")
+    x[0, 0, 0, 0] = float("nan")  # a corner: in the padded windows
     x[1, 2, 4, 5] = float("inf")
     x[1, 1, 3, 3] = -float("inf")
+    x[0, 1, 8, 10] = float("nan")  # the last row and column
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
     info = check(lambda x: F.max_pool2d(x, k, s, p) + 0, x, bitwise=True)
     assert info["externs"] == 0 and info["kernels"] == 1
 
