@@ -187,6 +187,20 @@ static int row_masked(const SKernel *k, const SAccess *ac) {
     return 1;
 }
 
+/* A masked load's condition: each masked dim's index (i<j>, r, j<j>) in [lo, hi). */
+static void mask_cond(SB *b, const SKernel *k, const SAccess *ac) {
+    int ninner = k->ndim - k->nouter, first = 1;
+    for (int j = 0; j < k->ndim; j++) {
+        if (!((ac->mask >> j) & 1)) continue;
+        char idx[16];
+        if (j < k->nouter) snprintf(idx, sizeof idx, "i%d", j);
+        else if (ninner == 1) snprintf(idx, sizeof idx, "r");
+        else snprintf(idx, sizeof idx, "j%d", j);
+        sb_printf(b, "%s%s >= %lld && %s < %lld", first ? "" : " && ", idx, (long long)ac->lo[j], idx, (long long)ac->hi[j]);
+        first = 0;
+    }
+}
+
 static void emit_load(SB *b, const KG *g, uint32_t i, const char *ind, int inner) {
     const SKernel *k = g->k;
     const LNode *n = &k->nodes[i];
@@ -199,19 +213,9 @@ static void emit_load(SB *b, const KG *g, uint32_t i, const char *ind, int inner
     int sel = row_masked(k, ac) && !n->nidx; /* load unconditionally (clamped row), then select */
     if (sel) sb_printf(b, "%sconst %s l%u = ", ind, ctype(n->dtype), i);
     else sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
-    if (ac->mask && !sel) {
-        /* a masked load: read only inside the ranges, else the fill value */
-        int ninner = k->ndim - k->nouter, first = 1;
+    if (ac->mask && !sel) { /* a masked load: read only inside the ranges, else the fill value */
         sb_printf(b, "(");
-        for (int j = 0; j < k->ndim; j++) {
-            if (!((ac->mask >> j) & 1)) continue;
-            char idx[16];
-            if (j < k->nouter) snprintf(idx, sizeof idx, "i%d", j);
-            else if (ninner == 1) snprintf(idx, sizeof idx, "r");
-            else snprintf(idx, sizeof idx, "j%d", j);
-            sb_printf(b, "%s%s >= %lld && %s < %lld", first ? "" : " && ", idx, (long long)ac->lo[j], idx, (long long)ac->hi[j]);
-            first = 0;
-        }
+        mask_cond(b, k, ac);
         sb_printf(b, ") ? ");
     }
     if (ac->iota) { /* the index table: the value is the element offset itself */
@@ -832,14 +836,8 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         }
         sb_printf(b, ";\n");
         if (clamp) { /* the row's mask, once: a condition in the loop body stops gcc's if-conversion */
-            const SAccess *ac = &k->loads[q];
             sb_printf(b, "%sconst int m%u = ", ind, q);
-            for (int j = 0, first = 1; j < k->nouter; j++) {
-                if (!((ac->mask >> j) & 1)) continue;
-                sb_printf(b, "%si%d >= %lld && i%d < %lld", first ? "" : " && ", j, (long long)ac->lo[j], j,
-                          (long long)ac->hi[j]);
-                first = 0;
-            }
+            mask_cond(b, k, &k->loads[q]);
             sb_printf(b, ";\n");
         }
     }
