@@ -344,6 +344,7 @@ static void emit_loads_first(SB *b, const KG *g, uint8_t *done, const char *ind)
     const SKernel *k = g->k;
     uint8_t *need = calloc(k->nnodes ? k->nnodes : 1, 1);
     if (!need) return; /* only the order changes: emit_elem still emits every load */
+    memcpy(need, done, k->nnodes); /* the closure stops at values already emitted (the row cache's) */
     for (uint32_t q = 0; q < k->nstores; q++)
         if (em_schedule_store_per_element(k, q)) elem_closure(k, k->store_node[q], need);
     for (uint32_t i = 0; i < k->nnodes; i++)
@@ -417,7 +418,7 @@ static void emit_row_cache_write(SB *b, const KG *g, uint32_t i, const char *ind
 
 /* In the store pass: the row-cached value, read back instead of recomputed. */
 static void emit_row_cache_read(SB *b, const KG *g, uint8_t *done, const char *ind) {
-    if (g->rc_node == UINT32_MAX || done[g->rc_node]) return;
+    if (g->rc_node == UINT32_MAX) return;
     const SKernel *k = g->k;
     sb_printf(b, "%sconst %s v%u = a%u[", ind, ctype(k->nodes[g->rc_node].dtype), g->rc_node, k->stores[0].arg);
     addr(b, g, k->nloads, "c0", 1);
@@ -875,7 +876,6 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         emit_loads_first(b, &g, done, "            ");
         for (uint32_t q = 0; q < k->nstores; q++)
             if (em_schedule_store_per_element(k, q)) {
-                emit_row_cache_read(b, &g, done, "            ");
                 emit_elem(b, &g, k->store_node[q], done, "            "); /* nothing for a row value */
                 emit_store(b, &g, q, "            ", 1);
             }
