@@ -22,6 +22,7 @@ False, the default of both) draw dropout masks from their own Philox streams, no
              (also inductor-ro, ember-ro: mode="reduce-overhead", CUDA graphs)
              --steps N --rounds N --threads N --json out.json --cpu-time
              --channels-last   ResNet-18's parameters and input in torch.channels_last (all compilers)
+             --amp bf16|fp16   mixed precision: forward and loss under torch.autocast (fp16 with GradScaler)
              --profile N   after the table, each compiler's top N ops of one profiled step (torch.profiler:
                            self CPU time on CPU, self device time on CUDA) and its kernel launches
 """
@@ -220,11 +221,20 @@ def run_model(name, compilers, args, device):
         fn = compile_with(model, c)
         opt = make_opt(model.parameters())
 
-        def step(fn=fn, opt=opt):
+        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+        scaler = torch.amp.GradScaler(device) if args.amp == "fp16" else None
+
+        def step(fn=fn, opt=opt, amp_dtype=amp_dtype, scaler=scaler):
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(fn(x), y)
-            loss.backward()
-            opt.step()
+            with torch.autocast(device, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+                loss = F.cross_entropy(fn(x), y)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:  # float16: the loss scaled, steps with inf/NaN gradients skipped (torch.amp.GradScaler)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
             return loss
         rss0 = rss_mib()
         t0 = time.perf_counter()
@@ -252,7 +262,7 @@ def run_model(name, compilers, args, device):
     for c in compilers:  # memory of a steady-state step, after the timed ones (profiling slows it)
         torch.manual_seed(3)
         runs[c]["step_mib"], runs[c]["peak_mib"] = step_memory(runs[c]["step"], runs[c]["zero_grad"], device)
-    out = {"model": name, "shape": shape, "device": device, "rows": {}}
+    out = {"model": name, "shape": shape, "device": device, "amp": args.amp, "rows": {}}
     for c in compilers:
         r = runs[c]
         out["rows"][c] = {"step_ms": 1e3 * min(r["times"]), "compile_s": r["compile_s"], "peak_mib": r["peak_mib"],
@@ -296,6 +306,8 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", type=int, default=0, metavar="N")
     ap.add_argument("--channels-last", action="store_true", help="ResNet-18's model and input in channels_last")
+    ap.add_argument("--amp", choices=["bf16", "fp16"], default=None,
+                    help="forward and loss under torch.autocast(device, dtype) (fp16: with torch.amp.GradScaler)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time steps with time.process_time() (CPU time of the process): steadier than wall "
                          "clock on a shared VM; use with --threads 1")
@@ -312,7 +324,8 @@ def main():
         res = run_model(name, compilers, args, args.device)
         results.append(res)
         eager_ms = res["rows"]["eager"]["step_ms"] if "eager" in res["rows"] else None
-        print(f"\n{name} ({res['shape']}), {args.steps} steps x {args.rounds} rounds")
+        amp = f", autocast {args.amp}" if args.amp else ""
+        print(f"\n{name} ({res['shape']}{amp}), {args.steps} steps x {args.rounds} rounds")
         print(f"{'compiler':<12} {'step ms':>9} {'vs eager':>9} {'compile s':>10} {'step MiB':>9} {'peak MiB':>9} "
               f"{'saved MiB':>10} {'last loss':>10}")
         for c, r in res["rows"].items():

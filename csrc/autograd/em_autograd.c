@@ -2857,6 +2857,240 @@ done:
     return out;
 }
 
+/* ---------------------------------------------------------------- torch.autocast made explicit
+ * Under torch.autocast each op's dtypes are decided at dispatch; ember's lowering and derivative
+ * rules type ops by torch's promotion rules alone. This pass writes autocast's decisions into the
+ * graph (AOTAutograd's joint graph holds them as _to_copy nodes, traced through the dispatcher):
+ * each call node becomes x.to(dtype) nodes for the arguments autocast casts, plus dtype=... where
+ * autocast passes one (softmax, sum ...), as ember._autocast.plan finds by running the op on fake
+ * tensors under torch's own dispatcher and checking that the rewrite dispatches the same aten ops.
+ * The result means the same with autocast off (the caller runs it so). A cast to float16/bfloat16 of
+ * a graph input that requires grad is one node for the graph (autocast's cast cache keeps one cast
+ * per leaf, so its gradient is summed in the low precision, as eager does); other casts are per use,
+ * as autocast makes them. */
+enum { AC_MAXT = 64 };
+
+typedef struct {
+    IRRef ref[AC_MAXT];
+    int n;
+} TensorArgs;
+
+/* Adds the joint-graph tensor refs of a (through tuples and lists) to t, once each; -1 when full. */
+static int tensor_args(const AG *d, const IRArg *a, TensorArgs *t) {
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) {
+        for (uint32_t i = 0; i < a->n; i++)
+            if (tensor_args(d, &a->u.items[i], t) < 0) return -1;
+        return 0;
+    }
+    if (a->kind != IRARG_NODE || em_ir_node(d->j, a->u.ref)->meta.kind != IRMETA_TENSOR) return 0;
+    for (int i = 0; i < t->n; i++)
+        if (t->ref[i] == a->u.ref) return 0;
+    if (t->n == AC_MAXT) return -1;
+    t->ref[t->n++] = a->u.ref;
+    return 0;
+}
+
+/* a with t->ref[i] replaced by to[i] where to[i] != 0. */
+static IRArg swap_refs(AG *d, const IRArg *a, const TensorArgs *t, const IRRef *to) {
+    if (a->kind == IRARG_NODE) {
+        for (int i = 0; i < t->n; i++)
+            if (t->ref[i] == a->u.ref && to[i]) return arg_node(to[i]);
+        return *a;
+    }
+    if (a->kind != IRARG_TUPLE && a->kind != IRARG_LIST) return *a;
+    IRArg out = *a;
+    IRArg *items = em_arena_alloc(d->a, (a->n ? a->n : 1) * sizeof(IRArg));
+    if (!items) return arg_node(0);
+    for (uint32_t i = 0; i < a->n; i++) items[i] = swap_refs(d, &a->u.items[i], t, to);
+    out.u.items = items;
+    return out;
+}
+
+static bool low_precision(PyObject *dtype) {
+    PyObject *s = PyObject_Str(dtype);
+    const char *c = s ? PyUnicode_AsUTF8(s) : NULL;
+    bool r = c && (!strcmp(c, "torch.float16") || !strcmp(c, "torch.bfloat16"));
+    Py_XDECREF(s);
+    PyErr_Clear();
+    return r;
+}
+
+/* ember._autocast.plan for joint-graph node args/kwargs (n's target and kind): a new
+ * (casts, dtype) tuple, Py_None when no rewrite reproduces autocast, NULL with an exception. */
+static PyObject *autocast_plan(AG *d, const IRNode *n, const IRArg *args, const IRArg *kw, const TensorArgs *t) {
+    static PyObject *plan = NULL; /* ember._autocast.plan; one interpreter (em_module.c) */
+    if (!em_lazy_attr(&plan, "ember._autocast", "plan")) return NULL;
+    PyObject *pargs = PyTuple_New(n->nargs), *pkw = PyDict_New(), *metas = PyTuple_New(t->n), *devs = PyTuple_New(t->n);
+    PyObject *r = NULL;
+    if (!pargs || !pkw || !metas || !devs) goto done;
+    for (uint32_t i = 0; i < n->nargs; i++) {
+        PyObject *x = arg_example(d, &args[i]);
+        if (!x) goto done;
+        PyTuple_SET_ITEM(pargs, i, x);
+    }
+    for (uint32_t i = 0; i < n->nkwargs; i++) {
+        PyObject *x = arg_example(d, &kw[i]);
+        int rc = x ? PyDict_SetItem(pkw, n->kwnames[i], x) : -1;
+        Py_XDECREF(x);
+        if (rc < 0) goto done;
+    }
+    for (int i = 0; i < t->n; i++) {
+        const IRMeta *m = &em_ir_node(d->j, t->ref[i])->meta;
+        if (!m->example || !m->device) {
+            PyErr_SetString(PyExc_RuntimeError, "ember: a tensor argument without metadata");
+            goto done;
+        }
+        PyTuple_SET_ITEM(metas, i, Py_NewRef(m->example));
+        PyTuple_SET_ITEM(devs, i, Py_NewRef(m->device));
+    }
+    r = PyObject_CallFunctionObjArgs(plan, n->kind == IR_CALL_METHOD ? Py_True : Py_False, n->target, pargs, pkw,
+                                     metas, devs, NULL);
+    if (r && r != Py_None && !(PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2 && PyTuple_Check(PyTuple_GET_ITEM(r, 0)) &&
+                               PyTuple_GET_SIZE(PyTuple_GET_ITEM(r, 0)) == t->n)) {
+        PyErr_SetString(PyExc_TypeError, "ember._autocast.plan returned no (casts, dtype) pair");
+        Py_CLEAR(r);
+    }
+done:
+    Py_XDECREF(pargs);
+    Py_XDECREF(pkw);
+    Py_XDECREF(metas);
+    Py_XDECREF(devs);
+    return r;
+}
+
+IRGraph *em_autograd_explicit_autocast(const IRGraph *g, PyObject **why, long *ncasts) {
+    AG d = {0};
+    IRGraph *out = NULL;
+    IRRef *outs = calloc(g->nnodes + 1, sizeof(IRRef));
+    PyObject *shared = PyDict_New(); /* (input ref, dtype) -> its cast's ref */
+    *why = NULL;
+    *ncasts = 0;
+    if (!outs || !shared) goto fail;
+    if (em_ir_is_symbolic(g)) {
+        *why = PyUnicode_FromString("symbolic sizes (the casts' metas would be concrete)");
+        goto done;
+    }
+    if (rewriter_begin(&d, g) < 0) goto fail;
+    for (IRRef r = 1; r < g->nnodes; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        IRArg *args = em_arena_alloc(d.a, (n->nargs + n->nkwargs + 1) * sizeof(IRArg));
+        if (!args) goto fail;
+        IRArg *kw = args + n->nargs;
+        TensorArgs t = {.n = 0};
+        bool floating = false, full = false;
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) {
+            args[i] = map_arg(&d, i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs]);
+            full |= tensor_args(&d, &args[i], &t) < 0;
+        }
+        for (int i = 0; i < t.n && !floating; i++) floating = dtype_differentiable(em_ir_node(d.j, t.ref[i])->meta.dtype);
+        IRRef v = 0;
+        if (!floating) {
+            v = copy_node(&d, n);
+            if (!v) goto fail;
+            d.fmap[r] = v;
+            continue;
+        }
+        PyObject *p = full ? Py_NewRef(Py_None) : autocast_plan(&d, n, args, kw, &t);
+        if (!p) {
+            PyObject *exc = em_exc_take();
+            *why = PyUnicode_FromFormat("%s (line %d): %S", n->name, (int)n->lineno, exc ? exc : Py_None);
+            Py_XDECREF(exc);
+            goto done;
+        }
+        if (p == Py_None) {
+            Py_DECREF(p);
+            PyObject *op = node_opname(n);
+            *why = PyUnicode_FromFormat("%s = %S (line %d): no explicit casts dispatch what torch.autocast does", n->name,
+                                        op ? op : Py_None, (int)n->lineno);
+            Py_XDECREF(op);
+            goto done;
+        }
+        PyObject *casts = PyTuple_GET_ITEM(p, 0), *dtype = PyTuple_GET_ITEM(p, 1);
+        IRRef to[AC_MAXT] = {0};
+        bool any = dtype != Py_None;
+        for (int i = 0; i < t.n; i++) {
+            PyObject *c = PyTuple_GET_ITEM(casts, i);
+            if (c == Py_None) continue;
+            any = true;
+            const IRNode *src = em_ir_node(d.j, t.ref[i]); /* not used after an emission (nodes may move) */
+            bool src_rg = src->meta.requires_grad;
+            PyObject *key = src->kind == IR_PLACEHOLDER && src_rg && low_precision(c)
+                                ? Py_BuildValue("(IO)", (unsigned)t.ref[i], c)
+                                : NULL;
+            PyObject *hit = key ? PyDict_GetItemWithError(shared, key) : NULL;
+            if (hit) {
+                to[i] = (IRRef)PyLong_AsUnsignedLong(hit);
+            } else {
+                IRArg ca[2] = {arg_node(t.ref[i]), arg_const_steal(&d, Py_NewRef(c))};
+                to[i] = emit_method(&d, "to", ca, 2);
+                /* a cast needs a gradient when its argument has one and the op it feeds does (so
+                 * not under no_grad, where the graph's inputs may still require grad) */
+                if (to[i]) em_ir_node(d.j, to[i])->meta.requires_grad = src_rg && meta_needs_grad(&n->meta);
+                PyObject *rv = to[i] && key ? PyLong_FromUnsignedLong(to[i]) : NULL;
+                if (rv && PyDict_SetItem(shared, key, rv) < 0) to[i] = 0;
+                Py_XDECREF(rv);
+                (*ncasts)++;
+            }
+            Py_XDECREF(key);
+            if (!to[i]) {
+                Py_DECREF(p);
+                goto fail;
+            }
+        }
+        if (!any) {
+            Py_DECREF(p);
+            v = copy_node(&d, n);
+            if (!v) goto fail;
+            d.fmap[r] = v;
+            continue;
+        }
+        uint32_t nkw = n->nkwargs + (dtype != Py_None);
+        IRArg *na = em_arena_alloc(d.a, (n->nargs + nkw + 1) * sizeof(IRArg));
+        PyObject **kwn = em_arena_alloc(d.a, (nkw + 1) * sizeof(PyObject *));
+        if (!na || !kwn) {
+            Py_DECREF(p);
+            goto fail;
+        }
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) na[i] = swap_refs(&d, &args[i], &t, to);
+        for (uint32_t i = 0; i < n->nkwargs; i++) kwn[i] = n->kwnames[i];
+        if (dtype != Py_None) {
+            kwn[n->nkwargs] = kwname(&d, "dtype");
+            na[n->nargs + n->nkwargs] = arg_const_steal(&d, Py_NewRef(dtype));
+        }
+        Py_DECREF(p);
+        v = em_ir_call(d.j, n->kind, n->target, na, n->nargs, kwn, na + n->nargs, nkw, &n->meta);
+        if (!v || ag_grow_roles(&d) < 0) goto fail;
+        d.role[v] = ROLE_FWD;
+        d.fmap[r] = v;
+    }
+    const IRArg *go = &em_ir_node(g, g->output)->args[0];
+    for (uint32_t k = 0; k < go->n; k++) {
+        if (go->u.items[k].kind != IRARG_NODE || !d.fmap[go->u.items[k].u.ref]) {
+            *why = PyUnicode_FromString("a graph output that is not a node");
+            goto done;
+        }
+        outs[k] = d.fmap[go->u.items[k].u.ref];
+    }
+    out = rewriter_finish(&d, outs, go->n);
+    if (!out) goto fail;
+    goto done;
+fail:
+    if (!*why) {
+        PyObject *exc = em_exc_take();
+        *why = d.reason ? Py_NewRef(d.reason) : PyUnicode_FromFormat("%S", exc ? exc : Py_None);
+        Py_XDECREF(exc);
+    }
+    out = NULL;
+done:
+    free(outs);
+    Py_XDECREF(shared);
+    rewriter_free(&d);
+    if (!*why && !out) *why = PyUnicode_FromString("the rewrite failed");
+    PyErr_Clear();
+    return out;
+}
+
 /* ---------------------------------------------------------------- channels_last layout (CPU inference)
  * oneDNN's convolutions are faster on channels_last inputs, and torch keeps that layout through
  * batch norm, ReLU, residual adds and pooling; Inductor converts convolution inputs to channels_last

@@ -34,6 +34,14 @@ IRGraph *em_autograd_decompose_attention(const IRGraph *g, bool inference, PyObj
  * rewrite failed (no exception): then g as it is. */
 IRGraph *em_autograd_channels_last(const IRGraph *g, PyObject *names);
 
+/* g with torch.autocast's casts written as nodes: each op's arguments cast as autocast casts them
+ * (x.to(dtype) nodes) and dtype= where autocast sets it, as ember._autocast.plan finds by running
+ * the op on fake tensors under torch's dispatcher with the autocast state now in force; the result
+ * means the same as g with autocast off. *ncasts: the cast nodes added. NULL with *why (a new str)
+ * when some op has no such rewrite (a composite op that casts an intermediate), the graph has
+ * symbolic sizes, or the rewrite failed (an error's message; no exception is left set). */
+IRGraph *em_autograd_explicit_autocast(const IRGraph *g, PyObject **why, long *ncasts);
+
 /* True when some node of g produces a value that requires grad (the graph needs a backward). */
 bool em_autograd_needed(const IRGraph *g);
 

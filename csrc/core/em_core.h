@@ -97,6 +97,31 @@ PyObject *em_lazy_attr(PyObject **slot, const char *module, const char *attr);
 /* obj.name, or NULL with no exception when obj has no such attribute (a generic getattr then
  * makes no AttributeError to clear); NULL with an exception on any other error. New reference. */
 PyObject *em_attr_optional(PyObject *obj, PyObject *name);
+/* The raised exception, taken (normalized, with its traceback), or NULL when none is set: 3.12's
+ * PyErr_GetRaisedException, Fetch + Normalize on 3.11. New reference. */
+static inline PyObject *em_exc_take(void) {
+#if EM_PY312
+    return PyErr_GetRaisedException();
+#else
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    if (!t) return NULL;
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (tb && v) PyException_SetTraceback(v, tb);
+    Py_XDECREF(t);
+    Py_XDECREF(tb);
+    return v;
+#endif
+}
+/* Raises e again (stolen; NULL restores nothing): the inverse of em_exc_take. */
+static inline void em_exc_restore(PyObject *e) {
+#if EM_PY312
+    PyErr_SetRaisedException(e);
+#else
+    if (!e) return;
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(e)), e, PyException_GetTraceback(e));
+#endif
+}
 /* A new tuple of n Python ints (sizes, strides), or NULL with an exception. */
 PyObject *em_int64_tuple(int32_t n, const int64_t *v);
 /* ember.config.<name> (src/ember/_config.py) as a truth value; dflt when it is absent or its truth

@@ -764,7 +764,20 @@ static PyObject *call1(PyObject *f, PyObject *arg) {
     return PyObject_Vectorcall(f, args + 1, (arg ? 1 : 0) | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
-/* Reads the global torch state: bit 0 grad mode, bit 1 autocast on cpu, bit 2 autocast on cuda;
+/* The dtype torch.autocast casts to on device dev (a str) as 2 bits: 0 bfloat16, 1 float16, 2 other.
+ * A graph traced under autocast holds its casts' dtypes (em_autograd_explicit_autocast), so the
+ * guard tells float16 from bfloat16 autocast. -1 with an exception. */
+enum { AC_DT_BF16, AC_DT_F16, AC_DT_OTHER };
+static int autocast_dtype_code(PyObject *dev) {
+    PyObject *r = call1(em_guard_state.get_autocast_dtype, dev);
+    if (!r) return -1;
+    int code = r == em_guard_state.dt_bfloat16 ? AC_DT_BF16 : r == em_guard_state.dt_float16 ? AC_DT_F16 : AC_DT_OTHER;
+    Py_DECREF(r);
+    return code;
+}
+
+/* Reads the global torch state: bit 0 grad mode, bit 1 autocast on cpu, bit 2 autocast on cuda, and
+ * each enabled autocast's dtype (bits 3-4 cpu, 5-6 cuda: autocast_dtype_code);
  * *dtype = torch.get_default_dtype() (new reference). 0, or -1 with an exception.
  * torch.is_autocast_enabled(device_type) parses its string argument on each call (about 130 ns
  * each on the H200 host); when torch._C._is_any_autocast_enabled() (no argument, about 85 ns;
@@ -783,12 +796,17 @@ static int global_state_read(uint8_t *bits, PyObject **dtype) {
         Py_DECREF(r);
     }
     if (any) {
-        if (!(r = call1(em_guard_state.is_autocast_enabled, em_guard_state.str_cpu))) return -1;
-        b |= (r == Py_True) << 1;
-        Py_DECREF(r);
-        if (!(r = call1(em_guard_state.is_autocast_enabled, em_guard_state.str_cuda))) return -1;
-        b |= (r == Py_True) << 2;
-        Py_DECREF(r);
+        for (int dev = 0; dev < 2; dev++) {
+            PyObject *name = dev ? em_guard_state.str_cuda : em_guard_state.str_cpu;
+            if (!(r = call1(em_guard_state.is_autocast_enabled, name))) return -1;
+            int on = r == Py_True;
+            Py_DECREF(r);
+            if (!on) continue;
+            int code = autocast_dtype_code(name);
+            if (code < 0) return -1;
+            b |= 1 << (1 + dev);
+            b |= code << (3 + 2 * dev);
+        }
     }
     if (!(*dtype = call1(em_guard_state.get_default_dtype, NULL))) return -1;
     *bits = (uint8_t)b;
@@ -1411,6 +1429,10 @@ int em_guard_torch_ready(void) {
         goto error;
     if (!st->get_default_dtype && !(st->get_default_dtype = PyObject_GetAttrString(torch, "get_default_dtype")))
         goto error;
+    if (!st->get_autocast_dtype && !(st->get_autocast_dtype = PyObject_GetAttrString(torch, "get_autocast_dtype")))
+        goto error;
+    if (!st->dt_float16 && !(st->dt_float16 = PyObject_GetAttrString(torch, "float16"))) goto error;
+    if (!st->dt_bfloat16 && !(st->dt_bfloat16 = PyObject_GetAttrString(torch, "bfloat16"))) goto error;
     if (!st->is_any_autocast_enabled) { /* optional: a private helper, feature-detected */
         PyObject *c = PyObject_GetAttrString(torch, "_C");
         st->is_any_autocast_enabled = c ? PyObject_GetAttrString(c, "_is_any_autocast_enabled") : NULL;
@@ -1438,6 +1460,9 @@ void em_guard_fini(void) {
     Py_CLEAR(st->is_autocast_enabled);
     Py_CLEAR(st->is_any_autocast_enabled);
     Py_CLEAR(st->get_default_dtype);
+    Py_CLEAR(st->get_autocast_dtype);
+    Py_CLEAR(st->dt_float16);
+    Py_CLEAR(st->dt_bfloat16);
     Py_CLEAR(st->str_cpu);
     Py_CLEAR(st->str_cuda);
     Py_CLEAR(st->s_requires_grad);

@@ -180,7 +180,8 @@ typedef struct GDictSlot {
 
 typedef struct GLeaf {
     uint8_t kind;   /* GuardKind */
-    uint8_t sub;    /* EQUALS: EQ_*; GLOBAL_STATE: bit 0 grad, bit 1 autocast cpu, bit 2 autocast cuda */
+    uint8_t sub;    /* EQUALS: EQ_*; GLOBAL_STATE: bit 0 grad, bit 1 autocast cpu, bit 2 autocast cuda, bits
+                     * 3-4 / 5-6 the cpu / cuda autocast dtype when on (AC_DT_*) */
     int32_t src;    /* -1 for DICT_VERSION, TYPE_VERSION, GLOBAL_STATE */
     PyObject *obj;  /* strong. TYPE_MATCH, LEN, TENSOR_MATCH, TYPE_VERSION: the type; ID_MATCH: the
                        object; EQUALS: the constant; DICT_KEYS: tuple of keys; DICT_VERSION: the
@@ -215,6 +216,8 @@ typedef struct EmGuardState {
     PyObject *is_autocast_enabled; /* torch.is_autocast_enabled(device_type) (torch >= 2.4) */
     PyObject *is_any_autocast_enabled; /* torch._C._is_any_autocast_enabled, or NULL */
     PyObject *get_default_dtype; /* torch.get_default_dtype */
+    PyObject *get_autocast_dtype; /* torch.get_autocast_dtype(device_type) (torch >= 2.4) */
+    PyObject *dt_float16, *dt_bfloat16; /* torch.float16, torch.bfloat16 */
     PyObject *str_cpu, *str_cuda;
     PyObject *s_requires_grad, *s_is_conj, *s_is_neg, *s_shape, *s_stride, *s_dtype, *s_device, *s_layout,
         *s_dlpack_api, *s_module, *s_qualname;

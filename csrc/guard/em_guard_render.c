@@ -145,10 +145,14 @@ PyObject *em_guard_render_one(const GuardSet *gs, int index) {
     case GUARD_DICT_KEYS:
         if ((t = PySequence_List(g->obj))) out = PyUnicode_FromFormat("list(%U.keys()) == %R", src, t);
         break;
-    case GUARD_GLOBAL_STATE:
+    case GUARD_GLOBAL_STATE: { /* an enabled autocast is shown by its dtype (em_guard.c, autocast_dtype_code) */
+        static const char *const ac_dtype[] = {"torch.bfloat16", "torch.float16", "other", "other"};
+        const char *cpu = g->sub & 2 ? ac_dtype[(g->sub >> 3) & 3] : "False";
+        const char *cuda = g->sub & 4 ? ac_dtype[(g->sub >> 5) & 3] : "False";
         out = PyUnicode_FromFormat("___global_state(grad=%s, autocast_cpu=%s, autocast_cuda=%s, default_dtype=%R)",
-                                   pybool(g->sub & 1), pybool(g->sub & 2), pybool(g->sub & 4), g->obj);
+                                   pybool(g->sub & 1), cpu, cuda, g->obj);
         break;
+    }
     case GUARD_TENSOR_MATCH:
         out = em_guard_tensor_render(g->aux, (PyTypeObject *)g->obj, src);
         break;

@@ -383,11 +383,87 @@ done:
     return r;
 }
 
+/* Is torch.autocast on for some device? 1 yes, 0 no, -1 with an exception. */
+static int autocast_on(void) {
+    static PyObject *any = NULL; /* torch._C._is_any_autocast_enabled; one interpreter (em_module.c) */
+    if (!em_lazy_attr(&any, "torch._C", "_is_any_autocast_enabled")) return -1;
+    PyObject *r = PyObject_CallNoArgs(any);
+    if (!r) return -1;
+    int on = r == Py_True;
+    Py_DECREF(r);
+    return on;
+}
+
+/* Sets backend_info["autocast"] (creating the dict): value is stolen. -1 with an exception. */
+static int set_autocast_info(PyObject **backend_info, PyObject *value) {
+    if (!value) return -1;
+    if (!*backend_info && !(*backend_info = PyDict_New())) {
+        Py_DECREF(value);
+        return -1;
+    }
+    int rc = PyDict_Check(*backend_info) ? PyDict_SetItemString(*backend_info, "autocast", value) : 0;
+    Py_DECREF(value);
+    return rc;
+}
+
+/* Backends "ember" and "aot_eager" under torch.autocast: the graph with autocast's casts written
+ * as nodes (em_autograd_explicit_autocast) is compiled and run with autocast off
+ * (ember._autocast.without_autocast), so ember's code generator and AOT autograd see explicit
+ * dtypes. When the rewrite is not possible, the graph compiles as traced (autocast at dispatch:
+ * the eager backend and eager autograd) and backend_info["autocast"]["kept"] says why. */
+static PyObject *backend_compile_autocast(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
+                                          int *is_eager_graph, PyObject **backend_info, const char **info_key) {
+    static PyObject *disable = NULL, *wrap = NULL; /* torch._C._DisableAutocast, ember._autocast.without_autocast */
+    PyObject *why = NULL, *cm = NULL, *r = NULL;
+    long ncasts = 0;
+    IRGraph *g2 = em_autograd_explicit_autocast(res->graph, &why, &ncasts);
+    if (!g2) {
+        if (!why) return NULL;
+        r = backend_compile_timed(cfg, res, code, is_eager_graph, backend_info, info_key);
+        if (r && set_autocast_info(backend_info, Py_BuildValue("{s:O,s:N}", "explicit", Py_False, "kept", why)) < 0)
+            Py_CLEAR(r);
+        else if (!r) Py_DECREF(why);
+        return r;
+    }
+    if (!em_lazy_attr(&disable, "torch._C", "_DisableAutocast") ||
+        !em_lazy_attr(&wrap, "ember._autocast", "without_autocast") || !(cm = PyObject_CallNoArgs(disable)))
+        return NULL;
+    PyObject *entered = PyObject_CallMethod(cm, "__enter__", NULL);
+    if (!entered) goto done;
+    Py_DECREF(entered);
+    EmTraceResult r2 = *res;
+    r2.graph = g2;
+    r = backend_compile_timed(cfg, &r2, code, is_eager_graph, backend_info, info_key);
+    PyObject *exc = em_exc_take();
+    PyObject *ex = PyObject_CallMethod(cm, "__exit__", "OOO", Py_None, Py_None, Py_None);
+    if (!ex) {
+        Py_XDECREF(exc);
+        Py_CLEAR(r);
+        goto done;
+    }
+    Py_DECREF(ex);
+    em_exc_restore(exc);
+    if (!r) goto done;
+    Py_SETREF(r, PyObject_CallOneArg(wrap, r));
+    *is_eager_graph = 0;
+    if (r && set_autocast_info(backend_info, Py_BuildValue("{s:O,s:l}", "explicit", Py_True, "casts", ncasts)) < 0)
+        Py_CLEAR(r);
+done:
+    Py_XDECREF(cm);
+    return r;
+}
+
 /* backend_compile_timed, adding the seconds it took to *secs (compile_times["backend"]). */
 static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
                                  int *is_eager_graph, PyObject **backend_info, const char **info_key, double *secs) {
     double t0 = em_now();
-    PyObject *r = backend_compile_timed(cfg, res, code, is_eager_graph, backend_info, info_key);
+    PyObject *r = NULL;
+    int ac = PyUnicode_Check(cfg->backend) && (PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0 ||
+                                                PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") == 0)
+                 ? autocast_on()
+                 : 0;
+    if (ac == 1) r = backend_compile_autocast(cfg, res, code, is_eager_graph, backend_info, info_key);
+    else if (ac == 0) r = backend_compile_timed(cfg, res, code, is_eager_graph, backend_info, info_key);
     *secs += em_now() - t0;
     return r;
 }

@@ -297,29 +297,9 @@ typedef struct OutCtx {
     uint32_t ncells;                                         /*   order of the resume closure */
 } OutCtx;
 
-/* ---- exception save/restore across 3.11 (Fetch/Restore) and 3.12 (GetRaisedException) ---- */
-static inline PyObject *em_tr_exc_get(void) {
-#if EM_PY312
-    return PyErr_GetRaisedException();
-#else
-    PyObject *t, *v, *tb;
-    PyErr_Fetch(&t, &v, &tb);
-    if (!t) return NULL;
-    PyErr_NormalizeException(&t, &v, &tb);
-    if (tb && v) PyException_SetTraceback(v, tb);
-    Py_XDECREF(t);
-    Py_XDECREF(tb);
-    return v;
-#endif
-}
-static inline void em_tr_exc_set(PyObject *e) { /* steals e; NULL restores nothing */
-#if EM_PY312
-    PyErr_SetRaisedException(e);
-#else
-    if (!e) return;
-    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(e)), e, PyException_GetTraceback(e));
-#endif
-}
+/* ---- exception save/restore (em_core.h: 3.11's Fetch/Restore, 3.12's GetRaisedException) ---- */
+static inline PyObject *em_tr_exc_get(void) { return em_exc_take(); }
+static inline void em_tr_exc_set(PyObject *e) { em_exc_restore(e); }
 
 /* ---- em_trace.c ---- */
 /* Records a break (first one wins) at the current instruction. Returns -1 so callers can

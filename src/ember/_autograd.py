@@ -58,7 +58,9 @@ class CompiledRegion(torch.autograd.Function):
                 "ember: double backward (create_graph=True, or a gradient of a gradient) through a region "
                 "compiled with ahead-of-time autograd is not supported; compile this function with "
                 "backend='eager' to keep eager autograd")
-        with torch.no_grad():
+        # the backward graph's dtypes are explicit (its ops were typed when it was derived): torch.autocast,
+        # which the engine keeps on for a backward called inside an autocast block, must not recast them
+        with torch.no_grad(), torch._C._DisableAutocast():
             return CompiledRegion._backward(ctx, grads)
 
     @staticmethod

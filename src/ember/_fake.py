@@ -34,8 +34,8 @@ def _fake_mode():
 def run(fn, args: tuple, kwargs: dict, metas: tuple, devices: tuple):
     """fn(*args, **kwargs) under fake tensors; returns ``(result, device)``.
 
-    args, kwargs: the meta call's arguments (pytrees); each meta tensor in them must be one of
-    ``metas``, which stands for a tensor on ``devices[i]`` (a ``torch.device``). In the result,
+    args, kwargs: the meta call's arguments (pytrees); each meta tensor in them (and fn's receiver,
+    for a method bound to a meta tensor) must be one of ``metas``, which stands for a tensor on ``devices[i]`` (a ``torch.device``). In the result,
     every tensor is a meta tensor again (the argument's own meta tensor when the op returned an
     argument, as in-place ops do), and ``device`` is the device of the first result tensor (None
     when there is none).
@@ -56,6 +56,9 @@ def run(fn, args: tuple, kwargs: dict, metas: tuple, devices: tuple):
         return t  # a real constant tensor: allow_non_fake_inputs converts it
 
     fargs, fkwargs = tree_map_only(torch.Tensor, to_fake, (args, kwargs))
+    recv = getattr(fn, "__self__", None)
+    if isinstance(recv, torch.Tensor) and id(recv) in fakes:  # a method bound to a meta tensor: to its fake
+        fn = getattr(fakes[id(recv)], fn.__name__)
     with mode:
         res = fn(*fargs, **fkwargs)
     back = {id(fakes[id(m)]): m for m in metas}

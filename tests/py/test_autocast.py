@@ -1,9 +1,13 @@
 """torch.autocast around and inside compiled code: dtypes, values and gradients as eager's.
 
 Autocast casts at dispatch, for CPU/CUDA tensors only: the tracer infers metas on fake tensors of
-the real device while autocast is on (csrc/trace/em_trace_call.c run_meta), and backend "ember"
-hands such graphs to the eager backend (the reason in cache_info), where autocast casts each op as
-in eager. Entries traced without autocast are separate (the guard reads autocast's state)."""
+the real device while autocast is on (csrc/trace/em_trace_call.c run_meta). Backends "ember" and
+"aot_eager" then write autocast's casts into the graph (em_autograd_explicit_autocast, with
+ember._autocast.plan asking torch's dispatcher what autocast does to each op) and compile that
+graph with autocast off: generated kernels for inference, AOT autograd for training. An op no
+explicit rewrite reproduces keeps autocast at dispatch (the eager backend / eager autograd), with
+the reason in cache_info. Entries traced without autocast, or with another autocast dtype, are
+separate (the guard reads autocast's state and dtype)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -35,9 +39,57 @@ def test_inference_under_autocast(backend):
     torch.testing.assert_close(plain, mlp(x, w1, w2))
     if backend == "ember":
         infos = ember.cache_info(mlp)
-        reasons = [(e.get("ember") or {}).get("fallback") or "" for e in infos]
-        assert any("torch.autocast is enabled" in r for r in reasons), reasons
-        assert any((e.get("ember") or {}).get("kernels") for e in infos)  # the float32 entry has kernels
+        assert len(infos) == 2
+        ac = [(e.get("ember") or {}).get("autocast") for e in infos]
+        assert {"explicit": True, "casts": 3} in ac, ac  # x, w1, w2 to bfloat16 for the two linears
+        assert all((e.get("ember") or {}).get("kernels") for e in infos)  # both entries have kernels
+        assert not any((e.get("ember") or {}).get("fallback") for e in infos)
+        assert any("autocast_cpu=torch.bfloat16" in g for e in infos for g in e["guards"])
+
+
+def test_float16_and_bfloat16_autocast_are_separate_entries():
+    """The casts' dtype is part of the graph: the guard tells autocast dtypes apart."""
+    def f(x, w):
+        return F.linear(x, w).relu() + 1
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    cf = ember.compile(f)
+    for dt in (BF16, torch.float16, BF16):
+        with torch.autocast("cpu", dtype=dt):
+            got, ref = cf(x, w), f(x, w)
+        assert got.dtype == ref.dtype == dt
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert len(ember.cache_info(f)) == 2
+
+
+def test_fp32_ops_and_dtype_arguments_as_autocast_sets_them():
+    """Ops autocast runs in float32 (mse_loss, cat promotes to the widest) and ops it gives
+    dtype=float32 (prod of a bfloat16 tensor): the same dtypes and values as eager."""
+    def f(x, w, t):
+        h = F.linear(x, w)  # bfloat16
+        return F.mse_loss(h, t), torch.cat([h, t], 1), h.prod(1), h.softmax(-1)
+    x, w, t = torch.randn(4, 8), torch.randn(3, 8), torch.randn(4, 3)
+    with torch.autocast("cpu", dtype=BF16):
+        got, ref = ember.compile(f)(x, w, t), f(x, w, t)
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype
+        torch.testing.assert_close(g, r)
+    assert ref[2].dtype == torch.float32  # autocast's fp32_set_opt_dtype, not a promotion
+
+
+def test_op_without_explicit_rewrite_keeps_autocast_at_dispatch():
+    """einsum is not in autocast's lists but its bmm is: the cast lands on an intermediate, so no
+    cast of the arguments reproduces it and the graph runs with autocast at dispatch."""
+    def f(a, b):
+        return torch.einsum("ij,jk->ik", a.sin(), b) * 2
+    a, b = torch.randn(4, 5), torch.randn(5, 3)
+    with torch.autocast("cpu", dtype=BF16):
+        got, ref = ember.compile(f)(a, b), f(a, b)
+    assert got.dtype == ref.dtype == BF16
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    info = ember.cache_info(f)[0]["ember"]
+    assert info["autocast"]["explicit"] is False
+    assert "einsum" in info["autocast"]["kept"] and "torch.autocast" in info["autocast"]["kept"]
+    assert "torch.autocast is enabled" in info["fallback"]
 
 
 def test_autocast_inside_the_compiled_function():
@@ -67,3 +119,81 @@ def test_training_step_under_autocast(backend):
         loss.backward()
     for p, q in zip(m.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
+    a = [e["autograd"] for e in ember.cache_info(cm) if e.get("autograd")]
+    assert a and a[0]["autocast"] == {"explicit": True, "casts": 5} and "forward" in a[0], a  # compiled, not eager
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 4)
+        self.ln = torch.nn.LayerNorm(4)
+
+    def forward(self, x):
+        h = F.gelu(self.bn(self.conv(x)))
+        h = F.adaptive_avg_pool2d(h, 1).flatten(1)
+        return self.ln(self.fc(h)).log_softmax(-1)
+
+
+@pytest.mark.parametrize("backend", ["ember", "aot_eager"])
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+def test_amp_training_steps_match_eager(backend, dtype):
+    """Three AMP steps (conv, batch norm in train mode, GELU, linear, layer norm, log_softmax; SGD;
+    float16 with torch.amp.GradScaler): losses, gradients, parameters and running statistics as
+    eager's, and the region compiled (its forward and backward graphs), not eager autograd."""
+    torch.manual_seed(0)
+    ref = _Net()
+    m = _Net()
+    m.load_state_dict(ref.state_dict())
+    cm = ember.compile(m, backend=backend)
+    x, y = torch.randn(4, 3, 6, 6), torch.randint(0, 4, (4,))
+    runs = []
+    for model, mod in ((ref, ref), (cm, m)):
+        opt = torch.optim.SGD(mod.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) if dtype == torch.float16 else None
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=dtype):
+                loss = F.nll_loss(model(x), y)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            losses.append(loss.detach())
+        runs.append((losses, [p.grad.clone() for p in mod.parameters()]))
+    # the ops run in the low precision: the backward graph's ops (in another order than the engine's)
+    # round differently by an ulp or so of that dtype, so that dtype's tolerances (assert_close's own)
+    tol = {"rtol": 1.6e-2, "atol": 1e-2} if dtype == BF16 else {"rtol": 1e-3, "atol": 1e-3}
+    for a, b in zip(runs[0][0], runs[1][0]):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(b, a, **tol)
+    for a, b in zip(runs[0][1], runs[1][1]):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(b, a, **tol)
+    for a, b in zip(ref.state_dict().values(), m.state_dict().values()):
+        torch.testing.assert_close(b, a, **tol)
+    a = [e["autograd"] for e in ember.cache_info(cm) if e.get("autograd")]
+    assert a and all(x["autocast"]["explicit"] and "forward" in x and "fallback" not in x for x in a), a
+
+
+def test_backward_inside_the_autocast_block():
+    """A backward called inside the autocast block (the engine then runs with autocast on): the
+    compiled backward's ops keep their dtypes, so the gradients are eager's."""
+    torch.manual_seed(0)
+    w = torch.randn(3, 8, requires_grad=True)
+    we = w.detach().clone().requires_grad_()
+    x = torch.randn(4, 8)
+
+    def f(x, w):
+        return F.linear(x, w).float().sum(0).pow(2).sum()
+    cf = ember.compile(f)
+    with torch.autocast("cpu", dtype=BF16):
+        cf(x, w).backward()
+        f(x, we).backward()
+    torch.testing.assert_close(w.grad, we.grad, rtol=0, atol=0)

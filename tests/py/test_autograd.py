@@ -518,7 +518,8 @@ def test_no_grad_and_inference_mode_use_forward_only_graph():
     assert kinds.count(True) == 1 and len(kinds) >= 2  # a forward-only entry under no_grad
 
 
-def test_autocast_region_keeps_eager_autograd():
+def test_autocast_region_compiles_with_explicit_casts():
+    """An autocast region compiles: its casts are nodes of the joint graph (tests/py/test_autocast.py)."""
     def f(x, w):
         return (x @ w).float().sum()
     c = ember.compile(f, backend="aot_eager")
@@ -531,7 +532,9 @@ def test_autocast_region_keeps_eager_autograd():
     out.backward()
     oute.backward()
     torch.testing.assert_close(w.grad, we.grad)
-    assert "autocast" in autograd_info(c)["fallback"]
+    torch.testing.assert_close(x.grad, xe.grad)
+    info = autograd_info(c)
+    assert "fallback" not in info and info["autocast"] == {"explicit": True, "casts": 2}
 
 
 # ---------------------------------------------------------------- training steps
