@@ -1667,6 +1667,8 @@ static PyObject *int_tuple_of(const int32_t *perm, int32_t n, bool inverse) {
  * elements, torch.backends.cudnn.enabled when compiled. Then at::cudnn_batch_norm: one kernel
  * forward and one backward, where native_batch_norm launches several. Contiguous input only (eager
  * makes the input and the gradient contiguous in the input's suggested format). */
+static bool same_strides(const IRMeta *a, const IRMeta *b);
+
 static bool bn_uses_cudnn(AG *ag, const Bind *b) {
     IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias"), train = bval(b, "training");
     IRArg rm = bval(b, "running_mean"), rv = bval(b, "running_var"), eps = bval(b, "eps");
@@ -1792,6 +1794,16 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
             if (!aux[i]) continue;
             ag->aux[n][i] = emit_getitem(ag, r, aux[i]);
             if (!ag->aux[n][i]) return 0;
+        }
+        /* the nodes after this one were typed with the traced result's layout (the meta device's
+         * attention is contiguous), the fused kernel's may differ ((B, S, H, D) memory for flash
+         * and cuDNN): the value gets the traced layout, so that views of it read the right elements */
+        const IRMeta *want = &em_ir_node(ag->g, n)->meta;
+        if (out && !same_strides(jmeta(ag, out), want)) {
+            if (!em_ir_meta_contiguous(want))
+                return ag_fail(ag, "scaled_dot_product_attention: the fused kernel's output layout is not the traced one"), 0;
+            IRArg ca[1] = {arg_node(out)};
+            out = emit_method(ag, "contiguous", ca, 1);
         }
         return out;
     }
@@ -2429,7 +2441,27 @@ static PyObject *compile_split(AG *ag, const uint8_t *U, PyObject *reasons, PyOb
             Py_XDECREF(sinfo);
             goto done;
         }
-        PyObject *item = Py_BuildValue("(NOO)", fn, ins, outs);
+        /* a compiled step's kernels index its inputs with their metas' strides; an input made by an
+         * eager step can have another layout than the meta promised (a fused attention kernel's
+         * output, traced on the meta device as contiguous): make_split copies it into the layout */
+        PyObject *lay = Py_NewRef(Py_None);
+        for (Py_ssize_t i = 0; !eager && ag->ember_halves && i < PyTuple_GET_SIZE(ins); i++) {
+            IRRef r = (IRRef)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(ins, i));
+            const IRMeta *m = &em_ir_node(g, r)->meta;
+            if (em_ir_node(g, r)->kind == IR_PLACEHOLDER || m->kind != IRMETA_TENSOR || m->sym_sizes) continue;
+            if (lay == Py_None) {
+                Py_SETREF(lay, PyList_New(PyTuple_GET_SIZE(ins)));
+                if (!lay) goto done;
+                for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(ins); k++) PyList_SET_ITEM(lay, k, Py_NewRef(Py_None));
+            }
+            PyObject *l = Py_BuildValue("(NN)", em_int64_tuple(m->ndim, m->sizes), em_int64_tuple(m->ndim, m->strides));
+            if (!l) {
+                Py_DECREF(lay);
+                goto done;
+            }
+            PyList_SetItem(lay, i, l);
+        }
+        PyObject *item = Py_BuildValue("(NOON)", fn, ins, outs, lay);
         PyObject *ii = Py_BuildValue("{s:s,s:N}", "kind", eager ? "eager autograd" : "compiled",
                                      "autograd", sinfo ? sinfo : Py_NewRef(Py_None));
         Py_CLEAR(ins);
@@ -2918,8 +2950,9 @@ static bool low_precision(PyObject *dtype) {
 /* ember._autocast.plan for joint-graph node args/kwargs (n's target and kind): a new
  * (casts, dtype) tuple, Py_None when no rewrite reproduces autocast, NULL with an exception. */
 static PyObject *autocast_plan(AG *d, const IRNode *n, const IRArg *args, const IRArg *kw, const TensorArgs *t) {
-    static PyObject *plan = NULL; /* ember._autocast.plan; one interpreter (em_module.c) */
-    if (!em_lazy_attr(&plan, "ember._autocast", "plan")) return NULL;
+    PyObject *plan = PyImport_ImportModule("ember._autocast"); /* plan read per call: tests replace it */
+    if (plan) Py_SETREF(plan, PyObject_GetAttrString(plan, "plan"));
+    if (!plan) return NULL;
     PyObject *pargs = PyTuple_New(n->nargs), *pkw = PyDict_New(), *metas = PyTuple_New(t->n), *devs = PyTuple_New(t->n);
     PyObject *r = NULL;
     if (!pargs || !pkw || !metas || !devs) goto done;
@@ -2951,6 +2984,7 @@ static PyObject *autocast_plan(AG *d, const IRNode *n, const IRArg *args, const 
         Py_CLEAR(r);
     }
 done:
+    Py_DECREF(plan);
     Py_XDECREF(pargs);
     Py_XDECREF(pkw);
     Py_XDECREF(metas);

@@ -149,19 +149,35 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     return region
 
 
+def _as_layout(t, layout):
+    """t in the (sizes, strides) layout a compiled step indexes it with: t itself when it has it
+    (strides of size-1 dims aside), else a copy made by copy_ (differentiable, so gradients flow)."""
+    if layout is None or not isinstance(t, torch.Tensor):
+        return t
+    size, stride = layout
+    if all(n <= 1 or a == b for n, a, b in zip(size, t.stride(), stride)) and tuple(t.shape) == size:
+        return t
+    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
 def make_split(steps, inputs, outputs, nvalues):
     """A graph split around ops without a derivative rule: steps is a list of
-    (callable, input value ids, output value ids); compiled regions and eager-autograd runs
-    alternate, and gradients flow between them through eager autograd."""
-    steps = tuple((fn, tuple(i), tuple(o)) for fn, i, o in steps)
+    (callable, input value ids, output value ids, layouts); compiled regions and eager-autograd runs
+    alternate, and gradients flow between them through eager autograd. layouts (None, or per
+    input None or (sizes, strides)): the layout a compiled step's kernels read an input with, which
+    an eager step's output may not have (a fused attention kernel's, say): such inputs are copied."""
+    steps = tuple((fn, tuple(i), tuple(o), None if lay is None else tuple(lay)) for fn, i, o, lay in steps)
     inputs, outputs = tuple(inputs), tuple(outputs)
 
     def region(*args):
         vals = [None] * nvalues
         for i, a in zip(inputs, args):
             vals[i] = a
-        for fn, ins, outs in steps:
-            res = fn(*[vals[i] for i in ins])
+        for fn, ins, outs, lay in steps:
+            args = [vals[i] for i in ins]
+            if lay is not None:
+                args = [_as_layout(a, la) for a, la in zip(args, lay)]
+            res = fn(*args)
             for i, v in zip(outs, res):
                 vals[i] = v
         return tuple(vals[i] for i in outputs)

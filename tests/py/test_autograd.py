@@ -525,7 +525,7 @@ def test_autocast_region_compiles_with_explicit_casts():
     c = ember.compile(f, backend="aot_eager")
     x, w = r(4, 8), r(8, 3)
     xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
         out = c(x, w)
         oute = f(xe, we)
     torch.testing.assert_close(out, oute)
@@ -922,6 +922,32 @@ def test_sdpa_cuda_fused_backward(backend, dtype, causal, dropout_p):
         assert f"_scaled_dot_product_{'flash' if choice == 'flash' else 'efficient'}_attention_backward" in info["backward"]
     else:
         assert "split" in info
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("heads_view", [False, True], ids=["plain", "proj"])
+def test_fused_attention_output_layout_cuda(dtype, heads_view):
+    """The fused attention kernels (flash, cuDNN) write (B, S, H, D) memory where the traced output
+    (meta device, math kernel) is contiguous (B, H, S, D): what reads the output, in the compiled
+    region (the rule's fused op) or in a compiled step after an eager one (a split), reads it with
+    the real layout. Before 2026-11-25 a half-precision attention fed by head views of a projection
+    read other heads' values there (found under AMP)."""
+    B, S, E, H = 2, 16, 64, 4
+    D = E // H
+
+    def plain(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, S, E) * 2
+
+    def proj(x, w):
+        q, k, v = F.linear(x, w).view(B, S, 3, H, D).unbind(2)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return o.transpose(1, 2).reshape(B, S, E) * 2
+    if heads_view:
+        args = (torch.randn(B, S, E, dtype=dtype), (torch.randn(3 * E, E, dtype=dtype) / E ** 0.5).requires_grad_())
+    else:
+        args = tuple(torch.randn(B, H, S, D, dtype=dtype).requires_grad_() for _ in range(3))
+    check(proj if heads_view else plain, args, backend="ember", compiled=False, rtol=1e-2, atol=1e-2)
 
 
 @needs_cuda
