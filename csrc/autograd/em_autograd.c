@@ -46,7 +46,8 @@ typedef struct {
     const IRGraph *g;
     IRGraph *j;
     IRRef *fmap;      /* g ref -> joint ref of the value */
-    IRRef (*aux)[3];  /* g ref -> joint refs a rewrite made for the backward (mean, rstd, mask ...) */
+    IRRef (*aux)[4];  /* g ref -> joint refs a rewrite made for the backward (mean, rstd, mask ...; fused
+                       * attention: [3] the kernel's output when the value is a relaid copy of it) */
     IRRef *grad;      /* g ref -> joint ref of its accumulated gradient, 0: none */
     struct Pieces { IRRef *part; int64_t n; } *pieces; /* g ref -> gradients of x[0] .. x[n-1] (int
                        * getitems) not yet stacked into x's gradient (finalize_grad) */
@@ -1304,6 +1305,8 @@ static int accumulate_items(AG *ag, IRRef r, const IRArg *a, const IRArg *b, con
     return 0;
 }
 
+static bool same_strides(const IRMeta *a, const IRMeta *b);
+
 static int backward_special(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     IRRef g = ag->grad[n];
@@ -1529,7 +1532,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         PyObject *kwn[2] = {kwname(ag, "attn_mask"), kwname(ag, "scale")};
         if (!kwn[0] || !kwn[1]) return ag_fail_exc(ag);
         IRArg none = arg_const_steal(ag, Py_NewRef(Py_None));
-        IRArg out = arg_node(ag->fmap[n]);
+        IRArg out = arg_node(ag->aux[n][3] ? ag->aux[n][3] : ag->fmap[n]);
         IRRef r = 0;
         if (kind == SDPA_FLASH_CPU) {
             PyObject *t = torch_attr("ops.aten._scaled_dot_product_flash_attention_for_cpu_backward");
@@ -1667,8 +1670,6 @@ static PyObject *int_tuple_of(const int32_t *perm, int32_t n, bool inverse) {
  * elements, torch.backends.cudnn.enabled when compiled. Then at::cudnn_batch_norm: one kernel
  * forward and one backward, where native_batch_norm launches several. Contiguous input only (eager
  * makes the input and the gradient contiguous in the input's suggested format). */
-static bool same_strides(const IRMeta *a, const IRMeta *b);
-
 static bool bn_uses_cudnn(AG *ag, const Bind *b) {
     IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias"), train = bval(b, "training");
     IRArg rm = bval(b, "running_mean"), rv = bval(b, "running_var"), eps = bval(b, "eps");
@@ -1803,6 +1804,7 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
             if (!em_ir_meta_contiguous(want))
                 return ag_fail(ag, "scaled_dot_product_attention: the fused kernel's output layout is not the traced one"), 0;
             IRArg ca[1] = {arg_node(out)};
+            ag->aux[n][3] = out; /* the backward op reads the kernel's own output */
             out = emit_method(ag, "contiguous", ca, 1);
         }
         return out;
