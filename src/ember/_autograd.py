@@ -186,9 +186,10 @@ def make_split(steps, inputs, outputs, nvalues):
 
 
 def sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, device, requires_grad):
-    """The kernel eager's F.scaled_dot_product_attention picks for these inputs ("math", "flash",
-    "efficient", "cudnn" or "other"), asked of torch itself (torch._fused_sdp_choice, the choice
-    at::scaled_dot_product_attention makes in aten/src/ATen/native/transformers/attention.cpp).
+    """The kernel a training region runs for F.scaled_dot_product_attention on these inputs ("math",
+    "flash", "efficient", "cudnn" or "other"): eager's, asked of torch itself (torch._fused_sdp_choice,
+    the choice at::scaled_dot_product_attention makes in aten/src/ATen/native/transformers/attention.cpp),
+    except that where eager picks cuDNN (half precision on Hopper) and torch allows flash, "flash".
     query/key/value/attn_mask are the graph's meta examples; the choice reads dtypes, sizes, strides,
     requires_grad and the device's capabilities, so it is asked with real tensors of the same
     layout on `device` (made with torch.empty_strided: no values are read)."""
@@ -201,7 +202,22 @@ def sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
     m = real(attn_mask, False)
     with torch.enable_grad():
         choice = int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa))
+        if choice == 3 and any(requires_grad) and not (dropout_p and _eager_random()):
+            # cuDNN attention has no rule in csrc/autograd (a rule calling its backward op gave
+            # gradients that differ from eager's on the H100, cause not found): where torch allows
+            # the flash kernel for these inputs, the region takes it, the same attention by another
+            # kernel (as torch.compile picks its own kernels). Not with dropout while eager's random
+            # draws are asked for (ember.config.fallback_random): flash draws other masks.
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                if int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)) == 1:
+                    choice = 1
     return {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}.get(choice, "other")
+
+
+def _eager_random():
+    import ember
+    return bool(getattr(ember.config, "fallback_random", False))
 
 
 def compile_blocker():
