@@ -2453,12 +2453,14 @@ static PyObject *compile_split(AG *ag, const uint8_t *U, PyObject *reasons, PyOb
             if (em_ir_node(g, r)->kind == IR_PLACEHOLDER || m->kind != IRMETA_TENSOR || m->sym_sizes) continue;
             if (lay == Py_None) {
                 Py_SETREF(lay, PyList_New(PyTuple_GET_SIZE(ins)));
-                if (!lay) goto done;
-                for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(ins); k++) PyList_SET_ITEM(lay, k, Py_NewRef(Py_None));
+                for (Py_ssize_t k = 0; lay && k < PyTuple_GET_SIZE(ins); k++) PyList_SET_ITEM(lay, k, Py_NewRef(Py_None));
             }
-            PyObject *l = Py_BuildValue("(NN)", em_int64_tuple(m->ndim, m->sizes), em_int64_tuple(m->ndim, m->strides));
+            PyObject *l = lay ? Py_BuildValue("(NN)", em_int64_tuple(m->ndim, m->sizes), em_int64_tuple(m->ndim, m->strides))
+                              : NULL;
             if (!l) {
-                Py_DECREF(lay);
+                Py_XDECREF(lay);
+                Py_DECREF(fn);
+                Py_XDECREF(sinfo);
                 goto done;
             }
             PyList_SetItem(lay, i, l);
@@ -3055,8 +3057,9 @@ IRGraph *em_autograd_explicit_autocast(const IRGraph *g, PyObject **why, long *n
                                 ? Py_BuildValue("(IO)", (unsigned)t.ref[i], c)
                                 : NULL;
             PyObject *hit = key ? PyDict_GetItemWithError(shared, key) : NULL;
-            if (hit) {
+            if (hit) { /* the shared cast needs a gradient once any op it feeds does */
                 to[i] = (IRRef)PyLong_AsUnsignedLong(hit);
+                if (meta_needs_grad(&n->meta)) em_ir_node(d.j, to[i])->meta.requires_grad = true;
             } else {
                 IRArg ca[2] = {arg_node(t.ref[i]), arg_const_steal(&d, Py_NewRef(c))};
                 to[i] = emit_method(&d, "to", ca, 2);

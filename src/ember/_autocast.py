@@ -16,9 +16,9 @@ the autocast state in force, recording the aten ops it dispatches (``TorchDispat
 below the Autocast keys, so autocast's casts show as ``aten._to_copy`` of an argument), then runs
 the candidate rewrite (arguments pre-cast, autocast off) and accepts it only when the two runs
 dispatch the same aten ops on the same dtypes, shapes and strides and return the same metadata.
-A composite op that casts an intermediate (``F.multi_head_attention_forward``: its softmax runs
-in float32 under autocast) has no such rewrite: :func:`plan` returns None and the region keeps
-autocast at dispatch (docs/autograd.md, "Autocast").
+A composite op that casts an intermediate rather than an argument (``torch.einsum`` on CPU, whose
+bmm autocast casts after einsum's own permutes) has no such rewrite: :func:`plan` returns None and
+the region keeps autocast at dispatch (docs/autograd.md, "Autocast").
 
 This module decides nothing about graphs; it answers for one op.
 """
@@ -141,7 +141,6 @@ def plan(method: bool, target, args: tuple, kwargs: dict, metas: tuple, devices:
         if got == want and crec.ops == rec.ops:
             return cast, dtype
     return None
-
 
 
 def without_autocast(fn):

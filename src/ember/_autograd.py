@@ -174,10 +174,10 @@ def make_split(steps, inputs, outputs, nvalues):
         for i, a in zip(inputs, args):
             vals[i] = a
         for fn, ins, outs, lay in steps:
-            args = [vals[i] for i in ins]
+            xs = [vals[i] for i in ins]
             if lay is not None:
-                args = [_as_layout(a, la) for a, la in zip(args, lay)]
-            res = fn(*args)
+                xs = [_as_layout(x, la) for x, la in zip(xs, lay)]
+            res = fn(*xs)
             for i, v in zip(outs, res):
                 vals[i] = v
         return tuple(vals[i] for i in outputs)
@@ -221,9 +221,11 @@ def _eager_random():
 
 
 def compile_blocker():
-    """Why a region must keep eager autograd whatever its ops (None: nothing blocks). Under
-    torch.autocast the forward's casts are decided per op at dispatch, and a backward derived from
-    the traced dtypes could differ from eager's, so autocast regions keep eager autograd."""
+    """Why a region must keep eager autograd whatever its ops (None: nothing blocks). A graph traced
+    under torch.autocast reaches here with autocast on only when its casts could not be written as
+    nodes (csrc/hook/em_hook_cache.c, backend_compile_autocast): its forward's casts are then decided
+    per op at dispatch, and a backward derived from the traced dtypes could differ from eager's, so
+    it keeps eager autograd."""
     for dev in ("cpu", "cuda"):
         try:
             if torch.is_autocast_enabled(dev):

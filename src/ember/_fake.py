@@ -35,7 +35,8 @@ def run(fn, args: tuple, kwargs: dict, metas: tuple, devices: tuple):
     """fn(*args, **kwargs) under fake tensors; returns ``(result, device)``.
 
     args, kwargs: the meta call's arguments (pytrees); each meta tensor in them (and fn's receiver,
-    for a method bound to a meta tensor) must be one of ``metas``, which stands for a tensor on ``devices[i]`` (a ``torch.device``). In the result,
+    for a method bound to a meta tensor) must be one of ``metas``, which stands for a tensor on
+    ``devices[i]`` (a ``torch.device``). In the result,
     every tensor is a meta tensor again (the argument's own meta tensor when the op returned an
     argument, as in-place ops do), and ``device`` is the device of the first result tensor (None
     when there is none).

@@ -215,6 +215,26 @@ def test_amp_training_steps_match_eager(backend, dtype):
     assert a and all(x["autocast"]["explicit"] and "forward" in x and "fallback" not in x for x in a), a
 
 
+def test_a_parameter_used_twice_is_cast_once():
+    """A weight read by two matmuls (tied weights): one cast node, as autocast's cast cache keeps one
+    cast per leaf; its gradient sums both uses, as eager's."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    we = w.detach().clone().requires_grad_()
+    x = torch.randn(4, 8)
+
+    def f(x, w):
+        return F.linear(F.linear(x, w).relu(), w).float().pow(2).sum()
+    cf = ember.compile(f)
+    with torch.autocast(dev(), dtype=BF16):
+        got, ref = cf(x, w), f(x, we)
+    got.backward()
+    ref.backward()
+    torch.testing.assert_close(got, ref, rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(w.grad, we.grad, rtol=1.6e-2, atol=1e-2)
+    assert ember.cache_info(f)[0]["autograd"]["autocast"] == {"explicit": True, "casts": 2}  # x and w, once each
+
+
 def test_backward_inside_the_autocast_block():
     """A backward called inside the autocast block (the engine then runs with autocast on): the
     compiled backward's ops keep their dtypes, so the gradients are eager's."""
