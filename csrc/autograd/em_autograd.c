@@ -593,7 +593,7 @@ static int fake_args(const AG *ag, const IRArg *args, uint32_t n, PyObject *meta
  * (ember._fake.run, as the tracer does). New reference or NULL with an exception. */
 static PyObject *meta_call(const AG *ag, PyObject *fn, PyObject *pargs, PyObject *pkw, const IRArg *args, uint32_t nargs,
                            const IRArg *kwv, uint32_t nkw) {
-    bool cl = false;
+    bool cl = em_ir_layout_needs_fake(fn); /* attention: the real kernels' layout, not the math kernel's */
     fake_args(ag, args, nargs, NULL, NULL, &cl);
     fake_args(ag, kwv, nkw, NULL, NULL, &cl);
     if (!cl) return PyObject_Call(fn, pargs, pkw); /* the common case: the meta examples */

@@ -980,6 +980,15 @@ bool em_ir_meta_on_cpu(const IRMeta *m) {
     return cpu;
 }
 
+bool em_ir_layout_needs_fake(PyObject *fn) {
+    static PyObject *sdpa = NULL; /* torch.nn.functional.scaled_dot_product_attention; one interpreter */
+    if (!sdpa && !em_lazy_attr(&sdpa, "torch.nn.functional", "scaled_dot_product_attention")) {
+        PyErr_Clear();
+        return false;
+    }
+    return fn == sdpa;
+}
+
 bool em_ir_meta_cpu_channels_last(const IRMeta *m) {
     if (!m || m->kind != IRMETA_TENSOR || (m->ndim != 4 && m->ndim != 5) || !m->strides) return false;
     if (m->sizes[1] <= 1 || m->strides[1] != 1 || em_ir_meta_contiguous(m)) return false;

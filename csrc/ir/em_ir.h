@@ -208,6 +208,11 @@ PyObject *em_ir_meta_empty(PyObject *sizes, PyObject *strides, PyObject *dtype);
  * contiguous)? torch's meta kernels give such tensors CUDA's output layouts (device_hint), so the
  * tracer and the autograd stage infer their ops on fake CPU tensors instead. */
 bool em_ir_meta_cpu_channels_last(const IRMeta *m);
+/* Does fn's result on the meta device have another layout than its real kernels give, so that its
+ * meta must come from fake tensors of the real device? scaled_dot_product_attention: the meta
+ * device runs the math kernel (a contiguous result); the flash kernels (CPU and CUDA) and cuDNN
+ * write (B, S, H, D) memory when the query is a head view of a projection, as in attention layers. */
+bool em_ir_layout_needs_fake(PyObject *fn);
 /* Is m a tensor with torch's contiguous strides (size-1 dims ignored, as is_contiguous)? */
 bool em_ir_meta_contiguous(const IRMeta *m);
 /* Is m a tensor on a CPU device? */

@@ -493,8 +493,9 @@ static PyObject *run_meta(Trace *T, PyObject *f, PyObject *args, PyObject *kw, C
     Py_DECREF(r);
     /* torch's meta kernels pick CUDA's output layout on device "meta" (device_hint,
      * torch/_meta_registrations.py): a convolution or pooling of channels_last CPU tensors would get a
-     * contiguous meta where the CPU kernel returns channels_last. Such calls run on fake tensors of
-     * the real device instead (the layout eager gives; the common contiguous case stays on meta). */
+     * contiguous meta where the CPU kernel returns channels_last. Such calls, and attention (whose
+     * meta is the math kernel's layout: em_ir_layout_needs_fake), run on fake tensors of the real
+     * device instead (the layout eager gives; the common contiguous case stays on meta). */
     PyObject *res = NULL, *exc = NULL;
     if (T->autocast) {
         /* torch.autocast casts at dispatch for CPU/CUDA tensors (its AutocastCPU/AutocastCUDA
@@ -504,7 +505,7 @@ static PyObject *run_meta(Trace *T, PyObject *f, PyObject *args, PyObject *kw, C
         res = run_fake(f, args, kw, c, device);
         if (!res) exc = em_tr_exc_get();
     } else {
-        bool cl = false;
+        bool cl = em_ir_layout_needs_fake(f);
         for (int i = 0; i < c->ntens && !cl; i++) cl = em_ir_meta_cpu_channels_last(c->tens[i]->u.t.meta);
         if (cl) {
             res = run_fake(f, args, kw, c, device);
