@@ -589,8 +589,9 @@ static int fake_args(const AG *ag, const IRArg *args, uint32_t n, PyObject *meta
 }
 
 /* fn(*pargs, **pkw) for a node's meta: on the meta examples, or, where torch's meta kernels would
- * pick CUDA's layout for channels_last CPU tensors, on fake tensors of the real devices
- * (ember._fake.run, as the tracer does). New reference or NULL with an exception. */
+ * pick CUDA's layout for channels_last CPU tensors or the math kernel's for attention
+ * (em_ir_layout_needs_fake), on fake tensors of the real devices (ember._fake.run, as the tracer
+ * does). New reference or NULL with an exception. */
 static PyObject *meta_call(const AG *ag, PyObject *fn, PyObject *pargs, PyObject *pkw, const IRArg *args, uint32_t nargs,
                            const IRArg *kwv, uint32_t nkw) {
     bool cl = em_ir_layout_needs_fake(fn); /* attention: the real kernels' layout, not the math kernel's */
