@@ -408,12 +408,11 @@ static int set_autocast_info(PyObject **backend_info, PyObject *value) {
 
 /* Backends "ember" and "aot_eager" under torch.autocast: the graph with autocast's casts written
  * as nodes (em_autograd_explicit_autocast) is compiled and run with autocast off
- * (ember._autocast.without_autocast), so ember's code generator and AOT autograd see explicit
- * dtypes. When the rewrite is not possible, the graph compiles as traced (autocast at dispatch:
+ * (em_autocast_off_new), so ember's code generator and AOT autograd see explicit dtypes. When the rewrite is not possible, the graph compiles as traced (autocast at dispatch:
  * the eager backend and eager autograd) and backend_info["autocast"]["kept"] says why. */
 static PyObject *backend_compile_autocast(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
                                           int *is_eager_graph, PyObject **backend_info, const char **info_key) {
-    static PyObject *disable = NULL, *wrap = NULL; /* torch._C._DisableAutocast, ember._autocast.without_autocast */
+    static PyObject *disable = NULL; /* torch._C._DisableAutocast */
     PyObject *why = NULL, *cm = NULL, *r = NULL;
     long ncasts = 0;
     IRGraph *g2 = em_autograd_explicit_autocast(res->graph, &why, &ncasts);
@@ -425,9 +424,7 @@ static PyObject *backend_compile_autocast(const EmCompileConfig *cfg, const EmTr
         else if (!r) Py_DECREF(why);
         return r;
     }
-    if (!em_lazy_attr(&disable, "torch._C", "_DisableAutocast") ||
-        !em_lazy_attr(&wrap, "ember._autocast", "without_autocast") || !(cm = PyObject_CallNoArgs(disable)))
-        return NULL;
+    if (!em_lazy_attr(&disable, "torch._C", "_DisableAutocast") || !(cm = PyObject_CallNoArgs(disable))) return NULL;
     PyObject *entered = PyObject_CallMethod(cm, "__enter__", NULL);
     if (!entered) goto done;
     Py_DECREF(entered);
@@ -444,7 +441,7 @@ static PyObject *backend_compile_autocast(const EmCompileConfig *cfg, const EmTr
     Py_DECREF(ex);
     em_exc_restore(exc);
     if (!r) goto done;
-    Py_SETREF(r, PyObject_CallOneArg(wrap, r));
+    Py_SETREF(r, em_autocast_off_new(r));
     *is_eager_graph = 0;
     if (r && set_autocast_info(backend_info, Py_BuildValue("{s:O,s:l}", "explicit", Py_True, "casts", ncasts)) < 0)
         Py_CLEAR(r);

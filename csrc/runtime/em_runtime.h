@@ -58,6 +58,11 @@ PyObject *em_eager_graph_new(const IRGraph *g);
  * the result tuple (new reference) or NULL with an exception. */
 PyObject *em_eager_graph_run(PyObject *eager_graph, PyObject *const *inputs, Py_ssize_t n);
 
+/* fn(*args) run with torch.autocast off (torch._C._DisableAutocast): the program of a graph whose
+ * autocast casts are nodes (em_autograd_explicit_autocast). A new ember._C.AutocastOff, or NULL with
+ * an exception. */
+PyObject *em_autocast_off_new(PyObject *fn);
+
 /* ---- the "ember" backend (em_runtime_ember.c): lower -> schedule -> codegen -> cc -> run ---- */
 /* Compiles g for CPU. Returns the callable (an EagerGraph whose ops are the generated kernels and
  * the extern calls) and, in *info, a dict for cache_info (kernels, externs, source, cache key, or

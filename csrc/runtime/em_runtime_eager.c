@@ -678,6 +678,105 @@ static PyType_Spec eg_spec = {
     .slots = eg_slots,
 };
 
+/* ---- AutocastOff: a compiled program run with torch.autocast off ---------------------------- */
+
+/* fn(*args) inside torch._C._DisableAutocast (what `with torch._C._DisableAutocast():` does: the
+ * Autocast dispatch keys excluded while fn runs, restored after, exception or not). The program of
+ * a graph whose autocast casts are nodes (em_autograd_explicit_autocast) must not be recast. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fn;
+} AutocastOff;
+
+static PyTypeObject *AutocastOff_Type = NULL;
+
+static PyObject *ao_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    static PyObject *disable = NULL; /* torch._C._DisableAutocast; one interpreter (em_module.c) */
+    if (!em_lazy_attr(&disable, "torch._C", "_DisableAutocast")) return NULL;
+    PyObject *cm = PyObject_CallNoArgs(disable);
+    PyObject *r = cm ? PyObject_CallMethodNoArgs(cm, em_str("__enter__")) : NULL;
+    if (!r) {
+        Py_XDECREF(cm);
+        return NULL;
+    }
+    Py_DECREF(r);
+    PyObject *out = PyObject_Vectorcall(((AutocastOff *)self)->fn, args, nargsf, kwnames);
+    PyObject *exc = em_exc_take();
+    PyObject *ea[4] = {cm, Py_None, Py_None, Py_None};
+    r = PyObject_VectorcallMethod(em_str("__exit__"), ea, 4, NULL);
+    Py_DECREF(cm);
+    if (!r) {
+        Py_XDECREF(exc);
+        Py_XDECREF(out);
+        return NULL;
+    }
+    Py_DECREF(r);
+    em_exc_restore(exc);
+    return out;
+}
+
+static int ao_traverse(PyObject *self, visitproc visit, void *arg) {
+    Py_VISIT(((AutocastOff *)self)->fn);
+    Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
+static int ao_clear(PyObject *self) {
+    Py_CLEAR(((AutocastOff *)self)->fn);
+    return 0;
+}
+
+static void ao_dealloc(PyObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    ao_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMemberDef ao_members[] = {
+#if EM_PY312
+    {"__vectorcalloffset__", Py_T_PYSSIZET, offsetof(AutocastOff, vectorcall), Py_READONLY, NULL},
+    {"__wrapped__", Py_T_OBJECT_EX, offsetof(AutocastOff, fn), Py_READONLY, "the program run with autocast off"},
+#else
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(AutocastOff, vectorcall), READONLY, NULL},
+    {"__wrapped__", T_OBJECT_EX, offsetof(AutocastOff, fn), READONLY, "the program run with autocast off"},
+#endif
+    {NULL},
+};
+
+static PyType_Slot ao_slots[] = {
+    {Py_tp_doc, "A compiled program run with torch.autocast off (its casts are graph nodes)."},
+    {Py_tp_dealloc, ao_dealloc},
+    {Py_tp_traverse, ao_traverse},
+    {Py_tp_clear, ao_clear},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_members, ao_members},
+    {0, NULL},
+};
+
+static PyType_Spec ao_spec = {
+    .name = "ember._C.AutocastOff",
+    .basicsize = sizeof(AutocastOff),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_DISALLOW_INSTANTIATION |
+             Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = ao_slots,
+};
+
+PyObject *em_autocast_off_new(PyObject *fn) {
+    if (!AutocastOff_Type) {
+        PyErr_SetString(PyExc_RuntimeError, "ember: AutocastOff type not initialised (em_runtime_init)");
+        return NULL;
+    }
+    AutocastOff *a = PyObject_GC_New(AutocastOff, AutocastOff_Type);
+    if (!a) return NULL;
+    a->vectorcall = ao_vectorcall;
+    a->fn = Py_NewRef(fn);
+    PyObject_GC_Track((PyObject *)a);
+    return (PyObject *)a;
+}
+
 /* Creates ember._C.EagerGraph (a heap type bound to the module), sets EmEagerGraph_Type (one
  * strong reference, kept for the process: ember supports one interpreter) and registers the IR
  * test helpers. */
@@ -689,6 +788,8 @@ int em_runtime_init(PyObject *module) {
         return -1;
     }
     Py_XSETREF(EmEagerGraph_Type, (PyTypeObject *)tp);
+    if (!(tp = PyType_FromModuleAndSpec(module, &ao_spec, NULL))) return -1;
+    Py_XSETREF(AutocastOff_Type, (PyTypeObject *)tp);
     if (em_runtime_ember_init(module) < 0) return -1;
     if (em_runtime_cudagraph_init(module) < 0) return -1;
     return em_runtime_testing_init(module);

@@ -900,10 +900,10 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     if (!d) goto done;
     double t_start = em_now(), t_lower = 0, t_schedule = 0, t_codegen = 0, t_cc = 0; /* perf log, explain */
     if (mode == 0) {
-        /* under torch.autocast each op's dtypes are decided at dispatch (the graph's metas carry
-         * them, the tracer infers them on fake tensors): ember's lowering types ops by torch's
-         * promotion rules without autocast's casts, so the eager backend runs the graph, where
-         * autocast casts each op as in eager. The guard on autocast keeps other entries compiled. */
+        /* a graph still under torch.autocast here is one whose casts could not be written as nodes
+         * (em_autograd_explicit_autocast compiles the others with autocast off): each op's dtypes
+         * are decided at dispatch, and ember's lowering types ops by promotion rules alone, so the
+         * eager backend runs the graph, where autocast casts each op as in eager. */
         static PyObject *any_autocast = NULL;
         if (!any_autocast && !em_lazy_attr(&any_autocast, "torch._C", "_is_any_autocast_enabled")) PyErr_Clear();
         PyObject *ac = any_autocast ? PyObject_CallNoArgs(any_autocast) : Py_NewRef(Py_False);
@@ -912,7 +912,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         Py_DECREF(ac);
         if (on) {
             result = eager_fallback(d, g, "torch.autocast is enabled: the eager backend runs the graph (autocast casts "
-                                          "each op at dispatch; ember's kernels do not model autocast yet)");
+                                          "each op at dispatch, and some op has no explicit rewrite)");
             goto done;
         }
     }

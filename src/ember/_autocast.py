@@ -142,16 +142,3 @@ def plan(method: bool, target, args: tuple, kwargs: dict, metas: tuple, devices:
             return cast, dtype
     return None
 
-
-def without_autocast(fn):
-    """fn(*args) with torch.autocast off while it runs: the compiled program of a graph whose casts
-    ``em_autograd_explicit_autocast`` wrote as nodes (autocast's decisions are already in it, and
-    running its extern calls under autocast again could recast a sum or a matmul)."""
-    disable = torch._C._DisableAutocast
-
-    def run(*args):
-        with disable():
-            return fn(*args)
-
-    run.__wrapped__ = fn
-    return run

@@ -37,6 +37,7 @@ def test_inference_under_autocast(backend):
     cf = ember.compile(mlp, backend=backend)
     with torch.autocast(dev(), dtype=BF16):
         got, ref = cf(x, w1, w2), mlp(x, w1, w2)
+        assert torch.is_autocast_enabled(dev())  # the compiled program ran with autocast off, then restored it
     assert got.dtype == ref.dtype
     # on CPU the same values; on CUDA softmax runs in float32 there, ember's kernel vs torch's (an ulp)
     torch.testing.assert_close(got, ref, **({"rtol": 0, "atol": 0} if dev() == "cpu" else {}))
