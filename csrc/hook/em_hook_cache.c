@@ -406,14 +406,28 @@ static int set_autocast_info(PyObject **backend_info, PyObject *value) {
     return rc;
 }
 
+typedef struct {
+    const EmCompileConfig *cfg;
+    const EmTraceResult *res;
+    PyCodeObject *code;
+    int *is_eager_graph;
+    PyObject **backend_info;
+    const char **info_key;
+} CompileCall;
+
+static PyObject *compile_call(void *ctx) {
+    CompileCall *c = ctx;
+    return backend_compile_timed(c->cfg, c->res, c->code, c->is_eager_graph, c->backend_info, c->info_key);
+}
+
 /* Backends "ember" and "aot_eager" under torch.autocast: the graph with autocast's casts written
  * as nodes (em_autograd_explicit_autocast) is compiled and run with autocast off
- * (em_autocast_off_new), so ember's code generator and AOT autograd see explicit dtypes. When the rewrite is not possible, the graph compiles as traced (autocast at dispatch:
- * the eager backend and eager autograd) and backend_info["autocast"]["kept"] says why. */
+ * (em_with_autocast_off, em_autocast_off_new), so ember's code generator and AOT autograd see
+ * explicit dtypes. When the rewrite is not possible, the graph compiles as traced (autocast at
+ * dispatch: the eager backend and eager autograd) and backend_info["autocast"]["kept"] says why. */
 static PyObject *backend_compile_autocast(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
                                           int *is_eager_graph, PyObject **backend_info, const char **info_key) {
-    static PyObject *disable = NULL; /* torch._C._DisableAutocast */
-    PyObject *why = NULL, *cm = NULL, *r = NULL;
+    PyObject *why = NULL, *r = NULL;
     long ncasts = 0;
     IRGraph *g2 = em_autograd_explicit_autocast(res->graph, &why, &ncasts);
     if (!g2) {
@@ -424,29 +438,14 @@ static PyObject *backend_compile_autocast(const EmCompileConfig *cfg, const EmTr
         else if (!r) Py_DECREF(why);
         return r;
     }
-    if (!em_lazy_attr(&disable, "torch._C", "_DisableAutocast") || !(cm = PyObject_CallNoArgs(disable))) return NULL;
-    PyObject *entered = PyObject_CallMethod(cm, "__enter__", NULL);
-    if (!entered) goto done;
-    Py_DECREF(entered);
     EmTraceResult r2 = *res;
     r2.graph = g2;
-    r = backend_compile_timed(cfg, &r2, code, is_eager_graph, backend_info, info_key);
-    PyObject *exc = em_exc_take();
-    PyObject *ex = PyObject_CallMethod(cm, "__exit__", "OOO", Py_None, Py_None, Py_None);
-    if (!ex) {
-        Py_XDECREF(exc);
-        Py_CLEAR(r);
-        goto done;
-    }
-    Py_DECREF(ex);
-    em_exc_restore(exc);
-    if (!r) goto done;
+    CompileCall c = {cfg, &r2, code, is_eager_graph, backend_info, info_key};
+    if (!(r = em_with_autocast_off(compile_call, &c))) return NULL;
     Py_SETREF(r, em_autocast_off_new(r));
     *is_eager_graph = 0;
     if (r && set_autocast_info(backend_info, Py_BuildValue("{s:O,s:l}", "explicit", Py_True, "casts", ncasts)) < 0)
         Py_CLEAR(r);
-done:
-    Py_XDECREF(cm);
     return r;
 }
 

@@ -62,6 +62,9 @@ PyObject *em_eager_graph_run(PyObject *eager_graph, PyObject *const *inputs, Py_
  * autocast casts are nodes (em_autograd_explicit_autocast). A new ember._C.AutocastOff, or NULL with
  * an exception. */
 PyObject *em_autocast_off_new(PyObject *fn);
+/* fn(ctx) inside torch._C._DisableAutocast (entered before, exited after, exception or not): its
+ * result, or NULL with fn's exception (or the context manager's). */
+PyObject *em_with_autocast_off(PyObject *(*fn)(void *), void *ctx);
 
 /* ---- the "ember" backend (em_runtime_ember.c): lower -> schedule -> codegen -> cc -> run ---- */
 /* Compiles g for CPU. Returns the callable (an EagerGraph whose ops are the generated kernels and

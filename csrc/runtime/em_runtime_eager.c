@@ -691,7 +691,7 @@ typedef struct {
 
 static PyTypeObject *AutocastOff_Type = NULL;
 
-static PyObject *ao_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+PyObject *em_with_autocast_off(PyObject *(*fn)(void *), void *ctx) {
     static PyObject *disable = NULL; /* torch._C._DisableAutocast; one interpreter (em_module.c) */
     if (!em_lazy_attr(&disable, "torch._C", "_DisableAutocast")) return NULL;
     PyObject *cm = PyObject_CallNoArgs(disable);
@@ -701,7 +701,7 @@ static PyObject *ao_vectorcall(PyObject *self, PyObject *const *args, size_t nar
         return NULL;
     }
     Py_DECREF(r);
-    PyObject *out = PyObject_Vectorcall(((AutocastOff *)self)->fn, args, nargsf, kwnames);
+    PyObject *out = fn(ctx);
     PyObject *exc = em_exc_take();
     PyObject *ea[4] = {cm, Py_None, Py_None, Py_None};
     r = PyObject_VectorcallMethod(em_str("__exit__"), ea, 4, NULL);
@@ -714,6 +714,23 @@ static PyObject *ao_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     Py_DECREF(r);
     em_exc_restore(exc);
     return out;
+}
+
+typedef struct {
+    PyObject *fn;
+    PyObject *const *args;
+    size_t nargsf;
+    PyObject *kwnames;
+} AoCall;
+
+static PyObject *ao_run(void *ctx) {
+    AoCall *c = ctx;
+    return PyObject_Vectorcall(c->fn, c->args, c->nargsf, c->kwnames);
+}
+
+static PyObject *ao_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    AoCall c = {((AutocastOff *)self)->fn, args, nargsf, kwnames};
+    return em_with_autocast_off(ao_run, &c);
 }
 
 static int ao_traverse(PyObject *self, visitproc visit, void *arg) {
