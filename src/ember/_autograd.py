@@ -58,8 +58,11 @@ class CompiledRegion(torch.autograd.Function):
                 "ember: double backward (create_graph=True, or a gradient of a gradient) through a region "
                 "compiled with ahead-of-time autograd is not supported; compile this function with "
                 "backend='eager' to keep eager autograd")
-        # the backward graph's dtypes are explicit (its ops were typed when it was derived): torch.autocast,
-        # which the engine keeps on for a backward called inside an autocast block, must not recast them
+        # the backward graph's dtypes are explicit (its ops were typed when it was derived): a backward
+        # called inside an autocast block runs with autocast on, which would recast its extern calls
+        # (not its generated kernels) and break the graph's typing; eager's own backward nodes are
+        # recast there too, so such a backward can differ from eager's in rounding (torch's docs
+        # advise against backward under autocast)
         with torch.no_grad(), torch._C._DisableAutocast():
             return CompiledRegion._backward(ctx, grads)
 

@@ -237,8 +237,10 @@ def test_a_parameter_used_twice_is_cast_once():
 
 
 def test_backward_inside_the_autocast_block():
-    """A backward called inside the autocast block (the engine then runs with autocast on): the
-    compiled backward's ops keep their dtypes, so the gradients are eager's."""
+    """A backward called inside the autocast block (autocast is then on while the backward runs):
+    the compiled region's backward still gives eager's gradients. (Its ops run with autocast off,
+    typed when the backward graph was derived; on CPU no op of this backward is one autocast would
+    recast, so this checks the path, not the switch.)"""
     torch.manual_seed(0)
     w = torch.randn(3, 8, requires_grad=True)
     we = w.detach().clone().requires_grad_()
