@@ -1979,6 +1979,7 @@ static int check_mutations(AG *ag) {
         Py_XDECREF(qn);
         PyErr_Clear();
         if (gm) return ag_fail(ag, "the graph changes grad mode (%s)", n->name);
+        if (em_ir_autocast_node(n)) return ag_fail(ag, "the graph enters a torch.autocast block (%s)", n->name);
         if (!is_mutation(n)) continue;
         const IRArg *a0 = mutated_arg(n); /* out= writes `out`, not its first argument */
         if (!a0 || a0->kind != IRARG_NODE || em_ir_node(g, a0->u.ref)->kind != IR_PLACEHOLDER ||
@@ -2997,11 +2998,86 @@ done:
     return r;
 }
 
+/* The torch.autocast blocks a graph enters (_enter_autocast nodes, em_ir_autocast_node), entered
+ * for real while the pass reads the nodes inside them, so that ember._autocast.plan sees each
+ * block's autocast state. */
+enum { AC_MAXOPEN = 8 };
+typedef struct {
+    PyObject *mode[AC_MAXOPEN]; /* torch's _UnmanagedAutocast, innermost last */
+    IRRef enter[AC_MAXOPEN];
+    int n;
+    int on; /* autocast on for some device at the current node */
+} AutocastBlocks;
+
+static int blocks_refresh(AutocastBlocks *b) {
+    static PyObject *any = NULL; /* torch._C._is_any_autocast_enabled; one interpreter */
+    if (!any && !em_lazy_attr(&any, "torch._C", "_is_any_autocast_enabled")) return -1;
+    PyObject *r = PyObject_CallNoArgs(any);
+    if (!r) return -1;
+    b->on = r == Py_True;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Runs the enter or exit node n (kind 1 or 2) for real. 0, 1 with *why (a block the pass cannot
+ * follow), -1 with an exception. */
+static int blocks_step(AutocastBlocks *b, const IRGraph *g, IRRef r, int kind, PyObject **why) {
+    const IRNode *n = em_ir_node(g, r);
+    if (kind == 1) {
+        if (b->n == AC_MAXOPEN) {
+            *why = PyUnicode_FromFormat("torch.autocast blocks nested deeper than %d", AC_MAXOPEN);
+            return 1;
+        }
+        PyObject *vals = PyTuple_New(n->nargs);
+        for (uint32_t i = 0; vals && i < n->nargs; i++) {
+            if (n->args[i].kind != IRARG_CONST) {
+                Py_DECREF(vals);
+                *why = PyUnicode_FromFormat("%s has a non-constant argument", n->name);
+                return 1;
+            }
+            PyTuple_SET_ITEM(vals, i, Py_NewRef(n->args[i].u.obj));
+        }
+        PyObject *mode = vals ? PyObject_Call(n->target, vals, NULL) : NULL;
+        Py_XDECREF(vals);
+        if (!mode) return -1;
+        b->mode[b->n] = mode;
+        b->enter[b->n++] = r;
+    } else {
+        if (!b->n || n->nargs != 1 || n->args[0].kind != IRARG_NODE || n->args[0].u.ref != b->enter[b->n - 1]) {
+            *why = PyUnicode_FromFormat("%s exits a torch.autocast block out of order", n->name);
+            return 1;
+        }
+        PyObject *mode = b->mode[--b->n];
+        PyObject *res = PyObject_CallOneArg(n->target, mode);
+        Py_DECREF(mode);
+        if (!res) return -1;
+        Py_DECREF(res);
+    }
+    return blocks_refresh(b);
+}
+
+/* Exits the blocks still open, keeping any pending exception. */
+static void blocks_unwind(AutocastBlocks *b) {
+    static PyObject *exit_ = NULL; /* torch.amp.autocast_mode._exit_autocast; one interpreter */
+    PyObject *exc = em_exc_take();
+    while (b->n) {
+        PyObject *mode = b->mode[--b->n];
+        PyObject *res = exit_ || em_lazy_attr(&exit_, "torch.amp.autocast_mode", "_exit_autocast")
+                            ? PyObject_CallOneArg(exit_, mode)
+                            : NULL;
+        Py_XDECREF(res);
+        Py_DECREF(mode);
+        PyErr_Clear();
+    }
+    em_exc_restore(exc);
+}
+
 IRGraph *em_autograd_explicit_autocast(const IRGraph *g, PyObject **why, long *ncasts) {
     AG d = {0};
     IRGraph *out = NULL;
     IRRef *outs = calloc(g->nnodes + 1, sizeof(IRRef));
     PyObject *shared = PyDict_New(); /* (input ref, dtype) -> its cast's ref */
+    AutocastBlocks blocks = {.n = 0};
     *why = NULL;
     *ncasts = 0;
     if (!outs || !shared) goto fail;
@@ -3009,10 +3085,23 @@ IRGraph *em_autograd_explicit_autocast(const IRGraph *g, PyObject **why, long *n
         *why = PyUnicode_FromString("symbolic sizes (the casts' metas would be concrete)");
         goto done;
     }
-    if (rewriter_begin(&d, g) < 0) goto fail;
+    if (rewriter_begin(&d, g) < 0 || blocks_refresh(&blocks) < 0) goto fail;
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = em_ir_node(g, r);
         if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
+        int ak = em_ir_autocast_node(n);
+        if (ak) { /* a with-block's edge: followed here, not kept (the casts say what it did) */
+            int rc = blocks_step(&blocks, g, r, ak, why);
+            if (rc < 0) goto fail;
+            if (rc > 0) goto done;
+            continue;
+        }
+        if (!blocks.on) { /* outside any autocast: the node as it is */
+            IRRef v = copy_node(&d, n);
+            if (!v) goto fail;
+            d.fmap[r] = v;
+            continue;
+        }
         IRArg *args = em_arena_alloc(d.a, (n->nargs + n->nkwargs + 1) * sizeof(IRArg));
         if (!args) goto fail;
         IRArg *kw = args + n->nargs;
@@ -3104,6 +3193,10 @@ IRGraph *em_autograd_explicit_autocast(const IRGraph *g, PyObject **why, long *n
         d.role[v] = ROLE_FWD;
         d.fmap[r] = v;
     }
+    if (blocks.n) {
+        *why = PyUnicode_FromString("a torch.autocast block is open at the graph's end");
+        goto done;
+    }
     const IRArg *go = &em_ir_node(g, g->output)->args[0];
     for (uint32_t k = 0; k < go->n; k++) {
         if (go->u.items[k].kind != IRARG_NODE || !d.fmap[go->u.items[k].u.ref]) {
@@ -3123,6 +3216,7 @@ fail:
     }
     out = NULL;
 done:
+    blocks_unwind(&blocks);
     free(outs);
     Py_XDECREF(shared);
     rewriter_free(&d);

@@ -420,7 +420,8 @@ static PyObject *compile_call(void *ctx) {
     return backend_compile_timed(c->cfg, c->res, c->code, c->is_eager_graph, c->backend_info, c->info_key);
 }
 
-/* Backends "ember" and "aot_eager" under torch.autocast: the graph with autocast's casts written
+/* Backends "ember" and "aot_eager" under torch.autocast, or for a graph that enters autocast
+ * blocks (with torch.autocast(...) in the frame): the graph with autocast's casts written
  * as nodes (em_autograd_explicit_autocast) is compiled and run with autocast off
  * (em_with_autocast_off, em_autocast_off_new), so ember's code generator and AOT autograd see
  * explicit dtypes. When the rewrite is not possible, the graph compiles as traced (autocast at
@@ -456,7 +457,7 @@ static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult
     PyObject *r = NULL;
     int ac = PyUnicode_Check(cfg->backend) && (PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0 ||
                                                 PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") == 0)
-                 ? autocast_on()
+                 ? (res->graph && em_ir_has_autocast(res->graph) ? 1 : autocast_on())
                  : 0;
     if (ac == 1) r = backend_compile_autocast(cfg, res, code, is_eager_graph, backend_info, info_key);
     else if (ac == 0) r = backend_compile_timed(cfg, res, code, is_eager_graph, backend_info, info_key);

@@ -989,6 +989,23 @@ bool em_ir_layout_needs_fake(PyObject *fn) {
     return fn == sdpa;
 }
 
+int em_ir_autocast_node(const IRNode *n) {
+    static PyObject *enter = NULL, *exit_ = NULL; /* torch.amp.autocast_mode.*; one interpreter */
+    if (n->kind != IR_CALL_FUNCTION) return 0;
+    if ((!enter && !em_lazy_attr(&enter, "torch.amp.autocast_mode", "_enter_autocast")) ||
+        (!exit_ && !em_lazy_attr(&exit_, "torch.amp.autocast_mode", "_exit_autocast"))) {
+        PyErr_Clear();
+        return 0;
+    }
+    return n->target == enter ? 1 : n->target == exit_ ? 2 : 0;
+}
+
+bool em_ir_has_autocast(const IRGraph *g) {
+    for (IRRef r = 1; r < g->nnodes; r++)
+        if (em_ir_autocast_node(em_ir_node(g, r)) == 1) return true;
+    return false;
+}
+
 bool em_ir_meta_cpu_channels_last(const IRMeta *m) {
     if (!m || m->kind != IRMETA_TENSOR || (m->ndim != 4 && m->ndim != 5) || !m->strides) return false;
     if (m->sizes[1] <= 1 || m->strides[1] != 1 || em_ir_meta_contiguous(m)) return false;

@@ -213,6 +213,11 @@ bool em_ir_meta_cpu_channels_last(const IRMeta *m);
  * device runs the math kernel (a contiguous result); the flash kernels (CPU and CUDA) and cuDNN
  * write (B, S, H, D) memory when the query is a head view of a projection, as in attention layers. */
 bool em_ir_layout_needs_fake(PyObject *fn);
+/* A torch.autocast with-block's node (em_trace_call.c): 1 for _enter_autocast(device, dtype,
+ * enabled, cache_enabled), 2 for _exit_autocast(enter), 0 for any other node. */
+int em_ir_autocast_node(const IRNode *n);
+/* Does g enter a torch.autocast block (has an _enter_autocast node)? */
+bool em_ir_has_autocast(const IRGraph *g);
 /* Is m a tensor with torch's contiguous strides (size-1 dims ignored, as is_contiguous)? */
 bool em_ir_meta_contiguous(const IRMeta *m);
 /* Is m a tensor on a CPU device? */

@@ -36,6 +36,7 @@ typedef struct {
     PyObject *target;   /* callable, or the method name (str) when method; owned */
     PyObject *kwnames;  /* tuple of str or NULL; owned */
     uint32_t method;    /* call_method: PyObject_VectorcallMethod with args[0] = self */
+    uint32_t autocast_enter; /* a torch.autocast block's _enter_autocast (em_ir_autocast_node) */
     uint32_t nargs;     /* positional arguments (self included) */
     uint32_t nkw;       /* keyword arguments, after the positional ones */
     uint32_t tpl;       /* first of the nargs + nkw templates */
@@ -97,6 +98,27 @@ static PyObject *eg_build(const EagerGraph *eg, const Tpl *t, PyObject *const *v
     return NULL;
 }
 
+/* After instruction `failed` raised: exits, innermost first, the torch.autocast blocks the graph
+ * entered and did not leave (an _enter_autocast result still held: its one use, the block's
+ * _exit_autocast, releases it), as the with statement's __exit__ would have in eager. Keeps the
+ * pending exception. */
+static void autocast_unwind(const EagerGraph *eg, PyObject **vals, uint32_t failed) {
+    static PyObject *exit_ = NULL; /* torch.amp.autocast_mode._exit_autocast; one interpreter */
+    PyObject *exc = NULL;
+    for (uint32_t k = failed; k-- > 0;) {
+        const Instr *in = &eg->instr[k];
+        if (!in->autocast_enter || !vals[in->out]) continue;
+        if (!exc) exc = em_exc_take();
+        PyObject *r = exit_ || em_lazy_attr(&exit_, "torch.amp.autocast_mode", "_exit_autocast")
+                          ? PyObject_CallOneArg(exit_, vals[in->out])
+                          : NULL;
+        Py_XDECREF(r);
+        PyErr_Clear();
+        Py_CLEAR(vals[in->out]);
+    }
+    if (exc) em_exc_restore(exc);
+}
+
 /* The replay loop. vals[0, ninputs) borrow the inputs (own_inputs: own them, and release each
  * after its last use, as the results are); vals[ninputs, nvalues) own the results until their last
  * use (NULL once released). args has one spare slot in front so that callees may use
@@ -143,6 +165,7 @@ static PyObject *eg_run(EagerGraph *eg, PyObject *const *inputs, int own_inputs)
             } else if (!(args[i] = eg_build(eg, t, vals))) {
                 for (uint32_t j = 0; j < i; j++)
                     if (tpl[j].kind == TPL_TUPLE || tpl[j].kind == TPL_LIST) Py_DECREF(args[j]);
+                autocast_unwind(eg, vals, k);
                 goto error;
             }
         }
@@ -153,7 +176,10 @@ static PyObject *eg_run(EagerGraph *eg, PyObject *const *inputs, int own_inputs)
             for (uint32_t i = 0; i < nall; i++)
                 if (tpl[i].kind == TPL_TUPLE || tpl[i].kind == TPL_LIST) Py_DECREF(args[i]);
         }
-        if (!res) goto error;
+        if (!res) {
+            autocast_unwind(eg, vals, k);
+            goto error;
+        }
         vals[in->out] = res;
         for (uint32_t f = 0; f < in->nfree; f++) Py_CLEAR(vals[eg->frees[in->free_first + f]]);
         if (own_inputs)
@@ -409,6 +435,7 @@ PyObject *em_eager_graph_new(const IRGraph *g) {
         in->target = Py_NewRef(n->target);
         eg->ninstr = c.cur + 1;
         in->method = n->kind == IR_CALL_METHOD;
+        in->autocast_enter = em_ir_autocast_node(n) == 1;
         in->nargs = n->nargs;
         in->nkw = n->nkwargs;
         in->out = g->ninputs + c.cur;

@@ -915,6 +915,11 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                                           "each op at dispatch, and some op has no explicit rewrite)");
             goto done;
         }
+        if (em_ir_has_autocast(g)) { /* the same, for a graph whose with-blocks could not be rewritten */
+            result = eager_fallback(d, g, "the graph enters a torch.autocast block: the eager backend runs the graph "
+                                          "(autocast casts each op at dispatch, and some op has no explicit rewrite)");
+            goto done;
+        }
     }
     LGraph *lg = em_lower_graph_device(a, g, mode == 1, &why);
     t_lower = em_now();

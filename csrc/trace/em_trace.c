@@ -160,6 +160,11 @@ int em_trace_init(PyObject *module) {
     rt->no_grad_cls = lookup_path(rt->torch, "no_grad");
     rt->enable_grad_cls = lookup_path(rt->torch, "enable_grad");
     rt->set_grad_enabled_cls = lookup_path(rt->torch, "set_grad_enabled");
+    /* absent on a torch without them: torch.autocast in a frame is then a graph break */
+    rt->autocast_cls = lookup_path(rt->torch, "amp.autocast_mode.autocast");
+    rt->enter_autocast = lookup_path(rt->torch, "amp.autocast_mode._enter_autocast");
+    rt->exit_autocast = lookup_path(rt->torch, "amp.autocast_mode._exit_autocast");
+    if (!rt->enter_autocast || !rt->exit_autocast) Py_CLEAR(rt->autocast_cls);
     rt->module_call = lookup_path(rt->torch, "nn.Module.__call__");
     rt->ModuleList = lookup_path(rt->torch, "nn.ModuleList");
     rt->Sequential = lookup_path(rt->torch, "nn.Sequential");
@@ -311,7 +316,9 @@ static void break_location(Trace *T, EmBreakInfo *b) {
 int em_tr_break(Trace *T, EmBreak reason, const char *fmt, ...) {
     if (T->broke) return -1;
     T->broke = true;
-    T->res->brk_top_step = T->top_steps - 1;
+    /* inside a torch.autocast block of the top frame the split is at its with statement: each
+     * graph enters and exits its blocks (em_tr_autocast_enter) */
+    T->res->brk_top_step = T->ac_top_step >= 0 ? T->ac_top_step : T->top_steps - 1;
     EmBreakInfo *b = &T->res->brk;
     b->reason = reason;
     b->lineno = -1;
@@ -1078,14 +1085,20 @@ static int do_call(Trace *T, TFrame *F, int n) {
     return push(T, F, r);
 }
 
-/* BEFORE_WITH: [mgr] -> [mgr.__exit__, mgr.__enter__()]. Only grad-mode managers (no_grad,
+/* BEFORE_WITH: [mgr] -> [mgr.__exit__, mgr.__enter__()]. Grad-mode managers (no_grad,
  * enable_grad, set_grad_enabled: their __exit__ restores the mode and never swallows an
- * exception, torch/autograd/grad_mode.py) are traced; entering records the mode change. */
+ * exception, torch/autograd/grad_mode.py) record the mode change; torch.autocast records its
+ * _enter_autocast node; a manager with Python __enter__/__exit__ is inlined. */
 static int before_with(Trace *T, TFrame *F) {
     TValue *m = pop(T, F);
     if (!m || !(m = em_tr_realize(T, m))) return -1;
     if (m->kind == TV_INSTANCE || (m->kind == TV_OBJECT && m->obj && !PyType_Check(m->obj)))
         return em_tr_with_enter(T, F, m); /* a manager with Python __enter__/__exit__ */
+    if (m->kind == TV_AUTOCAST && !m->u.ac.exit) {
+        TValue *exit = em_tr_autocast_enter(T, m);
+        if (!exit || push(T, F, exit) < 0) return -1;
+        return push(T, F, m); /* autocast.__enter__ returns self */
+    }
     if (m->kind != TV_GRAD_MODE || m->u.gm.exit) {
         const char *what = m->obj ? Py_TYPE(m->obj)->tp_name : "value";
         if (m->obj && PyType_Check(m->obj)) what = ((PyTypeObject *)m->obj)->tp_name;
@@ -1773,6 +1786,7 @@ static int trace_once(PyObject *func, PyCodeObject *code, const EmFrameView *fv,
     memset(res, 0, sizeof *res);
     memset(&T, 0, sizeof T);
     T.stop_at = stop_at;
+    T.ac_top_step = -1;
     res->brk_top_step = -1;
     res->brk.reason = EM_BREAK_NONE;
     res->brk.lineno = -1;
@@ -1842,6 +1856,7 @@ static int trace_once(PyObject *func, PyCodeObject *code, const EmFrameView *fv,
     }
     rc = top_return(&T, F->retval);
 done:
+    em_tr_autocast_unwind(&T);
     if (T.grad_changed) {
         /* meta calls leave the process in the trace's current grad mode (run_meta): give the caller
          * back the mode the frame was entered with, keeping any pending exception */

@@ -214,6 +214,172 @@ static TValue *call_grad_mode(Trace *T, TValue *gm, uint32_t nargs) {
     return em_tr_const(T, Py_None);
 }
 
+/* ---- torch.autocast with-blocks. The graph holds Dynamo's nodes: _enter_autocast(device, dtype,
+ * enabled, cache_enabled) at the with statement and _exit_autocast(that node's result) at its end
+ * (torch/amp/autocast_mode.py), which the eager backend runs as they are and which
+ * em_autograd_explicit_autocast turns into explicit casts for ember's code generator and AOT
+ * autograd. While tracing, the block is entered for real, so that fake-tensor metas (run_meta)
+ * get the dtypes autocast gives. A frame that breaks inside a block of its own splits at the
+ * block's with statement (em_tr_break): every graph enters and exits the blocks it opens. */
+
+static int autocast_refresh(Trace *T) {
+    PyObject *ac = PyObject_CallNoArgs(em_trace_rt.is_any_autocast_enabled);
+    if (!ac) return -1;
+    T->autocast = ac == Py_True;
+    Py_DECREF(ac);
+    return 0;
+}
+
+/* torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None) of constant arguments:
+ * the real object is made now (its __init__ validates the arguments and settles the dtype; a
+ * failure is a break, so that eager raises it), for devices the global-state guard covers. */
+static TValue *make_autocast(Trace *T, PyObject *cls, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
+    if (!em_trace_rt.is_any_autocast_enabled) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "torch.autocast on a torch without _is_any_autocast_enabled");
+        return NULL;
+    }
+    TValue *tv = em_tr_tuple(T, args, nargs);
+    PyObject *pargs = tv ? em_tr_to_py_const(T, tv) : NULL, *pkw = NULL, *mgr = NULL;
+    if (!pargs) goto not_const;
+    if (kwnames && PyTuple_GET_SIZE(kwnames)) {
+        if (!(pkw = PyDict_New())) goto fail;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
+            PyObject *v = em_tr_to_py_const(T, kwvals[i]);
+            if (!v) goto not_const;
+            int rc = PyDict_SetItem(pkw, PyTuple_GET_ITEM(kwnames, i), v);
+            Py_DECREF(v);
+            if (rc < 0) goto fail;
+        }
+    }
+    mgr = PyObject_Call(cls, pargs, pkw);
+    if (!mgr) {
+        em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_CALL);
+        goto fail;
+    }
+    PyObject *dev = PyObject_GetAttrString(mgr, "device");
+    bool known = dev && PyUnicode_Check(dev) &&
+                 (!PyUnicode_CompareWithASCIIString(dev, "cpu") || !PyUnicode_CompareWithASCIIString(dev, "cuda"));
+    Py_XDECREF(dev);
+    PyErr_Clear();
+    if (!known) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "torch.autocast for a device other than cpu and cuda");
+        goto fail;
+    }
+    Py_DECREF(pargs);
+    Py_XDECREF(pkw);
+    TValue *v = em_tr_new(T, TV_AUTOCAST);
+    if (!v) {
+        Py_DECREF(mgr);
+        return NULL;
+    }
+    v->u.ac.mgr = em_arena_hold_steal(T->arena, mgr);
+    return v->u.ac.mgr ? v : NULL;
+not_const:
+    if (!T->broke && !PyErr_Occurred())
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "torch.autocast of a value the tracer does not know");
+fail:
+    Py_XDECREF(pargs);
+    Py_XDECREF(pkw);
+    Py_XDECREF(mgr);
+    return NULL;
+}
+
+TValue *em_tr_autocast_enter(Trace *T, TValue *m) {
+    TraceRT *rt = &em_trace_rt;
+    if (T->n_ac_open == TR_MAX_AUTOCAST) {
+        em_tr_break(T, EM_BREAK_TRY_BLOCK, "torch.autocast blocks nested deeper than %d", TR_MAX_AUTOCAST);
+        return NULL;
+    }
+    static const char *const fields[4] = {"device", "fast_dtype", "_enabled", "_cache_enabled"};
+    IRArg *a = em_arena_alloc(T->arena, sizeof(IRArg) * 4);
+    PyObject *vals = PyTuple_New(4);
+    if (!a || !vals) {
+        Py_XDECREF(vals);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (int i = 0; i < 4; i++) {
+        PyObject *f = PyObject_GetAttrString(m->u.ac.mgr, fields[i]);
+        if (!f) {
+            Py_DECREF(vals);
+            em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_VALUE);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(vals, i, f);
+        a[i].kind = IRARG_CONST;
+        a[i].u.obj = em_arena_hold(T->arena, f);
+    }
+    IRMeta meta;
+    memset(&meta, 0, sizeof meta);
+    meta.kind = IRMETA_OTHER;
+    uint32_t r = add_node(T, IR_CALL_FUNCTION, rt->enter_autocast, a, 4, NULL, NULL, 0, &meta);
+    PyObject *mode = r ? PyObject_Call(rt->enter_autocast, vals, NULL) : NULL;
+    Py_DECREF(vals);
+    if (!mode) {
+        if (r) em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_CALL);
+        return NULL;
+    }
+    TFrame *F = T->cur;
+    if (F == T->top && T->ac_top_step < 0) {
+        T->ac_top_step = T->top_steps - 1;
+        T->ac_top_depth = T->n_ac_open;
+    }
+    T->ac_open[T->n_ac_open++] = mode;
+    if (autocast_refresh(T) < 0) return NULL;
+    TValue *exit = em_tr_new(T, TV_AUTOCAST);
+    if (!exit) return NULL;
+    exit->u.ac.mgr = m->u.ac.mgr;
+    exit->u.ac.exit = true;
+    exit->u.ac.enter = r;
+    exit->u.ac.depth = T->n_ac_open - 1;
+    return exit;
+}
+
+/* Exits the innermost open block for real (its _UnmanagedAutocast.__exit__). -1 with an exception. */
+static int autocast_pop(Trace *T) {
+    PyObject *mode = T->ac_open[--T->n_ac_open];
+    if (T->ac_top_step >= 0 && T->n_ac_open == T->ac_top_depth) T->ac_top_step = -1;
+    PyObject *r = PyObject_CallOneArg(em_trace_rt.exit_autocast, mode);
+    Py_DECREF(mode);
+    Py_XDECREF(r);
+    return r ? 0 : -1;
+}
+
+void em_tr_autocast_unwind(Trace *T) {
+    if (!T->n_ac_open) return;
+    PyObject *exc = em_tr_exc_get();
+    while (T->n_ac_open)
+        if (autocast_pop(T) < 0) PyErr_Clear();
+    if (autocast_refresh(T) < 0) PyErr_Clear();
+    if (exc) em_tr_exc_set(exc);
+}
+
+/* A call of an autocast value: __exit__(type, value, traceback) records the _exit_autocast node,
+ * exits the block for real and returns False (autocast never swallows an exception). */
+static TValue *call_autocast(Trace *T, TValue *ac, uint32_t nargs) {
+    if (!ac->u.ac.exit || nargs != 3) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of a torch.autocast object");
+        return NULL;
+    }
+    if (ac->u.ac.depth != T->n_ac_open - 1) {
+        em_tr_break(T, EM_BREAK_TRY_BLOCK, "torch.autocast blocks exited out of order");
+        return NULL;
+    }
+    IRArg *a = em_arena_alloc(T->arena, sizeof(IRArg));
+    if (!a) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    a->kind = IRARG_NODE;
+    a->u.ref = ac->u.ac.enter;
+    IRMeta meta;
+    memset(&meta, 0, sizeof meta);
+    meta.kind = IRMETA_NONE;
+    if (!add_node(T, IR_CALL_FUNCTION, em_trace_rt.exit_autocast, a, 1, NULL, NULL, 0, &meta)) return NULL;
+    if (autocast_pop(T) < 0 || autocast_refresh(T) < 0) return NULL;
+    return em_tr_const(T, Py_False);
+}
+
 /* What converting the arguments of a call learned. */
 typedef struct Conv {
     bool has_tensor, any_rg;
@@ -2268,6 +2434,7 @@ static TValue *call_object(Trace *T, TValue *callee, TValue **args, uint32_t nar
             return make_namedtuple(T, o, args, nargs, kwnames, kwvals);
         if (o == rt->no_grad_cls || o == rt->enable_grad_cls || o == rt->set_grad_enabled_cls)
             return make_grad_mode(T, o, args, nargs, kwnames);
+        if (rt->autocast_cls && o == rt->autocast_cls) return make_autocast(T, o, args, nargs, kwnames, kwvals);
         if (PyType_IsSubtype(tp, (PyTypeObject *)PyExc_BaseException)) {
             /* a builtin exception of constant arguments is made for real (BaseException's C
              * __new__/__init__ only store args), so a handler in the trace may catch it; any other
@@ -2470,6 +2637,8 @@ TValue *em_tr_call(Trace *T, TValue *callee, TValue **args, uint32_t nargs, PyOb
         return call_super_method(T, callee);
     case TV_GRAD_MODE:
         return call_grad_mode(T, callee, nargs + (kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0));
+    case TV_AUTOCAST:
+        return call_autocast(T, callee, nargs + (kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0));
     case TV_CONST:
         em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "call of a %s constant", Py_TYPE(callee->obj)->tp_name);
         return NULL;

@@ -74,6 +74,8 @@ typedef enum {
     TV_SUPER,         /* sup.self + sup.cls: super(cls, self) */
     TV_GRAD_MODE,     /* gm: a grad-mode context manager (torch.no_grad(), enable_grad(),
                          set_grad_enabled(b)) or, gm.exit, the __exit__ that BEFORE_WITH pushed */
+    TV_AUTOCAST,      /* ac: a torch.autocast(...) made in the trace or, ac.exit, the __exit__ that
+                         BEFORE_WITH pushed (em_trace_call.c) */
     TV_SYMINT,        /* si.e: a Python int that is a size expression over the trace's symbols
                          (x.shape[0], x.size(1) // 2); em_trace_sym.c */
     TV_INSTANCE       /* inst: an object of a Python class constructed in the trace (dataclasses,
@@ -132,6 +134,12 @@ struct TValue {
             bool applied; /* set_grad_enabled(b): the mode changed at construction */
             bool exit;    /* this value is the bound __exit__ */
         } gm;
+        struct {
+            PyObject *mgr;  /* the real torch.autocast object, made at trace time (arena-held) */
+            uint32_t enter; /* exit: the graph's _enter_autocast node */
+            int depth;      /* exit: its index in Trace.ac_open */
+            bool exit;      /* this value is the bound __exit__ */
+        } ac;
         struct {
             PyObject *cls;       /* the class (held) */
             TValue *attrs;       /* DICT: the instance __dict__ */
@@ -199,7 +207,7 @@ typedef struct TExcEntry {
 
 /* Objects looked up once at init (owned references, process lifetime; ember supports one
  * interpreter, em_module.c). */
-enum { TR_NBINOPS = 26, TR_NCMP = 6 };
+enum { TR_NBINOPS = 26, TR_NCMP = 6, TR_MAX_AUTOCAST = 8 };
 typedef struct TraceRT {
     bool ready;
     uint8_t op_of[256];            /* opcode -> TrOp */
@@ -210,6 +218,8 @@ typedef struct TraceRT {
     PyObject *set_grad_enabled, *is_grad_enabled, *get_default_device;
     PyObject *is_any_autocast_enabled; /* torch._C._is_any_autocast_enabled (NULL on a torch without it) */
     PyObject *no_grad_cls, *enable_grad_cls, *set_grad_enabled_cls; /* torch.no_grad ... (classes) */
+    PyObject *autocast_cls;        /* torch.autocast (torch.amp.autocast_mode.autocast); NULL: absent */
+    PyObject *enter_autocast, *exit_autocast; /* torch.amp.autocast_mode._enter_autocast, _exit_autocast */
     PyObject *module_call;         /* torch.nn.Module.__call__ */
     PyObject *global_hooks[4];     /* torch.nn.modules.module._global_*_hooks dicts */
     PyObject *ModuleList, *Sequential, *ModuleDict;
@@ -262,6 +272,14 @@ typedef struct Trace {
     bool grad_changed;      /* the graph has a set-grad-mode node */
     bool grad_with;         /* ... made by a with-block (restored if the graph raises) */
     bool grad_statement;    /* ... made by a torch.set_grad_enabled(b) statement (never restored) */
+    /* torch.autocast with-blocks: the _UnmanagedAutocast objects entered for real while tracing
+     * (so that fake-tensor metas get the block's dtypes), innermost last; the trace's end exits
+     * those still open */
+    PyObject *ac_open[TR_MAX_AUTOCAST];
+    int n_ac_open;
+    long ac_top_step;       /* -1, or the top-frame step of the BEFORE_WITH of the outermost open
+                               block: a break inside it splits the frame there (em_tr_break) */
+    int ac_top_depth;       /* n_ac_open before that block was entered */
     TValue *null_value;
     struct { struct TEffect *items; uint32_t n, cap; } effects; /* side effects to replay */
     struct { TValue **items; uint32_t n, cap; } containers;     /* input lists/dicts realized */
@@ -423,6 +441,12 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
  * records one) and in the trace's own state; no node when the mode is already `mode`. -1 on
  * break. */
 int em_tr_set_grad_mode(Trace *T, bool mode);
+/* torch.autocast with-blocks (em_trace_call.c). enter: records the _enter_autocast node for the
+ * manager m, enters the block for real for the rest of the trace, and returns the value of its
+ * __exit__ (NULL with a break or an exception). unwind: exits the blocks still open (the trace's
+ * end), keeping any pending exception. */
+TValue *em_tr_autocast_enter(Trace *T, TValue *m);
+void em_tr_autocast_unwind(Trace *T);
 
 /* ---- em_trace_sym.c: symbolic sizes ---- */
 /* Decides which dims of the tensor input at src are dynamic (dynamic=, marks, automatic dynamic)

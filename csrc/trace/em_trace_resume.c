@@ -472,6 +472,11 @@ static int classify(Trace *T, TFrame *F, const TInstr *in, Brk *b) {
     case OP_BUILD_MAP: b->consumed = 2 * a; break;
     case OP_BINARY_SLICE: b->consumed = 3; break;
     case OP_STORE_SLICE: b->consumed = 4; break;
+    case OP_BEFORE_WITH: /* the with statement of a torch.autocast block that holds the break */
+        if (!F->sp || F->stack[F->sp - 1]->kind != TV_AUTOCAST)
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_OPCODE, "graph break at a with statement");
+        b->consumed = 1;
+        break;
     default:
         return em_tr_break(T, EM_BREAK_UNSUPPORTED_OPCODE, "graph break at %U", em_trace_rt.opname[in->opcode]);
     }
@@ -827,6 +832,13 @@ int em_tr_split_value_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth
         o->obj = em_arena_hold_steal(T->arena, s);
         return o->obj ? 0 : -1;
     }
+    case TV_AUTOCAST:
+        /* a split inside a block of the top frame is at its with statement (em_tr_break), so only
+         * the manager itself (not entered: the stub enters it) can be live here */
+        if (v->u.ac.exit) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a torch.autocast block is open at a break");
+        o->kind = OUT_CONST;
+        o->obj = v->u.ac.mgr;
+        return 0;
     case TV_GRAD_MODE: {
         PyObject *m = grad_manager(T, v);
         if (!m) return em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_VALUE);
@@ -885,6 +897,19 @@ int em_tr_split_value_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth
 
 static bool is_null(const TValue *v) { return v == NULL || v->kind == TV_NULL; }
 
+/* Is the bound __exit__ of a real torch.autocast object on F's stack: is F a resume function that
+ * starts inside an autocast block, whose stub entered it? Such a frame is not split again: a stub
+ * or graph that raised there would skip the block's __exit__, which only the frame's own bytecode
+ * (its exception table) runs; the frame runs as Python and the calls in it are compiled. */
+static bool autocast_exit_live(const TFrame *F) {
+    PyObject *cls = em_trace_rt.autocast_cls;
+    for (int i = 0; cls && i < F->sp; i++) {
+        PyObject *o = F->stack[i] ? F->stack[i]->obj : NULL;
+        if (o && PyMethod_Check(o) && PyObject_TypeCheck(PyMethod_GET_SELF(o), (PyTypeObject *)cls)) return true;
+    }
+    return false;
+}
+
 int em_tr_split_here(Trace *T, TFrame *F) {
     if (resume_tables() < 0) return -1;
     PyCodeObject *C = F->code, *O = C;
@@ -897,6 +922,8 @@ int em_tr_split_here(Trace *T, TFrame *F) {
     }
     TInstr *in = &F->ins[F->pc];
     if (in->start < 2 * prefix) return em_tr_break(T, EM_BREAK_INTERNAL, "break inside a resume prefix");
+    if (autocast_exit_live(F))
+        return em_tr_break(T, EM_BREAK_TRY_BLOCK, "a torch.autocast block entered before this function is open");
     Brk b;
     if (classify(T, F, in, &b) < 0) return -1;
     if (b.kind != K_EXIT && F->pc + 1 >= F->nins) return em_tr_break(T, EM_BREAK_INTERNAL, "break at the last instruction");

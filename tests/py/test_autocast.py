@@ -102,18 +102,207 @@ def test_op_without_explicit_rewrite_keeps_autocast_at_dispatch():
     assert "torch.autocast is enabled" in info["fallback"]
 
 
-def test_autocast_inside_the_compiled_function():
+def _nesting():
+    """torch.autocast's nesting count (what its __exit__ decrements; the cast cache is cleared at 0)."""
+    n = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return n - 1
+
+
+def _autocast_state():
+    return (torch.is_autocast_enabled(dev()), torch.get_autocast_dtype(dev()), torch.is_autocast_cache_enabled(),
+            _nesting())
+
+
+def _graphs(fn):
+    return [e for e in ember.cache_info(fn) if e["kind"] == "graph"]
+
+
+@pytest.mark.parametrize("backend", ["ember", "aot_eager", "eager"])
+def test_autocast_block_inside_the_compiled_function(backend):
+    """`with torch.autocast(...)` in the frame is one graph (its _enter_autocast/_exit_autocast nodes,
+    as Dynamo records them), not a graph break; "ember" writes the block's casts as nodes and
+    generates its kernels; values, dtypes and the autocast state after the call are eager's."""
+    d = dev()
+
+    def f(x, w):
+        h = x * 2
+        with torch.autocast(d, dtype=BF16):
+            y = F.linear(h, w)
+            s = y.softmax(-1)
+        return y.float() * 2 + 1, s, y.dtype == BF16, h.sin()
+
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    before = _autocast_state()
+    cf = ember.compile(f, backend=backend, fullgraph=True)
+    for _ in range(2):
+        got, ref = cf(x, w), f(x, w)
+        assert _autocast_state() == before
+        for a, b in zip(got, ref):
+            if isinstance(a, torch.Tensor):
+                assert a.dtype == b.dtype
+            torch.testing.assert_close(a, b)  # ember's sin kernel is within assert_close's float32 tolerance
+    (entry,) = _graphs(f)
+    assert entry["hits"] == 1
+    if backend == "ember":
+        info = entry["ember"]
+        assert info["autocast"]["explicit"] is True and info["autocast"]["casts"] == 2, info["autocast"]  # h, w
+        assert info["kernels"] and not info.get("fallback")
+
+
+def test_nested_and_disabled_autocast_blocks():
+    """An enabled=False block inside a bfloat16 block (a loss in float32), and a block entered with
+    autocast already on around the call: each op typed by the block it is in, as eager."""
     d = dev()
 
     def f(x, w):
         with torch.autocast(d, dtype=BF16):
             y = F.linear(x, w)
-        return y.float() * 2 + 1, y.dtype == BF16
+            with torch.autocast(d, enabled=False):
+                z = F.linear(y.float(), w)  # float32: autocast is off here
+            u = F.linear(z, w)
+        return y, z, u, F.linear(x, w)
 
-    x, w = torch.randn(4, 8), torch.randn(3, 8)
-    got, ref = ember.compile(f)(x, w), f(x, w)
-    torch.testing.assert_close(got[0], ref[0], rtol=0, atol=0)
-    assert got[1] == ref[1]
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    cf = ember.compile(f, fullgraph=True)
+    for outer in (False, True):
+        with torch.autocast(d, dtype=torch.float16, enabled=outer):
+            before = _autocast_state()
+            got, ref = cf(x, w), f(x, w)
+            assert _autocast_state() == before
+        assert [t.dtype for t in got] == [t.dtype for t in ref]
+        assert [t.dtype for t in ref][:3] == [BF16, torch.float32, BF16]
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, **({"rtol": 0, "atol": 0} if d == "cpu" else {}))
+    assert all(e["ember"]["autocast"]["explicit"] for e in _graphs(f))
+
+
+@pytest.mark.parametrize("backend", ["ember", "aot_eager", "eager", "kept"])
+def test_exception_inside_an_autocast_block_restores_autocast(backend, monkeypatch):
+    """An op that raises inside the block at run time (an index out of range): eager's exception,
+    and autocast's state (enabled, dtype, nesting) back as the with statement leaves it. "kept": no
+    explicit rewrite, so the graph runs its enter/exit nodes (the eager backend), which unwinds the
+    blocks it entered when an op raises."""
+    if backend == "kept":
+        from ember import _autocast
+        monkeypatch.setattr(_autocast, "plan", lambda *a, **k: None)
+    d = dev()
+
+    def f(x, w, idx):
+        with torch.autocast(d, dtype=BF16):
+            y = torch.mm(x, w)
+            z = y[idx]
+        return z.float().sum(), y
+
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    cf = ember.compile(f, backend="ember" if backend == "kept" else backend)
+    torch.testing.assert_close(cf(x, w, torch.tensor([0, 3]))[0], f(x, w, torch.tensor([0, 3]))[0])
+    before = _autocast_state()
+    with pytest.raises(IndexError, match="out of bounds"):
+        f(x, w, torch.tensor([0, 9]))
+    with pytest.raises(IndexError, match="out of bounds"):
+        cf(x, w, torch.tensor([0, 9]))
+    assert _autocast_state() == before
+    (entry,) = _graphs(f)
+    if backend == "kept":
+        assert "no explicit casts" in entry["ember"]["autocast"]["kept"]
+        assert "enters a torch.autocast block" in entry["ember"]["fallback"]
+
+
+def test_graph_break_inside_an_autocast_block():
+    """A break inside the block splits the frame at the with statement (the graph before it is
+    compiled); the block runs as Python, its calls compiled under autocast; eager's results and
+    autocast state."""
+    d = dev()
+    seen = []
+
+    def inner(y, w):
+        return F.linear(y, w).relu()
+
+    def f(x, w):
+        h = x.cos()
+        with torch.autocast(d, dtype=BF16):
+            y = inner(h, w)
+            seen.append(y.dtype)  # a list append is traced; the print below is a break
+            print("inside", end="")
+            z = inner(y, w)
+        return z.float() + h
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    before = _autocast_state()
+    cf = ember.compile(f)
+    got = cf(x, w)
+    ref = f(x, w)
+    assert _autocast_state() == before
+    torch.testing.assert_close(got, ref)
+    assert seen == [BF16, BF16]
+    infos = ember.cache_info(f)
+    assert infos[0]["kind"] == "break" and infos[0]["reason"] == "PRINT", infos[0]
+    assert any(e["kind"] == "graph" for e in ember.cache_info(inner))  # the block's calls compiled
+
+
+@pytest.mark.parametrize("backend", ["ember", "aot_eager"])
+def test_training_step_with_an_autocast_block(backend):
+    """The usual AMP step written inside the compiled function (forward and loss under
+    `with torch.autocast`, backward outside): three SGD steps give eager's losses, gradients and
+    parameters, and the region's forward and backward are compiled (not eager autograd)."""
+    d = dev()
+    torch.manual_seed(0)
+    ref = _Net()
+    m = _Net()
+    m.load_state_dict(ref.state_dict())
+    x, y = torch.randn(4, 3, 6, 6), torch.randint(0, 4, (4,))
+
+    def make_step(model):
+        def step(x, y):
+            with torch.autocast(d, dtype=BF16):
+                out = model(x)
+                loss = F.nll_loss(out, y)
+            return loss
+        return step
+
+    runs = []
+    for model, step in ((ref, make_step(ref)), (m, ember.compile(make_step(m), backend=backend, fullgraph=True))):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = step(x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        runs.append((losses, [p.detach().clone() for p in model.parameters()]))
+        assert _autocast_state()[0] is False
+    tol = {"rtol": 1.6e-2, "atol": 1e-2}
+    for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1]):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(b, a, **tol)
+    entries = [e for e in ember.cache_info(step) if e.get("autograd")]
+    assert entries and all(e["autograd"]["autocast"]["explicit"] and "forward" in e["autograd"] for e in entries)
+
+
+def test_autocast_block_without_explicit_rewrite_keeps_eager_autograd(monkeypatch):
+    """No explicit rewrite for the block: eager autograd runs the graph with its enter/exit nodes,
+    and the reason names the block."""
+    import ember._autocast
+    monkeypatch.setattr(ember._autocast, "plan", lambda *a, **k: None)
+    d = dev()
+    w = torch.randn(3, 8, requires_grad=True)
+    we = w.detach().clone().requires_grad_()
+    x = torch.randn(4, 8)
+
+    def f(x, w):
+        with torch.autocast(d, dtype=BF16):
+            y = F.linear(x, w).relu()
+        return y.float().sum()
+    got, ref = ember.compile(f, backend="aot_eager")(x, w), f(x, we)
+    got.backward()
+    ref.backward()
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    torch.testing.assert_close(w.grad, we.grad, rtol=0, atol=0)
+    a = ember.cache_info(f)[0]["autograd"]
+    assert a["autocast"]["explicit"] is False
+    assert "enters a torch.autocast block" in a["fallback"]
 
 
 @pytest.mark.parametrize("backend", ["ember", "aot_eager"])
