@@ -23,6 +23,7 @@ False, the default of both) draw dropout masks from their own Philox streams, no
              --steps N --rounds N --threads N --json out.json --cpu-time
              --channels-last   ResNet-18's parameters and input in torch.channels_last (all compilers)
              --amp bf16|fp16   mixed precision: forward and loss under torch.autocast (fp16 with GradScaler)
+             --amp-inside      ... with the autocast block and the loss inside the compiled function
              --profile N   after the table, each compiler's top N ops of one profiled step (torch.profiler:
                            self CPU time on CPU, self device time on CUDA) and its kernel launches
 """
@@ -218,16 +219,25 @@ def run_model(name, compilers, args, device):
     for c in compilers:
         model = copy.deepcopy(base)
         model.train()
-        fn = compile_with(model, c)
-        opt = make_opt(model.parameters())
-
         amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
         scaler = torch.amp.GradScaler(device) if args.amp == "fp16" else None
+        inside = amp_dtype is not None and getattr(args, "amp_inside", False)
+        if inside:  # the autocast block and the loss inside the compiled function
+            def loss_fn(x, y, model=model, amp_dtype=amp_dtype):
+                with torch.autocast(device, dtype=amp_dtype):
+                    return F.cross_entropy(model(x), y)
+            fn = compile_with(loss_fn, c)
+        else:
+            fn = compile_with(model, c)
+        opt = make_opt(model.parameters())
 
-        def step(fn=fn, opt=opt, amp_dtype=amp_dtype, scaler=scaler):
+        def step(fn=fn, opt=opt, amp_dtype=amp_dtype, scaler=scaler, inside=inside):
             opt.zero_grad(set_to_none=True)
-            with torch.autocast(device, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
-                loss = F.cross_entropy(fn(x), y)
+            if inside:
+                loss = fn(x, y)
+            else:
+                with torch.autocast(device, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+                    loss = F.cross_entropy(fn(x), y)
             if scaler is None:
                 loss.backward()
                 opt.step()
@@ -308,6 +318,9 @@ def main():
     ap.add_argument("--channels-last", action="store_true", help="ResNet-18's model and input in channels_last")
     ap.add_argument("--amp", choices=["bf16", "fp16"], default=None,
                     help="forward and loss under torch.autocast(device, dtype) (fp16: with torch.amp.GradScaler)")
+    ap.add_argument("--amp-inside", action="store_true",
+                    help="with --amp: the compiled function is the forward and loss with the "
+                         "`with torch.autocast` block inside it (the usual AMP step), not the model")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time steps with time.process_time() (CPU time of the process): steadier than wall "
                          "clock on a shared VM; use with --threads 1")
@@ -324,7 +337,7 @@ def main():
         res = run_model(name, compilers, args, args.device)
         results.append(res)
         eager_ms = res["rows"]["eager"]["step_ms"] if "eager" in res["rows"] else None
-        amp = f", autocast {args.amp}" if args.amp else ""
+        amp = f", autocast {args.amp}{' inside' if args.amp_inside else ''}" if args.amp else ""
         print(f"\n{name} ({res['shape']}{amp}), {args.steps} steps x {args.rounds} rounds")
         print(f"{'compiler':<12} {'step ms':>9} {'vs eager':>9} {'compile s':>10} {'step MiB':>9} {'peak MiB':>9} "
               f"{'saved MiB':>10} {'last loss':>10}")
