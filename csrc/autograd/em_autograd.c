@@ -2998,6 +2998,149 @@ done:
     return r;
 }
 
+/* Emits node n (kind, target, kwnames and meta from n; arguments `args`, already in the new graph:
+ * n->nargs positional then n->nkwargs keyword ones) with autocast's casts explicit, as the autocast
+ * state in force decides them. The new ref; 0 with *why (ember._autocast.plan raised), with an
+ * exception, or with neither when no explicit casts reproduce autocast for this op. */
+static IRRef explicit_node(AG *d, const IRNode *n, IRArg *args, PyObject *shared, long *ncasts, PyObject **why) {
+    IRArg *kw = args + n->nargs;
+    TensorArgs t = {.n = 0};
+    bool floating = false, full = false;
+    for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) full |= tensor_args(d, &args[i], &t) < 0;
+    for (int i = 0; i < t.n && !floating; i++) floating = dtype_differentiable(em_ir_node(d->j, t.ref[i])->meta.dtype);
+    PyObject *p = !floating ? Py_BuildValue("(()O)", Py_None) : full ? Py_NewRef(Py_None) : autocast_plan(d, n, args, kw, &t);
+    if (!p) {
+        PyObject *exc = em_exc_take();
+        *why = PyUnicode_FromFormat("%s (line %d): %S", n->name, (int)n->lineno, exc ? exc : Py_None);
+        Py_XDECREF(exc);
+        return 0;
+    }
+    if (p == Py_None) {
+        Py_DECREF(p);
+        return 0;
+    }
+    PyObject *casts = PyTuple_GET_ITEM(p, 0), *dtype = PyTuple_GET_ITEM(p, 1);
+    IRRef to[AC_MAXT] = {0};
+    for (int i = 0; i < t.n && i < PyTuple_GET_SIZE(casts); i++) {
+        PyObject *c = PyTuple_GET_ITEM(casts, i);
+        if (c == Py_None) continue;
+        const IRNode *src = em_ir_node(d->j, t.ref[i]); /* not used after an emission (nodes may move) */
+        bool src_rg = src->meta.requires_grad;
+        PyObject *key = src->kind == IR_PLACEHOLDER && src_rg && low_precision(c)
+                            ? Py_BuildValue("(IO)", (unsigned)t.ref[i], c)
+                            : NULL;
+        PyObject *hit = key ? PyDict_GetItemWithError(shared, key) : NULL;
+        if (hit) { /* the shared cast needs a gradient once any op it feeds does */
+            to[i] = (IRRef)PyLong_AsUnsignedLong(hit);
+            if (meta_needs_grad(&n->meta)) em_ir_node(d->j, to[i])->meta.requires_grad = true;
+        } else {
+            IRArg ca[2] = {arg_node(t.ref[i]), arg_const_steal(d, Py_NewRef(c))};
+            to[i] = emit_method(d, "to", ca, 2);
+            /* a cast needs a gradient when its argument has one and the op it feeds does (so
+             * not under no_grad, where the graph's inputs may still require grad) */
+            if (to[i]) em_ir_node(d->j, to[i])->meta.requires_grad = src_rg && meta_needs_grad(&n->meta);
+            PyObject *rv = to[i] && key ? PyLong_FromUnsignedLong(to[i]) : NULL;
+            if (rv && PyDict_SetItem(shared, key, rv) < 0) to[i] = 0;
+            Py_XDECREF(rv);
+            (*ncasts)++;
+        }
+        Py_XDECREF(key);
+        if (!to[i]) {
+            Py_DECREF(p);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ember: a cast could not be emitted");
+            return 0;
+        }
+    }
+    uint32_t nkw = n->nkwargs + (dtype != Py_None);
+    IRArg *na = em_arena_alloc(d->a, (n->nargs + nkw + 1) * sizeof(IRArg));
+    PyObject **kwn = em_arena_alloc(d->a, (nkw + 1) * sizeof(PyObject *));
+    if (!na || !kwn) {
+        Py_DECREF(p);
+        PyErr_NoMemory();
+        return 0;
+    }
+    for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) na[i] = swap_refs(d, &args[i], &t, to);
+    for (uint32_t i = 0; i < n->nkwargs; i++) kwn[i] = n->kwnames[i];
+    if (dtype != Py_None) {
+        kwn[n->nkwargs] = kwname(d, "dtype");
+        na[n->nargs + n->nkwargs] = arg_const_steal(d, Py_NewRef(dtype));
+    }
+    Py_DECREF(p);
+    IRRef v = em_ir_call(d->j, n->kind, n->target, na, n->nargs, kwn, na + n->nargs, nkw, &n->meta);
+    if (!v || ag_grow_roles(d) < 0) return 0;
+    d->role[v] = ROLE_FWD;
+    return v;
+}
+
+/* A composite op whose autocast casts an intermediate, written as the ops it is made of when
+ * ember._autocast.composite confirms that they dispatch what the op does under the autocast in
+ * force. F.cross_entropy with class indices under CUDA autocast: its log_softmax runs in the
+ * input's dtype and its nll_loss (float32 list) casts that result to float32, so
+ * nll_loss(log_softmax(x, dim), ...) with the log_softmax left as it is and the nll_loss's casts
+ * explicit. 0 when n is not such an op (nothing set), as explicit_node otherwise. */
+static IRRef explicit_composite(AG *d, const IRNode *n, IRArg *args, PyObject *shared, long *ncasts, PyObject **why) {
+    PyObject *qn = node_opname(n);
+    const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
+    bool ce = s && !strcmp(s, CE_RULE.names);
+    Py_XDECREF(qn);
+    PyErr_Clear();
+    Bind b;
+    if (!ce || bind_args(d, &CE_RULE, n, &b) < 0 || !checks_pass(d, &b)) {
+        PyErr_Clear();
+        return 0;
+    }
+    IRArg bs = bval(&b, "self"), bt = bval(&b, "target"), w = bval(&b, "weight");
+    IRArg self = map_arg(d, &bs), target = map_arg(d, &bt);
+    IRArg ii = bval(&b, "ignore_index"), red = bval(&b, "reduction");
+    const IRNode *xs = self.kind == IRARG_NODE ? em_ir_node(d->j, self.u.ref) : NULL;
+    const IRNode *ys = target.kind == IRARG_NODE ? em_ir_node(d->j, target.u.ref) : NULL;
+    if (!xs || !ys || !xs->meta.example || !ys->meta.example || w.kind != IRARG_CONST || w.u.obj != Py_None ||
+        ii.kind != IRARG_CONST || red.kind != IRARG_CONST)
+        return 0; /* (a class weight: not written out) */
+    PyObject *mod = PyImport_ImportModule("ember._autocast"); /* read per call: tests replace it */
+    PyObject *fn = mod ? PyObject_GetAttrString(mod, "composite") : NULL;
+    Py_XDECREF(mod);
+    PyObject *ok = fn ? PyObject_CallFunction(fn, "O(OO)(OO){sOsO}", n->target, xs->meta.example, ys->meta.example,
+                                              xs->meta.device, ys->meta.device, "ignore_index", ii.u.obj,
+                                              "reduction", red.u.obj)
+                      : NULL;
+    Py_XDECREF(fn);
+    int yes = ok == Py_True;
+    Py_XDECREF(ok);
+    if (!yes) {
+        PyErr_Clear();
+        return 0;
+    }
+    bool rg = xs->meta.requires_grad && meta_needs_grad(&n->meta); /* (xs moves with emissions) */
+    IRArg la[2] = {self, arg_const_steal(d, PyLong_FromLong(xs->meta.ndim == 1 ? 0 : 1))};
+    IRRef ls = arg_bad(&la[1]) ? 0 : emit_fn(d, "nn.functional.log_softmax", la, 2);
+    if (ls) em_ir_node(d->j, ls)->meta.requires_grad = rg;
+    PyObject *nll = ls ? torch_attr("nn.functional.nll_loss") : NULL;
+    if (!nll || !em_arena_hold_steal(d->a, nll)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ember: log_softmax could not be emitted");
+        return 0;
+    }
+    IRArg none = arg_const_steal(d, Py_NewRef(Py_None));
+    IRArg *na = em_arena_alloc(d->a, 8 * sizeof(IRArg));
+    if (!na) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    IRArg nv[7] = {arg_node(ls), target, none, none, ii, none, red};
+    memcpy(na, nv, sizeof nv);
+    IRNode nn = *n; /* nll_loss(...) in n's place: n's result, name and line */
+    nn.kind = IR_CALL_FUNCTION;
+    nn.target = nll;
+    nn.nargs = 7;
+    nn.nkwargs = 0;
+    nn.kwnames = NULL;
+    IRRef v = explicit_node(d, &nn, na, shared, ncasts, why);
+    if (!v && !*why && !PyErr_Occurred())
+        *why = PyUnicode_FromFormat("%s (line %d): nll_loss of its log_softmax has no explicit casts", n->name,
+                                    (int)n->lineno);
+    return v;
+}
+
 /* The torch.autocast blocks a graph enters (_enter_autocast nodes, em_ir_autocast_node), entered
  * for real while the pass reads the nodes inside them, so that ember._autocast.plan sees each
  * block's autocast state. */
@@ -3104,93 +3247,20 @@ IRGraph *em_autograd_explicit_autocast(const IRGraph *g, PyObject **why, long *n
         }
         IRArg *args = em_arena_alloc(d.a, (n->nargs + n->nkwargs + 1) * sizeof(IRArg));
         if (!args) goto fail;
-        IRArg *kw = args + n->nargs;
-        TensorArgs t = {.n = 0};
-        bool floating = false, full = false;
-        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) {
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
             args[i] = map_arg(&d, i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs]);
-            full |= tensor_args(&d, &args[i], &t) < 0;
-        }
-        for (int i = 0; i < t.n && !floating; i++) floating = dtype_differentiable(em_ir_node(d.j, t.ref[i])->meta.dtype);
-        IRRef v = 0;
-        if (!floating) {
-            v = copy_node(&d, n);
-            if (!v) goto fail;
-            d.fmap[r] = v;
-            continue;
-        }
-        PyObject *p = full ? Py_NewRef(Py_None) : autocast_plan(&d, n, args, kw, &t);
-        if (!p) {
-            PyObject *exc = em_exc_take();
-            *why = PyUnicode_FromFormat("%s (line %d): %S", n->name, (int)n->lineno, exc ? exc : Py_None);
-            Py_XDECREF(exc);
-            goto done;
-        }
-        if (p == Py_None) {
-            Py_DECREF(p);
+        IRRef v = explicit_node(&d, n, args, shared, ncasts, why);
+        if (!v && !*why && !PyErr_Occurred()) v = explicit_composite(&d, n, args, shared, ncasts, why);
+        if (!v && !*why && !PyErr_Occurred()) {
             PyObject *op = node_opname(n);
             *why = PyUnicode_FromFormat("%s = %S (line %d): no explicit casts dispatch what torch.autocast does", n->name,
                                         op ? op : Py_None, (int)n->lineno);
             Py_XDECREF(op);
-            goto done;
         }
-        PyObject *casts = PyTuple_GET_ITEM(p, 0), *dtype = PyTuple_GET_ITEM(p, 1);
-        IRRef to[AC_MAXT] = {0};
-        bool any = dtype != Py_None;
-        for (int i = 0; i < t.n; i++) {
-            PyObject *c = PyTuple_GET_ITEM(casts, i);
-            if (c == Py_None) continue;
-            any = true;
-            const IRNode *src = em_ir_node(d.j, t.ref[i]); /* not used after an emission (nodes may move) */
-            bool src_rg = src->meta.requires_grad;
-            PyObject *key = src->kind == IR_PLACEHOLDER && src_rg && low_precision(c)
-                                ? Py_BuildValue("(IO)", (unsigned)t.ref[i], c)
-                                : NULL;
-            PyObject *hit = key ? PyDict_GetItemWithError(shared, key) : NULL;
-            if (hit) { /* the shared cast needs a gradient once any op it feeds does */
-                to[i] = (IRRef)PyLong_AsUnsignedLong(hit);
-                if (meta_needs_grad(&n->meta)) em_ir_node(d.j, to[i])->meta.requires_grad = true;
-            } else {
-                IRArg ca[2] = {arg_node(t.ref[i]), arg_const_steal(&d, Py_NewRef(c))};
-                to[i] = emit_method(&d, "to", ca, 2);
-                /* a cast needs a gradient when its argument has one and the op it feeds does (so
-                 * not under no_grad, where the graph's inputs may still require grad) */
-                if (to[i]) em_ir_node(d.j, to[i])->meta.requires_grad = src_rg && meta_needs_grad(&n->meta);
-                PyObject *rv = to[i] && key ? PyLong_FromUnsignedLong(to[i]) : NULL;
-                if (rv && PyDict_SetItem(shared, key, rv) < 0) to[i] = 0;
-                Py_XDECREF(rv);
-                (*ncasts)++;
-            }
-            Py_XDECREF(key);
-            if (!to[i]) {
-                Py_DECREF(p);
-                goto fail;
-            }
-        }
-        if (!any) {
-            Py_DECREF(p);
-            v = copy_node(&d, n);
-            if (!v) goto fail;
-            d.fmap[r] = v;
-            continue;
-        }
-        uint32_t nkw = n->nkwargs + (dtype != Py_None);
-        IRArg *na = em_arena_alloc(d.a, (n->nargs + nkw + 1) * sizeof(IRArg));
-        PyObject **kwn = em_arena_alloc(d.a, (nkw + 1) * sizeof(PyObject *));
-        if (!na || !kwn) {
-            Py_DECREF(p);
+        if (!v) {
+            if (*why) goto done;
             goto fail;
         }
-        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) na[i] = swap_refs(&d, &args[i], &t, to);
-        for (uint32_t i = 0; i < n->nkwargs; i++) kwn[i] = n->kwnames[i];
-        if (dtype != Py_None) {
-            kwn[n->nkwargs] = kwname(&d, "dtype");
-            na[n->nargs + n->nkwargs] = arg_const_steal(&d, Py_NewRef(dtype));
-        }
-        Py_DECREF(p);
-        v = em_ir_call(d.j, n->kind, n->target, na, n->nargs, kwn, na + n->nargs, nkw, &n->meta);
-        if (!v || ag_grow_roles(&d) < 0) goto fail;
-        d.role[v] = ROLE_FWD;
         d.fmap[r] = v;
     }
     if (blocks.n) {

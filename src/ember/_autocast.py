@@ -142,3 +142,30 @@ def plan(method: bool, target, args: tuple, kwargs: dict, metas: tuple, devices:
             return cast, dtype
     return None
 
+
+
+def composite(target, metas: tuple, devices: tuple, kwargs: dict) -> bool:
+    """Does ``nll_loss(log_softmax(x, class dim), y, **kwargs)``, with the log_softmax run as it is
+    (autocast off) and the nll_loss under the autocast in force, dispatch the same aten ops (dtypes,
+    shapes, strides) as ``target(x, y, **kwargs)`` (``F.cross_entropy`` with class indices) under
+    that autocast? ``metas`` = (x, y) as meta tensors standing for tensors on ``devices``.
+
+    CUDA autocast leaves cross_entropy's inner log_softmax in the input's dtype and casts its
+    result for nll_loss (float32 list): a cast of an intermediate, which :func:`plan` cannot write
+    as casts of cross_entropy's arguments; ``em_autograd_explicit_autocast`` then writes the two
+    ops, when this says they are what the composite dispatches.
+    """
+    import torch.nn.functional as F
+    if target is not F.cross_entropy:
+        return False
+    mode = _fake_mode()
+    conv = mode.fake_tensor_converter
+    fx, fy = (conv.from_meta_and_device(mode, m, d) for m, d in zip(metas, devices))
+    whole, parts = _Recorder([fx, fy]), _Recorder([fx, fy])
+    with torch.no_grad(), mode, whole:
+        want = _out_meta(target(fx, fy, **kwargs))
+    with torch.no_grad(), mode, parts:
+        with torch._C._DisableAutocast():
+            ls = F.log_softmax(fx, 0 if fx.dim() == 1 else 1)
+        got = _out_meta(F.nll_loss(ls, fy, **kwargs))
+    return got == want and parts.ops == whole.ops
