@@ -14,9 +14,12 @@ else:
 VOCAB, POSITIONS = 1000, 64
 
 
-def gpt2():
+def gpt2(**config):
+    """config: more GPT2Config fields (reorder_and_upcast_attn=True with attn_implementation="eager":
+    attention scores in float32 inside a `with torch.autocast(..., enabled=False)` block of
+    transformers' own)."""
     cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB, n_positions=POSITIONS,
-                                  bos_token_id=0, eos_token_id=0, use_cache=False)
+                                  bos_token_id=0, eos_token_id=0, use_cache=False, **config)
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(cfg).eval()
 

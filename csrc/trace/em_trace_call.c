@@ -641,7 +641,18 @@ static PyObject *run_fake(PyObject *f, PyObject *args, PyObject *kw, Conv *c, Py
         goto done;
     }
     res = Py_NewRef(PyTuple_GET_ITEM(r, 0));
-    if (PyTuple_GET_ITEM(r, 1) != Py_None) Py_XSETREF(*device, Py_NewRef(PyTuple_GET_ITEM(r, 1)));
+    /* the result's device, unless "meta": a device argument (x.to(d), torch.arange(n, device=d))
+     * was made "meta" for the call, and *device already holds the real one (a fake run under
+     * autocast would otherwise type x.to(x.device) as a meta tensor, and the graph would move real
+     * tensors to "meta") */
+    PyObject *rd = PyTuple_GET_ITEM(r, 1);
+    if (rd != Py_None) {
+        PyObject *ty = PyObject_GetAttrString(rd, "type");
+        bool meta = ty && PyUnicode_Check(ty) && !PyUnicode_CompareWithASCIIString(ty, "meta");
+        Py_XDECREF(ty);
+        PyErr_Clear();
+        if (!meta) Py_XSETREF(*device, Py_NewRef(rd));
+    }
 done:
     Py_XDECREF(metas);
     Py_XDECREF(devs);

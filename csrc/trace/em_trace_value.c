@@ -865,8 +865,11 @@ TValue *em_tr_from_py(Trace *T, PyObject *o) {
         PyTuple_Check(o) || PySlice_Check(o) || PyRange_Check(o) || PyFrozenSet_CheckExact(o) ||
         PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.Size) ||
         Py_IS_TYPE(o, (PyTypeObject *)em_trace_rt.inspect_Signature) ||
-        Py_IS_TYPE(o, (PyTypeObject *)em_trace_rt.inspect_Parameter))
-        return em_tr_const(T, o); /* inspect's Signature and Parameter are immutable values */
+        Py_IS_TYPE(o, (PyTypeObject *)em_trace_rt.inspect_Parameter) ||
+        Py_IS_TYPE(o, (PyTypeObject *)PyTuple_GET_ITEM(em_trace_rt.pure_classes, 2)) ||
+        Py_IS_TYPE(o, (PyTypeObject *)PyTuple_GET_ITEM(em_trace_rt.pure_classes, 3)))
+        /* inspect's Signature and Parameter, torch.finfo and torch.iinfo are immutable values */
+        return em_tr_const(T, o);
     if (Py_IS_TYPE(o, &PyDictProxy_Type)) { /* Signature.parameters: a read-only view, as a dict */
         PyObject *items = PyMapping_Items(o);
         TValue *d = items ? em_tr_dict(T) : NULL;

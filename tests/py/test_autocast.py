@@ -499,3 +499,25 @@ def test_composite_says_what_autocast_does_to_cross_entropy():
         whole = _autocast.plan(False, F.cross_entropy, (x, y), {}, (x, y), (dd, dd))
     assert parts is (d == "cuda")
     assert (whole is None) is (d == "cuda")
+
+
+def test_device_arguments_keep_their_device_under_autocast():
+    """Under autocast metas come from fake tensors, and a device argument is "meta" for that call:
+    x.to(x.device) and torch.arange(n, device=x.device) must still be typed on x's device (they
+    were typed "meta", so the graph moved real tensors to the meta device: NaN logits from
+    transformers' GPT-2 mask code under autocast)."""
+    d = dev()
+    seen = []
+
+    def f(a, b, x):
+        e = (a == b).to(a.device)
+        p = torch.arange(a.shape[0], device=x.device)
+        seen.append((e.device, p.device))
+        return F.linear(x, x) + (e & a.new_ones((), dtype=torch.bool)) + p
+
+    a, b, x = torch.arange(4), torch.tensor([0, 1, 0, 3]), torch.randn(4, 4)
+    with torch.autocast(d, dtype=BF16):
+        got, ref = ember.compile(f, fullgraph=True)(a, b, x), f(a, b, x)
+    assert got.dtype == ref.dtype and got.device == ref.device
+    torch.testing.assert_close(got, ref, **({"rtol": 0, "atol": 0} if d == "cpu" else {}))
+    assert seen[0] == seen[1] and seen[0][0].type == d and seen[0][1].type == d, seen

@@ -910,3 +910,12 @@ def test_grad_mode_and_requires_grad():
         exp2 = f(x)
     assert got2[0].requires_grad == exp2[0].requires_grad and got2[1] is exp2[1]
     assert all(e["kind"] == "graph" for e in entries(compiled))
+
+
+def test_finfo_and_iinfo_are_constants():
+    """torch.finfo(dtype) / torch.iinfo(dtype) are immutable values (their attributes cannot be
+    set): the masking code of transformers' eager attention (torch.finfo(x.dtype).min) stays in
+    the graph."""
+    def f(x):
+        return x.masked_fill(x < 0, torch.finfo(x.dtype).min), torch.iinfo(torch.int32).max, torch.finfo(x.dtype).eps
+    expect_graph(f, (x34(),))

@@ -68,6 +68,33 @@ def test_bert_is_one_graph_and_equals_eager(cases):
     assert "last_hidden_state" in e["output"] and "pooler_output" in e["output"]
 
 
+@pytest.mark.parametrize("backend", ["eager", "ember"])
+def test_gpt2_autocast_block_under_amp(cases, backend):
+    """GPT-2 with reorder_and_upcast_attn runs its attention scores in a `with torch.autocast(...,
+    enabled=False)` block of transformers' own (transformers.utils.generic.maybe_autocast, taken
+    when autocast is on): under bfloat16 autocast the model is still one graph, with eager's dtypes
+    and values (bitwise on the eager backend; ember's bfloat16 kernels within bfloat16's rounding).
+    Before, the model broke and gave NaN logits under autocast: x.to(x.device) was typed "meta"."""
+    model = hf_models.gpt2(reorder_and_upcast_attn=True, attn_implementation="eager")
+    model = model.to(next(cases["gpt2_tiny"][0].parameters()).device)
+    calls = cases["gpt2_tiny"][1]
+    dev = next(model.parameters()).device.type
+    compiled = ember.compile(model, backend=backend)
+    with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
+        for args in calls:
+            expected, got = model(*args), compiled(*args)
+            assert got.logits.dtype == expected.logits.dtype == torch.bfloat16
+            if backend == "eager":
+                assert_same(got.logits, expected.logits, exact=_exact(model), where="logits")
+            else:  # ember's bfloat16 kernels round differently by an ulp of bfloat16 (logits near 0)
+                torch.testing.assert_close(got.logits, expected.logits, rtol=1.6e-2, atol=1e-2)
+    info = entries(compiled)
+    assert [e["kind"] for e in info] == ["graph"], [(e["kind"], e["reason"], e["detail"]) for e in info]
+    assert "_enter_autocast" in info[0]["graph"]
+    if backend == "ember":
+        assert info[0]["ember"]["autocast"]["explicit"] is True
+
+
 def test_return_dict_false_gives_the_tuple(cases):
     model, calls = cases["bert_tiny"]
     compiled = ember.compile(model, backend="eager")
