@@ -164,6 +164,8 @@ int em_trace_init(PyObject *module) {
     rt->autocast_cls = lookup_path(rt->torch, "amp.autocast_mode.autocast");
     rt->enter_autocast = lookup_path(rt->torch, "amp.autocast_mode._enter_autocast");
     rt->exit_autocast = lookup_path(rt->torch, "amp.autocast_mode._exit_autocast");
+    rt->autocast_legacy[0] = lookup_path(rt->torch, "cuda.amp.autocast_mode.autocast");
+    rt->autocast_legacy[1] = lookup_path(rt->torch, "cpu.amp.autocast_mode.autocast");
     if (!rt->enter_autocast || !rt->exit_autocast) Py_CLEAR(rt->autocast_cls);
     rt->module_call = lookup_path(rt->torch, "nn.Module.__call__");
     rt->ModuleList = lookup_path(rt->torch, "nn.ModuleList");

@@ -230,9 +230,11 @@ static int autocast_refresh(Trace *T) {
     return 0;
 }
 
-/* torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None) of constant arguments:
- * the real object is made now (its __init__ validates the arguments and settles the dtype; a
- * failure is a break, so that eager raises it), for devices the global-state guard covers. */
+/* torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None) of constant arguments
+ * (or the deprecated torch.cuda.amp.autocast / torch.cpu.amp.autocast): the real object is made
+ * now (its __init__ validates the arguments and settles the dtype; a failure is a break, so that
+ * eager raises it; the deprecated classes warn when the frame is compiled, not at each call), for
+ * devices the global-state guard covers. */
 static TValue *make_autocast(Trace *T, PyObject *cls, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
     if (!em_trace_rt.is_any_autocast_enabled) {
         em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "torch.autocast on a torch without _is_any_autocast_enabled");
@@ -2445,7 +2447,8 @@ static TValue *call_object(Trace *T, TValue *callee, TValue **args, uint32_t nar
             return make_namedtuple(T, o, args, nargs, kwnames, kwvals);
         if (o == rt->no_grad_cls || o == rt->enable_grad_cls || o == rt->set_grad_enabled_cls)
             return make_grad_mode(T, o, args, nargs, kwnames);
-        if (rt->autocast_cls && o == rt->autocast_cls) return make_autocast(T, o, args, nargs, kwnames, kwvals);
+        if (rt->autocast_cls && (o == rt->autocast_cls || o == rt->autocast_legacy[0] || o == rt->autocast_legacy[1]))
+            return make_autocast(T, o, args, nargs, kwnames, kwvals);
         if (PyType_IsSubtype(tp, (PyTypeObject *)PyExc_BaseException)) {
             /* a builtin exception of constant arguments is made for real (BaseException's C
              * __new__/__init__ only store args), so a handler in the trace may catch it; any other

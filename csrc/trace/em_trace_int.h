@@ -219,6 +219,8 @@ typedef struct TraceRT {
     PyObject *is_any_autocast_enabled; /* torch._C._is_any_autocast_enabled (NULL on a torch without it) */
     PyObject *no_grad_cls, *enable_grad_cls, *set_grad_enabled_cls; /* torch.no_grad ... (classes) */
     PyObject *autocast_cls;        /* torch.autocast (torch.amp.autocast_mode.autocast); NULL: absent */
+    PyObject *autocast_legacy[2];  /* torch.cuda.amp.autocast, torch.cpu.amp.autocast (deprecated
+                                      subclasses with the same __enter__/__exit__); NULL: absent */
     PyObject *enter_autocast, *exit_autocast; /* torch.amp.autocast_mode._enter_autocast, _exit_autocast */
     PyObject *module_call;         /* torch.nn.Module.__call__ */
     PyObject *global_hooks[4];     /* torch.nn.modules.module._global_*_hooks dicts */

@@ -521,3 +521,25 @@ def test_device_arguments_keep_their_device_under_autocast():
     assert got.dtype == ref.dtype and got.device == ref.device
     torch.testing.assert_close(got, ref, **({"rtol": 0, "atol": 0} if d == "cpu" else {}))
     assert seen[0] == seen[1] and seen[0][0].type == d and seen[0][1].type == d, seen
+
+
+def test_deprecated_autocast_classes_are_traced_too():
+    """torch.cpu.amp.autocast(...) / torch.cuda.amp.autocast(...) (deprecated subclasses, still in
+    older training scripts) are one graph like torch.autocast; their FutureWarning is given when
+    the frame is compiled."""
+    d = dev()
+    cls = torch.cuda.amp.autocast if d == "cuda" else torch.cpu.amp.autocast
+
+    def f(x, w):
+        with cls(dtype=BF16):
+            y = F.linear(x, w)
+        return y, y.float().sum()
+
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    with pytest.warns(FutureWarning):
+        ref = f(x, w)
+    with pytest.warns(FutureWarning):
+        got = ember.compile(f, fullgraph=True)(x, w)
+    assert got[0].dtype == ref[0].dtype == BF16
+    torch.testing.assert_close(got, ref, **({"rtol": 0, "atol": 0} if d == "cpu" else {}))
+    assert _autocast_state()[0] is False
