@@ -1094,6 +1094,7 @@ static int do_call(Trace *T, TFrame *F, int n) {
 static int before_with(Trace *T, TFrame *F) {
     TValue *m = pop(T, F);
     if (!m || !(m = em_tr_realize(T, m))) return -1;
+    if (m->kind == TV_OBJECT && m->obj && em_tr_is_autocast(m->obj) && !(m = em_tr_autocast_of(T, m))) return -1;
     if (m->kind == TV_INSTANCE || (m->kind == TV_OBJECT && m->obj && !PyType_Check(m->obj)))
         return em_tr_with_enter(T, F, m); /* a manager with Python __enter__/__exit__ */
     if (m->kind == TV_AUTOCAST && !m->u.ac.exit) {

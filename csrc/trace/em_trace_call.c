@@ -286,6 +286,32 @@ fail:
     return NULL;
 }
 
+bool em_tr_is_autocast(PyObject *o) {
+    TraceRT *rt = &em_trace_rt;
+    PyObject *t = (PyObject *)Py_TYPE(o);
+    return rt->autocast_cls && (t == rt->autocast_cls || t == rt->autocast_legacy[0] || t == rt->autocast_legacy[1]);
+}
+
+TValue *em_tr_autocast_of(Trace *T, TValue *obj) {
+    static const char *const fields[4] = {"device", "fast_dtype", "_enabled", "_cache_enabled"};
+    for (int i = 0; i < 4; i++) { /* read through the tracer: each value guarded where it is stored */
+        PyObject *name = PyUnicode_InternFromString(fields[i]);
+        TValue *f = name ? em_tr_getattr(T, obj, name, NULL) : NULL;
+        Py_XDECREF(name);
+        PyObject *c = f ? em_tr_to_py_const(T, f) : NULL;
+        if (!c) {
+            if (!T->broke && !PyErr_Occurred())
+                em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a torch.autocast object with a non-constant %s", fields[i]);
+            return NULL;
+        }
+        Py_DECREF(c);
+    }
+    TValue *v = em_tr_new(T, TV_AUTOCAST);
+    if (!v) return NULL;
+    v->u.ac.mgr = em_arena_hold(T->arena, obj->obj);
+    return v;
+}
+
 TValue *em_tr_autocast_enter(Trace *T, TValue *m) {
     TraceRT *rt = &em_trace_rt;
     if (T->n_ac_open == TR_MAX_AUTOCAST) {

@@ -448,6 +448,12 @@ int em_tr_set_grad_mode(Trace *T, bool mode);
  * __exit__ (NULL with a break or an exception). unwind: exits the blocks still open (the trace's
  * end), keeping any pending exception. */
 TValue *em_tr_autocast_enter(Trace *T, TValue *m);
+/* Is o a torch.autocast object (of the class or a deprecated subclass)? autocast_of: the value of
+ * such an object made outside the frame (`@torch.autocast(...)`'s closure, a module attribute) as
+ * a manager the trace follows, its device, dtype, enabled and cache_enabled guarded; NULL with a
+ * break. */
+bool em_tr_is_autocast(PyObject *o);
+TValue *em_tr_autocast_of(Trace *T, TValue *obj);
 void em_tr_autocast_unwind(Trace *T);
 
 /* ---- em_trace_sym.c: symbolic sizes ---- */

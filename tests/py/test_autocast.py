@@ -543,3 +543,31 @@ def test_deprecated_autocast_classes_are_traced_too():
     assert got[0].dtype == ref[0].dtype == BF16
     torch.testing.assert_close(got, ref, **({"rtol": 0, "atol": 0} if d == "cpu" else {}))
     assert _autocast_state()[0] is False
+
+
+def test_autocast_decorator_and_a_manager_made_outside_the_frame():
+    """`@torch.autocast(...)` on a called function (its closure holds the object) and a manager
+    made at module level are followed like one made in the frame; their device, dtype and enabled
+    flag are guarded: changing one recompiles."""
+    d = dev()
+
+    @torch.autocast(d, dtype=BF16)
+    def inner(x, w):
+        return F.linear(x, w)
+    ctx = torch.autocast(d, dtype=BF16)
+
+    def f(x, w):
+        y = inner(x, w)
+        with ctx:
+            z = F.linear(x, w)
+        return y, z, y.float().sum()
+
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    cf = ember.compile(f, fullgraph=True)
+    for enabled in (True, False):
+        ctx._enabled = enabled
+        got, ref = cf(x, w), f(x, w)
+        assert [t.dtype for t in got] == [t.dtype for t in ref]
+        assert ref[1].dtype == (BF16 if enabled else torch.float32)
+        torch.testing.assert_close(got, ref, **({"rtol": 0, "atol": 0} if d == "cpu" else {}))
+    assert len(_graphs(f)) == 2 and _autocast_state()[0] is False
