@@ -571,3 +571,30 @@ def test_autocast_decorator_and_a_manager_made_outside_the_frame():
         assert ref[1].dtype == (BF16 if enabled else torch.float32)
         torch.testing.assert_close(got, ref, **({"rtol": 0, "atol": 0} if d == "cpu" else {}))
     assert len(_graphs(f)) == 2 and _autocast_state()[0] is False
+
+
+def test_torch_compile_backend_ember_with_an_autocast_block():
+    """torch.compile(backend="ember"): Dynamo's graph holds the same _enter_autocast/_exit_autocast
+    nodes, which ember's import keeps and the explicit-autocast pass follows; values, dtypes and
+    gradients as eager's."""
+    d = dev()
+
+    def f(x, w):
+        with torch.autocast(d, dtype=BF16):
+            y = F.linear(x * 2, w)
+            with torch.autocast(d, enabled=False):
+                z = F.linear(y.float(), w.t())
+        return y, z
+
+    torch._dynamo.reset()
+    x = torch.randn(4, 8)
+    w = torch.randn(8, 8, requires_grad=True)
+    we = w.detach().clone().requires_grad_()
+    got, ref = torch.compile(f, backend="ember")(x, w), f(x, we)
+    assert [t.dtype for t in got] == [t.dtype for t in ref] == [BF16, torch.float32]
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
+    (got[0].float().sum() + got[1].sum()).backward()
+    (ref[0].float().sum() + ref[1].sum()).backward()
+    torch.testing.assert_close(w.grad, we.grad)
+    assert _autocast_state()[0] is False
