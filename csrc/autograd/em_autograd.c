@@ -2998,11 +2998,35 @@ done:
     return r;
 }
 
+/* x.to(dtype) for the ref src of d->j. In a graph with symbolic sizes the cast's meta is src's (its
+ * symbolic sizes and strides) with the dtype changed, for a contiguous src (to() keeps a dense
+ * layout; anything else: 0 with *why); a static graph infers it (ag_emit). */
+static IRRef emit_cast(AG *d, IRRef src, PyObject *dtype, bool sym, PyObject **why) {
+    IRArg ca[2] = {arg_node(src), arg_const_steal(d, Py_NewRef(dtype))};
+    if (!sym) return emit_method(d, "to", ca, 2);
+    IRMeta m = em_ir_node(d->j, src)->meta;
+    if (m.kind != IRMETA_TENSOR || !m.example || !em_ir_meta_contiguous(&m)) {
+        *why = PyUnicode_FromFormat("%s: a cast of a non-contiguous tensor in a graph with symbolic sizes",
+                                    em_ir_node(d->j, src)->name);
+        return 0;
+    }
+    PyObject *ex = PyObject_CallMethod(m.example, "to", "O", dtype);
+    if (!ex || !em_arena_hold_steal(d->a, ex) || !em_arena_hold(d->a, dtype)) return 0;
+    m.example = ex;
+    m.dtype = dtype;
+    PyObject *to = kwname(d, "to");
+    IRRef v = to ? em_ir_call(d->j, IR_CALL_METHOD, to, ca, 2, NULL, NULL, 0, &m) : 0;
+    if (!v || ag_grow_roles(d) < 0) return 0;
+    d->role[v] = ROLE_FWD;
+    return v;
+}
+
 /* Emits node n (kind, target, kwnames and meta from n; arguments `args`, already in the new graph:
  * n->nargs positional then n->nkwargs keyword ones) with autocast's casts explicit, as the autocast
  * state in force decides them. The new ref; 0 with *why (ember._autocast.plan raised), with an
  * exception, or with neither when no explicit casts reproduce autocast for this op. */
-static IRRef explicit_node(AG *d, const IRNode *n, IRArg *args, PyObject *shared, long *ncasts, PyObject **why) {
+static IRRef explicit_node(AG *d, const IRNode *n, IRArg *args, bool sym, PyObject *shared, long *ncasts,
+                           PyObject **why) {
     IRArg *kw = args + n->nargs;
     TensorArgs t = {.n = 0};
     bool floating = false, full = false;
@@ -3034,8 +3058,7 @@ static IRRef explicit_node(AG *d, const IRNode *n, IRArg *args, PyObject *shared
             to[i] = (IRRef)PyLong_AsUnsignedLong(hit);
             if (meta_needs_grad(&n->meta)) em_ir_node(d->j, to[i])->meta.requires_grad = true;
         } else {
-            IRArg ca[2] = {arg_node(t.ref[i]), arg_const_steal(d, Py_NewRef(c))};
-            to[i] = emit_method(d, "to", ca, 2);
+            to[i] = emit_cast(d, t.ref[i], c, sym, why);
             /* a cast needs a gradient when its argument has one and the op it feeds does (so
              * not under no_grad, where the graph's inputs may still require grad) */
             if (to[i]) em_ir_node(d->j, to[i])->meta.requires_grad = src_rg && meta_needs_grad(&n->meta);
@@ -3047,7 +3070,7 @@ static IRRef explicit_node(AG *d, const IRNode *n, IRArg *args, PyObject *shared
         Py_XDECREF(key);
         if (!to[i]) {
             Py_DECREF(p);
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ember: a cast could not be emitted");
+            if (!*why && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ember: a cast could not be emitted");
             return 0;
         }
     }
@@ -3078,10 +3101,11 @@ static IRRef explicit_node(AG *d, const IRNode *n, IRArg *args, PyObject *shared
  * input's dtype and its nll_loss (float32 list) casts that result to float32, so
  * nll_loss(log_softmax(x, dim), ...) with the log_softmax left as it is and the nll_loss's casts
  * explicit. 0 when n is not such an op (nothing set), as explicit_node otherwise. */
-static IRRef explicit_composite(AG *d, const IRNode *n, IRArg *args, PyObject *shared, long *ncasts, PyObject **why) {
+static IRRef explicit_composite(AG *d, const IRNode *n, IRArg *args, bool sym, PyObject *shared, long *ncasts,
+                                PyObject **why) {
     PyObject *qn = node_opname(n);
     const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
-    bool ce = s && !strcmp(s, CE_RULE.names);
+    bool ce = s && !strcmp(s, CE_RULE.names) && !sym; /* (log_softmax's meta would be inferred concrete) */
     Py_XDECREF(qn);
     PyErr_Clear();
     Bind b;
@@ -3134,7 +3158,7 @@ static IRRef explicit_composite(AG *d, const IRNode *n, IRArg *args, PyObject *s
     nn.nargs = 7;
     nn.nkwargs = 0;
     nn.kwnames = NULL;
-    IRRef v = explicit_node(d, &nn, na, shared, ncasts, why);
+    IRRef v = explicit_node(d, &nn, na, sym, shared, ncasts, why);
     if (!v && !*why && !PyErr_Occurred())
         *why = PyUnicode_FromFormat("%s (line %d): nll_loss of its log_softmax has no explicit casts", n->name,
                                     (int)n->lineno);
@@ -3224,11 +3248,9 @@ IRGraph *em_autograd_explicit_autocast(const IRGraph *g, PyObject **why, long *n
     *why = NULL;
     *ncasts = 0;
     if (!outs || !shared) goto fail;
-    if (em_ir_is_symbolic(g)) {
-        *why = PyUnicode_FromString("symbolic sizes (the casts' metas would be concrete)");
-        goto done;
-    }
+    bool sym = em_ir_is_symbolic(g);
     if (rewriter_begin(&d, g) < 0 || blocks_refresh(&blocks) < 0) goto fail;
+    d.j->shape_env = g->shape_env; /* symbolic sizes: the nodes keep their metas' symbols */
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = em_ir_node(g, r);
         if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
@@ -3249,8 +3271,8 @@ IRGraph *em_autograd_explicit_autocast(const IRGraph *g, PyObject **why, long *n
         if (!args) goto fail;
         for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
             args[i] = map_arg(&d, i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs]);
-        IRRef v = explicit_node(&d, n, args, shared, ncasts, why);
-        if (!v && !*why && !PyErr_Occurred()) v = explicit_composite(&d, n, args, shared, ncasts, why);
+        IRRef v = explicit_node(&d, n, args, sym, shared, ncasts, why);
+        if (!v && !*why && !PyErr_Occurred()) v = explicit_composite(&d, n, args, sym, shared, ncasts, why);
         if (!v && !*why && !PyErr_Occurred()) {
             PyObject *op = node_opname(n);
             *why = PyUnicode_FromFormat("%s = %S (line %d): no explicit casts dispatch what torch.autocast does", n->name,

@@ -598,3 +598,26 @@ def test_torch_compile_backend_ember_with_an_autocast_block():
     (ref[0].float().sum() + ref[1].sum()).backward()
     torch.testing.assert_close(w.grad, we.grad)
     assert _autocast_state()[0] is False
+
+
+def test_symbolic_sizes_under_autocast():
+    """A graph made symbolic by automatic dynamic (a changing batch size) keeps autocast's casts
+    explicit: the casts' metas carry the symbols (their input's, dtype changed), so one graph of
+    ember's kernels serves every size."""
+    def f(x, w):
+        h = F.linear(x.sin(), w).relu()
+        return h.softmax(-1) * 2, h.sum(0)
+
+    w = torch.randn(5, 8)
+    cf = ember.compile(f)
+    with torch.autocast(dev(), dtype=BF16):
+        for n in (4, 6, 9, 13):
+            x = torch.randn(n, 8)
+            got, ref = cf(x, w), f(x, w)
+            for a, b in zip(got, ref):
+                assert a.dtype == b.dtype
+                torch.testing.assert_close(a, b)
+    sym = [e for e in _graphs(f) if e["dynamic"]]
+    assert len(sym) == 1 and sym[0]["hits"] == 2, ember.cache_info(f)
+    info = sym[0]["ember"]
+    assert info["autocast"] == {"explicit": True, "casts": 2} and info["kernels"] and not info.get("fallback")

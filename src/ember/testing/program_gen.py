@@ -231,19 +231,22 @@ class _FloatDtypes(torch.overrides.TorchFunctionMode):
         return out
 
 
-def call(fn, args, record=False) -> Outcome:
+def call(fn, args, record=False, autocast=None) -> Outcome:
     """Runs fn(*args) and its backward (_backward). record: note the floating dtypes the call read
-    or made (Outcome.float_dtypes; the inputs' included), for compare's tolerances."""
+    or made (Outcome.float_dtypes; the inputs' included), for compare's tolerances. autocast: a
+    dtype: the call (not its backward) runs under torch.autocast("cpu", dtype=autocast), as an AMP
+    step's forward does."""
     seen = set()
     if record:
         _FloatDtypes(seen)._note([list(a.parameters()) + list(a.buffers()) if isinstance(a, torch.nn.Module) else a
                                   for a in args])
     try:
-        if record:
-            with _FloatDtypes(seen):
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            if record:
+                with _FloatDtypes(seen):
+                    value = fn(*args)
+            else:
                 value = fn(*args)
-        else:
-            value = fn(*args)
     except Exception as e:  # noqa: BLE001 - the exception is the result being compared
         return Outcome(exc=e, args_after=args, float_dtypes=seen if record else None)
     alias = _alias_signature(args, value)
@@ -373,12 +376,12 @@ def classify(ref: Outcome, got: Outcome) -> tuple:
     return "pass", ""
 
 
-def check(program_fn, calls, repeat=True, eager_fn=None, backend="eager") -> tuple:
+def check(program_fn, calls, repeat=True, eager_fn=None, backend="eager", autocast=None) -> tuple:
     """Compiles program_fn with ember (eager backend) and runs it and eager on each argument tuple
     of calls (each side on its own deep copy), then, with repeat, on the first tuple again (a
     cache hit). eager_fn: the eager side, when it must not share program_fn's globals (a copy of
-    the program loaded in its own namespace); program_fn itself by default. Returns (class,
-    detail): class in CLASSES."""
+    the program loaded in its own namespace); program_fn itself by default. autocast: a dtype:
+    both sides' calls run under CPU autocast (call()). Returns (class, detail): class in CLASSES."""
     import ember
     eager_fn = eager_fn or program_fn
     _EXACT[0] = backend == "eager"
@@ -391,8 +394,8 @@ def check(program_fn, calls, repeat=True, eager_fn=None, backend="eager") -> tup
         eager_args = copy.deepcopy(tuple(args))
         comp_args = copy.deepcopy(tuple(args))
         with ember.disable():
-            ref = call(eager_fn, eager_args, record=not _EXACT[0])
-        got = call(compiled, comp_args)
+            ref = call(eager_fn, eager_args, record=not _EXACT[0], autocast=autocast)
+        got = call(compiled, comp_args, autocast=autocast)
         cls, detail = classify(ref, got)
         if cls != "pass":
             return cls, f"call {i}: {detail}"
@@ -413,8 +416,9 @@ def check(program_fn, calls, repeat=True, eager_fn=None, backend="eager") -> tup
     return "pass", ""
 
 
-def run_program(prog: Program, backend: str = "eager") -> tuple:
-    """(class, detail) of one generated program, compiled with ember.compile(backend=backend)."""
+def run_program(prog: Program, backend: str = "eager", autocast=None) -> tuple:
+    """(class, detail) of one generated program, compiled with ember.compile(backend=backend)
+    (autocast: a dtype, as check())."""
     import ember
     ember.reset()
     try:
@@ -424,7 +428,7 @@ def run_program(prog: Program, backend: str = "eager") -> tuple:
     except Exception as e:  # noqa: BLE001 - a generator bug, not an ember one
         return "crash", "harness: " + _exc_text(e)
     try:
-        return check(ns["program"], calls, eager_fn=ns_eager["program"], backend=backend)
+        return check(ns["program"], calls, eager_fn=ns_eager["program"], backend=backend, autocast=autocast)
     finally:
         ember.reset()
 
@@ -846,7 +850,8 @@ def regression_source(prog: Program, cls: str, detail: str, xfail: str | None = 
 # The command line
 
 
-def sweep(seeds, time_budget=None, verbose=False, shrink_dir=None, shrink_budget=60.0, log=print, backend="eager"):
+def sweep(seeds, time_budget=None, verbose=False, shrink_dir=None, shrink_budget=60.0, log=print, backend="eager",
+          autocast=None):
     """Runs the programs of seeds; returns {"totals": {...}, "programs": [...], "failures": [...]}."""
     totals = {c: 0 for c in CLASSES}
     records, failures = [], []
@@ -857,7 +862,7 @@ def sweep(seeds, time_budget=None, verbose=False, shrink_dir=None, shrink_budget
         if verbose:
             print(f"seed {seed} ...", file=sys.stderr, flush=True)
         prog = generate(seed)
-        cls, detail = run_program(prog, backend=backend)
+        cls, detail = run_program(prog, backend=backend, autocast=autocast)
         totals[cls] += 1
         records.append({"seed": seed, "class": cls, "detail": detail})
         if cls in FAILURES:
@@ -889,6 +894,9 @@ def main(argv=None) -> int:
     p.add_argument("--shrink-budget", type=float, default=60.0)
     p.add_argument("--show", type=int, default=None, help="print the source of one seed's program and exit")
     p.add_argument("--verbose", action="store_true", help="name each seed on stderr before running it")
+    p.add_argument("--autocast", choices=["bf16", "fp16"], default=None,
+                   help="run both sides' calls under torch.autocast('cpu', dtype) (values then within "
+                        "that dtype's tolerances)")
     p.add_argument("--no-graph-breaks", action="store_true",
                    help="ember.config.graph_breaks = 0: frames that break fall back whole (the baseline)")
     a = p.parse_args(argv)
@@ -899,7 +907,7 @@ def main(argv=None) -> int:
         print(generate(a.show).source())
         return 0
     res = sweep(range(a.seed, a.seed + a.count), a.time_budget, a.verbose, a.save_dir, a.shrink_budget,
-                backend=a.backend)
+                backend=a.backend, autocast={"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.autocast))
     t = res["totals"]
     print(f"programs: {res['count']} in {res['seconds']} s  " + "  ".join(f"{c}: {t[c]}" for c in CLASSES))
     reasons = {}
