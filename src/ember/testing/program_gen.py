@@ -25,6 +25,7 @@ same class of failure persists) and can be saved as tests/regressions/gen_<seed>
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import json
@@ -241,7 +242,7 @@ def call(fn, args, record=False, autocast=None) -> Outcome:
         _FloatDtypes(seen)._note([list(a.parameters()) + list(a.buffers()) if isinstance(a, torch.nn.Module) else a
                                   for a in args])
     try:
-        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        with torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext():
             if record:
                 with _FloatDtypes(seen):
                     value = fn(*args)
