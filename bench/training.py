@@ -191,9 +191,10 @@ def saved_bytes(fn, model):
     """Sum of saved-tensor bytes over ember's compiled regions of this model's entries (None for
     other compilers). Models of one class share their forward's code object, so its cache also
     holds the entries of the other compilers' copies: only those guarding on this model's id
-    count (before 2026-11-24 they were summed too: ResNet-18 showed 215.1 MiB for 107.6)."""
+    count (before 2026-11-24 they were summed too: ResNet-18 showed 215.1 MiB for 107.6). With
+    --amp-inside the compiled function takes the model as its `model` argument."""
     total = 0
-    mine = f"___id(L['self']) == {id(model)}"
+    mine = (f"___id(L['self']) == {id(model)}", f"___id(L['model']) == {id(model)}")
     try:
         info = ember.cache_info(fn)
     except Exception:  # noqa: BLE001  (not an ember-compiled function)
@@ -208,7 +209,7 @@ def saved_bytes(fn, model):
         for st in a.get("steps", []):
             walk(st.get("autograd"))
     for e in (info["entries"] if isinstance(info, dict) else info):
-        if any(mine in g for g in e.get("guards", ())):
+        if any(m in g for m in mine for g in e.get("guards", ())):
             walk(e.get("autograd"))
     return total
 
