@@ -222,6 +222,10 @@ static TValue *call_grad_mode(Trace *T, TValue *gm, uint32_t nargs) {
  * get the dtypes autocast gives. A frame that breaks inside a block of its own splits at the
  * block's with statement (em_tr_break): every graph enters and exits the blocks it opens. */
 
+/* The attributes of a torch.autocast object that say what its block does: _enter_autocast's
+ * arguments, in order (torch/amp/autocast_mode.py). */
+static const char *const ac_fields[4] = {"device", "fast_dtype", "_enabled", "_cache_enabled"};
+
 static int autocast_refresh(Trace *T) {
     PyObject *ac = PyObject_CallNoArgs(em_trace_rt.is_any_autocast_enabled);
     if (!ac) return -1;
@@ -293,15 +297,14 @@ bool em_tr_is_autocast(PyObject *o) {
 }
 
 TValue *em_tr_autocast_of(Trace *T, TValue *obj) {
-    static const char *const fields[4] = {"device", "fast_dtype", "_enabled", "_cache_enabled"};
     for (int i = 0; i < 4; i++) { /* read through the tracer: each value guarded where it is stored */
-        PyObject *name = PyUnicode_InternFromString(fields[i]);
+        PyObject *name = PyUnicode_InternFromString(ac_fields[i]);
         TValue *f = name ? em_tr_getattr(T, obj, name, NULL) : NULL;
         Py_XDECREF(name);
         PyObject *c = f ? em_tr_to_py_const(T, f) : NULL;
         if (!c) {
             if (!T->broke && !PyErr_Occurred())
-                em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a torch.autocast object with a non-constant %s", fields[i]);
+                em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a torch.autocast object with a non-constant %s", ac_fields[i]);
             return NULL;
         }
         Py_DECREF(c);
@@ -318,7 +321,6 @@ TValue *em_tr_autocast_enter(Trace *T, TValue *m) {
         em_tr_break(T, EM_BREAK_TRY_BLOCK, "torch.autocast blocks nested deeper than %d", TR_MAX_AUTOCAST);
         return NULL;
     }
-    static const char *const fields[4] = {"device", "fast_dtype", "_enabled", "_cache_enabled"};
     IRArg *a = em_arena_alloc(T->arena, sizeof(IRArg) * 4);
     PyObject *vals = PyTuple_New(4);
     if (!a || !vals) {
@@ -327,7 +329,7 @@ TValue *em_tr_autocast_enter(Trace *T, TValue *m) {
         return NULL;
     }
     for (int i = 0; i < 4; i++) {
-        PyObject *f = PyObject_GetAttrString(m->u.ac.mgr, fields[i]);
+        PyObject *f = PyObject_GetAttrString(m->u.ac.mgr, ac_fields[i]);
         if (!f) {
             Py_DECREF(vals);
             em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_VALUE);
