@@ -3,7 +3,7 @@ autocast planning, AOT autograd, code generation and the first run, forward and 
 one eager step of the same model has done the imports eager needs.
 
     python3 bench/first_step_profile.py [--device cuda] [--model transformer|resnet18]
-        [--amp bf16|fp16] [--top 40]
+        [--amp bf16|fp16] [--top 40] [--sort cumulative|tottime]
 
 With --amp the compiled function is the forward and the loss inside `with torch.autocast(...)`
 (bench/training.py --amp-inside).
@@ -30,6 +30,7 @@ def main():
     ap.add_argument("--model", default="transformer", choices=["transformer", "resnet18"])
     ap.add_argument("--amp", choices=["bf16", "fp16"], default=None)
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--sort", default="cumulative", help="pstats sort key: cumulative, tottime, ...")
     a = ap.parse_args()
     base, x, y, _, shape = training.make_case(a.model, a.device == "cpu", a.device, False)
     model = base.train()
@@ -58,7 +59,7 @@ def main():
     sync()
     print(f"{a.model} ({shape}), amp {a.amp}: first compiled step {first:.2f} s, second "
           f"{(time.perf_counter() - t0) * 1e3:.1f} ms")
-    pstats.Stats(prof).sort_stats("cumulative").print_stats(a.top)
+    pstats.Stats(prof).sort_stats(a.sort).print_stats(a.top)
 
 
 if __name__ == "__main__":

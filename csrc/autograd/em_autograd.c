@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lower/em_lower.h"
 #include "runtime/em_runtime.h"
 #include "autograd/em_autograd_rules.h"
 
@@ -2135,6 +2136,22 @@ static int64_t flow_dfs(Flow *f, uint32_t u, uint32_t t, int64_t pushed) {
 
 static void mark_args(const IRArg *a, uint8_t *need);
 
+/* mat[r] = 1 for each forward value an argument of a backward extern call reads, itself or through
+ * views of it (forward or backward views: `mm(h.t(), grad)`), back to the value the chain starts from. */
+static void mark_materialized(const IRGraph *j, const uint8_t *role, const IRArg *a, uint8_t *mat) {
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++) mark_materialized(j, role, &a->u.items[i], mat);
+    if (a->kind != IRARG_NODE) return;
+    for (IRRef r = a->u.ref; r && (role[r] == ROLE_FWD || role[r] == ROLE_BWD) && !mat[r];) {
+        const IRNode *n = em_ir_node(j, r);
+        mat[r] = 1;
+        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || em_lower_kind_of(n) != EM_LOWER_VIEW ||
+            n->nargs < 1 || n->args[0].kind != IRARG_NODE)
+            break;
+        r = n->args[0].u.ref;
+    }
+}
+
 /* Partition: saved[r] = 1 for the joint values the forward saves, recompute[r] = 1 for forward
  * values the backward recomputes. allow_all: every deterministic forward op may be recomputed
  * (activation-memory budget below 1). Returns -1 when no finite cut exists. */
@@ -2149,14 +2166,17 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
     f.level = malloc(f.nv * sizeof(int32_t));
     uint32_t *queue = malloc(f.nv * sizeof(uint32_t));
     int rc = -1;
-    uint8_t *read_by_bwd = calloc(N, 1);
-    if (!f.head || !f.it || !f.level || !queue || !read_by_bwd) goto done;
+    uint8_t *read_by_bwd = calloc(N, 1), *materialized = calloc(N, 1);
+    if (!f.head || !f.it || !f.level || !queue || !read_by_bwd || !materialized) goto done;
     memset(f.head, 0xff, f.nv * sizeof(uint32_t));
     for (IRRef r = 1; r < N; r++) {
         const IRNode *n = em_ir_node(j, r);
         if (ag->role[r] != ROLE_BWD) continue;
         for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
             mark_args(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], read_by_bwd);
+        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && em_lower_kind_of(n) == EM_LOWER_EXTERN)
+            for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+                mark_materialized(j, ag->role, i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], materialized);
     }
     for (IRRef r = 1; r < N; r++) {
         const IRNode *n = em_ir_node(j, r);
@@ -2173,6 +2193,12 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
             Py_XDECREF(qn);
             PyErr_Clear();
             if (allow_all) cheap = true;
+            /* Inductor's should_ban_recomputation / is_materialized_backwards: a value an extern call
+             * of the backward reads (a convolution_backward's weight, an mm's operand) is a buffer
+             * there; recomputing it costs a kernel of its own (the bf16 cast of each weight under
+             * autocast: one launch per parameter per step) where saving it costs what eager's
+             * autograd saves. Views stay free. */
+            else if (materialized[r] && em_lower_kind_of(n) != EM_LOWER_VIEW) cheap = false;
             if (ag->pinned[r] || is_mutation(n)) cheap = false;
             if (!cheap && flow_add(&f, S, 2 * r, INF_CAP) < 0) goto done;
             /* bytes first; among cuts of equal bytes, the one that saves values the backward reads
@@ -2222,6 +2248,7 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
     rc = 0;
 done:
     free(read_by_bwd);
+    free(materialized);
     free(f.e);
     free(f.head);
     free(f.it);

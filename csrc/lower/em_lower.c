@@ -821,6 +821,11 @@ static const LowerRule *find_rule(const IRNode *n, int functional) {
 
 static int is_view_rule(const LowerRule *r) { return r && r->kind >= R_RESHAPE; }
 
+int em_lower_kind_of(const IRNode *n) {
+    const LowerRule *r = find_rule(n, 0);
+    return !r ? EM_LOWER_EXTERN : is_view_rule(r) ? EM_LOWER_VIEW : EM_LOWER_KERNEL;
+}
+
 /* Does eager return the input itself or a view of it: a view rule (dropout in eval and
  * contiguous() included), or a cast/to() to the dtype the input already has (torch returns self)? */
 static int getitem_advanced(const IRGraph *g, const IRNode *n);

@@ -216,4 +216,11 @@ int em_lower_dtype_of(PyObject *dtype);
 /* The torch.dtype object for t (borrowed, cached), NULL with an exception. */
 PyObject *em_lower_dtype_obj(LDtype t);
 
+/* What the lowering makes of a call node, from its op alone (its arguments may still make the rule
+ * decline, and the node then stays extern): EM_LOWER_VIEW (a view: no kernel), EM_LOWER_KERNEL
+ * (pointwise / reduction ops: fused into kernels), EM_LOWER_EXTERN (calls the torch op: the values it
+ * reads are materialized). The autograd partitioner asks, as Inductor's asks `is_fusible`. */
+enum { EM_LOWER_EXTERN = 0, EM_LOWER_KERNEL = 1, EM_LOWER_VIEW = 2 };
+int em_lower_kind_of(const IRNode *n);
+
 #endif /* EM_LOWER_H */

@@ -549,6 +549,18 @@ static int need_tensor(Sched *c, IRRef r, int output) {
         if (output) s->buf_output[c->mat[x]] = true;
         return 0;
     }
+    /* the lowering's own buffer of this value when it has eager's layout (it made one because a
+     * view of the value is read as a LOAD of it: `matmul(y, w)` and `mm(y.t(), g)` in a linear's
+     * backward): one kernel writes it for both, not a second one computing the value again */
+    for (uint32_t i = 0; i < lg->nbufs; i++) {
+        const LBuf *lb = &lg->bufs[i];
+        if (lb->kind == LBUF_NODE && lb->index == x && layout_is(lg, lb, m)) {
+            if (ensure_produced(c, i) < 0) return -1;
+            s->ir_buf[r] = i;
+            if (output) s->buf_output[i] = true;
+            return 0;
+        }
+    }
     /* a buffer with eager's layout (the IR meta) */
     SymRef mss[EM_LMAXDIM] = {0}, msst[EM_LMAXDIM] = {0};
     for (int d = 0; lg->env && d < m->ndim; d++) {

@@ -409,6 +409,27 @@ def test_amp_training_steps_match_eager(backend, dtype):
     assert a and all(x["autocast"]["explicit"] and "forward" in x and "fallback" not in x for x in a), a
 
 
+def test_weight_casts_are_saved_not_recomputed():
+    """The half-precision copy of each weight feeds an extern of the backward (convolution_backward,
+    the linear's matmul): the partitioner saves it, as eager's autograd does, instead of casting the
+    weight again in the backward (one kernel per parameter per step: the CPU-bound GPU step's cost)."""
+    torch.manual_seed(0)
+    m = _Net()
+    cm = ember.compile(m)
+    x, y = torch.randn(4, 3, 6, 6), torch.randint(0, 4, (4,))
+    with torch.autocast(dev(), dtype=BF16):
+        loss = F.nll_loss(cm(x), y)
+    loss.backward()
+    a = [e["autograd"] for e in ember.cache_info(cm) if e.get("autograd")][0]
+    saved, recomputed = dict(a["saved"]), dict(a["recomputed"])
+    casts = [n for n in saved if n.startswith("to")]
+    assert len(casts) >= 2, a["saved"]  # the conv's and the linear's weights (and the input)
+    assert not [n for n in recomputed if n.startswith("to")], a["recomputed"]
+    # no backward kernel casts a weight: each reads a weight only to compute a gradient
+    for k in a["ember"]["backward"]["kernel_list"]:
+        assert not (len(k["nodes"]) == 2 and k["nodes"][0].endswith("_weight") and k["nodes"][1].startswith("to")), k
+
+
 def test_a_parameter_used_twice_is_cast_once():
     """A weight read by two matmuls (tied weights): one cast node, as autocast's cast cache keeps one
     cast per leaf; its gradient sums both uses, as eager's."""

@@ -242,6 +242,19 @@ def test_fusion_epilogue_after_extern_matmul():
     assert info["kernel_list"][0]["inplace"] == 1
 
 
+def test_value_read_whole_and_through_a_view_by_externs_is_one_kernel():
+    """A linear's backward: one extern reads y, another y.t() (its view). One kernel writes y; the
+    view is eager's view of that tensor (an as_strided), not a second kernel computing y again."""
+    x, w, v = torch.randn(8, 16), torch.randn(16, 4), torch.randn(8, 3)
+
+    def f(x, w, v):
+        y = torch.sigmoid(x)
+        return torch.matmul(y, w), torch.mm(y.t(), v), torch.mm(y.reshape(-1, 16).t(), v)
+    info = check(f, x, w, v)
+    assert info["kernels"] == 1, info["kernel_list"]
+    assert info["extern_list"] == ["matmul", "t", "mm", "mm_1"], info["extern_list"]
+
+
 def test_memory_planning_reuses_dead_intermediates():
     def f(x):
         a = torch.softmax(x, -1)           # reduction kernel -> buffer
