@@ -26,8 +26,10 @@ static const char PRELUDE[] =
     " * kernels use as many threads as torch's own ops (the calling thread's OpenMP setting) */\n"
     "void ember_set_threads(int n) {\n"
     "#ifdef _OPENMP\n    if (n > 0 && n != omp_get_max_threads()) omp_set_num_threads(n);\n#else\n    (void)n;\n#endif\n}\n\n"
-    "/* glibc's libmvec has vector versions of these (x86-64); declaring them simd lets gcc call them */\n"
-    "#if defined(__x86_64__) && defined(_OPENMP)\n"
+    "/* glibc's libmvec has vector versions of these (x86-64); declaring them simd lets gcc call them.\n"
+    " * EM_EXACT_MATH: the graph compares values for equality that two loops may compute (a vector\n"
+    " * body and its scalar remainder, two kernels): libm's scalar functions only, the same bits everywhere */\n"
+    "#if defined(__x86_64__) && defined(_OPENMP) && !defined(EM_EXACT_MATH)\n"
     "#define EM_SIMD __attribute__((simd(\"notinbranch\")))\n"
     "#else\n#define EM_SIMD\n#endif\n"
     "extern float expf(float) EM_SIMD; extern float logf(float) EM_SIMD; extern float sinf(float) EM_SIMD;\n"
@@ -916,6 +918,18 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
     free(g.st);
 }
 
+/* Must every transcendental function give the same bits wherever the kernels evaluate it? When the
+ * graph says so (IRGraph.exact_math), or compares floating values for (in)equality itself: a value
+ * computed again in another loop (fusion recomputes pointwise producers) must equal the first. */
+static bool exact_math(const LGraph *lg) {
+    if (lg->ir && lg->ir->exact_math) return true;
+    for (uint32_t i = 0; i < lg->nnodes; i++) {
+        const LNode *n = &lg->nodes[i];
+        if ((n->op == LP_EQ || n->op == LP_NE) && em_ldt_is_float(n->cdtype)) return true;
+    }
+    return false;
+}
+
 PyObject *em_codegen_c(const Schedule *s, const EmCodegenOptions *opt, uint8_t *sym_used) {
     SB b = {0};
     ShapeEnv *env = s->lg->env;
@@ -923,6 +937,7 @@ PyObject *em_codegen_c(const Schedule *s, const EmCodegenOptions *opt, uint8_t *
     uint8_t *used = calloc(nsym + 1, 1);
     int bad = 0;
     if (!used) return PyErr_NoMemory();
+    if (exact_math(s->lg)) sb_printf(&b, "#define EM_EXACT_MATH 1 /* see below */\n");
     sb_printf(&b, "%s", PRELUDE);
     for (uint32_t k = 0; k < s->nkernels; k++) emit_kernel(&b, s, k, opt, used, &bad);
     if (b.oom) {

@@ -135,6 +135,11 @@ typedef struct IRGraph {
     uint32_t ninputs, capinputs;
     IRRef output;            /* the OUTPUT node, 0 until em_ir_set_output */
     struct ShapeEnv *shape_env; /* borrowed: the symbols of sym_sizes (NULL: a static graph) */
+    /* The generated code must give a transcendental function the same bits wherever it evaluates it
+     * (codegen: no libmvec vector variants, whose results differ from libm's scalar ones by ulps):
+     * set by the autograd stage on both halves of a region whose backward compares recomputed
+     * values for equality (amax's gradient: self == result). */
+    bool exact_math;
 } IRGraph;
 
 /* Does any node of g carry a symbolic size or SymInt value? */
