@@ -1309,6 +1309,98 @@ static int accumulate_items(AG *ag, IRRef r, const IRArg *a, const IRArg *b, con
 
 static bool same_strides(const IRMeta *a, const IRMeta *b);
 
+/* A list argument whose items are all constants ([1, 2] inside x[:, [1, 2]]). */
+static bool const_list(const IRArg *a) {
+    if (a->kind != IRARG_LIST) return false;
+    for (uint32_t i = 0; i < a->n; i++)
+        if (a->u.items[i].kind != IRARG_CONST) return false;
+    return true;
+}
+
+/* The gradient of x[idx] for an advanced index of constant lists: a top-level list (x[[0, -1]]) or
+ * a tuple of full slices and lists (x[:, [1, 2]]): index_put(zeros, [None | tensor(list), ...],
+ * grad, accumulate=True), as eager's IndexBackward (repeated indices add). Other forms keep eager
+ * autograd (the region's fallback names the node). */
+static int index_list_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx, const char *name) {
+    const IRMeta *selfm = &em_ir_node(ag->g, self)->meta;
+    PyObject *items = NULL;
+    if (idx->kind == IRARG_LIST || (idx->kind == IRARG_CONST && PyList_Check(idx->u.obj))) {
+        items = PyTuple_New(1);
+        PyObject *l = idx->kind == IRARG_CONST ? Py_NewRef(idx->u.obj) : PyList_New(idx->n);
+        for (uint32_t i = 0; l && idx->kind == IRARG_LIST && i < idx->n; i++)
+            PyList_SET_ITEM(l, i, Py_NewRef(idx->u.items[i].u.obj));
+        if (items && l) {
+            PyTuple_SET_ITEM(items, 0, l);
+        } else {
+            Py_CLEAR(items);
+            Py_XDECREF(l);
+        }
+    } else if (idx->kind == IRARG_TUPLE || (idx->kind == IRARG_CONST && PyTuple_Check(idx->u.obj))) {
+        Py_ssize_t n = idx->kind == IRARG_TUPLE ? (Py_ssize_t)idx->n : PyTuple_GET_SIZE(idx->u.obj);
+        items = PyTuple_New(n);
+        for (Py_ssize_t i = 0; items && i < n; i++) {
+            const IRArg *it = idx->kind == IRARG_TUPLE ? &idx->u.items[i] : NULL;
+            PyObject *v = NULL;
+            if (!it) {
+                v = Py_NewRef(PyTuple_GET_ITEM(idx->u.obj, i));
+            } else if (it->kind == IRARG_LIST) { /* [1, 2] inside the tuple: its constants */
+                v = PyList_New(it->n);
+                for (uint32_t k = 0; v && k < it->n; k++) PyList_SET_ITEM(v, k, Py_NewRef(it->u.items[k].u.obj));
+            } else {
+                v = Py_NewRef(it->u.obj);
+            }
+            if (!v) {
+                Py_CLEAR(items);
+                break;
+            }
+            PyTuple_SET_ITEM(items, i, v);
+        }
+    }
+    if (!items) return PyErr_Occurred() ? ag_fail_exc(ag) : ag_fail(ag, "%s: advanced indexing with a list", name);
+    /* indices: None for a full slice, an int64 tensor on self's device for a list of ints */
+    PyObject *tensor = torch_attr("tensor"), *i64 = torch_dtype("int64");
+    PyObject *lst = tensor ? PyList_New(PyTuple_GET_SIZE(items)) : NULL;
+    bool ok = lst && PyTuple_GET_SIZE(items) <= selfm->ndim;
+    for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(items); i++) {
+        PyObject *it = PyTuple_GET_ITEM(items, i), *v = NULL;
+        if (PySlice_Check(it)) {
+            PySliceObject *sl = (PySliceObject *)it;
+            ok = sl->start == Py_None && sl->stop == Py_None && sl->step == Py_None;
+            v = Py_NewRef(Py_None);
+        } else if (PyList_Check(it)) {
+            for (Py_ssize_t k = 0; ok && k < PyList_GET_SIZE(it); k++)
+                ok = PyLong_Check(PyList_GET_ITEM(it, k)) && !PyBool_Check(PyList_GET_ITEM(it, k));
+            PyObject *kw = ok ? Py_BuildValue("{s:O,s:O}", "dtype", i64, "device", selfm->device) : NULL;
+            PyObject *a = kw ? PyTuple_Pack(1, it) : NULL;
+            v = a ? PyObject_Call(tensor, a, kw) : NULL;
+            Py_XDECREF(a);
+            Py_XDECREF(kw);
+            ok = ok && v;
+        } else {
+            ok = false;
+        }
+        if (v) PyList_SET_ITEM(lst, i, v);
+        else PyList_SET_ITEM(lst, i, Py_NewRef(Py_None));
+    }
+    Py_XDECREF(tensor);
+    Py_DECREF(items);
+    if (!ok) {
+        Py_XDECREF(lst);
+        PyErr_Clear();
+        return ag_fail(ag, "%s: advanced indexing with a list", name);
+    }
+    IRArg a[2] = {arg_node(g), shape_const(ag, selfm)};
+    IRRef z = emit_method(ag, "new_zeros", a, 2);
+    PyObject *t = torch_attr("ops.aten.index_put");
+    if (!z || !t || !em_arena_hold_steal(ag->a, t)) {
+        Py_XDECREF(lst);
+        return z ? ag_fail_exc(ag) : -1;
+    }
+    IRArg ia[4] = {arg_node(z), arg_const_steal(ag, lst), arg_node(g), arg_const_steal(ag, Py_NewRef(Py_True))};
+    IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, ia, 4, NULL, NULL, 0);
+    return r ? accumulate(ag, self, r) : -1;
+}
+
 static int backward_special(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     IRRef g = ag->grad[n];
@@ -1321,8 +1413,18 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         if (!needs(ag, &self)) return 0;
         if (idx.kind == IRARG_TUPLE || idx.kind == IRARG_LIST)
             for (uint32_t i = 0; i < idx.n; i++)
-                if (idx.u.items[i].kind != IRARG_CONST)
+                if (idx.u.items[i].kind != IRARG_CONST && !const_list(&idx.u.items[i]))
                     return ag_fail(ag, "%s: indexing with tensors inside a tuple", node->name);
+        /* a list index is advanced indexing (x[[0, -1]], x[:, [1, 2]]): its result is a copy, so the
+         * basic-indexing gradient below (zeros[idx].copy_(grad)) would write into a temporary */
+        bool adv = idx.kind == IRARG_LIST || (idx.kind == IRARG_CONST && PyList_Check(idx.u.obj));
+        for (uint32_t i = 0; idx.kind == IRARG_TUPLE && i < idx.n && !adv; i++)
+            adv = idx.u.items[i].kind == IRARG_LIST ||
+                  (idx.u.items[i].kind == IRARG_CONST && PyList_Check(idx.u.items[i].u.obj));
+        if (idx.kind == IRARG_CONST && PyTuple_Check(idx.u.obj))
+            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(idx.u.obj) && !adv; i++)
+                adv = PyList_Check(PyTuple_GET_ITEM(idx.u.obj, i));
+        if (adv) return index_list_backward(ag, self.u.ref, g, &idx, node->name);
         selfm = &em_ir_node(ag->g, self.u.ref)->meta;
         if (idx.kind == IRARG_CONST && PyLong_Check(idx.u.obj) && !PyBool_Check(idx.u.obj) && ag->pieces &&
             selfm->ndim >= 1 && selfm->sizes[0] >= 1 && selfm->sizes[0] <= 64 && !ag->grad[self.u.ref] &&
