@@ -2175,25 +2175,6 @@ bool em_autograd_needed(const IRGraph *g) {
     return false;
 }
 
-/* Does g compare floating-point tensors for (in)equality (the mask of amax's gradient, self ==
- * result)? Then the values compared must have the same bits in both halves (IRGraph.exact_math). */
-static bool compares_floats(const IRGraph *g) {
-    for (IRRef r = 1; r < g->nnodes; r++) {
-        const IRNode *n = em_ir_node(g, r);
-        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->nargs < 1 || n->args[0].kind != IRARG_NODE)
-            continue;
-        const IRMeta *m = &em_ir_node(g, n->args[0].u.ref)->meta;
-        if (m->kind != IRMETA_TENSOR || !dtype_differentiable(m->dtype)) continue;
-        PyObject *qn = node_opname(n);
-        const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
-        bool eq = s && names_has("operator.eq operator.ne torch.eq torch.ne Tensor.eq Tensor.ne Tensor.__eq__ Tensor.__ne__", s);
-        Py_XDECREF(qn);
-        PyErr_Clear();
-        if (eq) return true;
-    }
-    return false;
-}
-
 /* ---------------------------------------------------------------- min-cut (Dinic's max-flow) */
 
 typedef struct {
@@ -4093,7 +4074,11 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     for (IRRef r = 1; r < B->nnodes; r++) B->nodes[r].meta.requires_grad = false;
     if (ember_halves) {
         PyObject *fi = NULL, *bi = NULL;
-        F->exact_math = B->exact_math = compares_floats(B); /* amax's gradient: self == result */
+        /* libm's scalar functions in both halves (IRGraph.exact_math): the backward compares
+         * recomputed values (amax's gradient: self == result), and gradients chain derivatives of
+         * transcendental functions, where libmvec's errors (<= 4 ulp) compound past assert_close's
+         * defaults (program_gen seeds 20254, 20783) */
+        F->exact_math = B->exact_math = true;
         fwd_eg = em_ember_compile(F, &fi);
         bwd_eg = fwd_eg ? em_ember_compile(B, &bi) : NULL;
         if (fi && saved_list) {

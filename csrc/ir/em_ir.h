@@ -136,9 +136,9 @@ typedef struct IRGraph {
     IRRef output;            /* the OUTPUT node, 0 until em_ir_set_output */
     struct ShapeEnv *shape_env; /* borrowed: the symbols of sym_sizes (NULL: a static graph) */
     /* The generated code must give a transcendental function the same bits wherever it evaluates it
-     * (codegen: no libmvec vector variants, whose results differ from libm's scalar ones by ulps):
-     * set by the autograd stage on both halves of a region whose backward compares recomputed
-     * values for equality (amax's gradient: self == result). */
+     * (codegen: no libmvec vector variants, whose results differ from libm's scalar ones by up to
+     * 4 ulp): set by the autograd stage on both halves of a training region, whose backward compares
+     * recomputed values (amax's gradient: self == result) and chains derivatives. */
     bool exact_math;
 } IRGraph;
 
