@@ -2059,6 +2059,41 @@ static int32_t maybe_input(const IRGraph *g, IRRef r) {
     return -1;
 }
 
+/* getattr(x, "T") and the other transposing attributes: views of x. */
+static bool is_view_attr(const IRNode *n) {
+    if (n->kind != IR_CALL_FUNCTION || n->nargs != 2 || n->args[1].kind != IRARG_CONST || !PyUnicode_Check(n->args[1].u.obj))
+        return false;
+    PyObject *qn = node_opname(n);
+    const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
+    bool ga = s && (!strcmp(s, "builtins.getattr") || !strcmp(s, "getattr"));
+    Py_XDECREF(qn);
+    PyErr_Clear();
+    const char *a = PyUnicode_AsUTF8(n->args[1].u.obj);
+    return ga && a && (!strcmp(a, "T") || !strcmp(a, "mT") || !strcmp(a, "H") || !strcmp(a, "mH"));
+}
+
+/* The graph input that r is a view of through view ops only (views, in-place updates, aliases as
+ * contiguous() of a contiguous value), -1 when r is no such chain. */
+static int32_t maybe_input_view(const IRGraph *g, IRRef r) {
+    bool view = false;
+    for (uint32_t depth = 0; depth < g->nnodes; depth++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind == IR_PLACEHOLDER) {
+            for (uint32_t i = 0; view && i < g->ninputs; i++)
+                if (g->inputs[i] == r) return (int32_t)i;
+            return -1;
+        }
+        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->meta.kind != IRMETA_TENSOR) return -1;
+        bool mut = is_mutation(n);
+        if (!mut && em_lower_kind_of(n) != EM_LOWER_VIEW && !is_view_attr(n)) return -1;
+        view |= !mut;
+        const IRArg *m = mut ? mutated_arg(n) : (n->nargs ? &n->args[0] : NULL);
+        if (!m || m->kind != IRARG_NODE) return -1;
+        r = m->u.ref;
+    }
+    return -1;
+}
+
 static bool is_batch_norm(const IRNode *n) {
     PyObject *name = node_opname(n);
     const char *s = name ? PyUnicode_AsUTF8(name) : NULL;
@@ -3631,7 +3666,7 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     AG ag = {0};
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
     PyObject *saved_list = NULL, *recomp_list = NULL, *tang = NULL, *gin = NULL, *nondiff = NULL;
-    PyObject *gdeps = NULL, *same = NULL;
+    PyObject *gdeps = NULL, *same = NULL, *views = NULL;
     PyObject *jt = NULL, *ft = NULL, *bt = NULL, *budget_obj = NULL, *ember_info = NULL;
     int64_t *bytes = NULL;
     uint8_t *saved = NULL, *recompute = NULL, *need = NULL;
@@ -3914,7 +3949,19 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         if (!it || PyList_Append(same, it) < 0) Py_CLEAR(same);
         Py_XDECREF(it);
     }
-    if (!same) {
+    /* outputs that may be a view of a graph input at run time (x.T.contiguous() of a (1, n) x is
+     * x.T): eager's is a view made outside any Function; the Function's would be one made inside it,
+     * which autograd forbids to use once its base is updated in place (ember._autograd.make_region
+     * makes it again from the input) */
+    views = same ? PyList_New(0) : NULL;
+    for (uint32_t k = 0; views && k < outs->n; k++) {
+        int32_t i = maybe_input_view(g, outs->u.items[k].u.ref);
+        if (i < 0 || em_ir_node(g, outs->u.items[k].u.ref)->meta.kind != IRMETA_TENSOR) continue;
+        PyObject *it = Py_BuildValue("(Ii)", (unsigned)k, (int)i);
+        if (!it || PyList_Append(views, it) < 0) Py_CLEAR(views);
+        Py_XDECREF(it);
+    }
+    if (!same || !views) {
         free(tangent);
         goto error;
     }
@@ -4122,8 +4169,8 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         }
         if (!layouts) goto error;
     }
-    result = PyObject_CallFunction(make, "OOIIOOONOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
-                                   tang, nondiff, layouts, gdeps, same);
+    result = PyObject_CallFunction(make, "OOIIOOONOOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
+                                   tang, nondiff, layouts, gdeps, same, views);
     if (!result) goto error;
     *info = d;
     d = NULL;
@@ -4159,6 +4206,7 @@ done:
     Py_XDECREF(nondiff);
     Py_XDECREF(gdeps);
     Py_XDECREF(same);
+    Py_XDECREF(views);
     Py_XDECREF(jt);
     Py_XDECREF(ft);
     Py_XDECREF(bt);

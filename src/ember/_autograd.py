@@ -112,7 +112,7 @@ class _Plan:
 
 
 def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None, grad_deps=None,
-                maybe_same=()):
+                maybe_same=(), maybe_view=()):
     """Called by csrc/autograd on a cache miss; returns compiled(*graph_inputs) -> tuple.
     Under no_grad / inference_mode the guard on grad mode makes a separate, forward-only entry,
     so this callable always runs with grad enabled. grad_deps: per entry of grad_inputs, the
@@ -123,7 +123,12 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     (torch/csrc/autograd/custom_function.cpp, _view_as_self_with_no_grad). An in-place update
     already ran on the input in the forward, bumping its version once, as eager's op does; an
     input that requires grad, returned itself, is differentiated by eager autograd directly (the
-    region's output then gets no gradient: CompiledRegion's None tangents)."""
+    region's output then gets no gradient: CompiledRegion's None tangents). maybe_view: (output
+    index, input index) pairs of outputs that may be a view of that input (x.T.contiguous() of a
+    (1, n) x is x.T). One that is (it shares the input's storage) is made again outside the
+    Function, input.as_strided(size, stride, offset), as AOTAutograd regenerates aliased outputs:
+    eager's view is made outside any Function, and a view a Function returned may not be used once
+    its base is updated in place (autograd's CreationMeta::IN_CUSTOM_FUNCTION error)."""
     plan = _Plan()
     plan.fwd, plan.bwd = fwd, bwd
     plan.bwd_boxed = getattr(bwd, "run_boxed", None)
@@ -132,21 +137,28 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     plan.strides = None if strides is None else tuple(tuple(s) for s in strides)
     plan.grad_deps = tuple(tuple(d) for d in grad_deps) if grad_deps is not None else ((),) * len(plan.grad_inputs)
     plan.maybe_same = tuple(tuple(p) for p in maybe_same)
+    maybe_view = tuple(tuple(p) for p in maybe_view)
     plan.graphs = None  # mode="reduce-overhead" on CUDA: ember._cudagraphs.training sets it
     apply = CompiledRegion.apply
 
-    if not plan.maybe_same:
+    if not plan.maybe_same and not maybe_view:
         def region(*inputs):
             return apply(plan, None, *inputs)
     else:
         def region(*inputs):
             same = []
             outs = apply(plan, same, *inputs)
-            if not same:
+            if not same and not maybe_view:
                 return outs
             outs = list(outs)
             for k, i in same:
                 outs[k] = inputs[i]
+            done = {k for k, _ in same}
+            for k, i in maybe_view:
+                o, x = outs[k], inputs[i]
+                if (k not in done and isinstance(o, torch.Tensor) and isinstance(x, torch.Tensor) and
+                        o.device == x.device and o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()):
+                    outs[k] = x.as_strided(o.size(), o.stride(), o.storage_offset())
             return tuple(outs)
     region.plan = plan
     return region
