@@ -173,6 +173,16 @@ static bool names_has(const char *names, const char *s) {
     return false;
 }
 
+/* Is n's op one of names (space-separated qualified names, as node_opname writes them)? */
+static bool node_named(const IRNode *n, const char *names) {
+    PyObject *qn = node_opname(n);
+    const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
+    bool r = s && names_has(names, s);
+    Py_XDECREF(qn);
+    PyErr_Clear();
+    return r;
+}
+
 /* ---------------------------------------------------------------- signatures and binding */
 
 static int parse_sig(const char *sig, Param *out) {
@@ -2063,13 +2073,8 @@ static int32_t maybe_input(const IRGraph *g, IRRef r) {
 static bool is_view_attr(const IRNode *n) {
     if (n->kind != IR_CALL_FUNCTION || n->nargs != 2 || n->args[1].kind != IRARG_CONST || !PyUnicode_Check(n->args[1].u.obj))
         return false;
-    PyObject *qn = node_opname(n);
-    const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
-    bool ga = s && (!strcmp(s, "builtins.getattr") || !strcmp(s, "getattr"));
-    Py_XDECREF(qn);
-    PyErr_Clear();
     const char *a = PyUnicode_AsUTF8(n->args[1].u.obj);
-    return ga && a && (!strcmp(a, "T") || !strcmp(a, "mT") || !strcmp(a, "H") || !strcmp(a, "mH"));
+    return node_named(n, "builtins.getattr getattr") && a && (!strcmp(a, "T") || !strcmp(a, "mT") || !strcmp(a, "H") || !strcmp(a, "mH"));
 }
 
 /* The graph input that r is a view of through view ops only (views, in-place updates, aliases as
@@ -2094,14 +2099,7 @@ static int32_t maybe_input_view(const IRGraph *g, IRRef r) {
     return -1;
 }
 
-static bool is_batch_norm(const IRNode *n) {
-    PyObject *name = node_opname(n);
-    const char *s = name ? PyUnicode_AsUTF8(name) : NULL;
-    bool r = s && !strcmp(s, "torch.nn.functional.batch_norm");
-    Py_XDECREF(name);
-    PyErr_Clear();
-    return r;
-}
+static bool is_batch_norm(const IRNode *n) { return node_named(n, "torch.nn.functional.batch_norm"); }
 
 /* In-place updates are allowed only on inputs that do not require grad and that no other op reads
  * except other in-place updates of them and batch_norm (its running statistics): then no value the
@@ -3495,12 +3493,7 @@ done:
 static bool is_conv2d_nchw_f32(const IRGraph *g, const IRNode *n) {
     if (n->kind != IR_CALL_FUNCTION || n->nargs < 2 || n->args[0].kind != IRARG_NODE || n->args[1].kind != IRARG_NODE)
         return false;
-    PyObject *qn = node_opname(n);
-    const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
-    bool conv = s && (!strcmp(s, "torch.nn.functional.conv2d") || !strcmp(s, "torch.conv2d"));
-    Py_XDECREF(qn);
-    PyErr_Clear();
-    if (!conv) return false;
+    if (!node_named(n, "torch.nn.functional.conv2d torch.conv2d")) return false;
     const IRMeta *x = &em_ir_node(g, n->args[0].u.ref)->meta, *w = &em_ir_node(g, n->args[1].u.ref)->meta;
     return x->kind == IRMETA_TENSOR && x->ndim == 4 && w->kind == IRMETA_TENSOR && w->ndim == 4 && x->sizes[1] > 1 &&
            meta_dtype_is(x, "torch.float32") && em_ir_meta_contiguous(x) && em_ir_meta_on_cpu(x);
