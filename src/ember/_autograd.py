@@ -157,7 +157,8 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
             for k, i in maybe_view:
                 o, x = outs[k], inputs[i]
                 if (k not in done and isinstance(o, torch.Tensor) and isinstance(x, torch.Tensor) and
-                        o.device == x.device and o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()):
+                        o.device == x.device and o.untyped_storage().data_ptr() != 0 and
+                        o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()):
                     outs[k] = x.as_strided(o.size(), o.stride(), o.storage_offset())
             return tuple(outs)
     region.plan = plan
