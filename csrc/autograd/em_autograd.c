@@ -1319,6 +1319,16 @@ static int accumulate_items(AG *ag, IRRef r, const IRArg *a, const IRArg *b, con
 
 static bool same_strides(const IRMeta *a, const IRMeta *b);
 
+/* x[indices]'s gradient: index_put(zeros, indices, grad, accumulate=True) (repeated indices add, as
+ * eager's IndexBackward), accumulated into self's gradient. */
+static int index_put_grad(AG *ag, IRRef self, IRRef zeros, IRArg indices, IRRef g) {
+    PyObject *t = torch_attr("ops.aten.index_put");
+    if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+    IRArg ia[4] = {arg_node(zeros), indices, arg_node(g), arg_const_steal(ag, Py_NewRef(Py_True))};
+    IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, ia, 4, NULL, NULL, 0);
+    return r ? accumulate(ag, self, r) : -1;
+}
+
 /* A list argument whose items are all constants ([1, 2] inside x[:, [1, 2]]). */
 static bool const_list(const IRArg *a) {
     if (a->kind != IRARG_LIST) return false;
@@ -1399,16 +1409,9 @@ static int index_list_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx, co
         PyErr_Clear();
         return ag_fail(ag, "%s: advanced indexing with a list", name);
     }
-    IRArg a[2] = {arg_node(g), shape_const(ag, selfm)};
-    IRRef z = emit_method(ag, "new_zeros", a, 2);
-    PyObject *t = torch_attr("ops.aten.index_put");
-    if (!z || !t || !em_arena_hold_steal(ag->a, t)) {
-        Py_XDECREF(lst);
-        return z ? ag_fail_exc(ag) : -1;
-    }
-    IRArg ia[4] = {arg_node(z), arg_const_steal(ag, lst), arg_node(g), arg_const_steal(ag, Py_NewRef(Py_True))};
-    IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, ia, 4, NULL, NULL, 0);
-    return r ? accumulate(ag, self, r) : -1;
+    IRArg a[2] = {arg_node(g), shape_const(ag, selfm)}, il = arg_const_steal(ag, lst);
+    IRRef z = arg_bad(&il) ? 0 : emit_method(ag, "new_zeros", a, 2);
+    return z ? index_put_grad(ag, self, z, il, g) : -1;
 }
 
 static int backward_special(AG *ag, IRRef n, const Bind *b) {
@@ -1475,11 +1478,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             il.u.items = em_arena_alloc(ag->a, sizeof(IRArg));
             if (!il.u.items) return -1;
             il.u.items[0] = map_arg(ag, &idx);
-            IRArg ia[4] = {arg_node(z), il, arg_node(g), arg_const_steal(ag, Py_NewRef(Py_True))};
-            PyObject *t = torch_attr("ops.aten.index_put");
-            if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
-            IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, ia, 4, NULL, NULL, 0);
-            return r ? accumulate(ag, self.u.ref, r) : -1;
+            return index_put_grad(ag, self.u.ref, z, il, g);
         }
         IRArg va[2] = {arg_node(z), map_arg(ag, &idx)};
         IRRef v = emit_op(ag, "getitem", va[0], va[1], 2);
