@@ -70,6 +70,12 @@ PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch, uint8_t *sym_
  * em_sym_nsymbols (at least 1), v[j] symbol j's value; sym_used (n entries, may be NULL) receives
  * which symbols the kernels read. At most EM_CUDA_MAX_SYMBOLS (kernel parameters stay small). */
 #define EM_CUDA_MAX_SYMBOLS 256
+/* The source's layout, a contract with the runtime: each kernel's text starts at a line beginning
+ * with EM_CUDA_KERNEL_MARK and its number ("/" "* kernel 3 (pointwise): ..."), the text before the
+ * first such line is the prelude every kernel needs, and a kernel's text uses nothing from another
+ * kernel's. The runtime compiles groups of kernels as separate NVRTC programs in parallel threads
+ * (prelude + a group's kernels, em_runtime_cuda.c). */
+#define EM_CUDA_KERNEL_MARK "/* kernel "
 /* The rules behind launch[] (tests read them through the launch table). */
 int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k);
 int em_codegen_cuda_needs_idx64(const SKernel *k);

@@ -1064,7 +1064,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
     KC c = {.s = s, .k = k, .env = env, .used = used};
     if (em_codegen_nums_alloc(b, k, &c.off, &c.st) < 0) return;
     choose_launch(s, k, L);
-    sb_printf(b, "/* kernel %u (%s): ", ki, k->reduction ? "reduction" : "pointwise");
+    sb_printf(b, EM_CUDA_KERNEL_MARK "%u (%s): ", ki, k->reduction ? "reduction" : "pointwise");
     for (uint32_t q = 0; q < k->nirs; q++) sb_printf(b, "%s%s", q ? ", " : "", lg->ir->nodes[k->irs[q]].name);
     sb_printf(b, "\n * domain [");
     for (int j = 0; j < k->ndim; j++) {

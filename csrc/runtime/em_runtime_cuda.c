@@ -12,9 +12,20 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* A graph's kernels are compiled as at most this many NVRTC programs at once, about
+ * EM_NVRTC_KERNELS_PER_PROGRAM kernels each: a program's fixed cost (the prelude, NVRTC's set-up,
+ * ~50 ms) against ~35 ms per kernel (H100 host: the transformer's 86-kernel backward, 4.5 s as one
+ * program, 0.6 s as 16 at once). */
+#define EM_NVRTC_MAX_PROGRAMS 32
+#define EM_NVRTC_KERNELS_PER_PROGRAM 4
 
 /* ---- the CUDA driver API (cuda.h), declared by hand ---- */
 typedef int CUresult; /* CUDA_SUCCESS = 0 */
@@ -27,6 +38,7 @@ enum {
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    CUDA_ERROR_NOT_FOUND = 500,
 };
 
 /* ---- NVRTC (nvrtc.h) ---- */
@@ -99,10 +111,12 @@ struct EmCudaFn {
     char name[32];
 };
 
+/* A graph's kernels: one module per NVRTC program they were compiled as (nvrtc_compile_programs) */
 typedef struct {
-    CUmodule mod;
     CUcontext ctx;
     int device;
+    int nmod;
+    CUmodule mod[]; /* nmod */
 } CudaModule;
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -336,61 +350,202 @@ int em_cuda_available(int device, const char **why) {
 /* NVRTC                                                                                           */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* Compiles source for arch ("sm_90": cubin, "compute_90": PTX). Returns a malloc'd binary (PTX is
- * NUL-terminated), NULL with an exception carrying NVRTC's log. */
-static char *nvrtc_compile(const char *source, const char *arch, size_t *len) {
+/* One NVRTC program: source in, binary (cubin for "sm_XY", NUL-terminated PTX for "compute_XY") or
+ * the failing call's result and NVRTC's log out. nvrtc_run touches no Python object: the threads
+ * of nvrtc_run_all run it without the GIL (NVRTC's API may be called from several threads at once,
+ * one program per thread). */
+typedef struct {
+    char *src;       /* NUL-terminated; freed by nvrtc_job_free when own_src */
+    int own_src;
+    const char *arch;
+    char *bin;       /* malloc'd, len bytes (+ the NUL of PTX) */
+    size_t len;
+    nvrtcResult rc;  /* 0, or the failing call's result */
+    const char *what; /* the failing call, NULL when it compiled */
+    char *log;       /* NVRTC's log of a failed compile (at most 6000 bytes) */
+    int oom;
+} NvrtcJob;
+
+static void nvrtc_run(NvrtcJob *j) {
     nvrtcProgram prog = NULL;
-    char *out = NULL, *log = NULL;
-    nvrtcResult rc = L.nvrtcCreateProgram(&prog, source, "ember_kernels.cu", 0, NULL, NULL);
-    if (rc != 0) {
-        PyErr_Format(PyExc_RuntimeError, "ember: nvrtcCreateProgram failed: %s", L.nvrtcGetErrorString(rc));
-        return NULL;
-    }
+    j->what = "nvrtcCreateProgram";
+    if ((j->rc = L.nvrtcCreateProgram(&prog, j->src, "ember_kernels.cu", 0, NULL, NULL)) != 0) return;
     char archopt[64];
-    snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
+    snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", j->arch);
     const char *opts[] = {archopt, "--std=c++17", "-default-device"};
-    int cubin = has_prefix(arch, "sm_");
-    Py_BEGIN_ALLOW_THREADS
-    rc = L.nvrtcCompileProgram(prog, 3, opts);
-    Py_END_ALLOW_THREADS
-    if (rc != 0) {
+    int cubin = has_prefix(j->arch, "sm_");
+    j->what = "nvrtcCompileProgram";
+    if ((j->rc = L.nvrtcCompileProgram(prog, 3, opts)) != 0) {
         size_t ln = 0;
         L.nvrtcGetProgramLogSize(prog, &ln);
-        log = malloc(ln + 1);
-        if (log) {
-            log[0] = 0;
-            L.nvrtcGetProgramLog(prog, log);
-            log[ln] = 0;
-            if (ln > 6000) log[6000] = 0;
+        if ((j->log = malloc(ln + 1))) {
+            j->log[0] = 0;
+            L.nvrtcGetProgramLog(prog, j->log);
+            j->log[ln] = 0;
+            if (ln > 6000) j->log[6000] = 0;
         }
-        PyErr_Format(PyExc_RuntimeError, "ember: NVRTC %d.%d failed to compile the generated CUDA C for %s: %s\n%s", L.nvrtc_major,
-                     L.nvrtc_minor, arch, L.nvrtcGetErrorString(rc), log ? log : "");
+        goto done;
+    }
+    j->what = cubin ? "nvrtcGetCUBIN" : "nvrtcGetPTX";
+    if (cubin && (!L.nvrtcGetCUBINSize || !L.nvrtcGetCUBIN)) {
+        j->rc = -1;
         goto done;
     }
     size_t n = 0;
-    if (cubin && (!L.nvrtcGetCUBINSize || !L.nvrtcGetCUBIN)) {
-        PyErr_SetString(PyExc_RuntimeError, "ember: this NVRTC cannot produce cubin");
+    if ((j->rc = cubin ? L.nvrtcGetCUBINSize(prog, &n) : L.nvrtcGetPTXSize(prog, &n)) != 0) goto done;
+    if (!(j->bin = malloc(n + 1))) {
+        j->oom = 1;
         goto done;
     }
-    rc = cubin ? L.nvrtcGetCUBINSize(prog, &n) : L.nvrtcGetPTXSize(prog, &n);
-    if (rc != 0 || !(out = malloc(n + 1))) {
-        if (rc == 0) PyErr_NoMemory();
-        else PyErr_Format(PyExc_RuntimeError, "ember: NVRTC: %s", L.nvrtcGetErrorString(rc));
+    if ((j->rc = cubin ? L.nvrtcGetCUBIN(prog, j->bin) : L.nvrtcGetPTX(prog, j->bin)) != 0) {
+        free(j->bin);
+        j->bin = NULL;
         goto done;
     }
-    rc = cubin ? L.nvrtcGetCUBIN(prog, out) : L.nvrtcGetPTX(prog, out);
-    if (rc != 0) {
-        PyErr_Format(PyExc_RuntimeError, "ember: NVRTC: %s", L.nvrtcGetErrorString(rc));
-        free(out);
-        out = NULL;
-        goto done;
-    }
-    out[n] = 0;
-    *len = n;
+    j->bin[n] = 0;
+    j->len = n;
+    j->what = NULL;
 done:
-    free(log);
     L.nvrtcDestroyProgram(&prog);
-    return out;
+}
+
+static void *nvrtc_thread(void *j) {
+    nvrtc_run(j);
+    return NULL;
+}
+
+static void nvrtc_job_free(NvrtcJob *j) {
+    if (j->own_src) free(j->src);
+    free(j->bin);
+    free(j->log);
+    memset(j, 0, sizeof *j);
+}
+
+/* Raises the first failure among jobs[0..n) (-1), 0 when all compiled. */
+static int nvrtc_raise(const NvrtcJob *jobs, int n) {
+    for (int i = 0; i < n; i++) {
+        const NvrtcJob *j = &jobs[i];
+        if (j->oom) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (!j->what) continue;
+        if (j->rc == -1) PyErr_SetString(PyExc_RuntimeError, "ember: this NVRTC cannot produce cubin");
+        else if (j->log)
+            PyErr_Format(PyExc_RuntimeError, "ember: NVRTC %d.%d failed to compile the generated CUDA C for %s: %s\n%s",
+                         L.nvrtc_major, L.nvrtc_minor, j->arch, L.nvrtcGetErrorString(j->rc), j->log);
+        else PyErr_Format(PyExc_RuntimeError, "ember: %s failed: %s", j->what, L.nvrtcGetErrorString(j->rc));
+        return -1;
+    }
+    return 0;
+}
+
+/* Runs jobs[0..n) at once, one thread each (the caller's thread runs the last), without the GIL.
+ * A thread that cannot be started runs its job in the caller's thread after the others. */
+static void nvrtc_run_all(NvrtcJob *jobs, int n) {
+    pthread_t tid[EM_NVRTC_MAX_PROGRAMS];
+    int started[EM_NVRTC_MAX_PROGRAMS] = {0};
+    Py_BEGIN_ALLOW_THREADS
+    for (int i = 0; i + 1 < n; i++) started[i] = pthread_create(&tid[i], NULL, nvrtc_thread, &jobs[i]) == 0;
+    nvrtc_run(&jobs[n - 1]);
+    for (int i = 0; i + 1 < n; i++) {
+        if (started[i]) pthread_join(tid[i], NULL);
+        else nvrtc_run(&jobs[i]);
+    }
+    Py_END_ALLOW_THREADS
+}
+
+/* Compiles source (NUL-terminated) for arch as one program. Returns a malloc'd binary (PTX is
+ * NUL-terminated), NULL with an exception carrying NVRTC's log. */
+static char *nvrtc_compile(const char *source, const char *arch, size_t *len) {
+    NvrtcJob j = {.src = (char *)source, .arch = arch};
+    nvrtc_run_all(&j, 1);
+    if (nvrtc_raise(&j, 1) < 0) {
+        nvrtc_job_free(&j);
+        return NULL;
+    }
+    char *bin = j.bin;
+    *len = j.len;
+    j.bin = NULL;
+    nvrtc_job_free(&j);
+    return bin;
+}
+
+/* Offsets of the kernels' first lines in a generated source (EM_CUDA_KERNEL_MARK and a digit at
+ * the start of a line, em_codegen.h), at most cap of them (at NULL: only counted). Returns the
+ * count. */
+static int kernel_starts(const char *src, size_t n, size_t *at, int cap) {
+    const size_t ml = strlen(EM_CUDA_KERNEL_MARK);
+    int k = 0;
+    for (size_t i = 0; i + ml < n && k < cap; i++) {
+        if ((i == 0 || src[i - 1] == '\n') && memcmp(src + i, EM_CUDA_KERNEL_MARK, ml) == 0 && src[i + ml] >= '0' &&
+            src[i + ml] <= '9') {
+            if (at) at[k] = i;
+            k++;
+        }
+    }
+    return k;
+}
+
+/* The threads a compile may use: ember.config.compile_threads, else the CPUs this process may run
+ * on (torch._inductor.config.compile_threads' default, also capped at 32). */
+static int compile_threads(void) {
+    PyObject *v = em_config_attr("compile_threads");
+    long t = v && v != Py_None ? PyLong_AsLong(v) : 0;
+    Py_XDECREF(v);
+    if (PyErr_Occurred()) PyErr_Clear();
+    if (t <= 0) {
+        cpu_set_t set;
+        t = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
+    }
+    return t < 1 ? 1 : t > EM_NVRTC_MAX_PROGRAMS ? EM_NVRTC_MAX_PROGRAMS : (int)t;
+}
+
+/* Compiles a generated source as up to `programs` NVRTC programs at once: the prelude followed by
+ * a run of whole kernels of about the same size each (a source without kernel marks: one
+ * program). jobs (EM_NVRTC_MAX_PROGRAMS entries) receive the binaries; returns their count, -1 with
+ * an exception (NVRTC's log of the first program that failed). The compiled code is the same as
+ * one program's: no kernel reads another's text (em_codegen.h, EM_CUDA_KERNEL_MARK). */
+static int nvrtc_compile_programs(const char *src, size_t n, const char *arch, int programs, NvrtcJob *jobs) {
+    enum { MAXK = 4096 };
+    size_t *at = malloc(MAXK * sizeof *at);
+    if (!at) return PyErr_NoMemory(), -1;
+    int nk = kernel_starts(src, n, at, MAXK);
+    if (programs > nk) programs = nk;
+    if (programs > EM_NVRTC_MAX_PROGRAMS) programs = EM_NVRTC_MAX_PROGRAMS;
+    int np = 0;
+    if (programs <= 1 || nk >= MAXK) {
+        jobs[np++] = (NvrtcJob){.src = (char *)src, .arch = arch};
+    } else {
+        /* kernels [first, k) make program np once their bytes reach an equal share of what is left
+         * for the programs left, or once as many kernels are left as programs after this one */
+        const size_t pre = at[0];
+        int first = 0;
+        for (int k = 1; k <= nk && np < programs; k++) {
+            size_t end = k < nk ? at[k] : n, left = n - at[first];
+            int more = programs - np - 1; /* programs after this one */
+            if (k < nk && (more == 0 || ((end - at[first]) * (size_t)(more + 1) < left && nk - k > more))) continue;
+            size_t len = pre + (end - at[first]);
+            char *s = malloc(len + 1);
+            if (!s) {
+                for (int q = 0; q < np; q++) nvrtc_job_free(&jobs[q]);
+                free(at);
+                return PyErr_NoMemory(), -1;
+            }
+            memcpy(s, src, pre);
+            memcpy(s + pre, src + at[first], end - at[first]);
+            s[len] = 0;
+            jobs[np++] = (NvrtcJob){.src = s, .own_src = 1, .arch = arch};
+            first = k;
+        }
+    }
+    free(at);
+    nvrtc_run_all(jobs, np);
+    if (nvrtc_raise(jobs, np) < 0) {
+        for (int q = 0; q < np; q++) nvrtc_job_free(&jobs[q]);
+        return -1;
+    }
+    return np;
 }
 
 /* The NVRTC target for a device of compute capability major.minor: its sm_XY when NVRTC knows it,
@@ -409,13 +564,54 @@ static void module_close(PyObject *cap) {
     }
     /* at interpreter exit the context may already be gone: the driver then reports an error,
      * which is ignored */
-    if (L.libcuda && m->mod) {
+    if (L.libcuda && m->nmod) {
         CUcontext prev = NULL;
         if (L.cuCtxGetCurrent(&prev) == 0 && prev != m->ctx) L.cuCtxSetCurrent(m->ctx);
-        L.cuModuleUnload(m->mod);
+        for (int i = 0; i < m->nmod; i++)
+            if (m->mod[i]) L.cuModuleUnload(m->mod[i]);
         if (prev && prev != m->ctx) L.cuCtxSetCurrent(prev);
     }
     free(m);
+}
+
+/* A cache entry of a graph's binaries: "EMNVRTC1", the count n (u64), n lengths (u64), then the
+ * binaries one after the other. */
+static const char BUNDLE_MAGIC[8] = {'E', 'M', 'N', 'V', 'R', 'T', 'C', '1'};
+
+static char *bundle_pack(const NvrtcJob *jobs, int n, size_t *len) {
+    size_t total = 16 + 8 * (size_t)n;
+    for (int i = 0; i < n; i++) total += jobs[i].len + 1;
+    char *b = malloc(total);
+    if (!b) return (char *)PyErr_NoMemory();
+    memcpy(b, BUNDLE_MAGIC, 8);
+    uint64_t v = (uint64_t)n;
+    memcpy(b + 8, &v, 8);
+    size_t off = 16 + 8 * (size_t)n;
+    for (int i = 0; i < n; i++) {
+        v = jobs[i].len + 1; /* with the NUL that ends PTX */
+        memcpy(b + 16 + 8 * (size_t)i, &v, 8);
+        memcpy(b + off, jobs[i].bin, jobs[i].len + 1);
+        off += jobs[i].len + 1;
+    }
+    *len = total;
+    return b;
+}
+
+/* The binaries of a bundle: their count (<= EM_NVRTC_MAX_PROGRAMS) with bins[i] pointing into b,
+ * 0 when b is not a well-formed bundle (then it is compiled again). */
+static int bundle_unpack(const char *b, size_t len, const char **bins) {
+    uint64_t n, l;
+    if (len < 16 || memcmp(b, BUNDLE_MAGIC, 8) != 0) return 0;
+    memcpy(&n, b + 8, 8);
+    if (n < 1 || n > EM_NVRTC_MAX_PROGRAMS || len < 16 + 8 * n) return 0;
+    size_t off = 16 + 8 * (size_t)n;
+    for (uint64_t i = 0; i < n; i++) {
+        memcpy(&l, b + 16 + 8 * i, 8);
+        if (l < 1 || l > len - off || b[off + l - 1] != 0) return 0;
+        bins[i] = b + off;
+        off += l;
+    }
+    return off == len ? (int)n : 0;
 }
 
 PyObject *em_cuda_module_load(const char *source, size_t srclen, int device, char *key_out, int *was_cached) {
@@ -429,25 +625,38 @@ PyObject *em_cuda_module_load(const char *source, size_t srclen, int device, cha
     char arch[32], ver[32];
     target_arch(L.dev[device].major, L.dev[device].minor, arch, sizeof arch);
     snprintf(ver, sizeof ver, "nvrtc %d.%d", L.nvrtc_major, L.nvrtc_minor);
-    const char *ext = has_prefix(arch, "sm_") ? ".cubin" : ".ptx";
-    const void *parts[] = {source, ver, arch, "--std=c++17 -default-device"};
-    size_t lens[] = {srclen, strlen(ver), strlen(arch), strlen("--std=c++17 -default-device")};
+    const char *ext = has_prefix(arch, "sm_") ? ".cubins" : ".ptxs";
+    const char *opt = "--std=c++17 -default-device";
+    const void *parts[] = {source, ver, arch, opt};
+    size_t lens[] = {srclen, strlen(ver), strlen(arch), strlen(opt)};
     em_cc_key(parts, lens, 4, key_out);
     size_t len = 0;
-    char *bin = em_cc_blob_get(key_out, ext, &len);
-    if (!bin && PyErr_Occurred()) return NULL;
-    if (bin) *was_cached = 1;
+    const char *bins[EM_NVRTC_MAX_PROGRAMS];
+    char *blob = em_cc_blob_get(key_out, ext, &len);
+    if (!blob && PyErr_Occurred()) return NULL;
+    int n = blob ? bundle_unpack(blob, len, bins) : 0;
+    if (n) *was_cached = 1;
     else {
-        bin = nvrtc_compile(source, arch, &len);
-        if (!bin) return NULL;
-        if (em_cc_blob_put(key_out, ext, bin, len + (ext[1] == 'p' ? 1 : 0), source, srclen, ".cu") < 0) {
-            free(bin);
+        free(blob);
+        /* about EM_NVRTC_KERNELS_PER_PROGRAM kernels per program, at most one program per thread */
+        NvrtcJob jobs[EM_NVRTC_MAX_PROGRAMS];
+        int want = (kernel_starts(source, srclen, NULL, INT_MAX) + EM_NVRTC_KERNELS_PER_PROGRAM - 1) /
+                   EM_NVRTC_KERNELS_PER_PROGRAM;
+        int threads = compile_threads();
+        int np = nvrtc_compile_programs(source, srclen, arch, want < threads ? want : threads, jobs);
+        if (np < 0) return NULL;
+        blob = bundle_pack(jobs, np, &len);
+        for (int q = 0; q < np; q++) nvrtc_job_free(&jobs[q]);
+        if (!blob) return NULL;
+        if (em_cc_blob_put(key_out, ext, blob, len, source, srclen, ".cu") < 0) {
+            free(blob);
             return NULL;
         }
+        n = bundle_unpack(blob, len, bins);
     }
-    CudaModule *m = calloc(1, sizeof *m);
+    CudaModule *m = calloc(1, sizeof *m + (size_t)n * sizeof(CUmodule));
     if (!m) {
-        free(bin);
+        free(blob);
         return PyErr_NoMemory();
     }
     m->ctx = L.dev[device].ctx;
@@ -455,21 +664,26 @@ PyObject *em_cuda_module_load(const char *source, size_t srclen, int device, cha
     CUcontext prev = NULL;
     CUresult rc = L.cuCtxGetCurrent(&prev);
     if (rc == 0 && prev != m->ctx) rc = L.cuCtxSetCurrent(m->ctx);
-    if (rc == 0) rc = L.cuModuleLoadData(&m->mod, bin);
-    if (prev && prev != m->ctx) L.cuCtxSetCurrent(prev);
-    free(bin);
-    if (rc != 0) {
-        free(m);
-        cu_error(rc, "cuModuleLoadData", NULL);
-        return NULL;
-    }
-    PyObject *cap = PyCapsule_New(m, "ember.cumodule", module_close);
+    for (int i = 0; rc == 0 && i < n; i++)
+        if ((rc = L.cuModuleLoadData(&m->mod[i], bins[i])) == 0) m->nmod++;
+    free(blob);
+    PyObject *cap = rc == 0 ? PyCapsule_New(m, "ember.cumodule", module_close) : NULL;
     if (!cap) {
-        L.cuModuleUnload(m->mod);
+        for (int i = 0; i < m->nmod; i++) L.cuModuleUnload(m->mod[i]);
         free(m);
+        if (rc != 0) cu_error(rc, "cuModuleLoadData", NULL);
     }
+    if (prev && prev != L.dev[device].ctx) L.cuCtxSetCurrent(prev);
     return cap;
 }
+
+/* The kernel called name in one of m's modules (cuModuleGetFunction's result for the last). */
+static CUresult module_function(const CudaModule *m, const char *name, CUfunction *fn) {
+    CUresult rc = CUDA_ERROR_NOT_FOUND;
+    for (int i = 0; i < m->nmod && rc == CUDA_ERROR_NOT_FOUND; i++) rc = L.cuModuleGetFunction(fn, m->mod[i], name);
+    return rc;
+}
+
 
 /* The grid of a launch: the blocks the work needs, at most per_sm resident blocks on every SM when
  * per_sm > 0, and at most EM_CUDA_MAX_THREADS threads (the index headroom); the kernels loop
@@ -486,7 +700,7 @@ EmCudaFn *em_cuda_fn_new(PyObject *module, const char *name, const EmCudaLaunch 
     if (!m) return NULL;
     EmCudaFn *f = calloc(1, sizeof *f);
     if (!f) return (EmCudaFn *)PyErr_NoMemory();
-    CUresult rc = L.cuModuleGetFunction(&f->fn, m->mod, name);
+    CUresult rc = module_function(m, name, &f->fn);
     if (rc != 0) {
         free(f);
         cu_error(rc, "cuModuleGetFunction", name);
@@ -495,7 +709,7 @@ EmCudaFn *em_cuda_fn_new(PyObject *module, const char *name, const EmCudaLaunch 
     if (launch->sym && launch->idx64 == 2) {
         char n64[48];
         snprintf(n64, sizeof n64, "%s_64", name);
-        rc = L.cuModuleGetFunction(&f->fn64, m->mod, n64);
+        rc = module_function(m, n64, &f->fn64);
         if (rc != 0) {
             free(f);
             cu_error(rc, "cuModuleGetFunction", n64);
@@ -602,22 +816,42 @@ int em_cuda_launch_sym(EmCudaFn *f, char *const *ptrs, uint32_t nptr, const EmCu
 /* Python entry points for tests and diagnostics                                                   */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* ember._C._nvrtc_compile(source, arch="compute_90") -> bytes (PTX text, or cubin for "sm_XY").
+/* ember._C._nvrtc_compile(source, arch="compute_90", programs=None) -> bytes (PTX text, or cubin
+ * for "sm_XY"); with programs=n, a list of the binaries of the source compiled as at most n
+ * programs at once (each the prelude and a run of whole kernels: what a graph's module is made of).
  * RuntimeError with NVRTC's log when it does not compile, or when NVRTC is not found. */
 static PyObject *py_nvrtc_compile(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"source", "arch", NULL};
+    static char *kwlist[] = {"source", "arch", "programs", NULL};
     const char *src, *arch = "compute_90";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|s:_nvrtc_compile", kwlist, &src, &arch)) return NULL;
+    Py_ssize_t srclen;
+    PyObject *programs = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s#|sO:_nvrtc_compile", kwlist, &src, &srclen, &arch, &programs))
+        return NULL;
+    long want = programs == Py_None ? 0 : PyLong_AsLong(programs);
+    if (want == -1 && PyErr_Occurred()) return NULL;
     load_nvrtc();
     if (!L.libnvrtc) {
         PyErr_Format(PyExc_RuntimeError, "ember: %s", L.nvrtc_why);
         return NULL;
     }
-    size_t len = 0;
-    char *bin = nvrtc_compile(src, arch, &len);
-    if (!bin) return NULL;
-    PyObject *r = PyBytes_FromStringAndSize(bin, (Py_ssize_t)len);
-    free(bin);
+    if (programs == Py_None) {
+        size_t len = 0;
+        char *bin = nvrtc_compile(src, arch, &len);
+        if (!bin) return NULL;
+        PyObject *r = PyBytes_FromStringAndSize(bin, (Py_ssize_t)len);
+        free(bin);
+        return r;
+    }
+    NvrtcJob jobs[EM_NVRTC_MAX_PROGRAMS];
+    int np = nvrtc_compile_programs(src, (size_t)srclen, arch, want < 1 ? 1 : (int)want, jobs);
+    if (np < 0) return NULL;
+    PyObject *r = PyList_New(np);
+    for (int i = 0; r && i < np; i++) {
+        PyObject *b = PyBytes_FromStringAndSize(jobs[i].bin, (Py_ssize_t)jobs[i].len);
+        if (!b) Py_CLEAR(r);
+        else PyList_SET_ITEM(r, i, b);
+    }
+    for (int i = 0; i < np; i++) nvrtc_job_free(&jobs[i]);
     return r;
 }
 
@@ -640,7 +874,7 @@ static PyObject *py_cuda_info(PyObject *self, PyObject *args, PyObject *kw) {
 int em_runtime_cuda_init(PyObject *module) {
     static PyMethodDef defs[] = {
         {"_nvrtc_compile", (PyCFunction)(void (*)(void))py_nvrtc_compile, METH_VARARGS | METH_KEYWORDS,
-         "Compiles CUDA C with NVRTC (tests): bytes of PTX, or cubin for arch='sm_XY'."},
+         "Compiles CUDA C with NVRTC (tests): bytes of PTX, or cubin for arch='sm_XY'; programs=n: a list, one per program."},
         {"_cuda_info", (PyCFunction)(void (*)(void))py_cuda_info, METH_VARARGS | METH_KEYWORDS,
          "Where NVRTC and the CUDA driver were found, versions, or why not."},
         {NULL, NULL, 0, NULL},

@@ -9,6 +9,7 @@ With a GPU (tools/gpu_check.sh on the GPU machine): values against eager over dt
 layouts, torch's current stream, several kernels, and the launch on misaligned inputs.
 """
 import os
+import re
 
 import pytest
 import torch
@@ -96,6 +97,30 @@ def test_cubin_for_sm90():
     info = _gen(lambda x: torch.softmax(x, -1) * 2, cpu(16, 256))
     cubin = _C._nvrtc_compile(info["source"], arch="sm_90")
     assert cubin[:4] == b"\x7fELF"
+
+
+# six kernels: reductions over different rows and dims cannot share a loop nest
+_SIX = (lambda x, y: (x.sum(1), x.amax(0), torch.softmax(x, -1), x.var(0), (x * y).argmax(1), torch.log_softmax(y, 0)))
+
+
+@needs_nvrtc
+def test_kernels_compile_as_several_programs():
+    """A graph's kernels are compiled as several NVRTC programs at once (the prelude and a run of
+    whole kernels each, ember.config.compile_threads): every kernel is in exactly one program, in
+    order, and compiles as it does in the single program."""
+    info = _gen(_SIX, cpu(64, 300), cpu(64, 300))
+    n = len(info["kernel_list"])
+    assert n == 6
+    whole = re.findall(r"\.entry (ember_k\d+)\(", _C._nvrtc_compile(info["source"], arch="compute_90").decode())
+    for programs, expect in ((1, 1), (3, 3), (100, n)):
+        ptxs = [p.decode() for p in _C._nvrtc_compile(info["source"], arch="compute_90", programs=programs)]
+        assert len(ptxs) == expect
+        entries = [re.findall(r"\.entry (ember_k\d+)\(", p) for p in ptxs]
+        assert all(entries), "a program without a kernel"
+        assert sum(entries, []) == whole == [f"ember_k{k}" for k in range(n)]
+    with pytest.raises(RuntimeError, match="NVRTC"):  # a failing program names NVRTC's log
+        _C._nvrtc_compile(info["source"].replace("ember_k4(", "ember_k4(int broken here, "), arch="compute_90",
+                          programs=3)
 
 
 @needs_nvrtc
@@ -284,9 +309,25 @@ def test_gpu_compile_cache_hit(tmp_path):
         ember.reset()
         info2 = _run(fn, _cuda(16, 700))
         assert info1["cache_key"] == info2["cache_key"] and info2["from_disk_cache"]
-        assert any(p.suffix in (".cubin", ".ptx") for p in tmp_path.iterdir())
+        assert any(p.suffix in (".cubins", ".ptxs") for p in tmp_path.iterdir())
     finally:
         ember.config.cache_dir = old
+
+
+@needs_gpu
+def test_gpu_several_programs_run_and_load_from_the_cache(tmp_path):
+    """Six kernels compiled as three programs (three modules): eager's values, and a second process
+    state (ember.reset) loads the three binaries from the cache entry."""
+    old = ember.config.cache_dir, ember.config.compile_threads
+    ember.config.cache_dir, ember.config.compile_threads = str(tmp_path), 3
+    try:
+        x, y = _cuda(64, 300), _cuda(64, 300)
+        info1 = _run(_SIX, x, y, kernels=6)
+        ember.reset()
+        info2 = _run(_SIX, x, y, kernels=6)
+        assert info1["cache_key"] == info2["cache_key"] and info2["from_disk_cache"]
+    finally:
+        ember.config.cache_dir, ember.config.compile_threads = old
 
 
 @needs_gpu
