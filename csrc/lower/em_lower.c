@@ -2952,13 +2952,58 @@ static int sole_update_of(const IRGraph *g, IRRef r, IRRef in) {
     return 1;
 }
 
+/* Does call node n return new tensors only? An aten OpOverload whose schema gives no return an
+ * alias annotation and marks no argument as written (torch/_C FunctionSchema: `Tensor(a)` returns
+ * alias an argument). 0 for anything else, or when the schema cannot be read. */
+static int returns_fresh(const IRNode *n) {
+    if (n->kind != IR_CALL_FUNCTION || !n->target) return 0;
+    PyObject *schema = PyObject_GetAttrString(n->target, "_schema");
+    PyObject *rets = schema ? PyObject_GetAttrString(schema, "returns") : NULL;
+    PyObject *mut = schema ? PyObject_GetAttrString(schema, "is_mutable") : NULL;
+    int fresh = rets && mut && mut == Py_False && PyList_Check(rets);
+    for (Py_ssize_t i = 0; fresh && i < PyList_GET_SIZE(rets); i++) {
+        PyObject *ai = PyObject_GetAttrString(PyList_GET_ITEM(rets, i), "alias_info");
+        fresh = ai == Py_None;
+        Py_XDECREF(ai);
+    }
+    Py_XDECREF(schema);
+    Py_XDECREF(rets);
+    Py_XDECREF(mut);
+    PyErr_Clear();
+    return fresh;
+}
+
+/* Can no generated kernel read node r's value, or anything that may alias it? Its readers are the
+ * graph's output, extern calls (no lowering rule: torch runs them, in IR order) and constant-index
+ * getitems of it (a tuple element, or a view), and so are theirs, transitively, unless the extern
+ * returns new tensors (returns_fresh: aten.nll_loss_forward reading a loss's labels). */
+static int read_by_no_kernel(const IRGraph *g, const uint8_t *functional, IRRef r, int depth) {
+    if (depth > 8) return 0;
+    for (IRRef u = 1; u < g->nnodes; u++) {
+        const IRNode *un = &g->nodes[u];
+        int refers = 0;
+        for (uint32_t k = 0; k < un->nargs && !refers; k++) refers = arg_refers(&un->args[k], r);
+        for (uint32_t k = 0; k < un->nkwargs && !refers; k++) refers = arg_refers(&un->kwargs[k], r);
+        if (!refers || un->kind == IR_OUTPUT) continue;
+        if (un->kind != IR_CALL_FUNCTION && un->kind != IR_CALL_METHOD) return 0;
+        const LowerRule *rule = find_rule(un, functional[u]);
+        if (rule && !(rule->kind == R_GETITEM && un->nargs == 2 && !un->nkwargs && un->args[0].kind == IRARG_NODE &&
+                      un->args[0].u.ref == r && un->args[1].kind == IRARG_CONST))
+            return 0;
+        if (!(!rule && returns_fresh(un)) && !read_by_no_kernel(g, functional, u, depth + 1)) return 0;
+    }
+    return 1;
+}
+
 /* An in-place update of a graph input that no other node reads, whose result nothing reads
  * (BatchNorm's num_batches_tracked.add_(1) in a training forward): an extern call with a side
  * effect only; extern calls keep their IR order (schedule), and no kernel reads the input. Graph
  * inputs may alias each other (no guard on storage), and kernels read inputs when demanded, not
  * in IR order: so every other input of the same dtype (a view would share it) must itself be
- * touched only by such an update, or a kernel could read memory the update changes. */
-static int lone_input_update(const IRGraph *g, IRRef r) {
+ * touched only by such an update, or be read by no kernel (read_by_no_kernel: the labels of a
+ * loss computed in the graph, read by the extern nll_loss and saved for the backward), or a kernel
+ * could read memory the update changes. */
+static int lone_input_update(const IRGraph *g, const uint8_t *functional, IRRef r) {
     const IRNode *n = &g->nodes[r];
     if (n->nargs < 1 || n->args[0].kind != IRARG_NODE || g->nodes[n->args[0].u.ref].kind != IR_PLACEHOLDER) return 0;
     IRRef in = n->args[0].u.ref;
@@ -2977,7 +3022,7 @@ static int lone_input_update(const IRGraph *g, IRRef r) {
             used++;
             ok = sole_update_of(g, u, p);
         }
-        if (used && !(used == 1 && ok)) return 0;
+        if (used && !(used == 1 && ok) && !read_by_no_kernel(g, functional, p, 0)) return 0;
     }
     return 1;
 }
@@ -3216,7 +3261,7 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             }
         }
         if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && !functional[r] && mutates(n) &&
-            !lone_input_update(g, r)) {
+            !lone_input_update(g, functional, r)) {
             *why = "the graph has an in-place op on a graph input or on a value read again (or through a view) "
                    "after it: ran by the eager backend";
             return NULL;

@@ -714,9 +714,14 @@ def test_training_step_with_the_loss_in_the_region(case, backend):
             torch.testing.assert_close(pc.grad, pe.grad, **tol, msg=lambda s: f"{n}: {s}")
         o_e.step()
         o_c.step()
+        for (n, be), bc in zip(m_e.state_dict().items(), m_c.state_dict().values()):  # running statistics
+            torch.testing.assert_close(bc, be, **tol, msg=lambda s: f"{n}: {s}")
     info = autograd_info(step)
     assert "fallback" not in info and "split" not in info, info.get("fallback") or info.get("split")
     assert info["decomposed"] == ["cross_entropy"]
+    if backend == "ember":  # both halves through ember's code generator: the labels (int64, like the
+        for half in ("forward", "backward"):  # BatchNorm counters updated in place) read by externs only
+            assert "fallback" not in info["ember"][half], info["ember"][half]["fallback"]
 
 
 @pytest.mark.skipif(torch.empty(0).device.type != "cpu",

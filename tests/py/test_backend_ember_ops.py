@@ -184,6 +184,38 @@ def test_inplace_seen_through_a_view_or_read_again_keeps_eager():
     assert "in-place" in info["fallback"]
 
 
+@pytest.mark.parametrize("alias", [False, True], ids=["labels", "labels_view_of_counter"])
+def test_input_update_beside_an_input_of_its_dtype(alias):
+    """counter.add_(1) (BatchNorm's num_batches_tracked in a training forward) runs as an extern call
+    with a side effect. Another int64 input read only by extern calls that return new tensors (a
+    loss's labels, read by aten.nll_loss_forward) keeps the graph compiled, and gives eager's
+    results even when it is a view of the counter (extern calls run in IR order). Read by a kernel,
+    it sends the graph to the eager backend (kernels read inputs when demanded, not in IR order)."""
+    def by_extern(x, counter, y):
+        counter.add_(1)
+        return torch.ops.aten.nll_loss_forward.default(x.log_softmax(1), y, None, 1, -100)[0] * 2
+
+    def by_kernel(x, counter, y):
+        counter.add_(1)
+        return x * 2 + y[:, None]
+
+    for fn, compiled in ((by_extern, True), (by_kernel, False)):
+        ce, x = torch.zeros((), dtype=torch.long), torch.randn(4, 3)
+        cc = ce.clone()
+        ye = ce.expand(4) if alias else torch.tensor([0, 1, 2, 1])
+        yc = cc.expand(4) if alias else ye.clone()
+        c = ember.compile(fn, backend="ember")
+        with torch.no_grad():
+            for _ in range(2):
+                _same(c(x, cc, yc), fn(x, ce, ye), True)
+        assert cc.item() == ce.item() == 2
+        info = ember.cache_info(c)[0]["ember"]
+        if compiled:
+            assert "fallback" not in info and info["extern_list"] == ["add_", "nll_loss_forward_default", "getitem"]
+        else:
+            assert "in-place" in info["fallback"]
+
+
 # ---- models (tiny sizes) -------------------------------------------------------------------
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
