@@ -2981,10 +2981,7 @@ static int read_by_no_kernel(const IRGraph *g, const uint8_t *functional, IRRef 
     if (depth > 8) return 0;
     for (IRRef u = 1; u < g->nnodes; u++) {
         const IRNode *un = &g->nodes[u];
-        int refers = 0;
-        for (uint32_t k = 0; k < un->nargs && !refers; k++) refers = arg_refers(&un->args[k], r);
-        for (uint32_t k = 0; k < un->nkwargs && !refers; k++) refers = arg_refers(&un->kwargs[k], r);
-        if (!refers || un->kind == IR_OUTPUT) continue;
+        if (!node_reads(un, r) || un->kind == IR_OUTPUT) continue;
         if (un->kind != IR_CALL_FUNCTION && un->kind != IR_CALL_METHOD) return 0;
         const LowerRule *rule = find_rule(un, functional[u]);
         if (rule && !(rule->kind == R_GETITEM && un->nargs == 2 && !un->nkwargs && un->args[0].kind == IRARG_NODE &&
@@ -3015,10 +3012,7 @@ static int lone_input_update(const IRGraph *g, const uint8_t *functional, IRRef 
         int ok = 0, used = 0;
         for (IRRef u = 1; u < g->nnodes; u++) {
             const IRNode *un = &g->nodes[u];
-            int refers = 0;
-            for (uint32_t k = 0; k < un->nargs && !refers; k++) refers = arg_refers(&un->args[k], p);
-            for (uint32_t k = 0; k < un->nkwargs && !refers; k++) refers = arg_refers(&un->kwargs[k], p);
-            if (!refers) continue;
+            if (!node_reads(un, p)) continue;
             used++;
             ok = sole_update_of(g, u, p);
         }
@@ -3031,10 +3025,7 @@ static int lone_input_update(const IRGraph *g, const uint8_t *functional, IRRef 
 static int only_getitems_read(const IRGraph *g, IRRef r) {
     for (IRRef u = r + 1; u < g->nnodes; u++) {
         const IRNode *un = &g->nodes[u];
-        int refers = 0;
-        for (uint32_t i = 0; i < un->nargs && !refers; i++) refers = arg_refers(&un->args[i], r);
-        for (uint32_t i = 0; i < un->nkwargs && !refers; i++) refers = arg_refers(&un->kwargs[i], r);
-        if (!refers) continue;
+        if (!node_reads(un, r)) continue;
         const LowerRule *rule = find_rule(un, 0);
         if (!rule || rule->kind != R_GETITEM || un->nargs != 2 || un->nkwargs || un->args[0].kind != IRARG_NODE ||
             un->args[0].u.ref != r || un->args[1].kind != IRARG_CONST || !PyLong_CheckExact(un->args[1].u.obj))
