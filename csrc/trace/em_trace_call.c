@@ -745,6 +745,57 @@ static PyObject *default_device(Trace *T) {
     return PyObject_CallNoArgs(em_trace_rt.get_default_device);
 }
 
+/* Would eager raise at this in-place call because its result type does not cast to self's dtype
+ * ("result type Float can't be cast to the desired output type Long": x.mul_(0.5), x.sin_(),
+ * x += 0.5 of an integer tensor)? torch's meta kernels do not check it (an int64 meta tensor's
+ * mul_(0.5) returns int64), so the out-of-place op runs on the same meta arguments and
+ * torch.can_cast(its dtype, self's) decides. Only for integer and bool selves (a floating self
+ * takes any real result); an op without an out-of-place method, or one that fails, is not
+ * checked. 1 when eager would raise, 0 when not, -1 with an exception. */
+static int inplace_cast_raises(uint32_t kind, PyObject *target, const char *mname, PyObject *margs, PyObject *mkw,
+                               PyObject *self_dtype) {
+    PyObject *fp = PyObject_GetAttrString(self_dtype, "is_floating_point");
+    PyObject *cx = fp ? PyObject_GetAttrString(self_dtype, "is_complex") : NULL;
+    int skip = !fp || !cx || fp == Py_True || cx == Py_True;
+    Py_XDECREF(fp);
+    Py_XDECREF(cx);
+    if (skip) {
+        PyErr_Clear();
+        return 0;
+    }
+    const TraceRT *rt = &em_trace_rt;
+    PyObject *f = NULL, *args = NULL, *res = NULL, *torch = NULL, *ok = NULL;
+    int raises = 0;
+    if (kind == IR_CALL_METHOD) {
+        char oop[64];
+        size_t ln = strlen(mname);
+        if (ln >= sizeof oop || ln < 2) return 0;
+        if (strncmp(mname, "__i", 3) == 0) snprintf(oop, sizeof oop, "__%s", mname + 3); /* __imul__ -> __mul__ */
+        else snprintf(oop, sizeof oop, "%.*s", (int)(ln - 1), mname);                 /* mul_ -> mul */
+        if (PyList_GET_SIZE(margs) < 1) return 0;
+        f = PyObject_GetAttrString(PyList_GET_ITEM(margs, 0), oop);
+        args = PyList_GetSlice(margs, 1, PyList_GET_SIZE(margs));
+    } else {
+        for (int i = 13; i < TR_NBINOPS && !f; i++)
+            if (target == rt->binop_fn[i]) f = Py_NewRef(rt->binop_fn[i - 13]);
+        args = f ? PyList_GetSlice(margs, 0, PyList_GET_SIZE(margs)) : NULL;
+    }
+    if (f && args) Py_SETREF(args, PyList_AsTuple(args));
+    res = f && args ? PyObject_Call(f, args, mkw) : NULL;
+    PyObject *rd = res && is_tensor_obj(res) ? PyObject_GetAttrString(res, "dtype") : NULL;
+    torch = rd ? PyImport_ImportModule("torch") : NULL;
+    ok = torch ? PyObject_CallMethod(torch, "can_cast", "OO", rd, self_dtype) : NULL;
+    raises = ok == Py_False;
+    Py_XDECREF(rd);
+    Py_XDECREF(f);
+    Py_XDECREF(args);
+    Py_XDECREF(res);
+    Py_XDECREF(torch);
+    Py_XDECREF(ok);
+    PyErr_Clear(); /* no out-of-place form, or it fails on these arguments: not checked */
+    return raises;
+}
+
 /* Is the meta result `res` one of the tensor arguments' examples (an in-place op)? */
 static TValue *aliased_arg(Conv *c, PyObject *res) {
     for (int i = 0; i < c->ntens; i++)
@@ -974,6 +1025,11 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
     if (is_tensor_obj(res)) {
         IRMeta m;
         TValue *alias = inplace ? aliased_arg(&c, res) : NULL;
+        if (alias && inplace_cast_raises(kind, target, mname, margs, mkw, alias->u.t.meta->dtype)) {
+            em_tr_break(T, EM_BREAK_RAISE, "in-place %s: its result type cannot be cast to the %S tensor it writes",
+                        callable_name(T, target), alias->u.t.meta->dtype);
+            goto done;
+        }
         if (alias) Py_SETREF(device, Py_NewRef(alias->u.t.meta->device));
         if (result_meta(T, res, device, c.any_rg || (alias && alias->u.t.meta->requires_grad), &m) < 0) goto done;
         if (c.sym && em_tr_sym_call(T, kind, target, ia, nargs, kwnames, ik, nkw, res, &m, NULL) < 0) goto done;

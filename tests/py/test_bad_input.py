@@ -309,3 +309,36 @@ def test_returns_input_and_constants():
     c = run_both(f, [(X, 3), (X, 4)])
     out = c(X, 3)
     assert out[0] is X
+
+
+# ---- in-place ops whose result type does not cast back (raise in eager) ----
+
+INPLACE = [("x.mul_(0.5)", True), ("x += 0.5", True), ("x.sin_()", True), ("x /= 2", True),
+           ("x.add_(1)", False), ("x //= 2", False), ("x.clamp_(-1, 1)", False), ("x.mul_(True)", False)]
+
+
+@pytest.mark.parametrize("stmt,raises", INPLACE, ids=[s for s, _ in INPLACE])
+def test_inplace_result_that_cannot_be_cast_raises_after_earlier_side_effects(stmt, raises):
+    """x.mul_(0.5) of an integer tensor raises in eager ("result type Float can't be cast to the
+    desired output type Long"), after the statements before it ran. torch's meta kernels do not
+    check the cast, so the tracer asks the out-of-place op's result type and breaks the graph before
+    such a call: it runs in Python and raises there, after the dict store before it, as in eager
+    (program_gen seed 61314 lost the store). Integer in-place ops that cast stay in the graph."""
+    ns = {}
+    exec(f"def f(x, y, cfg):\n    z = y * 2\n    cfg['k'] = 7\n    {stmt}\n    return z + x.sum()\n", {"torch": torch}, ns)
+    f = ns["f"]
+    runs, c = [], ember.compile(f, backend="eager")
+    for call in (f, c):
+        x, cfg = torch.arange(-3, 5), {"k": 1}
+        try:
+            out, exc = call(x, torch.ones(3), cfg), None
+        except RuntimeError as e:
+            out, exc = None, str(e)
+        runs.append((out, exc, x, cfg))
+    (oe, ee, xe, ce), (oc, ec, xc, cc) = runs
+    assert (ee is not None) == raises and ec == ee and cc == ce == {"k": 7}
+    assert torch.equal(xc, xe)
+    if not raises:
+        assert torch.equal(oc, oe)
+        kinds = [e["kind"] for e in entries(c)]
+        assert kinds == ["graph"], entries(c)
