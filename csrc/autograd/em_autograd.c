@@ -4161,8 +4161,23 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         }
         if (!layouts) goto error;
     }
-    result = PyObject_CallFunction(make, "OOIIOOONOOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
-                                   tang, nondiff, layouts, gdeps, same, views);
+    /* inputs that require grad but get no gradient (dead code, non-differentiable uses): the region
+     * takes them detached, so autograd never walks from it into their history, as eager never
+     * reaches them (a dead floor_divide's NotImplemented backward raised: program_gen seed 61219) */
+    PyObject *detached = PyList_New(0);
+    for (uint32_t i = 0; detached && i < g->ninputs; i++) {
+        if (!meta_needs_grad(&em_ir_node(g, g->inputs[i])->meta)) continue;
+        PyObject *iv = PyLong_FromUnsignedLong(i);
+        int has = iv ? PySequence_Contains(gin, iv) : -1;
+        if (has < 0 || (has == 0 && PyList_Append(detached, iv) < 0)) Py_CLEAR(detached);
+        Py_XDECREF(iv);
+    }
+    if (!detached) {
+        Py_DECREF(layouts);
+        goto error;
+    }
+    result = PyObject_CallFunction(make, "OOIIOOONOOON", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
+                                   tang, nondiff, layouts, gdeps, same, views, detached);
     if (!result) goto error;
     *info = d;
     d = NULL;

@@ -112,7 +112,7 @@ class _Plan:
 
 
 def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None, grad_deps=None,
-                maybe_same=(), maybe_view=()):
+                maybe_same=(), maybe_view=(), detached=()):
     """Called by csrc/autograd on a cache miss; returns compiled(*graph_inputs) -> tuple.
     Under no_grad / inference_mode the guard on grad mode makes a separate, forward-only entry,
     so this callable always runs with grad enabled. grad_deps: per entry of grad_inputs, the
@@ -128,7 +128,12 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     (1, n) x is x.T). One that is (it shares the input's storage) is made again outside the
     Function, input.as_strided(size, stride, offset), as AOTAutograd regenerates aliased outputs:
     eager's view is made outside any Function, and a view a Function returned may not be used once
-    its base is updated in place (autograd's CreationMeta::IN_CUSTOM_FUNCTION error)."""
+    its base is updated in place (autograd's CreationMeta::IN_CUSTOM_FUNCTION error). detached:
+    indices of inputs that require grad but get no gradient (only dead code or non-differentiable
+    uses read them): Function.apply takes them detached, so that the autograd engine does not walk
+    from the region into their history, which eager never reaches (an op there may have no
+    derivative at all: NotImplemented); csrc/autograd refuses in-place updates of inputs that
+    require grad, so a detached alias is never written."""
     plan = _Plan()
     plan.fwd, plan.bwd = fwd, bwd
     plan.bwd_boxed = getattr(bwd, "run_boxed", None)
@@ -141,13 +146,15 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     plan.graphs = None  # mode="reduce-overhead" on CUDA: ember._cudagraphs.training sets it
     apply = CompiledRegion.apply
 
-    if not plan.maybe_same and not maybe_view:
+    det = frozenset(detached)
+    if not plan.maybe_same and not maybe_view and not det:
         def region(*inputs):
             return apply(plan, None, *inputs)
     else:
         def region(*inputs):
             same = []
-            outs = apply(plan, same, *inputs)
+            args = inputs if not det else tuple(x.detach() if i in det else x for i, x in enumerate(inputs))
+            outs = apply(plan, same, *args)
             if not same and not maybe_view:
                 return outs
             outs = list(outs)

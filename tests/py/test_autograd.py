@@ -1264,3 +1264,30 @@ def test_setitem_of_a_value_requiring_grad_into_an_input_keeps_eager_autograd(ba
     torch.testing.assert_close(y.grad, ye.grad)
     info = autograd_info(c)
     assert "fallback" in info and "requires grad" in info["fallback"]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_input_read_only_by_dead_code_gets_no_autograd_edge(backend):
+    """An input that requires grad but gets no gradient (read only by dead code, or only
+    non-differentiably) enters the region detached: eager autograd never reaches its history, so
+    the compiled region must not either. A dead floor_divide (no derivative: NotImplemented) made
+    backward raise where eager's did not (program_gen seed 61219)."""
+    def f(v, x1, w):
+        v3 = torch.tanh(v) * v * 2 + x1          # dead
+        v4 = torch.floor_divide(v, -2)           # dead, and without a derivative rule
+        v5 = v4.size(-1) * v4 + len(v4)          # dead  # noqa: F841
+        k = w.argmax()                            # w read non-differentiably only  # noqa: F841
+        m = v.mean()
+        return (m / (m.abs() + 1) * 0.5 + m).reshape(1) + (w > 0).sum()
+    grads = []
+    for call in (f, ember.compile(f, backend=backend)):
+        torch.manual_seed(0)
+        leaf = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+        wl = torch.randn(4, dtype=torch.float64, requires_grad=True)
+        out = call(leaf * 1, torch.randint(-5, 6, (3, 5)), wl.exp())  # inputs with autograd history
+        out.sum().backward()
+        grads.append((out.detach(), leaf.grad, wl.grad))
+    (oe, ge, we), (oc, gc, wc) = grads
+    torch.testing.assert_close(oc, oe)
+    torch.testing.assert_close(gc, ge)
+    assert we is None and wc is None
