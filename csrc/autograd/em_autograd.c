@@ -4166,7 +4166,8 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
      * reaches them (a dead floor_divide's NotImplemented backward raised: program_gen seed 61219) */
     PyObject *detached = PyList_New(0);
     for (uint32_t i = 0; detached && i < g->ninputs; i++) {
-        if (!meta_needs_grad(&em_ir_node(g, g->inputs[i])->meta)) continue;
+        const IRMeta *im = &em_ir_node(g, g->inputs[i])->meta;
+        if (im->kind != IRMETA_TENSOR || !meta_needs_grad(im)) continue; /* (a tuple input stays as it is) */
         PyObject *iv = PyLong_FromUnsignedLong(i);
         int has = iv ? PySequence_Contains(gin, iv) : -1;
         if (has < 0 || (has == 0 && PyList_Append(detached, iv) < 0)) Py_CLEAR(detached);

@@ -153,7 +153,8 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     else:
         def region(*inputs):
             same = []
-            args = inputs if not det else tuple(x.detach() if i in det else x for i, x in enumerate(inputs))
+            args = inputs if not det else tuple(x.detach() if i in det and isinstance(x, torch.Tensor) else x
+                                                for i, x in enumerate(inputs))
             outs = apply(plan, same, *args)
             if not same and not maybe_view:
                 return outs

@@ -1291,3 +1291,4 @@ def test_input_read_only_by_dead_code_gets_no_autograd_edge(backend):
     torch.testing.assert_close(oc, oe)
     torch.testing.assert_close(gc, ge)
     assert we is None and wc is None
+
