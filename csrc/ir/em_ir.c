@@ -812,6 +812,21 @@ static bool ir_name_inplace(const char *s) {
     return !(n >= 4 && s[0] == '_' && s[1] == '_' && s[n - 2] == '_');
 }
 
+int em_ir_arg_reads(const IRArg *a, IRRef r) {
+    if (a->kind == IRARG_NODE) return a->u.ref == r;
+    int k = 0;
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++) k += em_ir_arg_reads(&a->u.items[i], r);
+    return k;
+}
+
+int em_ir_node_reads(const IRNode *n, IRRef r) {
+    int k = 0;
+    for (uint32_t i = 0; i < n->nargs; i++) k += em_ir_arg_reads(&n->args[i], r);
+    for (uint32_t i = 0; i < n->nkwargs; i++) k += em_ir_arg_reads(&n->kwargs[i], r);
+    return k;
+}
+
 /* Functions that DCE must keep even when their result is unused: writes through operator
  * (setitem, in-place operators and their dunders), global state (seeds, grad mode), autograd
  * side effects (backward, hooks), and random ops, whose RNG

@@ -170,6 +170,10 @@ int em_ir_set_output(IRGraph *g, const IRRef *refs, uint32_t n);
  * receives old->new refs. */
 int em_ir_dce(IRGraph *g, IRRef *refmap);
 void em_ir_count_users(IRGraph *g);
+/* How many times argument a (nested tuples and lists included) / node n's arguments and keyword
+ * arguments refer to node r. */
+int em_ir_arg_reads(const IRArg *a, IRRef r);
+int em_ir_node_reads(const IRNode *n, IRRef r);
 
 /* The verifier: every argument refers to an earlier node, placeholders come first, exactly one
  * output node, metas are well formed. Returns 0, or -1 with a message in buf. */

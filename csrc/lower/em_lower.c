@@ -1047,26 +1047,10 @@ static int read_by_view(const IRGraph *g, IRRef r) {
     return 0;
 }
 
-static int arg_reads(const IRArg *a, IRRef r) {
-    if (a->kind == IRARG_NODE) return a->u.ref == r;
-    int k = 0;
-    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
-        for (uint32_t i = 0; i < a->n; i++) k += arg_reads(&a->u.items[i], r);
-    return k;
-}
-
-/* How many of node un's arguments are IR node r. */
-static int node_reads(const IRNode *un, IRRef r) {
-    int k = 0;
-    for (uint32_t i = 0; i < un->nargs; i++) k += arg_reads(&un->args[i], r);
-    for (uint32_t i = 0; i < un->nkwargs; i++) k += arg_reads(&un->kwargs[i], r);
-    return k;
-}
-
 /* How many times the nodes after r (the output included) read IR node r. */
 static int ir_reads(const IRGraph *g, IRRef r) {
     int k = 0;
-    for (IRRef u = r + 1; u < g->nnodes; u++) k += node_reads(&g->nodes[u], r);
+    for (IRRef u = r + 1; u < g->nnodes; u++) k += em_ir_node_reads(&g->nodes[u], r);
     return k;
 }
 
@@ -1081,7 +1065,7 @@ static int layout_free(Ctx *c, IRRef r, int depth) {
     if (depth > 16) return 0;
     for (IRRef u = r + 1; u < g->nnodes; u++) {
         const IRNode *un = &g->nodes[u];
-        if (!node_reads(un, r)) continue;
+        if (!em_ir_node_reads(un, r)) continue;
         if (un->kind != IR_CALL_FUNCTION && un->kind != IR_CALL_METHOD) return 0;
         const LowerRule *ur = find_rule(un, 0);
         if (ur && is_view_rule(ur)) {
@@ -2920,13 +2904,6 @@ static int tensor_dtype_is(const IRGraph *g, const IRArg *a, PyObject *dtype) {
  * a functionalized result), nothing reads v after r, v is not returned, no node that may alias v
  * (a view, an unknown torch call) reads it, and every tensor argument has v's dtype (an in-place
  * op computes in the promoted type and rounds to v's; the functional rule computes in v's). */
-static int arg_refers(const IRArg *a, IRRef r) {
-    if (a->kind == IRARG_NODE) return a->u.ref == r;
-    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
-        for (uint32_t i = 0; i < a->n; i++)
-            if (arg_refers(&a->u.items[i], r)) return 1;
-    return 0;
-}
 
 static int mutates(const IRNode *n);
 
@@ -2938,16 +2915,16 @@ static int sole_update_of(const IRGraph *g, IRRef r, IRRef in) {
         n->args[0].kind != IRARG_NODE || n->args[0].u.ref != in)
         return 0;
     for (uint32_t i = 1; i < n->nargs; i++)
-        if (arg_refers(&n->args[i], in)) return 0;
+        if (em_ir_arg_reads(&n->args[i], in)) return 0;
     for (uint32_t i = 0; i < n->nkwargs; i++)
-        if (arg_refers(&n->kwargs[i], in)) return 0;
+        if (em_ir_arg_reads(&n->kwargs[i], in)) return 0;
     for (IRRef u = 1; u < g->nnodes; u++) {
         if (u == r) continue;
         const IRNode *un = &g->nodes[u];
         for (uint32_t i = 0; i < un->nargs; i++)
-            if (arg_refers(&un->args[i], in) || arg_refers(&un->args[i], r)) return 0;
+            if (em_ir_arg_reads(&un->args[i], in) || em_ir_arg_reads(&un->args[i], r)) return 0;
         for (uint32_t i = 0; i < un->nkwargs; i++)
-            if (arg_refers(&un->kwargs[i], in) || arg_refers(&un->kwargs[i], r)) return 0;
+            if (em_ir_arg_reads(&un->kwargs[i], in) || em_ir_arg_reads(&un->kwargs[i], r)) return 0;
     }
     return 1;
 }
@@ -2981,7 +2958,7 @@ static int read_by_no_kernel(const IRGraph *g, const uint8_t *functional, IRRef 
     if (depth > 8) return 0;
     for (IRRef u = 1; u < g->nnodes; u++) {
         const IRNode *un = &g->nodes[u];
-        if (!node_reads(un, r) || un->kind == IR_OUTPUT) continue;
+        if (!em_ir_node_reads(un, r) || un->kind == IR_OUTPUT) continue;
         if (un->kind != IR_CALL_FUNCTION && un->kind != IR_CALL_METHOD) return 0;
         const LowerRule *rule = find_rule(un, functional[u]);
         if (rule && !(rule->kind == R_GETITEM && un->nargs == 2 && !un->nkwargs && un->args[0].kind == IRARG_NODE &&
@@ -3012,7 +2989,7 @@ static int lone_input_update(const IRGraph *g, const uint8_t *functional, IRRef 
         int ok = 0, used = 0;
         for (IRRef u = 1; u < g->nnodes; u++) {
             const IRNode *un = &g->nodes[u];
-            if (!node_reads(un, p)) continue;
+            if (!em_ir_node_reads(un, p)) continue;
             used++;
             ok = sole_update_of(g, u, p);
         }
@@ -3025,7 +3002,7 @@ static int lone_input_update(const IRGraph *g, const uint8_t *functional, IRRef 
 static int only_getitems_read(const IRGraph *g, IRRef r) {
     for (IRRef u = r + 1; u < g->nnodes; u++) {
         const IRNode *un = &g->nodes[u];
-        if (!node_reads(un, r)) continue;
+        if (!em_ir_node_reads(un, r)) continue;
         const LowerRule *rule = find_rule(un, 0);
         if (!rule || rule->kind != R_GETITEM || un->nargs != 2 || un->nkwargs || un->args[0].kind != IRARG_NODE ||
             un->args[0].u.ref != r || un->args[1].kind != IRARG_CONST || !PyLong_CheckExact(un->args[1].u.obj))
@@ -3101,7 +3078,7 @@ static int only_externs_read(Ctx *c, IRRef r, int depth) {
     if (depth > 16) return 0;
     for (IRRef u = r + 1; u < g->nnodes; u++) {
         const IRNode *un = &g->nodes[u];
-        if (!node_reads(un, r) || un->kind == IR_OUTPUT) continue;
+        if (!em_ir_node_reads(un, r) || un->kind == IR_OUTPUT) continue;
         const LowerRule *ur = find_rule(un, 0);
         if (ur && ur->kind == R_IDENTITY && ur->prim == 1 && read_by_view(g, u)) return 0; /* a copy (lower_view) */
         if (ur && is_view_rule(ur) && !c->ext[u]) {

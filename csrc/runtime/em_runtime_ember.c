@@ -870,6 +870,91 @@ static int sym_launch_info(const Schedule *s, PyObject *ll) {
 
 /* mode 0: compile and load (CPU or CUDA by the graph's device); mode 1: CUDA code generation
  * only (tests without a GPU), returning the info dict itself. */
+/* Is IR node r a counter update `p.add_(c)` of a graph input p, c an int constant, that nothing else
+ * reads (BatchNorm's num_batches_tracked.add_(1): a lone input update, csrc/lower)? */
+static int counter_update(const IRGraph *g, IRRef r) {
+    const IRNode *n = &g->nodes[r];
+    if (n->kind != IR_CALL_METHOD || !PyUnicode_Check(n->target) || PyUnicode_CompareWithASCIIString(n->target, "add_") ||
+        n->nargs != 2 || n->nkwargs || n->args[0].kind != IRARG_NODE || n->args[1].kind != IRARG_CONST ||
+        !PyLong_CheckExact(n->args[1].u.obj) || g->nodes[n->args[0].u.ref].kind != IR_PLACEHOLDER)
+        return 0;
+    IRRef p = n->args[0].u.ref;
+    for (IRRef u = 1; u < g->nnodes; u++)
+        if (u != r && (em_ir_node_reads(&g->nodes[u], p) || em_ir_node_reads(&g->nodes[u], r))) return 0;
+    return 1;
+}
+
+/* The extern steps that are counter updates by the same constant, in step order, made one
+ * torch._foreach_add_ call (one multi-tensor kernel instead of one launch each: ResNet-18's twenty
+ * BatchNorm counters). The call takes the first update's place; so that no extern between the
+ * first and the last sees a counter early, none may read a graph input of the counters' dtype
+ * (inputs are not guarded against aliasing each other). Marks the group in grouped[] (steps) and
+ * returns its size (0 or >= 2). */
+static uint32_t counter_group(const Schedule *s, const IRGraph *g, uint8_t *grouped) {
+    uint32_t first = NONE, last = NONE, n = 0;
+    PyObject *c = NULL, *dtype = NULL;
+    for (uint32_t st = 0; st < s->nsteps; st++) {
+        const SStep *sp = &s->steps[st];
+        if (sp->kind != SSTEP_EXTERN || !counter_update(g, sp->index)) continue;
+        const IRNode *nd = &g->nodes[sp->index];
+        const IRMeta *m = &g->nodes[nd->args[0].u.ref].meta;
+        if (m->kind != IRMETA_TENSOR) continue;
+        if (first == NONE) {
+            first = st;
+            c = nd->args[1].u.obj;
+            dtype = m->dtype;
+        } else if (m->dtype != dtype || PyObject_RichCompareBool(nd->args[1].u.obj, c, Py_EQ) != 1) {
+            PyErr_Clear();
+            continue;
+        }
+        grouped[st] = 1;
+        last = st;
+        n++;
+    }
+    for (uint32_t st = first; n >= 2 && st < last; st++) {
+        const SStep *sp = &s->steps[st];
+        if (sp->kind != SSTEP_EXTERN || grouped[st]) continue;
+        const IRNode *nd = &g->nodes[sp->index];
+        for (uint32_t i = 0; i < g->ninputs && n; i++) {
+            const IRNode *pn = &g->nodes[g->inputs[i]];
+            if (pn->meta.kind != IRMETA_TENSOR || pn->meta.dtype != dtype) continue;
+            if (em_ir_node_reads(nd, g->inputs[i])) n = 0;
+        }
+    }
+    if (n < 2) {
+        memset(grouped, 0, s->nsteps);
+        return 0;
+    }
+    return n;
+}
+
+/* The program's call torch._foreach_add_([counters], c) of a counter group (counter_group). */
+static int counter_foreach(Prog *p, const Schedule *s, const IRGraph *g, const uint8_t *grouped, uint32_t n,
+                           PyObject *ext_list) {
+    static PyObject *foreach_add = NULL; /* torch._foreach_add_; one interpreter */
+    if (!foreach_add && !em_lazy_attr(&foreach_add, "torch", "_foreach_add_")) return -1;
+    IRArg *items = em_arena_alloc(p->ng->arena, n * sizeof(IRArg)), args[2];
+    if (!items) return PyErr_NoMemory(), -1;
+    uint32_t k = 0;
+    for (uint32_t st = 0; st < s->nsteps && k < n; st++) {
+        if (!grouped[st]) continue;
+        const IRNode *nd = &g->nodes[s->steps[st].index];
+        if (k == 0 && copy_arg(p, &nd->args[1], &args[1]) < 0) return -1;
+        if (copy_arg(p, &nd->args[0], &items[k++]) < 0) return -1;
+    }
+    args[0] = (IRArg){.kind = IRARG_LIST, .n = n, .u.items = items};
+    if (!em_arena_hold(p->ng->arena, foreach_add)) return -1;
+    IRRef r = em_ir_call(p->ng, IR_CALL_FUNCTION, foreach_add, args, 2, NULL, NULL, 0, NULL);
+    if (!r) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *nm = PyUnicode_FromFormat("_foreach_add_ (%u counters)", n);
+    int rc = nm ? PyList_Append(ext_list, nm) : -1;
+    Py_XDECREF(nm);
+    return rc;
+}
+
 static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     EmArena *a = em_arena_new(), *na = em_arena_new();
     PyObject *result = NULL, *src = NULL, *lib = NULL, *d = NULL, *kernels = NULL, *device = NULL, *ext_list = NULL;
@@ -1304,8 +1389,20 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     }
     ext_list = PyList_New(0); /* cache_info's extern_list: the torch calls, in program order */
     if (!ext_list) goto done;
+    uint8_t *grouped = em_arena_alloc(a, s->nsteps + 1); /* counter updates made one _foreach_add_ */
+    if (!grouped) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint32_t ngrouped = lg->env ? 0 : counter_group(s, g, grouped);
     for (uint32_t st = 0; st < s->nsteps; st++) {
         const SStep *sp = &s->steps[st];
+        if (ngrouped && grouped[st]) {
+            if (ngrouped == NONE) continue; /* made by the group's call already */
+            if (counter_foreach(&p, s, g, grouped, ngrouped, ext_list) < 0) goto done;
+            ngrouped = NONE;
+            continue;
+        }
         if (sp->kind == SSTEP_VIEW) {
             const LBuf *vb = &lg->bufs[sp->index];
             if (form_of[vb->index] == sp->index) { /* the kernel's output is this view */

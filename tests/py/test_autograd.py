@@ -722,6 +722,8 @@ def test_training_step_with_the_loss_in_the_region(case, backend):
     if backend == "ember":  # both halves through ember's code generator: the labels (int64, like the
         for half in ("forward", "backward"):  # BatchNorm counters updated in place) read by externs only
             assert "fallback" not in info["ember"][half], info["ember"][half]["fallback"]
+        if name == "cnn_batchnorm":  # the two counters' updates: one multi-tensor call
+            assert "_foreach_add_ (2 counters)" in info["ember"]["forward"]["extern_list"]
 
 
 @pytest.mark.skipif(torch.empty(0).device.type != "cpu",

@@ -216,6 +216,42 @@ def test_input_update_beside_an_input_of_its_dtype(alias):
             assert "in-place" in info["fallback"]
 
 
+@pytest.mark.parametrize("alias", [False, True], ids=["labels", "labels_view_of_second_counter"])
+def test_counter_updates_made_one_foreach_call(alias):
+    """Counter updates by the same constant (BatchNorm's num_batches_tracked.add_(1) of every layer)
+    run as one torch._foreach_add_ at the first one's place (one multi-tensor kernel, not a launch
+    each). Not when an extern call between them reads an input of the counters' dtype: that input
+    may be a view of a later counter, which the call would then see updated too early."""
+    def grouped(x, c1, c2, c3):
+        c1.add_(1)
+        a = x.sin()
+        c2.add_(1)
+        b = torch.ops.aten.nll_loss_forward.default(a.log_softmax(1), torch.zeros(4, dtype=torch.long), None, 1, -100)
+        c3.add_(1)
+        return b[0] + a.sum()
+
+    def split(x, c1, c2, y):
+        c1.add_(1)
+        b = torch.ops.aten.nll_loss_forward.default(x.log_softmax(1), y, None, 1, -100)  # reads y between
+        c2.add_(1)
+        return b[0] * 2
+
+    x = torch.randn(4, 3)
+    for fn, want in ((grouped, ["_foreach_add_ (3 counters)"]), (split, ["add_", "add__1"])):
+        ce = [torch.zeros((), dtype=torch.long) for _ in range(3)]
+        cc = [t.clone() for t in ce]
+        labels = (lambda cs: cs[1].expand(4)) if alias else (lambda cs: torch.tensor([0, 2, 1, 0]))
+        last = labels if fn is split else (lambda cs: cs[2])
+        c = ember.compile(fn, backend="ember")
+        with torch.no_grad():
+            for _ in range(2):
+                _same(c(x, cc[0], cc[1], last(cc)), fn(x, ce[0], ce[1], last(ce)), True)
+        assert [t.item() for t in cc] == [t.item() for t in ce]
+        info = ember.cache_info(c)[0]["ember"]
+        assert "fallback" not in info, info["fallback"]
+        assert [e for e in info["extern_list"] if e.startswith(("add_", "_foreach"))] == want, info["extern_list"]
+
+
 # ---- models (tiny sizes) -------------------------------------------------------------------
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
