@@ -868,8 +868,6 @@ static int sym_launch_info(const Schedule *s, PyObject *ll) {
     return 0;
 }
 
-/* mode 0: compile and load (CPU or CUDA by the graph's device); mode 1: CUDA code generation
- * only (tests without a GPU), returning the info dict itself. */
 /* Is IR node r a counter update `p.add_(c)` of a graph input p, c an int constant, that nothing else
  * reads (BatchNorm's num_batches_tracked.add_(1): a lone input update, csrc/lower)? */
 static int counter_update(const IRGraph *g, IRRef r) {
@@ -955,6 +953,8 @@ static int counter_foreach(Prog *p, const Schedule *s, const IRGraph *g, const u
     return rc;
 }
 
+/* mode 0: compile and load (CPU or CUDA by the graph's device); mode 1: CUDA code generation
+ * only (tests without a GPU), returning the info dict itself. */
 static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     EmArena *a = em_arena_new(), *na = em_arena_new();
     PyObject *result = NULL, *src = NULL, *lib = NULL, *d = NULL, *kernels = NULL, *device = NULL, *ext_list = NULL;

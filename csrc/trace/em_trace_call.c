@@ -751,7 +751,7 @@ static PyObject *default_device(Trace *T) {
  * mul_(0.5) returns int64), so the out-of-place op runs on the same meta arguments and
  * torch.can_cast(its dtype, self's) decides. Only for integer and bool selves (a floating self
  * takes any real result); an op without an out-of-place method, or one that fails, is not
- * checked. 1 when eager would raise, 0 when not, -1 with an exception. */
+ * checked. 1 when eager would raise, else 0 (any Python error on the way is cleared). */
 static int inplace_cast_raises(uint32_t kind, PyObject *target, const char *mname, PyObject *margs, PyObject *mkw,
                                PyObject *self_dtype) {
     PyObject *fp = PyObject_GetAttrString(self_dtype, "is_floating_point");
