@@ -53,7 +53,7 @@ static const Rule RULES[] = {
      "self: mul(grad, other); other: mul(grad, self)", PW, 0},
     {"operator.truediv torch.div Tensor.div Tensor.__truediv__ torch.true_divide torch.divide",
      "self, other, *, rounding_mode=None", "null:rounding_mode",
-     "self: div(grad, other); other: neg(div(mul(grad, self), mul(other, other)))", PW, 0},
+     "self: div(grad, other); other: neg(mul(grad, div(div(self, other), other)))", PW, 0},
     {"operator.neg torch.neg Tensor.neg Tensor.__neg__ torch.negative", "self", "", "self: neg(grad)", PW, 0},
     {"torch.exp Tensor.exp", "self", "", "self: mul(grad, result)", PW, 0},
     {"torch.expm1 Tensor.expm1", "self", "", "self: mul(grad, add(result, 1))", PW, 0},

@@ -1294,3 +1294,23 @@ def test_input_read_only_by_dead_code_gets_no_autograd_edge(backend):
     torch.testing.assert_close(gc, ge)
     assert we is None and wc is None
 
+
+
+def test_division_gradient_rounds_as_eager_in_bfloat16():
+    """The divisor's gradient is derivatives.yaml's -grad * ((self / other) / other), in that order:
+    in bfloat16 every op rounds, and -(grad * self) / (other * other), equal in exact arithmetic,
+    gave gradients 3.5 % away from eager's (program_gen seed 72182, --autocast bf16). Backend
+    aot_eager replays eager's ops: bitwise eager's gradients."""
+    def f(x):
+        v = x @ x.t()                        # bfloat16 under autocast
+        return v / (v.abs() + 1)
+    torch.manual_seed(0)
+    x0 = torch.randn(6, 3)
+    grads = []
+    for call in (f, ember.compile(f, backend="aot_eager")):
+        x = x0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = call(x)
+        (out.double() * torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)).sum().backward()
+        grads.append(x.grad)
+    assert torch.equal(grads[1], grads[0]), (grads[1] - grads[0]).abs().max()

@@ -40,6 +40,9 @@ FIXED = [
     (62251, "ember"),      # a tuple input (x.max(dim)) without gradient was detached: AttributeError
     (62344, "aot_eager"),
 ]
+FIXED_AUTOCAST = [
+    (72182, "aot_eager"),  # the divisor's gradient rounded otherwise than eager's in bfloat16 (test_autograd)
+]
 
 
 def test_seeds_of_fixed_bugs():
@@ -48,6 +51,10 @@ def test_seeds_of_fixed_bugs():
         cls, detail = pg.run_program(pg.generate(seed), backend=backend)
         if cls in pg.FAILURES:
             bad.append(f"seed {seed} ({backend}): {cls}: {detail}")
+    for seed, backend in FIXED_AUTOCAST:
+        cls, detail = pg.run_program(pg.generate(seed), backend=backend, autocast=torch.bfloat16)
+        if cls in pg.FAILURES:
+            bad.append(f"seed {seed} ({backend}, bf16): {cls}: {detail}")
     assert not bad, "\n".join(bad)
 
 
