@@ -2904,7 +2904,6 @@ static int tensor_dtype_is(const IRGraph *g, const IRArg *a, PyObject *dtype) {
  * a functionalized result), nothing reads v after r, v is not returned, no node that may alias v
  * (a view, an unknown torch call) reads it, and every tensor argument has v's dtype (an in-place
  * op computes in the promoted type and rounds to v's; the functional rule computes in v's). */
-
 static int mutates(const IRNode *n);
 
 /* Is node r an in-place update of graph input `in` (args[0]) that is the only node reading `in`
@@ -2914,18 +2913,9 @@ static int sole_update_of(const IRGraph *g, IRRef r, IRRef in) {
     if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !mutates(n) || n->nargs < 1 ||
         n->args[0].kind != IRARG_NODE || n->args[0].u.ref != in)
         return 0;
-    for (uint32_t i = 1; i < n->nargs; i++)
-        if (em_ir_arg_reads(&n->args[i], in)) return 0;
-    for (uint32_t i = 0; i < n->nkwargs; i++)
-        if (em_ir_arg_reads(&n->kwargs[i], in)) return 0;
-    for (IRRef u = 1; u < g->nnodes; u++) {
-        if (u == r) continue;
-        const IRNode *un = &g->nodes[u];
-        for (uint32_t i = 0; i < un->nargs; i++)
-            if (em_ir_arg_reads(&un->args[i], in) || em_ir_arg_reads(&un->args[i], r)) return 0;
-        for (uint32_t i = 0; i < un->nkwargs; i++)
-            if (em_ir_arg_reads(&un->kwargs[i], in) || em_ir_arg_reads(&un->kwargs[i], r)) return 0;
-    }
+    if (em_ir_node_reads(n, in) != 1) return 0; /* only as the self it writes */
+    for (IRRef u = 1; u < g->nnodes; u++)
+        if (u != r && (em_ir_node_reads(&g->nodes[u], in) || em_ir_node_reads(&g->nodes[u], r))) return 0;
     return 1;
 }
 
