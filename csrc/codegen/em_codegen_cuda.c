@@ -516,12 +516,14 @@ static void pw_scalar_body(SB *b, KC *c, const char *ind) {
             emit_value(b, c, i, ind);
         }
     }
-    const SAccess *st = &k->stores[0];
-    sb_printf(b, "%sa%u[", ind, st->arg);
-    addr_expr(b, c, st, 0, k->ndim, "i");
-    sb_printf(b, "] = ");
-    store_conv(b, k->nodes[k->store_node[0]].dtype, k->store_node[0]);
-    sb_printf(b, ";\n");
+    for (uint32_t q = 0; q < k->nstores; q++) { /* several: a horizontally fused kernel */
+        const SAccess *st = &k->stores[q];
+        sb_printf(b, "%sa%u[", ind, st->arg);
+        addr_expr(b, c, st, 0, k->ndim, "i");
+        sb_printf(b, "] = ");
+        store_conv(b, k->nodes[k->store_node[q]].dtype, k->store_node[q]);
+        sb_printf(b, ";\n");
+    }
 }
 
 /* The vector path: one step covers V consecutive elements of the innermost dim. */
@@ -545,10 +547,9 @@ static void pw_vector_body(SB *b, KC *c, int V, const char *ind) {
             sb_printf(b, "];\n");
         }
     }
-    const SAccess *st = &k->stores[0];
-    LDtype sdt = access_dtype(s, k, st);
-    int vstore = c->st[k->nloads][last].one;
-    if (vstore) sb_printf(b, "%sem_vec<%s, %d> y;\n", ind, stype(sdt), V);
+    for (uint32_t q = 0; q < k->nstores; q++) /* several: a horizontally fused kernel */
+        if (c->st[k->nloads + q][last].one)
+            sb_printf(b, "%sem_vec<%s, %d> y%u;\n", ind, stype(access_dtype(s, k, &k->stores[q])), V, q);
     sb_printf(b, "%s#pragma unroll\n%sfor (int l = 0; l < %d; l++) {\n", ind, ind, V);
     char in2[64];
     snprintf(in2, sizeof in2, "%s    ", ind);
@@ -573,20 +574,27 @@ static void pw_vector_body(SB *b, KC *c, int V, const char *ind) {
             emit_value(b, c, i, in2);
         }
     }
-    if (vstore) {
-        sb_printf(b, "%sy.v[l] = ", in2);
-        store_conv(b, sdt, k->store_node[0]);
-        sb_printf(b, ";\n%s}\n", ind);
-        sb_printf(b, "%s*(em_vec<%s, %d> *)(a%u + ", ind, stype(sdt), V, st->arg);
+    for (uint32_t q = 0; q < k->nstores; q++) {
+        const SAccess *st = &k->stores[q];
+        LDtype sdt = access_dtype(s, k, st);
+        if (c->st[k->nloads + q][last].one) {
+            sb_printf(b, "%sy%u.v[l] = ", in2, q);
+        } else {
+            /* a broadcast store cannot happen (outputs are dense); kept scalar for safety */
+            sb_printf(b, "%sa%u[", in2, st->arg);
+            addr_expr(b, c, st, 0, last, "i");
+            sb_printf(b, "] = ");
+        }
+        store_conv(b, sdt, k->store_node[q]);
+        sb_printf(b, ";\n");
+    }
+    sb_printf(b, "%s}\n", ind);
+    for (uint32_t q = 0; q < k->nstores; q++) {
+        const SAccess *st = &k->stores[q];
+        if (!c->st[k->nloads + q][last].one) continue;
+        sb_printf(b, "%s*(em_vec<%s, %d> *)(a%u + ", ind, stype(access_dtype(s, k, st)), V, st->arg);
         addr_expr(b, c, st, 0, k->ndim, "i");
-        sb_printf(b, ") = y;\n");
-    } else {
-        /* a broadcast store cannot happen (outputs are dense); kept scalar for safety */
-        sb_printf(b, "%sa%u[", in2, st->arg);
-        addr_expr(b, c, st, 0, last, "i");
-        sb_printf(b, "] = ");
-        store_conv(b, sdt, k->store_node[0]);
-        sb_printf(b, ";\n%s}\n", ind);
+        sb_printf(b, ") = y%u;\n", q);
     }
 }
 

@@ -42,6 +42,8 @@ typedef struct {
     PyObject *name;       /* "ember_k3" */
     uint32_t nin;         /* tensors read */
     int32_t donor;        /* argument whose tensor becomes the output (index into args), -1 */
+    uint32_t nextra;      /* a horizontally fused kernel's outputs after the first (em_schedule.c):
+                             tensors passed after the inputs and the donor, written in place */
     int64_t numel;        /* 0: nothing to compute */
     PyObject *out_size, *out_stride, *out_dtype;
     PyObject **in_size, **in_stride; /* per input: expected layout, NULL when guaranteed */
@@ -299,7 +301,8 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
     Kernel *k = (Kernel *)self;
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if ((kwnames && PyTuple_GET_SIZE(kwnames)) ||
-        n != (Py_ssize_t)k->nin + (k->donor >= 0 && (uint32_t)k->donor >= k->nin) + (Py_ssize_t)k->nsrcargs) {
+        n != (Py_ssize_t)k->nin + (k->donor >= 0 && (uint32_t)k->donor >= k->nin) + (Py_ssize_t)k->nextra +
+                 (Py_ssize_t)k->nsrcargs) {
         PyErr_Format(PyExc_TypeError, "ember kernel %U: wrong arguments", k->name);
         return NULL;
     }
@@ -307,7 +310,7 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
     char *pbuf[KSTACK], **ptrs = pbuf;
     PyObject *fixbuf[KSTACK], **fixed = fixbuf, *out = NULL;
     int64_t err[2] = {0, 0}; /* the gather loads' error word (em_codegen.h) */
-    uint32_t nptr = k->nin + 1 + (k->nchecks > 0);
+    uint32_t nptr = k->nin + 1 + k->nextra + (k->nchecks > 0);
     if (nptr > KSTACK) {
         ptrs = PyMem_Malloc(nptr * sizeof(char *));
         fixed = PyMem_Calloc(nptr, sizeof(PyObject *));
@@ -343,15 +346,22 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
         Py_CLEAR(out);
         goto done;
     }
+    for (uint32_t e = 0; e < k->nextra; e++) {
+        PyObject *t = args[k->nin + (k->donor >= 0 && (uint32_t)k->donor >= k->nin) + e];
+        if (data_ptr(t, &ptrs[k->nin + 1 + e]) < 0) {
+            Py_CLEAR(out);
+            goto done;
+        }
+    }
     if (k->out_elsize && k->donor < 0) advise_huge_pages(ptrs[k->nin], k->out_bytes);
     if (k->numel > 0 && !k->cuda && k->set_threads && follow_torch_threads(k) < 0) {
         Py_CLEAR(out);
         goto done;
     }
     if (k->numel > 0 && k->cuda) {
-        if (em_cuda_launch(k->cuda, ptrs, k->nin + 1) < 0) Py_CLEAR(out);
+        if (em_cuda_launch(k->cuda, ptrs, k->nin + 1 + k->nextra) < 0) Py_CLEAR(out);
     } else if (k->numel > 0) {
-        if (k->nchecks) ptrs[k->nin + 1] = (char *)err;
+        if (k->nchecks) ptrs[k->nin + 1 + k->nextra] = (char *)err;
         Py_BEGIN_ALLOW_THREADS
         k->fn(ptrs, NULL);
         Py_END_ALLOW_THREADS
@@ -627,6 +637,23 @@ static void mark_ext_uses(const Schedule *s, const IRArg *a, uint8_t *ext_seen) 
     } else if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) {
         for (uint32_t i = 0; i < a->n; i++) mark_ext_uses(s, &a->u.items[i], ext_seen);
     }
+}
+
+/* A program node allocating buffer b (in the layout of its view form_of[b] when it has one, as a
+ * kernel's own output is): torch.empty_strided(size, stride, dtype=, device=). 0 with an exception. */
+static IRRef alloc_node(Prog *p, const LBuf *b, const uint32_t *form_of, PyObject *device) {
+    const LBuf *lb = form_of[b - p->s->lg->bufs] != NONE ? &p->s->lg->bufs[form_of[b - p->s->lg->bufs]] : b;
+    PyObject *size = em_arena_hold_steal(p->ng->arena, em_int64_tuple(lb->ndim, lb->sizes));
+    PyObject *stride = size ? em_arena_hold_steal(p->ng->arena, em_int64_tuple(lb->ndim, lb->strides)) : NULL;
+    PyObject *kwn[2] = {em_arena_hold(p->ng->arena, em_str("dtype")), em_arena_hold(p->ng->arena, em_str("device"))};
+    if (!stride || !kwn[0] || !kwn[1] || !em_arena_hold(p->ng->arena, empty_strided) ||
+        !em_arena_hold(p->ng->arena, device) || !em_arena_hold(p->ng->arena, em_lower_dtype_obj(lb->dtype)))
+        return 0;
+    IRArg args[2] = {{.kind = IRARG_CONST, .u.obj = size}, {.kind = IRARG_CONST, .u.obj = stride}};
+    IRArg kw[2] = {{.kind = IRARG_CONST, .u.obj = em_lower_dtype_obj(lb->dtype)}, {.kind = IRARG_CONST, .u.obj = device}};
+    IRRef r = em_ir_call(p->ng, IR_CALL_FUNCTION, empty_strided, args, 2, kwn, kw, 2, NULL);
+    if (!r && !PyErr_Occurred()) PyErr_NoMemory();
+    return r;
 }
 
 /* The launch table of the CUDA code generator, for cache_info and the tests. */
@@ -1251,7 +1278,8 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     uint32_t *last = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t));
     uint8_t *ext_seen = em_arena_alloc(a, nb + 1), *consumed = em_arena_alloc(a, nb + 1);
     int32_t *donor_of = em_arena_alloc(a, (s->nkernels + 1) * sizeof(int32_t));
-    if (!last || !ext_seen || !consumed || !donor_of) {
+    uint32_t *extra_donor = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t)); /* per extra output buffer */
+    if (!last || !ext_seen || !consumed || !donor_of || !extra_donor) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1297,6 +1325,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         form_of[vb->index] = sp->index;
     }
     int ndonated = 0;
+    for (uint32_t b = 0; b < nb; b++) extra_donor[b] = NONE;
     for (uint32_t st = 0; st < s->nsteps; st++) {
         const SStep *sp = &s->steps[st];
         if (sp->kind == SSTEP_VIEW) continue;
@@ -1318,7 +1347,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                 uint32_t b = pool[q];
                 if (consumed[b] || !same_layout(&lg->bufs[b], &lg->bufs[ob])) continue;
                 int ok = last[b] < st + 1;
-                if (!ok && last[b] == st + 1 && !k->reduction) {
+                if (!ok && last[b] == st + 1 && !k->reduction && k->nstores == 1) {
                     /* in place: every read of b is at the element being written. Never for a
                      * reduction kernel: its row cache (em_codegen_c.c) may write the output row in
                      * one reduction pass while a later pass reads the inputs again */
@@ -1337,6 +1366,20 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                 break;
             }
             if (!ext_seen[ob] && !s->buf_output[ob]) pool[npool++] = ob;
+        }
+        /* a fused kernel's other outputs: a buffer dead before this step, else allocated */
+        for (uint32_t e = k->nin + 1; e < k->nargs; e++) {
+            uint32_t eb = k->args[e];
+            if (form_of[eb] != NONE) continue;
+            for (uint32_t q = 0; q < npool; q++) {
+                uint32_t b = pool[q];
+                if (consumed[b] || last[b] >= st + 1 || !same_layout(&lg->bufs[b], &lg->bufs[eb])) continue;
+                consumed[b] = 1;
+                extra_donor[eb] = b;
+                ndonated++;
+                break;
+            }
+            if (!ext_seen[eb] && !s->buf_output[eb]) pool[npool++] = eb;
         }
     }
 
@@ -1491,6 +1534,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         ko->lib = Py_NewRef(lib);
         ko->nin = k->nin;
         ko->donor = -1;
+        ko->nextra = k->nargs - k->nin - 1;
         ko->name = PyUnicode_FromFormat("ember_k%u", sp->index);
         ko->in_size = ko->in_stride = NULL;
         ko->checks = NULL;
@@ -1562,7 +1606,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             }
         }
         uint32_t nargs = k->nin;
-        IRArg *args = em_arena_alloc(na, (k->nin + 2 + srcs.n) * sizeof(IRArg));
+        IRArg *args = em_arena_alloc(na, (k->nargs + 1 + srcs.n) * sizeof(IRArg));
         if (!args) {
             Py_DECREF(ko);
             PyErr_NoMemory();
@@ -1587,6 +1631,19 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                 args[nargs++].u.ref = p.buf_new[dn];
             }
             ko->donor = (int32_t)pos;
+        }
+        for (uint32_t e = k->nin + 1; e < k->nargs; e++) { /* the other outputs, written in place */
+            uint32_t eb = k->args[e];
+            IRRef er = extra_donor[eb] != NONE ? p.buf_new[extra_donor[eb]] : alloc_node(&p, &lg->bufs[eb], form_of,
+                                                                                          cuda ? device : cpu_device);
+            if (!er) {
+                Py_DECREF(ko);
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: fused output without a value");
+                goto done;
+            }
+            args[nargs].kind = IRARG_NODE;
+            args[nargs++].u.ref = er;
+            p.buf_new[eb] = er;
         }
         for (uint32_t q = 0; q < ko->nsrcargs; q++) { /* the tensors whose sizes are the symbols */
             args[nargs].kind = IRARG_NODE;

@@ -603,6 +603,222 @@ static int need_arg(Sched *c, const IRArg *a) {
     return 0;
 }
 
+/* ---- horizontal fusion ----
+ * Independent pointwise kernels over the same iteration space become one loop nest with several
+ * stores, as Inductor fuses nodes with no dependency between them that read the same buffers
+ * (torch/_inductor/scheduler.py, score_fusion_memory) or are small. A later kernel B joins an
+ * earlier kernel A (B's work moves up to A's step) when
+ *   - both are pointwise over the same domain (sizes in loop order; static graphs only);
+ *   - no step from A up to B writes a buffer B reads, or touches a buffer B writes (an extern call
+ *     counts as writing every buffer it sees: its schema may mutate an argument);
+ *   - B writes only buffers of its own values (never a graph input) and has no gather load, so
+ *     running it earlier can neither change a value nor show an error before a side effect;
+ *   - and either B reads a buffer A reads (read once instead of twice; only when no extern call
+ *     lies between, so that a large output is not allocated across them: peak memory) or the domain
+ *     is small (at most EM_HFUSE_SMALL elements: a launch saved, its output allocated earlier
+ *     costs little).
+ * The fused kernel stores every output of both; the runtime allocates the ones after the first. */
+#define EM_HFUSE_SMALL 32768
+#define EM_HFUSE_WINDOW 24   /* steps looked back from B */
+#define EM_HFUSE_MAXSTORES 8
+
+static int64_t kernel_work(const SKernel *k) {
+    int64_t w = 1;
+    for (int j = 0; j < k->ndim; j++) w *= k->sizes[j];
+    return w;
+}
+
+/* Can kernel k move to an earlier step (B above)? */
+static int hfuse_movable(const Schedule *s, const SKernel *k) {
+    if (k->reduction) return 0;
+    for (uint32_t q = 0; q < k->nstores; q++)
+        if (s->lg->bufs[k->stores[q].buf].kind != LBUF_NODE) return 0;
+    for (uint32_t q = 0; q < k->nloads; q++)
+        if (k->loads[q].nidx) return 0;
+    return 1;
+}
+
+static int hfuse_same_domain(const SKernel *a, const SKernel *b) {
+    if (a->reduction || a->ndim != b->ndim || a->nouter != b->nouter) return 0;
+    for (int j = 0; j < a->ndim; j++)
+        if (a->sizes[j] != b->sizes[j]) return 0;
+    return 1;
+}
+
+/* Does the extern at IR ref r touch a buffer marked in m (argument, a view's base, its result)? */
+static int hfuse_arg_touches(const Schedule *s, const IRArg *a, const uint8_t *m) {
+    if (a->kind == IRARG_NODE) {
+        uint32_t b = s->ir_buf[a->u.ref];
+        return b != NONE && (m[b] || (s->lg->bufs[b].kind == LBUF_VIEW && m[s->lg->bufs[b].index]));
+    }
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++)
+            if (hfuse_arg_touches(s, &a->u.items[i], m)) return 1;
+    return 0;
+}
+
+/* May B (its reads rd, its writes wr, buffer maps) not move above step st? */
+static int hfuse_conflict(const Schedule *s, const SStep *st, const uint8_t *rd, const uint8_t *wr, uint8_t *both) {
+    const LGraph *lg = s->lg;
+    if (st->kind == SSTEP_KERNEL) {
+        const SKernel *x = &s->kernels[st->index];
+        for (uint32_t q = 0; q < x->nstores; q++)
+            if (rd[x->stores[q].buf] || wr[x->stores[q].buf]) return 1;
+        for (uint32_t q = 0; q < x->nloads; q++)
+            if (wr[x->loads[q].buf]) return 1;
+        return 0;
+    }
+    if (st->kind == SSTEP_VIEW) {
+        const LBuf *v = &lg->bufs[st->index];
+        return rd[st->index] || wr[st->index] || wr[v->index];
+    }
+    const IRNode *n = &lg->ir->nodes[st->index];
+    const LVal *v = &lg->vals[st->index];
+    uint32_t b = s->ir_buf[st->index];
+    if ((b != NONE && both[b]) || (v->ext_call && both[v->ext_buf])) return 1;
+    for (uint32_t i = 0; i < n->nargs; i++)
+        if (hfuse_arg_touches(s, &n->args[i], both)) return 1;
+    for (uint32_t i = 0; i < n->nkwargs; i++)
+        if (hfuse_arg_touches(s, &n->kwargs[i], both)) return 1;
+    return 0;
+}
+
+/* Are two loads the same read (buffer, place, dtype; no mask, no gather)? */
+static int hfuse_same_load(const SKernel *a, uint32_t i, const SKernel *b, uint32_t j) {
+    const LNode *x = &a->nodes[i], *y = &b->nodes[j];
+    const SAccess *p = &a->loads[a->acc_of[i]], *q = &b->loads[b->acc_of[j]];
+    return x->dtype == y->dtype && x->cdtype == y->cdtype && !p->mask && !q->mask && !p->nidx && !q->nidx &&
+           p->buf == q->buf && p->iota == q->iota && p->offset == q->offset &&
+           memcmp(p->strides, q->strides, a->ndim * sizeof(int64_t)) == 0;
+}
+
+/* Appends kernel b's work to kernel a (same domain): nodes, accesses and arguments. A load of b that
+ * a makes already (same buffer and place) is a's node: the element is read once. */
+static int hfuse_merge(EmArena *ar, SKernel *a, const SKernel *b) {
+    uint32_t n = a->nnodes + b->nnodes, nl = a->nloads + b->nloads, ns = a->nstores + b->nstores;
+    SKernel k = *a;
+    k.nodes = em_arena_alloc(ar, n * sizeof(LNode));
+    k.acc_of = em_arena_alloc(ar, n * sizeof(uint32_t));
+    k.elem = em_arena_alloc(ar, n);
+    k.loads = em_arena_alloc(ar, (nl + 1) * sizeof(SAccess));
+    k.stores = em_arena_alloc(ar, ns * sizeof(SAccess));
+    k.store_node = em_arena_alloc(ar, ns * sizeof(uint32_t));
+    k.args = em_arena_alloc(ar, (nl + ns) * sizeof(uint32_t));
+    k.irs = em_arena_alloc(ar, (a->nirs + b->nirs + 1) * sizeof(IRRef));
+    uint32_t *map = em_arena_alloc(ar, (b->nnodes + 1) * sizeof(uint32_t)); /* b's node -> k's */
+    if (!k.nodes || !k.acc_of || !k.elem || !k.loads || !k.stores || !k.store_node || !k.args || !k.irs || !map)
+        return -1;
+    memcpy(k.nodes, a->nodes, a->nnodes * sizeof(LNode));
+    memcpy(k.acc_of, a->acc_of, a->nnodes * sizeof(uint32_t));
+    memcpy(k.elem, a->elem, a->nnodes);
+    memcpy(k.loads, a->loads, a->nloads * sizeof(SAccess));
+    k.nnodes = a->nnodes;
+    k.nloads = a->nloads;
+    for (uint32_t i = 0; i < b->nnodes; i++) {
+        LNode ln = b->nodes[i];
+        map[i] = NONE;
+        if (ln.op == LP_LOAD)
+            for (uint32_t t = 0; t < a->nnodes && map[i] == NONE; t++)
+                if (a->nodes[t].op == LP_LOAD && hfuse_same_load(a, t, b, i)) map[i] = t;
+        if (map[i] != NONE) continue;
+        for (int q = 0; q < em_lnode_nin(&ln); q++) ln.in[q] = map[ln.in[q]];
+        map[i] = k.nnodes;
+        k.acc_of[k.nnodes] = NONE;
+        if (ln.op == LP_LOAD) {
+            k.loads[k.nloads] = b->loads[b->acc_of[i]];
+            k.acc_of[k.nnodes] = k.nloads++;
+        }
+        k.elem[k.nnodes] = b->elem[i];
+        k.nodes[k.nnodes++] = ln;
+    }
+    memcpy(k.stores, a->stores, a->nstores * sizeof(SAccess));
+    memcpy(k.stores + a->nstores, b->stores, b->nstores * sizeof(SAccess));
+    memcpy(k.store_node, a->store_node, a->nstores * sizeof(uint32_t));
+    for (uint32_t q = 0; q < b->nstores; q++) k.store_node[a->nstores + q] = map[b->store_node[q]];
+    k.nstores = ns;
+    /* arguments: the buffers read, then the ones written (in store order) */
+    k.nargs = 0;
+    for (uint32_t q = 0; q < k.nloads; q++) {
+        uint32_t pos = NONE;
+        for (uint32_t t = 0; t < k.nargs && pos == NONE; t++)
+            if (k.args[t] == k.loads[q].buf) pos = t;
+        if (pos == NONE) {
+            pos = k.nargs;
+            k.args[k.nargs++] = k.loads[q].buf;
+        }
+        k.loads[q].arg = pos;
+    }
+    k.nin = k.nargs;
+    for (uint32_t q = 0; q < ns; q++) {
+        k.stores[q].arg = k.nargs;
+        k.args[k.nargs++] = k.stores[q].buf;
+    }
+    memcpy(k.irs, a->irs, a->nirs * sizeof(IRRef));
+    for (uint32_t q = 0; q < b->nirs; q++) {
+        int seen = 0;
+        for (uint32_t t = 0; t < k.nirs && !seen; t++) seen = k.irs[t] == b->irs[q];
+        if (!seen) k.irs[k.nirs++] = b->irs[q];
+    }
+    *a = k;
+    return 0;
+}
+
+static int horizontal_fusion(Sched *c) {
+    Schedule *s = c->s;
+    LGraph *lg = c->lg;
+    EmArena *ar = lg->arena;
+    uint32_t nb = lg->nbufs;
+    uint8_t *rd = em_arena_alloc(ar, nb + 1), *wr = em_arena_alloc(ar, nb + 1), *both = em_arena_alloc(ar, nb + 1);
+    uint8_t *gone = em_arena_alloc(ar, s->nsteps + 1);
+    if (!rd || !wr || !both || !gone) return -1;
+    uint32_t nfused = 0;
+    for (uint32_t j = 0; j < s->nsteps; j++) {
+        if (s->steps[j].kind != SSTEP_KERNEL) continue;
+        const SKernel *kb = &s->kernels[s->steps[j].index];
+        if (!hfuse_movable(s, kb)) continue;
+        for (uint32_t q = 0; q < kb->nloads; q++)
+            if (!kb->loads[q].iota) rd[kb->loads[q].buf] = both[kb->loads[q].buf] = 1;
+        for (uint32_t q = 0; q < kb->nstores; q++) wr[kb->stores[q].buf] = both[kb->stores[q].buf] = 1;
+        int small = kernel_work(kb) <= EM_HFUSE_SMALL, crossed_extern = 0;
+        for (uint32_t i = j; i-- > 0 && j - i <= EM_HFUSE_WINDOW;) {
+            const SStep *st = &s->steps[i];
+            if (gone[i]) continue;
+            if (hfuse_conflict(s, st, rd, wr, both)) break;
+            if (st->kind == SSTEP_EXTERN) crossed_extern = 1;
+            if (st->kind != SSTEP_KERNEL) continue;
+            SKernel *ka = &s->kernels[st->index];
+            if (!hfuse_same_domain(ka, kb) || ka->nstores + kb->nstores > EM_HFUSE_MAXSTORES) continue;
+            int shared = 0;
+            for (uint32_t q = 0; q < ka->nloads && !shared; q++) shared = !ka->loads[q].iota && rd[ka->loads[q].buf];
+            if (!small && !(shared && !crossed_extern)) continue;
+            if (hfuse_merge(ar, ka, kb) < 0) return -1;
+            gone[j] = 1;
+            nfused++;
+            break;
+        }
+        for (uint32_t q = 0; q < kb->nloads; q++) rd[kb->loads[q].buf] = both[kb->loads[q].buf] = 0;
+        for (uint32_t q = 0; q < kb->nstores; q++) wr[kb->stores[q].buf] = both[kb->stores[q].buf] = 0;
+    }
+    if (!nfused) return 0;
+    /* drop the joined kernels' steps; kernels renumbered in step order */
+    SKernel *ks = em_arena_alloc(ar, s->nkernels * sizeof(SKernel));
+    if (!ks) return -1;
+    uint32_t nk = 0, ns = 0;
+    for (uint32_t j = 0; j < s->nsteps; j++) {
+        if (gone[j]) continue;
+        SStep st = s->steps[j];
+        if (st.kind == SSTEP_KERNEL) {
+            ks[nk] = s->kernels[st.index];
+            st.index = nk++;
+        }
+        s->steps[ns++] = st;
+    }
+    s->kernels = ks;
+    s->nkernels = s->capk = nk;
+    s->nsteps = ns;
+    return 0;
+}
+
 Schedule *em_schedule_graph(LGraph *lg) {
     EmArena *a = lg->arena;
     const IRGraph *g = lg->ir;
@@ -639,6 +855,7 @@ Schedule *em_schedule_graph(LGraph *lg) {
             if (out->args[0].u.items[i].kind == IRARG_NODE &&
                 (need_sym(&c, out->args[0].u.items[i].u.ref) < 0 || need_tensor(&c, out->args[0].u.items[i].u.ref, 1) < 0))
                 goto oom;
+    if (!lg->env && horizontal_fusion(&c) < 0) goto oom;
     return s;
 oom:
     if (!PyErr_Occurred()) PyErr_NoMemory();

@@ -242,6 +242,79 @@ def test_fusion_epilogue_after_extern_matmul():
     assert info["kernel_list"][0]["inplace"] == 1
 
 
+def _stores(info, k=0):
+    """How many outputs kernel k of the entry's C source writes (its non-const pointer arguments)."""
+    src = info["source"].split(f"void ember_k{k}(")[1].split("\n}\n")[0]
+    return sum(1 for line in src.splitlines() if "*restrict a" in line and "const " not in line.split("=")[0])
+
+
+def test_horizontal_fusion_of_independent_kernels():
+    """Independent pointwise kernels over the same domain become one loop nest with several stores,
+    and a buffer both read is loaded once (em_schedule.c, horizontal fusion)."""
+    x, y = torch.randn(64, 33), torch.randn(64, 33)
+    x.sin()  # torch's first CPU sin of a process was once 3e-4 off here (torch 2.13): not the reference
+    info = check(lambda x, y: (x.sin() * 2, x.cos() + y, (x * y).relu()), x, y)
+    assert info["kernels"] == 1 and _stores(info) == 3, info["kernel_list"]
+    body = info["source"].split("void ember_k0(")[1]
+    assert body.count("a0[") == 1 and body.count("a1[") == 1, body  # x and y each read once per element
+    # mixed output dtypes; an output read again by a later kernel of another domain
+    info = check(lambda x, y: ((x > y), (x * y).half(), (x - y).sum(-1)), x, y)
+    assert info["kernels"] == 2, info["kernel_list"]
+    # large domains (above the small-kernel size) fuse only when they share a read
+    a, b = torch.randn(256, 257), torch.randn(256, 257)
+    info = check(lambda a, b: (a.exp(), a.sigmoid()), a, b)
+    assert info["kernels"] == 1, info["kernel_list"]
+    info = check(lambda a, b: (a.exp(), b.sigmoid()), a, b)
+    assert info["kernels"] == 2, info["kernel_list"]
+
+
+def test_horizontal_fusion_keeps_dependencies_and_side_effects():
+    x, y, w = torch.randn(16, 8), torch.randn(16, 8), torch.randn(8, 8)
+
+    def through_extern(x, y, w):  # the second kernel reads what a matmul made of the first's output
+        a = x.sin()
+        m = a @ w
+        return a, x.cos() * m
+    info = check(through_extern, x, y, w)
+    assert info["kernels"] == 2, info["kernel_list"]
+
+    def different_domains(x, y):
+        return x.sin(), x[:8].cos(), x.t() * y.t()
+    check(different_domains, x, y)
+
+    def mutation_between(x, y):  # the update of y runs between the two reads of y
+        a = x * y
+        y.mul_(3)
+        return a, x + y
+    for backend in ("ember", "eager"):
+        yy = y.clone()
+        c = ember.compile(mutation_between, backend=backend)
+        ra = c(x, yy)
+        yr = y.clone()
+        _same(ra, mutation_between(x, yr))
+        _same(yy, yr)
+
+    def gather_error(x, i):  # a gather load (embedding) is never moved above another step
+        return x * 2, x[i] + 1
+    check(gather_error, x, torch.tensor([1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0]))
+    c = ember.compile(gather_error, backend="ember")
+    with pytest.raises(IndexError):
+        c(x, torch.tensor([99] * 16))
+
+
+def test_horizontal_fusion_outputs_reuse_dead_buffers():
+    """A fused kernel's outputs after the first take buffers dead before it, as its first one does."""
+    def f(x, w):
+        a, b = torch.mm(x, w), torch.mm(w, x)         # read only by the next kernel
+        t, u = a.sigmoid(), b.tanh()                  # one kernel, two outputs (read by externs)
+        m1, m2 = torch.mm(t, w), torch.mm(u, w)
+        p, q = m1.sigmoid(), m2.tanh()                # one kernel: its outputs in a's and b's memory
+        return torch.mm(p, w), torch.mm(q, w)
+    info = check(f, torch.randn(16, 16), torch.randn(16, 16))
+    assert info["kernels"] == 2 and _stores(info, 0) == 2 and _stores(info, 1) == 2, info["kernel_list"]
+    assert info["reused_buffers"] == 2, info
+
+
 def test_value_read_whole_and_through_a_view_by_externs_is_one_kernel():
     """A linear's backward: one extern reads y, another y.t() (its view). One kernel writes y; the
     view is eager's view of that tensor (an as_strided), not a second kernel computing y again."""
