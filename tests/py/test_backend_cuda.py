@@ -72,6 +72,7 @@ GRAPHS = [
     ("prod", lambda x: x.prod(-1), [cpu(16, 10)]),
     ("max_pool_padded", lambda x: F.max_pool2d(x, 3, 2, 1), [cpu(2, 3, 9, 11)]),
     ("cat_stack", lambda a, b: torch.stack([torch.cat([a, b], 1), torch.cat([b, a], 1)]), [cpu(4, 5), cpu(4, 5)]),
+    ("horizontal", lambda x, y: (x.sin() * 2, x > y, (x * y).half()), [cpu(4096), cpu(4096)]),
 ]
 
 
@@ -470,6 +471,16 @@ EMU_CASES = [
 def test_emulated_kernels_match_eager(name, fn, ex):
     tol = dict(atol=1e-4, rtol=1e-4) if name == "sum_all" else {}
     _emu_check(fn, *ex, **tol)
+
+
+@needs_emu
+@pytest.mark.parametrize("ex", [[cpu(4099), cpu(4099)], [cpu(4097)[1:], cpu(4096)]], ids=["vector", "misaligned"])
+def test_emulated_horizontally_fused_kernel(ex):
+    """Independent pointwise kernels fused into one (em_schedule.c): each output stored by the
+    vector path (a vector per output) and by the scalar one, outputs of three dtypes."""
+    info = _emu_check(lambda x, y: (x.exp() * 2, x > y, (x * y).half()), *ex)
+    assert len(info["kernel_list"]) == 1, info["kernel_list"]
+    assert info["launch"][0]["vec"] > 1
 
 
 @needs_emu
