@@ -6,6 +6,7 @@
  * row (outer index) at a time (softmax, layer_norm, rms_norm become one kernel); a reduction
  * over another domain is materialized first, by its own kernel. Pointwise epilogues of extern
  * calls (bias, activation, residual) are pointwise kernels that read the extern's result.
+ * Then independent pointwise kernels over the same domain are joined (horizontal fusion, below).
  * Invariant: kernels and extern calls keep the IR's order of extern calls; a kernel runs before
  * the first step that reads what it stores. */
 #include "schedule/em_schedule.h"
