@@ -4118,8 +4118,10 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
          * transcendental functions, where libmvec's errors (<= 4 ulp) compound past assert_close's
          * defaults (program_gen seeds 20254, 20783) */
         F->exact_math = B->exact_math = true;
+        em_ember_prefetch(B); /* the backward's C compiler runs while the forward's does */
         fwd_eg = em_ember_compile(F, &fi);
         bwd_eg = fwd_eg ? em_ember_compile(B, &bi) : NULL;
+        em_cc_drain(); /* (when the forward failed, or the backward's source differed) */
         if (fi && saved_list) {
             PyObject *t = Py_BuildValue("{s:N,s:N}", "forward", fi, "backward", bi ? bi : Py_NewRef(Py_None));
             ember_info = t;

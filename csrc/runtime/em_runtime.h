@@ -71,6 +71,10 @@ PyObject *em_with_autocast_off(PyObject *(*fn)(void *), void *ctx);
  * the extern calls) and, in *info, a dict for cache_info (kernels, externs, source, cache key, or
  * why the graph runs on the eager backend). NULL with an exception on failure. */
 PyObject *em_ember_compile(const IRGraph *g, PyObject **info);
+/* Lowers, schedules and writes g's C (a CPU graph) and starts its compiler in the background
+ * (em_cc_start), so that a later em_ember_compile of g finds the compile under way: two graphs
+ * compiled at once. Best effort: never raises, keeps the caller's exception. */
+void em_ember_prefetch(const IRGraph *g);
 /* ---- CUDA graphs (em_runtime_cudagraph.c): ember.compile(mode="reduce-overhead") ---- */
 /* Row independence along the batch dim (dim 0 of the inputs flagged in batched_in): 1 when every
  * output row depends only on the same row of the batched inputs (batched_out[k]: output k carries
@@ -90,6 +94,10 @@ PyObject *em_cudagraph_wrap(PyObject *compiled, int is_eager_graph, const IRGrap
 int em_runtime_cudagraph_init(PyObject *module);
 /* Compile driver (em_runtime_cc.c): compiles or loads from the on-disk cache; dlopen handle. */
 void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cached);
+/* Starts compiling source in the background (best effort, never raises): a later em_cc_load of the
+ * same source waits for that process. em_cc_drain waits for the ones nothing loaded. */
+void em_cc_start(const char *source, size_t srclen);
+void em_cc_drain(void);
 PyObject *em_cc_stats(PyObject *self, PyObject *noargs);
 void em_cc_note_internal_fallback(void); /* counted in _cc_stats()["internal_fallbacks"] */
 int em_runtime_ember_init(PyObject *module);

@@ -266,152 +266,265 @@ static void loaded_keep(const char *key, const char *path, void *handle) {
     nloaded++;
 }
 
-/* Compiles (or finds in the cache) source and dlopens it. Returns the handle, NULL with an
- * exception. *key_out (33 bytes) receives the cache key. */
-void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cached) {
-    PyObject *ccv = NULL, *flagsv = NULL, *ldv = NULL;
-    void *handle = NULL;
-    char *flagbuf = NULL, *ldflags = NULL;
-    char dir[PATH_MAX], ccpath[PATH_MAX], path[PATH_MAX + 64], tmp[PATH_MAX + 96], cpath[PATH_MAX + 64], logp[PATH_MAX + 96];
-    *was_cached = 0;
-    ccv = config_str("cc");
-    flagsv = config_str("cflags");
-    ldv = config_str("ldflags");
-    if (!ccv || !flagsv || !ldv) goto done;
-    const char *cc = ccv != Py_None ? PyUnicode_AsUTF8(ccv) : NULL;
-    if (!cc || !*cc) cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
-    const char *flags = flagsv != Py_None ? PyUnicode_AsUTF8(flagsv) : "";
-    if (!flags) goto done;
-    if (find_program(cc, ccpath) < 0) {
+/* One compile: the configuration read for it, its key and its entry's path. */
+typedef struct {
+    PyObject *ccv, *flagsv, *ldv;
+    const char *cc, *flags, *ld;
+    char ccpath[PATH_MAX], dir[PATH_MAX], path[PATH_MAX + 64];
+    char key[33];
+} CcJob;
+
+/* A compiler process started by em_cc_start and not waited for yet. */
+typedef struct {
+    char key[33];
+    pid_t pid;
+    int spawn_rc;
+    char tmp[PATH_MAX + 96], logp[PATH_MAX + 96], cpath[PATH_MAX + 64];
+} CcRun;
+static CcRun **pending;
+static size_t npending, cappending;
+
+static void job_clear(CcJob *j) {
+    Py_CLEAR(j->ccv);
+    Py_CLEAR(j->flagsv);
+    Py_CLEAR(j->ldv);
+}
+
+/* Reads the configuration, finds the compiler and computes the key. -1 with an exception. */
+static int job_setup(CcJob *j, const char *source, size_t srclen) {
+    memset(j, 0, sizeof *j);
+    j->ccv = config_str("cc");
+    j->flagsv = config_str("cflags");
+    j->ldv = config_str("ldflags");
+    if (!j->ccv || !j->flagsv || !j->ldv) return -1;
+    j->cc = j->ccv != Py_None ? PyUnicode_AsUTF8(j->ccv) : NULL;
+    if (!j->cc || !*j->cc) j->cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
+    j->flags = j->flagsv != Py_None ? PyUnicode_AsUTF8(j->flagsv) : "";
+    j->ld = j->ldv != Py_None ? PyUnicode_AsUTF8(j->ldv) : NULL;
+    if (!j->flags || (j->ldv != Py_None && !j->ld)) return -1;
+    if (find_program(j->cc, j->ccpath) < 0) {
         PyErr_Format(PyExc_RuntimeError,
                      "ember: backend \"ember\" needs a C compiler, and %s was not found (set ember.config.cc or $CC); "
                      "backend=\"eager\" needs none",
-                     cc);
-        goto done;
+                     j->cc);
+        return -1;
     }
     struct stat st;
-    if (stat(ccpath, &st) < 0) {
-        PyErr_Format(PyExc_RuntimeError, "ember: cannot stat the C compiler %s", ccpath);
-        goto done;
+    if (stat(j->ccpath, &st) < 0) {
+        PyErr_Format(PyExc_RuntimeError, "ember: cannot stat the C compiler %s", j->ccpath);
+        return -1;
     }
     /* the key: source, compiler identity (path, size, mtime: no compiler call), flags, CPU */
     Hash128 h;
     h_init(&h);
     h_update(&h, source, srclen);
-    h_str(&h, ccpath);
+    h_str(&h, j->ccpath);
     h_update(&h, &st.st_size, sizeof st.st_size);
     h_update(&h, &st.st_mtime, sizeof st.st_mtime);
-    h_str(&h, flags);
-    if (ldv != Py_None) h_str(&h, PyUnicode_AsUTF8(ldv));
+    h_str(&h, j->flags);
+    if (j->ld) h_str(&h, j->ld);
     h_str(&h, cpu_identity());
-    snprintf(key_out, 33, "%016llx%016llx", (unsigned long long)h.a, (unsigned long long)h.b);
-    if ((handle = loaded_take(key_out))) {
-        *was_cached = 1;
-        n_disk_hits++;
-        goto done;
-    }
-    if (cache_dir(dir, sizeof dir) < 0) goto done;
-    snprintf(path, sizeof path, "%s/%s.so", dir, key_out);
-    if (entry_valid(path)) {
-        handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    snprintf(j->key, 33, "%016llx%016llx", (unsigned long long)h.a, (unsigned long long)h.b);
+    if (cache_dir(j->dir, sizeof j->dir) < 0) return -1;
+    snprintf(j->path, sizeof j->path, "%s/%s.so", j->dir, j->key);
+    return 0;
+}
+
+/* The entry already mapped by this process or valid on disk, loaded; NULL (no exception) when there
+ * is none (a corrupt, truncated, foreign or unloadable one is removed). */
+static void *job_cached(CcJob *j) {
+    void *handle = loaded_take(j->key);
+    if (handle) return handle;
+    if (entry_valid(j->path)) {
+        handle = dlopen(j->path, RTLD_NOW | RTLD_LOCAL);
         if (handle) {
-            *was_cached = 1;
-            n_disk_hits++;
-            loaded_keep(key_out, path, handle);
-            goto done;
+            loaded_keep(j->key, j->path, handle);
+            return handle;
         }
     }
-    unlink(path); /* corrupt, truncated, foreign or unloadable: recompile */
+    unlink(j->path);
+    return NULL;
+}
 
+/* Writes the source next to the entry and starts the compiler into a temporary file. -1 with an
+ * exception (the source could not be written); a failed spawn is reported by job_finish. */
+static int job_spawn(CcJob *j, const char *source, size_t srclen, CcRun *r) {
     static unsigned counter = 0;
     counter++;
-    snprintf(cpath, sizeof cpath, "%s/%s.c", dir, key_out);
-    snprintf(tmp, sizeof tmp, "%s/tmp-%s-%d-%u.so", dir, key_out, (int)getpid(), counter);
-    snprintf(logp, sizeof logp, "%s/tmp-%s-%d-%u.log", dir, key_out, (int)getpid(), counter);
+    memcpy(r->key, j->key, 33);
+    snprintf(r->cpath, sizeof r->cpath, "%s/%s.c", j->dir, j->key);
+    snprintf(r->tmp, sizeof r->tmp, "%s/tmp-%s-%d-%u.so", j->dir, j->key, (int)getpid(), counter);
+    snprintf(r->logp, sizeof r->logp, "%s/tmp-%s-%d-%u.log", j->dir, j->key, (int)getpid(), counter);
     {
         /* the readable source next to the entry (written atomically too) */
         char ctmp[PATH_MAX + 96];
-        snprintf(ctmp, sizeof ctmp, "%s/tmp-%s-%d-%u.c", dir, key_out, (int)getpid(), counter);
+        snprintf(ctmp, sizeof ctmp, "%s/tmp-%s-%d-%u.c", j->dir, j->key, (int)getpid(), counter);
         int fd = open(ctmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd < 0 || write_all(fd, source, srclen) < 0 || close(fd) < 0 || rename(ctmp, cpath) < 0) {
+        if (fd < 0 || write_all(fd, source, srclen) < 0 || close(fd) < 0 || rename(ctmp, r->cpath) < 0) {
             PyErr_Format(PyExc_RuntimeError, "ember: cannot write %s: %s", ctmp, strerror(errno));
             unlink(ctmp);
-            goto done;
+            return -1;
         }
     }
-    flagbuf = strdup(flags);
-    ldflags = ldv != Py_None ? strdup(PyUnicode_AsUTF8(ldv)) : NULL;
-    if (!flagbuf || (ldv != Py_None && !ldflags)) {
+    char *flagbuf = strdup(j->flags), *ldflags = j->ld ? strdup(j->ld) : NULL;
+    if (!flagbuf || (j->ld && !ldflags)) {
+        free(flagbuf);
+        free(ldflags);
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
     char *argv[80];
     int argc = 0;
-    argv[argc++] = (char *)cc;
+    argv[argc++] = (char *)j->cc;
     argc += split_flags(flagbuf, argv + argc, 70);
     argv[argc++] = "-o";
-    argv[argc++] = tmp;
-    argv[argc++] = cpath;
+    argv[argc++] = r->tmp;
+    argv[argc++] = r->cpath;
     if (ldflags) argc += split_flags(ldflags, argv + argc, 76 - argc);
     argv[argc] = NULL;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, r->logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     posix_spawn_file_actions_adddup2(&fa, 2, 1);
-    pid_t pid;
-    int status = 0, rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = posix_spawn(&pid, ccpath, &fa, NULL, argv, environ);
-    if (rc == 0)
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-        }
-    Py_END_ALLOW_THREADS
+    r->spawn_rc = posix_spawn(&r->pid, j->ccpath, &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
-    n_compiles++;
-    if (rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        size_t ln = 0;
-        char *log = read_file(logp, &ln);
-        if (log && ln > 4000) log[4000] = 0;
-        PyErr_Format(PyExc_RuntimeError, "ember: the C compiler failed (%s %s, source %s):\n%s", cc, flags, cpath,
-                     rc != 0 ? strerror(rc) : log ? log : "(no output)");
-        free(log);
-        unlink(tmp);
-        unlink(logp);
-        goto done;
-    }
-    unlink(logp);
-    {
-        /* append the trailer, then publish */
-        size_t len;
-        char *buf = read_file(tmp, &len);
-        if (!buf) {
-            PyErr_Format(PyExc_RuntimeError, "ember: cannot read %s", tmp);
-            unlink(tmp);
-            goto done;
-        }
-        Hash128 th;
-        h_init(&th);
-        h_update(&th, buf, len);
-        free(buf);
-        Trailer t = {th.a, th.b, len, {0}};
-        memcpy(t.magic, TRAILER_MAGIC, 8);
-        int fd = open(tmp, O_WRONLY | O_APPEND);
-        if (fd < 0 || write_all(fd, &t, sizeof t) < 0 || fchmod(fd, 0600) < 0 || close(fd) < 0 || rename(tmp, path) < 0) {
-            PyErr_Format(PyExc_RuntimeError, "ember: cannot publish %s: %s", path, strerror(errno));
-            unlink(tmp);
-            goto done;
-        }
-    }
-    handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!handle) PyErr_Format(PyExc_RuntimeError, "ember: dlopen(%s) failed: %s", path, dlerror());
-    else loaded_keep(key_out, path, handle);
-done:
     free(flagbuf);
     free(ldflags);
-    Py_XDECREF(ccv);
-    Py_XDECREF(flagsv);
-    Py_XDECREF(ldv);
+    n_compiles++;
+    return 0;
+}
+
+/* Waits for the compiler, appends the trailer, publishes the entry atomically. 0, or -1 with an
+ * exception naming the compiler's log. */
+static int run_finish(const CcRun *r, const char *cc, const char *flags, const char *path) {
+    int status = 0;
+    if (r->spawn_rc == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        while (waitpid(r->pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        Py_END_ALLOW_THREADS
+    }
+    if (r->spawn_rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        size_t ln = 0;
+        char *log = read_file(r->logp, &ln);
+        if (log && ln > 4000) log[4000] = 0;
+        PyErr_Format(PyExc_RuntimeError, "ember: the C compiler failed (%s %s, source %s):\n%s", cc, flags, r->cpath,
+                     r->spawn_rc != 0 ? strerror(r->spawn_rc) : log ? log : "(no output)");
+        free(log);
+        unlink(r->tmp);
+        unlink(r->logp);
+        return -1;
+    }
+    unlink(r->logp);
+    /* append the trailer, then publish */
+    size_t len;
+    char *buf = read_file(r->tmp, &len);
+    if (!buf) {
+        PyErr_Format(PyExc_RuntimeError, "ember: cannot read %s", r->tmp);
+        unlink(r->tmp);
+        return -1;
+    }
+    Hash128 th;
+    h_init(&th);
+    h_update(&th, buf, len);
+    free(buf);
+    Trailer t = {th.a, th.b, len, {0}};
+    memcpy(t.magic, TRAILER_MAGIC, 8);
+    int fd = open(r->tmp, O_WRONLY | O_APPEND);
+    if (fd < 0 || write_all(fd, &t, sizeof t) < 0 || fchmod(fd, 0600) < 0 || close(fd) < 0 || rename(r->tmp, path) < 0) {
+        PyErr_Format(PyExc_RuntimeError, "ember: cannot publish %s: %s", path, strerror(errno));
+        unlink(r->tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* The started compile of key, taken out of the pending list (NULL: none). */
+static CcRun *pending_take(const char *key) {
+    for (size_t i = 0; i < npending; i++)
+        if (memcmp(pending[i]->key, key, 33) == 0) {
+            CcRun *r = pending[i];
+            pending[i] = pending[--npending];
+            return r;
+        }
+    return NULL;
+}
+
+/* Compiles (or finds in the cache, or waits for the compile em_cc_start began) source and dlopens
+ * it. Returns the handle, NULL with an exception. *key_out (33 bytes) receives the cache key. */
+void *em_cc_load(const char *source, size_t srclen, char *key_out, int *was_cached) {
+    CcJob j;
+    void *handle = NULL;
+    *was_cached = 0;
+    if (job_setup(&j, source, srclen) < 0) goto done;
+    memcpy(key_out, j.key, 33);
+    CcRun *r = pending_take(j.key);
+    if (!r && (handle = job_cached(&j))) {
+        *was_cached = 1;
+        n_disk_hits++;
+        goto done;
+    }
+    CcRun local;
+    if (!r) {
+        if (job_spawn(&j, source, srclen, &local) < 0) goto done;
+        r = &local;
+    }
+    int rc = run_finish(r, j.cc, j.flags, j.path);
+    if (r != &local) free(r);
+    if (rc < 0) goto done;
+    handle = dlopen(j.path, RTLD_NOW | RTLD_LOCAL);
+    if (!handle) PyErr_Format(PyExc_RuntimeError, "ember: dlopen(%s) failed: %s", j.path, dlerror());
+    else loaded_keep(j.key, j.path, handle);
+done:
+    job_clear(&j);
     return handle;
+}
+
+/* Starts compiling source in the background when it is not in the cache (nor started already):
+ * em_cc_load of the same source then waits for that compiler process instead of starting one, so
+ * that the two graphs of a training region compile at once. Best effort: never raises. */
+void em_cc_start(const char *source, size_t srclen) {
+    CcJob j;
+    CcRun *r = NULL;
+    if (job_setup(&j, source, srclen) < 0) goto done;
+    for (size_t i = 0; i < npending; i++)
+        if (memcmp(pending[i]->key, j.key, 33) == 0) goto done;
+    void *mapped = loaded_take(j.key);
+    if (mapped) dlclose(mapped); /* (loaded_take's dlopen counted one more reference) */
+    if (mapped || entry_valid(j.path)) goto done;
+    if (npending == cappending) {
+        size_t cap = cappending ? 2 * cappending : 8;
+        CcRun **n = realloc(pending, cap * sizeof *n);
+        if (!n) goto done;
+        pending = n;
+        cappending = cap;
+    }
+    r = malloc(sizeof *r);
+    if (!r || job_spawn(&j, source, srclen, r) < 0) goto done;
+    pending[npending++] = r;
+    r = NULL;
+done:
+    free(r);
+    job_clear(&j);
+    PyErr_Clear();
+}
+
+/* Waits for every compile em_cc_start began that nothing loaded (its entry is published, or its
+ * files removed when it failed). Never raises. */
+void em_cc_drain(void) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    while (npending) {
+        CcRun *r = pending[--npending];
+        char dir[PATH_MAX], path[PATH_MAX + 64];
+        if (cache_dir(dir, sizeof dir) == 0) {
+            snprintf(path, sizeof path, "%s/%s.so", dir, r->key);
+            run_finish(r, "cc", "", path);
+        }
+        free(r);
+        PyErr_Clear();
+    }
+    PyErr_Restore(et, ev, tb);
 }
 
 /* ember._C._cc_stats() -> {"compiles": n, "disk_hits": n, "internal_fallbacks": n} for this

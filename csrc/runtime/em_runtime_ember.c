@@ -1011,7 +1011,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     d = PyDict_New();
     if (!d) goto done;
     double t_start = em_now(), t_lower = 0, t_schedule = 0, t_codegen = 0, t_cc = 0; /* perf log, explain */
-    if (mode == 0) {
+    if (mode != 1) {
         /* a graph still under torch.autocast here is one whose casts could not be written as nodes
          * (em_autograd_explicit_autocast compiles the others with autocast off): each op's dtypes
          * are decided at dispatch, and ember's lowering types ops by promotion rules alone, so the
@@ -1035,6 +1035,10 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     }
     LGraph *lg = em_lower_graph_device(a, g, mode == 1, &why);
     t_lower = em_now();
+    if (mode == 2 && (!lg || lg->device >= 0)) { /* prefetch: CPU graphs only (NVRTC runs in threads) */
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
     if (!lg) {
         if (!why) goto done;
         if (mode == 1) {
@@ -1250,6 +1254,13 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         goto done;
     }
     t_codegen = em_now();
+    if (mode == 2) { /* prefetch: the compiler started, nothing loaded */
+        Py_ssize_t srclen;
+        const char *text = s->nkernels ? PyUnicode_AsUTF8AndSize(src, &srclen) : NULL;
+        if (text) em_cc_start(text, (size_t)srclen);
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
     if (s->nkernels) {
         Py_ssize_t srclen;
         const char *text = PyUnicode_AsUTF8AndSize(src, &srclen);
@@ -1781,6 +1792,16 @@ PyObject *em_ember_compile(const IRGraph *g, PyObject **info) {
     }
     Py_XDECREF(c);
     return r;
+}
+
+void em_ember_prefetch(const IRGraph *g) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *info = NULL, *r = ember_compile(g, &info, 2);
+    Py_XDECREF(info);
+    Py_XDECREF(r);
+    PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
 }
 
 PyObject *em_ember_cuda_codegen(const IRGraph *g) {

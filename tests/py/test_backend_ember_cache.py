@@ -157,3 +157,33 @@ def test_library_stays_mapped_after_reset(tmp_path):
         assert not list((tmp_path / "cache").glob("*.so"))  # nothing was written again
     finally:
         ember.config.cache_dir = old_dir
+
+
+def test_training_region_compiles_both_graphs_at_once(tmp_path):
+    """A training region's forward and backward graphs: the backward's compiler is started before
+    the forward's is waited for (em_ember_prefetch), and the backward's load waits for that same
+    process: two compiler calls that overlap, no third one. The compiler here is a wrapper that
+    logs when it starts and ends, with a pause before compiling so that the order is certain."""
+    log = tmp_path / "cc.log"
+    wrapper = tmp_path / "cc-slow"
+    wrapper.write_text(f'#!/bin/sh\necho start >> "{log}"\nsleep 0.5\ncc "$@"\nrc=$?\necho end >> "{log}"\nexit $rc\n')
+    wrapper.chmod(0o755)
+    old, old_dir = ember.config.cc, ember.config.cache_dir
+    ember.config.cc, ember.config.cache_dir = str(wrapper), str(tmp_path / "cache")
+    try:
+        w = torch.randn(8, 8, requires_grad=True)
+        fn = lambda x, w: (torch.tanh(x @ w) * 2).sum()  # noqa: E731
+        x = torch.randn(4, 8)
+        before = ember._C._cc_stats()["compiles"]
+        f = ember.compile(fn, backend="ember")
+        f(x, w).backward()
+        g = w.grad.clone()
+        w.grad = None
+        fn(x, w).backward()
+        torch.testing.assert_close(g, w.grad)
+        assert ember._C._cc_stats()["compiles"] - before == 2
+        assert log.read_text().split() == ["start", "start", "end", "end"], log.read_text()
+        assert len(list((tmp_path / "cache").glob("*.so"))) == 2
+        assert not list((tmp_path / "cache").glob("tmp-*"))
+    finally:
+        ember.config.cc, ember.config.cache_dir = old, old_dir
