@@ -629,18 +629,26 @@ static int64_t kernel_work(const SKernel *k) {
     return w;
 }
 
+/* A kernel that may take part at all: pointwise, or a reduction storing only per-row values (a
+ * reduction kernel with an element-wise output, softmax's or layer_norm's, keeps its row cache,
+ * which the C generator has for kernels of one output only: em_codegen_c.c). */
+static int hfuse_joinable(const SKernel *k) {
+    for (uint32_t q = 0; k->reduction && q < k->nstores; q++)
+        if (em_schedule_store_per_element(k, q)) return 0;
+    return 1;
+}
+
 /* Can kernel k move to an earlier step (B above)? */
 static int hfuse_movable(const Schedule *s, const SKernel *k) {
-    if (k->reduction) return 0;
     for (uint32_t q = 0; q < k->nstores; q++)
         if (s->lg->bufs[k->stores[q].buf].kind != LBUF_NODE) return 0;
     for (uint32_t q = 0; q < k->nloads; q++)
         if (k->loads[q].nidx) return 0;
-    return 1;
+    return hfuse_joinable(k);
 }
 
 static int hfuse_same_domain(const SKernel *a, const SKernel *b) {
-    if (a->reduction || a->ndim != b->ndim || a->nouter != b->nouter) return 0;
+    if (a->reduction != b->reduction || a->ndim != b->ndim || a->nouter != b->nouter) return 0;
     for (int j = 0; j < a->ndim; j++)
         if (a->sizes[j] != b->sizes[j]) return 0;
     return 1;
@@ -788,7 +796,8 @@ static int horizontal_fusion(Sched *c) {
             if (st->kind == SSTEP_EXTERN) crossed_extern = 1;
             if (st->kind != SSTEP_KERNEL) continue;
             SKernel *ka = &s->kernels[st->index];
-            if (!hfuse_same_domain(ka, kb) || ka->nstores + kb->nstores > EM_HFUSE_MAXSTORES) continue;
+            if (!hfuse_same_domain(ka, kb) || !hfuse_joinable(ka) || ka->nstores + kb->nstores > EM_HFUSE_MAXSTORES)
+                continue;
             int shared = 0;
             for (uint32_t q = 0; q < ka->nloads && !shared; q++) shared = !ka->loads[q].iota && rd[ka->loads[q].buf];
             if (!small && !(shared && !crossed_extern)) continue;

@@ -101,7 +101,9 @@ def test_cubin_for_sm90():
 
 
 # six kernels: reductions over different rows and dims cannot share a loop nest
-_SIX = (lambda x, y: (x.sum(1), x.amax(0), torch.softmax(x, -1), x.var(0), (x * y).argmax(1), torch.log_softmax(y, 0)))
+# six kernels: no two reduce over the same domain (independent ones would be fused horizontally)
+_SIX = (lambda x, y: (x.sum(1), x.amax(0), torch.softmax(x, -1), x[:32].var(0), (x * y)[:, :100].argmax(1),
+                      torch.log_softmax(y, 0)))
 
 
 @needs_nvrtc
@@ -481,6 +483,16 @@ def test_emulated_horizontally_fused_kernel(ex):
     info = _emu_check(lambda x, y: (x.exp() * 2, x > y, (x * y).half()), *ex)
     assert len(info["kernel_list"]) == 1, info["kernel_list"]
     assert info["launch"][0]["vec"] > 1
+
+
+
+@needs_emu
+def test_emulated_horizontally_fused_reductions():
+    """Reductions over the same domain in one kernel (per-row outputs only): warp rows and block rows."""
+    for shape in ((37, 100), (5, 3000)):
+        info = _emu_check(lambda x, y: (x.sum(-1), y.amax(-1), (x * y).argmin(-1), x.var(-1)), cpu(*shape), cpu(*shape),
+                          atol=1e-4, rtol=1e-4)
+        assert len(info["kernel_list"]) == 1, info["kernel_list"]
 
 
 @needs_emu

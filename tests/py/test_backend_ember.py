@@ -266,6 +266,14 @@ def test_horizontal_fusion_of_independent_kernels():
     assert info["kernels"] == 1, info["kernel_list"]
     info = check(lambda a, b: (a.exp(), b.sigmoid()), a, b)
     assert info["kernels"] == 2, info["kernel_list"]
+    # reductions over the same domain that store per-row values: one loop nest, x read once
+    info = check(lambda x, y: (x.var(-1), x.sum(-1), y.amin(-1), (x * y).argmax(-1)), x, y)
+    assert info["kernels"] == 1 and _stores(info) == 4, info["kernel_list"]
+    info = check(lambda x, y: (x.sum(0), y.mean(0)), x, y)
+    assert info["kernels"] == 1, info["kernel_list"]
+    # one with element-wise outputs keeps its row cache (a kernel of one output): not joined
+    info = check(lambda x, y: (x.softmax(-1), x.log_softmax(-1), x.sum(-1)), x, y)
+    assert info["kernels"] == 3, info["kernel_list"]
 
 
 def test_horizontal_fusion_keeps_dependencies_and_side_effects():
