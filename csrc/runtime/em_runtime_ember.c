@@ -1681,8 +1681,8 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             }
             Py_DECREF(nm);
         }
-        PyObject *kd = Py_BuildValue("{s:s,s:N,s:i}", "kind", k->reduction ? "reduction" : "pointwise", "nodes", names,
-                                     "inplace", dn >= 0);
+        PyObject *kd = Py_BuildValue("{s:s,s:N,s:i,s:I}", "kind", k->reduction ? "reduction" : "pointwise", "nodes", names,
+                                     "inplace", dn >= 0, "outputs", k->nstores);
         if (!kd || PyList_Append(kernels, kd) < 0) {
             Py_XDECREF(kd);
             goto done;

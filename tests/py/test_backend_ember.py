@@ -253,8 +253,10 @@ def test_horizontal_fusion_of_independent_kernels():
     and a buffer both read is loaded once (em_schedule.c, horizontal fusion)."""
     x, y = torch.randn(64, 33), torch.randn(64, 33)
     x.sin()  # torch's first CPU sin of a process was once 3e-4 off here (torch 2.13): not the reference
-    info = check(lambda x, y: (x.sin() * 2, x.cos() + y, (x * y).relu()), x, y)
-    assert info["kernels"] == 1 and _stores(info) == 3, info["kernel_list"]
+    f = lambda x, y: (x.sin() * 2, x.cos() + y, (x * y).relu())  # noqa: E731
+    info = check(f, x, y)
+    assert info["kernels"] == 1 and _stores(info) == 3 and info["kernel_list"][0]["outputs"] == 3, info["kernel_list"]
+    assert "3 outputs (horizontally fused)" in ember.explain(ember.compile(f, backend="ember"), x, y)
     body = info["source"].split("void ember_k0(")[1]
     assert body.count("a0[") == 1 and body.count("a1[") == 1, body  # x and y each read once per element
     # mixed output dtypes; an output read again by a later kernel of another domain
