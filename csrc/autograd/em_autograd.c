@@ -2076,6 +2076,21 @@ static bool is_view_attr(const IRNode *n) {
     return node_named(n, "builtins.getattr getattr") && a && (!strcmp(a, "T") || !strcmp(a, "mT") || !strcmp(a, "H") || !strcmp(a, "mH"));
 }
 
+/* The value whose memory r is: followed back through views and in-place updates (which return
+ * what they write) to the first node that is neither. */
+static IRRef alias_root(const IRGraph *g, IRRef r) {
+    for (uint32_t depth = 0; depth < g->nnodes; depth++) {
+        const IRNode *n = em_ir_node(g, r);
+        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->meta.kind != IRMETA_TENSOR) return r;
+        bool mut = is_mutation(n);
+        if (!mut && em_lower_kind_of(n) != EM_LOWER_VIEW && !is_view_attr(n)) return r;
+        const IRArg *m = mut ? mutated_arg(n) : (n->nargs ? &n->args[0] : NULL);
+        if (!m || m->kind != IRARG_NODE) return r;
+        r = m->u.ref;
+    }
+    return r;
+}
+
 /* The graph input that r is a view of through view ops only (views, in-place updates, aliases as
  * contiguous() of a contiguous value), -1 when r is no such chain. */
 static int32_t maybe_input_view(const IRGraph *g, IRRef r) {
@@ -3903,11 +3918,20 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         PyObject *ks = PyList_New(0);
         memset(reach, 0, ag.j->nnodes + 1);
         reach[grads[i]] = 1;
-        for (IRRef r = grads[i]; ks && r >= 1; r--) {
-            if (!reach[r]) continue;
-            const IRNode *n = em_ir_node(ag.j, r);
-            for (uint32_t a = 0; a < n->nargs + n->nkwargs; a++)
-                mark_args(a < n->nargs ? &n->args[a] : &n->kwargs[a - n->nargs], reach);
+        /* what the gradient reads, and what writes into it later: a rule may build a gradient in
+         * place (`new_zeros`, then `add_` of a tangent into a view of it: a region whose outputs are
+         * x[:1] * 0.5 and the view x[..., :2] lost the first one's gradient, program_gen seed 96925),
+         * so an in-place update of a value the gradient reads (through views) is read too, and so
+         * on until nothing new is reached */
+        for (bool more = true; ks && more;) {
+            more = false;
+            for (IRRef r = ag.j->nnodes - 1; r >= 1; r--) {
+                const IRNode *n = em_ir_node(ag.j, r);
+                if (!reach[r] && is_mutation(n) && reach[alias_root(ag.j, r)]) reach[r] = more = 1;
+                if (!reach[r]) continue;
+                for (uint32_t a = 0; a < n->nargs + n->nkwargs; a++)
+                    mark_args(a < n->nargs ? &n->args[a] : &n->kwargs[a - n->nargs], reach);
+            }
         }
         for (uint32_t k = 0; ks && k < outs->n; k++) {
             if (!tangent[k] || !reach[tangent[k]]) continue;
