@@ -6,7 +6,7 @@
  * row (outer index) at a time (softmax, layer_norm, rms_norm become one kernel); a reduction
  * over another domain is materialized first, by its own kernel. Pointwise epilogues of extern
  * calls (bias, activation, residual) are pointwise kernels that read the extern's result.
- * Then independent pointwise kernels over the same domain are joined (horizontal fusion, below).
+ * Then independent kernels over the same domain are joined (horizontal fusion, below).
  * Invariant: kernels and extern calls keep the IR's order of extern calls; a kernel runs before
  * the first step that reads what it stores. */
 #include "schedule/em_schedule.h"
@@ -605,11 +605,12 @@ static int need_arg(Sched *c, const IRArg *a) {
 }
 
 /* ---- horizontal fusion ----
- * Independent pointwise kernels over the same iteration space become one loop nest with several
- * stores, as Inductor fuses nodes with no dependency between them that read the same buffers
+ * Independent kernels over the same iteration space become one loop nest with several stores, as
+ * Inductor fuses nodes with no dependency between them that read the same buffers
  * (torch/_inductor/scheduler.py, score_fusion_memory) or are small. A later kernel B joins an
  * earlier kernel A (B's work moves up to A's step) when
- *   - both are pointwise over the same domain (sizes in loop order; static graphs only);
+ *   - both are pointwise, or both reductions storing per-row values only (hfuse_joinable), over the
+ *     same domain (sizes in loop order; static graphs only);
  *   - no step from A up to B writes a buffer B reads, or touches a buffer B writes (an extern call
  *     counts as writing every buffer it sees: its schema may mutate an argument);
  *   - B writes only buffers of its own values (never a graph input) and has no gather load, so
@@ -654,7 +655,7 @@ static int hfuse_same_domain(const SKernel *a, const SKernel *b) {
     return 1;
 }
 
-/* Does the extern at IR ref r touch a buffer marked in m (argument, a view's base, its result)? */
+/* Does argument a of an extern call touch a buffer marked in m (its buffer, or a view's base)? */
 static int hfuse_arg_touches(const Schedule *s, const IRArg *a, const uint8_t *m) {
     if (a->kind == IRARG_NODE) {
         uint32_t b = s->ir_buf[a->u.ref];
@@ -666,8 +667,10 @@ static int hfuse_arg_touches(const Schedule *s, const IRArg *a, const uint8_t *m
     return 0;
 }
 
-/* May B (its reads rd, its writes wr, buffer maps) not move above step st? */
-static int hfuse_conflict(const Schedule *s, const SStep *st, const uint8_t *rd, const uint8_t *wr, uint8_t *both) {
+/* May B not move above step st? rd, wr: the buffers B reads and writes (maps over buffer ids),
+ * both: their union. */
+static int hfuse_conflict(const Schedule *s, const SStep *st, const uint8_t *rd, const uint8_t *wr,
+                          const uint8_t *both) {
     const LGraph *lg = s->lg;
     if (st->kind == SSTEP_KERNEL) {
         const SKernel *x = &s->kernels[st->index];
