@@ -192,6 +192,27 @@ static void to_domain(LGraph *lg, int32_t dn, const int64_t *dsizes, const SymRe
     }
 }
 
+/* The kernel's arguments (k->args has room for nloads + nstores): the buffers read, each once,
+ * then the ones written in store order; each access gets its argument's position. */
+static void assign_args(SKernel *k) {
+    k->nargs = 0;
+    for (uint32_t q = 0; q < k->nloads; q++) {
+        uint32_t pos = NONE;
+        for (uint32_t t = 0; t < k->nargs && pos == NONE; t++)
+            if (k->args[t] == k->loads[q].buf) pos = t;
+        if (pos == NONE) {
+            pos = k->nargs;
+            k->args[k->nargs++] = k->loads[q].buf;
+        }
+        k->loads[q].arg = pos;
+    }
+    k->nin = k->nargs;
+    for (uint32_t q = 0; q < k->nstores; q++) {
+        k->stores[q].arg = k->nargs;
+        k->args[k->nargs++] = k->stores[q].buf;
+    }
+}
+
 /* Builds and appends the kernel that stores node x into buffer b. */
 static int materialize(Sched *c, uint32_t x, uint32_t b) {
     LGraph *lg = c->lg;
@@ -428,20 +449,7 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
         }
         k.elem[i] = e;
     }
-    /* arguments: buffers read, then the buffer written */
-    for (uint32_t q = 0; q < k.nloads; q++) {
-        uint32_t pos = NONE;
-        for (uint32_t t = 0; t < k.nargs; t++)
-            if (k.args[t] == k.loads[q].buf) pos = t;
-        if (pos == NONE) {
-            pos = k.nargs;
-            k.args[k.nargs++] = k.loads[q].buf;
-        }
-        k.loads[q].arg = pos;
-    }
-    k.nin = k.nargs;
-    k.stores[0].arg = k.nargs;
-    k.args[k.nargs++] = b;
+    assign_args(&k);
     c->s->buf_produced[b] = true;
     if (c->mat[x] == NONE) c->mat[x] = b;
     return push_kernel(c, &k);
@@ -748,23 +756,7 @@ static int hfuse_merge(EmArena *ar, SKernel *a, const SKernel *b) {
     memcpy(k.store_node, a->store_node, a->nstores * sizeof(uint32_t));
     for (uint32_t q = 0; q < b->nstores; q++) k.store_node[a->nstores + q] = map[b->store_node[q]];
     k.nstores = ns;
-    /* arguments: the buffers read, then the ones written (in store order) */
-    k.nargs = 0;
-    for (uint32_t q = 0; q < k.nloads; q++) {
-        uint32_t pos = NONE;
-        for (uint32_t t = 0; t < k.nargs && pos == NONE; t++)
-            if (k.args[t] == k.loads[q].buf) pos = t;
-        if (pos == NONE) {
-            pos = k.nargs;
-            k.args[k.nargs++] = k.loads[q].buf;
-        }
-        k.loads[q].arg = pos;
-    }
-    k.nin = k.nargs;
-    for (uint32_t q = 0; q < ns; q++) {
-        k.stores[q].arg = k.nargs;
-        k.args[k.nargs++] = k.stores[q].buf;
-    }
+    assign_args(&k);
     memcpy(k.irs, a->irs, a->nirs * sizeof(IRRef));
     for (uint32_t q = 0; q < b->nirs; q++) {
         int seen = 0;
