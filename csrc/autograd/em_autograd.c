@@ -3673,7 +3673,7 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     AG ag = {0};
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
     PyObject *saved_list = NULL, *recomp_list = NULL, *tang = NULL, *gin = NULL, *nondiff = NULL;
-    PyObject *gdeps = NULL, *same = NULL, *views = NULL;
+    PyObject *gdeps = NULL, *same = NULL, *views = NULL, *oviews = NULL;
     PyObject *jt = NULL, *ft = NULL, *bt = NULL, *budget_obj = NULL, *ember_info = NULL;
     int64_t *bytes = NULL;
     uint8_t *saved = NULL, *recompute = NULL, *need = NULL;
@@ -3977,7 +3977,32 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         if (!it || PyList_Append(views, it) < 0) Py_CLEAR(views);
         Py_XDECREF(it);
     }
-    if (!same || !views) {
+    /* outputs that are a view of another output (both live after the region: x * y and its last
+     * row): a Function returning two views of one value forbids using them once that value is
+     * updated in place, which eager allows (program_gen seed 100632); ember._autograd.make_region
+     * makes the view again from the other output, outside the Function, as AOTAutograd regenerates
+     * aliased outputs */
+    oviews = views ? PyList_New(0) : NULL;
+    for (uint32_t k = 0; oviews && k < outs->n; k++) {
+        if (outs->u.items[k].kind != IRARG_NODE || em_ir_node(g, outs->u.items[k].u.ref)->meta.kind != IRMETA_TENSOR)
+            continue;
+        int32_t base = -1;
+        IRRef r = outs->u.items[k].u.ref;
+        for (uint32_t depth = 0; base < 0 && depth < g->nnodes; depth++) {
+            const IRNode *n = em_ir_node(g, r);
+            if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->meta.kind != IRMETA_TENSOR ||
+                (em_lower_kind_of(n) != EM_LOWER_VIEW && !is_view_attr(n)) || n->nargs < 1 || n->args[0].kind != IRARG_NODE)
+                break;
+            r = n->args[0].u.ref;
+            for (uint32_t k2 = 0; k2 < outs->n && base < 0; k2++)
+                if (k2 != k && outs->u.items[k2].kind == IRARG_NODE && outs->u.items[k2].u.ref == r) base = (int32_t)k2;
+        }
+        if (base < 0) continue;
+        PyObject *it = Py_BuildValue("(Ii)", (unsigned)k, (int)base);
+        if (!it || PyList_Append(oviews, it) < 0) Py_CLEAR(oviews);
+        Py_XDECREF(it);
+    }
+    if (!same || !views || !oviews) {
         free(tangent);
         goto error;
     }
@@ -4203,8 +4228,8 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         Py_DECREF(layouts);
         goto error;
     }
-    result = PyObject_CallFunction(make, "OOIIOOONOOON", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
-                                   tang, nondiff, layouts, gdeps, same, views, detached);
+    result = PyObject_CallFunction(make, "OOIIOOONOOONO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
+                                   tang, nondiff, layouts, gdeps, same, views, detached, oviews);
     if (!result) goto error;
     *info = d;
     d = NULL;
@@ -4241,6 +4266,7 @@ done:
     Py_XDECREF(gdeps);
     Py_XDECREF(same);
     Py_XDECREF(views);
+    Py_XDECREF(oviews);
     Py_XDECREF(jt);
     Py_XDECREF(ft);
     Py_XDECREF(bt);

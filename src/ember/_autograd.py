@@ -112,7 +112,7 @@ class _Plan:
 
 
 def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None, grad_deps=None,
-                maybe_same=(), maybe_view=(), detached=()):
+                maybe_same=(), maybe_view=(), detached=(), out_views=()):
     """Called by csrc/autograd on a cache miss; returns compiled(*graph_inputs) -> tuple.
     Under no_grad / inference_mode the guard on grad mode makes a separate, forward-only entry,
     so this callable always runs with grad enabled. grad_deps: per entry of grad_inputs, the
@@ -133,7 +133,10 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     uses read them): Function.apply takes them detached, so that the autograd engine does not walk
     from the region into their history, which eager never reaches (an op there may have no
     derivative at all: NotImplemented); csrc/autograd refuses in-place updates of inputs that
-    require grad, so a detached alias is never written."""
+    require grad, so a detached alias is never written. out_views: (output index, output index)
+    pairs of an output that is a view of another output (x * y and its last row); made again from
+    that output outside the Function in the same way (a Function returning both as views of one
+    value forbids using them after an in-place update of it, which eager allows)."""
     plan = _Plan()
     plan.fwd, plan.bwd = fwd, bwd
     plan.bwd_boxed = getattr(bwd, "run_boxed", None)
@@ -147,7 +150,8 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     apply = CompiledRegion.apply
 
     det = frozenset(detached)
-    if not plan.maybe_same and not maybe_view and not det:
+    out_views = tuple(tuple(p) for p in out_views)
+    if not plan.maybe_same and not maybe_view and not det and not out_views:
         def region(*inputs):
             return apply(plan, None, *inputs)
     else:
@@ -156,7 +160,7 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
             args = inputs if not det else tuple(x.detach() if i in det and isinstance(x, torch.Tensor) else x
                                                 for i, x in enumerate(inputs))
             outs = apply(plan, same, *args)
-            if not same and not maybe_view:
+            if not same and not maybe_view and not out_views:
                 return outs
             outs = list(outs)
             for k, i in same:
@@ -168,6 +172,13 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
                         o.device == x.device and o.untyped_storage().data_ptr() != 0 and
                         o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()):
                     outs[k] = x.as_strided(o.size(), o.stride(), o.storage_offset())
+                    done.add(k)
+            for k, j in out_views:  # a view of another output: made from that output, outside
+                o, b = outs[k], outs[j]
+                if (k not in done and isinstance(o, torch.Tensor) and isinstance(b, torch.Tensor) and
+                        o.device == b.device and o.untyped_storage().data_ptr() != 0 and
+                        o.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()):
+                    outs[k] = b.as_strided(o.size(), o.stride(), o.storage_offset())
             return tuple(outs)
     region.plan = plan
     return region
