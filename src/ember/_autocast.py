@@ -98,7 +98,14 @@ def plan(method: bool, target, args: tuple, kwargs: dict, metas: tuple, devices:
     """
     mode = _fake_mode()
     conv = mode.fake_tensor_converter
-    fakes = [conv.from_meta_and_device(mode, m, d) for m, d in zip(metas, devices)]
+    # two arguments may share one meta (x.contiguous() of a contiguous x is x itself): one fake for
+    # both, and a cast found for one is the other's too (program_gen seed 131767: `x.contiguous() @
+    # x` under bfloat16 autocast cast one operand only)
+    made, fakes = {}, []
+    for m, d in zip(metas, devices):
+        if id(m) not in made:
+            made[id(m)] = conv.from_meta_and_device(mode, m, d)
+        fakes.append(made[id(m)])
     by_id = {id(m): f for m, f in zip(metas, fakes)}
 
     def swap(table):
@@ -118,6 +125,9 @@ def plan(method: bool, target, args: tuple, kwargs: dict, metas: tuple, devices:
     rec = _Recorder(fakes, casts)
     with torch.no_grad(), mode, rec:
         _call(method, target, fargs, fkw)
+    for i, f in enumerate(fakes):  # the recorder names a shared fake by its last index
+        for j in [j for j in casts if j != i and fakes[j] is f]:
+            casts.setdefault(i, set()).update(casts[j])
     if any(len(ds) > 1 for ds in casts.values()):
         return None  # one argument cast to two dtypes: no single explicit cast
     cast = tuple(next(iter(casts[i])) if i in casts else None for i in range(len(fakes)))

@@ -54,6 +54,22 @@ def test_inference_under_autocast(backend):
         assert any(f"autocast_{dev()}=torch.bfloat16" in g for e in infos for g in e["guards"])
 
 
+@pytest.mark.parametrize("backend", ["ember", "aot_eager"])
+def test_two_arguments_sharing_one_meta_are_both_cast(backend):
+    """x.contiguous() of a contiguous x is x itself, so both operands of `x.contiguous() @ x` have
+    the same meta: the plan cast only one of them and dot raised on float32 vs bfloat16 (program_gen
+    seed 131767)."""
+    def f(x):
+        return x.contiguous() @ x, x.contiguous() * x
+    for rg in (False, True):
+        x = torch.randn(5, requires_grad=rg)
+        with torch.autocast(dev(), dtype=BF16):
+            got, ref = ember.compile(f, backend=backend)(x), f(x)
+        for g, r in zip(got, ref):
+            assert g.dtype == r.dtype
+            torch.testing.assert_close(g, r)
+
+
 def test_float16_and_bfloat16_autocast_are_separate_entries():
     """The casts' dtype is part of the graph: the guard tells autocast dtypes apart."""
     def f(x, w):
