@@ -2076,17 +2076,27 @@ static bool is_view_attr(const IRNode *n) {
     return node_named(n, "builtins.getattr getattr") && a && (!strcmp(a, "T") || !strcmp(a, "mT") || !strcmp(a, "H") || !strcmp(a, "mH"));
 }
 
-/* The value whose memory r is: followed back through views and in-place updates (which return
- * what they write) to the first node that is neither. */
+/* One step back along r's memory: the tensor node r is an alias of (a view's base; what an in-place
+ * update writes, which it also returns), 0 when r is neither. *view: the step is a view op. */
+static IRRef alias_step(const IRGraph *g, IRRef r, bool *view) {
+    const IRNode *n = em_ir_node(g, r);
+    if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->meta.kind != IRMETA_TENSOR) return 0;
+    bool mut = is_mutation(n);
+    if (!mut && em_lower_kind_of(n) != EM_LOWER_VIEW && !is_view_attr(n)) return 0;
+    const IRArg *m = mut ? mutated_arg(n) : (n->nargs ? &n->args[0] : NULL);
+    if (!m || m->kind != IRARG_NODE) return 0;
+    *view = !mut;
+    return m->u.ref;
+}
+
+/* The value whose memory r is: followed back through views and in-place updates to the first node
+ * that is neither. */
 static IRRef alias_root(const IRGraph *g, IRRef r) {
+    bool view;
     for (uint32_t depth = 0; depth < g->nnodes; depth++) {
-        const IRNode *n = em_ir_node(g, r);
-        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->meta.kind != IRMETA_TENSOR) return r;
-        bool mut = is_mutation(n);
-        if (!mut && em_lower_kind_of(n) != EM_LOWER_VIEW && !is_view_attr(n)) return r;
-        const IRArg *m = mut ? mutated_arg(n) : (n->nargs ? &n->args[0] : NULL);
-        if (!m || m->kind != IRARG_NODE) return r;
-        r = m->u.ref;
+        IRRef up = alias_step(g, r, &view);
+        if (!up) return r;
+        r = up;
     }
     return r;
 }
@@ -2094,21 +2104,17 @@ static IRRef alias_root(const IRGraph *g, IRRef r) {
 /* The graph input that r is a view of through view ops only (views, in-place updates, aliases as
  * contiguous() of a contiguous value), -1 when r is no such chain. */
 static int32_t maybe_input_view(const IRGraph *g, IRRef r) {
-    bool view = false;
+    bool view = false, step;
     for (uint32_t depth = 0; depth < g->nnodes; depth++) {
-        const IRNode *n = em_ir_node(g, r);
-        if (n->kind == IR_PLACEHOLDER) {
+        if (em_ir_node(g, r)->kind == IR_PLACEHOLDER) {
             for (uint32_t i = 0; view && i < g->ninputs; i++)
                 if (g->inputs[i] == r) return (int32_t)i;
             return -1;
         }
-        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->meta.kind != IRMETA_TENSOR) return -1;
-        bool mut = is_mutation(n);
-        if (!mut && em_lower_kind_of(n) != EM_LOWER_VIEW && !is_view_attr(n)) return -1;
-        view |= !mut;
-        const IRArg *m = mut ? mutated_arg(n) : (n->nargs ? &n->args[0] : NULL);
-        if (!m || m->kind != IRARG_NODE) return -1;
-        r = m->u.ref;
+        IRRef up = alias_step(g, r, &step);
+        if (!up) return -1;
+        view |= step;
+        r = up;
     }
     return -1;
 }
@@ -3988,12 +3994,10 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
             continue;
         int32_t base = -1;
         IRRef r = outs->u.items[k].u.ref;
+        bool view = false;
         for (uint32_t depth = 0; base < 0 && depth < g->nnodes; depth++) {
-            const IRNode *n = em_ir_node(g, r);
-            if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->meta.kind != IRMETA_TENSOR ||
-                (em_lower_kind_of(n) != EM_LOWER_VIEW && !is_view_attr(n)) || n->nargs < 1 || n->args[0].kind != IRARG_NODE)
-                break;
-            r = n->args[0].u.ref;
+            r = alias_step(g, r, &view);
+            if (!r || !view) break; /* views only: an in-place update's result is its argument */
             for (uint32_t k2 = 0; k2 < outs->n && base < 0; k2++)
                 if (k2 != k && outs->u.items[k2].kind == IRARG_NODE && outs->u.items[k2].u.ref == r) base = (int32_t)k2;
         }

@@ -166,22 +166,24 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
             for k, i in same:
                 outs[k] = inputs[i]
             done = {k for k, _ in same}
+            # views of an input, then views of another output (that output as final above): made
+            # again from it, outside the Function
             for k, i in maybe_view:
-                o, x = outs[k], inputs[i]
-                if (k not in done and isinstance(o, torch.Tensor) and isinstance(x, torch.Tensor) and
-                        o.device == x.device and o.untyped_storage().data_ptr() != 0 and
-                        o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()):
-                    outs[k] = x.as_strided(o.size(), o.stride(), o.storage_offset())
-                    done.add(k)
-            for k, j in out_views:  # a view of another output: made from that output, outside
-                o, b = outs[k], outs[j]
-                if (k not in done and isinstance(o, torch.Tensor) and isinstance(b, torch.Tensor) and
-                        o.device == b.device and o.untyped_storage().data_ptr() != 0 and
-                        o.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()):
-                    outs[k] = b.as_strided(o.size(), o.stride(), o.storage_offset())
+                _regenerate_view(outs, k, inputs[i], done)
+            for k, j in out_views:
+                _regenerate_view(outs, k, outs[j], done)
             return tuple(outs)
     region.plan = plan
     return region
+
+
+def _regenerate_view(outs, k, base, done):
+    """outs[k] made again as base.as_strided(...) when it shares base's storage (make_region)."""
+    o = outs[k]
+    if (k not in done and isinstance(o, torch.Tensor) and isinstance(base, torch.Tensor) and o.device == base.device
+            and o.untyped_storage().data_ptr() != 0 and o.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()):
+        outs[k] = base.as_strided(o.size(), o.stride(), o.storage_offset())
+        done.add(k)
 
 
 def _as_layout(t, layout):
