@@ -24,7 +24,8 @@ typedef struct EmCodegenOptions {
 PyObject *em_codegen_c(const Schedule *s, const EmCodegenOptions *opt, uint8_t *sym_used);
 /* ember_k<i>_meta's m[]: work (elements of the whole domain: the thread-count decision), elements
  * (0: nothing to run), the output's sizes then strides (ndim each), then for each extern result
- * the kernel reads (in argument order) its sizes then strides. */
+ * the kernel reads (in argument order) its sizes then strides, then for each output after the
+ * first (a horizontally fused kernel, SKernel.args[nin + 1 ..]) its sizes then strides. */
 enum { EM_KMETA_WORK = 0, EM_KMETA_NUMEL = 1, EM_KMETA_OUT = 2 };
 
 /* Gather loads (LNode.nidx) check each index against its dim. On the CPU a kernel with such a load

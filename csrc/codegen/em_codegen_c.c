@@ -892,7 +892,8 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         /* what the runtime needs per call (layout in em_codegen.h, EM_KMETA_*) */
         const LBuf *ob = &lg->bufs[k->args[k->nin]];
         sb_printf(b, "/* kernel %u's layout for this call: work, elements, output sizes and strides, then the\n"
-                     " * sizes and strides of each extern result it reads (checked against the tensor) */\n", ki);
+                     " * sizes and strides of each extern result it reads (checked against the tensor), then\n"
+                     " * those of its other outputs (horizontally fused) */\n", ki);
         sb_printf(b, "void ember_k%u_meta(const int64_t *restrict sv, int64_t *restrict m) {\n", ki);
         int mi = 0;
         sb_printf(b, "    m[%d] = ", mi++);
@@ -911,6 +912,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         meta_layout(b, &g, &mi, ob);
         for (uint32_t a = 0; a < k->nin; a++)
             if (lg->bufs[k->args[a]].kind == LBUF_EXTERN) meta_layout(b, &g, &mi, &lg->bufs[k->args[a]]);
+        for (uint32_t a = k->nin + 1; a < k->nargs; a++) meta_layout(b, &g, &mi, &lg->bufs[k->args[a]]);
         sb_printf(b, "}\n\n");
     }
     if (g.bad) *bad = 1;

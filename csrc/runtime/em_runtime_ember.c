@@ -43,7 +43,11 @@ typedef struct {
     uint32_t nin;         /* tensors read */
     int32_t donor;        /* argument whose tensor becomes the output (index into args), -1 */
     uint32_t nextra;      /* a horizontally fused kernel's outputs after the first (em_schedule.c):
-                             tensors passed after the inputs and the donor, written in place */
+                             static layouts: tensors passed after the inputs and the donor, written
+                             in place; symbolic: allocated per call from m[] (extra_ndim, extra_dtype)
+                             and returned with the first as a tuple */
+    int32_t *extra_ndim;  /* symbolic, per output after the first: its rank */
+    PyObject **extra_dtype; /* symbolic, per output after the first: its dtype (owned) */
     int64_t numel;        /* 0: nothing to compute */
     PyObject *out_size, *out_stride, *out_dtype;
     PyObject **in_size, **in_stride; /* per input: expected layout, NULL when guaranteed */
@@ -179,8 +183,8 @@ static int follow_torch_threads(Kernel *k) {
 static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
     int64_t svbuf[KSTACK], mbuf[4 * KSTACK], *sv = svbuf, *m = mbuf;
     char *pbuf[KSTACK], **ptrs = pbuf;
-    PyObject *fixbuf[KSTACK], **fixed = fixbuf, *out = NULL, *size = NULL, *stride = NULL;
-    uint32_t nptr = k->nin + 1;
+    PyObject *fixbuf[KSTACK], **fixed = fixbuf, *out = NULL, *size = NULL, *stride = NULL, *outs = NULL;
+    uint32_t nptr = k->nin + 1 + k->nextra;
     memset(fixbuf, 0, sizeof fixbuf);
     if (k->nsym > KSTACK) sv = PyMem_Calloc(k->nsym, sizeof(int64_t));
     else memset(svbuf, 0, sizeof svbuf);
@@ -246,6 +250,28 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
         Py_CLEAR(out);
         goto done;
     }
+    if (k->nextra) { /* the other outputs, in the layouts m[] gives after the extern results' */
+        if (!(outs = PyTuple_New(1 + k->nextra))) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyTuple_SET_ITEM(outs, 0, out);
+        for (uint32_t e = 0; e < k->nextra; e++) {
+            int32_t nd = k->extra_ndim[e];
+            PyObject *sz = em_int64_tuple(nd, m + mi), *st = sz ? em_int64_tuple(nd, m + mi + nd) : NULL;
+            PyObject *eargs[5] = {NULL, sz, st, k->extra_dtype[e], k->out_device};
+            PyObject *t = st ? PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                                   kw_dtype_device)
+                             : NULL;
+            Py_XDECREF(sz);
+            Py_XDECREF(st);
+            mi += 2 * nd;
+            if (!t) goto fail_outs;
+            PyTuple_SET_ITEM(outs, 1 + e, t);
+            if (data_ptr(t, &ptrs[k->nin + 1 + e]) < 0) goto fail_outs;
+        }
+        out = outs; /* the kernel's result: (first output, other outputs...) */
+    }
     if (k->out_elsize && k->donor < 0) {
         int64_t nbytes = k->out_elsize;
         for (int32_t d = 0; d < k->out_ndim; d++) nbytes *= m[EM_KMETA_OUT + d];
@@ -265,6 +291,10 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
         k->fn(ptrs, sv);
         Py_END_ALLOW_THREADS
     }
+    goto done;
+fail_outs:
+    Py_CLEAR(outs); /* owns out */
+    out = NULL;
 done:
     for (uint32_t i = 0; i < k->nin && fixed; i++) Py_XDECREF(fixed[i]);
     Py_XDECREF(size);
@@ -301,8 +331,8 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
     Kernel *k = (Kernel *)self;
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if ((kwnames && PyTuple_GET_SIZE(kwnames)) ||
-        n != (Py_ssize_t)k->nin + (k->donor >= 0 && (uint32_t)k->donor >= k->nin) + (Py_ssize_t)k->nextra +
-                 (Py_ssize_t)k->nsrcargs) {
+        n != (Py_ssize_t)k->nin + (k->donor >= 0 && (uint32_t)k->donor >= k->nin) +
+                 (k->meta || k->mprog ? 0 : (Py_ssize_t)k->nextra) + (Py_ssize_t)k->nsrcargs) {
         PyErr_Format(PyExc_TypeError, "ember kernel %U: wrong arguments", k->name);
         return NULL;
     }
@@ -389,6 +419,9 @@ static void kernel_dealloc(PyObject *self) {
     free(k->src_arg);
     free(k->src_dim);
     free(k->in_ndim);
+    for (uint32_t e = 0; k->extra_dtype && e < k->nextra; e++) Py_XDECREF(k->extra_dtype[e]);
+    free(k->extra_dtype);
+    free(k->extra_ndim);
     free(k->checks);
     if (k->in_size) {
         for (uint32_t i = 0; i < k->nin; i++) {
@@ -656,6 +689,18 @@ static IRRef alloc_node(Prog *p, const LBuf *b, const uint32_t *form_of, PyObjec
     return r;
 }
 
+/* A program node taking item i of the tuple value r (operator.getitem). 0 with an exception. */
+static IRRef item_node(Prog *p, IRRef r, uint32_t i) {
+    static PyObject *getitem = NULL; /* operator.getitem; one interpreter */
+    if (!getitem && !em_lazy_attr(&getitem, "operator", "getitem")) return 0;
+    PyObject *idx = em_arena_hold_steal(p->ng->arena, PyLong_FromUnsignedLong(i));
+    if (!idx || !em_arena_hold(p->ng->arena, getitem)) return 0;
+    IRArg args[2] = {{.kind = IRARG_NODE, .u.ref = r}, {.kind = IRARG_CONST, .u.obj = idx}};
+    IRRef g = em_ir_call(p->ng, IR_CALL_FUNCTION, getitem, args, 2, NULL, NULL, 0, NULL);
+    if (!g && !PyErr_Occurred()) PyErr_NoMemory();
+    return g;
+}
+
 /* The launch table of the CUDA code generator, for cache_info and the tests. */
 static PyObject *launch_list(const EmCudaLaunch *L, uint32_t n) {
     PyObject *l = PyList_New(0);
@@ -756,9 +801,9 @@ static void sym_sources_free(SymSources *s) {
 }
 
 /* The layout of a CUDA kernel's m[] as size expressions (EM_KMETA_*: work, elements, the output's
- * sizes and strides, each extern result's; then the row length and the farthest element reached,
+ * sizes and strides, each extern result's, the other outputs'; then the row length and the farthest element reached,
  * em_codegen_cuda_sym_exprs). out has room for cuda_meta_cap(s, k) entries; returns the count. */
-static uint32_t cuda_meta_cap(const SKernel *k) { return 4 + 2 * EM_LMAXDIM * (k->nin + 1); }
+static uint32_t cuda_meta_cap(const SKernel *k) { return 4 + 2 * EM_LMAXDIM * (k->nargs + 1); }
 
 static uint32_t cuda_meta_exprs(const Schedule *s, const SKernel *k, SymRef *out) {
     const LGraph *lg = s->lg;
@@ -775,6 +820,10 @@ static uint32_t cuda_meta_exprs(const Schedule *s, const SKernel *k, SymRef *out
         const LBuf *ib = &lg->bufs[k->args[a]];
         if (ib->kind != LBUF_EXTERN) continue;
         for (int t = 0; t < 2 * ib->ndim; t++) out[n++] = t < ib->ndim ? ib->ssizes[t] : ib->sstrides[t - ib->ndim];
+    }
+    for (uint32_t a = k->nin + 1; a < k->nargs; a++) { /* the other outputs (horizontally fused) */
+        const LBuf *xb = &lg->bufs[k->args[a]];
+        for (int t = 0; t < 2 * xb->ndim; t++) out[n++] = t < xb->ndim ? xb->ssizes[t] : xb->sstrides[t - xb->ndim];
     }
     em_codegen_cuda_sym_exprs(s, k, &out[n + 1], &out[n]);
     return n + 2;
@@ -812,7 +861,10 @@ static int kernel_set_symbolic(Kernel *ko, void *handle, const char *fname, cons
     ko->src_arg = malloc((srcs->nsym + 1) * sizeof(uint32_t));
     ko->src_dim = malloc((srcs->nsym + 1) * sizeof(int32_t));
     ko->in_ndim = malloc((k->nin + 1) * sizeof(int32_t));
-    if ((!ko->meta && !ko->mprog) || !ko->src_sym || !ko->src_arg || !ko->src_dim || !ko->in_ndim) {
+    ko->extra_ndim = malloc((ko->nextra + 1) * sizeof(int32_t));
+    ko->extra_dtype = calloc(ko->nextra + 1, sizeof(PyObject *));
+    if ((!ko->meta && !ko->mprog) || !ko->src_sym || !ko->src_arg || !ko->src_dim || !ko->in_ndim || !ko->extra_ndim ||
+        !ko->extra_dtype) {
         if (!ko->meta && !ko->mprog) PyErr_Format(PyExc_RuntimeError, "ember: %s missing from the library", mname);
         else PyErr_NoMemory();
         return -1;
@@ -828,6 +880,16 @@ static int kernel_set_symbolic(Kernel *ko, void *handle, const char *fname, cons
         const LBuf *ib = &lg->bufs[k->args[q]];
         ko->in_ndim[q] = ib->kind == LBUF_EXTERN ? ib->ndim : -1;
         if (ib->kind == LBUF_EXTERN) nm += 2 * (uint32_t)ib->ndim;
+    }
+    for (uint32_t e = 0; e < ko->nextra; e++) {
+        const LBuf *xb = &lg->bufs[k->args[k->nin + 1 + e]];
+        ko->extra_ndim[e] = xb->ndim;
+        ko->extra_dtype[e] = Py_XNewRef(em_lower_dtype_obj(xb->dtype));
+        if (!ko->extra_dtype[e]) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: a fused output without a dtype");
+            return -1;
+        }
+        nm += 2 * (uint32_t)xb->ndim;
     }
     ko->nmeta = ko->cuda ? ncuda : nm;
     EM_ASSERT(!ko->cuda || ncuda == nm + 2);
@@ -1382,7 +1444,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         for (uint32_t e = k->nin + 1; e < k->nargs; e++) {
             uint32_t eb = k->args[e];
             if (form_of[eb] != NONE) continue;
-            for (uint32_t q = 0; q < npool; q++) {
+            for (uint32_t q = 0; q < npool && !lg->env; q++) { /* symbolic: the kernel allocates them */
                 uint32_t b = pool[q];
                 if (consumed[b] || last[b] >= st + 1 || !same_layout(&lg->bufs[b], &lg->bufs[eb])) continue;
                 consumed[b] = 1;
@@ -1537,6 +1599,8 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         ko->nsym = ko->nsrc = ko->nsrcargs = ko->nmeta = 0;
         ko->src_sym = ko->src_arg = NULL;
         ko->src_dim = ko->in_ndim = NULL;
+        ko->extra_ndim = NULL;
+        ko->extra_dtype = NULL;
         ko->out_ndim = 0;
         ko->threshold = opt.parallel_threshold;
         ko->vectorcall = kernel_vectorcall;
@@ -1643,7 +1707,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             }
             ko->donor = (int32_t)pos;
         }
-        for (uint32_t e = k->nin + 1; e < k->nargs; e++) { /* the other outputs, written in place */
+        for (uint32_t e = k->nin + 1; e < k->nargs && !lg->env; e++) { /* the other outputs, written in place */
             uint32_t eb = k->args[e];
             IRRef er = extra_donor[eb] != NONE ? p.buf_new[extra_donor[eb]] : alloc_node(&p, &lg->bufs[eb], form_of,
                                                                                           cuda ? device : cpu_device);
@@ -1668,7 +1732,15 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: kernel argument without a value");
             goto done;
         }
-        p.buf_new[k->args[k->nin]] = r;
+        if (lg->env && k->nargs > k->nin + 1) { /* symbolic: the kernel returns (output, other outputs...) */
+            for (uint32_t e = k->nin; e < k->nargs; e++) {
+                IRRef gi = item_node(&p, r, e - k->nin);
+                if (!gi) goto done;
+                p.buf_new[k->args[e]] = gi;
+            }
+        } else {
+            p.buf_new[k->args[k->nin]] = r;
+        }
         /* a summary for cache_info */
         PyObject *names = PyList_New(0);
         if (!names) goto done;

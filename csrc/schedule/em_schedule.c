@@ -618,7 +618,7 @@ static int need_arg(Sched *c, const IRArg *a) {
  * (torch/_inductor/scheduler.py, score_fusion_memory) or are small. A later kernel B joins an
  * earlier kernel A (B's work moves up to A's step) when
  *   - both are pointwise, or both reductions storing per-row values only (hfuse_joinable), over the
- *     same domain (sizes in loop order; static graphs only);
+ *     same domain (sizes in loop order; in a symbolic graph the same size expressions);
  *   - no step from A up to B writes a buffer B reads, or touches a buffer B writes (an extern call
  *     counts as writing every buffer it sees: its schema may mutate an argument);
  *   - B writes only buffers of its own values (never a graph input) and has no gather load, so
@@ -626,16 +626,24 @@ static int need_arg(Sched *c, const IRArg *a) {
  *   - and either B reads a buffer A reads (read once instead of twice; only when no extern call
  *     lies between, so that a large output is not allocated across them: peak memory) or the domain
  *     is small (at most EM_HFUSE_SMALL elements: a launch saved, its output allocated earlier
- *     costs little).
+ *     costs little; in a symbolic graph for every size the entry admits).
  * The fused kernel stores every output of both; the runtime allocates the ones after the first. */
 #define EM_HFUSE_SMALL 32768
 #define EM_HFUSE_WINDOW 24   /* steps looked back from B */
 #define EM_HFUSE_MAXSTORES 8
 
-static int64_t kernel_work(const SKernel *k) {
+/* Is the kernel's domain small (at most EM_HFUSE_SMALL elements)? In a symbolic graph: for every
+ * size its entry admits (the upper bound of the domain's size expression). */
+static int kernel_small(const LGraph *lg, const SKernel *k) {
     int64_t w = 1;
     for (int j = 0; j < k->ndim; j++) w *= k->sizes[j];
-    return w;
+    if (!lg->env) return w <= EM_HFUSE_SMALL;
+    SymRef sw = em_sym_const(lg->env, 1);
+    for (int j = 0; j < k->ndim && sw != SYM_NONE; j++) sw = em_sym_mul(lg->env, sw, k->ssizes[j]);
+    int64_t lo, hi;
+    if (sw == SYM_NONE) return 0;
+    em_sym_range(lg->env, sw, &lo, &hi);
+    return hi <= EM_HFUSE_SMALL;
 }
 
 /* A kernel that may take part at all: pointwise, or a reduction storing only per-row values (a
@@ -656,10 +664,12 @@ static int hfuse_movable(const Schedule *s, const SKernel *k) {
     return hfuse_joinable(k);
 }
 
-static int hfuse_same_domain(const SKernel *a, const SKernel *b) {
+/* Same sizes in loop order; in a symbolic graph the same size expressions (hash-consed: one
+ * SymRef per expression), so the two agree for every size the entry admits. */
+static int hfuse_same_domain(const Schedule *s, const SKernel *a, const SKernel *b) {
     if (a->reduction != b->reduction || a->ndim != b->ndim || a->nouter != b->nouter) return 0;
     for (int j = 0; j < a->ndim; j++)
-        if (a->sizes[j] != b->sizes[j]) return 0;
+        if (a->sizes[j] != b->sizes[j] || (s->lg->env && a->ssizes[j] != b->ssizes[j])) return 0;
     return 1;
 }
 
@@ -703,18 +713,20 @@ static int hfuse_conflict(const Schedule *s, const SStep *st, const uint8_t *rd,
     return 0;
 }
 
-/* Are two loads the same read (buffer, place, dtype; no mask, no gather)? */
-static int hfuse_same_load(const SKernel *a, uint32_t i, const SKernel *b, uint32_t j) {
+/* Are two loads the same read (buffer, place, dtype; no mask, no gather)? In a symbolic graph the
+ * place's expressions too. */
+static int hfuse_same_load(bool sym, const SKernel *a, uint32_t i, const SKernel *b, uint32_t j) {
     const LNode *x = &a->nodes[i], *y = &b->nodes[j];
     const SAccess *p = &a->loads[a->acc_of[i]], *q = &b->loads[b->acc_of[j]];
     return x->dtype == y->dtype && x->cdtype == y->cdtype && !p->mask && !q->mask && !p->nidx && !q->nidx &&
            p->buf == q->buf && p->iota == q->iota && p->offset == q->offset &&
-           memcmp(p->strides, q->strides, a->ndim * sizeof(int64_t)) == 0;
+           memcmp(p->strides, q->strides, a->ndim * sizeof(int64_t)) == 0 &&
+           (!sym || (p->soffset == q->soffset && memcmp(p->sstrides, q->sstrides, a->ndim * sizeof(SymRef)) == 0));
 }
 
 /* Appends kernel b's work to kernel a (same domain): nodes, accesses and arguments. A load of b that
  * a makes already (same buffer and place) is a's node: the element is read once. */
-static int hfuse_merge(EmArena *ar, SKernel *a, const SKernel *b) {
+static int hfuse_merge(EmArena *ar, bool sym, SKernel *a, const SKernel *b) {
     uint32_t n = a->nnodes + b->nnodes, nl = a->nloads + b->nloads, ns = a->nstores + b->nstores;
     SKernel k = *a;
     k.nodes = em_arena_alloc(ar, n * sizeof(LNode));
@@ -739,7 +751,7 @@ static int hfuse_merge(EmArena *ar, SKernel *a, const SKernel *b) {
         map[i] = NONE;
         if (ln.op == LP_LOAD)
             for (uint32_t t = 0; t < a->nnodes && map[i] == NONE; t++)
-                if (a->nodes[t].op == LP_LOAD && hfuse_same_load(a, t, b, i)) map[i] = t;
+                if (a->nodes[t].op == LP_LOAD && hfuse_same_load(sym, a, t, b, i)) map[i] = t;
         if (map[i] != NONE) continue;
         for (int q = 0; q < em_lnode_nin(&ln); q++) ln.in[q] = map[ln.in[q]];
         map[i] = k.nnodes;
@@ -783,7 +795,7 @@ static int horizontal_fusion(Sched *c) {
         for (uint32_t q = 0; q < kb->nloads; q++)
             if (!kb->loads[q].iota) rd[kb->loads[q].buf] = both[kb->loads[q].buf] = 1;
         for (uint32_t q = 0; q < kb->nstores; q++) wr[kb->stores[q].buf] = both[kb->stores[q].buf] = 1;
-        int small = kernel_work(kb) <= EM_HFUSE_SMALL, crossed_extern = 0;
+        int small = kernel_small(lg, kb), crossed_extern = 0;
         for (uint32_t i = j; i-- > 0 && j - i <= EM_HFUSE_WINDOW;) {
             const SStep *st = &s->steps[i];
             if (gone[i]) continue;
@@ -791,12 +803,12 @@ static int horizontal_fusion(Sched *c) {
             if (st->kind == SSTEP_EXTERN) crossed_extern = 1;
             if (st->kind != SSTEP_KERNEL) continue;
             SKernel *ka = &s->kernels[st->index];
-            if (!hfuse_same_domain(ka, kb) || !hfuse_joinable(ka) || ka->nstores + kb->nstores > EM_HFUSE_MAXSTORES)
+            if (!hfuse_same_domain(s, ka, kb) || !hfuse_joinable(ka) || ka->nstores + kb->nstores > EM_HFUSE_MAXSTORES)
                 continue;
             int shared = 0;
             for (uint32_t q = 0; q < ka->nloads && !shared; q++) shared = !ka->loads[q].iota && rd[ka->loads[q].buf];
             if (!small && !(shared && !crossed_extern)) continue;
-            if (hfuse_merge(ar, ka, kb) < 0) return -1;
+            if (hfuse_merge(ar, lg->env != NULL, ka, kb) < 0) return -1;
             gone[j] = 1;
             nfused++;
             break;
@@ -860,7 +872,7 @@ Schedule *em_schedule_graph(LGraph *lg) {
             if (out->args[0].u.items[i].kind == IRARG_NODE &&
                 (need_sym(&c, out->args[0].u.items[i].u.ref) < 0 || need_tensor(&c, out->args[0].u.items[i].u.ref, 1) < 0))
                 goto oom;
-    if (!lg->env && horizontal_fusion(&c) < 0) goto oom;
+    if (horizontal_fusion(&c) < 0) goto oom;
     return s;
 oom:
     if (!PyErr_Occurred()) PyErr_NoMemory();

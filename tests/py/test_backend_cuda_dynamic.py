@@ -75,6 +75,11 @@ CASES = [
     ("layer_norm_rows", lambda x, w, b: F.layer_norm(x, (64,), w, b), lambda a: [(a, 64), (64,), (64,)],
      [(4,), (3,), (37,)]),
     ("rms_norm", lambda x, w: F.rms_norm(x, (x.shape[-1],), w), lambda a, b: [(a, b), (b,)], [(4, 9), (3, 600)]),
+    # horizontally fused: one kernel, several outputs (allocated per call from the kernel's layouts)
+    ("horizontal", lambda x, y: (x.sin() * 2, x.cos() + y, x > y, (x * y).half()), lambda a, b: [(a, b), (a, b)],
+     [(4, 8), (3, 7), (5, 1030), (2, 3)]),
+    ("horizontal_rows", lambda x, y: (x.amax(-1), x.sum(-1), (x * y).argmax(-1)), lambda a, b: [(a, b), (a, b)],
+     [(4, 8), (3, 7), (5, 1500)]),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -150,6 +155,17 @@ def test_emulated_symbolic_kernels_over_sizes(monkeypatch, name, fn, shapes_of, 
         _check(outs, fn(*inputs))
         cf(*inputs)
     assert len(ember.cache_info(cf)) == 1  # the guards admitted every size: one symbolic entry
+
+
+@needs_emu
+def test_emulated_horizontal_fusion_is_one_kernel(monkeypatch):
+    """The symbolic graphs of the "horizontal" cases are one kernel each, every output stored by it."""
+    for name in ("horizontal", "horizontal_rows"):
+        _, fn, shapes_of, sizes = CASES[IDS.index(name)]
+        ember.reset()
+        _, ct = _symbolic_cuda(monkeypatch, fn, _inputs(shapes_of, sizes[0]))
+        assert len(ct["kernel_list"]) == 1, (name, ct["kernel_list"])
+        assert len(ct["kernel_list"][0]["args"]) == 2 + len(fn(*_inputs(shapes_of, sizes[0]))), ct["kernel_list"]
 
 
 @needs_emu

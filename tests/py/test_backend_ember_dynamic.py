@@ -251,3 +251,50 @@ def test_training_graph_under_automatic_dynamic_is_compiled_per_size():
     for e in entries:
         assert e["dynamic"] == [] and "autograd" in e, e.get("ember")
         assert set(e["autograd"]["ember"]) == {"forward", "backward"}
+
+
+def test_horizontal_fusion_in_symbolic_graphs():
+    """Independent kernels over the same symbolic domain are one loop nest (em_schedule.c,
+    horizontal fusion: the same size expressions); the kernel allocates its other outputs per call
+    from its meta function's layouts and returns them with the first."""
+    def pointwise(x, y):
+        return x.sin() * 2, x.cos() + y, (x * y).relu(), (x > y), (x - y).half()
+
+    cf, n = run_sizes(pointwise, lambda n: (torch.randn(n, 33), torch.randn(n, 33)), [5, 7, 300, 2, 64])
+    (info,) = assert_compiled(cf)
+    assert n == 1 and info["kernels"] == 1 and info["kernel_list"][0]["outputs"] == 5, info["kernel_list"]
+    body = info["source"].split("void ember_k0(")[1].split("\n}\n")[0]
+    assert body.count("a0[") == 1 and body.count("a1[") == 1, body  # x and y each read once per element
+
+    def reductions(x, y):  # per-row values, joined one by one through shared reads (x, then y)
+        return x.var(-1), x.sum(-1), (x * y).argmax(-1), y.amin(-1)
+
+    cf, n = run_sizes(reductions, lambda n: (torch.randn(n, n + 3), torch.randn(n, n + 3)), [4, 9, 2, 40])
+    (info,) = assert_compiled(cf)
+    assert n == 1 and [k["outputs"] for k in info["kernel_list"]] == [4], info["kernel_list"]
+
+    # not joined: another domain (a slice), a transposed layout; read again by a later kernel and an extern
+    def mixed(x, w):
+        a = x.sigmoid()
+        b = x[1:].exp()
+        c = x.t() * 2
+        return a, b, c, (a + x.tanh()) @ w, a.sum(0)
+
+    cf, n = run_sizes(mixed, lambda n: (torch.randn(n, 6), torch.randn(6, 5)), [3, 8, 17])
+    (info,) = assert_compiled(cf)
+    assert n == 1 and all(k["outputs"] == 1 for k in info["kernel_list"] if {"getitem", "t"} & set(k["nodes"])), info
+
+    # without a shared read, a symbolic domain is joined when it is small for every admitted size
+    def no_shared_read(x, w):  # x.exp() reads x, m.sigmoid() reads the matmul's result: both (s0, 4)
+        m = x @ w
+        return x.exp(), m.sigmoid()
+
+    for bound, kernels in ((None, 2), (100, 1)):  # unbounded: small for the example only
+        ember.reset()
+        cf = ember.compile(no_shared_read, backend="ember")
+        for n in (3, 5, 100):
+            x, w = torch.randn(n, 4), torch.randn(4, 4)
+            ember.mark_dynamic(x, 0, max=bound)
+            torch.testing.assert_close(cf(x, w), no_shared_read(x, w))
+        (info,) = assert_compiled(cf)
+        assert info["kernels"] == kernels, (bound, info["kernel_list"])
