@@ -2321,8 +2321,8 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
     f.level = malloc(f.nv * sizeof(int32_t));
     uint32_t *queue = malloc(f.nv * sizeof(uint32_t));
     int rc = -1;
-    uint8_t *read_by_bwd = calloc(N, 1), *materialized = calloc(N, 1);
-    if (!f.head || !f.it || !f.level || !queue || !read_by_bwd || !materialized) goto done;
+    uint8_t *read_by_bwd = calloc(N, 1), *materialized = calloc(N, 1), *input_alias = calloc(N, 1);
+    if (!f.head || !f.it || !f.level || !queue || !read_by_bwd || !materialized || !input_alias) goto done;
     memset(f.head, 0xff, f.nv * sizeof(uint32_t));
     for (IRRef r = 1; r < N; r++) {
         const IRNode *n = em_ir_node(j, r);
@@ -2333,11 +2333,27 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
             for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
                 mark_materialized(j, ag->role, i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], materialized);
     }
+    /* A graph input, or a forward view of one, that no backward node reads is never saved: eager's
+     * autograd would not save it (its formulas read values computed from it), so the user may update
+     * it in place between the forward and the backward, where a saved input would make the backward
+     * raise "modified by an inplace operation" (program_gen seed 190254: x / (y.abs() + 1), then
+     * y[0] = 0 before backward). The cut saves what is computed from it instead. */
+    for (IRRef r = 1; r < N; r++) {
+        const IRNode *n = em_ir_node(j, r);
+        if (ag->role[r] == ROLE_PRIMAL) {
+            input_alias[r] = 1;
+        } else if (ag->role[r] == ROLE_FWD && (n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) &&
+                   em_lower_kind_of(n) == EM_LOWER_VIEW && n->nargs >= 1 && n->args[0].kind == IRARG_NODE) {
+            input_alias[r] = input_alias[n->args[0].u.ref];
+        }
+    }
     for (IRRef r = 1; r < N; r++) {
         const IRNode *n = em_ir_node(j, r);
         uint8_t role = ag->role[r];
+        bool unsaved_input = input_alias[r] && !read_by_bwd[r];
         if (role == ROLE_PRIMAL) {
-            if (flow_add(&f, S, 2 * r, INF_CAP) < 0 || flow_add(&f, 2 * r, 2 * r + 1, bytes[r] >= 0 ? 1 : INF_CAP) < 0)
+            if (flow_add(&f, S, 2 * r, INF_CAP) < 0 ||
+                flow_add(&f, 2 * r, 2 * r + 1, bytes[r] >= 0 && !unsaved_input ? 1 : INF_CAP) < 0)
                 goto done;
         } else if (role == ROLE_FWD) {
             PyObject *qn = node_opname(n);
@@ -2359,7 +2375,8 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
             /* bytes first; among cuts of equal bytes, the one that saves values the backward reads
              * itself (+1) over their producers (+7): recomputation costs kernels (a copy like
              * contiguous, a chain replayed op by op) and saves no memory then */
-            if (flow_add(&f, 2 * r, 2 * r + 1, bytes[r] >= 0 ? 8 * bytes[r] + (read_by_bwd[r] ? 1 : 7) : INF_CAP) < 0)
+            if (flow_add(&f, 2 * r, 2 * r + 1,
+                         bytes[r] >= 0 && !unsaved_input ? 8 * bytes[r] + (read_by_bwd[r] ? 1 : 7) : INF_CAP) < 0)
                 goto done;
         }
         if (role != ROLE_FWD && role != ROLE_BWD) continue;
@@ -2404,6 +2421,7 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
 done:
     free(read_by_bwd);
     free(materialized);
+    free(input_alias);
     free(f.e);
     free(f.head);
     free(f.it);

@@ -519,6 +519,63 @@ static int forward_jump_opnum(int op) {
     return rs.opnum[f];
 }
 
+/* Which of F's locals the code may still read from instruction `from` on (a backward dataflow over
+ * F's instructions: LOAD_FAST* and DELETE_FAST read, STORE_FAST writes; jumps, fallthrough and the
+ * handlers of the exception table are the edges), OR-ed into live[] (F's local numbering). A dead
+ * local is not passed to the resume function, as Dynamo passes only live variables
+ * (torch/_dynamo/bytecode_analysis.py, livevars_analysis): a tensor the rest of the frame never
+ * reads is then no output of the graph (no memory held across the break, and no gradient work
+ * for it in a training region). Code that may read its locals by name (locals(), vars(), eval,
+ * exec, dir) or an instruction this analysis does not know keeps every local. 0, or -1 on OOM. */
+static int live_locals(const TFrame *F, const PyCodeObject *code, uint32_t from, uint8_t *live) {
+    static const char *const reflective[] = {"locals", "vars", "eval", "exec", "dir", "breakpoint", NULL};
+    int nl = F->nlocals;
+    uint32_t n = (uint32_t)F->nins;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(code->co_names); k++)
+        for (int r = 0; reflective[r]; r++)
+            if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(code->co_names, k), reflective[r]) == 0) goto all;
+    for (uint32_t i = from; i < n; i++)
+        if (F->ins[i].op == OP__UNKNOWN) goto all;
+    /* in[i * nl + v]: local v may be read from instruction i on; iterate to the fixed point */
+    uint8_t *in = calloc((size_t)n * (size_t)(nl ? nl : 1) + 1, 1);
+    if (!in) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (uint32_t i = n; i-- > 0;) {
+            const TInstr *t = &F->ins[i];
+            uint8_t *row = in + (size_t)i * nl;
+            bool term = t->op == OP_JUMP_FORWARD || t->op == OP_JUMP_BACKWARD || t->op == OP_JUMP_BACKWARD_NO_INTERRUPT ||
+                        t->op == OP_RETURN_VALUE || t->op == OP_RETURN_CONST || t->op == OP_RAISE_VARARGS ||
+                        t->op == OP_RERAISE;
+            for (int v = 0; v < nl; v++) {
+                uint8_t x = 0;
+                if (!term && i + 1 < n) x |= in[(size_t)(i + 1) * nl + v];
+                if (t->target >= 0 && (uint32_t)t->target < n) x |= in[(size_t)t->target * nl + v];
+                for (uint32_t e = 0; e < F->nexc && !x; e++)
+                    if (i >= F->exctab[e].start && i < F->exctab[e].end && F->exctab[e].target >= 0)
+                        x |= in[(size_t)F->exctab[e].target * nl + v];
+                if (t->op == OP_STORE_FAST && t->arg == v) x = 0;
+                if ((t->op == OP_LOAD_FAST || t->op == OP_LOAD_FAST_CHECK || t->op == OP_LOAD_FAST_AND_CLEAR ||
+                     t->op == OP_DELETE_FAST) && t->arg == v)
+                    x = 1;
+                if (x != row[v]) {
+                    row[v] = x;
+                    changed = true;
+                }
+            }
+        }
+    }
+    for (int v = 0; v < nl && from < n; v++) live[v] |= in[(size_t)from * nl + v];
+    free(in);
+    return 0;
+all:
+    memset(live, 1, (size_t)nl);
+    return 0;
+}
+
 /* Zero-argument super() finds its object in localsplus[0] of the running frame (Objects/typeobject.c,
  * super_init_without_args; on 3.12 only the plain `super()` call does, LOAD_SUPER_ATTR takes it from
  * the stack). A resume function of a method whose code may call super() (it has a __class__ free
@@ -941,13 +998,22 @@ int em_tr_split_here(Trace *T, TFrame *F) {
         return -1;
     }
     sp->restore_grad = -1;
+    /* the locals the rest of the frame may read (from the breaking instruction on: both of its
+     * successors and its handler); local 0 always (zero-argument super() reads it) */
+    uint8_t *live = em_arena_alloc(T->arena, (size_t)F->nlocals + 1);
+    if (!live) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(live, b.kind == K_EXIT || in->op == OP_STORE_FAST, (size_t)F->nlocals + 1);
+    if (!live[0] && live_locals(F, C, (uint32_t)F->pc, live) < 0) return -1;
     int ncf = 0, nlocals = 0;
     for (int j = 0; j < nO; j++) {
         int r = rmap ? (int)PyLong_AsLong(PyTuple_GET_ITEM(rmap, j)) : j;
         if (r < 0 || r >= F->nlocals) return em_tr_break(T, EM_BREAK_INTERNAL, "resume map out of range");
         olocal[j] = F->locals[r];
         bool cf = ((unsigned char)kinds[j] & (TR_FAST_CELL | TR_FAST_FREE)) != 0;
-        bound[j] = !cf && !is_null(olocal[j]);
+        bound[j] = !cf && !is_null(olocal[j]) && (live[r] || j == 0);
         nlocals += bound[j];
         if (cf) deref_map[j] = ncf++;
     }

@@ -88,6 +88,45 @@ def test_print_with_keywords_and_item():
     assert all(k == "break" for k in kinds_tree(c)[:2])
 
 
+def test_only_live_locals_are_passed_to_the_resume_function():
+    """A local the rest of the frame never reads is not passed to the resume function (Dynamo's
+    livevars_analysis): it is no output of the graph, so its tensor is not held across the break.
+    Reads in an exception handler, in a later loop iteration, by del, and through locals() keep a
+    local live."""
+    def f(x):
+        dead = x * 2  # noqa: F841
+        y = x + 1
+        print("y", file=SINK)
+        return y * 3
+
+    c = run_both(f, [(torch.randn(4),)] * 2)
+    out = next(ln for ln in ember.cache_info(c)[0]["graph"].splitlines() if ln.startswith("output"))
+    assert "add" in out and "mul" not in out, out
+
+    def g(x):
+        a, b, c, d = x * 2, x + 1, x - 1, x / 2
+        print("v", file=SINK)
+        try:
+            out = b * 2
+            if out.sum() > -1e9:
+                raise ValueError
+        except ValueError:
+            out = out + a  # a: read only in the handler
+        for i in range(2):
+            out = out + (c if i else 0)  # c: read in the loop's second iteration
+        del d  # del reads the local (unbound: UnboundLocalError)
+        return out
+
+    run_both(g, [(torch.randn(4),)] * 2)
+
+    def h(x):
+        a = x * 2  # noqa: F841
+        print("v", file=SINK)
+        return locals()["a"] + 1
+
+    run_both(h, [(torch.randn(4),)] * 2)
+
+
 def test_nested_breaks_resume_of_resume():
     def f(x):
         x = x + 1
