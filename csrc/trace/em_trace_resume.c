@@ -1103,11 +1103,13 @@ int em_tr_split_here(Trace *T, TFrame *F) {
         if (!stack_null[i]) top[vi++] = F->stack[i];
     for (int j = 0; j < nO; j++)
         if (bound[j]) top[vi++] = olocal[j];
-    for (int i = 0; i < nnew; i++) {
-        for (int k = 0; k < ncf; k++)
-            if (sp->cell_value[k] == i) sp->cell_value[k] = (int32_t)vi;
-        top[vi++] = newcell_contents[i];
-    }
+    /* a new cell's content i is value first_new + i (one pass: remapping content by content in
+     * place mixed up two cells once a value index equalled a later content's index, as when no
+     * plain local is bound and x0 and acc_v1 are both cells: program_gen seed 220373) */
+    uint32_t first_new = vi;
+    for (int k = 0; k < ncf; k++)
+        if (sp->cell_value[k] >= 0) sp->cell_value[k] += (int32_t)first_new;
+    for (int i = 0; i < nnew; i++) top[vi++] = newcell_contents[i];
     for (uint32_t i = 0; i < nvals; i++) {
         /* a function or container made in the frame that is live more than once (a local and
          * the callee on the stack) is rebuilt once: later items refer to the first */

@@ -127,6 +127,25 @@ def test_only_live_locals_are_passed_to_the_resume_function():
     run_both(h, [(torch.randn(4),)] * 2)
 
 
+def test_break_with_only_cells_live():
+    """x0 and acc are cells (a closure reads them) and no plain local is passed at the break: each
+    new cell gets its own content (they were swapped: program_gen seed 220373)."""
+    def f(x0):
+        acc = [x0]
+
+        def g():
+            acc.append(x0 * 2)
+            return len(acc)
+        v1 = acc[0] * g()  # noqa: F841  (dead at the break)
+        if x0.mean().item() < 0:
+            v3 = x0 * 2
+        else:
+            v3 = x0 * 3
+        return v3, len(acc)
+
+    run_both(f, [(torch.randn(5, 2),), (-torch.ones(5, 2),)])
+
+
 def test_nested_breaks_resume_of_resume():
     def f(x):
         x = x + 1
