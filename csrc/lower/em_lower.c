@@ -598,10 +598,12 @@ typedef enum {
     R_CAST, R_TO, R_GELU, R_SILU, R_SOFTPLUS, R_SQUARE, R_MAXMIN,
     R_REDUCE, R_MEAN, R_VAR, R_SOFTMAX, R_LOGSUMEXP, R_LAYER_NORM, R_RMS_NORM, R_BATCH_NORM, R_GROUP_NORM,
     R_MAX_POOL, R_ADAPTIVE_AVG_POOL, R_CAT, R_FILL, R_ARANGE, R_BITWISE, R_BITNOT, R_DIFF,
-    R_EMBEDDING, R_INDEX_SELECT, R_GATHER, R_PHILOX_DROPOUT, R_SUM_TO_SIZE, R_THRESHOLD_BACKWARD,
+    R_EMBEDDING, R_INDEX_SELECT, R_GATHER, R_PHILOX_DROPOUT, R_SUM_TO_SIZE, R_THRESHOLD_BACKWARD, R_ACT_BACKWARD,
     R_RESHAPE, R_PERMUTE, R_TRANSPOSE, R_T, R_EXPAND, R_NARROW, R_SELECT, R_GETITEM, R_IDENTITY, R_DROPOUT,
     R_SPLIT
 } RuleKind;
+
+enum { ACT_TANH, ACT_SIGMOID, ACT_SILU, ACT_GELU }; /* R_ACT_BACKWARD's prim */
 
 typedef struct {
     const char *key;  /* normalized target name (see target_key) */
@@ -703,6 +705,11 @@ static const LowerRule LOWER_RULES[] = {
     /* what backward graphs call (csrc/autograd): a broadcast operand's gradient, ReLU's backward */
     {"sum_to_size", R_SUM_TO_SIZE, 0, ""},
     {"ops.aten.threshold_backward", R_THRESHOLD_BACKWARD, 0, "grad_output,input,threshold"},
+    /* activations' backward ops (prim: ACT_*), as aten's CPU kernels compute them */
+    {"ops.aten.tanh_backward", R_ACT_BACKWARD, ACT_TANH, "grad_output,output"},
+    {"ops.aten.sigmoid_backward", R_ACT_BACKWARD, ACT_SIGMOID, "grad_output,output"},
+    {"ops.aten.silu_backward", R_ACT_BACKWARD, ACT_SILU, "grad_output,self"},
+    {"ops.aten.gelu_backward", R_ACT_BACKWARD, ACT_GELU, "grad_output,self,approximate"},
     /* views: index arithmetic */
     {"view", R_RESHAPE, 0, ""}, {"reshape", R_RESHAPE, 1, ""}, {"flatten", R_RESHAPE, 1, ""},
     {"squeeze", R_RESHAPE, 0, ""}, {"unsqueeze", R_RESHAPE, 0, ""}, {"view_as", R_RESHAPE, 0, ""},
@@ -2285,6 +2292,64 @@ static uint32_t lower_philox_dropout(Ctx *c, const IRArg **slot) {
     return mk_op(c, LP_MUL, R, R, x.node, noise, 0);
 }
 
+/* An activation's backward op: grad x the activation's derivative, from its output (tanh,
+ * sigmoid) or its input (silu, gelu), in the order aten's CPU kernels compute it
+ * (aten/src/ATen/native/cpu/BinaryOpsKernel.cpp tanh_backward / sigmoid_backward,
+ * Activation.cpp silu_backward / GeluBackwardKernelImpl), in float for half types. Lowered, the
+ * backward's chain around it fuses into one kernel instead of an extern call and its buffer. */
+static uint32_t lower_act_backward(Ctx *c, int act, const IRArg *const *slot) {
+    Opnd g, y;
+    LDtype R = c->rdt;
+    if (opnd(c, slot[0], &g) < 0 || g.kind != 1 || opnd(c, slot[1], &y) < 0 || y.kind != 1 || !em_ldt_is_float(R) ||
+        NODE(c, g.node)->dtype != R || NODE(c, y.node)->dtype != R)
+        return 0;
+    int tanh_approx = 0;
+    if (act == ACT_GELU && slot[2]) {
+        const char *s = slot[2]->kind == IRARG_CONST && PyUnicode_Check(slot[2]->u.obj) ? PyUnicode_AsUTF8(slot[2]->u.obj) : NULL;
+        if (!s) return 0;
+        if (strcmp(s, "tanh") == 0) tanh_approx = 1;
+        else if (strcmp(s, "none") != 0) return 0;
+    }
+    LDtype F = opmath(R);
+    uint32_t dy = mk_cast(c, g.node, F), x = mk_cast(c, y.node, F), one = cnum(c, 1.0, F), r;
+#define OP(p, a, b) mk_op(c, LP_##p, F, F, a, b, 0)
+    switch (act) {
+    case ACT_TANH: /* dy * (1 - y * y) */
+        r = OP(MUL, dy, OP(SUB, one, OP(MUL, x, x)));
+        break;
+    case ACT_SIGMOID: /* dy * (1 - y) * y */
+        r = OP(MUL, OP(MUL, dy, OP(SUB, one, x)), x);
+        break;
+    case ACT_SILU: { /* s = 1 / (1 + exp(-x)); dy * s * (1 + x * (1 - s)) */
+        uint32_t sg = OP(DIV, one, OP(ADD, one, mk_op(c, LP_EXP, F, F, mk_op(c, LP_NEG, F, F, x, 0, 0), 0, 0)));
+        r = OP(MUL, OP(MUL, dy, sg), OP(ADD, one, OP(MUL, x, OP(SUB, one, sg))));
+        break;
+    }
+    default:
+        if (tanh_approx) {
+            /* beta = sqrt(2) * 2/sqrt(pi) * 0.5, kappa = 0.044715; t = tanh(beta * (x + kappa x^3));
+             * dy * (0.5 (1 + t) + 0.5 x (1 - t^2) beta (1 + 3 kappa x^2)) */
+            uint32_t xsq = OP(MUL, x, x), xcube = OP(MUL, xsq, x);
+            uint32_t inner = OP(MUL, cnum(c, 0.7978845608028654, F), OP(ADD, x, OP(MUL, cnum(c, 0.044715, F), xcube)));
+            uint32_t t = mk_op(c, LP_TANH, F, F, inner, 0, 0);
+            uint32_t left = OP(MUL, cnum(c, 0.5, F), x), right = OP(ADD, one, t);
+            uint32_t dleft = OP(MUL, cnum(c, 0.5, F), right);
+            uint32_t dtanh = OP(SUB, one, OP(MUL, t, t));
+            uint32_t dinner = OP(MUL, cnum(c, 0.7978845608028654, F), OP(ADD, one, OP(MUL, cnum(c, 3.0 * 0.044715, F), xsq)));
+            r = OP(MUL, dy, OP(ADD, dleft, OP(MUL, OP(MUL, left, dtanh), dinner)));
+        } else {
+            /* cdf = 0.5 (1 + erf(x / sqrt(2))), pdf = exp(-x^2 / 2) / sqrt(2 pi); dy * (cdf + x pdf) */
+            uint32_t cdf = OP(MUL, cnum(c, 0.5, F),
+                              OP(ADD, one, mk_op(c, LP_ERF, F, F, OP(MUL, x, cnum(c, 0.7071067811865476, F)), 0, 0)));
+            uint32_t pdf = OP(MUL, cnum(c, 0.3989422804014327, F),
+                              mk_op(c, LP_EXP, F, F, OP(MUL, OP(MUL, x, x), cnum(c, -0.5, F)), 0, 0));
+            r = OP(MUL, dy, OP(ADD, cdf, OP(MUL, x, pdf)));
+        }
+    }
+#undef OP
+    return mk_cast(c, r, R);
+}
+
 /* x.sum_to_size(*size) (autograd's reduction of a broadcast operand's gradient): a sum over the
  * leading dims and over the dims where size is 1 and x's is not, keeping those as 1, then the
  * leading dims dropped. Static graphs, float dtypes (integer sums promote in torch). */
@@ -2339,6 +2404,7 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         uint32_t le = mk_op(c, LP_LE, LDT_BOOL, R, x.node, operand_node(c, &t, R), 0);
         return mk_op(c, LP_WHERE, R, R, le, mk_const(c, 0.0, 0, 0, R), g.node);
     }
+    if (rule->kind == R_ACT_BACKWARD) return lower_act_backward(c, rule->prim, slot);
     /* masked loads (pooling windows, cat pieces) and group_norm's regrouping have no shadows yet:
      * in a symbolic graph they stay torch's */
     if (c->lg->env && (rule->kind == R_CAT || rule->kind == R_MAX_POOL || rule->kind == R_GROUP_NORM ||
