@@ -1367,6 +1367,30 @@ def test_input_eager_does_not_save_is_not_saved(backend):
             out.backward()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_activation_backward_ops_lower_into_kernels(dtype):
+    """tanh_backward, sigmoid_backward, silu_backward and gelu_backward (both approximations) are
+    decompositions of backend "ember" (em_lower.c, lower_act_backward): gradients as eager's
+    within tolerance, and no extern call for them in the backward half."""
+    acts = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "silu": F.silu, "gelu": F.gelu,
+            "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+    for name, act in acts.items():
+        def f(x, w, act=act):
+            return (act(x * 2) * w).sum()
+        grads = []
+        for call in (f, ember.compile(f, backend="ember")):
+            torch.manual_seed(0)
+            x = (torch.randn(64, 33) * 3).to(dtype).requires_grad_()
+            w = torch.randn(64, 33).to(dtype)
+            call(x, w).backward()
+            grads.append(x.grad)
+            if call is not f:
+                bwd = autograd_info(call)["ember"]["backward"]
+                assert not any("backward" in e for e in bwd["extern_list"]), (name, bwd["extern_list"])
+                assert bwd["kernels"] == 1, (name, bwd["kernel_list"])
+        torch.testing.assert_close(grads[1], grads[0], msg=name)
+
+
 def test_division_gradient_rounds_as_eager_in_bfloat16():
     """The divisor's gradient is derivatives.yaml's -grad * ((self / other) / other), in that order:
     in bfloat16 every op rounds, and -(grad * self) / (other * other), equal in exact arithmetic,

@@ -325,6 +325,29 @@ def test_horizontal_fusion_outputs_reuse_dead_buffers():
     assert info["reused_buffers"] == 2, info
 
 
+def test_small_reduction_runs_right_after_its_input():
+    """A reduction with a small output (a bias gradient's column sum) runs right after the step
+    that makes its input, not where the graph's output needs it: its large input can die early
+    (em_schedule.c, hoisting reductions). Kernel numbers follow the program's order."""
+    def f(g, x, w):
+        t = (g * x).relu()
+        m = t @ w
+        n = m.sigmoid() @ w.t()
+        return n, t.sum(0)
+    info = check(f, torch.randn(256, 64), torch.randn(256, 64), torch.randn(64, 64))
+    assert [k["kind"] for k in info["kernel_list"]] == ["pointwise", "reduction", "pointwise"], info["kernel_list"]
+
+    def written_between(x, y):  # y is updated in place after the sum's input is made: the sum stays after it
+        t = x * 2
+        y.add_(t)
+        return t.sum(0) + y.sum(0)
+    for backend in ("ember", "eager"):
+        yy = torch.ones(8, 4)
+        out = ember.compile(written_between, backend=backend)(torch.ones(8, 4), yy)
+        _same(out, torch.full((4,), 40.0))  # 8 x 2 + 8 x 3
+        _same(yy, torch.full((8, 4), 3.0))
+
+
 def test_value_read_whole_and_through_a_view_by_externs_is_one_kernel():
     """A linear's backward: one extern reads y, another y.t() (its view). One kernel writes y; the
     view is eager's view of that tensor (an as_strided), not a second kernel computing y again."""
