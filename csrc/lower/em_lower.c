@@ -2295,7 +2295,8 @@ static uint32_t lower_philox_dropout(Ctx *c, const IRArg **slot) {
 /* An activation's backward op: grad x the activation's derivative, from its output (tanh,
  * sigmoid) or its input (silu, gelu), in the order aten's CPU kernels compute it
  * (aten/src/ATen/native/cpu/BinaryOpsKernel.cpp tanh_backward / sigmoid_backward,
- * Activation.cpp silu_backward / GeluBackwardKernelImpl), in float for half types. Lowered, the
+ * Activation.cpp silu_backward / GeluBackwardKernelImpl; on CUDA BinaryMiscBackwardOpsKernels.cu),
+ * in float for half types (CUDA's tanh_backward rounds y * y to the half type first). Lowered, the
  * backward's chain around it fuses into one kernel instead of an extern call and its buffer. */
 static uint32_t lower_act_backward(Ctx *c, int act, const IRArg *const *slot) {
     Opnd g, y;
@@ -2314,9 +2315,13 @@ static uint32_t lower_act_backward(Ctx *c, int act, const IRArg *const *slot) {
     uint32_t dy = mk_cast(c, g.node, F), x = mk_cast(c, y.node, F), one = cnum(c, 1.0, F), r;
 #define OP(p, a, b) mk_op(c, LP_##p, F, F, a, b, 0)
     switch (act) {
-    case ACT_TANH: /* dy * (1 - y * y) */
-        r = OP(MUL, dy, OP(SUB, one, OP(MUL, x, x)));
+    case ACT_TANH: { /* dy * (1 - y * y); CUDA's kernel multiplies y * y in the half type itself
+                        (c10's operator* of two Half/BFloat16 values rounds), its CPU kernel in float */
+        uint32_t ysq = OP(MUL, x, x);
+        if (c->lg->device >= 0 && em_ldt_is_half(R)) ysq = mk_cast(c, mk_cast(c, ysq, R), F);
+        r = OP(MUL, dy, OP(SUB, one, ysq));
         break;
+    }
     case ACT_SIGMOID: /* dy * (1 - y) * y */
         r = OP(MUL, OP(MUL, dy, OP(SUB, one, x)), x);
         break;

@@ -1388,7 +1388,7 @@ def test_activation_backward_ops_lower_into_kernels(dtype):
                 bwd = autograd_info(call)["ember"]["backward"]
                 assert not any("backward" in e for e in bwd["extern_list"]), (name, bwd["extern_list"])
                 assert bwd["kernels"] == 1, (name, bwd["kernel_list"])
-        torch.testing.assert_close(grads[1], grads[0], msg=name)
+        torch.testing.assert_close(grads[1], grads[0], msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_division_gradient_rounds_as_eager_in_bfloat16():
