@@ -9,7 +9,10 @@ Per compiler: the median step time (ms) over the timed steps, and step MiB: the 
 torch's CPU allocator over one steady-state step (bench/training.py's cpu_step_peak_bytes, the
 profiler's memory events). Timings are never asserted by tests.
 
-usage: python bench/break_training.py [--steps N] [--compilers eager,inductor,ember,aot_eager] [--no-break]
+`--forward`: instead, the model's forward alone (no break), timed with grad enabled (a training
+region's forward half under ember) and under torch.no_grad() (an inference graph).
+
+usage: python bench/break_training.py [--steps N] [--compilers eager,inductor,ember,aot_eager] [--no-break] [--forward]
 """
 import argparse
 import io
@@ -78,12 +81,45 @@ def run(compiler, log, steps):
     return statistics.median(times) * 1e3, cpu_step_peak_bytes(step, zero) / 2**20
 
 
+def forward_times(compiler, steps):
+    import ember
+    torch.manual_seed(0)
+    model = Net(log=False)
+    x = torch.randn(256, 512)
+    if compiler == "inductor":
+        torch._dynamo.reset()
+    else:
+        ember.reset()
+    fn = model if compiler == "eager" else torch.compile(model) if compiler == "inductor" else \
+        ember.compile(model, backend=compiler)
+    res = []
+    for ctx in (torch.enable_grad, torch.no_grad):
+        with ctx():
+            for _ in range(3):
+                fn(x)
+            times = []
+            for _ in range(steps):
+                t = time.perf_counter()
+                fn(x)
+                times.append(time.perf_counter() - t)
+        res.append(statistics.median(times) * 1e3)
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--compilers", default="eager,inductor,ember,aot_eager")
     ap.add_argument("--no-break", action="store_true")
+    ap.add_argument("--forward", action="store_true")
     a = ap.parse_args(argv)
+    if a.forward:
+        print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, the forward alone (ms)")
+        print(f"{'compiler':<10} {'grad':>8} {'no_grad':>8}")
+        for c in a.compilers.split(","):
+            g, ng = forward_times(c, a.steps)
+            print(f"{c:<10} {g:8.1f} {ng:8.1f}")
+        return
     print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
           f"{'no break' if a.no_break else 'a print in forward (graph break)'}")
     print(f"{'compiler':<10} {'step ms':>8} {'step MiB':>9}")
