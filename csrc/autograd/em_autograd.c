@@ -2333,19 +2333,15 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
             for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
                 mark_materialized(j, ag->role, i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], materialized);
     }
-    /* A graph input, or a forward view of one, that no backward node reads is never saved: eager's
+    /* A graph input, or a forward alias of one, that no backward node reads is never saved: eager's
      * autograd would not save it (its formulas read values computed from it), so the user may update
      * it in place between the forward and the backward, where a saved input would make the backward
      * raise "modified by an inplace operation" (program_gen seed 190254: x / (y.abs() + 1), then
      * y[0] = 0 before backward). The cut saves what is computed from it instead. */
     for (IRRef r = 1; r < N; r++) {
-        const IRNode *n = em_ir_node(j, r);
-        if (ag->role[r] == ROLE_PRIMAL) {
-            input_alias[r] = 1;
-        } else if (ag->role[r] == ROLE_FWD && (n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) &&
-                   em_lower_kind_of(n) == EM_LOWER_VIEW && n->nargs >= 1 && n->args[0].kind == IRARG_NODE) {
-            input_alias[r] = input_alias[n->args[0].u.ref];
-        }
+        bool view;
+        IRRef up = ag->role[r] == ROLE_FWD ? alias_step(j, r, &view) : 0; /* views, .T, in-place results */
+        input_alias[r] = ag->role[r] == ROLE_PRIMAL || (up && input_alias[up]);
     }
     for (IRRef r = 1; r < N; r++) {
         const IRNode *n = em_ir_node(j, r);

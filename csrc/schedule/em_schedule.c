@@ -685,6 +685,14 @@ static int hfuse_arg_touches(const Schedule *s, const IRArg *a, const uint8_t *m
     return 0;
 }
 
+/* Sets (v = 1) or clears (v = 0) kernel k's entries in the maps of the buffers it reads (rd), writes
+ * (wr) and either (both), as hfuse_conflict reads them. */
+static void mark_accesses(const SKernel *k, uint8_t *rd, uint8_t *wr, uint8_t *both, uint8_t v) {
+    for (uint32_t q = 0; q < k->nloads; q++)
+        if (!v || !k->loads[q].iota) rd[k->loads[q].buf] = both[k->loads[q].buf] = v;
+    for (uint32_t q = 0; q < k->nstores; q++) wr[k->stores[q].buf] = both[k->stores[q].buf] = v;
+}
+
 /* May B not move above step st? rd, wr: the buffers B reads and writes (maps over buffer ids),
  * both: their union. */
 static int hfuse_conflict(const Schedule *s, const SStep *st, const uint8_t *rd, const uint8_t *wr,
@@ -792,9 +800,7 @@ static int horizontal_fusion(Sched *c) {
         if (s->steps[j].kind != SSTEP_KERNEL) continue;
         const SKernel *kb = &s->kernels[s->steps[j].index];
         if (!hfuse_movable(s, kb)) continue;
-        for (uint32_t q = 0; q < kb->nloads; q++)
-            if (!kb->loads[q].iota) rd[kb->loads[q].buf] = both[kb->loads[q].buf] = 1;
-        for (uint32_t q = 0; q < kb->nstores; q++) wr[kb->stores[q].buf] = both[kb->stores[q].buf] = 1;
+        mark_accesses(kb, rd, wr, both, 1);
         int small = kernel_small(lg, kb), crossed_extern = 0;
         for (uint32_t i = j; i-- > 0 && j - i <= EM_HFUSE_WINDOW;) {
             const SStep *st = &s->steps[i];
@@ -813,8 +819,7 @@ static int horizontal_fusion(Sched *c) {
             nfused++;
             break;
         }
-        for (uint32_t q = 0; q < kb->nloads; q++) rd[kb->loads[q].buf] = both[kb->loads[q].buf] = 0;
-        for (uint32_t q = 0; q < kb->nstores; q++) wr[kb->stores[q].buf] = both[kb->stores[q].buf] = 0;
+        mark_accesses(kb, rd, wr, both, 0);
     }
     if (!nfused) return 0;
     /* drop the joined kernels' steps; kernels renumbered in step order */
@@ -868,15 +873,9 @@ static int hoist_reductions(Sched *c) {
         const SKernel *k = &s->kernels[s->steps[j].index];
         if (!k->reduction || !hfuse_movable(s, k)) continue;
         int64_t in = 0, out = 0;
-        for (uint32_t q = 0; q < k->nloads; q++) {
-            uint32_t b = k->loads[q].buf;
-            if (!k->loads[q].iota && !rd[b]) in += buf_bytes(&lg->bufs[b]);
-            if (!k->loads[q].iota) rd[b] = both[b] = 1;
-        }
-        for (uint32_t q = 0; q < k->nstores; q++) {
-            out += buf_bytes(&lg->bufs[k->stores[q].buf]);
-            wr[k->stores[q].buf] = both[k->stores[q].buf] = 1;
-        }
+        mark_accesses(k, rd, wr, both, 1);
+        for (uint32_t b = 0; b < nb; b++) in += rd[b] ? buf_bytes(&lg->bufs[b]) : 0; /* each buffer once */
+        for (uint32_t q = 0; q < k->nstores; q++) out += buf_bytes(&lg->bufs[k->stores[q].buf]);
         uint32_t p = j;
         if (4 * out <= in)
             while (p > 0 && !hfuse_conflict(s, &s->steps[p - 1], rd, wr, both)) p--;
@@ -886,8 +885,7 @@ static int hoist_reductions(Sched *c) {
             s->steps[p] = st;
             moved++;
         }
-        for (uint32_t q = 0; q < k->nloads; q++) rd[k->loads[q].buf] = both[k->loads[q].buf] = 0;
-        for (uint32_t q = 0; q < k->nstores; q++) wr[k->stores[q].buf] = both[k->stores[q].buf] = 0;
+        mark_accesses(k, rd, wr, both, 0);
     }
     if (!moved) return 0;
     /* kernels renumbered in step order */

@@ -1349,16 +1349,21 @@ def test_input_eager_does_not_save_is_not_saved(backend):
     def f(x, y):
         return (x / (y.abs() + 1)).sum()
 
+    def f_t(x, y):  # through a view attribute of the input
+        return (x / (y.mT.abs() + 1)).sum()
+
     def g(x, y):
         return (x * y).sum()
-    res = []
-    for call in (f, ember.compile(f, backend=backend)):
-        x, y = torch.arange(1.0, 5.0).requires_grad_(), torch.tensor([1.0, -2.0, 3.0, -4.0])
-        out = call(x, y)
-        y.zero_()
-        out.backward()
-        res.append(x.grad)
-    torch.testing.assert_close(res[1], res[0])
+    for fn, shape in ((f, (4,)), (f_t, (2, 2))):
+        res = []
+        for call in (fn, ember.compile(fn, backend=backend)):
+            x = torch.arange(1.0, 5.0).reshape(shape).requires_grad_()
+            y = torch.tensor([1.0, -2.0, 3.0, -4.0]).reshape(shape)
+            out = call(x, y)
+            y.zero_()
+            out.backward()
+            res.append(x.grad)
+        torch.testing.assert_close(res[1], res[0])
     for call in (g, ember.compile(g, backend=backend)):
         x, y = torch.arange(1.0, 5.0).requires_grad_(), torch.ones(4)
         out = call(x, y)
