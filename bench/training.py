@@ -22,6 +22,7 @@ False, the default of both) draw dropout masks from their own Philox streams, no
              (also inductor-ro, ember-ro: mode="reduce-overhead", CUDA graphs)
              --steps N --rounds N --threads N --json out.json --cpu-time
              --channels-last   ResNet-18's parameters and input in torch.channels_last (all compilers)
+             --activation gelu the transformer's feed-forward activation (default relu)
              --amp bf16|fp16   mixed precision: forward and loss under torch.autocast (fp16 with GradScaler)
              --amp-inside      ... with the autocast block and the loss inside the compiled function
              --profile N   after the table, each compiler's top N ops of one profiled step (torch.profiler:
@@ -89,10 +90,10 @@ class ResNet18(nn.Module):
 
 
 class Encoder(nn.Module):
-    def __init__(self, d, layers, vocab=1000, classes=10):
+    def __init__(self, d, layers, vocab=1000, classes=10, activation="relu"):
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
-        layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.1, batch_first=True)
+        layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.1, batch_first=True, activation=activation)
         self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(d, classes)
 
@@ -100,7 +101,7 @@ class Encoder(nn.Module):
         return self.head(self.enc(self.emb(x)).mean(1))
 
 
-def make_case(name, quick, device, channels_last=False):
+def make_case(name, quick, device, channels_last=False, activation="relu"):
     g = torch.Generator().manual_seed(0)
     if name == "resnet18":
         batch, hw = (4, 64) if quick else (16, 128)
@@ -111,11 +112,11 @@ def make_case(name, quick, device, channels_last=False):
         shape = f"batch {batch}, 3x{hw}x{hw}, SGD"
     else:
         d, nl, batch, seq = (128, 2, 8, 32) if quick else (256, 4, 16, 128)
-        model = Encoder(d, nl)
+        model = Encoder(d, nl, activation=activation)
         x = torch.randint(0, 1000, (batch, seq), generator=g)
         y = torch.randint(0, 10, (batch,), generator=g)
         opt = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
-        shape = f"d {d}, {nl} layers, batch {batch}, seq {seq}, AdamW"
+        shape = f"d {d}, {nl} layers, batch {batch}, seq {seq}, AdamW" + (f", {activation}" if activation != "relu" else "")
     model, x = model.to(device), x.to(device)
     if channels_last and name == "resnet18":  # the user's choice of layout, for every compiler alike
         model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
@@ -215,7 +216,8 @@ def saved_bytes(fn, model):
 
 
 def run_model(name, compilers, args, device):
-    base, x, y, make_opt, shape = make_case(name, args.quick, device, getattr(args, "channels_last", False))
+    base, x, y, make_opt, shape = make_case(name, args.quick, device, getattr(args, "channels_last", False),
+                                            getattr(args, "activation", "relu"))
     runs = {}
     for c in compilers:
         model = copy.deepcopy(base)
@@ -317,6 +319,8 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", type=int, default=0, metavar="N")
     ap.add_argument("--channels-last", action="store_true", help="ResNet-18's model and input in channels_last")
+    ap.add_argument("--activation", choices=["relu", "gelu"], default="relu",
+                    help="the transformer's feed-forward activation (gelu: erf's, as BERT's)")
     ap.add_argument("--amp", choices=["bf16", "fp16"], default=None,
                     help="forward and loss under torch.autocast(device, dtype) (fp16: with torch.amp.GradScaler)")
     ap.add_argument("--amp-inside", action="store_true",

@@ -1420,14 +1420,15 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                 uint32_t b = pool[q];
                 if (consumed[b] || !same_layout(&lg->bufs[b], &lg->bufs[ob])) continue;
                 int ok = last[b] < st + 1;
-                if (!ok && last[b] == st + 1 && !k->reduction && k->nstores == 1) {
-                    /* in place: every read of b is at the element being written. Never for a
-                     * reduction kernel: its row cache (em_codegen_c.c) may write the output row in
-                     * one reduction pass while a later pass reads the inputs again */
+                if (!ok && last[b] == st + 1 && !k->reduction) {
+                    /* in place: every read of b is at the element being written (a kernel of
+                     * several outputs reads every element before it stores any: emit_loads_first
+                     * in em_codegen_c.c). Never for a reduction kernel: its row cache may write
+                     * the output row in one reduction pass while a later pass reads the inputs again */
                     ok = 1;
                     for (uint32_t l = 0; l < k->nloads && ok; l++)
                         if (k->loads[l].buf == b)
-                            ok = !k->loads[l].nidx && k->loads[l].offset == k->stores[0].offset &&
+                            ok = !k->loads[l].nidx && !k->loads[l].mask && k->loads[l].offset == k->stores[0].offset &&
                                  memcmp(k->loads[l].strides, k->stores[0].strides, k->ndim * sizeof(int64_t)) == 0 &&
                                  k->loads[l].soffset == k->stores[0].soffset &&
                                  memcmp(k->loads[l].sstrides, k->stores[0].sstrides, k->ndim * sizeof(SymRef)) == 0;

@@ -624,9 +624,13 @@ static int need_arg(Sched *c, const IRArg *a) {
  *   - B writes only buffers of its own values (never a graph input) and has no gather load, so
  *     running it earlier can neither change a value nor show an error before a side effect;
  *   - and either B reads a buffer A reads (read once instead of twice; only when no extern call
- *     lies between, so that a large output is not allocated across them: peak memory) or the domain
- *     is small (at most EM_HFUSE_SMALL elements: a launch saved, its output allocated earlier
- *     costs little; in a symbolic graph for every size the entry admits).
+ *     lies between, so that a large output is not allocated across them: peak memory), or B reads
+ *     only what A reads and stores only graph outputs (a training forward's saved pre-activation
+ *     `x @ w + b`, stored at the end of the graph after the activation's kernel read the same
+ *     elements: its outputs live to the graph's end anyway, and its inputs no longer wait for it
+ *     across the externs between), or the domain is small (at most EM_HFUSE_SMALL elements: a
+ *     launch saved, its output allocated earlier costs little; in a symbolic graph for every size
+ *     the entry admits).
  * The fused kernel stores every output of both; the runtime allocates the ones after the first. */
 #define EM_HFUSE_SMALL 32768
 #define EM_HFUSE_WINDOW 24   /* steps looked back from B */
@@ -787,6 +791,21 @@ static int hfuse_merge(EmArena *ar, bool sym, SKernel *a, const SKernel *b) {
     return 0;
 }
 
+/* Does B read only elements A reads (each load the same read as one of A's) and store only graph
+ * outputs? Then B may join A across extern calls (above). */
+static int hfuse_reads_subset(const Schedule *s, const SKernel *a, const SKernel *b) {
+    for (uint32_t q = 0; q < b->nstores; q++)
+        if (!s->buf_output[b->stores[q].buf]) return 0;
+    for (uint32_t j = 0; j < b->nnodes; j++) {
+        if (b->nodes[j].op != LP_LOAD) continue;
+        int found = 0;
+        for (uint32_t i = 0; i < a->nnodes && !found; i++)
+            found = a->nodes[i].op == LP_LOAD && hfuse_same_load(s->lg->env != NULL, a, i, b, j);
+        if (!found) return 0;
+    }
+    return 1;
+}
+
 static int horizontal_fusion(Sched *c) {
     Schedule *s = c->s;
     LGraph *lg = c->lg;
@@ -813,7 +832,7 @@ static int horizontal_fusion(Sched *c) {
                 continue;
             int shared = 0;
             for (uint32_t q = 0; q < ka->nloads && !shared; q++) shared = !ka->loads[q].iota && rd[ka->loads[q].buf];
-            if (!small && !(shared && !crossed_extern)) continue;
+            if (!small && !(shared && !crossed_extern) && !(shared && hfuse_reads_subset(s, ka, kb))) continue;
             if (hfuse_merge(ar, lg->env != NULL, ka, kb) < 0) return -1;
             gone[j] = 1;
             nfused++;

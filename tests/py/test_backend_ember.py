@@ -837,3 +837,41 @@ def test_column_reductions(dtype):
         c = ember.compile(lambda x: x.sum(0), backend="ember")
         torch.testing.assert_close(c(xl).double(), xl.double().sum(0), rtol=0, atol=1e-5)
         assert "column form" in ember.cache_info(c)[0]["ember"]["source"]
+
+
+def test_saved_value_joins_the_kernel_reading_the_same_elements():
+    """A value stored only as a graph output (a training forward's saved pre-activation `x @ w + b`)
+    whose kernel reads only what an earlier kernel reads (the activation's, demanded first by the
+    next matmul) joins that kernel across the extern calls between: the matmul's result is read
+    once, not kept alive to the end of the graph for a second pass (em_schedule.c, horizontal
+    fusion), and the fused kernel of two outputs computes in place into the matmul's result."""
+    def f(x, w, b, w2):
+        pre = x @ w + b
+        out = F.gelu(pre) @ w2
+        return out, pre
+    # (256, 160): above horizontal fusion's small domains, which join whatever they read
+    args = (torch.randn(256, 32), torch.randn(32, 160) / 32 ** 0.5, torch.randn(160), torch.randn(160, 16) / 160 ** 0.5)
+    info = check(f, *args)
+    kl = info["kernel_list"]
+    assert len(kl) == 1 and kl[0]["outputs"] == 2 and kl[0]["inplace"], kl
+
+    # a value that reads something the earlier kernel does not read keeps its own kernel
+    def g(x, w, b, w2, c):
+        pre = x @ w + b
+        out = F.gelu(pre) @ w2
+        return out, pre * c
+    info = check(g, *args, torch.randn(160))
+    assert len(info["kernel_list"]) == 2, info["kernel_list"]
+
+    # training: the forward half stores the pre-activation and the activation in one kernel
+    m = torch.nn.Sequential(torch.nn.Linear(32, 160), torch.nn.GELU(), torch.nn.Linear(160, 16))
+    x = torch.randn(256, 32)
+    c = ember.compile(m, backend="ember")
+    c(x).square().mean().backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    m(x).square().mean().backward()
+    for got, ref in zip(grads, [p.grad for p in m.parameters()]):
+        torch.testing.assert_close(got, ref)
+    fwd = ember.cache_info(c)[0]["autograd"]["ember"]["forward"]["kernel_list"]
+    assert len(fwd) == 1 and fwd[0]["outputs"] == 2, fwd
