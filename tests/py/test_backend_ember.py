@@ -326,40 +326,41 @@ def test_horizontal_fusion_outputs_reuse_dead_buffers():
 
 
 def test_exact_math_functions():
-    """EM_EXACT_MATH (training halves; graphs comparing floats): exp, tanh, log and erf are ember's own
-    plain-arithmetic versions, so a vectorized loop and its scalar remainder give the same bits
-    (equal inputs anywhere in a tensor give equal outputs), within 2 ulp of the exact value over a
+    """EM_EXACT_MATH (training halves; graphs comparing floats): exp, tanh, log, erf, log1p and expm1
+    are ember's own plain-arithmetic versions, so a vectorized loop and its scalar remainder give the
+    same bits (equal inputs anywhere in a tensor give equal outputs), within 2.5 ulp of the exact value over a
     sample of all float bit patterns, and eager's results on NaN, infinities, zeros, overflow and
     underflow."""
     def f(x):
-        return x.exp(), x.tanh(), x.log(), x.erf(), x == x  # the float comparison makes the graph exact_math
+        return x.exp(), x.tanh(), x.log(), x.erf(), x.log1p(), x.expm1(), x == x  # the comparison: exact_math
     c = ember.compile(f, backend="ember")
     bits = torch.arange(0, 1 << 32, 9973, dtype=torch.int64)
     sample = torch.cat([(bits - (bits >= 1 << 31).long() * (1 << 32)).to(torch.int32).view(torch.float32),
                         torch.randn(1 << 16) * 5])
-    e, t, lg, er, _ = c(sample)
+    *outs, _ = c(sample)
     assert "em_expf" in ember.cache_info(c)[0]["ember"]["source"]
     x64 = sample.double()
-    for got, ref in ((e, x64.exp()), (t, x64.tanh()), (lg, x64.log()), (er, x64.erf())):
+    for got, ref in zip(outs, (x64.exp(), x64.tanh(), x64.log(), x64.erf(), x64.log1p(), x64.expm1())):
         reff = ref.float()
         fin = torch.isfinite(reff) & (reff != 0) & (reff.abs() >= torch.finfo(torch.float32).tiny)
         ulp = (torch.nextafter(reff.abs(), torch.tensor(float("inf"))) - reff.abs()).double()
         err = ((got.double() - ref).abs() / ulp)[fin]
-        assert err.max().item() <= 2.0, err.max().item()
+        assert err.max().item() <= 2.5, err.max().item()
         special = ~fin
         assert torch.equal(got[special].isnan(), reff[special].isnan())
         both = special & ~reff.isnan()
         torch.testing.assert_close(got[both], reff[both], atol=torch.finfo(torch.float32).tiny, rtol=0)
     edge = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 88.8, -104.0, 0.625, -0.625, 1e-30,
                          1.0, 1e-45, 1e-40, 3.4e38, 0.7071067, 0.7071068])
-    edge = torch.cat([edge, torch.tensor([3.919206, -3.9192057, 3.9192057, 0.99999994, -1.0, 1e-20, -2.5])])
-    ee, te, le, ere, _ = c(edge)
-    _same((ee, te, le, ere), (edge.exp(), edge.tanh(), edge.log(), edge.erf()))
-    assert torch.equal(torch.signbit(ere[:2]), torch.tensor([False, True]))  # erf(-0.0) is -0.0
-    assert torch.equal(torch.signbit(te[:2]), torch.tensor([False, True]))  # tanh(-0.0) is -0.0
+    edge = torch.cat([edge, torch.tensor([3.919206, -3.9192057, 3.9192057, 0.99999994, -1.0, 1e-20, -2.5, -1.5, 88.72,
+                                          88.73, -0.99999994, 6e-8, -6e-8])])
+    *eo, _ = c(edge)
+    _same(eo, [edge.exp(), edge.tanh(), edge.log(), edge.erf(), edge.log1p(), edge.expm1()])
+    for got in eo[1], eo[3], eo[4], eo[5]:  # tanh, erf, log1p, expm1 of -0.0 are -0.0
+        assert torch.equal(torch.signbit(got[:2]), torch.tensor([False, True]))
     vals = torch.randn(7) * 3
     x = vals.repeat(1000003 // 7 + 1)[:1000003].contiguous()
-    for out in c(x.abs())[:4]:
+    for out in c(x.abs())[:6]:
         for i in range(7):
             col = out[i::7]
             assert torch.equal(col, col[:1].expand_as(col)), i
