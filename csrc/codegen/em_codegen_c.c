@@ -773,6 +773,21 @@ static void emit_hoisted(SB *b, KG *g, const char *ind) {
     free(done);
 }
 
+/* The product of a kernel's sizes over dims [j0, j1) as C text (literal in a static kernel). */
+static void prod_text(char *out, size_t size, const KG *g, int j0, int j1) {
+    const SKernel *k = g->k;
+    if (!g->env) {
+        int64_t p = 1;
+        for (int j = j0; j < j1; j++) p *= k->sizes[j];
+        snprintf(out, size, "%lld", (long long)p);
+        return;
+    }
+    size_t n = 0;
+    n += (size_t)snprintf(out + n, size - n, "(1");
+    for (int j = j0; j < j1 && n < size; j++) n += (size_t)snprintf(out + n, size - n, " * %s", g->size[j].v);
+    if (n < size) snprintf(out + n, size - n, ")");
+}
+
 /* ---- column reductions ----
  * A reduction over the outer dims of a row-major tensor (`g.sum(0)` of a (2048, 1024) gradient: a
  * Linear's bias gradient; the sums over (N, H, W) of a channels_last tensor) has its kept dim
@@ -782,12 +797,14 @@ static void emit_hoisted(SB *b, KG *g, const char *ind) {
  * elements once, each step adding W contiguous values into W accumulators (a vectorized loop over
  * the block), as ATen's outer reductions (aten/src/ATen/native/cpu/Reduce.h, vectorized along the
  * kept dim) and Inductor's "outer" reductions do. Each output's accumulation order is the
- * reduced elements in order, whatever the thread count; float sums of long rows accumulate in
- * double, as in the row form.
- * Chosen (column_plan) for static kernels whose every load is contiguous or constant along the last
- * outer dim, some load strided along the reduced dims, stores per output only (no store pass), no
- * masked, gather or index loads, no random numbers, reductions sum/prod/any/all/max/min (an integer
- * max/min starts from the first element, as the row form) whose element values need no row-level value but constants. Otherwise the row form. */
+ * reduced elements in order, whatever the thread count. Float sums accumulate in double, whatever
+ * their length (one sequential float sum of 2048 rows was 3e-4 from the exact sum, where the row
+ * form's vector lanes are 16 partial sums); float products of long rows too, as in the row form.
+ * Chosen (column_plan) for kernels, static or symbolic (their hints choose), whose every load is
+ * contiguous or constant along the last outer dim, some load strided along the reduced dims, stores
+ * per output only (no store pass), no masked, gather or index loads, no random numbers, reductions
+ * sum/prod/any/all/max/min (an integer max/min starts from the first element, as the row form) whose
+ * element values need no row-level value but constants. Otherwise the row form. */
 
 /* Is node i computable inside the column loop: element-level nodes over loads and constants? */
 static int column_elem_only(const SKernel *k, uint32_t i, uint8_t *seen) {
@@ -806,8 +823,8 @@ static int column_elem_only(const SKernel *k, uint32_t i, uint8_t *seen) {
 /* The block width W of the column form, or 0 for the row form (rules above). */
 static int column_plan(const KG *g, int64_t parallel_threshold) {
     const SKernel *k = g->k;
-    if (g->env || !k->reduction || k->nouter < 1 || k->ndim == k->nouter) return 0;
-    int last = k->nouter - 1, ilast = k->ndim - 1;
+    if (!k->reduction || k->nouter < 1 || k->ndim == k->nouter) return 0;
+    int last = k->nouter - 1, ilast = k->ndim - 1; /* (symbolic kernels: the sizes' hints choose) */
     int64_t ncols = k->sizes[last], P = 1, R = inner_extent(k);
     for (int j = 0; j < last; j++) P *= k->sizes[j];
     if (ncols < 8 || R < 2) return 0;
@@ -874,7 +891,7 @@ static int emit_column_pass(SB *b, const KG *g, const uint8_t *need, const uint8
     const SKernel *k = g->k;
     uint32_t n = k->nnodes;
     const char *ind = "        ", *ind2 = "            ", *ind3 = "                ";
-    if (mode == 1) sb_printf(b, "%s{\n%sconst int64_t r = 0;\n", ind, ind2);
+    if (mode == 1) sb_printf(b, "%sif (%s > 0) {\n%sconst int64_t r = 0;\n", ind, g->R.v, ind2);
     else sb_printf(b, "%sfor (int64_t r = %d; r < %s; r++) {\n", ind, mode == 2, g->R.v);
     inner_index(b, g, ind2);
     sb_printf(b, "%s#pragma omp simd\n%sfor (int64_t c = 0; c < cw; c++) {\n", ind2, ind2);
@@ -911,11 +928,9 @@ static int emit_column_pass(SB *b, const KG *g, const uint8_t *need, const uint8
 }
 
 /* The body of a column-form kernel (after emit_kernel's declarations of sizes and strides). */
-static void emit_columns(SB *b, KG *g, int W, int par, int long_rows) {
+static void emit_columns(SB *b, KG *g, int W, int64_t threshold, int long_rows) {
     const SKernel *k = g->k;
     int last = k->nouter - 1;
-    int64_t ncols = k->sizes[last], P = 1, NB = (ncols + W - 1) / W;
-    for (int j = 0; j < last; j++) P *= k->sizes[j];
     uint32_t n = k->nnodes, nacc = k->nloads + k->nstores;
     uint8_t *done = calloc(n ? n : 1, 1), *need = calloc(n ? n : 1, 1);
     if (!done || !need) {
@@ -924,14 +939,22 @@ static void emit_columns(SB *b, KG *g, int W, int par, int long_rows) {
         b->oom = 1;
         return;
     }
+    char P[160];
+    prod_text(P, sizeof P, g, 0, last);
     sb_printf(b, "    /* column form: blocks of %d adjacent outputs, the reduced elements walked once per block */\n", W);
-    if (par) sb_printf(b, "    #pragma omp parallel for schedule(static)\n");
-    sb_printf(b, "    for (int64_t t = 0; t < %lld; t++) {\n", (long long)(P * NB));
+    sb_printf(b, "    const int64_t NCOL = %s, NB = (NCOL + %d) / %d, T = %s * NB;\n", g->size[last].v, W - 1, W, P);
+    if (g->env) { /* the thread count follows this call's sizes */
+        sb_printf(b, "    #pragma omp parallel for schedule(static) if (T > 1 && %s * NCOL * R >= %lld)\n", P, (long long)threshold);
+    } else {
+        int64_t work = 1;
+        for (int j = 0; j < k->ndim; j++) work *= k->sizes[j];
+        if (work >= threshold) sb_printf(b, "    #pragma omp parallel for schedule(static)\n");
+    }
+    sb_printf(b, "    for (int64_t t = 0; t < T; t++) {\n");
     const char *ind = "        ", *ind2 = "            ";
-    sb_printf(b, "%sconst int64_t cb = (t %% %lld) * %d, cw = %lld - cb < %d ? %lld - cb : %d;\n", ind, (long long)NB, W,
-              (long long)ncols, W, (long long)ncols, W);
+    sb_printf(b, "%sconst int64_t cb = (t %% NB) * %d, cw = NCOL - cb < %d ? NCOL - cb : %d;\n", ind, W, W, W);
     if (last) {
-        sb_printf(b, "%sint64_t u_ = t / %lld;\n", ind, (long long)NB);
+        sb_printf(b, "%sint64_t u_ = t / NB;\n", ind);
         for (int j = last - 1; j >= 0; j--) {
             if (j) sb_printf(b, "%sconst int64_t i%d = u_ %% %s; u_ /= %s;\n", ind, j, g->size[j].v, g->size[j].v);
             else sb_printf(b, "%sconst int64_t i%d = u_;\n", ind, j);
@@ -947,7 +970,10 @@ static void emit_columns(SB *b, KG *g, int W, int par, int long_rows) {
         const LNode *nd = &k->nodes[i];
         if (k->elem[i] || !em_lprim_is_reduce(nd->op)) continue;
         const char *ct = ctype(nd->dtype), *init = "0";
-        if (nd->op == LP_RSUM && em_ldt_is_float(nd->dtype) && nd->dtype != LDT_F64 && long_rows) ct = "double";
+        /* float sums in double, whatever the length: each column is one sequential sum (the row
+         * form's vector lanes are 16 partial sums; eager sums in a cascade) */
+        if ((nd->op == LP_RSUM || (nd->op == LP_RPROD && long_rows)) && em_ldt_is_float(nd->dtype) && nd->dtype != LDT_F64)
+            ct = "double";
         if (nd->op == LP_RMAX || nd->op == LP_RMIN) ct = ctype(k->nodes[nd->in[0]].dtype);
         if (nd->op == LP_RANY || nd->op == LP_RALL) ct = "int";
         if (nd->op == LP_RPROD || nd->op == LP_RALL) init = "1";
@@ -998,21 +1024,6 @@ oom:
     free(done);
     free(need);
     b->oom = 1;
-}
-
-/* The product of a kernel's sizes over dims [j0, j1) as C text (literal in a static kernel). */
-static void prod_text(char *out, size_t size, const KG *g, int j0, int j1) {
-    const SKernel *k = g->k;
-    if (!g->env) {
-        int64_t p = 1;
-        for (int j = j0; j < j1; j++) p *= k->sizes[j];
-        snprintf(out, size, "%lld", (long long)p);
-        return;
-    }
-    size_t n = 0;
-    n += (size_t)snprintf(out + n, size - n, "(1");
-    for (int j = j0; j < j1 && n < size; j++) n += (size_t)snprintf(out + n, size - n, " * %s", g->size[j].v);
-    if (n < size) snprintf(out + n, size - n, ")");
 }
 
 /* m[*mi ...] = a buffer's sizes, then its strides (in ember_k<i>_meta). */
@@ -1081,10 +1092,8 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
     }
     int W = column_plan(&g, opt->parallel_threshold);
     if (W) {
-        int64_t P = 1;
-        for (int j = 0; j < k->nouter; j++) P *= k->sizes[j];
-        emit_columns(b, &g, W, P * inner_extent(k) >= opt->parallel_threshold, long_rows);
-        goto finish;
+        emit_columns(b, &g, W, opt->parallel_threshold, long_rows);
+        goto meta;
     }
     int64_t chunk0 = k->reduction ? 0 : (opt->chunk > 0 ? opt->chunk : 65536);
     if (env) {
@@ -1202,6 +1211,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
     free(done);
     sb_printf(b, "    }\n%s}\n\n", g.hoisted ? "    }\n" : "");
     free(g.hoisted);
+meta:
     if (env) {
         /* what the runtime needs per call (layout in em_codegen.h, EM_KMETA_*) */
         const LBuf *ob = &lg->bufs[k->args[k->nin]];
@@ -1229,7 +1239,6 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         for (uint32_t a = k->nin + 1; a < k->nargs; a++) meta_layout(b, &g, &mi, &lg->bufs[k->args[a]]);
         sb_printf(b, "}\n\n");
     }
-finish:
     if (g.bad) *bad = 1;
     free(g.off);
     free(g.st);

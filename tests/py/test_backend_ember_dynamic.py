@@ -298,3 +298,22 @@ def test_horizontal_fusion_in_symbolic_graphs():
             torch.testing.assert_close(cf(x, w), no_shared_read(x, w))
         (info,) = assert_compiled(cf)
         assert info["kernels"] == kernels, (bound, info["kernel_list"])
+
+
+def test_column_reductions_in_symbolic_graphs():
+    """A reduction over outer dims with the kept dim contiguous takes the column form in a symbolic
+    kernel too (em_codegen_c.c, column reductions): blocks, block count and thread decision follow
+    this call's sizes; one library serves every size, partial last blocks included."""
+    def f(x, b):
+        return x.sum(0) + b, x.amax(0)
+
+    cf, n = run_sizes(f, lambda n: (torch.randn(n, n + 61), torch.randn(n + 61)), [5, 7, 300, 2, 64], atol=1e-4)
+    (info,) = assert_compiled(cf)
+    assert n == 1 and "column form" in info["source"], info["source"][-1500:]
+
+    def g(x):  # (B, T, C).mean(1): a pooled sequence, the reduced dim between two kept ones
+        return x.mean(1)
+
+    cf, n = run_sizes(g, lambda n: (torch.randn(3, n, 40),), [9, 2, 33])
+    (info,) = assert_compiled(cf)
+    assert n == 1 and "column form" in info["source"], info["source"][-1500:]
