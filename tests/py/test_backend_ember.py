@@ -328,9 +328,9 @@ def test_horizontal_fusion_outputs_reuse_dead_buffers():
 def test_exact_math_functions():
     """EM_EXACT_MATH (training halves; graphs comparing floats): exp, tanh, log, erf, log1p and expm1
     are ember's own plain-arithmetic versions, so a vectorized loop and its scalar remainder give the
-    same bits (equal inputs anywhere in a tensor give equal outputs), within 2.5 ulp of the exact value over a
-    sample of all float bit patterns, and eager's results on NaN, infinities, zeros, overflow and
-    underflow."""
+    same bits (equal inputs anywhere in a tensor give equal outputs), within 2.5 ulp of the exact
+    value over a sample of all float bit patterns (expm1 2.46 measured exhaustively, the others under
+    2), and eager's results on NaN, infinities, zeros, overflow and underflow."""
     def f(x):
         return x.exp(), x.tanh(), x.log(), x.erf(), x.log1p(), x.expm1(), x == x  # the comparison: exact_math
     c = ember.compile(f, backend="ember")
@@ -818,7 +818,7 @@ def test_column_reductions(dtype):
         (lambda x: x.sum(1), (make(6, 9, 33),)),
         (lambda x: x.t().sum(1), (make(64, 50),)),
     ]
-    if dtype not in (torch.float16, torch.bfloat16):  # (a half product's last rounding: 1 ulp is 1e-3, the row form too)
+    if dtype not in (torch.float16, torch.bfloat16):  # a half product's last rounding: 1 ulp is 1e-3 (row form too)
         cases.append((lambda x: x.prod(0), (make(9, 40).clamp(-2, 2),)))
     if fl:
         xn = x.clone()
@@ -833,7 +833,7 @@ def test_column_reductions(dtype):
         assert "column form" in info["source"], (i, info["source"][-2000:])
     # a reduction along the contiguous dim keeps the row form
     assert "column form" not in check(lambda x: x.sum(1), x)["source"]
-    if dtype == torch.float32:  # long rows accumulate in double: within rounding of the exact sum
+    if dtype == torch.float32:  # float column sums accumulate in double: within rounding of the exact sum
         xl = torch.randn(4100, 24)  # (eager's float sum is 5x further from it on such data)
         c = ember.compile(lambda x: x.sum(0), backend="ember")
         torch.testing.assert_close(c(xl).double(), xl.double().sum(0), rtol=0, atol=1e-5)
