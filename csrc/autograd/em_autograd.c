@@ -2089,6 +2089,38 @@ static IRRef alias_step(const IRGraph *g, IRRef r, bool *view) {
     return m->u.ref;
 }
 
+/* Does eager's op n return its input object itself? `flatten` does when its start and end dims are
+ * the same dim (a 1-D input; aten/src/ATen/native/TensorShape.cpp flatten: `if (start_dim ==
+ * end_dim) return self`), `contiguous()` of a contiguous tensor does. */
+static bool returns_self(const IRGraph *g, const IRNode *n) {
+    if (n->nargs < 1 || n->args[0].kind != IRARG_NODE) return false;
+    const IRMeta *in = &em_ir_node(g, n->args[0].u.ref)->meta;
+    if (node_named(n, "Tensor.contiguous")) /* of a contiguous tensor, no memory format named */
+        return n->nargs == 1 && n->nkwargs == 0 && in->kind == IRMETA_TENSOR && em_ir_meta_contiguous(in);
+    if (!node_named(n, "torch.flatten Tensor.flatten")) return false;
+    if (in->kind != IRMETA_TENSOR || in->ndim < 1) return false; /* a 0-d input: reshape((1,)), a new tensor */
+    int64_t dims[2] = {0, -1};
+    for (uint32_t i = 1; i < n->nargs && i < 3; i++) {
+        if (n->args[i].kind != IRARG_CONST || !PyLong_Check(n->args[i].u.obj)) return false;
+        dims[i - 1] = PyLong_AsLongLong(n->args[i].u.obj);
+    }
+    for (uint32_t i = 0; i < n->nkwargs; i++) {
+        const char *kw = PyUnicode_AsUTF8(n->kwnames[i]);
+        if (!kw || n->kwargs[i].kind != IRARG_CONST || !PyLong_Check(n->kwargs[i].u.obj)) {
+            PyErr_Clear();
+            return false;
+        }
+        if (!strcmp(kw, "start_dim")) dims[0] = PyLong_AsLongLong(n->kwargs[i].u.obj);
+        else if (!strcmp(kw, "end_dim")) dims[1] = PyLong_AsLongLong(n->kwargs[i].u.obj);
+        else return false;
+    }
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+    }
+    return norm_dim(dims[0], in->ndim) == norm_dim(dims[1], in->ndim);
+}
+
 /* The value whose memory r is: followed back through views and in-place updates to the first node
  * that is neither. */
 static IRRef alias_root(const IRGraph *g, IRRef r) {
@@ -4008,15 +4040,22 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
             continue;
         int32_t base = -1;
         IRRef r = outs->u.items[k].u.ref;
-        bool view = false;
+        bool view = false, itself = true; /* itself: every step returns its input object in eager */
+        const IRNode *kn = em_ir_node(g, r);
+        if (returns_self(g, kn)) /* v.contiguous() of a contiguous v that is an output too */
+            for (uint32_t k2 = 0; k2 < outs->n && base < 0; k2++)
+                if (k2 != k && outs->u.items[k2].kind == IRARG_NODE && outs->u.items[k2].u.ref == kn->args[0].u.ref)
+                    base = (int32_t)k2;
         for (uint32_t depth = 0; base < 0 && depth < g->nnodes; depth++) {
+            IRRef from = r;
             r = alias_step(g, r, &view);
             if (!r || !view) break; /* views only: an in-place update's result is its argument */
+            itself = itself && returns_self(g, em_ir_node(g, from));
             for (uint32_t k2 = 0; k2 < outs->n && base < 0; k2++)
                 if (k2 != k && outs->u.items[k2].kind == IRARG_NODE && outs->u.items[k2].u.ref == r) base = (int32_t)k2;
         }
         if (base < 0) continue;
-        PyObject *it = Py_BuildValue("(Ii)", (unsigned)k, (int)base);
+        PyObject *it = Py_BuildValue("(IiO)", (unsigned)k, (int)base, itself ? Py_True : Py_False);
         if (!it || PyList_Append(oviews, it) < 0) Py_CLEAR(oviews);
         Py_XDECREF(it);
     }

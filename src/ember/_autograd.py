@@ -133,10 +133,11 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     uses read them): Function.apply takes them detached, so that the autograd engine does not walk
     from the region into their history, which eager never reaches (an op there may have no
     derivative at all: NotImplemented); csrc/autograd refuses in-place updates of inputs that
-    require grad, so a detached alias is never written. out_views: (output index, output index)
-    pairs of an output that is a view of another output (x * y and its last row); made again from
-    that output outside the Function in the same way (a Function returning both as views of one
-    value forbids using them after an in-place update of it, which eager allows)."""
+    require grad, so a detached alias is never written. out_views: (output index, output index,
+    itself) triples of an output that is a view of another output (x * y and its last row); made
+    again from that output outside the Function in the same way (a Function returning both as views
+    of one value forbids using them after an in-place update of it, which eager allows), or, itself
+    True, that output object itself, as eager's op returned its input (`v.flatten()` of a 1-D v)."""
     plan = _Plan()
     plan.fwd, plan.bwd = fwd, bwd
     plan.bwd_boxed = getattr(bwd, "run_boxed", None)
@@ -151,6 +152,7 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
 
     det = frozenset(detached)
     out_views = tuple(tuple(p) for p in out_views)
+    itself_of = {k: j for k, j, itself in out_views if itself}
     if not plan.maybe_same and not maybe_view and not det and not out_views:
         def region(*inputs):
             return apply(plan, None, *inputs)
@@ -170,8 +172,15 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
             # again from it, outside the Function
             for k, i in maybe_view:
                 _regenerate_view(outs, k, inputs[i], done)
-            for k, j in out_views:
-                _regenerate_view(outs, k, outs[j], done)
+            for k, j, itself in out_views:
+                if not itself:
+                    _regenerate_view(outs, k, outs[j], done)
+            for k, j in itself_of.items():  # eager's op returned its input object: that output's final object
+                while j in itself_of:
+                    j = itself_of[j]
+                if k not in done:
+                    outs[k] = outs[j]
+                    done.add(k)
             return tuple(outs)
     region.plan = plan
     return region

@@ -1340,6 +1340,34 @@ def test_output_that_is_a_view_of_another_output_survives_an_in_place_update(bac
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_output_that_eager_returns_as_the_same_object(backend):
+    """`v.flatten()` of a 1-D v (and `flatten(start, end)` with start == end) and `v.contiguous()`
+    of a contiguous v return v itself in eager; returned beside v from a region they are v itself
+    too, not a second view (program_gen seeds 300272, 310195), and gradients are eager's. A real
+    view (`v.view(-1)`, a 2-D flatten) stays a view of its own."""
+    def f(x, ln):
+        v = x * 2
+        w = ln(x)
+        return v, v.flatten(), v.view(-1), torch.flatten(v, 0, 0), w, w.contiguous()
+
+    def g(x):
+        v = x * 2
+        return v, v.flatten(1, 1), v.flatten(start_dim=-1, end_dim=1), v.flatten()
+    for fn, args in ((f, (torch.randn(5, requires_grad=True), torch.nn.LayerNorm(5))),
+                     (g, (torch.randn(3, 4, requires_grad=True),))):
+        ref = fn(*args)
+        out = ember.compile(fn, backend=backend)(*args)
+        want = [[r is t for t in ref] for r in ref]
+        assert [[o is t for t in out] for o in out] == want, fn.__name__
+        grads = []
+        for res in (ref, out):
+            args[0].grad = None
+            sum((t * (i + 1)).sum() for i, t in enumerate(res)).backward(retain_graph=res is ref)
+            grads.append(args[0].grad.clone())
+        torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
 def test_input_eager_does_not_save_is_not_saved(backend):
     """x / (y.abs() + 1) with y not requiring grad: eager's autograd saves y.abs() + 1, not y, so
     the user may update y in place before backward. The min-cut saves what is computed from y

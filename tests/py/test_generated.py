@@ -43,6 +43,8 @@ FIXED = [
     (100632, "aot_eager"),  # an output viewing another output, then an in-place update: autograd raised
     (190254, "aot_eager"),  # the min-cut saved an input eager does not save; updated later: backward raised
     (220373, "ember"),      # two new cells at a break, no plain local passed: their contents swapped
+    (300272, "ember"),      # v.flatten() of a 1-D v returned with v: two objects, eager's one (test_autograd)
+    (310195, "aot_eager"),  # v.contiguous() of a contiguous v returned with v: likewise
 ]
 FIXED_AUTOCAST = [
     (72182, "aot_eager"),  # the divisor's gradient rounded otherwise than eager's in bfloat16 (test_autograd)
