@@ -156,6 +156,13 @@ static const char PRELUDE[] =
     "    const int64_t w = wrap && v < 0 ? v + n : v;\n"
     "    if ((uint64_t)w < (uint64_t)n) return w;\n"
     "    em_oob(err, check, v);\n    return 0;\n}\n"
+    "/* float -> int64 / int32 as x86's cvtt* gives it to eager (NaN and out of range: the integer\n"
+    " * indefinite, INT_MIN); narrower integers through int32, as gcc compiles torch's static_cast.\n"
+    " * A plain C cast is undefined there, and gcc folds a known NaN's cast to 0. */\n"
+    "static inline int64_t em_f2i64f(float v) { return v != v || v >= 0x1p63f || v < -0x1p63f ? INT64_MIN : (int64_t)v; }\n"
+    "static inline int64_t em_f2i64(double v) { return v != v || v >= 0x1p63 || v < -0x1p63 ? INT64_MIN : (int64_t)v; }\n"
+    "static inline int32_t em_f2i32f(float v) { return v != v || v >= 0x1p31f || v < -0x1p31f ? INT32_MIN : (int32_t)v; }\n"
+    "static inline int32_t em_f2i32(double v) { return v != v || v >= 0x1p31 || v < -0x1p31 ? INT32_MIN : (int32_t)v; }\n"
     "static inline double em_div_floor(double a, double b) {\n"
     "    if (b == 0) return a / b;\n"
     "    double mod = fmod(a, b), div = (a - mod) / b;\n"
@@ -168,7 +175,7 @@ static const char PRELUDE[] =
 static const char *ctype(LDtype t) { return em_ldt_compute(t); }
 
 
-static const EmCgDialect C_DIALECT = {ctype, "(isinf(%s) != 0)", "0", 1};
+static const EmCgDialect C_DIALECT = {ctype, "(isinf(%s) != 0)", "0", 1, 1};
 
 
 /* ---- sizes as kernel arguments ----
@@ -803,8 +810,17 @@ static void prod_text(char *out, size_t size, const KG *g, int j0, int j1) {
  * Chosen (column_plan) for kernels, static or symbolic (their hints choose), whose every load is
  * contiguous or constant along the last outer dim, some load strided along the reduced dims, stores
  * per output only (no store pass), no masked, gather or index loads, no random numbers, reductions
- * sum/prod/any/all/max/min (an integer max/min starts from the first element, as the row form) whose
- * element values need no row-level value but constants. Otherwise the row form. */
+ * sum/prod/any/all/max/min (an integer max/min starts from the first element, as the row form),
+ * var/std's sum of squared deviations (Welford per column in double: one count for the block) and
+ * argmax/argmin (the first index of the extreme, as selects), whose element values need no
+ * row-level value but constants. Otherwise the row form. */
+
+/* Does kernel k have a reduction node of op op? */
+static int has_op(const SKernel *k, LPrim op) {
+    for (uint32_t i = 0; i < k->nnodes; i++)
+        if (!k->elem[i] && k->nodes[i].op == op) return 1;
+    return 0;
+}
 
 /* Is node i computable inside the column loop: element-level nodes over loads and constants? */
 static int column_elem_only(const SKernel *k, uint32_t i, uint8_t *seen) {
@@ -846,7 +862,7 @@ static int column_plan(const KG *g, int64_t parallel_threshold) {
         if (n->op == LP_RAND || n->nidx) ok = 0;
         else if (!k->elem[i] && em_lprim_is_reduce(n->op)) {
             ok = n->op == LP_RSUM || n->op == LP_RPROD || n->op == LP_RANY || n->op == LP_RALL || n->op == LP_RMAX ||
-                 n->op == LP_RMIN;
+                 n->op == LP_RMIN || n->op == LP_RM2 || n->op == LP_RARGMAX || n->op == LP_RARGMIN;
             ok = ok && column_elem_only(k, n->in[0], seen);
         }
     }
@@ -894,6 +910,8 @@ static int emit_column_pass(SB *b, const KG *g, const uint8_t *need, const uint8
     if (mode == 1) sb_printf(b, "%sif (%s > 0) {\n%sconst int64_t r = 0;\n", ind, g->R.v, ind2);
     else sb_printf(b, "%sfor (int64_t r = %d; r < %s; r++) {\n", ind, mode == 2, g->R.v);
     inner_index(b, g, ind2);
+    if (has_op(k, LP_RM2)) /* Welford's count: every column of the block has seen the same elements */
+        sb_printf(b, "%swn_++;\n%sconst double winv_ = 1.0 / (double)wn_;\n", ind2, ind2);
     sb_printf(b, "%s#pragma omp simd\n%sfor (int64_t c = 0; c < cw; c++) {\n", ind2, ind2);
     for (uint32_t q = 0; q < k->nloads; q++) {
         int used = 0;
@@ -917,6 +935,21 @@ static int emit_column_pass(SB *b, const KG *g, const uint8_t *need, const uint8
         case LP_RPROD: sb_printf(b, "%sacc%u[c] *= v%u;\n", ind3, i, x); break;
         case LP_RANY: sb_printf(b, "%sacc%u[c] |= (v%u != 0);\n", ind3, i, x); break;
         case LP_RALL: sb_printf(b, "%sacc%u[c] &= (v%u != 0);\n", ind3, i, x); break;
+        case LP_RM2: /* Welford, one column at a time (emit_reduce's lanes, without the combine) */
+            sb_printf(b, "%sconst double d%u_ = (double)v%u - wm%u[c];\n%swm%u[c] += d%u_ * winv_;\n", ind3, i, x, i, ind3, i, i);
+            sb_printf(b, "%sacc%u[c] += d%u_ * ((double)v%u - wm%u[c]);\n", ind3, i, i, x, i);
+            break;
+        case LP_RARGMAX:
+        case LP_RARGMIN: { /* the first index of the extreme, a NaN the extreme (emit_reduce), as selects */
+            const char *cmp = nd->op == LP_RARGMAX ? ">" : "<";
+            if (em_ldt_is_float(k->nodes[x].dtype))
+                sb_printf(b, "%sconst int t%u_ = acc%u[c] < 0 || (best%u[c] == best%u[c] && (v%u %s best%u[c] || v%u != v%u));\n",
+                          ind3, i, i, i, i, x, cmp, i, x, x);
+            else sb_printf(b, "%sconst int t%u_ = acc%u[c] < 0 || v%u %s best%u[c];\n", ind3, i, i, x, cmp, i);
+            sb_printf(b, "%sbest%u[c] = t%u_ ? v%u : best%u[c];\n%sacc%u[c] = t%u_ ? r : acc%u[c];\n", ind3, i, i, x, i, ind3, i,
+                      i, i);
+            break;
+        }
         default: /* max / min: NaN propagates, tracked beside a NaN-ignoring extreme (emit_reduce) */
             sb_printf(b, "%sacc%u[c] = v%u %s acc%u[c] ? v%u : acc%u[c];\n", ind3, i, x, nd->op == LP_RMAX ? ">" : "<", i, x, i);
             if (!is_int_extreme(k, i)) sb_printf(b, "%snan%u[c] |= v%u != v%u;\n", ind3, i, x, x);
@@ -979,6 +1012,16 @@ static void emit_columns(SB *b, KG *g, int W, int64_t threshold, int long_rows) 
         if (nd->op == LP_RPROD || nd->op == LP_RALL) init = "1";
         if (nd->op == LP_RMAX) init = "-INFINITY";
         if (nd->op == LP_RMIN) init = "INFINITY";
+        if (nd->op == LP_RM2) { /* the running mean beside the sum of squared deviations, in double */
+            sb_printf(b, "%sdouble wm%u[%d], acc%u[%d];\n%sfor (int c = 0; c < %d; c++) wm%u[c] = acc%u[c] = 0;\n", ind, i, W, i,
+                      W, ind, W, i, i);
+            continue;
+        }
+        if (nd->op == LP_RARGMAX || nd->op == LP_RARGMIN) {
+            sb_printf(b, "%s%s best%u[%d];\n%sint64_t acc%u[%d];\n", ind, ctype(k->nodes[nd->in[0]].dtype), i, W, ind, i, W);
+            sb_printf(b, "%sfor (int c = 0; c < %d; c++) { best%u[c] = 0; acc%u[c] = -1; }\n", ind, W, i, i);
+            continue;
+        }
         sb_printf(b, "%s%s acc%u[%d];\n", ind, ct, i, W);
         if (is_int_extreme(k, i)) continue; /* set by the first element's pass */
         if (nd->op == LP_RMAX || nd->op == LP_RMIN)
@@ -987,6 +1030,7 @@ static void emit_columns(SB *b, KG *g, int W, int64_t threshold, int long_rows) 
         else
             sb_printf(b, "%sfor (int c = 0; c < %d; c++) acc%u[c] = %s;\n", ind, W, i, init);
     }
+    if (has_op(k, LP_RM2)) sb_printf(b, "%sint64_t wn_ = 0;\n", ind);
     int imm = 0; /* an integer max / min: its accumulators start from the first reduced element */
     for (uint32_t i = 0; i < n; i++)
         if (!k->elem[i] && em_lprim_is_reduce(k->nodes[i].op)) {
@@ -1009,6 +1053,7 @@ static void emit_columns(SB *b, KG *g, int W, int64_t threshold, int long_rows) 
         else if (em_lprim_is_reduce(nd->op)) {
             if ((nd->op == LP_RMAX || nd->op == LP_RMIN) && !is_int_extreme(k, i))
                 sb_printf(b, "%sif (nan%u[c]) acc%u[c] = NAN;\n", ind2, i, i);
+            if (nd->op == LP_RARGMAX || nd->op == LP_RARGMIN) sb_printf(b, "%sif (acc%u[c] < 0) acc%u[c] = 0;\n", ind2, i, i);
             if (nd->dtype == LDT_F16) sb_printf(b, "%sconst float v%u = em_f16_round((float)acc%u[c]);\n", ind2, i, i);
             else if (nd->dtype == LDT_BF16) sb_printf(b, "%sconst float v%u = em_bf16_round((float)acc%u[c]);\n", ind2, i, i);
             else sb_printf(b, "%sconst %s v%u = (%s)acc%u[c];\n", ind2, ctype(nd->dtype), i, ctype(nd->dtype), i);

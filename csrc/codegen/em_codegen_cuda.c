@@ -372,7 +372,7 @@ static const char *node_name(const Schedule *s, const LNode *n) {
     return n->ir && n->ir < s->lg->ir->nnodes ? s->lg->ir->nodes[n->ir].name : NULL;
 }
 
-static const EmCgDialect CUDA_DIALECT = {ctype, "em_isinf(%s)", "false", 0};
+static const EmCgDialect CUDA_DIALECT = {ctype, "em_isinf(%s)", "false", 0, 0};
 
 
 static void end_line(SB *b, const Schedule *s, const LNode *n) {

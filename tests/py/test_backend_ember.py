@@ -805,7 +805,8 @@ def test_column_reductions(dtype):
     in the column form: blocks of adjacent outputs, the reduced elements walked once per block
     (em_codegen_c.c, column reductions); the row form walked each column at a stride, 30x eager's
     time. Odd sizes (a partial last block), several outer and reduced dims, a transposed input,
-    NaN, epilogues that read per-output values, several reductions of one input, long rows."""
+    NaN, epilogues that read per-output values, several reductions of one input, long rows;
+    var/std (Welford) and argmax/argmin with ties and NaN."""
     fl = dtype.is_floating_point
 
     def make(*shape):
@@ -827,11 +828,21 @@ def test_column_reductions(dtype):
     if fl:
         xn = x.clone()
         xn[17, 5], xn[3, 69] = float("nan"), float("inf")
+        xt = x.clone()
+        xt[:, 4] = 1.5  # ties: argmax / argmin give the first index
         cases += [(lambda x: (x.amax(0), x.amin(0), x.sum(0)), (xn,)),
                   (lambda x: x.mean(0), (x,)),
-                  (lambda x, y: (x * y).relu().sum(0), (x, make(300, 70)))]
+                  (lambda x, y: (x * y).relu().sum(0), (x, make(300, 70))),
+                  # var / std: Welford per column (one count per block), with a large mean
+                  (lambda x: (x.var(0), x.std(0, correction=0, keepdim=True), torch.var_mean(x, 0)), (x + 1000,)),
+                  (lambda x: (x * 2).var((0, 1)) + 1, (make(5, 7, 40),)),
+                  (lambda x: (x.argmax(0), x.argmin(0, keepdim=True)), (xn,)),
+                  (lambda x: (x.argmax(0), x.argmin(0)), (xt,))]
     else:
-        cases += [(lambda x: ((x > 0).any(0), (x > -3).all(0)), (x,))]
+        xt = x.clone()
+        xt[:, 4] = 2
+        cases += [(lambda x: ((x > 0).any(0), (x > -3).all(0)), (x,)),
+                  (lambda x: (x.argmax(0), x.argmin(0), x.argmax(1)), (xt,))]
     for i, (fn, args) in enumerate(cases):
         info = check(fn, *args)
         assert "column form" in info["source"], (i, info["source"][-2000:])
@@ -842,6 +853,18 @@ def test_column_reductions(dtype):
         c = ember.compile(lambda x: x.sum(0), backend="ember")
         torch.testing.assert_close(c(xl).double(), xl.double().sum(0), rtol=0, atol=1e-5)
         assert "column form" in ember.cache_info(c)[0]["ember"]["source"]
+
+
+@pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_float_to_integer_casts_of_nan_and_out_of_range(src):
+    """NaN, infinities and values outside the integer's range cast as eager casts them on x86 CPUs
+    (int64 / int32: the integer indefinite, INT_MIN; narrower types through int32, truncated). A
+    plain C cast is undefined there: gcc folded a bfloat16 NaN's cast (a known constant after
+    rounding) to 0 where eager gives INT64_MIN."""
+    vals = [float("nan"), float("inf"), -float("inf"), 1e20, -1e20, 3e9, -3e9, 70000.0, 300.0, -3.7, 3.7, 0.0, -0.0]
+    x = torch.tensor(vals * 3, dtype=torch.float64).to(src)
+    for dst in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        check(lambda x, dst=dst: (x * 1).to(dst), x)
 
 
 def test_saved_value_joins_the_kernel_reading_the_same_elements():
