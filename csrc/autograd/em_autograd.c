@@ -51,7 +51,8 @@ typedef struct {
                        * attention: [3] the kernel's output when the value is a relaid copy of it) */
     IRRef *grad;      /* g ref -> joint ref of its accumulated gradient, 0: none */
     struct Pieces { IRRef *part; int64_t n; } *pieces; /* g ref -> gradients of x[0] .. x[n-1] (int
-                       * getitems) not yet stacked into x's gradient (finalize_grad) */
+                       * getitems) not yet stacked into x's gradient (finalize_grad); for a tuple
+                       * of split / chunk / unbind, its pieces' gradients (SP_SPLIT) */
     IRRef *scatter;   /* g ref -> its gradient while it is a zeros buffer that getitem gradients
                        * add into slice by slice (x[0], x[1], x[2] of one tensor), 0: none */
     uint8_t *role;    /* joint ref -> ROLE_* */
@@ -344,7 +345,8 @@ static bool meta_dtype_is(const IRMeta *m, const char *name) {
 /* The kernel eager's F.scaled_dot_product_attention runs for these arguments (asked of torch's own
  * choice, ember._autograd.sdpa_backend) and whether ember can take its derivative:
  *   SDPA_MATH        the composite math kernel: decomposed before the joint graph (float32/64);
- *   SDPA_FLASH_CPU   _scaled_dot_product_flash_attention_for_cpu (+ its backward op);
+ *   SDPA_FLASH_CPU   _scaled_dot_product_flash_attention_for_cpu (+ its backward op), a bool mask
+ *                    converted as eager converts it (flash_cpu_mask);
  *   SDPA_FLASH_CUDA  _scaled_dot_product_flash_attention, no mask, head dim a multiple of 8 (eager
  *                    pads other head dims, which this rule does not reproduce);
  *   SDPA_EFFICIENT   _scaled_dot_product_efficient_attention without a mask (eager pads masks to
@@ -375,7 +377,7 @@ static int sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IR
     int64_t hd = q->sizes[q->ndim - 1];
     bool fp = meta_dtype_is(q, "torch.float32") || meta_dtype_is(q, "torch.float64");
     if (c && !strcmp(c, "math") && fp) kind = SDPA_MATH;
-    else if (c && !strcmp(c, "flash") && !cuda && (!mask || !meta_dtype_is(mask, "torch.bool"))) kind = SDPA_FLASH_CPU;
+    else if (c && !strcmp(c, "flash") && !cuda) kind = SDPA_FLASH_CPU; /* a bool mask: flash_cpu_mask */
     else if (c && !strcmp(c, "flash") && cuda && !mask && hd % 8 == 0) kind = SDPA_FLASH_CUDA;
     else if (c && !strcmp(c, "efficient") && cuda && !mask) kind = SDPA_EFFICIENT;
     Py_XDECREF(res);
@@ -842,7 +844,7 @@ static IRRef reduce_to(AG *ag, IRRef gi, const IRMeta *want) {
  * the gradient of gref. */
 static int finalize_grad(AG *ag, IRRef gref) {
     struct Pieces *pc = ag->pieces ? &ag->pieces[gref] : NULL;
-    if (!pc || !pc->part) return 0;
+    if (!pc || !pc->part || em_ir_node(ag->g, gref)->meta.kind == IRMETA_TUPLE) return 0; /* SP_SPLIT's */
     IRRef any = 0;
     for (int64_t i = 0; i < pc->n && !any; i++) any = pc->part[i];
     const IRMeta *xm = &em_ir_node(ag->g, gref)->meta;
@@ -1414,16 +1416,102 @@ static int index_list_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx, co
     return z ? index_put_grad(ag, self, z, il, g) : -1;
 }
 
+/* getitem t[k] of a tuple t that split / chunk / unbind made: g is piece k's gradient, kept for
+ * t's own rule (SP_SPLIT), which runs after every reader of t (reverse order). A tuple of any
+ * other op keeps eager autograd. */
+static int tuple_piece_grad(AG *ag, IRRef t, const IRArg *idx, IRRef g) {
+    const IRNode *tn = em_ir_node(ag->g, t);
+    Bind tb;
+    const Rule *tr = find_rule(ag, tn, &tb);
+    if (!tr || tr->special != SP_SPLIT) {
+        PyObject *qn = node_opname(tn);
+        ag_fail(ag, "no derivative rule for %S (node %s, a tuple result)", qn ? qn : Py_None, tn->name);
+        Py_XDECREF(qn);
+        PyErr_Clear();
+        return -1;
+    }
+    long long k = idx->kind == IRARG_CONST && PyLong_Check(idx->u.obj) && !PyBool_Check(idx->u.obj)
+                      ? PyLong_AsLongLong(idx->u.obj) : -(1LL << 62);
+    if (PyErr_Occurred()) return ag_fail_exc(ag);
+    int64_t np = tn->meta.nitems;
+    if (k < 0) k += np;
+    if (k < 0 || k >= np) return ag_fail(ag, "%s indexed by something other than an int", tn->name);
+    struct Pieces *pc = &ag->pieces[t];
+    if (!pc->part) {
+        pc->n = np;
+        pc->part = em_arena_alloc(ag->a, (size_t)(np ? np : 1) * sizeof(IRRef));
+        if (!pc->part) return -1;
+        memset(pc->part, 0, (size_t)(np ? np : 1) * sizeof(IRRef));
+    }
+    if (pc->part[k]) g = emit_op(ag, "add", arg_node(pc->part[k]), arg_node(g), 2);
+    if (!g) return -1;
+    pc->part[k] = g;
+    return 0;
+}
+
+/* split / chunk / unbind of self into the tuple n: self's gradient is cat (stack for unbind) of
+ * the pieces' gradients along dim, zeros of a piece's shape where none reached it, as eager's
+ * SplitBackward / UnbindBackward give. Every reader of n must be an int getitem (anything else
+ * read the tuple whole: eager autograd). */
+static int split_backward(AG *ag, IRRef n, const Bind *b) {
+    const IRNode *node = em_ir_node(ag->g, n);
+    IRArg self = bval(b, "self"), dim = bval(b, "dim");
+    if (!needs(ag, &self)) return 0;
+    for (IRRef u = n + 1; u < ag->g->nnodes; u++) {
+        const IRNode *un = em_ir_node(ag->g, u);
+        if (!em_ir_node_reads(un, n)) continue;
+        if (!node_named(un, "operator.getitem") || un->nargs != 2 || un->args[0].kind != IRARG_NODE ||
+            un->args[1].kind != IRARG_CONST || !PyLong_Check(un->args[1].u.obj) || em_ir_node_reads(un, n) != 1)
+            return ag_fail(ag, "%s reads the tuple %s whole", un->name, node->name);
+    }
+    const IRMeta *tm = &node->meta, *xm = &em_ir_node(ag->g, self.u.ref)->meta;
+    struct Pieces *pc = &ag->pieces[n];
+    if (dim.kind != IRARG_CONST || !PyLong_Check(dim.u.obj) || !pc->part || pc->n != (int64_t)tm->nitems)
+        return ag_fail(ag, "%s: no piece's gradient, or a dim that is not an int", node->name);
+    bool unbind = node_named(node, "Tensor.unbind torch.unbind");
+    IRRef any = 0;
+    for (int64_t i = 0; i < pc->n && !any; i++) any = pc->part[i];
+    IRArg list = {0};
+    list.kind = IRARG_LIST;
+    list.n = (uint32_t)pc->n;
+    list.u.items = em_arena_alloc(ag->a, (size_t)(pc->n ? pc->n : 1) * sizeof(IRArg));
+    if (!list.u.items) return -1;
+    for (int64_t i = 0; i < pc->n; i++) {
+        IRRef v = pc->part[i];
+        const IRMeta *im = &tm->items[i];
+        if (im->kind != IRMETA_TENSOR) return ag_fail(ag, "%s: a piece that is not a tensor", node->name);
+        if (!v) {
+            IRArg za[2] = {arg_node(any), shape_const(ag, im)};
+            v = emit_method(ag, "new_zeros", za, 2);
+        } else if (jmeta(ag, v)->dtype != im->dtype) { /* as autograd's validate_outputs casts each piece */
+            IRArg ca[2] = {arg_node(v), arg_const_steal(ag, Py_NewRef(im->dtype))};
+            v = emit_method(ag, "to", ca, 2);
+        }
+        if (!v) return -1;
+        list.u.items[i] = arg_node(v);
+    }
+    pc->part = NULL;
+    long long d = PyLong_AsLongLong(dim.u.obj);
+    if (PyErr_Occurred()) return ag_fail_exc(ag);
+    if (d < 0) d += xm->ndim;
+    IRArg a[2] = {list, arg_const_steal(ag, PyLong_FromLongLong(d))};
+    IRRef r = emit_fn(ag, unbind ? "stack" : "cat", a, 2);
+    return r ? accumulate(ag, self.u.ref, r) : -1;
+}
+
 static int backward_special(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     IRRef g = ag->grad[n];
     const IRMeta *selfm = NULL;
     switch (b->rule->special) {
+    case SP_SPLIT: return split_backward(ag, n, b);
     case SP_GETITEM: {
         IRArg self = bval(b, "self"), idx = bval(b, "index");
         bool nested = false;
         if (collect_grad_refs(ag, &idx, true, &nested)) return ag_fail(ag, "%s: index requires grad", node->name);
         if (!needs(ag, &self)) return 0;
+        if (self.kind == IRARG_NODE && em_ir_node(ag->g, self.u.ref)->meta.kind == IRMETA_TUPLE)
+            return tuple_piece_grad(ag, self.u.ref, &idx, g);
         if (idx.kind == IRARG_TUPLE || idx.kind == IRARG_LIST)
             for (uint32_t i = 0; i < idx.n; i++)
                 if (idx.u.items[i].kind != IRARG_CONST && !const_list(&idx.u.items[i]))
@@ -1651,7 +1739,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             PyObject *t = torch_attr("ops.aten._scaled_dot_product_flash_attention_for_cpu_backward");
             if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
             IRArg a[8] = {arg_node(g), map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), out, arg_node(ag->aux[n][0]), dp, ic};
-            IRArg kv[2] = {map_arg(ag, &m), sc};
+            IRArg kv[2] = {ag->aux[n][1] ? arg_node(ag->aux[n][1]) : map_arg(ag, &m), sc};
             r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 8, kwn, kv, 2);
         } else if (kind == SDPA_EFFICIENT) {
             PyObject *t = torch_attr("ops.aten._scaled_dot_product_efficient_attention_backward");
@@ -1810,6 +1898,21 @@ static bool bn_uses_cudnn(AG *ag, const Bind *b) {
     return on;
 }
 
+/* A bool attention mask as at::scaled_dot_product_attention hands it to the CPU flash kernel
+ * (convert_boolean_attn_mask, aten/src/ATen/native/transformers/attention.cpp): 0 where True,
+ * -inf where False, in the query's dtype. The joint mask ref, 0 on failure. */
+static IRRef flash_cpu_mask(AG *ag, IRArg mask, PyObject *dtype) {
+    PyObject *kw = kwname(ag, "dtype");
+    PyObject *zl = torch_attr("zeros_like");
+    if (!kw || !zl || !em_arena_hold_steal(ag->a, zl)) return ag_fail_exc(ag), 0;
+    IRArg dt = arg_const_steal(ag, Py_NewRef(dtype));
+    IRRef z = ag_emit(ag, IR_CALL_FUNCTION, zl, &mask, 1, &kw, &dt, 1);
+    IRRef off = z ? emit_fn(ag, "logical_not", &mask, 1) : 0;
+    if (!off) return 0;
+    IRArg a[3] = {arg_node(z), arg_node(off), arg_const_steal(ag, PyFloat_FromDouble(-INFINITY))};
+    return emit_method(ag, "masked_fill", a, 3);
+}
+
 static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     ag->cur_role = ROLE_FWD;
@@ -1871,6 +1974,14 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         IRArg q = bval(b, "query"), k = bval(b, "key"), v = bval(b, "value"), m = bval(b, "attn_mask");
         IRArg dp = bval(b, "dropout_p"), ic = bval(b, "is_causal"), sc = bval(b, "scale");
         int kind = sdpa_kind_bound(ag, b);
+        if (kind == SDPA_FLASH_CPU && m.kind == IRARG_NODE && meta_dtype_is(val_meta(ag, &m), "torch.bool")) {
+            IRRef mf = flash_cpu_mask(ag, map_arg(ag, &m), val_meta(ag, &q)->dtype);
+            if (!mf) return 0;
+            ag->aux[n][1] = mf; /* the backward op reads the same float mask */
+            m = arg_node(mf);
+        } else {
+            m = map_arg(ag, &m);
+        }
         PyObject *kwn[2] = {kwname(ag, "attn_mask"), kwname(ag, "scale")};
         if (!kwn[0] || !kwn[1]) return ag_fail_exc(ag), 0;
         IRArg none = arg_const_steal(ag, Py_NewRef(Py_None)), yes = arg_const_steal(ag, Py_NewRef(Py_True));
@@ -1882,7 +1993,7 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
             PyObject *t = torch_attr("ops.aten._scaled_dot_product_flash_attention_for_cpu");
             if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
             IRArg a[5] = {map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), dp, ic};
-            IRArg kv[2] = {map_arg(ag, &m), sc};
+            IRArg kv[2] = {m, sc};
             r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 5, kwn, kv, 2);
         } else if (kind == SDPA_EFFICIENT) { /* compute_log_sumexp: inputs require grad, grad mode on */
             PyObject *t = torch_attr("ops.aten._scaled_dot_product_efficient_attention");
@@ -2005,46 +2116,7 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
 }
 
 /* Is this node an in-place update (x.add_(), operator.iadd, out=, inplace=True)? */
-static bool is_mutation(const IRNode *n) {
-    PyObject *name = node_opname(n);
-    const char *s = name ? PyUnicode_AsUTF8(name) : NULL;
-    bool mut = false;
-    if (s) {
-        const char *last = strrchr(s, '.');
-        last = last ? last + 1 : s;
-        size_t len = strlen(last);
-        mut = (len > 1 && last[len - 1] == '_' && !(len > 2 && last[len - 2] == '_')) ||
-              (!strncmp(s, "operator.i", 10) && names_has("iadd isub imul itruediv ifloordiv imod ipow imatmul iand ior "
-                                                          "ixor ilshift irshift", s + 9)) ||
-              !strcmp(s, "operator.setitem") || !strcmp(s, "Tensor.__setitem__");
-    }
-    Py_XDECREF(name);
-    PyErr_Clear();
-    for (uint32_t k = 0; k < n->nkwargs && !mut; k++) {
-        const char *kn = PyUnicode_AsUTF8(n->kwnames[k]);
-        if (!kn) {
-            PyErr_Clear();
-            continue;
-        }
-        if (!strcmp(kn, "out")) mut = true;
-        if (!strcmp(kn, "inplace") && n->kwargs[k].kind == IRARG_CONST && n->kwargs[k].u.obj == Py_True) mut = true;
-    }
-    return mut;
-}
-
 static bool arg_requires_grad(const IRGraph *g, const IRArg *a);
-
-/* The tensor an in-place update writes, which is also what it returns (torch's in-place methods
- * and functions return self; an out= op returns `out`): the `out` keyword when there is one, else
- * the first argument. NULL when the node has neither. */
-static const IRArg *mutated_arg(const IRNode *n) {
-    for (uint32_t k = 0; k < n->nkwargs; k++) {
-        const char *kn = PyUnicode_AsUTF8(n->kwnames[k]);
-        if (!kn) PyErr_Clear();
-        else if (!strcmp(kn, "out")) return &n->kwargs[k];
-    }
-    return n->nargs ? &n->args[0] : NULL;
-}
 
 /* The graph input that graph value r may be at run time, as an object: -1 when none can be. The
  * placeholder itself; an in-place update returns what it writes (x.add_(1), x += 1, out=x); and
@@ -2061,7 +2133,7 @@ static int32_t maybe_input(const IRGraph *g, IRRef r) {
             return -1;
         }
         if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->meta.kind != IRMETA_TENSOR) return -1;
-        const IRArg *m = is_mutation(n) ? mutated_arg(n) : (n->nargs ? &n->args[0] : NULL);
+        const IRArg *m = em_ir_mutates(n) ? em_ir_mutated_arg(n) : (n->nargs ? &n->args[0] : NULL);
         if (!m || m->kind != IRARG_NODE) return -1;
         r = m->u.ref;
     }
@@ -2081,9 +2153,9 @@ static bool is_view_attr(const IRNode *n) {
 static IRRef alias_step(const IRGraph *g, IRRef r, bool *view) {
     const IRNode *n = em_ir_node(g, r);
     if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->meta.kind != IRMETA_TENSOR) return 0;
-    bool mut = is_mutation(n);
+    bool mut = em_ir_mutates(n);
     if (!mut && em_lower_kind_of(n) != EM_LOWER_VIEW && !is_view_attr(n)) return 0;
-    const IRArg *m = mut ? mutated_arg(n) : (n->nargs ? &n->args[0] : NULL);
+    const IRArg *m = mut ? em_ir_mutated_arg(n) : (n->nargs ? &n->args[0] : NULL);
     if (!m || m->kind != IRARG_NODE) return 0;
     *view = !mut;
     return m->u.ref;
@@ -2168,8 +2240,8 @@ static int check_mutations(AG *ag) {
         PyErr_Clear();
         if (gm) return ag_fail(ag, "the graph changes grad mode (%s)", n->name);
         if (em_ir_autocast_node(n)) return ag_fail(ag, "the graph enters a torch.autocast block (%s)", n->name);
-        if (!is_mutation(n)) continue;
-        const IRArg *a0 = mutated_arg(n); /* out= writes `out`, not its first argument */
+        if (!em_ir_mutates(n)) continue;
+        const IRArg *a0 = em_ir_mutated_arg(n); /* out= writes `out`, not its first argument */
         if (!a0 || a0->kind != IRARG_NODE || em_ir_node(g, a0->u.ref)->kind != IR_PLACEHOLDER ||
             meta_needs_grad(&em_ir_node(g, a0->u.ref)->meta) || meta_needs_grad(&n->meta))
             return ag_fail(ag, "in-place update %s of a value autograd may need", n->name);
@@ -2190,7 +2262,7 @@ static int check_mutations(AG *ag) {
                 uses = a->kind == IRARG_NODE && a->u.ref == p;
             }
             if (!uses) continue;
-            const IRArg *um = is_mutation(un) ? mutated_arg(un) : NULL;
+            const IRArg *um = em_ir_mutates(un) ? em_ir_mutated_arg(un) : NULL;
             bool ok = (um && um->kind == IRARG_NODE && um->u.ref == p) ||
                       (is_batch_norm(un) && un->args[0].kind == IRARG_NODE && un->args[0].u.ref != p);
             if (!ok) return ag_fail(ag, "%s reads %s, which %s updates in place", un->name, em_ir_node(g, p)->name, n->name);
@@ -2398,7 +2470,7 @@ static int partition(AG *ag, const int64_t *bytes, bool allow_all, uint8_t *save
              * autocast: one launch per parameter per step) where saving it costs what eager's
              * autograd saves. Views stay free. */
             else if (materialized[r] && em_lower_kind_of(n) != EM_LOWER_VIEW) cheap = false;
-            if (ag->pinned[r] || is_mutation(n)) cheap = false;
+            if (ag->pinned[r] || em_ir_mutates(n)) cheap = false;
             if (!cheap && flow_add(&f, S, 2 * r, INF_CAP) < 0) goto done;
             /* bytes first; among cuts of equal bytes, the one that saves values the backward reads
              * itself (+1) over their producers (+7): recomputation costs kernels (a copy like
@@ -3893,7 +3965,8 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
             if (!ag.reason) ag_fail_exc(&ag);
             break;
         }
-        if (!ag.grad[r] || !meta_needs_grad(&n->meta)) continue;
+        bool reached = ag.grad[r] || (n->meta.kind == IRMETA_TUPLE && ag.pieces[r].part); /* SP_SPLIT */
+        if (!reached || !meta_needs_grad(&n->meta)) continue;
         ag.cur = r;
         Bind b;
         const Rule *rule = find_rule(&ag, n, &b);
@@ -3979,7 +4052,7 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
             more = false;
             for (IRRef r = ag.j->nnodes - 1; r >= 1; r--) {
                 const IRNode *n = em_ir_node(ag.j, r);
-                if (!reach[r] && is_mutation(n) && reach[alias_root(ag.j, r)]) reach[r] = more = 1;
+                if (!reach[r] && em_ir_mutates(n) && reach[alias_root(ag.j, r)]) reach[r] = more = 1;
                 if (!reach[r]) continue;
                 for (uint32_t a = 0; a < n->nargs + n->nkwargs; a++)
                     mark_args(a < n->nargs ? &n->args[a] : &n->kwargs[a - n->nargs], reach);

@@ -29,7 +29,7 @@
 #define R_RECOMPUTE 1u
 
 enum { SP_NONE, SP_GETITEM, SP_CAT, SP_STACK, SP_LAYER_NORM, SP_BATCH_NORM, SP_CONV, SP_DROPOUT,
-       SP_SELECT, SP_NARROW, SP_MAX_POOL2D,
+       SP_SELECT, SP_NARROW, SP_MAX_POOL2D, SP_SPLIT,
        SP_SDPA, SP_NLL_LOSS };
 
 typedef struct {
@@ -121,6 +121,11 @@ static const Rule RULES[] = {
     {"operator.getitem Tensor.__getitem__", "self, index", "", "", PW, SP_GETITEM},
     {"Tensor.select torch.select", "self, dim, index", "", "", PW, SP_SELECT},
     {"Tensor.narrow torch.narrow", "self, dim, start, length", "", "", PW, SP_NARROW},
+    /* tuples of views: each piece's gradient is recorded by its getitem, then put together (zeros
+     * for pieces no gradient reached): split/chunk by cat along dim, unbind by stack */
+    {"Tensor.split torch.split torch.functional.split", "self, split_size_or_sections, dim=0", "", "", PW, SP_SPLIT},
+    {"Tensor.chunk torch.chunk", "self, chunks, dim=0", "", "", PW, SP_SPLIT},
+    {"Tensor.unbind torch.unbind", "self, dim=0", "", "", PW, SP_SPLIT},
     {"torch.cat torch.concat torch.concatenate", "tensors, dim=0", "", "", 0, SP_CAT},
     {"torch.stack", "tensors, dim=0", "", "", 0, SP_STACK},
     /* ---- matrix products (1-D operands keep eager autograd) ---- */

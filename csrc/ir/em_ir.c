@@ -976,6 +976,81 @@ bool em_ir_is_symbolic(const IRGraph *g) {
     return false;
 }
 
+/* The operator module's in-place forms (x += y ...), also the names of Tensor's in-place dunders
+ * (__iadd__ ...) without their underscores. */
+static const char *const ir_inplace_operators[] = {"iadd", "isub", "imul", "imatmul", "itruediv", "ifloordiv",
+                                                   "imod", "ipow", "ilshift", "irshift", "iand", "ior", "ixor",
+                                                   "iconcat"};
+
+static bool ir_inplace_operator(const char *s, size_t n) {
+    for (size_t i = 0; i < sizeof ir_inplace_operators / sizeof ir_inplace_operators[0]; i++)
+        if (strlen(ir_inplace_operators[i]) == n && strncmp(s, ir_inplace_operators[i], n) == 0) return true;
+    return false;
+}
+
+/* F.relu(x, True), F.leaky_relu(x, 0.1, True) ...: a Python function whose positional parameter
+ * `inplace` receives something other than False (read from the function's code object; only
+ * Python functions have one: asking a builtin for __code__ costs an AttributeError per node). */
+static bool ir_inplace_positional(const IRNode *n) {
+    if (n->kind != IR_CALL_FUNCTION || n->nargs < 2 || !PyFunction_Check(n->target)) return false;
+    PyCodeObject *co = (PyCodeObject *)PyFunction_GET_CODE(n->target);
+    bool r = false;
+    PyObject *names = PyObject_GetAttrString((PyObject *)co, "co_varnames");
+    if (names && PyTuple_Check(names)) {
+        for (int i = 0; i < co->co_argcount && i < PyTuple_GET_SIZE(names) && (uint32_t)i < n->nargs; i++) {
+            PyObject *nm = PyTuple_GET_ITEM(names, i);
+            const IRArg *a = &n->args[i];
+            if (PyUnicode_Check(nm) && PyUnicode_CompareWithASCIIString(nm, "inplace") == 0)
+                r = !(a->kind == IRARG_CONST && a->u.obj == Py_False);
+        }
+    }
+    Py_XDECREF(names);
+    if (PyErr_Occurred()) PyErr_Clear();
+    return r;
+}
+
+bool em_ir_mutates(const IRNode *n) {
+    if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) return false;
+    bool mut = false;
+    PyObject *q = n->kind == IR_CALL_METHOD ? Py_NewRef(n->target) : em_ir_target_qualname(n->target);
+    const char *s = q && PyUnicode_Check(q) ? PyUnicode_AsUTF8(q) : NULL;
+    if (s) {
+        const char *dot = strrchr(s, '.'), *base = dot ? dot + 1 : s;
+        size_t len = strlen(base);
+        bool op_module = strncmp(s, "operator.", 9) == 0 || strncmp(s, "_operator.", 10) == 0;
+        if (strcmp(base, "setitem") == 0 || strcmp(base, "__setitem__") == 0)
+            mut = true;
+        else if (op_module) /* x += y on ints is no tensor update */
+            mut = ir_inplace_operator(base, len) && n->meta.kind == IRMETA_TENSOR;
+        else if (len > 4 && strncmp(base, "__", 2) == 0 && strcmp(base + len - 2, "__") == 0)
+            mut = ir_inplace_operator(base + 2, len - 4); /* __iadd__, not __add__ or __invert__ */
+        else
+            mut = len > 1 && base[len - 1] == '_';
+    }
+    Py_XDECREF(q);
+    PyErr_Clear();
+    for (uint32_t k = 0; k < n->nkwargs && !mut; k++) {
+        const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
+        if (!kw) {
+            PyErr_Clear();
+            return true; /* unknown: an update, the safe side */
+        }
+        if (strcmp(kw, "out") == 0) mut = true;
+        if (strcmp(kw, "inplace") == 0 && !(n->kwargs[k].kind == IRARG_CONST && n->kwargs[k].u.obj == Py_False))
+            mut = true;
+    }
+    return mut || ir_inplace_positional(n);
+}
+
+const IRArg *em_ir_mutated_arg(const IRNode *n) {
+    for (uint32_t k = 0; k < n->nkwargs; k++) {
+        const char *kn = PyUnicode_AsUTF8(n->kwnames[k]);
+        if (!kn) PyErr_Clear();
+        else if (!strcmp(kn, "out")) return &n->kwargs[k];
+    }
+    return n->nargs ? &n->args[0] : NULL;
+}
+
 bool em_ir_meta_contiguous(const IRMeta *m) {
     if (!m || m->kind != IRMETA_TENSOR || !m->strides) return false;
     int64_t st = 1;

@@ -227,6 +227,14 @@ bool em_ir_layout_needs_fake(PyObject *fn);
 int em_ir_autocast_node(const IRNode *n);
 /* Does g enter a torch.autocast block (has an _enter_autocast node)? */
 bool em_ir_has_autocast(const IRGraph *g);
+/* Does call node n update a tensor in place: an in-place method or function (`add_`, `relu_`,
+ * `Tensor.__iadd__`, `operator.iadd` on a tensor, setitem), an `out=` argument, or `inplace`
+ * given as anything but False (keyword or positional, F.relu(x, True))? The operator module's
+ * `and_`, `or_`, `not_`, `is_`, `concat` are out-of-place despite the trailing underscore. */
+bool em_ir_mutates(const IRNode *n);
+/* The tensor an in-place update writes (and returns): the `out` keyword when there is one, else
+ * the first argument; NULL when the node has neither. */
+const IRArg *em_ir_mutated_arg(const IRNode *n);
 /* Is m a tensor with torch's contiguous strides (size-1 dims ignored, as is_contiguous)? */
 bool em_ir_meta_contiguous(const IRMeta *m);
 /* Is m a tensor on a CPU device? */

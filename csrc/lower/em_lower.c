@@ -2833,67 +2833,6 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
 /* The pass                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
-static int name_is_inplace(const char *s) {
-    size_t n = strlen(s);
-    if (n >= 2 && s[0] == '_' && s[1] == '_') return strncmp(s, "__i", 3) == 0 || strcmp(s, "__setitem__") == 0;
-    return n > 1 && s[n - 1] == '_';
-}
-
-/* F.relu(x, True), F.leaky_relu(x, 0.1, True) ...: a Python function whose positional parameter
- * `inplace` receives something other than False (read from the function's code object). */
-static int inplace_positional(const IRNode *n) {
-    /* only Python functions have a code object to read (asking a builtin for __code__ costs an
-     * AttributeError per node) */
-    if (n->kind != IR_CALL_FUNCTION || n->nargs < 2 || !PyFunction_Check(n->target)) return 0;
-    int r = 0;
-    PyObject *code = PyObject_GetAttrString(n->target, "__code__");
-    if (!code) {
-        PyErr_Clear();
-        return 0;
-    }
-    if (PyCode_Check(code)) {
-        PyCodeObject *co = (PyCodeObject *)code;
-        PyObject *names = PyObject_GetAttrString(code, "co_varnames");
-        if (names && PyTuple_Check(names)) {
-            for (int i = 0; i < co->co_argcount && i < PyTuple_GET_SIZE(names) && (uint32_t)i < n->nargs; i++) {
-                PyObject *nm = PyTuple_GET_ITEM(names, i);
-                if (PyUnicode_Check(nm) && PyUnicode_CompareWithASCIIString(nm, "inplace") == 0)
-                    r = !is_false(&n->args[i]);
-            }
-        }
-        Py_XDECREF(names);
-    }
-    if (PyErr_Occurred()) PyErr_Clear();
-    Py_DECREF(code);
-    return r;
-}
-
-/* Is the node an in-place op or one that writes an out= argument? */
-static int mutates(const IRNode *n) {
-    char key[128];
-    if (target_key(n, key, sizeof key) == 0) {
-        const char *dot = strrchr(key, '.');
-        const char *base = dot ? dot + 1 : key;
-        /* the operator module spells its in-place forms op.iadd ... (the table below); its and_,
-         * or_, not_, concat ... are out-of-place despite the trailing underscore */
-        int op_module = strncmp(key, "op.", 3) == 0;
-        if ((!op_module && name_is_inplace(base)) || strcmp(base, "setitem") == 0) return 1;
-        for (size_t i = 0; i < sizeof inplace_operators / sizeof inplace_operators[0]; i++)
-            if (strcmp(key, inplace_operators[i][0]) == 0 && n->meta.kind == IRMETA_TENSOR) return 1;
-    }
-    for (uint32_t k = 0; k < n->nkwargs; k++) {
-        const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
-        if (!kw) {
-            PyErr_Clear();
-            return 1;
-        }
-        if (strcmp(kw, "out") == 0) return 1;
-        if (strcmp(kw, "inplace") == 0 && !(n->kwargs[k].kind == IRARG_CONST && n->kwargs[k].u.obj == Py_False))
-            return 1;
-    }
-    return inplace_positional(n);
-}
-
 static int meta_ok(const IRMeta *m) {
     return m->kind == IRMETA_TENSOR && m->ndim <= EM_LMAXDIM && em_lower_dtype_of(m->dtype) >= 0;
 }
@@ -2975,13 +2914,12 @@ static int tensor_dtype_is(const IRGraph *g, const IRArg *a, PyObject *dtype) {
  * a functionalized result), nothing reads v after r, v is not returned, no node that may alias v
  * (a view, an unknown torch call) reads it, and every tensor argument has v's dtype (an in-place
  * op computes in the promoted type and rounds to v's; the functional rule computes in v's). */
-static int mutates(const IRNode *n);
 
 /* Is node r an in-place update of graph input `in` (args[0]) that is the only node reading `in`
  * and whose result nothing reads? */
 static int sole_update_of(const IRGraph *g, IRRef r, IRRef in) {
     const IRNode *n = &g->nodes[r];
-    if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !mutates(n) || n->nargs < 1 ||
+    if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !em_ir_mutates(n) || n->nargs < 1 ||
         n->args[0].kind != IRARG_NODE || n->args[0].u.ref != in)
         return 0;
     if (em_ir_node_reads(n, in) != 1) return 0; /* only as the self it writes */
@@ -3091,7 +3029,7 @@ static int functionalize(const IRGraph *g, uint8_t *functional) {
         for (uint32_t i = 0; i < n->nkwargs; i++) note_uses(&n->kwargs[i], user, last_use);
         if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
         const LowerRule *rule = find_rule(n, 0);
-        int inplace = mutates(n);
+        int inplace = em_ir_mutates(n);
         char key[128];
         int fresh_extern = 0;
         if (!rule && target_key(n, key, sizeof key) == 0)
@@ -3106,7 +3044,7 @@ static int functionalize(const IRGraph *g, uint8_t *functional) {
     }
     for (IRRef r = 1; r < nn; r++) {
         const IRNode *n = &g->nodes[r];
-        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !mutates(n)) continue;
+        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !em_ir_mutates(n)) continue;
         if (n->meta.kind != IRMETA_TENSOR || n->nargs < 1 || n->args[0].kind != IRARG_NODE) continue;
         IRRef v = n->args[0].u.ref;
         int ok = fresh[v] && !aliased[v] && last_use[v] == r && g->nodes[v].meta.kind == IRMETA_TENSOR &&
@@ -3289,7 +3227,7 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
                 return NULL;
             }
         }
-        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && !functional[r] && mutates(n) &&
+        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && !functional[r] && em_ir_mutates(n) &&
             !lone_input_update(g, functional, r)) {
             *why = "the graph has an in-place op on a graph input or on a value read again (or through a view) "
                    "after it: ran by the eager backend";

@@ -163,7 +163,6 @@ static int rows_node(RowCtx *c, const IRNode *n) {
     char buf[64];
     if (node_name(n, buf, sizeof buf) < 0) return reject(c, n, "?", "an op without a name");
     const char *name = buf;
-    size_t len = strlen(name);
     int r = -1;
     for (uint32_t i = 0; i < n->nargs; i++)
         if (!args_are_tensors(c, &n->args[i])) return reject(c, n, name, "an op reads a size or non-tensor value");
@@ -171,7 +170,7 @@ static int rows_node(RowCtx *c, const IRNode *n) {
         if (!args_are_tensors(c, &n->kwargs[i])) return reject(c, n, name, "an op reads a size or non-tensor value");
         if (PyUnicode_CompareWithASCIIString(n->kwnames[i], "out") == 0) return reject(c, n, name, "out= argument");
     }
-    if (len > 1 && name[len - 1] == '_' && name[0] != '_') return reject(c, n, name, "an in-place op");
+    if (em_ir_mutates(n)) return reject(c, n, name, "an in-place op");
     const IRMeta *om = &n->meta;
     const IRArg *a0 = n->nargs ? &n->args[0] : NULL;
     const IRMeta *m0 = a0 ? tensor_meta(c, a0) : NULL;
@@ -318,9 +317,6 @@ static const char *const ALIASING[] = {
     "alias", "type_as", "to", "float", "double", "half", "bfloat16", "data", "requires_grad_", "atleast_1d",
     "atleast_2d", "atleast_3d", "ravel", NULL};
 
-static const char *const INPLACE[] = {"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul",
-                                      "iand", "ior", "ixor", "ilshift", "irshift", "setitem", "__setitem__", NULL};
-
 static void mark_written(const IRGraph *g, const IRArg *a, uint8_t *node_written) {
     if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) {
         for (uint32_t i = 0; i < a->n; i++) mark_written(g, &a->u.items[i], node_written);
@@ -347,13 +343,12 @@ int em_cudagraph_written_inputs(const IRGraph *g, uint8_t *written) {
         if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
         char name[64];
         if (node_name(n, name, sizeof name) < 0) continue;
-        size_t len = strlen(name);
         int norm = strstr(name, "batch_norm") != NULL || strstr(name, "instance_norm") != NULL;
         if (norm) {
             for (uint32_t i = 1; i < n->nargs; i++) mark_written(g, &n->args[i], w);
             for (uint32_t i = 0; i < n->nkwargs; i++) mark_written(g, &n->kwargs[i], w);
-        } else if (n->nargs && ((len > 1 && name[len - 1] == '_' && name[len - 2] != '_') || in_list(name, INPLACE))) {
-            mark_written(g, &n->args[0], w);
+        } else if (em_ir_mutates(n) && em_ir_mutated_arg(n)) { /* F.relu(x, inplace=True) too */
+            mark_written(g, em_ir_mutated_arg(n), w);
         }
         for (uint32_t i = 0; i < n->nkwargs; i++)
             if (PyUnicode_CompareWithASCIIString(n->kwnames[i], "out") == 0) mark_written(g, &n->kwargs[i], w);

@@ -261,6 +261,65 @@ def test_sdpa_uses_the_kernel_eager_uses():
     assert "bernoulli" in info["forward"]  # the dropout mask is drawn once, in the forward, and saved
 
 
+@pytest.mark.parametrize("mshape", [(2, 1, 5, 6), (5, 6), (2, 3, 5, 6)])
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_sdpa_bool_mask_runs_the_cpu_flash_kernel(mshape, backend):
+    """A bool mask (transformers' GPT-2 and BERT pass one): eager's CPU flash kernel gets it as a
+    float mask (0 where True, -inf where False, at::scaled_dot_product_attention's
+    convert_boolean_attn_mask); so do the region's forward and backward ops: bitwise eager's
+    outputs and gradients, and no split around the attention (before: eager autograd)."""
+    q, k, v = r(2, 3, 5, 8), r(2, 3, 6, 8), r(2, 3, 6, 8)
+    m = torch.rand(mshape, generator=torch.Generator().manual_seed(0)) > 0.4
+    m[..., 0] = True
+    c = check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3), (q, k, v, m),
+              backend=backend, rtol=0, atol=0)
+    assert "_scaled_dot_product_flash_attention_for_cpu_backward" in autograd_info(c)["backward"]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_split_chunk_unbind_gradients(backend):
+    """Tuples of views: each piece's gradient comes through its getitem and the pieces are put
+    together by cat (split, chunk) or stack (unbind), zeros for a piece nothing reads (GPT-2's
+    `q, k, v = qkv.split(n, dim=2)`)."""
+    def f_split(x):
+        a, b, c = x.split(4, dim=1)
+        return a * b + c.sin()
+
+    def f_sizes(x):
+        t = torch.split(x, [3, 5, 4], 1)  # torch.functional.split
+        return t[2].exp(), t[0][:, :1] * 2
+
+    def f_chunk(x):
+        a, b = torch.chunk(x, 2, dim=-1)
+        return a.relu() * 2 + b
+
+    def f_unbind(x):
+        p = x.unbind(0)
+        return p[0] * p[2] + p[0]  # p[1] unused, p[0] read twice
+
+    for f in (f_split, f_sizes, f_chunk, f_unbind):
+        ember.reset()
+        check(f, (r(3, 12, dtype=torch.float64),), backend=backend)
+
+    def whole(x):  # cat(t) of the tuple: the tracer hands cat its pieces (getitems), one region
+        t = x.split(4, dim=1)
+        return torch.cat(t, 1).sin()
+    ember.reset()
+    check(whole, (r(3, 12),), backend=backend)
+
+
+def test_out_of_place_operator_and_is_no_inplace_update():
+    """`m1 & m2` is operator.and_ (out-of-place despite the underscore; operator.iand is `&=`):
+    GPT-2's attention mask is built with it, and the whole region kept eager autograd as if the
+    mask were updated in place."""
+    def f(x, a, b):
+        m = (a > 0) & (b > 0)
+        m = m | (a > 1)
+        return torch.where(m, x.sin(), x * 2)
+    c = check(f, (r(4, 5), r(4, 5, grad=False), r(4, 5, grad=False)), backend="ember")
+    assert autograd_info(c)["forward"]
+
+
 def test_sdpa_mask_requiring_grad_keeps_eager_autograd():
     def f(q, k, v, m):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m)

@@ -204,6 +204,11 @@ def test_written_inputs():
     rm, rv, w = torch.zeros(3), torch.ones(3), torch.ones(3)
     assert written(lambda x, rm, rv, w: F.batch_norm(x, rm, rv, w, None, True), x, rm, rv, w)[:3] == (False, True, True)
     assert written(lambda x, y: torch.relu(x) @ y.t(), x, y) == (False, False)
+    # inplace=True as a keyword or positionally writes x; operator.and_ (`&`) is out-of-place
+    assert written(lambda x, y: F.relu(x, inplace=True) + y, x, y) == (True, False)
+    assert written(lambda x, y: F.relu(x, True) + y, x, y) == (True, False)
+    xb, yb = x > 0, y > 0
+    assert written(lambda x, y: (x & y) | x, xb, yb) == (False, False)
 
 
 @needs_cuda
