@@ -18,7 +18,8 @@ False, the default of both) draw dropout masks from their own Philox streams, no
 
     .venv/bin/python bench/training.py --quick                 # small shapes, 1 round (dev VM)
     .venv/bin/python bench/training.py --device cuda           # the GPU machine
-    options: --models resnet18,transformer --compilers eager,inductor,aot_eager,ember
+    options: --models resnet18,transformer (also gpt2: transformers' GPT2LMHeadModel, d 256, 4 layers,
+             batch 8, seq 128, AdamW; needs the test extra's transformers) --compilers eager,inductor,aot_eager,ember
              (also inductor-ro, ember-ro: mode="reduce-overhead", CUDA graphs)
              --steps N --rounds N --threads N --json out.json --cpu-time
              --channels-last   ResNet-18's parameters and input in torch.channels_last (all compilers)
@@ -101,9 +102,32 @@ class Encoder(nn.Module):
         return self.head(self.enc(self.emb(x)).mean(1))
 
 
+class GPT2LM(nn.Module):
+    """transformers' GPT2LMHeadModel (built from a config: random weights, nothing downloaded),
+    returning the next-token logits flattened to (batch * seq, vocab) for F.cross_entropy."""
+
+    def __init__(self, d, layers, heads, vocab, seq):
+        super().__init__()
+        import transformers
+        cfg = transformers.GPT2Config(n_layer=layers, n_embd=d, n_head=heads, vocab_size=vocab, n_positions=seq,
+                                      bos_token_id=0, eos_token_id=0, use_cache=False)
+        self.gpt2 = transformers.GPT2LMHeadModel(cfg)
+
+    def forward(self, x):
+        return self.gpt2(input_ids=x).logits.flatten(0, 1)
+
+
 def make_case(name, quick, device, channels_last=False, activation="relu"):
     g = torch.Generator().manual_seed(0)
-    if name == "resnet18":
+    if name == "gpt2":
+        d, nl, batch, seq = (64, 2, 4, 32) if quick else (256, 4, 8, 128)
+        torch.manual_seed(0)
+        model = GPT2LM(d, nl, 4, 1000, seq)
+        x = torch.randint(0, 1000, (batch, seq), generator=g)
+        y = torch.randint(0, 1000, (batch * seq,), generator=g)
+        opt = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
+        shape = f"transformers GPT-2, d {d}, {nl} layers, batch {batch}, seq {seq}, AdamW"
+    elif name == "resnet18":
         batch, hw = (4, 64) if quick else (16, 128)
         model = ResNet18()
         x = torch.randn(batch, 3, hw, hw, generator=g)

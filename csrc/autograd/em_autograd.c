@@ -1416,6 +1416,114 @@ static int index_list_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx, co
     return z ? index_put_grad(ag, self, z, il, g) : -1;
 }
 
+/* Basic indexing x[idx] with constant ints, slices (positive steps), None and Ellipsis, as torch
+ * applies it (applySlicing, aten/src/ATen/TensorIndexing.h): a chain of select / slice / unsqueeze
+ * over x's dims. Its gradient undoes the chain in reverse with the functional ops eager's
+ * SelectBackward / SliceBackward run (aten select_backward / slice_backward: zeros outside the
+ * view, the gradient inside), a squeeze for each None, nothing for a slice that takes the whole dim
+ * (x[:, 0:] of GPT-2's LM head). 1: accumulated into x's gradient; 0: idx is not such an index;
+ * -1: failed (ag->reason). Before, every basic index was zeros(x)[idx].copy_(grad): an in-place
+ * update through a view, which ember's lowering refuses (the backward ran on the eager backend). */
+static int basic_index_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx) {
+    const IRMeta *xm = &em_ir_node(ag->g, self)->meta;
+    enum { MAXI = 32, MAXD = 64 };
+    PyObject *items[MAXI];
+    int ni = 0;
+    if (idx->kind == IRARG_CONST && PyTuple_Check(idx->u.obj)) {
+        if (PyTuple_GET_SIZE(idx->u.obj) > MAXI) return 0;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(idx->u.obj); i++) items[ni++] = PyTuple_GET_ITEM(idx->u.obj, i);
+    } else if (idx->kind == IRARG_CONST) {
+        items[ni++] = idx->u.obj;
+    } else if (idx->kind == IRARG_TUPLE) {
+        if (idx->n > MAXI) return 0;
+        for (uint32_t i = 0; i < idx->n; i++) {
+            if (idx->u.items[i].kind != IRARG_CONST) return 0;
+            items[ni++] = idx->u.items[i].u.obj;
+        }
+    } else {
+        return 0;
+    }
+    int consume = 0, ellipses = 0;
+    for (int i = 0; i < ni; i++) {
+        PyObject *it = items[i];
+        if (it == Py_Ellipsis) ellipses++;
+        else if (PyLong_CheckExact(it) || PySlice_Check(it)) consume++;
+        else if (it != Py_None) return 0;
+        if (PySlice_Check(it)) {
+            PySliceObject *sl = (PySliceObject *)it;
+            if ((sl->start != Py_None && !PyLong_CheckExact(sl->start)) || (sl->stop != Py_None && !PyLong_CheckExact(sl->stop)) ||
+                (sl->step != Py_None && !PyLong_CheckExact(sl->step)))
+                return 0;
+        }
+    }
+    if (ellipses > 1 || consume > xm->ndim || xm->ndim + ni > MAXD) return 0;
+    /* the forward chain: each step's kind, dim and arguments, and the sizes before it */
+    typedef struct { char kind; int dim; long long a, b, c; int nd; int64_t sizes[MAXD]; } Step;
+    Step steps[MAXI];
+    int ns = 0, nd = xm->ndim, cd = 0;
+    int64_t cur[MAXD];
+    for (int d = 0; d < nd; d++) cur[d] = xm->sizes[d];
+    for (int i = 0; i < ni; i++) {
+        PyObject *it = items[i];
+        if (it == Py_Ellipsis) {
+            cd += xm->ndim - consume;
+            continue;
+        }
+        Step *st = &steps[ns++];
+        st->nd = nd;
+        memcpy(st->sizes, cur, sizeof(int64_t) * (size_t)nd);
+        st->dim = cd;
+        if (it == Py_None) { /* unsqueeze(cd) */
+            st->kind = 'n';
+            memmove(cur + cd + 1, cur + cd, sizeof(int64_t) * (size_t)(nd - cd));
+            cur[cd] = 1;
+            nd++;
+            cd++;
+        } else if (PyLong_CheckExact(it)) { /* select(cd, i) */
+            long long k = PyLong_AsLongLong(it);
+            if (PyErr_Occurred()) return ag_fail_exc(ag);
+            if (k < 0) k += cur[cd];
+            if (k < 0 || k >= cur[cd]) return 0; /* eager raised in the forward already */
+            st->kind = 's';
+            st->a = k;
+            memmove(cur + cd, cur + cd + 1, sizeof(int64_t) * (size_t)(nd - cd - 1));
+            nd--;
+        } else { /* slice(cd, start, stop, step) */
+            Py_ssize_t start, stop, step;
+            if (PySlice_Unpack(it, &start, &stop, &step) < 0) return ag_fail_exc(ag);
+            if (step <= 0) return 0;
+            Py_ssize_t len = PySlice_AdjustIndices((Py_ssize_t)cur[cd], &start, &stop, step);
+            st->kind = start == 0 && len == cur[cd] && (step == 1 || len <= 1) ? 'i' : 'l';
+            st->a = start;
+            st->b = stop < start ? start : stop;
+            st->c = step;
+            cur[cd] = len;
+            cd++;
+        }
+    }
+    IRRef r = g;
+    for (int i = ns - 1; i >= 0 && r; i--) {
+        const Step *st = &steps[i];
+        IRMeta before = *xm;
+        before.ndim = st->nd;
+        before.sizes = (int64_t *)st->sizes;
+        if (st->kind == 'i') continue;
+        if (st->kind == 'n') {
+            IRArg a[2] = {arg_node(r), arg_const_steal(ag, PyLong_FromLong(st->dim))};
+            r = emit_method(ag, "squeeze", a, 2);
+            continue;
+        }
+        PyObject *t = torch_attr(st->kind == 's' ? "ops.aten.select_backward" : "ops.aten.slice_backward");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+        IRArg a[6] = {arg_node(r), shape_const(ag, &before), arg_const_steal(ag, PyLong_FromLong(st->dim)),
+                      arg_const_steal(ag, PyLong_FromLongLong(st->a)), arg_const_steal(ag, PyLong_FromLongLong(st->b)),
+                      arg_const_steal(ag, PyLong_FromLongLong(st->c))};
+        r = ag_emit(ag, IR_CALL_FUNCTION, t, a, st->kind == 's' ? 4 : 6, NULL, NULL, 0);
+    }
+    if (!r) return -1;
+    return accumulate(ag, self, r) < 0 ? -1 : 1;
+}
+
 /* getitem t[k] of a tuple t that split / chunk / unbind made: g is piece k's gradient, kept for
  * t's own rule (SP_SPLIT), which runs after every reader of t (reverse order). A tuple of any
  * other op keeps eager autograd. */
@@ -1556,6 +1664,8 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             IRArg ca[2] = {arg_node(v), arg_node(g)};
             return v && emit_method(ag, "add_", ca, 2) ? 0 : -1;
         }
+        int basic = idx.kind == IRARG_NODE ? 0 : basic_index_backward(ag, self.u.ref, g, &idx);
+        if (basic) return basic < 0 ? -1 : 0;
         IRArg a[3] = {arg_node(g), shape_const(ag, selfm)};
         IRRef z = emit_method(ag, "new_zeros", a, 2);
         if (!z) return -1;

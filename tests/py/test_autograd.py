@@ -308,6 +308,19 @@ def test_split_chunk_unbind_gradients(backend):
     check(whole, (r(3, 12),), backend=backend)
 
 
+@pytest.mark.parametrize("index", [
+    lambda x: x[:, 0], lambda x: x[..., :3], lambda x: x[:, 1:5:2, None], lambda x: x[-1], lambda x: x[None, ..., -2],
+    lambda x: x[:, 0:], lambda x: x[1:, :, 2:3], lambda x: x[..., 1, None, ::3], lambda x: x[:, 7:2],
+    lambda x: x[0, 0, 0]], ids=lambda f: str(f.__code__.co_firstlineno))
+def test_basic_indexing_gradient_is_functional(index):
+    """x[ints, slices, None, ...]: the gradient undoes the indexing with select_backward /
+    slice_backward / squeeze (nothing for a whole-dim slice), so ember's backward half compiles; it
+    was zeros(x)[idx].copy_(grad), an in-place update through a view that sent the whole backward
+    to the eager backend (GPT-2's LM head `hidden[:, 0:, :]`, a classifier's `h[:, 0]`)."""
+    c = check(lambda x: (index(x.sin()) * 3).exp(), (r(4, 6, 5, dtype=torch.float64),), backend="ember")
+    assert "fallback" not in autograd_info(c)["ember"]["backward"], autograd_info(c)["ember"]["backward"]
+
+
 def test_out_of_place_operator_and_is_no_inplace_update():
     """`m1 & m2` is operator.and_ (out-of-place despite the underscore; operator.iand is `&=`):
     GPT-2's attention mask is built with it, and the whole region kept eager autograd as if the
