@@ -263,7 +263,7 @@ def test_sdpa_uses_the_kernel_eager_uses():
 
 @pytest.mark.parametrize("mshape", [(2, 1, 5, 6), (5, 6), (2, 3, 5, 6)])
 @pytest.mark.parametrize("backend", ["aot_eager", "ember"])
-def test_sdpa_bool_mask_runs_the_cpu_flash_kernel(mshape, backend):
+def test_sdpa_bool_mask_runs_the_cpu_flash_kernel(mshape, backend, cpu_tensors):
     """A bool mask (transformers' GPT-2 and BERT pass one): eager's CPU flash kernel gets it as a
     float mask (0 where True, -inf where False, at::scaled_dot_product_attention's
     convert_boolean_attn_mask); so do the region's forward and backward ops: bitwise eager's

@@ -157,7 +157,7 @@ def test_training_steps_are_one_compiled_region(cases, name):
             first = out.logits if name.startswith("gpt2") else out.last_hidden_state
             # a fixed projection: BERT's last layer normalizes rows, so a mean of squares would
             # barely depend on the weights (gradients of rounding noise, which AdamW amplifies)
-            proj = torch.randn(first.shape, generator=torch.Generator().manual_seed(7)).to(first.device)
+            proj = torch.randn(first.shape, generator=torch.Generator().manual_seed(7), device="cpu").to(first.device)
             loss = (first.float() * proj).mean()
             loss.backward()
             opt.step()
