@@ -18,8 +18,9 @@ False, the default of both) draw dropout masks from their own Philox streams, no
 
     .venv/bin/python bench/training.py --quick                 # small shapes, 1 round (dev VM)
     .venv/bin/python bench/training.py --device cuda           # the GPU machine
-    options: --models resnet18,transformer (also gpt2: transformers' GPT2LMHeadModel, d 256, 4 layers,
-             batch 8, seq 128, AdamW; needs the test extra's transformers) --compilers eager,inductor,aot_eager,ember
+    options: --models resnet18,transformer (also gpt2 / llama: transformers' GPT2LMHeadModel /
+             LlamaForCausalLM, d 256, 4 layers, batch 8, seq 128, AdamW; need the test extra's
+             transformers) --compilers eager,inductor,aot_eager,ember
              (also inductor-ro, ember-ro: mode="reduce-overhead", CUDA graphs)
              --steps N --rounds N --threads N --json out.json --cpu-time
              --channels-last   ResNet-18's parameters and input in torch.channels_last (all compilers)
@@ -117,16 +118,32 @@ class GPT2LM(nn.Module):
         return self.gpt2(input_ids=x).logits.flatten(0, 1)
 
 
+class LlamaLM(nn.Module):
+    """transformers' LlamaForCausalLM from a config (RMSNorm, rotary embeddings under
+    @torch.no_grad(), SiLU-gated MLP, grouped-query attention), next-token logits flattened."""
+
+    def __init__(self, d, layers, heads, vocab, seq):
+        super().__init__()
+        import transformers
+        cfg = transformers.LlamaConfig(hidden_size=d, intermediate_size=4 * d, num_hidden_layers=layers,
+                                       num_attention_heads=heads, num_key_value_heads=heads // 2, vocab_size=vocab,
+                                       max_position_embeddings=seq, use_cache=False)
+        self.llama = transformers.LlamaForCausalLM(cfg)
+
+    def forward(self, x):
+        return self.llama(input_ids=x).logits.flatten(0, 1)
+
+
 def make_case(name, quick, device, channels_last=False, activation="relu"):
     g = torch.Generator().manual_seed(0)
-    if name == "gpt2":
+    if name in ("gpt2", "llama"):
         d, nl, batch, seq = (64, 2, 4, 32) if quick else (256, 4, 8, 128)
         torch.manual_seed(0)
-        model = GPT2LM(d, nl, 4, 1000, seq)
+        model = (GPT2LM if name == "gpt2" else LlamaLM)(d, nl, 4, 1000, seq)
         x = torch.randint(0, 1000, (batch, seq), generator=g)
         y = torch.randint(0, 1000, (batch * seq,), generator=g)
         opt = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
-        shape = f"transformers GPT-2, d {d}, {nl} layers, batch {batch}, seq {seq}, AdamW"
+        shape = f"transformers {'GPT-2' if name == 'gpt2' else 'Llama'}, d {d}, {nl} layers, batch {batch}, seq {seq}, AdamW"
     elif name == "resnet18":
         batch, hw = (4, 64) if quick else (16, 128)
         model = ResNet18()

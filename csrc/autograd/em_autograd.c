@@ -69,6 +69,7 @@ typedef struct {
     uint32_t nphilox, nphilox_used, *philox;
     IRRef seeds;
     bool inference;    /* decompose_attention of an inference graph: every node, grad or not */
+    bool grad_mode_blocks; /* the graph has set_grad_enabled nodes (check_grad_mode) */
     bool meta_memo;    /* node metas through the meta-call memo (ember.config.meta_memo) */
 } AG;
 
@@ -2338,17 +2339,46 @@ static bool is_batch_norm(const IRNode *n) { return node_named(n, "torch.nn.func
 /* In-place updates are allowed only on inputs that do not require grad and that no other op reads
  * except other in-place updates of them and batch_norm (its running statistics): then no value the
  * backward uses can change under it. Returns -1 with a reason otherwise. */
+/* torch._C._set_grad_enabled(mode): a `with torch.no_grad()` / `enable_grad()` block's edge. */
+static bool grad_mode_node(const IRNode *n) {
+    if (n->kind != IR_CALL_FUNCTION) return false;
+    PyObject *qn = node_opname(n);
+    const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
+    bool gm = s && strstr(s, "set_grad_enabled");
+    Py_XDECREF(qn);
+    PyErr_Clear();
+    return gm;
+}
+
+/* Grad-mode blocks (`with torch.no_grad():` inside the region, as LlamaRotaryEmbedding's
+ * @torch.no_grad() forward): the tracer typed the ops inside them as not requiring grad, so no
+ * gradient flows through them, as in eager; the region is compiled with grad mode on (a guard),
+ * its halves run without grad (Function.forward and backward), and when the graph's last mode
+ * change turns grad mode back on, the mode after the region is the mode before it: the nodes are
+ * dropped from the joint graph. A graph that ends with grad mode off (a break inside the block, a
+ * set_grad_enabled(False) statement) keeps eager autograd. Sets *any when the graph has such nodes. */
+static int check_grad_mode(AG *ag, bool *any) {
+    const IRGraph *g = ag->g;
+    PyObject *last = NULL;
+    *any = false;
+    for (IRRef r = 1; r < g->nnodes; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        if (!grad_mode_node(n)) continue;
+        *any = true;
+        if (n->nargs != 1 || n->nkwargs || n->args[0].kind != IRARG_CONST || !PyBool_Check(n->args[0].u.obj))
+            return ag_fail(ag, "the graph changes grad mode to a value not known at compile time (%s)", n->name);
+        last = n->args[0].u.obj;
+    }
+    if (*any && last != Py_True) return ag_fail(ag, "the graph ends with grad mode off (a no_grad block not closed in it)");
+    return 0;
+}
+
 static int check_mutations(AG *ag) {
     const IRGraph *g = ag->g;
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = em_ir_node(g, r);
         if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
-        PyObject *qn = node_opname(n);
-        const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
-        bool gm = s && strstr(s, "set_grad_enabled");
-        Py_XDECREF(qn);
-        PyErr_Clear();
-        if (gm) return ag_fail(ag, "the graph changes grad mode (%s)", n->name);
+        if (grad_mode_node(n)) continue; /* check_grad_mode */
         if (em_ir_autocast_node(n)) return ag_fail(ag, "the graph enters a torch.autocast block (%s)", n->name);
         if (!em_ir_mutates(n)) continue;
         const IRArg *a0 = em_ir_mutated_arg(n); /* out= writes `out`, not its first argument */
@@ -3947,7 +3977,7 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         }
         Py_DECREF(blk);
     }
-    if (check_mutations(&ag) < 0) goto fallback;
+    if (check_grad_mode(&ag, &ag.grad_mode_blocks) < 0 || check_mutations(&ag) < 0) goto fallback;
     {
         PyObject *names = PyList_New(0);
         IRGraph *g2 = names ? em_autograd_decompose_attention(g, false, names) : NULL;
@@ -3972,6 +4002,14 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
             goto error;
         }
         int ne = find_eager_nodes(&ag, U, reasons);
+        if (ne > 0 && ag.grad_mode_blocks) {
+            /* a no_grad block's nodes could fall in an eager-autograd step, which would run its ops
+             * with grad on: the whole region keeps eager autograd */
+            free(U);
+            Py_DECREF(reasons);
+            ag_fail(&ag, "the graph has a grad-mode block and ops without a derivative rule");
+            goto fallback;
+        }
         if (ne > 0) {
             result = compile_split(&ag, U, reasons, info);
             free(U);
@@ -4039,6 +4077,7 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
         ag.cur = r;
         Bind b;
+        if (grad_mode_node(n)) continue; /* check_grad_mode: the halves run without grad */
         const Rule *rule = meta_needs_grad(&n->meta) ? find_rule(&ag, n, &b) : NULL;
         IRRef v = 0;
         if (rule && rule->special) v = forward_rewrite(&ag, r, &b);

@@ -321,6 +321,42 @@ def test_basic_indexing_gradient_is_functional(index):
     assert "fallback" not in autograd_info(c)["ember"]["backward"], autograd_info(c)["ember"]["backward"]
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_grad_mode_block_inside_the_region(backend):
+    """`with torch.no_grad():` closed inside the region (LlamaRotaryEmbedding's @torch.no_grad()
+    forward): ops inside get no gradient, as in eager, and the region compiles with the blocks'
+    nodes dropped (its halves run without grad anyway); grad mode is on again after the call. A
+    graph that ends with grad mode off keeps eager autograd, with eager's results."""
+    def f(x, w):
+        h = x @ w
+        with torch.no_grad():
+            scale = h.abs().amax() + 1  # no gradient through the scale
+            with torch.enable_grad():
+                inner = h * 2  # grad mode on inside: h requires grad, so inner does
+        return (h / scale).sin() + inner
+
+    c = check(f, (r(4, 5), r(5, 6)), backend=backend)
+    assert torch.is_grad_enabled()
+    assert "set_grad_enabled" not in autograd_info(c)["forward"]
+
+    def open_block(x):  # the block stays open: the mode after the call is off
+        y = x.sin()
+        torch.set_grad_enabled(False)
+        return y * 2
+    ember.reset()
+    x = r(3)
+    try:
+        c = ember.compile(open_block, backend=backend)
+        out = c(x)
+        assert not torch.is_grad_enabled() and not out.requires_grad  # as eager: y * 2 under no grad
+        torch.set_grad_enabled(True)
+        torch.testing.assert_close(out, open_block(x).detach())
+    finally:
+        torch.set_grad_enabled(True)
+    info = autograd_info(c)
+    assert "grad mode off" in info["fallback"], info
+
+
 def test_out_of_place_operator_and_is_no_inplace_update():
     """`m1 & m2` is operator.and_ (out-of-place despite the underscore; operator.iand is `&=`):
     GPT-2's attention mask is built with it, and the whole region kept eager autograd as if the

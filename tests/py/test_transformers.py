@@ -169,3 +169,38 @@ def test_training_steps_are_one_compiled_region(cases, name):
     assert [e["kind"] for e in info] == ["graph"], [(e["kind"], e["reason"], e["detail"]) for e in info]
     ag = info[0].get("autograd") or {}
     assert ag.get("forward") and not ag.get("fallback") and not ag.get("split"), (ag.get("fallback"), ag.get("split"))
+
+
+def test_llama_training_steps_are_one_compiled_region():
+    """transformers' LlamaForCausalLM (RMSNorm, rotary embeddings computed under @torch.no_grad(),
+    SiLU-gated MLP, grouped-query attention; 2 layers of width 64, built from a config): three AdamW
+    steps with the loss inside the model (labels=) under backend "ember" give eager's losses and
+    weights, one region with a compiled backward. The rotary embedding's no_grad block made the
+    whole region keep eager autograd."""
+    import copy
+    import transformers
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=1000, max_position_embeddings=64, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).train()
+    m_eager, m_ember = copy.deepcopy(model), copy.deepcopy(model)
+    compiled = ember.compile(m_ember, backend="ember")
+    ids = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(1), device="cpu").to(
+        next(model.parameters()).device)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (m_eager, m_ember)]
+    for step in range(3):
+        losses = []
+        for f, opt in zip((m_eager, compiled), opts):
+            opt.zero_grad()
+            loss = f(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[1], losses[0])
+    for (pn, pe), (_, pc) in zip(m_eager.named_parameters(), m_ember.named_parameters()):
+        torch.testing.assert_close(pc, pe, msg=lambda m, pn=pn: f"{pn}: {m}")
+    info = entries(compiled)
+    assert info and all(e["kind"] == "graph" for e in info), [(e["kind"], e["reason"], e["detail"]) for e in info]
+    for e in info:
+        ag = e.get("autograd") or {}
+        assert ag.get("forward") and not ag.get("fallback") and not ag.get("split"), (ag.get("fallback"), ag.get("split"))
