@@ -597,7 +597,7 @@ typedef enum {
     R_UNARY, R_BINARY, R_ADDSUB, R_DIV, R_POW, R_WHERE, R_MASKED_FILL, R_CLAMP, R_CLAMP_MIN, R_CLAMP_MAX,
     R_CAST, R_TO, R_GELU, R_SILU, R_SOFTPLUS, R_SQUARE, R_MAXMIN,
     R_REDUCE, R_MEAN, R_VAR, R_SOFTMAX, R_LOGSUMEXP, R_LAYER_NORM, R_RMS_NORM, R_BATCH_NORM, R_GROUP_NORM,
-    R_MAX_POOL, R_ADAPTIVE_AVG_POOL, R_CAT, R_FILL, R_ARANGE, R_BITWISE, R_BITNOT, R_DIFF,
+    R_MAX_POOL, R_ADAPTIVE_AVG_POOL, R_CAT, R_FILL, R_ARANGE, R_BITWISE, R_BITNOT, R_DIFF, R_SLICE_BACKWARD,
     R_EMBEDDING, R_INDEX_SELECT, R_GATHER, R_PHILOX_DROPOUT, R_SUM_TO_SIZE, R_THRESHOLD_BACKWARD, R_ACT_BACKWARD,
     R_RESHAPE, R_PERMUTE, R_TRANSPOSE, R_T, R_EXPAND, R_NARROW, R_SELECT, R_GETITEM, R_IDENTITY, R_DROPOUT,
     R_SPLIT
@@ -695,6 +695,9 @@ static const LowerRule LOWER_RULES[] = {
     {"op.invert", R_BITNOT, 0, "input"}, {"op.inv", R_BITNOT, 0, "input"}, {"bitwise_not", R_BITNOT, 0, "input"},
     {"__invert__", R_BITNOT, 0, "input"},
     {"diff", R_DIFF, 0, "input,n,dim,prepend,append"},
+    /* the gradients of slicing (csrc/autograd's basic indexing, narrow, select): one masked load */
+    {"ops.aten.slice_backward", R_SLICE_BACKWARD, 0, "grad_output,input_sizes,dim,start,end,step"},
+    {"ops.aten.select_backward", R_SLICE_BACKWARD, 1, "grad_output,input_sizes,dim,index"},
     /* indirect loads: the index values are another node's (gather loads, LNode.nidx) */
     {"F.embedding", R_EMBEDDING, 0, "input,weight,padding_idx,max_norm,norm_type,scale_grad_by_freq,sparse"},
     {"embedding", R_EMBEDDING, 1, "weight,input,padding_idx,scale_grad_by_freq,sparse"},
@@ -1736,6 +1739,47 @@ static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
     return acc;
 }
 
+/* aten slice_backward(grad, input_sizes, dim, start, end, step 1) and select_backward(grad,
+ * input_sizes, dim, index): a tensor of input_sizes holding grad in [start, end) (at index) along
+ * dim and +0.0 elsewhere (aten/src/ATen/native/TensorShape.cpp: zeros, then the slice copied in),
+ * as one load of grad masked to that range, so no zeros are written and the sum of several
+ * pieces' gradients (rotary embeddings' x[..., :h] and x[..., h:]) is one kernel. Other steps:
+ * the torch op. */
+static uint32_t lower_slice_backward(Ctx *c, int select, const IRArg **slot) {
+    LDtype R = c->rdt;
+    const IRMeta *m = &c->n->meta;
+    Opnd go;
+    int64_t dim, start, end, step = 1;
+    int32_t nd = m->ndim, d;
+    if (opnd(c, slot[0], &go) < 0 || go.kind != 1 || NODE(c, go.node)->dtype != R || get_int(slot[2], &dim) < 0 ||
+        norm_dim(dim, nd, &d) < 0 || get_int(slot[3], &start) < 0)
+        return 0;
+    if (select) {
+        if (start < 0) start += m->sizes[d];
+        end = start + 1;
+    } else if (get_int(slot[4], &end) < 0 || get_int(slot[5], &step) < 0) {
+        return 0;
+    }
+    if (step != 1 || start < 0 || end > m->sizes[d] || start > end) return 0;
+    uint32_t l = as_load(c, go.node);
+    if (!l) return 0;
+    LNode src = *NODE(c, l);
+    int64_t strides[EM_LMAXDIM], lo[EM_LMAXDIM] = {0}, hi[EM_LMAXDIM] = {0};
+    if (src.ndim != nd - select) return 0;
+    for (int e = 0, k = 0; e < nd; e++) {
+        if (e == d) {
+            if (!select && src.sizes[k] != end - start) return 0;
+            strides[e] = select ? 0 : src.strides[k++];
+            continue;
+        }
+        if (src.sizes[k] != m->sizes[e]) return 0;
+        strides[e] = src.strides[k++];
+    }
+    lo[d] = start;
+    hi[d] = end;
+    return mk_masked_load(c, src.buf, nd, m->sizes, src.offset - start * strides[d], strides, 1u << d, lo, hi, 0.0, 0);
+}
+
 /* Tensor.to(dtype | device | device, dtype | other, non_blocking, copy=False): the result dtype is
  * the IR meta's and every tensor of the graph is on one device (em_lower_graph_device), so to() is
  * a cast, or, to the dtype the input has, the input itself (torch returns self: an alias, like a
@@ -2413,10 +2457,11 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     /* masked loads (pooling windows, cat pieces) and group_norm's regrouping have no shadows yet:
      * in a symbolic graph they stay torch's */
     if (c->lg->env && (rule->kind == R_CAT || rule->kind == R_MAX_POOL || rule->kind == R_GROUP_NORM ||
-                       rule->kind == R_DIFF))
+                       rule->kind == R_DIFF || rule->kind == R_SLICE_BACKWARD))
         return 0;
     if (rule->kind == R_CAT) return lower_cat(c, rule->prim, slot);
     if (rule->kind == R_DIFF) return lower_diff(c, slot);
+    if (rule->kind == R_SLICE_BACKWARD) return lower_slice_backward(c, rule->prim, slot);
     Opnd a, b, w;
     if (opnd(c, slot[0], &a) < 0 || opnd(c, slot[1], &b) < 0 || opnd(c, slot[2], &w) < 0) return 0;
     LDtype R = c->rdt;

@@ -855,6 +855,25 @@ def test_column_reductions(dtype):
         assert "column form" in ember.cache_info(c)[0]["ember"]["source"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_slice_and_select_backward_are_masked_loads(dtype):
+    """aten slice_backward / select_backward (the gradients ember's autograd emits for slicing)
+    lower to one masked load each: grad inside the range, +0.0 outside (eager's zeros with the
+    slice copied in: a -0.0 or NaN of grad stays), so a tensor's pieces' gradients (rotary
+    embeddings' x[..., :h] and x[..., h:]) add up in one kernel with no zeros written. A step other
+    than 1 keeps the torch op."""
+    sb, sel = torch.ops.aten.slice_backward, torch.ops.aten.select_backward
+
+    def f(g1, g2, g3):
+        return sb(g1, [4, 6, 8], 2, 0, 4, 1) + sb(g2, [4, 6, 8], -1, 4, 8, 1) + sel(g3, [4, 6, 8], 1, -3)
+    g1, g2, g3 = (torch.randn(*s, dtype=torch.float64).to(dtype) for s in ((4, 6, 4), (4, 6, 4), (4, 8)))
+    g1[0, 0, 0], g1[0, 1, 1] = -0.0, float("nan")
+    info = check(f, g1, g2, g3)
+    assert info["kernels"] == 1 and info["externs"] == 0, info["extern_list"]
+    info = check(lambda g: sb(g, [4, 6, 8], 2, 1, 8, 2) * 2, torch.randn(4, 6, 4, dtype=torch.float64).to(dtype))
+    assert "slice_backward" in str(info["extern_list"])
+
+
 @pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_float_to_integer_casts_of_nan_and_out_of_range(src):
     """NaN, infinities and values outside the integer's range cast as eager casts them on x86 CPUs
