@@ -69,7 +69,6 @@ typedef struct {
     uint32_t nphilox, nphilox_used, *philox;
     IRRef seeds;
     bool inference;    /* decompose_attention of an inference graph: every node, grad or not */
-    bool grad_mode_blocks; /* the graph has set_grad_enabled nodes (check_grad_mode) */
     bool meta_memo;    /* node metas through the meta-call memo (ember.config.meta_memo) */
 } AG;
 
@@ -2355,21 +2354,20 @@ static bool grad_mode_node(const IRNode *n) {
  * gradient flows through them, as in eager; the region is compiled with grad mode on (a guard),
  * its halves run without grad (Function.forward and backward), and when the graph's last mode
  * change turns grad mode back on, the mode after the region is the mode before it: the nodes are
- * dropped from the joint graph. A graph that ends with grad mode off (a break inside the block, a
- * set_grad_enabled(False) statement) keeps eager autograd. Sets *any when the graph has such nodes. */
-static int check_grad_mode(AG *ag, bool *any) {
+ * dropped from the joint graph (and from a split region's steps: compile_split). A graph that ends
+ * with grad mode off (a break inside the block, a set_grad_enabled(False) statement) keeps eager
+ * autograd. */
+static int check_grad_mode(AG *ag) {
     const IRGraph *g = ag->g;
     PyObject *last = NULL;
-    *any = false;
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = em_ir_node(g, r);
         if (!grad_mode_node(n)) continue;
-        *any = true;
         if (n->nargs != 1 || n->nkwargs || n->args[0].kind != IRARG_CONST || !PyBool_Check(n->args[0].u.obj))
             return ag_fail(ag, "the graph changes grad mode to a value not known at compile time (%s)", n->name);
         last = n->args[0].u.obj;
     }
-    if (*any && last != Py_True) return ag_fail(ag, "the graph ends with grad mode off (a no_grad block not closed in it)");
+    if (last && last != Py_True) return ag_fail(ag, "the graph ends with grad mode off (a no_grad block not closed in it)");
     return 0;
 }
 
@@ -2811,7 +2809,10 @@ static PyObject *compile_split(AG *ag, const uint8_t *U, PyObject *reasons, PyOb
     int prev = -1;
     for (IRRef r = 1; r < G; r++) {
         const IRNode *n = em_ir_node(g, r);
-        if (n->kind == IR_PLACEHOLDER) {
+        if (n->kind == IR_PLACEHOLDER || grad_mode_node(n)) {
+            /* grad-mode nodes belong to no step (check_grad_mode): the ops inside a no_grad block
+             * need no grad, so they are in compiled steps, which run without grad; an eager step's
+             * ops need grad, so they are outside such blocks, where grad mode is the caller's (on) */
             step[r] = UINT32_MAX;
             continue;
         }
@@ -3977,7 +3978,7 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         }
         Py_DECREF(blk);
     }
-    if (check_grad_mode(&ag, &ag.grad_mode_blocks) < 0 || check_mutations(&ag) < 0) goto fallback;
+    if (check_grad_mode(&ag) < 0 || check_mutations(&ag) < 0) goto fallback;
     {
         PyObject *names = PyList_New(0);
         IRGraph *g2 = names ? em_autograd_decompose_attention(g, false, names) : NULL;
@@ -4002,14 +4003,6 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
             goto error;
         }
         int ne = find_eager_nodes(&ag, U, reasons);
-        if (ne > 0 && ag.grad_mode_blocks) {
-            /* a no_grad block's nodes could fall in an eager-autograd step, which would run its ops
-             * with grad on: the whole region keeps eager autograd */
-            free(U);
-            Py_DECREF(reasons);
-            ag_fail(&ag, "the graph has a grad-mode block and ops without a derivative rule");
-            goto fallback;
-        }
         if (ne > 0) {
             result = compile_split(&ag, U, reasons, info);
             free(U);

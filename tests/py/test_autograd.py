@@ -339,6 +339,18 @@ def test_grad_mode_block_inside_the_region(backend):
     assert torch.is_grad_enabled()
     assert "set_grad_enabled" not in autograd_info(c)["forward"]
 
+    def split(x, w):  # a region split around cumsum (no rule): the block's nodes belong to no step
+        h = x @ w
+        with torch.no_grad():
+            scale = h.abs().amax() + 1
+            with torch.enable_grad():
+                inner = torch.cumsum(h, 1)  # needs grad: an eager-autograd step, run with grad on
+        return (torch.cumsum(h, 0) / scale).sin() * inner
+    ember.reset()
+    c = check(split, (r(4, 5), r(5, 6)), backend=backend, compiled=False)
+    info = autograd_info(c)
+    assert "fallback" not in info and "cumsum" in info["split"][0], info.get("fallback") or info.get("split")
+
     def open_block(x):  # the block stays open: the mode after the call is off
         y = x.sin()
         torch.set_grad_enabled(False)
