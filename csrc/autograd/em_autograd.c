@@ -47,8 +47,9 @@ typedef struct {
     const IRGraph *g;
     IRGraph *j;
     IRRef *fmap;      /* g ref -> joint ref of the value */
-    IRRef (*aux)[4];  /* g ref -> joint refs a rewrite made for the backward (mean, rstd, mask ...; fused
-                       * attention: [3] the kernel's output when the value is a relaid copy of it) */
+    IRRef (*aux)[5];  /* g ref -> joint refs a rewrite made for the backward (mean, rstd, mask ...; fused
+                       * attention: [3] the kernel's output when the value is a relaid copy of it,
+                       * [4] the attention mask as the fused kernel reads it) */
     IRRef *grad;      /* g ref -> joint ref of its accumulated gradient, 0: none */
     struct Pieces { IRRef *part; int64_t n; } *pieces; /* g ref -> gradients of x[0] .. x[n-1] (int
                        * getitems) not yet stacked into x's gradient (finalize_grad); for a tuple
@@ -346,11 +347,11 @@ static bool meta_dtype_is(const IRMeta *m, const char *name) {
  * choice, ember._autograd.sdpa_backend) and whether ember can take its derivative:
  *   SDPA_MATH        the composite math kernel: decomposed before the joint graph (float32/64);
  *   SDPA_FLASH_CPU   _scaled_dot_product_flash_attention_for_cpu (+ its backward op), a bool mask
- *                    converted as eager converts it (flash_cpu_mask);
+ *                    converted as eager converts it (sdpa_float_mask);
  *   SDPA_FLASH_CUDA  _scaled_dot_product_flash_attention, no mask, head dim a multiple of 8 (eager
  *                    pads other head dims, which this rule does not reproduce);
- *   SDPA_EFFICIENT   _scaled_dot_product_efficient_attention without a mask (eager pads masks to
- *                    16-element alignment first);
+ *   SDPA_EFFICIENT   _scaled_dot_product_efficient_attention, a mask prepared as eager prepares
+ *                    it (float, padded to 16-element alignment, expanded: sdpa_efficient_mask);
  * anything else (cuDNN, a mask that requires grad, GQA, non-constant flags): SDPA_UNSUPPORTED, and
  * the op keeps eager autograd. Masks are only read, never differentiated here. */
 static int sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask, const IRArg *dropout_p,
@@ -377,9 +378,9 @@ static int sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IR
     int64_t hd = q->sizes[q->ndim - 1];
     bool fp = meta_dtype_is(q, "torch.float32") || meta_dtype_is(q, "torch.float64");
     if (c && !strcmp(c, "math") && fp) kind = SDPA_MATH;
-    else if (c && !strcmp(c, "flash") && !cuda) kind = SDPA_FLASH_CPU; /* a bool mask: flash_cpu_mask */
+    else if (c && !strcmp(c, "flash") && !cuda) kind = SDPA_FLASH_CPU; /* a bool mask: sdpa_float_mask */
     else if (c && !strcmp(c, "flash") && cuda && !mask && hd % 8 == 0) kind = SDPA_FLASH_CUDA;
-    else if (c && !strcmp(c, "efficient") && cuda && !mask) kind = SDPA_EFFICIENT;
+    else if (c && !strcmp(c, "efficient") && cuda) kind = SDPA_EFFICIENT; /* a mask: sdpa_efficient_mask */
     Py_XDECREF(res);
     PyErr_Clear();
     return kind;
@@ -1849,14 +1850,15 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             PyObject *t = torch_attr("ops.aten._scaled_dot_product_flash_attention_for_cpu_backward");
             if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
             IRArg a[8] = {arg_node(g), map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), out, arg_node(ag->aux[n][0]), dp, ic};
-            IRArg kv[2] = {ag->aux[n][1] ? arg_node(ag->aux[n][1]) : map_arg(ag, &m), sc};
+            IRArg kv[2] = {ag->aux[n][4] ? arg_node(ag->aux[n][4]) : map_arg(ag, &m), sc};
             r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 8, kwn, kv, 2);
         } else if (kind == SDPA_EFFICIENT) {
             PyObject *t = torch_attr("ops.aten._scaled_dot_product_efficient_attention_backward");
             if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
             PyObject *mask = Py_BuildValue("[OOOO]", needs(ag, &q) ? Py_True : Py_False, needs(ag, &k) ? Py_True : Py_False,
                                            needs(ag, &v) ? Py_True : Py_False, Py_False);
-            IRArg a[12] = {arg_node(g), map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), none, out,
+            IRArg a[12] = {arg_node(g), map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v),
+                           ag->aux[n][4] ? arg_node(ag->aux[n][4]) : none, out,
                            arg_node(ag->aux[n][0]), arg_node(ag->aux[n][1]), arg_node(ag->aux[n][2]), dp,
                            arg_const_steal(ag, mask), ic};
             if (arg_bad(&a[10])) return ag_fail_exc(ag);
@@ -2008,10 +2010,10 @@ static bool bn_uses_cudnn(AG *ag, const Bind *b) {
     return on;
 }
 
-/* A bool attention mask as at::scaled_dot_product_attention hands it to the CPU flash kernel
+/* A bool attention mask as at::scaled_dot_product_attention hands it to the fused kernels
  * (convert_boolean_attn_mask, aten/src/ATen/native/transformers/attention.cpp): 0 where True,
  * -inf where False, in the query's dtype. The joint mask ref, 0 on failure. */
-static IRRef flash_cpu_mask(AG *ag, IRArg mask, PyObject *dtype) {
+static IRRef sdpa_float_mask(AG *ag, IRArg mask, PyObject *dtype) {
     PyObject *kw = kwname(ag, "dtype");
     PyObject *zl = torch_attr("zeros_like");
     if (!kw || !zl || !em_arena_hold_steal(ag->a, zl)) return ag_fail_exc(ag), 0;
@@ -2021,6 +2023,37 @@ static IRRef flash_cpu_mask(AG *ag, IRArg mask, PyObject *dtype) {
     if (!off) return 0;
     IRArg a[3] = {arg_node(z), arg_node(off), arg_const_steal(ag, PyFloat_FromDouble(-INFINITY))};
     return emit_method(ag, "masked_fill", a, 3);
+}
+
+/* The mask as at::scaled_dot_product_attention hands it to the CUDA memory-efficient kernel
+ * (preprocess_mask, aten/src/ATen/native/transformers/cuda/attention.cu): a bool mask made float
+ * (sdpa_float_mask); unless its strides are 16-element aligned (the last 1, the others multiples
+ * of 16: aligned_tensor), padded by 16 - S % 16 columns and sliced back to S (pad_bias: a view
+ * of aligned memory); expanded to (B, H, L, S). The joint ref, 0 on failure. */
+static IRRef sdpa_efficient_mask(AG *ag, IRArg mask, const IRMeta *qm, const IRMeta *km) {
+    IRRef b = mask.u.ref;
+    if (meta_dtype_is(jmeta(ag, b), "torch.bool") && !(b = sdpa_float_mask(ag, mask, qm->dtype))) return 0;
+    const IRMeta *bm = jmeta(ag, b);
+    if (bm->kind != IRMETA_TENSOR || bm->ndim < 1 || qm->ndim != 4 || km->ndim != 4) {
+        ag_fail(ag, "scaled_dot_product_attention: a mask the efficient kernel's rule does not take");
+        return 0;
+    }
+    bool aligned = bm->strides[bm->ndim - 1] == 1;
+    for (int32_t i = 0; aligned && i < bm->ndim - 1; i++) aligned = bm->strides[i] % 16 == 0;
+    if (!aligned) {
+        int64_t S = bm->sizes[bm->ndim - 1];
+        PyObject *t = torch_attr("constant_pad_nd");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
+        IRArg pa[2] = {arg_node(b), arg_const_steal(ag, Py_BuildValue("[iL]", 0, (long long)(16 - S % 16)))};
+        IRRef padded = arg_bad(&pa[1]) ? 0 : ag_emit(ag, IR_CALL_FUNCTION, t, pa, 2, NULL, NULL, 0);
+        if (!padded) return 0;
+        IRArg na[4] = {arg_node(padded), arg_const_steal(ag, PyLong_FromLong(-1)), arg_const_steal(ag, PyLong_FromLong(0)),
+                       arg_const_steal(ag, PyLong_FromLongLong(S))};
+        if (!(b = emit_method(ag, "narrow", na, 4))) return 0;
+    }
+    IRArg ea[2] = {arg_node(b), arg_const_steal(ag, Py_BuildValue("(LLLL)", (long long)qm->sizes[0], (long long)qm->sizes[1],
+                                                                  (long long)qm->sizes[2], (long long)km->sizes[2]))};
+    return arg_bad(&ea[1]) ? 0 : emit_method(ag, "expand", ea, 2);
 }
 
 static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
@@ -2084,17 +2117,17 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         IRArg q = bval(b, "query"), k = bval(b, "key"), v = bval(b, "value"), m = bval(b, "attn_mask");
         IRArg dp = bval(b, "dropout_p"), ic = bval(b, "is_causal"), sc = bval(b, "scale");
         int kind = sdpa_kind_bound(ag, b);
-        if (kind == SDPA_FLASH_CPU && m.kind == IRARG_NODE && meta_dtype_is(val_meta(ag, &m), "torch.bool")) {
-            IRRef mf = flash_cpu_mask(ag, map_arg(ag, &m), val_meta(ag, &q)->dtype);
-            if (!mf) return 0;
-            ag->aux[n][1] = mf; /* the backward op reads the same float mask */
-            m = arg_node(mf);
-        } else {
-            m = map_arg(ag, &m);
+        IRArg bias = m.kind == IRARG_NODE ? map_arg(ag, &m) : arg_const_steal(ag, Py_NewRef(Py_None));
+        if (m.kind == IRARG_NODE && kind == SDPA_FLASH_CPU && meta_dtype_is(val_meta(ag, &m), "torch.bool")) {
+            if (!(ag->aux[n][4] = sdpa_float_mask(ag, bias, val_meta(ag, &q)->dtype))) return 0;
+            bias = arg_node(ag->aux[n][4]); /* the backward op reads the same float mask */
+        } else if (m.kind == IRARG_NODE && kind == SDPA_EFFICIENT) {
+            if (!(ag->aux[n][4] = sdpa_efficient_mask(ag, bias, val_meta(ag, &q), val_meta(ag, &k)))) return 0;
+            bias = arg_node(ag->aux[n][4]);
         }
         PyObject *kwn[2] = {kwname(ag, "attn_mask"), kwname(ag, "scale")};
         if (!kwn[0] || !kwn[1]) return ag_fail_exc(ag), 0;
-        IRArg none = arg_const_steal(ag, Py_NewRef(Py_None)), yes = arg_const_steal(ag, Py_NewRef(Py_True));
+        IRArg yes = arg_const_steal(ag, Py_NewRef(Py_True));
         IRArg no = arg_const_steal(ag, Py_NewRef(Py_False));
         IRRef r = 0;
         int aux[3] = {1, 0, 0}; /* which results the backward reads besides the output */
@@ -2103,12 +2136,12 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
             PyObject *t = torch_attr("ops.aten._scaled_dot_product_flash_attention_for_cpu");
             if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
             IRArg a[5] = {map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), dp, ic};
-            IRArg kv[2] = {m, sc};
+            IRArg kv[2] = {bias, sc};
             r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 5, kwn, kv, 2);
         } else if (kind == SDPA_EFFICIENT) { /* compute_log_sumexp: inputs require grad, grad mode on */
             PyObject *t = torch_attr("ops.aten._scaled_dot_product_efficient_attention");
             if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
-            IRArg a[7] = {map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), none, yes, dp, ic};
+            IRArg a[7] = {map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), bias, yes, dp, ic};
             r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 7, kwn + 1, &sc, 1);
             aux[1] = 2;
             aux[2] = 3;

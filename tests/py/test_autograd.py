@@ -402,7 +402,6 @@ _CALLS = [
     lambda m, x: m(x, src_mask=_CAUSAL.to(x.device)),
     lambda m, x: m(x, src_mask=torch.rand(7, 7, device=x.device) > 0.5),
 ]
-_MASKED_CALLS = _CALLS[2:]
 
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
@@ -431,10 +430,7 @@ def test_transformer_layer_attention_is_decomposed(call, train):
             torch.testing.assert_close(pc.grad, pe.grad, **tol, msg=lambda s: f"{n}: {s}")
     info = autograd_info(c)
     assert info.get("decomposed") == ["multi_head_attention_forward"], info.get("split") or info.get("fallback")
-    if x.device.type == "cuda" and call in _MASKED_CALLS:  # masks on CUDA keep eager autograd (docs/autograd.md)
-        assert "scaled_dot_product_attention" in info["split"][0]
-    else:
-        assert "split" not in info and "fallback" not in info
+    assert "split" not in info and "fallback" not in info  # CUDA masks too: the efficient kernel's mask
 
 
 def test_mha_with_key_padding_mask_keeps_eager_autograd():
@@ -1127,6 +1123,30 @@ def test_sdpa_cuda_fused_backward(backend, dtype, causal, dropout_p):
         assert f"_scaled_dot_product_{choice}_attention_backward" in info["backward"]
     else:
         assert "split" in info
+
+
+@needs_cuda
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+@pytest.mark.parametrize("mshape", [(20, 20), (2, 1, 20, 20), (2, 4, 20, 20), (2, 4, 20, 32)], ids=str)
+@pytest.mark.parametrize("bool_mask", [True, False], ids=["bool", "float"])
+def test_sdpa_cuda_efficient_with_mask(backend, mshape, bool_mask):
+    """float32 attention with a mask on CUDA runs the memory-efficient kernel, given the mask as
+    eager gives it (float, padded to 16-element alignment unless aligned, expanded to (B, H, L, S)),
+    and its backward op with the same mask: eager's outputs and gradients, the region not split
+    (transformers' GPT-2, BERT and Llama pass masks; before, the attention kept eager autograd)."""
+    from ember._autograd import sdpa_backend
+    S = mshape[-1]
+    q = torch.randn(2, 4, 20, 32).requires_grad_()
+    k, v = (torch.randn(2, 4, S, 32).requires_grad_() for _ in range(2))
+    m = torch.randn(mshape, generator=torch.Generator().manual_seed(0), device="cpu").to(q.device)
+    m = m > -0.5 if bool_mask else m
+    if bool_mask:
+        m[..., 0] = True
+    choice = sdpa_backend(*(t.to("meta") for t in (q, k, v, m)), 0.0, False, None, False, q.device, (True, True, True))
+    assert choice == "efficient", choice
+    c = check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), (q, k, v, m), backend=backend,
+              rtol=1e-5, atol=1e-5)
+    assert "_scaled_dot_product_efficient_attention_backward" in autograd_info(c)["backward"]
 
 
 @needs_cuda

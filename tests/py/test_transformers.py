@@ -147,7 +147,7 @@ def test_training_steps_are_one_compiled_region(cases, name):
     model, calls = cases[name]
     cpu = next(model.parameters()).device.type == "cpu"
     # CUDA (EMBER_TEST_DEVICE=cuda): no dropout (the region's CUDA dropout draws other masks than
-    # eager's fused kernel even with fallback_random); attention with a mask keeps eager autograd there
+    # eager's fused kernel even with fallback_random)
     m_eager, m_ember = copy.deepcopy(model).train(cpu), copy.deepcopy(model).train(cpu)
     compiled = ember.compile(m_ember, backend="ember")
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (m_eager, m_ember)]
@@ -174,8 +174,8 @@ def test_training_steps_are_one_compiled_region(cases, name):
 
 
 def _one_region(entry, cpu):
-    """The entry's region has a compiled backward: on CPU whole; on CUDA split only around
-    attention with a mask (docs/autograd.md: CUDA masks keep eager autograd)."""
+    """The entry's region has a compiled backward: on CPU whole; on CUDA split at most around
+    attention (a kernel without a rule there, cuDNN's; masks run the efficient kernel's rule)."""
     ag = entry.get("autograd") or {}
     assert not ag.get("fallback"), ag.get("fallback")
     if cpu:
