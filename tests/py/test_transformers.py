@@ -150,27 +150,36 @@ def test_training_steps_are_one_compiled_region(cases, name):
     # eager's fused kernel even with fallback_random)
     m_eager, m_ember = copy.deepcopy(model).train(cpu), copy.deepcopy(model).train(cpu)
     compiled = ember.compile(m_ember, backend="ember")
+
+    def loss_of(f):
+        out = f(*calls[0])
+        first = out.logits if name.startswith("gpt2") else out.last_hidden_state
+        # a fixed projection: BERT's last layer normalizes rows, so a mean of squares would
+        # barely depend on the weights (gradients of rounding noise, which AdamW amplifies)
+        proj = torch.randn(first.shape, generator=torch.Generator().manual_seed(7), device="cpu").to(first.device)
+        return (first.float() * proj).mean()
+    _three_adamw_steps_match(m_eager, m_ember, compiled, loss_of)
+    info = entries(compiled)
+    assert [e["kind"] for e in info] == ["graph"], [(e["kind"], e["reason"], e["detail"]) for e in info]
+    _one_region(info[0], cpu)
+
+
+def _three_adamw_steps_match(m_eager, m_ember, compiled, loss_of):
+    """Three AdamW steps of m_eager (called as is) and m_ember (through compiled) from the same
+    weights and RNG state: the same losses and updated weights."""
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (m_eager, m_ember)]
     for step in range(3):
         losses = []
-        for m, f, opt in zip((m_eager, m_ember), (m_eager, compiled), opts):
+        for f, opt in zip((m_eager, compiled), opts):
             torch.manual_seed(step)
             opt.zero_grad()
-            out = f(*calls[0])
-            first = out.logits if name.startswith("gpt2") else out.last_hidden_state
-            # a fixed projection: BERT's last layer normalizes rows, so a mean of squares would
-            # barely depend on the weights (gradients of rounding noise, which AdamW amplifies)
-            proj = torch.randn(first.shape, generator=torch.Generator().manual_seed(7), device="cpu").to(first.device)
-            loss = (first.float() * proj).mean()
+            loss = loss_of(f)
             loss.backward()
             opt.step()
             losses.append(loss.detach())
         torch.testing.assert_close(losses[1], losses[0])
     for (pn, pe), (_, pc) in zip(m_eager.named_parameters(), m_ember.named_parameters()):
         torch.testing.assert_close(pc, pe, msg=lambda m, pn=pn: f"{pn}: {m}")
-    info = entries(compiled)
-    assert [e["kind"] for e in info] == ["graph"], [(e["kind"], e["reason"], e["detail"]) for e in info]
-    _one_region(info[0], cpu)
 
 
 def _one_region(entry, cpu):
@@ -201,18 +210,7 @@ def test_llama_training_steps_are_one_compiled_region():
     compiled = ember.compile(m_ember, backend="ember")
     ids = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(1), device="cpu").to(
         next(model.parameters()).device)
-    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (m_eager, m_ember)]
-    for step in range(3):
-        losses = []
-        for f, opt in zip((m_eager, compiled), opts):
-            opt.zero_grad()
-            loss = f(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach())
-        torch.testing.assert_close(losses[1], losses[0])
-    for (pn, pe), (_, pc) in zip(m_eager.named_parameters(), m_ember.named_parameters()):
-        torch.testing.assert_close(pc, pe, msg=lambda m, pn=pn: f"{pn}: {m}")
+    _three_adamw_steps_match(m_eager, m_ember, compiled, lambda f: f(input_ids=ids, labels=ids).loss)
     info = entries(compiled)
     assert info and all(e["kind"] == "graph" for e in info), [(e["kind"], e["reason"], e["detail"]) for e in info]
     for e in info:
