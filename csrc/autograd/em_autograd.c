@@ -380,7 +380,8 @@ static int sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IR
     if (c && !strcmp(c, "math") && fp) kind = SDPA_MATH;
     else if (c && !strcmp(c, "flash") && !cuda) kind = SDPA_FLASH_CPU; /* a bool mask: sdpa_float_mask */
     else if (c && !strcmp(c, "flash") && cuda && !mask && hd % 8 == 0) kind = SDPA_FLASH_CUDA;
-    else if (c && !strcmp(c, "efficient") && cuda) kind = SDPA_EFFICIENT; /* a mask: sdpa_efficient_mask */
+    else if (c && !strcmp(c, "efficient") && cuda && (!mask || (q->ndim == 4 && k->ndim == 4)))
+        kind = SDPA_EFFICIENT; /* a mask: sdpa_efficient_mask expands it to (B, H, L, S) */
     Py_XDECREF(res);
     PyErr_Clear();
     return kind;
@@ -2034,7 +2035,7 @@ static IRRef sdpa_efficient_mask(AG *ag, IRArg mask, const IRMeta *qm, const IRM
     IRRef b = mask.u.ref;
     if (meta_dtype_is(jmeta(ag, b), "torch.bool") && !(b = sdpa_float_mask(ag, mask, qm->dtype))) return 0;
     const IRMeta *bm = jmeta(ag, b);
-    if (bm->kind != IRMETA_TENSOR || bm->ndim < 1 || qm->ndim != 4 || km->ndim != 4) {
+    if (bm->kind != IRMETA_TENSOR || bm->ndim < 1 || qm->ndim != 4 || km->ndim != 4) { /* sdpa_kind checked q, k */
         ag_fail(ag, "scaled_dot_product_attention: a mask the efficient kernel's rule does not take");
         return 0;
     }
@@ -2258,7 +2259,6 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
     return 0;
 }
 
-/* Is this node an in-place update (x.add_(), operator.iadd, out=, inplace=True)? */
 static bool arg_requires_grad(const IRGraph *g, const IRArg *a);
 
 /* The graph input that graph value r may be at run time, as an object: -1 when none can be. The
@@ -2368,9 +2368,6 @@ static int32_t maybe_input_view(const IRGraph *g, IRRef r) {
 
 static bool is_batch_norm(const IRNode *n) { return node_named(n, "torch.nn.functional.batch_norm"); }
 
-/* In-place updates are allowed only on inputs that do not require grad and that no other op reads
- * except other in-place updates of them and batch_norm (its running statistics): then no value the
- * backward uses can change under it. Returns -1 with a reason otherwise. */
 /* torch._C._set_grad_enabled(mode): a `with torch.no_grad()` / `enable_grad()` block's edge. */
 static bool grad_mode_node(const IRNode *n) {
     if (n->kind != IR_CALL_FUNCTION) return false;
@@ -2404,6 +2401,9 @@ static int check_grad_mode(AG *ag) {
     return 0;
 }
 
+/* In-place updates are allowed only on inputs that do not require grad and that no other op reads
+ * except other in-place updates of them and batch_norm (its running statistics): then no value the
+ * backward uses can change under it. Returns -1 with a reason otherwise. */
 static int check_mutations(AG *ag) {
     const IRGraph *g = ag->g;
     for (IRRef r = 1; r < g->nnodes; r++) {

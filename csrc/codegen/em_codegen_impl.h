@@ -24,8 +24,8 @@ typedef struct EmCgDialect {
     const char *isinf_fmt;          /* isinf of the float operand %s */
     const char *false_lit;          /* "0" / "false" */
     int suffixed_div_floor;         /* em_div_floorf / em_div_floor (C) or one overloaded name (CUDA) */
-    int x86_int_casts;              /* float -> integer casts through em_f2i64 / em_f2i32 (C: eager's
-                                     * CPU results for NaN and out of range; CUDA's cvt is defined) */
+    int helper_int_casts;           /* float -> integer casts through em_f2i64 / em_f2i32 (C: eager's
+                                     * x86 results for NaN and out of range; CUDA's cvt is defined) */
 } EmCgDialect;
 
 /* The C expression of node i of kernel k (inputs named v<k>), without rounding to half types. */
