@@ -103,35 +103,27 @@ class Encoder(nn.Module):
         return self.head(self.enc(self.emb(x)).mean(1))
 
 
-class GPT2LM(nn.Module):
-    """transformers' GPT2LMHeadModel (built from a config: random weights, nothing downloaded),
-    returning the next-token logits flattened to (batch * seq, vocab) for F.cross_entropy."""
+class CausalLM(nn.Module):
+    """transformers' GPT2LMHeadModel or LlamaForCausalLM (RMSNorm, rotary embeddings under
+    @torch.no_grad(), SiLU-gated MLP, grouped-query attention), built from a config (random
+    weights, nothing downloaded), returning the next-token logits flattened to (batch * seq, vocab)
+    for F.cross_entropy."""
 
-    def __init__(self, d, layers, heads, vocab, seq):
+    def __init__(self, kind, d, layers, heads, vocab, seq):
         super().__init__()
         import transformers
-        cfg = transformers.GPT2Config(n_layer=layers, n_embd=d, n_head=heads, vocab_size=vocab, n_positions=seq,
-                                      bos_token_id=0, eos_token_id=0, use_cache=False)
-        self.gpt2 = transformers.GPT2LMHeadModel(cfg)
+        if kind == "gpt2":
+            cfg = transformers.GPT2Config(n_layer=layers, n_embd=d, n_head=heads, vocab_size=vocab, n_positions=seq,
+                                          bos_token_id=0, eos_token_id=0, use_cache=False)
+            self.lm = transformers.GPT2LMHeadModel(cfg)
+        else:
+            cfg = transformers.LlamaConfig(hidden_size=d, intermediate_size=4 * d, num_hidden_layers=layers,
+                                           num_attention_heads=heads, num_key_value_heads=heads // 2, vocab_size=vocab,
+                                           max_position_embeddings=seq, use_cache=False)
+            self.lm = transformers.LlamaForCausalLM(cfg)
 
     def forward(self, x):
-        return self.gpt2(input_ids=x).logits.flatten(0, 1)
-
-
-class LlamaLM(nn.Module):
-    """transformers' LlamaForCausalLM from a config (RMSNorm, rotary embeddings under
-    @torch.no_grad(), SiLU-gated MLP, grouped-query attention), next-token logits flattened."""
-
-    def __init__(self, d, layers, heads, vocab, seq):
-        super().__init__()
-        import transformers
-        cfg = transformers.LlamaConfig(hidden_size=d, intermediate_size=4 * d, num_hidden_layers=layers,
-                                       num_attention_heads=heads, num_key_value_heads=heads // 2, vocab_size=vocab,
-                                       max_position_embeddings=seq, use_cache=False)
-        self.llama = transformers.LlamaForCausalLM(cfg)
-
-    def forward(self, x):
-        return self.llama(input_ids=x).logits.flatten(0, 1)
+        return self.lm(input_ids=x).logits.flatten(0, 1)
 
 
 def make_case(name, quick, device, channels_last=False, activation="relu"):
@@ -139,7 +131,7 @@ def make_case(name, quick, device, channels_last=False, activation="relu"):
     if name in ("gpt2", "llama"):
         d, nl, batch, seq = (64, 2, 4, 32) if quick else (256, 4, 8, 128)
         torch.manual_seed(0)
-        model = (GPT2LM if name == "gpt2" else LlamaLM)(d, nl, 4, 1000, seq)
+        model = CausalLM(name, d, nl, 4, 1000, seq)
         x = torch.randint(0, 1000, (batch, seq), generator=g)
         y = torch.randint(0, 1000, (batch * seq,), generator=g)
         opt = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
