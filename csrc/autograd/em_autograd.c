@@ -4476,8 +4476,23 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         fwd_eg = em_ember_compile(F, &fi);
         bwd_eg = fwd_eg ? em_ember_compile(B, &bi) : NULL;
         em_cc_drain(); /* (when the forward failed, or the backward's source differed) */
+        bool half_eager = (fi && PyDict_Check(fi) && PyDict_GetItemString(fi, "fallback")) ||
+                          (bi && PyDict_Check(bi) && PyDict_GetItemString(bi, "fallback"));
+        if (half_eager && fwd_eg && bwd_eg) {
+            /* one half on the eager backend (ATen's vectorized functions), the other on ember's
+             * kernels (libm's): a backward that compares a recomputed value with a saved one
+             * (amax's gradient: self == result) would compare two implementations' bits, and no
+             * element would match (program_gen seed 670184: a NaN gradient). Both halves run on the
+             * eager backend then. */
+            Py_SETREF(fwd_eg, em_eager_graph_new(F));
+            Py_SETREF(bwd_eg, fwd_eg ? em_eager_graph_new(B) : NULL);
+        }
         if (fi && saved_list) {
             PyObject *t = Py_BuildValue("{s:N,s:N}", "forward", fi, "backward", bi ? bi : Py_NewRef(Py_None));
+            PyObject *why = half_eager ? PyUnicode_FromString("a half ran on the eager backend: both halves do (one "
+                                                              "implementation of each function)") : NULL;
+            if (t && half_eager && (!why || PyDict_SetItemString(t, "fallback", why) < 0)) Py_CLEAR(t);
+            Py_XDECREF(why);
             ember_info = t;
         } else {
             Py_XDECREF(fi);

@@ -50,8 +50,8 @@ void em_codegen_expr(EmSB *b, const EmCgDialect *d, const SKernel *k, uint32_t i
     switch (n->op) {
     case LP_CAST:
         if (n->dtype == LDT_BOOL) em_sb_printf(b, "(%s != 0)", A);
-        else if (d->helper_int_casts && !em_ldt_is_float(n->dtype) && em_ldt_is_float(k->nodes[n->in[0]].cdtype)) {
-            const char *fs = fsuf(k->nodes[n->in[0]].cdtype);
+        else if (d->helper_int_casts && !em_ldt_is_float(n->dtype) && em_ldt_is_float(k->nodes[n->in[0]].dtype)) {
+            const char *fs = fsuf(k->nodes[n->in[0]].dtype); /* (a comparison's cdtype is its operands') */
             if (n->dtype == LDT_I64) em_sb_printf(b, "em_f2i64%s(%s)", fs, A);
             else em_sb_printf(b, "(%s)em_f2i32%s(%s)", d->ctype(n->dtype), fs, A);
         } else em_sb_printf(b, "(%s)%s", d->ctype(n->dtype), A);
