@@ -1533,7 +1533,7 @@ static int tuple_piece_grad(AG *ag, IRRef t, const IRArg *idx, IRRef g) {
     const IRNode *tn = em_ir_node(ag->g, t);
     Bind tb;
     const Rule *tr = find_rule(ag, tn, &tb);
-    if (!tr || tr->special != SP_SPLIT) {
+    if (!tr || (tr->special != SP_SPLIT && tr->special != SP_VALSEL)) {
         PyObject *qn = node_opname(tn);
         ag_fail(ag, "no derivative rule for %S (node %s, a tuple result)", qn ? qn : Py_None, tn->name);
         Py_XDECREF(qn);
@@ -1563,17 +1563,44 @@ static int tuple_piece_grad(AG *ag, IRRef t, const IRArg *idx, IRRef g) {
  * the pieces' gradients along dim, zeros of a piece's shape where none reached it, as eager's
  * SplitBackward / UnbindBackward give. Every reader of n must be an int getitem (anything else
  * read the tuple whole: eager autograd). */
-static int split_backward(AG *ag, IRRef n, const Bind *b) {
-    const IRNode *node = em_ir_node(ag->g, n);
-    IRArg self = bval(b, "self"), dim = bval(b, "dim");
-    if (!needs(ag, &self)) return 0;
+/* Is every reader of the tuple n an int getitem (its pieces' gradients all came through
+ * tuple_piece_grad)? -1 with the reason otherwise. */
+static int tuple_read_by_items(AG *ag, IRRef n) {
     for (IRRef u = n + 1; u < ag->g->nnodes; u++) {
         const IRNode *un = em_ir_node(ag->g, u);
         if (!em_ir_node_reads(un, n)) continue;
         if (!node_named(un, "operator.getitem") || un->nargs != 2 || un->args[0].kind != IRARG_NODE ||
             un->args[1].kind != IRARG_CONST || !PyLong_Check(un->args[1].u.obj) || em_ir_node_reads(un, n) != 1)
-            return ag_fail(ag, "%s reads the tuple %s whole", un->name, node->name);
+            return ag_fail(ag, "%s reads the tuple %s whole", un->name, em_ir_node(ag->g, n)->name);
     }
+    return 0;
+}
+
+/* max / min / median (dim), kthvalue, mode, topk, sort: (values, indices); the values' gradient
+ * scattered back to the indices the forward chose (value_selecting_reduction_backward, as
+ * derivatives.yaml; keepdim True for topk and sort), the indices saved by forward_rewrite. */
+static int valsel_backward(AG *ag, IRRef n, const Bind *b) {
+    IRArg self = bval(b, "self"), dim = bval(b, "dim");
+    struct Pieces *pc = &ag->pieces[n];
+    IRRef gv = pc->part ? pc->part[0] : 0;
+    pc->part = NULL;
+    if (!needs(ag, &self) || !gv) return 0;
+    if (tuple_read_by_items(ag, n) < 0) return -1;
+    const IRNode *node = em_ir_node(ag->g, n);
+    bool keep = node_named(node, "torch.topk Tensor.topk torch.sort Tensor.sort");
+    IRArg kd = keep ? arg_const_steal(ag, Py_NewRef(Py_True)) : bval(b, "keepdim");
+    PyObject *t = torch_attr("ops.aten.value_selecting_reduction_backward");
+    if (!t || !em_arena_hold_steal(ag->a, t) || !ag->aux[n][0]) return ag_fail_exc(ag);
+    IRArg a[5] = {arg_node(gv), dim, arg_node(ag->aux[n][0]), shape_const(ag, &em_ir_node(ag->g, self.u.ref)->meta), kd};
+    IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 5, NULL, NULL, 0);
+    return r ? accumulate(ag, self.u.ref, r) : -1;
+}
+
+static int split_backward(AG *ag, IRRef n, const Bind *b) {
+    const IRNode *node = em_ir_node(ag->g, n);
+    IRArg self = bval(b, "self"), dim = bval(b, "dim");
+    if (!needs(ag, &self)) return 0;
+    if (tuple_read_by_items(ag, n) < 0) return -1;
     const IRMeta *tm = &node->meta, *xm = &em_ir_node(ag->g, self.u.ref)->meta;
     struct Pieces *pc = &ag->pieces[n];
     if (dim.kind != IRARG_CONST || !PyLong_Check(dim.u.obj) || !pc->part || pc->n != (int64_t)tm->nitems)
@@ -1615,6 +1642,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
     const IRMeta *selfm = NULL;
     switch (b->rule->special) {
     case SP_SPLIT: return split_backward(ag, n, b);
+    case SP_VALSEL: return valsel_backward(ag, n, b);
     case SP_GETITEM: {
         IRArg self = bval(b, "self"), idx = bval(b, "index");
         bool nested = false;
@@ -2061,6 +2089,12 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     ag->cur_role = ROLE_FWD;
     switch (b->rule->special) {
+    case SP_VALSEL: { /* the tuple as the user's op makes it, and its indices for the backward */
+        if (node->meta.kind != IRMETA_TUPLE || node->meta.nitems != 2) return ag_fail(ag, "%s: not a (values, indices) pair", node->name), 0;
+        IRRef r = copy_node(ag, node);
+        if (r && !(ag->aux[n][0] = emit_getitem(ag, r, 1))) return 0;
+        return r;
+    }
     case SP_LAYER_NORM: {
         PyObject *t = torch_attr("ops.aten.native_layer_norm.default");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;

@@ -29,7 +29,7 @@
 #define R_RECOMPUTE 1u
 
 enum { SP_NONE, SP_GETITEM, SP_CAT, SP_STACK, SP_LAYER_NORM, SP_BATCH_NORM, SP_CONV, SP_DROPOUT,
-       SP_SELECT, SP_NARROW, SP_MAX_POOL2D, SP_SPLIT,
+       SP_SELECT, SP_NARROW, SP_MAX_POOL2D, SP_SPLIT, SP_VALSEL,
        SP_SDPA, SP_NLL_LOSS };
 
 typedef struct {
@@ -56,6 +56,7 @@ static const Rule RULES[] = {
      "self: div(grad, other); other: neg(mul(grad, div(div(self, other), other)))", PW, 0},
     {"operator.neg torch.neg Tensor.neg Tensor.__neg__ torch.negative", "self", "", "self: neg(grad)", PW, 0},
     {"torch.exp Tensor.exp", "self", "", "self: mul(grad, result)", PW, 0},
+    {"torch.square Tensor.square", "self", "", "self: mul(grad, mul(self, 2))", PW, 0}, /* pow(self, 2)'s */
     {"torch.expm1 Tensor.expm1", "self", "", "self: mul(grad, add(result, 1))", PW, 0},
     {"torch.log Tensor.log", "self", "", "self: div(grad, self)", PW, 0},
     {"torch.log1p Tensor.log1p", "self", "", "self: div(grad, add(self, 1))", PW, 0},
@@ -108,6 +109,14 @@ static const Rule RULES[] = {
     {"torch.amax Tensor.amax", "self, dim=(), keepdim=False", "", "self: amaxback(grad, self, result, dim, keepdim)", 0, 0},
     {"torch.amin Tensor.amin", "self, dim=(), keepdim=False", "", "self: amaxback(grad, self, result, dim, keepdim)", 0, 0},
     {"torch.max Tensor.max torch.min Tensor.min", "self", "", "self: amaxback(grad, self, result, None, False)", 0, 0},
+    /* (values, indices) tuples: the values' gradient scattered to the indices (derivatives.yaml:
+     * value_selecting_reduction_backward); the indices the forward's own */
+    {"torch.max Tensor.max torch.min Tensor.min torch.median Tensor.median torch.nanmedian Tensor.nanmedian",
+     "self, dim, keepdim=False", "const:dim", "", 0, SP_VALSEL},
+    {"torch.kthvalue Tensor.kthvalue", "self, k, dim=-1, keepdim=False", "const:dim", "", 0, SP_VALSEL},
+    {"torch.mode Tensor.mode", "self, dim=-1, keepdim=False", "const:dim", "", 0, SP_VALSEL},
+    {"torch.topk Tensor.topk", "self, k, dim=-1, largest=True, sorted=True", "const:dim", "", 0, SP_VALSEL},
+    {"torch.sort Tensor.sort", "self, dim=-1, descending=False, *, stable=False", "const:dim", "", 0, SP_VALSEL},
     /* ---- views and their inverses ---- */
     {"Tensor.view Tensor.reshape torch.reshape Tensor.flatten torch.flatten Tensor.unflatten Tensor.view_as "
      "Tensor.reshape_as Tensor.squeeze torch.squeeze Tensor.unsqueeze torch.unsqueeze",

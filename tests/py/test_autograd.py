@@ -370,6 +370,30 @@ def test_grad_mode_block_inside_the_region(backend):
     assert "grad mode off" in info["fallback"], info
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_values_and_indices_reductions(backend):
+    """max / min / median over a dim, kthvalue, mode, topk, sort: (values, indices) tuples whose
+    values' gradient is scattered to the indices the forward chose (derivatives.yaml's
+    value_selecting_reduction_backward); unpacked, indexed, `.values`, the indices used too. They
+    split the region before (eager autograd around each)."""
+    cases = [
+        lambda x: x.max(1)[0].sin(),
+        lambda x: (lambda v, i: v * 2 + i.to(v.dtype))(*torch.max(x, -1, keepdim=True)),
+        lambda x: x.min(dim=0).values.exp(),
+        lambda x: x.median(1)[0] * 3,
+        lambda x: x.kthvalue(2, 1)[0].cos(),
+        lambda x: x.mode(1)[0] + x.sum(),
+        lambda x: torch.topk(x, 2, dim=1)[0].square(),
+        lambda x: (lambda t: t[0] * t[1].to(t[0].dtype))(x.topk(3)),
+        lambda x: x.sort(dim=0, descending=True)[0].tanh(),
+    ]
+    for f in cases:
+        ember.reset()
+        x = r(4, 6, dtype=torch.float64)
+        x.data[1, 2] = x.data[1, 4]  # a tie
+        check(f, (x,), backend=backend)
+
+
 def test_out_of_place_operator_and_is_no_inplace_update():
     """`m1 & m2` is operator.and_ (out-of-place despite the underscore; operator.iand is `&=`):
     GPT-2's attention mask is built with it, and the whole region kept eager autograd as if the
