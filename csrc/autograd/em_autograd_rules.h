@@ -57,6 +57,10 @@ static const Rule RULES[] = {
     {"operator.neg torch.neg Tensor.neg Tensor.__neg__ torch.negative", "self", "", "self: neg(grad)", PW, 0},
     {"torch.exp Tensor.exp", "self", "", "self: mul(grad, result)", PW, 0},
     {"torch.square Tensor.square", "self", "", "self: mul(grad, mul(self, 2))", PW, 0}, /* pow(self, 2)'s */
+    /* piecewise constant: zero gradients, as derivatives.yaml (round with decimals too) */
+    {"torch.floor Tensor.floor torch.ceil Tensor.ceil torch.trunc Tensor.trunc torch.fix Tensor.fix torch.sign Tensor.sign",
+     "self", "", "self: zeros_like(grad)", PW, 0},
+    {"torch.round Tensor.round", "self, *, decimals=0", "", "self: zeros_like(grad)", PW, 0},
     {"torch.expm1 Tensor.expm1", "self", "", "self: mul(grad, add(result, 1))", PW, 0},
     {"torch.log Tensor.log", "self", "", "self: div(grad, self)", PW, 0},
     {"torch.log1p Tensor.log1p", "self", "", "self: div(grad, add(self, 1))", PW, 0},
