@@ -2780,6 +2780,36 @@ static PyObject *fallback_result(const IRGraph *g, AG *ag, int *is_eager_graph, 
 /* Nodes that keep torch's eager autograd: they need a gradient and have no rule (or one whose
  * formulas do not cover an argument that requires grad), and the getitems of their tuple results.
  * Appends a reason per node to reasons. Returns how many. */
+/* Does m (a tensor, or a tuple's items) hold a complex tensor? */
+static bool meta_complex(const IRMeta *m) {
+    if (m->kind == IRMETA_TUPLE) {
+        for (uint32_t i = 0; i < m->nitems; i++)
+            if (meta_complex(&m->items[i])) return true;
+        return false;
+    }
+    if (m->kind != IRMETA_TENSOR || !m->dtype) return false;
+    PyObject *c = PyObject_GetAttrString(m->dtype, "is_complex");
+    bool r = c && PyObject_IsTrue(c) == 1;
+    Py_XDECREF(c);
+    PyErr_Clear();
+    return r;
+}
+
+/* A node whose result or a differentiable argument is complex: the rules are written for real
+ * dtypes (a complex gradient needs the conjugates of derivatives.yaml's Wirtinger formulas,
+ * `grad * cos(self).conj()`), so it keeps eager autograd. */
+static bool complex_grad(const AG *ag, const IRNode *n) {
+    if (meta_complex(&n->meta)) return true;
+    for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) {
+        const IRArg *a = i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs];
+        if (a->kind == IRARG_NODE && meta_complex(&em_ir_node(ag->g, a->u.ref)->meta)) return true;
+        for (uint32_t k = 0; (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) && k < a->n; k++)
+            if (a->u.items[k].kind == IRARG_NODE && meta_complex(&em_ir_node(ag->g, a->u.items[k].u.ref)->meta))
+                return true;
+    }
+    return false;
+}
+
 static int find_eager_nodes(AG *ag, uint8_t *U, PyObject *reasons) {
     const IRGraph *g = ag->g;
     int count = 0;
@@ -2791,6 +2821,13 @@ static int find_eager_nodes(AG *ag, uint8_t *U, PyObject *reasons) {
         for (uint32_t i = 0; i < n->nargs && !eager; i++)
             eager = n->args[i].kind == IRARG_NODE && U[n->args[i].u.ref] &&
                     em_ir_node(g, n->args[i].u.ref)->meta.kind == IRMETA_TUPLE;
+        if (!eager && complex_grad(ag, n)) {
+            eager = true;
+            PyObject *msg = PyUnicode_FromFormat("%s: complex values (ember's derivative rules are for real dtypes): "
+                                                 "it keeps eager autograd", n->name);
+            if (!msg || PyList_Append(reasons, msg) < 0) PyErr_Clear();
+            Py_XDECREF(msg);
+        }
         Bind b;
         const Rule *rule = eager ? NULL : find_rule(ag, n, &b);
         if (!eager && !rule) {

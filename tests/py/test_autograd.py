@@ -397,6 +397,21 @@ def test_values_and_indices_reductions(backend):
         check(f, (x,), backend=backend)
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_complex_values_keep_eager_autograd(backend):
+    """The rules are real-valued formulas (sin's is grad * cos(x), complex needs its conjugate):
+    complex ops keep eager autograd, the real ops around them are compiled; gradients are eager's."""
+    def f(x, y):
+        z = torch.complex(x, y).sin() * x
+        return z.abs().tanh() * y.exp()
+
+    c = check(f, (r(4, 3, dtype=torch.float64), r(4, 3, dtype=torch.float64)), backend=backend, compiled=False)
+    split = autograd_info(c)["split"]
+    assert any("complex values" in s for s in split), split
+    x = torch.randn(5, dtype=torch.complex64, requires_grad=True)
+    check(lambda x: (x.sin() * x).abs().sum(), (x,), backend=backend, compiled=False)
+
+
 def test_out_of_place_operator_and_is_no_inplace_update():
     """`m1 & m2` is operator.and_ (out-of-place despite the underscore; operator.iand is `&=`):
     GPT-2's attention mask is built with it, and the whole region kept eager autograd as if the
