@@ -446,6 +446,19 @@ static bool checks_pass(const AG *ag, const Bind *b) {
         } else if (!strcmp(kind, "sdpa")) {
             int sk = sdpa_kind_bound(ag, b);
             ok = sk == SDPA_FLASH_CPU || sk == SDPA_FLASH_CUDA || sk == SDPA_EFFICIENT;
+        } else if (!strcmp(kind, "nonzero")) {
+            ok = v->kind == IRARG_CONST && PyNumber_Check(v->u.obj) && PyFloat_AsDouble(v->u.obj) != 0.0;
+            PyErr_Clear();
+        } else if (!strcmp(kind, "padconst")) { /* F.pad's mode is 'constant' */
+            ok = v->kind == IRARG_CONST && PyUnicode_Check(v->u.obj) && !PyUnicode_CompareWithASCIIString(v->u.obj, "constant");
+        } else if (!strcmp(kind, "l2")) { /* a norm's order is 2 (None and 'fro' for a vector norm) */
+            ok = v->kind == IRARG_CONST && (v->u.obj == Py_None ||
+                                            (PyUnicode_Check(v->u.obj) && !PyUnicode_CompareWithASCIIString(v->u.obj, "fro")) ||
+                                            (PyNumber_Check(v->u.obj) && !PyBool_Check(v->u.obj) && PyFloat_AsDouble(v->u.obj) == 2.0));
+            PyErr_Clear();
+        } else if (!strcmp(kind, "ndim1")) {
+            const IRMeta *m = val_meta(ag, v);
+            ok = m && m->kind == IRMETA_TENSOR && m->ndim == 1;
         } else if (!strcmp(kind, "ndim2")) {
             const IRMeta *m = val_meta(ag, v);
             ok = m && m->kind == IRMETA_TENSOR && m->ndim >= 2;
@@ -966,6 +979,49 @@ static IRRef unsq(AG *ag, IRRef x, const IRMeta *self, const IRArg *dim, const I
     return x;
 }
 
+/* varback(grad, self, dim, unbiased, keepdim, correction): var's gradient, derivatives.yaml's
+ * var_backward: (2 / (N - correction)) * grad * (self - self.mean(dim, keepdim=True)), N the number
+ * of reduced elements. torch.var(x, True) passes unbiased in dim's place; correction defaults to
+ * unbiased's (1 / 0), else 1. A full reduction with N <= correction (eager's NaN / inf) declines. */
+static IRRef var_backward(AG *ag, IRArg *args, uint32_t nargs) {
+    if (nargs != 6 || args[0].kind != IRARG_NODE || args[1].kind != IRARG_NODE) return ag_fail(ag, "varback: bad call"), 0;
+    IRArg dim = args[2], unbiased = args[3], keepdim = args[4], corr = args[5];
+    if (dim.kind == IRARG_CONST && PyBool_Check(dim.u.obj)) { /* var(x, unbiased) */
+        unbiased = dim;
+        dim = arg_const_steal(ag, Py_NewRef(Py_None));
+    }
+    double c = 1;
+    if (!arg_is_none(&corr)) {
+        if (corr.kind != IRARG_CONST || !PyNumber_Check(corr.u.obj)) return ag_fail(ag, "var: a correction that is not a constant"), 0;
+        c = PyFloat_AsDouble(corr.u.obj);
+    } else if (!arg_is_none(&unbiased)) {
+        if (unbiased.kind != IRARG_CONST) return ag_fail(ag, "var: unbiased is not a constant"), 0;
+        c = PyObject_IsTrue(unbiased.u.obj) == 1 ? 1 : 0;
+    }
+    const IRMeta *sm = jmeta(ag, args[1].u.ref);
+    bool full = arg_is_none(&dim) || sm->ndim == 0;
+    int64_t mask = full ? (sm->ndim >= 63 ? -1 : (int64_t)((1ull << sm->ndim) - 1)) : dims_mask(&dim, sm->ndim);
+    if (mask < 0) return ag_fail(ag, "var: reduction dims are not constants"), 0;
+    double n = 1;
+    PyObject *dl = PyList_New(0);
+    for (int32_t d = 0; dl && d < sm->ndim; d++)
+        if (mask & ((int64_t)1 << d)) {
+            n *= (double)sm->sizes[d];
+            PyObject *v = PyLong_FromLong(d);
+            if (!v || PyList_Append(dl, v) < 0) Py_CLEAR(dl);
+            Py_XDECREF(v);
+        }
+    if (!dl) return ag_fail_exc(ag), 0;
+    IRArg dims = arg_const_steal(ag, dl);
+    if (full && n - c <= 0) return ag_fail(ag, "var over %g elements with correction %g", n, c), 0;
+    IRRef g = full ? args[0].u.ref : unsq(ag, args[0].u.ref, sm, &dims, &keepdim);
+    IRArg ma[3] = {args[1], dims, arg_const_steal(ag, Py_NewRef(Py_True))};
+    IRRef mean = g ? emit_method(ag, "mean", ma, sm->ndim ? 3 : 1) : 0;
+    IRRef centered = mean ? emit_op(ag, "sub", args[1], arg_node(mean), 2) : 0;
+    IRRef scaled = centered ? emit_op(ag, "mul", arg_const_steal(ag, PyFloat_FromDouble(2.0 / (n - c))), arg_node(g), 2) : 0;
+    return scaled ? emit_op(ag, "mul", arg_node(scaled), arg_node(centered), 2) : 0;
+}
+
 static IRArg eval_expr(Eval *e);
 
 static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, PyObject **kwn, IRArg *kwv, uint32_t nkw) {
@@ -1008,6 +1064,56 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
         IRRef sg = d ? emit_fn(ag, "sign", da, 1) : 0;
         IRRef r = sg ? emit_op(ag, "mul", arg_node(sg), args[0], 2) : 0;
         if (r && !PyUnicode_CompareWithASCIIString(args[3].u.obj, "mean")) {
+            const IRMeta *m = jmeta(ag, args[1].u.ref);
+            int64_t numel = 1;
+            for (int32_t i = 0; i < m->ndim; i++) numel *= m->sizes[i];
+            r = emit_op(ag, "truediv", arg_node(r), arg_const_steal(ag, PyLong_FromLongLong(numel)), 2);
+        }
+        return r ? arg_node(r) : (IRArg){0};
+    }
+    if (!strcmp(fname, "tup")) { /* an int dim as a one-element tuple (flip's dims) */
+        if (nargs != 1 || args[0].kind != IRARG_CONST) goto bad;
+        return PyLong_Check(args[0].u.obj) ? arg_const_steal(ag, PyTuple_Pack(1, args[0].u.obj)) : args[0];
+    }
+    if (!strcmp(fname, "negs")) { /* -x of an int or of each int of a tuple (roll's shifts, a pad) */
+        if (nargs != 1 || args[0].kind != IRARG_CONST) goto bad;
+        PyObject *v = args[0].u.obj;
+        if (PyLong_Check(v)) return arg_const_steal(ag, PyNumber_Negative(v));
+        PyObject *seq = PySequence_Tuple(v);
+        if (!seq) goto bad;
+        PyObject *out = PyTuple_New(PyTuple_GET_SIZE(seq));
+        for (Py_ssize_t i = 0; out && i < PyTuple_GET_SIZE(seq); i++) {
+            PyObject *x = PyNumber_Negative(PyTuple_GET_ITEM(seq, i));
+            if (!x) Py_CLEAR(out);
+            else PyTuple_SET_ITEM(out, i, x);
+        }
+        Py_DECREF(seq);
+        if (!out) goto bad;
+        return arg_const_steal(ag, out);
+    }
+    if (!strcmp(fname, "unsq")) { /* unsq(x, self, dim, keepdim): x broadcastable against self again */
+        if (nargs != 4 || args[0].kind != IRARG_NODE || args[1].kind != IRARG_NODE) goto bad;
+        return arg_node(unsq(ag, args[0].u.ref, jmeta(ag, args[1].u.ref), &args[2], &args[3]));
+    }
+    if (!strcmp(fname, "varback")) return arg_node(var_backward(ag, args, nargs));
+    if (!strcmp(fname, "bcelback")) { /* binary_cross_entropy_with_logits' input gradient (FunctionsManual.cpp):
+                                          * (sigmoid(x) - t) or ((pw * t + 1 - t) * sigmoid(x) - pw * t), times
+                                          * grad and weight, / numel for 'mean' */
+        if (nargs != 6 || args[1].kind != IRARG_NODE || args[5].kind != IRARG_CONST || !PyUnicode_Check(args[5].u.obj)) goto bad;
+        IRArg ea[1] = {args[1]};
+        IRRef sg = emit_fn(ag, "sigmoid", ea, 1), r;
+        if (arg_is_none(&args[4])) {
+            r = sg ? emit_op(ag, "sub", arg_node(sg), args[2], 2) : 0;
+        } else {
+            IRRef t = sg ? emit_op(ag, "mul", args[4], args[2], 2) : 0;
+            IRRef t1 = t ? emit_op(ag, "add", arg_node(t), arg_const_steal(ag, PyLong_FromLong(1)), 2) : 0;
+            IRRef t2 = t1 ? emit_op(ag, "sub", arg_node(t1), args[2], 2) : 0;
+            IRRef t3 = t2 ? emit_op(ag, "mul", arg_node(t2), arg_node(sg), 2) : 0;
+            r = t3 ? emit_op(ag, "sub", arg_node(t3), arg_node(t), 2) : 0;
+        }
+        r = r ? emit_op(ag, "mul", arg_node(r), args[0], 2) : 0;
+        if (r && !arg_is_none(&args[3])) r = emit_op(ag, "mul", arg_node(r), args[3], 2);
+        if (r && !PyUnicode_CompareWithASCIIString(args[5].u.obj, "mean")) {
             const IRMeta *m = jmeta(ag, args[1].u.ref);
             int64_t numel = 1;
             for (int32_t i = 0; i < m->ndim; i++) numel *= m->sizes[i];
@@ -1142,6 +1248,15 @@ static IRArg eval_expr(Eval *e) {
     AG *ag = e->ag;
     skip_ws(e);
     const char *s = e->p;
+    if (*s == '\'') { /* a string: 'trunc' */
+        const char *q = strchr(s + 1, '\'');
+        if (!q) {
+            ag_fail(ag, "bad derivative formula at %s", s);
+            return arg_node(0);
+        }
+        e->p = q + 1;
+        return arg_const_steal(ag, literal(s, (size_t)(q + 1 - s)));
+    }
     if (*s == '-' || (*s >= '0' && *s <= '9')) {
         const char *q = s + 1;
         while ((*q >= '0' && *q <= '9') || *q == '.' || *q == 'e') q++;
@@ -1636,6 +1751,23 @@ static int split_backward(AG *ag, IRRef n, const Bind *b) {
     return r ? accumulate(ag, self.u.ref, r) : -1;
 }
 
+/* group_norm's N, C and HxW (aten's group_norm) of a contiguous input m, as constants; -1 with
+ * ag->reason for another layout (eager's input.contiguous(memory_format) would copy or keep a
+ * channels_last one: not handled). */
+static int group_norm_sizes(AG *ag, const IRMeta *m, IRArg out[3]) {
+    if (m->kind != IRMETA_TENSOR || m->ndim < 2) return ag_fail(ag, "group_norm of fewer than 2 dims");
+    int64_t hw = 1, st = 1;
+    for (int32_t d = m->ndim - 1; d >= 0; d--) {
+        if (m->sizes[d] != 1 && m->strides[d] != st) return ag_fail(ag, "group_norm of a non-contiguous input");
+        st *= m->sizes[d];
+        if (d >= 2) hw *= m->sizes[d];
+    }
+    out[0] = arg_const_steal(ag, PyLong_FromLongLong(m->sizes[0]));
+    out[1] = arg_const_steal(ag, PyLong_FromLongLong(m->sizes[1]));
+    out[2] = arg_const_steal(ag, PyLong_FromLongLong(hw));
+    return arg_bad(&out[0]) || arg_bad(&out[1]) || arg_bad(&out[2]) ? ag_fail_exc(ag) : 0;
+}
+
 static int backward_special(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     IRRef g = ag->grad[n];
@@ -1790,6 +1922,19 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         if (!r) return -1;
         return accumulate_items(ag, r, &self, &w, &bias);
     }
+    case SP_GROUP_NORM: { /* derivatives.yaml native_group_norm: native_group_norm_backward */
+        IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias");
+        PyObject *t = torch_attr("ops.aten.native_group_norm_backward.default");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
+        IRArg nchw[3];
+        if (group_norm_sizes(ag, &em_ir_node(ag->g, self.u.ref)->meta, nchw) < 0) return -1;
+        IRArg a[10] = {arg_node(g), map_arg(ag, &self), arg_node(ag->aux[n][0]), arg_node(ag->aux[n][1]),
+                       map_arg(ag, &w), nchw[0], nchw[1], nchw[2], bval(b, "num_groups"),
+                       arg_const_steal(ag, bool_list(needs(ag, &self), needs(ag, &w), needs(ag, &bias)))};
+        IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 10, NULL, NULL, 0);
+        if (!r) return -1;
+        return accumulate_items(ag, r, &self, &w, &bias);
+    }
     case SP_BATCH_NORM: {
         IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias"), train = bval(b, "training");
         IRArg rm = bval(b, "running_mean"), rv = bval(b, "running_var");
@@ -1825,8 +1970,10 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         int nsp = wm->ndim - 2;
         IRArg st = const_fold(ag, bval(b, "stride")), pd = const_fold(ag, bval(b, "padding"));
         IRArg dl = const_fold(ag, bval(b, "dilation")), gr = bval(b, "groups");
+        bool transposed = find_param(b, "output_padding") >= 0; /* conv_transpose */
+        IRArg op = transposed ? const_fold(ag, bval(b, "output_padding")) : arg_const_steal(ag, PyLong_FromLong(0));
         if (st.kind != IRARG_CONST || pd.kind != IRARG_CONST || dl.kind != IRARG_CONST || gr.kind != IRARG_CONST ||
-            PyUnicode_Check(pd.u.obj))
+            op.kind != IRARG_CONST || PyUnicode_Check(pd.u.obj))
             return ag_fail(ag, "%s with non-constant or string stride/padding", node->name);
         PyObject *bias_sizes = bias.kind == IRARG_NODE
                                    ? Py_BuildValue("[L]", (long long)em_ir_node(ag->g, bias.u.ref)->meta.sizes[0])
@@ -1835,8 +1982,8 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
         IRArg a[11] = {arg_node(g), map_arg(ag, &self), map_arg(ag, &w), arg_const_steal(ag, bias_sizes),
                        arg_const_steal(ag, int_list(st.u.obj, nsp)), arg_const_steal(ag, int_list(pd.u.obj, nsp)),
-                       arg_const_steal(ag, int_list(dl.u.obj, nsp)), arg_const_steal(ag, Py_NewRef(Py_False)),
-                       arg_const_steal(ag, int_list(PyLong_FromLong(0), nsp)), gr,
+                       arg_const_steal(ag, int_list(dl.u.obj, nsp)), arg_const_steal(ag, PyBool_FromLong(transposed)),
+                       arg_const_steal(ag, int_list(op.u.obj, nsp)), gr,
                        arg_const_steal(ag, bool_list(needs(ag, &self), needs(ag, &w), needs(ag, &bias)))};
         for (int i = 0; i < 11; i++)
             if (arg_bad(&a[i])) return ag_fail_exc(ag);
@@ -2103,6 +2250,20 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         ag->cur_pinned = true;
         IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 5, NULL, NULL, 0);
         ag->cur_pinned = false;
+        IRRef out = r ? emit_getitem(ag, r, 0) : 0;
+        ag->aux[n][0] = out ? emit_getitem(ag, r, 1) : 0;
+        ag->aux[n][1] = ag->aux[n][0] ? emit_getitem(ag, r, 2) : 0;
+        return ag->aux[n][1] ? out : 0;
+    }
+    case SP_GROUP_NORM: { /* aten's group_norm of a contiguous input: native_group_norm's (out, mean, rstd) */
+        IRArg self = bval(b, "self"), w = bval(b, "weight"), bias = bval(b, "bias"), nchw[3];
+        if (self.kind != IRARG_NODE) return ag_fail(ag, "group_norm of a constant"), 0;
+        if (group_norm_sizes(ag, &em_ir_node(ag->g, self.u.ref)->meta, nchw) < 0) return 0;
+        PyObject *t = torch_attr("ops.aten.native_group_norm.default");
+        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
+        IRArg a[8] = {map_arg(ag, &self), map_arg(ag, &w), map_arg(ag, &bias), nchw[0], nchw[1], nchw[2],
+                      bval(b, "num_groups"), bval(b, "eps")};
+        IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 8, NULL, NULL, 0);
         IRRef out = r ? emit_getitem(ag, r, 0) : 0;
         ag->aux[n][0] = out ? emit_getitem(ag, r, 1) : 0;
         ag->aux[n][1] = ag->aux[n][0] ? emit_getitem(ag, r, 2) : 0;

@@ -194,6 +194,90 @@ CASES = [
     ("l1_loss", lambda x, y: F.l1_loss(x, y) + F.l1_loss(x, y, reduction="none").sum(), lambda d: (r(3, 4, dtype=d), r(3, 4, dtype=d))),
 ]
 
+# the rules added with the 2026-11-26 batch (derivatives.yaml's formulas; run on both backends)
+MORE_CASES = [
+    ("exp2_log2_log10", lambda x: x.exp2() + torch.log2(x) * torch.log10(x), lambda d: (r(3, 4, dtype=d, positive=True),)),
+    ("reciprocal_tan", lambda x: x.reciprocal() + torch.tan(x * 0.5), lambda d: (r(3, 4, dtype=d, positive=True),)),
+    ("hyperbolic", lambda x: x.sinh() + torch.cosh(x) + torch.asinh(x) + (x.tanh() * 0.9).atanh() + (x.abs() + 1.5).acosh(),
+     lambda d: (r(3, 4, dtype=d),)),
+    ("inverse_trig", lambda x: torch.asin(x.tanh() * 0.9) + (x.tanh() * 0.9).acos() * torch.atan(x), lambda d: (r(3, 4, dtype=d),)),
+    ("erf_family", lambda x: torch.erf(x) + x.erfc() + torch.erfinv(x.tanh() * 0.9), lambda d: (r(3, 4, dtype=d),)),
+    ("angles_frac_sgn", lambda x: x.deg2rad() + torch.rad2deg(x) * x.frac() + torch.sgn(x) + x.positive(),
+     lambda d: (r(3, 4, dtype=d),)),
+    ("lgamma_digamma_i0", lambda x: torch.lgamma(x) + x.digamma() + torch.i0(x), lambda d: (r(3, 4, dtype=d, positive=True),)),
+    ("logit_nan_to_num", lambda x: torch.logit(x.sigmoid()) + torch.logit(x.sigmoid(), eps=0.3) + torch.nan_to_num(x.log()),
+     lambda d: (r(3, 4, dtype=d),)),
+    ("hardtanh_relu6_elu", lambda x: F.hardtanh(x * 2) + F.relu6(x * 4) + F.elu(x, 0.7) + F.celu(x, 1.3) + F.selu(x),
+     lambda d: (r(4, 5, dtype=d),)),
+    ("softplus_hard_mish", lambda x: F.softplus(x) + F.softplus(x, beta=2, threshold=1) + F.hardsigmoid(x * 3) +
+     F.hardswish(x * 3) + F.mish(x) + F.logsigmoid(x), lambda d: (r(4, 5, dtype=d),)),
+    ("shrink_sign_threshold", lambda x: F.softshrink(x, 0.3) + F.hardshrink(x, 0.4) + F.tanhshrink(x) + F.softsign(x) +
+     F.threshold(x, 0.1, -2.0), lambda d: (r(4, 5, dtype=d),)),
+    ("glu", lambda x: F.glu(x) * 2 + F.glu(x, 0).sum(0)[:3], lambda d: (r(4, 6, dtype=d),)),
+    ("clamp_tensor_bounds", lambda x, lo, hi: x.clamp(lo, hi) + torch.clamp_min(x, lo) * torch.clamp_max(x, hi) +
+     x.clamp(min=lo) + x.clamp(max=hi), lambda d: (r(4, 5, dtype=d), r(5, dtype=d) - 0.5, r(4, 1, dtype=d) + 0.5)),
+    ("masked_fill_tensor_value", lambda x, v: x.masked_fill(x > 0.2, v), lambda d: (r(4, 5, dtype=d), r((), dtype=d))),
+    ("maximum_minimum", lambda x, y: torch.maximum(x, y) + torch.minimum(x, y) * 2 + torch.max(x, y.round()) +
+     torch.min(x.round(), y), lambda d: (r(4, 5, dtype=d), r(5, dtype=d))),
+    ("fmax_fmin", lambda x, y: torch.fmax(x, y) + torch.fmin(x, y) * 2, lambda d: (r(4, 5, dtype=d), r(4, 5, dtype=d))),
+    ("atan2_hypot", lambda x, y: torch.atan2(x, y) + torch.hypot(x, y), lambda d: (r(4, 5, dtype=d), r(5, dtype=d))),
+    ("xlogy_logaddexp", lambda x, y: torch.xlogy(x, y) + torch.logaddexp(x, y) + torch.logaddexp2(x, y * 2),
+     lambda d: (r(4, 5, dtype=d), r(4, 5, dtype=d, positive=True))),
+    ("fmod_remainder", lambda x, y: torch.fmod(x, y) + torch.remainder(x, y) + x % 0.7,
+     lambda d: (r(4, 5, dtype=d) * 3, r(4, 5, dtype=d, positive=True))),
+    ("div_rounding", lambda x, y: torch.div(x, y, rounding_mode="floor") + x.div(y, rounding_mode="trunc") + x,
+     lambda d: (r(4, 5, dtype=d), r(4, 5, dtype=d, positive=True))),
+    ("lerp", lambda x, y, w: torch.lerp(x, y, 0.3) + x.lerp(y, w), lambda d: (r(4, 5, dtype=d), r(4, 5, dtype=d), r(5, dtype=d))),
+    ("addcmul_addcdiv", lambda x, a, b: torch.addcmul(x, a, b, value=0.5) + x.addcdiv(a, b) + torch.addcdiv(x, a, b, value=-2),
+     lambda d: (r(4, 5, dtype=d), r(4, 5, dtype=d), r(5, dtype=d, positive=True))),
+    ("var_std", lambda x: x.var() + x.var(1).sum() + torch.var(x, 0, keepdim=True).sum() + x.std(dim=1, correction=0).sum()
+     + torch.std(x, False) + x.var(dim=(0, 1), unbiased=False), lambda d: (r(4, 5, dtype=d),)),
+    ("logsumexp_nansum", lambda x: torch.logsumexp(x, 1) + x.logsumexp(dim=(0, 1), keepdim=True).sum() + x.nansum(0).sum()
+     + torch.nansum(x), lambda d: (r(4, 5, dtype=d),)),
+    ("cumsum", lambda x: x.cumsum(1) + torch.cumsum(x, 0) * torch.cumsum(x, -1, dtype=torch.float64).to(x.dtype),
+     lambda d: (r(4, 5, dtype=d),)),
+    ("norms", lambda x: x.norm() + torch.linalg.vector_norm(x, dim=1).sum() + x.norm(dim=0, keepdim=True).sum() +
+     torch.norm(x, 2, 1).sum(), lambda d: (r(4, 5, dtype=d),)),
+    ("flip_roll_rot90", lambda x: x.flip(1) + torch.flip(x, (0, 1)) * x.fliplr() + x.flipud() + torch.roll(x, 2, 1) +
+     x.roll((1, -1), (0, 1)) + torch.roll(x, 3) + torch.rot90(x, 2, (0, 1)), lambda d: (r(4, 4, dtype=d),)),
+    ("tril_triu_diagonal", lambda x: x.tril() + torch.triu(x, 1) + x.diagonal().sum() + torch.diagonal(x, -1, 0, 1).sum(),
+     lambda d: (r(4, 4, dtype=d),)),
+    ("movedim_ravel_unflatten", lambda x: torch.movedim(x, 0, 2).ravel() * 2 + torch.unflatten(x, 1, (2, 2)).ravel(),
+     lambda d: (r(3, 4, 2, dtype=d),)),
+    ("pad_constant", lambda x: F.pad(x, (1, 2)).sum(0) + F.pad(x, (0, 0, 1, -1), value=0.5).sum() +
+     torch.constant_pad_nd(x, (2, 1)).sum(0), lambda d: (r(3, 4, dtype=d),)),
+    ("pixel_shuffle", lambda x: F.pixel_shuffle(x, 2) * 2 + F.pixel_unshuffle(F.pixel_shuffle(x, 2), 2).sum(),
+     lambda d: (r(2, 8, 3, 3, dtype=d),)),
+    ("gather_index_select", lambda x, i, j: torch.gather(x, 1, i) * 2 + x.index_select(0, j).sum(0),
+     lambda d: (r(4, 5, dtype=d), torch.tensor([[0, 1, 1, 4, 2]] * 4), torch.tensor([3, 0, 0, 1, 2]))),
+    ("scatter_index_add", lambda x, s, i, j: torch.scatter_add(x, 1, i, s) + x.scatter(1, i, s) * 3 + x.scatter(1, i, 0.5) +
+     torch.index_add(x, 0, j, s, alpha=2) + x.index_copy(0, j[:2], s[:2]) + x.index_fill(1, j, -1.0),
+     lambda d: (r(4, 5, dtype=d), r(4, 5, dtype=d), torch.tensor([[0, 1, 2, 3, 4]] * 4), torch.tensor([2, 0, 1, 3]))),
+    ("dot_mv_outer", lambda a, m, v: torch.dot(a, v) + torch.mv(m, a).sum() + (m @ a).sum() + (v @ m.t()).sum() +
+     torch.outer(a, v).sum() + torch.inner(a, v), lambda d: (r(5, dtype=d), r(3, 5, dtype=d), r(5, dtype=d))),
+    ("matmul_batched_vector", lambda b, v: (b @ v).sum() + (v @ b.transpose(1, 2)).sum(),
+     lambda d: (r(2, 3, 5, dtype=d), r(5, dtype=d))),
+    ("addmv_addr", lambda s, m, v, w: torch.addmv(s, m, v, beta=0.5, alpha=2) + torch.addr(torch.outer(s, s), s, w).sum(0),
+     lambda d: (r(3, dtype=d), r(3, 4, dtype=d), r(4, dtype=d), r(3, dtype=d))),
+    ("baddbmm_addbmm", lambda s, a, b: torch.baddbmm(s, a, b, alpha=0.5).sum(0) + torch.addbmm(s[0], a, b, beta=2),
+     lambda d: (r(2, 3, 4, dtype=d), r(2, 3, 5, dtype=d), r(2, 5, 4, dtype=d))),
+    ("softmax_dtype_softmin", lambda x: torch.softmax(x, 1, dtype=torch.float64).to(x.dtype) + F.softmin(x, 0) +
+     F.log_softmax(x, 1, dtype=torch.float64).to(x.dtype), lambda d: (r(4, 5, dtype=d),)),
+    ("group_norm", lambda x, w, b: F.group_norm(x, 2, w, b) + F.group_norm(x, 4, eps=1e-3),
+     lambda d: (r(2, 4, 3, 3, dtype=d), r(4, dtype=d), r(4, dtype=d))),
+    ("conv_transpose", lambda x, w, b, w1: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1).sum(1) +
+     F.conv_transpose1d(x[:, :, 0], w1, groups=2).sum((1, 2))[:, None, None],
+     lambda d: (r(2, 4, 5, 5, dtype=d), r(4, 3, 3, 3, dtype=d), r(3, dtype=d), r(4, 2, 3, dtype=d))),
+    ("pool3d", lambda x: F.avg_pool3d(x, 2).sum() + F.adaptive_avg_pool3d(x, (1, 2, 2)).sum(),
+     lambda d: (r(1, 2, 4, 4, 4, dtype=d),)),
+    ("smooth_l1_huber", lambda x, y: F.smooth_l1_loss(x, y) + F.smooth_l1_loss(x, y, beta=0.5, reduction="sum") +
+     F.huber_loss(x, y, delta=0.7) + F.huber_loss(x, y, reduction="none").sum(), lambda d: (r(4, 5, dtype=d), r(4, 5, dtype=d))),
+    ("bce", lambda x, t, w, pw: F.binary_cross_entropy_with_logits(x, t) +
+     F.binary_cross_entropy_with_logits(x, t, w, pos_weight=pw, reduction="sum") + F.binary_cross_entropy(x.sigmoid(), t),
+     lambda d: (r(4, 5, dtype=d), torch.rand(4, 5, dtype=d), torch.rand(5, dtype=d), torch.rand(5, dtype=d) + 0.5)),
+]
+CASES += MORE_CASES
+
 IDS = [c[0] for c in CASES]
 
 
@@ -213,12 +297,22 @@ def test_rule_matches_eager(case, dtype):
 CUDA_EAGER_AUTOGRAD = {"sdpa_float_mask_scale"}
 
 
+@pytest.mark.parametrize("case", MORE_CASES, ids=[c[0] for c in MORE_CASES])
+def test_rule_matches_eager_ember_backend(case):
+    """The same cases with both halves through ember's code generator (float32)."""
+    name, fn, mk = case
+    torch.manual_seed(0)
+    check(fn, mk(torch.float32), backend="ember")
+
+
 GRADCHECK = ["add_broadcast", "div", "pow_tensor", "tanh", "gelu", "sum_dims", "mean", "amax", "permute_transpose",
              "getitem_basic", "getitem_tensor", "cat", "stack", "matmul_3d_2d", "linear", "addmm", "softmax",
              "log_softmax", "layer_norm", "conv2d", "max_pool2d", "adaptive_avg_pool2d", "avg_pool2d", "batch_norm_train", "embedding_nopad", "clamp", "where",
              "sdpa", "sdpa_causal", "sdpa_float_mask_scale", "sdpa_math_3d", "sdpa_math_causal_negscale",
              "sdpa_math_bool_mask", "nll_loss_weight_sum_ignore", "cross_entropy", "cross_entropy_weight_none",
-             "mse_loss", "l1_loss"]
+             "mse_loss", "l1_loss", "var_std", "logsumexp_nansum", "cumsum", "norms", "gather_index_select",
+             "dot_mv_outer", "baddbmm_addbmm", "group_norm", "conv_transpose", "atan2_hypot", "xlogy_logaddexp",
+             "softplus_hard_mish", "bce", "softmax_dtype_softmin", "pad_constant", "flip_roll_rot90"]
 
 
 @pytest.mark.parametrize("name", GRADCHECK)
