@@ -3451,7 +3451,40 @@ static IRRef dz_cross_entropy(AG *d, const Bind *b) {
     return ls ? dz(d, emit_fn(d, "nn.functional.nll_loss", na, 7)) : 0;
 }
 
-/* Which node to decompose: 1 MHA, 2 sdpa on the math kernel, 3 cross_entropy (training), 0 none. */
+/* F.rms_norm (aten's rms_norm_symint, the composite CPU eager differentiates op by op): x in its
+ * op-math dtype (float32 for half / bfloat16), x * rsqrt(mean(x^2 over the normalized dims,
+ * keepdim) + eps) cast back to x's dtype, times weight; eps None is the op-math dtype's epsilon. */
+static const Rule RMS_RULE = {"torch.nn.functional.rms_norm torch.rms_norm", "self, normalized_shape, weight=None, eps=None",
+                              "", "", 0, 0};
+
+static IRRef dz_rms_norm(AG *d, const Bind *b) {
+    IRArg self = bval(b, "self"), w = bval(b, "weight"), eps = bval(b, "eps"), ns = const_fold(d, bval(b, "normalized_shape"));
+    const IRMeta *m = val_meta(d, &self);
+    if (!m || m->kind != IRMETA_TENSOR || ns.kind != IRARG_CONST || (!arg_is_none(&eps) && eps.kind != IRARG_CONST)) return 0;
+    Py_ssize_t k = PyLong_Check(ns.u.obj) ? 1 : PySequence_Size(ns.u.obj);
+    if (k < 0 || k > m->ndim) return PyErr_Clear(), 0;
+    bool low = meta_dtype_is(m, "torch.float16") || meta_dtype_is(m, "torch.bfloat16");
+    if (!low && !meta_dtype_is(m, "torch.float32") && !meta_dtype_is(m, "torch.float64")) return 0;
+    bool f32 = low || meta_dtype_is(m, "torch.float32");
+    double e = arg_is_none(&eps) ? (f32 ? 1.1920928955078125e-07 : 2.220446049250313e-16) : PyFloat_AsDouble(eps.u.obj);
+    if (PyErr_Occurred()) return PyErr_Clear(), 0;
+    PyObject *dims = PyList_New(k);
+    for (Py_ssize_t i = 0; dims && i < k; i++) PyList_SET_ITEM(dims, i, PyLong_FromSsize_t(m->ndim - 1 - i));
+    IRRef x = d->fmap[self.u.ref];
+    if (low) x = dz_m(d, "to", x, Py_BuildValue("(O)", torch_dtype("float32")));
+    IRRef sq = x ? dz(d, emit_op(d, "pow", arg_node(x), arg_const_steal(d, PyLong_FromLong(2)), 2)) : 0;
+    IRRef mean = sq && dims ? dz_m(d, "mean", sq, Py_BuildValue("(NO)", dims, Py_True)) : (Py_XDECREF(dims), 0);
+    IRRef ms = mean ? dz(d, emit_op(d, "add", arg_node(mean), arg_const_steal(d, PyFloat_FromDouble(e)), 2)) : 0;
+    IRArg ra[1] = {arg_node(ms)};
+    IRRef rs = ms ? dz(d, emit_fn(d, "rsqrt", ra, 1)) : 0;
+    IRRef y = rs ? dz(d, emit_op(d, "mul", arg_node(x), arg_node(rs), 2)) : 0;
+    if (y && low) y = dz_m(d, "to", y, Py_BuildValue("(O)", m->dtype));
+    if (y && w.kind == IRARG_NODE) y = dz(d, emit_op(d, "mul", arg_node(y), map_arg(d, &w), 2));
+    return y;
+}
+
+/* Which node to decompose: 1 MHA, 2 sdpa on the math kernel, 3 cross_entropy (training),
+ * 4 rms_norm (training), 0 none. */
 static int dz_target(AG *d, IRRef r, Bind *b) {
     const IRNode *n = em_ir_node(d->g, r);
     if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || (!d->inference && !meta_needs_grad(&n->meta)))
@@ -3462,6 +3495,7 @@ static int dz_target(AG *d, IRRef r, Bind *b) {
     if (s && !strcmp(s, MHA_RULE.names) && bind_args(d, &MHA_RULE, n, b) == 0) what = 1;
     else if (s && !d->inference && !strcmp(s, CE_RULE.names) && bind_args(d, &CE_RULE, n, b) == 0 && checks_pass(d, b))
         what = 3;
+    else if (s && !d->inference && names_has(RMS_RULE.names, s) && bind_args(d, &RMS_RULE, n, b) == 0) what = 4;
     else if (s && !strcmp(s, "torch.nn.functional.scaled_dot_product_attention")) {
         for (size_t i = 0; i < NRULES && !what; i++)
             if (RULES[i].special == SP_SDPA && bind_args(d, &RULES[i], n, b) == 0 && sdpa_kind_bound(d, b) == SDPA_MATH)
@@ -3568,6 +3602,7 @@ IRGraph *em_autograd_decompose_attention(const IRGraph *g, bool inference, PyObj
             dz_target(&d, r, &b);
             v = what[r] == 1   ? dz_mha(&d, &b)
                 : what[r] == 3 ? dz_cross_entropy(&d, &b)
+                : what[r] == 4 ? dz_rms_norm(&d, &b)
                                : dz_sdpa(&d, d.fmap[bval(&b, "query").u.ref], d.fmap[bval(&b, "key").u.ref],
                                        d.fmap[bval(&b, "value").u.ref],
                                        bval(&b, "attn_mask").kind == IRARG_NODE ? d.fmap[bval(&b, "attn_mask").u.ref] : 0,

@@ -265,6 +265,8 @@ MORE_CASES = [
      F.log_softmax(x, 1, dtype=torch.float64).to(x.dtype), lambda d: (r(4, 5, dtype=d),)),
     ("group_norm", lambda x, w, b: F.group_norm(x, 2, w, b) + F.group_norm(x, 4, eps=1e-3),
      lambda d: (r(2, 4, 3, 3, dtype=d), r(4, dtype=d), r(4, dtype=d))),
+    ("rms_norm", lambda x, w: F.rms_norm(x, (5,), w) + F.rms_norm(x, (4, 5), eps=1e-3) + F.rms_norm(x.half(), (5,)).to(x.dtype),
+     lambda d: (r(3, 4, 5, dtype=d), r(5, dtype=d))),
     ("conv_transpose", lambda x, w, b, w1: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1).sum(1) +
      F.conv_transpose1d(x[:, :, 0], w1, groups=2).sum((1, 2))[:, None, None],
      lambda d: (r(2, 4, 5, 5, dtype=d), r(4, 3, 3, 3, dtype=d), r(3, dtype=d), r(4, 2, 3, dtype=d))),
