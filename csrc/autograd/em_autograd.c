@@ -1368,6 +1368,8 @@ static int backward_generic(AG *ag, IRRef n, const Bind *b) {
         const IRArg *v = &b->val[k];
         if (v->kind != IRARG_NODE || !meta_needs_grad(&em_ir_node(ag->g, v->u.ref)->meta)) continue;
         const char *f = formula_of(b->rule->grads, b->p[k].name);
+        while (*f == ' ') f++;
+        if (!strncmp(f, "nograd", 6) && (f[6] == ';' || f[6] == '\0')) continue; /* read for its shape only */
         Eval e = {ag, b, n, f};
         IRArg gi = eval_expr(&e);
         if (gi.kind != IRARG_NODE || !gi.u.ref) {
@@ -3451,6 +3453,124 @@ static IRRef dz_cross_entropy(AG *d, const Bind *b) {
     return ls ? dz(d, emit_fn(d, "nn.functional.nll_loss", na, 7)) : 0;
 }
 
+/* F.cross_entropy without class weights in the two forms cross_entropy_loss_symint (LossNLL.cpp)
+ * composes from differentiable ops: class-probability targets (cross_entropy_loss_prob_target:
+ * -(log_softmax(x) * t').sum(...), t' the target smoothed when label_smoothing > 0) and class
+ * indices with label smoothing (cross_entropy_loss_label_smoothing: (1 - ls) * nll_loss + ls / C
+ * times the mean, over the targets not ignored, of -log_softmax(x).sum(class dim)). */
+static const Rule CE_SMOOTH_RULE = {
+    "torch.nn.functional.cross_entropy",
+    "self, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction='mean', "
+    "label_smoothing=0.0",
+    "null:weight null:size_average null:reduce const:ignore_index reduction:reduction const:label_smoothing", "", 0, 0};
+
+static IRRef dz_cross_entropy_smooth(AG *d, const Bind *b) {
+    IRArg self = bval(b, "self"), target = bval(b, "target"), ii = bval(b, "ignore_index");
+    const IRMeta *m = val_meta(d, &self), *tm = val_meta(d, &target);
+    if (!m || !tm || m->kind != IRMETA_TENSOR || tm->kind != IRMETA_TENSOR || m->ndim < 1) return 0;
+    double lsv = PyFloat_AsDouble(bval(b, "label_smoothing").u.obj);
+    const char *red = PyUnicode_AsUTF8(bval(b, "reduction").u.obj);
+    if (PyErr_Occurred() || !red || lsv < 0 || lsv > 1) return PyErr_Clear(), 0;
+    int cd = m->ndim == 1 ? 0 : 1;
+    int64_t C = m->sizes[cd], numel = 1;
+    for (int32_t i = 0; i < m->ndim; i++) numel *= m->sizes[i];
+    bool prob = tm->ndim == m->ndim && !memcmp(tm->sizes, m->sizes, (size_t)m->ndim * sizeof(int64_t)) &&
+                dtype_differentiable(tm->dtype) && !meta_complex(tm);
+    bool idx = !prob && (m->ndim == 1 || m->ndim == 2) && tm->ndim == m->ndim - 1 && tm->dtype == torch_dtype("int64") && lsv > 0;
+    long long ignore = PyLong_AsLongLong(ii.u.obj);
+    if (PyErr_Occurred()) return PyErr_Clear(), 0;
+    if ((!prob && !idx) || (prob && (ignore >= 0 || numel == 0 || C == 0))) return 0; /* eager raises or divides by 0 */
+    IRArg la[2] = {map_arg(d, &self), arg_const_steal(d, PyLong_FromLong(cd))};
+    IRRef ls = dz(d, emit_fn(d, "nn.functional.log_softmax", la, 2));
+    if (!ls) return 0;
+    IRArg cdim = arg_const_steal(d, PyLong_FromLong(cd)), t = map_arg(d, &target);
+    if (prob) {
+        IRRef tt = t.u.ref;
+        if (lsv > 0) {
+            tt = dz(d, emit_op(d, "mul", t, arg_const_steal(d, PyFloat_FromDouble(1 - lsv)), 2));
+            tt = tt ? dz(d, emit_op(d, "add", arg_node(tt), arg_const_steal(d, PyFloat_FromDouble(lsv / (double)C)), 2)) : 0;
+        }
+        IRRef p = tt ? dz(d, emit_op(d, "mul", arg_node(ls), arg_node(tt), 2)) : 0;
+        IRArg sa[2] = {arg_node(p), cdim};
+        bool none = !strcmp(red, "none");
+        IRRef sm = p ? dz(d, emit_method(d, "sum", sa, none ? 2 : 1)) : 0;
+        IRRef r = sm ? dz(d, emit_op(d, "neg", arg_node(sm), arg_node(sm), 1)) : 0;
+        if (r && !strcmp(red, "mean"))
+            r = dz(d, emit_op(d, "truediv", arg_node(r), arg_const_steal(d, PyLong_FromLongLong(numel / C)), 2));
+        return r;
+    }
+    IRArg none = arg_const_steal(d, Py_NewRef(Py_None));
+    IRArg na[7] = {arg_node(ls), t, none, none, ii, none, bval(b, "reduction")};
+    IRRef nll = dz(d, emit_fn(d, "nn.functional.nll_loss", na, 7));
+    IRArg sa[2] = {arg_node(ls), cdim};
+    IRRef ssum = nll ? dz(d, emit_method(d, "sum", sa, 2)) : 0;
+    IRRef smooth = ssum ? dz(d, emit_op(d, "neg", arg_node(ssum), arg_node(ssum), 1)) : 0;
+    IRRef mask = smooth ? emit_op(d, "eq", t, ii, 2) : 0;
+    IRArg fa[3] = {arg_node(smooth), arg_node(mask), arg_const_steal(d, PyFloat_FromDouble(0.0))};
+    IRRef ret = mask ? dz(d, emit_method(d, "masked_fill", fa, 3)) : 0;
+    if (ret && strcmp(red, "none")) {
+        IRArg ra[1] = {arg_node(ret)};
+        ret = dz(d, emit_method(d, "sum", ra, 1));
+        if (ret && !strcmp(red, "mean")) {
+            IRArg na1[1] = {arg_node(mask)};
+            IRRef keep = emit_fn(d, "logical_not", na1, 1);
+            IRArg ka[1] = {arg_node(keep)};
+            IRRef cnt = keep ? emit_method(d, "sum", ka, 1) : 0;
+            ret = cnt ? dz(d, emit_op(d, "truediv", arg_node(ret), arg_node(cnt), 2)) : 0;
+        }
+    }
+    IRRef a = ret ? dz(d, emit_op(d, "mul", arg_const_steal(d, PyFloat_FromDouble(1 - lsv)), arg_node(nll), 2)) : 0;
+    IRRef c = a ? dz(d, emit_op(d, "mul", arg_node(ret), arg_const_steal(d, PyFloat_FromDouble(lsv / (double)C)), 2)) : 0;
+    return c ? dz(d, emit_op(d, "add", arg_node(a), arg_node(c), 2)) : 0;
+}
+
+/* F.normalize (torch/nn/functional.py): x / x.norm(p, dim, keepdim=True).clamp_min(eps).expand_as(x). */
+static const Rule NORMALIZE_RULE = {"torch.nn.functional.normalize", "self, p=2.0, dim=1, eps=1e-12, out=None",
+                                    "null:out const:p const:eps", "", 0, 0};
+
+static IRRef dz_normalize(AG *d, const Bind *b) {
+    IRArg self = bval(b, "self");
+    IRArg na[4] = {map_arg(d, &self), bval(b, "p"), bval(b, "dim"), arg_const_steal(d, Py_NewRef(Py_True))};
+    IRRef nrm = dz(d, emit_method(d, "norm", na, 4));
+    IRArg ca[2] = {arg_node(nrm), bval(b, "eps")};
+    IRRef cl = nrm ? dz(d, emit_method(d, "clamp_min", ca, 2)) : 0;
+    IRArg ea[2] = {arg_node(cl), map_arg(d, &self)};
+    IRRef den = cl ? dz(d, emit_method(d, "expand_as", ea, 2)) : 0;
+    return den ? dz(d, emit_op(d, "truediv", map_arg(d, &self), arg_node(den), 2)) : 0;
+}
+
+/* F.kl_div (torch/nn/functional.py) over aten's composite kl_div (Loss.cpp): exp(t) * (t - x) for a
+ * log target, else xlogy(t, t) - t * x; then the reduction ('batchmean': the sum / x.size(0)). */
+static const Rule KL_RULE = {"torch.nn.functional.kl_div",
+                             "self, target, size_average=None, reduce=None, reduction='mean', log_target=False",
+                             "null:size_average null:reduce const:log_target", "", 0, 0};
+
+static IRRef dz_kl_div(AG *d, const Bind *b) {
+    IRArg self = bval(b, "self"), target = bval(b, "target"), rd = bval(b, "reduction");
+    const IRMeta *m = val_meta(d, &self);
+    const char *red = rd.kind == IRARG_CONST && PyUnicode_Check(rd.u.obj) ? PyUnicode_AsUTF8(rd.u.obj) : NULL;
+    if (!red || !m || m->kind != IRMETA_TENSOR || meta_complex(m) || target.kind != IRARG_NODE ||
+        (strcmp(red, "none") && strcmp(red, "mean") && strcmp(red, "sum") && strcmp(red, "batchmean")))
+        return PyErr_Clear(), 0;
+    IRArg x = map_arg(d, &self), t = map_arg(d, &target), ta[2] = {t, t};
+    IRRef out;
+    if (PyObject_IsTrue(bval(b, "log_target").u.obj) == 1) {
+        IRRef e = dz(d, emit_fn(d, "exp", ta, 1));
+        IRRef df = e ? dz(d, emit_op(d, "sub", t, x, 2)) : 0;
+        out = df ? dz(d, emit_op(d, "mul", arg_node(e), arg_node(df), 2)) : 0;
+    } else {
+        IRRef xl = dz(d, emit_fn(d, "xlogy", ta, 2));
+        IRRef tx = xl ? dz(d, emit_op(d, "mul", t, x, 2)) : 0;
+        out = tx ? dz(d, emit_op(d, "sub", arg_node(xl), arg_node(tx), 2)) : 0;
+    }
+    if (!out || !strcmp(red, "none")) return out;
+    IRArg oa[1] = {arg_node(out)};
+    IRRef r = dz(d, emit_method(d, strcmp(red, "mean") ? "sum" : "mean", oa, 1));
+    if (r && !strcmp(red, "batchmean") && m->ndim != 0)
+        r = dz(d, emit_op(d, "truediv", arg_node(r), arg_const_steal(d, PyLong_FromLongLong(m->sizes[0])), 2));
+    return r;
+}
+
 /* F.rms_norm (aten's rms_norm_symint, the composite CPU eager differentiates op by op): x in its
  * op-math dtype (float32 for half / bfloat16), x * rsqrt(mean(x^2 over the normalized dims,
  * keepdim) + eps) cast back to x's dtype, times weight; eps None is the op-math dtype's epsilon. */
@@ -3484,7 +3604,8 @@ static IRRef dz_rms_norm(AG *d, const Bind *b) {
 }
 
 /* Which node to decompose: 1 MHA, 2 sdpa on the math kernel, 3 cross_entropy (training),
- * 4 rms_norm (training), 0 none. */
+ * 4 rms_norm, 5 cross_entropy with label smoothing or probabilities, 6 F.normalize, 7 F.kl_div
+ * (4-7: training graphs), 0 none. */
 static int dz_target(AG *d, IRRef r, Bind *b) {
     const IRNode *n = em_ir_node(d->g, r);
     if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || (!d->inference && !meta_needs_grad(&n->meta)))
@@ -3496,6 +3617,14 @@ static int dz_target(AG *d, IRRef r, Bind *b) {
     else if (s && !d->inference && !strcmp(s, CE_RULE.names) && bind_args(d, &CE_RULE, n, b) == 0 && checks_pass(d, b))
         what = 3;
     else if (s && !d->inference && names_has(RMS_RULE.names, s) && bind_args(d, &RMS_RULE, n, b) == 0) what = 4;
+    else if (s && !d->inference && !strcmp(s, CE_SMOOTH_RULE.names) && bind_args(d, &CE_SMOOTH_RULE, n, b) == 0 &&
+             checks_pass(d, b))
+        what = 5;
+    else if (s && !d->inference && !strcmp(s, NORMALIZE_RULE.names) && bind_args(d, &NORMALIZE_RULE, n, b) == 0 &&
+             checks_pass(d, b))
+        what = 6;
+    else if (s && !d->inference && !strcmp(s, KL_RULE.names) && bind_args(d, &KL_RULE, n, b) == 0 && checks_pass(d, b))
+        what = 7;
     else if (s && !strcmp(s, "torch.nn.functional.scaled_dot_product_attention")) {
         for (size_t i = 0; i < NRULES && !what; i++)
             if (RULES[i].special == SP_SDPA && bind_args(d, &RULES[i], n, b) == 0 && sdpa_kind_bound(d, b) == SDPA_MATH)
@@ -3603,6 +3732,9 @@ IRGraph *em_autograd_decompose_attention(const IRGraph *g, bool inference, PyObj
             v = what[r] == 1   ? dz_mha(&d, &b)
                 : what[r] == 3 ? dz_cross_entropy(&d, &b)
                 : what[r] == 4 ? dz_rms_norm(&d, &b)
+                : what[r] == 5 ? dz_cross_entropy_smooth(&d, &b)
+                : what[r] == 6 ? dz_normalize(&d, &b)
+                : what[r] == 7 ? dz_kl_div(&d, &b)
                                : dz_sdpa(&d, d.fmap[bval(&b, "query").u.ref], d.fmap[bval(&b, "key").u.ref],
                                        d.fmap[bval(&b, "value").u.ref],
                                        bval(&b, "attn_mask").kind == IRARG_NODE ? d.fmap[bval(&b, "attn_mask").u.ref] : 0,

@@ -6,7 +6,8 @@
  * differentiable parameter. The first rule whose names match and whose checks pass is used; an
  * argument that requires grad but has no formula means "no rule" (eager autograd), never a zero.
  *
- * Formula language: `name(arg, ..., kw=arg)` calls; identifiers are parameters, `grad` (the output
+ * Formula language: `name(arg, ..., kw=arg)` calls; `p: nograd` says p is read for its shape only
+ * (expand_as's other) and gets no gradient; identifiers are parameters, `grad` (the output
  * gradient), `result` (the op's output) or numbers / None / True / False / inf.
  *   add sub mul div neg          Python operators (constants fold at compile time)
  *   aten.X                       torch.ops.aten.X          T.X   the Tensor method X
@@ -203,6 +204,7 @@ static const Rule RULES[] = {
      "torch.logical_or torch.logical_not operator.invert operator.and_ operator.or_ torch.isnan torch.sign Tensor.sign",
      "self, *rest", "", "", PW, 0},
     /* ---- dtype / device conversions and copies ---- */
+    {"Tensor.type_as", "self, other", "", "self: like(grad, self); other: nograd", PW, 0},
     {"Tensor.float Tensor.double Tensor.half Tensor.bfloat16 Tensor.to Tensor.type_as Tensor.contiguous "
      "Tensor.clone torch.clone",
      "self, *rest, memory_format=None, non_blocking=False, copy=False, dtype=None, device=None", "", "self: like(grad, self)", PW, 0},
@@ -238,10 +240,12 @@ static const Rule RULES[] = {
     {"torch.topk Tensor.topk", "self, k, dim=-1, largest=True, sorted=True", "const:dim", "", 0, SP_VALSEL},
     {"torch.sort Tensor.sort", "self, dim=-1, descending=False, *, stable=False", "const:dim", "", 0, SP_VALSEL},
     /* ---- views and their inverses ---- */
+    {"Tensor.view_as Tensor.reshape_as", "self, other", "", "self: T.reshape(grad, shape(self)); other: nograd", PW, 0},
     {"Tensor.view Tensor.reshape torch.reshape Tensor.flatten torch.flatten Tensor.unflatten Tensor.view_as "
      "Tensor.reshape_as Tensor.squeeze torch.squeeze Tensor.unsqueeze torch.unsqueeze",
      "self, *rest, start_dim=0, end_dim=-1, dim=None, sizes=None, shape=None, other=None", "",
      "self: T.reshape(grad, shape(self))", PW, 0},
+    {"Tensor.expand_as", "self, other", "", "self: grad; other: nograd", PW, 0},
     {"Tensor.expand Tensor.expand_as torch.broadcast_to Tensor.broadcast_to", "self, *rest, size=None, other=None", "",
      "self: grad", PW, 0},
     {"Tensor.permute torch.permute", "self, *dims", "", "self: T.permute(grad, invperm(dims))", PW, 0},

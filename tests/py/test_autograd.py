@@ -267,6 +267,17 @@ MORE_CASES = [
      lambda d: (r(2, 4, 3, 3, dtype=d), r(4, dtype=d), r(4, dtype=d))),
     ("rms_norm", lambda x, w: F.rms_norm(x, (5,), w) + F.rms_norm(x, (4, 5), eps=1e-3) + F.rms_norm(x.half(), (5,)).to(x.dtype),
      lambda d: (r(3, 4, 5, dtype=d), r(5, dtype=d))),
+    ("cross_entropy_smoothing", lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1) +
+     F.cross_entropy(x, t, label_smoothing=0.2, reduction="sum", ignore_index=2) +
+     F.cross_entropy(x, t, label_smoothing=0.3, reduction="none").sum(), lambda d: (r(6, 5, dtype=d), torch.tensor([0, 4, 2, 2, 1, 3]))),
+    ("cross_entropy_probabilities", lambda x, p: F.cross_entropy(x, p.softmax(1)) +
+     F.cross_entropy(x, p.softmax(1), label_smoothing=0.1, reduction="sum") + F.cross_entropy(x[0], p[0].softmax(0)),
+     lambda d: (r(6, 5, dtype=d), r(6, 5, dtype=d))),
+    ("normalize_kl_div", lambda x, y: F.normalize(x, dim=1) + F.normalize(x, dim=0, eps=1e-3) +
+     F.kl_div(x.log_softmax(1), y.softmax(1), reduction="batchmean") + F.kl_div(x, y, reduction="sum", log_target=True) +
+     F.kl_div(x.log_softmax(1), y.softmax(1), reduction="none"), lambda d: (r(4, 5, dtype=d), r(4, 5, dtype=d))),
+    ("as_other_shape_only", lambda x, y: x.expand_as(y) * y + x.view_as(y[0]) + x.reshape_as(y[1]) * x.type_as(y),
+     lambda d: (r(4, dtype=d), r(3, 4, dtype=d))),
     ("conv_transpose", lambda x, w, b, w1: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1).sum(1) +
      F.conv_transpose1d(x[:, :, 0], w1, groups=2).sum((1, 2))[:, None, None],
      lambda d: (r(2, 4, 5, 5, dtype=d), r(4, 3, 3, 3, dtype=d), r(3, dtype=d), r(4, 2, 3, dtype=d))),
@@ -314,7 +325,8 @@ GRADCHECK = ["add_broadcast", "div", "pow_tensor", "tanh", "gelu", "sum_dims", "
              "sdpa_math_bool_mask", "nll_loss_weight_sum_ignore", "cross_entropy", "cross_entropy_weight_none",
              "mse_loss", "l1_loss", "var_std", "logsumexp_nansum", "cumsum", "norms", "gather_index_select",
              "dot_mv_outer", "baddbmm_addbmm", "group_norm", "conv_transpose", "atan2_hypot", "xlogy_logaddexp",
-             "softplus_hard_mish", "bce", "softmax_dtype_softmin", "pad_constant", "flip_roll_rot90"]
+             "softplus_hard_mish", "bce", "softmax_dtype_softmin", "pad_constant", "flip_roll_rot90",
+             "cross_entropy_smoothing", "cross_entropy_probabilities", "normalize_kl_div"]
 
 
 @pytest.mark.parametrize("name", GRADCHECK)
@@ -439,17 +451,17 @@ def test_grad_mode_block_inside_the_region(backend):
     assert torch.is_grad_enabled()
     assert "set_grad_enabled" not in autograd_info(c)["forward"]
 
-    def split(x, w):  # a region split around cumsum (no rule): the block's nodes belong to no step
+    def split(x, w):  # a region split around cumprod (no rule): the block's nodes belong to no step
         h = x @ w
         with torch.no_grad():
             scale = h.abs().amax() + 1
             with torch.enable_grad():
-                inner = torch.cumsum(h, 1)  # needs grad: an eager-autograd step, run with grad on
-        return (torch.cumsum(h, 0) / scale).sin() * inner
+                inner = torch.cumprod(h, 1)  # needs grad: an eager-autograd step, run with grad on
+        return (torch.cumprod(h, 0) / scale).sin() * inner
     ember.reset()
     c = check(split, (r(4, 5), r(5, 6)), backend=backend, compiled=False)
     info = autograd_info(c)
-    assert "fallback" not in info and "cumsum" in info["split"][0], info.get("fallback") or info.get("split")
+    assert "fallback" not in info and "cumprod" in info["split"][0], info.get("fallback") or info.get("split")
 
     def open_block(x):  # the block stays open: the mode after the call is off
         y = x.sin()
@@ -701,26 +713,25 @@ def test_activation_memory_budget_recomputes_more():
 def test_op_without_rule_splits_region():
     def f(x, w):
         h = torch.sin(x @ w)
-        h = torch.cumsum(h, dim=1)  # no derivative rule: keeps eager autograd
+        h = torch.cumprod(h, dim=1)  # no derivative rule: keeps eager autograd
         return (h * 2).tanh()
     c = check(f, (r(4, 5), r(5, 6)), compiled=False)
     info = autograd_info(c)
-    assert "split" in info and "cumsum" in info["split"][0]
+    assert "split" in info and "cumprod" in info["split"][0]
     kinds = [s["kind"] for s in info["steps"]]
     assert kinds == ["compiled", "eager autograd", "compiled"]
     rep = ember.explain(c, r(4, 5), r(5, 6))
-    assert "cumsum" in str(rep) and "step 1: eager autograd" in str(rep)
+    assert "cumprod" in str(rep) and "step 1: eager autograd" in str(rep)
 
 
-def test_cross_entropy_with_label_smoothing_or_probabilities_splits():
-    """cross_entropy's label smoothing and class-probability targets have no rule: the region is split
-    around them (eager autograd there), the gradients still eager's."""
+def test_cross_entropy_with_label_smoothing_and_class_weights_splits():
+    """Label smoothing with class weights has no decomposition (smoothing alone and probability
+    targets do: the cross_entropy_smoothing / _probabilities cases): the region is split around it
+    (eager autograd there), the gradients still eager's."""
     t = torch.tensor([0, 4, 2, 2, 1, 3])
-    for fn, target in ((lambda x, t: F.cross_entropy(x * 2, t, label_smoothing=0.1), t),
-                       (lambda x, t: F.cross_entropy(x * 2, t), torch.softmax(torch.randn(6, 5), 1))):
-        ember.reset()
-        c = check(fn, (r(6, 5), target), compiled=False)
-        assert "cross_entropy" in autograd_info(c)["split"][0]
+    fn = lambda x, t, w: F.cross_entropy(x * 2, t, weight=w, label_smoothing=0.1)  # noqa: E731
+    c = check(fn, (r(6, 5), t, torch.rand(5) + 0.5), compiled=False)
+    assert "cross_entropy" in autograd_info(c)["split"][0]
 
 
 def test_modified_sigmoid_seed_with_requires_grad():
@@ -1164,7 +1175,9 @@ def test_batchnorm_running_stats_updated_once_per_forward():
 GRAD_SWEEP_OPS = ("^(add|mul|sub|div.no_rounding_mode|sin|exp|tanh|sigmoid|nn.functional.relu|softmax|log_softmax|sum|"
                   "mean|amax|mm|bmm|addmm|nn.functional.linear|nn.functional.conv2d|nn.functional.layer_norm|"
                   "nn.functional.gelu|cat|stack|reshape|permute|transpose|squeeze|unsqueeze|flatten|clamp|abs|pow|"
-                  "sqrt|narrow|masked_fill|cumsum|nn.functional.avg_pool2d|nn.functional.adaptive_avg_pool2d)$")
+                  "sqrt|narrow|masked_fill|cumsum|nn.functional.avg_pool2d|nn.functional.adaptive_avg_pool2d|var|std|"
+                  "gather|index_select|logsumexp|atan2|erf|nn.functional.hardtanh|nn.functional.group_norm|maximum|"
+                  "where|nn.functional.cross_entropy|nn.functional.rms_norm|nn.functional.normalize)$")
 
 
 def test_opinfo_gradient_sweep_aot_eager():
