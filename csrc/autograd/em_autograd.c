@@ -409,6 +409,14 @@ static PyObject *torch_dtype(const char *name) {
     return d;
 }
 
+/* An einsum equation split into its input terms and output (einsum_parse). */
+typedef struct {
+    char term[8][64];
+    char out[64];
+    uint32_t nt;
+} EinsumEq;
+static int einsum_parse(const char *eq, uint32_t nops, EinsumEq *q);
+
 static bool checks_pass(const AG *ag, const Bind *b) {
     const char *p = b->rule->checks;
     while (*p) {
@@ -455,6 +463,13 @@ static bool checks_pass(const AG *ag, const Bind *b) {
             ok = v->kind == IRARG_CONST && (v->u.obj == Py_None ||
                                             (PyUnicode_Check(v->u.obj) && !PyUnicode_CompareWithASCIIString(v->u.obj, "fro")) ||
                                             (PyNumber_Check(v->u.obj) && !PyBool_Check(v->u.obj) && PyFloat_AsDouble(v->u.obj) == 2.0));
+            PyErr_Clear();
+        } else if (!strcmp(kind, "einsum")) { /* v: the equation; every operand's gradient is an einsum */
+            int oi = find_param(b, "operands");
+            const IRArg *ops = oi >= 0 ? &b->val[oi] : NULL;
+            const char *eq = v->kind == IRARG_CONST && PyUnicode_Check(v->u.obj) ? PyUnicode_AsUTF8(v->u.obj) : NULL;
+            EinsumEq q;
+            ok = eq && ops && (ops->kind == IRARG_TUPLE || ops->kind == IRARG_LIST) && einsum_parse(eq, ops->n, &q) == 0;
             PyErr_Clear();
         } else if (!strcmp(kind, "ndim1")) {
             const IRMeta *m = val_meta(ag, v);
@@ -1022,6 +1037,94 @@ static IRRef var_backward(AG *ag, IRArg *args, uint32_t nargs) {
     return scaled ? emit_op(ag, "mul", arg_node(scaled), arg_node(centered), 2) : 0;
 }
 
+/* repeatback(grad, self, repeats): Tensor.repeat's gradient (FunctionsManual.cpp repeat_backward):
+ * the leading new dims summed, then each repeated dim split into (repeat, size) and the repeats
+ * summed, in one reshape and one sum; zeros for a repeat of 0. torch.tile's dims are first padded
+ * with leading 1s to self's rank. */
+static IRRef repeat_backward(AG *ag, IRArg *args, uint32_t nargs) {
+    if (nargs != 3 || args[0].kind != IRARG_NODE || args[1].kind != IRARG_NODE || args[2].kind != IRARG_CONST)
+        return ag_fail(ag, "repeatback: bad call"), 0;
+    const IRMeta *sm = jmeta(ag, args[1].u.ref);
+    PyObject *seq = PySequence_Tuple(args[2].u.obj);
+    if (!seq || PyTuple_GET_SIZE(seq) > 32) return Py_XDECREF(seq), PyErr_Clear(), ag_fail(ag, "repeat: repeats not ints"), 0;
+    int64_t rep[64];
+    int32_t nr = (int32_t)PyTuple_GET_SIZE(seq), pad = nr < sm->ndim ? sm->ndim - nr : 0;
+    for (int32_t i = 0; i < pad; i++) rep[i] = 1;
+    for (int32_t i = 0; i < nr; i++) rep[pad + i] = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
+    Py_DECREF(seq);
+    nr += pad;
+    if (PyErr_Occurred()) return PyErr_Clear(), ag_fail(ag, "repeat: repeats not ints"), 0;
+    IRRef g = args[0].u.ref;
+    for (int32_t i = 0; i < nr; i++)
+        if (rep[i] == 0) {
+            IRArg za[2] = {args[0], shape_const(ag, sm)};
+            return emit_method(ag, "new_zeros", za, 2);
+        }
+    int32_t lead = nr - sm->ndim;
+    if (lead > 0) {
+        PyObject *dl = PyTuple_New(lead);
+        for (int32_t i = 0; dl && i < lead; i++) PyTuple_SET_ITEM(dl, i, PyLong_FromLong(i));
+        IRArg sa[2] = {arg_node(g), arg_const_steal(ag, dl)};
+        if (!(g = emit_method(ag, "sum", sa, 2))) return 0;
+    }
+    PyObject *size = PyList_New(0), *sum_dims = PyList_New(0);
+    for (int32_t d = 0; size && sum_dims && d < sm->ndim; d++) {
+        if (rep[lead + d] != 1) {
+            PyObject *r = PyLong_FromLongLong(rep[lead + d]), *i = PyLong_FromSsize_t(PyList_GET_SIZE(size));
+            if (!r || !i || PyList_Append(size, r) < 0 || PyList_Append(sum_dims, i) < 0) Py_CLEAR(size);
+            Py_XDECREF(r);
+            Py_XDECREF(i);
+        }
+        PyObject *s = size ? PyLong_FromLongLong(sm->sizes[d]) : NULL;
+        if (!s || PyList_Append(size, s) < 0) Py_CLEAR(size);
+        Py_XDECREF(s);
+    }
+    if (!size || !sum_dims) return Py_XDECREF(size), Py_XDECREF(sum_dims), ag_fail_exc(ag), 0;
+    IRArg ra[2] = {arg_node(g), arg_const_steal(ag, size)};
+    if (!(g = emit_method(ag, "reshape", ra, 2))) return Py_DECREF(sum_dims), 0;
+    if (!PyList_GET_SIZE(sum_dims)) return Py_DECREF(sum_dims), g;
+    IRArg sa[2] = {arg_node(g), arg_const_steal(ag, sum_dims)};
+    return emit_method(ag, "sum", sa, 2);
+}
+
+/* interpback(grad, self, result, scale_factor, mode, align_corners, recompute_scale_factor):
+ * F.interpolate's gradient for a 4-d input in modes 'nearest' and 'bilinear' (the ops F.interpolate
+ * calls, upsample_nearest2d / upsample_bilinear2d, and their backward ops in derivatives.yaml),
+ * with the scale factors the forward passed (none when the size was given or recomputed). */
+static IRRef interp_backward(AG *ag, IRArg *args, uint32_t nargs) {
+    if (nargs != 7 || args[0].kind != IRARG_NODE || args[1].kind != IRARG_NODE || args[2].kind != IRARG_NODE ||
+        args[4].kind != IRARG_CONST || !PyUnicode_Check(args[4].u.obj))
+        return ag_fail(ag, "interpolate: bad call"), 0;
+    const IRMeta *sm = jmeta(ag, args[1].u.ref), *rm = jmeta(ag, args[2].u.ref);
+    bool nearest = !PyUnicode_CompareWithASCIIString(args[4].u.obj, "nearest");
+    bool bilinear = !PyUnicode_CompareWithASCIIString(args[4].u.obj, "bilinear");
+    if (sm->ndim != 4 || rm->ndim != 4 || (!nearest && !bilinear)) return ag_fail(ag, "interpolate: not 4-d nearest or bilinear"), 0;
+    PyObject *sh = Py_None, *sw = Py_None;
+    IRArg sf = args[3], rsf = args[6];
+    bool recompute = rsf.kind == IRARG_CONST && PyObject_IsTrue(rsf.u.obj) == 1;
+    if (sf.kind != IRARG_CONST || rsf.kind != IRARG_CONST) return ag_fail(ag, "interpolate: non-constant scale"), 0;
+    if (sf.u.obj != Py_None && !recompute) {
+        if (PyNumber_Check(sf.u.obj)) {
+            sh = sw = sf.u.obj;
+        } else if (PySequence_Check(sf.u.obj) && PySequence_Size(sf.u.obj) == 2) {
+            sh = em_arena_hold_steal(ag->a, PySequence_GetItem(sf.u.obj, 0));
+            sw = em_arena_hold_steal(ag->a, PySequence_GetItem(sf.u.obj, 1));
+            if (!sh || !sw) return ag_fail_exc(ag), 0;
+        } else {
+            return ag_fail(ag, "interpolate: scale_factor"), 0;
+        }
+    }
+    PyObject *osz = Py_BuildValue("[LL]", (long long)rm->sizes[2], (long long)rm->sizes[3]);
+    IRArg a[7] = {args[0], arg_const_steal(ag, osz), shape_const(ag, sm), {0}, {0}, {0}, {0}};
+    uint32_t na = 3;
+    if (bilinear) a[na++] = args[5].kind == IRARG_CONST && args[5].u.obj != Py_None ? args[5] : arg_const_steal(ag, Py_NewRef(Py_False));
+    a[na++] = arg_const_steal(ag, Py_NewRef(sh));
+    a[na++] = arg_const_steal(ag, Py_NewRef(sw));
+    for (uint32_t i = 0; i < na; i++)
+        if (arg_bad(&a[i])) return ag_fail_exc(ag), 0;
+    return emit_fn(ag, nearest ? "ops.aten.upsample_nearest2d_backward" : "ops.aten.upsample_bilinear2d_backward", a, na);
+}
+
 static IRArg eval_expr(Eval *e);
 
 static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, PyObject **kwn, IRArg *kwv, uint32_t nkw) {
@@ -1096,6 +1199,8 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
         return arg_node(unsq(ag, args[0].u.ref, jmeta(ag, args[1].u.ref), &args[2], &args[3]));
     }
     if (!strcmp(fname, "varback")) return arg_node(var_backward(ag, args, nargs));
+    if (!strcmp(fname, "repeatback")) return arg_node(repeat_backward(ag, args, nargs));
+    if (!strcmp(fname, "interpback")) return arg_node(interp_backward(ag, args, nargs));
     if (!strcmp(fname, "bcelback")) { /* binary_cross_entropy_with_logits' input gradient (FunctionsManual.cpp):
                                           * (sigmoid(x) - t) or ((pw * t + 1 - t) * sigmoid(x) - pw * t), times
                                           * grad and weight, / numel for 'mean' */
@@ -1770,12 +1875,96 @@ static int group_norm_sizes(AG *ag, const IRMeta *m, IRArg out[3]) {
     return arg_bad(&out[0]) || arg_bad(&out[1]) || arg_bad(&out[2]) ? ag_fail_exc(ag) : 0;
 }
 
+/* Parses eq for nops operands (spaces dropped; an implicit output is the ellipsis, then the
+ * subscripts seen once, in order, as torch makes it) and checks that each operand's gradient is an
+ * einsum: no repeated subscript in a term (a diagonal), every subscript of a term in the output or
+ * another term, and no ellipsis the output drops. 0, or -1 (no exception) when not. */
+static int einsum_parse(const char *eq, uint32_t nops, EinsumEq *q) {
+    char buf[256];
+    size_t k = 0;
+    for (const char *p = eq; *p; p++)
+        if (*p != ' ') {
+            if (k + 1 >= sizeof buf) return -1;
+            buf[k++] = *p;
+        }
+    buf[k] = '\0';
+    char *arrow = strstr(buf, "->");
+    q->nt = 0;
+    for (char *p = buf, *e;; p = e + 1) {
+        e = p;
+        while (*e && *e != ',' && e != arrow) e++;
+        if (q->nt == 8 || (size_t)(e - p) >= sizeof q->term[0]) return -1;
+        memcpy(q->term[q->nt], p, (size_t)(e - p));
+        q->term[q->nt++][e - p] = '\0';
+        if (*e != ',') break;
+    }
+    if (q->nt != nops) return -1;
+    if (arrow) {
+        if (strlen(arrow + 2) >= sizeof q->out) return -1;
+        strcpy(q->out, arrow + 2);
+    } else {
+        int count[128] = {0};
+        bool ell = false;
+        for (uint32_t i = 0; i < q->nt; i++)
+            for (const char *c = q->term[i]; *c; c++) {
+                if (*c == '.') ell = true;
+                else count[(unsigned char)*c & 127]++;
+            }
+        size_t m = ell ? (size_t)snprintf(q->out, sizeof q->out, "...") : 0;
+        for (int c = 'A'; c <= 'z' && m + 1 < sizeof q->out; c++)
+            if (count[c] == 1) q->out[m++] = (char)c;
+        q->out[m] = '\0';
+    }
+    for (uint32_t i = 0; i < q->nt; i++) {
+        const char *ti = q->term[i];
+        if (strstr(ti, "...") && !strstr(q->out, "...")) return -1;
+        for (const char *c = ti; *c; c++) {
+            if (*c == '.') continue;
+            if (strchr(c + 1, *c)) return -1;
+            bool found = strchr(q->out, *c) != NULL;
+            for (uint32_t j = 0; j < q->nt && !found; j++) found = j != i && strchr(q->term[j], *c);
+            if (!found) return -1;
+        }
+    }
+    return 0;
+}
+
+/* torch.einsum's gradient for each operand: another einsum, of the output gradient (the output's
+ * subscripts) and the other operands, back to that operand's subscripts (checked by the rule's
+ * `einsum:` check, einsum_parse). */
+static int einsum_backward(AG *ag, IRRef n, const Bind *b) {
+    IRArg eqa = bval(b, "equation"), ops = bval(b, "operands");
+    EinsumEq q;
+    if (einsum_parse(PyUnicode_AsUTF8(eqa.u.obj), ops.n, &q) < 0) return ag_fail(ag, "einsum: an equation without a rule");
+    for (uint32_t i = 0; i < q.nt; i++) {
+        IRArg op = ops.u.items[i];
+        if (!needs(ag, &op)) continue;
+        char geq[600];
+        size_t m = (size_t)snprintf(geq, sizeof geq, "%s", q.out);
+        IRArg args[9];
+        args[1] = arg_node(ag->grad[n]);
+        uint32_t na = 2;
+        for (uint32_t j = 0; j < q.nt; j++) {
+            if (j == i) continue;
+            m += (size_t)snprintf(geq + m, sizeof geq - m, ",%s", q.term[j]);
+            args[na++] = map_arg(ag, &ops.u.items[j]);
+        }
+        snprintf(geq + m, sizeof geq - m, "->%s", q.term[i]);
+        args[0] = arg_const_steal(ag, PyUnicode_FromString(geq));
+        if (arg_bad(&args[0])) return ag_fail_exc(ag);
+        IRRef r = emit_fn(ag, "einsum", args, na);
+        if (!r || accumulate(ag, op.u.ref, r) < 0) return -1;
+    }
+    return 0;
+}
+
 static int backward_special(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     IRRef g = ag->grad[n];
     const IRMeta *selfm = NULL;
     switch (b->rule->special) {
     case SP_SPLIT: return split_backward(ag, n, b);
+    case SP_EINSUM: return einsum_backward(ag, n, b);
     case SP_VALSEL: return valsel_backward(ag, n, b);
     case SP_GETITEM: {
         IRArg self = bval(b, "self"), idx = bval(b, "index");

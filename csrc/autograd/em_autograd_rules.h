@@ -14,7 +14,8 @@
  *   X                            torch.X
  *   helpers (em_autograd.c)      sumback unsq amaxback numel_ratio shape invperm flat2 like dtype
  *                                redenum ('none' / 'mean' / 'sum' -> at::Reduction 0 / 1 / 2)
- *                                tup negs unsq varback bcelback l1back size0 padidx stride_or_kernel
+ *                                tup negs unsq varback bcelback repeatback interpback l1back size0 padidx
+ *                                stride_or_kernel
  * Every gradient is then reduced to its input's shape (sum_to_size) and dtype, as autograd's
  * validate_outputs does for broadcasting.
  *
@@ -25,14 +26,15 @@
  * (CPU flash, CUDA flash / memory-efficient; the math kernel is decomposed before the joint graph);
  * `reduction:p` p is 'none', 'mean' or 'sum'; `sameshape:p` p is a tensor of self's shape and dtype;
  * `nll:p` p has 1 or 2 dims (nll_loss_forward's input: (C) or (N, C)) and `target` is an int64
- * tensor of one dim less.
+ * tensor of one dim less; `einsum:p` the equation p's gradients are einsums (no diagonal, no
+ * subscript summed in one operand only).
  * Flags: R_RECOMPUTE: cheap and deterministic, the partitioner may recompute it in the backward. */
 
 #define R_RECOMPUTE 1u
 
 enum { SP_NONE, SP_GETITEM, SP_CAT, SP_STACK, SP_LAYER_NORM, SP_BATCH_NORM, SP_CONV, SP_DROPOUT,
        SP_SELECT, SP_NARROW, SP_MAX_POOL2D, SP_SPLIT, SP_VALSEL,
-       SP_SDPA, SP_NLL_LOSS, SP_GROUP_NORM };
+       SP_SDPA, SP_NLL_LOSS, SP_GROUP_NORM, SP_EINSUM };
 
 typedef struct {
     const char *names;
@@ -261,6 +263,12 @@ static const Rule RULES[] = {
     {"Tensor.unbind torch.unbind", "self, dim=0", "", "", PW, SP_SPLIT},
     {"torch.cat torch.concat torch.concatenate", "tensors, dim=0", "", "", 0, SP_CAT},
     {"torch.stack", "tensors, dim=0", "", "", 0, SP_STACK},
+    {"Tensor.repeat", "self, *repeats", "", "self: repeatback(grad, self, repeats)", 0, 0},
+    {"torch.tile Tensor.tile", "self, *dims", "", "self: repeatback(grad, self, dims)", 0, 0},
+    {"torch.nn.functional.interpolate",
+     "self, size=None, scale_factor=None, mode='nearest', align_corners=None, recompute_scale_factor=None, antialias=False",
+     "false:antialias", "self: interpback(grad, self, result, scale_factor, mode, align_corners, recompute_scale_factor)", 0, 0},
+    {"torch.functional.einsum torch.einsum", "equation, *operands", "einsum:equation", "", 0, SP_EINSUM},
     {"torch.flip Tensor.flip", "self, *dims", "", "self: T.flip(grad, dims)", PW, 0},
     {"torch.fliplr Tensor.fliplr", "self", "", "self: fliplr(grad)", PW, 0},
     {"torch.flipud Tensor.flipud", "self", "", "self: flipud(grad)", PW, 0},

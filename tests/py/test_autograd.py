@@ -278,6 +278,15 @@ MORE_CASES = [
      F.kl_div(x.log_softmax(1), y.softmax(1), reduction="none"), lambda d: (r(4, 5, dtype=d), r(4, 5, dtype=d))),
     ("as_other_shape_only", lambda x, y: x.expand_as(y) * y + x.view_as(y[0]) + x.reshape_as(y[1]) * x.type_as(y),
      lambda d: (r(4, dtype=d), r(3, 4, dtype=d))),
+    ("repeat_tile", lambda x: x.repeat(2, 3).sin().sum() + x.repeat(1, 2, 1).sin().sum() + torch.tile(x, (2,)).sin().sum() +
+     x.tile((2, 1, 3)).cos().sum() + x.repeat(1, 0).sum(), lambda d: (r(3, 4, dtype=d),)),
+    ("interpolate", lambda x: F.interpolate(x, scale_factor=2).sum((2, 3)) + F.interpolate(x, size=(5, 7), mode="bilinear").sum((2, 3))
+     + F.interpolate(x, scale_factor=(1.5, 2.5), mode="bilinear", align_corners=True).sum((2, 3)) +
+     F.interpolate(x, size=(4, 4)).mean((2, 3)) + nn.Upsample(scale_factor=2, mode="nearest")(x).mean((2, 3)),
+     lambda d: (r(2, 3, 4, 5, dtype=d),)),
+    ("einsum", lambda a, b, c: torch.einsum("bij,bjk->bik", a, b).sum(0) + torch.einsum("ij,jk", a[0], b[0]) +
+     torch.einsum("...ij,...kj->...ik", a, c).sum(0) + torch.einsum("bij->bji", a).sin().sum() +
+     torch.einsum("ij,ij->ij", [a[1], a[0]]).cos().sum(), lambda d: (r(2, 3, 4, dtype=d), r(2, 4, 3, dtype=d), r(2, 3, 4, dtype=d))),
     ("conv_transpose", lambda x, w, b, w1: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1).sum(1) +
      F.conv_transpose1d(x[:, :, 0], w1, groups=2).sum((1, 2))[:, None, None],
      lambda d: (r(2, 4, 5, 5, dtype=d), r(4, 3, 3, 3, dtype=d), r(3, dtype=d), r(4, 2, 3, dtype=d))),
@@ -326,7 +335,8 @@ GRADCHECK = ["add_broadcast", "div", "pow_tensor", "tanh", "gelu", "sum_dims", "
              "mse_loss", "l1_loss", "var_std", "logsumexp_nansum", "cumsum", "norms", "gather_index_select",
              "dot_mv_outer", "baddbmm_addbmm", "group_norm", "conv_transpose", "atan2_hypot", "xlogy_logaddexp",
              "softplus_hard_mish", "bce", "softmax_dtype_softmin", "pad_constant", "flip_roll_rot90",
-             "cross_entropy_smoothing", "cross_entropy_probabilities", "normalize_kl_div"]
+             "cross_entropy_smoothing", "cross_entropy_probabilities", "normalize_kl_div", "repeat_tile",
+             "interpolate", "einsum"]
 
 
 @pytest.mark.parametrize("name", GRADCHECK)
@@ -722,6 +732,17 @@ def test_op_without_rule_splits_region():
     assert kinds == ["compiled", "eager autograd", "compiled"]
     rep = ember.explain(c, r(4, 5), r(5, 6))
     assert "cumprod" in str(rep) and "step 1: eager autograd" in str(rep)
+
+
+def test_einsum_diagonal_keeps_eager_autograd():
+    """An einsum whose gradient is not an einsum (a repeated subscript, a subscript summed in one
+    operand) keeps eager autograd; the others in the region are compiled."""
+    def f(a, b):
+        return torch.einsum("ii->i", a) * torch.einsum("ij->i", b) + torch.einsum("ij,jk->ik", a, b).sum(1)
+
+    c = check(f, (r(3, 3), r(3, 3)), compiled=False)
+    split = autograd_info(c)["split"]
+    assert len(split) == 2 and all("einsum" in s for s in split), split
 
 
 def test_cross_entropy_with_label_smoothing_and_class_weights_splits():
