@@ -2164,8 +2164,27 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         bool transposed = find_param(b, "output_padding") >= 0; /* conv_transpose */
         IRArg op = transposed ? const_fold(ag, bval(b, "output_padding")) : arg_const_steal(ag, PyLong_FromLong(0));
         if (st.kind != IRARG_CONST || pd.kind != IRARG_CONST || dl.kind != IRARG_CONST || gr.kind != IRARG_CONST ||
-            op.kind != IRARG_CONST || PyUnicode_Check(pd.u.obj))
-            return ag_fail(ag, "%s with non-constant or string stride/padding", node->name);
+            op.kind != IRARG_CONST)
+            return ag_fail(ag, "%s with non-constant stride/padding", node->name);
+        if (PyUnicode_Check(pd.u.obj)) { /* 'valid': 0; 'same' (stride 1): dilation * (k - 1) / 2 per side,
+                                          * when even (aten's _convolution_mode pads odd totals first) */
+            PyObject *dil = int_list(dl.u.obj, nsp), *padl = PyList_New(nsp);
+            bool same = !PyUnicode_CompareWithASCIIString(pd.u.obj, "same");
+            bool ok = dil && padl && (same || !PyUnicode_CompareWithASCIIString(pd.u.obj, "valid")) && !transposed;
+            for (int i = 0; ok && i < nsp; i++) {
+                long long tot = same ? PyLong_AsLongLong(PyList_GET_ITEM(dil, i)) * (wm->sizes[i + 2] - 1) : 0;
+                ok = tot % 2 == 0 && !PyErr_Occurred();
+                PyList_SET_ITEM(padl, i, PyLong_FromLongLong(tot / 2));
+            }
+            Py_XDECREF(dil);
+            PyErr_Clear();
+            if (!ok) {
+                Py_XDECREF(padl);
+                return ag_fail(ag, "%s with padding=%S and an odd total padding", node->name, pd.u.obj);
+            }
+            pd = arg_const_steal(ag, padl);
+            if (arg_bad(&pd)) return ag_fail_exc(ag);
+        }
         PyObject *bias_sizes = bias.kind == IRARG_NODE
                                    ? Py_BuildValue("[L]", (long long)em_ir_node(ag->g, bias.u.ref)->meta.sizes[0])
                                    : Py_NewRef(Py_None);

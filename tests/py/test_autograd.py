@@ -287,6 +287,8 @@ MORE_CASES = [
     ("einsum", lambda a, b, c: torch.einsum("bij,bjk->bik", a, b).sum(0) + torch.einsum("ij,jk", a[0], b[0]) +
      torch.einsum("...ij,...kj->...ik", a, c).sum(0) + torch.einsum("bij->bji", a).sin().sum() +
      torch.einsum("ij,ij->ij", [a[1], a[0]]).cos().sum(), lambda d: (r(2, 3, 4, dtype=d), r(2, 4, 3, dtype=d), r(2, 3, 4, dtype=d))),
+    ("conv_padding_same_valid", lambda x, w, w2: F.conv2d(x, w, padding="same") * 2 + F.conv2d(x, w2, padding="same", dilation=2) +
+     F.conv1d(x[:, :, 0], w[:, :, 0], padding="valid").sum(), lambda d: (r(2, 3, 6, 6, dtype=d), r(4, 3, 3, 3, dtype=d), r(4, 3, 3, 3, dtype=d))),
     ("conv_transpose", lambda x, w, b, w1: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1).sum(1) +
      F.conv_transpose1d(x[:, :, 0], w1, groups=2).sum((1, 2))[:, None, None],
      lambda d: (r(2, 4, 5, 5, dtype=d), r(4, 3, 3, 3, dtype=d), r(3, dtype=d), r(4, 2, 3, dtype=d))),
