@@ -3148,9 +3148,6 @@ static PyObject *fallback_result(const IRGraph *g, AG *ag, int *is_eager_graph, 
 
 /* ---------------------------------------------------------------- splitting around ops without a rule */
 
-/* Nodes that keep torch's eager autograd: they need a gradient and have no rule (or one whose
- * formulas do not cover an argument that requires grad), and the getitems of their tuple results.
- * Appends a reason per node to reasons. Returns how many. */
 /* Does m (a tensor, or a tuple's items) hold a complex tensor? */
 static bool meta_complex(const IRMeta *m) {
     if (m->kind == IRMETA_TUPLE) {
@@ -3181,6 +3178,9 @@ static bool complex_grad(const AG *ag, const IRNode *n) {
     return false;
 }
 
+/* Nodes that keep torch's eager autograd: they need a gradient and have no rule (or one whose
+ * formulas do not cover an argument that requires grad), and the getitems of their tuple results.
+ * Appends a reason per node to reasons. Returns how many. */
 static int find_eager_nodes(AG *ag, uint8_t *U, PyObject *reasons) {
     const IRGraph *g = ag->g;
     int count = 0;
@@ -3884,20 +3884,110 @@ static void rewriter_free(AG *d) {
 /* The graph with its attention decomposed; NULL when there is nothing to decompose or a
  * decomposition failed (no exception: the region then keeps the ops as they are). names receives
  * the decomposed nodes' names. */
-IRGraph *em_autograd_decompose_attention(const IRGraph *g, bool inference, PyObject *names) {
+/* ---------------------------------------------------------------- functionalization
+ * An in-place update r of an intermediate value v (`out += identity`, ReLU(inplace=True),
+ * `h.masked_fill_(m, 0)`) becomes its out-of-place op (em_ir_functional_form), and the readers of v
+ * after r read the new value, as AOTAutograd's functionalization does; eager's semantics hold when
+ * nothing else can see v's memory: v is fresh (made by an op that returns new memory, or itself a
+ * functionalized result), and no value that may alias v (a view, an op that may return its input)
+ * is read at or after r. The new value must have v's dtype, sizes and strides (an in-place op
+ * keeps them). A backward that reads v's old contents is eager's "modified by an inplace
+ * operation" error: the stale list sends that region to eager autograd (em_autograd_compile). */
+
+/* Does g node u return new memory (a rule without R_ALIAS), or is it a functionalized update? */
+static bool fresh_node(AG *d, IRRef u, const uint8_t *done) {
+    if (done[u]) return true;
+    const IRNode *n = em_ir_node(d->g, u);
+    if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) return false;
+    if (em_ir_mutates(n)) return false;
+    Bind b;
+    const Rule *rule = find_rule(d, n, &b);
+    PyErr_Clear();
+    if (rule && (rule->flags & R_ALIAS) && n->nargs && n->args[0].kind == IRARG_NODE) {
+        /* clone, and a conversion to another dtype, make new memory */
+        const IRMeta *in = &em_ir_node(d->g, n->args[0].u.ref)->meta;
+        if (node_named(n, "Tensor.clone torch.clone")) return true;
+        return node_named(n, "Tensor.float Tensor.double Tensor.half Tensor.bfloat16 Tensor.to Tensor.type_as") &&
+               n->meta.kind == IRMETA_TENSOR && in->kind == IRMETA_TENSOR && n->meta.dtype != in->dtype;
+    }
+    return rule && !(rule->flags & R_ALIAS);
+}
+
+/* Is g node x read by a node at or after r (the output included)? */
+static bool read_from(const IRGraph *g, IRRef x, IRRef r) {
+    for (IRRef w = r; w < g->nnodes; w++)
+        if (em_ir_node_reads(em_ir_node(g, w), x)) return true;
+    return false;
+}
+
+/* Can in-place update r of v be functionalized: v fresh, and no alias of v (a reader before r that
+ * may return v or a view of it, transitively) read at or after r? */
+static bool alias_free(AG *d, IRRef v, IRRef r, const uint8_t *done) {
+    const IRGraph *g = d->g;
+    if (em_ir_node(g, v)->kind == IR_PLACEHOLDER || !fresh_node(d, v, done)) return false;
+    IRRef stack[64];
+    uint32_t sp = 0;
+    stack[sp++] = v;
+    while (sp) {
+        IRRef x = stack[--sp];
+        for (IRRef u = 1; u < r; u++) {
+            if (!em_ir_node_reads(em_ir_node(g, u), x) || fresh_node(d, u, done)) continue;
+            if (read_from(g, u, r) || sp == 64) return false; /* an alias the update would show through */
+            stack[sp++] = u;
+        }
+    }
+    return true;
+}
+
+/* The out-of-place node for in-place update r (args mapped, `inplace` False); 0 without a reason
+ * when its result is not v's dtype, sizes and strides. */
+static IRRef functional_node(AG *d, IRRef r, IRRef v) {
+    const IRNode *n = em_ir_node(d->g, r);
+    IRKind kind;
+    PyObject *target;
+    int ia;
+    if (em_ir_functional_form(n, &kind, &target, &ia) < 0 || !em_arena_hold_steal(d->a, target)) return PyErr_Clear(), 0;
+    IRArg args[16], kwv[8];
+    if (n->nargs > 16 || n->nkwargs > 8) return 0;
+    for (uint32_t i = 0; i < n->nargs; i++) args[i] = (int)i == ia ? arg_const_steal(d, Py_NewRef(Py_False)) : map_arg(d, &n->args[i]);
+    for (uint32_t k = 0; k < n->nkwargs; k++)
+        kwv[k] = (int)(n->nargs + k) == ia ? arg_const_steal(d, Py_NewRef(Py_False)) : map_arg(d, &n->kwargs[k]);
+    IRRef nr = ag_emit(d, kind, target, args, n->nargs, n->kwnames, kwv, n->nkwargs);
+    if (!nr) {
+        Py_CLEAR(d->reason); /* a form the meta call rejects: keep the update (no functionalization) */
+        PyErr_Clear();
+        return 0;
+    }
+    const IRMeta *nm = jmeta(d, nr), *vm = &em_ir_node(d->g, v)->meta;
+    if (nm->kind != IRMETA_TENSOR || vm->kind != IRMETA_TENSOR || nm->dtype != vm->dtype || nm->ndim != vm->ndim ||
+        memcmp(nm->sizes, vm->sizes, (size_t)vm->ndim * sizeof(int64_t)) ||
+        memcmp(nm->strides, vm->strides, (size_t)vm->ndim * sizeof(int64_t)))
+        return 0; /* (the emitted node is dead: nothing reads it) */
+    return dz(d, nr);
+}
+
+IRGraph *em_autograd_decompose(const IRGraph *g, bool inference, PyObject *names, PyObject *stale) {
     AG d = {.inference = inference};
     IRGraph *out = NULL;
     uint32_t G = g->nnodes;
-    uint8_t *what = calloc(G, 1), *bad = calloc(G, 1);
+    uint8_t *what = calloc(G, 1), *bad = calloc(G, 1), *done = calloc(G, 1);
     IRRef *outs = NULL;
     bool any = false;
-    if (!what || !bad) goto done;
+    if (!what || !bad || !done) goto done;
     d.a = g->arena;
     d.g = g;
     for (IRRef r = 1; r < G; r++) {
         Bind b;
         what[r] = (uint8_t)dz_target(&d, r, &b);
         any |= what[r] != 0;
+        if (!inference && stale && !what[r]) { /* an in-place update of an intermediate: functionalized below */
+            const IRNode *n = em_ir_node(g, r);
+            const IRArg *m = em_ir_mutates(n) ? em_ir_mutated_arg(n) : NULL;
+            if (m && m->kind == IRARG_NODE && em_ir_node(g, m->u.ref)->kind != IR_PLACEHOLDER) {
+                what[r] = 100;
+                any = true;
+            }
+        }
     }
     if (!any) goto done;
     /* an MHA result is decomposed only when every use is getitem(result, 0) (need_weights=False) */
@@ -3933,7 +4023,21 @@ IRGraph *em_autograd_decompose_attention(const IRGraph *g, bool inference, PyObj
             continue;
         }
         IRRef v = 0;
-        if (what[r] && !bad[r]) {
+        if (what[r] == 100) { /* functionalization */
+            IRRef mv = em_ir_mutated_arg(n)->u.ref;
+            if (alias_free(&d, mv, r, done) && (v = functional_node(&d, r, mv))) {
+                PyObject *old = PyUnicode_FromString(em_ir_node(d.j, d.fmap[mv])->name);
+                if (!old || PyList_Append(stale, old) < 0) PyErr_Clear();
+                Py_XDECREF(old);
+                PyObject *nm = PyUnicode_FromString(n->name);
+                if (!nm || PyList_Append(names, nm) < 0) PyErr_Clear();
+                Py_XDECREF(nm);
+                d.fmap[mv] = v; /* v's readers from here on read the new value */
+                done[r] = 1;
+                ndone++;
+            }
+            if (PyErr_Occurred() || d.reason) goto done;
+        } else if (what[r] && !bad[r]) {
             d.cur = r;
             Bind b;
             dz_target(&d, r, &b);
@@ -3971,6 +4075,7 @@ IRGraph *em_autograd_decompose_attention(const IRGraph *g, bool inference, PyObj
 done:
     free(what);
     free(bad);
+    free(done);
     free(outs);
     rewriter_free(&d);
     return out;
@@ -4574,7 +4679,27 @@ static int tangent_meta(EmArena *a, IRMeta *m) {
     return 0;
 }
 
+static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info,
+                                PyObject *stale);
+
 PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info) {
+    return compile_region(g, ember_halves, is_eager_graph, info, NULL);
+}
+
+/* Does a backward node of the joint graph read the joint value of g's node named name? */
+static bool backward_reads(const AG *ag, const char *name) {
+    IRRef v = 0;
+    for (IRRef r = 1; r < ag->g->nnodes && !v; r++)
+        if (!strcmp(em_ir_node(ag->g, r)->name, name)) v = ag->fmap[r];
+    for (IRRef u = 1; v && u < ag->j->nnodes; u++)
+        if (ag->role[u] == ROLE_BWD && em_ir_node_reads(em_ir_node(ag->j, u), v)) return true;
+    return false;
+}
+
+/* em_autograd_compile; stale: names of g's values an in-place update replaced (em_autograd_decompose),
+ * NULL for none. */
+static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info,
+                                PyObject *stale) {
     AG ag = {0};
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
     PyObject *saved_list = NULL, *recomp_list = NULL, *tang = NULL, *gin = NULL, *nondiff = NULL;
@@ -4618,21 +4743,40 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         }
         Py_DECREF(blk);
     }
-    if (check_grad_mode(&ag) < 0 || check_mutations(&ag) < 0) goto fallback;
+    if (check_grad_mode(&ag) < 0) goto fallback;
     {
-        PyObject *names = PyList_New(0);
-        IRGraph *g2 = names ? em_autograd_decompose_attention(g, false, names) : NULL;
-        if (!names) goto error;
+        PyObject *names = PyList_New(0), *st = PyList_New(0);
+        IRGraph *g2 = names && st ? em_autograd_decompose(g, false, names, st) : NULL;
+        if (!names || !st) {
+            Py_XDECREF(names);
+            Py_XDECREF(st);
+            goto error;
+        }
         if (g2) {
-            result = em_autograd_compile(g2, ember_halves, is_eager_graph, info);
+            result = compile_region(g2, ember_halves, is_eager_graph, info, PyList_GET_SIZE(st) ? st : NULL);
+            PyObject *why = result && PyList_GET_SIZE(st) && *is_eager_graph && *info && PyDict_Check(*info)
+                                ? PyDict_GetItemString(*info, "fallback")
+                                : NULL;
+            if (why) { /* updates were functionalized but the region runs eagerly: the user's graph, with
+                        * its in-place ops (and eager's errors) */
+                ag.reason = Py_NewRef(why);
+                Py_CLEAR(result);
+                Py_CLEAR(*info);
+                Py_DECREF(names);
+                Py_DECREF(st);
+                goto fallback;
+            }
             if (result && *info && PyDict_Check(*info) && PyDict_SetItemString(*info, "decomposed", names) < 0)
                 Py_CLEAR(result);
             Py_DECREF(names);
+            Py_DECREF(st);
             if (!result) goto error;
             goto done;
         }
         Py_DECREF(names);
+        Py_DECREF(st);
     }
+    if (check_mutations(&ag) < 0) goto fallback;
     {
         uint8_t *U = calloc(G, 1);
         PyObject *reasons = PyList_New(0);
@@ -4643,6 +4787,12 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
             goto error;
         }
         int ne = find_eager_nodes(&ag, U, reasons);
+        if (ne > 0 && stale) { /* the steps' graphs do not know the replaced values: the whole region */
+            free(U);
+            Py_DECREF(reasons);
+            ag_fail(&ag, "in-place updates of intermediate values in a region split around ops without a rule");
+            goto fallback;
+        }
         if (ne > 0) {
             result = compile_split(&ag, U, reasons, info);
             free(U);
@@ -4922,6 +5072,15 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
         free(tangent);
         PyErr_NoMemory();
         goto error;
+    }
+    for (Py_ssize_t i = 0; stale && i < PyList_GET_SIZE(stale); i++) { /* eager raises at backward */
+        const char *nm = PyUnicode_AsUTF8(PyList_GET_ITEM(stale, i));
+        if (nm && backward_reads(&ag, nm)) {
+            free(tangent);
+            ag_fail(&ag, "the backward reads %s, which an in-place update changed (eager raises: modified by an "
+                         "inplace operation)", nm);
+            goto fallback;
+        }
     }
     /* 3. partition */
     uint32_t N = ag.j->nnodes;

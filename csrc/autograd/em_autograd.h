@@ -17,15 +17,20 @@
  * region keeps torch's eager autograd. NULL with an exception on failure. */
 PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info);
 
-/* g with its attention decomposed into the ops eager runs (the same graph inputs and outputs):
+/* g with composite ops decomposed into the ops eager runs (the same graph inputs and outputs):
  * F.multi_head_attention_forward's self-attention form into linear / views / scaled_dot_product_attention
  * (torch/nn/functional.py), and scaled_dot_product_attention, where eager runs its math kernel for
- * these inputs, into matmul / _safe_softmax / matmul (attention.cpp). The training path decomposes
- * before building the joint graph; backend "ember" also decomposes inference graphs, so that the
- * projections' bias, the scaling and the softmax fuse into generated kernels (inference: every
- * attention node, not only those that need a gradient). names (a list)
- * receives the decomposed nodes' names. NULL when nothing was decomposed (no exception). */
-IRGraph *em_autograd_decompose_attention(const IRGraph *g, bool inference, PyObject *names);
+ * these inputs, into matmul / _safe_softmax / matmul (attention.cpp); in training graphs also
+ * cross_entropy's composite forms, rms_norm, normalize and kl_div, and in-place updates of
+ * intermediate values rewritten as their out-of-place ops (functionalization: the value's later
+ * readers read the new one) where no alias of the value can observe the difference. The training
+ * path decomposes before building the joint graph; backend "ember" also decomposes inference
+ * graphs (attention only; every attention node, not only those that need a gradient), so that the
+ * projections' bias, the scaling and the softmax fuse into generated kernels. names (a list)
+ * receives the decomposed nodes' names; stale (a list, or NULL) the names, in the new graph, of
+ * the values an in-place update replaced (their old contents: a backward that reads one would
+ * have raised in eager). NULL when nothing changed (no exception). */
+IRGraph *em_autograd_decompose(const IRGraph *g, bool inference, PyObject *names, PyObject *stale);
 
 /* g with the inputs of its 2-d convolutions of contiguous float32 CPU tensors converted to
  * channels_last and every node after a conversion re-typed (the layout eager gives a channels_last

@@ -28,9 +28,13 @@
  * `nll:p` p has 1 or 2 dims (nll_loss_forward's input: (C) or (N, C)) and `target` is an int64
  * tensor of one dim less; `einsum:p` the equation p's gradients are einsums (no diagonal, no
  * subscript summed in one operand only).
- * Flags: R_RECOMPUTE: cheap and deterministic, the partitioner may recompute it in the backward. */
+ * Flags: R_RECOMPUTE: cheap and deterministic, the partitioner may recompute it in the backward.
+ * R_ALIAS: the op may return its input or a view of it (views, conversions to the same dtype,
+ * contiguous(), dropout with p = 0, a permuting einsum): functionalization (em_autograd.c) takes
+ * only values of the other ops for fresh memory. */
 
 #define R_RECOMPUTE 1u
+#define R_ALIAS 2u
 
 enum { SP_NONE, SP_GETITEM, SP_CAT, SP_STACK, SP_LAYER_NORM, SP_BATCH_NORM, SP_CONV, SP_DROPOUT,
        SP_SELECT, SP_NARROW, SP_MAX_POOL2D, SP_SPLIT, SP_VALSEL,
@@ -91,7 +95,8 @@ static const Rule RULES[] = {
      "self: mul(mul(0.886226925452758, exp(pow(result, 2))), grad)", PW, 0}, /* sqrt(pi) / 2 */
     {"torch.deg2rad Tensor.deg2rad", "self", "", "self: mul(grad, 0.017453292519943295)", PW, 0},
     {"torch.rad2deg Tensor.rad2deg", "self", "", "self: mul(grad, 57.29577951308232)", PW, 0},
-    {"torch.frac Tensor.frac torch.positive Tensor.positive", "self", "", "self: grad", PW, 0},
+    {"torch.frac Tensor.frac", "self", "", "self: grad", PW, 0},
+    {"torch.positive Tensor.positive", "self", "", "self: grad", PW | R_ALIAS, 0}, /* returns self */
     {"torch.lgamma Tensor.lgamma", "self", "", "self: mul(grad, digamma(self))", PW, 0},
     {"torch.digamma Tensor.digamma torch.special.digamma torch.special.psi", "self", "", "self: mul(grad, polygamma(1, self))", PW, 0},
     {"torch.i0 Tensor.i0 torch.special.i0", "self", "", "self: mul(grad, special.i1(self))", PW, 0},
@@ -206,10 +211,10 @@ static const Rule RULES[] = {
      "torch.logical_or torch.logical_not operator.invert operator.and_ operator.or_ torch.isnan torch.sign Tensor.sign",
      "self, *rest", "", "", PW, 0},
     /* ---- dtype / device conversions and copies ---- */
-    {"Tensor.type_as", "self, other", "", "self: like(grad, self); other: nograd", PW, 0},
+    {"Tensor.type_as", "self, other", "", "self: like(grad, self); other: nograd", PW | R_ALIAS, 0},
     {"Tensor.float Tensor.double Tensor.half Tensor.bfloat16 Tensor.to Tensor.type_as Tensor.contiguous "
      "Tensor.clone torch.clone",
-     "self, *rest, memory_format=None, non_blocking=False, copy=False, dtype=None, device=None", "", "self: like(grad, self)", PW, 0},
+     "self, *rest, memory_format=None, non_blocking=False, copy=False, dtype=None, device=None", "", "self: like(grad, self)", PW | R_ALIAS, 0},
     /* ---- reductions ---- */
     {"torch.sum Tensor.sum", "self, dim=None, keepdim=False, *, dtype=None", "", "self: sumback(grad, self, dim, keepdim)", 0, 0},
     {"torch.mean Tensor.mean", "self, dim=None, keepdim=False, *, dtype=None", "",
@@ -242,25 +247,25 @@ static const Rule RULES[] = {
     {"torch.topk Tensor.topk", "self, k, dim=-1, largest=True, sorted=True", "const:dim", "", 0, SP_VALSEL},
     {"torch.sort Tensor.sort", "self, dim=-1, descending=False, *, stable=False", "const:dim", "", 0, SP_VALSEL},
     /* ---- views and their inverses ---- */
-    {"Tensor.view_as Tensor.reshape_as", "self, other", "", "self: T.reshape(grad, shape(self)); other: nograd", PW, 0},
+    {"Tensor.view_as Tensor.reshape_as", "self, other", "", "self: T.reshape(grad, shape(self)); other: nograd", PW | R_ALIAS, 0},
     {"Tensor.view Tensor.reshape torch.reshape Tensor.flatten torch.flatten Tensor.unflatten Tensor.view_as "
      "Tensor.reshape_as Tensor.squeeze torch.squeeze Tensor.unsqueeze torch.unsqueeze",
      "self, *rest, start_dim=0, end_dim=-1, dim=None, sizes=None, shape=None, other=None", "",
-     "self: T.reshape(grad, shape(self))", PW, 0},
-    {"Tensor.expand_as", "self, other", "", "self: grad; other: nograd", PW, 0},
+     "self: T.reshape(grad, shape(self))", PW | R_ALIAS, 0},
+    {"Tensor.expand_as", "self, other", "", "self: grad; other: nograd", PW | R_ALIAS, 0},
     {"Tensor.expand Tensor.expand_as torch.broadcast_to Tensor.broadcast_to", "self, *rest, size=None, other=None", "",
-     "self: grad", PW, 0},
-    {"Tensor.permute torch.permute", "self, *dims", "", "self: T.permute(grad, invperm(dims))", PW, 0},
-    {"Tensor.transpose torch.transpose Tensor.swapaxes", "self, dim0, dim1", "", "self: T.transpose(grad, dim0, dim1)", PW, 0},
-    {"Tensor.t torch.t", "self", "", "self: T.t(grad)", PW, 0},
-    {"operator.getitem Tensor.__getitem__", "self, index", "", "", PW, SP_GETITEM},
-    {"Tensor.select torch.select", "self, dim, index", "", "", PW, SP_SELECT},
-    {"Tensor.narrow torch.narrow", "self, dim, start, length", "", "", PW, SP_NARROW},
+     "self: grad", PW | R_ALIAS, 0},
+    {"Tensor.permute torch.permute", "self, *dims", "", "self: T.permute(grad, invperm(dims))", PW | R_ALIAS, 0},
+    {"Tensor.transpose torch.transpose Tensor.swapaxes", "self, dim0, dim1", "", "self: T.transpose(grad, dim0, dim1)", PW | R_ALIAS, 0},
+    {"Tensor.t torch.t", "self", "", "self: T.t(grad)", PW | R_ALIAS, 0},
+    {"operator.getitem Tensor.__getitem__", "self, index", "", "", PW | R_ALIAS, SP_GETITEM},
+    {"Tensor.select torch.select", "self, dim, index", "", "", PW | R_ALIAS, SP_SELECT},
+    {"Tensor.narrow torch.narrow", "self, dim, start, length", "", "", PW | R_ALIAS, SP_NARROW},
     /* tuples of views: each piece's gradient is recorded by its getitem, then put together (zeros
      * for pieces no gradient reached): split/chunk by cat along dim, unbind by stack */
-    {"Tensor.split torch.split torch.functional.split", "self, split_size_or_sections, dim=0", "", "", PW, SP_SPLIT},
-    {"Tensor.chunk torch.chunk", "self, chunks, dim=0", "", "", PW, SP_SPLIT},
-    {"Tensor.unbind torch.unbind", "self, dim=0", "", "", PW, SP_SPLIT},
+    {"Tensor.split torch.split torch.functional.split", "self, split_size_or_sections, dim=0", "", "", PW | R_ALIAS, SP_SPLIT},
+    {"Tensor.chunk torch.chunk", "self, chunks, dim=0", "", "", PW | R_ALIAS, SP_SPLIT},
+    {"Tensor.unbind torch.unbind", "self, dim=0", "", "", PW | R_ALIAS, SP_SPLIT},
     {"torch.cat torch.concat torch.concatenate", "tensors, dim=0", "", "", 0, SP_CAT},
     {"torch.stack", "tensors, dim=0", "", "", 0, SP_STACK},
     {"Tensor.repeat", "self, *repeats", "", "self: repeatback(grad, self, repeats)", 0, 0},
@@ -268,7 +273,7 @@ static const Rule RULES[] = {
     {"torch.nn.functional.interpolate",
      "self, size=None, scale_factor=None, mode='nearest', align_corners=None, recompute_scale_factor=None, antialias=False",
      "false:antialias", "self: interpback(grad, self, result, scale_factor, mode, align_corners, recompute_scale_factor)", 0, 0},
-    {"torch.functional.einsum torch.einsum", "equation, *operands", "einsum:equation", "", 0, SP_EINSUM},
+    {"torch.functional.einsum torch.einsum", "equation, *operands", "einsum:equation", "", R_ALIAS, SP_EINSUM},
     {"torch.flip Tensor.flip", "self, *dims", "", "self: T.flip(grad, dims)", PW, 0},
     {"torch.fliplr Tensor.fliplr", "self", "", "self: fliplr(grad)", PW, 0},
     {"torch.flipud Tensor.flipud", "self", "", "self: flipud(grad)", PW, 0},
@@ -277,10 +282,10 @@ static const Rule RULES[] = {
     {"torch.tril Tensor.tril", "self, diagonal=0", "", "self: tril(grad, diagonal)", PW, 0},
     {"torch.triu Tensor.triu", "self, diagonal=0", "", "self: triu(grad, diagonal)", PW, 0},
     {"torch.diagonal Tensor.diagonal", "self, offset=0, dim1=0, dim2=1", "",
-     "self: aten.diagonal_backward(grad, shape(self), offset, dim1, dim2)", PW, 0},
+     "self: aten.diagonal_backward(grad, shape(self), offset, dim1, dim2)", PW | R_ALIAS, 0},
     {"torch.movedim Tensor.movedim torch.moveaxis Tensor.moveaxis", "self, source, destination", "",
-     "self: movedim(grad, destination, source)", PW, 0},
-    {"torch.ravel Tensor.ravel torch.unflatten", "self, *rest", "", "self: T.reshape(grad, shape(self))", PW, 0},
+     "self: movedim(grad, destination, source)", PW | R_ALIAS, 0},
+    {"torch.ravel Tensor.ravel torch.unflatten", "self, *rest", "", "self: T.reshape(grad, shape(self))", PW | R_ALIAS, 0},
     {"torch.constant_pad_nd", "self, pad, value=0", "", "self: constant_pad_nd(grad, negs(pad))", PW, 0},
     {"torch.nn.functional.pad torch._C._nn.pad", "self, pad, mode='constant', value=None", "padconst:mode",
      "self: constant_pad_nd(grad, negs(pad))", PW, 0},
@@ -376,7 +381,7 @@ static const Rule RULES[] = {
      "self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None", "",
      "self: aten.avg_pool3d_backward(grad, self, kernel_size, stride_or_kernel(stride, kernel_size), padding, "
      "ceil_mode, count_include_pad, divisor_override)", 0, 0},
-    {"torch.nn.functional.dropout", "self, p=0.5, training=True, inplace=False", "false:inplace", "", 0, SP_DROPOUT},
+    {"torch.nn.functional.dropout", "self, p=0.5, training=True, inplace=False", "false:inplace", "", R_ALIAS, SP_DROPOUT},
     /* ---- losses (F.cross_entropy with class indices is log_softmax + nll_loss: decomposed before
      * the joint graph, as torch's cross_entropy_loss does) ---- */
     {"torch.nn.functional.nll_loss",

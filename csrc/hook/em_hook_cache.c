@@ -345,7 +345,7 @@ static PyObject *backend_compile_timed(const EmCompileConfig *cfg, const EmTrace
          * decompositions read them) */
         double t0 = em_now();
         PyObject *names = res->symbolic ? NULL : PyList_New(0);
-        IRGraph *g2 = names ? em_autograd_decompose_attention(res->graph, true, names) : NULL;
+        IRGraph *g2 = names ? em_autograd_decompose(res->graph, true, names, NULL) : NULL;
         double t1 = em_now();
         /* convolution inputs to channels_last (CPU, static graphs), as Inductor's layout optimization */
         PyObject *convs = names && em_config_bool("layout_optimization", 1) ? PyList_New(0) : NULL;

@@ -1051,6 +1051,89 @@ const IRArg *em_ir_mutated_arg(const IRNode *n) {
     return n->nargs ? &n->args[0] : NULL;
 }
 
+/* The `inplace` parameter's index among a Python function's positional arguments, or -1. */
+static int ir_inplace_index(const IRNode *n) {
+    if (n->kind != IR_CALL_FUNCTION || !PyFunction_Check(n->target)) return -1;
+    PyCodeObject *co = (PyCodeObject *)PyFunction_GET_CODE(n->target);
+    PyObject *names = PyObject_GetAttrString((PyObject *)co, "co_varnames");
+    int at = -1;
+    for (int i = 0; names && PyTuple_Check(names) && i < co->co_argcount && i < PyTuple_GET_SIZE(names) && at < 0; i++) {
+        PyObject *nm = PyTuple_GET_ITEM(names, i);
+        if (PyUnicode_Check(nm) && PyUnicode_CompareWithASCIIString(nm, "inplace") == 0) at = i;
+    }
+    Py_XDECREF(names);
+    PyErr_Clear();
+    return at;
+}
+
+int em_ir_functional_form(const IRNode *n, IRKind *kind, PyObject **target, int *inplace_arg) {
+    static const char *const no_form[] = {"copy_", "zero_", "fill_", "set_", "resize_", "resize_as_", "requires_grad_",
+                                          "share_memory_", "detach_", "normal_", "uniform_", "bernoulli_",
+                                          "exponential_", "geometric_", "cauchy_", "log_normal_", "random_",
+                                          "squeeze_", "unsqueeze_", "t_", "transpose_", "swapaxes_", "swapdims_",
+                                          "as_strided_", "setitem", "__setitem__", "iconcat"};
+    *target = NULL;
+    *inplace_arg = -1;
+    if (!em_ir_mutates(n)) return -1;
+    for (uint32_t k = 0; k < n->nkwargs; k++) {
+        const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
+        if (!kw) return PyErr_Clear(), -1;
+        if (!strcmp(kw, "out")) return -1;
+        if (!strcmp(kw, "inplace")) *inplace_arg = (int)(n->nargs + k);
+    }
+    if (*inplace_arg < 0 && ir_inplace_positional(n)) *inplace_arg = ir_inplace_index(n);
+    if (*inplace_arg >= 0) { /* F.relu(x, inplace=True): the same function */
+        *kind = n->kind;
+        *target = Py_NewRef(n->target);
+        return 0;
+    }
+    PyObject *q = n->kind == IR_CALL_METHOD ? Py_NewRef(n->target) : em_ir_target_qualname(n->target);
+    const char *s = q && PyUnicode_Check(q) ? PyUnicode_AsUTF8(q) : NULL;
+    const char *dot = s ? strrchr(s, '.') : NULL, *base = dot ? dot + 1 : s;
+    size_t len = base ? strlen(base) : 0;
+    for (size_t i = 0; base && i < sizeof no_form / sizeof no_form[0]; i++)
+        if (!strcmp(base, no_form[i])) base = NULL;
+    char name[64] = "";
+    const char *module = NULL;
+    if (!base || len + 1 >= sizeof name) {
+        /* none */
+    } else if (len > 4 && !strncmp(base, "__", 2) && !strcmp(base + len - 2, "__")) { /* x.__iadd__(y) */
+        snprintf(name, sizeof name, "%.*s", (int)(len - 5), base + 3);
+        module = "operator";
+    } else if (n->kind == IR_CALL_FUNCTION && dot && (!strncmp(s, "operator.", 9) || !strncmp(s, "_operator.", 10))) {
+        snprintf(name, sizeof name, "%s", base + 1); /* operator.iadd -> add */
+        module = "operator";
+    } else if (base[len - 1] == '_') {
+        snprintf(name, sizeof name, "%.*s", (int)(len - 1), base);
+    }
+    PyObject *t = NULL;
+    if (base && name[0] && module) {
+        PyObject *m = PyImport_ImportModule(module);
+        t = m ? PyObject_GetAttrString(m, name) : NULL;
+        Py_XDECREF(m);
+        *kind = IR_CALL_FUNCTION;
+    } else if (base && name[0] && n->kind == IR_CALL_METHOD && base[len - 1] == '_') {
+        PyObject *torch = PyImport_ImportModule("torch");
+        PyObject *tt = torch ? PyObject_GetAttrString(torch, "Tensor") : NULL;
+        t = tt && PyObject_HasAttrString(tt, name) ? PyUnicode_InternFromString(name) : NULL;
+        Py_XDECREF(torch);
+        Py_XDECREF(tt);
+        *kind = IR_CALL_METHOD;
+    } else if (base && name[0] && n->kind == IR_CALL_FUNCTION && dot && base[len - 1] == '_') { /* torch.relu_ */
+        char mod[200];
+        snprintf(mod, sizeof mod, "%.*s", (int)(dot - s), s);
+        PyObject *m = PyImport_ImportModule(mod);
+        t = m ? PyObject_GetAttrString(m, name) : NULL;
+        Py_XDECREF(m);
+        *kind = IR_CALL_FUNCTION;
+    }
+    Py_XDECREF(q);
+    PyErr_Clear();
+    if (!t) return -1;
+    *target = t;
+    return 0;
+}
+
 bool em_ir_meta_contiguous(const IRMeta *m) {
     if (!m || m->kind != IRMETA_TENSOR || !m->strides) return false;
     int64_t st = 1;

@@ -235,6 +235,14 @@ bool em_ir_mutates(const IRNode *n);
 /* The tensor an in-place update writes (and returns): the `out` keyword when there is one, else
  * the first argument; NULL when the node has neither. */
 const IRArg *em_ir_mutated_arg(const IRNode *n);
+/* The out-of-place call of in-place update n, as functionalization rewrites it: x.add_(y) ->
+ * x.add(y), operator.iadd / x.__iadd__(y) -> operator.add, torch.relu_ -> torch.relu,
+ * F.relu(x, inplace=True) -> the same call with inplace False. Sets *kind, *target (a new
+ * reference) and *inplace_arg (-1, or the index of the `inplace` argument to pass as False: i for
+ * args[i], nargs + k for kwargs[k]). 0, or -1 (no exception) when n has no such form: setitem,
+ * out=, copy_ / zero_ / fill_, random fills, in-place view ops (unsqueeze_ ...), a name whose
+ * out-of-place form does not exist. */
+int em_ir_functional_form(const IRNode *n, IRKind *kind, PyObject **target, int *inplace_arg);
 /* Is m a tensor with torch's contiguous strides (size-1 dims ignored, as is_contiguous)? */
 bool em_ir_meta_contiguous(const IRMeta *m);
 /* Is m a tensor on a CPU device? */

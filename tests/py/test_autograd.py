@@ -736,6 +736,104 @@ def test_op_without_rule_splits_region():
     assert "cumprod" in str(rep) and "step 1: eager autograd" in str(rep)
 
 
+class _TorchvisionBlock(nn.Module):
+    """torchvision's BasicBlock: `out += identity` and ReLU(inplace=True) on intermediates."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += identity
+        return self.relu(out)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_inplace_updates_of_intermediates_are_functionalized(backend):
+    """In-place updates of values made in the graph become out-of-place ops (the region compiles,
+    as AOTAutograd's functionalization): torchvision's residual block trains three steps as eager."""
+    torch.manual_seed(0)
+    m_e = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), _TorchvisionBlock(4), nn.Flatten(), nn.Linear(4 * 36, 5))
+    m_c = copy.deepcopy(m_e)
+    c = ember.compile(m_c, backend=backend)
+    opt_e, opt_c = torch.optim.SGD(m_e.parameters(), 0.1), torch.optim.SGD(m_c.parameters(), 0.1)
+    for step in range(3):
+        x = torch.randn(2, 3, 6, 6)
+        for m, f, opt in ((m_e, m_e, opt_e), (m_c, c, opt_c)):
+            opt.zero_grad()
+            f(x).square().mean().backward()
+            opt.step()
+        for (n, p_e), p_c in zip(m_e.named_parameters(), m_c.parameters()):
+            torch.testing.assert_close(p_c, p_e, msg=n)
+        for b_e, b_c in zip(m_e.buffers(), m_c.buffers()):
+            torch.testing.assert_close(b_c, b_e)
+    info = autograd_info(c)
+    assert "fallback" not in info and "split" not in info, info.get("fallback") or info.get("split")
+    assert {"iadd", "relu_1"} <= set(info["decomposed"]) or len(info["decomposed"]) >= 3, info["decomposed"]
+
+    def chain(x, y):
+        h = x.sin()
+        h += y
+        h.mul_(2)
+        m = (x > 0).float()
+        m.mul_(0.5)
+        return h.relu_() * m
+
+    check(chain, (r(4, 5), r(5)), backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_inplace_updates_eager_semantics_kept(backend):
+    """Where an alias could see the update, or the backward needs the old value, the region keeps
+    eager autograd and behaves as eager: values through views, and eager's error."""
+    def view_sees_it(x):
+        h = x.sin()
+        v = h[0]
+        h.mul_(2)
+        return v * 3 + h
+
+    def through_view(x):
+        h = x.cos()
+        h[1].add_(1)
+        return h * 2
+
+    def alias_of_contiguous(x):
+        h = x.sin()
+        g = h.contiguous()
+        g.mul_(2)
+        return h + 1
+
+    def wider_dtype(x, y):
+        h = x.sin()
+        h.add_(y)  # float64 y: the update rounds to h's float32, the out-of-place op would not
+        return h * 2
+
+    for fn, args in ((view_sees_it, (r(3, 4),)), (through_view, (r(3, 4),)), (alias_of_contiguous, (r(3, 4),)),
+                     (wider_dtype, (r(3, 4), r(3, 4, dtype=torch.float64, grad=False)))):
+        ember.reset()
+        c = check(fn, args, backend=backend, compiled=False)
+        assert "fallback" in autograd_info(c)
+
+    def needs_old(x):
+        h = x.exp()  # exp's backward reads its result
+        h.mul_(2)
+        return h
+
+    ember.reset()
+    c = ember.compile(needs_old, backend=backend)
+    x = r(3)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        needs_old(x.detach().clone().requires_grad_()).sum().backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        c(x).sum().backward()
+    assert "inplace" in autograd_info(c)["fallback"]
+
+
 def test_einsum_diagonal_keeps_eager_autograd():
     """An einsum whose gradient is not an einsum (a repeated subscript, a subscript summed in one
     operand) keeps eager autograd; the others in the region are compiled."""
