@@ -18,7 +18,8 @@ False, the default of both) draw dropout masks from their own Philox streams, no
 
     .venv/bin/python bench/training.py --quick                 # small shapes, 1 round (dev VM)
     .venv/bin/python bench/training.py --device cuda           # the GPU machine
-    options: --models resnet18,transformer (also gpt2 / llama: transformers' GPT2LMHeadModel /
+    options: --models resnet18,transformer (also resnet18_tv: torchvision's in-place forward,
+             `out += identity` and ReLU(inplace=True); gpt2 / llama: transformers' GPT2LMHeadModel /
              LlamaForCausalLM, d 256, 4 layers, batch 8, seq 128, AdamW; need the test extra's
              transformers) --compilers eager,inductor,aot_eager,ember
              (also inductor-ro, ember-ro: mode="reduce-overhead", CUDA graphs)
@@ -53,8 +54,13 @@ import ember  # noqa: E402
 # ---------------------------------------------------------------- models (no torchvision needed)
 
 class BasicBlock(nn.Module):
-    def __init__(self, cin, cout, stride):
+    """inplace=True: torchvision's forward verbatim (`out += identity`, ReLU(inplace=True));
+    False: the same math out of place."""
+
+    def __init__(self, cin, cout, stride, inplace=False):
         super().__init__()
+        self.inplace = inplace
+        self.relu = nn.ReLU(inplace=True)
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
@@ -64,6 +70,14 @@ class BasicBlock(nn.Module):
             self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
 
     def forward(self, x):
+        if self.inplace:
+            identity = x
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            if self.down is not None:
+                identity = self.down(x)
+            out += identity
+            return self.relu(out)
         out = F.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         return F.relu(out + (x if self.down is None else self.down(x)))
@@ -72,21 +86,22 @@ class BasicBlock(nn.Module):
 class ResNet18(nn.Module):
     """torchvision.models.resnet18's layout (BasicBlock, [2, 2, 2, 2])."""
 
-    def __init__(self, num_classes=1000, width=64):
+    def __init__(self, num_classes=1000, width=64, inplace=False):
         super().__init__()
+        self.inplace = inplace
         self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
         layers, cin = [], width
         for i, n in enumerate([2, 2, 2, 2]):
             cout = width * 2 ** i
             for j in range(n):
-                layers.append(BasicBlock(cin, cout, 2 if (j == 0 and i > 0) else 1))
+                layers.append(BasicBlock(cin, cout, 2 if (j == 0 and i > 0) else 1, inplace))
                 cin = cout
         self.layers = nn.Sequential(*layers)
         self.fc = nn.Linear(cin, num_classes)
 
     def forward(self, x):
-        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, 2, 1)
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x)), inplace=self.inplace), 3, 2, 1)
         x = self.layers(x)
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
@@ -136,9 +151,9 @@ def make_case(name, quick, device, channels_last=False, activation="relu"):
         y = torch.randint(0, 1000, (batch * seq,), generator=g)
         opt = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
         shape = f"transformers {'GPT-2' if name == 'gpt2' else 'Llama'}, d {d}, {nl} layers, batch {batch}, seq {seq}, AdamW"
-    elif name == "resnet18":
+    elif name in ("resnet18", "resnet18_tv"):  # _tv: torchvision's in-place forward
         batch, hw = (4, 64) if quick else (16, 128)
-        model = ResNet18()
+        model = ResNet18(inplace=name == "resnet18_tv")
         x = torch.randn(batch, 3, hw, hw, generator=g)
         y = torch.randint(0, 1000, (batch,), generator=g)
         opt = lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)  # noqa: E731
@@ -151,7 +166,7 @@ def make_case(name, quick, device, channels_last=False, activation="relu"):
         opt = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
         shape = f"d {d}, {nl} layers, batch {batch}, seq {seq}, AdamW" + (f", {activation}" if activation != "relu" else "")
     model, x = model.to(device), x.to(device)
-    if channels_last and name == "resnet18":  # the user's choice of layout, for every compiler alike
+    if channels_last and name.startswith("resnet18"):  # the user's choice of layout, for every compiler alike
         model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
         shape += ", channels_last"
     return model, x, y.to(device), opt, shape
