@@ -282,7 +282,7 @@ MORE_CASES = [
      x.tile((2, 1, 3)).cos().sum() + x.repeat(1, 0).sum(), lambda d: (r(3, 4, dtype=d),)),
     ("interpolate", lambda x: F.interpolate(x, scale_factor=2).sum((2, 3)) + F.interpolate(x, size=(5, 7), mode="bilinear").sum((2, 3))
      + F.interpolate(x, scale_factor=(1.5, 2.5), mode="bilinear", align_corners=True).sum((2, 3)) +
-     F.interpolate(x, size=(4, 4)).mean((2, 3)) + nn.Upsample(scale_factor=2, mode="nearest")(x).mean((2, 3)),
+     F.interpolate(x, size=(4, 4)).mean((2, 3)) + F.interpolate(x, scale_factor=3.0, mode="nearest").amax((2, 3)),
      lambda d: (r(2, 3, 4, 5, dtype=d),)),
     ("einsum", lambda a, b, c: torch.einsum("bij,bjk->bik", a, b).sum(0) + torch.einsum("ij,jk", a[0], b[0]) +
      torch.einsum("...ij,...kj->...ik", a, c).sum(0) + torch.einsum("bij->bji", a).sin().sum() +
@@ -351,8 +351,9 @@ def test_gradcheck_float64(name):
         assert torch.autograd.gradcheck(lambda x, w, b: c(x, torch.zeros(3, dtype=torch.float64),
                                                            torch.ones(3, dtype=torch.float64), w, b),
                                         (inputs[0], inputs[3], inputs[4]))
-    else:
-        assert torch.autograd.gradcheck(c, tuple(inputs))
+    else:  # CUDA's upsampling backward adds with atomics: not bitwise reentrant (OpInfo's gradcheck_nondet_tol)
+        nondet = 1e-12 if name == "interpolate" and inputs[0].device.type == "cuda" else 0.0
+        assert torch.autograd.gradcheck(c, tuple(inputs), nondet_tol=nondet)
     info = autograd_info(c)
     assert "fallback" not in info and "split" not in info
 
