@@ -3946,6 +3946,27 @@ static IRRef functional_node(AG *d, IRRef r, IRRef v) {
     IRKind kind;
     PyObject *target;
     int ia;
+    if (node_named(n, "operator.setitem _operator.setitem Tensor.__setitem__") && n->nargs == 3 && !n->nkwargs) {
+        /* h[mask] = value with a bool mask of h's shape and a scalar value: torch.where(mask, value, h) */
+        const IRArg *m = &n->args[1], *val = &n->args[2];
+        const IRMeta *mm = m->kind == IRARG_NODE ? &em_ir_node(d->g, m->u.ref)->meta : NULL;
+        const IRMeta *vm = &em_ir_node(d->g, v)->meta, *valm = val->kind == IRARG_NODE ? &em_ir_node(d->g, val->u.ref)->meta : NULL;
+        bool scalar = (val->kind == IRARG_CONST && PyNumber_Check(val->u.obj) && !PyComplex_Check(val->u.obj)) ||
+                      (valm && valm->kind == IRMETA_TENSOR && valm->ndim == 0);
+        if (!mm || mm->kind != IRMETA_TENSOR || !meta_dtype_is(mm, "torch.bool") || mm->ndim != vm->ndim ||
+            memcmp(mm->sizes, vm->sizes, (size_t)vm->ndim * sizeof(int64_t)) || !scalar)
+            return 0;
+        IRArg wa[3] = {map_arg(d, m), map_arg(d, val), map_arg(d, &n->args[0])};
+        IRRef w = emit_fn(d, "where", wa, 3);
+        if (!w) {
+            Py_CLEAR(d->reason);
+            PyErr_Clear();
+            return 0;
+        }
+        const IRMeta *wm = jmeta(d, w);
+        if (wm->dtype != vm->dtype || !same_strides(wm, vm)) return 0;
+        return dz(d, w);
+    }
     if (em_ir_functional_form(n, &kind, &target, &ia) < 0 || !em_arena_hold_steal(d->a, target)) return PyErr_Clear(), 0;
     IRArg args[16], kwv[8];
     if (n->nargs > 16 || n->nkwargs > 8) return 0;
@@ -3959,9 +3980,7 @@ static IRRef functional_node(AG *d, IRRef r, IRRef v) {
         return 0;
     }
     const IRMeta *nm = jmeta(d, nr), *vm = &em_ir_node(d->g, v)->meta;
-    if (nm->kind != IRMETA_TENSOR || vm->kind != IRMETA_TENSOR || nm->dtype != vm->dtype || nm->ndim != vm->ndim ||
-        memcmp(nm->sizes, vm->sizes, (size_t)vm->ndim * sizeof(int64_t)) ||
-        memcmp(nm->strides, vm->strides, (size_t)vm->ndim * sizeof(int64_t)))
+    if (nm->kind != IRMETA_TENSOR || vm->kind != IRMETA_TENSOR || nm->dtype != vm->dtype || !same_strides(nm, vm))
         return 0; /* (the emitted node is dead: nothing reads it) */
     return dz(d, nr);
 }

@@ -777,15 +777,18 @@ def test_inplace_updates_of_intermediates_are_functionalized(backend):
     assert "fallback" not in info and "split" not in info, info.get("fallback") or info.get("split")
     assert {"iadd", "relu_1"} <= set(info["decomposed"]) or len(info["decomposed"]) >= 3, info["decomposed"]
 
-    def chain(x, y):
+    def chain(x, y, v):
         h = x.sin()
         h += y
         h.mul_(2)
         m = (x > 0).float()
         m.mul_(0.5)
+        h[h > 1.5] = 0.25  # a bool mask of h's shape: torch.where
+        h[x < -1] = v
         return h.relu_() * m
 
-    check(chain, (r(4, 5), r(5)), backend=backend)
+    c = check(chain, (r(4, 5), r(5), r(())), backend=backend)
+    assert {"iadd", "mul_", "mul__1", "setitem", "setitem_1", "relu_"} <= set(autograd_info(c)["decomposed"])
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "ember"])
