@@ -4045,12 +4045,9 @@ IRGraph *em_autograd_decompose(const IRGraph *g, bool inference, PyObject *names
         if (what[r] == 100) { /* functionalization */
             IRRef mv = em_ir_mutated_arg(n)->u.ref;
             if (alias_free(&d, mv, r, done) && (v = functional_node(&d, r, mv))) {
-                PyObject *old = PyUnicode_FromString(em_ir_node(d.j, d.fmap[mv])->name);
-                if (!old || PyList_Append(stale, old) < 0) PyErr_Clear();
-                Py_XDECREF(old);
-                PyObject *nm = PyUnicode_FromString(n->name);
-                if (!nm || PyList_Append(names, nm) < 0) PyErr_Clear();
-                Py_XDECREF(nm);
+                PyObject *it = Py_BuildValue("(ss)", n->name, em_ir_node(d.j, d.fmap[mv])->name);
+                if (!it || PyList_Append(stale, it) < 0) PyErr_Clear();
+                Py_XDECREF(it);
                 d.fmap[mv] = v; /* v's readers from here on read the new value */
                 done[r] = 1;
                 ndone++;
@@ -4785,8 +4782,14 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
                 Py_DECREF(st);
                 goto fallback;
             }
-            if (result && *info && PyDict_Check(*info) && PyDict_SetItemString(*info, "decomposed", names) < 0)
+            if (result && *info && PyDict_Check(*info) && PyList_GET_SIZE(names) &&
+                PyDict_SetItemString(*info, "decomposed", names) < 0)
                 Py_CLEAR(result);
+            PyObject *fz = result && *info && PyDict_Check(*info) && PyList_GET_SIZE(st) ? PyList_New(0) : NULL;
+            for (Py_ssize_t i = 0; fz && i < PyList_GET_SIZE(st); i++)
+                if (PyList_Append(fz, PyTuple_GET_ITEM(PyList_GET_ITEM(st, i), 0)) < 0) Py_CLEAR(fz);
+            if (fz && PyDict_SetItemString(*info, "functionalized", fz) < 0) Py_CLEAR(result);
+            Py_XDECREF(fz);
             Py_DECREF(names);
             Py_DECREF(st);
             if (!result) goto error;
@@ -5093,7 +5096,7 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         goto error;
     }
     for (Py_ssize_t i = 0; stale && i < PyList_GET_SIZE(stale); i++) { /* eager raises at backward */
-        const char *nm = PyUnicode_AsUTF8(PyList_GET_ITEM(stale, i));
+        const char *nm = PyUnicode_AsUTF8(PyTuple_GET_ITEM(PyList_GET_ITEM(stale, i), 1));
         if (nm && backward_reads(&ag, nm)) {
             free(tangent);
             ag_fail(&ag, "the backward reads %s, which an in-place update changed (eager raises: modified by an "

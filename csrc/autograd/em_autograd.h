@@ -27,9 +27,9 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
  * path decomposes before building the joint graph; backend "ember" also decomposes inference
  * graphs (attention only; every attention node, not only those that need a gradient), so that the
  * projections' bias, the scaling and the softmax fuse into generated kernels. names (a list)
- * receives the decomposed nodes' names; stale (a list, or NULL) the names, in the new graph, of
- * the values an in-place update replaced (their old contents: a backward that reads one would
- * have raised in eager). NULL when nothing changed (no exception). */
+ * receives the decomposed nodes' names; stale (a list, or NULL) a pair per functionalized update:
+ * its name, and the name in the new graph of the value it replaced (the old contents: a backward
+ * that reads them would have raised in eager). NULL when nothing changed (no exception). */
 IRGraph *em_autograd_decompose(const IRGraph *g, bool inference, PyObject *names, PyObject *stale);
 
 /* g with the inputs of its 2-d convolutions of contiguous float32 CPU tensors converted to

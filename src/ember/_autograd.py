@@ -300,8 +300,10 @@ def explain_lines(info: dict, indent: str = "  ") -> list[str]:
                 lines += explain_lines(st["autograd"], indent + "    ")
         return lines
     pre = []
-    if info.get("decomposed"):  # attention ops rewritten into the ops they are made of
+    if info.get("decomposed"):  # composite ops rewritten into the ops they are made of
         pre = [f"{indent}autograd: decomposed before the joint graph: {', '.join(info['decomposed'])}"]
+    if info.get("functionalized"):  # in-place updates of intermediates run as their out-of-place ops
+        pre += [f"{indent}autograd: in-place updates run out of place (functionalized): {', '.join(info['functionalized'])}"]
     saved = ", ".join(f"{n} ({_fmt_bytes(b)})" for n, b in info["saved"])
     rec = ", ".join(f"{n} ({_fmt_bytes(b)})" for n, b in info["recomputed"])
     lines = pre + [f"{indent}autograd: {len(info['saved'])} saved tensor(s), {_fmt_bytes(info['saved_bytes'])} of "
