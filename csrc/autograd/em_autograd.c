@@ -471,6 +471,13 @@ static bool checks_pass(const AG *ag, const Bind *b) {
             EinsumEq q;
             ok = eq && ops && (ops->kind == IRARG_TUPLE || ops->kind == IRARG_LIST) && einsum_parse(eq, ops->n, &q) == 0;
             PyErr_Clear();
+        } else if (!strcmp(kind, "interp")) { /* v: F.interpolate's mode, 'nearest' or 'bilinear' of a 4-d self */
+            const IRMeta *m = val_meta(ag, &b->val[0]);
+            ok = m && m->kind == IRMETA_TENSOR && m->ndim == 4 && v->kind == IRARG_CONST && PyUnicode_Check(v->u.obj) &&
+                 (!PyUnicode_CompareWithASCIIString(v->u.obj, "nearest") ||
+                  !PyUnicode_CompareWithASCIIString(v->u.obj, "bilinear"));
+        } else if (!strcmp(kind, "contig")) {
+            ok = em_ir_meta_contiguous(val_meta(ag, v));
         } else if (!strcmp(kind, "ndim1")) {
             const IRMeta *m = val_meta(ag, v);
             ok = m && m->kind == IRMETA_TENSOR && m->ndim == 1;
@@ -1863,12 +1870,9 @@ static int split_backward(AG *ag, IRRef n, const Bind *b) {
  * channels_last one: not handled). */
 static int group_norm_sizes(AG *ag, const IRMeta *m, IRArg out[3]) {
     if (m->kind != IRMETA_TENSOR || m->ndim < 2) return ag_fail(ag, "group_norm of fewer than 2 dims");
-    int64_t hw = 1, st = 1;
-    for (int32_t d = m->ndim - 1; d >= 0; d--) {
-        if (m->sizes[d] != 1 && m->strides[d] != st) return ag_fail(ag, "group_norm of a non-contiguous input");
-        st *= m->sizes[d];
-        if (d >= 2) hw *= m->sizes[d];
-    }
+    if (!em_ir_meta_contiguous(m)) return ag_fail(ag, "group_norm of a non-contiguous input");
+    int64_t hw = 1;
+    for (int32_t d = 2; d < m->ndim; d++) hw *= m->sizes[d];
     out[0] = arg_const_steal(ag, PyLong_FromLongLong(m->sizes[0]));
     out[1] = arg_const_steal(ag, PyLong_FromLongLong(m->sizes[1]));
     out[2] = arg_const_steal(ag, PyLong_FromLongLong(hw));

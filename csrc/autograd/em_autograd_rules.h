@@ -27,7 +27,9 @@
  * `reduction:p` p is 'none', 'mean' or 'sum'; `sameshape:p` p is a tensor of self's shape and dtype;
  * `nll:p` p has 1 or 2 dims (nll_loss_forward's input: (C) or (N, C)) and `target` is an int64
  * tensor of one dim less; `einsum:p` the equation p's gradients are einsums (no diagonal, no
- * subscript summed in one operand only).
+ * subscript summed in one operand only); `interp:mode` F.interpolate's mode is 'nearest' or
+ * 'bilinear' and self has 4 dims; `contig:p` p is a contiguous tensor; `ndim1:p` p has 1 dim;
+ * `nonzero:p` p is a nonzero number; `padconst:p` p is 'constant'; `l2:p` a norm's order is 2.
  * Flags: R_RECOMPUTE: cheap and deterministic, the partitioner may recompute it in the backward.
  * R_ALIAS: the op may return its input or a view of it (views, conversions to the same dtype,
  * contiguous(), dropout with p = 0, a permuting einsum): functionalization (em_autograd.c) takes
@@ -272,7 +274,7 @@ static const Rule RULES[] = {
     {"torch.tile Tensor.tile", "self, *dims", "", "self: repeatback(grad, self, dims)", 0, 0},
     {"torch.nn.functional.interpolate",
      "self, size=None, scale_factor=None, mode='nearest', align_corners=None, recompute_scale_factor=None, antialias=False",
-     "false:antialias", "self: interpback(grad, self, result, scale_factor, mode, align_corners, recompute_scale_factor)", 0, 0},
+     "false:antialias interp:mode", "self: interpback(grad, self, result, scale_factor, mode, align_corners, recompute_scale_factor)", 0, 0},
     {"torch.functional.einsum torch.einsum", "equation, *operands", "einsum:equation", "", R_ALIAS, SP_EINSUM},
     {"torch.flip Tensor.flip", "self, *dims", "", "self: T.flip(grad, dims)", PW, 0},
     {"torch.fliplr Tensor.fliplr", "self", "", "self: fliplr(grad)", PW, 0},
@@ -354,7 +356,8 @@ static const Rule RULES[] = {
     /* ---- extern ops: torch's own backward kernels ---- */
     {"torch.nn.functional.layer_norm torch.layer_norm", "self, normalized_shape, weight=None, bias=None, eps=1e-05",
      "", "", 0, SP_LAYER_NORM},
-    {"torch.nn.functional.group_norm torch.group_norm", "self, num_groups, weight=None, bias=None, eps=1e-05", "const:num_groups",
+    {"torch.nn.functional.group_norm torch.group_norm", "self, num_groups, weight=None, bias=None, eps=1e-05",
+     "const:num_groups contig:self",
      "", 0, SP_GROUP_NORM},
     {"torch.nn.functional.batch_norm",
      "self, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05", "", "",

@@ -839,6 +839,17 @@ def test_inplace_updates_eager_semantics_kept(backend):
     assert "inplace" in autograd_info(c)["fallback"]
 
 
+def test_rule_forms_not_covered_split_only_their_op():
+    """A form a rule's checks exclude (bicubic interpolation, group_norm of a non-contiguous input)
+    splits the region around that op alone; gradients are eager's."""
+    for fn, name in ((lambda x: F.interpolate(x.sin(), scale_factor=2, mode="bicubic").tanh(), "interpolate"),
+                     (lambda x: F.group_norm(x.sin().transpose(2, 3), 2).tanh(), "group_norm")):
+        ember.reset()
+        c = check(fn, (r(2, 4, 3, 5),), compiled=False)
+        split = autograd_info(c)["split"]
+        assert len(split) == 1 and name in split[0], split
+
+
 def test_einsum_diagonal_keeps_eager_autograd():
     """An einsum whose gradient is not an einsum (a repeated subscript, a subscript summed in one
     operand) keeps eager autograd; the others in the region are compiled."""
