@@ -478,9 +478,9 @@ static bool checks_pass(const AG *ag, const Bind *b) {
                   !PyUnicode_CompareWithASCIIString(v->u.obj, "bilinear"));
         } else if (!strcmp(kind, "contig")) {
             ok = em_ir_meta_contiguous(val_meta(ag, v));
-        } else if (!strcmp(kind, "ndim1")) {
+        } else if (!strcmp(kind, "ndim1") || !strcmp(kind, "ndim3") || !strcmp(kind, "ndim4")) {
             const IRMeta *m = val_meta(ag, v);
-            ok = m && m->kind == IRMETA_TENSOR && m->ndim == 1;
+            ok = m && m->kind == IRMETA_TENSOR && m->ndim == kind[4] - '0';
         } else if (!strcmp(kind, "ndim2")) {
             const IRMeta *m = val_meta(ag, v);
             ok = m && m->kind == IRMETA_TENSOR && m->ndim >= 2;
@@ -1180,6 +1180,12 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
             r = emit_op(ag, "truediv", arg_node(r), arg_const_steal(ag, PyLong_FromLongLong(numel)), 2);
         }
         return r ? arg_node(r) : (IRArg){0};
+    }
+    if (!strcmp(fname, "hw")) { /* the last two sizes (col2im's output size) */
+        if (nargs != 1 || args[0].kind != IRARG_NODE) goto bad;
+        const IRMeta *m = jmeta(ag, args[0].u.ref);
+        if (m->ndim < 2) goto bad;
+        return arg_const_steal(ag, Py_BuildValue("[LL]", (long long)m->sizes[m->ndim - 2], (long long)m->sizes[m->ndim - 1]));
     }
     if (!strcmp(fname, "tup")) { /* an int dim as a one-element tuple (flip's dims) */
         if (nargs != 1 || args[0].kind != IRARG_CONST) goto bad;

@@ -14,7 +14,7 @@
  *   X                            torch.X
  *   helpers (em_autograd.c)      sumback unsq amaxback numel_ratio shape invperm flat2 like dtype
  *                                redenum ('none' / 'mean' / 'sum' -> at::Reduction 0 / 1 / 2)
- *                                tup negs unsq varback bcelback repeatback interpback l1back size0 padidx
+ *                                tup negs unsq varback bcelback repeatback interpback hw l1back size0 padidx
  *                                stride_or_kernel
  * Every gradient is then reduced to its input's shape (sum_to_size) and dtype, as autograd's
  * validate_outputs does for broadcasting.
@@ -28,7 +28,8 @@
  * `nll:p` p has 1 or 2 dims (nll_loss_forward's input: (C) or (N, C)) and `target` is an int64
  * tensor of one dim less; `einsum:p` the equation p's gradients are einsums (no diagonal, no
  * subscript summed in one operand only); `interp:mode` F.interpolate's mode is 'nearest' or
- * 'bilinear' and self has 4 dims; `contig:p` p is a contiguous tensor; `ndim1:p` p has 1 dim;
+ * 'bilinear' and self has 4 dims; `contig:p` p is a contiguous tensor; `ndim1:p` / `ndim3:p` /
+ * `ndim4:p` p has exactly 1 / 3 / 4 dims;
  * `nonzero:p` p is a nonzero number; `padconst:p` p is 'constant'; `l2:p` a norm's order is 2.
  * Flags: R_RECOMPUTE: cheap and deterministic, the partitioner may recompute it in the backward.
  * R_ALIAS: the op may return its input or a view of it (views, conversions to the same dtype,
@@ -270,6 +271,17 @@ static const Rule RULES[] = {
     {"Tensor.unbind torch.unbind", "self, dim=0", "", "", PW | R_ALIAS, SP_SPLIT},
     {"torch.cat torch.concat torch.concatenate", "tensors, dim=0", "", "", 0, SP_CAT},
     {"torch.stack", "tensors, dim=0", "", "", 0, SP_STACK},
+    {"Tensor.unfold", "self, dimension, size, step", "", "self: aten.unfold_backward(grad, shape(self), dimension, size, step)",
+     PW | R_ALIAS, 0},
+    /* F.unfold / F.fold (im2col / col2im, each the other's gradient) of batched 4-d / 3-d inputs */
+    {"torch.nn.functional.unfold", "self, kernel_size, dilation=1, padding=0, stride=1", "ndim4:self",
+     "self: aten.col2im(grad, hw(self), kernel_size, dilation, padding, stride)", 0, 0},
+    {"torch.nn.functional.fold", "self, output_size, kernel_size, dilation=1, padding=0, stride=1", "ndim3:self",
+     "self: aten.im2col(grad, kernel_size, dilation, padding, stride)", 0, 0},
+    {"torch.diag_embed Tensor.diag_embed", "self, offset=0, dim1=-2, dim2=-1", "", "self: T.diagonal(grad, offset, dim1, dim2)", 0, 0},
+    {"torch.diag Tensor.diag", "self, diagonal=0", "ndim1:self", "self: T.diagonal(grad, diagonal)", 0, 0},
+    {"torch.diag Tensor.diag", "self, diagonal=0", "ndim2:self", "self: aten.diagonal_backward(grad, shape(self), diagonal, 0, 1)",
+     0, 0},
     {"Tensor.repeat", "self, *repeats", "", "self: repeatback(grad, self, repeats)", 0, 0},
     {"torch.tile Tensor.tile", "self, *dims", "", "self: repeatback(grad, self, dims)", 0, 0},
     {"torch.nn.functional.interpolate",

@@ -289,6 +289,10 @@ MORE_CASES = [
      torch.einsum("ij,ij->ij", [a[1], a[0]]).cos().sum(), lambda d: (r(2, 3, 4, dtype=d), r(2, 4, 3, dtype=d), r(2, 3, 4, dtype=d))),
     ("conv_padding_same_valid", lambda x, w, w2: F.conv2d(x, w, padding="same") * 2 + F.conv2d(x, w2, padding="same", dilation=2) +
      F.conv1d(x[:, :, 0], w[:, :, 0], padding="valid").sum(), lambda d: (r(2, 3, 6, 6, dtype=d), r(4, 3, 3, 3, dtype=d), r(4, 3, 3, 3, dtype=d))),
+    ("unfold_fold_diag", lambda x, v: x.unfold(2, 2, 1).sum((2, 4)).sin().sum() + F.unfold(x, 2, padding=1).cos().sum() +
+     F.fold(F.unfold(x, (2, 3), stride=(1, 2)), (4, 5), (2, 3), stride=(1, 2)).tanh().sum() + torch.diag_embed(v).sin().sum() +
+     torch.diag(v, 1).sum() + torch.diag(x[0, 0]).sin().sum() + x[0, 0].diag(-1).sum(),
+     lambda d: (r(2, 3, 4, 5, dtype=d), r(3, dtype=d))),
     ("conv_transpose", lambda x, w, b, w1: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1).sum(1) +
      F.conv_transpose1d(x[:, :, 0], w1, groups=2).sum((1, 2))[:, None, None],
      lambda d: (r(2, 4, 5, 5, dtype=d), r(4, 3, 3, 3, dtype=d), r(3, dtype=d), r(4, 2, 3, dtype=d))),
@@ -338,7 +342,7 @@ GRADCHECK = ["add_broadcast", "div", "pow_tensor", "tanh", "gelu", "sum_dims", "
              "dot_mv_outer", "baddbmm_addbmm", "group_norm", "conv_transpose", "atan2_hypot", "xlogy_logaddexp",
              "softplus_hard_mish", "bce", "softmax_dtype_softmin", "pad_constant", "flip_roll_rot90",
              "cross_entropy_smoothing", "cross_entropy_probabilities", "normalize_kl_div", "repeat_tile",
-             "interpolate", "einsum"]
+             "interpolate", "einsum", "unfold_fold_diag"]
 
 
 @pytest.mark.parametrize("name", GRADCHECK)
