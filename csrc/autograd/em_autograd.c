@@ -1968,6 +1968,11 @@ static int einsum_backward(AG *ag, IRRef n, const Bind *b) {
     return 0;
 }
 
+/* Is n max_pool3d (the SP_MAX_POOL2D rule's 3-d form: max_pool3d_with_indices and its backward)? */
+static bool max_pool_3d(const IRNode *n) {
+    return node_named(n, "torch.nn.functional.max_pool3d torch.nn.functional._max_pool3d torch.max_pool3d");
+}
+
 static int backward_special(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     IRRef g = ag->grad[n];
@@ -2224,7 +2229,8 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
     }
     case SP_MAX_POOL2D: {
         IRArg self = bval(b, "self"), st = bval(b, "stride");
-        PyObject *t = torch_attr("ops.aten.max_pool2d_with_indices_backward");
+        PyObject *t = torch_attr(max_pool_3d(node) ? "ops.aten.max_pool3d_with_indices_backward"
+                                                   : "ops.aten.max_pool2d_with_indices_backward");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
         IRArg a[8] = {arg_node(g), map_arg(ag, &self), const_fold(ag, bval(b, "kernel_size")),
                       arg_is_none(&st) ? arg_const_steal(ag, PyList_New(0)) : const_fold(ag, st),
@@ -2517,8 +2523,8 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         ag->aux[n][0] = out ? emit_getitem(ag, r, 1) : 0;
         return ag->aux[n][0] ? out : 0;
     }
-    case SP_MAX_POOL2D: { /* at::max_pool2d's values are max_pool2d_with_indices' first result */
-        PyObject *t = torch_attr("ops.aten.max_pool2d_with_indices");
+    case SP_MAX_POOL2D: { /* at::max_pool2d's values are max_pool2d_with_indices' first result (3d alike) */
+        PyObject *t = torch_attr(max_pool_3d(node) ? "ops.aten.max_pool3d_with_indices" : "ops.aten.max_pool2d_with_indices");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
         IRArg self = bval(b, "self"), st = bval(b, "stride");
         IRArg a[6] = {map_arg(ag, &self), const_fold(ag, bval(b, "kernel_size")),
@@ -3789,6 +3795,86 @@ static IRRef dz_kl_div(AG *d, const Bind *b) {
     return r;
 }
 
+/* F.prelu (aten's prelu: the weight viewed as (C, 1, ...) along dim 1 unless it has one element, then
+ * _prelu_kernel: x > 0 ? x : w * x, whose gradients where / mul give). */
+static const Rule PRELU_RULE = {"torch.prelu torch.nn.functional.prelu", "self, weight", "", "", 0, 0};
+
+static IRRef dz_prelu(AG *d, const Bind *b) {
+    IRArg self = bval(b, "self"), w = bval(b, "weight");
+    const IRMeta *m = val_meta(d, &self), *wm = val_meta(d, &w);
+    if (!m || !wm || m->kind != IRMETA_TENSOR || wm->kind != IRMETA_TENSOR || wm->ndim != 1 || meta_complex(m)) return 0;
+    IRRef wv = d->fmap[w.u.ref];
+    if (m->ndim >= 2 && wm->sizes[0] != 1) {
+        PyObject *shape = PyTuple_New(m->ndim - 1);
+        for (int32_t i = 0; shape && i < m->ndim - 1; i++) PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(i ? 1 : wm->sizes[0]));
+        wv = dz_m(d, "view", wv, Py_BuildValue("(N)", shape));
+    }
+    IRRef pos = wv ? emit_op(d, "gt", map_arg(d, &self), arg_const_steal(d, PyLong_FromLong(0)), 2) : 0;
+    IRRef neg = pos ? dz(d, emit_op(d, "mul", arg_node(wv), map_arg(d, &self), 2)) : 0;
+    IRArg wa[3] = {arg_node(pos), map_arg(d, &self), arg_node(neg)};
+    return neg ? dz(d, emit_fn(d, "where", wa, 3)) : 0;
+}
+
+/* F.pairwise_distance (aten's pairwise_distance): norm(x1 - x2 + eps, p, last dim of the wider, keepdim). */
+static const Rule PDIST_RULE = {"torch.pairwise_distance torch.nn.functional.pairwise_distance",
+                                "self, x2, p=2.0, eps=1e-06, keepdim=False", "const:p const:eps", "", 0, 0};
+
+static IRRef dz_pairwise_distance(AG *d, const Bind *b) {
+    IRArg x1 = bval(b, "self"), x2 = bval(b, "x2");
+    const IRMeta *m1 = val_meta(d, &x1), *m2 = val_meta(d, &x2);
+    if (!m1 || !m2 || m1->kind != IRMETA_TENSOR || m2->kind != IRMETA_TENSOR || meta_complex(m1) || meta_complex(m2)) return 0;
+    int32_t nd = m1->ndim > m2->ndim ? m1->ndim : m2->ndim;
+    IRRef df = dz(d, emit_op(d, "sub", map_arg(d, &x1), map_arg(d, &x2), 2));
+    IRRef de = df ? dz(d, emit_op(d, "add", arg_node(df), bval(b, "eps"), 2)) : 0;
+    IRArg na[4] = {arg_node(de), bval(b, "p"), arg_const_steal(d, PyLong_FromLong(nd - 1)), bval(b, "keepdim")};
+    return de ? dz(d, emit_method(d, "norm", na, 4)) : 0;
+}
+
+/* F.cosine_similarity (aten's cosine_similarity): x1 and x2 broadcast, each divided by its 2-norm
+ * over dim clamped to eps, the product summed over dim. Eager clamps a clone of the norm in place
+ * under no_grad, so the clamp passes the gradient through unchanged: n + (clamp_min(n, eps) - n)
+ * with the difference detached gives the clamped value and that gradient. */
+static const Rule COSSIM_RULE = {"torch.cosine_similarity torch.nn.functional.cosine_similarity",
+                                 "self, x2, dim=1, eps=1e-08", "const:dim const:eps", "", 0, 0};
+
+static IRRef dz_cosine_similarity(AG *d, const Bind *b) {
+    IRArg x[2] = {bval(b, "self"), bval(b, "x2")};
+    const IRMeta *m[2] = {val_meta(d, &x[0]), val_meta(d, &x[1])};
+    for (int i = 0; i < 2; i++)
+        if (!m[i] || m[i]->kind != IRMETA_TENSOR || !dtype_differentiable(m[i]->dtype) || meta_complex(m[i])) return 0;
+    if (m[0]->dtype != m[1]->dtype) return 0;
+    int32_t nd = m[0]->ndim > m[1]->ndim ? m[0]->ndim : m[1]->ndim;
+    PyObject *shape = PyTuple_New(nd);
+    for (int32_t i = 0; shape && i < nd; i++) { /* the broadcast shape (eager: expand_outplace) */
+        int32_t i0 = i - (nd - m[0]->ndim), i1 = i - (nd - m[1]->ndim);
+        int64_t a = i0 >= 0 ? m[0]->sizes[i0] : 1, c = i1 >= 0 ? m[1]->sizes[i1] : 1;
+        if (a != c && a != 1 && c != 1) return Py_DECREF(shape), 0;
+        PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(a == 1 ? c : a));
+    }
+    if (!shape) return 0;
+    IRArg sh = arg_const_steal(d, shape);
+    IRRef unit[2];
+    for (int i = 0; i < 2; i++) {
+        IRArg ea[2] = {map_arg(d, &x[i]), sh};
+        IRRef xe = dz(d, emit_method(d, "expand", ea, 2));
+        IRArg na[4] = {arg_node(xe), arg_const_steal(d, PyLong_FromLong(2)), bval(b, "dim"), arg_const_steal(d, Py_NewRef(Py_True))};
+        IRRef n = xe ? dz(d, emit_fn(d, "linalg.vector_norm", na, 4)) : 0;
+        IRArg ca[2] = {arg_node(n), bval(b, "eps")};
+        IRRef cl = n ? emit_method(d, "clamp_min", ca, 2) : 0; /* no gradient: the difference is detached */
+        IRRef dl = cl ? emit_op(d, "sub", arg_node(cl), arg_node(n), 2) : 0;
+        IRArg da[1] = {arg_node(dl)};
+        IRRef dt = dl ? emit_method(d, "detach", da, 1) : 0;
+        if (!dt) return 0;
+        d->j->nodes[cl].meta.requires_grad = d->j->nodes[dl].meta.requires_grad = d->j->nodes[dt].meta.requires_grad = false;
+        IRRef nc = dz(d, emit_op(d, "add", arg_node(n), arg_node(dt), 2));
+        unit[i] = nc ? dz(d, emit_op(d, "truediv", arg_node(xe), arg_node(nc), 2)) : 0;
+        if (!unit[i]) return 0;
+    }
+    IRRef pr = dz(d, emit_op(d, "mul", arg_node(unit[0]), arg_node(unit[1]), 2));
+    IRArg sa[2] = {arg_node(pr), bval(b, "dim")};
+    return pr ? dz(d, emit_method(d, "sum", sa, 2)) : 0;
+}
+
 /* F.rms_norm (aten's rms_norm_symint, the composite CPU eager differentiates op by op): x in its
  * op-math dtype (float32 for half / bfloat16), x * rsqrt(mean(x^2 over the normalized dims,
  * keepdim) + eps) cast back to x's dtype, times weight; eps None is the op-math dtype's epsilon. */
@@ -3822,8 +3908,8 @@ static IRRef dz_rms_norm(AG *d, const Bind *b) {
 }
 
 /* Which node to decompose: 1 MHA, 2 sdpa on the math kernel, 3 cross_entropy (training),
- * 4 rms_norm, 5 cross_entropy with label smoothing or probabilities, 6 F.normalize, 7 F.kl_div
- * (4-7: training graphs), 0 none. */
+ * 4 rms_norm, 5 cross_entropy with label smoothing or probabilities, 6 F.normalize, 7 F.kl_div,
+ * 8 prelu, 9 pairwise_distance, 10 cosine_similarity (4-10: training graphs), 0 none. */
 static int dz_target(AG *d, IRRef r, Bind *b) {
     const IRNode *n = em_ir_node(d->g, r);
     if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || (!d->inference && !meta_needs_grad(&n->meta)))
@@ -3843,6 +3929,13 @@ static int dz_target(AG *d, IRRef r, Bind *b) {
         what = 6;
     else if (s && !d->inference && !strcmp(s, KL_RULE.names) && bind_args(d, &KL_RULE, n, b) == 0 && checks_pass(d, b))
         what = 7;
+    else if (s && !d->inference && names_has(PRELU_RULE.names, s) && bind_args(d, &PRELU_RULE, n, b) == 0) what = 8;
+    else if (s && !d->inference && names_has(PDIST_RULE.names, s) && bind_args(d, &PDIST_RULE, n, b) == 0 &&
+             checks_pass(d, b))
+        what = 9;
+    else if (s && !d->inference && names_has(COSSIM_RULE.names, s) && bind_args(d, &COSSIM_RULE, n, b) == 0 &&
+             checks_pass(d, b))
+        what = 10;
     else if (s && !strcmp(s, "torch.nn.functional.scaled_dot_product_attention")) {
         for (size_t i = 0; i < NRULES && !what; i++)
             if (RULES[i].special == SP_SDPA && bind_args(d, &RULES[i], n, b) == 0 && sdpa_kind_bound(d, b) == SDPA_MATH)
@@ -4073,6 +4166,9 @@ IRGraph *em_autograd_decompose(const IRGraph *g, bool inference, PyObject *names
                 : what[r] == 5 ? dz_cross_entropy_smooth(&d, &b)
                 : what[r] == 6 ? dz_normalize(&d, &b)
                 : what[r] == 7 ? dz_kl_div(&d, &b)
+                : what[r] == 8 ? dz_prelu(&d, &b)
+                : what[r] == 9 ? dz_pairwise_distance(&d, &b)
+                : what[r] == 10 ? dz_cosine_similarity(&d, &b)
                                : dz_sdpa(&d, d.fmap[bval(&b, "query").u.ref], d.fmap[bval(&b, "key").u.ref],
                                        d.fmap[bval(&b, "value").u.ref],
                                        bval(&b, "attn_mask").kind == IRARG_NODE ? d.fmap[bval(&b, "attn_mask").u.ref] : 0,

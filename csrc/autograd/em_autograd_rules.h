@@ -381,7 +381,8 @@ static const Rule RULES[] = {
     {"torch.nn.functional.conv_transpose1d torch.nn.functional.conv_transpose2d torch.nn.functional.conv_transpose3d "
      "torch.conv_transpose1d torch.conv_transpose2d torch.conv_transpose3d",
      "self, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1", "batched:self", "", 0, SP_CONV},
-    {"torch.nn.functional.max_pool2d torch.max_pool2d",
+    {"torch.nn.functional.max_pool2d torch.max_pool2d torch.nn.functional.max_pool3d torch.nn.functional._max_pool3d "
+     "torch.max_pool3d",
      "self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False",
      "false:return_indices", "", 0, SP_MAX_POOL2D},
     {"torch.nn.functional.adaptive_avg_pool2d", "self, output_size", "",

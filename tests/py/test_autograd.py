@@ -293,6 +293,11 @@ MORE_CASES = [
      F.fold(F.unfold(x, (2, 3), stride=(1, 2)), (4, 5), (2, 3), stride=(1, 2)).tanh().sum() + torch.diag_embed(v).sin().sum() +
      torch.diag(v, 1).sum() + torch.diag(x[0, 0]).sin().sum() + x[0, 0].diag(-1).sum(),
      lambda d: (r(2, 3, 4, 5, dtype=d), r(3, dtype=d))),
+    ("prelu_distances", lambda x, y, w, w1: F.prelu(x, w).sin().sum() + F.prelu(x, w1).cos().sum() +
+     F.pairwise_distance(x[:, 0], y[:, 0]).sum() + F.pairwise_distance(x[:, :, 0], y[0, :, 0], keepdim=True).sin().sum() +
+     F.cosine_similarity(x, y, dim=2).sin().sum() + F.cosine_similarity(x[:, 0], y[0, 0], dim=-1).sum(),
+     lambda d: (r(2, 3, 4, 5, dtype=d), r(2, 3, 4, 5, dtype=d), r(3, dtype=d), r(1, dtype=d))),
+    ("max_pool3d", lambda x: F.max_pool3d(x, 2).sin().sum() + F.max_pool3d(x, 3, 1, 1).mean(), lambda d: (r(1, 2, 4, 4, 4, dtype=d),)),
     ("conv_transpose", lambda x, w, b, w1: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1).sum(1) +
      F.conv_transpose1d(x[:, :, 0], w1, groups=2).sum((1, 2))[:, None, None],
      lambda d: (r(2, 4, 5, 5, dtype=d), r(4, 3, 3, 3, dtype=d), r(3, dtype=d), r(4, 2, 3, dtype=d))),
@@ -342,7 +347,7 @@ GRADCHECK = ["add_broadcast", "div", "pow_tensor", "tanh", "gelu", "sum_dims", "
              "dot_mv_outer", "baddbmm_addbmm", "group_norm", "conv_transpose", "atan2_hypot", "xlogy_logaddexp",
              "softplus_hard_mish", "bce", "softmax_dtype_softmin", "pad_constant", "flip_roll_rot90",
              "cross_entropy_smoothing", "cross_entropy_probabilities", "normalize_kl_div", "repeat_tile",
-             "interpolate", "einsum", "unfold_fold_diag"]
+             "interpolate", "einsum", "unfold_fold_diag", "prelu_distances", "max_pool3d"]
 
 
 @pytest.mark.parametrize("name", GRADCHECK)
