@@ -539,6 +539,11 @@ static int make_break_entry(CacheEntry *e, const EmTraceResult *res, const EmCom
     if (em_trace_graph_has_calls(res->graph)) {
         e->compiled = backend_compile(cfg, res, code, &e->eager_graph, backend_info, info_key, backend_s);
         if (!e->compiled) return -1;
+    } else if (res->graph->output && em_ir_node(res->graph, res->graph->output)->nargs &&
+               em_ir_node(res->graph, res->graph->output)->args[0].n) {
+        /* no op, but the values read graph outputs (a symbolic int input passed on): replay the graph */
+        e->eager_graph = 1;
+        if (!(e->compiled = em_eager_graph_new(res->graph))) return -1;
     }
     e->ninputs = e->compiled ? res->ninputs : 0;
     e->grad_restore = res->grad_restore;

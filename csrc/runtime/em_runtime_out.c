@@ -73,7 +73,8 @@ void em_out_free(OutSpec *spec) {
     free(b);
 }
 
-/* graph_out[i] as a new reference; IndexError when the compiled graph returned too few. Tuples
+/* graph_out[i] as a new reference; RuntimeError (ember's own inconsistency, never an IndexError
+ * user code could take for the end of a sequence) when the compiled graph returned too few. Tuples
  * and lists (what backends return) are read directly; any other sequence through __getitem__. */
 static PyObject *out_graph_item(PyObject *graph_out, uint32_t i) {
     if (PyTuple_Check(graph_out)) {
@@ -87,7 +88,7 @@ static PyObject *out_graph_item(PyObject *graph_out, uint32_t i) {
                      Py_TYPE(graph_out)->tp_name);
         return NULL;
     }
-    PyErr_Format(PyExc_IndexError, "ember: the compiled graph returned fewer than %u results", i + 1);
+    PyErr_Format(PyExc_RuntimeError, "ember: the compiled graph returned fewer than %u results", i + 1);
     return NULL;
 }
 

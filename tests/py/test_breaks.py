@@ -797,3 +797,60 @@ def test_break_at_a_method_load_on_an_untraced_object():
 
     c = run_both(f, [(torch.randn(3, 4),)] * 3)
     assert "fallback" not in kinds_tree(c)
+
+
+class _Cfg:
+    n = 3
+
+
+class _View:
+    """A config view as transformers' _PerLayerConfigView: __len__ reads an attribute, __getitem__
+    raises IndexError past the end (the protocol collections.abc.Sequence's __iter__ relies on)."""
+
+    def __init__(self, c):
+        self._c = c
+
+    def __len__(self):
+        return self._c.n
+
+    def getitem(self, i):
+        if i < 0 or i >= len(self):
+            raise IndexError("list index out of range")
+        return i
+
+
+def test_break_entry_passing_a_symbolic_int_on():
+    """A frame that breaks before any tensor op (the user __len__ call) with an automatic-dynamic int
+    that its stack carries on: the break entry has no op to compile but its values read the int from
+    the graph, which must replay it. It returned no value and raised IndexError('the compiled graph
+    returned fewer than 1 results'), which a Sequence's __iter__ takes for the end: transformers'
+    DynamicCache(config=...) got one layer of two (Qwen2 failed in its cache update)."""
+    from collections.abc import Sequence
+
+    v = _View(_Cfg())
+    g = ember.compile(_View.getitem)
+    assert [g(v, i) for i in range(3)] == [0, 1, 2]
+    with pytest.raises(IndexError, match="list index out of range"):
+        g(v, 3)
+
+    class Seq(Sequence):
+        def __init__(self, c):
+            self._c = c
+
+        def __len__(self):
+            return self._c.n
+
+        def __getitem__(self, i):
+            if i < 0 or i >= len(self):
+                raise IndexError("list index out of range")
+            return i * 10
+
+    def loop(x):
+        out = []
+        for c in Seq(_Cfg()):
+            out.append(c)
+        return x + 1, out
+
+    ember.reset()
+    x = torch.randn(2)
+    assert ember.compile(loop)(x)[1] == [0, 10, 20]

@@ -215,3 +215,22 @@ def test_llama_training_steps_are_one_compiled_region():
     assert info and all(e["kind"] == "graph" for e in info), [(e["kind"], e["reason"], e["detail"]) for e in info]
     for e in info:
         _one_region(e, cpu)
+
+
+def test_qwen2_with_its_dynamic_cache_equals_eager():
+    """transformers' Qwen2ForCausalLM with its default use_cache=True builds a DynamicCache from the
+    config in the forward (a Sequence view of per-layer configs iterated after a graph break): the
+    cache had one layer of two under ember and the forward raised IndexError in its update."""
+    import transformers
+    cfg = transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=100)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(cfg).eval()
+    ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(1), device="cpu").to(
+        next(model.parameters()).device)
+    with torch.no_grad():
+        expected = model(ids).logits
+        for backend in ("eager", "ember"):
+            ember.reset()
+            got = ember.compile(model, backend=backend)(ids).logits
+            torch.testing.assert_close(got, expected)
