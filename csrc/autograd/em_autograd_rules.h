@@ -53,16 +53,18 @@ typedef struct {
 } Rule;
 
 #define PW R_RECOMPUTE
+/* (operator.iadd and the like reach the rules only where they update nothing, `0 += t` being
+ * t.__radd__: an update in place is functionalized or keeps the region on eager autograd first) */
 static const Rule RULES[] = {
     /* ---- pointwise arithmetic ---- */
-    {"operator.add torch.add Tensor.add Tensor.__add__ Tensor.__radd__", "self, other, *, alpha=1", "",
+    {"operator.add torch.add Tensor.add Tensor.__add__ Tensor.__radd__ operator.iadd", "self, other, *, alpha=1", "",
      "self: grad; other: mul(grad, alpha)", PW, 0},
-    {"operator.sub torch.sub Tensor.sub Tensor.__sub__ torch.subtract", "self, other, *, alpha=1", "",
+    {"operator.sub torch.sub Tensor.sub Tensor.__sub__ torch.subtract operator.isub", "self, other, *, alpha=1", "",
      "self: grad; other: neg(mul(grad, alpha))", PW, 0},
     {"torch.rsub Tensor.__rsub__", "self, other, *, alpha=1", "", "self: neg(mul(grad, alpha)); other: grad", PW, 0},
-    {"operator.mul torch.mul Tensor.mul Tensor.__mul__ Tensor.__rmul__ torch.multiply", "self, other", "",
+    {"operator.mul torch.mul Tensor.mul Tensor.__mul__ Tensor.__rmul__ torch.multiply operator.imul", "self, other", "",
      "self: mul(grad, other); other: mul(grad, self)", PW, 0},
-    {"operator.truediv torch.div Tensor.div Tensor.__truediv__ torch.true_divide torch.divide",
+    {"operator.truediv torch.div Tensor.div Tensor.__truediv__ torch.true_divide torch.divide operator.itruediv",
      "self, other, *, rounding_mode=None", "null:rounding_mode",
      "self: div(grad, other); other: neg(mul(grad, div(div(self, other), other)))", PW, 0},
     {"torch.div Tensor.div torch.divide", "self, other, *, rounding_mode=None", "notnull:rounding_mode",

@@ -1020,8 +1020,9 @@ bool em_ir_mutates(const IRNode *n) {
         bool op_module = strncmp(s, "operator.", 9) == 0 || strncmp(s, "_operator.", 10) == 0;
         if (strcmp(base, "setitem") == 0 || strcmp(base, "__setitem__") == 0)
             mut = true;
-        else if (op_module) /* x += y on ints is no tensor update */
-            mut = ir_inplace_operator(base, len) && n->meta.kind == IRMETA_TENSOR;
+        else if (op_module) /* x += y on ints is no tensor update, nor is 0 += t (int.__iadd__ is t.__radd__) */
+            mut = ir_inplace_operator(base, len) && n->meta.kind == IRMETA_TENSOR && n->nargs &&
+                  n->args[0].kind == IRARG_NODE;
         else if (len > 4 && strncmp(base, "__", 2) == 0 && strcmp(base + len - 2, "__") == 0)
             mut = ir_inplace_operator(base + 2, len - 4); /* __iadd__, not __add__ or __invert__ */
         else
