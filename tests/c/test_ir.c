@@ -491,7 +491,7 @@ static void test_outspec(void) {
     CHECK(rep && PyUnicode_CompareWithASCIIString(rep, "[graph_out[1], fetched[0], 7, {'k': graph_out[0]}]") == 0);
     PyObject *short_out = Py_BuildValue("(s)", "only");
     PyObject *v2 = em_out_build(copy, short_out, fetched);
-    CHECK(v2 == NULL && PyErr_ExceptionMatches(PyExc_IndexError));
+    CHECK(v2 == NULL && PyErr_ExceptionMatches(PyExc_RuntimeError));
     PyErr_Clear();
     Py_XDECREF(v);
     Py_XDECREF(want);

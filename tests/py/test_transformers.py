@@ -234,3 +234,47 @@ def test_qwen2_with_its_dynamic_cache_equals_eager():
             ember.reset()
             got = ember.compile(model, backend=backend)(ids).logits
             torch.testing.assert_close(got, expected)
+
+
+_FAMILIES = {  # name: (config class, model class, config overrides beyond the common tiny ones)
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(num_key_value_heads=2, head_dim=16)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_key_value_heads=2, pad_token_id=0)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {}),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(ffn_dim=128, word_embed_proj_dim=64, pad_token_id=1)),
+    "falcon": ("FalconConfig", "FalconForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=2)),
+    "mpnet": ("MPNetConfig", "MPNetForMaskedLM", {}),
+    "deberta_v2": ("DebertaV2Config", "DebertaV2ForMaskedLM", {}),
+    "bart": ("BartConfig", "BartForConditionalGeneration",
+             dict(d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+                  encoder_ffn_dim=128, decoder_ffn_dim=128)),
+}
+
+
+@pytest.mark.parametrize("name", list(_FAMILIES))
+def test_model_families_train_as_one_compiled_region(name):
+    """More of transformers' families (2 tiny layers from a config, dropout as configured, the loss
+    from labels= inside the model): one backward under backend "aot_eager" gives eager's loss and
+    gradients, from one region with a compiled backward (no split, no eager fallback)."""
+    import copy
+    import transformers
+    cfg_cls, model_cls, extra = _FAMILIES[name]
+    kw = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128)
+    kw.update(extra)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kw)).eval()  # eval: no dropout draws
+    device = next(model.parameters()).device
+    ids = torch.randint(2, 128, (2, 8), generator=torch.Generator().manual_seed(1)).to(device)
+    m_c = copy.deepcopy(model)
+    compiled = ember.compile(m_c, backend="aot_eager")
+    loss_e, loss_c = model(ids, labels=ids).loss, compiled(ids, labels=ids).loss
+    loss_e.backward()
+    loss_c.backward()
+    torch.testing.assert_close(loss_c, loss_e)
+    for (n, p_e), p_c in zip(model.named_parameters(), m_c.parameters()):
+        assert (p_e.grad is None) == (p_c.grad is None), n
+        if p_e.grad is not None:
+            torch.testing.assert_close(p_c.grad, p_e.grad, msg=n, rtol=1e-4, atol=1e-5)
+    for e in entries(compiled):
+        ag = e.get("autograd") or {}
+        assert not ag.get("fallback") and not ag.get("split"), (ag.get("fallback"), ag.get("split"))
