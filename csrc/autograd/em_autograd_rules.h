@@ -393,6 +393,9 @@ static const Rule RULES[] = {
      "self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None", "",
      "self: aten.avg_pool2d_backward(grad, self, kernel_size, stride_or_kernel(stride, kernel_size), padding, "
      "ceil_mode, count_include_pad, divisor_override)", 0, 0},
+    /* adaptive_avg_pool1d is aten's unsqueeze / adaptive_avg_pool2d / squeeze */
+    {"torch.adaptive_avg_pool1d torch.nn.functional.adaptive_avg_pool1d", "self, output_size", "",
+     "self: T.squeeze(aten._adaptive_avg_pool2d_backward(T.unsqueeze(grad, -2), T.unsqueeze(self, -2)), -2)", 0, 0},
     {"torch.nn.functional.adaptive_avg_pool3d", "self, output_size", "",
      "self: aten._adaptive_avg_pool3d_backward(grad, self)", 0, 0},
     {"torch.nn.functional.avg_pool3d torch._C._nn.avg_pool3d",

@@ -62,6 +62,14 @@ static const TExcEntry *exc_lookup(const TFrame *F, uint32_t pc) {
     return NULL;
 }
 
+bool em_tr_in_try(const TFrame *F, uint32_t pc) {
+    const TExcEntry *e = exc_lookup(F, pc);
+    if (!e || e->target < 0) return false;
+    uint32_t t = (uint32_t)e->target;
+    /* a with statement's __exit__ call handles its block: breaks there are split as before */
+    return !(t + 1 < F->nins && F->ins[t].op == OP_PUSH_EXC_INFO && F->ins[t + 1].op == OP_WITH_EXCEPT_START);
+}
+
 /* The break detail for a raised instance: "Type: message" when its only argument is a str (never
  * runs a user __str__). */
 static int raise_break(Trace *T, PyObject *exc) {

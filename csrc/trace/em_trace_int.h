@@ -535,6 +535,10 @@ int em_tr_raise_msg(Trace *T, PyObject *cls, const char *fmt, ...);
  * handler at its pc, clears the break, unwinds F's stack and jumps to the handler (returns 1);
  * else 0. */
 int em_tr_exc_unwind(Trace *T, TFrame *F);
+/* Is instruction pc of F covered by an except or finally clause (an exception-table entry whose
+ * handler is not a with statement's __exit__ call)? A frame is not split there: the breaking
+ * instruction would run in the stub, outside the handler that must see its exception. */
+bool em_tr_in_try(const TFrame *F, uint32_t pc);
 /* PUSH_EXC_INFO, POP_EXCEPT, CHECK_EXC_MATCH, WITH_EXCEPT_START, RERAISE, RAISE_VARARGS. -1 on
  * break (a raise is a break that em_tr_exc_unwind may turn into a jump). */
 int em_tr_exc_op(Trace *T, TFrame *F, int op, int arg);

@@ -981,6 +981,8 @@ int em_tr_split_here(Trace *T, TFrame *F) {
     if (in->start < 2 * prefix) return em_tr_break(T, EM_BREAK_INTERNAL, "break inside a resume prefix");
     if (autocast_exit_live(F))
         return em_tr_break(T, EM_BREAK_TRY_BLOCK, "a torch.autocast block entered before this function is open");
+    if (em_tr_in_try(F, F->pc)) /* the stub would raise outside the except / finally clause */
+        return em_tr_break(T, EM_BREAK_TRY_BLOCK, "a break inside a try block");
     Brk b;
     if (classify(T, F, in, &b) < 0) return -1;
     if (b.kind != K_EXIT && F->pc + 1 >= F->nins) return em_tr_break(T, EM_BREAK_INTERNAL, "break at the last instruction");

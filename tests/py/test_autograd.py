@@ -301,7 +301,8 @@ MORE_CASES = [
     ("conv_transpose", lambda x, w, b, w1: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1).sum(1) +
      F.conv_transpose1d(x[:, :, 0], w1, groups=2).sum((1, 2))[:, None, None],
      lambda d: (r(2, 4, 5, 5, dtype=d), r(4, 3, 3, 3, dtype=d), r(3, dtype=d), r(4, 2, 3, dtype=d))),
-    ("pool3d", lambda x: F.avg_pool3d(x, 2).sum() + F.adaptive_avg_pool3d(x, (1, 2, 2)).sum(),
+    ("pool3d", lambda x: F.avg_pool3d(x, 2).sum() + F.adaptive_avg_pool3d(x, (1, 2, 2)).sum() +
+     F.adaptive_avg_pool1d(x[0, 0], 3).sin().sum() + F.adaptive_avg_pool1d(x[0, 0, 0], 1).sum(),
      lambda d: (r(1, 2, 4, 4, 4, dtype=d),)),
     ("smooth_l1_huber", lambda x, y: F.smooth_l1_loss(x, y) + F.smooth_l1_loss(x, y, beta=0.5, reduction="sum") +
      F.huber_loss(x, y, delta=0.7) + F.huber_loss(x, y, reduction="none").sum(), lambda d: (r(4, 5, dtype=d), r(4, 5, dtype=d))),

@@ -854,3 +854,39 @@ def test_break_entry_passing_a_symbolic_int_on():
     ember.reset()
     x = torch.randn(2)
     assert ember.compile(loop)(x)[1] == [0, 10, 20]
+
+
+def test_break_inside_a_try_block_keeps_the_handler():
+    """A break inside a try block (here a missing attribute the except clause catches, as numpy's
+    _wrapreduction does for np.prod(3)) runs the frame eagerly instead of splitting it: the split
+    ran the breaking instruction in the stub, outside the handler, and the exception escaped."""
+    import numpy as np
+
+    def wrap(obj, method):
+        passkwargs = {k: v for k, v in {"a": None}.items() if v is not None}
+        if type(obj) is not np.ndarray:
+            try:
+                reduction = getattr(obj, method)
+            except AttributeError:
+                pass
+            else:
+                return reduction(**passkwargs)
+        return "ufunc"
+
+    def f(x):
+        y = x + 1
+        return y, wrap(3, "prod"), np.prod(3)
+
+    def g(x):
+        try:
+            r = getattr(3, "prod")
+        except AttributeError:
+            r = None
+        return x * 2, r
+
+    x = torch.randn(3)
+    for fn in (f, g):
+        ember.reset()
+        out, ref = ember.compile(fn)(x), fn(x)
+        torch.testing.assert_close(out[0], ref[0])
+        assert out[1:] == ref[1:]
