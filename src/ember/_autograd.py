@@ -31,6 +31,8 @@ class CompiledRegion(torch.autograd.Function):
         outs, saved = res[:n], res[n:]
         if same is not None:  # outputs that are input objects (make_region)
             same.extend((k, i) for k, i in plan.maybe_same if outs[k] is inputs[i])
+        if any(isinstance(o, torch.Tensor) and o._is_view() for o in outs):
+            outs = _unview_outputs(outs, inputs, saved)
         if graphs is None:
             ctx.save_for_backward(*saved)
         else:
@@ -184,6 +186,31 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
             return tuple(outs)
     region.plan = plan
     return region
+
+
+def _unview_outputs(outs, inputs, saved):
+    """Outputs that are views of an intermediate value (`logits.flatten(0, 1)`, a transpose before a
+    graph break), returned as tensors that are no views: a view a Function returns may not be
+    updated in place afterwards (autograd's CreationMeta), which eager allows. The intermediate is
+    nobody else's: the output aliases its memory (set_, no copy), unless a saved tensor shares it,
+    whose update would then go unnoticed by the backward (eager's version counter would raise):
+    a copy then. Views of inputs and of other outputs stay views (make_region makes them again
+    outside the Function)."""
+    keep = {x.untyped_storage().data_ptr() for x in (*inputs, *outs) if isinstance(x, torch.Tensor) and not x._is_view()}
+    kept = {s.untyped_storage().data_ptr() for s in saved if isinstance(s, torch.Tensor)}
+    outs = list(outs)
+    for k, o in enumerate(outs):
+        if not (isinstance(o, torch.Tensor) and o._is_view()):
+            continue
+        ptr = o.untyped_storage().data_ptr()
+        if ptr == 0 or ptr in keep or o._base is None or any(o._base is x for x in (*inputs, *outs)):
+            continue
+        if ptr in kept:
+            outs[k] = o.clone(memory_format=torch.preserve_format)
+        else:
+            outs[k] = torch.empty(0, dtype=o.dtype, device=o.device).set_(o.untyped_storage(), o.storage_offset(),
+                                                                           o.size(), o.stride())
+    return tuple(outs)
 
 
 def _regenerate_view(outs, k, base, done):
