@@ -3659,11 +3659,12 @@ static IRRef dz_mha(AG *d, const Bind *b) {
 
 /* F.cross_entropy with class indices (torch/nn/functional.py -> cross_entropy_loss, LossNLL.cpp):
  * nll_loss(log_softmax(input, class dim), target, weight, reduction, ignore_index), each with its
- * own rule. Label smoothing and class-probability targets keep eager autograd (split). */
+ * own rule. Label smoothing and class-probability targets: CE_SMOOTH_RULE below. */
+#define CE_SIG                                                                                     \
+    "self, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction='mean', " \
+    "label_smoothing=0.0"
 static const Rule CE_RULE = {
-    "torch.nn.functional.cross_entropy",
-    "self, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction='mean', "
-    "label_smoothing=0.0",
+    "torch.nn.functional.cross_entropy", CE_SIG,
     "nll:self null:size_average null:reduce const:ignore_index reduction:reduction eq0:label_smoothing", "", 0, 0};
 
 static IRRef dz_cross_entropy(AG *d, const Bind *b) {
@@ -3683,9 +3684,7 @@ static IRRef dz_cross_entropy(AG *d, const Bind *b) {
  * indices with label smoothing (cross_entropy_loss_label_smoothing: (1 - ls) * nll_loss + ls / C
  * times the mean, over the targets not ignored, of -log_softmax(x).sum(class dim)). */
 static const Rule CE_SMOOTH_RULE = {
-    "torch.nn.functional.cross_entropy",
-    "self, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction='mean', "
-    "label_smoothing=0.0",
+    "torch.nn.functional.cross_entropy", CE_SIG,
     "null:weight null:size_average null:reduce const:ignore_index reduction:reduction const:label_smoothing", "", 0, 0};
 
 static IRRef dz_cross_entropy_smooth(AG *d, const Bind *b) {

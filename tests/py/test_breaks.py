@@ -833,17 +833,9 @@ def test_break_entry_passing_a_symbolic_int_on():
     with pytest.raises(IndexError, match="list index out of range"):
         g(v, 3)
 
-    class Seq(Sequence):
-        def __init__(self, c):
-            self._c = c
-
-        def __len__(self):
-            return self._c.n
-
+    class Seq(_View, Sequence):
         def __getitem__(self, i):
-            if i < 0 or i >= len(self):
-                raise IndexError("list index out of range")
-            return i * 10
+            return self.getitem(i) * 10
 
     def loop(x):
         out = []
