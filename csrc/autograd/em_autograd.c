@@ -1132,6 +1132,19 @@ static IRRef interp_backward(AG *ag, IRArg *args, uint32_t nargs) {
     return emit_fn(ag, nearest ? "ops.aten.upsample_nearest2d_backward" : "ops.aten.upsample_bilinear2d_backward", a, na);
 }
 
+/* A loss's elementwise gradient r divided by the input x's element count for reduction 'mean' (as
+ * aten's *_backward kernels do); r itself for another reduction; 0 (ag->reason set) when r is 0. */
+static IRRef loss_mean(AG *ag, IRRef r, IRRef x, PyObject *reduction) {
+    if (!r || PyUnicode_CompareWithASCIIString(reduction, "mean")) {
+        if (!r && !ag->reason) ag_fail(ag, "a loss's gradient could not be emitted");
+        return r;
+    }
+    const IRMeta *m = jmeta(ag, x);
+    int64_t numel = 1;
+    for (int32_t i = 0; i < m->ndim; i++) numel *= m->sizes[i];
+    return emit_op(ag, "truediv", arg_node(r), arg_const_steal(ag, PyLong_FromLongLong(numel)), 2);
+}
+
 static IRArg eval_expr(Eval *e);
 
 static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, PyObject **kwn, IRArg *kwv, uint32_t nkw) {
@@ -1173,13 +1186,7 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
         IRArg da[1] = {arg_node(d)};
         IRRef sg = d ? emit_fn(ag, "sign", da, 1) : 0;
         IRRef r = sg ? emit_op(ag, "mul", arg_node(sg), args[0], 2) : 0;
-        if (r && !PyUnicode_CompareWithASCIIString(args[3].u.obj, "mean")) {
-            const IRMeta *m = jmeta(ag, args[1].u.ref);
-            int64_t numel = 1;
-            for (int32_t i = 0; i < m->ndim; i++) numel *= m->sizes[i];
-            r = emit_op(ag, "truediv", arg_node(r), arg_const_steal(ag, PyLong_FromLongLong(numel)), 2);
-        }
-        return r ? arg_node(r) : (IRArg){0};
+        return arg_node(loss_mean(ag, r, args[1].u.ref, args[3].u.obj));
     }
     if (!strcmp(fname, "hw")) { /* the last two sizes (col2im's output size) */
         if (nargs != 1 || args[0].kind != IRARG_NODE) goto bad;
@@ -1231,13 +1238,7 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
         }
         r = r ? emit_op(ag, "mul", arg_node(r), args[0], 2) : 0;
         if (r && !arg_is_none(&args[3])) r = emit_op(ag, "mul", arg_node(r), args[3], 2);
-        if (r && !PyUnicode_CompareWithASCIIString(args[5].u.obj, "mean")) {
-            const IRMeta *m = jmeta(ag, args[1].u.ref);
-            int64_t numel = 1;
-            for (int32_t i = 0; i < m->ndim; i++) numel *= m->sizes[i];
-            r = emit_op(ag, "truediv", arg_node(r), arg_const_steal(ag, PyLong_FromLongLong(numel)), 2);
-        }
-        return r ? arg_node(r) : (IRArg){0};
+        return arg_node(loss_mean(ag, r, args[1].u.ref, args[5].u.obj));
     }
     if (!strcmp(fname, "stride_or_kernel")) { /* pooling: stride None means the kernel size */
         if (nargs != 2) goto bad;
