@@ -4825,7 +4825,7 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
     AG ag = {0};
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
     PyObject *saved_list = NULL, *recomp_list = NULL, *tang = NULL, *gin = NULL, *nondiff = NULL;
-    PyObject *gdeps = NULL, *same = NULL, *views = NULL, *oviews = NULL;
+    PyObject *gdeps = NULL, *same = NULL, *views = NULL, *oviews = NULL, *unview = NULL;
     PyObject *jt = NULL, *ft = NULL, *bt = NULL, *budget_obj = NULL, *ember_info = NULL;
     int64_t *bytes = NULL;
     uint8_t *saved = NULL, *recompute = NULL, *need = NULL;
@@ -5192,7 +5192,21 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         if (!it || PyList_Append(oviews, it) < 0) Py_CLEAR(oviews);
         Py_XDECREF(it);
     }
-    if (!same || !views || !oviews) {
+    /* outputs that may be a view of an intermediate value (not an op whose rule returns new memory):
+     * a view a Function returns may not be updated in place, which eager allows; make_region's
+     * _unview_outputs returns them as no view when they are one at run time */
+    uint8_t *no_done = calloc(G, 1);
+    unview = no_done && oviews ? PyList_New(0) : NULL;
+    for (uint32_t k = 0; unview && k < outs->n; k++) {
+        IRRef r = outs->u.items[k].u.ref;
+        const IRNode *on = em_ir_node(g, r);
+        if (on->kind == IR_PLACEHOLDER || on->meta.kind != IRMETA_TENSOR || fresh_node(&ag, r, no_done)) continue;
+        PyObject *kv = PyLong_FromUnsignedLong(k);
+        if (!kv || PyList_Append(unview, kv) < 0) Py_CLEAR(unview);
+        Py_XDECREF(kv);
+    }
+    free(no_done);
+    if (!same || !views || !oviews || !unview) {
         free(tangent);
         goto error;
     }
@@ -5442,8 +5456,8 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         Py_DECREF(layouts);
         goto error;
     }
-    result = PyObject_CallFunction(make, "OOIIOOONOOONO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
-                                   tang, nondiff, layouts, gdeps, same, views, detached, oviews);
+    result = PyObject_CallFunction(make, "OOIIOOONOOONOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
+                                   tang, nondiff, layouts, gdeps, same, views, detached, oviews, unview);
     if (!result) goto error;
     *info = d;
     d = NULL;
@@ -5481,6 +5495,7 @@ done:
     Py_XDECREF(same);
     Py_XDECREF(views);
     Py_XDECREF(oviews);
+    Py_XDECREF(unview);
     Py_XDECREF(jt);
     Py_XDECREF(ft);
     Py_XDECREF(bt);

@@ -31,8 +31,8 @@ class CompiledRegion(torch.autograd.Function):
         outs, saved = res[:n], res[n:]
         if same is not None:  # outputs that are input objects (make_region)
             same.extend((k, i) for k, i in plan.maybe_same if outs[k] is inputs[i])
-        if any(isinstance(o, torch.Tensor) and o._is_view() for o in outs):
-            outs = _unview_outputs(outs, inputs, saved)
+        if plan.unview:
+            outs = _unview_outputs(outs, plan.unview, inputs, saved)
         if graphs is None:
             ctx.save_for_backward(*saved)
         else:
@@ -110,11 +110,11 @@ class CompiledRegion(torch.autograd.Function):
 
 class _Plan:
     __slots__ = ("fwd", "bwd", "bwd_boxed", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides",
-                 "grad_deps", "maybe_same", "graphs")
+                 "grad_deps", "maybe_same", "unview", "graphs")
 
 
 def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None, grad_deps=None,
-                maybe_same=(), maybe_view=(), detached=(), out_views=()):
+                maybe_same=(), maybe_view=(), detached=(), out_views=(), unview=()):
     """Called by csrc/autograd on a cache miss; returns compiled(*graph_inputs) -> tuple.
     Under no_grad / inference_mode the guard on grad mode makes a separate, forward-only entry,
     so this callable always runs with grad enabled. grad_deps: per entry of grad_inputs, the
@@ -139,7 +139,8 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     itself) triples of an output that is a view of another output (x * y and its last row); made
     again from that output outside the Function in the same way (a Function returning both as views
     of one value forbids using them after an in-place update of it, which eager allows), or, itself
-    True, that output object itself, as eager's op returned its input (`v.flatten()` of a 1-D v)."""
+    True, that output object itself, as eager's op returned its input (`v.flatten()` of a 1-D v).
+    unview: indices of outputs whose op may return a view (of an intermediate): _unview_outputs."""
     plan = _Plan()
     plan.fwd, plan.bwd = fwd, bwd
     plan.bwd_boxed = getattr(bwd, "run_boxed", None)
@@ -148,6 +149,7 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     plan.strides = None if strides is None else tuple(tuple(s) for s in strides)
     plan.grad_deps = tuple(tuple(d) for d in grad_deps) if grad_deps is not None else ((),) * len(plan.grad_inputs)
     plan.maybe_same = tuple(tuple(p) for p in maybe_same)
+    plan.unview = tuple(unview)
     maybe_view = tuple(tuple(p) for p in maybe_view)
     plan.graphs = None  # mode="reduce-overhead" on CUDA: ember._cudagraphs.training sets it
     apply = CompiledRegion.apply
@@ -188,19 +190,23 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     return region
 
 
-def _unview_outputs(outs, inputs, saved):
-    """Outputs that are views of an intermediate value (`logits.flatten(0, 1)`, a transpose before a
-    graph break), returned as tensors that are no views: a view a Function returns may not be
+def _unview_outputs(outs, unview, inputs, saved):
+    """Outputs (of the indices unview: those csrc/autograd cannot tell are new memory) that are views
+    of an intermediate value (`logits.flatten(0, 1)`, a transpose before a graph break), returned as
+    tensors that are no views: a view a Function returns may not be
     updated in place afterwards (autograd's CreationMeta), which eager allows. The intermediate is
     nobody else's: the output aliases its memory (set_, no copy), unless a saved tensor shares it,
     whose update would then go unnoticed by the backward (eager's version counter would raise):
     a copy then. Views of inputs and of other outputs stay views (make_region makes them again
     outside the Function)."""
+    if not any(outs[k]._is_view() for k in unview):
+        return outs
     keep = {x.untyped_storage().data_ptr() for x in (*inputs, *outs) if isinstance(x, torch.Tensor) and not x._is_view()}
     kept = {s.untyped_storage().data_ptr() for s in saved if isinstance(s, torch.Tensor)}
     outs = list(outs)
-    for k, o in enumerate(outs):
-        if not (isinstance(o, torch.Tensor) and o._is_view()):
+    for k in unview:
+        o = outs[k]
+        if not o._is_view():
             continue
         ptr = o.untyped_storage().data_ptr()
         if ptr == 0 or ptr in keep or o._base is None or any(o._base is x for x in (*inputs, *outs)):
