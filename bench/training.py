@@ -54,13 +54,8 @@ import ember  # noqa: E402
 # ---------------------------------------------------------------- models (no torchvision needed)
 
 class BasicBlock(nn.Module):
-    """inplace=True: torchvision's forward verbatim (`out += identity`, ReLU(inplace=True));
-    False: the same math out of place."""
-
-    def __init__(self, cin, cout, stride, inplace=False):
+    def __init__(self, cin, cout, stride):
         super().__init__()
-        self.inplace = inplace
-        self.relu = nn.ReLU(inplace=True)
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
@@ -70,14 +65,6 @@ class BasicBlock(nn.Module):
             self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
 
     def forward(self, x):
-        if self.inplace:
-            identity = x
-            out = self.relu(self.bn1(self.conv1(x)))
-            out = self.bn2(self.conv2(out))
-            if self.down is not None:
-                identity = self.down(x)
-            out += identity
-            return self.relu(out)
         out = F.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         return F.relu(out + (x if self.down is None else self.down(x)))
@@ -86,22 +73,21 @@ class BasicBlock(nn.Module):
 class ResNet18(nn.Module):
     """torchvision.models.resnet18's layout (BasicBlock, [2, 2, 2, 2])."""
 
-    def __init__(self, num_classes=1000, width=64, inplace=False):
+    def __init__(self, num_classes=1000, width=64):
         super().__init__()
-        self.inplace = inplace
         self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
         layers, cin = [], width
         for i, n in enumerate([2, 2, 2, 2]):
             cout = width * 2 ** i
             for j in range(n):
-                layers.append(BasicBlock(cin, cout, 2 if (j == 0 and i > 0) else 1, inplace))
+                layers.append(BasicBlock(cin, cout, 2 if (j == 0 and i > 0) else 1))
                 cin = cout
         self.layers = nn.Sequential(*layers)
         self.fc = nn.Linear(cin, num_classes)
 
     def forward(self, x):
-        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x)), inplace=self.inplace), 3, 2, 1)
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, 2, 1)
         x = self.layers(x)
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
@@ -151,9 +137,14 @@ def make_case(name, quick, device, channels_last=False, activation="relu"):
         y = torch.randint(0, 1000, (batch * seq,), generator=g)
         opt = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
         shape = f"transformers {'GPT-2' if name == 'gpt2' else 'Llama'}, d {d}, {nl} layers, batch {batch}, seq {seq}, AdamW"
-    elif name in ("resnet18", "resnet18_tv"):  # _tv: torchvision's in-place forward
+    elif name in ("resnet18", "resnet18_tv"):
         batch, hw = (4, 64) if quick else (16, 128)
-        model = ResNet18(inplace=name == "resnet18_tv")
+        if name == "resnet18_tv":  # torchvision's forward verbatim (out += identity, ReLU(inplace=True))
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from resnet import resnet18
+            model = resnet18()
+        else:
+            model = ResNet18()
         x = torch.randn(batch, 3, hw, hw, generator=g)
         y = torch.randint(0, 1000, (batch,), generator=g)
         opt = lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)  # noqa: E731
