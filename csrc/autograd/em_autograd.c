@@ -22,6 +22,7 @@
 
 #include "lower/em_lower.h"
 #include "runtime/em_runtime.h"
+#include "sym/em_sym.h"
 #include "autograd/em_autograd_rules.h"
 
 #define MAXP 32
@@ -71,6 +72,12 @@ typedef struct {
     IRRef seeds;
     bool inference;    /* decompose_attention of an inference graph: every node, grad or not */
     bool meta_memo;    /* node metas through the meta-call memo (ember.config.meta_memo) */
+    /* symbolic sizes (a graph automatic dynamic or dynamic=True made symbolic; "Symbolic sizes"
+     * below): g's ShapeEnv, NULL for a static graph */
+    struct ShapeEnv *env;
+    PyObject *symctx;  /* ember._fake.SymContext of this compilation, made on first use */
+    PyObject *symhints; /* the symbols' hints as sym_run takes them */
+    PyObject *sizes;   /* (joint ref, dim) -> the joint ref of its aten.sym_size.int node */
 } AG;
 
 /* ---------------------------------------------------------------- small helpers */
@@ -700,6 +707,310 @@ static PyObject *memo_key(const AG *ag, IRKind kind, PyObject *target, PyObject 
     return key;
 }
 
+/* ---------------------------------------------------------------- symbolic sizes
+ * A graph automatic dynamic (or dynamic=True, mark_dynamic) made symbolic compiles to one region for
+ * all sizes. The forward nodes keep the tracer's symbolic metas; every node the joint graph adds
+ * gets its sizes as expressions of g's ShapeEnv by running the op on fake tensors whose sizes are
+ * torch SymInts (ember._fake.sym_run, as the tracer does for ops without a C shape rule). The
+ * entry's guards were built before this stage, so a relation torch relies on must follow from what
+ * they check (em_sym_static_bool): otherwise, and for any rule that reads a size as a number, the
+ * region is not compiled symbolically (ag_fail), and the hook traces per size instead
+ * (em_hook_cache.c). Sizes a backward op takes as arguments (sum_to_size's, expand's, new_zeros')
+ * are aten.sym_size.int nodes of the forward, saved for the backward as ints. */
+
+static const IRMeta *jmeta_early(const AG *ag, IRRef r) { return &em_ir_node(ag->j, r)->meta; }
+
+static bool meta_symbolic(const IRMeta *m) {
+    if (m->kind == IRMETA_TENSOR) return m->sym_sizes != NULL;
+    if (m->kind == IRMETA_OTHER) return m->sym != 0;
+    for (uint32_t i = 0; m->kind == IRMETA_TUPLE && i < m->nitems; i++)
+        if (meta_symbolic(&m->items[i])) return true;
+    return false;
+}
+
+static bool is_slice_node(const IRNode *n) {
+    return n->meta.kind == IRMETA_OTHER && !n->meta.sym && n->target == (PyObject *)&PySlice_Type;
+}
+
+static bool arg_symbolic(const AG *ag, const IRArg *a) {
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) {
+        for (uint32_t i = 0; i < a->n; i++)
+            if (arg_symbolic(ag, &a->u.items[i])) return true;
+        return false;
+    }
+    if (a->kind != IRARG_NODE) return false;
+    const IRNode *n = em_ir_node(ag->j, a->u.ref);
+    for (uint32_t i = 0; is_slice_node(n) && i < n->nargs; i++)
+        if (arg_symbolic(ag, &n->args[i])) return true;
+    return meta_symbolic(&n->meta);
+}
+
+/* Does m have a symbolic size among dims [from, ndim)? (A rule that reads such a size as a number
+ * cannot serve every size: it fails the symbolic compile instead.) */
+static bool dims_symbolic(const AG *ag, const IRMeta *m, int32_t from) {
+    if (!ag->env || m->kind != IRMETA_TENSOR || !m->sym_sizes) return false;
+    for (int32_t d = from < 0 ? 0 : from; d < m->ndim; d++)
+        if (!em_sym_is_const(ag->env, m->sym_sizes[d], NULL)) return true;
+    return false;
+}
+
+/* sym_run's argument tree of joint argument a (em_ir_sym_value_tree; a slice node as a slice). */
+static PyObject *sym_tree(AG *ag, const IRArg *a, int depth) {
+    if (depth > 16) {
+        PyErr_SetString(PyExc_RecursionError, "ember: argument nested too deep");
+        return NULL;
+    }
+    switch (a->kind) {
+    case IRARG_CONST: return Py_NewRef(a->u.obj);
+    case IRARG_TUPLE:
+    case IRARG_LIST: {
+        PyObject *r = a->kind == IRARG_TUPLE ? PyTuple_New(a->n) : PyList_New(a->n);
+        for (uint32_t i = 0; r && i < a->n; i++) {
+            PyObject *x = sym_tree(ag, &a->u.items[i], depth + 1);
+            if (!x) Py_CLEAR(r);
+            else if (a->kind == IRARG_TUPLE) PyTuple_SET_ITEM(r, i, x);
+            else PyList_SET_ITEM(r, i, x);
+        }
+        return r;
+    }
+    case IRARG_NODE: {
+        const IRNode *n = em_ir_node(ag->j, a->u.ref);
+        if (!is_slice_node(n)) return em_ir_sym_value_tree(ag->env, &n->meta);
+        PyObject *p[3] = {Py_None, Py_None, Py_None};
+        for (uint32_t i = 0; i < n->nargs && i < 3; i++)
+            if (!(p[i] = sym_tree(ag, &n->args[i], depth + 1))) {
+                for (uint32_t k = 0; k < i; k++) Py_DECREF(p[k]);
+                return NULL;
+            }
+        PyObject *sl = PySlice_New(p[0], p[1], p[2]);
+        for (uint32_t i = 0; i < n->nargs && i < 3; i++) Py_DECREF(p[i]);
+        return sl;
+    }
+    }
+    return NULL;
+}
+
+/* A size of a result tree as an expression; its value on the hints must be the meta call's. */
+static int sym_size_of(AG *ag, PyObject *tree, int64_t hint, uint32_t *out) {
+    if (PyTuple_Check(tree) && PyTuple_GET_SIZE(tree) == 2 && PyUnicode_Check(PyTuple_GET_ITEM(tree, 0)) &&
+        PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(tree, 0), "unknown") == 0)
+        return ag_fail(ag, "symbolic sizes: a size torch computes with a function ember's algebra lacks");
+    uint32_t e = em_ir_sym_from_tree(ag->env, tree);
+    int64_t h;
+    if (!e || em_sym_hint(ag->env, e, &h) < 0) {
+        if (PyErr_Occurred()) return ag_fail_exc(ag);
+        return ag_fail(ag, "symbolic sizes: %s", em_sym_error_text(em_sym_env_error(ag->env)));
+    }
+    if (h != hint)
+        return ag_fail(ag, "symbolic sizes: the size %lld torch computes disagrees with the meta size %lld", (long long)h,
+                       (long long)hint);
+    *out = em_sym_simplify(ag->env, e);
+    return 0;
+}
+
+static int sym_apply(AG *ag, PyObject *tree, IRMeta *m, int depth) {
+    if (tree == Py_None || depth > 4) return 0;
+    const char *k = PyTuple_Check(tree) && PyTuple_GET_SIZE(tree) > 0 && PyUnicode_Check(PyTuple_GET_ITEM(tree, 0))
+                        ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(tree, 0))
+                        : NULL;
+    if (!k) return ag_fail(ag, "symbolic sizes: a bad result tree");
+    if (!strcmp(k, "T") && m->kind == IRMETA_TENSOR && PyTuple_GET_SIZE(tree) == 3) {
+        PyObject *sz = PyTuple_GET_ITEM(tree, 1), *st = PyTuple_GET_ITEM(tree, 2);
+        if (!PyTuple_Check(sz) || PyTuple_GET_SIZE(sz) != m->ndim || !PyTuple_Check(st) || PyTuple_GET_SIZE(st) != m->ndim)
+            return ag_fail(ag, "symbolic sizes: a result of another rank");
+        uint32_t *ss = em_arena_alloc(ag->a, sizeof(uint32_t) * (2 * (size_t)m->ndim + 1));
+        if (!ss) return PyErr_NoMemory(), ag_fail_exc(ag);
+        bool any = false;
+        for (int32_t i = 0; i < m->ndim; i++) {
+            if (sym_size_of(ag, PyTuple_GET_ITEM(sz, i), m->sizes[i], &ss[i]) < 0 ||
+                sym_size_of(ag, PyTuple_GET_ITEM(st, i), m->strides[i], &ss[m->ndim + i]) < 0)
+                return -1;
+            any |= !em_sym_is_const(ag->env, ss[i], NULL) || !em_sym_is_const(ag->env, ss[m->ndim + i], NULL);
+        }
+        m->sym_sizes = any ? ss : NULL;
+        m->sym_strides = any ? ss + m->ndim : NULL;
+        return 0;
+    }
+    if (!strcmp(k, "Q") && m->kind == IRMETA_TUPLE) {
+        PyObject *items = PyTuple_GET_ITEM(tree, 1);
+        if (!PyList_Check(items) || PyList_GET_SIZE(items) != m->nitems)
+            return ag_fail(ag, "symbolic sizes: a result of another length");
+        for (uint32_t i = 0; i < m->nitems; i++)
+            if (sym_apply(ag, PyList_GET_ITEM(items, i), &m->items[i], depth + 1) < 0) return -1;
+        return 0;
+    }
+    if (!strcmp(k, "I") && m->kind == IRMETA_OTHER && m->example && PyLong_Check(m->example)) {
+        uint32_t e;
+        if (sym_size_of(ag, PyTuple_GET_ITEM(tree, 1), PyLong_AsLongLong(m->example), &e) < 0) return -1;
+        m->sym = em_sym_is_const(ag->env, e, NULL) ? 0 : e;
+        return 0;
+    }
+    if (!strcmp(k, "C") && (m->kind == IRMETA_OTHER || m->kind == IRMETA_NONE)) return 0;
+    return ag_fail(ag, "symbolic sizes: a result of another kind (%s)", k);
+}
+
+/* Backward ops whose results have their arguments' shapes (derivatives.yaml: a gradient has its
+ * input's shape): result i takes argument from[i]'s sizes; -2: static (a constant argument gives
+ * them: convolution_backward's bias_sizes); -1: none. Their fake kernels may
+ * guard on sizes to choose a kernel (convolution_backward's `s0 < 16` on CPU), which says nothing
+ * about the shapes and which the entry's guards cannot take afterwards. */
+static const struct {
+    const char *op;
+    int8_t from[3];
+} SAME_SHAPE[] = {
+    {"torch.ops.aten.convolution_backward.default", {1, 2, -2}},
+    {"torch.ops.aten.native_batch_norm_backward.default", {1, 2, 2}},
+    {"torch.ops.aten.cudnn_batch_norm_backward.default", {0, 2, 2}},
+    {"torch.ops.aten.native_layer_norm_backward.default", {1, 5, 6}},
+    {"torch.ops.aten.max_pool2d_with_indices_backward", {1, -1, -1}},
+    {"torch.ops.aten.max_pool3d_with_indices_backward", {1, -1, -1}},
+    {"torch.ops.aten.nll_loss_backward.default", {1, -1, -1}},
+};
+
+/* A result tensor's symbolic layout from argument src's: its sizes; its strides where the hint
+ * strides agree, else the contiguous ones where the result is contiguous. */
+static int same_shape_item(AG *ag, IRMeta *m, const IRArg *src) {
+    if (m->kind == IRMETA_NONE) return 0;
+    const IRMeta *a = src && src->kind == IRARG_NODE ? jmeta_early(ag, src->u.ref) : NULL;
+    if (m->kind != IRMETA_TENSOR || !a || a->kind != IRMETA_TENSOR || a->ndim != m->ndim ||
+        memcmp(a->sizes, m->sizes, sizeof(int64_t) * (size_t)m->ndim))
+        return ag_fail(ag, "symbolic sizes: a gradient of another shape than its input");
+    if (!a->sym_sizes) return 0;
+    uint32_t *ss = em_arena_alloc(ag->a, sizeof(uint32_t) * (2 * (size_t)m->ndim + 1));
+    if (!ss) return PyErr_NoMemory(), ag_fail_exc(ag);
+    memcpy(ss, a->sym_sizes, sizeof(uint32_t) * (size_t)m->ndim);
+    if (!memcmp(a->strides, m->strides, sizeof(int64_t) * (size_t)m->ndim)) {
+        memcpy(ss + m->ndim, a->sym_strides, sizeof(uint32_t) * (size_t)m->ndim);
+    } else if (em_ir_meta_contiguous(m)) {
+        if (em_sym_contiguous_strides(ag->env, ss, (uint32_t)m->ndim, ss + m->ndim) < 0)
+            return ag_fail(ag, "symbolic sizes: %s", em_sym_error_text(em_sym_env_error(ag->env)));
+    } else {
+        return ag_fail(ag, "symbolic sizes: a gradient of another layout than its input");
+    }
+    m->sym_sizes = ss;
+    m->sym_strides = ss + m->ndim;
+    return 0;
+}
+
+/* 1 when target is a SAME_SHAPE op (m then has its symbolic sizes, or the region failed), 0 if not. */
+static int same_shape_meta(AG *ag, PyObject *target, const IRArg *args, uint32_t nargs, IRMeta *m) {
+    PyObject *qn = em_ir_target_qualname(target);
+    const char *q = qn ? PyUnicode_AsUTF8(qn) : NULL;
+    size_t i = 0;
+    for (; q && i < sizeof SAME_SHAPE / sizeof SAME_SHAPE[0]; i++)
+        if (!strcmp(q, SAME_SHAPE[i].op)) break;
+    Py_XDECREF(qn);
+    PyErr_Clear();
+    if (!q || i == sizeof SAME_SHAPE / sizeof SAME_SHAPE[0]) return 0;
+    uint32_t n = m->kind == IRMETA_TUPLE ? m->nitems : 1;
+    for (uint32_t k = 0; k < n && k < 3; k++) {
+        int8_t f = SAME_SHAPE[i].from[k];
+        IRMeta *mk = m->kind == IRMETA_TUPLE ? &m->items[k] : m;
+        if (f == -2) continue;
+        if (same_shape_item(ag, mk, f >= 0 && (uint32_t)f < nargs ? &args[f] : NULL) < 0) return 1;
+    }
+    if (n > 3) ag_fail(ag, "symbolic sizes: more results than the table knows");
+    return 1;
+}
+
+/* Gives meta m (the meta call's result on the hints) its symbolic sizes when an argument has any. */
+static int sym_meta(AG *ag, IRKind kind, PyObject *target, const IRArg *args, uint32_t nargs, PyObject *const *kwn,
+                    const IRArg *kwv, uint32_t nkw, IRMeta *m) {
+    static PyObject *sym_run = NULL, *ctx_cls = NULL, *getitem = NULL; /* one interpreter (em_lazy_attr) */
+    bool any = false;
+    for (uint32_t i = 0; i < nargs && !any; i++) any = arg_symbolic(ag, &args[i]);
+    for (uint32_t i = 0; i < nkw && !any; i++) any = arg_symbolic(ag, &kwv[i]);
+    if (!any) return 0;
+    if (!em_lazy_attr(&getitem, "operator", "getitem")) return ag_fail_exc(ag);
+    if (target == getitem && nargs == 2 && args[0].kind == IRARG_NODE && args[1].kind == IRARG_CONST &&
+        em_ir_node(ag->j, args[0].u.ref)->meta.kind == IRMETA_TUPLE) { /* an item of a tuple value: its meta */
+        const IRMeta *t = &em_ir_node(ag->j, args[0].u.ref)->meta;
+        long i = PyLong_AsLong(args[1].u.obj);
+        if (i < 0) i += (long)t->nitems;
+        if (PyErr_Occurred() || i < 0 || i >= (long)t->nitems || t->items[i].kind != m->kind) {
+            PyErr_Clear();
+            return ag_fail(ag, "symbolic sizes: an item of a tuple");
+        }
+        m->sym_sizes = t->items[i].sym_sizes;
+        m->sym_strides = t->items[i].sym_strides;
+        m->sym = t->items[i].sym;
+        return 0;
+    }
+    if (same_shape_meta(ag, target, args, nargs, m)) return ag->reason ? -1 : 0;
+    if (!em_lazy_attr(&sym_run, "ember._fake", "sym_run") || !em_lazy_attr(&ctx_cls, "ember._fake", "SymContext"))
+        return ag_fail_exc(ag);
+    if (!ag->symctx) {
+        uint32_t ns = em_sym_nsymbols(ag->env);
+        if (!(ag->symctx = PyObject_CallNoArgs(ctx_cls)) || !(ag->symhints = PyList_New(ns))) return ag_fail_exc(ag);
+        for (uint32_t i = 0; i < ns; i++) {
+            /* an int argument's symbol (a placeholder that is the symbol) is (hint, True): any int */
+            bool is_int = false;
+            for (uint32_t k = 0; k < ag->g->ninputs && !is_int; k++) {
+                const IRMeta *im = &em_ir_node(ag->g, ag->g->inputs[k])->meta;
+                is_int = im->kind == IRMETA_OTHER && im->sym && em_sym_symbol_index(ag->env, im->sym) == (int64_t)i;
+            }
+            PyObject *h = PyLong_FromLongLong(em_sym_symbol_hint(ag->env, i));
+            if (h && is_int) h = Py_BuildValue("(NO)", h, Py_True);
+            if (!h) return ag_fail_exc(ag);
+            PyList_SET_ITEM(ag->symhints, i, h);
+        }
+    }
+    int rc = -1;
+    PyObject *pa = PyTuple_New(nargs), *kw = PyDict_New(), *r = NULL;
+    if (!pa || !kw) goto done;
+    for (uint32_t i = 0; i < nargs; i++) {
+        PyObject *x = sym_tree(ag, &args[i], 0);
+        if (!x) goto done;
+        PyTuple_SET_ITEM(pa, i, x);
+    }
+    for (uint32_t i = 0; i < nkw; i++) {
+        PyObject *x = sym_tree(ag, &kwv[i], 0);
+        if (!x || PyDict_SetItem(kw, kwn[i], x) < 0) {
+            Py_XDECREF(x);
+            goto done;
+        }
+        Py_DECREF(x);
+    }
+    r = PyObject_CallFunctionObjArgs(sym_run, ag->symctx, ag->symhints, target,
+                                     kind == IR_CALL_METHOD ? Py_True : Py_False, pa, kw, NULL);
+    if (!r) goto done;
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 3) {
+        PyErr_SetString(PyExc_TypeError, "ember._fake.sym_run returned no triple");
+        goto done;
+    }
+    if (PyTuple_GET_ITEM(r, 2) != Py_None) {
+        PyObject *qn = em_ir_target_qualname(target);
+        rc = ag_fail(ag, "symbolic sizes: torch runs %S only on concrete sizes (%S)", qn ? qn : Py_None,
+                     PyTuple_GET_ITEM(r, 2));
+        Py_XDECREF(qn);
+        goto out;
+    }
+    PyObject *guards = PyTuple_GET_ITEM(r, 1);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(guards); i++) {
+        PyObject *gt = PyList_GET_ITEM(guards, i);
+        uint32_t c = PyTuple_GET_SIZE(gt) == 2 ? 0 : em_ir_sym_from_tree(ag->env, gt);
+        if (PyErr_Occurred()) goto done;
+        if (!c || em_sym_static_bool(ag->env, c) != 1) {
+            PyObject *qn = em_ir_target_qualname(target);
+            char buf[256] = "?";
+            if (c) em_sym_render(ag->env, c, SYM_STYLE_SYMBOLS, buf, sizeof buf);
+            rc = ag_fail(ag, "symbolic sizes: %S relies on %s, which the entry's guards do not check", qn ? qn : Py_None,
+                         buf);
+            Py_XDECREF(qn);
+            goto out;
+        }
+    }
+    rc = sym_apply(ag, PyTuple_GET_ITEM(r, 0), m, 0);
+    goto out;
+done:
+    rc = ag_fail_exc(ag);
+out:
+    Py_XDECREF(pa);
+    Py_XDECREF(kw);
+    Py_XDECREF(r);
+    return rc;
+}
+
 /* Appends a call node to the joint graph; its meta comes from running the target on the meta
  * examples of its arguments (as the tracer does; meta_call), or from the meta-call memo. Returns 0
  * with ag->reason set on failure. */
@@ -745,6 +1056,7 @@ static IRRef ag_emit(AG *ag, IRKind kind, PyObject *target, const IRArg *args, u
         if (res) em_ir_memo_put(key, res, NULL, metas, nmetas);
     }
     if (!res || meta_from_value(ag, res, first_device(ag, args, nargs), &meta) < 0) goto done;
+    if (ag->env && sym_meta(ag, kind, target, args, nargs, kwn, kwv, nkw, &meta) < 0) goto done;
     r = em_ir_call(ag->j, kind, target, args, nargs, kwn, kwv, nkw, &meta);
     if (!r && !PyErr_Occurred()) PyErr_NoMemory();
     if (r && ag_grow_roles(ag) < 0) {
@@ -841,7 +1153,11 @@ static PyObject *kwname(AG *ag, const char *s) {
     return k ? em_arena_hold_steal(ag->a, k) : NULL;
 }
 
+static bool dims_symbolic(const AG *ag, const IRMeta *m, int32_t from);
+
+/* The sizes of m as a constant tuple; for a symbolic m the region fails (shape_arg reads them). */
 static IRArg shape_const(AG *ag, const IRMeta *m) {
+    if (dims_symbolic(ag, m, 0)) return ag_fail(ag, "symbolic sizes: a rule reads a symbolic shape as numbers"), arg_node(0);
     PyObject *t = PyTuple_New(m->ndim);
     for (int32_t i = 0; t && i < m->ndim; i++) {
         PyObject *v = PyLong_FromLongLong(m->sizes[i]);
@@ -856,15 +1172,95 @@ static IRArg shape_const(AG *ag, const IRMeta *m) {
 
 static const IRMeta *jmeta(const AG *ag, IRRef r) { return &em_ir_node(ag->j, r)->meta; }
 
+/* The size of dim d of joint value x as an argument: a constant, or (symbolic) the int of an
+ * aten.sym_size.int(x, d) node, made once per (x, d) in the forward (the partitioner saves the int
+ * for the backward, not x). */
+static IRArg size_arg(AG *ag, IRRef x, int32_t d) {
+    const IRMeta *m = jmeta(ag, x);
+    if (!ag->env || !m->sym_sizes || em_sym_is_const(ag->env, m->sym_sizes[d], NULL))
+        return arg_const_steal(ag, PyLong_FromLongLong(m->sizes[d]));
+    PyObject *key = Py_BuildValue("(Ii)", (unsigned)x, (int)d), *have = NULL;
+    if (!key || (!ag->sizes && !(ag->sizes = PyDict_New()))) goto fail;
+    if ((have = PyDict_GetItemWithError(ag->sizes, key))) {
+        Py_DECREF(key);
+        return arg_node((IRRef)PyLong_AsUnsignedLong(have));
+    }
+    if (PyErr_Occurred()) goto fail;
+    static PyObject *sym_size = NULL;
+    if (!sym_size) sym_size = torch_attr("ops.aten.sym_size.int"); /* immortal: the op registry holds it */
+    if (!sym_size) goto fail;
+    uint8_t role = ag->cur_role;
+    ag->cur_role = ROLE_FWD; /* read where x is: in the forward */
+    IRArg a[2] = {arg_node(x), arg_const_steal(ag, PyLong_FromLong(d))};
+    IRRef r = arg_bad(&a[1]) ? 0 : ag_emit(ag, IR_CALL_FUNCTION, sym_size, a, 2, NULL, NULL, 0);
+    ag->cur_role = role;
+    PyObject *v = r ? PyLong_FromUnsignedLong(r) : NULL;
+    if (!v || PyDict_SetItem(ag->sizes, key, v) < 0) {
+        Py_XDECREF(v);
+        goto fail;
+    }
+    Py_DECREF(v);
+    Py_DECREF(key);
+    return arg_node(r);
+fail:
+    Py_XDECREF(key);
+    if (PyErr_Occurred()) ag_fail_exc(ag);
+    return arg_node(0);
+}
+
+/* The sizes of joint value x from dim `from` on, as an argument: shape_const of a static shape, a
+ * tuple of constants and size_arg nodes of a symbolic one. */
+static IRArg shape_arg(AG *ag, IRRef x, int32_t from) {
+    const IRMeta *m = jmeta(ag, x);
+    if (!dims_symbolic(ag, m, from)) {
+        IRMeta pm = *m;
+        pm.ndim = m->ndim - from;
+        pm.sizes = m->sizes + from;
+        pm.sym_sizes = pm.sym_strides = NULL; /* (constants from dim `from` on) */
+        return shape_const(ag, &pm);
+    }
+    IRArg t = {0};
+    t.kind = IRARG_TUPLE;
+    t.n = (uint32_t)(m->ndim - from);
+    t.u.items = em_arena_alloc(ag->a, (t.n + 1) * sizeof(IRArg));
+    if (!t.u.items) return PyErr_NoMemory(), ag_fail_exc(ag), arg_node(0);
+    for (uint32_t i = 0; i < t.n; i++) {
+        t.u.items[i] = size_arg(ag, x, from + (int32_t)i);
+        if (arg_bad(&t.u.items[i])) return arg_node(0);
+    }
+    return t;
+}
+
+/* The number of elements of joint value x as an argument: a constant, or (symbolic) the int of an
+ * x.numel() node in the forward. */
+static IRArg numel_arg(AG *ag, IRRef x) {
+    const IRMeta *m = jmeta(ag, x);
+    if (!dims_symbolic(ag, m, 0)) {
+        int64_t numel = 1;
+        for (int32_t i = 0; i < m->ndim; i++) numel *= m->sizes[i];
+        return arg_const_steal(ag, PyLong_FromLongLong(numel));
+    }
+    uint8_t role = ag->cur_role;
+    ag->cur_role = ROLE_FWD;
+    IRArg a[1] = {arg_node(x)};
+    IRRef r = emit_method(ag, "numel", a, 1);
+    ag->cur_role = role;
+    return arg_node(r);
+}
+
 /* Sum a broadcast gradient back to the input's shape and cast it to the input's dtype, as
  * torch/csrc/autograd/engine.cpp validate_outputs does. */
-static IRRef reduce_to(AG *ag, IRRef gi, const IRMeta *want) {
-    const IRMeta *m = jmeta(ag, gi);
+static IRRef reduce_to(AG *ag, IRRef gi, IRRef gref) {
+    const IRMeta *m = jmeta(ag, gi), *want = &em_ir_node(ag->g, gref)->meta;
     if (m->kind != IRMETA_TENSOR || want->kind != IRMETA_TENSOR) return gi;
     bool same = m->ndim == want->ndim;
     for (int32_t i = 0; same && i < m->ndim; i++) same = m->sizes[i] == want->sizes[i];
+    /* symbolic: the same expressions (then equal for every size) */
+    for (int32_t i = 0; same && ag->env && (m->sym_sizes || want->sym_sizes) && i < m->ndim; i++)
+        same = m->sym_sizes && want->sym_sizes && em_sym_simplify(ag->env, m->sym_sizes[i]) ==
+                                                       em_sym_simplify(ag->env, want->sym_sizes[i]);
     if (!same) {
-        IRArg a[2] = {arg_node(gi), shape_const(ag, want)};
+        IRArg a[2] = {arg_node(gi), ag->fmap[gref] ? shape_arg(ag, ag->fmap[gref], 0) : shape_const(ag, want)};
         gi = emit_method(ag, "sum_to_size", a, 2);
         if (!gi) return 0;
     }
@@ -884,7 +1280,6 @@ static int finalize_grad(AG *ag, IRRef gref) {
     if (!pc || !pc->part || em_ir_node(ag->g, gref)->meta.kind == IRMETA_TUPLE) return 0; /* SP_SPLIT's */
     IRRef any = 0;
     for (int64_t i = 0; i < pc->n && !any; i++) any = pc->part[i];
-    const IRMeta *xm = &em_ir_node(ag->g, gref)->meta;
     IRArg list = {0};
     list.kind = IRARG_LIST;
     list.n = (uint32_t)pc->n;
@@ -893,10 +1288,7 @@ static int finalize_grad(AG *ag, IRRef gref) {
     for (int64_t i = 0; i < pc->n; i++) {
         IRRef v = pc->part[i];
         if (!v) {
-            IRMeta pm = *xm;
-            pm.ndim = xm->ndim - 1;
-            pm.sizes = xm->sizes + 1;
-            IRArg za[2] = {arg_node(any), shape_const(ag, &pm)};
+            IRArg za[2] = {arg_node(any), shape_arg(ag, ag->fmap[gref], 1)};
             v = emit_method(ag, "new_zeros", za, 2);
             if (!v) return -1;
         }
@@ -916,7 +1308,7 @@ static int finalize_grad(AG *ag, IRRef gref) {
 static int accumulate(AG *ag, IRRef gref, IRRef gi) {
     if (!gi) return -1;
     if (finalize_grad(ag, gref) < 0) return -1;
-    gi = reduce_to(ag, gi, &em_ir_node(ag->g, gref)->meta);
+    gi = reduce_to(ag, gi, gref);
     if (!gi) return -1;
     if (ag->grad[gref]) {
         gi = emit_op(ag, "add", arg_node(ag->grad[gref]), arg_node(gi), 2);
@@ -1139,10 +1531,8 @@ static IRRef loss_mean(AG *ag, IRRef r, IRRef x, PyObject *reduction) {
         if (!r && !ag->reason) ag_fail(ag, "a loss's gradient could not be emitted");
         return r;
     }
-    const IRMeta *m = jmeta(ag, x);
-    int64_t numel = 1;
-    for (int32_t i = 0; i < m->ndim; i++) numel *= m->sizes[i];
-    return emit_op(ag, "truediv", arg_node(r), arg_const_steal(ag, PyLong_FromLongLong(numel)), 2);
+    IRArg n = numel_arg(ag, x);
+    return arg_bad(&n) ? 0 : emit_op(ag, "truediv", arg_node(r), n, 2);
 }
 
 static IRArg eval_expr(Eval *e);
@@ -1161,10 +1551,19 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
         if (arg_bad(&args[k])) goto bad;
     }
     /* helpers */
+    if (ag->env && (!strcmp(fname, "size0") || !strcmp(fname, "padidx") || !strcmp(fname, "hw") ||
+                    !strcmp(fname, "varback") || !strcmp(fname, "repeatback") || !strcmp(fname, "interpback"))) {
+        /* helpers that read sizes as numbers: only static ones */
+        for (uint32_t k = 0; k < nargs; k++)
+            if (args[k].kind == IRARG_NODE && dims_symbolic(ag, jmeta(ag, args[k].u.ref), 0)) {
+                ag_fail(ag, "symbolic sizes: %s reads a symbolic size", fname);
+                return arg_node(0);
+            }
+    }
     if (!strcmp(fname, "shape") || !strcmp(fname, "dtype") || !strcmp(fname, "size0")) {
         if (nargs != 1 || args[0].kind != IRARG_NODE) goto bad;
         selfm = jmeta(ag, args[0].u.ref);
-        if (fname[0] == 's' && fname[1] == 'h') return shape_const(ag, selfm);
+        if (fname[0] == 's' && fname[1] == 'h') return shape_arg(ag, args[0].u.ref, 0);
         if (fname[0] == 'd') return arg_const_steal(ag, Py_NewRef(selfm->dtype));
         return arg_const_steal(ag, PyLong_FromLongLong(selfm->ndim ? selfm->sizes[0] : 1));
     }
@@ -1249,6 +1648,17 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
         const IRMeta *ma = jmeta(ag, args[0].u.ref), *mb = jmeta(ag, args[1].u.ref);
         for (int32_t i = 0; i < ma->ndim; i++) a *= ma->sizes[i];
         for (int32_t i = 0; i < mb->ndim; i++) b *= mb->sizes[i];
+        if (b && (dims_symbolic(ag, ma, 0) || dims_symbolic(ag, mb, 0))) { /* numel(a) // numel(b), ints of the
+                                                                             * forward (symbolic dims are >= 2:
+                                                                             * b == 0 is a static 0 dim) */
+            IRArg na = numel_arg(ag, args[0].u.ref), nb = arg_bad(&na) ? na : numel_arg(ag, args[1].u.ref);
+            if (arg_bad(&nb)) return arg_node(0);
+            uint8_t role = ag->cur_role;
+            ag->cur_role = ROLE_FWD;
+            IRRef q = emit_op(ag, "floordiv", na, nb, 2);
+            ag->cur_role = role;
+            return arg_node(q);
+        }
         return arg_const_steal(ag, PyLong_FromLongLong(b ? a / b : 1));
     }
     if (!strcmp(fname, "invperm")) {
@@ -1271,6 +1681,10 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
     }
     if (!strcmp(fname, "flat2")) {
         const IRMeta *m = jmeta(ag, args[0].u.ref);
+        if (dims_symbolic(ag, m, m->ndim - 1)) {
+            ag_fail(ag, "symbolic sizes: flat2 of a symbolic last dim");
+            return arg_node(0);
+        }
         PyObject *shape = Py_BuildValue("(iL)", -1, (long long)(m->ndim ? m->sizes[m->ndim - 1] : 1));
         IRArg a[2] = {args[0], arg_const_steal(ag, shape)};
         return arg_node(emit_method(ag, "reshape", a, 2));
@@ -1292,7 +1706,7 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
         selfm = jmeta(ag, args[1].u.ref);
         IRRef x = unsq(ag, args[0].u.ref, selfm, &args[2], &args[3]);
         if (!x) return arg_node(0);
-        IRArg a[2] = {arg_node(x), shape_const(ag, selfm)};
+        IRArg a[2] = {arg_node(x), shape_arg(ag, args[1].u.ref, 0)};
         return arg_node(emit_method(ag, "expand", a, 2));
     }
     if (!strcmp(fname, "amaxback")) { /* torch: grad distributed evenly among the maxima */
@@ -1978,6 +2392,9 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     IRRef g = ag->grad[n];
     const IRMeta *selfm = NULL;
+    if (ag->env && (b->rule->special == SP_SPLIT || b->rule->special == SP_EINSUM || b->rule->special == SP_VALSEL ||
+                    b->rule->special == SP_GROUP_NORM))
+        return ag_fail(ag, "symbolic sizes: the derivative of %s reads sizes as numbers", node->name);
     switch (b->rule->special) {
     case SP_SPLIT: return split_backward(ag, n, b);
     case SP_EINSUM: return einsum_backward(ag, n, b);
@@ -2004,6 +2421,8 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
                 adv = PyList_Check(PyTuple_GET_ITEM(idx.u.obj, i));
         if (adv) return index_list_backward(ag, self.u.ref, g, &idx, node->name);
         selfm = &em_ir_node(ag->g, self.u.ref)->meta;
+        if (dims_symbolic(ag, selfm, 0) && idx.kind != IRARG_NODE && !(ag->scatter && ag->scatter[self.u.ref]))
+            return ag_fail(ag, "symbolic sizes: the derivative of %s (indexing) reads sizes as numbers", node->name);
         if (idx.kind == IRARG_CONST && PyLong_Check(idx.u.obj) && !PyBool_Check(idx.u.obj) && ag->pieces &&
             selfm->ndim >= 1 && selfm->sizes[0] >= 1 && selfm->sizes[0] <= 64 && !ag->grad[self.u.ref] &&
             jmeta(ag, g)->dtype == selfm->dtype) { /* x[i]: one piece of x's stacked gradient */
@@ -2035,7 +2454,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         }
         int basic = idx.kind == IRARG_NODE ? 0 : basic_index_backward(ag, self.u.ref, g, &idx);
         if (basic) return basic < 0 ? -1 : 0;
-        IRArg a[3] = {arg_node(g), shape_const(ag, selfm)};
+        IRArg a[3] = {arg_node(g), shape_arg(ag, ag->fmap[self.u.ref], 0)};
         IRRef z = emit_method(ag, "new_zeros", a, 2);
         if (!z) return -1;
         if (idx.kind == IRARG_NODE) { /* x[t]: scatter-add, duplicates accumulate */
@@ -2066,7 +2485,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
         IRRef r;
         if (b->rule->special == SP_SELECT) {
-            IRArg a[4] = {arg_node(g), shape_const(ag, selfm), dim, bval(b, "index")};
+            IRArg a[4] = {arg_node(g), shape_arg(ag, ag->fmap[self.u.ref], 0), dim, bval(b, "index")};
             r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 4, NULL, NULL, 0);
         } else {
             IRArg start = bval(b, "start"), len = bval(b, "length");
@@ -2075,8 +2494,11 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             long long d = PyLong_AsLongLong(dim.u.obj);
             if (PyErr_Occurred()) return ag_fail_exc(ag);
             if (d < 0) d += selfm->ndim;
+            if (s < 0 && d >= 0 && d < selfm->ndim && dims_symbolic(ag, selfm, 0) && selfm->sym_sizes &&
+                !em_sym_is_const(ag->env, selfm->sym_sizes[d], NULL))
+                return ag_fail(ag, "symbolic sizes: narrow from the end of a symbolic dim");
             if (s < 0) s += selfm->sizes[d];
-            IRArg a[6] = {arg_node(g), shape_const(ag, selfm), arg_const_steal(ag, PyLong_FromLongLong(d)),
+            IRArg a[6] = {arg_node(g), shape_arg(ag, ag->fmap[self.u.ref], 0), arg_const_steal(ag, PyLong_FromLongLong(d)),
                           arg_const_steal(ag, PyLong_FromLongLong(s)), arg_const_steal(ag, PyLong_FromLongLong(s + l)),
                           arg_const_steal(ag, PyLong_FromLong(1))};
             r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 6, NULL, NULL, 0);
@@ -2096,6 +2518,9 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             const IRArg *it = &ts.u.items[i];
             if (it->kind != IRARG_NODE) return ag_fail(ag, "%s of a non-tensor", node->name);
             const IRMeta *im = &em_ir_node(ag->g, it->u.ref)->meta;
+            if (b->rule->special == SP_CAT && im->ndim == om->ndim && d >= 0 && d < im->ndim && im->sym_sizes &&
+                ag->env && !em_sym_is_const(ag->env, im->sym_sizes[d], NULL))
+                return ag_fail(ag, "symbolic sizes: cat along a symbolic dim");
             long long sz = b->rule->special == SP_CAT ? (im->ndim == 1 && im->sizes[0] == 0 && om->ndim > 1 ? 0 : im->sizes[d]) : 1;
             if (b->rule->special == SP_CAT && im->ndim != om->ndim) {
                 off += sz;
@@ -2270,6 +2695,8 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             PyObject *t = torch_attr("ops.aten._scaled_dot_product_flash_attention_backward");
             if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
             const IRMeta *qm = val_meta(ag, &q), *km = val_meta(ag, &k);
+            if (dims_symbolic(ag, qm, 0) || dims_symbolic(ag, km, 0))
+                return ag_fail(ag, "symbolic sizes: flash attention's backward takes the sequence lengths as numbers");
             /* dense inputs: cum_seq_q/k are undefined, max_q/max_k the sequence lengths (attention.cu) */
             IRArg a[14] = {arg_node(g), map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), out, arg_node(ag->aux[n][0]),
                            none, none, arg_const_steal(ag, PyLong_FromLongLong(qm->sizes[qm->ndim - 2])),
@@ -2393,6 +2820,7 @@ static bool bn_uses_cudnn(AG *ag, const Bind *b) {
     if (!m || !wm || !bm || m->kind != IRMETA_TENSOR || wm->kind != IRMETA_TENSOR || bm->kind != IRMETA_TENSOR) return false;
     if (train.kind != IRARG_CONST || train.u.obj != Py_True || eps.kind != IRARG_CONST) return false;
     if (arg_is_none(&rm) != arg_is_none(&rv) || m->ndim < 3 || m->sizes[0] > 880801) return false;
+    if (dims_symbolic(ag, m, 0)) return false; /* cuDNN's size limits hold for the hints only */
     double e = PyFloat_AsDouble(eps.u.obj);
     if (PyErr_Occurred() || e < 1e-5) return PyErr_Clear(), false;
     PyObject *dev = PyObject_GetAttrString(m->device, "type");
@@ -2462,6 +2890,17 @@ static IRRef sdpa_efficient_mask(AG *ag, IRArg mask, const IRMeta *qm, const IRM
 static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     ag->cur_role = ROLE_FWD;
+    if (ag->env && b->rule->special == SP_GROUP_NORM)
+        return ag_fail(ag, "symbolic sizes: group_norm's native op takes sizes as numbers"), 0;
+    if (ag->env && b->rule->special == SP_SDPA) { /* the kernel choice reads the head dim; the efficient
+                                                   * kernel's mask, the sequence lengths */
+        IRArg q = bval(b, "query"), k = bval(b, "key"), m = bval(b, "attn_mask");
+        const IRMeta *qm = val_meta(ag, &q), *km = val_meta(ag, &k);
+        if (!qm || !km || dims_symbolic(ag, qm, qm->ndim - 1) ||
+            (m.kind == IRARG_NODE && sdpa_kind_bound(ag, b) == SDPA_EFFICIENT &&
+             (dims_symbolic(ag, qm, 0) || dims_symbolic(ag, km, 0))))
+            return ag_fail(ag, "symbolic sizes: attention reads sizes as numbers"), 0;
+    }
     switch (b->rule->special) {
     case SP_VALSEL: { /* the tuple as the user's op makes it, and its indices for the backward */
         if (node->meta.kind != IRMETA_TUPLE || node->meta.nitems != 2) return ag_fail(ag, "%s: not a (values, indices) pair", node->name), 0;
@@ -4785,9 +5224,21 @@ static bool layout_overlaps(const IRMeta *m) {
  * index the tangent with those strides; CompiledRegion re-strides what autograd hands over), unless
  * the output's elements overlap in memory (an expand), where a gradient, one value per element,
  * cannot be stored: contiguous then. m: a copy of the output's meta, changed in place. */
-static int tangent_meta(EmArena *a, IRMeta *m) {
+static int tangent_meta(EmArena *a, IRMeta *m, struct ShapeEnv *env) {
     m->requires_grad = false;
-    if (m->kind != IRMETA_TENSOR || !layout_overlaps(m)) return 0;
+    if (m->kind != IRMETA_TENSOR || (!layout_overlaps(m) && !m->sym_sizes)) return 0;
+    if (m->sym_sizes) { /* symbolic sizes: contiguous (CompiledRegion makes the tangent contiguous), for
+                         * every size */
+        uint32_t *ss = em_arena_alloc(a, sizeof(uint32_t) * (2 * (size_t)m->ndim + 1));
+        if (!ss) return PyErr_NoMemory(), -1;
+        memcpy(ss, m->sym_sizes, sizeof(uint32_t) * (size_t)m->ndim);
+        if (em_sym_contiguous_strides(env, ss, (uint32_t)m->ndim, ss + m->ndim) < 0) {
+            PyErr_SetString(PyExc_RuntimeError, "ember: symbolic sizes: contiguous strides");
+            return -1;
+        }
+        m->sym_sizes = ss;
+        m->sym_strides = ss + m->ndim;
+    }
     int64_t *st = em_arena_alloc(a, (size_t)(m->ndim ? m->ndim : 1) * sizeof(int64_t));
     PyObject *ex = m->example ? em_arena_hold_steal(a, PyObject_CallMethod(m->example, "contiguous", NULL)) : NULL;
     if (!st || (m->example && !ex)) return -1;
@@ -4825,7 +5276,7 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
     AG ag = {0};
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
     PyObject *saved_list = NULL, *recomp_list = NULL, *tang = NULL, *gin = NULL, *nondiff = NULL;
-    PyObject *gdeps = NULL, *same = NULL, *views = NULL, *oviews = NULL, *unview = NULL;
+    PyObject *gdeps = NULL, *same = NULL, *views = NULL, *oviews = NULL, *unview = NULL, *saved_ints = NULL;
     PyObject *jt = NULL, *ft = NULL, *bt = NULL, *budget_obj = NULL, *ember_info = NULL;
     int64_t *bytes = NULL;
     uint8_t *saved = NULL, *recompute = NULL, *need = NULL;
@@ -4841,6 +5292,8 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
     ag.ember_halves = ember_halves;
     ag.meta_memo = em_config_bool("meta_memo", 1);
     ag.j = em_ir_new(g->arena);
+    ag.env = em_ir_is_symbolic(g) ? g->shape_env : NULL; /* one region for all sizes ("Symbolic sizes") */
+    if (ag.j) ag.j->shape_env = ag.env;
     uint32_t G = g->nnodes;
     ag.fmap = calloc(G, sizeof(IRRef));
     ag.aux = calloc(G, sizeof *ag.aux);
@@ -4866,7 +5319,7 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         Py_DECREF(blk);
     }
     if (check_grad_mode(&ag) < 0) goto fallback;
-    {
+    if (!ag.env) { /* (the decompositions read sizes as numbers: a symbolic graph keeps its ops) */
         PyObject *names = PyList_New(0), *st = PyList_New(0);
         IRGraph *g2 = names && st ? em_autograd_decompose(g, false, names, st) : NULL;
         if (!names || !st) {
@@ -4915,6 +5368,13 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
             goto error;
         }
         int ne = find_eager_nodes(&ag, U, reasons);
+        if (ne > 0 && ag.env) {
+            PyObject *why = PyList_GET_SIZE(reasons) ? PyList_GET_ITEM(reasons, 0) : Py_None;
+            free(U);
+            ag_fail(&ag, "symbolic sizes: ops without a derivative rule (%S)", why);
+            Py_DECREF(reasons);
+            goto fallback;
+        }
         if (ne > 0 && stale) { /* the steps' graphs do not know the replaced values: the whole region */
             free(U);
             Py_DECREF(reasons);
@@ -4965,7 +5425,7 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         char name[32];
         snprintf(name, sizeof name, "tangents_%u", k + 1);
         IRMeta m = on->meta;
-        if (tangent_meta(g->arena, &m) < 0) {
+        if (tangent_meta(g->arena, &m, ag.env) < 0) {
             free(tangent);
             goto error;
         }
@@ -5237,7 +5697,12 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         PyErr_NoMemory();
         goto error;
     }
-    for (IRRef r = 1; r < N; r++) bytes[r] = meta_bytes(&em_ir_node(ag.j, r)->meta);
+    for (IRRef r = 1; r < N; r++) {
+        const IRMeta *m = &em_ir_node(ag.j, r)->meta;
+        bytes[r] = meta_bytes(m);
+        if (bytes[r] < 0 && ag.env && m->kind == IRMETA_OTHER && m->example && PyLong_Check(m->example))
+            bytes[r] = 8; /* a symbolic size: saved as an int (ember._autograd's saved_ints) */
+    }
     if (partition(&ag, bytes, false, saved, recompute) < 0) {
         free(tangent);
         ag_fail(&ag, "the min-cut found no finite cut");
@@ -5254,10 +5719,11 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         int64_t base = 0, cut = 0;
         for (IRRef r = nfwd_end; r < N; r++) {
             const IRNode *n = em_ir_node(ag.j, r);
+            if (ag.role[r] != ROLE_BWD) continue; /* (a symbolic size read for the backward is ROLE_FWD) */
             for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
                 mark_args(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], need);
         }
-        for (IRRef r = 1; r < nfwd_end; r++) {
+        for (IRRef r = 1; r < N; r++) {
             if (need[r] && ag.role[r] == ROLE_FWD && bytes[r] > 0) base += bytes[r];
             if (saved[r] && ag.role[r] == ROLE_FWD && bytes[r] > 0) cut += bytes[r];
         }
@@ -5287,7 +5753,9 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         free(tangent);
         goto error;
     }
-    for (IRRef r = 1; r < nfwd_end; r++) {
+    F->shape_env = B->shape_env = ag.env;
+    /* (up to N: symbolic sizes the backward reads are forward nodes emitted with it, size_arg) */
+    for (IRRef r = 1; r < N; r++) {
         const IRNode *n = em_ir_node(ag.j, r);
         if (ag.role[r] == ROLE_PRIMAL) fmapF[r] = em_ir_placeholder(F, n->name, &n->meta);
         else if (ag.role[r] == ROLE_FWD) fmapF[r] = copy_into(g->arena, F, n, fmapF);
@@ -5306,12 +5774,19 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
     for (uint32_t k = 0; k < outs->n; k++) fout[nfout++] = fmapF[ag.fmap[outs->u.items[k].u.ref]];
     saved_list = PyList_New(0);
     recomp_list = PyList_New(0);
+    saved_ints = PyList_New(0); /* positions among the saved values of ints (symbolic sizes) */
     int64_t saved_bytes = 0, recomp_bytes = 0, saved_input_bytes = 0;
     /* backward graph placeholders: saved values, then tangents */
-    for (IRRef r = 1; r < nfwd_end && saved_list; r++) {
+    for (IRRef r = 1; r < N && saved_list; r++) {
         if (!(saved[r] && need[r])) continue;
         const IRNode *n = em_ir_node(ag.j, r);
         fout[nfout++] = fmapF[r];
+        if (n->meta.kind != IRMETA_TENSOR) {
+            PyObject *pos = PyLong_FromUnsignedLong(nsaved);
+            if (!pos || !saved_ints || PyList_Append(saved_ints, pos) < 0) Py_CLEAR(saved_list);
+            Py_XDECREF(pos);
+            if (!saved_list) break;
+        }
         nsaved++;
         fmapB[r] = em_ir_placeholder(B, n->name, &n->meta);
         PyObject *it = Py_BuildValue("(sL)", n->name, (long long)bytes[r]);
@@ -5325,6 +5800,11 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         /* a saved graph input costs no activation memory: the caller holds it anyway */
         if (ag.role[r] == ROLE_PRIMAL) saved_input_bytes += bytes[r] > 0 ? bytes[r] : 0;
         else saved_bytes += bytes[r] > 0 ? bytes[r] : 0;
+    }
+    if (!saved_list || !recomp_list || !saved_ints) {
+        free(fout);
+        free(tangent);
+        goto error;
     }
     for (uint32_t k = 0; k < outs->n; k++) {
         if (!tangent[k]) continue;
@@ -5429,7 +5909,11 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         for (uint32_t k = 0; layouts && k < outs->n; k++) {
             IRMeta tm = em_ir_node(g, outs->u.items[k].u.ref)->meta;
             const IRMeta *m = &tm;
-            PyObject *st = tangent_meta(g->arena, &tm) < 0 ? NULL : PyTuple_New(m->kind == IRMETA_TENSOR ? m->ndim : 0);
+            if (m->kind == IRMETA_TENSOR && m->sym_sizes) { /* symbolic: contiguous, made so per call */
+                if (PyList_Append(layouts, Py_None) < 0) Py_CLEAR(layouts);
+                continue;
+            }
+            PyObject *st = tangent_meta(g->arena, &tm, ag.env) < 0 ? NULL : PyTuple_New(m->kind == IRMETA_TENSOR ? m->ndim : 0);
             for (int32_t i = 0; st && m->kind == IRMETA_TENSOR && i < m->ndim; i++) {
                 PyObject *v = PyLong_FromLongLong(m->strides[i]);
                 if (!v) Py_CLEAR(st);
@@ -5456,8 +5940,8 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         Py_DECREF(layouts);
         goto error;
     }
-    result = PyObject_CallFunction(make, "OOIIOOONOOONOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
-                                   tang, nondiff, layouts, gdeps, same, views, detached, oviews, unview);
+    result = PyObject_CallFunction(make, "OOIIOOONOOONOOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
+                                   tang, nondiff, layouts, gdeps, same, views, detached, oviews, unview, saved_ints);
     if (!result) goto error;
     *info = d;
     d = NULL;
@@ -5477,6 +5961,10 @@ done:
     free(ag.role);
     free(ag.pinned);
     Py_XDECREF(ag.reason);
+    Py_XDECREF(ag.symctx);
+    Py_XDECREF(ag.symhints);
+    Py_XDECREF(ag.sizes);
+    Py_XDECREF(saved_ints);
     free(bytes);
     free(saved);
     free(recompute);

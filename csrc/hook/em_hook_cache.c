@@ -298,12 +298,30 @@ error:
     return NULL;
 }
 
-/* Does backend "ember" specialise this graph's sizes? Its AOT autograd takes concrete sizes
- * (docs/dynamic_shapes.md); its C and CUDA code generators take symbolic ones (sizes as kernel
- * arguments, docs/backend_cpu.md and docs/backend_cuda.md "Symbolic sizes"). */
+/* Is this a training graph of backend "ember"? Its AOT autograd compiles a symbolic graph to one
+ * region for all sizes where every rule it needs serves symbolic sizes (csrc/autograd, "Symbolic
+ * sizes"); where one does not, the graph is traced again with concrete sizes, one region per size
+ * (docs/dynamic_shapes.md), rather than run by the eager backend. Its C and CUDA code generators take
+ * symbolic inference graphs (sizes as kernel arguments, docs/backend_cpu.md "Symbolic sizes"). */
 static int specialises_sizes(const EmCompileConfig *cfg, const IRGraph *g) {
     if (!PyUnicode_Check(cfg->backend) || PyUnicode_CompareWithASCIIString(cfg->backend, "ember") != 0) return 0;
     return em_autograd_needed(g) ? 1 : 0;
+}
+
+/* A symbolic training graph compiled before its entry is made (em_cache_compile tries the symbolic
+ * region first): backend_compile hands it over for that graph instead of compiling again. */
+static struct {
+    const IRGraph *graph;
+    PyObject *compiled, *info;
+    int eager_graph;
+    const char *info_key;
+    double secs;
+} precompiled;
+
+static void precompiled_clear(void) {
+    Py_CLEAR(precompiled.compiled);
+    Py_CLEAR(precompiled.info);
+    precompiled.graph = NULL;
 }
 
 /* Hands the graph to the backend. "eager" compiles to an ember._C.EagerGraph in C; anything else
@@ -315,18 +333,6 @@ static PyObject *backend_compile_timed(const EmCompileConfig *cfg, const EmTrace
     *info_key = "ember";
     if (PyUnicode_Check(cfg->backend) && PyUnicode_Compare(cfg->backend, eager_str) == 0) {
         *is_eager_graph = 1;
-        return em_eager_graph_new(res->graph);
-    }
-    if (res->symbolic && PyUnicode_Check(cfg->backend) &&
-        (PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") == 0 ||
-         (PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0 && em_autograd_needed(res->graph)))) {
-        /* ember's AOT autograd takes concrete sizes: one graph for all sizes runs on the eager
-         * backend (eager autograd). Inference graphs go to ember's code generator, which takes
-         * sizes as kernel arguments. */
-        *is_eager_graph = 1;
-        *backend_info = Py_BuildValue("{s:s}", "fallback", "symbolic sizes: the graph runs on the eager backend "
-                                                           "(ember's autograd specialises sizes)");
-        if (!*backend_info) return NULL;
         return em_eager_graph_new(res->graph);
     }
     if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") == 0) {
@@ -453,6 +459,16 @@ static PyObject *backend_compile_autocast(const EmCompileConfig *cfg, const EmTr
 /* backend_compile_timed, adding the seconds it took to *secs (compile_times["backend"]). */
 static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
                                  int *is_eager_graph, PyObject **backend_info, const char **info_key, double *secs) {
+    if (precompiled.graph && precompiled.graph == res->graph) {
+        PyObject *r = precompiled.compiled;
+        *is_eager_graph = precompiled.eager_graph;
+        *backend_info = precompiled.info;
+        *info_key = precompiled.info_key;
+        *secs += precompiled.secs;
+        precompiled.compiled = precompiled.info = NULL;
+        precompiled.graph = NULL;
+        return r;
+    }
     double t0 = em_now();
     PyObject *r = NULL;
     int ac = PyUnicode_Check(cfg->backend) && (PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0 ||
@@ -679,19 +695,44 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     EmTraceResult res;
     memset(&res, 0, sizeof res);
     CacheEntry *e = NULL;
-    PyObject *graph_text = NULL, *out_text = NULL, *backend_info = NULL, *cg_info = NULL;
+    PyObject *graph_text = NULL, *out_text = NULL, *backend_info = NULL, *cg_info = NULL, *sym_why = NULL;
     const char *info_key = "ember";
     double backend_s = 0, t_traced, t_guarded;
     if (em_trace_frame(func, code, fv, &opts, &res) < 0) goto error;
+    precompiled_clear();
     if (cfg->dynamic < 0 && res.graph && res.symbolic && specialises_sizes(cfg, res.graph)) {
-        /* Automatic dynamic made a dim symbolic, but backend "ember" compiles this graph per size
-         * (training graphs): a symbolic graph would run on the eager backend. Trace
-         * again with concrete sizes, as before automatic dynamic: one compiled graph per size, up
-         * to config.cache_size_limit. dynamic=True and mark_dynamic keep the symbolic graph. */
-        em_arena_free(res.arena);
-        memset(&res, 0, sizeof res);
-        opts.dynamic = 0;
-        if (em_trace_frame(func, code, fv, &opts, &res) < 0) goto error;
+        /* Automatic dynamic made a dim symbolic in a training graph of backend "ember": its AOT
+         * autograd compiles one region for all sizes where every rule it needs serves symbolic sizes.
+         * Where one does not, the region would run on eager autograd: trace again with concrete
+         * sizes, as before automatic dynamic (one compiled region per size, up to
+         * config.cache_size_limit). dynamic=True and mark_dynamic keep the symbolic graph. */
+        double secs = 0;
+        PyObject *info = NULL;
+        const char *key = "ember";
+        int eg = 0;
+        PyObject *c = backend_compile(cfg, &res, code, &eg, &info, &key, &secs);
+        if (!c) {
+            Py_XDECREF(info);
+            goto error;
+        }
+        bool ran_eagerly = eg && info && PyDict_Check(info) && PyDict_GetItemString(info, "fallback");
+        if (ran_eagerly) {
+            sym_why = PyUnicode_FromFormat("traced per size: no symbolic training region (%S)",
+                                           PyDict_GetItemString(info, "fallback"));
+            Py_DECREF(c);
+            Py_XDECREF(info);
+            em_arena_free(res.arena);
+            memset(&res, 0, sizeof res);
+            opts.dynamic = 0;
+            if (em_trace_frame(func, code, fv, &opts, &res) < 0) goto error;
+        } else {
+            precompiled.graph = res.graph;
+            precompiled.compiled = c;
+            precompiled.info = info;
+            precompiled.eager_graph = eg;
+            precompiled.info_key = key;
+            precompiled.secs = secs;
+        }
     }
     t_traced = em_now();
     if ((!res.graph || res.split) && cfg->fullgraph) {
@@ -759,7 +800,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     Py_CLEAR(cg_info);
     {   /* which dims are symbolic and why (ember.cache_info / explain) */
         PyObject *dyn = res.sym_notes ? PyList_GetSlice(res.sym_notes, 0, PY_SSIZE_T_MAX) : PyList_New(0);
-        int bad = !dyn || PyDict_SetItemString(e->info, "dynamic", dyn) < 0;
+        int bad = !dyn || (sym_why && PyList_Append(dyn, sym_why) < 0) || PyDict_SetItemString(e->info, "dynamic", dyn) < 0;
         Py_XDECREF(dyn);
         if (bad) goto error;
     }
@@ -789,6 +830,8 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     if (em_debug_dumping()) em_debug_on_compile(e, code, fv->globals, &res, em_now() - t_start);
     em_arena_free(res.arena);
     res.arena = NULL;
+    precompiled_clear(); /* (taken by the entry; or unused: the entry became a fallback) */
+    Py_CLEAR(sym_why);
 
     e->next = es->head;
     es->head = e;
@@ -823,6 +866,8 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     if (em_log_mask) log_new_entry(e, code);
     return e;
 error:
+    precompiled_clear();
+    Py_XDECREF(sym_why);
     Py_XDECREF(graph_text);
     Py_XDECREF(out_text);
     Py_XDECREF(backend_info);

@@ -243,6 +243,14 @@ const IRArg *em_ir_mutated_arg(const IRNode *n);
  * out=, copy_ / zero_ / fill_, random fills, in-place view ops (unsqueeze_ ...), a name whose
  * out-of-place form does not exist. */
 int em_ir_functional_form(const IRNode *n, IRKind *kind, PyObject **target, int *inplace_arg);
+/* Symbolic sizes and ember._fake.sym_run (em_ir_sym.c). em_ir_sym_value_tree: the argument tree of a
+ * value for sym_run: ("S", expr) for a SymInt, ("T", example, device, sizes, strides, requires_grad)
+ * for a tensor (sizes/strides: tuples of expressions in symbol style, None when static); NULL with
+ * NotImplementedError for other metas. em_ir_sym_from_tree: the expression of a result tree
+ * (("const", k) | ("sym", i) | (op, a, b)); SYM_NONE with an exception on a bad tree, SYM_NONE
+ * without one on a sticky env failure. */
+PyObject *em_ir_sym_value_tree(struct ShapeEnv *env, const IRMeta *m);
+uint32_t em_ir_sym_from_tree(struct ShapeEnv *env, PyObject *tree);
 /* Is m a tensor with torch's contiguous strides (size-1 dims ignored, as is_contiguous)? */
 bool em_ir_meta_contiguous(const IRMeta *m);
 /* Is m a tensor on a CPU device? */

@@ -787,7 +787,6 @@ TValue *em_tr_sym_query(Trace *T, TValue *t, const char *what, TValue **args, ui
  * ("T", example, device, sizes, strides) for tensors (sizes/strides: tuples of expressions in
  * symbol style, or None when static), ("S", expr) for size values, a slice for a slice node. */
 static PyObject *sym_py_arg(Trace *T, const IRArg *a, int depth) {
-    char buf[512];
     if (depth > 16) {
         PyErr_SetString(PyExc_RecursionError, "ember: argument nested too deep");
         return NULL;
@@ -808,11 +807,7 @@ static PyObject *sym_py_arg(Trace *T, const IRArg *a, int depth) {
     case IRARG_NODE: {
         TNode *nd = &T->nodes.items[a->u.ref];
         IRMeta *m = &nd->meta;
-        if (m->kind == IRMETA_OTHER && m->sym) {
-            em_sym_render(T->env, em_sym_simplify(T->env, m->sym), SYM_STYLE_SYMBOLS, buf, sizeof buf);
-            return Py_BuildValue("(ss)", "S", buf);
-        }
-        if (m->kind == IRMETA_OTHER && nd->target == (PyObject *)&PySlice_Type) {
+        if (m->kind == IRMETA_OTHER && !m->sym && nd->target == (PyObject *)&PySlice_Type) {
             PyObject *p[3] = {Py_None, Py_None, Py_None};
             for (uint32_t i = 0; i < nd->nargs && i < 3; i++)
                 if (!(p[i] = sym_py_arg(T, &nd->args[i], depth + 1))) {
@@ -823,66 +818,14 @@ static PyObject *sym_py_arg(Trace *T, const IRArg *a, int depth) {
             for (uint32_t i = 0; i < nd->nargs && i < 3; i++) Py_DECREF(p[i]);
             return sl;
         }
-        if (m->kind != IRMETA_TENSOR) {
-            PyErr_SetString(PyExc_NotImplementedError, "ember: a non-tensor node in a symbolic call");
-            return NULL;
-        }
-        PyObject *sz = Py_NewRef(Py_None), *st = Py_NewRef(Py_None);
-        if (m->sym_sizes) {
-            Py_SETREF(sz, PyTuple_New(m->ndim));
-            Py_SETREF(st, PyTuple_New(m->ndim));
-            for (int i = 0; sz && st && i < m->ndim; i++) {
-                em_sym_render(T->env, em_sym_simplify(T->env, m->sym_sizes[i]), SYM_STYLE_SYMBOLS, buf, sizeof buf);
-                PyTuple_SET_ITEM(sz, i, PyUnicode_FromString(buf));
-                em_sym_render(T->env, em_sym_simplify(T->env, m->sym_strides[i]), SYM_STYLE_SYMBOLS, buf, sizeof buf);
-                PyTuple_SET_ITEM(st, i, PyUnicode_FromString(buf));
-            }
-        }
-        PyObject *r = sz && st ? Py_BuildValue("(sOOOOO)", "T", m->example, m->device ? m->device : Py_None, sz, st,
-                                               m->requires_grad ? Py_True : Py_False)
-                               : NULL;
-        Py_XDECREF(sz);
-        Py_XDECREF(st);
-        return r;
+        return em_ir_sym_value_tree(T->env, m);
     }
     }
     return NULL;
 }
 
-/* tree: ("const", k) | ("sym", i) | (op, a, b), op in add sub mul floordiv mod min max and the
- * comparisons (as tests/py/test_sym.py builds them). SYM_NONE with an exception on a bad tree. */
-static SymRef tree_build(Trace *T, PyObject *tree) {
-    ShapeEnv *env = T->env;
-    if (!PyTuple_Check(tree) || PyTuple_GET_SIZE(tree) < 2 || !PyUnicode_Check(PyTuple_GET_ITEM(tree, 0))) {
-        PyErr_SetString(PyExc_TypeError, "ember: a size tree is (op, ...)");
-        return SYM_NONE;
-    }
-    const char *op = PyUnicode_AsUTF8(PyTuple_GET_ITEM(tree, 0));
-    if (!op) return SYM_NONE;
-    if (!strcmp(op, "const") || !strcmp(op, "sym")) {
-        long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(tree, 1));
-        if (v == -1 && PyErr_Occurred()) return SYM_NONE;
-        if (!strcmp(op, "const")) return em_sym_const(env, v);
-        if (v < 0 || v >= (long long)em_sym_nsymbols(env)) {
-            PyErr_SetString(PyExc_IndexError, "ember: no such symbol");
-            return SYM_NONE;
-        }
-        return em_sym_symbol(env, (uint32_t)v);
-    }
-    if (PyTuple_GET_SIZE(tree) != 3) {
-        PyErr_SetString(PyExc_TypeError, "ember: a binary size op takes two operands");
-        return SYM_NONE;
-    }
-    SymRef a = tree_build(T, PyTuple_GET_ITEM(tree, 1));
-    if (PyErr_Occurred()) return SYM_NONE;
-    SymRef b = tree_build(T, PyTuple_GET_ITEM(tree, 2));
-    if (PyErr_Occurred()) return SYM_NONE;
-    int known;
-    SymRef r = em_sym_binop_named(env, op, a, b, &known);
-    if (known) return r;
-    PyErr_Format(PyExc_ValueError, "ember: unknown size op %s", op);
-    return SYM_NONE;
-}
+/* tree: ("const", k) | ("sym", i) | (op, a, b) (em_ir_sym_from_tree). */
+static SymRef tree_build(Trace *T, PyObject *tree) { return em_ir_sym_from_tree(T->env, tree); }
 
 /* Specialises every symbol listed (a relation or size torch made that our algebra cannot hold). */
 static int specialise_syms(Trace *T, PyObject *syms, const char *why) {

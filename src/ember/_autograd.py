@@ -34,6 +34,9 @@ class CompiledRegion(torch.autograd.Function):
         if plan.unview:
             outs = _unview_outputs(outs, plan.unview, inputs, saved)
         if graphs is None:
+            if plan.saved_ints:  # symbolic sizes the backward reads: ints, kept apart from the tensors
+                ctx.saved_ints = [saved[i] for i in plan.saved_ints]
+                saved = [t for i, t in enumerate(saved) if i not in plan.saved_ints]
             ctx.save_for_backward(*saved)
         else:
             # the saved tensors live in ctx.holder, which the next replay may copy out. Saved with
@@ -72,6 +75,10 @@ class CompiledRegion(torch.autograd.Function):
     def _backward(ctx, grads):
         plan = ctx.plan
         saved = ctx.saved_tensors
+        if plan.saved_ints:  # the ints back in their places among the saved values
+            saved = list(saved)
+            for i, v in zip(plan.saved_ints, ctx.saved_ints):
+                saved.insert(i, v)
         # AOTAutograd's boxed convention: the backward graph owns the saved tensors and releases
         # each after its last use, as eager autograd frees a node's saved tensors after its backward
         # (kept when retain_graph=True: maybe_clear_saved_tensors does nothing then)
@@ -92,7 +99,8 @@ class CompiledRegion(torch.autograd.Function):
             tangents = [t if t is not None else torch.zeros(s, dtype=d, device=dev)
                         for t, (s, d, dev) in zip(tangents, ctx.tmeta)]
         if plan.strides is not None:  # backend ember: kernels index tangents with the output's strides
-            tangents = [t if t.stride() == plan.strides[k] else
+            # (None: symbolic sizes, contiguous)
+            tangents = [t.contiguous() if plan.strides[k] is None else t if t.stride() == plan.strides[k] else
                         torch.empty_strided(t.shape, plan.strides[k], dtype=t.dtype, device=t.device).copy_(t)
                         for k, t in zip(plan.tangents, tangents)]
         if holder is not None:
@@ -110,11 +118,11 @@ class CompiledRegion(torch.autograd.Function):
 
 class _Plan:
     __slots__ = ("fwd", "bwd", "bwd_boxed", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides",
-                 "grad_deps", "maybe_same", "unview", "graphs")
+                 "grad_deps", "maybe_same", "unview", "graphs", "saved_ints")
 
 
 def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None, grad_deps=None,
-                maybe_same=(), maybe_view=(), detached=(), out_views=(), unview=()):
+                maybe_same=(), maybe_view=(), detached=(), out_views=(), unview=(), saved_ints=()):
     """Called by csrc/autograd on a cache miss; returns compiled(*graph_inputs) -> tuple.
     Under no_grad / inference_mode the guard on grad mode makes a separate, forward-only entry,
     so this callable always runs with grad enabled. grad_deps: per entry of grad_inputs, the
@@ -140,13 +148,17 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     again from that output outside the Function in the same way (a Function returning both as views
     of one value forbids using them after an in-place update of it, which eager allows), or, itself
     True, that output object itself, as eager's op returned its input (`v.flatten()` of a 1-D v).
-    unview: indices of outputs whose op may return a view (of an intermediate): _unview_outputs."""
+    unview: indices of outputs whose op may return a view (of an intermediate): _unview_outputs.
+    saved_ints: positions among the saved values of ints (the sizes a region compiled for symbolic
+    sizes reads in its backward: csrc/autograd "Symbolic sizes"); strides then has None for an
+    output whose sizes are symbolic (its tangent is made contiguous)."""
     plan = _Plan()
     plan.fwd, plan.bwd = fwd, bwd
     plan.bwd_boxed = getattr(bwd, "run_boxed", None)
     plan.noutputs, plan.ninputs = noutputs, ninputs
     plan.grad_inputs, plan.tangents, plan.nondiff = tuple(grad_inputs), tuple(tangents), tuple(nondiff)
-    plan.strides = None if strides is None else tuple(tuple(s) for s in strides)
+    plan.strides = None if strides is None else tuple(None if s is None else tuple(s) for s in strides)
+    plan.saved_ints = tuple(saved_ints)
     plan.grad_deps = tuple(tuple(d) for d in grad_deps) if grad_deps is not None else ((),) * len(plan.grad_inputs)
     plan.maybe_same = tuple(tuple(p) for p in maybe_same)
     plan.unview = tuple(unview)

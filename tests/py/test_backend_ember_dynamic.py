@@ -231,15 +231,15 @@ def test_cache_info_and_explain_show_symbolic_kernels():
     assert "domain [s0 |, s1]" in info["source"]
 
 
-def test_training_graph_under_automatic_dynamic_is_compiled_per_size():
-    """ember's AOT autograd takes concrete sizes: under dynamic=None a size change does not send a
-    symbolic training graph to the eager backend; the frame is traced again with concrete sizes and
-    each size gets its own compiled forward/backward (as before automatic dynamic)."""
+def test_training_graph_under_automatic_dynamic_is_compiled_once_for_all_sizes():
+    """ember's AOT autograd compiles a symbolic training graph to one region: after the static
+    entry of the first size, one symbolic entry (joint graph, partition and both halves through the
+    code generator, sizes as kernel arguments and saved ints) serves every later size."""
     def f(x, w):
         return (torch.tanh(x @ w) * 2).sum()
 
     cf = ember.compile(f, backend="ember")
-    for n in [3, 5, 7]:
+    for n in [3, 5, 7, 9]:
         x = torch.randn(n, 4)
         w1 = torch.randn(4, 3, requires_grad=True)
         w2 = w1.detach().clone().requires_grad_()
@@ -247,10 +247,34 @@ def test_training_graph_under_automatic_dynamic_is_compiled_per_size():
         cf(x, w2).backward()
         torch.testing.assert_close(w2.grad, w1.grad)
     entries = ember.cache_info(cf)
-    assert [e["kind"] for e in entries] == ["graph"] * 3
+    assert [e["kind"] for e in entries] == ["graph"] * 2
+    assert [bool(e["dynamic"]) for e in entries] == [True, False]  # newest first
     for e in entries:
-        assert e["dynamic"] == [] and "autograd" in e, e.get("ember")
+        assert "fallback" not in e["autograd"], e["autograd"]
         assert set(e["autograd"]["ember"]) == {"forward", "backward"}
+
+
+def test_training_graph_a_rule_of_which_reads_sizes_is_compiled_per_size():
+    """A training graph whose derivative reads a symbolic size as a number (group_norm's native op
+    takes N, C, HxW) is not sent to eager autograd: under dynamic=None the frame is traced again with
+    concrete sizes and each size gets its own compiled forward/backward."""
+    def f(x, w):
+        return torch.nn.functional.group_norm(x * w, 2).square().sum()
+
+    cf = ember.compile(f, backend="ember")
+    for n in [3, 5, 7]:
+        x = torch.randn(n, 4, 3)
+        w1 = torch.randn(4, 3, requires_grad=True)
+        w2 = w1.detach().clone().requires_grad_()
+        f(x, w1).backward()
+        cf(x, w2).backward()
+        torch.testing.assert_close(w2.grad, w1.grad)
+    entries = ember.cache_info(cf)
+    assert [e["kind"] for e in entries] == ["graph"] * 3
+    for e in entries[:2]:  # the sizes after the first: why not one symbolic region
+        assert len(e["dynamic"]) == 1 and "traced per size" in e["dynamic"][0] and "group_norm" in e["dynamic"][0]
+    for e in entries:
+        assert "fallback" not in e["autograd"], e.get("autograd")
 
 
 def test_horizontal_fusion_in_symbolic_graphs():
