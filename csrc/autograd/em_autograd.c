@@ -754,6 +754,18 @@ static bool dims_symbolic(const AG *ag, const IRMeta *m, int32_t from) {
     return false;
 }
 
+/* Do tensor metas a and b have the same symbolic sizes and strides (the same expressions, so equal
+ * for every size)? True for static ones (their hints are compared elsewhere). */
+static bool same_sym_layout(const AG *ag, const IRMeta *a, const IRMeta *b) {
+    if (!ag->env || (!a->sym_sizes && !b->sym_sizes)) return true;
+    if (!a->sym_sizes || !b->sym_sizes || a->ndim != b->ndim) return false;
+    for (int32_t d = 0; d < a->ndim; d++)
+        if (em_sym_simplify(ag->env, a->sym_sizes[d]) != em_sym_simplify(ag->env, b->sym_sizes[d]) ||
+            em_sym_simplify(ag->env, a->sym_strides[d]) != em_sym_simplify(ag->env, b->sym_strides[d]))
+            return false;
+    return true;
+}
+
 /* sym_run's argument tree of joint argument a (em_ir_sym_value_tree; a slice node as a slice). */
 static PyObject *sym_tree(AG *ag, const IRArg *a, int depth) {
     if (depth > 16) {
@@ -2109,12 +2121,18 @@ static int basic_index_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx) {
         }
     }
     if (ellipses > 1 || consume > xm->ndim || xm->ndim + ni > MAXD) return 0;
-    /* the forward chain: each step's kind, dim and arguments, and the sizes before it */
-    typedef struct { char kind; int dim; long long a, b, c; int nd; int64_t sizes[MAXD]; } Step;
+    /* the forward chain: each step's kind, dim and arguments, and the sizes before it (org: the dim
+     * of x each dim is, untouched, or -1; a symbolic dim may only be kept whole) */
+    typedef struct { char kind; int dim; long long a, b, c; int nd; int64_t sizes[MAXD]; int8_t org[MAXD]; } Step;
     Step steps[MAXI];
     int ns = 0, nd = xm->ndim, cd = 0;
     int64_t cur[MAXD];
-    for (int d = 0; d < nd; d++) cur[d] = xm->sizes[d];
+    int8_t org[MAXD];
+    for (int d = 0; d < nd; d++) {
+        cur[d] = xm->sizes[d];
+        org[d] = (int8_t)d;
+    }
+#define SYMDIM(d) (org[d] >= 0 && xm->sym_sizes && ag->env && !em_sym_is_const(ag->env, xm->sym_sizes[org[d]], NULL))
     for (int i = 0; i < ni; i++) {
         PyObject *it = items[i];
         if (it == Py_Ellipsis) {
@@ -2124,28 +2142,38 @@ static int basic_index_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx) {
         Step *st = &steps[ns++];
         st->nd = nd;
         memcpy(st->sizes, cur, sizeof(int64_t) * (size_t)nd);
+        memcpy(st->org, org, (size_t)nd);
         st->dim = cd;
         if (it == Py_None) { /* unsqueeze(cd) */
             st->kind = 'n';
             memmove(cur + cd + 1, cur + cd, sizeof(int64_t) * (size_t)(nd - cd));
+            memmove(org + cd + 1, org + cd, (size_t)(nd - cd));
             cur[cd] = 1;
+            org[cd] = -1;
             nd++;
             cd++;
         } else if (PyLong_CheckExact(it)) { /* select(cd, i) */
             long long k = PyLong_AsLongLong(it);
             if (PyErr_Occurred()) return ag_fail_exc(ag);
+            if (SYMDIM(cd)) return ag_fail(ag, "symbolic sizes: an int index into a symbolic dim");
             if (k < 0) k += cur[cd];
             if (k < 0 || k >= cur[cd]) return 0; /* eager raised in the forward already */
             st->kind = 's';
             st->a = k;
             memmove(cur + cd, cur + cd + 1, sizeof(int64_t) * (size_t)(nd - cd - 1));
+            memmove(org + cd, org + cd + 1, (size_t)(nd - cd - 1));
             nd--;
         } else { /* slice(cd, start, stop, step) */
             Py_ssize_t start, stop, step;
+            PySliceObject *sl = (PySliceObject *)it;
+            if (SYMDIM(cd) && !((sl->start == Py_None || PyLong_AsLong(sl->start) == 0) && sl->stop == Py_None &&
+                                (sl->step == Py_None || PyLong_AsLong(sl->step) == 1)))
+                return PyErr_Clear(), ag_fail(ag, "symbolic sizes: a part of a symbolic dim");
             if (PySlice_Unpack(it, &start, &stop, &step) < 0) return ag_fail_exc(ag);
             if (step <= 0) return 0;
             Py_ssize_t len = PySlice_AdjustIndices((Py_ssize_t)cur[cd], &start, &stop, step);
             st->kind = start == 0 && len == cur[cd] && (step == 1 || len <= 1) ? 'i' : 'l';
+            if (st->kind != 'i') org[cd] = -1;
             st->a = start;
             st->b = stop < start ? start : stop;
             st->c = step;
@@ -2153,13 +2181,30 @@ static int basic_index_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx) {
             cd++;
         }
     }
+#undef SYMDIM
     IRRef r = g;
     for (int i = ns - 1; i >= 0 && r; i--) {
         const Step *st = &steps[i];
-        IRMeta before = *xm;
-        before.ndim = st->nd;
-        before.sizes = (int64_t *)st->sizes;
         if (st->kind == 'i') continue;
+        /* the sizes before the step: x's own (size_arg: symbolic ones read from x) where untouched */
+        IRArg before = {0};
+        before.kind = IRARG_TUPLE;
+        before.n = (uint32_t)st->nd;
+        before.u.items = em_arena_alloc(ag->a, (size_t)(st->nd + 1) * sizeof(IRArg));
+        if (!before.u.items) return PyErr_NoMemory(), ag_fail_exc(ag);
+        for (int d = 0; d < st->nd; d++) {
+            before.u.items[d] = st->org[d] >= 0 ? size_arg(ag, ag->fmap[self], st->org[d])
+                                                : arg_const_steal(ag, PyLong_FromLongLong(st->sizes[d]));
+            if (arg_bad(&before.u.items[d])) return -1;
+        }
+        bool allc = true;
+        for (int d = 0; d < st->nd; d++) allc &= before.u.items[d].kind == IRARG_CONST;
+        if (allc) { /* a static shape: one constant tuple, as shape_const makes it */
+            PyObject *t = PyTuple_New(st->nd);
+            for (int d = 0; t && d < st->nd; d++) PyTuple_SET_ITEM(t, d, Py_NewRef(before.u.items[d].u.obj));
+            before = arg_const_steal(ag, t);
+            if (arg_bad(&before)) return ag_fail_exc(ag);
+        }
         if (st->kind == 'n') {
             IRArg a[2] = {arg_node(r), arg_const_steal(ag, PyLong_FromLong(st->dim))};
             r = emit_method(ag, "squeeze", a, 2);
@@ -2167,7 +2212,7 @@ static int basic_index_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx) {
         }
         PyObject *t = torch_attr(st->kind == 's' ? "ops.aten.select_backward" : "ops.aten.slice_backward");
         if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
-        IRArg a[6] = {arg_node(r), shape_const(ag, &before), arg_const_steal(ag, PyLong_FromLong(st->dim)),
+        IRArg a[6] = {arg_node(r), before, arg_const_steal(ag, PyLong_FromLong(st->dim)),
                       arg_const_steal(ag, PyLong_FromLongLong(st->a)), arg_const_steal(ag, PyLong_FromLongLong(st->b)),
                       arg_const_steal(ag, PyLong_FromLongLong(st->c))};
         r = ag_emit(ag, IR_CALL_FUNCTION, t, a, st->kind == 's' ? 4 : 6, NULL, NULL, 0);
@@ -2421,9 +2466,11 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
                 adv = PyList_Check(PyTuple_GET_ITEM(idx.u.obj, i));
         if (adv) return index_list_backward(ag, self.u.ref, g, &idx, node->name);
         selfm = &em_ir_node(ag->g, self.u.ref)->meta;
-        if (dims_symbolic(ag, selfm, 0) && idx.kind != IRARG_NODE && !(ag->scatter && ag->scatter[self.u.ref]))
-            return ag_fail(ag, "symbolic sizes: the derivative of %s (indexing) reads sizes as numbers", node->name);
+        if (idx.kind == IRARG_NODE && jmeta(ag, ag->fmap[idx.u.ref])->kind != IRMETA_TENSOR)
+            return ag_fail(ag, "%s: an index that is a graph value but no tensor (a slice of symbolic bounds)",
+                           node->name);
         if (idx.kind == IRARG_CONST && PyLong_Check(idx.u.obj) && !PyBool_Check(idx.u.obj) && ag->pieces &&
+            !(selfm->sym_sizes && ag->env && !em_sym_is_const(ag->env, selfm->sym_sizes[0], NULL)) &&
             selfm->ndim >= 1 && selfm->sizes[0] >= 1 && selfm->sizes[0] <= 64 && !ag->grad[self.u.ref] &&
             jmeta(ag, g)->dtype == selfm->dtype) { /* x[i]: one piece of x's stacked gradient */
             long long i = PyLong_AsLongLong(idx.u.obj);
@@ -3969,6 +4016,9 @@ static IRRef dz_sdpa(AG *d, IRRef q, IRRef k, IRRef v, IRRef mask, double dropou
         if (!kwn[0]) return ag_fail_exc(d), 0;
         return dz(d, ag_emit(d, IR_CALL_FUNCTION, t, a, 6, kwn, &sc, scale == Py_None ? 0 : 1));
     }
+    if (d->env && (causal || dims_symbolic(d, qm, qm->ndim - 1) || (mm && (dims_symbolic(d, mm, 0) ||
+                                                                              dims_symbolic(d, qm, 0)))))
+        return 0; /* symbolic sizes: the causal mask's, the scale's or a mask's sizes read as numbers */
     double s = scale == Py_None ? 1.0 / sqrt((double)qm->sizes[qm->ndim - 1]) : fabs(PyFloat_AsDouble(scale));
     bool neg = scale != Py_None && PyFloat_AsDouble(scale) < 0.0;
     if (PyErr_Occurred()) return ag_fail_exc(d), 0;
@@ -4005,6 +4055,38 @@ static IRRef dz_sdpa(AG *d, IRRef q, IRRef k, IRRef v, IRRef mask, double dropou
     }
     return p ? dz(d, emit_fn(d, "matmul", (IRArg[]){arg_node(p), arg_node(v)}, 2)) : 0;
 }
+
+/* a * b of two size arguments (constants fold; a size node: an int node of the graph). */
+static IRArg size_mul(AG *d, IRArg a, IRArg b) {
+    if (arg_bad(&a) || arg_bad(&b)) return arg_node(0);
+    if (a.kind == IRARG_CONST && b.kind == IRARG_CONST) return arg_const_steal(d, PyNumber_Multiply(a.u.obj, b.u.obj));
+    return arg_node(emit_op(d, "mul", a, b, 2));
+}
+
+/* x.view(sizes), sizes constants or size nodes (size_arg): the symbolic form of dz_m(.., "view", ..). */
+static IRRef dz_view(AG *d, IRRef x, const IRArg *sizes, uint32_t n) {
+    IRArg t = {0};
+    t.kind = IRARG_TUPLE;
+    t.n = n;
+    t.u.items = em_arena_alloc(d->a, (n + 1) * sizeof(IRArg));
+    bool allc = true;
+    for (uint32_t i = 0; t.u.items && i < n; i++) {
+        if (arg_bad(&sizes[i])) return 0;
+        t.u.items[i] = sizes[i];
+        allc &= sizes[i].kind == IRARG_CONST;
+    }
+    if (!x || !t.u.items) return 0;
+    if (allc) { /* a static shape: one constant, as dz_m passes it */
+        PyObject *c = PyTuple_New(n);
+        for (uint32_t i = 0; c && i < n; i++) PyTuple_SET_ITEM(c, i, Py_NewRef(sizes[i].u.obj));
+        t = arg_const_steal(d, c);
+        if (arg_bad(&t)) return ag_fail_exc(d), 0;
+    }
+    IRArg a[2] = {arg_node(x), t};
+    return dz(d, emit_method(d, "view", a, 2));
+}
+
+#define K(v) arg_const_steal(d, PyLong_FromLongLong(v))
 
 static const Rule MHA_RULE = {
     "torch.nn.functional.multi_head_attention_forward",
@@ -4045,6 +4127,11 @@ static IRRef dz_mha(AG *d, const Bind *b) {
     }
     long long hd = E / H, S = L;
     IRRef mask = 0;
+    if (dims_symbolic(d, xm, 2) || (dims_symbolic(d, xm, 0) && am.kind == IRARG_NODE))
+        return 0; /* symbolic sizes: a symbolic embedding dim, or a mask (its checks compare sizes) */
+    IRRef xr = d->fmap[q.u.ref];
+    IRArg Ls = xr ? size_arg(d, xr, 0) : arg_node(0), Bs = xr ? size_arg(d, xr, 1) : arg_node(0); /* L, B */
+    IRArg BHs = size_mul(d, Bs, K(H));
     if (am.kind == IRARG_NODE) {
         const IRMeta *mm = &em_ir_node(d->g, am.u.ref)->meta;
         if (mm->kind != IRMETA_TENSOR || mm->requires_grad) return 0;
@@ -4064,7 +4151,7 @@ static IRRef dz_mha(AG *d, const Bind *b) {
     /* _in_projection_packed, q is k is v */
     IRArg la[3] = {d->fmap[q.u.ref] ? arg_node(d->fmap[q.u.ref]) : arg_node(0), map_arg(d, &w), map_arg(d, &bias)};
     IRRef proj = dz(d, emit_fn(d, "nn.functional.linear", la, 3));
-    proj = dz_m(d, "view", proj, Py_BuildValue("((LLLL))", L, B, 3LL, E)); /* unflatten(-1, (3, E)) */
+    proj = dz_view(d, proj, (IRArg[]){Ls, Bs, K(3), K(E)}, 4); /* unflatten(-1, (3, E)) */
     proj = dz_m(d, "unsqueeze", proj, Py_BuildValue("(i)", 0));
     proj = dz_m(d, "transpose", proj, Py_BuildValue("(ii)", 0, -2));
     proj = dz_m(d, "squeeze", proj, Py_BuildValue("(i)", -2));
@@ -4073,7 +4160,7 @@ static IRRef dz_mha(AG *d, const Bind *b) {
     IRRef qkv[3];
     for (int i = 0; i < 3; i++) {
         qkv[i] = dz(d, emit_getitem(d, proj, i));
-        qkv[i] = dz_m(d, "view", qkv[i], Py_BuildValue("((LLL))", L, B * H, hd));
+        qkv[i] = dz_view(d, qkv[i], (IRArg[]){Ls, BHs, K(hd)}, 3);
         qkv[i] = dz_m(d, "transpose", qkv[i], Py_BuildValue("(ii)", 0, 1));
     }
     if (!training) p = 0.0;
@@ -4083,19 +4170,21 @@ static IRRef dz_mha(AG *d, const Bind *b) {
         else mask = dz_m(d, "unsqueeze", mask, Py_BuildValue("(i)", 0));
         if (!mask) return 0;
     }
-    for (int i = 0; i < 3; i++) qkv[i] = dz_m(d, "view", qkv[i], Py_BuildValue("((LLLL))", B, H, L, hd));
+    for (int i = 0; i < 3; i++) qkv[i] = dz_view(d, qkv[i], (IRArg[]){Bs, K(H), Ls, K(hd)}, 4);
     if (!qkv[0] || !qkv[1] || !qkv[2]) return 0;
     IRRef out = dz_sdpa(d, qkv[0], qkv[1], qkv[2], mask, p, causal, Py_None);
     out = dz_m(d, "permute", out, Py_BuildValue("(iiii)", 2, 0, 1, 3));
     /* reshape(B * L, E) of the permuted (non-contiguous) result: the copy it makes, then a view
      * (aten reshape: _unsafe_view(clone(contiguous))), each of which the meta memo keeps */
     out = dz_m(d, "contiguous", out, PyTuple_New(0));
-    out = dz_m(d, "view", out, Py_BuildValue("((LL))", B * L, E));
+    out = dz_view(d, out, (IRArg[]){size_mul(d, Bs, Ls), K(E)}, 2);
     if (!out) return 0;
     IRArg oa[3] = {arg_node(out), map_arg(d, &wo), map_arg(d, &bo)};
     out = dz(d, emit_fn(d, "nn.functional.linear", oa, 3));
-    return dz_m(d, "view", out, Py_BuildValue("(LLL)", L, B, (long long)wom->sizes[0]));
+    return dz_view(d, out, (IRArg[]){Ls, Bs, K(wom->sizes[0])}, 3);
 }
+
+#undef K
 
 /* F.cross_entropy with class indices (torch/nn/functional.py -> cross_entropy_loss, LossNLL.cpp):
  * nll_loss(log_softmax(input, class dim), target, weight, reduction, ignore_index), each with its
@@ -4382,6 +4471,9 @@ static int dz_target(AG *d, IRRef r, Bind *b) {
     }
     Py_XDECREF(qn);
     PyErr_Clear();
+    /* symbolic sizes: MHA (its views take size nodes), sdpa (dz_sdpa checks) and cross_entropy (no
+     * sizes read); the others read sizes as numbers */
+    if (d->env && what != 1 && what != 2 && what != 3) what = 0;
     return what;
 }
 
@@ -4415,6 +4507,9 @@ static IRGraph *rewriter_finish(AG *d, const IRRef *outs, uint32_t n) {
 
 static void rewriter_free(AG *d) {
     PyErr_Clear();
+    Py_CLEAR(d->symctx);
+    Py_CLEAR(d->symhints);
+    Py_CLEAR(d->sizes);
     free(d->fmap);
     free(d->aux);
     free(d->grad);
@@ -4498,6 +4593,10 @@ static IRRef functional_node(AG *d, IRRef r, IRRef v) {
         if (!mm || mm->kind != IRMETA_TENSOR || !meta_dtype_is(mm, "torch.bool") || mm->ndim != vm->ndim ||
             memcmp(mm->sizes, vm->sizes, (size_t)vm->ndim * sizeof(int64_t)) || !scalar)
             return 0;
+        for (int32_t i = 0; d->env && i < vm->ndim; i++) /* symbolic: the same sizes for every size */
+            if (!mm->sym_sizes != !vm->sym_sizes ||
+                (mm->sym_sizes && em_sym_simplify(d->env, mm->sym_sizes[i]) != em_sym_simplify(d->env, vm->sym_sizes[i])))
+                return 0;
         IRArg wa[3] = {map_arg(d, m), map_arg(d, val), map_arg(d, &n->args[0])};
         IRRef w = emit_fn(d, "where", wa, 3);
         if (!w) {
@@ -4506,7 +4605,7 @@ static IRRef functional_node(AG *d, IRRef r, IRRef v) {
             return 0;
         }
         const IRMeta *wm = jmeta(d, w);
-        if (wm->dtype != vm->dtype || !same_strides(wm, vm)) return 0;
+        if (wm->dtype != vm->dtype || !same_strides(wm, vm) || !same_sym_layout(d, wm, vm)) return 0;
         return dz(d, w);
     }
     if (em_ir_functional_form(n, &kind, &target, &ia) < 0 || !em_arena_hold_steal(d->a, target)) return PyErr_Clear(), 0;
@@ -4522,7 +4621,8 @@ static IRRef functional_node(AG *d, IRRef r, IRRef v) {
         return 0;
     }
     const IRMeta *nm = jmeta(d, nr), *vm = &em_ir_node(d->g, v)->meta;
-    if (nm->kind != IRMETA_TENSOR || vm->kind != IRMETA_TENSOR || nm->dtype != vm->dtype || !same_strides(nm, vm))
+    if (nm->kind != IRMETA_TENSOR || vm->kind != IRMETA_TENSOR || nm->dtype != vm->dtype || !same_strides(nm, vm) ||
+        !same_sym_layout(d, nm, vm))
         return 0; /* (the emitted node is dead: nothing reads it) */
     return dz(d, nr);
 }
@@ -4537,6 +4637,7 @@ IRGraph *em_autograd_decompose(const IRGraph *g, bool inference, PyObject *names
     if (!what || !bad || !done) goto done;
     d.a = g->arena;
     d.g = g;
+    d.env = em_ir_is_symbolic(g) ? g->shape_env : NULL; /* symbolic sizes: the decompositions that serve them */
     for (IRRef r = 1; r < G; r++) {
         Bind b;
         what[r] = (uint8_t)dz_target(&d, r, &b);
@@ -4574,6 +4675,7 @@ IRGraph *em_autograd_decompose(const IRGraph *g, bool inference, PyObject *names
     }
     outs = calloc(G + 1, sizeof(IRRef));
     if (!outs || rewriter_begin(&d, g) < 0) goto done;
+    d.j->shape_env = d.env;
     int ndone = 0;
     for (IRRef r = 1; r < G && !d.reason; r++) {
         const IRNode *n = em_ir_node(g, r);
@@ -5319,7 +5421,7 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         Py_DECREF(blk);
     }
     if (check_grad_mode(&ag) < 0) goto fallback;
-    if (!ag.env) { /* (the decompositions read sizes as numbers: a symbolic graph keeps its ops) */
+    {
         PyObject *names = PyList_New(0), *st = PyList_New(0);
         IRGraph *g2 = names && st ? em_autograd_decompose(g, false, names, st) : NULL;
         if (!names || !st) {
