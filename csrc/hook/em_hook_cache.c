@@ -298,13 +298,15 @@ error:
     return NULL;
 }
 
-/* Is this a training graph of backend "ember"? Its AOT autograd compiles a symbolic graph to one
+/* Is this a training graph of backend "ember" or "aot_eager"? AOT autograd compiles a symbolic graph to one
  * region for all sizes where every rule it needs serves symbolic sizes (csrc/autograd, "Symbolic
  * sizes"); where one does not, the graph is traced again with concrete sizes, one region per size
  * (docs/dynamic_shapes.md), rather than run by the eager backend. Its C and CUDA code generators take
  * symbolic inference graphs (sizes as kernel arguments, docs/backend_cpu.md "Symbolic sizes"). */
 static int specialises_sizes(const EmCompileConfig *cfg, const IRGraph *g) {
-    if (!PyUnicode_Check(cfg->backend) || PyUnicode_CompareWithASCIIString(cfg->backend, "ember") != 0) return 0;
+    if (!PyUnicode_Check(cfg->backend) || (PyUnicode_CompareWithASCIIString(cfg->backend, "ember") != 0 &&
+                                          PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") != 0))
+        return 0;
     return em_autograd_needed(g) ? 1 : 0;
 }
 

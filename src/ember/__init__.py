@@ -37,7 +37,6 @@ __all__ = [
 ]
 
 _module_classes: dict[type, type] = {}
-_STATIC_BACKENDS = ("aot_eager",)  # backends that compile concrete sizes only
 
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -68,14 +67,14 @@ def compile(fn_or_module=None, *, backend="ember", fullgraph=False, dynamic=None
         Python int argument makes that int a symbolic int (a graph input). True: every dim of every
         tensor input and every int argument symbolic from the first call. False: never (marks from
         ember.mark_dynamic also ignored). Sizes 0 and 1 are always specialised (ints are not, as
-        torch's); docs/dynamic_shapes.md. Backend "ember" compiles a symbolic inference graph on
-        the CPU once for all sizes (sizes are kernel arguments: one C compiler call serves every
-        size the entry's guards admit); its CUDA code generator and its AOT autograd take concrete
-        sizes, so under None a size change traces such a graph again with concrete sizes (one
-        compiled graph per size), and under True it runs on the eager backend (cache_info's
-        "fallback" says so). Backend "aot_eager" compiles concrete sizes (its partitions are per
-        shape), so for it None means False: each new size compiles its own graph, up to
-        config.cache_size_limit.
+        torch's); docs/dynamic_shapes.md. Backend "ember" compiles a symbolic graph once for all
+        sizes (sizes are kernel arguments: one C compiler call serves every size the entry's guards
+        admit), training graphs included: backends "ember" and "aot_eager" derive one joint graph
+        and partition for all sizes (docs/autograd.md, "Symbolic sizes") where every derivative
+        rule the graph needs serves symbolic sizes. Where one does not, under None a size change
+        traces the graph again with concrete sizes (one compiled region per size, up to
+        config.cache_size_limit; cache_info(fn)[i]["dynamic"] says why), and under True the
+        region keeps eager autograd (cache_info(fn)[i]["autograd"]["fallback"] says why).
       mode: torch.compile's modes. None / "default" and "max-autotune-no-cudagraphs": launch the
         compiled graph on every call (ember has no measured kernel search yet, so the latter is the
         default's behaviour). "reduce-overhead" and "max-autotune": CUDA graphs
@@ -115,8 +114,6 @@ def compile(fn_or_module=None, *, backend="ember", fullgraph=False, dynamic=None
         cudagraphs = Pool()
         if dynamic is None:
             dynamic = False
-    if dynamic is None and backend in _STATIC_BACKENDS:
-        dynamic = False  # a symbolic graph would run on the eager backend: specialise instead
     backend, key = _resolve_backend(backend)
     if cudagraphs is not None:
         key = (key, cudagraphs)  # entries of this compiled function only: they hold its pool's recordings
