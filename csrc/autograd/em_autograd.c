@@ -766,6 +766,11 @@ static bool same_sym_layout(const AG *ag, const IRMeta *a, const IRMeta *b) {
     return true;
 }
 
+/* The size of dim d of tensor meta m as an expression (a constant for a static dim). */
+static uint32_t dim_sym(const AG *ag, const IRMeta *m, int32_t d) {
+    return m->sym_sizes ? m->sym_sizes[d] : em_sym_const(ag->env, m->sizes[d]);
+}
+
 /* sym_run's argument tree of joint argument a (em_ir_sym_value_tree; a slice node as a slice). */
 static PyObject *sym_tree(AG *ag, const IRArg *a, int depth) {
     if (depth > 16) {
@@ -877,6 +882,8 @@ static const struct {
     {"torch.ops.aten.max_pool2d_with_indices_backward", {1, -1, -1}},
     {"torch.ops.aten.max_pool3d_with_indices_backward", {1, -1, -1}},
     {"torch.ops.aten.nll_loss_backward.default", {1, -1, -1}},
+    {"ember._C.philox_dropout", {0, -1, -1}}, /* (runs on real tensors only) */
+    {"ember._C.philox_seeds", {-2, -1, -1}},
 };
 
 /* A result tensor's symbolic layout from argument src's: its sizes; its strides where the hint
@@ -2286,7 +2293,7 @@ static int valsel_backward(AG *ag, IRRef n, const Bind *b) {
     IRArg kd = keep ? arg_const_steal(ag, Py_NewRef(Py_True)) : bval(b, "keepdim");
     PyObject *t = torch_attr("ops.aten.value_selecting_reduction_backward");
     if (!t || !em_arena_hold_steal(ag->a, t) || !ag->aux[n][0]) return ag_fail_exc(ag);
-    IRArg a[5] = {arg_node(gv), dim, arg_node(ag->aux[n][0]), shape_const(ag, &em_ir_node(ag->g, self.u.ref)->meta), kd};
+    IRArg a[5] = {arg_node(gv), dim, arg_node(ag->aux[n][0]), shape_arg(ag, ag->fmap[self.u.ref], 0), kd};
     IRRef r = ag_emit(ag, IR_CALL_FUNCTION, t, a, 5, NULL, NULL, 0);
     return r ? accumulate(ag, self.u.ref, r) : -1;
 }
@@ -2312,8 +2319,12 @@ static int split_backward(AG *ag, IRRef n, const Bind *b) {
         IRRef v = pc->part[i];
         const IRMeta *im = &tm->items[i];
         if (im->kind != IRMETA_TENSOR) return ag_fail(ag, "%s: a piece that is not a tensor", node->name);
-        if (!v) {
-            IRArg za[2] = {arg_node(any), shape_const(ag, im)};
+        if (!v) { /* (symbolic sizes: read from the piece, taken out of the tuple in the forward) */
+            uint8_t role = ag->cur_role;
+            ag->cur_role = ROLE_FWD;
+            IRRef piece = dims_symbolic(ag, im, 0) ? emit_getitem(ag, ag->fmap[n], (long)i) : 0;
+            ag->cur_role = role;
+            IRArg za[2] = {arg_node(any), piece ? shape_arg(ag, piece, 0) : shape_const(ag, im)};
             v = emit_method(ag, "new_zeros", za, 2);
         } else if (jmeta(ag, v)->dtype != im->dtype) { /* as autograd's validate_outputs casts each piece */
             IRArg ca[2] = {arg_node(v), arg_const_steal(ag, Py_NewRef(im->dtype))};
@@ -2437,8 +2448,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     IRRef g = ag->grad[n];
     const IRMeta *selfm = NULL;
-    if (ag->env && (b->rule->special == SP_SPLIT || b->rule->special == SP_EINSUM || b->rule->special == SP_VALSEL ||
-                    b->rule->special == SP_GROUP_NORM))
+    if (ag->env && b->rule->special == SP_GROUP_NORM)
         return ag_fail(ag, "symbolic sizes: the derivative of %s reads sizes as numbers", node->name);
     switch (b->rule->special) {
     case SP_SPLIT: return split_backward(ag, n, b);
@@ -3999,12 +4009,15 @@ static IRRef dz_sdpa(AG *d, IRRef q, IRRef k, IRRef v, IRRef mask, double dropou
     if (arg_bad(&dp) || arg_bad(&ic) || arg_bad(&sc) || arg_bad(&gq)) return ag_fail_exc(d), 0;
     int kind = sdpa_kind(qm, km, jmeta(d, v), mm, &dp, &ic, &sc, &gq);
     bool bcast_ok = true; /* attn.add_(mask): the mask broadcasts to the scores' shape */
-    if (mm) { /* scores: (*q.batch, L, S) */
+    if (mm) { /* scores: (*q.batch, L, S); symbolic sizes: the same expressions, or a static 1 */
         bcast_ok = mm->ndim <= qm->ndim;
         for (int32_t i = 1; bcast_ok && i <= mm->ndim; i++) {
-            int64_t want = i == 1 ? km->sizes[km->ndim - 2] : qm->sizes[qm->ndim - i];
-            int64_t ms = mm->sizes[mm->ndim - i];
-            bcast_ok = ms == 1 || ms == want;
+            const IRMeta *wm = i == 1 ? km : qm;
+            int32_t wd = i == 1 ? km->ndim - 2 : qm->ndim - i, md = mm->ndim - i;
+            bcast_ok = mm->sizes[md] == 1 || mm->sizes[md] == wm->sizes[wd];
+            if (bcast_ok && d->env)
+                bcast_ok = em_sym_simplify(d->env, dim_sym(d, mm, md)) ==
+                               (mm->sizes[md] == 1 ? em_sym_const(d->env, 1) : em_sym_simplify(d->env, dim_sym(d, wm, wd)));
         }
     }
     if (kind != SDPA_MATH || (causal && mask) || !bcast_ok) {
@@ -4016,9 +4029,7 @@ static IRRef dz_sdpa(AG *d, IRRef q, IRRef k, IRRef v, IRRef mask, double dropou
         if (!kwn[0]) return ag_fail_exc(d), 0;
         return dz(d, ag_emit(d, IR_CALL_FUNCTION, t, a, 6, kwn, &sc, scale == Py_None ? 0 : 1));
     }
-    if (d->env && (causal || dims_symbolic(d, qm, qm->ndim - 1) || (mm && (dims_symbolic(d, mm, 0) ||
-                                                                              dims_symbolic(d, qm, 0)))))
-        return 0; /* symbolic sizes: the causal mask's, the scale's or a mask's sizes read as numbers */
+    if (dims_symbolic(d, qm, qm->ndim - 1)) return 0; /* symbolic sizes: the scale reads the head dim */
     double s = scale == Py_None ? 1.0 / sqrt((double)qm->sizes[qm->ndim - 1]) : fabs(PyFloat_AsDouble(scale));
     bool neg = scale != Py_None && PyFloat_AsDouble(scale) < 0.0;
     if (PyErr_Occurred()) return ag_fail_exc(d), 0;
@@ -4033,8 +4044,17 @@ static IRRef dz_sdpa(AG *d, IRRef q, IRRef k, IRRef v, IRRef mask, double dropou
         PyObject *bool_t = torch_attr("bool"), *ones = torch_attr("ones");
         if (!kwn[0] || !kwn[1] || !bool_t || !ones || !em_arena_hold_steal(d->a, bool_t) || !em_arena_hold_steal(d->a, ones))
             return ag_fail_exc(d), 0;
-        IRArg a[1] = {arg_const_steal(d, Py_BuildValue("(LL)", (long long)qm->sizes[qm->ndim - 2],
-                                                       (long long)km->sizes[km->ndim - 2]))};
+        IRArg ls = size_arg(d, q, qm->ndim - 2), ss = arg_bad(&ls) ? ls : size_arg(d, k, km->ndim - 2);
+        if (arg_bad(&ss)) return 0;
+        IRArg a[1] = {{0}};
+        a[0].kind = IRARG_TUPLE;
+        a[0].n = 2;
+        a[0].u.items = em_arena_alloc(d->a, 2 * sizeof(IRArg));
+        if (!a[0].u.items) return PyErr_NoMemory(), ag_fail_exc(d), 0;
+        a[0].u.items[0] = ls;
+        a[0].u.items[1] = ss;
+        if (ls.kind == IRARG_CONST && ss.kind == IRARG_CONST) /* static: one constant */
+            a[0] = arg_const_steal(d, Py_BuildValue("(OO)", ls.u.obj, ss.u.obj));
         IRArg kv[2] = {arg_const_steal(d, Py_NewRef(bool_t)), arg_const_steal(d, Py_NewRef(qm->device))};
         IRRef o = dz(d, ag_emit(d, IR_CALL_FUNCTION, ones, a, 1, kwn, kv, 2));
         IRRef tri = dz_m(d, "tril", o, PyTuple_New(0));

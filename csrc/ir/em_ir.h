@@ -245,8 +245,8 @@ const IRArg *em_ir_mutated_arg(const IRNode *n);
 int em_ir_functional_form(const IRNode *n, IRKind *kind, PyObject **target, int *inplace_arg);
 /* Symbolic sizes and ember._fake.sym_run (em_ir_sym.c). em_ir_sym_value_tree: the argument tree of a
  * value for sym_run: ("S", expr) for a SymInt, ("T", example, device, sizes, strides, requires_grad)
- * for a tensor (sizes/strides: tuples of expressions in symbol style, None when static); NULL with
- * NotImplementedError for other metas. em_ir_sym_from_tree: the expression of a result tree
+ * for a tensor (sizes/strides: tuples of expressions in symbol style, None when static), the value
+ * itself for another static one; NULL with NotImplementedError for other metas. em_ir_sym_from_tree: the expression of a result tree
  * (("const", k) | ("sym", i) | (op, a, b)); SYM_NONE with an exception on a bad tree, SYM_NONE
  * without one on a sticky env failure. */
 PyObject *em_ir_sym_value_tree(struct ShapeEnv *env, const IRMeta *m);

@@ -19,6 +19,7 @@ PyObject *em_ir_sym_value_tree(struct ShapeEnv *env, const IRMeta *m) {
         PyObject *s = render(env, m->sym);
         return s ? Py_BuildValue("(sN)", "S", s) : NULL;
     }
+    if (m->kind == IRMETA_OTHER && m->example) return Py_NewRef(m->example); /* a static value: itself */
     if (m->kind != IRMETA_TENSOR) {
         PyErr_SetString(PyExc_NotImplementedError, "ember: a non-tensor node in a symbolic call");
         return NULL;

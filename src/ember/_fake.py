@@ -216,14 +216,23 @@ def sym_run(ctx: SymContext, hints: list, fn, is_method: bool, args: tuple, kwar
             return slice(conv(a.start), conv(a.stop), conv(a.step))
         return a
 
+    def call(fargs, fkw):
+        with ctx.mode:
+            return getattr(fargs[0], fn)(*fargs[1:], **fkw) if is_method else fn(*fargs, **fkw)
+
     try:
         fargs = [conv(a) for a in args]
         fkw = {k: conv(v) for k, v in kwargs.items()}
-        with ctx.mode:
-            if is_method:
-                res = getattr(fargs[0], fn)(*fargs[1:], **fkw)
-            else:
-                res = fn(*fargs, **fkw)
+        try:
+            res = call(fargs, fkw)
+        except RuntimeError as e:
+            # an in-place update (`out += identity`) of a fake tensor made to require grad is one of
+            # a leaf, which autograd refuses; in the graph it updates a non-leaf value. Sizes do not
+            # depend on grad mode: run it again without grad, on fresh fake tensors
+            if "leaf Variable that requires grad" not in str(e):
+                raise
+            with torch.no_grad():
+                res = call([conv(a) for a in args], {k: conv(v) for k, v in kwargs.items()})
         out = ctx.result_tree(res)
     except Exception as e:  # noqa: BLE001  (an op without a symbolic fake kernel: geqrf, ...)
         # the tracer specialises every symbol of the arguments and keeps the meta result
