@@ -718,6 +718,8 @@ static PyObject *memo_key(const AG *ag, IRKind kind, PyObject *target, PyObject 
  * (em_hook_cache.c). Sizes a backward op takes as arguments (sum_to_size's, expand's, new_zeros')
  * are aten.sym_size.int nodes of the forward, saved for the backward as ints. */
 
+bool em_autograd_sym_guards = false;
+
 static const IRMeta *jmeta_early(const AG *ag, IRRef r) { return &em_ir_node(ag->j, r)->meta; }
 
 static bool meta_symbolic(const IRMeta *m) {
@@ -1009,12 +1011,13 @@ static int sym_meta(AG *ag, IRKind kind, PyObject *target, const IRArg *args, ui
         PyObject *gt = PyList_GET_ITEM(guards, i);
         uint32_t c = PyTuple_GET_SIZE(gt) == 2 ? 0 : em_ir_sym_from_tree(ag->env, gt);
         if (PyErr_Occurred()) goto done;
-        if (!c || em_sym_static_bool(ag->env, c) != 1) {
+        /* a guard of the entry's when they are still to be built, else already implied by them */
+        if (!c || (em_autograd_sym_guards ? em_sym_guard_bool(ag->env, c) : em_sym_static_bool(ag->env, c)) != 1) {
             PyObject *qn = em_ir_target_qualname(target);
             char buf[256] = "?";
             if (c) em_sym_render(ag->env, c, SYM_STYLE_SYMBOLS, buf, sizeof buf);
-            rc = ag_fail(ag, "symbolic sizes: %S relies on %s, which the entry's guards do not check", qn ? qn : Py_None,
-                         buf);
+            rc = ag_fail(ag, "symbolic sizes: %S relies on %s, which the entry's guards do not check%s",
+                         qn ? qn : Py_None, buf, em_autograd_sym_guards ? " (nor hold)" : "");
             Py_XDECREF(qn);
             goto out;
         }
@@ -2129,7 +2132,9 @@ static int basic_index_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx) {
     }
     if (ellipses > 1 || consume > xm->ndim || xm->ndim + ni > MAXD) return 0;
     /* the forward chain: each step's kind, dim and arguments, and the sizes before it (org: the dim
-     * of x each dim is, untouched, or -1; a symbolic dim may only be kept whole) */
+     * of x each dim is, untouched; -1 a static one made by a step; -2 a symbolic one a step
+     * sliced, whose size is known to no size node). Steps on symbolic dims keep the index as
+     * written (select_backward / slice_backward resolve negative and clamp as the forward did). */
     typedef struct { char kind; int dim; long long a, b, c; int nd; int64_t sizes[MAXD]; int8_t org[MAXD]; } Step;
     Step steps[MAXI];
     int ns = 0, nd = xm->ndim, cd = 0;
@@ -2139,7 +2144,8 @@ static int basic_index_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx) {
         cur[d] = xm->sizes[d];
         org[d] = (int8_t)d;
     }
-#define SYMDIM(d) (org[d] >= 0 && xm->sym_sizes && ag->env && !em_sym_is_const(ag->env, xm->sym_sizes[org[d]], NULL))
+#define SYMDIM(d)                                                                                                  \
+    (org[d] == -2 || (org[d] >= 0 && xm->sym_sizes && ag->env && !em_sym_is_const(ag->env, xm->sym_sizes[org[d]], NULL)))
     for (int i = 0; i < ni; i++) {
         PyObject *it = items[i];
         if (it == Py_Ellipsis) {
@@ -2162,22 +2168,30 @@ static int basic_index_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx) {
         } else if (PyLong_CheckExact(it)) { /* select(cd, i) */
             long long k = PyLong_AsLongLong(it);
             if (PyErr_Occurred()) return ag_fail_exc(ag);
-            if (SYMDIM(cd)) return ag_fail(ag, "symbolic sizes: an int index into a symbolic dim");
+            long long raw = k;
             if (k < 0) k += cur[cd];
             if (k < 0 || k >= cur[cd]) return 0; /* eager raised in the forward already */
             st->kind = 's';
-            st->a = k;
+            st->a = SYMDIM(cd) ? raw : k;
             memmove(cur + cd, cur + cd + 1, sizeof(int64_t) * (size_t)(nd - cd - 1));
             memmove(org + cd, org + cd + 1, (size_t)(nd - cd - 1));
             nd--;
         } else { /* slice(cd, start, stop, step) */
             Py_ssize_t start, stop, step;
             PySliceObject *sl = (PySliceObject *)it;
-            if (SYMDIM(cd) && !((sl->start == Py_None || PyLong_AsLong(sl->start) == 0) && sl->stop == Py_None &&
-                                (sl->step == Py_None || PyLong_AsLong(sl->step) == 1)))
-                return PyErr_Clear(), ag_fail(ag, "symbolic sizes: a part of a symbolic dim");
             if (PySlice_Unpack(it, &start, &stop, &step) < 0) return ag_fail_exc(ag);
             if (step <= 0) return 0;
+            if (SYMDIM(cd)) { /* whole for every size, or a part as written */
+                bool whole = (sl->start == Py_None || start == 0) && sl->stop == Py_None && step == 1;
+                st->kind = whole ? 'i' : 'l';
+                st->a = start; /* (PySlice_Unpack: None -> 0 / PY_SSIZE_T_MAX, as written otherwise) */
+                st->b = stop;
+                st->c = step;
+                if (!whole) org[cd] = -2;
+                cur[cd] = PySlice_AdjustIndices((Py_ssize_t)cur[cd], &start, &stop, step);
+                cd++;
+                continue;
+            }
             Py_ssize_t len = PySlice_AdjustIndices((Py_ssize_t)cur[cd], &start, &stop, step);
             st->kind = start == 0 && len == cur[cd] && (step == 1 || len <= 1) ? 'i' : 'l';
             if (st->kind != 'i') org[cd] = -1;
@@ -2200,6 +2214,7 @@ static int basic_index_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx) {
         before.u.items = em_arena_alloc(ag->a, (size_t)(st->nd + 1) * sizeof(IRArg));
         if (!before.u.items) return PyErr_NoMemory(), ag_fail_exc(ag);
         for (int d = 0; d < st->nd; d++) {
+            if (st->org[d] == -2) return ag_fail(ag, "symbolic sizes: a step after a part of a symbolic dim");
             before.u.items[d] = st->org[d] >= 0 ? size_arg(ag, ag->fmap[self], st->org[d])
                                                 : arg_const_steal(ag, PyLong_FromLongLong(st->sizes[d]));
             if (arg_bad(&before.u.items[d])) return -1;

@@ -16,6 +16,12 @@
  * backward graphs, the saved and recomputed values with byte counts, or "fallback": the reason the
  * region keeps torch's eager autograd. NULL with an exception on failure. */
 PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info);
+/* While set, a symbolic region may record relations of sizes its derivative ops rely on as guards of
+ * the graph's ShapeEnv (the hook sets it when it compiles a symbolic training graph before the
+ * entry's guards are built, and refreshes the sym guard after: em_trace_sym_refresh_guards); while
+ * clear, such a relation must follow from the guards already there, or the region is not compiled
+ * symbolically. */
+extern bool em_autograd_sym_guards;
 
 /* g with composite ops decomposed into the ops eager runs (the same graph inputs and outputs):
  * F.multi_head_attention_forward's self-attention form into linear / views / scaled_dot_product_attention

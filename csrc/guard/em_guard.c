@@ -441,6 +441,20 @@ int em_guard_sym(GuardBuilder *b, SymProg *prog, const GuardSrc *srcs, const int
     return leaf_push(b, l, NULL);
 }
 
+int em_guard_sym_refresh(GuardBuilder *b, SymProg *prog, PyObject *lines) {
+    for (uint32_t i = 0; i < b->leaf.n; i++) {
+        BLeaf *l = &b->leaf.items[i];
+        if (l->kind != GUARD_SYM) continue;
+        BSym *bs = (BSym *)(uintptr_t)l->aux; /* (the builder's own, made by em_guard_sym) */
+        em_sym_prog_free(bs->prog);
+        bs->prog = prog;
+        bs->lines = em_arena_hold(b->a, lines);
+        return bs->lines ? 0 : -1;
+    }
+    em_sym_prog_free(prog);
+    return 0;
+}
+
 #if EM_PY312
 /* ma_version_tag is deprecated in 3.12 (PEP 699) yet still maintained: its low DICT_MAX_WATCHERS
  * bits are the dict's watcher mask, the rest changes on every mutation

@@ -72,6 +72,10 @@ int em_guard_tensor_dynamic(GuardBuilder *b, GuardSrc s, uint64_t dynmask);
 struct SymProg;
 int em_guard_sym(GuardBuilder *b, struct SymProg *prog, const GuardSrc *srcs, const int32_t *dims, uint32_t n,
                  PyObject *lines);
+/* Replaces the program and lines of b's sym guard (relations a backend learnt on the same symbols
+ * after the trace: ember's AOT autograd of a symbolic region). Takes prog; 0 when b has no sym
+ * guard (prog freed), -1 with an exception. */
+int em_guard_sym_refresh(GuardBuilder *b, struct SymProg *prog, PyObject *lines);
 
 /* The dict (a hook dict, an iterated _modules ...) still holds what it held at compile time: the
  * same items (keys, and values by identity) in the same order. owner, how: the dict's name, the

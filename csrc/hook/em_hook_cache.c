@@ -702,23 +702,27 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     double backend_s = 0, t_traced, t_guarded;
     if (em_trace_frame(func, code, fv, &opts, &res) < 0) goto error;
     precompiled_clear();
-    if (cfg->dynamic < 0 && res.graph && res.symbolic && specialises_sizes(cfg, res.graph)) {
-        /* Automatic dynamic made a dim symbolic in a training graph of backend "ember": its AOT
-         * autograd compiles one region for all sizes where every rule it needs serves symbolic sizes.
-         * Where one does not, the region would run on eager autograd: trace again with concrete
-         * sizes, as before automatic dynamic (one compiled region per size, up to
-         * config.cache_size_limit). dynamic=True and mark_dynamic keep the symbolic graph. */
+    if (res.graph && res.symbolic && specialises_sizes(cfg, res.graph)) {
+        /* A symbolic training graph (backends "ember", "aot_eager"): AOT autograd compiles one region
+         * for all sizes where every rule it needs serves symbolic sizes, compiled here, before the
+         * entry's guards are built, so that relations of sizes its derivative ops rely on become
+         * guards too (em_autograd_sym_guards). Where a rule does not serve them, the region would
+         * run on eager autograd: under automatic dynamic, trace again with concrete sizes, as before
+         * (one compiled region per size, up to config.cache_size_limit); dynamic=True and
+         * mark_dynamic keep the symbolic graph on eager autograd. */
         double secs = 0;
         PyObject *info = NULL;
         const char *key = "ember";
         int eg = 0;
+        em_autograd_sym_guards = true;
         PyObject *c = backend_compile(cfg, &res, code, &eg, &info, &key, &secs);
+        em_autograd_sym_guards = false;
         if (!c) {
             Py_XDECREF(info);
             goto error;
         }
         bool ran_eagerly = eg && info && PyDict_Check(info) && PyDict_GetItemString(info, "fallback");
-        if (ran_eagerly) {
+        if (ran_eagerly && cfg->dynamic < 0) {
             sym_why = PyUnicode_FromFormat("traced per size: no symbolic training region (%S)",
                                            PyDict_GetItemString(info, "fallback"));
             Py_DECREF(c);
@@ -734,6 +738,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
             precompiled.eager_graph = eg;
             precompiled.info_key = key;
             precompiled.secs = secs;
+            if (em_trace_sym_refresh_guards(&res) < 0) goto error;
         }
     }
     t_traced = em_now();

@@ -92,6 +92,11 @@ int em_trace_frame(PyObject *func, PyCodeObject *code, const EmFrameView *fv,
 
 int em_trace_init(PyObject *module);
 
+/* Recompiles res's sym guard from its graph's ShapeEnv, for relations a backend recorded there after
+ * the trace (ember's AOT autograd of a symbolic training region, before the entry's guards are
+ * built). 0, or -1 with an exception. */
+int em_trace_sym_refresh_guards(EmTraceResult *res);
+
 /* The original code object a resume function's code was made from (borrowed), or NULL when code
  * is not a resume function's. */
 PyCodeObject *em_trace_resume_origin(PyCodeObject *code);

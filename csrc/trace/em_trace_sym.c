@@ -1096,6 +1096,40 @@ static void simplify_meta(ShapeEnv *env, IRMeta *m) {
     for (uint32_t i = 0; m->kind == IRMETA_TUPLE && i < m->nitems; i++) simplify_meta(env, &m->items[i]);
 }
 
+/* The entry's relations as Python text (rendering). New list, NULL with an exception. */
+static PyObject *guard_lines(ShapeEnv *env) {
+    const SymGuard *gs;
+    uint32_t ng = em_sym_produce_guards(env, &gs);
+    PyObject *lines = PyList_New(0);
+    for (uint32_t i = 0; lines && i < ng; i++) {
+        char buf[1024];
+        em_sym_render(env, gs[i].rel, SYM_STYLE_SOURCES, buf, sizeof buf);
+        PyObject *s = PyUnicode_FromString(buf);
+        if (!s || PyList_Append(lines, s) < 0) Py_CLEAR(lines);
+        Py_XDECREF(s);
+    }
+    return lines;
+}
+
+int em_trace_sym_refresh_guards(EmTraceResult *res) {
+    ShapeEnv *env = res->graph ? res->graph->shape_env : NULL;
+    if (!env || !res->guards) return 0;
+    if (em_sym_env_error(env) != SYM_ERR_OK) {
+        PyErr_Format(PyExc_RuntimeError, "ember: symbolic sizes: %s", em_sym_error_text(em_sym_env_error(env)));
+        return -1;
+    }
+    PyObject *lines = guard_lines(env);
+    SymProg *p = lines ? em_sym_prog_compile(env) : NULL;
+    if (!p) {
+        Py_XDECREF(lines);
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ember: symbolic sizes: the guard program");
+        return -1;
+    }
+    int rc = em_guard_sym_refresh(res->guards, p, lines);
+    Py_DECREF(lines);
+    return rc;
+}
+
 int em_tr_sym_finish(Trace *T, IRGraph *g) {
     if (!T->env) return 0;
     if (em_sym_env_error(T->env) != SYM_ERR_OK) return env_break(T);
@@ -1126,21 +1160,8 @@ int em_tr_sym_finish(Trace *T, IRGraph *g) {
         srcs[i] = T->symsrc[i].src;
         dims[i] = T->symsrc[i].dim;
     }
-    const SymGuard *gs;
-    uint32_t ng = em_sym_produce_guards(T->env, &gs);
-    PyObject *lines = PyList_New(0);
+    PyObject *lines = guard_lines(T->env);
     if (!lines) return -1;
-    for (uint32_t i = 0; i < ng; i++) {
-        char buf[1024];
-        em_sym_render(T->env, gs[i].rel, SYM_STYLE_SOURCES, buf, sizeof buf);
-        PyObject *s = PyUnicode_FromString(buf);
-        if (!s || PyList_Append(lines, s) < 0) {
-            Py_XDECREF(s);
-            Py_DECREF(lines);
-            return -1;
-        }
-        Py_DECREF(s);
-    }
     SymProg *p = em_sym_prog_compile(T->env);
     if (!p) {
         Py_DECREF(lines);
