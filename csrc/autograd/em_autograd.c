@@ -1281,6 +1281,43 @@ static IRRef reduce_to(AG *ag, IRRef gi, IRRef gref) {
     for (int32_t i = 0; same && ag->env && (m->sym_sizes || want->sym_sizes) && i < m->ndim; i++)
         same = m->sym_sizes && want->sym_sizes && em_sym_simplify(ag->env, m->sym_sizes[i]) ==
                                                        em_sym_simplify(ag->env, want->sym_sizes[i]);
+    if (!same && ag->env && m->ndim >= want->ndim && m->ndim <= 64) {
+        /* symbolic: sum_to_size as the reduction it is (sum over the leading dims and the dims the
+         * value broadcast from 1, then squeeze the leading ones), which ember's lowering fuses
+         * where it cannot take sum_to_size of symbolic sizes; when a dim is neither the value's
+         * own nor a static 1, sum_to_size below */
+        int32_t lead = m->ndim - want->ndim, nd = 0;
+        PyObject *dims = PyList_New(0), *ldims = PyTuple_New(lead);
+        bool ok = dims && ldims;
+        for (int32_t d = 0; ok && d < m->ndim; d++) {
+            bool red = d < lead;
+            if (!red) {
+                int32_t w = d - lead;
+                uint32_t gs = em_sym_simplify(ag->env, dim_sym(ag, m, d)), ws = em_sym_simplify(ag->env, dim_sym(ag, want, w));
+                red = want->sizes[w] == 1 && !(want->sym_sizes && !em_sym_is_const(ag->env, want->sym_sizes[w], NULL)) &&
+                      gs != em_sym_const(ag->env, 1);
+                ok = red || gs == ws;
+            }
+            PyObject *v = red ? PyLong_FromLong(d) : NULL;
+            if (red && (!v || PyList_Append(dims, v) < 0)) ok = false;
+            if (red && d < lead && v) PyTuple_SET_ITEM(ldims, d, Py_NewRef(v));
+            Py_XDECREF(v);
+            nd += red;
+        }
+        if (ok && nd) {
+            IRArg a[3] = {arg_node(gi), arg_const_steal(ag, Py_NewRef(dims)), arg_const_steal(ag, Py_NewRef(Py_True))};
+            gi = emit_method(ag, "sum", a, 3);
+            if (gi && lead) {
+                IRArg q[2] = {arg_node(gi), arg_const_steal(ag, Py_NewRef(ldims))};
+                gi = emit_method(ag, "squeeze", q, 2);
+            }
+            same = true;
+        }
+        Py_XDECREF(dims);
+        Py_XDECREF(ldims);
+        if (!gi) return 0;
+        if (PyErr_Occurred()) return ag_fail_exc(ag), 0;
+    }
     if (!same) {
         IRArg a[2] = {arg_node(gi), ag->fmap[gref] ? shape_arg(ag, ag->fmap[gref], 0) : shape_const(ag, want)};
         gi = emit_method(ag, "sum_to_size", a, 2);
@@ -5573,7 +5610,9 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         }
         ag.role[tangent[k]] = ROLE_TANGENT;
     }
-    if (ag.ember_halves && !em_config_bool("fallback_random", 0)) /* a seed per dropout (an upper bound) */
+    /* a seed per dropout (an upper bound); symbolic sizes: torch's RNG (the Philox lowering counts
+     * elements with a table of the static numel) */
+    if (ag.ember_halves && !ag.env && !em_config_bool("fallback_random", 0))
         for (IRRef r = 1; r < G; r++) {
             const IRNode *n = em_ir_node(g, r);
             Bind b;
