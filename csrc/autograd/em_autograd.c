@@ -875,7 +875,7 @@ static int sym_apply(AG *ag, PyObject *tree, IRMeta *m, int depth) {
  * about the shapes and which the entry's guards cannot take afterwards. */
 static const struct {
     const char *op;
-    int8_t from[3];
+    int8_t from[4];
 } SAME_SHAPE[] = {
     {"torch.ops.aten.convolution_backward.default", {1, 2, -2}},
     {"torch.ops.aten.native_batch_norm_backward.default", {1, 2, 2}},
@@ -886,7 +886,34 @@ static const struct {
     {"torch.ops.aten.nll_loss_backward.default", {1, -1, -1}},
     {"ember._C.philox_dropout", {0, -1, -1}}, /* (runs on real tensors only) */
     {"ember._C.philox_seeds", {-2, -1, -1}},
+    /* attention's backward ops: the gradients of query, key, value (and of the bias, a float mask) */
+    {"torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward", {1, 2, 3}},
+    {"torch.ops.aten._scaled_dot_product_efficient_attention_backward", {1, 2, 3, 4}},
 };
+
+/* strides: dense strides for the symbolic sizes in the dim order of m's hint strides (innermost
+ * first, ties keeping the inner dim first, as torch's infer_dense_strides), which must give m's hint
+ * strides back (m dense, non-overlapping); -1 otherwise. */
+static int dense_sym_strides(const AG *ag, const IRMeta *m, const uint32_t *sizes, uint32_t *strides) {
+    int32_t n = m->ndim, order[64];
+    if (n > 64) return -1;
+    for (int32_t i = 0; i < n; i++) order[i] = n - 1 - i;
+    for (int32_t i = 1; i < n; i++)
+        for (int32_t j = i; j > 0 && m->strides[order[j]] < m->strides[order[j - 1]]; j--) {
+            int32_t t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    uint32_t acc = em_sym_const(ag->env, 1);
+    for (int32_t k = 0; k < n; k++) {
+        int64_t h;
+        strides[order[k]] = em_sym_simplify(ag->env, acc);
+        if (em_sym_hint(ag->env, strides[order[k]], &h) < 0 || (h != m->strides[order[k]] && m->sizes[order[k]] != 1))
+            return -1;
+        acc = em_sym_mul(ag->env, acc, em_sym_max(ag->env, sizes[order[k]], em_sym_const(ag->env, 1)));
+    }
+    return 0;
+}
 
 /* A result tensor's symbolic layout from argument src's: its sizes; its strides where the hint
  * strides agree, else the contiguous ones where the result is contiguous. */
@@ -902,11 +929,8 @@ static int same_shape_item(AG *ag, IRMeta *m, const IRArg *src) {
     memcpy(ss, a->sym_sizes, sizeof(uint32_t) * (size_t)m->ndim);
     if (!memcmp(a->strides, m->strides, sizeof(int64_t) * (size_t)m->ndim)) {
         memcpy(ss + m->ndim, a->sym_strides, sizeof(uint32_t) * (size_t)m->ndim);
-    } else if (em_ir_meta_contiguous(m)) {
-        if (em_sym_contiguous_strides(ag->env, ss, (uint32_t)m->ndim, ss + m->ndim) < 0)
-            return ag_fail(ag, "symbolic sizes: %s", em_sym_error_text(em_sym_env_error(ag->env)));
-    } else {
-        return ag_fail(ag, "symbolic sizes: a gradient of another layout than its input");
+    } else if (dense_sym_strides(ag, m, ss, ss + m->ndim) < 0) {
+        return ag_fail(ag, "symbolic sizes: a gradient of another layout than its input, not dense");
     }
     m->sym_sizes = ss;
     m->sym_strides = ss + m->ndim;
@@ -924,13 +948,53 @@ static int same_shape_meta(AG *ag, PyObject *target, const IRArg *args, uint32_t
     PyErr_Clear();
     if (!q || i == sizeof SAME_SHAPE / sizeof SAME_SHAPE[0]) return 0;
     uint32_t n = m->kind == IRMETA_TUPLE ? m->nitems : 1;
-    for (uint32_t k = 0; k < n && k < 3; k++) {
+    for (uint32_t k = 0; k < n && k < 4; k++) {
         int8_t f = SAME_SHAPE[i].from[k];
         IRMeta *mk = m->kind == IRMETA_TUPLE ? &m->items[k] : m;
         if (f == -2) continue;
         if (same_shape_item(ag, mk, f >= 0 && (uint32_t)f < nargs ? &args[f] : NULL) < 0) return 1;
     }
-    if (n > 3) ag_fail(ag, "symbolic sizes: more results than the table knows");
+    if (n > 4) ag_fail(ag, "symbolic sizes: more results than the table knows");
+    return 1;
+}
+
+/* matmul / mm / bmm by the C shape rule (em_sym_matmul_shape, torch's formula; its questions become
+ * guards, so only while the entry's guards are still to be built): torch's CUDA fake kernels
+ * specialise the batch size of a folded matmul. Its result is fresh contiguous memory (the meta
+ * call's hint layout must say so). 1: done (or failed with ag->reason), 0: not such a call. */
+static int matmul_meta(AG *ag, IRKind kind, PyObject *target, const IRArg *args, uint32_t nargs, uint32_t nkw,
+                       IRMeta *m) {
+    if (!em_autograd_sym_guards || nargs != 2 || nkw || m->kind != IRMETA_TENSOR || !em_ir_meta_contiguous(m) ||
+        args[0].kind != IRARG_NODE || args[1].kind != IRARG_NODE || m->ndim > 16)
+        return 0;
+    PyObject *qn = kind == IR_CALL_METHOD ? Py_NewRef(target) : em_ir_target_qualname(target);
+    const char *q = qn ? PyUnicode_AsUTF8(qn) : NULL;
+    bool mm = q && (!strcmp(q, "matmul") || !strcmp(q, "mm") || !strcmp(q, "bmm") || !strcmp(q, "__matmul__") ||
+                    !strcmp(q, "torch.matmul") || !strcmp(q, "operator.matmul") || !strcmp(q, "torch.mm") ||
+                    !strcmp(q, "torch.bmm"));
+    Py_XDECREF(qn);
+    PyErr_Clear();
+    const IRMeta *a = jmeta_early(ag, args[0].u.ref), *b = jmeta_early(ag, args[1].u.ref);
+    if (!mm || a->kind != IRMETA_TENSOR || b->kind != IRMETA_TENSOR || a->ndim > 16 || b->ndim > 16) return 0;
+    uint32_t sa[16], sb[16], so[17], nout = 0;
+    for (int32_t d = 0; d < a->ndim; d++) sa[d] = em_sym_simplify(ag->env, dim_sym(ag, a, d));
+    for (int32_t d = 0; d < b->ndim; d++) sb[d] = em_sym_simplify(ag->env, dim_sym(ag, b, d));
+    int r = em_sym_matmul_shape(ag->env, sa, (uint32_t)a->ndim, sb, (uint32_t)b->ndim, so, &nout);
+    if (r != 0 || nout != (uint32_t)m->ndim) return ag_fail(ag, "symbolic sizes: matmul's shape"), 1;
+    uint32_t *ss = em_arena_alloc(ag->a, sizeof(uint32_t) * (2 * (size_t)m->ndim + 1));
+    if (!ss) return PyErr_NoMemory(), ag_fail_exc(ag), 1;
+    bool any = false;
+    for (int32_t d = 0; d < m->ndim; d++) {
+        int64_t h;
+        ss[d] = em_sym_simplify(ag->env, so[d]);
+        if (em_sym_hint(ag->env, ss[d], &h) < 0 || h != m->sizes[d])
+            return ag_fail(ag, "symbolic sizes: matmul's shape disagrees with the meta's"), 1;
+        any |= !em_sym_is_const(ag->env, ss[d], NULL);
+    }
+    if (em_sym_contiguous_strides(ag->env, ss, (uint32_t)m->ndim, ss + m->ndim) < 0)
+        return ag_fail(ag, "symbolic sizes: %s", em_sym_error_text(em_sym_env_error(ag->env))), 1;
+    m->sym_sizes = any ? ss : NULL;
+    m->sym_strides = any ? ss + m->ndim : NULL;
     return 1;
 }
 
@@ -957,7 +1021,8 @@ static int sym_meta(AG *ag, IRKind kind, PyObject *target, const IRArg *args, ui
         m->sym = t->items[i].sym;
         return 0;
     }
-    if (same_shape_meta(ag, target, args, nargs, m)) return ag->reason ? -1 : 0;
+    if (same_shape_meta(ag, target, args, nargs, m) || matmul_meta(ag, kind, target, args, nargs, nkw, m))
+        return ag->reason ? -1 : 0;
     if (!em_lazy_attr(&sym_run, "ember._fake", "sym_run") || !em_lazy_attr(&ctx_cls, "ember._fake", "SymContext"))
         return ag_fail_exc(ag);
     if (!ag->symctx) {

@@ -34,6 +34,7 @@ typedef enum {
     R_ARANGE,      /* torch.arange(end): [end], end >= 0 guarded */
     R_CAT,         /* torch.cat(tensors, dim) */
     R_EXPAND,      /* x.expand(*sizes) */
+    R_SDPA,        /* F.scaled_dot_product_attention: (*q.shape[:-1], v.shape[-1]) */
 } Rule;
 
 /* Functions by qualified name; methods by name. */
@@ -77,6 +78,7 @@ static const struct { const char *mod, *name; Rule r; } fn_rules[] = {
     {"torch", "_transformer_encoder_layer_fwd", R_ENCODER},
     {"torch", "arange", R_ARANGE},
     {"torch", "cat", R_CAT}, {"torch", "concat", R_CAT}, {"torch", "concatenate", R_CAT},
+    {"torch.nn.functional", "scaled_dot_product_attention", R_SDPA},
 };
 
 static const struct { const char *name; Rule r; } method_rules[] = {
@@ -784,6 +786,36 @@ static int rule_getitem(Call *c, Out *o) {
     return n;
 }
 
+/* F.scaled_dot_product_attention (torch/nn/functional.py: "(N, ..., L, Ev)"): query's sizes with
+ * value's last; key and value share the sequence length, query and key the embedding dim, and the
+ * fused kernels take equal batch dims (guarded). Its layout is the kernel's (flash and the
+ * efficient kernel write (B, L, H, Ev) memory), dense in the hint result's dim order: the meta run
+ * of the real device decided it, and torch's fake kernels for CUDA guard on the sizes to pad a mask
+ * (constant_pad_nd with symbolic sizes fails there). GQA (enable_gqa) declines. */
+static int rule_sdpa(Call *c, Out *o, const IRMeta *m) {
+    static const char *const kws[] = {"attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa", NULL};
+    const IRMeta *q = tensor_meta(c, arg_at(c, 0, "query")), *k = tensor_meta(c, arg_at(c, 1, "key")),
+                 *v = tensor_meta(c, arg_at(c, 2, "value"));
+    const IRArg *gqa = arg_at(c, 7, "enable_gqa");
+    if (!kw_only(c, kws) || !q || !k || !v || q->ndim < 2 || q->ndim != k->ndim || k->ndim != v->ndim ||
+        q->ndim > MAXD || (gqa && !(gqa->kind == IRARG_CONST && gqa->u.obj == Py_False)))
+        return -1;
+    SymRef *sq = sym_sizes_of(c, q, false), *sk = sym_sizes_of(c, k, false), *sv = sym_sizes_of(c, v, false);
+    if (!sq || !sk || !sv) return -2;
+    int n = q->ndim, eq = guard_eq(c, sq[n - 1], sk[n - 1]);
+    if (eq > 0) eq = guard_eq(c, sk[n - 2], sv[n - 2]);
+    for (int i = 0; eq > 0 && i < n - 2; i++) {
+        eq = guard_eq(c, sq[i], sk[i]);
+        if (eq > 0) eq = guard_eq(c, sk[i], sv[i]);
+    }
+    if (eq <= 0) return eq < 0 ? -2 : -1;
+    o->n = n;
+    memcpy(o->sizes, sq, sizeof(SymRef) * (size_t)n);
+    o->sizes[n - 1] = sv[n - 1];
+    dense_like(c, m, o);
+    return n;
+}
+
 static int rule_matmul(Call *c, Out *o) {
     if (c->nkw) return -1;
     const IRMeta *a = tensor_meta(c, arg_at(c, 0, NULL)), *b = tensor_meta(c, arg_at(c, 1, NULL));
@@ -1009,6 +1041,7 @@ int em_tr_shape_rule(Trace *T, IRKind kind, PyObject *target, const IRArg *ia, u
     case R_ARANGE: n = rule_arange(&c, &o); break;
     case R_CAT: n = rule_cat(&c, &o); break;
     case R_EXPAND: n = rule_expand(&c, &o); break;
+    case R_SDPA: n = rule_sdpa(&c, &o, m); break;
     case R_REDUCE: n = rule_reduce(&c, &o); break;
     case R_VIEW: n = rule_view(&c, &o, kind == IR_CALL_METHOD); break;
     case R_PERMUTE: case R_TRANSPOSE: case R_T: n = rule_permute(&c, &o, r); break;
