@@ -3035,7 +3035,8 @@ static IRRef sdpa_float_mask(AG *ag, IRArg mask, PyObject *dtype) {
  * (sdpa_float_mask); unless its strides are 16-element aligned (the last 1, the others multiples
  * of 16: aligned_tensor), padded by 16 - S % 16 columns and sliced back to S (pad_bias: a view
  * of aligned memory); expanded to (B, H, L, S). The joint ref, 0 on failure. */
-static IRRef sdpa_efficient_mask(AG *ag, IRArg mask, const IRMeta *qm, const IRMeta *km) {
+static IRRef sdpa_efficient_mask(AG *ag, IRArg mask, IRRef q, IRRef k) {
+    const IRMeta *qm = jmeta(ag, q), *km = jmeta(ag, k);
     IRRef b = mask.u.ref;
     if (meta_dtype_is(jmeta(ag, b), "torch.bool") && !(b = sdpa_float_mask(ag, mask, qm->dtype))) return 0;
     const IRMeta *bm = jmeta(ag, b);
@@ -3043,21 +3044,68 @@ static IRRef sdpa_efficient_mask(AG *ag, IRArg mask, const IRMeta *qm, const IRM
         ag_fail(ag, "scaled_dot_product_attention: a mask the efficient kernel's rule does not take");
         return 0;
     }
-    bool aligned = bm->strides[bm->ndim - 1] == 1;
+    /* symbolic sizes: whether the strides are aligned depends on the size, so always padded (the
+     * same mask values, aligned for every size) */
+    bool aligned = bm->strides[bm->ndim - 1] == 1 && !dims_symbolic(ag, bm, 0);
     for (int32_t i = 0; aligned && i < bm->ndim - 1; i++) aligned = bm->strides[i] % 16 == 0;
     if (!aligned) {
-        int64_t S = bm->sizes[bm->ndim - 1];
-        PyObject *t = torch_attr("constant_pad_nd");
-        if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
-        IRArg pa[2] = {arg_node(b), arg_const_steal(ag, Py_BuildValue("[iL]", 0, (long long)(16 - S % 16)))};
-        IRRef padded = arg_bad(&pa[1]) ? 0 : ag_emit(ag, IR_CALL_FUNCTION, t, pa, 2, NULL, NULL, 0);
+        IRArg S = size_arg(ag, b, bm->ndim - 1);
+        if (arg_bad(&S)) return 0;
+        IRRef padded;
+        if (S.kind == IRARG_CONST) { /* constant_pad_nd(b, [0, 16 - S % 16]) */
+            PyObject *t = torch_attr("constant_pad_nd");
+            if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag), 0;
+            IRArg pa[2] = {arg_node(b), arg_const_steal(ag, Py_BuildValue("[iL]", 0, 16 - PyLong_AsLongLong(S.u.obj) % 16))};
+            padded = arg_bad(&pa[1]) ? 0 : ag_emit(ag, IR_CALL_FUNCTION, t, pa, 2, NULL, NULL, 0);
+        } else { /* symbolic: cat((b, zeros(..., 16 - S % 16)), -1) (torch's fake constant_pad_nd takes
+                  * concrete pads only) */
+            IRRef r = emit_op(ag, "mod", S, arg_const_steal(ag, PyLong_FromLong(16)), 2);
+            IRArg pad = arg_node(r ? emit_op(ag, "sub", arg_const_steal(ag, PyLong_FromLong(16)), arg_node(r), 2) : 0);
+            IRArg zs = arg_bad(&pad) ? pad : shape_arg(ag, b, 0);
+            if (arg_bad(&zs)) return 0;
+            if (zs.kind == IRARG_CONST) { /* (only the last dim symbolic) */
+                PyObject *t = PySequence_Tuple(zs.u.obj);
+                Py_ssize_t nz = t ? PyTuple_GET_SIZE(t) : 0;
+                zs.kind = IRARG_TUPLE;
+                zs.n = (uint32_t)nz;
+                zs.u.items = t ? em_arena_alloc(ag->a, (size_t)(nz + 1) * sizeof(IRArg)) : NULL;
+                for (Py_ssize_t i = 0; zs.u.items && i < nz; i++)
+                    zs.u.items[i] = arg_const_steal(ag, Py_NewRef(PyTuple_GET_ITEM(t, i)));
+                Py_XDECREF(t);
+                if (!zs.u.items) return ag_fail_exc(ag), 0;
+            }
+            zs.u.items[zs.n - 1] = pad;
+            IRArg za[2] = {arg_node(b), zs};
+            IRRef z = emit_method(ag, "new_zeros", za, 2);
+            IRArg l = {0};
+            l.kind = IRARG_LIST;
+            l.n = 2;
+            l.u.items = z ? em_arena_alloc(ag->a, 2 * sizeof(IRArg)) : NULL;
+            if (!l.u.items) return z ? (PyErr_NoMemory(), ag_fail_exc(ag), 0) : 0;
+            l.u.items[0] = arg_node(b);
+            l.u.items[1] = arg_node(z);
+            IRArg ca[2] = {l, arg_const_steal(ag, PyLong_FromLong(-1))};
+            padded = emit_fn(ag, "cat", ca, 2);
+        }
         if (!padded) return 0;
-        IRArg na[4] = {arg_node(padded), arg_const_steal(ag, PyLong_FromLong(-1)), arg_const_steal(ag, PyLong_FromLong(0)),
-                       arg_const_steal(ag, PyLong_FromLongLong(S))};
+        IRArg na[4] = {arg_node(padded), arg_const_steal(ag, PyLong_FromLong(-1)), arg_const_steal(ag, PyLong_FromLong(0)), S};
         if (!(b = emit_method(ag, "narrow", na, 4))) return 0;
     }
-    IRArg ea[2] = {arg_node(b), arg_const_steal(ag, Py_BuildValue("(LLLL)", (long long)qm->sizes[0], (long long)qm->sizes[1],
-                                                                  (long long)qm->sizes[2], (long long)km->sizes[2]))};
+    IRArg sz = {0}; /* (q0, q1, q2, k2) */
+    sz.kind = IRARG_TUPLE;
+    sz.n = 4;
+    sz.u.items = em_arena_alloc(ag->a, 4 * sizeof(IRArg));
+    if (!sz.u.items) return PyErr_NoMemory(), ag_fail_exc(ag), 0;
+    bool allc = true;
+    for (int i = 0; i < 4; i++) {
+        sz.u.items[i] = i < 3 ? size_arg(ag, q, i) : size_arg(ag, k, 2);
+        if (arg_bad(&sz.u.items[i])) return 0;
+        allc &= sz.u.items[i].kind == IRARG_CONST;
+    }
+    if (allc)
+        sz = arg_const_steal(ag, Py_BuildValue("(OOOO)", sz.u.items[0].u.obj, sz.u.items[1].u.obj, sz.u.items[2].u.obj,
+                                                sz.u.items[3].u.obj));
+    IRArg ea[2] = {arg_node(b), sz};
     return arg_bad(&ea[1]) ? 0 : emit_method(ag, "expand", ea, 2);
 }
 
@@ -3066,14 +3114,11 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
     ag->cur_role = ROLE_FWD;
     if (ag->env && b->rule->special == SP_GROUP_NORM)
         return ag_fail(ag, "symbolic sizes: group_norm's native op takes sizes as numbers"), 0;
-    if (ag->env && b->rule->special == SP_SDPA) { /* the kernel choice reads the head dim; the efficient
-                                                   * kernel's mask, the sequence lengths */
-        IRArg q = bval(b, "query"), k = bval(b, "key"), m = bval(b, "attn_mask");
+    if (ag->env && b->rule->special == SP_SDPA) { /* the kernel choice reads the head dim */
+        IRArg q = bval(b, "query"), k = bval(b, "key");
         const IRMeta *qm = val_meta(ag, &q), *km = val_meta(ag, &k);
-        if (!qm || !km || dims_symbolic(ag, qm, qm->ndim - 1) ||
-            (m.kind == IRARG_NODE && sdpa_kind_bound(ag, b) == SDPA_EFFICIENT &&
-             (dims_symbolic(ag, qm, 0) || dims_symbolic(ag, km, 0))))
-            return ag_fail(ag, "symbolic sizes: attention reads sizes as numbers"), 0;
+        if (!qm || !km || dims_symbolic(ag, qm, qm->ndim - 1))
+            return ag_fail(ag, "symbolic sizes: attention reads the head dim as a number"), 0;
     }
     switch (b->rule->special) {
     case SP_VALSEL: { /* the tuple as the user's op makes it, and its indices for the backward */
@@ -3158,7 +3203,7 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
             if (!(ag->aux[n][4] = sdpa_float_mask(ag, bias, val_meta(ag, &q)->dtype))) return 0;
             bias = arg_node(ag->aux[n][4]); /* the backward op reads the same float mask */
         } else if (m.kind == IRARG_NODE && kind == SDPA_EFFICIENT) {
-            if (!(ag->aux[n][4] = sdpa_efficient_mask(ag, bias, val_meta(ag, &q), val_meta(ag, &k)))) return 0;
+            if (!(ag->aux[n][4] = sdpa_efficient_mask(ag, bias, map_arg(ag, &q).u.ref, map_arg(ag, &k).u.ref))) return 0;
             bias = arg_node(ag->aux[n][4]);
         }
         PyObject *kwn[2] = {kwname(ag, "attn_mask"), kwname(ag, "scale")};

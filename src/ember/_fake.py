@@ -145,6 +145,15 @@ class SymContext:
             return self._fold("mul", [e.base] * int(e.exp))
         if isinstance(e, F.FloorDiv):
             return ("floordiv", self.tree(e.args[0]), self.tree(e.args[1]))
+        # ceil(a / b) for a positive constant b (math.ceil of a SymInt quotient: the efficient attention
+        # kernel's logsumexp rows), (a + b - 1) // b; floor(a / b) is a // b
+        div = e.args[0] if isinstance(e, (F.CeilToInt, F.FloorToInt)) and e.args else e
+        if isinstance(e, (F.CeilToInt, F.FloorToInt, F.CeilDiv)) and (isinstance(e, F.CeilDiv) or isinstance(div, F.IntTrueDiv)):
+            a, b = div.args
+            if getattr(b, "is_Integer", False) and int(b) > 0:
+                if isinstance(e, F.FloorToInt):
+                    return ("floordiv", self.tree(a), ("const", int(b)))
+                return ("floordiv", ("add", self.tree(a), ("const", int(b) - 1)), ("const", int(b)))
         if isinstance(e, (F.Mod, F.PythonMod)) or type(e).__name__ in ("Mod", "PythonMod"):
             return ("mod", self.tree(e.args[0]), self.tree(e.args[1]))
         if isinstance(e, sympy.Max) or type(e).__name__ == "Max":
