@@ -55,7 +55,8 @@ typedef struct {
     PyObject *out_device; /* CUDA: the torch.device outputs are allocated on */
     /* symbolic sizes (sizes as kernel arguments): meta computes this call's layout from the
      * symbols' values, read from the sizes of the source tensors passed after the inputs (and the
-     * donor): symbol src_sym[i] = size src_dim[i] of call argument src_arg[i] */
+     * donor): symbol src_sym[i] = size src_dim[i] of call argument src_arg[i] (-1: the argument, an
+     * int) */
     MetaFn meta;
     SymProg *mprog;       /* CUDA: the same layout as a program over sv (em_sym_exprs_compile), then
                              the row length and the farthest element (EmCudaCall) */
@@ -199,6 +200,11 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
     }
     Py_ssize_t first_src = (Py_ssize_t)k->nin + (k->donor >= 0 && (uint32_t)k->donor >= k->nin);
     for (uint32_t i = 0; i < k->nsrc; i++) {
+        if (k->src_dim[i] < 0) { /* an int input that is the symbol (a size a training region saved) */
+            sv[k->src_sym[i]] = PyLong_AsLongLong(args[first_src + k->src_arg[i]]);
+            if (PyErr_Occurred()) goto done;
+            continue;
+        }
         PyObject *sh = PyObject_GetAttr(args[first_src + k->src_arg[i]], em_str("shape"));
         if (!sh) goto done;
         if (!PyTuple_Check(sh) || k->src_dim[i] >= PyTuple_GET_SIZE(sh)) {
@@ -746,8 +752,9 @@ static PyObject *cc_fallback(PyObject *info, const IRGraph *g) {
 }
 
 /* Where each symbol the kernels read comes from: a graph input (placeholder) whose size at some
- * dim is that symbol. input[]: the distinct inputs (passed to every kernel after its tensors);
- * per used symbol, which of them and which dim. */
+ * dim is that symbol, else an int input that is the symbol (dim -1: a size the forward half of a
+ * training region saved for its backward). input[]: the distinct inputs (passed to every kernel
+ * after its tensors); per used symbol, which of them and which dim. */
 typedef struct {
     uint32_t n, nsym;      /* distinct inputs; symbols sourced */
     uint32_t *input;       /* graph input index, per distinct input */
@@ -770,11 +777,14 @@ static int sym_sources(const IRGraph *g, ShapeEnv *env, const uint8_t *used, Sym
     for (uint32_t i = 0; i < ns; i++) {
         if (!used[i]) continue;
         int found = 0;
+        for (uint32_t pass = 0; pass < 2 && !found; pass++) /* tensors' dims first, then int inputs (dim -1) */
         for (uint32_t p = 0; p < g->ninputs && !found; p++) {
             const IRMeta *m = &g->nodes[g->inputs[p]].meta;
-            if (m->kind != IRMETA_TENSOR || !m->sym_sizes) continue;
-            for (int32_t d = 0; d < m->ndim && !found; d++) {
-                if (em_sym_symbol_index(env, em_sym_simplify(env, m->sym_sizes[d])) != (int64_t)i) continue;
+            bool is_int = pass == 1 && m->kind == IRMETA_OTHER && m->sym && m->example && PyLong_Check(m->example) &&
+                          em_sym_symbol_index(env, em_sym_simplify(env, m->sym)) == (int64_t)i;
+            if (!is_int && (pass == 1 || m->kind != IRMETA_TENSOR || !m->sym_sizes)) continue;
+            for (int32_t d = is_int ? -1 : 0; d < (is_int ? 0 : m->ndim) && !found; d++) {
+                if (!is_int && em_sym_symbol_index(env, em_sym_simplify(env, m->sym_sizes[d])) != (int64_t)i) continue;
                 uint32_t w = NONE;
                 for (uint32_t q = 0; q < out->n; q++)
                     if (out->input[q] == p) w = q;
