@@ -959,27 +959,38 @@ static int same_shape_meta(AG *ag, PyObject *target, const IRArg *args, uint32_t
 }
 
 /* matmul / mm / bmm by the C shape rule (em_sym_matmul_shape, torch's formula; its questions become
- * guards, so only while the entry's guards are still to be built): torch's CUDA fake kernels
- * specialise the batch size of a folded matmul. Its result is fresh contiguous memory (the meta
- * call's hint layout must say so). 1: done (or failed with ag->reason), 0: not such a call. */
+ * guards, so only while the entry's guards are still to be built) and linear (the input's sizes, the
+ * weight's rows last; the inner dims guarded equal): torch's CUDA fake kernels specialise the batch
+ * size of a folded matmul. The result is fresh contiguous memory (the meta call's hint layout must
+ * say so). 1: done (or failed with ag->reason), 0: not such a call. */
 static int matmul_meta(AG *ag, IRKind kind, PyObject *target, const IRArg *args, uint32_t nargs, uint32_t nkw,
                        IRMeta *m) {
-    if (!em_autograd_sym_guards || nargs != 2 || nkw || m->kind != IRMETA_TENSOR || !em_ir_meta_contiguous(m) ||
-        args[0].kind != IRARG_NODE || args[1].kind != IRARG_NODE || m->ndim > 16)
+    if (!em_autograd_sym_guards || nargs < 2 || nargs > 3 || nkw || m->kind != IRMETA_TENSOR ||
+        !em_ir_meta_contiguous(m) || args[0].kind != IRARG_NODE || args[1].kind != IRARG_NODE || m->ndim > 16)
         return 0;
     PyObject *qn = kind == IR_CALL_METHOD ? Py_NewRef(target) : em_ir_target_qualname(target);
     const char *q = qn ? PyUnicode_AsUTF8(qn) : NULL;
-    bool mm = q && (!strcmp(q, "matmul") || !strcmp(q, "mm") || !strcmp(q, "bmm") || !strcmp(q, "__matmul__") ||
-                    !strcmp(q, "torch.matmul") || !strcmp(q, "operator.matmul") || !strcmp(q, "torch.mm") ||
-                    !strcmp(q, "torch.bmm"));
+    bool mm = q && nargs == 2 && (!strcmp(q, "matmul") || !strcmp(q, "mm") || !strcmp(q, "bmm") || !strcmp(q, "__matmul__") ||
+                                  !strcmp(q, "torch.matmul") || !strcmp(q, "operator.matmul") || !strcmp(q, "torch.mm") ||
+                                  !strcmp(q, "torch.bmm"));
+    bool lin = q && (!strcmp(q, "torch.nn.functional.linear") || !strcmp(q, "torch._C._nn.linear"));
     Py_XDECREF(qn);
     PyErr_Clear();
     const IRMeta *a = jmeta_early(ag, args[0].u.ref), *b = jmeta_early(ag, args[1].u.ref);
-    if (!mm || a->kind != IRMETA_TENSOR || b->kind != IRMETA_TENSOR || a->ndim > 16 || b->ndim > 16) return 0;
+    if ((!mm && !lin) || a->kind != IRMETA_TENSOR || b->kind != IRMETA_TENSOR || a->ndim > 16 || b->ndim > 16) return 0;
     uint32_t sa[16], sb[16], so[17], nout = 0;
     for (int32_t d = 0; d < a->ndim; d++) sa[d] = em_sym_simplify(ag->env, dim_sym(ag, a, d));
     for (int32_t d = 0; d < b->ndim; d++) sb[d] = em_sym_simplify(ag->env, dim_sym(ag, b, d));
-    int r = em_sym_matmul_shape(ag->env, sa, (uint32_t)a->ndim, sb, (uint32_t)b->ndim, so, &nout);
+    int r = 0;
+    if (lin) { /* F.linear(x, w): (*x.shape[:-1], w.shape[0]), x[-1] == w[1] */
+        if (a->ndim < 1 || b->ndim != 2) return 0;
+        r = em_sym_guard_bool(ag->env, em_sym_cmp(ag->env, SYM_EQ, sa[a->ndim - 1], sb[1])) == 1 ? 0 : -1;
+        nout = (uint32_t)a->ndim;
+        memcpy(so, sa, sizeof(uint32_t) * nout);
+        so[nout - 1] = sb[0];
+    } else {
+        r = em_sym_matmul_shape(ag->env, sa, (uint32_t)a->ndim, sb, (uint32_t)b->ndim, so, &nout);
+    }
     if (r != 0 || nout != (uint32_t)m->ndim) return ag_fail(ag, "symbolic sizes: matmul's shape"), 1;
     uint32_t *ss = em_arena_alloc(ag->a, sizeof(uint32_t) * (2 * (size_t)m->ndim + 1));
     if (!ss) return PyErr_NoMemory(), ag_fail_exc(ag), 1;
