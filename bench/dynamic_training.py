@@ -15,6 +15,7 @@ the small shapes. Not asserted anywhere (STYLE.md). Run:
 
     .venv/bin/python bench/dynamic_training.py [--quick] [--models transformer,gpt2,llama,resnet18]
         [--compilers eager,inductor,ember] [--device cpu|cuda] [--threads N]
+        [--profile SIZE]   ember's step at SIZE, the static frame against the symbolic region
 """
 from __future__ import annotations
 
@@ -117,6 +118,44 @@ def run(name, compilers, quick, device):
             print("ember traced per size:", why[0])
 
 
+def profile(name, quick, device, size):
+    """ember's step at one size, the frame compiled static (dynamic=False) against the symbolic
+    region (three sizes first, then this one): step time, torch.profiler's top ops by self CPU time
+    (host time: the GPU steps are host-bound), and each half's kernels, extern calls and views."""
+    from torch.profiler import ProfilerActivity, profile as tprofile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    for dyn in (False, None):
+        torch.manual_seed(0)
+        model, x, _, _, _ = training.make_case(name, quick, device)
+        cm = ember.compile(model, backend="ember", dynamic=dyn)
+        for n in sizes_for(name, quick)[:3]:
+            xb, yb = batch(name, x, n, device)
+            F.cross_entropy(cm(xb), yb).backward()
+        xb, yb = batch(name, x, size, device)
+
+        def step():
+            F.cross_entropy(cm(xb), yb).backward()
+        for _ in range(5):
+            step()
+        ts = []
+        for _ in range(20):
+            training.sync(device)
+            t = time.perf_counter()
+            step()
+            training.sync(device)
+            ts.append(time.perf_counter() - t)
+        print(f"\n{name} size {size}, dynamic={dyn}: {sorted(ts)[5] * 1e3:.2f} ms, {len(ember.cache_info(cm))} entries")
+        with tprofile(activities=acts) as p:
+            for _ in range(3):
+                step()
+            training.sync(device)
+        print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
+        halves = ember.cache_info(cm)[0].get("autograd", {}).get("ember", {})
+        for h in ("forward", "backward"):
+            if h in halves:
+                print(h, {k: halves[h].get(k) for k in ("kernels", "externs", "views", "lowered", "fallback")})
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -124,6 +163,8 @@ def main():
     ap.add_argument("--compilers", default="eager,inductor,ember")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--profile", type=int, default=0, metavar="SIZE",
+                    help="instead of the table: each model's ember step at SIZE, static against symbolic, profiled")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -131,7 +172,10 @@ def main():
           f"{torch.get_num_threads()} threads, device {a.device}"
           + (f" ({torch.cuda.get_device_name()})" if a.device == "cuda" else ""))
     for name in a.models.split(","):
-        run(name, a.compilers.split(","), a.quick, a.device)
+        if a.profile:
+            profile(name, a.quick, a.device, a.profile)
+        else:
+            run(name, a.compilers.split(","), a.quick, a.device)
 
 
 if __name__ == "__main__":
