@@ -209,8 +209,9 @@ def _unview_outputs(outs, unview, inputs, saved):
     updated in place afterwards (autograd's CreationMeta), which eager allows. The intermediate is
     nobody else's: the output aliases its memory (set_, no copy), unless a saved tensor shares it,
     whose update would then go unnoticed by the backward (eager's version counter would raise):
-    a copy then. Views of inputs and of other outputs stay views (make_region makes them again
-    outside the Function)."""
+    a copy of the memory it spans then, with its sizes and strides (x.tanh()[:, 0] has stride 3, as
+    in eager). Views of inputs and of other outputs stay views (make_region makes them again outside
+    the Function)."""
     if not any(outs[k]._is_view() for k in unview):
         return outs
     keep = {x.untyped_storage().data_ptr() for x in (*inputs, *outs) if isinstance(x, torch.Tensor) and not x._is_view()}
@@ -223,8 +224,12 @@ def _unview_outputs(outs, unview, inputs, saved):
         ptr = o.untyped_storage().data_ptr()
         if ptr == 0 or ptr in keep or o._base is None or any(o._base is x for x in (*inputs, *outs)):
             continue
-        if ptr in kept:
-            outs[k] = o.clone(memory_format=torch.preserve_format)
+        if ptr in kept:  # a copy of the memory it spans, viewed with its own offset and strides (eager's layout)
+            span = 1 + sum((n - 1) * st for n, st in zip(o.size(), o.stride())) if o.numel() else 0
+            off = o.storage_offset()
+            flat = torch.empty(off + span, dtype=o.dtype, device=o.device)
+            flat[off:].copy_(torch.empty(0, dtype=o.dtype, device=o.device).set_(o.untyped_storage(), off, (span,), (1,)))
+            outs[k] = torch.empty(0, dtype=o.dtype, device=o.device).set_(flat.untyped_storage(), off, o.size(), o.stride())
         else:
             outs[k] = torch.empty(0, dtype=o.dtype, device=o.device).set_(o.untyped_storage(), o.storage_offset(),
                                                                            o.size(), o.stride())

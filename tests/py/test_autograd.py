@@ -883,10 +883,29 @@ def test_output_view_of_an_intermediate_updated_in_place(backend):
     be.add_(1)
     torch.testing.assert_close(a, ae)
     torch.testing.assert_close(b, be)
+    assert b.stride() == be.stride() and a.stride() == ae.stride()
     a.square().sum().backward()
     ae.square().sum().backward()
     torch.testing.assert_close(x.grad, xe.grad)
     torch.testing.assert_close(w.grad, we.grad)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_output_copied_off_a_saved_value_keeps_eager_strides(backend):
+    """tanh's saved result viewed as an output (y[:, 0], stride 3) is copied (an update must not
+    change what the backward reads) in eager's layout: the memory it spans, the same strides
+    (program_gen --autocast bf16 seed 910092 returned a contiguous copy)."""
+    def f(x):
+        return x.tanh()[:, 1]
+
+    x = r(3, 3)
+    xe = x.detach().clone().requires_grad_()
+    got, want = ember.compile(f, backend=backend)(x), f(xe)
+    assert got.stride() == want.stride() == (3,) and got.storage_offset() == want.storage_offset()
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(x.grad, xe.grad)
 
 
 def test_einsum_diagonal_keeps_eager_autograd():
