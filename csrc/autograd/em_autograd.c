@@ -895,22 +895,10 @@ static const struct {
  * first, ties keeping the inner dim first, as torch's infer_dense_strides), which must give m's hint
  * strides back (m dense, non-overlapping); -1 otherwise. */
 static int dense_sym_strides(const AG *ag, const IRMeta *m, const uint32_t *sizes, uint32_t *strides) {
-    int32_t n = m->ndim, order[64];
-    if (n > 64) return -1;
-    for (int32_t i = 0; i < n; i++) order[i] = n - 1 - i;
-    for (int32_t i = 1; i < n; i++)
-        for (int32_t j = i; j > 0 && m->strides[order[j]] < m->strides[order[j - 1]]; j--) {
-            int32_t t = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = t;
-        }
-    uint32_t acc = em_sym_const(ag->env, 1);
-    for (int32_t k = 0; k < n; k++) {
+    if (em_sym_dense_strides(ag->env, m->strides, sizes, (uint32_t)m->ndim, strides) < 0) return -1;
+    for (int32_t d = 0; d < m->ndim; d++) {
         int64_t h;
-        strides[order[k]] = em_sym_simplify(ag->env, acc);
-        if (em_sym_hint(ag->env, strides[order[k]], &h) < 0 || (h != m->strides[order[k]] && m->sizes[order[k]] != 1))
-            return -1;
-        acc = em_sym_mul(ag->env, acc, em_sym_max(ag->env, sizes[order[k]], em_sym_const(ag->env, 1)));
+        if (em_sym_hint(ag->env, strides[d], &h) < 0 || (h != m->strides[d] && m->sizes[d] != 1)) return -1;
     }
     return 0;
 }

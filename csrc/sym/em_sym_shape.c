@@ -51,6 +51,24 @@ int em_sym_contiguous_strides(ShapeEnv *env, const SymRef *sizes, uint32_t n, Sy
     return mult ? 0 : -1;
 }
 
+int em_sym_dense_strides(ShapeEnv *env, const int64_t *hint_strides, const SymRef *sizes, uint32_t n, SymRef *strides) {
+    int32_t order[64];
+    if (n > 64) return -1;
+    for (uint32_t i = 0; i < n; i++) order[i] = (int32_t)(n - 1 - i);
+    for (uint32_t i = 1; i < n; i++)
+        for (uint32_t j = i; j > 0 && hint_strides[order[j]] < hint_strides[order[j - 1]]; j--) {
+            int32_t t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    SymRef acc = K(1);
+    for (uint32_t k = 0; k < n; k++) {
+        strides[order[k]] = em_sym_simplify(env, acc);
+        acc = em_sym_mul(env, acc, em_sym_max(env, sizes[order[k]], K(1)));
+    }
+    return acc ? 0 : -1;
+}
+
 SymRef em_sym_numel(ShapeEnv *env, const SymRef *sizes, uint32_t n) {
     SymRef r = K(1);
     for (uint32_t i = 0; i < n; i++) r = em_sym_mul(env, r, sizes[i]);

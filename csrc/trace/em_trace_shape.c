@@ -346,19 +346,7 @@ typedef struct {
  * ties keeping the inner dim first (as em_trace_sym.c's dense_order and torch's
  * infer_dense_strides order them). */
 static void dense_like(Call *c, const IRMeta *m, Out *o) {
-    int n = o->n, order[MAXD];
-    for (int i = 0; i < n; i++) order[i] = n - 1 - i;
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && m->strides[order[j]] < m->strides[order[j - 1]]; j--) {
-            int tmp = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = tmp;
-        }
-    SymRef acc = em_sym_const(c->env, 1);
-    for (int k = 0; k < n; k++) {
-        o->strides[order[k]] = acc;
-        acc = em_sym_mul(c->env, acc, em_sym_max(c->env, o->sizes[order[k]], em_sym_const(c->env, 1)));
-    }
+    em_sym_dense_strides(c->env, m->strides, o->sizes, (uint32_t)o->n, o->strides); /* (a failure: apply_out declines) */
 }
 
 static int rule_pointwise(Call *c, Out *o) {
