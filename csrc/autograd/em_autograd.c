@@ -2686,24 +2686,23 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
         if (PyErr_Occurred()) return ag_fail_exc(ag);
         const IRMeta *om = &node->meta;
         if (d < 0) d += om->ndim;
-        long long off = 0;
+        /* each piece's offset and length along d: constants, or (a symbolic dim) size nodes of the
+         * pieces read in the forward and their running sum */
+        IRArg off = arg_const_steal(ag, PyLong_FromLong(0));
         for (uint32_t i = 0; i < ts.n; i++) {
             const IRArg *it = &ts.u.items[i];
             if (it->kind != IRARG_NODE) return ag_fail(ag, "%s of a non-tensor", node->name);
             const IRMeta *im = &em_ir_node(ag->g, it->u.ref)->meta;
-            if (b->rule->special == SP_CAT && im->ndim == om->ndim && d >= 0 && d < im->ndim && im->sym_sizes &&
-                ag->env && !em_sym_is_const(ag->env, im->sym_sizes[d], NULL))
-                return ag_fail(ag, "symbolic sizes: cat along a symbolic dim");
-            long long sz = b->rule->special == SP_CAT ? (im->ndim == 1 && im->sizes[0] == 0 && om->ndim > 1 ? 0 : im->sizes[d]) : 1;
-            if (b->rule->special == SP_CAT && im->ndim != om->ndim) {
-                off += sz;
-                continue; /* legacy empty 1-D input: no gradient */
-            }
-            if (meta_needs_grad(im)) {
-                IRRef r;
+            IRArg sz;
+            if (b->rule->special != SP_CAT) sz = arg_const_steal(ag, PyLong_FromLong(1));
+            else if (im->ndim == 1 && im->sizes[0] == 0 && om->ndim > 1) sz = arg_const_steal(ag, PyLong_FromLong(0));
+            else if (im->ndim == om->ndim && d >= 0 && d < im->ndim) sz = size_arg(ag, ag->fmap[it->u.ref], (int32_t)d);
+            else return ag_fail(ag, "%s: a piece of another rank", node->name);
+            if (arg_bad(&sz) || arg_bad(&off)) return -1;
+            if (meta_needs_grad(im) && !(b->rule->special == SP_CAT && im->ndim != om->ndim)) {
+                IRRef r; /* (a legacy empty 1-D input of cat gets no gradient) */
                 if (b->rule->special == SP_CAT) {
-                    IRArg a[4] = {arg_node(g), arg_const_steal(ag, PyLong_FromLongLong(d)),
-                                  arg_const_steal(ag, PyLong_FromLongLong(off)), arg_const_steal(ag, PyLong_FromLongLong(sz))};
+                    IRArg a[4] = {arg_node(g), arg_const_steal(ag, PyLong_FromLongLong(d)), off, sz};
                     r = emit_method(ag, "narrow", a, 4);
                 } else {
                     IRArg a[3] = {arg_node(g), arg_const_steal(ag, PyLong_FromLongLong(d)),
@@ -2712,7 +2711,14 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
                 }
                 if (!r || accumulate(ag, it->u.ref, r) < 0) return -1;
             }
-            off += sz;
+            if (off.kind == IRARG_CONST && sz.kind == IRARG_CONST) {
+                off = arg_const_steal(ag, PyNumber_Add(off.u.obj, sz.u.obj));
+            } else { /* a running sum of sizes: an int of the forward, saved as sizes are */
+                uint8_t role = ag->cur_role;
+                ag->cur_role = ROLE_FWD;
+                off = arg_node(emit_op(ag, "add", off, sz, 2));
+                ag->cur_role = role;
+            }
         }
         return 0;
     }

@@ -173,6 +173,25 @@ def test_basic_indexing_of_symbolic_tensors(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_cat_along_a_symbolic_dim(backend):
+    """cat's gradient narrows each piece's part out of the gradient: offsets and lengths along a
+    symbolic dim are size ints of the forward (a running sum), as transformers' causal masks and
+    caches concatenate along the sequence."""
+    def f(x, w):
+        h = x @ w
+        return torch.cat([h, h[:, :2].sin(), h.tanh()], dim=1).square().mean()
+
+    w = torch.randn(6, 4, requires_grad=True)
+    c = ember.compile(f, backend=backend)
+    for s in [3, 5, 7, 9]:
+        x = torch.randn(2, s, 6)
+        g1, = torch.autograd.grad(c(x, w), (w,))
+        g2, = torch.autograd.grad(f(x, w), (w,))
+        torch.testing.assert_close(g1, g2)
+    assert_one_symbolic_region(c, 4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_symbolic_int_argument_read_by_the_backward(backend):
     """An int argument automatic dynamic made a graph input (a symbolic int): mul's gradient reads
     it, so the backward gets it as a saved int."""
