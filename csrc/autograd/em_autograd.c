@@ -747,6 +747,22 @@ static bool arg_symbolic(const AG *ag, const IRArg *a) {
     return meta_symbolic(&n->meta);
 }
 
+/* Are m's symbolic strides dense (for every size) in the dim order of its hint strides? *perm:
+ * that order, outermost first (x.permute(perm) is contiguous). */
+static bool sym_dense(const AG *ag, const IRMeta *m, int32_t *perm) {
+    uint32_t st[64];
+    int32_t order[64];
+    if (!ag->env || !m->sym_sizes || m->ndim > 64 ||
+        em_sym_dense_strides(ag->env, m->strides, m->sym_sizes, (uint32_t)m->ndim, st, order) < 0)
+        return false;
+    for (int32_t d = 0; d < m->ndim; d++)
+        if (em_sym_simplify(ag->env, st[d]) != em_sym_simplify(ag->env, m->sym_strides[d]) &&
+            !(m->sizes[d] == 1 && em_sym_is_const(ag->env, m->sym_sizes[d], NULL)))
+            return false;
+    for (int32_t k = 0; k < m->ndim; k++) perm[k] = order[m->ndim - 1 - k];
+    return true;
+}
+
 /* Does m have a symbolic size among dims [from, ndim)? (A rule that reads such a size as a number
  * cannot serve every size: it fails the symbolic compile instead.) */
 static bool dims_symbolic(const AG *ag, const IRMeta *m, int32_t from) {
@@ -895,7 +911,7 @@ static const struct {
  * first, ties keeping the inner dim first, as torch's infer_dense_strides), which must give m's hint
  * strides back (m dense, non-overlapping); -1 otherwise. */
 static int dense_sym_strides(const AG *ag, const IRMeta *m, const uint32_t *sizes, uint32_t *strides) {
-    if (em_sym_dense_strides(ag->env, m->strides, sizes, (uint32_t)m->ndim, strides) < 0) return -1;
+    if (em_sym_dense_strides(ag->env, m->strides, sizes, (uint32_t)m->ndim, strides, NULL) < 0) return -1;
     for (int32_t d = 0; d < m->ndim; d++) {
         int64_t h;
         if (em_sym_hint(ag->env, strides[d], &h) < 0 || (h != m->strides[d] && m->sizes[d] != 1)) return -1;
@@ -3988,6 +4004,7 @@ static PyObject *compile_split(AG *ag, const uint8_t *U, PyObject *reasons, PyOb
     for (uint32_t s = 0; s < nsteps; s++) {
         IRGraph *sub = em_ir_new(g->arena);
         if (!sub) goto done;
+        sub->shape_env = g->shape_env; /* symbolic sizes: each step is a symbolic region too */
         memset(mark, 0, G);
         RefCollect rc = {step, s, mark, list, 0};
         bool eager = false;
@@ -4048,13 +4065,22 @@ static PyObject *compile_split(AG *ag, const uint8_t *U, PyObject *reasons, PyOb
         for (Py_ssize_t i = 0; !eager && ag->ember_halves && i < PyTuple_GET_SIZE(ins); i++) {
             IRRef r = (IRRef)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(ins, i));
             const IRMeta *m = &em_ir_node(g, r)->meta;
-            if (em_ir_node(g, r)->kind == IR_PLACEHOLDER || m->kind != IRMETA_TENSOR || m->sym_sizes) continue;
+            if (em_ir_node(g, r)->kind == IR_PLACEHOLDER || m->kind != IRMETA_TENSOR) continue;
+            int32_t perm[64];
+            if (m->sym_sizes && !sym_dense(ag, m, perm)) { /* a layout per size: not expressible here */
+                Py_DECREF(lay);
+                Py_DECREF(fn);
+                Py_XDECREF(sinfo);
+                ag_fail(ag, "symbolic sizes: a step of a split region reads a value of a layout that is not dense");
+                goto done;
+            }
             if (lay == Py_None) {
                 Py_SETREF(lay, PyList_New(PyTuple_GET_SIZE(ins)));
                 for (Py_ssize_t k = 0; lay && k < PyTuple_GET_SIZE(ins); k++) PyList_SET_ITEM(lay, k, Py_NewRef(Py_None));
             }
-            PyObject *l = lay ? Py_BuildValue("(NN)", em_int64_tuple(m->ndim, m->sizes), em_int64_tuple(m->ndim, m->strides))
-                              : NULL;
+            PyObject *l = !lay ? NULL
+                          : m->sym_sizes ? Py_BuildValue("(sN)", "dense", int_tuple_of(perm, m->ndim, false)) /* (every size) */
+                                         : Py_BuildValue("(NN)", em_int64_tuple(m->ndim, m->sizes), em_int64_tuple(m->ndim, m->strides));
             if (!l) {
                 Py_XDECREF(lay);
                 Py_DECREF(fn);
@@ -5657,13 +5683,6 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
             goto error;
         }
         int ne = find_eager_nodes(&ag, U, reasons);
-        if (ne > 0 && ag.env) {
-            PyObject *why = PyList_GET_SIZE(reasons) ? PyList_GET_ITEM(reasons, 0) : Py_None;
-            free(U);
-            ag_fail(&ag, "symbolic sizes: ops without a derivative rule (%S)", why);
-            Py_DECREF(reasons);
-            goto fallback;
-        }
         if (ne > 0 && stale) { /* the steps' graphs do not know the replaced values: the whole region */
             free(U);
             Py_DECREF(reasons);
@@ -5674,6 +5693,7 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
             result = compile_split(&ag, U, reasons, info);
             free(U);
             Py_DECREF(reasons);
+            if (!result && ag.reason && !PyErr_Occurred()) goto fallback; /* (a symbolic step it cannot take) */
             if (!result) goto error;
             goto done;
         }

@@ -246,8 +246,10 @@ int em_sym_broadcast_shapes(ShapeEnv *env, const SymRef *a, uint32_t na, const S
 int em_sym_contiguous_strides(ShapeEnv *env, const SymRef *sizes, uint32_t n, SymRef *strides);
 /* Dense strides for sizes in the dim order of hint_strides (a tensor's example strides: innermost
  * first, ties keeping the inner dim first, as torch's infer_dense_strides), for a result whose
- * layout the kernel picks (attention's (B, S, H, D) memory). n <= 64; -1 past that or on failure. */
-int em_sym_dense_strides(ShapeEnv *env, const int64_t *hint_strides, const SymRef *sizes, uint32_t n, SymRef *strides);
+ * layout the kernel picks (attention's (B, S, H, D) memory); order (may be NULL): the dims,
+ * innermost first. n <= 64; -1 past that or on failure. */
+int em_sym_dense_strides(ShapeEnv *env, const int64_t *hint_strides, const SymRef *sizes, uint32_t n, SymRef *strides,
+                         int32_t *order);
 SymRef em_sym_numel(ShapeEnv *env, const SymRef *sizes, uint32_t n);
 /* torch._prims_common.infer_size: shape may hold one constant -1; guards numel % known == 0. */
 int em_sym_reshape(ShapeEnv *env, SymRef numel, const SymRef *shape, uint32_t n, SymRef *out);

@@ -51,7 +51,8 @@ int em_sym_contiguous_strides(ShapeEnv *env, const SymRef *sizes, uint32_t n, Sy
     return mult ? 0 : -1;
 }
 
-int em_sym_dense_strides(ShapeEnv *env, const int64_t *hint_strides, const SymRef *sizes, uint32_t n, SymRef *strides) {
+int em_sym_dense_strides(ShapeEnv *env, const int64_t *hint_strides, const SymRef *sizes, uint32_t n, SymRef *strides,
+                         int32_t *order_out) {
     int32_t order[64];
     if (n > 64) return -1;
     for (uint32_t i = 0; i < n; i++) order[i] = (int32_t)(n - 1 - i);
@@ -66,6 +67,7 @@ int em_sym_dense_strides(ShapeEnv *env, const int64_t *hint_strides, const SymRe
         strides[order[k]] = em_sym_simplify(env, acc);
         acc = em_sym_mul(env, acc, em_sym_max(env, sizes[order[k]], K(1)));
     }
+    if (order_out) memcpy(order_out, order, sizeof(int32_t) * n);
     return acc ? 0 : -1;
 }
 

@@ -346,7 +346,7 @@ typedef struct {
  * ties keeping the inner dim first (as em_trace_sym.c's dense_order and torch's
  * infer_dense_strides order them). */
 static void dense_like(Call *c, const IRMeta *m, Out *o) {
-    em_sym_dense_strides(c->env, m->strides, o->sizes, (uint32_t)o->n, o->strides); /* (a failure: apply_out declines) */
+    em_sym_dense_strides(c->env, m->strides, o->sizes, (uint32_t)o->n, o->strides, NULL); /* (a failure: apply_out declines) */
 }
 
 static int rule_pointwise(Call *c, Out *o) {

@@ -247,9 +247,17 @@ def _regenerate_view(outs, k, base, done):
 
 def _as_layout(t, layout):
     """t in the (sizes, strides) layout a compiled step indexes it with: t itself when it has it
-    (strides of size-1 dims aside), else a copy made by copy_ (differentiable, so gradients flow)."""
+    (strides of size-1 dims aside), else a copy made by copy_ (differentiable, so gradients flow);
+    layout ("dense", perm) (a symbolic step: its layouts are per size): t dense in the dim order perm,
+    outermost first (t.permute(perm) contiguous)."""
     if layout is None or not isinstance(t, torch.Tensor):
         return t
+    if layout[0] == "dense":  # a step of a symbolic region: dense in the dim order perm (outermost first)
+        perm = layout[1]
+        p = t.permute(perm)
+        if p.is_contiguous():
+            return t
+        return p.contiguous().permute(sorted(range(len(perm)), key=perm.__getitem__))
     size, stride = layout
     if all(n <= 1 or a == b for n, a, b in zip(size, t.stride(), stride)) and tuple(t.shape) == size:
         return t

@@ -192,6 +192,29 @@ def test_cat_along_a_symbolic_dim(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_region_split_around_an_op_without_a_rule(backend):
+    """An op without a derivative rule (cummax) splits the symbolic region into symbolic steps and
+    an eager-autograd step, as a static region is split (transformers' Llama with grouped-query
+    attention: sdpa with enable_gqa); a value crossing steps is passed in the dense layout its
+    symbolic meta has (here the transposed cummax values)."""
+    def f(x, w):
+        h = (x @ w).sin()
+        m = torch.cummax(h.transpose(1, 2), dim=2).values.transpose(1, 2)
+        return (m * h).tanh().sum()
+
+    w = torch.randn(6, 4, requires_grad=True)
+    c = ember.compile(f, backend=backend)
+    for s in [3, 5, 7, 9]:
+        x = torch.randn(2, s, 6)
+        g1, = torch.autograd.grad(c(x, w), (w,))
+        g2, = torch.autograd.grad(f(x, w), (w,))
+        torch.testing.assert_close(g1, g2)
+    assert_one_symbolic_region(c, 4)
+    split = entries(c)[0]["autograd"]["split"]
+    assert len(split) == 1 and "cummax" in split[0], split
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_symbolic_int_argument_read_by_the_backward(backend):
     """An int argument automatic dynamic made a graph input (a symbolic int): mul's gradient reads
     it, so the backward gets it as a saved int."""
