@@ -706,9 +706,9 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         /* A symbolic training graph (backends "ember", "aot_eager"): AOT autograd compiles one region
          * for all sizes where every rule it needs serves symbolic sizes, compiled here, before the
          * entry's guards are built, so that relations of sizes its derivative ops rely on become
-         * guards too (em_autograd_sym_guards). Where a rule does not serve them, the region would
-         * run on eager autograd: under automatic dynamic, trace again with concrete sizes, as before
-         * (one compiled region per size, up to config.cache_size_limit); dynamic=True and
+         * guards too (em_autograd_sym_guards). Where a rule does not serve symbolic sizes, the region
+         * would run on eager autograd: under automatic dynamic, trace again with concrete sizes, as
+         * before (one compiled region per size, up to config.cache_size_limit); dynamic=True and
          * mark_dynamic keep the symbolic graph on eager autograd. */
         double secs = 0;
         PyObject *info = NULL;
@@ -721,10 +721,16 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
             Py_XDECREF(info);
             goto error;
         }
-        bool ran_eagerly = eg && info && PyDict_Check(info) && PyDict_GetItemString(info, "fallback");
-        if (ran_eagerly && cfg->dynamic < 0) {
-            sym_why = PyUnicode_FromFormat("traced per size: no symbolic training region (%S)",
-                                           PyDict_GetItemString(info, "fallback"));
+        PyObject *why = eg && info && PyDict_Check(info) ? PyDict_GetItemString(info, "fallback") : NULL;
+        /* a reason a static trace would meet too (an input returned as an output, an in-place
+         * update autograd needs) keeps the symbolic graph on eager autograd: a trace per size would
+         * only compile the same fallback again, size after size */
+        bool sizes_matter = why && PyUnicode_Check(why) &&
+                            (PyUnicode_Find(why, em_str("symbolic"), 0, PY_SSIZE_T_MAX, 1) >= 0 ||
+                             PyUnicode_Tailmatch(why, em_str("derivative of"), 0, PY_SSIZE_T_MAX, -1) == 1);
+        PyErr_Clear();
+        if (sizes_matter && cfg->dynamic < 0) {
+            sym_why = PyUnicode_FromFormat("traced per size: no symbolic training region (%S)", why);
             Py_DECREF(c);
             Py_XDECREF(info);
             em_arena_free(res.arena);

@@ -280,3 +280,43 @@ def test_model_families_train_as_one_compiled_region(name):
     for e in entries(compiled):
         ag = e.get("autograd") or {}
         assert not ag.get("fallback") and not ag.get("split"), (ag.get("fallback"), ag.get("split"))
+
+
+@pytest.mark.parametrize("name", list(_FAMILIES))
+def test_model_families_train_over_sequence_lengths(name):
+    """The families above with labels= over three sequence lengths (automatic dynamic): eager's
+    losses and gradients at every length, and no frame traced per size: every training region
+    after the first length is one symbolic region (split around ops without a rule where the
+    static one is), or keeps eager autograd where the static trace does too (docs/autograd.md,
+    "Symbolic sizes")."""
+    import copy
+    import transformers
+    cfg_cls, model_cls, extra = _FAMILIES[name]
+    kw = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128)
+    kw.update(extra)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kw)).eval()
+    device = next(model.parameters()).device
+    m_c = copy.deepcopy(model)
+    compiled = ember.compile(m_c, backend="ember")
+    for s in (8, 12, 10):
+        ids = torch.randint(2, 128, (2, s), generator=torch.Generator().manual_seed(s), device="cpu").to(device)
+        loss_e, loss_c = model(ids, labels=ids).loss, compiled(ids, labels=ids).loss
+        loss_e.backward()
+        loss_c.backward()
+        torch.testing.assert_close(loss_c, loss_e)
+        for (n, p_e), p_c in zip(model.named_parameters(), m_c.parameters()):
+            assert (p_e.grad is None) == (p_c.grad is None), n
+            if p_e.grad is not None:
+                torch.testing.assert_close(p_c.grad, p_e.grad, msg=n, rtol=1e-4, atol=1e-5)
+        model.zero_grad()
+        m_c.zero_grad()
+    seen, notes = set(), []
+    for mod in m_c.modules():
+        f = type(mod).forward
+        while f is not None and id(f) not in seen:
+            seen.add(id(f))
+            notes += [d for e in ember.cache_info(f, resume=True) for d in e["dynamic"]]
+            f = getattr(f, "__wrapped__", None)
+    assert any("automatic dynamic" in d for d in notes), notes
+    assert not [d for d in notes if "traced per size" in d]
