@@ -39,14 +39,17 @@ def assert_one_symbolic_region(c, nsizes):
 
 
 def train_steps(model, make_batch, sizes, backend, loss_fn, opt_cls=torch.optim.SGD, **opt_kw):
-    """The same steps on model (compiled) and a copy (eager): losses, gradients and parameters
+    """The same steps on model (compiled) and a copy (eager), each from the same RNG state (dropout
+    draws eager's masks: ember.config.fallback_random, conftest): losses, gradients and parameters
     compared after every step; returns the compiled callable."""
     ref = copy.deepcopy(model)
     cm = ember.compile(model, backend=backend)
     opt, opt_r = opt_cls(model.parameters(), **opt_kw), opt_cls(ref.parameters(), **opt_kw)
     for n in sizes:
         x, t = make_batch(n)
+        state = torch.get_rng_state()
         loss = loss_fn(cm(x), t)
+        torch.set_rng_state(state)
         loss_r = loss_fn(ref(x), t)
         torch.testing.assert_close(loss, loss_r, rtol=1e-5, atol=1e-5)
         loss.backward()
@@ -89,7 +92,7 @@ def test_cnn_with_batch_norm_over_batch_sizes(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_transformer_encoder_layer_over_sequence_lengths(backend):
-    """nn.TransformerEncoderLayer with AdamW over varying sequence lengths: multi-head attention's
+    """nn.TransformerEncoderLayer over varying sequence lengths: multi-head attention's
     decomposition reads the sequence length as a size node of the graph."""
     torch.manual_seed(0)
     # dropout draws eager's masks on the CPU (fallback_random); a CUDA region's dropout draws others
@@ -104,25 +107,9 @@ def test_transformer_encoder_layer_over_sequence_lengths(backend):
     def batch(n):
         return torch.randn(2, n, 32), torch.randn(2, n, 32)
 
-    torch.manual_seed(1)  # the dropout masks: eager's RNG (ember.config.fallback_random, conftest)
-    cm = ember.compile(model, backend=backend)
-    ref = copy.deepcopy(model)
-    opt, opt_r = torch.optim.AdamW(model.parameters(), lr=1e-3), torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    for n in sizes:
-        x, t = batch(n)
-        state = torch.get_rng_state()
-        loss = loss_fn(cm(x), t)
-        torch.set_rng_state(state)
-        loss_r = loss_fn(ref(x), t)
-        torch.testing.assert_close(loss, loss_r, rtol=1e-5, atol=1e-5)
-        loss.backward()
-        loss_r.backward()
-        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} ({n}): {m}")
-        opt.step()
-        opt_r.step()
-        opt.zero_grad()
-        opt_r.zero_grad()
+    # SGD: AdamW turns the key bias's gradient (zero but for rounding: softmax ignores it) into
+    # lr-sized steps of either sign, which no tolerance compares
+    cm = train_steps(model, batch, sizes, backend, loss_fn, lr=0.1, momentum=0.9)
     assert_one_symbolic_region(cm, len(sizes))
 
 

@@ -251,18 +251,24 @@ _FAMILIES = {  # name: (config class, model class, config overrides beyond the c
 }
 
 
+def _family_model(name):
+    """Family name's model: 2 tiny layers from a config (random weights), in eval mode (no dropout
+    draws)."""
+    import transformers
+    cfg_cls, model_cls, extra = _FAMILIES[name]
+    kw = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128)
+    kw.update(extra)
+    torch.manual_seed(0)
+    return getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kw)).eval()
+
+
 @pytest.mark.parametrize("name", list(_FAMILIES))
 def test_model_families_train_as_one_compiled_region(name):
     """More of transformers' families (2 tiny layers from a config, dropout as configured, the loss
     from labels= inside the model): one backward under backend "aot_eager" gives eager's loss and
     gradients, from one region with a compiled backward (no split, no eager fallback)."""
     import copy
-    import transformers
-    cfg_cls, model_cls, extra = _FAMILIES[name]
-    kw = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128)
-    kw.update(extra)
-    torch.manual_seed(0)
-    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kw)).eval()  # eval: no dropout draws
+    model = _family_model(name)
     device = next(model.parameters()).device
     ids = torch.randint(2, 128, (2, 8), generator=torch.Generator().manual_seed(1), device="cpu").to(device)
     m_c = copy.deepcopy(model)
@@ -290,12 +296,7 @@ def test_model_families_train_over_sequence_lengths(name):
     static one is), or keeps eager autograd where the static trace does too (docs/autograd.md,
     "Symbolic sizes")."""
     import copy
-    import transformers
-    cfg_cls, model_cls, extra = _FAMILIES[name]
-    kw = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128)
-    kw.update(extra)
-    torch.manual_seed(0)
-    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kw)).eval()
+    model = _family_model(name)
     device = next(model.parameters()).device
     m_c = copy.deepcopy(model)
     compiled = ember.compile(m_c, backend="ember")
