@@ -262,6 +262,19 @@ def _family_model(name):
     return getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kw)).eval()
 
 
+def _backward_equals_eager(model, m_c, compiled, ids):
+    """One backward of the loss from labels=: eager's model against compiled (m_c's parameters),
+    losses and which parameters get gradients and their values."""
+    loss_e, loss_c = model(ids, labels=ids).loss, compiled(ids, labels=ids).loss
+    loss_e.backward()
+    loss_c.backward()
+    torch.testing.assert_close(loss_c, loss_e)
+    for (n, p_e), p_c in zip(model.named_parameters(), m_c.parameters()):
+        assert (p_e.grad is None) == (p_c.grad is None), n
+        if p_e.grad is not None:
+            torch.testing.assert_close(p_c.grad, p_e.grad, msg=n, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", list(_FAMILIES))
 def test_model_families_train_as_one_compiled_region(name):
     """More of transformers' families (2 tiny layers from a config, dropout as configured, the loss
@@ -273,14 +286,7 @@ def test_model_families_train_as_one_compiled_region(name):
     ids = torch.randint(2, 128, (2, 8), generator=torch.Generator().manual_seed(1), device="cpu").to(device)
     m_c = copy.deepcopy(model)
     compiled = ember.compile(m_c, backend="aot_eager")
-    loss_e, loss_c = model(ids, labels=ids).loss, compiled(ids, labels=ids).loss
-    loss_e.backward()
-    loss_c.backward()
-    torch.testing.assert_close(loss_c, loss_e)
-    for (n, p_e), p_c in zip(model.named_parameters(), m_c.parameters()):
-        assert (p_e.grad is None) == (p_c.grad is None), n
-        if p_e.grad is not None:
-            torch.testing.assert_close(p_c.grad, p_e.grad, msg=n, rtol=1e-4, atol=1e-5)
+    _backward_equals_eager(model, m_c, compiled, ids)
     if device.type != "cpu":  # CUDA attention kernels without a rule (cuDNN) split regions: gradients only
         return
     for e in entries(compiled):
@@ -302,14 +308,7 @@ def test_model_families_train_over_sequence_lengths(name):
     compiled = ember.compile(m_c, backend="ember")
     for s in (8, 12, 10):
         ids = torch.randint(2, 128, (2, s), generator=torch.Generator().manual_seed(s), device="cpu").to(device)
-        loss_e, loss_c = model(ids, labels=ids).loss, compiled(ids, labels=ids).loss
-        loss_e.backward()
-        loss_c.backward()
-        torch.testing.assert_close(loss_c, loss_e)
-        for (n, p_e), p_c in zip(model.named_parameters(), m_c.parameters()):
-            assert (p_e.grad is None) == (p_c.grad is None), n
-            if p_e.grad is not None:
-                torch.testing.assert_close(p_c.grad, p_e.grad, msg=n, rtol=1e-4, atol=1e-5)
+        _backward_equals_eager(model, m_c, compiled, ids)
         model.zero_grad()
         m_c.zero_grad()
     seen, notes = set(), []
