@@ -718,7 +718,7 @@ static PyObject *memo_key(const AG *ag, IRKind kind, PyObject *target, PyObject 
  * (em_hook_cache.c). Sizes a backward op takes as arguments (sum_to_size's, expand's, new_zeros')
  * are aten.sym_size.int nodes of the forward, saved for the backward as ints. */
 
-bool em_autograd_sym_guards = false;
+_Thread_local bool em_autograd_sym_guards = false;
 
 static const IRMeta *jmeta_early(const AG *ag, IRRef r) { return &em_ir_node(ag->j, r)->meta; }
 

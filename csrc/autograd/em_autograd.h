@@ -21,7 +21,7 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
  * entry's guards are built, and refreshes the sym guard after: em_trace_sym_refresh_guards); while
  * clear, such a relation must follow from the guards already there, or the region is not compiled
  * symbolically. */
-extern bool em_autograd_sym_guards;
+extern _Thread_local bool em_autograd_sym_guards; /* (per thread: another thread may compile meanwhile) */
 
 /* g with composite ops decomposed into the ops eager runs (the same graph inputs and outputs):
  * F.multi_head_attention_forward's self-attention form into linear / views / scaled_dot_product_attention

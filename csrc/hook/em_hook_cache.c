@@ -311,8 +311,9 @@ static int specialises_sizes(const EmCompileConfig *cfg, const IRGraph *g) {
 }
 
 /* A symbolic training graph compiled before its entry is made (em_cache_compile tries the symbolic
- * region first): backend_compile hands it over for that graph instead of compiling again. */
-static struct {
+ * region first): backend_compile hands it over for that graph instead of compiling again (per
+ * thread: another thread may compile while this one waits for a C compiler). */
+static _Thread_local struct {
     const IRGraph *graph;
     PyObject *compiled, *info;
     int eager_graph;
