@@ -78,6 +78,7 @@ typedef struct {
     PyObject *symctx;  /* ember._fake.SymContext of this compilation, made on first use */
     PyObject *symhints; /* the symbols' hints as sym_run takes them */
     PyObject *sizes;   /* (joint ref, dim) -> the joint ref of its aten.sym_size.int node */
+    bool sym_fail;     /* the reason is the sizes being symbolic (ag_fail_sym) */
 } AG;
 
 /* ---------------------------------------------------------------- small helpers */
@@ -93,6 +94,22 @@ static int ag_fail(AG *ag, const char *fmt, ...) {
     return -1;
 }
 
+/* ag_fail for a reason that is the sizes being symbolic ("symbolic sizes: ..."): a trace per size
+ * may compile the region (fallback_result says so to the hook: "per_size"). */
+static int ag_fail_sym(AG *ag, const char *fmt, ...) {
+    if (!ag->reason) {
+        va_list va;
+        va_start(va, fmt);
+        PyObject *m = PyUnicode_FromFormatV(fmt, va);
+        va_end(va);
+        ag->reason = m ? PyUnicode_FromFormat("symbolic sizes: %U", m) : NULL;
+        Py_XDECREF(m);
+        if (!ag->reason) PyErr_Clear();
+    }
+    ag->sym_fail = true;
+    return -1;
+}
+
 /* Turns a pending Python exception (a failed meta call while emitting) into the fallback reason. */
 static int ag_fail_exc(AG *ag) {
     PyObject *t, *v, *tb;
@@ -100,6 +117,7 @@ static int ag_fail_exc(AG *ag) {
     const IRNode *n = ag->cur ? em_ir_node(ag->g, ag->cur) : NULL;
     if (!ag->reason)
         ag->reason = PyUnicode_FromFormat("derivative of %s failed: %S", n ? n->name : "?", v ? v : Py_None);
+    ag->sym_fail |= ag->env != NULL; /* (a fake run with symbolic sizes, say: a trace per size may not fail) */
     if (!ag->reason) PyErr_Clear();
     Py_XDECREF(t);
     Py_XDECREF(v);
@@ -720,7 +738,7 @@ static PyObject *memo_key(const AG *ag, IRKind kind, PyObject *target, PyObject 
 
 _Thread_local bool em_autograd_sym_guards = false;
 
-static const IRMeta *jmeta_early(const AG *ag, IRRef r) { return &em_ir_node(ag->j, r)->meta; }
+static const IRMeta *jmeta(const AG *ag, IRRef r) { return &em_ir_node(ag->j, r)->meta; }
 
 static bool meta_symbolic(const IRMeta *m) {
     if (m->kind == IRMETA_TENSOR) return m->sym_sizes != NULL;
@@ -829,15 +847,15 @@ static PyObject *sym_tree(AG *ag, const IRArg *a, int depth) {
 static int sym_size_of(AG *ag, PyObject *tree, int64_t hint, uint32_t *out) {
     if (PyTuple_Check(tree) && PyTuple_GET_SIZE(tree) == 2 && PyUnicode_Check(PyTuple_GET_ITEM(tree, 0)) &&
         PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(tree, 0), "unknown") == 0)
-        return ag_fail(ag, "symbolic sizes: a size torch computes with a function ember's algebra lacks");
+        return ag_fail_sym(ag, "a size torch computes with a function ember's algebra lacks");
     uint32_t e = em_ir_sym_from_tree(ag->env, tree);
     int64_t h;
     if (!e || em_sym_hint(ag->env, e, &h) < 0) {
         if (PyErr_Occurred()) return ag_fail_exc(ag);
-        return ag_fail(ag, "symbolic sizes: %s", em_sym_error_text(em_sym_env_error(ag->env)));
+        return ag_fail_sym(ag, "%s", em_sym_error_text(em_sym_env_error(ag->env)));
     }
     if (h != hint)
-        return ag_fail(ag, "symbolic sizes: the size %lld torch computes disagrees with the meta size %lld", (long long)h,
+        return ag_fail_sym(ag, "the size %lld torch computes disagrees with the meta size %lld", (long long)h,
                        (long long)hint);
     *out = em_sym_simplify(ag->env, e);
     return 0;
@@ -848,11 +866,11 @@ static int sym_apply(AG *ag, PyObject *tree, IRMeta *m, int depth) {
     const char *k = PyTuple_Check(tree) && PyTuple_GET_SIZE(tree) > 0 && PyUnicode_Check(PyTuple_GET_ITEM(tree, 0))
                         ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(tree, 0))
                         : NULL;
-    if (!k) return ag_fail(ag, "symbolic sizes: a bad result tree");
+    if (!k) return ag_fail_sym(ag, "a bad result tree");
     if (!strcmp(k, "T") && m->kind == IRMETA_TENSOR && PyTuple_GET_SIZE(tree) == 3) {
         PyObject *sz = PyTuple_GET_ITEM(tree, 1), *st = PyTuple_GET_ITEM(tree, 2);
         if (!PyTuple_Check(sz) || PyTuple_GET_SIZE(sz) != m->ndim || !PyTuple_Check(st) || PyTuple_GET_SIZE(st) != m->ndim)
-            return ag_fail(ag, "symbolic sizes: a result of another rank");
+            return ag_fail_sym(ag, "a result of another rank");
         uint32_t *ss = em_arena_alloc(ag->a, sizeof(uint32_t) * (2 * (size_t)m->ndim + 1));
         if (!ss) return PyErr_NoMemory(), ag_fail_exc(ag);
         bool any = false;
@@ -869,7 +887,7 @@ static int sym_apply(AG *ag, PyObject *tree, IRMeta *m, int depth) {
     if (!strcmp(k, "Q") && m->kind == IRMETA_TUPLE) {
         PyObject *items = PyTuple_GET_ITEM(tree, 1);
         if (!PyList_Check(items) || PyList_GET_SIZE(items) != m->nitems)
-            return ag_fail(ag, "symbolic sizes: a result of another length");
+            return ag_fail_sym(ag, "a result of another length");
         for (uint32_t i = 0; i < m->nitems; i++)
             if (sym_apply(ag, PyList_GET_ITEM(items, i), &m->items[i], depth + 1) < 0) return -1;
         return 0;
@@ -881,7 +899,7 @@ static int sym_apply(AG *ag, PyObject *tree, IRMeta *m, int depth) {
         return 0;
     }
     if (!strcmp(k, "C") && (m->kind == IRMETA_OTHER || m->kind == IRMETA_NONE)) return 0;
-    return ag_fail(ag, "symbolic sizes: a result of another kind (%s)", k);
+    return ag_fail_sym(ag, "a result of another kind (%s)", k);
 }
 
 /* Backward ops whose results have their arguments' shapes (derivatives.yaml: a gradient has its
@@ -923,10 +941,10 @@ static int dense_sym_strides(const AG *ag, const IRMeta *m, const uint32_t *size
  * strides agree, else the contiguous ones where the result is contiguous. */
 static int same_shape_item(AG *ag, IRMeta *m, const IRArg *src) {
     if (m->kind == IRMETA_NONE) return 0;
-    const IRMeta *a = src && src->kind == IRARG_NODE ? jmeta_early(ag, src->u.ref) : NULL;
+    const IRMeta *a = src && src->kind == IRARG_NODE ? jmeta(ag, src->u.ref) : NULL;
     if (m->kind != IRMETA_TENSOR || !a || a->kind != IRMETA_TENSOR || a->ndim != m->ndim ||
         memcmp(a->sizes, m->sizes, sizeof(int64_t) * (size_t)m->ndim))
-        return ag_fail(ag, "symbolic sizes: a gradient of another shape than its input");
+        return ag_fail_sym(ag, "a gradient of another shape than its input");
     if (!a->sym_sizes) return 0;
     uint32_t *ss = em_arena_alloc(ag->a, sizeof(uint32_t) * (2 * (size_t)m->ndim + 1));
     if (!ss) return PyErr_NoMemory(), ag_fail_exc(ag);
@@ -934,7 +952,7 @@ static int same_shape_item(AG *ag, IRMeta *m, const IRArg *src) {
     if (!memcmp(a->strides, m->strides, sizeof(int64_t) * (size_t)m->ndim)) {
         memcpy(ss + m->ndim, a->sym_strides, sizeof(uint32_t) * (size_t)m->ndim);
     } else if (dense_sym_strides(ag, m, ss, ss + m->ndim) < 0) {
-        return ag_fail(ag, "symbolic sizes: a gradient of another layout than its input, not dense");
+        return ag_fail_sym(ag, "a gradient of another layout than its input, not dense");
     }
     m->sym_sizes = ss;
     m->sym_strides = ss + m->ndim;
@@ -958,7 +976,7 @@ static int same_shape_meta(AG *ag, PyObject *target, const IRArg *args, uint32_t
         if (f == -2) continue;
         if (same_shape_item(ag, mk, f >= 0 && (uint32_t)f < nargs ? &args[f] : NULL) < 0) return 1;
     }
-    if (n > 4) ag_fail(ag, "symbolic sizes: more results than the table knows");
+    if (n > 4) ag_fail_sym(ag, "more results than the table knows");
     return 1;
 }
 
@@ -980,7 +998,7 @@ static int matmul_meta(AG *ag, IRKind kind, PyObject *target, const IRArg *args,
     bool lin = q && (!strcmp(q, "torch.nn.functional.linear") || !strcmp(q, "torch._C._nn.linear"));
     Py_XDECREF(qn);
     PyErr_Clear();
-    const IRMeta *a = jmeta_early(ag, args[0].u.ref), *b = jmeta_early(ag, args[1].u.ref);
+    const IRMeta *a = jmeta(ag, args[0].u.ref), *b = jmeta(ag, args[1].u.ref);
     if ((!mm && !lin) || a->kind != IRMETA_TENSOR || b->kind != IRMETA_TENSOR || a->ndim > 16 || b->ndim > 16) return 0;
     uint32_t sa[16], sb[16], so[17], nout = 0;
     for (int32_t d = 0; d < a->ndim; d++) sa[d] = em_sym_simplify(ag->env, dim_sym(ag, a, d));
@@ -995,7 +1013,7 @@ static int matmul_meta(AG *ag, IRKind kind, PyObject *target, const IRArg *args,
     } else {
         r = em_sym_matmul_shape(ag->env, sa, (uint32_t)a->ndim, sb, (uint32_t)b->ndim, so, &nout);
     }
-    if (r != 0 || nout != (uint32_t)m->ndim) return ag_fail(ag, "symbolic sizes: matmul's shape"), 1;
+    if (r != 0 || nout != (uint32_t)m->ndim) return ag_fail_sym(ag, "matmul's shape"), 1;
     uint32_t *ss = em_arena_alloc(ag->a, sizeof(uint32_t) * (2 * (size_t)m->ndim + 1));
     if (!ss) return PyErr_NoMemory(), ag_fail_exc(ag), 1;
     bool any = false;
@@ -1003,11 +1021,11 @@ static int matmul_meta(AG *ag, IRKind kind, PyObject *target, const IRArg *args,
         int64_t h;
         ss[d] = em_sym_simplify(ag->env, so[d]);
         if (em_sym_hint(ag->env, ss[d], &h) < 0 || h != m->sizes[d])
-            return ag_fail(ag, "symbolic sizes: matmul's shape disagrees with the meta's"), 1;
+            return ag_fail_sym(ag, "matmul's shape disagrees with the meta's"), 1;
         any |= !em_sym_is_const(ag->env, ss[d], NULL);
     }
     if (em_sym_contiguous_strides(ag->env, ss, (uint32_t)m->ndim, ss + m->ndim) < 0)
-        return ag_fail(ag, "symbolic sizes: %s", em_sym_error_text(em_sym_env_error(ag->env))), 1;
+        return ag_fail_sym(ag, "%s", em_sym_error_text(em_sym_env_error(ag->env))), 1;
     m->sym_sizes = any ? ss : NULL;
     m->sym_strides = any ? ss + m->ndim : NULL;
     return 1;
@@ -1029,7 +1047,7 @@ static int sym_meta(AG *ag, IRKind kind, PyObject *target, const IRArg *args, ui
         if (i < 0) i += (long)t->nitems;
         if (PyErr_Occurred() || i < 0 || i >= (long)t->nitems || t->items[i].kind != m->kind) {
             PyErr_Clear();
-            return ag_fail(ag, "symbolic sizes: an item of a tuple");
+            return ag_fail_sym(ag, "an item of a tuple");
         }
         m->sym_sizes = t->items[i].sym_sizes;
         m->sym_strides = t->items[i].sym_strides;
@@ -1081,7 +1099,7 @@ static int sym_meta(AG *ag, IRKind kind, PyObject *target, const IRArg *args, ui
     }
     if (PyTuple_GET_ITEM(r, 2) != Py_None) {
         PyObject *qn = em_ir_target_qualname(target);
-        rc = ag_fail(ag, "symbolic sizes: torch runs %S only on concrete sizes (%S)", qn ? qn : Py_None,
+        rc = ag_fail_sym(ag, "torch runs %S only on concrete sizes (%S)", qn ? qn : Py_None,
                      PyTuple_GET_ITEM(r, 2));
         Py_XDECREF(qn);
         goto out;
@@ -1096,7 +1114,7 @@ static int sym_meta(AG *ag, IRKind kind, PyObject *target, const IRArg *args, ui
             PyObject *qn = em_ir_target_qualname(target);
             char buf[256] = "?";
             if (c) em_sym_render(ag->env, c, SYM_STYLE_SYMBOLS, buf, sizeof buf);
-            rc = ag_fail(ag, "symbolic sizes: %S relies on %s, which the entry's guards do not check%s",
+            rc = ag_fail_sym(ag, "%S relies on %s, which the entry's guards do not check%s",
                          qn ? qn : Py_None, buf, em_autograd_sym_guards ? " (nor hold)" : "");
             Py_XDECREF(qn);
             goto out;
@@ -1259,7 +1277,7 @@ static bool dims_symbolic(const AG *ag, const IRMeta *m, int32_t from);
 
 /* The sizes of m as a constant tuple; for a symbolic m the region fails (shape_arg reads them). */
 static IRArg shape_const(AG *ag, const IRMeta *m) {
-    if (dims_symbolic(ag, m, 0)) return ag_fail(ag, "symbolic sizes: a rule reads a symbolic shape as numbers"), arg_node(0);
+    if (dims_symbolic(ag, m, 0)) return ag_fail_sym(ag, "a rule reads a symbolic shape as numbers"), arg_node(0);
     PyObject *t = PyTuple_New(m->ndim);
     for (int32_t i = 0; t && i < m->ndim; i++) {
         PyObject *v = PyLong_FromLongLong(m->sizes[i]);
@@ -1271,8 +1289,6 @@ static IRArg shape_const(AG *ag, const IRMeta *m) {
     }
     return arg_const_steal(ag, t);
 }
-
-static const IRMeta *jmeta(const AG *ag, IRRef r) { return &em_ir_node(ag->j, r)->meta; }
 
 /* The size of dim d of joint value x as an argument: a constant, or (symbolic) the int of an
  * aten.sym_size.int(x, d) node, made once per (x, d) in the forward (the partitioner saves the int
@@ -1695,7 +1711,7 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
         /* helpers that read sizes as numbers: only static ones */
         for (uint32_t k = 0; k < nargs; k++)
             if (args[k].kind == IRARG_NODE && dims_symbolic(ag, jmeta(ag, args[k].u.ref), 0)) {
-                ag_fail(ag, "symbolic sizes: %s reads a symbolic size", fname);
+                ag_fail_sym(ag, "%s reads a symbolic size", fname);
                 return arg_node(0);
             }
     }
@@ -1821,7 +1837,7 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
     if (!strcmp(fname, "flat2")) {
         const IRMeta *m = jmeta(ag, args[0].u.ref);
         if (dims_symbolic(ag, m, m->ndim - 1)) {
-            ag_fail(ag, "symbolic sizes: flat2 of a symbolic last dim");
+            ag_fail_sym(ag, "flat2 of a symbolic last dim");
             return arg_node(0);
         }
         PyObject *shape = Py_BuildValue("(iL)", -1, (long long)(m->ndim ? m->sizes[m->ndim - 1] : 1));
@@ -2331,7 +2347,7 @@ static int basic_index_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx) {
         before.u.items = em_arena_alloc(ag->a, (size_t)(st->nd + 1) * sizeof(IRArg));
         if (!before.u.items) return PyErr_NoMemory(), ag_fail_exc(ag);
         for (int d = 0; d < st->nd; d++) {
-            if (st->org[d] == -2) return ag_fail(ag, "symbolic sizes: a step after a part of a symbolic dim");
+            if (st->org[d] == -2) return ag_fail_sym(ag, "a step after a part of a symbolic dim");
             before.u.items[d] = st->org[d] >= 0 ? size_arg(ag, ag->fmap[self], st->org[d])
                                                 : arg_const_steal(ag, PyLong_FromLongLong(st->sizes[d]));
             if (arg_bad(&before.u.items[d])) return -1;
@@ -2581,7 +2597,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
     IRRef g = ag->grad[n];
     const IRMeta *selfm = NULL;
     if (ag->env && b->rule->special == SP_GROUP_NORM)
-        return ag_fail(ag, "symbolic sizes: the derivative of %s reads sizes as numbers", node->name);
+        return ag_fail_sym(ag, "the derivative of %s reads sizes as numbers", node->name);
     switch (b->rule->special) {
     case SP_SPLIT: return split_backward(ag, n, b);
     case SP_EINSUM: return einsum_backward(ag, n, b);
@@ -2685,7 +2701,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             if (d < 0) d += selfm->ndim;
             if (s < 0 && d >= 0 && d < selfm->ndim && dims_symbolic(ag, selfm, 0) && selfm->sym_sizes &&
                 !em_sym_is_const(ag->env, selfm->sym_sizes[d], NULL))
-                return ag_fail(ag, "symbolic sizes: narrow from the end of a symbolic dim");
+                return ag_fail_sym(ag, "narrow from the end of a symbolic dim");
             if (s < 0) s += selfm->sizes[d];
             IRArg a[6] = {arg_node(g), shape_arg(ag, ag->fmap[self.u.ref], 0), arg_const_steal(ag, PyLong_FromLongLong(d)),
                           arg_const_steal(ag, PyLong_FromLongLong(s)), arg_const_steal(ag, PyLong_FromLongLong(s + l)),
@@ -2891,7 +2907,7 @@ static int backward_special(AG *ag, IRRef n, const Bind *b) {
             if (!t || !em_arena_hold_steal(ag->a, t)) return ag_fail_exc(ag);
             const IRMeta *qm = val_meta(ag, &q), *km = val_meta(ag, &k);
             if (dims_symbolic(ag, qm, 0) || dims_symbolic(ag, km, 0))
-                return ag_fail(ag, "symbolic sizes: flash attention's backward takes the sequence lengths as numbers");
+                return ag_fail_sym(ag, "flash attention's backward takes the sequence lengths as numbers");
             /* dense inputs: cum_seq_q/k are undefined, max_q/max_k the sequence lengths (attention.cu) */
             IRArg a[14] = {arg_node(g), map_arg(ag, &q), map_arg(ag, &k), map_arg(ag, &v), out, arg_node(ag->aux[n][0]),
                            none, none, arg_const_steal(ag, PyLong_FromLongLong(qm->sizes[qm->ndim - 2])),
@@ -3134,12 +3150,12 @@ static IRRef forward_rewrite(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     ag->cur_role = ROLE_FWD;
     if (ag->env && b->rule->special == SP_GROUP_NORM)
-        return ag_fail(ag, "symbolic sizes: group_norm's native op takes sizes as numbers"), 0;
+        return ag_fail_sym(ag, "group_norm's native op takes sizes as numbers"), 0;
     if (ag->env && b->rule->special == SP_SDPA) { /* the kernel choice reads the head dim */
         IRArg q = bval(b, "query"), k = bval(b, "key");
         const IRMeta *qm = val_meta(ag, &q), *km = val_meta(ag, &k);
         if (!qm || !km || dims_symbolic(ag, qm, qm->ndim - 1))
-            return ag_fail(ag, "symbolic sizes: attention reads the head dim as a number"), 0;
+            return ag_fail_sym(ag, "attention reads the head dim as a number"), 0;
     }
     switch (b->rule->special) {
     case SP_VALSEL: { /* the tuple as the user's op makes it, and its indices for the backward */
@@ -3838,7 +3854,7 @@ static PyObject *config_attr(const char *name, double dflt) {
 static PyObject *fallback_result(const IRGraph *g, AG *ag, int *is_eager_graph, PyObject **info) {
     *is_eager_graph = 1;
     *info = Py_BuildValue("{s:O}", "fallback", ag->reason ? ag->reason : Py_None);
-    if (!*info) return NULL;
+    if (!*info || (ag->sym_fail && PyDict_SetItemString(*info, "per_size", Py_True) < 0)) return NULL;
     return em_eager_graph_new(g);
 }
 
@@ -4071,7 +4087,7 @@ static PyObject *compile_split(AG *ag, const uint8_t *U, PyObject *reasons, PyOb
                 Py_DECREF(lay);
                 Py_DECREF(fn);
                 Py_XDECREF(sinfo);
-                ag_fail(ag, "symbolic sizes: a step of a split region reads a value of a layout that is not dense");
+                ag_fail_sym(ag, "a step of a split region reads a value of a layout that is not dense");
                 goto done;
             }
             if (lay == Py_None) {
@@ -5650,6 +5666,7 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
             if (why) { /* updates were functionalized but the region runs eagerly: the user's graph, with
                         * its in-place ops (and eager's errors) */
                 ag.reason = Py_NewRef(why);
+                ag.sym_fail = PyDict_GetItemString(*info, "per_size") != NULL;
                 Py_CLEAR(result);
                 Py_CLEAR(*info);
                 Py_DECREF(names);

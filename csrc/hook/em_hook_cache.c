@@ -723,13 +723,11 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
             goto error;
         }
         PyObject *why = eg && info && PyDict_Check(info) ? PyDict_GetItemString(info, "fallback") : NULL;
-        /* a reason a static trace would meet too (an input returned as an output, an in-place
-         * update autograd needs) keeps the symbolic graph on eager autograd: a trace per size would
-         * only compile the same fallback again, size after size */
-        bool sizes_matter = why && PyUnicode_Check(why) &&
-                            (PyUnicode_Find(why, em_str("symbolic"), 0, PY_SSIZE_T_MAX, 1) >= 0 ||
-                             PyUnicode_Tailmatch(why, em_str("derivative of"), 0, PY_SSIZE_T_MAX, -1) == 1);
-        PyErr_Clear();
+        /* only a fallback for the sizes being symbolic ("per_size", csrc/autograd's ag_fail_sym) is
+         * traced per size: another (an input returned as an output, an in-place update autograd
+         * needs) keeps the symbolic graph on eager autograd, as a trace per size would only compile
+         * the same fallback again, size after size */
+        bool sizes_matter = why && PyDict_GetItemString(info, "per_size");
         if (sizes_matter && cfg->dynamic < 0) {
             sym_why = PyUnicode_FromFormat("traced per size: no symbolic training region (%S)", why);
             Py_DECREF(c);

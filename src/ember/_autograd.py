@@ -36,7 +36,10 @@ class CompiledRegion(torch.autograd.Function):
         if graphs is None:
             if plan.saved_ints:  # symbolic sizes the backward reads: ints, kept apart from the tensors
                 ctx.saved_ints = [saved[i] for i in plan.saved_ints]
-                saved = [t for i, t in enumerate(saved) if i not in plan.saved_ints]
+                if plan.saved_tensors is None:
+                    ints = set(plan.saved_ints)
+                    plan.saved_tensors = tuple(i for i in range(len(saved)) if i not in ints)
+                saved = [saved[i] for i in plan.saved_tensors]
             ctx.save_for_backward(*saved)
         else:
             # the saved tensors live in ctx.holder, which the next replay may copy out. Saved with
@@ -118,7 +121,7 @@ class CompiledRegion(torch.autograd.Function):
 
 class _Plan:
     __slots__ = ("fwd", "bwd", "bwd_boxed", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides",
-                 "grad_deps", "maybe_same", "unview", "graphs", "saved_ints")
+                 "grad_deps", "maybe_same", "unview", "graphs", "saved_ints", "saved_tensors")
 
 
 def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None, grad_deps=None,
@@ -159,6 +162,7 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     plan.grad_inputs, plan.tangents, plan.nondiff = tuple(grad_inputs), tuple(tangents), tuple(nondiff)
     plan.strides = None if strides is None else tuple(None if s is None else tuple(s) for s in strides)
     plan.saved_ints = tuple(saved_ints)
+    plan.saved_tensors = None  # positions of the saved tensors, when there are ints: found on the first call
     plan.grad_deps = tuple(tuple(d) for d in grad_deps) if grad_deps is not None else ((),) * len(plan.grad_inputs)
     plan.maybe_same = tuple(tuple(p) for p in maybe_same)
     plan.unview = tuple(unview)
