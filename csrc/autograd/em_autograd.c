@@ -1349,6 +1349,29 @@ static IRArg shape_arg(AG *ag, IRRef x, int32_t from) {
     return t;
 }
 
+
+/* Is numel(a) / numel(b) the same number for every size: b's symbolic dims cancel against equal
+ * ones of a and what is left is static (mean over a static dim, [4, s0, 64] over [4, s0, 1])? */
+static bool numel_ratio_const(AG *ag, const IRMeta *a, const IRMeta *b) {
+    if (a->ndim > 64) return false;
+    uint64_t used = 0;
+    for (int32_t i = 0; i < b->ndim; i++) {
+        uint32_t sb = em_sym_simplify(ag->env, dim_sym(ag, b, i));
+        if (em_sym_is_const(ag->env, sb, NULL)) continue;
+        bool found = false;
+        for (int32_t j = 0; j < a->ndim && !found; j++)
+            if (!((used >> j) & 1) && em_sym_simplify(ag->env, dim_sym(ag, a, j)) == sb) {
+                used |= 1ull << j;
+                found = true;
+            }
+        if (!found) return false;
+    }
+    for (int32_t j = 0; j < a->ndim; j++)
+        if (!((used >> j) & 1) && !em_sym_is_const(ag->env, em_sym_simplify(ag->env, dim_sym(ag, a, j)), NULL))
+            return false;
+    return true;
+}
+
 /* The number of elements of joint value x as an argument: a constant, or (symbolic) the int of an
  * x.numel() node in the forward. */
 static IRArg numel_arg(AG *ag, IRRef x) {
@@ -1379,7 +1402,8 @@ static IRRef reduce_to(AG *ag, IRRef gi, IRRef gref) {
                                                        em_sym_simplify(ag->env, want->sym_sizes[i]);
     if (!same && ag->env && m->ndim >= want->ndim && m->ndim <= 64) {
         /* symbolic: sum_to_size as the reduction it is (sum over the leading dims and the dims the
-         * value broadcast from 1, then squeeze the leading ones), which ember's lowering fuses
+         * value broadcast from 1, then squeeze the leading ones: no squeeze when there are only
+         * leading ones), which ember's lowering fuses
          * where it cannot take sum_to_size of symbolic sizes; when a dim is neither the value's
          * own nor a static 1, sum_to_size below */
         int32_t lead = m->ndim - want->ndim, nd = 0;
@@ -1401,9 +1425,12 @@ static IRRef reduce_to(AG *ag, IRRef gi, IRRef gref) {
             nd += red;
         }
         if (ok && nd) {
-            IRArg a[3] = {arg_node(gi), arg_const_steal(ag, Py_NewRef(dims)), arg_const_steal(ag, Py_NewRef(Py_True))};
+            /* only the leading dims: one sum without keepdim (no squeeze, a view the graph would
+             * return: the lowering keeps returned views torch's) */
+            PyObject *keep = nd == lead ? Py_False : Py_True;
+            IRArg a[3] = {arg_node(gi), arg_const_steal(ag, Py_NewRef(dims)), arg_const_steal(ag, Py_NewRef(keep))};
             gi = emit_method(ag, "sum", a, 3);
-            if (gi && lead) {
+            if (gi && lead && nd != lead) {
                 IRArg q[2] = {arg_node(gi), arg_const_steal(ag, Py_NewRef(ldims))};
                 gi = emit_method(ag, "squeeze", q, 2);
             }
@@ -1803,9 +1830,8 @@ static IRArg eval_call(Eval *e, const char *fname, IRArg *args, uint32_t nargs, 
         const IRMeta *ma = jmeta(ag, args[0].u.ref), *mb = jmeta(ag, args[1].u.ref);
         for (int32_t i = 0; i < ma->ndim; i++) a *= ma->sizes[i];
         for (int32_t i = 0; i < mb->ndim; i++) b *= mb->sizes[i];
-        if (b && (dims_symbolic(ag, ma, 0) || dims_symbolic(ag, mb, 0))) { /* numel(a) // numel(b), ints of the
-                                                                             * forward (symbolic dims are >= 2:
-                                                                             * b == 0 is a static 0 dim) */
+        if (b && (dims_symbolic(ag, ma, 0) || dims_symbolic(ag, mb, 0)) && !numel_ratio_const(ag, ma, mb)) {
+            /* numel(a) // numel(b), ints of the forward (symbolic dims are >= 2: b == 0 is a static 0 dim) */
             IRArg na = numel_arg(ag, args[0].u.ref), nb = arg_bad(&na) ? na : numel_arg(ag, args[1].u.ref);
             if (arg_bad(&nb)) return arg_node(0);
             uint8_t role = ag->cur_role;

@@ -1043,6 +1043,28 @@ static int slice_item(PyObject *it, const LNode *src, int d, int64_t *len, int64
     return 0;
 }
 
+/* slice_item's shadows in a symbolic graph: the length, stride and offset added of x[start:stop:step]
+ * along dim d of src for every admitted size, with torch's clamping of the bounds as Min/Max
+ * (em_sym_slice: the tracer's expression for the length). -1 on failure. */
+static int slice_item_sym(LGraph *lg, PyObject *it, const LNode *src, int d, SymRef *len, SymRef *sst, SymRef *soff) {
+    ShapeEnv *env = lg->env;
+    Py_ssize_t start, stop, step;
+    if (PySlice_Unpack(it, &start, &stop, &step) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    SymRef n = src->ssizes[d];
+    /* constant bounds: em_sym_slice decides their signs without a guard */
+    if (step <= 0 || em_sym_slice(env, n, sk(lg, start), stop == PY_SSIZE_T_MAX ? SYM_NONE : sk(lg, stop), sk(lg, step),
+                                  len) != 0)
+        return -1;
+    SymRef a = start < 0 ? em_sym_add(env, n, sk(lg, start)) : sk(lg, start);
+    a = em_sym_min(env, em_sym_max(env, a, sk(lg, 0)), n);
+    *sst = em_sym_mul(env, src->sstrides[d], sk(lg, step));
+    *soff = em_sym_add(env, *soff, em_sym_mul(env, a, src->sstrides[d]));
+    return *len && *soff && *sst ? 0 : -1;
+}
+
 static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint32_t base);
 
 /* Does some node read IR node r through a view (view, reshape, getitem, transpose ...)? */
@@ -1425,14 +1447,9 @@ static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint3
                 if (env) soff = em_sym_add(env, soff, em_sym_mul(env, sv, src.sstrides[d]));
                 d++;
             } else {
-                if (env) {
-                    /* symbolic: the whole dim only (x[:, 0]); other slices are torch's */
-                    PySliceObject *sl = (PySliceObject *)it;
-                    if (sl->start != Py_None || sl->stop != Py_None || sl->step != Py_None) return 0;
-                }
                 if (k >= EM_LMAXDIM || slice_item(it, &src, d, &sizes[k], &st[k], &off) < 0) return 0;
-                ss[k] = src.ssizes[d];
-                sst[k++] = src.sstrides[d];
+                if (env && slice_item_sym(lg, it, &src, d, &ss[k], &sst[k], &soff) < 0) return 0;
+                k++;
                 d++;
             }
         }
@@ -1594,8 +1611,8 @@ static int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b 
  * for the dims in mask (elsewhere: fill, nothing read). Mask bits of size-1 dims are resolved here:
  * index 0 inside the range drops the bit; outside, the load is the fill constant. */
 static uint32_t mk_masked_load(Ctx *c, uint32_t buf, int32_t nd, const int64_t *sizes, int64_t offset,
-                               const int64_t *strides, uint32_t mask, const int64_t *lo, const int64_t *hi,
-                               double ffill, int64_t ifill) {
+                               const int64_t *strides, const SymRef *ss, SymRef soff, const SymRef *sst, uint32_t mask,
+                               const int64_t *lo, const int64_t *hi, double ffill, int64_t ifill) {
     LDtype dt = c->lg->bufs[buf].dtype;
     for (int d = 0; d < nd; d++) {
         if (!((mask >> d) & 1)) continue;
@@ -1603,7 +1620,7 @@ static uint32_t mk_masked_load(Ctx *c, uint32_t buf, int32_t nd, const int64_t *
         if (lo[d] <= 0 && hi[d] >= sizes[d]) mask &= ~(1u << d);
         else if (sizes[d] == 1) return mk_const(c, ffill, ifill, !em_ldt_is_float(dt), dt);
     }
-    uint32_t id = em_lower_load(c->lg, buf, nd, sizes, offset, strides, NULL, SYM_NONE, NULL, c->ir);
+    uint32_t id = em_lower_load(c->lg, buf, nd, sizes, offset, strides, ss, soff, sst, c->ir);
     if (!id || !mask) return id;
     LNode *n = NODE(c, id);
     n->lmask = mask;
@@ -1676,7 +1693,7 @@ static uint32_t lower_max_pool(Ctx *c, int sp, uint32_t x, const IRArg **slot) {
             if (hi[d] > m->sizes[d]) hi[d] = m->sizes[d];
             mask |= 1u << d;
         }
-        uint32_t v = mk_masked_load(c, src.buf, nd, m->sizes, off, strides, mask, lo, hi, -INFINITY, 0);
+        uint32_t v = mk_masked_load(c, src.buf, nd, m->sizes, off, strides, NULL, SYM_NONE, NULL, mask, lo, hi, -INFINITY, 0);
         if (!v) return 0;
         if (NODE(c, v)->op == LP_CONST) continue; /* this window position never lies inside */
         acc = acc ? mk_op(c, LP_MAX, R, R, acc, v, 0) : v;
@@ -1689,6 +1706,8 @@ static uint32_t lower_max_pool(Ctx *c, int sp, uint32_t x, const IRArg **slot) {
  * for bool with OR). The pieces must have the result's dtype (no promotion in the sum). */
 static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
     LDtype R = c->rdt;
+    LGraph *lg = c->lg;
+    ShapeEnv *env = lg->env;
     const IRMeta *m = &c->n->meta;
     const IRArg *ts = slot[0];
     int64_t dim = 0;
@@ -1696,6 +1715,11 @@ static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
     if (!ts || (ts->kind != IRARG_LIST && ts->kind != IRARG_TUPLE) || ts->n == 0 || ts->n > 16) return 0;
     if (slot[1] && get_int(slot[1], &dim) < 0) return 0;
     if (nd == 0 || norm_dim(dim, nd, &d) < 0) return 0;
+    /* symbolic: the pieces' extents along dim are the same for every size (the masks' bounds are
+     * numbers), the other dims are the result's */
+    SymRef mss[EM_LMAXDIM];
+    meta_shadows(lg, m, mss, NULL);
+    if (env && !em_sym_is_const(env, mss[d], NULL)) return 0;
     LPrim comb = R == LDT_BOOL ? LP_OR : LP_ADD;
     double ffill = -0.0;
     uint32_t acc = 0;
@@ -1707,30 +1731,35 @@ static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
         if (!l) return 0;
         LNode src = *NODE(c, l);
         int64_t strides[EM_LMAXDIM], lo[EM_LMAXDIM] = {0}, hi[EM_LMAXDIM] = {0}, piece;
+        SymRef sst[EM_LMAXDIM];
         if (stack) {
             if (src.ndim != nd - 1) return 0;
             for (int e = 0, k = 0; e < nd; e++) {
                 if (e == d) {
                     strides[e] = 0;
+                    sst[e] = sk(lg, 0);
                     continue;
                 }
-                if (src.sizes[k] != m->sizes[e]) return 0;
+                if (!em_lower_same(lg, src.sizes[k], src.ssizes[k], m->sizes[e], mss[e])) return 0;
+                sst[e] = src.sstrides[k];
                 strides[e] = src.strides[k++];
             }
             piece = 1;
         } else {
-            if (src.ndim != nd) return 0;
+            if (src.ndim != nd || (env && !em_sym_is_const(env, src.ssizes[d], NULL))) return 0;
             for (int e = 0; e < nd; e++) {
-                if (e != d && src.sizes[e] != m->sizes[e]) return 0;
+                if (e != d && !em_lower_same(lg, src.sizes[e], src.ssizes[e], m->sizes[e], mss[e])) return 0;
                 strides[e] = src.strides[e];
+                sst[e] = src.sstrides[e];
             }
             piece = src.sizes[d];
         }
         if (piece == 0) continue;
         lo[d] = start;
         hi[d] = start + piece;
-        uint32_t v = mk_masked_load(c, src.buf, nd, m->sizes, src.offset - start * strides[d], strides, 1u << d, lo, hi,
-                                    ffill, 0);
+        SymRef soff = env ? em_sym_sub(env, src.soffset, em_sym_mul(env, sk(lg, start), sst[d])) : SYM_NONE;
+        uint32_t v = mk_masked_load(c, src.buf, nd, m->sizes, src.offset - start * strides[d], strides, mss, soff, sst,
+                                    1u << d, lo, hi, ffill, 0);
         if (!v) return 0;
         acc = acc ? mk_op(c, comb, R, R, acc, v, 0) : v;
         start += piece;
@@ -1747,6 +1776,8 @@ static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
  * the torch op. */
 static uint32_t lower_slice_backward(Ctx *c, int select, const IRArg **slot) {
     LDtype R = c->rdt;
+    LGraph *lg = c->lg;
+    ShapeEnv *env = lg->env;
     const IRMeta *m = &c->n->meta;
     Opnd go;
     int64_t dim, start, end, step = 1;
@@ -1754,6 +1785,10 @@ static uint32_t lower_slice_backward(Ctx *c, int select, const IRArg **slot) {
     if (opnd(c, slot[0], &go) < 0 || go.kind != 1 || NODE(c, go.node)->dtype != R || get_int(slot[2], &dim) < 0 ||
         norm_dim(dim, nd, &d) < 0 || get_int(slot[3], &start) < 0)
         return 0;
+    /* symbolic: dim's extent is the same for every size (the mask's bounds are numbers) */
+    SymRef mss[EM_LMAXDIM], sst[EM_LMAXDIM];
+    meta_shadows(lg, m, mss, NULL);
+    if (env && !em_sym_is_const(env, mss[d], NULL)) return 0;
     if (select) {
         if (start < 0) start += m->sizes[d];
         end = start + 1;
@@ -1769,15 +1804,19 @@ static uint32_t lower_slice_backward(Ctx *c, int select, const IRArg **slot) {
     for (int e = 0, k = 0; e < nd; e++) {
         if (e == d) {
             if (!select && src.sizes[k] != end - start) return 0;
+            sst[e] = select ? sk(lg, 0) : src.sstrides[k];
             strides[e] = select ? 0 : src.strides[k++];
             continue;
         }
-        if (src.sizes[k] != m->sizes[e]) return 0;
+        if (!em_lower_same(lg, src.sizes[k], src.ssizes[k], m->sizes[e], mss[e])) return 0;
+        sst[e] = src.sstrides[k];
         strides[e] = src.strides[k++];
     }
     lo[d] = start;
     hi[d] = end;
-    return mk_masked_load(c, src.buf, nd, m->sizes, src.offset - start * strides[d], strides, 1u << d, lo, hi, 0.0, 0);
+    SymRef soff = env ? em_sym_sub(env, src.soffset, em_sym_mul(env, sk(lg, start), sst[d])) : SYM_NONE;
+    return mk_masked_load(c, src.buf, nd, m->sizes, src.offset - start * strides[d], strides, mss, soff, sst, 1u << d,
+                          lo, hi, 0.0, 0);
 }
 
 /* Tensor.to(dtype | device | device, dtype | other, non_blocking, copy=False): the result dtype is
@@ -1961,6 +2000,7 @@ static uint32_t cat_window(Ctx *c, const uint32_t *pieces, int np, int32_t d, in
         lo[d] = start - shift;
         hi[d] = start + piece - shift;
         uint32_t v = mk_masked_load(c, src.buf, nd, rsizes, src.offset - (start - shift) * src.strides[d], src.strides,
+                                    NULL, SYM_NONE, NULL,
                                     1u << d, lo, hi, -0.0, 0);
         if (!v) return 0;
         acc = acc ? mk_op(c, R == LDT_BOOL ? LP_OR : LP_ADD, R, R, acc, v, 0) : v;
@@ -2454,11 +2494,9 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
         return mk_op(c, LP_WHERE, R, R, le, mk_const(c, 0.0, 0, 0, R), g.node);
     }
     if (rule->kind == R_ACT_BACKWARD) return lower_act_backward(c, rule->prim, slot);
-    /* masked loads (pooling windows, cat pieces) and group_norm's regrouping have no shadows yet:
-     * in a symbolic graph they stay torch's */
-    if (c->lg->env && (rule->kind == R_CAT || rule->kind == R_MAX_POOL || rule->kind == R_GROUP_NORM ||
-                       rule->kind == R_DIFF || rule->kind == R_SLICE_BACKWARD))
-        return 0;
+    /* pooling windows, diff's pieces and group_norm's regrouping have no shadows yet: in a
+     * symbolic graph they stay torch's (cat and slice_backward mask a dim of fixed extent) */
+    if (c->lg->env && (rule->kind == R_MAX_POOL || rule->kind == R_GROUP_NORM || rule->kind == R_DIFF)) return 0;
     if (rule->kind == R_CAT) return lower_cat(c, rule->prim, slot);
     if (rule->kind == R_DIFF) return lower_diff(c, slot);
     if (rule->kind == R_SLICE_BACKWARD) return lower_slice_backward(c, rule->prim, slot);
@@ -3202,7 +3240,9 @@ static int shadows_ok(LGraph *lg, uint32_t n0, uint32_t b0) {
             if (!shadow_is(lg, n->ssizes[d], n->sizes[d])) return 0;
             if (n->op == LP_LOAD && !shadow_is(lg, n->sstrides[d], n->strides[d])) return 0;
         }
-        if (n->op == LP_LOAD && (n->lmask || n->nidx || !shadow_is(lg, n->soffset, n->offset))) return 0;
+        if (n->op == LP_LOAD && (n->nidx || !shadow_is(lg, n->soffset, n->offset))) return 0;
+        for (int d = 0; n->op == LP_LOAD && d < n->ndim; d++) /* a mask's bounds are numbers: its dim's too */
+            if (((n->lmask >> d) & 1) && !em_sym_is_const(lg->env, n->ssizes[d], NULL)) return 0;
         if (n->op == LP_CONST && n->sval && !shadow_is(lg, n->sval, (int64_t)n->fval)) return 0;
     }
     for (uint32_t i = b0; i < lg->nbufs; i++) {
@@ -3281,10 +3321,10 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
     }
     /* pass 1: rules; pass 2 (backwards): a view that is returned is itself extern, and so is every
      * view it is made from, so that torch makes the alias the user sees (users may rely on a view
-     * sharing memory with its base). A view that an extern call reads is lowered in a static
-     * graph: the scheduler hands the call a tensor with eager's sizes, strides and offset on the
-     * base's storage (the base's own tensor, a kernel output allocated in the view's layout, or one
-     * as_strided: need_tensor); in a symbolic graph it is extern too. */
+     * sharing memory with its base). A view that an extern call reads is lowered: the scheduler
+     * hands the call a tensor with eager's sizes, strides and offset on the base's storage (the
+     * base's own tensor, a kernel output allocated in the view's layout, or one as_strided whose
+     * arguments a symbolic graph computes per call: need_tensor). */
     const IRNode *outn = &g->nodes[g->output];
     for (IRRef r = 1; r < g->nnodes; r++) rules[r] = find_rule(&g->nodes[r], functional[r]);
     if (outn->nargs == 1) {
@@ -3299,7 +3339,7 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
         if (rules[r] && rules[r]->kind == R_SPLIT) /* a tuple: lowered only as the pieces its getitems take */
             ext[r] = lg->env || used_by_extern[r] || !only_getitems_read(g, r);
         else
-            ext[r] = !rules[r] || !meta_ok(&n->meta) || (alias && (lg->env ? used_by_extern[r] : returned[r]));
+            ext[r] = !rules[r] || !meta_ok(&n->meta) || (alias && returned[r]);
         /* live: the value is computed (an extern call or the output reads it, or a live node does).
          * A gather that is not (dead code the tracer kept: F.embedding may have effects for all it
          * knows) stays the torch call, which raises eager's error for a bad index: no kernel would

@@ -152,6 +152,7 @@ typedef struct LBuf {
     SymRef ssizes[EM_LMAXDIM], sstrides[EM_LMAXDIM]; /* symbolic shadows (SYM_NONE: static graph) */
     bool fresh;            /* EXTERN: the op returns a new tensor it does not alias (matmul ...) */
     int64_t offset;        /* VIEW: element offset from the base's first element */
+    SymRef soffset;        /* VIEW: its symbolic shadow (SYM_NONE: static graph) */
 } LBuf;
 
 /* What each IR node became. */

@@ -33,6 +33,47 @@ typedef struct {
     int8_t dim;           /* the dim eager's message names */
 } GatherCheck;
 
+/* Where a call of a symbolic graph's kernel or view finds this call's symbol values: in the
+ * sizes of the source tensors passed after its own arguments (SymSources), symbol src_sym[i] =
+ * size src_dim[i] of source argument src_arg[i] (-1: the argument, an int: a size the forward half
+ * of a training region saved). nsym: the env's symbol count (the values array). */
+typedef struct {
+    uint32_t nsym, nsrc, nsrcargs;
+    uint32_t *src_sym, *src_arg;
+    int32_t *src_dim;
+} SymIn;
+
+static void symin_free(SymIn *si) {
+    free(si->src_sym);
+    free(si->src_arg);
+    free(si->src_dim);
+    si->src_sym = si->src_arg = NULL;
+    si->src_dim = NULL;
+}
+
+/* sv[symbol] for this call from the source arguments src[0 .. nsrcargs). -1 with an exception
+ * (name: the kernel or view, for the message). */
+static int symin_read(const SymIn *si, PyObject *name, PyObject *const *src, int64_t *sv) {
+    for (uint32_t i = 0; i < si->nsrc; i++) {
+        if (si->src_dim[i] < 0) {
+            sv[si->src_sym[i]] = PyLong_AsLongLong(src[si->src_arg[i]]);
+            if (PyErr_Occurred()) return -1;
+            continue;
+        }
+        PyObject *sh = PyObject_GetAttr(src[si->src_arg[i]], em_str("shape"));
+        if (!sh) return -1;
+        if (!PyTuple_Check(sh) || si->src_dim[i] >= PyTuple_GET_SIZE(sh)) {
+            Py_DECREF(sh);
+            PyErr_Format(PyExc_SystemError, "ember %U: a size source is not a tensor of the expected rank", name);
+            return -1;
+        }
+        sv[si->src_sym[i]] = PyLong_AsLongLong(PyTuple_GET_ITEM(sh, si->src_dim[i]));
+        Py_DECREF(sh);
+        if (PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -54,15 +95,12 @@ typedef struct {
     EmCudaFn *cuda;       /* a CUDA kernel (em_runtime_cuda.c): launched instead of fn */
     PyObject *out_device; /* CUDA: the torch.device outputs are allocated on */
     /* symbolic sizes (sizes as kernel arguments): meta computes this call's layout from the
-     * symbols' values, read from the sizes of the source tensors passed after the inputs (and the
-     * donor): symbol src_sym[i] = size src_dim[i] of call argument src_arg[i] (-1: the argument, an
-     * int) */
+     * symbols' values (si: read from the source tensors passed after the inputs and the donor) */
     MetaFn meta;
     SymProg *mprog;       /* CUDA: the same layout as a program over sv (em_sym_exprs_compile), then
                              the row length and the farthest element (EmCudaCall) */
-    uint32_t nsym, nsrc, nsrcargs, nmeta;
-    uint32_t *src_sym, *src_arg;
-    int32_t *src_dim;
+    SymIn si;
+    uint32_t nmeta;
     int32_t out_ndim;
     int32_t *in_ndim;     /* per input: ndim of an extern result checked against m[], else -1 */
     int64_t threshold;    /* work from which the kernel runs in parallel (ember_set_threads) */
@@ -187,7 +225,7 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
     PyObject *fixbuf[KSTACK], **fixed = fixbuf, *out = NULL, *size = NULL, *stride = NULL, *outs = NULL;
     uint32_t nptr = k->nin + 1 + k->nextra;
     memset(fixbuf, 0, sizeof fixbuf);
-    if (k->nsym > KSTACK) sv = PyMem_Calloc(k->nsym, sizeof(int64_t));
+    if (k->si.nsym > KSTACK) sv = PyMem_Calloc(k->si.nsym, sizeof(int64_t));
     else memset(svbuf, 0, sizeof svbuf);
     if (k->nmeta > 4 * KSTACK) m = PyMem_Calloc(k->nmeta, sizeof(int64_t));
     if (nptr > KSTACK) {
@@ -199,23 +237,7 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
         goto done;
     }
     Py_ssize_t first_src = (Py_ssize_t)k->nin + (k->donor >= 0 && (uint32_t)k->donor >= k->nin);
-    for (uint32_t i = 0; i < k->nsrc; i++) {
-        if (k->src_dim[i] < 0) { /* an int input that is the symbol (a size a training region saved) */
-            sv[k->src_sym[i]] = PyLong_AsLongLong(args[first_src + k->src_arg[i]]);
-            if (PyErr_Occurred()) goto done;
-            continue;
-        }
-        PyObject *sh = PyObject_GetAttr(args[first_src + k->src_arg[i]], em_str("shape"));
-        if (!sh) goto done;
-        if (!PyTuple_Check(sh) || k->src_dim[i] >= PyTuple_GET_SIZE(sh)) {
-            Py_DECREF(sh);
-            PyErr_Format(PyExc_SystemError, "ember kernel %U: a size source is not a tensor of the expected rank", k->name);
-            goto done;
-        }
-        sv[k->src_sym[i]] = PyLong_AsLongLong(PyTuple_GET_ITEM(sh, k->src_dim[i]));
-        Py_DECREF(sh);
-        if (PyErr_Occurred()) goto done;
-    }
+    if (symin_read(&k->si, k->name, args + first_src, sv) < 0) goto done;
     if (!k->mprog) {
         k->meta(sv, m);
     } else if (em_sym_exprs_eval(k->mprog, sv, m) < 0) {
@@ -338,7 +360,7 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if ((kwnames && PyTuple_GET_SIZE(kwnames)) ||
         n != (Py_ssize_t)k->nin + (k->donor >= 0 && (uint32_t)k->donor >= k->nin) +
-                 (k->meta || k->mprog ? 0 : (Py_ssize_t)k->nextra) + (Py_ssize_t)k->nsrcargs) {
+                 (k->meta || k->mprog ? 0 : (Py_ssize_t)k->nextra) + (Py_ssize_t)k->si.nsrcargs) {
         PyErr_Format(PyExc_TypeError, "ember kernel %U: wrong arguments", k->name);
         return NULL;
     }
@@ -421,9 +443,7 @@ static void kernel_dealloc(PyObject *self) {
     Py_XDECREF(k->out_device);
     em_cuda_fn_free(k->cuda);
     em_sym_prog_free(k->mprog);
-    free(k->src_sym);
-    free(k->src_arg);
-    free(k->src_dim);
+    symin_free(&k->si);
     free(k->in_ndim);
     for (uint32_t e = 0; k->extra_dtype && e < k->nextra; e++) Py_XDECREF(k->extra_dtype[e]);
     free(k->extra_dtype);
@@ -481,7 +501,8 @@ static PyType_Spec kernel_spec = {
  * offset when none is given (torch/_torch_docs.py), so offset 0 costs no storage_offset() read.
  * A base that is an extern's result is first checked against the layout its meta promised (the
  * strides were computed from it) and copied into that layout when torch chose another, as the
- * kernels do with what they read. */
+ * kernels do with what they read. In a symbolic graph whose view depends on the sizes, prog
+ * computes them per call (view_call_symbolic). */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -494,6 +515,12 @@ typedef struct {
     bool input_base;         /* the base is a graph input */
     PyObject *cache_base, *cache_view;
     void *cache_ptr;
+    /* symbolic: prog evaluates (sizes, strides, offset, then an extern base's sizes and strides)
+     * from this call's symbols, read from the source tensors passed after the base (si); size,
+     * stride, offset and base_* are unused, and no view is cached */
+    SymProg *prog;
+    SymIn si;
+    int32_t ndim, base_ndim; /* base_ndim: an extern base's rank, else -1 */
 } View;
 
 static PyTypeObject *View_Type = NULL;
@@ -514,8 +541,67 @@ static PyObject *view_cached(View *v, PyObject *t) {
     return p == v->cache_ptr ? Py_NewRef(v->cache_view) : NULL;
 }
 
+/* t.as_strided(size, stride, t.storage_offset() + offset) */
+static PyObject *as_strided_at(PyObject *t, PyObject *size, PyObject *stride, int64_t offset) {
+    if (offset == 0) {
+        PyObject *a[3] = {t, size, stride};
+        return PyObject_VectorcallMethod(em_str("as_strided"), a, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    PyObject *so = PyObject_CallMethodNoArgs(t, em_str("storage_offset")), *r = NULL;
+    long long o = so ? PyLong_AsLongLong(so) : -1;
+    Py_XDECREF(so);
+    PyObject *off = (o == -1 && PyErr_Occurred()) ? NULL : PyLong_FromLongLong(o + offset);
+    if (off) {
+        PyObject *a[4] = {t, size, stride, off};
+        r = PyObject_VectorcallMethod(em_str("as_strided"), a, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(off);
+    }
+    return r;
+}
+
+/* A view of a symbolic graph: args are the base, then the symbols' source tensors. */
+static PyObject *view_call_symbolic(View *v, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 + (Py_ssize_t)v->si.nsrcargs) {
+        PyErr_Format(PyExc_TypeError, "ember view %U: wrong arguments", v->name);
+        return NULL;
+    }
+    int64_t svbuf[KSTACK], mbuf[4 * EM_LMAXDIM + 1], *sv = svbuf;
+    if (v->si.nsym > KSTACK && !(sv = PyMem_Calloc(v->si.nsym, sizeof(int64_t)))) return PyErr_NoMemory();
+    if (sv == svbuf) memset(svbuf, 0, sizeof svbuf);
+    PyObject *t = args[0], *fixed = NULL, *size = NULL, *stride = NULL, *r = NULL;
+    if (symin_read(&v->si, v->name, args + 1, sv) < 0) goto done;
+    if (em_sym_exprs_eval(v->prog, sv, mbuf) < 0) {
+        PyErr_Format(PyExc_RuntimeError, "ember view %U: a size expression overflows for these sizes", v->name);
+        goto done;
+    }
+    int32_t nd = v->ndim, bm = 2 * nd + 1;
+    if (v->base_ndim >= 0) { /* an extern's result: the layout its meta promised, else a copy into it */
+        int same = layout_is_m(t, v->base_ndim, mbuf + bm);
+        if (same < 0) goto done;
+        if (!same) {
+            PyObject *bs = em_int64_tuple(v->base_ndim, mbuf + bm);
+            PyObject *bst = bs ? em_int64_tuple(v->base_ndim, mbuf + bm + v->base_ndim) : NULL;
+            fixed = bst ? tensor_as(t, bs, bst) : NULL;
+            Py_XDECREF(bs);
+            Py_XDECREF(bst);
+            if (!fixed) goto done;
+            t = fixed;
+        }
+    }
+    size = em_int64_tuple(nd, mbuf);
+    stride = size ? em_int64_tuple(nd, mbuf + nd) : NULL;
+    if (stride) r = as_strided_at(t, size, stride, mbuf[2 * nd]);
+done:
+    Py_XDECREF(size);
+    Py_XDECREF(stride);
+    Py_XDECREF(fixed);
+    if (sv != svbuf) PyMem_Free(sv);
+    return r;
+}
+
 static PyObject *view_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     View *v = (View *)self;
+    if (v->prog && !(kwnames && PyTuple_GET_SIZE(kwnames))) return view_call_symbolic(v, args, PyVectorcall_NARGS(nargsf));
     if ((kwnames && PyTuple_GET_SIZE(kwnames)) || PyVectorcall_NARGS(nargsf) != 1) {
         PyErr_Format(PyExc_TypeError, "ember view %U: wrong arguments", v->name);
         return NULL;
@@ -528,20 +614,7 @@ static PyObject *view_vectorcall(PyObject *self, PyObject *const *args, size_t n
         if (d < 0) return NULL;
         if (d && !(t = fixed = tensor_as(t, v->base_size, v->base_stride))) return NULL;
     }
-    if (v->offset == 0) {
-        PyObject *a[3] = {t, v->size, v->stride};
-        r = PyObject_VectorcallMethod(em_str("as_strided"), a, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    } else {
-        PyObject *so = PyObject_CallMethodNoArgs(t, em_str("storage_offset"));
-        long long o = so ? PyLong_AsLongLong(so) : -1;
-        Py_XDECREF(so);
-        PyObject *off = (o == -1 && PyErr_Occurred()) ? NULL : PyLong_FromLongLong(o + v->offset);
-        if (off) {
-            PyObject *a[4] = {t, v->size, v->stride, off};
-            r = PyObject_VectorcallMethod(em_str("as_strided"), a, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-            Py_DECREF(off);
-        }
-    }
+    r = as_strided_at(t, v->size, v->stride, v->offset);
     Py_XDECREF(fixed);
     if (r && param) {
         char *p;
@@ -566,12 +639,15 @@ static void view_dealloc(PyObject *self) {
     Py_XDECREF(v->base_size);
     Py_XDECREF(v->base_stride);
     Py_XDECREF(v->name);
+    em_sym_prog_free(v->prog);
+    symin_free(&v->si);
     tp->tp_free(self);
     Py_DECREF(tp);
 }
 
 static PyObject *view_repr(PyObject *self) {
     View *v = (View *)self;
+    if (v->prog) return PyUnicode_FromFormat("<ember view %U: as_strided of this call's sizes>", v->name);
     return PyUnicode_FromFormat("<ember view %U: as_strided(%R, %R, +%lld)>", v->name, v->size, v->stride,
                                 (long long)v->offset);
 }
@@ -810,6 +886,26 @@ static void sym_sources_free(SymSources *s) {
     free(s->dim);
 }
 
+/* si for a kernel or view of a graph whose symbols come from srcs. -1 with an exception. */
+static int symin_set(SymIn *si, ShapeEnv *env, const SymSources *srcs) {
+    si->nsym = em_sym_nsymbols(env);
+    si->nsrc = srcs->nsym;
+    si->nsrcargs = srcs->n;
+    si->src_sym = malloc((srcs->nsym + 1) * sizeof(uint32_t));
+    si->src_arg = malloc((srcs->nsym + 1) * sizeof(uint32_t));
+    si->src_dim = malloc((srcs->nsym + 1) * sizeof(int32_t));
+    if (!si->src_sym || !si->src_arg || !si->src_dim) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (uint32_t i = 0; i < srcs->nsym; i++) {
+        si->src_sym[i] = srcs->sym[i];
+        si->src_arg[i] = srcs->which[i];
+        si->src_dim[i] = srcs->dim[i];
+    }
+    return 0;
+}
+
 /* The layout of a CUDA kernel's m[] as size expressions (EM_KMETA_*: work, elements, the output's
  * sizes and strides, each extern result's, the other outputs'; then the row length and the farthest element reached,
  * em_codegen_cuda_sym_exprs). out has room for cuda_meta_cap(s, k) entries; returns the count. */
@@ -864,25 +960,16 @@ static int kernel_set_symbolic(Kernel *ko, void *handle, const char *fname, cons
     } else {
         ko->meta = (MetaFn)dlsym(handle, mname);
     }
-    ko->nsym = em_sym_nsymbols(lg->env);
-    ko->nsrc = srcs->nsym;
-    ko->nsrcargs = srcs->n;
-    ko->src_sym = malloc((srcs->nsym + 1) * sizeof(uint32_t));
-    ko->src_arg = malloc((srcs->nsym + 1) * sizeof(uint32_t));
-    ko->src_dim = malloc((srcs->nsym + 1) * sizeof(int32_t));
     ko->in_ndim = malloc((k->nin + 1) * sizeof(int32_t));
     ko->extra_ndim = malloc((ko->nextra + 1) * sizeof(int32_t));
     ko->extra_dtype = calloc(ko->nextra + 1, sizeof(PyObject *));
-    if ((!ko->meta && !ko->mprog) || !ko->src_sym || !ko->src_arg || !ko->src_dim || !ko->in_ndim || !ko->extra_ndim ||
-        !ko->extra_dtype) {
-        if (!ko->meta && !ko->mprog) PyErr_Format(PyExc_RuntimeError, "ember: %s missing from the library", mname);
-        else PyErr_NoMemory();
+    if (!ko->meta && !ko->mprog) {
+        PyErr_Format(PyExc_RuntimeError, "ember: %s missing from the library", mname);
         return -1;
     }
-    for (uint32_t i = 0; i < srcs->nsym; i++) {
-        ko->src_sym[i] = srcs->sym[i];
-        ko->src_arg[i] = srcs->which[i];
-        ko->src_dim[i] = srcs->dim[i];
+    if (symin_set(&ko->si, lg->env, srcs) < 0 || !ko->in_ndim || !ko->extra_ndim || !ko->extra_dtype) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
     }
     ko->out_ndim = lg->bufs[k->args[k->nin]].ndim;
     uint32_t nm = EM_KMETA_OUT + 2 * (uint32_t)ko->out_ndim;
@@ -908,6 +995,46 @@ static int kernel_set_symbolic(Kernel *ko, void *handle, const char *fname, cons
 
 /* Marks the symbols the runtime's per-call expressions of every CUDA kernel read. -1 with an
  * exception (memory). */
+/* A VIEW buffer's layout as expressions: its sizes, strides and offset, then, over an extern's
+ * result, the base's sizes and strides (checked per call). Returns the count (at most
+ * 4 * EM_LMAXDIM + 1), 0 when every one is a constant (the view is made with fixed arguments). */
+static uint32_t view_exprs(const LGraph *lg, const LBuf *vb, SymRef *out) {
+    ShapeEnv *env = lg->env;
+    const LBuf *base = &lg->bufs[vb->index];
+    uint32_t n = 0;
+    for (int d = 0; d < vb->ndim; d++) out[n++] = vb->ssizes[d];
+    for (int d = 0; d < vb->ndim; d++) out[n++] = vb->sstrides[d];
+    out[n++] = vb->soffset ? vb->soffset : em_sym_const(env, vb->offset);
+    if (base->kind == LBUF_EXTERN) {
+        for (int d = 0; d < base->ndim; d++) out[n++] = base->ssizes[d];
+        for (int d = 0; d < base->ndim; d++) out[n++] = base->sstrides[d];
+    }
+    int sym = 0;
+    for (uint32_t i = 0; i < n && !sym; i++) sym = out[i] == SYM_NONE || em_sym_has_symbols(env, out[i]);
+    return sym ? n : 0;
+}
+
+/* Marks the symbols the symbolic views read (their per-call arguments). -1 on OOM. */
+static int mark_view_symbols(const Schedule *s, uint8_t *used) {
+    ShapeEnv *env = s->lg->env;
+    uint32_t ns = em_sym_nsymbols(env), *syms = malloc((ns + 1) * sizeof(uint32_t));
+    if (!syms) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    SymRef e[4 * EM_LMAXDIM + 1];
+    for (uint32_t st = 0; st < s->nsteps; st++) {
+        if (s->steps[st].kind != SSTEP_VIEW) continue;
+        uint32_t n = view_exprs(s->lg, &s->lg->bufs[s->steps[st].index], e);
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t m = e[i] == SYM_NONE ? 0 : em_sym_free_symbols(env, e[i], syms, ns);
+            for (uint32_t j = 0; j < m; j++) used[syms[j]] = 1;
+        }
+    }
+    free(syms);
+    return 0;
+}
+
 static int cuda_mark_meta_symbols(const Schedule *s, uint8_t *used) {
     ShapeEnv *env = s->lg->env;
     for (uint32_t ki = 0; ki < s->nkernels; ki++) {
@@ -1177,7 +1304,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         if (!src) goto done;
         if (lg->env) {
             /* the runtime's per-call expressions read symbols too: every one needs a source */
-            int srcs_ok = cuda_mark_meta_symbols(s, sym_used) == 0;
+            int srcs_ok = cuda_mark_meta_symbols(s, sym_used) == 0 && mark_view_symbols(s, sym_used) == 0;
             if (srcs_ok && sym_sources(g, lg->env, sym_used, &srcs) < 0) {
                 if (PyErr_Occurred()) goto done;
                 srcs_ok = 0;
@@ -1317,7 +1444,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                "operation): ran by the eager backend";
     } else if (!src) {
         goto done;
-    } else if (lg->env && sym_sources(g, lg->env, sym_used, &srcs) < 0) {
+    } else if (lg->env && (mark_view_symbols(s, sym_used) < 0 || sym_sources(g, lg->env, sym_used, &srcs) < 0)) {
         if (PyErr_Occurred()) goto done;
         swhy = "symbolic sizes: a symbol the kernels read is not the size of a graph input: ran by the eager backend";
     }
@@ -1549,11 +1676,35 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             vo->input_base = base->kind == LBUF_INPUT;
             vo->cache_base = vo->cache_view = NULL;
             vo->cache_ptr = NULL;
-            ninput_views += vo->input_base;
-            IRArg varg = {.kind = IRARG_NODE, .u.ref = p.buf_new[vb->index]};
+            vo->prog = NULL;
+            vo->si = (SymIn){0};
+            vo->ndim = vb->ndim;
+            vo->base_ndim = base->kind == LBUF_EXTERN ? base->ndim : -1;
+            SymRef ve[4 * EM_LMAXDIM + 1];
+            uint32_t nve = lg->env ? view_exprs(lg, vb, ve) : 0;
+            if (nve && (!(vo->prog = em_sym_exprs_compile(lg->env, ve, nve)) || symin_set(&vo->si, lg->env, &srcs) < 0)) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_RuntimeError, "ember: the size expressions of view %s: %s", g->nodes[vb->ir].name,
+                                 em_sym_error_text(em_sym_env_error(lg->env)));
+                Py_DECREF(vo);
+                goto done;
+            }
+            ninput_views += vo->input_base && !nve;
+            IRArg *vargs = em_arena_alloc(na, (1 + vo->si.nsrcargs) * sizeof(IRArg));
+            if (!vargs) {
+                Py_DECREF(vo);
+                PyErr_NoMemory();
+                goto done;
+            }
+            vargs[0] = (IRArg){.kind = IRARG_NODE, .u.ref = p.buf_new[vb->index]};
+            for (uint32_t q = 0; q < vo->si.nsrcargs; q++) /* the tensors whose sizes are the symbols */
+                vargs[1 + q] = (IRArg){.kind = IRARG_NODE, .u.ref = p.ir_new[g->inputs[srcs.input[q]]]};
+            vo->input_base = vo->input_base && !nve; /* a symbolic view is not cached */
             IRRef r = 0;
             if (vo->size && vo->stride && vo->name && (base->kind != LBUF_EXTERN || (vo->base_size && vo->base_stride))) {
-                r = varg.u.ref ? em_ir_call(p.ng, IR_CALL_FUNCTION, (PyObject *)vo, &varg, 1, NULL, NULL, 0, NULL) : 0;
+                r = vargs[0].u.ref ? em_ir_call(p.ng, IR_CALL_FUNCTION, (PyObject *)vo, vargs, 1 + vo->si.nsrcargs, NULL,
+                                                NULL, 0, NULL)
+                                   : 0;
                 if (!r && !PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: view of a buffer without a value");
             }
             if (r && PyList_Append(ext_list, vo->name) < 0) r = 0;
@@ -1607,9 +1758,9 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         Kernel *ko = PyObject_New(Kernel, Kernel_Type);
         if (!ko) goto done;
         ko->meta = NULL;
-        ko->nsym = ko->nsrc = ko->nsrcargs = ko->nmeta = 0;
-        ko->src_sym = ko->src_arg = NULL;
-        ko->src_dim = ko->in_ndim = NULL;
+        ko->si = (SymIn){0};
+        ko->nmeta = 0;
+        ko->in_ndim = NULL;
         ko->extra_ndim = NULL;
         ko->extra_dtype = NULL;
         ko->out_ndim = 0;
@@ -1731,7 +1882,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             args[nargs++].u.ref = er;
             p.buf_new[eb] = er;
         }
-        for (uint32_t q = 0; q < ko->nsrcargs; q++) { /* the tensors whose sizes are the symbols */
+        for (uint32_t q = 0; q < ko->si.nsrcargs; q++) { /* the tensors whose sizes are the symbols */
             args[nargs].kind = IRARG_NODE;
             args[nargs++].u.ref = p.ir_new[g->inputs[srcs.input[q]]];
         }

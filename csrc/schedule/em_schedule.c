@@ -471,30 +471,53 @@ static int layout_is(LGraph *lg, const LBuf *b, const IRMeta *m) {
     return 1;
 }
 
-/* Does LOAD ln see its buffer with the IR meta's sizes and (dims of size > 1) strides? */
-static int load_has_meta_layout(const LNode *ln, const IRMeta *m) {
+/* The IR meta's sizes and strides as expressions of a symbolic graph (SYM_NONE entries in a
+ * static one). */
+static void meta_sym_layout(LGraph *lg, const IRMeta *m, SymRef *ss, SymRef *sst) {
+    for (int d = 0; d < m->ndim; d++) {
+        ss[d] = sst[d] = SYM_NONE;
+        if (!lg->env) continue;
+        ss[d] = m->sym_sizes ? em_sym_simplify(lg->env, m->sym_sizes[d]) : em_sym_const(lg->env, m->sizes[d]);
+        sst[d] = m->sym_strides ? em_sym_simplify(lg->env, m->sym_strides[d]) : em_sym_const(lg->env, m->strides[d]);
+    }
+}
+
+/* Does LOAD ln see its buffer with the IR meta's sizes and (dims of size > 1) strides, for every
+ * size a symbolic graph admits (mss, msst: meta_sym_layout)? */
+static int load_has_meta_layout(LGraph *lg, const LNode *ln, const IRMeta *m, const SymRef *mss, const SymRef *msst) {
     if (ln->ndim != m->ndim) return 0;
-    for (int d = 0; d < ln->ndim; d++)
+    for (int d = 0; d < ln->ndim; d++) {
         if (ln->sizes[d] != m->sizes[d] || (ln->sizes[d] > 1 && ln->strides[d] != m->strides[d])) return 0;
+        if (lg->env && (!em_lower_same(lg, ln->sizes[d], ln->ssizes[d], m->sizes[d], mss[d]) ||
+                        (!is1(lg, ln->sizes[d], ln->ssizes[d]) &&
+                         !em_lower_same(lg, ln->strides[d], ln->sstrides[d], m->strides[d], msst[d]))))
+            return 0;
+    }
     return 1;
 }
 
-/* The VIEW buffer over buffer b with the meta's sizes and strides at element offset off (one per
- * distinct view: two extern calls reading the same view, or two equal views, share its tensor),
- * its step scheduled after b is produced. NONE on OOM. */
-static uint32_t view_buffer(Sched *c, uint32_t b, const IRMeta *m, int64_t off, IRRef r) {
+/* The VIEW buffer over buffer b with the meta's sizes and strides (mss, msst: their expressions in
+ * a symbolic graph) at element offset off (soff), one per distinct view: two extern calls reading
+ * the same view, or two equal views, share its tensor; its step scheduled after b is produced.
+ * NONE on OOM. */
+static uint32_t view_buffer(Sched *c, uint32_t b, const IRMeta *m, const SymRef *mss, const SymRef *msst, int64_t off,
+                            SymRef soff, IRRef r) {
     LGraph *lg = c->lg;
     for (uint32_t i = 0; i < lg->nbufs; i++) {
         const LBuf *v = &lg->bufs[i];
-        if (v->kind == LBUF_VIEW && v->index == b && v->offset == off && v->ndim == m->ndim &&
+        if (v->kind == LBUF_VIEW && v->index == b && v->offset == off && v->soffset == soff && v->ndim == m->ndim &&
             memcmp(v->sizes, m->sizes, m->ndim * sizeof(int64_t)) == 0 &&
-            memcmp(v->strides, m->strides, m->ndim * sizeof(int64_t)) == 0)
+            memcmp(v->strides, m->strides, m->ndim * sizeof(int64_t)) == 0 &&
+            memcmp(v->ssizes, mss, m->ndim * sizeof(SymRef)) == 0 && memcmp(v->sstrides, msst, m->ndim * sizeof(SymRef)) == 0)
             return i;
     }
     if (ensure_produced(c, b) < 0) return NONE;
-    LBuf vb = {.kind = LBUF_VIEW, .index = b, .dtype = lg->bufs[b].dtype, .ndim = m->ndim, .ir = r, .offset = off};
+    LBuf vb = {.kind = LBUF_VIEW, .index = b, .dtype = lg->bufs[b].dtype, .ndim = m->ndim, .ir = r, .offset = off,
+               .soffset = soff};
     memcpy(vb.sizes, m->sizes, m->ndim * sizeof(int64_t));
     memcpy(vb.strides, m->strides, m->ndim * sizeof(int64_t));
+    memcpy(vb.ssizes, mss, m->ndim * sizeof(SymRef));
+    memcpy(vb.sstrides, msst, m->ndim * sizeof(SymRef));
     uint32_t id = em_lower_buffer(lg, &vb);
     if (id == NONE || grow_bufs(c) < 0) return NONE;
     c->s->buf_output[id] = false;
@@ -505,7 +528,7 @@ static uint32_t view_buffer(Sched *c, uint32_t b, const IRMeta *m, int64_t off, 
 /* The tensor value of IR node r, available as a buffer (or as the extern's own slot). A lowered
  * value that is a LOAD with eager's layout (a view, dropout in eval, contiguous() of a contiguous
  * value, to() its own dtype) is passed as the buffer's tensor when it is the whole buffer, else,
- * in a static graph and for an extern call, as a VIEW buffer of it (view_buffer): the call sees
+ * for an extern call, as a VIEW buffer of it (view_buffer): the call sees
  * eager's sizes, strides and storage offset on the base's storage, as with torch's view ops, and a
  * result of the call that aliases its argument aliases the base as in eager. Anything else (a
  * computed value, a LOAD whose layout is not eager's) is materialized with eager's layout. */
@@ -541,9 +564,11 @@ static int need_tensor(Sched *c, IRRef r, int output) {
             return 0;
         }
     }
-    if (!lg->env && !output && s->ir_buf[r] == NONE && em_lnode_is_view(ln) &&
-        lg->bufs[ln->buf].kind != LBUF_INDEX && load_has_meta_layout(ln, m)) {
-        uint32_t vb = view_buffer(c, ln->buf, m, ln->offset, r);
+    SymRef mss[EM_LMAXDIM] = {0}, msst[EM_LMAXDIM] = {0};
+    meta_sym_layout(lg, m, mss, msst);
+    if (!output && s->ir_buf[r] == NONE && em_lnode_is_view(ln) && lg->bufs[ln->buf].kind != LBUF_INDEX &&
+        load_has_meta_layout(lg, ln, m, mss, msst)) {
+        uint32_t vb = view_buffer(c, ln->buf, m, mss, msst, ln->offset, lg->env ? ln->soffset : SYM_NONE, r);
         if (vb == NONE) return -1;
         s->ir_buf[r] = vb;
         return 0;
@@ -571,11 +596,6 @@ static int need_tensor(Sched *c, IRRef r, int output) {
         }
     }
     /* a buffer with eager's layout (the IR meta) */
-    SymRef mss[EM_LMAXDIM] = {0}, msst[EM_LMAXDIM] = {0};
-    for (int d = 0; lg->env && d < m->ndim; d++) {
-        mss[d] = m->sym_sizes ? em_sym_simplify(lg->env, m->sym_sizes[d]) : em_sym_const(lg->env, m->sizes[d]);
-        msst[d] = m->sym_strides ? em_sym_simplify(lg->env, m->sym_strides[d]) : em_sym_const(lg->env, m->strides[d]);
-    }
     uint32_t b = add_buffer(c, x, m->ndim, m->sizes, m->strides, mss, msst, r);
     if (b == NONE) return -1;
     if (materialize(c, x, b) < 0) return -1;

@@ -341,3 +341,82 @@ def test_column_reductions_in_symbolic_graphs():
     cf, n = run_sizes(g, lambda n: (torch.randn(3, n, 40),), [9, 2, 33])
     (info,) = assert_compiled(cf)
     assert n == 1 and "column form" in info["source"], info["source"][-1500:]
+
+
+def heads(x, w):
+    """A projection split into heads of 16, as attention does: (B, S, D) -> (B, H, S, 16)."""
+    b, s, _ = x.shape
+    return F.linear(x, w).view(b, s, -1, 16).transpose(1, 2)
+
+
+def test_views_read_by_extern_calls_are_views_of_this_calls_sizes():
+    """A view an extern call reads (the heads of a projection into matmul, slices of them) is one
+    as_strided of the base with eager's sizes, strides and offset computed for each call's sizes,
+    not a chain of torch view calls; the matmul's operands alias the projection as in eager."""
+    def f(x, w):
+        q = heads(x, w)
+        return q @ q.transpose(-1, -2), q[:, :, 1:] @ q[:, :, :-1].transpose(-1, -2), q[:, :, 2:-1:2] * 3
+
+    w = torch.randn(64, 64)
+    cf, n = run_sizes(f, lambda s: (torch.randn(4, s, 64), w), [24, 20, 17, 9], dynamic=None)
+    infos = assert_compiled(cf)
+    sym = infos[0]  # newest first: the symbolic entry
+    assert n == 2
+    ops = [x.rstrip("_0123456789") for x in sym["extern_list"]]
+    assert ops.count("linear") == 1 and ops.count("matmul") == 2, ops
+    assert sym["views"] == len(ops) - 3  # every other torch call is one as_strided view
+    assert "view" not in ops
+
+
+def test_cat_and_stack_along_a_static_dim_in_symbolic_graphs():
+    """cat / stack whose pieces have the same extent along the joined dim for every size (rotary
+    embeddings' rotate_half: cat((-x2, x1), -1)) are masked loads in one kernel, not torch calls."""
+    def f(x, w):
+        q = heads(x, w)
+        rot = torch.cat((-q[..., 8:], q[..., :8]), dim=-1)
+        return q * 0.5 + rot * 2, torch.stack((x[:, 1:], x[:, :-1]), dim=1).sum(1)
+
+    w = torch.randn(64, 64)
+    cf, n = run_sizes(f, lambda s: (torch.randn(3, s, 64), w), [12, 7, 10, 33], dynamic=None)
+    infos = assert_compiled(cf)
+    assert n == 2
+    assert [x for x in infos[0]["extern_list"] if x.startswith(("cat", "stack", "getitem"))] == []
+
+
+def test_slices_of_symbolic_dims():
+    """Slices of a symbolic dim (x[:, 1:], x[:, :-1], x[:, 2:-1:2], x[:, -3:], x[:, :5]) are loads
+    whose offsets and lengths are size expressions, with torch's clamping of the bounds as Min/Max
+    (x[:, :5] of 3 columns has 3), not torch calls."""
+    def f(x):
+        return x[:, 1:] - x[:, :-1], x[:, 2:-1:2].cos(), x[:, -3:] * 2, x[:, :5] + 1
+
+    cf, n = run_sizes(f, lambda s: (torch.randn(4, s),), [9, 12, 17, 3, 4], dynamic=None)
+    infos = assert_compiled(cf)
+    assert n == 2 and len(infos) == 2
+    assert infos[0]["extern_list"] == []
+
+
+def test_symbolic_training_region_rotary_and_mean_lower_whole():
+    """The backward of a symbolic training region: slice_backward of a static dim, mean over a static
+    dim (its element count is a number, not a size int of the forward) and the gradient of a weight
+    broadcast over leading dims (one sum, no squeeze) are all code-generated; gradients equal eager's."""
+    def f(x, w, g):
+        q = heads(x, w)
+        rot = torch.cat((-q[..., 8:], q[..., :8]), dim=-1)
+        y = (q + rot) * g
+        return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)).sum()
+
+    torch.manual_seed(0)
+    w0, g0 = torch.randn(64, 64), torch.randn(16)
+    cf = ember.compile(f, backend="ember")
+    for s in [12, 9, 14, 5]:
+        x = torch.randn(3, s, 64)
+        w1, g1 = w0.clone().requires_grad_(), g0.clone().requires_grad_()
+        w2, g2 = w0.clone().requires_grad_(), g0.clone().requires_grad_()
+        f(x, w1, g1).backward()
+        cf(x, w2, g2).backward()
+        torch.testing.assert_close((w2.grad, g2.grad), (w1.grad, g1.grad), rtol=1e-4, atol=1e-4)
+    e = ember.cache_info(cf)[0]
+    assert e["dynamic"] and "fallback" not in e["autograd"], e.get("autograd")
+    bw = [x.rstrip("_0123456789") for x in e["autograd"]["ember"]["backward"]["extern_list"]]
+    assert not {"slice_backward", "truediv", "squeeze", "expand", "cat"} & set(bw), bw
