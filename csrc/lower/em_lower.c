@@ -3325,6 +3325,7 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
      * hands the call a tensor with eager's sizes, strides and offset on the base's storage (the
      * base's own tensor, a kernel output allocated in the view's layout, or one as_strided whose
      * arguments a symbolic graph computes per call: need_tensor). */
+    lg->cuda = meta_as_cuda || lg->device >= 0;
     const IRNode *outn = &g->nodes[g->output];
     for (IRRef r = 1; r < g->nnodes; r++) rules[r] = find_rule(&g->nodes[r], functional[r]);
     if (outn->nargs == 1) {

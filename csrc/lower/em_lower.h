@@ -189,6 +189,8 @@ typedef struct LGraph {
     uint32_t nextern;      /* IR nodes left as extern calls */
     uint32_t nlowered;     /* IR nodes lowered */
     int32_t device;        /* -1: every tensor on the CPU; d >= 0: every tensor on CUDA device d */
+    bool cuda;             /* the CUDA code generator writes its kernels (device >= 0, or a CPU graph
+                              generated as CUDA for the tests: meta_as_cuda) */
     ShapeEnv *env;         /* the IR graph's ShapeEnv when it has symbolic sizes (shadows), else NULL */
 } LGraph;
 

@@ -157,6 +157,42 @@ static int collect(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, uint32
     return 0;
 }
 
+/* CUDA reduction kernels do not read masked loads (em_codegen_cuda.c): in the DAG list[0 .. n) of a
+ * reduction, the value made of masked loads that a kernel of its own computes first: the top of a
+ * chain of masked loads summed (the pieces of a cat: one kernel for the whole cat), or a masked
+ * load alone (slice_backward). 0 when the DAG has none; part: scratch of n bytes. */
+static uint32_t masked_top(const Sched *c, uint32_t x, const uint32_t *list, uint32_t n, uint8_t *part) {
+    const LGraph *lg = c->lg;
+    uint32_t top = 0;
+    for (uint32_t i = 0; i < n; i++) { /* ids ascend: inputs come first */
+        uint32_t y = list[i];
+        const LNode *ny = &lg->nodes[y];
+        part[i] = 0;
+        if (y == x || c->mat[y] != NONE) continue;
+        if (ny->op == LP_LOAD) {
+            part[i] = ny->lmask != 0;
+        } else if (ny->op == LP_ADD || ny->op == LP_OR) {
+            int both = 1;
+            for (int q = 0; q < 2 && both; q++) {
+                both = 0;
+                for (uint32_t j = 0; j < i; j++)
+                    if (list[j] == ny->in[q]) both = part[j];
+            }
+            part[i] = (uint8_t)both;
+        }
+    }
+    for (uint32_t i = n; i-- > 0 && !top;) {
+        if (!part[i]) continue;
+        int read_by_part = 0; /* a larger piece of the chain reads it */
+        for (uint32_t j = i + 1; j < n && !read_by_part; j++) {
+            const LNode *nj = &lg->nodes[list[j]];
+            read_by_part = part[j] && nj->op != LP_LOAD && (nj->in[0] == list[i] || nj->in[1] == list[i]);
+        }
+        if (!read_by_part) top = list[i];
+    }
+    return top;
+}
+
 static int materialize_internal(Sched *c, uint32_t y) {
     const LNode *ny = &c->lg->nodes[y];
     int64_t st[EM_LMAXDIM];
@@ -221,7 +257,8 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
     uint8_t *in_dag = em_arena_alloc(a, cap);
     uint32_t *list = em_arena_alloc(a, cap * sizeof(uint32_t));
     uint32_t *stack = em_arena_alloc(a, 3 * cap * sizeof(uint32_t) + 16);
-    if (!in_dag || !list || !stack) return -1;
+    uint8_t *part = em_arena_alloc(a, cap);
+    if (!in_dag || !list || !stack || !part) return -1;
     uint32_t n = 0;
     const LNode *root = &lg->nodes[x];
     uint32_t dom = 0; /* the reduction that fixes the domain, 0 = pointwise */
@@ -236,6 +273,13 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
             if (em_lprim_is_reduce(lg->nodes[y].op) && (y == x || c->mat[y] == NONE)) dom = y;
         }
         if (!dom) break;
+        if (lg->cuda) {
+            uint32_t t = masked_top(c, x, list, n, part);
+            if (t) {
+                if (materialize_internal(c, t) < 0) return -1;
+                continue;
+            }
+        }
         const LNode *dn = &lg->nodes[dom], *din = &lg->nodes[dn->in[0]];
         int fits = root->ndim == din->ndim &&
                    (same_shape(lg, root->ndim, root->sizes, root->ssizes, din->sizes, din->ssizes) ||

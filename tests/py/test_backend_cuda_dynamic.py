@@ -299,3 +299,42 @@ def test_gpu_reduce_overhead_keeps_working_with_dynamic_sizes():
         for n in (3, 5, 7, 3):
             x = _t((n, 64), device="cuda")
             torch.testing.assert_close(cf(x), fn(x))
+
+
+def _rotary_and_slices(x, w):
+    """cat of pieces of a fixed extent along a static dim (rotate_half), into a pointwise result and
+    into a row reduction, and slices of the symbolic dim (x[:, 1:], x[:, :-1])."""
+    q = x @ w
+    rot = torch.cat((-q[..., 8:], q[..., :8]), -1)
+    return rot * 2 + q, torch.cat((x[:, 1:], x[:, :-1]), -1).square().mean(-1), torch.stack((q, x), 1).amax(1)
+
+
+@needs_nvrtc
+def test_symbolic_masked_loads_source_compiles(monkeypatch):
+    """Masked loads (cat pieces) in symbolic kernels, and a cat a reduction reads computed by a kernel
+    of its own first (CUDA reduction kernels read no masked loads): no fallback, no torch call but
+    the matmul, and the source compiles."""
+    monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
+    cf = ember.compile(_rotary_and_slices, backend="ember")
+    w = _t((16, 16))
+    for s in (5, 7, 9):
+        cf(_t((3, s, 16)), w)
+    entries = ember.cache_info(cf)
+    info = entries[0]["ember"]
+    assert entries[0]["dynamic"] and "fallback" not in info, info.get("fallback")
+    ct = info["cuda_test"]
+    assert "fallback" not in ct, ct["fallback"]
+    assert [x for x in info["extern_list"] if not x.startswith("matmul")] == []
+    assert all(ln["symbolic"] for ln in ct["launch"])
+    assert ".target sm_90" in _C._nvrtc_compile(ct["source"], arch="compute_90").decode()
+
+
+@needs_gpu
+def test_gpu_symbolic_masked_loads_over_sizes():
+    cf = ember.compile(_rotary_and_slices, backend="ember")
+    w = _t((16, 16), device="cuda")
+    for s in (5, 7, 9, 2, 33):
+        x = _t((3, s, 16), device="cuda")
+        _check(cf(x, w), _rotary_and_slices(x, w))
+    entries = ember.cache_info(cf)
+    assert len(entries) == 2 and all("fallback" not in e["ember"] for e in entries)
