@@ -529,7 +529,9 @@ static void meta_sym_layout(LGraph *lg, const IRMeta *m, SymRef *ss, SymRef *sst
 /* Does LOAD ln see its buffer with the IR meta's sizes and (dims of size > 1) strides, for every
  * size a symbolic graph admits (mss, msst: meta_sym_layout)? */
 static int load_has_meta_layout(LGraph *lg, const LNode *ln, const IRMeta *m, const SymRef *mss, const SymRef *msst) {
-    if (ln->ndim != m->ndim) return 0;
+    if (ln->ndim != m->ndim || (lg->env && ln->soffset == SYM_NONE)) return 0;
+    for (int d = 0; lg->env && d < ln->ndim; d++) /* every expression known (the view's per-call arguments) */
+        if (mss[d] == SYM_NONE || msst[d] == SYM_NONE) return 0;
     for (int d = 0; d < ln->ndim; d++) {
         if (ln->sizes[d] != m->sizes[d] || (ln->sizes[d] > 1 && ln->strides[d] != m->strides[d])) return 0;
         if (lg->env && (!em_lower_same(lg, ln->sizes[d], ln->ssizes[d], m->sizes[d], mss[d]) ||
