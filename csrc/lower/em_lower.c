@@ -110,8 +110,7 @@ static int sdecide(LGraph *lg, SymOp op, SymRef a, SymRef b) {
     return em_sym_static_bool(lg->env, em_sym_cmp(lg->env, op, a, b));
 }
 
-/* The shadows of an IR meta's sizes / strides (constants where the meta is static). */
-static void meta_shadows(LGraph *lg, const IRMeta *m, SymRef *ss, SymRef *sst) {
+void em_lower_meta_shadows(LGraph *lg, const IRMeta *m, SymRef *ss, SymRef *sst) {
     for (int d = 0; d < m->ndim && d < EM_LMAXDIM; d++) {
         if (ss) ss[d] = !lg->env ? SYM_NONE : m->sym_sizes ? em_sym_simplify(lg->env, m->sym_sizes[d]) : sk(lg, m->sizes[d]);
         if (sst)
@@ -1257,7 +1256,7 @@ static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint3
     LNode src = *NODE(c, base);
     int64_t st[EM_LMAXDIM] = {0};
     SymRef mss[EM_LMAXDIM] = {0}, sst[EM_LMAXDIM] = {0};
-    meta_shadows(lg, m, mss, NULL);
+    em_lower_meta_shadows(lg, m, mss, NULL);
     switch (rule->kind) {
     case R_IDENTITY:
         return base;
@@ -1718,7 +1717,7 @@ static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
     /* symbolic: the pieces' extents along dim are the same for every size (the masks' bounds are
      * numbers), the other dims are the result's */
     SymRef mss[EM_LMAXDIM];
-    meta_shadows(lg, m, mss, NULL);
+    em_lower_meta_shadows(lg, m, mss, NULL);
     if (env && !em_sym_is_const(env, mss[d], NULL)) return 0;
     LPrim comb = R == LDT_BOOL ? LP_OR : LP_ADD;
     double ffill = -0.0;
@@ -1787,7 +1786,7 @@ static uint32_t lower_slice_backward(Ctx *c, int select, const IRArg **slot) {
         return 0;
     /* symbolic: dim's extent is the same for every size (the mask's bounds are numbers) */
     SymRef mss[EM_LMAXDIM], sst[EM_LMAXDIM];
-    meta_shadows(lg, m, mss, NULL);
+    em_lower_meta_shadows(lg, m, mss, NULL);
     if (env && !em_sym_is_const(env, mss[d], NULL)) return 0;
     if (select) {
         if (start < 0) start += m->sizes[d];
@@ -3196,7 +3195,7 @@ static int linear_bias_epilogue(Ctx *c, IRRef r) {
     const LNode *bn = NODE(c, bo.node);
     if (bn->dtype != R || bn->ndim != 1 || n->meta.ndim < 1 || n->meta.ndim > EM_LMAXDIM) return 0;
     LBuf b = {.kind = LBUF_EXTERN, .index = r, .dtype = R, .ndim = n->meta.ndim, .ir = r, .fresh = true};
-    meta_shadows(lg, &n->meta, b.ssizes, b.sstrides);
+    em_lower_meta_shadows(lg, &n->meta, b.ssizes, b.sstrides);
     if (!em_lower_same(lg, bn->sizes[0], bn->ssizes[0], n->meta.sizes[n->meta.ndim - 1], b.ssizes[b.ndim - 1])) return 0;
     uint32_t before = lg->nnodes, bbefore = lg->nbufs;
     memcpy(b.sizes, n->meta.sizes, b.ndim * sizeof(int64_t));
@@ -3392,7 +3391,7 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             }
             memcpy(b.sizes, n->meta.sizes, b.ndim * sizeof(int64_t));
             memcpy(b.strides, n->meta.strides, b.ndim * sizeof(int64_t));
-            meta_shadows(lg, &n->meta, b.ssizes, b.sstrides);
+            em_lower_meta_shadows(lg, &n->meta, b.ssizes, b.sstrides);
             uint32_t bi = em_lower_buffer(lg, &b);
             if (bi == UINT32_MAX) goto oom;
             v->lnode = em_lower_load(lg, bi, b.ndim, b.sizes, 0, b.strides, b.ssizes, sk(lg, 0), b.sstrides, r);
@@ -3415,7 +3414,7 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
                 /* symbolic: the result's shape equals the meta's for every admitted size, and every
                  * shadow the rule made is known and agrees with its hint */
                 SymRef mss[EM_LMAXDIM];
-                meta_shadows(lg, &n->meta, mss, NULL);
+                em_lower_meta_shadows(lg, &n->meta, mss, NULL);
                 for (int d = 0; ok && d < ln->ndim; d++)
                     ok = em_lower_same(lg, ln->sizes[d], ln->ssizes[d], n->meta.sizes[d], mss[d]);
                 ok = ok && shadows_ok(lg, before, bbefore);

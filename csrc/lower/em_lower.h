@@ -212,6 +212,9 @@ uint32_t em_lower_load(LGraph *lg, uint32_t b, int32_t ndim, const int64_t *size
 int em_lower_size_is1(LGraph *lg, int64_t hint, SymRef s);
 /* Are two sizes / strides equal for every admitted size? Static graphs: the hints. */
 bool em_lower_same(LGraph *lg, int64_t ha, SymRef a, int64_t hb, SymRef b);
+/* The shadows of an IR meta's sizes / strides (constants where the meta is static; SYM_NONE in a
+ * static graph); either output may be NULL. */
+void em_lower_meta_shadows(LGraph *lg, const IRMeta *m, SymRef *ss, SymRef *sst);
 /* Appends a buffer; UINT32_MAX on OOM. */
 uint32_t em_lower_buffer(LGraph *lg, const LBuf *b);
 /* The dtype of a torch.dtype object; -1 when the code generators do not handle it. */

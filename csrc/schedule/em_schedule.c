@@ -503,31 +503,20 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
  * graph: for every admitted size. */
 static int layout_is(LGraph *lg, const LBuf *b, const IRMeta *m) {
     if (b->ndim != m->ndim) return 0;
+    SymRef ms[EM_LMAXDIM], mst[EM_LMAXDIM];
+    em_lower_meta_shadows(lg, m, ms, mst);
     for (int d = 0; d < b->ndim; d++) {
         if (b->sizes[d] != m->sizes[d] || (b->sizes[d] > 1 && b->strides[d] != m->strides[d])) return 0;
         if (!lg->env) continue;
-        SymRef ms = m->sym_sizes ? em_sym_simplify(lg->env, m->sym_sizes[d]) : em_sym_const(lg->env, m->sizes[d]);
-        SymRef mst = m->sym_strides ? em_sym_simplify(lg->env, m->sym_strides[d]) : em_sym_const(lg->env, m->strides[d]);
-        if (!em_lower_same(lg, b->sizes[d], b->ssizes[d], m->sizes[d], ms)) return 0;
-        if (!is1(lg, b->sizes[d], b->ssizes[d]) && !em_lower_same(lg, b->strides[d], b->sstrides[d], m->strides[d], mst))
+        if (!em_lower_same(lg, b->sizes[d], b->ssizes[d], m->sizes[d], ms[d])) return 0;
+        if (!is1(lg, b->sizes[d], b->ssizes[d]) && !em_lower_same(lg, b->strides[d], b->sstrides[d], m->strides[d], mst[d]))
             return 0;
     }
     return 1;
 }
 
-/* The IR meta's sizes and strides as expressions of a symbolic graph (SYM_NONE entries in a
- * static one). */
-static void meta_sym_layout(LGraph *lg, const IRMeta *m, SymRef *ss, SymRef *sst) {
-    for (int d = 0; d < m->ndim; d++) {
-        ss[d] = sst[d] = SYM_NONE;
-        if (!lg->env) continue;
-        ss[d] = m->sym_sizes ? em_sym_simplify(lg->env, m->sym_sizes[d]) : em_sym_const(lg->env, m->sizes[d]);
-        sst[d] = m->sym_strides ? em_sym_simplify(lg->env, m->sym_strides[d]) : em_sym_const(lg->env, m->strides[d]);
-    }
-}
-
 /* Does LOAD ln see its buffer with the IR meta's sizes and (dims of size > 1) strides, for every
- * size a symbolic graph admits (mss, msst: meta_sym_layout)? */
+ * size a symbolic graph admits (mss, msst: em_lower_meta_shadows)? */
 static int load_has_meta_layout(LGraph *lg, const LNode *ln, const IRMeta *m, const SymRef *mss, const SymRef *msst) {
     if (ln->ndim != m->ndim || (lg->env && ln->soffset == SYM_NONE)) return 0;
     for (int d = 0; lg->env && d < ln->ndim; d++) /* every expression known (the view's per-call arguments) */
@@ -611,7 +600,7 @@ static int need_tensor(Sched *c, IRRef r, int output) {
         }
     }
     SymRef mss[EM_LMAXDIM] = {0}, msst[EM_LMAXDIM] = {0};
-    meta_sym_layout(lg, m, mss, msst);
+    em_lower_meta_shadows(lg, m, mss, msst);
     if (!output && s->ir_buf[r] == NONE && em_lnode_is_view(ln) && lg->bufs[ln->buf].kind != LBUF_INDEX &&
         load_has_meta_layout(lg, ln, m, mss, msst)) {
         uint32_t vb = view_buffer(c, ln->buf, m, mss, msst, ln->offset, lg->env ? ln->soffset : SYM_NONE, r);
