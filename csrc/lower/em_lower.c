@@ -1925,26 +1925,36 @@ static uint32_t index_table(LGraph *lg, int64_t len) {
     for (uint32_t i = 0; i < lg->nbufs; i++)
         if (lg->bufs[i].kind == LBUF_INDEX) {
             if (lg->bufs[i].sizes[0] < len) lg->bufs[i].sizes[0] = len;
+            if (lg->env) lg->bufs[i].ssizes[0] = sk(lg, lg->bufs[i].sizes[0]);
             return i;
         }
-    LBuf b = {.kind = LBUF_INDEX, .dtype = LDT_I64, .ndim = 1, .sizes = {len}, .strides = {1}};
+    /* its loads read their offset, never memory (SAccess.iota): the size is nominal, a constant
+     * shadow in a symbolic graph too */
+    LBuf b = {.kind = LBUF_INDEX, .dtype = LDT_I64, .ndim = 1, .sizes = {len}, .strides = {1},
+              .ssizes = {sk(lg, len)}, .sstrides = {sk(lg, 1)}};
     return em_lower_buffer(lg, &b);
 }
 
 /* arange(end) / arange(start, end[, step]) with Python numbers: start + step * i, i loaded from the
  * program's index table and computed in int64, then cast to the meta's dtype. Integer results;
  * float results only when every value is an integer the dtype holds exactly (ATen computes
- * start + step * i in double on the CPU and in float on CUDA: equal then). Static graphs. */
+ * start + step * i in double on the CPU and in float on CUDA: equal then). In a symbolic graph the
+ * end may be a size (integer results). */
 static uint32_t lower_arange(Ctx *c) {
     const IRNode *n = c->n;
     const IRMeta *m = &n->meta;
     LGraph *lg = c->lg;
-    if (lg->env || m->ndim != 1 || n->nargs < 1 || n->nargs > 3) return 0;
+    if (m->ndim != 1 || n->nargs < 1 || n->nargs > 3) return 0;
     double v[3] = {0, 0, 1};
     int allint = 1;
     for (uint32_t i = 0; i < n->nargs; i++) {
         Opnd o;
-        if (opnd(c, &n->args[i], &o) < 0 || o.kind != 2) return 0;
+        if (opnd(c, &n->args[i], &o) < 0) return 0;
+        /* symbolic: the end may be a size (arange(x.shape[1])): the length is the meta's
+         * expression; start and step are numbers */
+        int end = i == (n->nargs == 1 ? 0u : 1u);
+        if (o.kind == 4 && end && lg->env) o.kind = 2;
+        if (o.kind != 2) return 0;
         double x = o.isint ? (double)o.i : o.f;
         if (!o.isint) allint &= x == floor(x);
         if (fabs(x) > 9e15) return 0;
@@ -1965,6 +1975,10 @@ static uint32_t lower_arange(Ctx *c) {
     LDtype R = c->rdt;
     int64_t len = m->sizes[0], start = (int64_t)v[0], step = (int64_t)v[2];
     if (!allint || step == 0) return 0;
+    SymRef slen = SYM_NONE;
+    em_lower_meta_shadows(lg, m, &slen, NULL);
+    /* a symbolic length: integer results only (a float's exactness bound needs the length) */
+    if (lg->env && (slen == SYM_NONE || (!em_sym_is_const(lg->env, slen, NULL) && em_ldt_is_float(R)))) return 0;
     if (em_ldt_is_float(R)) {
         static const double exact[] = {[LDT_F32] = 16777216.0, [LDT_F64] = 9007199254740992.0, [LDT_F16] = 2048.0,
                                        [LDT_BF16] = 256.0};
@@ -1976,7 +1990,8 @@ static uint32_t lower_arange(Ctx *c) {
     uint32_t tb = index_table(lg, len);
     if (tb == UINT32_MAX) return 0;
     int64_t one = 1;
-    uint32_t i = em_lower_load(lg, tb, 1, &len, 0, &one, NULL, SYM_NONE, NULL, c->ir);
+    SymRef sone = sk(lg, 1);
+    uint32_t i = em_lower_load(lg, tb, 1, &len, 0, &one, &slen, sk(lg, 0), &sone, c->ir);
     if (!i) return 0;
     if (step != 1) i = mk_op(c, LP_MUL, LDT_I64, LDT_I64, i, mk_const(c, 0, step, 1, LDT_I64), 0);
     if (start != 0) i = mk_op(c, LP_ADD, LDT_I64, LDT_I64, i, mk_const(c, 0, start, 1, LDT_I64), 0);

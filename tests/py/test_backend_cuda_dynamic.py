@@ -303,17 +303,20 @@ def test_gpu_reduce_overhead_keeps_working_with_dynamic_sizes():
 
 def _rotary_and_slices(x, w):
     """cat of pieces of a fixed extent along a static dim (rotate_half), into a pointwise result and
-    into a row reduction, and slices of the symbolic dim (x[:, 1:], x[:, :-1])."""
+    into a row reduction, slices of the symbolic dim (x[:, 1:], x[:, :-1]), arange of the symbolic
+    size."""
     q = x @ w
     rot = torch.cat((-q[..., 8:], q[..., :8]), -1)
-    return rot * 2 + q, torch.cat((x[:, 1:], x[:, :-1]), -1).square().mean(-1), torch.stack((q, x), 1).amax(1)
+    pos = torch.arange(x.shape[1], device=x.device)[:, None]
+    return (rot * 2 + q, torch.cat((x[:, 1:], x[:, :-1]), -1).square().mean(-1), torch.stack((q, x), 1).amax(1),
+            q[0] + pos)
 
 
 @needs_nvrtc
 def test_symbolic_masked_loads_source_compiles(monkeypatch):
-    """Masked loads (cat pieces) in symbolic kernels, and a cat a reduction reads computed by a kernel
-    of its own first (CUDA reduction kernels read no masked loads): no fallback, no torch call but
-    the matmul, and the source compiles."""
+    """Masked loads (cat pieces) and the index table (arange) in symbolic kernels, and a cat a
+    reduction reads computed by a kernel of its own first (CUDA reduction kernels read no masked
+    loads): no fallback, no torch call but the matmul, and the source compiles."""
     monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
     cf = ember.compile(_rotary_and_slices, backend="ember")
     w = _t((16, 16))

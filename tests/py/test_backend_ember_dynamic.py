@@ -420,3 +420,20 @@ def test_symbolic_training_region_rotary_and_mean_lower_whole():
     assert e["dynamic"] and "fallback" not in e["autograd"], e.get("autograd")
     bw = [x.rstrip("_0123456789") for x in e["autograd"]["ember"]["backward"]["extern_list"]]
     assert not {"slice_backward", "truediv", "squeeze", "expand", "cat"} & set(bw), bw
+
+
+def test_arange_of_a_symbolic_size():
+    """arange whose end is a size (position ids, causal masks) reads the index table with a symbolic
+    length: no torch call for integer results; a float arange stays torch's (its exactness bound
+    needs the length)."""
+    def f(x):
+        n = x.shape[1]
+        p = torch.arange(n)
+        return x + p, (p[None, :] <= p[:, None]).float() * 2, torch.arange(2, n + 2, 3) * 2, torch.arange(
+            n, dtype=torch.float32) * x[0]
+
+    cf, n = run_sizes(f, lambda s: (torch.randn(3, s),), [5, 7, 9, 12, 2], dynamic=None)
+    infos = assert_compiled(cf)
+    assert n == 2 and len(infos) == 2
+    ops = [x.rstrip("_0123456789") for x in infos[0]["extern_list"]]
+    assert ops == ["arange"], ops  # the float one
