@@ -5788,9 +5788,8 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         }
         ag.role[tangent[k]] = ROLE_TANGENT;
     }
-    /* a seed per dropout (an upper bound); symbolic sizes: torch's RNG (the Philox lowering counts
-     * elements with a table of the static numel) */
-    if (ag.ember_halves && !ag.env && !em_config_bool("fallback_random", 0))
+    /* a seed per dropout (an upper bound) */
+    if (ag.ember_halves && !em_config_bool("fallback_random", 0))
         for (IRRef r = 1; r < G; r++) {
             const IRNode *n = em_ir_node(g, r);
             Bind b;

@@ -2366,7 +2366,7 @@ static uint32_t lower_philox_dropout(Ctx *c, const IRArg **slot) {
     Opnd x, sd;
     int64_t index;
     double p;
-    if (lg->env || opnd(c, slot[0], &x) < 0 || x.kind != 1 || opnd(c, slot[1], &sd) < 0 || sd.kind != 1 ||
+    if (opnd(c, slot[0], &x) < 0 || x.kind != 1 || opnd(c, slot[1], &sd) < 0 || sd.kind != 1 ||
         get_int(slot[2], &index) < 0 || get_double(slot[3], &p) < 0 || !(p > 0.0 && p < 1.0))
         return 0;
     LDtype R = c->rdt;
@@ -2376,13 +2376,19 @@ static uint32_t lower_philox_dropout(Ctx *c, const IRArg **slot) {
     if (!sl) return 0;
     LNode sn = *NODE(c, sl);
     if (sn.dtype != LDT_I64 || sn.ndim != 1 || index < 0 || index >= sn.sizes[0] || sn.lmask || sn.nidx) return 0;
+    /* symbolic sizes: the counter is the element's index in x's contiguous order for this call's
+     * sizes, as philox_dropout's eager implementation counts (the table's loads read no memory) */
     int64_t zero[EM_LMAXDIM] = {0}, st[EM_LMAXDIM];
-    uint32_t seed = em_lower_load(lg, sn.buf, xn.ndim, xn.sizes, sn.offset + index * sn.strides[0], zero, NULL,
-                                  SYM_NONE, NULL, c->ir);
+    SymRef szero[EM_LMAXDIM], sst[EM_LMAXDIM];
+    for (int d = 0; d < xn.ndim; d++) szero[d] = sk(lg, 0);
+    contiguous_sstrides(lg, xn.ndim, xn.ssizes, sst);
+    SymRef soff = lg->env ? em_sym_add(lg->env, sn.soffset, em_sym_mul(lg->env, sk(lg, index), sn.sstrides[0])) : SYM_NONE;
+    uint32_t seed = em_lower_load(lg, sn.buf, xn.ndim, xn.sizes, sn.offset + index * sn.strides[0], zero, xn.ssizes,
+                                  soff, szero, c->ir);
     uint32_t tb = index_table(lg, numel_of(xn.ndim, xn.sizes));
     if (!seed || tb == UINT32_MAX) return 0;
     contiguous_strides(xn.ndim, xn.sizes, st);
-    uint32_t ctr = em_lower_load(lg, tb, xn.ndim, xn.sizes, 0, st, NULL, SYM_NONE, NULL, c->ir);
+    uint32_t ctr = em_lower_load(lg, tb, xn.ndim, xn.sizes, 0, st, xn.ssizes, sk(lg, 0), sst, c->ir);
     uint32_t u = mk_op(c, LP_RAND, LDT_F32, LDT_I64, seed, ctr, 0);
     uint32_t keep = mk_op(c, LP_LT, LDT_BOOL, LDT_F32, u, mk_const(c, (double)(float)(1.0 - p), 0, 0, LDT_F32), 0);
     uint32_t noise = mk_op(c, LP_WHERE, R, R, keep, mk_const(c, round_to(1.0 / (1.0 - p), R), 0, 0, R),

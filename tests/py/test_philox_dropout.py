@@ -65,6 +65,33 @@ def test_kernels_equal_the_eager_form(dtype, layout):
     assert info["saved"] == [("philox_seeds", 8)]  # 8 bytes saved for the backward, not a mask
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])  # (a strided slice stays static: em_trace_sym.c)
+def test_symbolic_region_kernels_equal_the_eager_form(layout):
+    """A training region over changing sizes (automatic dynamic: one symbolic region) draws its
+    dropout masks with the Philox kernels too: the element counter is the index in the input's
+    contiguous order for each call's sizes, as the eager form counts."""
+    def f(x):
+        return F.dropout(x, 0.3, True)
+
+    cf = ember.compile(f, backend="ember")
+    for n in (40, 33, 57, 2):
+        base = torch.randn(n, 66, dtype=torch.float64).float()
+        x = {"contiguous": base, "transposed": base.t()}[layout].detach().requires_grad_()
+        torch.manual_seed(n)
+        y = cf(x)
+        y.backward(torch.ones_like(y))
+        seeds = seeds_after(n, 1)
+        assert torch.equal(y.detach(), philox_dropout(x.detach(), seeds, 0, 0.3))
+        assert torch.equal(x.grad, philox_dropout(torch.ones_like(x.detach()), seeds, 0, 0.3))
+    entries = ember.cache_info(cf)
+    assert len(entries) == 2 and entries[0]["dynamic"]  # the first size's entry, then one symbolic region
+    info = entries[0]["autograd"]
+    for half in ("forward", "backward"):
+        kernels = [n for k in info["ember"][half]["kernel_list"] for n in k["nodes"]]
+        assert "philox_dropout" in kernels, info["ember"][half]
+    assert info["ember"]["forward"]["extern_list"] == ["philox_seeds"]
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_distribution(p):
     x = torch.ones(1 << 20, requires_grad=True)
