@@ -98,9 +98,11 @@ static PyObject *philox_dropout(PyObject *self, PyObject *const *args, Py_ssize_
         Py_XDECREF(nobj);
         if (n < 0 || PyErr_Occurred()) goto done;
         PyObject *f = torch_fn("empty"), *bool_t = torch_fn("bool");
-        PyObject *kw = f && bool_t ? Py_BuildValue("{s:O}", "dtype", bool_t) : NULL;
+        /* on the CPU, filled here: device="cpu" whatever torch.set_default_device says (a CUDA
+         * default made this a device pointer written by the host) */
+        PyObject *kw = f && bool_t ? Py_BuildValue("{s:O,s:s}", "dtype", bool_t, "device", "cpu") : NULL;
         PyObject *a = kw ? Py_BuildValue("((L))", n) : NULL;
-        mask = a ? PyObject_Call(f, a, kw) : NULL; /* on the CPU: filled here */
+        mask = a ? PyObject_Call(f, a, kw) : NULL;
         Py_XDECREF(f);
         Py_XDECREF(bool_t);
         Py_XDECREF(kw);

@@ -92,6 +92,18 @@ def test_symbolic_region_kernels_equal_the_eager_form(layout):
     assert info["ember"]["forward"]["extern_list"] == ["philox_seeds"]
 
 
+def test_eager_form_ignores_the_default_device():
+    """The eager form fills its mask on the CPU whatever torch.set_default_device says (a CUDA
+    default made the mask a device pointer the host wrote: a segfault under EMBER_TEST_DEVICE=cuda;
+    the meta device stands in for it here)."""
+    x = torch.randn(8, 9, device="cpu")
+    seeds = seeds_after(3, 1)
+    want = philox_dropout(x, seeds, 0, 0.5)
+    with torch.device("meta"):
+        got = philox_dropout(x, seeds, 0, 0.5)
+    assert got.device.type == "cpu" and torch.equal(got, want)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_distribution(p):
     x = torch.ones(1 << 20, requires_grad=True)
