@@ -52,7 +52,7 @@ def test_kernels_equal_the_eager_form(dtype, layout):
     torch.manual_seed(11)
     y = cf(x)
     y.backward(torch.ones_like(y))
-    seeds = seeds_after(11, 1)
+    seeds = seeds_after(11, 1, x.device)  # (EMBER_TEST_DEVICE=cuda: CUDA tensors, CUDA's generator)
     assert torch.equal(y.detach(), philox_dropout(x.detach(), seeds, 0, 0.3))
     assert torch.equal(x.grad, philox_dropout(torch.ones_like(x.detach()), seeds, 0, 0.3))
     info = autograd_info(f)
@@ -80,7 +80,7 @@ def test_symbolic_region_kernels_equal_the_eager_form(layout):
         torch.manual_seed(n)
         y = cf(x)
         y.backward(torch.ones_like(y))
-        seeds = seeds_after(n, 1)
+        seeds = seeds_after(n, 1, x.device)
         assert torch.equal(y.detach(), philox_dropout(x.detach(), seeds, 0, 0.3))
         assert torch.equal(x.grad, philox_dropout(torch.ones_like(x.detach()), seeds, 0, 0.3))
     entries = ember.cache_info(cf)
@@ -132,7 +132,7 @@ def test_repeatable_and_fresh():
     assert torch.equal(a1, a2) and torch.equal(b1, b2)  # torch.manual_seed makes runs repeatable
     assert not torch.equal(a1, a3)                        # each call draws new seeds
     assert not torch.equal(a1 != 0, b1 != 0)              # each dropout its own seed
-    seeds = seeds_after(3, 2)
+    seeds = seeds_after(3, 2, x.device)
     assert torch.equal(a1, philox_dropout(x.detach(), seeds, 0, 0.5))
     assert torch.equal(b1, philox_dropout(x.detach() * 2, seeds, 1, 0.5))
 
