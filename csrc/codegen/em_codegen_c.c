@@ -1116,7 +1116,6 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
     if (em_codegen_has_checks(k)) {
         /* the error word of the gather loads' bounds checks (em_codegen.h) */
         sb_printf(b, "    int64_t *restrict err = (int64_t *)args[%u];\n", k->nargs);
-        if (env) g.bad = 1; /* gather loads are lowered in static graphs only */
     }
     /* sizes, strides and offsets: literals, or locals computed from sv */
     for (int j = 0; j < k->ndim; j++) {

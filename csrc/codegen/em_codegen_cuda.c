@@ -1064,7 +1064,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
     ShapeEnv *env = lg->env;
     for (uint32_t q = 0; q < k->nloads; q++) {
         if (k->loads[q].mask && k->reduction) b->unsupported = "masked loads in a reduction kernel";
-        if (env && k->loads[q].nidx) *bad = 1; /* lowered in static graphs only */
+
     }
     for (uint32_t q = 0; q < k->nstores; q++) /* (pointwise kernels walk every element anyway) */
         if (k->reduction && !k->elem[k->store_node[q]] && em_schedule_store_per_element(k, q))

@@ -2059,8 +2059,9 @@ static uint32_t lower_diff(Ctx *c, const IRArg **slot) {
  * Bounds are the kernel's to check (codegen): an index outside [0, size) reads the dim's element 0
  * instead and records eager's error, which the runtime raises after the kernel (CPU; the CUDA kernel
  * traps, as eager's device-side assert does), so nothing outside the source is ever read.
- * Static graphs only (bounds and strides are literals in the kernel), indexed dims of size > 0 (an
- * empty dim has no element 0 to read instead: the torch op runs). */
+ * Bounds and gather strides are literals in the kernel: static graphs, and embedding in symbolic ones
+ * (a table of fixed rows); indexed dims of size > 0 (an empty dim has no element 0 to read instead:
+ * the torch op runs). */
 
 typedef struct {
     uint32_t node;     /* the index values: an int64/int32 node broadcast (right-aligned) to the result */
@@ -2072,19 +2073,26 @@ typedef struct {
 } GatherIdx;
 
 /* A gather load of buffer buf with the result's shape, the offset and direct strides of the source's
- * view. 0 when an operand is not an int64/int32 node broadcastable to the shape, or a bound is 0. */
+ * view (ss, soff, sst: their shadows; NULL in a symbolic graph refuses: the rule has none). 0 when an
+ * operand is not an int64/int32 node broadcastable to the shape, or a bound is 0. In a symbolic graph
+ * the caller gives bounds and gather strides that are the same for every size (literals in the
+ * kernel); the other dims may be symbolic. */
 static uint32_t mk_gather_load(Ctx *c, uint32_t buf, int64_t offset, int32_t nd, const int64_t *sizes,
-                               const int64_t *strides, int nidx, const GatherIdx *ix) {
-    if (c->lg->env || nidx < 1 || nidx > 3) return 0;
+                               const int64_t *strides, const SymRef *ss, SymRef soff, const SymRef *sst, int nidx,
+                               const GatherIdx *ix) {
+    LGraph *lg = c->lg;
+    if ((lg->env && !ss) || nidx < 1 || nidx > 3) return 0;
     for (int t = 0; t < nidx; t++) {
         const LNode *in = ix[t].node ? NODE(c, ix[t].node) : NULL;
         if (!in || (in->dtype != LDT_I64 && in->dtype != LDT_I32) || in->ndim > nd || ix[t].size <= 0) return 0;
         for (int d = 0; d < in->ndim; d++) {
-            int64_t want = sizes[nd - in->ndim + d];
-            if (in->sizes[d] != want && in->sizes[d] != 1) return 0;
+            int e = nd - in->ndim + d;
+            if (!em_lower_same(lg, in->sizes[d], in->ssizes[d], sizes[e], ss ? ss[e] : SYM_NONE) &&
+                em_lower_size_is1(lg, in->sizes[d], in->ssizes[d]) != 1)
+                return 0;
         }
     }
-    uint32_t id = em_lower_load(c->lg, buf, nd, sizes, offset, strides, NULL, SYM_NONE, NULL, c->ir);
+    uint32_t id = em_lower_load(lg, buf, nd, sizes, offset, strides, ss, soff, sst, c->ir);
     if (!id) return 0;
     LNode *n = NODE(c, id);
     n->nidx = (uint8_t)nidx;
@@ -2108,11 +2116,14 @@ static uint32_t with_trailing_ones(Ctx *c, uint32_t x, int ones) {
     LNode src = *NODE(c, l);
     if (src.ndim + ones > EM_LMAXDIM) return 0;
     int64_t sizes[EM_LMAXDIM], st[EM_LMAXDIM];
+    SymRef ss[EM_LMAXDIM], sst[EM_LMAXDIM];
     for (int d = 0; d < src.ndim + ones; d++) {
         sizes[d] = d < src.ndim ? src.sizes[d] : 1;
         st[d] = d < src.ndim ? src.strides[d] : 0;
+        ss[d] = d < src.ndim ? src.ssizes[d] : sk(c->lg, 1);
+        sst[d] = d < src.ndim ? src.sstrides[d] : sk(c->lg, 0);
     }
-    return reload_s(c, l, src.ndim + ones, sizes, st, 0, NULL, NULL, SYM_NONE);
+    return reload_s(c, l, src.ndim + ones, sizes, st, 0, ss, sst, sk(c->lg, 0));
 }
 
 /* F.embedding(input, weight, padding_idx, max_norm, ...) / torch.embedding(weight, input, ...):
@@ -2136,8 +2147,18 @@ static uint32_t lower_embedding(Ctx *c, int torch_form, const IRArg **slot) {
     memcpy(sizes, il.sizes, ind * sizeof(int64_t));
     sizes[ind] = wl.sizes[1];
     st[ind] = wl.strides[1];
+    /* symbolic: the ids' dims may be sizes; the table's rows (the bound) and row stride are numbers */
+    SymRef ss[EM_LMAXDIM], sst[EM_LMAXDIM];
+    ShapeEnv *env = c->lg->env;
+    if (env && (!em_sym_is_const(env, wl.ssizes[0], NULL) || !em_sym_is_const(env, wl.sstrides[0], NULL))) return 0;
+    for (int d = 0; d < ind; d++) {
+        ss[d] = il.ssizes[d];
+        sst[d] = sk(c->lg, 0);
+    }
+    ss[ind] = wl.ssizes[1];
+    sst[ind] = wl.sstrides[1];
     GatherIdx g = {ids, wl.strides[0], wl.sizes[0], 0, LGERR_RANGE_IN_SELF, 0};
-    return mk_gather_load(c, wl.buf, wl.offset, ind + 1, sizes, st, 1, &g);
+    return mk_gather_load(c, wl.buf, wl.offset, ind + 1, sizes, st, ss, wl.soffset, sst, 1, &g);
 }
 
 /* The (input, dim, index) arguments of index_select and gather: two tensors and an int. */
@@ -2170,7 +2191,7 @@ static uint32_t lower_index_select(Ctx *c, const IRArg **slot) {
     sizes[d] = ind == 0 ? 1 : NODE(c, io.node)->sizes[0];
     st[d] = 0;
     GatherIdx g = {idx, xl.strides[d], xl.sizes[d], 0, nd > 1 && d == 1 ? LGERR_DATA_BOUNDS : LGERR_RANGE_IN_SELF, d};
-    return mk_gather_load(c, xl.buf, xl.offset, nd, sizes, st, 1, &g);
+    return mk_gather_load(c, xl.buf, xl.offset, nd, sizes, st, NULL, SYM_NONE, NULL, 1, &g);
 }
 
 /* gather(input, dim, index): out[i] = input[i with i_dim = index[i]], shape index.shape, where
@@ -2194,7 +2215,7 @@ static uint32_t lower_gather(Ctx *c, const IRArg **slot) {
         st[e] = e == d ? 0 : xl.strides[e];
     }
     GatherIdx g = {io.node, xl.strides[d], xl.sizes[d], 0, LGERR_GATHER, d};
-    return mk_gather_load(c, xl.buf, xl.offset, nd, il.sizes, st, 1, &g);
+    return mk_gather_load(c, xl.buf, xl.offset, nd, il.sizes, st, NULL, SYM_NONE, NULL, 1, &g);
 }
 
 /* Does node n (rule r) lower to a gather load, whose bounds check only runs where it is computed? */
@@ -2336,7 +2357,7 @@ static uint32_t lower_adv_index(Ctx *c, const IRArg **slot) {
         g[t] = (GatherIdx){with_trailing_ones(c, tnode[t], nafter), vst[at[t]], vs[at[t]], 1, LGERR_INDEX, t};
         if (!g[t].node) return 0;
     }
-    return mk_gather_load(c, src.buf, off, rnd, rs, rst, nt, g);
+    return mk_gather_load(c, src.buf, off, rnd, rs, rst, NULL, SYM_NONE, NULL, nt, g);
 }
 
 /* v rounded to dtype dt (float types): the constant a kernel multiplies by, as eager holds it. */
@@ -2497,8 +2518,8 @@ static uint32_t lower_rule(Ctx *c, const LowerRule *rule) {
     if (!rule->sig[0] && c->n->nkwargs) return 0;
     if (rule->kind == R_GETITEM && getitem_advanced(c->lg->ir, c->n)) return lower_adv_index(c, slot);
     if (is_view_rule(rule)) return lower_view(c, rule, slot);
-    if (c->lg->env && (rule->kind == R_EMBEDDING || rule->kind == R_INDEX_SELECT || rule->kind == R_GATHER))
-        return 0; /* gather loads are static only */
+    if (c->lg->env && (rule->kind == R_INDEX_SELECT || rule->kind == R_GATHER))
+        return 0; /* gather loads are static only, embedding's excepted (mk_gather_load) */
     if (rule->kind == R_EMBEDDING) return lower_embedding(c, rule->prim, slot);
     if (rule->kind == R_INDEX_SELECT) return lower_index_select(c, slot);
     if (rule->kind == R_GATHER) return lower_gather(c, slot);
@@ -3260,7 +3281,7 @@ static int shadows_ok(LGraph *lg, uint32_t n0, uint32_t b0) {
             if (!shadow_is(lg, n->ssizes[d], n->sizes[d])) return 0;
             if (n->op == LP_LOAD && !shadow_is(lg, n->sstrides[d], n->strides[d])) return 0;
         }
-        if (n->op == LP_LOAD && (n->nidx || !shadow_is(lg, n->soffset, n->offset))) return 0;
+        if (n->op == LP_LOAD && !shadow_is(lg, n->soffset, n->offset)) return 0; /* a gather's bounds: numbers */
         for (int d = 0; n->op == LP_LOAD && d < n->ndim; d++) /* a mask's bounds are numbers: its dim's too */
             if (((n->lmask >> d) & 1) && !em_sym_is_const(lg->env, n->ssizes[d], NULL)) return 0;
         if (n->op == LP_CONST && n->sval && !shadow_is(lg, n->sval, (int64_t)n->fval)) return 0;

@@ -217,13 +217,16 @@ static int follow_torch_threads(Kernel *k) {
     return 0;
 }
 
+static int gather_error(const Kernel *k, const int64_t *err);
+
 /* A kernel of a symbolic graph: this call's symbol values from the source tensors' sizes, its
  * layout from ember_k<i>_meta, then the kernel with the values as arguments. */
 static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
     int64_t svbuf[KSTACK], mbuf[4 * KSTACK], *sv = svbuf, *m = mbuf;
     char *pbuf[KSTACK], **ptrs = pbuf;
     PyObject *fixbuf[KSTACK], **fixed = fixbuf, *out = NULL, *size = NULL, *stride = NULL, *outs = NULL;
-    uint32_t nptr = k->nin + 1 + k->nextra;
+    int64_t err[2] = {0, 0}; /* CPU kernels with gather loads: the error word, after the outputs */
+    uint32_t nptr = k->nin + 1 + k->nextra + (k->nchecks > 0);
     memset(fixbuf, 0, sizeof fixbuf);
     if (k->si.nsym > KSTACK) sv = PyMem_Calloc(k->si.nsym, sizeof(int64_t));
     else memset(svbuf, 0, sizeof svbuf);
@@ -315,9 +318,11 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
         EmCudaCall cc = {sv, m[EM_KMETA_NUMEL], m[k->nmeta - 2], m[k->nmeta - 1]};
         if (em_cuda_launch_sym(k->cuda, ptrs, nptr, &cc) < 0) Py_CLEAR(out);
     } else if (m[EM_KMETA_NUMEL] > 0) {
+        if (k->nchecks) ptrs[k->nin + 1 + k->nextra] = (char *)err;
         Py_BEGIN_ALLOW_THREADS
         k->fn(ptrs, sv);
         Py_END_ALLOW_THREADS
+        if (gather_error(k, err) < 0) Py_CLEAR(out);
     }
     goto done;
 fail_outs:

@@ -312,16 +312,35 @@ def _rotary_and_slices(x, w):
             q[0] + pos)
 
 
+def _embed_positions(ids, w, p):
+    """Token and position embeddings (gather loads of a table of fixed rows, symbolic ids) and a
+    layer_norm of their sum: one kernel."""
+    pos = torch.arange(ids.shape[1], device=ids.device)
+    return F.layer_norm(F.embedding(ids, w) + F.embedding(pos, p), (16,)), F.embedding(ids, w) * 2
+
+
+def _symbolic_args(name, s, device="cpu"):
+    g = torch.Generator().manual_seed(s)
+    if name == "rotary":
+        return (torch.randn(3, s, 16, generator=g).to(device), torch.randn(16, 16, generator=g).to(device))
+    return (torch.randint(0, 50, (3, s), generator=g).to(device), torch.randn(50, 16, generator=g).to(device),
+            torch.randn(40, 16, generator=g).to(device))
+
+
+_SYMBOLIC_FNS = [("rotary", _rotary_and_slices), ("embedding", _embed_positions)]
+
+
 @needs_nvrtc
-def test_symbolic_masked_loads_source_compiles(monkeypatch):
-    """Masked loads (cat pieces) and the index table (arange) in symbolic kernels, and a cat a
-    reduction reads computed by a kernel of its own first (CUDA reduction kernels read no masked
-    loads): no fallback, no torch call but the matmul, and the source compiles."""
+@pytest.mark.parametrize("name,fn", _SYMBOLIC_FNS, ids=[n for n, _ in _SYMBOLIC_FNS])
+def test_symbolic_masked_and_gather_loads_source_compiles(monkeypatch, name, fn):
+    """Masked loads (cat pieces), the index table (arange) and gather loads (embedding) in symbolic
+    kernels, and a cat a reduction reads computed by a kernel of its own first (CUDA reduction
+    kernels read no masked loads): no fallback, no torch call but the matmul, and the source
+    compiles."""
     monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
-    cf = ember.compile(_rotary_and_slices, backend="ember")
-    w = _t((16, 16))
+    cf = ember.compile(fn, backend="ember")
     for s in (5, 7, 9):
-        cf(_t((3, s, 16)), w)
+        cf(*_symbolic_args(name, s))
     entries = ember.cache_info(cf)
     info = entries[0]["ember"]
     assert entries[0]["dynamic"] and "fallback" not in info, info.get("fallback")
@@ -333,11 +352,11 @@ def test_symbolic_masked_loads_source_compiles(monkeypatch):
 
 
 @needs_gpu
-def test_gpu_symbolic_masked_loads_over_sizes():
-    cf = ember.compile(_rotary_and_slices, backend="ember")
-    w = _t((16, 16), device="cuda")
+@pytest.mark.parametrize("name,fn", _SYMBOLIC_FNS, ids=[n for n, _ in _SYMBOLIC_FNS])
+def test_gpu_symbolic_masked_and_gather_loads_over_sizes(name, fn):
+    cf = ember.compile(fn, backend="ember")
     for s in (5, 7, 9, 2, 33):
-        x = _t((3, s, 16), device="cuda")
-        _check(cf(x, w), _rotary_and_slices(x, w))
+        args = _symbolic_args(name, s, "cuda")
+        _check(cf(*args), fn(*args))
     entries = ember.cache_info(cf)
     assert len(entries) == 2 and all("fallback" not in e["ember"] for e in entries)

@@ -437,3 +437,25 @@ def test_arange_of_a_symbolic_size():
     assert n == 2 and len(infos) == 2
     ops = [x.rstrip("_0123456789") for x in infos[0]["extern_list"]]
     assert ops == ["arange"], ops  # the float one
+
+
+def test_embedding_gathers_in_symbolic_graphs():
+    """F.embedding of ids whose dims are sizes is a gather load of a table of fixed rows: token and
+    position embeddings and the layer_norm of their sum are one kernel for every sequence length;
+    an id outside the table raises eager's IndexError from that kernel, and nothing is written."""
+    def f(ids, w, p):
+        pos = torch.arange(ids.shape[1])
+        return F.layer_norm(F.embedding(ids, w) + F.embedding(pos, p), (16,))
+
+    w, p = torch.randn(50, 16), torch.randn(40, 16)
+    cf, n = run_sizes(f, lambda s: (torch.randint(0, 50, (3, s)), w, p), [5, 7, 9, 12, 33], dynamic=None)
+    infos = assert_compiled(cf)
+    assert n == 2 and len(infos) == 2
+    assert infos[0]["extern_list"] == [] and infos[0]["kernels"] == 1
+    bad = torch.randint(0, 50, (3, 6))
+    bad[1, 2] = 50
+    with pytest.raises(IndexError, match="index out of range in self"):
+        f(bad, w, p)
+    with pytest.raises(IndexError, match="index out of range in self"):
+        cf(bad, w, p)
+    assert len(ember_infos(cf)) == 2  # the symbolic entry raised it
