@@ -320,11 +320,12 @@ def _embed_positions(ids, w, p):
 
 
 def _symbolic_args(name, s, device="cpu"):
-    g = torch.Generator().manual_seed(s)
+    g = torch.Generator().manual_seed(s)  # drawn on the CPU (also under EMBER_TEST_DEVICE=cuda), then moved
+    cpu = {"generator": g, "device": "cpu"}
     if name == "rotary":
-        return (torch.randn(3, s, 16, generator=g).to(device), torch.randn(16, 16, generator=g).to(device))
-    return (torch.randint(0, 50, (3, s), generator=g).to(device), torch.randn(50, 16, generator=g).to(device),
-            torch.randn(40, 16, generator=g).to(device))
+        return (torch.randn(3, s, 16, **cpu).to(device), torch.randn(16, 16, **cpu).to(device))
+    return (torch.randint(0, 50, (3, s), **cpu).to(device), torch.randn(50, 16, **cpu).to(device),
+            torch.randn(40, 16, **cpu).to(device))
 
 
 _SYMBOLIC_FNS = [("rotary", _rotary_and_slices), ("embedding", _embed_positions)]
