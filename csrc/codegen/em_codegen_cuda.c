@@ -1062,10 +1062,8 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
     const SKernel *k = &s->kernels[ki];
     const LGraph *lg = s->lg;
     ShapeEnv *env = lg->env;
-    for (uint32_t q = 0; q < k->nloads; q++) {
+    for (uint32_t q = 0; q < k->nloads; q++) /* (the scheduler computes those first: masked_top) */
         if (k->loads[q].mask && k->reduction) b->unsupported = "masked loads in a reduction kernel";
-
-    }
     for (uint32_t q = 0; q < k->nstores; q++) /* (pointwise kernels walk every element anyway) */
         if (k->reduction && !k->elem[k->store_node[q]] && em_schedule_store_per_element(k, q))
             b->unsupported = "a row value stored along the row in a reduction kernel";
