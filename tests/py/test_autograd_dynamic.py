@@ -38,6 +38,19 @@ def assert_one_symbolic_region(c, nsizes):
     assert nsizes > 2
 
 
+def grads_over_sizes(f, backend, make_x, params, sizes=(3, 5, 7, 9), **compile_kw):
+    """f(x, *params) compiled with backend; for each size, the gradients of its result with respect
+    to params equal eager's. Returns the compiled function."""
+    c = ember.compile(f, backend=backend, **compile_kw)
+    for s in sizes:
+        x = make_x(s)
+        gc = torch.autograd.grad(c(x, *params), params)
+        ge = torch.autograd.grad(f(x, *params), params)
+        for a, e in zip(gc, ge):
+            torch.testing.assert_close(a, e)
+    return c
+
+
 def train_steps(model, make_batch, sizes, backend, loss_fn, opt_cls=torch.optim.SGD, **opt_kw):
     """The same steps on model (compiled) and a copy (eager), each from the same RNG state (dropout
     draws eager's masks: ember.config.fallback_random, conftest): losses, gradients and parameters
@@ -147,15 +160,8 @@ def test_basic_indexing_of_symbolic_tensors(backend):
         z = (a * b[None, None, :4]).tanh()[:, None]
         return z.sum(dim=(1, 3)).mean()
 
-    w = torch.randn(6, 8, requires_grad=True)
-    b = torch.randn(6, requires_grad=True)
-    c = ember.compile(f, backend=backend)
-    for s in [3, 5, 7, 9]:
-        x = torch.randn(2, s, 6)
-        gc = torch.autograd.grad(c(x, w, b), (w, b))
-        ge = torch.autograd.grad(f(x, w, b), (w, b))
-        for a, e in zip(gc, ge):
-            torch.testing.assert_close(a, e)
+    params = (torch.randn(6, 8, requires_grad=True), torch.randn(6, requires_grad=True))
+    c = grads_over_sizes(f, backend, lambda s: torch.randn(2, s, 6), params)
     assert_one_symbolic_region(c, 4)
 
 
@@ -168,13 +174,7 @@ def test_cat_along_a_symbolic_dim(backend):
         h = x @ w
         return torch.cat([h, h[:, :2].sin(), h.tanh()], dim=1).square().mean()
 
-    w = torch.randn(6, 4, requires_grad=True)
-    c = ember.compile(f, backend=backend)
-    for s in [3, 5, 7, 9]:
-        x = torch.randn(2, s, 6)
-        g1, = torch.autograd.grad(c(x, w), (w,))
-        g2, = torch.autograd.grad(f(x, w), (w,))
-        torch.testing.assert_close(g1, g2)
+    c = grads_over_sizes(f, backend, lambda s: torch.randn(2, s, 6), (torch.randn(6, 4, requires_grad=True),))
     assert_one_symbolic_region(c, 4)
 
 
@@ -189,13 +189,7 @@ def test_region_split_around_an_op_without_a_rule(backend):
         m = torch.cummax(h.transpose(1, 2), dim=2).values.transpose(1, 2)
         return (m * h).tanh().sum()
 
-    w = torch.randn(6, 4, requires_grad=True)
-    c = ember.compile(f, backend=backend)
-    for s in [3, 5, 7, 9]:
-        x = torch.randn(2, s, 6)
-        g1, = torch.autograd.grad(c(x, w), (w,))
-        g2, = torch.autograd.grad(f(x, w), (w,))
-        torch.testing.assert_close(g1, g2)
+    c = grads_over_sizes(f, backend, lambda s: torch.randn(2, s, 6), (torch.randn(6, 4, requires_grad=True),))
     assert_one_symbolic_region(c, 4)
     split = entries(c)[0]["autograd"]["split"]
     assert len(split) == 1 and "cummax" in split[0], split
@@ -228,13 +222,9 @@ def test_rule_that_reads_sizes_keeps_eager_autograd_under_dynamic_true(backend):
     def f(x, w):
         return F.group_norm(x * w, 2).square().sum()
 
-    w = torch.randn(4, 6, requires_grad=True)
-    c = ember.compile(f, backend=backend, dynamic=True)
-    for n in [3, 5, 7]:  # (no size equal to another dim's: duck shaping would tie them)
-        x = torch.randn(n, 4, 6)
-        g1, = torch.autograd.grad(c(x, w), (w,))
-        g2, = torch.autograd.grad(f(x, w), (w,))
-        torch.testing.assert_close(g1, g2)
+    # (no size equal to another dim's: duck shaping would tie them)
+    c = grads_over_sizes(f, backend, lambda n: torch.randn(n, 4, 6), (torch.randn(4, 6, requires_grad=True),),
+                         sizes=(3, 5, 7), dynamic=True)
     es = entries(c)
     assert len(es) == 1
     assert "symbolic sizes" in es[0]["autograd"]["fallback"] and "group_norm" in es[0]["autograd"]["fallback"]
