@@ -891,8 +891,9 @@ static void sym_sources_free(SymSources *s) {
     free(s->dim);
 }
 
-/* si for a kernel or view of a graph whose symbols come from srcs. -1 with an exception. */
-static int symin_set(SymIn *si, ShapeEnv *env, const SymSources *srcs) {
+/* si for a kernel or view of a graph whose symbols come from srcs; want: the symbols it reads
+ * (NULL: all sourced ones), so that a call reads no other source's shape. -1 with an exception. */
+static int symin_set(SymIn *si, ShapeEnv *env, const SymSources *srcs, const uint8_t *want) {
     si->nsym = em_sym_nsymbols(env);
     si->nsrc = srcs->nsym;
     si->nsrcargs = srcs->n;
@@ -903,10 +904,12 @@ static int symin_set(SymIn *si, ShapeEnv *env, const SymSources *srcs) {
         PyErr_NoMemory();
         return -1;
     }
+    si->nsrc = 0;
     for (uint32_t i = 0; i < srcs->nsym; i++) {
-        si->src_sym[i] = srcs->sym[i];
-        si->src_arg[i] = srcs->which[i];
-        si->src_dim[i] = srcs->dim[i];
+        if (want && !want[srcs->sym[i]]) continue;
+        si->src_sym[si->nsrc] = srcs->sym[i];
+        si->src_arg[si->nsrc] = srcs->which[i];
+        si->src_dim[si->nsrc++] = srcs->dim[i];
     }
     return 0;
 }
@@ -972,7 +975,7 @@ static int kernel_set_symbolic(Kernel *ko, void *handle, const char *fname, cons
         PyErr_Format(PyExc_RuntimeError, "ember: %s missing from the library", mname);
         return -1;
     }
-    if (symin_set(&ko->si, lg->env, srcs) < 0 || !ko->in_ndim || !ko->extra_ndim || !ko->extra_dtype) {
+    if (symin_set(&ko->si, lg->env, srcs, NULL) < 0 || !ko->in_ndim || !ko->extra_ndim || !ko->extra_dtype) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         return -1;
     }
@@ -1020,23 +1023,28 @@ static uint32_t view_exprs(const LGraph *lg, const LBuf *vb, SymRef *out) {
 }
 
 /* Marks the symbols the symbolic views read (their per-call arguments). -1 on OOM. */
-static int mark_view_symbols(const Schedule *s, uint8_t *used) {
-    ShapeEnv *env = s->lg->env;
+/* Marks used[i] for every symbol i the expressions e[0 .. n) read. -1 on OOM. */
+static int exprs_mark_symbols(ShapeEnv *env, const SymRef *e, uint32_t n, uint8_t *used) {
     uint32_t ns = em_sym_nsymbols(env), *syms = malloc((ns + 1) * sizeof(uint32_t));
     if (!syms) {
         PyErr_NoMemory();
         return -1;
     }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t m = e[i] == SYM_NONE ? 0 : em_sym_free_symbols(env, e[i], syms, ns);
+        for (uint32_t j = 0; j < m; j++) used[syms[j]] = 1;
+    }
+    free(syms);
+    return 0;
+}
+
+static int mark_view_symbols(const Schedule *s, uint8_t *used) {
     SymRef e[4 * EM_LMAXDIM + 1];
     for (uint32_t st = 0; st < s->nsteps; st++) {
         if (s->steps[st].kind != SSTEP_VIEW) continue;
         uint32_t n = view_exprs(s->lg, &s->lg->bufs[s->steps[st].index], e);
-        for (uint32_t i = 0; i < n; i++) {
-            uint32_t m = e[i] == SYM_NONE ? 0 : em_sym_free_symbols(env, e[i], syms, ns);
-            for (uint32_t j = 0; j < m; j++) used[syms[j]] = 1;
-        }
+        if (exprs_mark_symbols(s->lg->env, e, n, used) < 0) return -1;
     }
-    free(syms);
     return 0;
 }
 
@@ -1045,20 +1053,13 @@ static int cuda_mark_meta_symbols(const Schedule *s, uint8_t *used) {
     for (uint32_t ki = 0; ki < s->nkernels; ki++) {
         const SKernel *k = &s->kernels[ki];
         SymRef *e = malloc(cuda_meta_cap(k) * sizeof(SymRef));
-        uint32_t *syms = malloc((em_sym_nsymbols(env) + 1) * sizeof(uint32_t));
-        if (!e || !syms) {
-            free(e);
-            free(syms);
+        if (!e) {
             PyErr_NoMemory();
             return -1;
         }
-        uint32_t n = cuda_meta_exprs(s, k, e);
-        for (uint32_t i = 0; i < n; i++) {
-            uint32_t m = e[i] == SYM_NONE ? 0 : em_sym_free_symbols(env, e[i], syms, em_sym_nsymbols(env));
-            for (uint32_t j = 0; j < m; j++) used[syms[j]] = 1;
-        }
+        int rc = exprs_mark_symbols(env, e, cuda_meta_exprs(s, k, e), used);
         free(e);
-        free(syms);
+        if (rc < 0) return -1;
     }
     return 0;
 }
@@ -1687,7 +1688,15 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             vo->base_ndim = base->kind == LBUF_EXTERN ? base->ndim : -1;
             SymRef ve[4 * EM_LMAXDIM + 1];
             uint32_t nve = lg->env ? view_exprs(lg, vb, ve) : 0;
-            if (nve && (!(vo->prog = em_sym_exprs_compile(lg->env, ve, nve)) || symin_set(&vo->si, lg->env, &srcs) < 0)) {
+            uint8_t *vwant = nve ? em_arena_alloc(na, em_sym_nsymbols(lg->env) + 1) : NULL; /* its symbols */
+            if (nve && !vwant) {
+                Py_DECREF(vo);
+                PyErr_NoMemory();
+                goto done;
+            }
+            if (nve && (exprs_mark_symbols(lg->env, ve, nve, vwant) < 0 ||
+                        !(vo->prog = em_sym_exprs_compile(lg->env, ve, nve)) ||
+                        symin_set(&vo->si, lg->env, &srcs, vwant) < 0)) {
                 if (!PyErr_Occurred())
                     PyErr_Format(PyExc_RuntimeError, "ember: the size expressions of view %s: %s", g->nodes[vb->ir].name,
                                  em_sym_error_text(em_sym_env_error(lg->env)));
