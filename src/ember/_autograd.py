@@ -10,6 +10,8 @@ raises a RuntimeError naming the limitation instead of giving a wrong second der
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 
@@ -93,7 +95,7 @@ class CompiledRegion(torch.autograd.Function):
             except RuntimeError:  # released: no second backward will read the holder
                 holder.pending = False
         out = [None] * (plan.ninputs + 2)  # plan and same get None
-        tangents = [grads[k] for k in plan.tangents]
+        tangents = [_take_gradient(grads, k) for k in plan.tangents]  # (the args list below owns them)
         keep = None  # all outputs got a gradient: every input gradient is returned
         if any(t is None for t in tangents):
             keep = [not deps or any(grads[k] is not None for k in deps) for deps in plan.grad_deps]
@@ -117,6 +119,76 @@ class CompiledRegion(torch.autograd.Function):
             if keep is None or keep[j]:
                 out[i + 2] = g
         return tuple(out)
+
+
+# (sys.getrefcount, Tensor._use_count) of an incoming gradient that nothing but autograd's engine
+# holds, as _take_gradient sees it: measured once per process (_calibrate), () when unknown
+_SOLE_REFS = None
+
+
+def _grad_refs(grads, k):
+    g = grads[k]
+    return sys.getrefcount(g), g._use_count()
+
+
+def _take_gradient(grads, k):
+    """grads[k] (an incoming gradient of CompiledRegion.backward), or, when nothing but autograd's
+    engine and this call can see it, a new tensor of its memory, grads[k] itself left empty (set_()).
+
+    Autograd's engine holds a custom Function's incoming gradients until its backward returns
+    (torch/csrc/autograd/engine.cpp, call_function), so the region's output gradient (a model's
+    logits' gradient) would live through the whole compiled backward where eager frees it after the
+    first backward node reads it: a step's peak one output gradient above eager's. Handed over, the
+    backward graph (run_boxed) releases it after its last use, as eager does. Only a gradient whose
+    Python reference count and TensorImpl use count are those of one nobody else holds (_calibrate:
+    no hook kept it, no torch.autograd.grad captures it, not the user's `gradient=` tensor, no
+    post-hook reads it) is taken; a plain strided tensor that is no view. Sharing its storage with
+    another tensor only keeps the memory alive; nothing that tensor sees changes."""
+    refs = _grad_refs(grads, k) if isinstance(grads[k], torch.Tensor) else None
+    g = grads[k]
+    if refs != _SOLE_REFS or type(g) is not torch.Tensor or g.layout != torch.strided or g._is_view():
+        return g
+    t = torch.empty(0, dtype=g.dtype, device=g.device)
+    t.set_(g.untyped_storage(), g.storage_offset(), g.size(), g.stride())
+    g.set_()
+    return t
+
+
+class _Probe(torch.autograd.Function):
+    """_calibrate's Function: its backward reads the counts as CompiledRegion's does (two frames
+    down from the engine's call, the gradients' tuple passed along)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        with torch.no_grad():
+            return _Probe._backward(ctx, grads)
+
+    @staticmethod
+    def _backward(ctx, grads):
+        ctx.refs = _grad_refs(grads, 0)
+        return grads[0]
+
+
+def _calibrate():
+    """Sets _SOLE_REFS from a probe Function's backward whose incoming gradient is a fresh tensor of
+    MulBackward0 (the counts depend on torch's and Python's versions, not on the tensor)."""
+    global _SOLE_REFS
+    refs = ()
+    try:
+        from torch.utils._python_dispatch import _disable_current_modes
+        with _disable_current_modes(), torch.enable_grad(), torch._C._DisableAutocast():
+            x = torch.zeros(2, requires_grad=True)
+            y = _Probe.apply(x)
+            node = y.grad_fn
+            (y * 2).sum().backward()
+            refs = getattr(node, "refs", ())  # (the node is the ctx)
+    except Exception:  # noqa: BLE001 (no counts: no gradient is ever taken)
+        refs = ()
+    _SOLE_REFS = refs
 
 
 class _Plan:
@@ -155,6 +227,8 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     saved_ints: positions among the saved values of ints (the sizes a region compiled for symbolic
     sizes reads in its backward: csrc/autograd "Symbolic sizes"); strides then has None for an
     output whose sizes are symbolic (its tangent is made contiguous)."""
+    if _SOLE_REFS is None:
+        _calibrate()
     plan = _Plan()
     plan.fwd, plan.bwd = fwd, bwd
     plan.bwd_boxed = getattr(bwd, "run_boxed", None)
