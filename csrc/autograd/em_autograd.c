@@ -79,6 +79,15 @@ typedef struct {
     PyObject *symhints; /* the symbols' hints as sym_run takes them */
     PyObject *sizes;   /* (joint ref, dim) -> the joint ref of its aten.sym_size.int node */
     bool sym_fail;     /* the reason is the sizes being symbolic (ag_fail_sym) */
+    /* absent output gradients ("Absent tangents" below): flag[k] is the joint ref of output k's
+     * flag placeholder (0-d bool, True when its gradient is given), 0 for all when the region has
+     * fewer than two tangents; tangent[k] its tangent; deps[r] the tangents joint value r is
+     * computed from (bit k: output k), known for refs below ndeps; flag_or memoizes the logical_or
+     * of several outputs' flags */
+    IRRef *flag, *tangent;
+    uint32_t nouts, ndeps, depcap, nor;
+    uint64_t *deps;
+    struct { uint64_t set; IRRef ref; } flag_or[32];
 } AG;
 
 /* ---------------------------------------------------------------- small helpers */
@@ -1453,6 +1462,96 @@ static IRRef reduce_to(AG *ag, IRRef gi, IRRef gref) {
     return gi;
 }
 
+/* ---------------------------------------------------------------- absent tangents
+ * An output nothing after the region differentiates gets no gradient (None); CompiledRegion hands
+ * the backward graph zeros for its tangent, and flags saying which tangents are given. Zeros are not
+ * enough where the gradients of several outputs meet: eager never runs the backward of an output
+ * without a gradient, while the compiled backward multiplies the zeros through, and 0 * inf is NaN
+ * (f(x, y) = (x * y, x + 1) with an inf in y and only the second output differentiated: eager's
+ * x.grad is 1 everywhere). So where values computed from different sets of tangents meet (a
+ * gradient accumulated from two uses, a stack of pieces), each that is computed from tangents the
+ * other is not is taken through where(any of its tangents given, value, 0): exactly zero when none
+ * is, NaN or not. */
+
+static bool dtype_differentiable(PyObject *dtype);
+
+static uint64_t arg_deps(const AG *ag, const IRArg *a) {
+    uint64_t d = 0;
+    if (a->kind == IRARG_NODE) d = a->u.ref < ag->ndeps ? ag->deps[a->u.ref] : 0;
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++) d |= arg_deps(ag, &a->u.items[i]);
+    return d;
+}
+
+/* deps[r] for every joint ref so far (refs only read earlier refs). */
+static int deps_update(AG *ag) {
+    uint32_t n = ag->j->nnodes;
+    if (n > ag->depcap) {
+        uint32_t cap = n * 2 + 16;
+        uint64_t *d = realloc(ag->deps, cap * sizeof(uint64_t));
+        if (!d) return PyErr_NoMemory(), ag_fail_exc(ag);
+        ag->deps = d;
+        ag->depcap = cap;
+    }
+    for (IRRef r = ag->ndeps; r < n; r++) {
+        const IRNode *nd = em_ir_node(ag->j, r);
+        uint64_t d = 0;
+        for (uint32_t k = 0; k < ag->nouts; k++)
+            if (ag->tangent[k] && ag->tangent[k] == r) d = (uint64_t)1 << k;
+        if (ag->role[r] == ROLE_BWD)
+            for (uint32_t i = 0; i < nd->nargs + nd->nkwargs; i++)
+                d |= arg_deps(ag, i < nd->nargs ? &nd->args[i] : &nd->kwargs[i - nd->nargs]);
+        ag->deps[r] = d;
+        ag->ndeps = r + 1;
+    }
+    return 0;
+}
+
+/* The joint ref of "any of the outputs in set has a gradient": a flag, or their logical_or. */
+static IRRef flag_of(AG *ag, uint64_t set) {
+    for (uint32_t i = 0; i < ag->nor; i++)
+        if (ag->flag_or[i].set == set) return ag->flag_or[i].ref;
+    IRRef acc = 0;
+    for (uint32_t k = 0; k < ag->nouts; k++) {
+        if (!(set >> k & 1) || !ag->flag[k]) continue;
+        if (!acc) {
+            acc = ag->flag[k];
+            continue;
+        }
+        IRArg a[2] = {arg_node(acc), arg_node(ag->flag[k])};
+        if (!(acc = emit_fn(ag, "logical_or", a, 2))) return 0;
+    }
+    if (acc && ag->nor < sizeof ag->flag_or / sizeof ag->flag_or[0]) {
+        ag->flag_or[ag->nor].set = set;
+        ag->flag_or[ag->nor++].ref = acc;
+    }
+    return acc;
+}
+
+/* x as the meeting point takes it: where(flag, x, 0) when x is a floating tensor computed from
+ * tangents, not all of those the meeting point's values are computed from (all: the point itself
+ * has no gradient when none is given, and its own meeting points take care of it). */
+static IRRef absent_zero(AG *ag, IRRef x, uint64_t all) {
+    if (!ag->flag || !x) return x;
+    if (deps_update(ag) < 0) return 0;
+    uint64_t d = x < ag->ndeps ? ag->deps[x] : 0;
+    const IRMeta *m = jmeta(ag, x);
+    if (!d || d == all || m->kind != IRMETA_TENSOR || !dtype_differentiable(m->dtype)) return x;
+    IRRef f = flag_of(ag, d);
+    if (!f) return 0;
+    IRArg a[3] = {arg_node(f), arg_node(x), arg_const_steal(ag, PyFloat_FromDouble(0.0))};
+    return emit_fn(ag, "where", a, 3);
+}
+
+/* add(a, b) of two values meeting (a gradient accumulated), each through absent_zero. */
+static IRRef absent_add(AG *ag, IRRef a, IRRef b) {
+    if (ag->flag && deps_update(ag) < 0) return 0;
+    uint64_t all = ag->flag ? ag->deps[a] | ag->deps[b] : 0;
+    a = absent_zero(ag, a, all);
+    b = a ? absent_zero(ag, b, all) : 0;
+    return b ? emit_op(ag, "add", arg_node(a), arg_node(b), 2) : 0;
+}
+
 /* x[0], x[1], ... x[n-1] each used (the packed attention projection's proj[0], proj[1], proj[2]):
  * x's gradient is torch.stack of theirs (zeros for an index not used), one buffer written once,
  * no in-place op, as eager's SelectBackward nodes summed would give. Called before anything reads
@@ -1477,10 +1576,16 @@ static int finalize_grad(AG *ag, IRRef gref) {
         list.u.items[i] = arg_node(v);
     }
     pc->part = NULL;
+    if (ag->flag) { /* pieces computed from different outputs' gradients meet here */
+        if (deps_update(ag) < 0) return -1;
+        uint64_t all = arg_deps(ag, &list);
+        for (uint32_t i = 0; i < list.n; i++)
+            if (!(list.u.items[i].u.ref = absent_zero(ag, list.u.items[i].u.ref, all))) return -1;
+    }
     IRRef st = emit_fn(ag, "stack", &list, 1);
     if (!st) return -1;
     if (ag->grad[gref]) {
-        st = emit_op(ag, "add", arg_node(ag->grad[gref]), arg_node(st), 2);
+        st = absent_add(ag, ag->grad[gref], st);
         if (!st) return -1;
     }
     ag->grad[gref] = st;
@@ -1493,7 +1598,7 @@ static int accumulate(AG *ag, IRRef gref, IRRef gi) {
     gi = reduce_to(ag, gi, gref);
     if (!gi) return -1;
     if (ag->grad[gref]) {
-        gi = emit_op(ag, "add", arg_node(ag->grad[gref]), arg_node(gi), 2);
+        gi = absent_add(ag, ag->grad[gref], gi);
         if (!gi) return -1;
     }
     ag->grad[gref] = gi;
@@ -5788,6 +5893,41 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         }
         ag.role[tangent[k]] = ROLE_TANGENT;
     }
+    /* with two tangents or more, a flag per tangent: is its gradient given ("absent tangents") */
+    ag.tangent = tangent;
+    ag.nouts = outs->n;
+    uint32_t ntan = 0;
+    for (uint32_t k = 0; k < outs->n; k++) ntan += tangent[k] != 0;
+    if (ntan >= 2 && outs->n <= 64 && !(ag.flag = calloc(outs->n + 1, sizeof(IRRef)))) {
+        free(tangent);
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (uint32_t k = 0; ag.flag && k < outs->n; k++) {
+        if (!tangent[k]) continue;
+        char name[40];
+        snprintf(name, sizeof name, "tangent_given_%u", k + 1);
+        IRMeta m = {0};
+        m.kind = IRMETA_TENSOR;
+        m.sizes = em_arena_alloc(g->arena, sizeof(int64_t));
+        m.strides = em_arena_alloc(g->arena, sizeof(int64_t));
+        m.dtype = torch_dtype("bool");
+        m.device = em_ir_node(ag.j, tangent[k])->meta.device;
+        PyObject *tex = em_ir_node(ag.j, tangent[k])->meta.example;
+        m.example = tex ? em_arena_hold_steal(g->arena, PyObject_CallMethod(tex, "new_empty", "(())")) : NULL;
+        if (m.example) {
+            PyObject *b = PyObject_CallMethod(m.example, "bool", NULL);
+            m.example = b ? em_arena_hold_steal(g->arena, b) : NULL;
+        }
+        IRRef f = m.sizes && m.strides && m.dtype && m.example ? em_ir_placeholder(ag.j, name, &m) : 0;
+        if (!f || ag_grow_roles(&ag) < 0) {
+            free(tangent);
+            if (!PyErr_Occurred()) PyErr_NoMemory();
+            goto error;
+        }
+        ag.role[f] = ROLE_TANGENT;
+        ag.flag[k] = f;
+    }
     /* a seed per dropout (an upper bound) */
     if (ag.ember_halves && !em_config_bool("fallback_random", 0))
         for (IRRef r = 1; r < G; r++) {
@@ -5824,7 +5964,7 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         if (!tangent[k]) continue;
         IRRef o = outs->u.items[k].u.ref;
         if (ag.grad[o]) {
-            IRRef s = emit_op(&ag, "add", arg_node(ag.grad[o]), arg_node(tangent[k]), 2);
+            IRRef s = absent_add(&ag, ag.grad[o], tangent[k]);
             if (!s) break;
             ag.grad[o] = s;
         } else {
@@ -6168,6 +6308,17 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
             goto error;
         }
     }
+    /* then the tangents' flags (CompiledRegion passes them after the tangents) */
+    for (uint32_t k = 0; ag.flag && k < outs->n; k++) {
+        IRRef f = ag.flag[k];
+        if (!f) continue;
+        if (!(fmapB[f] = em_ir_placeholder(B, em_ir_node(ag.j, f)->name, &em_ir_node(ag.j, f)->meta))) {
+            free(fout);
+            free(tangent);
+            goto error;
+        }
+    }
+    ag.tangent = NULL;
     free(tangent);
     if (em_ir_set_output(F, fout, nfout) < 0) {
         free(fout);
@@ -6293,8 +6444,9 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         Py_DECREF(layouts);
         goto error;
     }
-    result = PyObject_CallFunction(make, "OOIIOOONOOONOOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
-                                   tang, nondiff, layouts, gdeps, same, views, detached, oviews, unview, saved_ints);
+    result = PyObject_CallFunction(make, "OOIIOOONOOONOOOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
+                                   tang, nondiff, layouts, gdeps, same, views, detached, oviews, unview, saved_ints,
+                                   ag.flag ? Py_True : Py_False);
     if (!result) goto error;
     *info = d;
     d = NULL;
@@ -6313,6 +6465,8 @@ done:
     free(ag.philox);
     free(ag.role);
     free(ag.pinned);
+    free(ag.flag);
+    free(ag.deps);
     Py_XDECREF(ag.reason);
     Py_XDECREF(ag.symctx);
     Py_XDECREF(ag.symhints);

@@ -96,6 +96,7 @@ class CompiledRegion(torch.autograd.Function):
                 holder.pending = False
         out = [None] * (plan.ninputs + 2)  # plan and same get None
         tangents = [_take_gradient(grads, k) for k in plan.tangents]  # (the args list below owns them)
+        given = [t is not None for t in tangents]
         keep = None  # all outputs got a gradient: every input gradient is returned
         if any(t is None for t in tangents):
             keep = [not deps or any(grads[k] is not None for k in deps) for deps in plan.grad_deps]
@@ -108,6 +109,9 @@ class CompiledRegion(torch.autograd.Function):
             tangents = [t.contiguous() if plan.strides[k] is None else t if t.stride() == plan.strides[k] else
                         torch.empty_strided(t.shape, plan.strides[k], dtype=t.dtype, device=t.device).copy_(t)
                         for k, t in zip(plan.tangents, tangents)]
+        if plan.masked:  # which tangents are given, for a backward graph where several outputs' gradients
+            # meet (csrc/autograd, "absent tangents"): a 0-d bool per tangent, on its device
+            tangents += [_given(t.device, v) for t, v in zip(tangents, given)]
         if holder is not None:
             del saved
             res = plan.graphs.backward(holder, tangents)
@@ -119,6 +123,17 @@ class CompiledRegion(torch.autograd.Function):
             if keep is None or keep[j]:
                 out[i + 2] = g
         return tuple(out)
+
+
+_GIVEN = {}
+
+
+def _given(device, value):
+    """A 0-d bool tensor on device holding value, made once (backward graphs only read it)."""
+    t = _GIVEN.get((device, value))
+    if t is None:
+        t = _GIVEN[(device, value)] = torch.tensor(value, device=device)
+    return t
 
 
 # (sys.getrefcount, Tensor._use_count) of an incoming gradient that nothing but autograd's engine
@@ -193,11 +208,11 @@ def _calibrate():
 
 class _Plan:
     __slots__ = ("fwd", "bwd", "bwd_boxed", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides",
-                 "grad_deps", "maybe_same", "unview", "graphs", "saved_ints", "saved_tensors")
+                 "grad_deps", "maybe_same", "unview", "graphs", "saved_ints", "saved_tensors", "masked")
 
 
 def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None, grad_deps=None,
-                maybe_same=(), maybe_view=(), detached=(), out_views=(), unview=(), saved_ints=()):
+                maybe_same=(), maybe_view=(), detached=(), out_views=(), unview=(), saved_ints=(), masked=False):
     """Called by csrc/autograd on a cache miss; returns compiled(*graph_inputs) -> tuple.
     Under no_grad / inference_mode the guard on grad mode makes a separate, forward-only entry,
     so this callable always runs with grad enabled. grad_deps: per entry of grad_inputs, the
@@ -226,7 +241,9 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     unview: indices of outputs whose op may return a view (of an intermediate): _unview_outputs.
     saved_ints: positions among the saved values of ints (the sizes a region compiled for symbolic
     sizes reads in its backward: csrc/autograd "Symbolic sizes"); strides then has None for an
-    output whose sizes are symbolic (its tangent is made contiguous)."""
+    output whose sizes are symbolic (its tangent is made contiguous). masked: bwd takes, after the
+    tangents, a 0-d bool per tangent saying whether that output's gradient is given (csrc/autograd,
+    "absent tangents")."""
     if _SOLE_REFS is None:
         _calibrate()
     plan = _Plan()
@@ -236,6 +253,7 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     plan.grad_inputs, plan.tangents, plan.nondiff = tuple(grad_inputs), tuple(tangents), tuple(nondiff)
     plan.strides = None if strides is None else tuple(None if s is None else tuple(s) for s in strides)
     plan.saved_ints = tuple(saved_ints)
+    plan.masked = bool(masked)
     plan.saved_tensors = None  # positions of the saved tensors, when there are ints: found on the first call
     plan.grad_deps = tuple(tuple(d) for d in grad_deps) if grad_deps is not None else ((),) * len(plan.grad_inputs)
     plan.maybe_same = tuple(tuple(p) for p in maybe_same)

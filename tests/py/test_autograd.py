@@ -1408,6 +1408,26 @@ def test_output_gradient_handed_to_the_backward_only_when_nobody_else_sees_it(ho
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_output_without_gradient_adds_nothing_to_the_others(backend):
+    """An output the loss does not read gets no gradient, and its backward contributes nothing, as
+    eager never runs it: with an inf in y, x * y's zero tangent times y would be NaN in x's
+    gradient (csrc/autograd, "absent tangents"). Also through a stack of pieces (x[0], x[1])."""
+    def f(x, y):
+        return x * y, x + 1, x[0] * y[0], x[1] * 2
+
+    y = torch.tensor([[1.0, float("inf"), 2.0], [3.0, 4.0, float("-inf")]])
+    x0 = torch.randn(2, 3, generator=torch.Generator().manual_seed(0), device="cpu").to(y.device)
+    for used in ([1], [0, 1], [1, 3], [2, 3], [0, 1, 2, 3]):
+        grads = []
+        for fn in (f, ember.compile(f, backend=backend)):
+            x = x0.clone().requires_grad_()
+            outs = fn(x, y)
+            sum(outs[k].sum() for k in used).backward()
+            grads.append(x.grad)
+        torch.testing.assert_close(grads[1], grads[0], equal_nan=True, msg=f"outputs {used}")
+
+
 def test_batchnorm_running_stats_updated_once_per_forward():
     torch.manual_seed(0)
     m_e = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3))
