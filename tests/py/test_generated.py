@@ -54,6 +54,43 @@ FIXED_AUTOCAST = [
 ]
 
 
+def test_special_values_and_partial_backward_are_written_into_the_source():
+    """--special-values and --partial-backward are part of the program's source (a saved reproducer
+    keeps them) and deterministic; the special values do reach the inputs."""
+    prog = pg.generate(3, special=True, partial=True)
+    src = prog.source()
+    assert "def _special(" in src and "_special(torch.randn(" in src and f"BACKWARD = {prog.backward!r}" in src
+    assert prog.backward in pg.BACKWARD_MODES and pg.generate(3, True, True).source() == src
+    assert "_special" not in pg.generate(3).source() and "BACKWARD" not in pg.generate(3).source()
+    nonfinite = 0
+    for seed in range(10):
+        ns = pg.load_source(pg.generate(seed, special=True).source(), f"<special-{seed}>")
+        for args in ns["inputs"]():
+            nonfinite += sum(int((~torch.isfinite(a)).sum()) for a in args
+                             if isinstance(a, torch.Tensor) and a.is_floating_point())
+    assert nonfinite > 0
+
+
+def test_partial_backward_differentiates_the_chosen_outputs():
+    x = torch.ones(3, requires_grad=True)
+    for which, g in (("first", 2.0), ("last", 5.0), ("even", 7.0), ("odd", 3.0), ("all", 10.0)):
+        x.grad = None
+        grads = pg._backward([x], (x * 2, x * 3, x * 5), which)
+        assert torch.equal(grads[0], torch.full((3,), g)), which
+
+
+def test_generated_subset_special_values_partial_backward():
+    """Training backends on programs with inf / NaN inputs where only some outputs get a gradient
+    (an output without one must add nothing, NaN included, to the others' gradients)."""
+    failures = []
+    for backend in ("aot_eager", "ember"):
+        for seed in range(1000, 1040):
+            cls, detail = pg.run_program(pg.generate(seed, special=True, partial=True), backend=backend)
+            if cls in pg.FAILURES:
+                failures.append(f"seed {seed} ({backend}): {cls}: {detail}")
+    assert not failures, "\n".join(failures)
+
+
 def test_seeds_of_fixed_bugs():
     bad = []
     for seed, backend in FIXED:

@@ -27,7 +27,7 @@ def _params():
 def test_regression(path):
     ns = pg.load_source(path.read_text(), str(path))
     ns_eager = pg.load_source(path.read_text(), str(path))   # eager's own globals
-    cls, detail = pg.check(ns["program"], ns["inputs"](), eager_fn=ns_eager["program"])
+    cls, detail = pg.check(ns["program"], ns["inputs"](), eager_fn=ns_eager["program"], backward=ns.get("BACKWARD", "all"))
     assert cls in ("pass", "fallback"), f"{path.name}: {cls}: {detail}"
 
 

@@ -19,8 +19,15 @@ another type), mismatch (eager raised and the compiled call did not, or with ano
 A failing program is shrunk (statements, returned values, shape sets and sizes removed while the
 same class of failure persists) and can be saved as tests/regressions/gen_<seed>.py.
 
+Two options widen what a sweep exercises (both written into the program's source, so a saved
+reproducer keeps them): --special-values puts inf, -inf and NaN at random positions of some float
+inputs (_special in the source: eager's NaN and inf semantics, through every backend's kernels and
+gradients); --partial-backward differentiates only some of the returned float values (BACKWARD =
+"first" / "last" / "even" / "odd", chosen per seed): an output without a gradient must add nothing
+to the others' gradients, as in eager, which never runs its backward.
+
     python -m ember.testing.program_gen --count 2000 --seed 0 [--time-budget S] [--json PATH]
-        [--save-dir tests/regressions] [--verbose]
+        [--save-dir tests/regressions] [--verbose] [--special-values] [--partial-backward]
 """
 from __future__ import annotations
 
@@ -76,6 +83,17 @@ HALF, DOUBLE = Scale(0.5), Scale(2)
 SINK = io.StringIO()  # print(..., file=SINK) statements: graph breaks at a keyword call
 """
 
+SPECIAL_PRELUDE = """
+
+def _special(t):  # --special-values: inf, -inf and NaN at random positions of some inputs
+    if t.numel() and torch.rand(()) < 0.6:
+        flat = t.view(-1)
+        for v in (float("inf"), float("-inf"), float("nan")):
+            if torch.rand(()) < 0.5:
+                flat[torch.randint(0, t.numel(), ())] = v
+    return t
+"""
+
 
 @dataclass
 class Program:
@@ -85,6 +103,8 @@ class Program:
     stmts: list = field(default_factory=list)
     ret: tuple = ("tuple", [])   # (kind, names): kind in single / tuple / list / dict
     globals_: list = field(default_factory=list)  # (name, ctor source) modules closed over
+    special: bool = False  # --special-values: inputs through _special (inf, -inf, NaN)
+    backward: str = "all"  # --partial-backward: which returned float values get a gradient (_backward)
 
     def copy(self) -> "Program":
         return copy.deepcopy(self)
@@ -122,13 +142,14 @@ class Program:
     def inputs_source(self) -> str:
         lines = ["def inputs():", f"    torch.manual_seed({self.seed})", "    calls = []"]
         for ss in self.shape_sets:
-            items = [_input_expr(i, ss) for i in self.inputs]
+            items = [_input_expr(i, ss, self.special) for i in self.inputs]
             lines.append(f"    calls.append(({''.join(x + ', ' for x in items)}))")
         lines.append("    return calls")
         return "\n".join(lines) + "\n"
 
     def source(self) -> str:
-        return ("import torch\n\n" + PRELUDE + self.globals_source() + "\n\n" + self.body_source(self.ret_expr()) +
+        extra = (SPECIAL_PRELUDE if self.special else "") + (f"\n\nBACKWARD = {self.backward!r}  # --partial-backward: the outputs differentiated\n" if self.backward != "all" else "")
+        return ("import torch\n\n" + PRELUDE + extra + self.globals_source() + "\n\n" + self.body_source(self.ret_expr()) +
                 "\n\n" + self.inputs_source())
 
 
@@ -136,10 +157,12 @@ def _shape(dims, ss) -> tuple:
     return tuple(ss[d] if isinstance(d, str) else d for d in dims)
 
 
-def _input_expr(inp: Input, ss) -> str:
+def _input_expr(inp: Input, ss, special: bool = False) -> str:
     dtype = ss.get("dt", "torch.float32") if inp.dtype == "dt" else inp.dtype
     if inp.kind == "tensor" and dtype == "torch.int64":
         return f"torch.randint(-5, 6, {_shape(inp.dims, ss)})"
+    if inp.kind == "tensor" and special:
+        return f"_special(torch.randn({_shape(inp.dims, ss)}, dtype={dtype})){'.requires_grad_()' if 'grad' in inp.extra else ''}"
     if inp.kind == "tensor":
         grad = ", requires_grad=True" if "grad" in inp.extra else ""
         return f"torch.randn({_shape(inp.dims, ss)}, dtype={dtype}{grad})"
@@ -197,11 +220,16 @@ def _alias_signature(args, value) -> list:
     return sig
 
 
-def _backward(args, value):
+BACKWARD_MODES = ("first", "last", "even", "odd")
+
+
+def _backward(args, value, which="all"):
     """Gradients of the inputs that require grad, after backward() of the sum of the float
-    outputs that require grad; ("raise", type) when backward raises; None when nothing to do."""
+    outputs that require grad (which: "all", or the first / last / even-indexed / odd-indexed of
+    them: --partial-backward); ("raise", type) when backward raises; None when nothing to do."""
     leaves = [t for t in _tensor_leaves(list(args)) if t.requires_grad and t.is_leaf]
     outs = [o for o in _tensor_leaves(value) if o.requires_grad and o.is_floating_point()]
+    outs = {"first": outs[:1], "last": outs[-1:], "even": outs[0::2], "odd": outs[1::2] or outs[:1]}.get(which, outs)
     if not leaves or not outs:
         return None
     try:
@@ -232,11 +260,11 @@ class _FloatDtypes(torch.overrides.TorchFunctionMode):
         return out
 
 
-def call(fn, args, record=False, autocast=None) -> Outcome:
-    """Runs fn(*args) and its backward (_backward). record: note the floating dtypes the call read
-    or made (Outcome.float_dtypes; the inputs' included), for compare's tolerances. autocast: a
-    dtype: the call (not its backward) runs under torch.autocast("cpu", dtype=autocast), as an AMP
-    step's forward does."""
+def call(fn, args, record=False, autocast=None, backward="all") -> Outcome:
+    """Runs fn(*args) and its backward (_backward, of the outputs backward names). record: note the
+    floating dtypes the call read or made (Outcome.float_dtypes; the inputs' included), for compare's
+    tolerances. autocast: a dtype: the call (not its backward) runs under torch.autocast("cpu",
+    dtype=autocast), as an AMP step's forward does."""
     seen = set()
     if record:
         _FloatDtypes(seen)._note([list(a.parameters()) + list(a.buffers()) if isinstance(a, torch.nn.Module) else a
@@ -251,7 +279,7 @@ def call(fn, args, record=False, autocast=None) -> Outcome:
     except Exception as e:  # noqa: BLE001 - the exception is the result being compared
         return Outcome(exc=e, args_after=args, float_dtypes=seen if record else None)
     alias = _alias_signature(args, value)
-    return Outcome(value=value, args_after=args, alias=alias, grads=_backward(args, value),
+    return Outcome(value=value, args_after=args, alias=alias, grads=_backward(args, value, backward),
                    float_dtypes=seen if record else None)
 
 
@@ -377,12 +405,13 @@ def classify(ref: Outcome, got: Outcome) -> tuple:
     return "pass", ""
 
 
-def check(program_fn, calls, repeat=True, eager_fn=None, backend="eager", autocast=None) -> tuple:
+def check(program_fn, calls, repeat=True, eager_fn=None, backend="eager", autocast=None, backward="all") -> tuple:
     """Compiles program_fn with ember (eager backend) and runs it and eager on each argument tuple
     of calls (each side on its own deep copy), then, with repeat, on the first tuple again (a
     cache hit). eager_fn: the eager side, when it must not share program_fn's globals (a copy of
     the program loaded in its own namespace); program_fn itself by default. autocast: a dtype:
-    both sides' calls run under CPU autocast (call()). Returns (class, detail): class in CLASSES."""
+    both sides' calls run under CPU autocast (call()). backward: which outputs both sides
+    differentiate (_backward; a program's BACKWARD). Returns (class, detail): class in CLASSES."""
     import ember
     eager_fn = eager_fn or program_fn
     _EXACT[0] = backend == "eager"
@@ -395,8 +424,8 @@ def check(program_fn, calls, repeat=True, eager_fn=None, backend="eager", autoca
         eager_args = copy.deepcopy(tuple(args))
         comp_args = copy.deepcopy(tuple(args))
         with ember.disable():
-            ref = call(eager_fn, eager_args, record=not _EXACT[0], autocast=autocast)
-        got = call(compiled, comp_args, autocast=autocast)
+            ref = call(eager_fn, eager_args, record=not _EXACT[0], autocast=autocast, backward=backward)
+        got = call(compiled, comp_args, autocast=autocast, backward=backward)
         cls, detail = classify(ref, got)
         if cls != "pass":
             return cls, f"call {i}: {detail}"
@@ -429,7 +458,8 @@ def run_program(prog: Program, backend: str = "eager", autocast=None) -> tuple:
     except Exception as e:  # noqa: BLE001 - a generator bug, not an ember one
         return "crash", "harness: " + _exc_text(e)
     try:
-        return check(ns["program"], calls, eager_fn=ns_eager["program"], backend=backend, autocast=autocast)
+        return check(ns["program"], calls, eager_fn=ns_eager["program"], backend=backend, autocast=autocast,
+                     backward=ns.get("BACKWARD", "all"))
     finally:
         ember.reset()
 
@@ -745,9 +775,14 @@ def _add_print(self) -> None:
 _Gen.add_print = _add_print
 
 
-def generate(seed: int) -> Program:
-    """The random program of a seed (deterministic)."""
-    return _Gen(seed).build()
+def generate(seed: int, special: bool = False, partial: bool = False) -> Program:
+    """The random program of a seed (deterministic); special / partial: --special-values /
+    --partial-backward (the module docstring)."""
+    prog = _Gen(seed).build()
+    prog.special = special
+    if partial:
+        prog.backward = random.Random(seed).choice(BACKWARD_MODES)
+    return prog
 
 
 # ---------------------------------------------------------------------------------------------
@@ -852,8 +887,9 @@ def regression_source(prog: Program, cls: str, detail: str, xfail: str | None = 
 
 
 def sweep(seeds, time_budget=None, verbose=False, shrink_dir=None, shrink_budget=60.0, log=print, backend="eager",
-          autocast=None):
-    """Runs the programs of seeds; returns {"totals": {...}, "programs": [...], "failures": [...]}."""
+          autocast=None, special=False, partial=False):
+    """Runs the programs of seeds; returns {"totals": {...}, "programs": [...], "failures": [...]}.
+    special / partial: --special-values / --partial-backward (the module docstring)."""
     totals = {c: 0 for c in CLASSES}
     records, failures = [], []
     t0 = time.monotonic()
@@ -862,7 +898,7 @@ def sweep(seeds, time_budget=None, verbose=False, shrink_dir=None, shrink_budget
             break
         if verbose:
             print(f"seed {seed} ...", file=sys.stderr, flush=True)
-        prog = generate(seed)
+        prog = generate(seed, special, partial)
         cls, detail = run_program(prog, backend=backend, autocast=autocast)
         totals[cls] += 1
         records.append({"seed": seed, "class": cls, "detail": detail})
@@ -870,7 +906,8 @@ def sweep(seeds, time_budget=None, verbose=False, shrink_dir=None, shrink_budget
             rec = {"seed": seed, "class": cls, "detail": detail, "source": prog.source()}
             log(f"seed {seed}: {cls}: {detail}")
             if shrink_dir:
-                small, sdetail = shrink(prog, cls, shrink_budget)
+                small, sdetail = shrink(prog, cls, shrink_budget,  # (the same backend: the same failure)
+                                        runner=lambda p: run_program(p, backend=backend, autocast=autocast))
                 import os
                 os.makedirs(shrink_dir, exist_ok=True)
                 path = os.path.join(shrink_dir, f"gen_{seed}.py")
@@ -898,6 +935,10 @@ def main(argv=None) -> int:
     p.add_argument("--autocast", choices=["bf16", "fp16"], default=None,
                    help="run both sides' calls under torch.autocast('cpu', dtype) (values then within "
                         "that dtype's tolerances)")
+    p.add_argument("--special-values", action="store_true",
+                   help="inf, -inf and NaN at random positions of some float inputs (the module docstring)")
+    p.add_argument("--partial-backward", action="store_true",
+                   help="differentiate only some returned values (first / last / even / odd, per seed)")
     p.add_argument("--no-graph-breaks", action="store_true",
                    help="ember.config.graph_breaks = 0: frames that break fall back whole (the baseline)")
     a = p.parse_args(argv)
@@ -905,10 +946,11 @@ def main(argv=None) -> int:
         import ember
         ember.config.graph_breaks = 0
     if a.show is not None:
-        print(generate(a.show).source())
+        print(generate(a.show, a.special_values, a.partial_backward).source())
         return 0
     res = sweep(range(a.seed, a.seed + a.count), a.time_budget, a.verbose, a.save_dir, a.shrink_budget,
-                backend=a.backend, autocast={"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.autocast))
+                backend=a.backend, autocast={"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.autocast),
+                special=a.special_values, partial=a.partial_backward)
     t = res["totals"]
     print(f"programs: {res['count']} in {res['seconds']} s  " + "  ".join(f"{c}: {t[c]}" for c in CLASSES))
     reasons = {}
