@@ -148,7 +148,9 @@ class Program:
         return "\n".join(lines) + "\n"
 
     def source(self) -> str:
-        extra = (SPECIAL_PRELUDE if self.special else "") + (f"\n\nBACKWARD = {self.backward!r}  # --partial-backward: the outputs differentiated\n" if self.backward != "all" else "")
+        extra = SPECIAL_PRELUDE if self.special else ""
+        if self.backward != "all":
+            extra += f"\n\nBACKWARD = {self.backward!r}  # --partial-backward: the outputs differentiated\n"
         return ("import torch\n\n" + PRELUDE + extra + self.globals_source() + "\n\n" + self.body_source(self.ret_expr()) +
                 "\n\n" + self.inputs_source())
 
@@ -162,7 +164,8 @@ def _input_expr(inp: Input, ss, special: bool = False) -> str:
     if inp.kind == "tensor" and dtype == "torch.int64":
         return f"torch.randint(-5, 6, {_shape(inp.dims, ss)})"
     if inp.kind == "tensor" and special:
-        return f"_special(torch.randn({_shape(inp.dims, ss)}, dtype={dtype})){'.requires_grad_()' if 'grad' in inp.extra else ''}"
+        grad = ".requires_grad_()" if "grad" in inp.extra else ""
+        return f"_special(torch.randn({_shape(inp.dims, ss)}, dtype={dtype})){grad}"
     if inp.kind == "tensor":
         grad = ", requires_grad=True" if "grad" in inp.extra else ""
         return f"torch.randn({_shape(inp.dims, ss)}, dtype={dtype}{grad})"
