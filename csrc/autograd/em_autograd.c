@@ -1358,7 +1358,6 @@ static IRArg shape_arg(AG *ag, IRRef x, int32_t from) {
     return t;
 }
 
-
 /* Is numel(a) / numel(b) the same number for every size: b's symbolic dims cancel against equal
  * ones of a and what is left is static (mean over a static dim, [4, s0, 64] over [4, s0, 1])? */
 static bool numel_ratio_const(AG *ag, const IRMeta *a, const IRMeta *b) {

@@ -1001,8 +1001,6 @@ static int kernel_set_symbolic(Kernel *ko, void *handle, const char *fname, cons
     return 0;
 }
 
-/* Marks the symbols the runtime's per-call expressions of every CUDA kernel read. -1 with an
- * exception (memory). */
 /* A VIEW buffer's layout as expressions: its sizes, strides and offset, then, over an extern's
  * result, the base's sizes and strides (checked per call). Returns the count (at most
  * 4 * EM_LMAXDIM + 1), 0 when every one is a constant (the view is made with fixed arguments). */
@@ -1022,7 +1020,6 @@ static uint32_t view_exprs(const LGraph *lg, const LBuf *vb, SymRef *out) {
     return sym ? n : 0;
 }
 
-/* Marks the symbols the symbolic views read (their per-call arguments). -1 on OOM. */
 /* Marks used[i] for every symbol i the expressions e[0 .. n) read. -1 on OOM. */
 static int exprs_mark_symbols(ShapeEnv *env, const SymRef *e, uint32_t n, uint8_t *used) {
     uint32_t ns = em_sym_nsymbols(env), *syms = malloc((ns + 1) * sizeof(uint32_t));
@@ -1038,6 +1035,7 @@ static int exprs_mark_symbols(ShapeEnv *env, const SymRef *e, uint32_t n, uint8_
     return 0;
 }
 
+/* Marks the symbols the symbolic views read (their per-call arguments). -1 on OOM. */
 static int mark_view_symbols(const Schedule *s, uint8_t *used) {
     SymRef e[4 * EM_LMAXDIM + 1];
     for (uint32_t st = 0; st < s->nsteps; st++) {
@@ -1048,6 +1046,8 @@ static int mark_view_symbols(const Schedule *s, uint8_t *used) {
     return 0;
 }
 
+/* Marks the symbols the runtime's per-call expressions of every CUDA kernel read. -1 with an
+ * exception (memory). */
 static int cuda_mark_meta_symbols(const Schedule *s, uint8_t *used) {
     ShapeEnv *env = s->lg->env;
     for (uint32_t ki = 0; ki < s->nkernels; ki++) {
