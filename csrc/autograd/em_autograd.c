@@ -88,6 +88,11 @@ typedef struct {
     uint32_t nouts, ndeps, depcap, nor;
     uint64_t *deps;
     struct { uint64_t set; IRRef ref; } flag_or[32];
+    /* the where(flag, x, 0) nodes absent_zero made (gate[i]: its joint ref, gate_set[i]: the outputs
+     * whose flags it reads), for saved_needs */
+    IRRef *gate;
+    uint64_t *gate_set;
+    uint32_t ngates, gatecap;
 } AG;
 
 /* ---------------------------------------------------------------- small helpers */
@@ -1539,7 +1544,21 @@ static IRRef absent_zero(AG *ag, IRRef x, uint64_t all) {
     IRRef f = flag_of(ag, d);
     if (!f) return 0;
     IRArg a[3] = {arg_node(f), arg_node(x), arg_const_steal(ag, PyFloat_FromDouble(0.0))};
-    return emit_fn(ag, "where", a, 3);
+    IRRef w = emit_fn(ag, "where", a, 3);
+    if (w && ag->ngates == ag->gatecap) {
+        uint32_t cap = ag->gatecap * 2 + 8;
+        IRRef *gr = realloc(ag->gate, cap * sizeof(IRRef));
+        if (gr) ag->gate = gr;
+        uint64_t *gs = gr ? realloc(ag->gate_set, cap * sizeof(uint64_t)) : NULL;
+        if (gs) ag->gate_set = gs;
+        if (!gr || !gs) return PyErr_NoMemory(), ag_fail_exc(ag), 0;
+        ag->gatecap = cap;
+    }
+    if (w) {
+        ag->gate[ag->ngates] = w;
+        ag->gate_set[ag->ngates++] = d;
+    }
+    return w;
 }
 
 /* add(a, b) of two values meeting (a gradient accumulated), each through absent_zero. */
@@ -4082,6 +4101,90 @@ static void visit_refs(const IRArg *a, void (*fn)(IRRef, void *), void *ctx) {
         for (uint32_t i = 0; i < a->n; i++) visit_refs(&a->u.items[i], fn, ctx);
 }
 
+/* A saved tensor that only the gradients of outputs without a gradient read (the backward never
+ * needs its value: absent_zero masks what it reaches), and that an in-place update changed after
+ * the forward, is no error in eager, which never runs those outputs' backward; autograd's
+ * ctx.saved_tensors checks every saved tensor (program_gen seed 880121). saved_needs says, per
+ * saved value, which outputs' gradients make the backward read it: ember._autograd unpacks the
+ * saved tensors one by one when ctx.saved_tensors raises, and raises only for one that a given
+ * gradient needs.
+ *
+ * nd[r] over the joint graph, in reverse (an over-approximation: "r's value may reach a returned
+ * gradient only if one of the outputs in nd[r] has a gradient"): an input gradient reaches the
+ * caller when one of its grad_deps outputs has a gradient (any output, all bits, when grad_deps is
+ * empty); a value reaches what reads it, except that the value argument of a where(flag, x, 0) of
+ * absent_zero reaches it only when one of the flag's outputs has a gradient (the gate's set: "and
+ * the where's own value reaches", dropped, keeps it an over-approximation); an in-place update
+ * reaches whatever reads the value it writes (its alias root) after it, which the fixed point
+ * covers for views made before the update. Per saved value: a list of output indices, or None
+ * (always read: no flags, an empty or full set). */
+typedef struct {
+    uint64_t *nd, v;
+    bool grew;
+} NeedCtx;
+
+static void need_or(IRRef r, void *ctx) {
+    NeedCtx *c = ctx;
+    if ((c->nd[r] | c->v) != c->nd[r]) c->nd[r] |= c->v, c->grew = true;
+}
+
+static PyObject *saved_needs(const AG *ag, const uint8_t *saved, const uint8_t *need, const IRRef *grads,
+                             uint32_t ngrads, PyObject *gdeps) {
+    const IRGraph *j = ag->j;
+    uint32_t N = j->nnodes;
+    if (!ag->flag) return Py_NewRef(Py_None);
+    uint64_t *nd = calloc(N + 1, sizeof(uint64_t)), *gs = calloc(N + 1, sizeof(uint64_t));
+    PyObject *res = nd && gs ? PyList_New(0) : NULL;
+    if (!res) {
+        free(nd);
+        free(gs);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    }
+    for (uint32_t i = 0; i < ag->ngates; i++) gs[ag->gate[i]] = ag->gate_set[i];
+    for (uint32_t i = 0; i < ngrads; i++) {
+        PyObject *ks = PyList_GET_ITEM(gdeps, i);
+        uint64_t m = PyList_GET_SIZE(ks) ? 0 : ~(uint64_t)0;
+        for (Py_ssize_t q = 0; q < PyList_GET_SIZE(ks); q++) m |= (uint64_t)1 << PyLong_AsUnsignedLong(PyList_GET_ITEM(ks, q));
+        nd[grads[i]] |= m;
+    }
+    NeedCtx c = {nd, 0, true};
+    while (c.grew) {
+        c.grew = false;
+        for (IRRef r = N - 1; r >= 1; r--) {
+            const IRNode *n = em_ir_node(j, r);
+            if (n->kind == IR_OUTPUT) continue;
+            if (em_ir_mutates(n)) {
+                c.v = nd[alias_root(j, r)];
+                need_or(r, &c);
+            }
+            if (!nd[r]) continue;
+            for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) {
+                c.v = gs[r] && i == 1 ? gs[r] : nd[r];
+                visit_refs(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], need_or, &c);
+            }
+        }
+    }
+    uint64_t all = ag->nouts >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << ag->nouts) - 1;
+    for (IRRef r = 1; r < N && res; r++) {
+        if (!(saved[r] && need[r])) continue;
+        PyObject *ks = Py_NewRef(Py_None);
+        if (nd[r] && (nd[r] & ~all) == 0 && nd[r] != all) {
+            Py_SETREF(ks, PyList_New(0));
+            for (uint32_t k = 0; ks && k < ag->nouts; k++) {
+                if (!(nd[r] >> k & 1)) continue;
+                PyObject *v = PyLong_FromUnsignedLong(k);
+                if (!v || PyList_Append(ks, v) < 0) Py_CLEAR(ks);
+                Py_XDECREF(v);
+            }
+        }
+        if (!ks || PyList_Append(res, ks) < 0) Py_CLEAR(res);
+        Py_XDECREF(ks);
+    }
+    free(nd);
+    free(gs);
+    return res;
+}
+
 typedef struct {
     const uint32_t *step;
     uint32_t s;
@@ -5738,6 +5841,7 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
     PyObject *saved_list = NULL, *recomp_list = NULL, *tang = NULL, *gin = NULL, *nondiff = NULL;
     PyObject *gdeps = NULL, *same = NULL, *views = NULL, *oviews = NULL, *unview = NULL, *saved_ints = NULL;
+    PyObject *sneeds = NULL;
     PyObject *jt = NULL, *ft = NULL, *bt = NULL, *budget_obj = NULL, *ember_info = NULL;
     int64_t *bytes = NULL;
     uint8_t *saved = NULL, *recompute = NULL, *need = NULL;
@@ -6342,6 +6446,8 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         if (rc.failed) goto error;
         recomp_bytes = rc.bytes_total;
     }
+    /* which outputs' gradients make the backward read each saved value (joint refs still) */
+    if (!(sneeds = saved_needs(&ag, saved, need, grads, ngrads, gdeps))) goto error;
     for (uint32_t i = 0; i < ngrads; i++) grads[i] = fmapB[grads[i]];
     if (em_ir_set_output(B, grads, ngrads) < 0) {
         PyErr_NoMemory();
@@ -6443,9 +6549,9 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         Py_DECREF(layouts);
         goto error;
     }
-    result = PyObject_CallFunction(make, "OOIIOOONOOONOOOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
+    result = PyObject_CallFunction(make, "OOIIOOONOOONOOOOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
                                    tang, nondiff, layouts, gdeps, same, views, detached, oviews, unview, saved_ints,
-                                   ag.flag ? Py_True : Py_False);
+                                   ag.flag ? Py_True : Py_False, sneeds);
     if (!result) goto error;
     *info = d;
     d = NULL;
@@ -6466,11 +6572,14 @@ done:
     free(ag.pinned);
     free(ag.flag);
     free(ag.deps);
+    free(ag.gate);
+    free(ag.gate_set);
     Py_XDECREF(ag.reason);
     Py_XDECREF(ag.symctx);
     Py_XDECREF(ag.symhints);
     Py_XDECREF(ag.sizes);
     Py_XDECREF(saved_ints);
+    Py_XDECREF(sneeds);
     free(bytes);
     free(saved);
     free(recompute);

@@ -79,7 +79,12 @@ class CompiledRegion(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, grads):
         plan = ctx.plan
-        saved = ctx.saved_tensors
+        try:
+            saved = ctx.saved_tensors
+        except RuntimeError:
+            if plan.saved_deps is None:
+                raise
+            saved = _saved_needed(ctx, plan, grads)
         if plan.saved_ints:  # the ints back in their places among the saved values
             saved = list(saved)
             for i, v in zip(plan.saved_ints, ctx.saved_ints):
@@ -123,6 +128,32 @@ class CompiledRegion(torch.autograd.Function):
             if keep is None or keep[j]:
                 out[i + 2] = g
         return tuple(out)
+
+
+def _saved_needed(ctx, plan, grads):
+    """The saved tensors when ctx.saved_tensors raised (one was updated in place after the forward,
+    or the graph was released): each unpacked alone, with autograd's version check. One whose
+    check fails but that only the gradients of outputs without a gradient read
+    (plan.saved_deps, csrc/autograd saved_needs) is replaced by zeros of its layout: eager never
+    runs those outputs' backward, and the backward graph masks what it reaches (its flags); zeros,
+    not the updated values, so that no kernel reads, say, an index the update made out of range.
+    Any other raises autograd's own error, as eager's node that reads it would."""
+    raw = ctx._raw_saved_tensors
+    pos = plan.saved_tensors if plan.saved_ints else range(len(raw))
+    out = []
+    for i, s in zip(pos, raw):
+        try:
+            out.append(s.unpack())
+        except RuntimeError as e:
+            deps = plan.saved_deps[i]
+            if deps is None or any(grads[k] is not None for k in deps):
+                raise
+            try:
+                d = s.data
+            except RuntimeError:
+                raise e from None
+            out.append(torch.zeros_like(d))
+    return tuple(out)
 
 
 _GIVEN = {}
@@ -208,11 +239,13 @@ def _calibrate():
 
 class _Plan:
     __slots__ = ("fwd", "bwd", "bwd_boxed", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides",
-                 "grad_deps", "maybe_same", "unview", "graphs", "saved_ints", "saved_tensors", "masked")
+                 "grad_deps", "maybe_same", "unview", "graphs", "saved_ints", "saved_tensors", "masked",
+                 "saved_deps")
 
 
 def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None, grad_deps=None,
-                maybe_same=(), maybe_view=(), detached=(), out_views=(), unview=(), saved_ints=(), masked=False):
+                maybe_same=(), maybe_view=(), detached=(), out_views=(), unview=(), saved_ints=(), masked=False,
+                saved_deps=None):
     """Called by csrc/autograd on a cache miss; returns compiled(*graph_inputs) -> tuple.
     Under no_grad / inference_mode the guard on grad mode makes a separate, forward-only entry,
     so this callable always runs with grad enabled. grad_deps: per entry of grad_inputs, the
@@ -243,7 +276,8 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     sizes reads in its backward: csrc/autograd "Symbolic sizes"); strides then has None for an
     output whose sizes are symbolic (its tangent is made contiguous). masked: bwd takes, after the
     tangents, a 0-d bool per tangent saying whether that output's gradient is given (csrc/autograd,
-    "absent tangents")."""
+    "absent tangents"). saved_deps (masked regions): per saved value, the output indices whose
+    gradients make the backward read it, or None for always (_saved_needed)."""
     if _SOLE_REFS is None:
         _calibrate()
     plan = _Plan()
@@ -254,6 +288,7 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     plan.strides = None if strides is None else tuple(None if s is None else tuple(s) for s in strides)
     plan.saved_ints = tuple(saved_ints)
     plan.masked = bool(masked)
+    plan.saved_deps = None if saved_deps is None else tuple(None if d is None else tuple(d) for d in saved_deps)
     plan.saved_tensors = None  # positions of the saved tensors, when there are ints: found on the first call
     plan.grad_deps = tuple(tuple(d) for d in grad_deps) if grad_deps is not None else ((),) * len(plan.grad_inputs)
     plan.maybe_same = tuple(tuple(p) for p in maybe_same)

@@ -1428,6 +1428,37 @@ def test_output_without_gradient_adds_nothing_to_the_others(backend):
         torch.testing.assert_close(grads[1], grads[0], equal_nan=True, msg=f"outputs {used}")
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_saved_tensor_updated_in_place_raises_only_where_eager_reads_it(backend):
+    """A tensor saved for one output's backward (w, for x * w), updated in place after the forward:
+    eager raises "modified by an inplace operation" only when that backward runs; the region's
+    backward raises then too, and not when only the other outputs get gradients (program_gen seed
+    880121: ctx.saved_tensors checks every saved tensor, so the region raised there)."""
+    def f(x, w, v):
+        return (x * w).sum(-1), x.exp(), (x * v).sum(0)
+
+    gen = torch.Generator().manual_seed(0)
+    x0, w0, v0 = (torch.randn(3, 4, generator=gen, device="cpu").to(torch.empty(0).device) for _ in range(3))
+    for used in ([1], [2], [1, 2], [0], [0, 1], [0, 1, 2]):
+        results = []
+        for fn in (f, ember.compile(f, backend=backend)):
+            x, w, v = (t.clone().requires_grad_() for t in (x0, w0, v0))
+            outs = fn(x, w, v)
+            with torch.no_grad():
+                w.mul_(2)  # w: read by the first output's backward only (x * w's gradient for x)
+            try:
+                sum(outs[k].sum() for k in used).backward()
+                results.append((None, x.grad, w.grad, v.grad))
+            except RuntimeError as e:
+                results.append((str(e).split(":")[0], None, None, None))
+        (e_err, *e_grads), (c_err, *c_grads) = results
+        assert c_err == e_err, f"outputs {used}"
+        for a, b in zip(c_grads, e_grads):
+            assert (a is None) == (b is None), f"outputs {used}"
+            if a is not None:
+                torch.testing.assert_close(a, b, msg=f"outputs {used}")
+
+
 def test_batchnorm_running_stats_updated_once_per_forward():
     torch.manual_seed(0)
     m_e = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3))
