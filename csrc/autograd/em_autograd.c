@@ -4118,6 +4118,48 @@ static void visit_refs(const IRArg *a, void (*fn)(IRRef, void *), void *ctx) {
  * reaches whatever reads the value it writes (its alias root) after it, which the fixed point
  * covers for views made before the update. Per saved value: a list of output indices, or None
  * (always read: no flags, an empty or full set). */
+/* Outputs eager saves: an output whose op's eager backward saves the op's result (R_RESULT: exp,
+ * tanh, relu, softmax ..., through views of it), updated in place after the forward, makes eager's
+ * backward raise "modified by an inplace operation" when a gradient reaches that op. The region's
+ * backward may not read that value at all (its partition saved the op's input and recomputes), so
+ * ember._autograd checks the output's version itself. Per such output: (output index, the outputs
+ * whose gradients reach the op, or None: all). */
+static PyObject *outputs_eager_saves(AG *ag, const IRArg *outs) {
+    const IRGraph *g = ag->g;
+    PyObject *res = PyList_New(0);
+    if (ag->flag && deps_update(ag) < 0) Py_CLEAR(res);
+    for (uint32_t k = 0; res && k < outs->n; k++) {
+        if (outs->u.items[k].kind != IRARG_NODE || !ag->tangent[k]) continue;
+        IRRef r = outs->u.items[k].u.ref;
+        bool view = false;
+        for (uint32_t depth = 0; depth < g->nnodes; depth++) {
+            IRRef up = alias_step(g, r, &view);
+            if (!up || !view) break;
+            r = up;
+        }
+        const IRNode *n = em_ir_node(g, r);
+        if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !ag->grad[r] || !meta_needs_grad(&n->meta))
+            continue;
+        ag->cur = r;
+        Bind b;
+        const Rule *rule = find_rule(ag, n, &b);
+        PyErr_Clear();
+        if (!rule || !(rule->flags & R_RESULT)) continue;
+        PyObject *ks = Py_NewRef(Py_None);
+        uint64_t d = ag->flag && ag->grad[r] < ag->ndeps ? ag->deps[ag->grad[r]] : 0;
+        for (uint32_t j = 0; d && ks && j < outs->n; j++) {
+            if (ks == Py_None) Py_SETREF(ks, PyList_New(0));
+            PyObject *v = ks && (d >> j & 1) ? PyLong_FromUnsignedLong(j) : NULL;
+            if (v && PyList_Append(ks, v) < 0) Py_CLEAR(ks);
+            Py_XDECREF(v);
+        }
+        PyObject *it = ks ? Py_BuildValue("(IN)", (unsigned)k, ks) : NULL;
+        if (!it || PyList_Append(res, it) < 0) Py_CLEAR(res);
+        Py_XDECREF(it);
+    }
+    return res;
+}
+
 typedef struct {
     uint64_t *nd, v;
     bool grew;
@@ -5841,7 +5883,7 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
     PyObject *result = NULL, *fwd_eg = NULL, *bwd_eg = NULL, *make = NULL, *d = NULL;
     PyObject *saved_list = NULL, *recomp_list = NULL, *tang = NULL, *gin = NULL, *nondiff = NULL;
     PyObject *gdeps = NULL, *same = NULL, *views = NULL, *oviews = NULL, *unview = NULL, *saved_ints = NULL;
-    PyObject *sneeds = NULL;
+    PyObject *sneeds = NULL, *watch = NULL;
     PyObject *jt = NULL, *ft = NULL, *bt = NULL, *budget_obj = NULL, *ember_info = NULL;
     int64_t *bytes = NULL;
     uint8_t *saved = NULL, *recompute = NULL, *need = NULL;
@@ -6189,6 +6231,10 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         Py_DECREF(ks);
     }
     free(reach);
+    if (!(watch = outputs_eager_saves(&ag, outs))) {
+        free(tangent);
+        goto error;
+    }
     /* outputs that may be a graph input object at run time (the input itself, an in-place update
      * of it, x.contiguous() ...): eager returns the input object, the Function would return a new
      * alias of it (ember._autograd.make_region) */
@@ -6549,9 +6595,9 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         Py_DECREF(layouts);
         goto error;
     }
-    result = PyObject_CallFunction(make, "OOIIOOONOOONOOOOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
+    result = PyObject_CallFunction(make, "OOIIOOONOOONOOOOOO", fwd_eg, bwd_eg, (unsigned)outs->n, (unsigned)g->ninputs, gin,
                                    tang, nondiff, layouts, gdeps, same, views, detached, oviews, unview, saved_ints,
-                                   ag.flag ? Py_True : Py_False, sneeds);
+                                   ag.flag ? Py_True : Py_False, sneeds, watch);
     if (!result) goto error;
     *info = d;
     d = NULL;
@@ -6580,6 +6626,7 @@ done:
     Py_XDECREF(ag.sizes);
     Py_XDECREF(saved_ints);
     Py_XDECREF(sneeds);
+    Py_XDECREF(watch);
     free(bytes);
     free(saved);
     free(recompute);

@@ -34,10 +34,15 @@
  * Flags: R_RECOMPUTE: cheap and deterministic, the partitioner may recompute it in the backward.
  * R_ALIAS: the op may return its input or a view of it (views, conversions to the same dtype,
  * contiguous(), dropout with p = 0, a permuting einsum): functionalization (em_autograd.c) takes
- * only values of the other ops for fresh memory. */
+ * only values of the other ops for fresh memory. R_RESULT: eager's backward node saves the op's
+ * result (derivatives.yaml's formula reads `result`), so an in-place update of the output before
+ * the backward makes eager's backward raise (em_autograd.c, "outputs eager saves"); set only where
+ * that is so for every input (not pow: its result only for the exponent's gradient; not erfinv, whose
+ * formula in derivatives.yaml reads self). */
 
 #define R_RECOMPUTE 1u
 #define R_ALIAS 2u
+#define R_RESULT 4u
 
 enum { SP_NONE, SP_GETITEM, SP_CAT, SP_STACK, SP_LAYER_NORM, SP_BATCH_NORM, SP_CONV, SP_DROPOUT,
        SP_SELECT, SP_NARROW, SP_MAX_POOL2D, SP_SPLIT, SP_VALSEL,
@@ -70,19 +75,19 @@ static const Rule RULES[] = {
     {"torch.div Tensor.div torch.divide", "self, other, *, rounding_mode=None", "notnull:rounding_mode",
      "self: mul(grad, 0); other: mul(grad, 0)", PW, 0}, /* derivatives.yaml: grad * 0 */
     {"operator.neg torch.neg Tensor.neg Tensor.__neg__ torch.negative", "self", "", "self: neg(grad)", PW, 0},
-    {"torch.exp Tensor.exp", "self", "", "self: mul(grad, result)", PW, 0},
+    {"torch.exp Tensor.exp", "self", "", "self: mul(grad, result)", PW | R_RESULT, 0},
     {"torch.square Tensor.square", "self", "", "self: mul(grad, mul(self, 2))", PW, 0}, /* pow(self, 2)'s */
     /* piecewise constant: zero gradients, as derivatives.yaml (round with decimals too) */
     {"torch.floor Tensor.floor torch.ceil Tensor.ceil torch.trunc Tensor.trunc torch.fix Tensor.fix torch.sign Tensor.sign "
      "torch.sgn Tensor.sgn", /* sgn: real values only reach the rules (complex_grad) */
      "self", "", "self: zeros_like(grad)", PW, 0},
     {"torch.round Tensor.round", "self, *, decimals=0", "", "self: zeros_like(grad)", PW, 0},
-    {"torch.expm1 Tensor.expm1", "self", "", "self: mul(grad, add(result, 1))", PW, 0},
-    {"torch.exp2 Tensor.exp2 torch.special.exp2", "self", "", "self: mul(mul(grad, result), 0.6931471805599453)", PW, 0},
+    {"torch.expm1 Tensor.expm1", "self", "", "self: mul(grad, add(result, 1))", PW | R_RESULT, 0},
+    {"torch.exp2 Tensor.exp2 torch.special.exp2", "self", "", "self: mul(mul(grad, result), 0.6931471805599453)", PW | R_RESULT, 0},
     {"torch.log2 Tensor.log2", "self", "", "self: div(grad, mul(self, 0.6931471805599453))", PW, 0},
     {"torch.log10 Tensor.log10", "self", "", "self: div(grad, mul(self, 2.302585092994046))", PW, 0},
-    {"torch.reciprocal Tensor.reciprocal", "self", "", "self: mul(neg(grad), mul(result, result))", PW, 0},
-    {"torch.tan Tensor.tan", "self", "", "self: mul(grad, add(pow(result, 2), 1))", PW, 0},
+    {"torch.reciprocal Tensor.reciprocal", "self", "", "self: mul(neg(grad), mul(result, result))", PW | R_RESULT, 0},
+    {"torch.tan Tensor.tan", "self", "", "self: mul(grad, add(pow(result, 2), 1))", PW | R_RESULT, 0},
     {"torch.sinh Tensor.sinh", "self", "", "self: mul(grad, cosh(self))", PW, 0},
     {"torch.cosh Tensor.cosh", "self", "", "self: mul(grad, sinh(self))", PW, 0},
     {"torch.asin Tensor.asin torch.arcsin Tensor.arcsin", "self", "", "self: mul(grad, rsqrt(add(mul(neg(self), self), 1)))", PW, 0},
@@ -111,11 +116,11 @@ static const Rule RULES[] = {
     {"torch.log1p Tensor.log1p", "self", "", "self: div(grad, add(self, 1))", PW, 0},
     {"torch.sin Tensor.sin", "self", "", "self: mul(grad, cos(self))", PW, 0},
     {"torch.cos Tensor.cos", "self", "", "self: mul(grad, neg(sin(self)))", PW, 0},
-    {"torch.tanh Tensor.tanh torch.nn.functional.tanh", "self", "", "self: aten.tanh_backward(grad, result)", PW, 0},
+    {"torch.tanh Tensor.tanh torch.nn.functional.tanh", "self", "", "self: aten.tanh_backward(grad, result)", PW | R_RESULT, 0},
     {"torch.sigmoid Tensor.sigmoid torch.nn.functional.sigmoid torch.special.expit", "self", "",
-     "self: aten.sigmoid_backward(grad, result)", PW, 0},
+     "self: aten.sigmoid_backward(grad, result)", PW | R_RESULT, 0},
     {"torch.relu Tensor.relu torch.nn.functional.relu", "self, inplace=False", "false:inplace",
-     "self: aten.threshold_backward(grad, result, 0)", PW, 0},
+     "self: aten.threshold_backward(grad, result, 0)", PW | R_RESULT, 0},
     {"torch.nn.functional.gelu", "self, approximate='none'", "", "self: aten.gelu_backward(grad, self, approximate=approximate)", PW, 0},
     {"torch.nn.functional.silu", "self, inplace=False", "false:inplace", "self: aten.silu_backward(grad, self)", PW, 0},
     {"torch.nn.functional.leaky_relu", "self, negative_slope=0.01, inplace=False", "false:inplace",
@@ -156,8 +161,8 @@ static const Rule RULES[] = {
      "self: where(eq(exponent, 0), zeros_like(grad), mul(grad, mul(exponent, pow(self, sub(exponent, 1))))); "
      "exponent: where(logical_and(eq(self, 0), ge(exponent, 0)), zeros_like(grad), mul(grad, mul(result, log(self))))",
      PW, 0},
-    {"torch.sqrt Tensor.sqrt", "self", "", "self: div(grad, mul(result, 2))", PW, 0},
-    {"torch.rsqrt Tensor.rsqrt", "self", "", "self: mul(mul(grad, pow(result, 3)), -0.5)", PW, 0},
+    {"torch.sqrt Tensor.sqrt", "self", "", "self: div(grad, mul(result, 2))", PW | R_RESULT, 0},
+    {"torch.rsqrt Tensor.rsqrt", "self", "", "self: mul(mul(grad, pow(result, 3)), -0.5)", PW | R_RESULT, 0},
     {"torch.abs Tensor.abs operator.abs Tensor.__abs__", "self", "", "self: mul(grad, sgn(self))", PW, 0},
     {"torch.where", "condition, self, other", "", "self: where(condition, grad, 0.0); other: where(condition, 0.0, grad)", PW, 0},
     {"Tensor.where", "self, condition, other", "", "self: where(condition, grad, 0.0); other: where(condition, 0.0, grad)", PW, 0},
@@ -192,7 +197,7 @@ static const Rule RULES[] = {
     {"torch.atan2 Tensor.atan2 torch.arctan2 Tensor.arctan2", "self, other", "",
      "self: mul(mul(grad, other), reciprocal(add(mul(self, self), mul(other, other)))); "
      "other: mul(mul(grad, neg(self)), reciprocal(add(mul(self, self), mul(other, other))))", PW, 0},
-    {"torch.hypot Tensor.hypot", "self, other", "", "self: mul(grad, div(self, result)); other: mul(grad, div(other, result))", PW, 0},
+    {"torch.hypot Tensor.hypot", "self, other", "", "self: mul(grad, div(self, result)); other: mul(grad, div(other, result))", PW | R_RESULT, 0},
     {"torch.xlogy Tensor.xlogy torch.special.xlogy", "self, other", "",
      "self: mul(grad, xlogy(ne(self, 0), other)); other: div(mul(grad, self), other)", PW, 0},
     {"torch.logaddexp Tensor.logaddexp", "self, other", "",
@@ -224,25 +229,25 @@ static const Rule RULES[] = {
     {"torch.sum Tensor.sum", "self, dim=None, keepdim=False, *, dtype=None", "", "self: sumback(grad, self, dim, keepdim)", 0, 0},
     {"torch.mean Tensor.mean", "self, dim=None, keepdim=False, *, dtype=None", "",
      "self: div(sumback(grad, self, dim, keepdim), numel_ratio(self, result))", 0, 0},
-    {"torch.amax Tensor.amax", "self, dim=(), keepdim=False", "", "self: amaxback(grad, self, result, dim, keepdim)", 0, 0},
-    {"torch.amin Tensor.amin", "self, dim=(), keepdim=False", "", "self: amaxback(grad, self, result, dim, keepdim)", 0, 0},
-    {"torch.max Tensor.max torch.min Tensor.min", "self", "", "self: amaxback(grad, self, result, None, False)", 0, 0},
+    {"torch.amax Tensor.amax", "self, dim=(), keepdim=False", "", "self: amaxback(grad, self, result, dim, keepdim)", R_RESULT, 0},
+    {"torch.amin Tensor.amin", "self, dim=(), keepdim=False", "", "self: amaxback(grad, self, result, dim, keepdim)", R_RESULT, 0},
+    {"torch.max Tensor.max torch.min Tensor.min", "self", "", "self: amaxback(grad, self, result, None, False)", R_RESULT, 0},
     {"torch.var Tensor.var", "self, dim=None, unbiased=None, keepdim=False, *, correction=None", "",
      "self: varback(grad, self, dim, unbiased, keepdim, correction)", 0, 0},
     /* std: var's with grad / (2 * result), 0 where result is 0 (derivatives.yaml std_backward) */
     {"torch.std Tensor.std", "self, dim=None, unbiased=None, keepdim=False, *, correction=None", "",
-     "self: varback(T.masked_fill(div(grad, mul(result, 2)), eq(result, 0), 0), self, dim, unbiased, keepdim, correction)", 0, 0},
+     "self: varback(T.masked_fill(div(grad, mul(result, 2)), eq(result, 0), 0), self, dim, unbiased, keepdim, correction)", R_RESULT, 0},
     {"torch.logsumexp Tensor.logsumexp torch.special.logsumexp", "self, dim=(), keepdim=False", "",
-     "self: mul(unsq(grad, self, dim, keepdim), exp(sub(self, unsq(result, self, dim, keepdim))))", 0, 0},
+     "self: mul(unsq(grad, self, dim, keepdim), exp(sub(self, unsq(result, self, dim, keepdim))))", R_RESULT, 0},
     {"torch.nansum Tensor.nansum", "self, dim=None, keepdim=False, *, dtype=None", "",
      "self: where(isnan(self), 0.0, sumback(grad, self, dim, keepdim))", 0, 0},
     {"torch.cumsum Tensor.cumsum", "self, dim, *, dtype=None", "",
      "self: T.flip(T.cumsum(T.flip(grad, tup(dim)), dim), tup(dim))", 0, 0},
     /* 2-norms: self * grad / result, 0 where the norm is 0 (derivatives.yaml norm_backward) */
     {"torch._C._linalg.linalg_vector_norm torch.linalg.vector_norm", "self, ord=2, dim=None, keepdim=False, *, dtype=None",
-     "l2:ord null:dtype", "self: mul(self, unsq(T.masked_fill(div(grad, result), eq(result, 0), 0), self, dim, keepdim))", 0, 0},
+     "l2:ord null:dtype", "self: mul(self, unsq(T.masked_fill(div(grad, result), eq(result, 0), 0), self, dim, keepdim))", R_RESULT, 0},
     {"torch.functional.norm torch.norm Tensor.norm", "self, p='fro', dim=None, keepdim=False, dtype=None", "l2:p null:dtype",
-     "self: mul(self, unsq(T.masked_fill(div(grad, result), eq(result, 0), 0), self, dim, keepdim))", 0, 0},
+     "self: mul(self, unsq(T.masked_fill(div(grad, result), eq(result, 0), 0), self, dim, keepdim))", R_RESULT, 0},
     /* (values, indices) tuples: the values' gradient scattered to the indices (derivatives.yaml:
      * value_selecting_reduction_backward); the indices the forward's own */
     {"torch.max Tensor.max torch.min Tensor.min torch.median Tensor.median torch.nanmedian Tensor.nanmedian",
@@ -351,18 +356,18 @@ static const Rule RULES[] = {
     /* ---- softmax family ---- */
     /* with dtype=: the op runs on self.to(dtype), whose backward is the cast back (reduce_to) */
     {"torch.nn.functional.softmax", "self, dim=None, _stacklevel=3, dtype=None", "notnull:dim",
-     "self: aten._softmax_backward_data(grad, result, dim, dtype(result))", 0, 0},
+     "self: aten._softmax_backward_data(grad, result, dim, dtype(result))", R_RESULT, 0},
     {"torch.softmax Tensor.softmax torch.special.softmax", "self, dim, dtype=None", "",
-     "self: aten._softmax_backward_data(grad, result, dim, dtype(result))", 0, 0},
+     "self: aten._softmax_backward_data(grad, result, dim, dtype(result))", R_RESULT, 0},
     {"torch.nn.functional.softmin", "self, dim=None, _stacklevel=3, dtype=None", "notnull:dim",
-     "self: neg(aten._softmax_backward_data(grad, result, dim, dtype(result)))", 0, 0},
+     "self: neg(aten._softmax_backward_data(grad, result, dim, dtype(result)))", R_RESULT, 0},
     {"torch.nn.functional.log_softmax", "self, dim=None, _stacklevel=3, dtype=None", "notnull:dim",
-     "self: aten._log_softmax_backward_data(grad, result, dim, dtype(result))", 0, 0},
+     "self: aten._log_softmax_backward_data(grad, result, dim, dtype(result))", R_RESULT, 0},
     {"torch.log_softmax Tensor.log_softmax torch.special.log_softmax", "self, dim, dtype=None", "",
-     "self: aten._log_softmax_backward_data(grad, result, dim, dtype(result))", 0, 0},
+     "self: aten._log_softmax_backward_data(grad, result, dim, dtype(result))", R_RESULT, 0},
     /* _safe_softmax: the math attention's softmax (rows of -inf give 0); derivatives.yaml: as softmax */
     {"torch.ops.aten._safe_softmax", "self, dim, dtype=None", "null:dtype",
-     "self: aten._softmax_backward_data(grad, result, dim, dtype(self))", 0, 0},
+     "self: aten._softmax_backward_data(grad, result, dim, dtype(self))", R_RESULT, 0},
     /* ---- attention: torch's fused backward kernels (derivatives.yaml _scaled_dot_product_*) ---- */
     {"torch.nn.functional.scaled_dot_product_attention",
      "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False", "sdpa:query",

@@ -11,6 +11,7 @@ raises a RuntimeError naming the limitation instead of giving a wrong second der
 from __future__ import annotations
 
 import sys
+import weakref
 
 import torch
 
@@ -43,6 +44,8 @@ class CompiledRegion(torch.autograd.Function):
                     plan.saved_tensors = tuple(i for i in range(len(saved)) if i not in ints)
                 saved = [saved[i] for i in plan.saved_tensors]
             ctx.save_for_backward(*saved)
+            if plan.saved_deps is not None:  # (_saved_needed)
+                ctx.saved_versions = [t._version for t in saved]
         else:
             # the saved tensors live in ctx.holder, which the next replay may copy out. Saved with
             # ctx: a token that tells the backward whether autograd released the graph, and the
@@ -51,6 +54,8 @@ class CompiledRegion(torch.autograd.Function):
             ids = {id(a) for a in inputs}
             ctx.save_for_backward(graphs.token, *[t for t in saved if id(t) in ids])
         ctx.plan = plan
+        if plan.watch:  # outputs whose in-place update makes eager's backward raise (_check_watched)
+            ctx.watched = [(weakref.ref(outs[k]), outs[k]._version) for k, _ in plan.watch]
         ctx.set_materialize_grads(False)
         # the tangents' metadata, for the zeros of an output that gets no gradient
         ctx.tmeta = tuple((outs[k].shape, outs[k].dtype, outs[k].device) for k in plan.tangents)
@@ -79,12 +84,14 @@ class CompiledRegion(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, grads):
         plan = ctx.plan
+        if plan.watch:
+            _check_watched(ctx, plan, grads)
         try:
             saved = ctx.saved_tensors
-        except RuntimeError:
-            if plan.saved_deps is None:
+        except RuntimeError as e:
+            if plan.saved_deps is None or not _SAVED_DATA:
                 raise
-            saved = _saved_needed(ctx, plan, grads)
+            saved = _saved_needed(ctx, plan, grads, e)
         if plan.saved_ints:  # the ints back in their places among the saved values
             saved = list(saved)
             for i, v in zip(plan.saved_ints, ctx.saved_ints):
@@ -130,29 +137,60 @@ class CompiledRegion(torch.autograd.Function):
         return tuple(out)
 
 
-def _saved_needed(ctx, plan, grads):
-    """The saved tensors when ctx.saved_tensors raised (one was updated in place after the forward,
-    or the graph was released): each unpacked alone, with autograd's version check. One whose
-    check fails but that only the gradients of outputs without a gradient read
+def _check_watched(ctx, plan, grads):
+    """Raises eager's "modified by an inplace operation" error when an output whose op's eager
+    backward saves the op's result (exp, tanh, relu, softmax ...: plan.watch, csrc/autograd
+    outputs_eager_saves) was updated in place after the forward and a gradient given here reaches
+    that op: eager's node would read the updated result and raise. The region's own backward may
+    not read that value (its partition may recompute it from the op's input), so without this
+    check it returned a gradient where eager raises. An output nobody holds any more is not checked."""
+    for (k, deps), (ref, v) in zip(plan.watch, ctx.watched):
+        t = ref()
+        if t is None or t._version == v or (deps is not None and all(grads[j] is None for j in deps)):
+            continue
+        raise RuntimeError(
+            f"one of the variables needed for gradient computation has been modified by an inplace operation: "
+            f"[{t.type()} {list(t.shape)}], which is output {k} of a region compiled by ember, is at version "
+            f"{t._version}; expected version {v} instead. Hint: the op that made it saves its result for the "
+            f"backward, as in eager")
+
+
+# SavedTensor.data: a saved tensor without autograd's checks (torch 2.13 has it; where it is missing, a
+# saved tensor updated in place raises as before, whoever reads it)
+_SAVED_DATA = hasattr(torch._C._autograd.SavedTensor, "data")
+
+
+def _saved_needed(ctx, plan, grads, err):
+    """The saved tensors when ctx.saved_tensors raised err (one was updated in place after the
+    forward, or the graph was released). Each is read without autograd's check
+    (SavedTensor.data) and its version compared with the one recorded when it was saved. One
+    updated in place that only the gradients of outputs without a gradient read
     (plan.saved_deps, csrc/autograd saved_needs) is replaced by zeros of its layout: eager never
     runs those outputs' backward, and the backward graph masks what it reaches (its flags); zeros,
     not the updated values, so that no kernel reads, say, an index the update made out of range.
-    Any other raises autograd's own error, as eager's node that reads it would."""
+    One that a given gradient reads raises autograd's error, as eager's node that reads it would
+    (err itself when it is the first updated one, the one autograd named). (SavedTensor.unpack
+    checks one tensor alone, but refuses a saved output of the Function: it needs the node.)"""
     raw = ctx._raw_saved_tensors
     pos = plan.saved_tensors if plan.saved_ints else range(len(raw))
-    out = []
-    for i, s in zip(pos, raw):
+    out, first = [], True
+    for i, s, v in zip(pos, raw, ctx.saved_versions):
         try:
-            out.append(s.unpack())
-        except RuntimeError as e:
+            d = s.data
+        except RuntimeError:  # released (a second backward): autograd's error
+            raise err from None
+        if d._version != v:
             deps = plan.saved_deps[i]
             if deps is None or any(grads[k] is not None for k in deps):
-                raise
-            try:
-                d = s.data
-            except RuntimeError:
-                raise e from None
-            out.append(torch.zeros_like(d))
+                if first:
+                    raise err
+                raise RuntimeError(
+                    f"one of the variables needed for gradient computation has been modified by an inplace "
+                    f"operation: [{d.type()} {list(d.shape)}] is at version {d._version}; expected version {v} "
+                    f"instead (ember: a tensor a compiled region saved for its backward)")
+            first = False
+            d = torch.zeros_like(d)
+        out.append(d)
     return tuple(out)
 
 
@@ -240,12 +278,12 @@ def _calibrate():
 class _Plan:
     __slots__ = ("fwd", "bwd", "bwd_boxed", "noutputs", "ninputs", "grad_inputs", "tangents", "nondiff", "strides",
                  "grad_deps", "maybe_same", "unview", "graphs", "saved_ints", "saved_tensors", "masked",
-                 "saved_deps")
+                 "saved_deps", "watch")
 
 
 def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, strides=None, grad_deps=None,
                 maybe_same=(), maybe_view=(), detached=(), out_views=(), unview=(), saved_ints=(), masked=False,
-                saved_deps=None):
+                saved_deps=None, watch=()):
     """Called by csrc/autograd on a cache miss; returns compiled(*graph_inputs) -> tuple.
     Under no_grad / inference_mode the guard on grad mode makes a separate, forward-only entry,
     so this callable always runs with grad enabled. grad_deps: per entry of grad_inputs, the
@@ -277,7 +315,9 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     output whose sizes are symbolic (its tangent is made contiguous). masked: bwd takes, after the
     tangents, a 0-d bool per tangent saying whether that output's gradient is given (csrc/autograd,
     "absent tangents"). saved_deps (masked regions): per saved value, the output indices whose
-    gradients make the backward read it, or None for always (_saved_needed)."""
+    gradients make the backward read it, or None for always (_saved_needed). watch: (output
+    index, output indices or None) pairs of outputs whose op's eager backward saves its result, with
+    the outputs whose gradients reach that op (None: any) (_check_watched)."""
     if _SOLE_REFS is None:
         _calibrate()
     plan = _Plan()
@@ -288,6 +328,7 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     plan.strides = None if strides is None else tuple(None if s is None else tuple(s) for s in strides)
     plan.saved_ints = tuple(saved_ints)
     plan.masked = bool(masked)
+    plan.watch = tuple((k, None if d is None else tuple(d)) for k, d in watch)
     plan.saved_deps = None if saved_deps is None else tuple(None if d is None else tuple(d) for d in saved_deps)
     plan.saved_tensors = None  # positions of the saved tensors, when there are ints: found on the first call
     plan.grad_deps = tuple(tuple(d) for d in grad_deps) if grad_deps is not None else ((),) * len(plan.grad_inputs)

@@ -1433,7 +1433,8 @@ def test_saved_tensor_updated_in_place_raises_only_where_eager_reads_it(backend)
     """A tensor saved for one output's backward (w, for x * w), updated in place after the forward:
     eager raises "modified by an inplace operation" only when that backward runs; the region's
     backward raises then too, and not when only the other outputs get gradients (program_gen seed
-    880121: ctx.saved_tensors checks every saved tensor, so the region raised there)."""
+    880121: ctx.saved_tensors checks every saved tensor, so the region raised there). Also for a
+    saved tensor that is an output of the region (exp's result, updated in place; seed 640517)."""
     def f(x, w, v):
         return (x * w).sum(-1), x.exp(), (x * v).sum(0)
 
@@ -1446,6 +1447,7 @@ def test_saved_tensor_updated_in_place_raises_only_where_eager_reads_it(backend)
             outs = fn(x, w, v)
             with torch.no_grad():
                 w.mul_(2)  # w: read by the first output's backward only (x * w's gradient for x)
+                outs[1].mul_(2)  # exp's result, which its backward reads: a saved output of the region
             try:
                 sum(outs[k].sum() for k in used).backward()
                 results.append((None, x.grad, w.grad, v.grad))
@@ -1457,6 +1459,34 @@ def test_saved_tensor_updated_in_place_raises_only_where_eager_reads_it(backend)
             assert (a is None) == (b is None), f"outputs {used}"
             if a is not None:
                 torch.testing.assert_close(a, b, msg=f"outputs {used}")
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_output_eager_saves_updated_in_place_raises_as_eager(backend):
+    """relu saves its result for its backward in eager: an in-place update of the output (through a
+    view of it) raises when a gradient reaches relu, through the output itself or through a * 2,
+    and not when only sin's output gets one. The region's backward recomputes relu's mask from
+    its input and never reads the updated output, so it checks the version itself."""
+    def f(x):
+        a = torch.relu(x)
+        return a, a * 2, x.sin()
+
+    x0 = torch.randn(3, 4, generator=torch.Generator().manual_seed(0), device="cpu").to(torch.empty(0).device)
+    for used in ([0], [1], [2], [1, 2]):
+        results = []
+        for fn in (f, ember.compile(f, backend=backend)):
+            x = x0.clone().requires_grad_()
+            outs = fn(x)
+            with torch.no_grad():
+                outs[0][0].add_(1)
+            try:
+                sum(outs[k].sum() for k in used).backward()
+                results.append((None, x.grad))
+            except RuntimeError as e:
+                results.append((str(e).split(":")[0], None))
+        assert results[1][0] == results[0][0], f"outputs {used}"
+        if results[0][1] is not None:
+            torch.testing.assert_close(results[1][1], results[0][1])
 
 
 def test_batchnorm_running_stats_updated_once_per_forward():
