@@ -155,8 +155,8 @@ def _check_watched(ctx, plan, grads):
             f"backward, as in eager")
 
 
-# SavedTensor.data: a saved tensor without autograd's checks (torch 2.13 has it; where it is missing, a
-# saved tensor updated in place raises as before, whoever reads it)
+# SavedTensor.data: a saved tensor without autograd's checks (torch 2.11 and 2.13 have it; where it is
+# missing, a saved tensor updated in place raises as before, whoever reads it)
 _SAVED_DATA = hasattr(torch._C._autograd.SavedTensor, "data")
 
 
