@@ -207,6 +207,7 @@ typedef struct {
     uint32_t rc_pass;         /* and the reduction whose pass writes it; UINT32_MAX: none */
     uint8_t *hoisted;         /* per node: computed once per thread into h<i>[R] (hoist_plan), or NULL */
     int in_prologue;          /* emitting those arrays: hoisted nodes are computed, not read */
+    const char *r_lo;         /* where a reduction's loop starts: NULL for 0, "r0" for a chunk (split rows) */
 } KG;
 
 /* Writes the C of a size expression (em_codegen_expr.c). */
@@ -523,11 +524,19 @@ static void emit_row_cache_read(SB *b, const KG *g, uint8_t *done, const char *i
     done[g->rc_node] = 1;
 }
 
+/* v<i>, the value of reduction i, from its accumulator acc<i><sub> (sub: "" or a column's "[c]"):
+ * half types rounded as torch rounds, others converted to the node's type. */
+static void emit_reduce_value(SB *b, const LNode *n, uint32_t i, const char *sub, const char *ind) {
+    if (n->dtype == LDT_F16) sb_printf(b, "%sconst float v%u = em_f16_round((float)acc%u%s);\n", ind, i, i, sub);
+    else if (n->dtype == LDT_BF16) sb_printf(b, "%sconst float v%u = em_bf16_round((float)acc%u%s);\n", ind, i, i, sub);
+    else sb_printf(b, "%sconst %s v%u = (%s)acc%u%s;\n", ind, ctype(n->dtype), i, ctype(n->dtype), i, sub);
+}
+
 /* A reduction node's loop. The accumulator type: float sums of long rows accumulate in double
  * (a symbolic row length: whenever its range reaches past 2048). */
 static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const char *ind, int long_rows) {
     const SKernel *k = g->k;
-    const char *R = g->R.v;
+    const char *R = g->R.v, *R0 = g->r_lo ? g->r_lo : "0";
     const LNode *n = &k->nodes[i];
     uint32_t x = n->in[0];
     LDtype it = k->nodes[x].dtype;
@@ -549,7 +558,7 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
         if (em_ldt_is_float(n->dtype) && n->dtype != LDT_F64 && long_rows) acct = "double";
         sb_printf(b, "%s%s acc%u = %s;\n", ind, acct, i, n->op == LP_RSUM ? "0" : "1");
         sb_printf(b, "%s#pragma omp simd reduction(%s:acc%u)\n", ind, opc, i);
-        sb_printf(b, "%sfor (int64_t r = 0; r < %s; r++) {\n", ind, R);
+        sb_printf(b, "%sfor (int64_t r = %s; r < %s; r++) {\n", ind, R0, R);
         inner_index(b, g, in2);
         emit_elem(b, g, x, done, in2);
         emit_row_cache_write(b, g, i, in2);
@@ -564,15 +573,15 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
                   fl ? (n->op == LP_RMAX ? "-INFINITY" : "INFINITY") : (n->op == LP_RMAX ? (it == LDT_BOOL ? "0" : "INT64_MIN") : (it == LDT_BOOL ? "1" : "INT64_MAX")), i);
         if (!fl) {
             /* integer extremes fit the accumulator's type after conversion only for int64; use the first element */
-            sb_printf(b, "%sif (%s > 0) {\n", ind, R);
-            sb_printf(b, "%s    const int64_t r = 0;\n", ind);
+            sb_printf(b, "%sif (%s > %s) {\n", ind, R, R0);
+            sb_printf(b, "%s    const int64_t r = %s;\n", ind, R0);
             inner_index(b, g, in2);
             emit_elem(b, g, x, done, in2);
             sb_printf(b, "%s    acc%u = v%u;\n%s}\n", ind, i, x, ind);
             memcpy(done, done_row, k->nnodes);
         }
         sb_printf(b, "%s#pragma omp simd reduction(%s:acc%u) reduction(|:nan%u)\n", ind, om, i, i);
-        sb_printf(b, "%sfor (int64_t r = 0; r < %s; r++) {\n", ind, R);
+        sb_printf(b, "%sfor (int64_t r = %s; r < %s; r++) {\n", ind, R0, R);
         inner_index(b, g, in2);
         emit_elem(b, g, x, done, in2);
         emit_row_cache_write(b, g, i, in2);
@@ -622,7 +631,7 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
         const char *opc = n->op == LP_RANY ? "|" : "&";
         sb_printf(b, "%sint acc%u = %s;\n", ind, i, n->op == LP_RANY ? "0" : "1");
         sb_printf(b, "%s#pragma omp simd reduction(%s:acc%u)\n", ind, opc, i);
-        sb_printf(b, "%sfor (int64_t r = 0; r < %s; r++) {\n", ind, R);
+        sb_printf(b, "%sfor (int64_t r = %s; r < %s; r++) {\n", ind, R0, R);
         inner_index(b, g, in2);
         emit_elem(b, g, x, done, in2);
         emit_row_cache_write(b, g, i, in2);
@@ -635,7 +644,7 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
         /* first index of the extreme; a NaN is the extreme (aten/src/ATen/native/SharedReduceOps.h) */
         const char *cmp = n->op == LP_RARGMAX ? ">" : "<";
         sb_printf(b, "%s%s best%u = 0; int64_t acc%u = -1;\n", ind, xt, i, i);
-        sb_printf(b, "%sfor (int64_t r = 0; r < %s; r++) {\n", ind, R);
+        sb_printf(b, "%sfor (int64_t r = %s; r < %s; r++) {\n", ind, R0, R);
         inner_index(b, g, in2);
         emit_elem(b, g, x, done, in2);
         emit_row_cache_write(b, g, i, in2);
@@ -652,9 +661,7 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
         break;
     }
     EM_UNUSED(acct);
-    if (n->dtype == LDT_F16) sb_printf(b, "%sconst float v%u = em_f16_round((float)acc%u);\n", ind, i, i);
-    else if (n->dtype == LDT_BF16) sb_printf(b, "%sconst float v%u = em_bf16_round((float)acc%u);\n", ind, i, i);
-    else sb_printf(b, "%sconst %s v%u = (%s)acc%u;\n", ind, ct, i, ct, i);
+    emit_reduce_value(b, n, i, "", ind);
     free(done);
 }
 
@@ -1062,9 +1069,7 @@ static void emit_columns(SB *b, KG *g, int W, int64_t threshold, int long_rows) 
             if ((nd->op == LP_RMAX || nd->op == LP_RMIN) && !is_int_extreme(k, i))
                 sb_printf(b, "%sif (nan%u[c]) acc%u[c] = NAN;\n", ind2, i, i);
             if (nd->op == LP_RARGMAX || nd->op == LP_RARGMIN) sb_printf(b, "%sif (acc%u[c] < 0) acc%u[c] = 0;\n", ind2, i, i);
-            if (nd->dtype == LDT_F16) sb_printf(b, "%sconst float v%u = em_f16_round((float)acc%u[c]);\n", ind2, i, i);
-            else if (nd->dtype == LDT_BF16) sb_printf(b, "%sconst float v%u = em_bf16_round((float)acc%u[c]);\n", ind2, i, i);
-            else sb_printf(b, "%sconst %s v%u = (%s)acc%u[c];\n", ind2, ctype(nd->dtype), i, ctype(nd->dtype), i);
+            emit_reduce_value(b, nd, i, "[c]", ind2);
         } else emit_value(b, g, i, ind2);
         done[i] = 1;
     }
@@ -1088,11 +1093,163 @@ static void meta_layout(SB *b, KG *g, int *mi, const LBuf *lb) {
     }
 }
 
+/* Row o's outer multi-index i<j> and each access's row offset (b<q> for loads, c<q> for stores). */
+static void emit_row_offsets(SB *b, const KG *g, const char *ind) {
+    const SKernel *k = g->k;
+    if (k->nouter) {
+        sb_printf(b, "%sint64_t u_ = o;\n", ind);
+        for (int j = k->nouter - 1; j >= 0; j--) {
+            if (j) sb_printf(b, "%sconst int64_t i%d = u_ %% %s; u_ /= %s;\n", ind, j, g->size[j].v, g->size[j].v);
+            else sb_printf(b, "%sconst int64_t i%d = u_;\n", ind, j);
+        }
+    } else {
+        sb_printf(b, "%s(void)o;\n", ind);
+    }
+    for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
+        if (q < k->nloads) sb_printf(b, "%sconst int64_t b%u = %s", ind, q, g->off[q].v);
+        else sb_printf(b, "%sconst int64_t c%u = %s", ind, q - k->nloads, g->off[q].v);
+        int clamp = q < k->nloads && row_masked(k, &k->loads[q]);
+        for (int j = 0; j < k->nouter; j++) {
+            if (g->st[q][j].zero) continue;
+            const SAccess *ac = &k->loads[q];
+            if (clamp && ((ac->mask >> j) & 1)) /* a row outside the range reads a row inside it */
+                sb_printf(b, " + (i%d < %lld ? %lld : i%d >= %lld ? %lld : i%d) * %s", j, (long long)ac->lo[j],
+                          (long long)ac->lo[j], j, (long long)ac->hi[j], (long long)ac->hi[j] - 1, j, g->st[q][j].v);
+            else
+                sb_printf(b, " + i%d * %s", j, g->st[q][j].v);
+        }
+        sb_printf(b, ";\n");
+        if (clamp) { /* the row's mask, once: a condition in the loop body stops gcc's if-conversion */
+            sb_printf(b, "%sconst int m%u = ", ind, q);
+            mask_cond(b, k, &k->loads[q]);
+            sb_printf(b, ";\n");
+        }
+    }
+}
+
+/* ---- split rows ----
+ * A reduction kernel with few rows and long ones (a full `x.sum()`, a loss's mean over a large
+ * tensor) ran each row on one thread. Here each row is cut into NCH chunks: the chunks' partial
+ * accumulators are computed in parallel (each chunk's loop is the row form's, over [r0, r1)) and
+ * then combined in chunk order, row by row, before what follows the reductions. NCH is fixed when
+ * the kernel is generated (from the sizes, not the thread count), so the result does not depend on
+ * the number of threads. Float sums accumulate in double, as the row form's long rows do, and a
+ * NaN in any chunk makes max / min NaN. Static kernels whose reductions are sums, products, max,
+ * min, any or all, none reading another's value, with row stores only, no gather bounds checks
+ * and no random numbers. */
+static int64_t split_plan(const KG *g, int64_t parallel_threshold) {
+    const SKernel *k = g->k;
+    if (g->env || !k->reduction || em_codegen_has_checks(k)) return 0;
+    int64_t R = inner_extent(k), O = 1;
+    for (int j = 0; j < k->nouter; j++) O *= k->sizes[j];
+    if (O < 1 || O >= 16 || R < 65536 || O * R < parallel_threshold) return 0;
+    for (uint32_t q = 0; q < k->nstores; q++)
+        if (em_schedule_store_per_element(k, q)) return 0;
+    uint8_t *dep = calloc(k->nnodes ? k->nnodes : 1, 1); /* reads a reduction's value */
+    if (!dep) return -1;
+    int ok = 1;
+    for (uint32_t i = 0; ok && i < k->nnodes; i++) {
+        const LNode *n = &k->nodes[i];
+        if (n->op == LP_RAND) ok = 0;
+        for (int q = 0; q < em_lnode_nin(n); q++) dep[i] |= dep[n->in[q]];
+        if (!em_lprim_is_reduce(n->op)) continue;
+        if (dep[i] || (n->op != LP_RSUM && n->op != LP_RPROD && n->op != LP_RMAX && n->op != LP_RMIN &&
+                       n->op != LP_RANY && n->op != LP_RALL))
+            ok = 0;
+        dep[i] = 1;
+    }
+    free(dep);
+    if (!ok) return 0;
+    int64_t nch = R / 4096;
+    return nch < 2 ? 2 : nch > 64 ? 64 : nch;
+}
+
+/* The accumulator type of reduction i in a long row (emit_reduce's choice). */
+static const char *split_acc_type(const SKernel *k, uint32_t i) {
+    const LNode *n = &k->nodes[i];
+    LDtype it = k->nodes[n->in[0]].dtype;
+    if (n->op == LP_RANY || n->op == LP_RALL) return "int";
+    if (n->op == LP_RMAX || n->op == LP_RMIN) return ctype(it);
+    return em_ldt_is_float(n->dtype) && n->dtype != LDT_F64 ? "double" : ctype(n->dtype);
+}
+
+static void emit_split_rows(SB *b, KG *g, int64_t NCH) {
+    const SKernel *k = g->k;
+    int64_t R = inner_extent(k), O = 1;
+    for (int j = 0; j < k->nouter; j++) O *= k->sizes[j];
+    int64_t chunk = (R + NCH - 1) / NCH;
+    uint8_t *done = calloc(k->nnodes ? k->nnodes : 1, 1), *dep = calloc(k->nnodes ? k->nnodes : 1, 1);
+    if (!done || !dep) {
+        free(done);
+        free(dep);
+        b->oom = 1;
+        return;
+    }
+    sb_printf(b, "    /* split rows: %lld row(s) of %lld, each in %lld chunks of %lld; partials combined in chunk order */\n",
+              (long long)O, (long long)R, (long long)NCH, (long long)chunk);
+    for (uint32_t i = 0; i < k->nnodes; i++)
+        if (em_lprim_is_reduce(k->nodes[i].op))
+            sb_printf(b, "    %s p%u[%lld];\n", split_acc_type(k, i), i, (long long)(O * NCH));
+    sb_printf(b, "    #pragma omp parallel for schedule(static)\n");
+    sb_printf(b, "    for (int64_t t = 0; t < %lld; t++) {\n", (long long)(O * NCH));
+    sb_printf(b, "        const int64_t NC = %lld, chunk = %lld, R = %lld;\n", (long long)NCH, (long long)chunk, (long long)R);
+    sb_printf(b, "        const int64_t o = t / NC, r0 = (t %% NC) * chunk;\n");
+    sb_printf(b, "        const int64_t r1 = r0 + chunk < R ? r0 + chunk : R;\n");
+    emit_row_offsets(b, g, "        ");
+    snprintf(g->R.v, sizeof g->R.v, "r1");
+    g->r_lo = "r0";
+    for (uint32_t i = 0; i < k->nnodes; i++) { /* the row's values the reductions read, and the reductions */
+        const LNode *n = &k->nodes[i];
+        for (int q = 0; q < em_lnode_nin(n); q++) dep[i] |= dep[n->in[q]];
+        if (em_lprim_is_reduce(n->op)) dep[i] = 1;
+        if (k->elem[i]) continue;
+        if (n->op == LP_LOAD) emit_load(b, g, i, "        ", 0);
+        else if (em_lprim_is_reduce(n->op)) {
+            emit_reduce(b, g, i, done, "        ", 1);
+            sb_printf(b, "        p%u[t] = acc%u; (void)v%u;\n", i, i, i);
+        } else if (!dep[i]) emit_value(b, g, i, "        ");
+        else continue;
+        done[i] = 1;
+    }
+    sb_printf(b, "    }\n");
+    g->r_lo = NULL;
+    snprintf(g->R.v, sizeof g->R.v, "%lld", (long long)R);
+    memset(done, 0, k->nnodes);
+    sb_printf(b, "    for (int64_t o = 0; o < %lld; o++) {\n", (long long)O);
+    emit_row_offsets(b, g, "        ");
+    for (uint32_t i = 0; i < k->nnodes; i++) {
+        const LNode *n = &k->nodes[i];
+        if (k->elem[i]) continue;
+        if (n->op == LP_LOAD) emit_load(b, g, i, "        ", 0);
+        else if (em_lprim_is_reduce(n->op)) {
+            const char *at = split_acc_type(k, i);
+            sb_printf(b, "        %s acc%u = p%u[o * %lld];\n", at, i, i, (long long)NCH);
+            sb_printf(b, "        for (int64_t c = 1; c < %lld; c++) {\n            const %s q_ = p%u[o * %lld + c];\n", (long long)NCH,
+                      at, i, (long long)NCH);
+            switch (n->op) {
+            case LP_RSUM: sb_printf(b, "            acc%u += q_;\n", i); break;
+            case LP_RPROD: sb_printf(b, "            acc%u *= q_;\n", i); break;
+            case LP_RANY: sb_printf(b, "            acc%u |= q_;\n", i); break;
+            case LP_RALL: sb_printf(b, "            acc%u &= q_;\n", i); break;
+            default: /* max / min: a NaN partial stays (q_ != q_), a NaN accumulator stays (no comparison is true) */
+                sb_printf(b, "            if (q_ != q_ || q_ %s acc%u) acc%u = q_;\n", n->op == LP_RMAX ? ">" : "<", i, i);
+                break;
+            }
+            sb_printf(b, "        }\n");
+            emit_reduce_value(b, n, i, "", "        ");
+        } else emit_value(b, g, i, "        ");
+        done[i] = 1;
+    }
+    for (uint32_t q = 0; q < k->nstores; q++) emit_store(b, g, q, "        ", 0);
+    sb_printf(b, "    }\n}\n\n");
+    free(done);
+    free(dep);
+}
+
 static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOptions *opt, uint8_t *used, int *bad) {
     const SKernel *k = &s->kernels[ki];
     const LGraph *lg = s->lg;
     ShapeEnv *env = lg->env;
-    uint32_t nacc = k->nloads + k->nstores;
     KG g = {.k = k, .env = env, .used = used};
     if (em_codegen_nums_alloc(b, k, &g.off, &g.st) < 0) return;
     /* the comment naming the graph nodes */
@@ -1147,6 +1304,17 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         emit_columns(b, &g, W, opt->parallel_threshold, long_rows);
         goto meta;
     }
+    int64_t NCH = split_plan(&g, opt->parallel_threshold);
+    if (NCH < 0) {
+        b->oom = 1;
+        free(g.off);
+        free(g.st);
+        return;
+    }
+    if (NCH) {
+        emit_split_rows(b, &g, NCH);
+        goto meta;
+    }
     int64_t chunk0 = k->reduction ? 0 : (opt->chunk > 0 ? opt->chunk : 65536);
     if (env) {
         /* rows x chunks and the thread count follow this call's sizes (OpenMP's if clause) */
@@ -1189,36 +1357,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
     }
     const char *ind = "        ";
     sb_printf(b, "%sconst int64_t o = t / NC, r0 = (t %% NC) * chunk;\n%sconst int64_t r1 = NC > 1 && r0 + chunk < R ? r0 + chunk : R;\n", ind, ind);
-    /* outer multi-index */
-    if (k->nouter) {
-        sb_printf(b, "%sint64_t u_ = o;\n", ind);
-        for (int j = k->nouter - 1; j >= 0; j--) {
-            if (j) sb_printf(b, "%sconst int64_t i%d = u_ %% %s; u_ /= %s;\n", ind, j, g.size[j].v, g.size[j].v);
-            else sb_printf(b, "%sconst int64_t i%d = u_;\n", ind, j);
-        }
-    } else {
-        sb_printf(b, "%s(void)o;\n", ind);
-    }
-    for (uint32_t q = 0; q < nacc; q++) {
-        if (q < k->nloads) sb_printf(b, "%sconst int64_t b%u = %s", ind, q, g.off[q].v);
-        else sb_printf(b, "%sconst int64_t c%u = %s", ind, q - k->nloads, g.off[q].v);
-        int clamp = q < k->nloads && row_masked(k, &k->loads[q]);
-        for (int j = 0; j < k->nouter; j++) {
-            if (g.st[q][j].zero) continue;
-            const SAccess *ac = &k->loads[q];
-            if (clamp && ((ac->mask >> j) & 1)) /* a row outside the range reads a row inside it */
-                sb_printf(b, " + (i%d < %lld ? %lld : i%d >= %lld ? %lld : i%d) * %s", j, (long long)ac->lo[j],
-                          (long long)ac->lo[j], j, (long long)ac->hi[j], (long long)ac->hi[j] - 1, j, g.st[q][j].v);
-            else
-                sb_printf(b, " + i%d * %s", j, g.st[q][j].v);
-        }
-        sb_printf(b, ";\n");
-        if (clamp) { /* the row's mask, once: a condition in the loop body stops gcc's if-conversion */
-            sb_printf(b, "%sconst int m%u = ", ind, q);
-            mask_cond(b, k, &k->loads[q]);
-            sb_printf(b, ";\n");
-        }
-    }
+    emit_row_offsets(b, &g, ind);
     row_cache_plan(b, &g, lg);
     /* row scope: values that do not vary along the inner dims, reductions in order */
     uint8_t *done = calloc(k->nnodes ? k->nnodes : 1, 1);

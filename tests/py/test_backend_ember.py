@@ -922,3 +922,55 @@ def test_saved_value_joins_the_kernel_reading_the_same_elements():
         torch.testing.assert_close(got, ref)
     fwd = ember.cache_info(c)[0]["autograd"]["ember"]["forward"]["kernel_list"]
     assert len(fwd) == 1 and fwd[0]["outputs"] == 2, fwd
+
+
+# ---- split rows (em_codegen_c.c): few long rows, each cut into chunks reduced in parallel and
+# combined in chunk order ----
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool])
+def test_split_rows_reductions(dtype):
+    """A full reduction and three long rows (131077 elements: 32 chunks), sums, products, max / min
+    with a NaN in one row, any / all: eager's values, and the same bits on 1 thread as on 2 (the
+    chunks are fixed when the kernel is generated, not by the thread count)."""
+    g = torch.Generator().manual_seed(0)
+    if dtype == torch.bool:
+        x = torch.rand(3, 131077, generator=g) > 0.2
+        x[1] = True
+
+        def f(x):
+            return x.any(), x.all(), x.any(-1), x.all(-1)
+    elif dtype == torch.int64:
+        x = torch.randint(-1000, 1000, (3, 131077), generator=g)
+
+        def f(x):
+            return x.sum(), x.sum(-1), x.amax(-1), x.amin(-1), (x % 3 - 1).abs().prod(-1)
+    else:
+        x = (torch.randn(3, 131077, generator=g, dtype=torch.float64) * 2).to(dtype)
+        x[1, 70000] = float("nan")
+
+        def f(x):  # (a float32 product of 131077 factors is too far from eager's float order to compare)
+            out = (x.sum(), (x * x).mean(-1), x.amax(-1), x.amin(-1), x[0].max(), x.abs().sum(-1, keepdim=True) + 1)
+            return out + ((1 + x[2] * 1e-4).prod(),) if x.dtype == torch.float64 else out
+    info = check(f, x)
+    assert "split rows" in info["source"]
+    c = ember.compile(f, backend="ember")
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = c(x)
+        torch.set_num_threads(2)
+        two = c(x)
+    finally:
+        torch.set_num_threads(n)
+    for a, b in zip(one, two):
+        assert torch.equal(a, b) or (a.isnan() == b.isnan()).all() and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+def test_split_rows_only_where_they_apply():
+    """A reduction that reads another's value in the same kernel (the sum of exp(x - max) per row)
+    and many short rows keep the row form."""
+    x = torch.randn(2, 100000)
+    info = check(lambda x: (x - x.amax(-1, keepdim=True)).exp().sum(-1), x)
+    assert "split rows" not in info["source"] and "double acc" in info["source"]
+    info = check(lambda x: x.sum(-1), torch.randn(64, 4096))
+    assert "split rows" not in info["source"]
