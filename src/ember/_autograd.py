@@ -169,7 +169,8 @@ def _saved_needed(ctx, plan, grads, err):
     runs those outputs' backward, and the backward graph masks what it reaches (its flags); zeros,
     not the updated values, so that no kernel reads, say, an index the update made out of range.
     One that a given gradient reads raises autograd's error, as eager's node that reads it would
-    (err itself when it is the first updated one, the one autograd named). (SavedTensor.unpack
+    (err itself when it is the first updated one, the one autograd named); when none was updated,
+    err is raised as it is (another failure, a saved tensor hook's say). (SavedTensor.unpack
     checks one tensor alone, but refuses a saved output of the Function: it needs the node.)"""
     raw = ctx._raw_saved_tensors
     pos = plan.saved_tensors if plan.saved_ints else range(len(raw))
@@ -179,6 +180,8 @@ def _saved_needed(ctx, plan, grads, err):
             d = s.data
         except RuntimeError:  # released (a second backward): autograd's error
             raise err from None
+        if not isinstance(d, torch.Tensor):  # (saved tensor hooks: not the tensor itself)
+            raise err
         if d._version != v:
             deps = plan.saved_deps[i]
             if deps is None or any(grads[k] is not None for k in deps):
@@ -191,6 +194,8 @@ def _saved_needed(ctx, plan, grads, err):
             first = False
             d = torch.zeros_like(d)
         out.append(d)
+    if first:  # nothing was updated in place: err is another failure (a saved tensor hook's), not ours to mend
+        raise err
     return tuple(out)
 
 
