@@ -4101,23 +4101,6 @@ static void visit_refs(const IRArg *a, void (*fn)(IRRef, void *), void *ctx) {
         for (uint32_t i = 0; i < a->n; i++) visit_refs(&a->u.items[i], fn, ctx);
 }
 
-/* A saved tensor that only the gradients of outputs without a gradient read (the backward never
- * needs its value: absent_zero masks what it reaches), and that an in-place update changed after
- * the forward, is no error in eager, which never runs those outputs' backward; autograd's
- * ctx.saved_tensors checks every saved tensor (program_gen seed 880121). saved_needs says, per
- * saved value, which outputs' gradients make the backward read it: ember._autograd unpacks the
- * saved tensors one by one when ctx.saved_tensors raises, and raises only for one that a given
- * gradient needs.
- *
- * nd[r] over the joint graph, in reverse (an over-approximation: "r's value may reach a returned
- * gradient only if one of the outputs in nd[r] has a gradient"): an input gradient reaches the
- * caller when one of its grad_deps outputs has a gradient (any output, all bits, when grad_deps is
- * empty); a value reaches what reads it, except that the value argument of a where(flag, x, 0) of
- * absent_zero reaches it only when one of the flag's outputs has a gradient (the gate's set: "and
- * the where's own value reaches", dropped, keeps it an over-approximation); an in-place update
- * reaches whatever reads the value it writes (its alias root) after it, which the fixed point
- * covers for views made before the update. Per saved value: a list of output indices, or None
- * (always read: no flags, an empty or full set). */
 /* Outputs eager saves: an output whose op's eager backward saves the op's result (R_RESULT: exp,
  * tanh, relu, softmax ..., through views of it), updated in place after the forward, makes eager's
  * backward raise "modified by an inplace operation" when a gradient reaches that op. The region's
@@ -4160,6 +4143,23 @@ static PyObject *outputs_eager_saves(AG *ag, const IRArg *outs) {
     return res;
 }
 
+/* A saved tensor that only the gradients of outputs without a gradient read (the backward never
+ * needs its value: absent_zero masks what it reaches), and that an in-place update changed after
+ * the forward, is no error in eager, which never runs those outputs' backward; autograd's
+ * ctx.saved_tensors checks every saved tensor (program_gen seed 880121). saved_needs says, per
+ * saved value, which outputs' gradients make the backward read it: ember._autograd unpacks the
+ * saved tensors one by one when ctx.saved_tensors raises, and raises only for one that a given
+ * gradient needs.
+ *
+ * nd[r] over the joint graph, in reverse (an over-approximation: "r's value may reach a returned
+ * gradient only if one of the outputs in nd[r] has a gradient"): an input gradient reaches the
+ * caller when one of its grad_deps outputs has a gradient (any output, all bits, when grad_deps is
+ * empty); a value reaches what reads it, except that the value argument of a where(flag, x, 0) of
+ * absent_zero reaches it only when one of the flag's outputs has a gradient (the gate's set: "and
+ * the where's own value reaches", dropped, keeps it an over-approximation); an in-place update
+ * reaches whatever reads the value it writes (its alias root) after it, which the fixed point
+ * covers for views made before the update. Per saved value: a list of output indices, or None
+ * (always read: no flags, an empty or full set). */
 typedef struct {
     uint64_t *nd, v;
     bool grew;
