@@ -1198,6 +1198,7 @@ static void emit_split_rows(SB *b, KG *g, int64_t NCH) {
     emit_row_offsets(b, g, "        ");
     snprintf(g->R.v, sizeof g->R.v, "r1");
     g->r_lo = "r0";
+    g->rc_node = g->rc_pass = UINT32_MAX; /* (no row cache: no per-element store) */
     for (uint32_t i = 0; i < k->nnodes; i++) { /* the row's values the reductions read, and the reductions */
         const LNode *n = &k->nodes[i];
         for (int q = 0; q < em_lnode_nin(n); q++) dep[i] |= dep[n->in[q]];
