@@ -1131,18 +1131,22 @@ static void emit_row_offsets(SB *b, const KG *g, const char *ind) {
  * A reduction kernel with few rows and long ones (a full `x.sum()`, a loss's mean over a large
  * tensor) ran each row on one thread. Here each row is cut into NCH chunks: the chunks' partial
  * accumulators are computed in parallel (each chunk's loop is the row form's, over [r0, r1)) and
- * then combined in chunk order, row by row, before what follows the reductions. NCH is fixed when
- * the kernel is generated (from the sizes, not the thread count), so the result does not depend on
- * the number of threads. Float sums accumulate in double, as the row form's long rows do, and a
- * NaN in any chunk makes max / min NaN. Static kernels whose reductions are sums, products, max,
- * min, any or all, none reading another's value, with row stores only, no gather bounds checks
- * and no random numbers. */
+ * then combined in chunk order, row by row, before what follows the reductions. NCH is the row
+ * length / 4096 between 2 and 64, from the sizes, not the thread count, so the result does not
+ * depend on the number of threads. Float sums accumulate in double, as the row form's long rows
+ * do, and a NaN in any chunk makes max / min NaN. Kernels whose reductions are sums, products,
+ * max, min, any or all, none reading another's value, with row stores only, no gather bounds
+ * checks and no random numbers. Static sizes: decided here (fewer than 16 rows of 65536 elements
+ * or more). Symbolic sizes: the same test on each call's sizes, in the kernel, in front of the row
+ * form (SPLIT_AT_RUN). */
+#define SPLIT_AT_RUN (-2)
+
 static int64_t split_plan(const KG *g, int64_t parallel_threshold) {
     const SKernel *k = g->k;
-    if (g->env || !k->reduction || em_codegen_has_checks(k)) return 0;
+    if (!k->reduction || em_codegen_has_checks(k)) return 0;
     int64_t R = inner_extent(k), O = 1;
     for (int j = 0; j < k->nouter; j++) O *= k->sizes[j];
-    if (O < 1 || O >= 16 || R < 65536 || O * R < parallel_threshold) return 0;
+    if (!g->env && (O < 1 || O >= 16 || R < 65536 || O * R < parallel_threshold)) return 0;
     for (uint32_t q = 0; q < k->nstores; q++)
         if (em_schedule_store_per_element(k, q)) return 0;
     uint8_t *dep = calloc(k->nnodes ? k->nnodes : 1, 1); /* reads a reduction's value */
@@ -1160,6 +1164,7 @@ static int64_t split_plan(const KG *g, int64_t parallel_threshold) {
     }
     free(dep);
     if (!ok) return 0;
+    if (g->env) return SPLIT_AT_RUN;
     int64_t nch = R / 4096;
     return nch < 2 ? 2 : nch > 64 ? 64 : nch;
 }
@@ -1173,11 +1178,30 @@ static const char *split_acc_type(const SKernel *k, uint32_t i) {
     return em_ldt_is_float(n->dtype) && n->dtype != LDT_F64 ? "double" : ctype(n->dtype);
 }
 
-static void emit_split_rows(SB *b, KG *g, int64_t NCH) {
+/* The split form, for split_plan's NCH; SPLIT_AT_RUN: inside `if (this call's rows are few and
+ * long) { ... return; }`, with NCH and the chunk computed from R and O (the kernel's locals). */
+static void emit_split_rows(SB *b, KG *g, int64_t NCH, int64_t parallel_threshold) {
     const SKernel *k = g->k;
-    int64_t R = inner_extent(k), O = 1;
-    for (int j = 0; j < k->nouter; j++) O *= k->sizes[j];
-    int64_t chunk = (R + NCH - 1) / NCH;
+    int sym = NCH == SPLIT_AT_RUN;
+    char O[32] = "O", Rv[32] = "R", NC[32] = "NCH_", CH[32] = "CH_", NT[48] = "1024", oldR[sizeof g->R.v];
+    snprintf(oldR, sizeof oldR, "%s", g->R.v);
+    const char *ind = sym ? "        " : "    ", *ind2 = sym ? "            " : "        ";
+    if (sym) {
+        sb_printf(b, "    if (O < 16 && R >= 65536 && O * R >= %lld) {\n", (long long)parallel_threshold);
+        sb_printf(b, "        /* split rows: this call's rows are few and long; partials combined in chunk order */\n");
+        sb_printf(b, "        const int64_t NCH_ = R / 4096 > 64 ? 64 : R / 4096, CH_ = (R + NCH_ - 1) / NCH_;\n");
+    } else {
+        int64_t R = inner_extent(k), Ov = 1;
+        for (int j = 0; j < k->nouter; j++) Ov *= k->sizes[j];
+        int64_t chunk = (R + NCH - 1) / NCH;
+        snprintf(O, sizeof O, "%lld", (long long)Ov);
+        snprintf(Rv, sizeof Rv, "%lld", (long long)R);
+        snprintf(NC, sizeof NC, "%lld", (long long)NCH);
+        snprintf(CH, sizeof CH, "%lld", (long long)chunk);
+        snprintf(NT, sizeof NT, "%lld", (long long)(Ov * NCH));
+        sb_printf(b, "    /* split rows: %s row(s) of %s, each in %s chunks of %s; partials combined in chunk order */\n", O, Rv,
+                  NC, CH);
+    }
     uint8_t *done = calloc(k->nnodes ? k->nnodes : 1, 1), *dep = calloc(k->nnodes ? k->nnodes : 1, 1);
     if (!done || !dep) {
         free(done);
@@ -1185,17 +1209,15 @@ static void emit_split_rows(SB *b, KG *g, int64_t NCH) {
         b->oom = 1;
         return;
     }
-    sb_printf(b, "    /* split rows: %lld row(s) of %lld, each in %lld chunks of %lld; partials combined in chunk order */\n",
-              (long long)O, (long long)R, (long long)NCH, (long long)chunk);
     for (uint32_t i = 0; i < k->nnodes; i++)
-        if (em_lprim_is_reduce(k->nodes[i].op))
-            sb_printf(b, "    %s p%u[%lld];\n", split_acc_type(k, i), i, (long long)(O * NCH));
-    sb_printf(b, "    #pragma omp parallel for schedule(static)\n");
-    sb_printf(b, "    for (int64_t t = 0; t < %lld; t++) {\n", (long long)(O * NCH));
-    sb_printf(b, "        const int64_t NC = %lld, chunk = %lld, R = %lld;\n", (long long)NCH, (long long)chunk, (long long)R);
-    sb_printf(b, "        const int64_t o = t / NC, r0 = (t %% NC) * chunk;\n");
-    sb_printf(b, "        const int64_t r1 = r0 + chunk < R ? r0 + chunk : R;\n");
-    emit_row_offsets(b, g, "        ");
+        if (em_lprim_is_reduce(k->nodes[i].op)) sb_printf(b, "%s%s p%u[%s];\n", ind, split_acc_type(k, i), i, NT);
+    sb_printf(b, "%s#pragma omp parallel for schedule(static)\n", ind);
+    sb_printf(b, "%sfor (int64_t t = 0; t < %s * %s; t++) {\n", ind, O, NC);
+    if (sym) sb_printf(b, "%sconst int64_t NC = NCH_, chunk = CH_;\n", ind2);
+    else sb_printf(b, "%sconst int64_t NC = %s, chunk = %s, R = %s;\n", ind2, NC, CH, Rv);
+    sb_printf(b, "%sconst int64_t o = t / NC, r0 = (t %% NC) * chunk;\n", ind2);
+    sb_printf(b, "%sconst int64_t r1 = r0 + chunk < R ? r0 + chunk : R;\n", ind2);
+    emit_row_offsets(b, g, ind2);
     snprintf(g->R.v, sizeof g->R.v, "r1");
     g->r_lo = "r0";
     g->rc_node = g->rc_pass = UINT32_MAX; /* (no row cache: no per-element store) */
@@ -1204,45 +1226,45 @@ static void emit_split_rows(SB *b, KG *g, int64_t NCH) {
         for (int q = 0; q < em_lnode_nin(n); q++) dep[i] |= dep[n->in[q]];
         if (em_lprim_is_reduce(n->op)) dep[i] = 1;
         if (k->elem[i]) continue;
-        if (n->op == LP_LOAD) emit_load(b, g, i, "        ", 0);
+        if (n->op == LP_LOAD) emit_load(b, g, i, ind2, 0);
         else if (em_lprim_is_reduce(n->op)) {
-            emit_reduce(b, g, i, done, "        ", 1);
-            sb_printf(b, "        p%u[t] = acc%u; (void)v%u;\n", i, i, i);
-        } else if (!dep[i]) emit_value(b, g, i, "        ");
+            emit_reduce(b, g, i, done, ind2, 1);
+            sb_printf(b, "%sp%u[t] = acc%u; (void)v%u;\n", ind2, i, i, i);
+        } else if (!dep[i]) emit_value(b, g, i, ind2);
         else continue;
         done[i] = 1;
     }
-    sb_printf(b, "    }\n");
+    sb_printf(b, "%s}\n", ind);
     g->r_lo = NULL;
-    snprintf(g->R.v, sizeof g->R.v, "%lld", (long long)R);
+    snprintf(g->R.v, sizeof g->R.v, "%s", oldR);
     memset(done, 0, k->nnodes);
-    sb_printf(b, "    for (int64_t o = 0; o < %lld; o++) {\n", (long long)O);
-    emit_row_offsets(b, g, "        ");
+    sb_printf(b, "%sfor (int64_t o = 0; o < %s; o++) {\n", ind, O);
+    emit_row_offsets(b, g, ind2);
     for (uint32_t i = 0; i < k->nnodes; i++) {
         const LNode *n = &k->nodes[i];
         if (k->elem[i]) continue;
-        if (n->op == LP_LOAD) emit_load(b, g, i, "        ", 0);
+        if (n->op == LP_LOAD) emit_load(b, g, i, ind2, 0);
         else if (em_lprim_is_reduce(n->op)) {
             const char *at = split_acc_type(k, i);
-            sb_printf(b, "        %s acc%u = p%u[o * %lld];\n", at, i, i, (long long)NCH);
-            sb_printf(b, "        for (int64_t c = 1; c < %lld; c++) {\n            const %s q_ = p%u[o * %lld + c];\n", (long long)NCH,
-                      at, i, (long long)NCH);
+            sb_printf(b, "%s%s acc%u = p%u[o * %s];\n", ind2, at, i, i, NC);
+            sb_printf(b, "%sfor (int64_t c = 1; c < %s; c++) {\n%s    const %s q_ = p%u[o * %s + c];\n", ind2, NC, ind2, at, i, NC);
             switch (n->op) {
-            case LP_RSUM: sb_printf(b, "            acc%u += q_;\n", i); break;
-            case LP_RPROD: sb_printf(b, "            acc%u *= q_;\n", i); break;
-            case LP_RANY: sb_printf(b, "            acc%u |= q_;\n", i); break;
-            case LP_RALL: sb_printf(b, "            acc%u &= q_;\n", i); break;
+            case LP_RSUM: sb_printf(b, "%s    acc%u += q_;\n", ind2, i); break;
+            case LP_RPROD: sb_printf(b, "%s    acc%u *= q_;\n", ind2, i); break;
+            case LP_RANY: sb_printf(b, "%s    acc%u |= q_;\n", ind2, i); break;
+            case LP_RALL: sb_printf(b, "%s    acc%u &= q_;\n", ind2, i); break;
             default: /* max / min: a NaN partial stays (q_ != q_), a NaN accumulator stays (no comparison is true) */
-                sb_printf(b, "            if (q_ != q_ || q_ %s acc%u) acc%u = q_;\n", n->op == LP_RMAX ? ">" : "<", i, i);
+                sb_printf(b, "%s    if (q_ != q_ || q_ %s acc%u) acc%u = q_;\n", ind2, n->op == LP_RMAX ? ">" : "<", i, i);
                 break;
             }
-            sb_printf(b, "        }\n");
-            emit_reduce_value(b, n, i, "", "        ");
-        } else emit_value(b, g, i, "        ");
+            sb_printf(b, "%s}\n", ind2);
+            emit_reduce_value(b, n, i, "", ind2);
+        } else emit_value(b, g, i, ind2);
         done[i] = 1;
     }
-    for (uint32_t q = 0; q < k->nstores; q++) emit_store(b, g, q, "        ", 0);
-    sb_printf(b, "    }\n}\n\n");
+    for (uint32_t q = 0; q < k->nstores; q++) emit_store(b, g, q, ind2, 0);
+    if (sym) sb_printf(b, "        }\n        return;\n    }\n");
+    else sb_printf(b, "    }\n}\n\n");
     free(done);
     free(dep);
 }
@@ -1306,15 +1328,15 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         goto meta;
     }
     int64_t NCH = split_plan(&g, opt->parallel_threshold);
-    if (NCH < 0) {
+    if (NCH == -1) {
         b->oom = 1;
         free(g.off);
         free(g.st);
         return;
     }
     if (NCH) {
-        emit_split_rows(b, &g, NCH);
-        goto meta;
+        emit_split_rows(b, &g, NCH, opt->parallel_threshold);
+        if (NCH != SPLIT_AT_RUN) goto meta; /* (else the row form follows, for the other calls) */
     }
     int64_t chunk0 = k->reduction ? 0 : (opt->chunk > 0 ? opt->chunk : 65536);
     if (env) {

@@ -459,3 +459,27 @@ def test_embedding_gathers_in_symbolic_graphs():
     with pytest.raises(IndexError, match="index out of range in self"):
         cf(bad, w, p)
     assert len(ember_infos(cf)) == 2  # the symbolic entry raised it
+
+
+def test_split_rows_decided_per_call():
+    """A symbolic reduction kernel splits a call's rows when they are few and long (docs/backend_cpu.md
+    "Split rows") and keeps the row form otherwise, one library for all sizes; the same bits on 1
+    thread as on 2."""
+    def f(x):
+        return x.sum(-1), x.abs().amax(-1), (x * x).mean()
+
+    sizes = [1000, 131077, 70000, 3]
+    cf, n = run_sizes(f, lambda s: (torch.randn(3, s, dtype=torch.float64),), sizes, rtol=1e-9, atol=1e-9)
+    infos = assert_compiled(cf)
+    assert n == 1 and "split rows: this call's rows" in infos[0]["source"]
+    x = torch.randn(2, 131077)
+    nt = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cf(x)
+        torch.set_num_threads(2)
+        two = cf(x)
+    finally:
+        torch.set_num_threads(nt)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    torch.testing.assert_close(two, f(x), rtol=1e-5, atol=1e-4)
