@@ -97,6 +97,18 @@ def same_as_eager(out, ref, where="out"):
     assert out == ref, where
 
 
+def on_threads(fn, *args, counts=(1, 2)):
+    """fn(*args) under torch.set_num_threads(n) for each n of counts (restored after): a list of results."""
+    n0, out = torch.get_num_threads(), []
+    try:
+        for n in counts:
+            torch.set_num_threads(n)
+            out.append(fn(*args))
+    finally:
+        torch.set_num_threads(n0)
+    return out
+
+
 def outcome(fn, *args, **kwargs):
     """('ok', result) or ('raise', exception type, message) of one call."""
     try:

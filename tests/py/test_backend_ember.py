@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
+from conftest import on_threads
 from conftest import same_as_eager as _same
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("cpu_tensors", "ember_cache_dir")]
@@ -953,15 +954,7 @@ def test_split_rows_reductions(dtype):
             return out + ((1 + x[2] * 1e-4).prod(),) if x.dtype == torch.float64 else out
     info = check(f, x)
     assert "split rows" in info["source"]
-    c = ember.compile(f, backend="ember")
-    n = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = c(x)
-        torch.set_num_threads(2)
-        two = c(x)
-    finally:
-        torch.set_num_threads(n)
+    one, two = on_threads(ember.compile(f, backend="ember"), x)
     for a, b in zip(one, two):
         assert torch.equal(a, b) or (a.isnan() == b.isnan()).all() and torch.equal(a.nan_to_num(), b.nan_to_num())
 

@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ember
+from conftest import on_threads
 from ember import _C
 
 pytestmark = pytest.mark.usefixtures("cpu_tensors")
@@ -473,13 +474,6 @@ def test_split_rows_decided_per_call():
     infos = assert_compiled(cf)
     assert n == 1 and "split rows: this call's rows" in infos[0]["source"]
     x = torch.randn(2, 131077)
-    nt = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = cf(x)
-        torch.set_num_threads(2)
-        two = cf(x)
-    finally:
-        torch.set_num_threads(nt)
+    one, two = on_threads(cf, x)
     assert all(torch.equal(a, b) for a, b in zip(one, two))
     torch.testing.assert_close(two, f(x), rtol=1e-5, atol=1e-4)
