@@ -1434,8 +1434,9 @@ def test_saved_tensor_updated_in_place_raises_only_where_eager_reads_it(backend)
     """A tensor saved for one output's backward (w, for x * w), updated in place after the forward:
     eager raises "modified by an inplace operation" only when that backward runs; the region's
     backward raises then too, and not when only the other outputs get gradients (program_gen seed
-    880121: ctx.saved_tensors checks every saved tensor, so the region raised there). Also for a
-    saved tensor that is an output of the region (exp's result, updated in place; seed 640517)."""
+    880121: ctx.saved_tensors checks every saved tensor, so the region raised there). exp's result
+    is updated in place too: eager's exp node saved it, so a gradient through it raises in both,
+    whether or not the region's partition saved it (_check_watched, _saved_needed)."""
     def f(x, w, v):
         return (x * w).sum(-1), x.exp(), (x * v).sum(0)
 
