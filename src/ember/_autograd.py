@@ -334,7 +334,9 @@ def make_region(fwd, bwd, noutputs, ninputs, grad_inputs, tangents, nondiff, str
     plan.saved_ints = tuple(saved_ints)
     plan.masked = bool(masked)
     plan.watch = tuple((k, None if d is None else tuple(d)) for k, d in watch)
-    plan.saved_deps = None if saved_deps is None else tuple(None if d is None else tuple(d) for d in saved_deps)
+    # (None when every saved tensor is always read: then the forward records no versions for _saved_needed)
+    deps = None if saved_deps is None else tuple(None if d is None else tuple(d) for d in saved_deps)
+    plan.saved_deps = deps if deps is not None and any(d is not None for d in deps) else None
     plan.saved_tensors = None  # positions of the saved tensors, when there are ints: found on the first call
     plan.grad_deps = tuple(tuple(d) for d in grad_deps) if grad_deps is not None else ((),) * len(plan.grad_inputs)
     plan.maybe_same = tuple(tuple(p) for p in maybe_same)
