@@ -533,7 +533,9 @@ static void emit_reduce_value(SB *b, const LNode *n, uint32_t i, const char *sub
 }
 
 /* A reduction node's loop. The accumulator type: float sums of long rows accumulate in double
- * (a symbolic row length: whenever its range reaches past 2048). */
+ * (a symbolic row length: whenever its range reaches past 2048), a float sum per block of
+ * SUM_BLOCK elements at a time. */
+enum { SUM_BLOCK = 512 };
 static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const char *ind, int long_rows) {
     const SKernel *k = g->k;
     const char *R = g->R.v, *R0 = g->r_lo ? g->r_lo : "0";
@@ -556,6 +558,25 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
     case LP_RPROD: {
         const char *opc = n->op == LP_RSUM ? "+" : "*";
         if (em_ldt_is_float(n->dtype) && n->dtype != LDT_F64 && long_rows) acct = "double";
+        if (n->op == LP_RSUM && strcmp(acct, "double") == 0 && em_ldt_is_float(it) && it != LDT_F64) {
+            /* a long float row: blocks of SUM_BLOCK summed in float vector lanes (what a row of
+             * at most 2048 gets), the blocks' sums added in double (as eager's cascade sum adds
+             * its chunks): single-precision vector adds, with the error of a short row per block */
+            char in3[72];
+            snprintf(in3, sizeof in3, "%s        ", ind);
+            sb_printf(b, "%sdouble acc%u = 0;\n", ind, i);
+            sb_printf(b, "%sfor (int64_t rb = %s; rb < %s; rb += %d) {\n", ind, R0, R, SUM_BLOCK);
+            sb_printf(b, "%s    const int64_t re = %s - rb > %d ? rb + %d : %s;\n", ind, R, SUM_BLOCK, SUM_BLOCK, R);
+            sb_printf(b, "%s    float bacc%u = 0;\n", ind, i);
+            sb_printf(b, "%s    #pragma omp simd reduction(+:bacc%u)\n", ind, i);
+            sb_printf(b, "%s    for (int64_t r = rb; r < re; r++) {\n", ind);
+            inner_index(b, g, in3);
+            emit_elem(b, g, x, done, in3);
+            emit_row_cache_write(b, g, i, in3);
+            sb_printf(b, "%sbacc%u += v%u;\n%s    }\n", in3, i, x, ind);
+            sb_printf(b, "%s    acc%u += bacc%u;\n%s}\n", ind, i, i, ind);
+            break;
+        }
         sb_printf(b, "%s%s acc%u = %s;\n", ind, acct, i, n->op == LP_RSUM ? "0" : "1");
         sb_printf(b, "%s#pragma omp simd reduction(%s:acc%u)\n", ind, opc, i);
         sb_printf(b, "%sfor (int64_t r = %s; r < %s; r++) {\n", ind, R0, R);

@@ -965,5 +965,7 @@ def test_split_rows_only_where_they_apply():
     x = torch.randn(2, 100000)
     info = check(lambda x: (x - x.amax(-1, keepdim=True)).exp().sum(-1), x)
     assert "split rows" not in info["source"] and "double acc" in info["source"]
-    info = check(lambda x: x.sum(-1), torch.randn(64, 4096))
+    # positive values: a row sum of 4096 signed normals can land near 0, where eager's own error
+    # (cascade order, up to 4e-5 here) already exceeds assert_close's default atol of 1e-5
+    info = check(lambda x: x.sum(-1), torch.rand(64, 4096))
     assert "split rows" not in info["source"]
