@@ -720,7 +720,7 @@ static const LowerRule LOWER_RULES[] = {
     {"swapaxes", R_TRANSPOSE, 0, "input,axis0,axis1"}, {"t", R_T, 0, "input"},
     {"expand", R_EXPAND, 0, ""}, {"expand_as", R_EXPAND, 0, ""}, {"broadcast_to", R_EXPAND, 0, ""},
     {"narrow", R_NARROW, 0, "input,dim,start,length"}, {"select", R_SELECT, 0, "input,dim,index"},
-    {"op.getitem", R_GETITEM, 0, "input,index"}, {"contiguous", R_IDENTITY, 1, "input"},
+    {"op.getitem", R_GETITEM, 0, "input,index"}, {"contiguous", R_IDENTITY, 1, "input,memory_format"},
     /* a tuple of views, each lowered where a getitem takes it (split_piece) */
     {"split", R_SPLIT, 0, "input,split_size_or_sections,dim"}, {"chunk", R_SPLIT, 1, "input,chunks,dim"},
     {"unbind", R_SPLIT, 2, "input,dim"},
@@ -1207,6 +1207,47 @@ static uint32_t view_pushdown(Ctx *c, const LowerRule *rule, const IRArg **slot,
     return n ? map[n - 1] : 0;
 }
 
+/* The memory_format argument of contiguous(): MF_CONTIGUOUS (torch.contiguous_format),
+ * MF_CHANNELS_LAST, or MF_OTHER (preserve_format, channels_last_3d, anything else). */
+enum { MF_OTHER, MF_CONTIGUOUS, MF_CHANNELS_LAST };
+
+static int memory_format_of(const IRArg *a) {
+    if (a->kind != IRARG_CONST) return MF_OTHER;
+    PyObject *str = PyObject_Str(a->u.obj);
+    const char *u = str ? PyUnicode_AsUTF8(str) : NULL;
+    int mf = !u ? MF_OTHER : strcmp(u, "torch.contiguous_format") == 0 ? MF_CONTIGUOUS
+                           : strcmp(u, "torch.channels_last") == 0   ? MF_CHANNELS_LAST
+                                                                     : MF_OTHER;
+    Py_XDECREF(str);
+    PyErr_Clear();
+    return mf;
+}
+
+/* x.contiguous(memory_format=torch.channels_last) of a static 4-d value (c->n's meta: eager's
+ * layout): x itself where eager returns self (x's layout is already that one), else a copy that
+ * as_load materializes in channels_last (channels_last_layout reads c->n's meta), one kernel, or
+ * the producer's kernel storing it so. Inductor's channels_last weights are such copies; torch's
+ * is a TensorIterator copy (aten::clone). 0 (the torch call) for anything else. */
+static uint32_t contiguous_channels_last(Ctx *c, uint32_t x) {
+    const IRMeta *m = &c->n->meta;
+    LNode src = *NODE(c, x);
+    if (c->lg->env || m->kind != IRMETA_TENSOR || m->ndim != 4 || src.ndim != 4 || !m->strides) return 0;
+    const IRArg *a0 = &c->n->args[0];
+    const IRMeta *in = a0->kind == IRARG_NODE ? &c->lg->ir->nodes[a0->u.ref].meta : NULL;
+    if (!in || in->kind != IRMETA_TENSOR || in->ndim != 4 || !in->strides) return 0;
+    bool same = true; /* torch returns self: is_contiguous(channels_last) already */
+    for (int d = 0; d < 4; d++) same &= in->sizes[d] == 1 || in->strides[d] == m->strides[d];
+    if (same) return x;
+    const int64_t *z = src.sizes, want[4] = {z[1] * z[2] * z[3], 1, z[3] * z[1], z[1]};
+    for (int d = 0; d < 4; d++) /* the layout channels_last_layout gives the copy (C > 1) */
+        if (m->sizes[d] != z[d] || z[1] <= 1 || (z[d] != 1 && m->strides[d] != want[d])) return 0;
+    uint32_t cp = new_node(c->lg, LP_CAST, src.dtype, src.dtype, src.ndim, src.sizes, src.ssizes);
+    if (!cp) return 0;
+    NODE(c, cp)->in[0] = x;
+    NODE(c, cp)->ir = c->ir;
+    return as_load(c, cp);
+}
+
 static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
     const IRNode *n = c->n;
     LGraph *lg = c->lg;
@@ -1215,6 +1256,11 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
         return split_piece(c, n->args[0].u.ref, slot[1]);
     if (n->nargs < 1 || opnd(c, &n->args[0], &x) < 0 || x.kind != 1) return 0;
     const LNode *xn = NODE(c, x.node);
+    if (rule->kind == R_IDENTITY && rule->prim == 1 && slot[1]) { /* contiguous(memory_format=...) */
+        int mf = memory_format_of(slot[1]);
+        if (mf == MF_CHANNELS_LAST) return contiguous_channels_last(c, x.node);
+        if (mf != MF_CONTIGUOUS) return 0; /* preserve_format (torch raises), channels_last_3d: the torch call */
+    }
     if (rule->kind == R_IDENTITY && rule->prim == 1 && !lg->env && read_by_view(lg->ir, c->ir)) {
         /* contiguous() read through a view (attention's heads: a permuted projection, then
          * view(L, B * H, hd)): materialized here, as eager does, so that the views after it are
@@ -3203,7 +3249,8 @@ static int only_externs_read(Ctx *c, IRRef r, int depth) {
         const IRNode *un = &g->nodes[u];
         if (!em_ir_node_reads(un, r) || un->kind == IR_OUTPUT) continue;
         const LowerRule *ur = find_rule(un, 0);
-        if (ur && ur->kind == R_IDENTITY && ur->prim == 1 && read_by_view(g, u)) return 0; /* a copy (lower_view) */
+        if (ur && ur->kind == R_IDENTITY && ur->prim == 1 && (read_by_view(g, u) || un->nargs + un->nkwargs > 1))
+            return 0; /* a copy (lower_view; contiguous_channels_last) */
         if (ur && is_view_rule(ur) && !c->ext[u]) {
             if (!only_externs_read(c, u, depth + 1)) return 0;
         } else if (!c->ext[u]) {

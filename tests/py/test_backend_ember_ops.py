@@ -264,9 +264,13 @@ def test_resnet_basic_block_and_tiny_resnet():
     with torch.no_grad():
         info = check(blk, x)
     # two convolutions (bn, +=, relu in kernels), with the layout optimization's conversions of the
-    # block's input to channels_last and of its 4-d output back to eager's contiguous strides
-    assert not info.get("fallback") and info["kernels"] == 2
-    assert info["extern_list"] == ["contiguous", "conv2d", "conv2d_1", "contiguous_1"], info["extern_list"]
+    # block's input and of both weights to channels_last (ember's copy kernels: the input's, and the
+    # weights' in one horizontally fused kernel) and of its 4-d output back to eager's contiguous strides
+    assert not info.get("fallback") and info["kernels"] == 4
+    assert info["extern_list"] == ["conv2d", "conv2d_1", "contiguous_3"], info["extern_list"]
+    assert info["kernel_list"][0]["nodes"] == ["l_x", "contiguous"]
+    assert info["kernel_list"][1]["nodes"] == ["l_self_conv1_weight", "contiguous_1", "l_self_conv2_weight",
+                                               "contiguous_2"]
     assert info["channels_last"] == ["conv2d"]
     m = ResNet((1, 1, 1, 1), num_classes=10).eval()
     with torch.no_grad():
@@ -404,6 +408,65 @@ def test_layout_optimization_channels_last(view):
         assert "channels_last" not in info
     else:
         assert info["channels_last"] == ["conv2d"], info.get("channels_last")
+
+
+def test_layout_optimization_weights_follow_in_place_updates():
+    """The channels_last copies of the weights are made on every call (as torch's convolution makes
+    them), so a weight updated in place between calls is seen, as eager sees it."""
+    torch.manual_seed(0)
+    m = _LayoutNet().eval()
+    x = torch.randn(2, 3, 6, 6)
+    cm = ember.compile(m)
+    with torch.no_grad():
+        cm(x)
+        m.c2.weight.mul_(-0.5)
+        m.c1.weight.add_(0.25)
+        got, ref = cm(x), m(x)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    info = ember.cache_info(cm)[0]["ember"]
+    # the copies are kernels; the one torch call left is contiguous() of z back to eager's strides
+    assert [e for e in info["extern_list"] if e.startswith("contiguous")] == ["contiguous_3"], info["extern_list"]
+
+
+@pytest.mark.parametrize("case", ["nchw", "permuted", "already", "one_channel", "contiguous_format"])
+def test_contiguous_channels_last_lowered(case):
+    """x.contiguous(memory_format=torch.channels_last) of a 4-d tensor: a copy kernel whose output has
+    eager's channels_last strides (em_lower.c, contiguous_channels_last), or x itself where eager
+    returns x (already channels_last), fused into the kernel around it. One channel: the torch call.
+    contiguous_format: contiguous(). A graph that is the call alone keeps the torch call (its output may
+    be its input), with eager's strides and aliasing."""
+    fmt = torch.contiguous_format if case == "contiguous_format" else torch.channels_last
+    x = torch.randn(2, 5, 4, 3)
+    if case == "one_channel":  # H and W swapped: not channels_last, a copy of one channel
+        x = torch.randn(2, 1, 3, 4).transpose(2, 3)
+    if case == "permuted":
+        x = torch.randn(2, 3, 5, 4).permute(0, 2, 3, 1)
+    if case == "already":
+        x = x.contiguous(memory_format=torch.channels_last)
+    f = lambda t: (t * 2).contiguous(memory_format=fmt) + 1, lambda t: t.contiguous(memory_format=fmt)  # noqa: E731
+    info = check(f[0], x)
+    assert any("contiguous" in e for e in info["extern_list"]) == (case == "one_channel"), info["extern_list"]
+    # a copy is materialized (its own kernel) and read by the add's; no copy: one kernel
+    copies = case in ("nchw", "permuted")
+    assert info["kernels"] == (2 if copies else 1) + (case == "one_channel"), info["kernel_list"]
+    out = ember.compile(f[1], backend="ember")(x)
+    ref = f[1](x)
+    assert out.stride() == ref.stride() and torch.equal(out, ref)
+    assert (out.data_ptr() == x.data_ptr()) == (ref.data_ptr() == x.data_ptr())
+
+
+def test_contiguous_memory_format_errors_as_eager():
+    """Formats the lowering leaves to torch raise torch's errors: preserve_format of a non-contiguous
+    tensor, channels_last of a 3-d tensor."""
+    for f, x in ((lambda t: t.contiguous(memory_format=torch.preserve_format) + 1,
+                  torch.randn(2, 3, 4, 5).permute(0, 2, 3, 1)),  # (a contiguous tensor: returned as is)
+                 (lambda t: t.contiguous(memory_format=torch.channels_last) + 1, torch.randn(3, 4, 5))):
+        with pytest.raises(RuntimeError) as ref:
+            f(x)
+        with pytest.raises(RuntimeError) as got:
+            ember.compile(f, backend="ember")(x)
+        assert str(got.value) == str(ref.value)
 
 
 def test_layout_optimization_off():
