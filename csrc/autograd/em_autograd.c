@@ -5762,8 +5762,9 @@ IRGraph *em_autograd_channels_last(const IRGraph *g, PyObject *names) {
         }
         /* the weight of a convolution whose input is now channels_last, as Inductor's layout
          * optimization does: torch's convolution makes the weight channels_last itself on every
-         * call (weight.contiguous(memory_format): a TensorIterator copy, 3.5 ms of ResNet-18's 85 on
-         * the 2-core VM); here it is ember's copy kernel (em_lower.c, contiguous_channels_last) */
+         * call (weight.contiguous(memory_format), a TensorIterator copy); here it is ember's copy
+         * kernel (em_lower.c, contiguous_channels_last), fused with same-shaped ones. The same cost
+         * (docs/backend_cpu.md, "channels_last"); per call, so in-place updates are seen. */
         const IRMeta *xm = args[0].kind == IRARG_NODE ? &em_ir_node(d.j, args[0].u.ref)->meta : NULL;
         IRRef w = n->args[1].u.ref;
         if (conv[r] && xm && xm->ndim == 4 && xm->strides && xm->strides[1] == 1 && !dep[w] &&
