@@ -4,7 +4,8 @@ Workloads (issue 11's targets): the 16M-element pointwise chain cos(cos(x)) * y 
 the last dim of (4096, 1024), and layer_norm over the last dim of (4096, 1024) with weight and bias
 (float32, CPU); a column sum, `g.sum(0)` of (2048, 1024) (a Linear's bias gradient in a
 training step of batch x sequence 2048: a reduction over the outer dim); and a full reduction,
-the mean squared error of two 16M-element tensors (one row: ember's split rows). Per workload and compiler: the median per-call time over interleaved rounds (each
+the mean squared error of two 16M-element tensors (one row: ember's split rows), and the variance
+of a 16M-element tensor (Welford's, split rows too). Per workload and compiler: the median per-call time over interleaved rounds (each
 round times every compiler once per workload, so machine noise hits all alike), the speed ratio
 against eager and against inductor (> 1 = faster), and compile times: cold (empty ember cache dir /
 fresh dynamo state, inductor's cache dir fresh) and warm (ember: ember.reset() and a fresh cache entry served from the on-disk
@@ -53,6 +54,10 @@ def mse(x, y):
     return ((x - y) ** 2).mean()
 
 
+def variance(x):
+    return x.var()
+
+
 def workloads():
     g = torch.Generator().manual_seed(0)
     n = 16 * 1024 * 1024
@@ -63,12 +68,14 @@ def workloads():
                                               torch.randn(1024, generator=g))),
         "column_sum_2048x1024": (column_sum, (torch.randn(2048, 1024, generator=g),)),
         "mse_16M": (mse, (torch.randn(n, generator=g), torch.randn(n, generator=g))),
+        "var_16M": (variance, (torch.randn(n, generator=g) + 3,)),
     }
 
 
 # eager's float sum over dim 0 is 2e-5 from the exact sum of these 2048 rows; ember's (double
 # accumulators) is within the last rounding: a tolerance for eager's error, not ember's
-TOL = {"column_sum_2048x1024": {"rtol": 1e-5, "atol": 1e-4}, "mse_16M": {"rtol": 1e-5, "atol": 1e-5}}
+TOL = {"column_sum_2048x1024": {"rtol": 1e-5, "atol": 1e-4}, "mse_16M": {"rtol": 1e-5, "atol": 1e-5},
+       "var_16M": {"rtol": 1e-5, "atol": 1e-5}}
 
 
 def timed(fn, args):

@@ -620,7 +620,7 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
         /* in double, as ATen's var accumulates float rows (float Welford drifts with a large mean) */
         const char *at = em_ldt_is_float(n->dtype) ? "double" : ct;
         sb_printf(b, "%s%s wm%u[8] = {0}, wq%u[8] = {0};\n%sint64_t wb%u = 0;\n", ind, at, i, i, ind, i);
-        sb_printf(b, "%sfor (int64_t rb = 0; rb + 8 <= %s; rb += 8) {\n", ind, R);
+        sb_printf(b, "%sfor (int64_t rb = %s; rb + 8 <= %s; rb += 8) {\n", ind, R0, R);
         sb_printf(b, "%s    wb%u++;\n%s    const %s winv = (%s)1 / (%s)wb%u;\n", ind, i, ind, at, at, at, i);
         sb_printf(b, "%s    #pragma omp simd\n%s    for (int l_ = 0; l_ < 8; l_++) {\n", ind, ind);
         char in3[72];
@@ -638,7 +638,7 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
         sb_printf(b, "%s    acc%u += wq%u[l_] + d_ * d_ * ((%s)wn%u * (%s)wb%u / nn_);\n", ind, i, i, at, i, at, i);
         sb_printf(b, "%s    wn%u += wb%u;\n%s}\n", ind, i, i, ind);
         memcpy(done, done_row, k->nnodes);
-        sb_printf(b, "%sfor (int64_t r = wb%u * 8; r < %s; r++) {\n", ind, i, R);
+        sb_printf(b, "%sfor (int64_t r = %s + wb%u * 8; r < %s; r++) {\n", ind, R0, i, R);
         inner_index(b, g, in2);
         emit_elem(b, g, x, done, in2);
         sb_printf(b, "%swn%u++;\n%sconst %s d_ = (%s)v%u - wmean%u;\n%swmean%u += d_ / (%s)wn%u;\n%sacc%u += d_ * ((%s)v%u - wmean%u);\n",
@@ -1155,8 +1155,10 @@ static void emit_row_offsets(SB *b, const KG *g, const char *ind) {
  * then combined in chunk order, row by row, before what follows the reductions. NCH is the row
  * length / 4096 between 2 and 64, from the sizes, not the thread count, so the result does not
  * depend on the number of threads. Float sums accumulate in double, as the row form's long rows
- * do, and a NaN in any chunk makes max / min NaN. Kernels whose reductions are sums, products,
- * max, min, any or all, none reading another's value, with row stores only, no gather bounds
+ * do, and a NaN in any chunk makes max / min NaN. Welford's sums of squared deviations (var,
+ * std) keep each chunk's count and mean too and merge chunk after chunk by Chan et al.'s formula.
+ * Kernels whose reductions are sums, products, max, min, any, all or Welford's, none reading
+ * another's value, with row stores only, no gather bounds
  * checks and no random numbers. Static sizes: decided here (fewer than 16 rows of 65536 elements
  * or more). Symbolic sizes: the same test on each call's sizes, in the kernel, in front of the row
  * form (SPLIT_AT_RUN). */
@@ -1179,7 +1181,7 @@ static int64_t split_plan(const KG *g, int64_t parallel_threshold) {
         for (int q = 0; q < em_lnode_nin(n); q++) dep[i] |= dep[n->in[q]];
         if (!em_lprim_is_reduce(n->op)) continue;
         if (dep[i] || (n->op != LP_RSUM && n->op != LP_RPROD && n->op != LP_RMAX && n->op != LP_RMIN &&
-                       n->op != LP_RANY && n->op != LP_RALL))
+                       n->op != LP_RANY && n->op != LP_RALL && n->op != LP_RM2))
             ok = 0;
         dep[i] = 1;
     }
@@ -1230,8 +1232,12 @@ static void emit_split_rows(SB *b, KG *g, int64_t NCH, int64_t parallel_threshol
         b->oom = 1;
         return;
     }
-    for (uint32_t i = 0; i < k->nnodes; i++)
-        if (em_lprim_is_reduce(k->nodes[i].op)) sb_printf(b, "%s%s p%u[%s];\n", ind, split_acc_type(k, i), i, NT);
+    for (uint32_t i = 0; i < k->nnodes; i++) {
+        if (!em_lprim_is_reduce(k->nodes[i].op)) continue;
+        sb_printf(b, "%s%s p%u[%s];\n", ind, split_acc_type(k, i), i, NT);
+        if (k->nodes[i].op == LP_RM2) /* Welford's partial means and counts beside the sums of squares */
+            sb_printf(b, "%sdouble pm%u[%s];\n%sint64_t pn%u[%s];\n", ind, i, NT, ind, i, NT);
+    }
     sb_printf(b, "%s#pragma omp parallel for schedule(static)\n", ind);
     sb_printf(b, "%sfor (int64_t t = 0; t < %s * %s; t++) {\n", ind, O, NC);
     if (sym) sb_printf(b, "%sconst int64_t NC = NCH_, chunk = CH_;\n", ind2);
@@ -1251,6 +1257,7 @@ static void emit_split_rows(SB *b, KG *g, int64_t NCH, int64_t parallel_threshol
         else if (em_lprim_is_reduce(n->op)) {
             emit_reduce(b, g, i, done, ind2, 1);
             sb_printf(b, "%sp%u[t] = acc%u; (void)v%u;\n", ind2, i, i, i);
+            if (n->op == LP_RM2) sb_printf(b, "%spm%u[t] = wmean%u; pn%u[t] = wn%u;\n", ind2, i, i, i, i);
         } else if (!dep[i]) emit_value(b, g, i, ind2);
         else continue;
         done[i] = 1;
@@ -1267,6 +1274,24 @@ static void emit_split_rows(SB *b, KG *g, int64_t NCH, int64_t parallel_threshol
         if (n->op == LP_LOAD) emit_load(b, g, i, ind2, 0);
         else if (em_lprim_is_reduce(n->op)) {
             const char *at = split_acc_type(k, i);
+            if (n->op == LP_RM2) {
+                /* Chan et al.'s pairwise update, chunk after chunk: the merged count, mean and sum
+                 * of squared deviations (a chunk of no elements adds nothing) */
+                sb_printf(b, "%sdouble acc%u = p%u[o * %s], wmean%u = pm%u[o * %s];\n", ind2, i, i, NC, i, i, NC);
+                sb_printf(b, "%sint64_t wn%u = pn%u[o * %s];\n", ind2, i, i, NC);
+                sb_printf(b, "%sfor (int64_t c = 1; c < %s; c++) {\n", ind2, NC);
+                sb_printf(b, "%s    const int64_t nb_ = pn%u[o * %s + c];\n%s    if (!nb_) continue;\n", ind2, i, NC, ind2);
+                sb_printf(b, "%s    const double d_ = pm%u[o * %s + c] - wmean%u, nn_ = (double)(wn%u + nb_);\n", ind2, i,
+                          NC, i, i);
+                sb_printf(b, "%s    wmean%u += d_ * ((double)nb_ / nn_);\n", ind2, i);
+                sb_printf(b, "%s    acc%u += p%u[o * %s + c] + d_ * d_ * ((double)wn%u * (double)nb_ / nn_);\n", ind2, i, i,
+                          NC, i);
+                sb_printf(b, "%s    wn%u += nb_;\n%s}\n", ind2, i, ind2);
+                sb_printf(b, "%s(void)wmean%u;\n", ind2, i);
+                emit_reduce_value(b, n, i, "", ind2);
+                done[i] = 1;
+                continue;
+            }
             sb_printf(b, "%s%s acc%u = p%u[o * %s];\n", ind2, at, i, i, NC);
             sb_printf(b, "%sfor (int64_t c = 1; c < %s; c++) {\n%s    const %s q_ = p%u[o * %s + c];\n", ind2, NC, ind2, at, i, NC);
             switch (n->op) {

@@ -931,7 +931,7 @@ def test_saved_value_joins_the_kernel_reading_the_same_elements():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool])
 def test_split_rows_reductions(dtype):
     """A full reduction and three long rows (131077 elements: 32 chunks), sums, products, max / min
-    with a NaN in one row, any / all: eager's values, and the same bits on 1 thread as on 2 (the
+    with a NaN in one row, any / all, var / std: eager's values, and the same bits on 1 thread as on 2 (the
     chunks are fixed when the kernel is generated, not by the thread count)."""
     g = torch.Generator().manual_seed(0)
     if dtype == torch.bool:
@@ -950,7 +950,8 @@ def test_split_rows_reductions(dtype):
         x[1, 70000] = float("nan")
 
         def f(x):  # (a float32 product of 131077 factors is too far from eager's float order to compare)
-            out = (x.sum(), (x * x).mean(-1), x.amax(-1), x.amin(-1), x[0].max(), x.abs().sum(-1, keepdim=True) + 1)
+            out = (x.sum(), (x * x).mean(-1), x.amax(-1), x.amin(-1), x[0].max(), x.abs().sum(-1, keepdim=True) + 1,
+                   x.var(-1), (x[0] + 100).std(correction=0))  # Welford's: chunks merged by Chan's formula
             return out + ((1 + x[2] * 1e-4).prod(),) if x.dtype == torch.float64 else out
     info = check(f, x)
     assert "split rows" in info["source"]

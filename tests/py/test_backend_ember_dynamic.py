@@ -467,7 +467,7 @@ def test_split_rows_decided_per_call():
     "Split rows") and keeps the row form otherwise, one library for all sizes; the same bits on 1
     thread as on 2."""
     def f(x):
-        return x.sum(-1), x.abs().amax(-1), (x * x).mean()
+        return x.sum(-1), x.abs().amax(-1), (x * x).mean(), x.var(-1)
 
     sizes = [1000, 131077, 70000, 3]
     cf, n = run_sizes(f, lambda s: (torch.randn(3, s, dtype=torch.float64),), sizes, rtol=1e-9, atol=1e-9)
