@@ -1157,7 +1157,8 @@ static void emit_row_offsets(SB *b, const KG *g, const char *ind) {
  * depend on the number of threads. Float sums accumulate in double, as the row form's long rows
  * do, and a NaN in any chunk makes max / min NaN. Welford's sums of squared deviations (var,
  * std) keep each chunk's count and mean too and merge chunk after chunk by Chan et al.'s formula.
- * Kernels whose reductions are sums, products, max, min, any, all or Welford's, none reading
+ * argmax/argmin keep each chunk's extreme and its index, the first extreme in chunk order winning.
+ * Kernels whose reductions are sums, products, max, min, any, all, Welford's or arg-extremes, none reading
  * another's value, with row stores only, no gather bounds
  * checks and no random numbers. Static sizes: decided here (fewer than 16 rows of 65536 elements
  * or more). Symbolic sizes: the same test on each call's sizes, in the kernel, in front of the row
@@ -1181,7 +1182,8 @@ static int64_t split_plan(const KG *g, int64_t parallel_threshold) {
         for (int q = 0; q < em_lnode_nin(n); q++) dep[i] |= dep[n->in[q]];
         if (!em_lprim_is_reduce(n->op)) continue;
         if (dep[i] || (n->op != LP_RSUM && n->op != LP_RPROD && n->op != LP_RMAX && n->op != LP_RMIN &&
-                       n->op != LP_RANY && n->op != LP_RALL && n->op != LP_RM2))
+                       n->op != LP_RANY && n->op != LP_RALL && n->op != LP_RM2 && n->op != LP_RARGMAX &&
+                       n->op != LP_RARGMIN))
             ok = 0;
         dep[i] = 1;
     }
@@ -1237,6 +1239,8 @@ static void emit_split_rows(SB *b, KG *g, int64_t NCH, int64_t parallel_threshol
         sb_printf(b, "%s%s p%u[%s];\n", ind, split_acc_type(k, i), i, NT);
         if (k->nodes[i].op == LP_RM2) /* Welford's partial means and counts beside the sums of squares */
             sb_printf(b, "%sdouble pm%u[%s];\n%sint64_t pn%u[%s];\n", ind, i, NT, ind, i, NT);
+        if (k->nodes[i].op == LP_RARGMAX || k->nodes[i].op == LP_RARGMIN) /* the extremes beside their indices */
+            sb_printf(b, "%s%s pb%u[%s];\n", ind, ctype(k->nodes[k->nodes[i].in[0]].dtype), i, NT);
     }
     sb_printf(b, "%s#pragma omp parallel for schedule(static)\n", ind);
     sb_printf(b, "%sfor (int64_t t = 0; t < %s * %s; t++) {\n", ind, O, NC);
@@ -1258,6 +1262,7 @@ static void emit_split_rows(SB *b, KG *g, int64_t NCH, int64_t parallel_threshol
             emit_reduce(b, g, i, done, ind2, 1);
             sb_printf(b, "%sp%u[t] = acc%u; (void)v%u;\n", ind2, i, i, i);
             if (n->op == LP_RM2) sb_printf(b, "%spm%u[t] = wmean%u; pn%u[t] = wn%u;\n", ind2, i, i, i, i);
+            if (n->op == LP_RARGMAX || n->op == LP_RARGMIN) sb_printf(b, "%spb%u[t] = best%u;\n", ind2, i, i);
         } else if (!dep[i]) emit_value(b, g, i, ind2);
         else continue;
         done[i] = 1;
@@ -1288,6 +1293,21 @@ static void emit_split_rows(SB *b, KG *g, int64_t NCH, int64_t parallel_threshol
                           NC, i);
                 sb_printf(b, "%s    wn%u += nb_;\n%s}\n", ind2, i, ind2);
                 sb_printf(b, "%s(void)wmean%u;\n", ind2, i);
+                emit_reduce_value(b, n, i, "", ind2);
+                done[i] = 1;
+                continue;
+            }
+            if (n->op == LP_RARGMAX || n->op == LP_RARGMIN) {
+                /* the first index of the extreme: a later chunk wins only with a strictly greater
+                 * (smaller) value, or a NaN while no NaN came before (emit_reduce's rule) */
+                const char *xt = ctype(k->nodes[n->in[0]].dtype), *cmp = n->op == LP_RARGMAX ? ">" : "<";
+                int fl = em_ldt_is_float(k->nodes[n->in[0]].dtype);
+                sb_printf(b, "%s%s best%u = pb%u[o * %s]; int64_t acc%u = p%u[o * %s];\n", ind2, xt, i, i, NC, i, i, NC);
+                sb_printf(b, "%sfor (int64_t c = 1; c < %s; c++) {\n%s    const %s q_ = pb%u[o * %s + c];\n", ind2, NC, ind2,
+                          xt, i, NC);
+                if (fl) sb_printf(b, "%s    if (best%u == best%u && (q_ %s best%u || q_ != q_))", ind2, i, i, cmp, i);
+                else sb_printf(b, "%s    if (q_ %s best%u)", ind2, cmp, i);
+                sb_printf(b, " { best%u = q_; acc%u = p%u[o * %s + c]; }\n%s}\n", i, i, i, NC, ind2);
                 emit_reduce_value(b, n, i, "", ind2);
                 done[i] = 1;
                 continue;

@@ -931,7 +931,7 @@ def test_saved_value_joins_the_kernel_reading_the_same_elements():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool])
 def test_split_rows_reductions(dtype):
     """A full reduction and three long rows (131077 elements: 32 chunks), sums, products, max / min
-    with a NaN in one row, any / all, var / std: eager's values, and the same bits on 1 thread as on 2 (the
+    with a NaN in one row, any / all, var / std, argmax / argmin: eager's values, and the same bits on 1 thread as on 2 (the
     chunks are fixed when the kernel is generated, not by the thread count)."""
     g = torch.Generator().manual_seed(0)
     if dtype == torch.bool:
@@ -944,14 +944,16 @@ def test_split_rows_reductions(dtype):
         x = torch.randint(-1000, 1000, (3, 131077), generator=g)
 
         def f(x):
-            return x.sum(), x.sum(-1), x.amax(-1), x.amin(-1), (x % 3 - 1).abs().prod(-1)
+            # argmax / argmin: the max and min repeat across chunks, the first index wins
+            return x.sum(), x.sum(-1), x.amax(-1), x.amin(-1), (x % 3 - 1).abs().prod(-1), x.argmax(-1), x.argmin()
     else:
         x = (torch.randn(3, 131077, generator=g, dtype=torch.float64) * 2).to(dtype)
         x[1, 70000] = float("nan")
 
         def f(x):  # (a float32 product of 131077 factors is too far from eager's float order to compare)
             out = (x.sum(), (x * x).mean(-1), x.amax(-1), x.amin(-1), x[0].max(), x.abs().sum(-1, keepdim=True) + 1,
-                   x.var(-1), (x[0] + 100).std(correction=0))  # Welford's: chunks merged by Chan's formula
+                   x.var(-1), (x[0] + 100).std(correction=0),  # Welford's: chunks merged by Chan's formula
+                   x.argmax(-1), x[0].argmin())  # row 1: the NaN's index
             return out + ((1 + x[2] * 1e-4).prod(),) if x.dtype == torch.float64 else out
     info = check(f, x)
     assert "split rows" in info["source"]
