@@ -536,6 +536,7 @@ static void emit_reduce_value(SB *b, const LNode *n, uint32_t i, const char *sub
  * (a symbolic row length: whenever its range reaches past 2048), a float sum per block of
  * SUM_BLOCK elements at a time. */
 enum { SUM_BLOCK = 512 };
+enum { WELFORD_LANES = 32 };
 static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const char *ind, int long_rows) {
     const SKernel *k = g->k;
     const char *R = g->R.v, *R0 = g->r_lo ? g->r_lo : "0";
@@ -614,15 +615,18 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
         break;
     }
     case LP_RM2: {
-        /* Welford (B. P. Welford 1962; as ATen's WelfordOps and Inductor's welford_reduce): 8 lanes
-         * updated in lockstep (vectorizable: one count, one reciprocal per block of 8), combined
-         * by Chan et al.'s pairwise formula, then the tail of the row one element at a time */
+        /* Welford (B. P. Welford 1962; as ATen's WelfordOps and Inductor's welford_reduce):
+         * WELFORD_LANES lanes updated in lockstep (vectorizable: one count, one reciprocal per
+         * block; 32 lanes are four independent vectors of doubles, so the update's dependency
+         * chain does not bound the loop as 8 did), combined by Chan et al.'s pairwise formula,
+         * then the tail of the row one element at a time */
         /* in double, as ATen's var accumulates float rows (float Welford drifts with a large mean) */
         const char *at = em_ldt_is_float(n->dtype) ? "double" : ct;
-        sb_printf(b, "%s%s wm%u[8] = {0}, wq%u[8] = {0};\n%sint64_t wb%u = 0;\n", ind, at, i, i, ind, i);
-        sb_printf(b, "%sfor (int64_t rb = %s; rb + 8 <= %s; rb += 8) {\n", ind, R0, R);
+        const int WL = WELFORD_LANES;
+        sb_printf(b, "%s%s wm%u[%d] = {0}, wq%u[%d] = {0};\n%sint64_t wb%u = 0;\n", ind, at, i, WL, i, WL, ind, i);
+        sb_printf(b, "%sfor (int64_t rb = %s; rb + %d <= %s; rb += %d) {\n", ind, R0, WL, R, WL);
         sb_printf(b, "%s    wb%u++;\n%s    const %s winv = (%s)1 / (%s)wb%u;\n", ind, i, ind, at, at, at, i);
-        sb_printf(b, "%s    #pragma omp simd\n%s    for (int l_ = 0; l_ < 8; l_++) {\n", ind, ind);
+        sb_printf(b, "%s    #pragma omp simd\n%s    for (int l_ = 0; l_ < %d; l_++) {\n", ind, ind, WL);
         char in3[72];
         snprintf(in3, sizeof in3, "%s        ", ind);
         sb_printf(b, "%sconst int64_t r = rb + l_;\n", in3);
@@ -632,13 +636,13 @@ static void emit_reduce(SB *b, const KG *g, uint32_t i, uint8_t *done_row, const
                   in3, at, at, x, i, in3, i, in3, i, at, x, i);
         sb_printf(b, "%s    }\n%s}\n", ind, ind);
         sb_printf(b, "%s%s wmean%u = wm%u[0], acc%u = wq%u[0];\n%sint64_t wn%u = wb%u;\n", ind, at, i, i, i, i, ind, i, i);
-        sb_printf(b, "%sfor (int l_ = 1; l_ < 8 && wb%u > 0; l_++) {\n", ind, i);
+        sb_printf(b, "%sfor (int l_ = 1; l_ < %d && wb%u > 0; l_++) {\n", ind, WL, i);
         sb_printf(b, "%s    const %s d_ = wm%u[l_] - wmean%u, nn_ = (%s)(wn%u + wb%u);\n", ind, at, i, i, at, i, i);
         sb_printf(b, "%s    wmean%u += d_ * ((%s)wb%u / nn_);\n", ind, i, at, i);
         sb_printf(b, "%s    acc%u += wq%u[l_] + d_ * d_ * ((%s)wn%u * (%s)wb%u / nn_);\n", ind, i, i, at, i, at, i);
         sb_printf(b, "%s    wn%u += wb%u;\n%s}\n", ind, i, i, ind);
         memcpy(done, done_row, k->nnodes);
-        sb_printf(b, "%sfor (int64_t r = %s + wb%u * 8; r < %s; r++) {\n", ind, R0, i, R);
+        sb_printf(b, "%sfor (int64_t r = %s + wb%u * %d; r < %s; r++) {\n", ind, R0, i, WL, R);
         inner_index(b, g, in2);
         emit_elem(b, g, x, done, in2);
         sb_printf(b, "%swn%u++;\n%sconst %s d_ = (%s)v%u - wmean%u;\n%swmean%u += d_ / (%s)wn%u;\n%sacc%u += d_ * ((%s)v%u - wmean%u);\n",
