@@ -5699,6 +5699,15 @@ static bool weight_wants_channels_last(const IRMeta *w) {
     return w->sizes[1] > 1 && w->sizes[2] * w->sizes[3] > 1;
 }
 
+/* v.contiguous(memory_format=torch.channels_last) (clf) emitted into d's graph; 0 on failure. */
+static IRRef to_channels_last(AG *d, IRRef v, PyObject *clf) {
+    PyObject *kw = kwname(d, "memory_format"), *contig = kwname(d, "contiguous");
+    if (!kw || !contig) return 0;
+    IRArg va = arg_node(v), mf = {.kind = IRARG_CONST};
+    mf.u.obj = clf;
+    return ag_emit(d, IR_CALL_METHOD, contig, &va, 1, &kw, &mf, 1);
+}
+
 static bool same_strides(const IRMeta *a, const IRMeta *b) {
     if (a->ndim != b->ndim) return false;
     for (int32_t d = 0; d < a->ndim; d++)
@@ -5723,9 +5732,8 @@ IRGraph *em_autograd_channels_last(const IRGraph *g, PyObject *names) {
     outs = calloc(G + 1, sizeof(IRRef));
     if (!outs || rewriter_begin(&d, g) < 0) goto done;
     PyObject *clf = held_attr(&d, "torch", "channels_last");
-    PyObject *kw_mf = em_arena_hold_steal(d.a, PyUnicode_InternFromString("memory_format"));
     PyObject *contig = em_arena_hold_steal(d.a, PyUnicode_InternFromString("contiguous"));
-    if (!clf || !kw_mf || !contig) goto done;
+    if (!clf || !contig) goto done;
     for (IRRef r = 1; r < G && !d.reason; r++) {
         const IRNode *n = em_ir_node(g, r);
         if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
@@ -5748,13 +5756,7 @@ IRGraph *em_autograd_channels_last(const IRGraph *g, PyObject *names) {
         for (uint32_t i = 0; i < n->nkwargs; i++) args[n->nargs + i] = map_arg(&d, &n->kwargs[i]);
         if (conv[r] && !dep[n->args[0].u.ref]) {
             IRRef x = n->args[0].u.ref;
-            if (!cl[x]) {
-                IRArg xa = arg_node(d.fmap[x]), mf = {0};
-                mf.kind = IRARG_CONST;
-                mf.u.obj = clf;
-                cl[x] = ag_emit(&d, IR_CALL_METHOD, contig, &xa, 1, &kw_mf, &mf, 1);
-                if (!cl[x]) goto done;
-            }
+            if (!cl[x] && !(cl[x] = to_channels_last(&d, d.fmap[x], clf))) goto done;
             args[0] = arg_node(cl[x]);
             PyObject *nm = PyUnicode_FromString(n->name);
             if (!nm || PyList_Append(names, nm) < 0) PyErr_Clear();
@@ -5769,13 +5771,7 @@ IRGraph *em_autograd_channels_last(const IRGraph *g, PyObject *names) {
         IRRef w = n->args[1].u.ref;
         if (conv[r] && xm && xm->ndim == 4 && xm->strides && xm->strides[1] == 1 && !dep[w] &&
             weight_wants_channels_last(&em_ir_node(g, w)->meta)) {
-            if (!cl[w]) {
-                IRArg wa = arg_node(d.fmap[w]), mf = {0};
-                mf.kind = IRARG_CONST;
-                mf.u.obj = clf;
-                cl[w] = ag_emit(&d, IR_CALL_METHOD, contig, &wa, 1, &kw_mf, &mf, 1);
-                if (!cl[w]) goto done;
-            }
+            if (!cl[w] && !(cl[w] = to_channels_last(&d, d.fmap[w], clf))) goto done;
             args[1] = arg_node(cl[w]);
         }
         dep[r] = 1;

@@ -1162,11 +1162,11 @@ static void emit_row_offsets(SB *b, const KG *g, const char *ind) {
  * do, and a NaN in any chunk makes max / min NaN. Welford's sums of squared deviations (var,
  * std) keep each chunk's count and mean too and merge chunk after chunk by Chan et al.'s formula.
  * argmax/argmin keep each chunk's extreme and its index, the first extreme in chunk order winning.
- * Kernels whose reductions are sums, products, max, min, any, all, Welford's or arg-extremes, none reading
- * another's value, with row stores only, no gather bounds
- * checks and no random numbers. Static sizes: decided here (fewer than 16 rows of 65536 elements
- * or more). Symbolic sizes: the same test on each call's sizes, in the kernel, in front of the row
- * form (SPLIT_AT_RUN). */
+ * Kernels whose reductions are sums, products, max, min, any, all, Welford's or arg-extremes, none
+ * reading another's value, with row stores only, no gather bounds checks and no random numbers.
+ * Static sizes: decided here (fewer than 16 rows of 65536 elements or more). Symbolic sizes: the
+ * same test on each call's sizes, in the kernel, in front of the row form (SPLIT_AT_RUN). Float
+ * sums add float blocks into a double per chunk (emit_reduce). */
 #define SPLIT_AT_RUN (-2)
 
 static int64_t split_plan(const KG *g, int64_t parallel_threshold) {

@@ -1259,7 +1259,7 @@ static uint32_t lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
     if (rule->kind == R_IDENTITY && rule->prim == 1 && slot[1]) { /* contiguous(memory_format=...) */
         int mf = memory_format_of(slot[1]);
         if (mf == MF_CHANNELS_LAST) return contiguous_channels_last(c, x.node);
-        if (mf != MF_CONTIGUOUS) return 0; /* preserve_format (torch raises), channels_last_3d: the torch call */
+        if (mf != MF_CONTIGUOUS) return 0; /* preserve_format (self, or torch raises), channels_last_3d: torch's call */
     }
     if (rule->kind == R_IDENTITY && rule->prim == 1 && !lg->env && read_by_view(lg->ir, c->ir)) {
         /* contiguous() read through a view (attention's heads: a permuted projection, then
