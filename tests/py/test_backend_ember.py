@@ -931,8 +931,8 @@ def test_saved_value_joins_the_kernel_reading_the_same_elements():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool])
 def test_split_rows_reductions(dtype):
     """A full reduction and three long rows (131077 elements: 32 chunks), sums, products, max / min
-    with a NaN in one row, any / all, var / std, argmax / argmin: eager's values, and the same bits on 1 thread as on 2 (the
-    chunks are fixed when the kernel is generated, not by the thread count)."""
+    with a NaN in one row, any / all, var / std, argmax / argmin: eager's values, and the same bits
+    on 1 thread as on 2 (the chunks are fixed when the kernel is generated, not by the thread count)."""
     g = torch.Generator().manual_seed(0)
     if dtype == torch.bool:
         x = torch.rand(3, 131077, generator=g) > 0.2
