@@ -962,6 +962,32 @@ def test_split_rows_reductions(dtype):
         assert torch.equal(a, b) or (a.isnan() == b.isnan()).all() and torch.equal(a.nan_to_num(), b.nan_to_num())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32])
+def test_argmax_two_passes(dtype):
+    """argmax / argmin of a value with the same bits in vector and scalar loops: the extreme as a
+    vectorized max / min, then a scan for its first index (the first NaN); ties, NaN, -0.0 against
+    0.0, constant rows. A libm value (sin) keeps the one-loop form: its vector version rounds
+    differently, so a scan could miss the extreme."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-3, 4, (6, 1000), generator=g).to(dtype)  # many ties
+    if dtype.is_floating_point:
+        x[1, 10] = x[1, 500] = float("nan")
+        x[2] = 0.0
+        x[2, 7] = -0.0
+        x[2, 3] = -0.0
+        x[3, ::2] = float("-inf")
+    x[4] = 1
+
+    def f(x):
+        return x.argmax(-1), x.argmin(-1), (x * 2 - 1).argmax(-1), x.abs().argmin(-1, keepdim=True), x.argmax()
+
+    info = check(f, x)  # (int64 indices: compared exactly)
+    assert "#pragma omp simd reduction(max:best" in info["source"]
+    if dtype.is_floating_point:
+        info = check(lambda x: x.sin().argmax(-1), x)
+        assert "reduction(max:best" not in info["source"]
+
+
 def test_split_rows_only_where_they_apply():
     """A reduction that reads another's value in the same kernel (the sum of exp(x - max) per row)
     and many short rows keep the row form."""
