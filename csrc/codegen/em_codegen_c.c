@@ -427,6 +427,20 @@ static int expensive_op(LPrim op) {
     }
 }
 
+/* Two zeroed per-node flag arrays of kernel k; -1 with b->oom set (nothing allocated) when memory
+ * runs out. */
+static int node_flags2(SB *b, const SKernel *k, uint8_t **x, uint8_t **y) {
+    size_t n = k->nnodes ? k->nnodes : 1;
+    *x = calloc(n, 1);
+    *y = calloc(n, 1);
+    if (*x && *y) return 0;
+    free(*x);
+    free(*y);
+    *x = *y = NULL;
+    b->oom = 1;
+    return -1;
+}
+
 /* Does element node i compute the same bits in a vectorized loop as in a scalar one? Loads, casts
  * and IEEE-exact arithmetic (the kernels build with -ffp-contract=off), not libm's functions, whose
  * vector versions (libmvec) round differently, nor pow, floor division or random numbers. */
@@ -840,13 +854,8 @@ static void emit_hoisted(SB *b, KG *g, const char *ind) {
         if (g->hoisted[i]) sb_printf(b, "%s%s h%u[%lld];\n", ind, ctype(k->nodes[i].dtype), i, (long long)R);
     sb_printf(b, "%s{ /* row-invariant values, once per thread */\n", ind);
     /* the invariant loads' bases: their offsets (every outer stride is 0) */
-    uint8_t *need = calloc(k->nnodes ? k->nnodes : 1, 1), *done = calloc(k->nnodes ? k->nnodes : 1, 1);
-    if (!need || !done) {
-        free(need);
-        free(done);
-        b->oom = 1;
-        return;
-    }
+    uint8_t *need, *done;
+    if (node_flags2(b, k, &need, &done) < 0) return;
     for (uint32_t i = 0; i < k->nnodes; i++)
         if (g->hoisted[i]) elem_closure(k, i, need);
     for (uint32_t i = 0; i < k->nnodes; i++)
@@ -1288,13 +1297,8 @@ static void emit_split_rows(SB *b, KG *g, int64_t NCH, int64_t parallel_threshol
         sb_printf(b, "    /* split rows: %s row(s) of %s, each in %s chunks of %s; partials combined in chunk order */\n", O, Rv,
                   NC, CH);
     }
-    uint8_t *done = calloc(k->nnodes ? k->nnodes : 1, 1), *dep = calloc(k->nnodes ? k->nnodes : 1, 1);
-    if (!done || !dep) {
-        free(done);
-        free(dep);
-        b->oom = 1;
-        return;
-    }
+    uint8_t *done, *dep;
+    if (node_flags2(b, k, &done, &dep) < 0) return;
     for (uint32_t i = 0; i < k->nnodes; i++) {
         if (!em_lprim_is_reduce(k->nodes[i].op)) continue;
         sb_printf(b, "%s%s p%u[%s];\n", ind, split_acc_type(k, i), i, NT);
