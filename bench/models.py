@@ -31,8 +31,10 @@ compile one trivial function so that importing their machinery is not billed to 
 Every compiled output is checked against eager (assert_close, float32 tolerances scaled for deep
 models). Timings are never asserted by tests.
 
-usage: python bench/models.py [--device cpu|cuda] [--quick] [--rounds N] [--only NAME[,NAME...]] [--no-inductor] [--threads N] [--json PATH]
+usage: python bench/models.py [--device cpu|cuda] [--quick] [--rounds N] [--only NAME[,NAME...]] [--no-inductor] [--threads N] [--json PATH] [--memory]
 --quick: 3 timed rounds and the seeds, the transformer (fast path off) and ResNet-18 only.
+--memory: per compiler, one call's memory (call_memory): the peak above what was allocated when it
+started, the number of allocations (CPU: of 64 KiB or more) and the MiB they add up to.
 """
 import argparse
 import json
@@ -227,6 +229,40 @@ def check(out, ref, tol):
         torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
 
 
+def call_memory(f, args, dev):
+    """(peak MiB above the start, allocations, MiB allocated) of one call of f: CPU from torch's
+    allocator as torch.profiler(profile_memory=True) reports each allocation with its running total
+    (allocations of 64 KiB or more counted), CUDA from the caching allocator's statistics."""
+    if dev.startswith("cuda"):
+        sync(dev)
+        torch.cuda.reset_peak_memory_stats()
+        s0 = torch.cuda.memory_stats()
+        f(*args)
+        sync(dev)
+        s1 = torch.cuda.memory_stats()
+        return ((s1["allocated_bytes.all.peak"] - s0["allocated_bytes.all.current"]) / 2 ** 20,
+                s1["allocation.all.allocated"] - s0["allocation.all.allocated"],
+                (s1["allocated_bytes.all.allocated"] - s0["allocated_bytes.all.allocated"]) / 2 ** 20)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        f(*args)
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as fh:
+            events = json.load(fh)["traceEvents"]
+    finally:
+        os.unlink(path)
+    mem = sorted((e["ts"], e["args"]["Bytes"], e["args"]["Total Allocated"]) for e in events
+                 if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == 0)
+    if not mem:
+        return 0.0, 0, 0.0
+    start = mem[0][2] - mem[0][1]
+    big = [b for _, b, _ in mem if b >= 65536]
+    return (max(t for _, _, t in mem) - start) / 2 ** 20, len(big), sum(big) / 2 ** 20
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
@@ -237,6 +273,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None,
                     help="torch intra-op threads (on a small shared machine 1 keeps OpenMP spinning out of the figures)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--memory", action="store_true",
+                    help="also each compiler's memory in one call: peak above the start, allocations, MiB allocated")
     a = ap.parse_args(argv)
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device")
@@ -345,6 +383,10 @@ def main(argv=None):
             if f"{k}_warm" in cs and k in med:
                 cs[f"{k}_warm_compile"] = max(0.0, cs[f"{k}_warm"] - med[k] / 1e3)
         results[name] = {"median_ms": med, "compile_s": cs, "ember": kinfo}
+        if a.memory:
+            with ctx(), torch.no_grad():
+                mem = {k: call_memory(f, args, dev) for k, f in comp.items()}
+            results[name]["memory"] = mem
         unit, scale = ("us", 1e3) if small else ("ms", 1)
         line = f"{name:31s}" + "".join(f" {k}={v * scale:9.3f} {unit}" for k, v in med.items())
         line += "  | speedup vs eager: " + " ".join(f"{k}=x{med['eager'] / v:.2f}" for k, v in med.items() if k != "eager")
@@ -352,6 +394,9 @@ def main(argv=None):
         print(" " * 31 + " compile s: " + " ".join(f"{k}={v:.3f}" for k, v in cs.items())
               + f"  (ember graphs={kinfo['graphs']} kernels={kinfo['kernels']} externs={kinfo['externs']}"
               + (f" fallback={kinfo['fallback']}" if kinfo["fallback"] else "") + ")", flush=True)
+        if a.memory:
+            print(" " * 31 + " memory of one call (peak above start MiB / allocations / MiB allocated): "
+                  + " ".join(f"{k}={p:.1f}/{n}/{m:.1f}" for k, (p, n, m) in results[name]["memory"].items()), flush=True)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"resnet18": rn_src, "device": dev, "results": results}, fh, indent=1)

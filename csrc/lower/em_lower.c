@@ -3019,8 +3019,59 @@ static int is_cpu(PyObject *device) {
     return r;
 }
 
+/* Calls that return a new tensor, never an alias of an argument, and keep nothing they read (not
+ * einsum: torch.einsum("ij->ji", x) is a view of x) */
 static const char *const fresh_externs[] = {"matmul", "op.matmul", "mm", "bmm", "addmm", "baddbmm", "F.linear", "F.conv1d",
-                                            "F.conv2d", "F.conv3d", "einsum", NULL};
+                                            "F.conv2d", "F.conv3d", "F.scaled_dot_product_attention", NULL};
+/* those of them that, called as torch functions, take out= (torch.mm(a, b, out=t) returns t:
+ * native_functions.yaml's mm.out, matmul.out, linear.out ...) */
+static const char *const out_externs[] = {"matmul", "mm", "bmm", "addmm", "baddbmm", "F.linear", NULL};
+
+/* Can torch fold tensor argument a of a matmul into a matrix without a copy (ATen's should_fold:
+ * every dimension but the last two has stride[i] == stride[i + 1] * size[i + 1])? */
+static int foldable(const IRGraph *g, const IRArg *a) {
+    if (!a || a->kind != IRARG_NODE) return 0;
+    const IRMeta *m = &g->nodes[a->u.ref].meta;
+    if (m->kind != IRMETA_TENSOR) return 0;
+    for (int i = 0; i + 2 < m->ndim; i++)
+        if (m->strides[i] != m->strides[i + 1] * m->sizes[i + 1]) return 0;
+    return 1;
+}
+
+static int ndim_of(const IRGraph *g, const IRArg *a) {
+    return a && a->kind == IRARG_NODE && g->nodes[a->u.ref].meta.kind == IRMETA_TENSOR ? g->nodes[a->u.ref].meta.ndim : -1;
+}
+
+/* Does extern node n (key: its target_key) take an out= tensor for its result (LBuf.out_kw), at
+ * the cost of the call without one (without_bias: F.linear called with bias=None, ext_call)? A function call (a method's key is its bare name: x.mm(y)
+ * takes no out=) passing none already. Not where ATen's out= variant takes a slower path than the
+ * call that allocates (LinearAlgebra.cpp, Linear.cpp): F.linear of a bias and an input of 3+
+ * dimensions (linear_out adds the bias in a second pass, linear in addmm), and a matmul or linear
+ * whose larger operand cannot be folded into a matrix (a batched matmul of the expanded weight). */
+static int takes_out(const IRGraph *g, const IRNode *n, const char *key, int without_bias) {
+    int ok = n->kind == IR_CALL_FUNCTION;
+    for (uint32_t k = 0; ok && k < n->nkwargs; k++) {
+        const char *kw = PyUnicode_AsUTF8(n->kwnames[k]);
+        ok = kw && strcmp(kw, "out") != 0;
+    }
+    PyErr_Clear();
+    int listed = 0;
+    for (int i = 0; ok && out_externs[i]; i++) listed |= strcmp(key, out_externs[i]) == 0;
+    if (!ok || !listed) return 0;
+    const IRArg *slot[MAXP];
+    if (strcmp(key, "F.linear") == 0) {
+        if (bind(n, "input,weight,bias", slot) < 0) return 0;
+        int bias = !without_bias && slot[2] && !(slot[2]->kind == IRARG_CONST && slot[2]->u.obj == Py_None);
+        return foldable(g, slot[0]) && (!bias || ndim_of(g, slot[0]) <= 2);
+    }
+    if (strcmp(key, "matmul") == 0) {
+        if (bind(n, "input,other", slot) < 0) return 0;
+        int d1 = ndim_of(g, slot[0]), d2 = ndim_of(g, slot[1]);
+        if (d1 < 0 || d2 < 0) return 0;
+        return !(d1 >= 3 && d2 <= 2 && !foldable(g, slot[0])) && !(d2 >= 3 && d1 <= 2);
+    }
+    return 1;
+}
 
 static void mark_users(const IRArg *a, uint8_t *used_by_extern) {
     if (a->kind == IRARG_NODE) used_by_extern[a->u.ref] = 1;
@@ -3283,7 +3334,8 @@ static int linear_bias_epilogue(Ctx *c, IRRef r) {
     if (none_arg < 0 || opnd(c, slot[2], &bo) < 0 || bo.kind != 1 || !em_ldt_is_float(R) || em_ldt_is_half(R)) return 0;
     const LNode *bn = NODE(c, bo.node);
     if (bn->dtype != R || bn->ndim != 1 || n->meta.ndim < 1 || n->meta.ndim > EM_LMAXDIM) return 0;
-    LBuf b = {.kind = LBUF_EXTERN, .index = r, .dtype = R, .ndim = n->meta.ndim, .ir = r, .fresh = true};
+    LBuf b = {.kind = LBUF_EXTERN, .index = r, .dtype = R, .ndim = n->meta.ndim, .ir = r, .fresh = true,
+              .out_kw = takes_out(lg->ir, n, key, 1)};
     em_lower_meta_shadows(lg, &n->meta, b.ssizes, b.sstrides);
     if (!em_lower_same(lg, bn->sizes[0], bn->ssizes[0], n->meta.sizes[n->meta.ndim - 1], b.ssizes[b.ndim - 1])) return 0;
     uint32_t before = lg->nnodes, bbefore = lg->nbufs;
@@ -3474,9 +3526,11 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
                     if (g->inputs[i] == r) b.index = i;
             } else {
                 char key[128];
-                if (target_key(n, key, sizeof key) == 0)
+                if (target_key(n, key, sizeof key) == 0) {
                     for (int i = 0; fresh_externs[i]; i++)
                         if (strcmp(key, fresh_externs[i]) == 0) b.fresh = true;
+                    b.out_kw = b.fresh && takes_out(g, n, key, 0);
+                }
             }
             memcpy(b.sizes, n->meta.sizes, b.ndim * sizeof(int64_t));
             memcpy(b.strides, n->meta.strides, b.ndim * sizeof(int64_t));

@@ -151,6 +151,9 @@ typedef struct LBuf {
     IRRef ir;              /* NODE: the IR node whose value it is (0 for internal nodes) */
     SymRef ssizes[EM_LMAXDIM], sstrides[EM_LMAXDIM]; /* symbolic shadows (SYM_NONE: static graph) */
     bool fresh;            /* EXTERN: the op returns a new tensor it does not alias (matmul ...) */
+    bool out_kw;           /* EXTERN: a fresh torch function that also writes its result into an
+                              out= tensor of the result's layout (torch.mm ...): the memory planner
+                              may hand it a dead buffer (em_runtime_ember.c) */
     int64_t offset;        /* VIEW: element offset from the base's first element */
     SymRef soffset;        /* VIEW: its symbolic shadow (SYM_NONE: static graph) */
 } LBuf;

@@ -83,6 +83,8 @@ typedef struct {
     PyObject *name;       /* "ember_k3" */
     uint32_t nin;         /* tensors read */
     int32_t donor;        /* argument whose tensor becomes the output (index into args), -1 */
+    bool donor_relayout;  /* static layouts: the output is donor.as_strided(out_size, out_stride), a
+                             dead buffer of the same dtype and element count in another dense layout */
     uint32_t nextra;      /* a horizontally fused kernel's outputs after the first (em_schedule.c):
                              static layouts: tensors passed after the inputs and the donor, written
                              in place; symbolic: allocated per call from m[] (extra_ndim, extra_dtype)
@@ -134,6 +136,7 @@ static void advise_huge_pages(char *p, int64_t nbytes) {
 #endif
 }
 static PyObject *empty_strided = NULL; /* torch.empty_strided */
+static PyObject *as_strided_at(PyObject *t, PyObject *size, PyObject *stride, int64_t offset);
 static PyObject *get_num_threads = NULL; /* torch.get_num_threads */
 static PyObject *kw_dtype_device = NULL; /* ("dtype", "device") */
 /* torch.device("cpu"): CPU buffers name their device, so that torch.set_default_device("cuda")
@@ -398,7 +401,9 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
         if (data_ptr(t, &ptrs[i]) < 0) goto done;
     }
     if (k->donor >= 0) {
-        out = Py_NewRef(args[k->donor]);
+        out = k->donor_relayout ? as_strided_at(args[k->donor], k->out_size, k->out_stride, 0)
+                                : Py_NewRef(args[k->donor]);
+        if (!out) goto done;
     } else {
         /* CUDA: torch's caching allocator on the graph's device, ordered on its current stream */
         PyObject *eargs[5] = {NULL, k->out_size, k->out_stride, k->out_dtype, k->out_device};
@@ -743,20 +748,64 @@ static int same_layout(const LBuf *a, const LBuf *b) {
            memcmp(a->sstrides, b->sstrides, a->ndim * sizeof(SymRef)) == 0;
 }
 
-/* ext_seen[b]: SEEN_ANY when an extern call or a VIEW made for one can see buffer b's memory,
- * SEEN_DIRECT when a call reads b's own tensor (not through a VIEW). */
-enum { SEEN_ANY = 1, SEEN_DIRECT = 2 };
+/* Static graph: may buffer b's memory hold buffer ob in ob's own layout (the kernel's output made
+ * as b.as_strided(ob's sizes and strides): Kernel.donor_relayout)? Both dense, of one dtype and
+ * element count, as Inductor's buffer reuse keys on dtype and storage size, not layout. */
+static int same_extent(const LGraph *lg, uint32_t b, uint32_t ob) {
+    const LBuf *x = &lg->bufs[b], *y = &lg->bufs[ob];
+    return !lg->env && x->dtype == y->dtype && numel_of_buf(x) == numel_of_buf(y) && dense_layout(x) && dense_layout(y);
+}
 
-static void mark_ext_uses(const Schedule *s, const IRArg *a, uint8_t *ext_seen) {
+/* The buffer of the pool that can hold buffer ob at step st (same layout, or with relayout the same
+ * extent) and died last before st, at or after step since - 1; NONE when none. A donated buffer is
+ * held from its last read to the step that takes it, where torch's allocator would have handed its
+ * memory to an allocation in between: so only a buffer that died after the last allocation
+ * (since: that step + 1) is taken, the memory the allocator would hand out next, and the peak
+ * stays that of allocating every buffer. */
+static uint32_t latest_dead(const LGraph *lg, const uint32_t *pool, uint32_t npool, const uint8_t *consumed,
+                            const uint32_t *last, uint32_t since, uint32_t st, uint32_t ob, int relayout) {
+    uint32_t pick = NONE;
+    for (uint32_t q = 0; q < npool; q++) {
+        uint32_t b = pool[q];
+        if (consumed[b] || last[b] >= st + 1 || last[b] < since || (pick != NONE && last[b] <= last[pick])) continue;
+        if (same_layout(&lg->bufs[b], &lg->bufs[ob]) || (relayout && same_extent(lg, b, ob))) pick = b;
+    }
+    return pick;
+}
+
+/* ext_seen[b]: SEEN_ANY when an extern call or a VIEW made for one can see buffer b's memory,
+ * SEEN_DIRECT when a call reads b's own tensor (not through a VIEW), SEEN_KEPT when b's memory
+ * may outlive the call that sees it: a call that may return an alias of its argument (a view op,
+ * an op ember knows nothing of) or the graph's output. A buffer that only kernels and fresh
+ * calls (matmul, convolution, attention: new tensors, nothing kept) read is dead after its last
+ * reader, like one only kernels read. */
+enum { SEEN_ANY = 1, SEEN_DIRECT = 2, SEEN_KEPT = 4 };
+
+/* Notes what extern step st (or the output, st NONE) reads: ext_seen as above, and the reads
+ * in last[] (step index + 1; a VIEW's reads count as its base's). */
+static void mark_ext_uses(const Schedule *s, const IRArg *a, uint8_t kept, uint32_t st, uint8_t *ext_seen,
+                          uint32_t *last) {
     if (a->kind == IRARG_NODE) {
         uint32_t b = s->ir_buf[a->u.ref];
         if (b != NONE) {
-            ext_seen[b] |= SEEN_ANY | SEEN_DIRECT;
-            if (s->lg->bufs[b].kind == LBUF_VIEW) ext_seen[s->lg->bufs[b].index] |= SEEN_ANY;
+            ext_seen[b] |= SEEN_ANY | SEEN_DIRECT | kept;
+            if (st != NONE) last[b] = st + 1;
+            if (s->lg->bufs[b].kind == LBUF_VIEW) {
+                ext_seen[s->lg->bufs[b].index] |= SEEN_ANY | kept;
+                if (st != NONE) last[s->lg->bufs[b].index] = st + 1;
+            }
         }
     } else if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) {
-        for (uint32_t i = 0; i < a->n; i++) mark_ext_uses(s, &a->u.items[i], ext_seen);
+        for (uint32_t i = 0; i < a->n; i++) mark_ext_uses(s, &a->u.items[i], kept, st, ext_seen, last);
     }
+}
+
+/* Does extern step index r (an IR node) return new tensors and keep nothing it reads? The
+ * lowering's list of such ops (LBuf.fresh), or a linear called without its bias (ext_call). */
+static int fresh_call(const LGraph *lg, uint32_t r) {
+    const LVal *v = &lg->vals[r];
+    if (v->kind == LV_NODE) return v->ext_call;
+    return v->kind == LV_EXTERN && v->has_load && lg->bufs[lg->nodes[v->lnode].buf].fresh;
 }
 
 /* A program node allocating buffer b (in the layout of its view form_of[b] when it has one, as a
@@ -774,6 +823,20 @@ static IRRef alloc_node(Prog *p, const LBuf *b, const uint32_t *form_of, PyObjec
     IRRef r = em_ir_call(p->ng, IR_CALL_FUNCTION, empty_strided, args, 2, kwn, kw, 2, NULL);
     if (!r && !PyErr_Occurred()) PyErr_NoMemory();
     return r;
+}
+
+/* A program node viewing tensor r in buffer b's layout: r.as_strided(size, stride), r dense with
+ * b's dtype and element count (same_extent). 0 with an exception. */
+static IRRef relayout_node(Prog *p, IRRef r, const LBuf *b) {
+    PyObject *size = em_arena_hold_steal(p->ng->arena, em_int64_tuple(b->ndim, b->sizes));
+    PyObject *stride = size ? em_arena_hold_steal(p->ng->arena, em_int64_tuple(b->ndim, b->strides)) : NULL;
+    PyObject *name = stride ? em_arena_hold(p->ng->arena, em_str("as_strided")) : NULL;
+    if (!name) return 0;
+    IRArg args[3] = {{.kind = IRARG_NODE, .u.ref = r}, {.kind = IRARG_CONST, .u.obj = size},
+                     {.kind = IRARG_CONST, .u.obj = stride}};
+    IRRef v = em_ir_call(p->ng, IR_CALL_METHOD, name, args, 3, NULL, NULL, 0, NULL);
+    if (!v && !PyErr_Occurred()) PyErr_NoMemory();
+    return v;
 }
 
 /* A program node taking item i of the tuple value r (operator.getitem). 0 with an exception. */
@@ -1495,7 +1558,8 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     uint8_t *ext_seen = em_arena_alloc(a, nb + 1), *consumed = em_arena_alloc(a, nb + 1);
     int32_t *donor_of = em_arena_alloc(a, (s->nkernels + 1) * sizeof(int32_t));
     uint32_t *extra_donor = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t)); /* per extra output buffer */
-    if (!last || !ext_seen || !consumed || !donor_of || !extra_donor) {
+    uint32_t *out_donor = em_arena_alloc(a, (s->nsteps + 1) * sizeof(uint32_t)); /* per extern step: its out= */
+    if (!last || !ext_seen || !consumed || !donor_of || !extra_donor || !out_donor) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1507,11 +1571,17 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         } else if (sp->kind == SSTEP_VIEW) {
             ext_seen[sp->index] |= SEEN_ANY;
             ext_seen[lg->bufs[sp->index].index] |= SEEN_ANY;
+            last[lg->bufs[sp->index].index] = st + 1;
         } else {
             const IRNode *n = &g->nodes[sp->index];
-            for (uint32_t i = 0; i < n->nargs; i++) mark_ext_uses(s, &n->args[i], ext_seen);
-            for (uint32_t i = 0; i < n->nkwargs; i++) mark_ext_uses(s, &n->kwargs[i], ext_seen);
+            uint8_t kept = fresh_call(lg, sp->index) ? 0 : SEEN_KEPT;
+            for (uint32_t i = 0; i < n->nargs; i++) mark_ext_uses(s, &n->args[i], kept, st, ext_seen, last);
+            for (uint32_t i = 0; i < n->nkwargs; i++) mark_ext_uses(s, &n->kwargs[i], kept, st, ext_seen, last);
         }
+    }
+    if (g->output) { /* what the user gets: its buffers, and the bases of its views, are never reused */
+        const IRNode *n = &g->nodes[g->output];
+        for (uint32_t i = 0; i < n->nargs; i++) mark_ext_uses(s, &n->args[i], SEEN_KEPT, NONE, ext_seen, last);
     }
     /* candidates: kernel-made intermediates, and fresh extern results (matmul ...) only kernels read */
     uint32_t *pool = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t));
@@ -1542,15 +1612,30 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     }
     int ndonated = 0;
     for (uint32_t b = 0; b < nb; b++) extra_donor[b] = NONE;
+    for (uint32_t st = 0; st < s->nsteps; st++) out_donor[st] = NONE;
+    uint32_t since = 0; /* the last step that allocated (a result or output no dead buffer held), + 1 */
     for (uint32_t st = 0; st < s->nsteps; st++) {
         const SStep *sp = &s->steps[st];
         if (sp->kind == SSTEP_VIEW) continue;
         if (sp->kind != SSTEP_KERNEL) {
             const LVal *v = &lg->vals[sp->index];
+            /* a matmul's result written into a buffer dead before the call (out=), as Inductor's
+             * extern_kernels.mm(a, b, out=buf) into a reused buffer */
+            uint32_t rb = v->kind == LV_EXTERN && v->has_load ? lg->nodes[v->lnode].buf : v->ext_call ? v->ext_buf : NONE;
+            if (rb != NONE && lg->bufs[rb].out_kw && numel_of_buf(&lg->bufs[rb]) > 0) {
+                uint32_t b = latest_dead(lg, pool, npool, consumed, last, since, st, rb, 1);
+                if (b != NONE) {
+                    consumed[b] = 1;
+                    out_donor[st] = b;
+                    ndonated++;
+                }
+            }
+            if (rb != NONE && lg->bufs[rb].fresh && out_donor[st] == NONE) since = st + 1;
             if (v->kind == LV_EXTERN && v->has_load) {
                 uint32_t b = lg->nodes[v->lnode].buf;
-                if (lg->bufs[b].fresh && !ext_seen[b] && !s->buf_output[b] && s->ir_buf[sp->index] == b) pool[npool++] = b;
-            } else if (v->ext_call && !ext_seen[v->ext_buf] && !s->buf_output[v->ext_buf]) {
+                if (lg->bufs[b].fresh && !(ext_seen[b] & SEEN_KEPT) && !s->buf_output[b] && s->ir_buf[sp->index] == b)
+                    pool[npool++] = b;
+            } else if (v->ext_call && !(ext_seen[v->ext_buf] & SEEN_KEPT) && !s->buf_output[v->ext_buf]) {
                 pool[npool++] = v->ext_buf; /* the matmul's result, read only by the kernels adding its bias */
             }
             continue;
@@ -1558,12 +1643,15 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         const SKernel *k = &s->kernels[sp->index];
         uint32_t ob = k->args[k->nin];
         donor_of[sp->index] = -1;
+        int allocates = form_of[ob] != NONE; /* this step allocates: since moves after its outputs */
         if (form_of[ob] == NONE) {
-            for (uint32_t q = 0; q < npool; q++) {
+            uint32_t pick = latest_dead(lg, pool, npool, consumed, last, since, st, ob, 1);
+            for (uint32_t q = 0; q < npool; q++) { /* better: in place, a buffer read by this kernel alone */
                 uint32_t b = pool[q];
-                if (consumed[b] || !same_layout(&lg->bufs[b], &lg->bufs[ob])) continue;
-                int ok = last[b] < st + 1;
-                if (!ok && last[b] == st + 1 && !k->reduction) {
+                if (consumed[b] || last[b] != st + 1 || !(same_layout(&lg->bufs[b], &lg->bufs[ob]) || same_extent(lg, b, ob)))
+                    continue;
+                int ok = 0;
+                if (!k->reduction) {
                     /* in place: every read of b is at the element being written (a kernel of
                      * several outputs reads every element before it stores any: emit_loads_first
                      * in em_codegen_c.c). Never for a reduction kernel: its row cache may write
@@ -1576,28 +1664,35 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                                  k->loads[l].soffset == k->stores[0].soffset &&
                                  memcmp(k->loads[l].sstrides, k->stores[0].sstrides, k->ndim * sizeof(SymRef)) == 0;
                 }
-                if (!ok) continue;
-                consumed[b] = 1;
-                donor_of[sp->index] = (int32_t)b;
-                ndonated++;
-                break;
+                if (ok) {
+                    pick = b;
+                    break;
+                }
             }
-            if (!ext_seen[ob] && !s->buf_output[ob]) pool[npool++] = ob;
+            if (pick != NONE) {
+                consumed[pick] = 1;
+                donor_of[sp->index] = (int32_t)pick;
+                ndonated++;
+            } else {
+                allocates = 1;
+            }
+            if (!(ext_seen[ob] & SEEN_KEPT) && !s->buf_output[ob]) pool[npool++] = ob;
         }
         /* a fused kernel's other outputs: a buffer dead before this step, else allocated */
         for (uint32_t e = k->nin + 1; e < k->nargs; e++) {
             uint32_t eb = k->args[e];
             if (form_of[eb] != NONE) continue;
-            for (uint32_t q = 0; q < npool && !lg->env; q++) { /* symbolic: the kernel allocates them */
-                uint32_t b = pool[q];
-                if (consumed[b] || last[b] >= st + 1 || !same_layout(&lg->bufs[b], &lg->bufs[eb])) continue;
+            uint32_t b = lg->env ? NONE : latest_dead(lg, pool, npool, consumed, last, since, st, eb, 0); /* symbolic: the kernel allocates them */
+            if (b != NONE) {
                 consumed[b] = 1;
                 extra_donor[eb] = b;
                 ndonated++;
-                break;
+            } else {
+                allocates = 1;
             }
-            if (!ext_seen[eb] && !s->buf_output[eb]) pool[npool++] = eb;
+            if (!(ext_seen[eb] & SEEN_KEPT) && !s->buf_output[eb]) pool[npool++] = eb;
         }
+        if (allocates) since = st + 1;
     }
 
     /* the program graph */
@@ -1755,7 +1850,30 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                 if (v->ext_call && (int32_t)(n->nargs + i) == v->none_arg) kw[i] = none;
                 else if (copy_arg(&p, &n->kwargs[i], &kw[i]) < 0) goto done;
             }
-            IRRef r = em_ir_call(p.ng, n->kind, n->target, args, n->nargs, n->kwnames, kw, n->nkwargs, NULL);
+            PyObject **kwn = n->kwnames;
+            uint32_t nkw = n->nkwargs;
+            uint32_t od = out_donor[st];
+            if (od != NONE) { /* out=: the dead buffer, in the result's layout */
+                uint32_t rb = v->ext_call ? v->ext_buf : lg->nodes[v->lnode].buf;
+                IRArg *kw2 = em_arena_alloc(na, (nkw + 1) * sizeof(IRArg));
+                kwn = em_arena_alloc(na, (nkw + 1) * sizeof(PyObject *));
+                if (!kw2 || !kwn) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                if (nkw) {
+                    memcpy(kw2, kw, nkw * sizeof(IRArg));
+                    memcpy(kwn, n->kwnames, nkw * sizeof(PyObject *));
+                }
+                IRRef o = same_layout(&lg->bufs[od], &lg->bufs[rb]) ? p.buf_new[od] : relayout_node(&p, p.buf_new[od], &lg->bufs[rb]);
+                if (!o || !(kwn[nkw] = em_arena_hold(p.ng->arena, em_str("out")))) {
+                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: out= without a value");
+                    goto done;
+                }
+                kw2[nkw++] = (IRArg){.kind = IRARG_NODE, .u.ref = o};
+                kw = kw2;
+            }
+            IRRef r = em_ir_call(p.ng, n->kind, n->target, args, n->nargs, kwn, kw, nkw, NULL);
             if (!r) {
                 if (!PyErr_Occurred()) PyErr_NoMemory();
                 goto done;
@@ -1785,6 +1903,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         ko->lib = Py_NewRef(lib);
         ko->nin = k->nin;
         ko->donor = -1;
+        ko->donor_relayout = false;
         ko->nextra = k->nargs - k->nin - 1;
         ko->name = PyUnicode_FromFormat("ember_k%u", sp->index);
         ko->in_size = ko->in_stride = NULL;
@@ -1882,6 +2001,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                 args[nargs++].u.ref = p.buf_new[dn];
             }
             ko->donor = (int32_t)pos;
+            ko->donor_relayout = !same_layout(&lg->bufs[dn], &lg->bufs[k->args[k->nin]]);
         }
         for (uint32_t e = k->nin + 1; e < k->nargs && !lg->env; e++) { /* the other outputs, written in place */
             uint32_t eb = k->args[e];

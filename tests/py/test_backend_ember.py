@@ -314,16 +314,90 @@ def test_horizontal_fusion_keeps_dependencies_and_side_effects():
 
 
 def test_horizontal_fusion_outputs_reuse_dead_buffers():
-    """A fused kernel's outputs after the first take buffers dead before it, as its first one does."""
+    """A fused kernel's outputs after the first take buffers dead before it, as its first one does.
+    Tensor.mm takes no out=, so only the kernels' outputs take dead buffers here."""
     def f(x, w):
-        a, b = torch.mm(x, w), torch.mm(w, x)         # read only by the next kernel
-        t, u = a.sigmoid(), b.tanh()                  # one kernel, two outputs (read by externs)
-        m1, m2 = torch.mm(t, w), torch.mm(u, w)
-        p, q = m1.sigmoid(), m2.tanh()                # one kernel: its outputs in a's and b's memory
-        return torch.mm(p, w), torch.mm(q, w)
+        a, b = x.mm(w), w.mm(x)                       # read only by the next kernel
+        t, u = a.sigmoid(), b.tanh()                  # one kernel, two outputs (read by matmuls): t in a's memory
+        m1, m2 = t.mm(w), u.mm(w)                     # t and u dead after these
+        p, q = m1.sigmoid(), m2.tanh()                # one kernel: p in b's memory, q in t's
+        return p.mm(w), q.mm(w)
     info = check(f, torch.randn(16, 16), torch.randn(16, 16))
     assert info["kernels"] == 2 and _stores(info, 0) == 2 and _stores(info, 1) == 2, info["kernel_list"]
-    assert info["reused_buffers"] == 2, info
+    assert info["reused_buffers"] == 3, info
+
+
+def test_matmul_results_written_into_dead_buffers():
+    """torch.mm / matmul / F.linear results go into a buffer dead before the call (out=), and a
+    buffer that only such fresh calls read is dead after its last one, as Inductor's
+    extern_kernels.mm(a, b, out=buf) into a reused buffer; the values are eager's."""
+    def f(x, w):
+        a, b = torch.mm(x, w), torch.mm(w, x)
+        t, u = a.sigmoid(), b.tanh()                  # t in a's memory (in place); u new
+        m1, m2 = torch.mm(t, w), torch.mm(u, w)       # m1 into b's memory, m2 into t's (out=)
+        p, q = m1.sigmoid(), m2.tanh()                # p in m1's memory (in place), q in u's
+        return torch.mm(p, w), torch.mm(q, w)         # the results into m2's and p's memory
+    info = check(f, torch.randn(16, 16), torch.randn(16, 16))
+    assert info["reused_buffers"] == 7, info          # three buffers allocated: a, b and u
+
+    def relayout(x, w1, w2):
+        h = F.linear(x, w1).relu()                    # (4, 32, 16): the bias-free linear and its relu
+        y = torch.mm(h.view(-1, 16), w2)              # (128, 16) read by a view, then the mm
+        z = (y * 2).view(4, 32, 16) + h              # a kernel output in y's or x's shape
+        return F.linear(z.sigmoid(), w1).sum(-1)     # this linear's result into a dead buffer of another shape
+    x, w1, w2 = torch.randn(4, 32, 16), torch.randn(16, 16), torch.randn(16, 16)
+    info = check(relayout, x, w1, w2)
+    assert info["reused_buffers"] >= 2, info
+
+
+def test_dead_buffer_not_held_across_an_allocation():
+    """A dead buffer is taken only by the next buffer made after it dies, as torch's allocator would
+    hand out its memory: held longer, across an allocation, it would raise the call's peak."""
+    def f(x, y, w, w2):
+        a = (x * 2).sin()                             # 16x16, dead after the mm reads it
+        m = torch.mm(a, w)                            # a is still read here: m is allocated
+        c = (y * 3).cos()                             # 16x32, allocated (nothing of its size is dead)
+        return m, torch.mm(c, w2)                     # 16x16: a died before c's allocation, so not a's
+    args = torch.randn(16, 16), torch.randn(16, 32), torch.randn(16, 16), torch.randn(32, 16)
+    info = check(f, *args)
+    assert info["reused_buffers"] == 0, info
+
+    def g(x, y, w, w2):
+        a = (x * 2).sin()
+        m = torch.mm(a, w)
+        return m, torch.mm((y * 3).cos(), w2), torch.mm(m.tanh(), w)  # m.tanh() takes nothing: a is older
+    info = check(g, *args)
+    assert info["reused_buffers"] == 0, info
+
+
+def test_buffers_that_may_outlive_a_call_are_not_reused():
+    """A buffer read by a call that may return an alias of it (a view op, an unknown function), or
+    returned to the user through a view, keeps its memory: later kernels never write into it."""
+    def f(x, w):
+        a = (x * 2).sin()                             # read by torch.mm (fresh) and by an alias
+        v = a.t()                                     # a view the user gets
+        m = torch.mm(a, w)
+        return v, (m + 1).cos() * 3, (m - 1).exp()
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    c = ember.compile(f, backend="ember")
+    ref = f(x, w)
+    out = c(x, w)
+    _same(out, ref)
+    v_first = out[0].clone()
+    out2 = c(x * 0.5, w)                              # a second call must not write into the first's results
+    _same(out[0], v_first)
+    _same(out2, f(x * 0.5, w))
+
+    def g(x):
+        y = x.exp()
+        z = torch.diagonal(y)                         # no rule: an extern that returns a view of y
+        k = (y * 3).relu()                            # a kernel after y's last read: not in y's memory
+        return z, k
+    xs = torch.randn(6, 6)
+    c = ember.compile(g, backend="ember")
+    z, k = c(xs)
+    zr, kr = g(xs)
+    _same((z, k), (zr, kr))
 
 
 def test_exact_math_functions():
