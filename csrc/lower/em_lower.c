@@ -3023,9 +3023,12 @@ static int is_cpu(PyObject *device) {
  * einsum: torch.einsum("ij->ji", x) is a view of x) */
 static const char *const fresh_externs[] = {"matmul", "op.matmul", "mm", "bmm", "addmm", "baddbmm", "F.linear", "F.conv1d",
                                             "F.conv2d", "F.conv3d", "F.scaled_dot_product_attention", NULL};
-/* those of them that, called as torch functions, take out= (torch.mm(a, b, out=t) returns t:
- * native_functions.yaml's mm.out, matmul.out, linear.out ...) */
-static const char *const out_externs[] = {"matmul", "mm", "bmm", "addmm", "baddbmm", "F.linear", NULL};
+/* those of them that take out= (torch.mm(a, b, out=t) returns t: native_functions.yaml's mm.out,
+ * matmul.out, linear.out ...), as (module, name): the call's target must be that very function
+ * (torch.Tensor.mm, whose key is "mm" too, takes no out=) */
+static const char *const out_externs[][2] = {{"torch", "matmul"}, {"torch", "mm"}, {"torch", "bmm"}, {"torch", "addmm"},
+                                             {"torch", "baddbmm"}, {"torch._C._nn", "linear"}};
+#define N_OUT_EXTERNS (sizeof out_externs / sizeof out_externs[0])
 
 /* Can torch fold tensor argument a of a matmul into a matrix without a copy (ATen's should_fold:
  * every dimension but the last two has stride[i] == stride[i + 1] * size[i + 1])? */
@@ -3043,8 +3046,8 @@ static int ndim_of(const IRGraph *g, const IRArg *a) {
 }
 
 /* Does extern node n (key: its target_key) take an out= tensor for its result (LBuf.out_kw), at
- * the cost of the call without one (without_bias: F.linear called with bias=None, ext_call)? A function call (a method's key is its bare name: x.mm(y)
- * takes no out=) passing none already. Not where ATen's out= variant takes a slower path than the
+ * the cost of the call without one (without_bias: F.linear called with bias=None, ext_call)? One
+ * of out_externs, passing none already. Not where ATen's out= variant takes a slower path than the
  * call that allocates (LinearAlgebra.cpp, Linear.cpp): F.linear of a bias and an input of 3+
  * dimensions (linear_out adds the bias in a second pass, linear in addmm), and a matmul or linear
  * whose larger operand cannot be folded into a matrix (a batched matmul of the expanded weight). */
@@ -3055,8 +3058,15 @@ static int takes_out(const IRGraph *g, const IRNode *n, const char *key, int wit
         ok = kw && strcmp(kw, "out") != 0;
     }
     PyErr_Clear();
+    static PyObject *fns[N_OUT_EXTERNS]; /* one interpreter */
     int listed = 0;
-    for (int i = 0; ok && out_externs[i]; i++) listed |= strcmp(key, out_externs[i]) == 0;
+    for (size_t i = 0; ok && i < N_OUT_EXTERNS; i++) {
+        if (!fns[i] && !em_lazy_attr(&fns[i], out_externs[i][0], out_externs[i][1])) {
+            PyErr_Clear();
+            continue;
+        }
+        listed |= n->target == fns[i];
+    }
     if (!ok || !listed) return 0;
     const IRArg *slot[MAXP];
     if (strcmp(key, "F.linear") == 0) {

@@ -349,6 +349,11 @@ def test_matmul_results_written_into_dead_buffers():
     info = check(relayout, x, w1, w2)
     assert info["reused_buffers"] >= 2, info
 
+    def unbound(x, w):                                # torch.Tensor.mm takes no out=: it allocates
+        a = torch.Tensor.mm((x * 2).sin(), w)
+        return torch.Tensor.mm((a + 1).cos(), w), torch.Tensor.matmul((a - 1).cos(), w)
+    check(unbound, torch.randn(8, 8), torch.randn(8, 8))
+
 
 def test_dead_buffer_not_held_across_an_allocation():
     """A dead buffer is taken only by the next buffer made after it dies, as torch's allocator would
