@@ -319,8 +319,8 @@ def test_horizontal_fusion_outputs_reuse_dead_buffers():
     def f(x, w):
         a, b = x.mm(w), w.mm(x)                       # read only by the next kernel
         t, u = a.sigmoid(), b.tanh()                  # one kernel, two outputs (read by matmuls): t in a's memory
-        m1, m2 = t.mm(w), u.mm(w)                     # t and u dead after these
-        p, q = m1.sigmoid(), m2.tanh()                # one kernel: p in b's memory, q in t's
+        m1, m2 = t.mm(w), u.mm(w)                     # allocated: t and u die here
+        p, q = m1.sigmoid(), m2.tanh()                # one kernel: p in m1's memory (in place), q in u's
         return p.mm(w), q.mm(w)
     info = check(f, torch.randn(16, 16), torch.randn(16, 16))
     assert info["kernels"] == 2 and _stores(info, 0) == 2 and _stores(info, 1) == 2, info["kernel_list"]
