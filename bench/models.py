@@ -244,16 +244,10 @@ def call_memory(f, args, dev):
                 s1["allocation.all.allocated"] - s0["allocation.all.allocated"],
                 (s1["allocated_bytes.all.allocated"] - s0["allocated_bytes.all.allocated"]) / 2 ** 20)
     from torch.profiler import ProfilerActivity, profile
+    from training import trace_events  # bench/training.py, beside this file
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         f(*args)
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as fh:
-            events = json.load(fh)["traceEvents"]
-    finally:
-        os.unlink(path)
+    events = trace_events(prof)
     mem = sorted((e["ts"], e["args"]["Bytes"], e["args"]["Total Allocated"]) for e in events
                  if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == 0)
     if not mem:

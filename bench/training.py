@@ -180,25 +180,31 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def trace_events(prof):
+    """The chrome-trace events of a finished torch.profiler run (its "[memory]" events carry each
+    allocation's "Bytes" and the allocator's running "Total Allocated")."""
+    import tempfile
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            return json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+
+
 def cpu_step_peak_bytes(step, zero_grad):
     """Peak growth of CPU-allocator memory during one training step (see the module docstring):
     two steps under torch.profiler with profile_memory=True; the second is marked, and its peak
     "Total Allocated" is taken relative to the total when it starts."""
-    import tempfile
     from torch.profiler import ProfilerActivity, profile, record_function
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
         zero_grad()
         with record_function("ember_bench_measured_step"):
             step()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    finally:
-        os.unlink(path)
+    events = trace_events(prof)
     span = next(e for e in events if e.get("name") == "ember_bench_measured_step" and e.get("ph") == "X")
     t0, t1 = span["ts"], span["ts"] + span["dur"]
     mem = sorted((e["ts"], e["args"]["Total Allocated"]) for e in events
