@@ -756,6 +756,11 @@ static int same_extent(const LGraph *lg, uint32_t b, uint32_t ob) {
     return !lg->env && x->dtype == y->dtype && numel_of_buf(x) == numel_of_buf(y) && dense_layout(x) && dense_layout(y);
 }
 
+/* Can dead buffer b hold buffer ob: the same layout, or (relayout) the same extent? */
+static int can_hold(const LGraph *lg, uint32_t b, uint32_t ob, int relayout) {
+    return same_layout(&lg->bufs[b], &lg->bufs[ob]) || (relayout && same_extent(lg, b, ob));
+}
+
 /* The buffer of the pool that can hold buffer ob at step st (same layout, or with relayout the same
  * extent) and died last before st, at or after step since - 1; NONE when none. A donated buffer is
  * held from its last read to the step that takes it, where torch's allocator would have handed its
@@ -768,7 +773,7 @@ static uint32_t latest_dead(const LGraph *lg, const uint32_t *pool, uint32_t npo
     for (uint32_t q = 0; q < npool; q++) {
         uint32_t b = pool[q];
         if (consumed[b] || last[b] >= st + 1 || last[b] < since || (pick != NONE && last[b] <= last[pick])) continue;
-        if (same_layout(&lg->bufs[b], &lg->bufs[ob]) || (relayout && same_extent(lg, b, ob))) pick = b;
+        if (can_hold(lg, b, ob, relayout)) pick = b;
     }
     return pick;
 }
@@ -1648,8 +1653,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             uint32_t pick = latest_dead(lg, pool, npool, consumed, last, since, st, ob, 1);
             for (uint32_t q = 0; q < npool; q++) { /* better: in place, a buffer read by this kernel alone */
                 uint32_t b = pool[q];
-                if (consumed[b] || last[b] != st + 1 || !(same_layout(&lg->bufs[b], &lg->bufs[ob]) || same_extent(lg, b, ob)))
-                    continue;
+                if (consumed[b] || last[b] != st + 1 || !can_hold(lg, b, ob, 1)) continue;
                 int ok = 0;
                 if (!k->reduction) {
                     /* in place: every read of b is at the element being written (a kernel of
