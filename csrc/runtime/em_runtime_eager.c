@@ -34,6 +34,8 @@ typedef struct {
 
 typedef struct {
     PyObject *target;   /* callable, or the method name (str) when method; owned */
+    PyObject *call;     /* what is called: target, or the same operator through a cheaper entry
+                           (call_target): its binding, or its `_op`; owned */
     PyObject *kwnames;  /* tuple of str or NULL; owned */
     uint32_t method;    /* call_method: PyObject_VectorcallMethod with args[0] = self */
     uint32_t autocast_enter; /* a torch.autocast block's _enter_autocast (em_ir_autocast_node) */
@@ -171,7 +173,7 @@ static PyObject *eg_run(EagerGraph *eg, PyObject *const *inputs, int own_inputs)
         }
         size_t nargsf = in->nargs | PY_VECTORCALL_ARGUMENTS_OFFSET;
         PyObject *res = in->method ? PyObject_VectorcallMethod(in->target, args, nargsf, in->kwnames)
-                                   : PyObject_Vectorcall(in->target, args, nargsf, in->kwnames);
+                                   : PyObject_Vectorcall(in->call, args, nargsf, in->kwnames);
         if (in->nbuilt) {
             for (uint32_t i = 0; i < nall; i++)
                 if (tpl[i].kind == TPL_TUPLE || tpl[i].kind == TPL_LIST) Py_DECREF(args[i]);
@@ -343,12 +345,120 @@ static void eg_release(EagerGraph *eg) {
     if (eg->instr) {
         for (uint32_t k = 0; k < eg->ninstr; k++) {
             Py_CLEAR(eg->instr[k].target);
+            Py_CLEAR(eg->instr[k].call);
             Py_CLEAR(eg->instr[k].kwnames);
         }
         for (uint32_t t = 0; t < eg->ntpl; t++)
             if (eg->tpl[t].kind == TPL_CONST) Py_CLEAR(eg->tpl[t].u.obj);
     }
     Py_CLEAR(eg->names);
+}
+
+/* ---- The entry an operator is called through ----
+ * An OpOverload (torch.ops.aten.<op>.<overload>) is a Python object whose __call__ is
+ * `return self._op(*args, **kwargs)` (torch/_ops.py); `_op` is the C++ operator, reached through
+ * pybind: arguments converted to IValues by the schema, a boxed call, results converted back.
+ * Calling `_op` saves the Python frame of __call__; so for an OpOverloadPacket without torchbind
+ * overloads (its __call__ is the same line otherwise). Where torch also generates a Python binding
+ * for the op (torch._C._VariableFunctions / torch._C._nn: PythonArgParser and an unboxed call of the
+ * same at:: function), that binding costs several µs less per call (bench/extern_calls.py);
+ * FAST_BINDINGS lists the ops ember's own passes emit (autograd's forward rewrites) whose packets
+ * hold only the functional overload and its out= variant, so the binding's signature parse picks
+ * the very overload the graph names, and whose results are unnamed: for named results a binding
+ * returns a torch.return_types struct sequence where the OpOverload returns a tuple (the scaled
+ * dot product attention ops, left out; fast_binding checks the schema too). Any other target is
+ * called as recorded. */
+static const struct {
+    const char *op;     /* schema name; the overload is "default" */
+    const char *module; /* attribute of torch._C */
+    const char *attr;
+} FAST_BINDINGS[] = {
+    {"aten::native_batch_norm", "_VariableFunctions", "native_batch_norm"},
+    {"aten::cudnn_batch_norm", "_VariableFunctions", "cudnn_batch_norm"},
+    {"aten::native_layer_norm", "_VariableFunctions", "native_layer_norm"},
+    {"aten::native_group_norm", "_VariableFunctions", "native_group_norm"},
+    {"aten::native_dropout", "_VariableFunctions", "native_dropout"},
+    {"aten::max_pool2d_with_indices", "_nn", "max_pool2d_with_indices"},
+    {"aten::max_pool3d_with_indices", "_nn", "max_pool3d_with_indices"},
+};
+
+/* Are all of schema's results unnamed (a binding returns a plain tuple, as the OpOverload)? 1 / 0,
+ * -1 with an exception. */
+static int results_unnamed(PyObject *schema) {
+    PyObject *rets = PyObject_GetAttrString(schema, "returns"), *seq = rets ? PySequence_Fast(rets, "returns") : NULL;
+    int ok = seq ? 1 : -1;
+    for (Py_ssize_t i = 0; seq && ok == 1 && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *nm = PyObject_GetAttrString(PySequence_Fast_GET_ITEM(seq, i), "name");
+        ok = !nm || !PyUnicode_Check(nm) ? -1 : PyUnicode_GET_LENGTH(nm) == 0;
+        Py_XDECREF(nm);
+    }
+    Py_XDECREF(seq);
+    Py_XDECREF(rets);
+    return ok;
+}
+
+/* The binding FAST_BINDINGS gives OpOverload op, or NULL without an exception. New reference. */
+static PyObject *fast_binding(PyObject *op) {
+    PyObject *over = PyObject_GetAttrString(op, "_overloadname"), *schema = NULL, *name = NULL, *r = NULL;
+    if (!over || !PyUnicode_Check(over) || PyUnicode_CompareWithASCIIString(over, "default")) goto done;
+    if (!(schema = PyObject_GetAttrString(op, "_schema")) || !(name = PyObject_GetAttrString(schema, "name")) ||
+        !PyUnicode_Check(name) || results_unnamed(schema) != 1)
+        goto done;
+    for (size_t i = 0; i < sizeof FAST_BINDINGS / sizeof FAST_BINDINGS[0]; i++) {
+        if (PyUnicode_CompareWithASCIIString(name, FAST_BINDINGS[i].op)) continue;
+        PyObject *c = PyImport_ImportModule("torch._C"), *m = c ? PyObject_GetAttrString(c, FAST_BINDINGS[i].module) : NULL;
+        r = m ? PyObject_GetAttrString(m, FAST_BINDINGS[i].attr) : NULL;
+        Py_XDECREF(m);
+        Py_XDECREF(c);
+        if (r && !PyCallable_Check(r)) Py_CLEAR(r);
+        break;
+    }
+done:
+    PyErr_Clear(); /* an attribute torch does not have: the op is called as recorded */
+    Py_XDECREF(over);
+    Py_XDECREF(schema);
+    Py_XDECREF(name);
+    return r;
+}
+
+/* ember._C._fast_calls(on) -> previous: whether graphs compiled from now on call operators
+ * through call_target (default) or as recorded; for in-process A/B benchmarks and the tests. */
+static int fast_calls = 1;
+
+static PyObject *py_fast_calls(PyObject *self, PyObject *on) {
+    int v = PyObject_IsTrue(on), prev = fast_calls;
+    if (v < 0) return NULL;
+    fast_calls = v;
+    return PyBool_FromLong(prev);
+}
+
+/* What a call_function instruction calls for target (see above). New reference; never fails (a
+ * lookup that fails leaves target as it is). */
+static PyObject *call_target(PyObject *target) {
+    PyObject *ops = NULL, *overload = NULL, *packet = NULL, *r = NULL;
+    if (!fast_calls || PyCFunction_Check(target) || PyType_Check(target)) return Py_NewRef(target); /* torch.sin, ... */
+    ops = PyImport_ImportModule("torch._ops");
+    overload = ops ? PyObject_GetAttrString(ops, "OpOverload") : NULL;
+    packet = ops ? PyObject_GetAttrString(ops, "OpOverloadPacket") : NULL;
+    if (!overload || !packet) goto same; /* no torch, or another layout of torch._ops */
+    if ((PyObject *)Py_TYPE(target) == overload) { /* exactly: TorchBindOpOverload dispatches in Python */
+        if ((r = fast_binding(target))) goto done;
+        r = PyObject_GetAttrString(target, "_op");
+    } else if ((PyObject *)Py_TYPE(target) == packet) {
+        PyObject *tb = PyObject_GetAttrString(target, "_has_torchbind_op_overload");
+        int has = tb ? PyObject_IsTrue(tb) : -1;
+        Py_XDECREF(tb);
+        if (has == 0) r = PyObject_GetAttrString(target, "_op");
+    }
+    if (r && !PyCallable_Check(r)) Py_CLEAR(r);
+same:
+    PyErr_Clear();
+    if (!r) r = Py_NewRef(target);
+done:
+    Py_XDECREF(ops);
+    Py_XDECREF(overload);
+    Py_XDECREF(packet);
+    return r;
 }
 
 /* Compiles g: slots for inputs then call results, templates for arguments (constant tuples
@@ -434,6 +544,7 @@ PyObject *em_eager_graph_new(const IRGraph *g) {
         Instr *in = &eg->instr[c.cur];
         in->target = Py_NewRef(n->target);
         eg->ninstr = c.cur + 1;
+        if (!(in->call = n->kind == IR_CALL_METHOD ? Py_NewRef(n->target) : call_target(n->target))) goto error;
         in->method = n->kind == IR_CALL_METHOD;
         in->autocast_enter = em_ir_autocast_node(n) == 1;
         in->nargs = n->nargs;
@@ -601,6 +712,14 @@ static PyObject *eg_repr(PyObject *self) {
             if (eg_repr_tpl(eg, &eg->tpl[in->tpl + i], parts) < 0) goto done;
         }
         if (eg_put(parts, PyUnicode_FromString(")")) < 0) goto done;
+        if (!in->method && in->call != in->target) { /* call_target: a binding (builtin), or `_op` */
+            PyObject *via = em_ir_torch_callable(in->call) ? em_ir_target_qualname(in->call) : PyUnicode_FromString("_op");
+            if (eg_put(parts, via ? PyUnicode_FromFormat("  # via %U", via) : NULL) < 0) {
+                Py_XDECREF(via);
+                goto done;
+            }
+            Py_DECREF(via);
+        }
         for (uint32_t f = 0; f < in->nfree; f++) {
             PyObject *nm = PyTuple_GET_ITEM(eg->names, eg->frees[in->free_first + f]);
             if (eg_put(parts, PyUnicode_FromFormat(f ? ", %U" : "  # frees %U", nm)) < 0) goto done;
@@ -627,6 +746,7 @@ static int eg_traverse(PyObject *self, visitproc visit, void *arg) {
     if (eg->instr) {
         for (uint32_t k = 0; k < eg->ninstr; k++) {
             Py_VISIT(eg->instr[k].target);
+            Py_VISIT(eg->instr[k].call);
             Py_VISIT(eg->instr[k].kwnames);
         }
         for (uint32_t t = 0; t < eg->ntpl; t++)
@@ -834,6 +954,14 @@ int em_runtime_init(PyObject *module) {
     Py_XSETREF(EmEagerGraph_Type, (PyTypeObject *)tp);
     if (!(tp = PyType_FromModuleAndSpec(module, &ao_spec, NULL))) return -1;
     Py_XSETREF(AutocastOff_Type, (PyTypeObject *)tp);
+    static PyMethodDef fast_def = {"_fast_calls", py_fast_calls, METH_O,
+                                   "_fast_calls(on) -> previous: operators called through their cheapest entry (default True) "
+                                   "in graphs compiled from now on (benchmarks, tests)."};
+    PyObject *f = PyCFunction_NewEx(&fast_def, NULL, NULL);
+    if (!f || PyModule_AddObject(module, fast_def.ml_name, f) < 0) {
+        Py_XDECREF(f);
+        return -1;
+    }
     if (em_runtime_ember_init(module) < 0) return -1;
     if (em_runtime_cudagraph_init(module) < 0) return -1;
     return em_runtime_testing_init(module);

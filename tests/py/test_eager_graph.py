@@ -325,3 +325,85 @@ def test_run_boxed_releases_each_input_after_its_last_use():
         r["eager"].run_boxed((torch.randn(5), b))
     with pytest.raises(TypeError):
         r["eager"].run_boxed([b])
+
+
+def _bn_nodes(op, x, w, b, rm, rv):
+    return [
+        ("placeholder", "x", x), ("placeholder", "w", w), ("placeholder", "b", b),
+        ("placeholder", "rm", rm), ("placeholder", "rv", rv),
+        ("call_function", op, (N(0), N(1), N(2), N(3), N(4), True, 0.1, 1e-5), {}, None),
+        ("call_function", torch.ops.aten.threshold_backward.default, (N(0), N(0), 0.5), {}, None),
+        ("call_function", torch.ops.aten.threshold_backward, (N(0), N(0), 0.5), {}, None),
+        ("output", [5, 6, 7]),
+    ]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_operators_called_through_their_cheapest_entry(fast):
+    """call_target (em_runtime_eager.c): an OpOverload with a generated binding in FAST_BINDINGS is
+    called through it, any other OpOverload / OpOverloadPacket through its `_op`; the results, the
+    running statistics' in-place updates and the result types are those of the recorded target."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 5, 5, generator=g)
+    w, b = torch.nn.Parameter(torch.rand(3, generator=g)), torch.nn.Parameter(torch.randn(3, generator=g))
+    rm0, rv0 = torch.randn(3, generator=g), torch.rand(3, generator=g) + 0.5
+    op = torch.ops.aten.native_batch_norm.default
+    prev = _C._fast_calls(fast)
+    try:
+        eg = build(_bn_nodes(op, x, w, b, rm0.clone(), rv0.clone()))["eager"]
+    finally:
+        _C._fast_calls(prev)
+    text = repr(eg)
+    assert ("# via torch.native_batch_norm" in text) == fast
+    assert text.count("# via _op") == (2 if fast else 0)
+    rm, rv, erm, erv = rm0.clone(), rv0.clone(), rm0.clone(), rv0.clone()
+    got = eg(x, w, b, rm, rv)
+    expected = (op(x, w, b, erm, erv, True, 0.1, 1e-5), torch.ops.aten.threshold_backward.default(x, x, 0.5),
+                torch.ops.aten.threshold_backward(x, x, 0.5))
+    same(got, expected)
+    same(rm, erm)
+    same(rv, erv)
+    assert all(type(t) is torch.Tensor for t in got[0])  # Parameter inputs: plain tensors, as the OpOverload's
+
+
+def test_every_fast_binding_is_the_recorded_operator():
+    """Each op of FAST_BINDINGS: the compiled graph calls torch's binding, and it gives what the
+    OpOverload gives, a plain tuple included (cudnn_batch_norm, which needs CUDA, is checked for the
+    entry only). An op with named results keeps `_op`: its binding returns a struct sequence."""
+    g = torch.Generator().manual_seed(1)
+    x4 = torch.randn(2, 4, 6, 6, generator=g)
+    x5 = torch.randn(2, 4, 4, 6, 6, generator=g)
+    w, b = torch.rand(4, generator=g), torch.randn(4, generator=g)
+    cases = [
+        ("native_batch_norm", (x4, w, b, torch.zeros(4), torch.ones(4), True, 0.1, 1e-5), True),
+        ("cudnn_batch_norm", (x4, w, b, torch.zeros(4), torch.ones(4), True, 0.1, 1e-5), False),
+        ("native_layer_norm", (x4, [6], None, None, 1e-5), True),
+        ("native_group_norm", (x4, w, b, 2, 4, 36, 2, 1e-5), True),
+        ("native_dropout", (x4, 0.0, True), True),
+        ("max_pool2d_with_indices", (x4, [3, 3], [2, 2], [1, 1]), True),
+        ("max_pool3d_with_indices", (x5, [3, 3, 3], [2, 2, 2], [1, 1, 1]), True),
+    ]
+    for name, args, runs in cases:
+        op = getattr(torch.ops.aten, name).default
+        nodes = [("placeholder", f"a{i}", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        slots, k = [], 0
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                slots.append(N(k))
+                k += 1
+            else:
+                slots.append(a)
+        nodes += [("call_function", op, tuple(slots), {}, None), ("output", [k])]
+        eg = build(nodes)["eager"]
+        via = repr(eg).split("# via ")[1].split()[0]
+        assert via.endswith("." + name), (name, repr(eg))
+        if runs:
+            tensors = [a.clone() for a in args if isinstance(a, torch.Tensor)]
+            expected_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            same(eg(*tensors)[0], op(*expected_args))
+
+    q = torch.randn(2, 2, 8, 16, generator=g)
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    eg = build([("placeholder", "q", q), ("call_function", op, (N(0), N(0), N(0)), {}, None), ("output", [1])])["eager"]
+    assert "# via _op" in repr(eg)
+    same(eg(q)[0], op(q, q, q))
