@@ -343,10 +343,10 @@ def test_operators_called_through_their_cheapest_entry(fast):
     """call_target (em_runtime_eager.c): an OpOverload with a generated binding in FAST_BINDINGS is
     called through it, any other OpOverload / OpOverloadPacket through its `_op`; the results, the
     running statistics' in-place updates and the result types are those of the recorded target."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(4, 3, 5, 5, generator=g)
-    w, b = torch.nn.Parameter(torch.rand(3, generator=g)), torch.nn.Parameter(torch.randn(3, generator=g))
-    rm0, rv0 = torch.randn(3, generator=g), torch.rand(3, generator=g) + 0.5
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 5, 5)
+    w, b = torch.nn.Parameter(torch.rand(3)), torch.nn.Parameter(torch.randn(3))
+    rm0, rv0 = torch.randn(3), torch.rand(3) + 0.5
     op = torch.ops.aten.native_batch_norm.default
     prev = _C._fast_calls(fast)
     try:
@@ -366,14 +366,14 @@ def test_operators_called_through_their_cheapest_entry(fast):
     assert all(type(t) is torch.Tensor for t in got[0])  # Parameter inputs: plain tensors, as the OpOverload's
 
 
-def test_every_fast_binding_is_the_recorded_operator():
+def test_every_fast_binding_is_the_recorded_operator(cpu_tensors):
     """Each op of FAST_BINDINGS: the compiled graph calls torch's binding, and it gives what the
     OpOverload gives, a plain tuple included (cudnn_batch_norm, which needs CUDA, is checked for the
     entry only). An op with named results keeps `_op`: its binding returns a struct sequence."""
-    g = torch.Generator().manual_seed(1)
-    x4 = torch.randn(2, 4, 6, 6, generator=g)
-    x5 = torch.randn(2, 4, 4, 6, 6, generator=g)
-    w, b = torch.rand(4, generator=g), torch.randn(4, generator=g)
+    torch.manual_seed(1)
+    x4 = torch.randn(2, 4, 6, 6)
+    x5 = torch.randn(2, 4, 4, 6, 6)
+    w, b = torch.rand(4), torch.randn(4)
     cases = [
         ("native_batch_norm", (x4, w, b, torch.zeros(4), torch.ones(4), True, 0.1, 1e-5), True),
         ("cudnn_batch_norm", (x4, w, b, torch.zeros(4), torch.ones(4), True, 0.1, 1e-5), False),
@@ -402,7 +402,7 @@ def test_every_fast_binding_is_the_recorded_operator():
             expected_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
             same(eg(*tensors)[0], op(*expected_args))
 
-    q = torch.randn(2, 2, 8, 16, generator=g)
+    q = torch.randn(2, 2, 8, 16)
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     eg = build([("placeholder", "q", q), ("call_function", op, (N(0), N(0), N(0)), {}, None), ("output", [1])])["eager"]
     assert "# via _op" in repr(eg)
