@@ -3,7 +3,8 @@
  *   constants (nested tuples, lists, dicts), built after the compiled graph ran.
  * - EagerGraph (ember._C.EagerGraph) is the "eager" backend: the graph replayed op by op from C
  *   with vectorcall, no Python frame, no fx. Invariant: it calls exactly the targets the tracer
- *   recorded, with the same arguments, in graph order. */
+ *   recorded (an OpOverload through its `_op` or torch's binding of the same op: em_runtime_eager.c
+ *   call_target), with the same arguments, in graph order. */
 #ifndef EM_RUNTIME_H
 #define EM_RUNTIME_H
 

@@ -2,8 +2,9 @@
  * a compact instruction list that owns its targets and constants (no arena, no IR pointers); a
  * call replays it with vectorcall from C: no Python frame, no fx, no allocation besides the op
  * results, the tuples/lists an op takes as arguments, and the result tuple.
- * Invariant: it calls exactly the recorded targets, with the same arguments, in graph order, and
- * drops each intermediate value right after its last use, as eager execution would. */
+ * Invariant: it calls exactly the recorded targets (an operator maybe through a cheaper entry of the
+ * same operator: call_target), with the same arguments, in graph order, and drops each intermediate
+ * value right after its last use, as eager execution would. */
 #include "runtime/em_runtime.h"
 
 #include <stdlib.h>
