@@ -17,6 +17,7 @@ saves on each extern call of a compiled graph. Two parts, in one process:
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import platform
 import statistics
@@ -88,7 +89,6 @@ def step_ab(device, models, rounds, steps):
         model, x, y, opt_f, shape = training.make_case(name, device == "cpu", device)
         variants = {}
         for label in ("eager", "ember as recorded", "ember"):
-            import copy
             m = copy.deepcopy(model)
             prev = _C._fast_calls(label != "ember as recorded")
             cm = m if label == "eager" else ember.compile(m, backend="ember")
