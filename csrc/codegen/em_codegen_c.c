@@ -1562,7 +1562,7 @@ meta:
         const LBuf *ob = &lg->bufs[k->args[k->nin]];
         sb_printf(b, "/* kernel %u's layout for this call: work, elements, output sizes and strides, then the\n"
                      " * sizes and strides of each extern result it reads (checked against the tensor), then\n"
-                     " * those of its other outputs (horizontally fused) */\n", ki);
+                     " * those of its other outputs (horizontal fusion, shared values) */\n", ki);
         sb_printf(b, "void ember_k%u_meta(const int64_t *restrict sv, int64_t *restrict m) {\n", ki);
         int mi = 0;
         sb_printf(b, "    m[%d] = ", mi++);

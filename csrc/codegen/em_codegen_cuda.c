@@ -516,7 +516,7 @@ static void pw_scalar_body(SB *b, KC *c, const char *ind) {
             emit_value(b, c, i, ind);
         }
     }
-    for (uint32_t q = 0; q < k->nstores; q++) { /* several: a horizontally fused kernel */
+    for (uint32_t q = 0; q < k->nstores; q++) { /* several: horizontal fusion, shared values */
         const SAccess *st = &k->stores[q];
         sb_printf(b, "%sa%u[", ind, st->arg);
         addr_expr(b, c, st, 0, k->ndim, "i");
@@ -547,7 +547,7 @@ static void pw_vector_body(SB *b, KC *c, int V, const char *ind) {
             sb_printf(b, "];\n");
         }
     }
-    for (uint32_t q = 0; q < k->nstores; q++) /* several: a horizontally fused kernel */
+    for (uint32_t q = 0; q < k->nstores; q++) /* several: horizontal fusion, shared values */
         if (c->st[k->nloads + q][last].one)
             sb_printf(b, "%sem_vec<%s, %d> y%u;\n", ind, stype(access_dtype(s, k, &k->stores[q])), V, q);
     sb_printf(b, "%s#pragma unroll\n%sfor (int l = 0; l < %d; l++) {\n", ind, ind, V);

@@ -85,7 +85,7 @@ typedef struct {
     int32_t donor;        /* argument whose tensor becomes the output (index into args), -1 */
     bool donor_relayout;  /* static layouts: the output is donor.as_strided(out_size, out_stride), a
                              dead buffer of the same dtype and element count in another dense layout */
-    uint32_t nextra;      /* a horizontally fused kernel's outputs after the first (em_schedule.c):
+    uint32_t nextra;      /* outputs after the first (horizontal fusion, shared values: em_schedule.c):
                              static layouts: tensors passed after the inputs and the donor, written
                              in place; symbolic: allocated per call from m[] (extra_ndim, extra_dtype)
                              and returned with the first as a tuple */
@@ -1003,7 +1003,7 @@ static uint32_t cuda_meta_exprs(const Schedule *s, const SKernel *k, SymRef *out
         if (ib->kind != LBUF_EXTERN) continue;
         for (int t = 0; t < 2 * ib->ndim; t++) out[n++] = t < ib->ndim ? ib->ssizes[t] : ib->sstrides[t - ib->ndim];
     }
-    for (uint32_t a = k->nin + 1; a < k->nargs; a++) { /* the other outputs (horizontally fused) */
+    for (uint32_t a = k->nin + 1; a < k->nargs; a++) { /* the other outputs (horizontal fusion, shared values) */
         const LBuf *xb = &lg->bufs[k->args[a]];
         for (int t = 0; t < 2 * xb->ndim; t++) out[n++] = t < xb->ndim ? xb->ssizes[t] : xb->sstrides[t - xb->ndim];
     }

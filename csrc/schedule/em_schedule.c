@@ -6,7 +6,10 @@
  * row (outer index) at a time (softmax, layer_norm, rms_norm become one kernel); a reduction
  * over another domain is materialized first, by its own kernel. Pointwise epilogues of extern
  * calls (bias, activation, residual) are pointwise kernels that read the extern's result.
- * Then independent kernels over the same domain are joined (horizontal fusion, below).
+ * A pointwise kernel also stores values a later step needs when that frees more than it keeps
+ * (shared values, below). Then small reductions move up to their inputs (hoisting reductions),
+ * independent kernels over the same domain are joined (horizontal fusion), and reductions move
+ * up once more.
  * Invariant: kernels and extern calls keep the IR's order of extern calls; a kernel runs before
  * the first step that reads what it stores. */
 #include "schedule/em_schedule.h"
@@ -21,6 +24,9 @@ typedef struct {
     uint32_t *mat;         /* lnode -> buffer holding its value, NONE */
     uint32_t nnodes;       /* lg->nnodes at the start (the scheduler adds none) */
     uint8_t *sym_done;     /* per IR node: a SymInt extern (sym_size, size arithmetic) already scheduled */
+    IRRef cur;             /* the IR node whose step is being scheduled (an extern, or the output) */
+    uint8_t *reach;        /* shared values (below): scratch, one byte per lowered node */
+    uint32_t *wstack;      /* shared values: the walk's stack */
 } Sched;
 
 static int grow_bufs(Sched *c) {
@@ -249,6 +255,207 @@ static void assign_args(SKernel *k) {
     }
 }
 
+/* ---- shared values ----
+ * A pointwise value that a kernel computes inline is computed again, from its inputs, by every
+ * later kernel that needs it, and those inputs stay alive until then. In a linear's backward,
+ * `add_1 = matmul + matmul_1` (the gradient reaching h2 through two paths) feeds the tanh's
+ * gradient now and the relu's after two more extern calls (the weight gradient of a 2048x2048
+ * layer among them): both (256, 2048) matmul results lived across them where eager keeps add_1.
+ * So a pointwise kernel also stores such a value y when that frees more than it keeps: y is
+ * needed from this step on, and the buffers its computation reads that nothing from this step on
+ * reads otherwise (not graph inputs, not outputs) hold more bytes than y. Later kernels then load
+ * y. Static graphs, pointwise kernels, y of the kernel's own shape (one store per domain point).
+ * Whether a step reads something is decided on the lowered graph as the demand pass will see it
+ * (future_reach): the values later steps read, walked through their inputs up to what is stored
+ * by then. A value it finds needed may in the end be stored by another kernel first; the walk
+ * errs towards storing, never towards a wrong value (a stored value is the same value). */
+
+/* Marks in c->reach every lowered node that the step at c->cur or a later one may compute or
+ * load: the nodes of the values later extern calls and the graph output read, walked through
+ * their inputs up to materialized nodes and the nodes in stop[0 .. nstop) (treated as
+ * materialized), and from a load of a buffer not produced yet to the node that produces it. */
+static void future_reach(Sched *c, const uint32_t *stop, uint32_t nstop) {
+    LGraph *lg = c->lg;
+    const IRGraph *g = lg->ir;
+    uint32_t sp = 0;
+    memset(c->reach, 0, c->nnodes);
+    for (IRRef r = c->cur; r < g->nnodes; r++) { /* the current step reads after the kernel too */
+        const LVal *v = &lg->vals[r];
+        if (r != g->output && v->kind != LV_EXTERN && !v->ext_call) continue;
+        const IRNode *n = &g->nodes[r];
+        /* the arguments, one level of tuple / list nesting and the items under it */
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++) {
+            const IRArg *a = i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs];
+            uint32_t cnt = a->kind == IRARG_NODE ? 1 : (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST) ? a->n : 0;
+            for (uint32_t j = 0; j < cnt; j++) {
+                const IRArg *it = a->kind == IRARG_NODE ? a : &a->u.items[j];
+                uint32_t m = it->kind == IRARG_NODE ? 1 : (it->kind == IRARG_TUPLE || it->kind == IRARG_LIST) ? it->n : 0;
+                for (uint32_t q = 0; q < m; q++) {
+                    const IRArg *leaf = it->kind == IRARG_NODE ? it : &it->u.items[q];
+                    if (leaf->kind != IRARG_NODE) continue;
+                    const LVal *lv = &lg->vals[leaf->u.ref];
+                    if ((lv->kind == LV_NODE || (lv->kind == LV_EXTERN && lv->has_load)) && lv->lnode &&
+                        !c->reach[lv->lnode]) {
+                        c->reach[lv->lnode] = 1;
+                        c->wstack[sp++] = lv->lnode;
+                    }
+                }
+            }
+        }
+    }
+    while (sp) {
+        uint32_t y = c->wstack[--sp];
+        if (c->mat[y] != NONE) continue;
+        int stopped = 0;
+        for (uint32_t i = 0; i < nstop && !stopped; i++) stopped = stop[i] == y;
+        if (stopped) continue;
+        const LNode *ny = &lg->nodes[y];
+        uint32_t from = NONE; /* a load of a node's buffer not produced yet: that node computes it */
+        if (ny->op == LP_LOAD && lg->bufs[ny->buf].kind == LBUF_NODE && !c->s->buf_produced[ny->buf])
+            from = lg->bufs[ny->buf].index;
+        if (from != NONE && !c->reach[from]) {
+            c->reach[from] = 1;
+            c->wstack[sp++] = from;
+        }
+        for (int i = 0; i < em_lnode_nin(ny); i++)
+            if (!c->reach[ny->in[i]]) {
+                c->reach[ny->in[i]] = 1;
+                c->wstack[sp++] = ny->in[i];
+            }
+    }
+}
+
+/* Is buffer b read from the step at c->cur on (per the last future_reach)? */
+static int read_later(const Sched *c, uint32_t b) {
+    const LGraph *lg = c->lg;
+    for (uint32_t y = 1; y < c->nnodes; y++)
+        if (c->reach[y] && ((lg->nodes[y].op == LP_LOAD && lg->nodes[y].buf == b) || c->mat[y] == b)) return 1;
+    return 0;
+}
+
+static int64_t buf_bytes(const LBuf *b);
+
+#define EM_SHARE_MAX 4 /* values a kernel stores besides its root */
+
+/* Bytes of the buffers value y's computation reads (its sub-DAG down to loads and materialized
+ * nodes) that no step from c->cur on reads once the nodes stop[0 .. nstop) are stored (y among
+ * them); -1 when it reads more than 16 buffers. sub: scratch of c->nnodes bytes. */
+static int64_t freed_if_stored(Sched *c, uint32_t y, const uint32_t *stop, uint32_t nstop, uint8_t *sub) {
+    LGraph *lg = c->lg;
+    memset(sub, 0, c->nnodes);
+    uint32_t sp = 0;
+    c->wstack[sp++] = y;
+    sub[y] = 1;
+    while (sp) {
+        uint32_t z = c->wstack[--sp];
+        const LNode *nz = &lg->nodes[z];
+        if (z != y && c->mat[z] != NONE) continue;
+        for (int q = 0; q < em_lnode_nin(nz); q++)
+            if (!sub[nz->in[q]]) {
+                sub[nz->in[q]] = 1;
+                c->wstack[sp++] = nz->in[q];
+            }
+    }
+    uint32_t leaves[16], nleaves = 0;
+    for (uint32_t z = 1; z < c->nnodes; z++) {
+        if (!sub[z] || z == y) continue;
+        uint32_t b = c->mat[z] != NONE ? c->mat[z] : lg->nodes[z].op == LP_LOAD ? lg->nodes[z].buf : NONE;
+        if (b == NONE) continue;
+        int seen = 0;
+        for (uint32_t q = 0; q < nleaves; q++) seen |= leaves[q] == b;
+        if (seen) continue;
+        if (nleaves == 16) return -1;
+        leaves[nleaves++] = b;
+    }
+    future_reach(c, stop, nstop);
+    int64_t freed = 0;
+    for (uint32_t q = 0; q < nleaves; q++) {
+        const LBuf *lb = &lg->bufs[leaves[q]];
+        /* graph inputs may be the caller's (a forward's are borrowed): never counted as freed */
+        if (lb->kind == LBUF_INPUT || lb->kind == LBUF_INDEX || lb->kind == LBUF_VIEW || c->s->buf_output[leaves[q]])
+            continue;
+        if (!read_later(c, leaves[q])) freed += buf_bytes(lb);
+    }
+    return freed;
+}
+
+static int64_t node_bytes(const LNode *n) {
+    int64_t b = em_ldt_size(n->dtype);
+    for (int d = 0; d < n->ndim; d++) b *= n->sizes[d];
+    return b;
+}
+
+/* Can the kernel of pointwise root x store node y too (a pointwise value of its shape, not stored
+ * yet)? */
+static int storable(Sched *c, uint32_t x, uint32_t y) {
+    LGraph *lg = c->lg;
+    const LNode *ny = &lg->nodes[y], *root = &lg->nodes[x];
+    return y != x && c->mat[y] == NONE && ny->op != LP_LOAD && ny->op != LP_CONST && !em_lprim_is_reduce(ny->op) &&
+           ny->ndim == root->ndim && same_shape(lg, ny->ndim, ny->sizes, ny->ssizes, root->sizes, root->ssizes);
+}
+
+/* The values the kernel of pointwise root x (its DAG: in_dag, list[0 .. *n)) stores besides x
+ * (shared values, above), into share[0 .. *nshare), at most max:
+ *   - first a value the kernel does not compute yet, made of what it computes or loads (one op
+ *     over its nodes and constants, from an IR node at or before this step): added to the DAG.
+ *     In the same backward, `mul_2 = add_1 * tanh` (the gradient reaching h1 through the gate) is
+ *     computed only in the relu's kernel, two extern calls later, and kept the saved tanh alive
+ *     until then: eager's MulBackward computes it at once;
+ *   - then values of the DAG itself.
+ * Each is taken when the buffers that storing it frees hold more bytes than it. sub: scratch. */
+static int shared_values(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, uint32_t *n, uint32_t *share,
+                         uint32_t *nshare, uint32_t max, uint8_t *sub) {
+    LGraph *lg = c->lg;
+    *nshare = 0;
+    if (lg->env || c->cur == 0) return 0;
+    uint32_t stop[1 + EM_SHARE_MAX];
+    stop[0] = x;
+    future_reach(c, stop, 1);
+    for (uint32_t w = 1; w < c->nnodes && *nshare < max; w++) {
+        const LNode *nw = &lg->nodes[w];
+        if (in_dag[w] || !c->reach[w] || !storable(c, x, w) || !nw->ir || nw->ir > c->cur) continue;
+        int ok = 1;
+        for (int q = 0; q < em_lnode_nin(nw) && ok; q++)
+            ok = in_dag[nw->in[q]] || lg->nodes[nw->in[q]].op == LP_CONST;
+        if (!ok) continue;
+        stop[1 + *nshare] = w;
+        int64_t freed = freed_if_stored(c, w, stop, 2 + *nshare, sub);
+        if (freed > node_bytes(nw)) {
+            share[(*nshare)++] = w;
+            for (int q = 0; q < em_lnode_nin(nw); q++)
+                if (!in_dag[nw->in[q]]) { /* a constant */
+                    in_dag[nw->in[q]] = 1;
+                    list[(*n)++] = nw->in[q];
+                }
+            in_dag[w] = 1;
+            list[(*n)++] = w;
+        }
+        future_reach(c, stop, 1 + *nshare);
+    }
+    for (uint32_t i = *n; i-- > 0 && *nshare < max;) { /* the largest ids first: closest to the root */
+        uint32_t y = list[i];
+        if (!storable(c, x, y)) continue;
+        int chosen = 0;
+        for (uint32_t q = 0; q < *nshare; q++) chosen |= share[q] == y;
+        if (chosen) continue;
+        future_reach(c, stop, 1 + *nshare);
+        if (!c->reach[y]) continue; /* not needed after this step */
+        stop[1 + *nshare] = y;
+        int64_t freed = freed_if_stored(c, y, stop, 2 + *nshare, sub);
+        if (freed > node_bytes(&lg->nodes[y])) share[(*nshare)++] = y;
+    }
+    /* ids ascending again (the kernel's nodes are in topological order) */
+    for (uint32_t i = 1; i < *n; i++) {
+        uint32_t v = list[i], j = i;
+        while (j && list[j - 1] > v) {
+            list[j] = list[j - 1];
+            j--;
+        }
+        list[j] = v;
+    }
+    return 0;
+}
+
 /* Builds and appends the kernel that stores node x into buffer b. */
 static int materialize(Sched *c, uint32_t x, uint32_t b) {
     LGraph *lg = c->lg;
@@ -300,6 +507,8 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
         if (materialize_internal(c, other) < 0) return -1;
     }
     if (c->s->buf_produced[b]) return 0; /* produced while collecting (shared dependency) */
+    uint32_t share[EM_SHARE_MAX], nshare = 0;
+    if (!dom && shared_values(c, x, in_dag, list, &n, share, &nshare, EM_SHARE_MAX, part) < 0) return -1;
 
     /* the domain in original dim order, then its loop order */
     int32_t dnd;
@@ -347,9 +556,9 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
     k.acc_of = em_arena_alloc(a, n * sizeof(uint32_t));
     k.elem = em_arena_alloc(a, n);
     k.loads = em_arena_alloc(a, (n + 1) * sizeof(SAccess));
-    k.stores = em_arena_alloc(a, sizeof(SAccess));
-    k.store_node = em_arena_alloc(a, sizeof(uint32_t));
-    k.args = em_arena_alloc(a, (n + 2) * sizeof(uint32_t));
+    k.stores = em_arena_alloc(a, (1 + nshare) * sizeof(SAccess));
+    k.store_node = em_arena_alloc(a, (1 + nshare) * sizeof(uint32_t));
+    k.args = em_arena_alloc(a, (n + 2 + nshare) * sizeof(uint32_t));
     k.irs = em_arena_alloc(a, (n + 1) * sizeof(IRRef));
     uint32_t *local = em_arena_alloc(a, cap * sizeof(uint32_t));
     if (!k.nodes || !k.acc_of || !k.elem || !k.loads || !k.stores || !k.store_node || !k.args || !k.irs || !local)
@@ -434,6 +643,28 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
         }
         k.store_node[0] = local[x];
         k.nstores = 1;
+    }
+    for (uint32_t q = 0; q < nshare; q++) { /* shared values: contiguous buffers of the root's shape */
+        uint32_t y = share[q];
+        const LNode *ny = &lg->nodes[y];
+        int64_t cst[EM_LMAXDIM], bst[EM_LMAXDIM];
+        SymRef csst[EM_LMAXDIM] = {0}, sbst[EM_LMAXDIM];
+        contiguous(lg, ny->ndim, ny->sizes, ny->ssizes, cst, csst);
+        uint32_t yb = add_buffer(c, y, ny->ndim, ny->sizes, cst, ny->ssizes, csst, 0);
+        if (yb == NONE) return -1;
+        SAccess *st = &k.stores[k.nstores];
+        memset(st, 0, sizeof *st);
+        st->buf = yb;
+        st->soffset = SYM_NONE;
+        if (map_strides(lg, &lg->bufs[yb], ny->ndim, ny->sizes, ny->ssizes, bst, sbst) < 0) return -1;
+        to_domain(lg, dnd, dsizes, dss, ny->ndim, ny->sizes, ny->ssizes, bst, sbst, full, sfull);
+        for (int j = 0; j < np; j++) {
+            st->strides[j] = full[perm[j]];
+            st->sstrides[j] = sfull[perm[j]];
+        }
+        k.store_node[k.nstores++] = local[y];
+        c->s->buf_produced[yb] = true;
+        c->mat[y] = yb;
     }
     k.ndim = np;
     k.nouter = nouter;
@@ -924,7 +1155,8 @@ static int horizontal_fusion(Sched *c) {
  * backward: its input may then die early. It moves only where horizontal fusion may move a kernel
  * (hfuse_movable, hfuse_conflict: nothing between writes what it reads or touches what it writes).
  * MLP training step (Linear 512-2048-2048-2048-10, batch 256, dev VM): the backward's peak held
- * three (256, 2048) gradients for their bias sums. */
+ * three (256, 2048) gradients for their bias sums. It runs before horizontal fusion as well: over
+ * a small domain that pass joined all the bias sums into one kernel at the graph's end first. */
 static int64_t buf_bytes(const LBuf *b) {
     int64_t n = em_ldt_size(b->dtype);
     for (int d = 0; d < b->ndim; d++) n *= b->sizes[d];
@@ -986,7 +1218,9 @@ Schedule *em_schedule_graph(LGraph *lg) {
     s->ir_buf = em_arena_alloc(a, g->nnodes * sizeof(uint32_t));
     c.mat = em_arena_alloc(a, lg->nnodes * sizeof(uint32_t));
     c.sym_done = em_arena_alloc(a, g->nnodes + 1);
-    if (!s->ir_buf || !c.mat || !c.sym_done || grow_bufs(&c) < 0) goto oom;
+    c.reach = em_arena_alloc(a, lg->nnodes + 1);
+    c.wstack = em_arena_alloc(a, (lg->nnodes + 1) * sizeof(uint32_t));
+    if (!s->ir_buf || !c.mat || !c.sym_done || !c.reach || !c.wstack || grow_bufs(&c) < 0) goto oom;
     memset(c.sym_done, 0, g->nnodes + 1);
     for (uint32_t i = 0; i < g->nnodes; i++) s->ir_buf[i] = NONE;
     for (uint32_t i = 0; i < lg->nnodes; i++) c.mat[i] = NONE;
@@ -999,6 +1233,7 @@ Schedule *em_schedule_graph(LGraph *lg) {
         const LVal *v = &lg->vals[r];
         if (v->kind != LV_EXTERN && !v->ext_call) continue;
         if (is_sym_extern(lg, r)) continue; /* scheduled where something reads it (need_sym) */
+        c.cur = r;
         for (uint32_t i = 0; i < n->nargs; i++)
             if ((!v->ext_call || (int32_t)i != v->none_arg) && need_arg(&c, &n->args[i]) < 0) goto oom;
         for (uint32_t i = 0; i < n->nkwargs; i++)
@@ -1007,12 +1242,13 @@ Schedule *em_schedule_graph(LGraph *lg) {
         if (!v->ext_call && need_tensor(&c, r, 0) < 0) goto oom; /* ext_call: its value is lowered */
     }
     const IRNode *out = &g->nodes[g->output];
+    c.cur = g->output;
     if (out->nargs == 1 && out->args[0].kind == IRARG_TUPLE)
         for (uint32_t i = 0; i < out->args[0].n; i++)
             if (out->args[0].u.items[i].kind == IRARG_NODE &&
                 (need_sym(&c, out->args[0].u.items[i].u.ref) < 0 || need_tensor(&c, out->args[0].u.items[i].u.ref, 1) < 0))
                 goto oom;
-    if (horizontal_fusion(&c) < 0 || hoist_reductions(&c) < 0) goto oom;
+    if (hoist_reductions(&c) < 0 || horizontal_fusion(&c) < 0 || hoist_reductions(&c) < 0) goto oom;
     return s;
 oom:
     if (!PyErr_Occurred()) PyErr_NoMemory();

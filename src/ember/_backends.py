@@ -160,7 +160,7 @@ def explain_ember(info: dict) -> list[str]:
              f"{info['extern_list']}, {info['reused_buffers']} reused buffer(s), cache key {info['cache_key']}"
              f"{' (loaded from the disk cache)' if info['from_disk_cache'] else ''}"]
     for i, k in enumerate(info["kernel_list"]):
-        outs = f", {k['outputs']} outputs (horizontally fused)" if k.get("outputs", 1) > 1 else ""
+        outs = f", {k['outputs']} outputs" if k.get("outputs", 1) > 1 else ""
         lines.append(f"    kernel {i}: {k['kind']}{' (in place)' if k['inplace'] else ''}{outs}: {', '.join(k['nodes'])}")
     lines.append("  generated CUDA C:" if info.get("device") == "cuda" else "  generated C:")
     src = info["source"]

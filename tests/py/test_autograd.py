@@ -1294,6 +1294,17 @@ def _step_peak_bytes(step, zero_grad):
     return max([t for ts, t in mem if span["ts"] <= ts <= span["ts"] + span["dur"]], default=base) - base
 
 
+class GatedResidualMLP(nn.Module):
+    def __init__(self, d_in, d):
+        super().__init__()
+        self.l1, self.l2, self.l3, self.head = nn.Linear(d_in, d), nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, 10)
+
+    def forward(self, x):
+        h1 = self.l1(x).relu()
+        h2 = torch.tanh(self.l2(h1)) * h1
+        return self.head(self.l3(h2).relu() + h2)
+
+
 MEMORY_CASES = [
     ("mlp", lambda: nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 8)),
      lambda: torch.randn(128, 64)),
@@ -1302,6 +1313,9 @@ MEMORY_CASES = [
                                   nn.Dropout(0.2), nn.Linear(16 * 7 * 7, 8)),
      lambda: torch.randn(8, 3, 16, 16)),
     ("transformer_layer", _encoder_layer, lambda: torch.randn(4, 12, 16)),
+    # bench/break_training.py's model, smaller: a gradient reaching a value through two paths, read
+    # again after the weight gradients' extern calls (em_schedule.c, shared values)
+    ("gated_residual_mlp", lambda: GatedResidualMLP(64, 256), lambda: torch.randn(128, 64)),
 ]
 
 
