@@ -6490,6 +6490,16 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
             goto error;
         }
     }
+    /* which backward inputs its call releases (IRGraph.input_released): the saved values that are
+     * no graph input of the forward (activations: autograd clears its copies before the call) and
+     * the tangents (CompiledRegion._take_gradient); not the flags, nor saved parameters */
+    if ((B->input_released = em_arena_alloc(B->arena, B->ninputs + 1))) {
+        uint32_t i = 0;
+        for (IRRef r = 1; r < N; r++)
+            if (saved[r] && need[r]) B->input_released[i++] = ag.role[r] != ROLE_PRIMAL;
+        for (uint32_t k = 0; k < outs->n && i < B->ninputs; k++)
+            if (tangent[k]) B->input_released[i++] = 1;
+    }
     ag.tangent = NULL;
     free(tangent);
     if (em_ir_set_output(F, fout, nfout) < 0) {

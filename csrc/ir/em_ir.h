@@ -140,6 +140,11 @@ typedef struct IRGraph {
      * 4 ulp): set by the autograd stage on both halves of a training region, whose backward compares
      * recomputed values (amax's gradient: self == result) and chains derivatives. */
     bool exact_math;
+    /* Per input (ninputs entries; NULL: none): the caller hands the graph its only reference and
+     * the runtime releases the input after its last use (EagerGraph.run_boxed: a training region's
+     * backward, for its saved activations and its tangents; not for saved graph inputs, which the
+     * user holds). The scheduler may count such an input's memory as freed after its last read. */
+    uint8_t *input_released;
 } IRGraph;
 
 /* Does any node of g carry a symbolic size or SymInt value? */

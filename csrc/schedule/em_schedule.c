@@ -263,7 +263,7 @@ static void assign_args(SKernel *k) {
  * layer among them): both (256, 2048) matmul results lived across them where eager keeps add_1.
  * So a pointwise kernel also stores such a value y when that frees more than it keeps: y is
  * needed from this step on, and the buffers its computation reads that nothing from this step on
- * reads otherwise (not graph inputs, not outputs) hold more bytes than y. Later kernels then load
+ * reads otherwise (not outputs, nor graph inputs the caller keeps) hold more bytes than y. Later kernels then load
  * y. Static graphs, pointwise kernels, y of the kernel's own shape (one store per domain point).
  * Whether a step reads something is decided on the lowered graph as the demand pass will see it
  * (future_reach): the values later steps read, walked through their inputs up to what is stored
@@ -371,8 +371,11 @@ static int64_t freed_if_stored(Sched *c, uint32_t y, const uint32_t *stop, uint3
     int64_t freed = 0;
     for (uint32_t q = 0; q < nleaves; q++) {
         const LBuf *lb = &lg->bufs[leaves[q]];
-        /* graph inputs may be the caller's (a forward's are borrowed): never counted as freed */
-        if (lb->kind == LBUF_INPUT || lb->kind == LBUF_INDEX || lb->kind == LBUF_VIEW || c->s->buf_output[leaves[q]])
+        /* a graph input counts only when the call releases it (IRGraph.input_released: a
+         * backward's activations and tangents); a forward's are the caller's */
+        int released = lb->kind == LBUF_INPUT && lg->ir->input_released && lg->ir->input_released[lb->index];
+        if ((lb->kind == LBUF_INPUT && !released) || lb->kind == LBUF_INDEX || lb->kind == LBUF_VIEW ||
+            c->s->buf_output[leaves[q]])
             continue;
         if (!read_later(c, leaves[q])) freed += buf_bytes(lb);
     }

@@ -4,6 +4,7 @@ regions split around ops without a rule, training steps of an MLP, a CNN with Ba
 transformer against eager, and bad input (double backward, in-place on a leaf, views of inputs,
 outputs that do not require grad, retain_graph, no_grad / inference_mode)."""
 import copy
+import io
 
 import pytest
 import torch
@@ -1295,14 +1296,18 @@ def _step_peak_bytes(step, zero_grad):
 
 
 class GatedResidualMLP(nn.Module):
-    def __init__(self, d_in, d):
+    def __init__(self, d_in, d, graph_break=False):
         super().__init__()
         self.l1, self.l2, self.l3, self.head = nn.Linear(d_in, d), nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, 10)
+        self.graph_break = graph_break
 
     def forward(self, x):
         h1 = self.l1(x).relu()
         h2 = torch.tanh(self.l2(h1)) * h1
-        return self.head(self.l3(h2).relu() + h2)
+        h3 = self.l3(h2).relu() + h2
+        if self.graph_break:
+            print(h3.shape, file=io.StringIO())  # the region's backward gets h3's gradient as a tangent
+        return self.head(h3)
 
 
 MEMORY_CASES = [
@@ -1316,6 +1321,7 @@ MEMORY_CASES = [
     # bench/break_training.py's model, smaller: a gradient reaching a value through two paths, read
     # again after the weight gradients' extern calls (em_schedule.c, shared values)
     ("gated_residual_mlp", lambda: GatedResidualMLP(64, 256), lambda: torch.randn(128, 64)),
+    ("gated_residual_mlp_break", lambda: GatedResidualMLP(64, 256, True), lambda: torch.randn(128, 64)),
 ]
 
 
