@@ -6491,12 +6491,17 @@ static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eag
         }
     }
     /* which backward inputs its call releases (IRGraph.input_released): the saved values that are
-     * no graph input of the forward (activations: autograd clears its copies before the call) and
-     * the tangents (CompiledRegion._take_gradient); not the flags, nor saved parameters */
+     * neither a graph input of the forward (a parameter) nor one of its outputs (the caller holds
+     * those), activations whose copies autograd clears before the call, and the tangents
+     * (CompiledRegion._take_gradient); not the flags */
     if ((B->input_released = em_arena_alloc(B->arena, B->ninputs + 1))) {
         uint32_t i = 0;
-        for (IRRef r = 1; r < N; r++)
-            if (saved[r] && need[r]) B->input_released[i++] = ag.role[r] != ROLE_PRIMAL;
+        for (IRRef r = 1; r < N; r++) {
+            if (!(saved[r] && need[r])) continue;
+            bool held = ag.role[r] == ROLE_PRIMAL;
+            for (uint32_t k = 0; k < outs->n && !held; k++) held = ag.fmap[outs->u.items[k].u.ref] == r;
+            B->input_released[i++] = !held;
+        }
         for (uint32_t k = 0; k < outs->n && i < B->ninputs; k++)
             if (tangent[k]) B->input_released[i++] = 1;
     }

@@ -142,8 +142,9 @@ typedef struct IRGraph {
     bool exact_math;
     /* Per input (ninputs entries; NULL: none): the caller hands the graph its only reference and
      * the runtime releases the input after its last use (EagerGraph.run_boxed: a training region's
-     * backward, for its saved activations and its tangents; not for saved graph inputs, which the
-     * user holds). The scheduler may count such an input's memory as freed after its last read. */
+     * backward, for its saved activations and its tangents; not for saved graph inputs or forward
+     * outputs, which the user holds). The scheduler may count such an input's memory as freed after
+     * its last read. */
     uint8_t *input_released;
 } IRGraph;
 

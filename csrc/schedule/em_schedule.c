@@ -126,6 +126,18 @@ static int same_domain(const LNode *a, const LNode *b, LGraph *lg) {
     return a->rmask == b->rmask && ia->ndim == ib->ndim && same_shape(lg, ia->ndim, ia->sizes, ia->ssizes, ib->sizes, ib->ssizes);
 }
 
+/* Sorts node ids ascending (topological order), by insertion: lists are short. */
+static void sort_ids(uint32_t *list, uint32_t n) {
+    for (uint32_t i = 1; i < n; i++) {
+        uint32_t v = list[i], j = i;
+        while (j && list[j - 1] > v) {
+            list[j] = list[j - 1];
+            j--;
+        }
+        list[j] = v;
+    }
+}
+
 /* The DAG of root x: nodes in id (topological) order. Returns 1 when it had to produce a buffer
  * first (the caller collects again), 0 when done, -1 on error. */
 static int collect(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, uint32_t *n, uint32_t *stack) {
@@ -151,15 +163,7 @@ static int collect(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, uint32
         /* a gather load's index operands are computed in the same kernel */
         for (int i = 0; i < em_lnode_nin(ny); i++) stack[sp++] = ny->in[i];
     }
-    /* insertion sort by id: lists are short */
-    for (uint32_t i = 1; i < *n; i++) {
-        uint32_t v = list[i], j = i;
-        while (j && list[j - 1] > v) {
-            list[j] = list[j - 1];
-            j--;
-        }
-        list[j] = v;
-    }
+    sort_ids(list, *n);
     return 0;
 }
 
@@ -447,15 +451,7 @@ static int shared_values(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, 
         int64_t freed = freed_if_stored(c, y, stop, 2 + *nshare, sub);
         if (freed > node_bytes(&lg->nodes[y])) share[(*nshare)++] = y;
     }
-    /* ids ascending again (the kernel's nodes are in topological order) */
-    for (uint32_t i = 1; i < *n; i++) {
-        uint32_t v = list[i], j = i;
-        while (j && list[j - 1] > v) {
-            list[j] = list[j - 1];
-            j--;
-        }
-        list[j] = v;
-    }
+    sort_ids(list, *n); /* the kernel's nodes in topological order again */
     return 0;
 }
 
