@@ -25,7 +25,8 @@ typedef struct {
     uint32_t nnodes;       /* lg->nnodes at the start (the scheduler adds none) */
     uint8_t *sym_done;     /* per IR node: a SymInt extern (sym_size, size arithmetic) already scheduled */
     IRRef cur;             /* the IR node whose step is being scheduled (an extern, or the output) */
-    uint8_t *reach;        /* shared values (below): scratch, one byte per lowered node */
+    uint8_t *reach;        /* shared values (below): what steps from cur on need, x and the values chosen stored */
+    uint8_t *trial;        /* shared values: the same with one more candidate stored */
     uint32_t *wstack;      /* shared values: the walk's stack */
 } Sched;
 
@@ -274,15 +275,15 @@ static void assign_args(SKernel *k) {
  * by then. A value it finds needed may in the end be stored by another kernel first; the walk
  * errs towards storing, never towards a wrong value (a stored value is the same value). */
 
-/* Marks in c->reach every lowered node that the step at c->cur or a later one may compute or
+/* Marks in reach every lowered node that the step at c->cur or a later one may compute or
  * load: the nodes of the values later extern calls and the graph output read, walked through
  * their inputs up to materialized nodes and the nodes in stop[0 .. nstop) (treated as
  * materialized), and from a load of a buffer not produced yet to the node that produces it. */
-static void future_reach(Sched *c, const uint32_t *stop, uint32_t nstop) {
+static void future_reach(Sched *c, const uint32_t *stop, uint32_t nstop, uint8_t *reach) {
     LGraph *lg = c->lg;
     const IRGraph *g = lg->ir;
     uint32_t sp = 0;
-    memset(c->reach, 0, c->nnodes);
+    memset(reach, 0, c->nnodes);
     for (IRRef r = c->cur; r < g->nnodes; r++) { /* the current step reads after the kernel too */
         const LVal *v = &lg->vals[r];
         if (r != g->output && v->kind != LV_EXTERN && !v->ext_call) continue;
@@ -299,8 +300,8 @@ static void future_reach(Sched *c, const uint32_t *stop, uint32_t nstop) {
                     if (leaf->kind != IRARG_NODE) continue;
                     const LVal *lv = &lg->vals[leaf->u.ref];
                     if ((lv->kind == LV_NODE || (lv->kind == LV_EXTERN && lv->has_load)) && lv->lnode &&
-                        !c->reach[lv->lnode]) {
-                        c->reach[lv->lnode] = 1;
+                        !reach[lv->lnode]) {
+                        reach[lv->lnode] = 1;
                         c->wstack[sp++] = lv->lnode;
                     }
                 }
@@ -317,23 +318,23 @@ static void future_reach(Sched *c, const uint32_t *stop, uint32_t nstop) {
         uint32_t from = NONE; /* a load of a node's buffer not produced yet: that node computes it */
         if (ny->op == LP_LOAD && lg->bufs[ny->buf].kind == LBUF_NODE && !c->s->buf_produced[ny->buf])
             from = lg->bufs[ny->buf].index;
-        if (from != NONE && !c->reach[from]) {
-            c->reach[from] = 1;
+        if (from != NONE && !reach[from]) {
+            reach[from] = 1;
             c->wstack[sp++] = from;
         }
         for (int i = 0; i < em_lnode_nin(ny); i++)
-            if (!c->reach[ny->in[i]]) {
-                c->reach[ny->in[i]] = 1;
+            if (!reach[ny->in[i]]) {
+                reach[ny->in[i]] = 1;
                 c->wstack[sp++] = ny->in[i];
             }
     }
 }
 
-/* Is buffer b read from the step at c->cur on (per the last future_reach)? */
-static int read_later(const Sched *c, uint32_t b) {
+/* Is buffer b read from the step at c->cur on (reach: a future_reach)? */
+static int read_later(const Sched *c, const uint8_t *reach, uint32_t b) {
     const LGraph *lg = c->lg;
     for (uint32_t y = 1; y < c->nnodes; y++)
-        if (c->reach[y] && ((lg->nodes[y].op == LP_LOAD && lg->nodes[y].buf == b) || c->mat[y] == b)) return 1;
+        if (reach[y] && ((lg->nodes[y].op == LP_LOAD && lg->nodes[y].buf == b) || c->mat[y] == b)) return 1;
     return 0;
 }
 
@@ -371,7 +372,7 @@ static int64_t freed_if_stored(Sched *c, uint32_t y, const uint32_t *stop, uint3
         if (nleaves == 16) return -1;
         leaves[nleaves++] = b;
     }
-    future_reach(c, stop, nstop);
+    future_reach(c, stop, nstop, c->trial);
     int64_t freed = 0;
     for (uint32_t q = 0; q < nleaves; q++) {
         const LBuf *lb = &lg->bufs[leaves[q]];
@@ -381,7 +382,7 @@ static int64_t freed_if_stored(Sched *c, uint32_t y, const uint32_t *stop, uint3
         if ((lb->kind == LBUF_INPUT && !released) || lb->kind == LBUF_INDEX || lb->kind == LBUF_VIEW ||
             c->s->buf_output[leaves[q]])
             continue;
-        if (!read_later(c, leaves[q])) freed += buf_bytes(lb);
+        if (!read_later(c, c->trial, leaves[q])) freed += buf_bytes(lb);
     }
     return freed;
 }
@@ -417,7 +418,7 @@ static int shared_values(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, 
     if (lg->env || c->cur == 0) return 0;
     uint32_t stop[1 + EM_SHARE_MAX];
     stop[0] = x;
-    future_reach(c, stop, 1);
+    future_reach(c, stop, 1, c->reach); /* again only when a value is chosen */
     for (uint32_t w = 1; w < c->nnodes && *nshare < max; w++) {
         const LNode *nw = &lg->nodes[w];
         if (in_dag[w] || !c->reach[w] || !storable(c, x, w) || !nw->ir || nw->ir > c->cur) continue;
@@ -436,8 +437,8 @@ static int shared_values(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, 
                 }
             in_dag[w] = 1;
             list[(*n)++] = w;
+            future_reach(c, stop, 1 + *nshare, c->reach);
         }
-        future_reach(c, stop, 1 + *nshare);
     }
     for (uint32_t i = *n; i-- > 0 && *nshare < max;) { /* the largest ids first: closest to the root */
         uint32_t y = list[i];
@@ -445,11 +446,13 @@ static int shared_values(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, 
         int chosen = 0;
         for (uint32_t q = 0; q < *nshare; q++) chosen |= share[q] == y;
         if (chosen) continue;
-        future_reach(c, stop, 1 + *nshare);
         if (!c->reach[y]) continue; /* not needed after this step */
         stop[1 + *nshare] = y;
         int64_t freed = freed_if_stored(c, y, stop, 2 + *nshare, sub);
-        if (freed > node_bytes(&lg->nodes[y])) share[(*nshare)++] = y;
+        if (freed > node_bytes(&lg->nodes[y])) {
+            share[(*nshare)++] = y;
+            future_reach(c, stop, 1 + *nshare, c->reach);
+        }
     }
     sort_ids(list, *n); /* the kernel's nodes in topological order again */
     return 0;
@@ -1218,8 +1221,9 @@ Schedule *em_schedule_graph(LGraph *lg) {
     c.mat = em_arena_alloc(a, lg->nnodes * sizeof(uint32_t));
     c.sym_done = em_arena_alloc(a, g->nnodes + 1);
     c.reach = em_arena_alloc(a, lg->nnodes + 1);
+    c.trial = em_arena_alloc(a, lg->nnodes + 1);
     c.wstack = em_arena_alloc(a, (lg->nnodes + 1) * sizeof(uint32_t));
-    if (!s->ir_buf || !c.mat || !c.sym_done || !c.reach || !c.wstack || grow_bufs(&c) < 0) goto oom;
+    if (!s->ir_buf || !c.mat || !c.sym_done || !c.reach || !c.trial || !c.wstack || grow_bufs(&c) < 0) goto oom;
     memset(c.sym_done, 0, g->nnodes + 1);
     for (uint32_t i = 0; i < g->nnodes; i++) s->ir_buf[i] = NONE;
     for (uint32_t i = 0; i < lg->nnodes; i++) c.mat[i] = NONE;
