@@ -40,22 +40,8 @@
  * that is so for every input (not pow: its result only for the exponent's gradient; not erfinv, whose
  * formula in derivatives.yaml reads self). */
 
-#define R_RECOMPUTE 1u
-#define R_ALIAS 2u
-#define R_RESULT 4u
-
-enum { SP_NONE, SP_GETITEM, SP_CAT, SP_STACK, SP_LAYER_NORM, SP_BATCH_NORM, SP_CONV, SP_DROPOUT,
-       SP_SELECT, SP_NARROW, SP_MAX_POOL2D, SP_SPLIT, SP_VALSEL,
-       SP_SDPA, SP_NLL_LOSS, SP_GROUP_NORM, SP_EINSUM };
-
-typedef struct {
-    const char *names;
-    const char *sig;
-    const char *checks;
-    const char *grads;
-    unsigned flags;
-    int special;
-} Rule;
+/* R_RECOMPUTE, R_ALIAS, R_RESULT, the SP_* kinds and the Rule type: passes/em_passes_rewrite.h (the
+ * decompositions bind their arguments through rules of the same form). */
 
 #define PW R_RECOMPUTE
 /* (operator.iadd and the like reach the rules only where they update nothing, `0 += t` being

@@ -779,7 +779,7 @@ static PyObject *call1(PyObject *f, PyObject *arg) {
 }
 
 /* The dtype torch.autocast casts to on device dev (a str) as 2 bits: 0 bfloat16, 1 float16, 2 other.
- * A graph traced under autocast holds its casts' dtypes (em_autograd_explicit_autocast), so the
+ * A graph traced under autocast holds its casts' dtypes (passes/em_pass_autocast.c), so the
  * guard tells float16 from bfloat16 autocast. -1 with an exception. */
 enum { AC_DT_BF16, AC_DT_F16, AC_DT_OTHER };
 static int autocast_dtype_code(PyObject *dev) {

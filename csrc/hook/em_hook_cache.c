@@ -350,32 +350,20 @@ static PyObject *backend_compile_timed(const EmCompileConfig *cfg, const EmTrace
     }
     if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0) {
         *is_eager_graph = 1; /* the "ember" backend's program is an EagerGraph of kernels and extern calls */
-        /* attention decomposed as for training (em_autograd.h), when sizes are concrete (the
-         * decompositions read them) */
+        /* the inference passes (passes/em_passes.c: decompose attention, layout), when sizes are
+         * concrete (the decompositions read them); what they did goes to cache_info()[i]["ember"] */
+        EmPassCtx pc = {.when = EM_PASSES_INFERENCE};
+        const IRGraph *g2 = res->symbolic ? res->graph : em_passes_run(res->graph, &pc);
         double t0 = em_now();
-        PyObject *names = res->symbolic ? NULL : PyList_New(0);
-        IRGraph *g2 = names ? em_autograd_decompose(res->graph, true, names, NULL) : NULL;
-        double t1 = em_now();
-        /* convolution inputs to channels_last (CPU, static graphs), as Inductor's layout optimization */
-        PyObject *convs = names && em_config_bool("layout_optimization", 1) ? PyList_New(0) : NULL;
-        IRGraph *g3 = convs ? em_autograd_channels_last(g2 ? g2 : res->graph, convs) : NULL;
-        double t2 = em_now();
-        PyObject *r = em_ember_compile(g3 ? g3 : g2 ? g2 : res->graph, backend_info);
-        /* seconds per backend pass (ember.cache_info(fn)[i]["ember"]["pass_times"]) */
-        PyObject *pt = r && *backend_info && PyDict_Check(*backend_info)
-                           ? Py_BuildValue("{s:d,s:d,s:d}", "decompose_attention", t1 - t0, "layout", t2 - t1,
-                                           "lower_codegen_load", em_now() - t2)
-                           : NULL;
-        if (pt && PyDict_SetItemString(*backend_info, "pass_times", pt) < 0) Py_CLEAR(r);
-        Py_XDECREF(pt);
-        if (r && g2 && *backend_info && PyDict_Check(*backend_info) &&
-            PyDict_SetItemString(*backend_info, "decomposed", names) < 0)
-            Py_CLEAR(r);
-        if (r && g3 && *backend_info && PyDict_Check(*backend_info) &&
-            PyDict_SetItemString(*backend_info, "channels_last", convs) < 0)
-            Py_CLEAR(r);
-        Py_XDECREF(names);
-        Py_XDECREF(convs);
+        PyObject *r = g2 ? em_ember_compile(g2, backend_info) : NULL;
+        if (r && pc.info && *backend_info && PyDict_Check(*backend_info)) {
+            PyObject *pt = PyDict_GetItemString(pc.info, "pass_times"); /* borrowed; seconds per pass */
+            PyObject *t = pt ? PyFloat_FromDouble(em_now() - t0) : NULL;
+            if (pt && (!t || PyDict_SetItemString(pt, "lower_codegen_load", t) < 0)) Py_CLEAR(r);
+            Py_XDECREF(t);
+            if (r && PyDict_Update(*backend_info, pc.info) < 0) Py_CLEAR(r);
+        }
+        Py_XDECREF(pc.info);
         return r;
     }
     if (!em_lazy_attr(&compile_graph_fn, "ember._backends", "compile_graph")) return NULL;
@@ -431,17 +419,24 @@ static PyObject *compile_call(void *ctx) {
 
 /* Backends "ember" and "aot_eager" under torch.autocast, or for a graph that enters autocast
  * blocks (with torch.autocast(...) in the frame): the graph with autocast's casts written
- * as nodes (em_autograd_explicit_autocast) is compiled and run with autocast off
+ * as nodes (the autocast pass, passes/em_pass_autocast.c) is compiled and run with autocast off
  * (em_with_autocast_off, em_autocast_off_new), so ember's code generator and AOT autograd see
  * explicit dtypes. When the rewrite is not possible, the graph compiles as traced (autocast at
  * dispatch: the eager backend and eager autograd) and backend_info["autocast"]["kept"] says why. */
 static PyObject *backend_compile_autocast(const EmCompileConfig *cfg, const EmTraceResult *res, PyCodeObject *code,
                                           int *is_eager_graph, PyObject **backend_info, const char **info_key) {
     PyObject *why = NULL, *r = NULL;
-    long ncasts = 0;
-    IRGraph *g2 = em_autograd_explicit_autocast(res->graph, &why, &ncasts);
+    EmPassCtx pc = {.when = EM_PASSES_AUTOCAST};
+    const IRGraph *g2 = em_passes_run(res->graph, &pc);
+    long ncasts = pc.ncasts;
+    why = pc.why;
+    Py_XDECREF(pc.info);
     if (!g2) {
-        if (!why) return NULL;
+        Py_XDECREF(why);
+        return NULL;
+    }
+    if (g2 == res->graph) { /* not rewritten: why says why */
+        if (!why && !(why = PyUnicode_FromString("the rewrite failed"))) return NULL;
         r = backend_compile_timed(cfg, res, code, is_eager_graph, backend_info, info_key);
         if (r && set_autocast_info(backend_info, Py_BuildValue("{s:O,s:N}", "explicit", Py_False, "kept", why)) < 0)
             Py_CLEAR(r);
@@ -449,7 +444,7 @@ static PyObject *backend_compile_autocast(const EmCompileConfig *cfg, const EmTr
         return r;
     }
     EmTraceResult r2 = *res;
-    r2.graph = g2;
+    r2.graph = (IRGraph *)g2; /* (a new graph of the arena: the pass made it) */
     CompileCall c = {cfg, &r2, code, is_eager_graph, backend_info, info_key};
     if (!(r = em_with_autocast_off(compile_call, &c))) return NULL;
     Py_SETREF(r, em_autocast_off_new(r));
@@ -707,7 +702,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         /* A symbolic training graph (backends "ember", "aot_eager"): AOT autograd compiles one region
          * for all sizes where every rule it needs serves symbolic sizes, compiled here, before the
          * entry's guards are built, so that relations of sizes its derivative ops rely on become
-         * guards too (em_autograd_sym_guards). Where a rule does not serve symbolic sizes, the region
+         * guards too (em_passes_sym_guards). Where a rule does not serve symbolic sizes, the region
          * would run on eager autograd: under automatic dynamic, trace again with concrete sizes, as
          * before (one compiled region per size, up to config.cache_size_limit); dynamic=True and
          * mark_dynamic keep the symbolic graph on eager autograd. */
@@ -715,9 +710,9 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         PyObject *info = NULL;
         const char *key = "ember";
         int eg = 0;
-        em_autograd_sym_guards = true;
+        em_passes_sym_guards = true;
         PyObject *c = backend_compile(cfg, &res, code, &eg, &info, &key, &secs);
-        em_autograd_sym_guards = false;
+        em_passes_sym_guards = false;
         if (!c) {
             Py_XDECREF(info);
             goto error;

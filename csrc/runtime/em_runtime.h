@@ -60,7 +60,7 @@ PyObject *em_eager_graph_new(const IRGraph *g);
 PyObject *em_eager_graph_run(PyObject *eager_graph, PyObject *const *inputs, Py_ssize_t n);
 
 /* fn(*args) run with torch.autocast off (torch._C._DisableAutocast): the program of a graph whose
- * autocast casts are nodes (em_autograd_explicit_autocast). A new ember._C.AutocastOff, or NULL with
+ * autocast casts are nodes (passes/em_pass_autocast.c). A new ember._C.AutocastOff, or NULL with
  * an exception. */
 PyObject *em_autocast_off_new(PyObject *fn);
 /* fn(ctx) inside torch._C._DisableAutocast (entered before, exited after, exception or not): its

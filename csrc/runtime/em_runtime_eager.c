@@ -830,7 +830,7 @@ static PyType_Spec eg_spec = {
 
 /* fn(*args) inside torch._C._DisableAutocast (what `with torch._C._DisableAutocast():` does: the
  * Autocast dispatch keys excluded while fn runs, restored after, exception or not). The program of
- * a graph whose autocast casts are nodes (em_autograd_explicit_autocast) must not be recast. */
+ * a graph whose autocast casts are nodes (passes/em_pass_autocast.c) must not be recast. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;

@@ -1286,7 +1286,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     double t_start = em_now(), t_lower = 0, t_schedule = 0, t_codegen = 0, t_cc = 0; /* perf log, explain */
     if (mode != 1) {
         /* a graph still under torch.autocast here is one whose casts could not be written as nodes
-         * (em_autograd_explicit_autocast compiles the others with autocast off): each op's dtypes
+         * (passes/em_pass_autocast.c compiles the others with autocast off): each op's dtypes
          * are decided at dispatch, and ember's lowering types ops by promotion rules alone, so the
          * eager backend runs the graph, where autocast casts each op as in eager. */
         static PyObject *any_autocast = NULL;

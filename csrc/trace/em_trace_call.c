@@ -217,7 +217,7 @@ static TValue *call_grad_mode(Trace *T, TValue *gm, uint32_t nargs) {
 /* ---- torch.autocast with-blocks. The graph holds Dynamo's nodes: _enter_autocast(device, dtype,
  * enabled, cache_enabled) at the with statement and _exit_autocast(that node's result) at its end
  * (torch/amp/autocast_mode.py), which the eager backend runs as they are and which
- * em_autograd_explicit_autocast turns into explicit casts for ember's code generator and AOT
+ * the autocast pass (passes/em_pass_autocast.c) turns into explicit casts for ember's code generator and AOT
  * autograd. While tracing, the block is entered for real, so that fake-tensor metas (run_meta)
  * get the dtypes autocast gives. A frame that breaks inside a block of its own splits at the
  * block's with statement (em_tr_break): every graph enters and exits the blocks it opens. */
