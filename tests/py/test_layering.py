@@ -61,6 +61,24 @@ def test_early_stages_include_only_core():
     assert graph.get("sym", set()) <= {"core"}, graph.get("sym")
     assert graph["ir"] <= {"core", "sym"}, graph["ir"]
     assert graph["guard"] <= {"core", "sym"}, graph["guard"]
+    # passes/ rewrites graphs before autograd and lowering (issue 45): it may use ir/ and sym/, never
+    # autograd/, lower/ or a later stage (autograd hands it what its rule table knows as a callback)
+    assert graph["passes"] <= {"core", "ir", "sym"}, graph["passes"]
+    assert "passes" in graph["autograd"], graph["autograd"]  # the joint graph is built with the rewriter
+
+
+def test_c_files_and_drivers_stay_small():
+    """Issue 45's budget: no C file over 3,000 lines (a file that outgrows it is split by concern)."""
+    big = []
+    for st in os.listdir(ROOT):
+        d = os.path.join(ROOT, st)
+        for name in os.listdir(d) if os.path.isdir(d) else []:
+            if name.endswith((".c", ".h")):
+                with open(os.path.join(d, name), encoding="utf-8") as f:
+                    n = sum(1 for _ in f)
+                if n > 3000:
+                    big.append((f"{st}/{name}", n))
+    assert not big, big
 
 
 def test_find_cycle_finds_one():
