@@ -1066,71 +1066,92 @@ LGraph *em_lower_graph(EmArena *a, const IRGraph *g, const char **why) {
     return em_lower_graph_device(a, g, 0, why);
 }
 
-LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, const char **why) {
-    *why = NULL;
+/* One lowering's state, shared by em_lower_graph_device's steps; the arrays have one entry per IR
+ * node. */
+typedef struct {
+    const IRGraph *g;
+    LGraph *lg;
+    const LowerRule **rules;  /* the node's rule (NULL: none) */
+    uint8_t *functional;      /* an in-place op lowered as its out-of-place form (functionalize) */
+    uint8_t *ext;             /* runs as an extern call */
+    uint8_t *used_by_extern;  /* read by an extern call or the output */
+    uint8_t *returned;        /* read by the output, or by an extern call that may return an alias of it */
+    uint8_t *live;            /* computed: read by the output, an extern call or a live node */
+} Lowering;
+
+/* The lowered graph (node 0 unused) and the per-node arrays. -1 with an exception on OOM. */
+static int lowering_init(Lowering *p, EmArena *a, const IRGraph *g) {
     LGraph *lg = em_arena_alloc(a, sizeof(LGraph));
-    const LowerRule **rules = em_arena_alloc(a, g->nnodes * sizeof(LowerRule *));
-    uint8_t *ext = em_arena_alloc(a, g->nnodes + 1);
-    uint8_t *used_by_extern = em_arena_alloc(a, g->nnodes + 1);
-    uint8_t *returned = em_arena_alloc(a, g->nnodes + 1);
-    uint8_t *live = em_arena_alloc(a, g->nnodes + 1);
-    if (!lg || !rules || !ext || !used_by_extern || !returned || !live) {
-        PyErr_NoMemory();
-        return NULL;
-    }
+    p->g = g;
+    p->lg = lg;
+    p->rules = em_arena_alloc(a, g->nnodes * sizeof(LowerRule *));
+    p->ext = em_arena_alloc(a, g->nnodes + 1);
+    p->used_by_extern = em_arena_alloc(a, g->nnodes + 1);
+    p->returned = em_arena_alloc(a, g->nnodes + 1);
+    p->live = em_arena_alloc(a, g->nnodes + 1);
+    if (!lg || !p->rules || !p->ext || !p->used_by_extern || !p->returned || !p->live) goto oom;
     lg->arena = a;
     lg->ir = g;
     lg->vals = em_arena_alloc(a, g->nnodes * sizeof(LVal));
-    if (!lg->vals || (em_lower_new_node(lg, LP_CONST, LDT_F32, LDT_F32, 0, NULL, NULL), lg->nnodes != 1)) {
-        PyErr_NoMemory();
-        return NULL;
-    }
+    if (!lg->vals || (em_lower_new_node(lg, LP_CONST, LDT_F32, LDT_F32, 0, NULL, NULL), lg->nnodes != 1)) goto oom;
     lg->device = -1;
     lg->env = em_ir_is_symbolic(g) ? g->shape_env : NULL;
+    p->functional = em_arena_alloc(a, g->nnodes + 1);
+    if (!p->functional) goto oom;
+    return 0;
+oom:
+    PyErr_NoMemory();
+    return -1;
+}
+
+/* graph-level checks: all tensors on the CPU or all on one CUDA device (lg->device), no mutation
+ * (in-place ops lowered as functional ops excepted), no autograd. -1 with *why when the graph is
+ * not for this backend. */
+static int check_graph(Lowering *p, int meta_as_cuda, const char **why) {
+    const IRGraph *g = p->g;
+    LGraph *lg = p->lg;
     int first = 1;
-    uint8_t *functional = em_arena_alloc(a, g->nnodes + 1);
-    if (!functional) {
-        PyErr_NoMemory();
-        return NULL;
-    }
-    if (functionalize(g, functional) < 0) return NULL;
-    /* graph-level checks: all tensors on the CPU or all on one CUDA device, no mutation (in-place
-     * ops lowered as functional ops excepted), no autograd */
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = &g->nodes[r];
         if (n->meta.kind == IRMETA_TENSOR) {
             int dv = device_of(n->meta.device, meta_as_cuda);
             if (dv == -2) {
                 *why = "a tensor is on a device other than the CPU or CUDA: ran by the eager backend";
-                return NULL;
+                return -1;
             }
             if (first) lg->device = dv;
             else if (dv != lg->device) {
                 *why = "the graph's tensors are on more than one device: ran by the eager backend";
-                return NULL;
+                return -1;
             }
             first = 0;
             if (n->meta.requires_grad && n->kind != IR_PLACEHOLDER) { /* parameters under no_grad are fine */
                 *why = "a value requires grad (ember's AOT autograd is another issue): ran by the eager backend";
-                return NULL;
+                return -1;
             }
         }
-        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && !functional[r] && em_ir_mutates(n) &&
-            !lone_input_update(g, functional, r)) {
+        if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && !p->functional[r] && em_ir_mutates(n) &&
+            !lone_input_update(g, p->functional, r)) {
             *why = "the graph has an in-place op on a graph input or on a value read again (or through a view) "
                    "after it: ran by the eager backend";
-            return NULL;
+            return -1;
         }
     }
-    /* pass 1: rules; pass 2 (backwards): a view that is returned is itself extern, and so is every
-     * view it is made from, so that torch makes the alias the user sees (users may rely on a view
-     * sharing memory with its base). A view that an extern call reads is lowered: the scheduler
-     * hands the call a tensor with eager's sizes, strides and offset on the base's storage (the
-     * base's own tensor, a kernel output allocated in the view's layout, or one as_strided whose
-     * arguments a symbolic graph computes per call: need_tensor). */
-    lg->cuda = meta_as_cuda || lg->device >= 0;
+    return 0;
+}
+
+/* pass 1: rules; pass 2 (backwards): a view that is returned is itself extern, and so is every
+ * view it is made from, so that torch makes the alias the user sees (users may rely on a view
+ * sharing memory with its base). A view that an extern call reads is lowered: the scheduler
+ * hands the call a tensor with eager's sizes, strides and offset on the base's storage (the
+ * base's own tensor, a kernel output allocated in the view's layout, or one as_strided whose
+ * arguments a symbolic graph computes per call: need_tensor). */
+static void choose_externs(Lowering *p) {
+    const IRGraph *g = p->g;
+    const LowerRule **rules = p->rules;
+    uint8_t *ext = p->ext, *used_by_extern = p->used_by_extern, *returned = p->returned, *live = p->live;
     const IRNode *outn = &g->nodes[g->output];
-    for (IRRef r = 1; r < g->nnodes; r++) rules[r] = em_lower_find_rule(&g->nodes[r], functional[r]);
+    for (IRRef r = 1; r < g->nnodes; r++) rules[r] = em_lower_find_rule(&g->nodes[r], p->functional[r]);
     if (outn->nargs == 1) {
         mark_users(&outn->args[0], used_by_extern);
         mark_users(&outn->args[0], returned);
@@ -1141,7 +1162,7 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
         if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) continue;
         int alias = aliases_input(g, n, rules[r]);
         if (rules[r] && rules[r]->kind == R_SPLIT) /* a tuple: lowered only as the pieces its getitems take */
-            ext[r] = lg->env || used_by_extern[r] || !only_getitems_read(g, r);
+            ext[r] = p->lg->env || used_by_extern[r] || !only_getitems_read(g, r);
         else
             ext[r] = !rules[r] || !meta_ok(&n->meta) || (alias && returned[r]);
         /* live: the value is computed (an extern call or the output reads it, or a live node does).
@@ -1160,103 +1181,147 @@ LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, co
             if (alias) mark_users(&n->kwargs[i], returned);
         }
     }
-    Ctx c = {.lg = lg, .ext = ext};
+}
+
+/* A graph input, or a node that runs as an extern call: its tensor (when ember knows its meta)
+ * becomes a buffer (LBUF_INPUT / LBUF_EXTERN) and a LOAD of it. -1 on OOM (no exception yet). */
+static int lower_extern(Lowering *p, IRRef r) {
+    const IRGraph *g = p->g;
+    LGraph *lg = p->lg;
+    const IRNode *n = &g->nodes[r];
+    LVal *v = &lg->vals[r];
+    if (n->kind != IR_PLACEHOLDER && !(lg->env && n->meta.sym)) lg->nextern++; /* sizes are not ops */
+    v->kind = n->kind == IR_PLACEHOLDER ? LV_NONE : LV_EXTERN;
+    if (!meta_ok(&n->meta)) return 0;
+    LBuf b = {.kind = n->kind == IR_PLACEHOLDER ? LBUF_INPUT : LBUF_EXTERN, .index = r,
+              .dtype = (LDtype)em_lower_dtype_of(n->meta.dtype), .ndim = n->meta.ndim, .ir = r};
+    if (n->kind == IR_PLACEHOLDER) {
+        for (uint32_t i = 0; i < g->ninputs; i++)
+            if (g->inputs[i] == r) b.index = i;
+    } else {
+        char key[128];
+        if (em_lower_target_key(n, key, sizeof key) == 0) {
+            for (int i = 0; fresh_externs[i]; i++)
+                if (strcmp(key, fresh_externs[i]) == 0) b.fresh = true;
+            b.out_kw = b.fresh && takes_out(g, n, key, 0);
+        }
+    }
+    memcpy(b.sizes, n->meta.sizes, b.ndim * sizeof(int64_t));
+    memcpy(b.strides, n->meta.strides, b.ndim * sizeof(int64_t));
+    em_lower_meta_shadows(lg, &n->meta, b.ssizes, b.sstrides);
+    uint32_t bi = em_lower_buffer(lg, &b);
+    if (bi == UINT32_MAX) return -1;
+    v->lnode = em_lower_load(lg, bi, b.ndim, b.sizes, 0, b.strides, b.ssizes, em_lower_sk(lg, 0), b.sstrides, r);
+    if (!v->lnode) return -1;
+    if (n->kind == IR_PLACEHOLDER) v->kind = LV_NODE;
+    else v->has_load = true;
+    return 0;
+}
+
+/* Node r by its rule (c: the pass's context). 1: lowered; 0: the rule did not apply, and node r is
+ * now extern (the caller lowers it again as such); -1 with *why when the graph is not for this
+ * backend. */
+static int lower_by_rule(Lowering *p, Ctx *c, IRRef r, const char **why) {
+    const IRGraph *g = p->g;
+    LGraph *lg = p->lg;
+    const IRNode *n = &g->nodes[r];
+    LVal *v = &lg->vals[r];
+    c->rdt = (LDtype)em_lower_dtype_of(n->meta.dtype);
+    c->inplace_ok = p->functional[r] != 0;
+    uint32_t before = lg->nnodes, bbefore = lg->nbufs;
+    uint32_t id = em_lower_rule(c, p->rules[r]);
+    if (PyErr_Occurred()) PyErr_Clear();
+    int ok = id != 0;
+    if (ok) {
+        const LNode *ln = &lg->nodes[id];
+        ok = ln->dtype == c->rdt && ln->ndim == n->meta.ndim &&
+             memcmp(ln->sizes, n->meta.sizes, ln->ndim * sizeof(int64_t)) == 0;
+        if (ok && lg->env) {
+            /* symbolic: the result's shape equals the meta's for every admitted size, and every
+             * shadow the rule made is known and agrees with its hint */
+            SymRef mss[EM_LMAXDIM];
+            em_lower_meta_shadows(lg, &n->meta, mss, NULL);
+            for (int d = 0; ok && d < ln->ndim; d++)
+                ok = em_lower_same(lg, ln->sizes[d], ln->ssizes[d], n->meta.sizes[d], mss[d]);
+            ok = ok && shadows_ok(lg, before, bbefore);
+        }
+    }
+    if (!ok && p->functional[r]) {
+        /* an in-place op must not run as a torch call: readers of the value it overwrites may
+         * be fused into kernels that run after it */
+        *why = "an in-place op has no functional lowering for its arguments: ran by the eager backend";
+        return -1;
+    }
+    if (!ok) {
+        /* the rule did not apply: drop what it made, call the torch op */
+        lg->nnodes = before;
+        lg->nbufs = bbefore;
+        for (uint32_t i = 0; c->node_buf && i < c->cap_node_buf; i++)
+            if (c->node_buf[i] != UINT32_MAX && c->node_buf[i] >= bbefore) c->node_buf[i] = UINT32_MAX;
+        p->ext[r] = 1;
+        if (n->nargs >= 1 && n->args[0].kind == IRARG_NODE && lg->vals[n->args[0].u.ref].split) {
+            /* the tuple is needed after all: the split runs as the torch op */
+            LVal *sv = &lg->vals[n->args[0].u.ref];
+            sv->split = false;
+            sv->kind = LV_EXTERN;
+            lg->nextern++;
+            lg->nlowered--;
+        }
+        return 0;
+    }
+    v->kind = LV_NODE;
+    v->lnode = id;
+    v->view = aliases_input(g, n, p->rules[r]) != 0;
+    lg->nlowered++;
+    return 1;
+}
+
+/* Every IR node in order: an extern call (F.linear's bias maybe added by a lowered node), a split
+ * lowered only as its pieces, an input or extern buffer, or its rule's result. -1 with an
+ * exception, or with *why. */
+static int lower_nodes(Lowering *p, const char **why) {
+    const IRGraph *g = p->g;
+    LGraph *lg = p->lg;
+    Ctx c = {.lg = lg, .ext = p->ext};
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = &g->nodes[r];
         LVal *v = &lg->vals[r];
         c.ir = r;
         c.n = n;
         if (n->kind == IR_OUTPUT) continue;
-        if (n->kind != IR_PLACEHOLDER && ext[r] && meta_ok(&n->meta)) {
+        if (n->kind != IR_PLACEHOLDER && p->ext[r] && meta_ok(&n->meta)) {
             int rc = linear_bias_epilogue(&c, r);
             if (rc < 0) goto oom;
             if (rc > 0) continue;
         }
-        if (n->kind != IR_PLACEHOLDER && !ext[r] && rules[r] && rules[r]->kind == R_SPLIT) {
+        if (n->kind != IR_PLACEHOLDER && !p->ext[r] && p->rules[r] && p->rules[r]->kind == R_SPLIT) {
             v->kind = LV_NONE;
             v->split = true;
             lg->nlowered++;
             continue;
         }
-        if (n->kind == IR_PLACEHOLDER || ext[r] || !meta_ok(&n->meta)) {
-            if (n->kind != IR_PLACEHOLDER && !(lg->env && n->meta.sym)) lg->nextern++; /* sizes are not ops */
-            v->kind = n->kind == IR_PLACEHOLDER ? LV_NONE : LV_EXTERN;
-            if (!meta_ok(&n->meta)) continue;
-            LBuf b = {.kind = n->kind == IR_PLACEHOLDER ? LBUF_INPUT : LBUF_EXTERN, .index = r,
-                      .dtype = (LDtype)em_lower_dtype_of(n->meta.dtype), .ndim = n->meta.ndim, .ir = r};
-            if (n->kind == IR_PLACEHOLDER) {
-                for (uint32_t i = 0; i < g->ninputs; i++)
-                    if (g->inputs[i] == r) b.index = i;
-            } else {
-                char key[128];
-                if (em_lower_target_key(n, key, sizeof key) == 0) {
-                    for (int i = 0; fresh_externs[i]; i++)
-                        if (strcmp(key, fresh_externs[i]) == 0) b.fresh = true;
-                    b.out_kw = b.fresh && takes_out(g, n, key, 0);
-                }
-            }
-            memcpy(b.sizes, n->meta.sizes, b.ndim * sizeof(int64_t));
-            memcpy(b.strides, n->meta.strides, b.ndim * sizeof(int64_t));
-            em_lower_meta_shadows(lg, &n->meta, b.ssizes, b.sstrides);
-            uint32_t bi = em_lower_buffer(lg, &b);
-            if (bi == UINT32_MAX) goto oom;
-            v->lnode = em_lower_load(lg, bi, b.ndim, b.sizes, 0, b.strides, b.ssizes, em_lower_sk(lg, 0), b.sstrides, r);
-            if (!v->lnode) goto oom;
-            if (n->kind == IR_PLACEHOLDER) v->kind = LV_NODE;
-            else v->has_load = true;
+        if (n->kind == IR_PLACEHOLDER || p->ext[r] || !meta_ok(&n->meta)) {
+            if (lower_extern(p, r) < 0) goto oom;
             continue;
         }
-        c.rdt = (LDtype)em_lower_dtype_of(n->meta.dtype);
-        c.inplace_ok = functional[r] != 0;
-        uint32_t before = lg->nnodes, bbefore = lg->nbufs;
-        uint32_t id = em_lower_rule(&c, rules[r]);
-        if (PyErr_Occurred()) PyErr_Clear();
-        int ok = id != 0;
-        if (ok) {
-            const LNode *ln = &lg->nodes[id];
-            ok = ln->dtype == c.rdt && ln->ndim == n->meta.ndim &&
-                 memcmp(ln->sizes, n->meta.sizes, ln->ndim * sizeof(int64_t)) == 0;
-            if (ok && lg->env) {
-                /* symbolic: the result's shape equals the meta's for every admitted size, and every
-                 * shadow the rule made is known and agrees with its hint */
-                SymRef mss[EM_LMAXDIM];
-                em_lower_meta_shadows(lg, &n->meta, mss, NULL);
-                for (int d = 0; ok && d < ln->ndim; d++)
-                    ok = em_lower_same(lg, ln->sizes[d], ln->ssizes[d], n->meta.sizes[d], mss[d]);
-                ok = ok && shadows_ok(lg, before, bbefore);
-            }
-        }
-        if (!ok && functional[r]) {
-            /* an in-place op must not run as a torch call: readers of the value it overwrites may
-             * be fused into kernels that run after it */
-            *why = "an in-place op has no functional lowering for its arguments: ran by the eager backend";
-            return NULL;
-        }
-        if (!ok) {
-            /* the rule did not apply: drop what it made, call the torch op */
-            lg->nnodes = before;
-            lg->nbufs = bbefore;
-            for (uint32_t i = 0; c.node_buf && i < c.cap_node_buf; i++)
-                if (c.node_buf[i] != UINT32_MAX && c.node_buf[i] >= bbefore) c.node_buf[i] = UINT32_MAX;
-            ext[r] = 1;
-            if (n->nargs >= 1 && n->args[0].kind == IRARG_NODE && lg->vals[n->args[0].u.ref].split) {
-                /* the tuple is needed after all: the split runs as the torch op */
-                LVal *sv = &lg->vals[n->args[0].u.ref];
-                sv->split = false;
-                sv->kind = LV_EXTERN;
-                lg->nextern++;
-                lg->nlowered--;
-            }
-            r--; /* redo as extern */
-            continue;
-        }
-        v->kind = LV_NODE;
-        v->lnode = id;
-        v->view = aliases_input(g, n, rules[r]) != 0;
-        lg->nlowered++;
+        int rc = lower_by_rule(p, &c, r, why);
+        if (rc < 0) return -1;
+        if (rc == 0) r--; /* redo as extern */
     }
-    return lg;
+    return 0;
 oom:
     PyErr_NoMemory();
-    return NULL;
+    return -1;
+}
+
+LGraph *em_lower_graph_device(EmArena *a, const IRGraph *g, int meta_as_cuda, const char **why) {
+    Lowering p = {0};
+    *why = NULL;
+    if (lowering_init(&p, a, g) < 0) return NULL;
+    if (functionalize(g, p.functional) < 0) return NULL;
+    if (check_graph(&p, meta_as_cuda, why) < 0) return NULL;
+    p.lg->cuda = meta_as_cuda || p.lg->device >= 0;
+    choose_externs(&p);
+    if (lower_nodes(&p, why) < 0) return NULL;
+    return p.lg;
 }
