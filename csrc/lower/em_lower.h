@@ -1,5 +1,5 @@
 /* lower: the torch-level graph (ir/) rewritten into primitive ops (the lowered graph, LGraph).
- * Rules are data: one table entry per torch op (em_lower.c, LOWER_RULES). A node without a rule,
+ * Rules are data: one table entry per torch op (em_lower_rules.c, LOWER_RULES). A node without a rule,
  * or whose rule does not accept its arguments, stays an extern node that calls the torch op.
  * Invariant: every lowered node has the dtype and shape the IR meta says its torch op produces;
  * a rule whose result disagrees is discarded and the node becomes extern. */

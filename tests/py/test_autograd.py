@@ -2049,7 +2049,7 @@ def test_input_eager_does_not_save_is_not_saved(backend):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_activation_backward_ops_lower_into_kernels(dtype):
     """tanh_backward, sigmoid_backward, silu_backward and gelu_backward (both approximations) are
-    decompositions of backend "ember" (em_lower.c, lower_act_backward): gradients as eager's
+    decompositions of backend "ember" (em_lower_rules.c, lower_act_backward): gradients as eager's
     within tolerance, and no extern call for them in the backward half."""
     acts = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "silu": F.silu, "gelu": F.gelu,
             "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
