@@ -473,8 +473,10 @@ static PyObject *backend_compile(const EmCompileConfig *cfg, const EmTraceResult
                                                 PyUnicode_CompareWithASCIIString(cfg->backend, "aot_eager") == 0)
                  ? (res->graph && em_ir_has_autocast(res->graph) ? 1 : autocast_on())
                  : 0;
+    em_passes_record_graphs = em_debug_dumping(); /* each pass's graph for ember.debug.dump */
     if (ac == 1) r = backend_compile_autocast(cfg, res, code, is_eager_graph, backend_info, info_key);
     else if (ac == 0) r = backend_compile_timed(cfg, res, code, is_eager_graph, backend_info, info_key);
+    em_passes_record_graphs = false;
     *secs += em_now() - t0;
     return r;
 }

@@ -159,6 +159,8 @@ def explain_ember(info: dict) -> list[str]:
     lines = [f"  backend ember: {info['kernels']} kernel(s), {info['externs']} extern call(s) "
              f"{info['extern_list']}, {info['reused_buffers']} reused buffer(s), cache key {info['cache_key']}"
              f"{' (loaded from the disk cache)' if info['from_disk_cache'] else ''}"]
+    if info.get("passes"):  # the graph rewrites that changed the graph (csrc/passes/em_passes.c)
+        lines.append(f"  passes that changed the graph: {', '.join(info['passes'])}")
     for i, k in enumerate(info["kernel_list"]):
         outs = f", {k['outputs']} outputs" if k.get("outputs", 1) > 1 else ""
         lines.append(f"    kernel {i}: {k['kind']}{' (in place)' if k['inplace'] else ''}{outs}: {', '.join(k['nodes'])}")

@@ -413,6 +413,12 @@ class Dumper:
         if info.get("ember") and info["ember"].get("source"):
             with open(os.path.join(self.dir, name + ".kernels.c"), "w", encoding="utf-8") as f:
                 f.write(info["ember"]["source"])
+        passes = (info.get("ember") or info.get("autograd") or {}).get("pass_graphs")
+        if passes:  # the graph after each pass that changed it (csrc/passes/em_passes.c), in order
+            with open(os.path.join(self.dir, name + ".passes.txt"), "w", encoding="utf-8") as f:
+                f.write(f"Graph {self.ngraphs} after each graph rewrite (pass) that changed it, in the order they ran:\n")
+                for pname, table in passes:
+                    f.write(f"\n# after pass {pname}\n{table}\n")
         if info.get("autograd"):  # AOT autograd: joint, forward and backward graphs, saved vs recomputed
             from .._autograd import explain_lines
             with open(os.path.join(self.dir, name + ".autograd.txt"), "w", encoding="utf-8") as f:
