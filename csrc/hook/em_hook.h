@@ -32,7 +32,8 @@ typedef enum { ENTRY_GRAPH, ENTRY_FALLBACK, ENTRY_BREAK } EntryKind;
 
 /* What a graph-break entry runs after its graph (em_hook_break.c): the values live at the break
  * are built, the resume functions are made (with the frame's cells), and the stub is called with
- * them while the hook is active, so the resume functions' frames are compiled in turn. */
+ * them while the hook is active, so the resume functions' frames are compiled in turn. Made and
+ * freed with its entry (em_hook_cache.c). */
 typedef struct BreakPart {
     PyObject *stub;          /* code object (strong) */
     int stub_closure;        /* the stub needs the cells: made per call */
@@ -114,7 +115,6 @@ void em_fetched_release(CacheEntry *e, PyObject **fetched);
  * instruction and returns the resume function's result) with the hook active under cfg. Releases
  * fetched. New reference or NULL with an exception. [em_hook_break.c] */
 PyObject *em_entry_run_break(CacheEntry *e, PyObject **fetched, const EmFrameView *fv, const EmCompileConfig *cfg);
-void em_break_part_free(BreakPart *bp);
 /* Puts the grad mode back while keeping a pending exception (a graph or stub raised). */
 void em_entry_restore_grad_mode(int mode);
 /* Drops every cache entry of every code object ember has seen (ember.reset). */
