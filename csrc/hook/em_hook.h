@@ -4,8 +4,13 @@
  *  - the compile driver on a miss: trace -> backend -> new entry           [em_hook_cache.c]
  *  - ember._C.CompiledFunction, the C callable ember.compile returns (direct dispatch: bind,
  *    guard, run, without a frame)                                          [em_hook_dispatch.c]
- *  - the PEP 523 frame evaluation function, installed only while a compiled call runs original
- *    bytecode, acting only on the thread that installed it                 [em_hook.c]
+ *  - the PEP 523 frame evaluation function, acting only on the thread that installed it
+ *                                                                          [em_hook.c]
+ *  - entering and leaving compiled and ember.disable regions per thread; the frame evaluation
+ *    function is installed only while a compiled call runs original bytecode [em_hook_install.c]
+ *  - running a graph-break entry: graph, values at the break, stub          [em_hook_break.c]
+ *  - ember.debug.dump's bridge                                             [em_hook_debug.c]
+ *  - the CPython internals the hook needs (private header)                 [em_hook_cpython.h]
  * Invariant: a frame is answered by a cache entry only if all its guards passed; anything else
  * runs the original bytecode. */
 #ifndef EM_HOOK_H
@@ -129,7 +134,7 @@ PyObject *em_cache_entry_info(const CacheEntry *e);
 int em_cache_pin(PyCodeObject *code, int pinned);
 int em_cache_init(PyObject *module);
 
-/* ---- PEP 523 hook (em_hook.c) ---- */
+/* ---- PEP 523 hook: install and enable state (em_hook_install.c) ---- */
 /* Enters a region in which frames started by this thread are compiled with cfg (nesting allowed;
  * the innermost config wins). Installs the frame evaluation function if no thread has it. */
 void em_hook_enter(const EmCompileConfig *cfg);
@@ -142,6 +147,8 @@ int em_hook_disabled(void);
 /* The next frame of this code started by this thread runs its original bytecode (the caller
  * already looked it up and decided so). */
 void em_hook_skip_next(PyCodeObject *code);
+
+/* ---- PEP 523 hook: the frame evaluation function (em_hook.c) ---- */
 /* Should the hook leave this code alone (ember's, torch's, stdlib, generator ...)? Cached in the
  * ExtraState.skip flag. */
 int em_hook_skip_code(PyCodeObject *code);
