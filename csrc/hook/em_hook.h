@@ -12,7 +12,9 @@
  *  - ember.debug.dump's bridge                                             [em_hook_debug.c]
  *  - the CPython internals the hook needs (private header)                 [em_hook_cpython.h]
  * Invariant: a frame is answered by a cache entry only if all its guards passed; anything else
- * runs the original bytecode. */
+ * runs the original bytecode.
+ * Calls between the files run one way: em_hook.c and dispatch -> break, debug, cache; break ->
+ * cache; all of them -> install. The one circle is cache <-> debug (see ember.debug.dump below). */
 #ifndef EM_HOOK_H
 #define EM_HOOK_H
 
@@ -154,7 +156,12 @@ void em_hook_skip_next(PyCodeObject *code);
 int em_hook_skip_code(PyCodeObject *code);
 int em_hook_init(PyObject *module);
 
-/* ---- ember.debug.dump (em_hook_debug.c) ---- */
+/* ---- ember.debug.dump (em_hook_debug.c) ----
+ * A real mutual dependency with the cache (em_hook_cache.c): the compile driver describes each new
+ * entry to the dump while the trace's result still lives (em_debug_on_compile, inside
+ * em_cache_compile, before the trace's arena is freed), and the dump describes and runs entries
+ * with the cache's own helpers (em_cache_entry_info, em_cache_get, em_fetched_release,
+ * em_entry_restore_grad_mode). The dump observes compilation and reads what it made. */
 int em_debug_dumping(void);
 /* A hit on an entry with a debug function runs it: a dump is active and dumped code is not nested
  * too deep on this thread. */
