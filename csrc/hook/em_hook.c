@@ -1,46 +1,16 @@
 /* hook: the PEP 523 frame evaluation function. While a compiled call runs original bytecode
- * (em_hook_enter .. em_hook_exit), each fresh frame the thread starts is looked up in its code's
- * cache, compiled on a miss, and answered by a graph entry, or run as it is (fallback entry).
- * Invariants: the function is installed only while some thread is inside em_hook_enter (or a test
- * forces it); a frame the hook does not answer goes to the previous eval function untouched; a
+ * (em_hook_enter .. em_hook_exit, em_hook_install.c, which installs this function), each fresh
+ * frame the thread starts is looked up in its code's cache, compiled on a miss, and answered by a
+ * graph entry, or run as it is (fallback entry).
+ * Invariants: a frame the hook does not answer goes to the previous eval function untouched; a
  * frame it answers is disposed of exactly once (em_cpy_frame_dispose), and its result is a value,
  * or NULL with an exception set. */
-#include "hook/em_hook.h"
+#include "hook/em_hook_install.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "hook/em_hook_cpython.h"
-
-/* ---- per-thread state ----
- * The eval function receives only the thread state and the frame, and it runs for every Python
- * call in the process while installed, on every thread. The state it consults (is this thread
- * inside a compiled call? with which config? disabled? inside ember itself?) is per thread, and
- * must cost next to nothing to reach: a C11 _Thread_local struct is one TLS access, where the
- * thread-state dict (PyThreadState_GetDict) would be a dict lookup per frame. ember supports one
- * interpreter (core/em_core.c), so thread-locals are not shared between interpreters.
- *
- * The config stack is run-length encoded: a recursive compiled function enters the hook once per
- * level with the same config, and those levels share one run. */
-typedef struct ConfigRun {
-    const EmCompileConfig *cfg;
-    uint32_t count; /* em_hook_enter calls with cfg, nested back to back */
-} ConfigRun;
-
-enum { INLINE_RUNS = 8 };
-
-typedef struct HookThread {
-    uint32_t depth;            /* em_hook_enter calls not yet exited */
-    uint32_t nruns;            /* runs in use */
-    uint32_t cap_heap;         /* capacity of heap_runs */
-    ConfigRun *heap_runs;      /* replaces inline_runs once they overflow; freed at depth 0 */
-    ConfigRun inline_runs[INLINE_RUNS];
-    int disabled;              /* ember.disable regions entered and not exited */
-    int busy;                  /* ember itself is looking up, compiling or running an entry */
-    const PyCodeObject *skip_next; /* identity only: compared, never dereferenced or owned */
-} HookThread;
-
-static _Thread_local HookThread tl_hook;
 
 /* Guard fetch slots for the frame being answered. em_cache_lookup needs room for EM_MAX_FETCH
  * pointers: on the C stack that would cost as much per nested frame of a recursive fallback
@@ -50,8 +20,7 @@ static _Thread_local HookThread tl_hook;
  * exit. */
 static _Thread_local PyObject *tl_fetched[EM_MAX_FETCH];
 
-/* ---- process-wide state (protected by the GIL) ----
- * The frame evaluation function is per interpreter (cpython_internals.md, section 1). */
+/* ---- process-wide state (protected by the GIL): the skip rules' directories ---- */
 typedef struct SkipDir {
     char *dir;   /* absolute directory, ending with '/' (malloc) */
     size_t len;
@@ -61,9 +30,6 @@ typedef struct SkipDir {
 enum { MAX_SKIP_DIRS = 32 };
 
 static struct {
-    int nthreads;               /* threads whose depth > 0 */
-    int forced;                 /* test-only: _hook_force_install(True) */
-    _PyFrameEvalFunction prev;  /* the function ours replaced (default, or e.g. Dynamo's shim) */
     SkipDir dirs[MAX_SKIP_DIRS];
     int ndirs;
 } g_hook;
@@ -74,112 +40,10 @@ static PyObject *hook_eval_frame(PyThreadState *tstate, _PyInterpreterFrame *fra
  * is cleared and popped as if ours had never been installed. */
 static inline PyObject *prev_eval(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag)
 {
-    _PyFrameEvalFunction prev = g_hook.prev;
+    _PyFrameEvalFunction prev = em_hook_global.prev;
     if (prev == NULL || prev == hook_eval_frame) prev = _PyEval_EvalFrameDefault;
     return prev(tstate, frame, throwflag);
 }
-
-/* ---- installation ---- */
-
-/* Makes the installed function agree with "some thread is inside em_hook_enter, or forced".
- * Installing saves the current function as the previous one, unless the current one is already
- * ours (another hook restored ours after we left: keep the saved previous one). Uninstalling
- * restores the previous function only if ours is still the current one: if another hook (Dynamo's)
- * was installed on top of ours, it saved ours as its previous and will restore it; ours then
- * passes every frame through (no thread has a config) and is removed at the next exit. */
-static void hook_update_install(void)
-{
-    PyInterpreterState *interp = PyInterpreterState_Get();
-    _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
-    int want = g_hook.nthreads > 0 || g_hook.forced;
-    if (want && cur != hook_eval_frame) {
-        g_hook.prev = cur;
-        _PyInterpreterState_SetEvalFrameFunc(interp, hook_eval_frame);
-    } else if (!want && cur == hook_eval_frame) {
-        _PyInterpreterState_SetEvalFrameFunc(interp, g_hook.prev ? g_hook.prev : _PyEval_EvalFrameDefault);
-    }
-}
-
-static inline ConfigRun *thread_runs(HookThread *t)
-{
-    return t->heap_runs ? t->heap_runs : t->inline_runs;
-}
-
-/* Pushes cfg on the thread's config stack; the first enter of a thread counts it as active and
- * installs the eval function. Out of memory for a new run degrades to counting the enter in the
- * current top run: the nested region then compiles with the outer config (still correct results,
- * maybe another backend), and exits stay paired. */
-void em_hook_enter(const EmCompileConfig *cfg)
-{
-    HookThread *t = &tl_hook;
-    ConfigRun *runs = thread_runs(t);
-    uint32_t cap = t->heap_runs ? t->cap_heap : INLINE_RUNS;
-    if (t->nruns > 0 && runs[t->nruns - 1].cfg == cfg) {
-        runs[t->nruns - 1].count++;
-    } else {
-        if (t->nruns == cap) {
-            uint32_t ncap = cap * 2;
-            ConfigRun *grown = t->heap_runs ? realloc(t->heap_runs, ncap * sizeof(ConfigRun))
-                                            : malloc(ncap * sizeof(ConfigRun));
-            if (grown) {
-                if (!t->heap_runs) memcpy(grown, t->inline_runs, sizeof(t->inline_runs));
-                t->heap_runs = grown;
-                t->cap_heap = ncap;
-                runs = grown;
-                cap = ncap;
-            }
-        }
-        if (t->nruns < cap) {
-            runs[t->nruns].cfg = cfg;
-            runs[t->nruns].count = 1;
-            t->nruns++;
-        } else {
-            runs[t->nruns - 1].count++; /* nruns == cap >= INLINE_RUNS > 0 */
-        }
-    }
-    if (t->depth++ == 0) {
-        g_hook.nthreads++;
-        hook_update_install();
-    }
-}
-
-/* Pops the innermost config. The last exit of a thread forgets its skip-next slot (it named the
- * frame the caller was about to start; if that call failed before its frame was created, the slot
- * must not catch a later frame) and uninstalls the eval function when no thread is active. */
-void em_hook_exit(void)
-{
-    HookThread *t = &tl_hook;
-    EM_ASSERT(t->depth > 0 && t->nruns > 0);
-    if (t->depth == 0 || t->nruns == 0) return; /* unbalanced exit: ignore rather than corrupt */
-    ConfigRun *runs = thread_runs(t);
-    if (--runs[t->nruns - 1].count == 0) t->nruns--;
-    t->skip_next = NULL;
-    if (--t->depth == 0) {
-        free(t->heap_runs);
-        t->heap_runs = NULL;
-        t->cap_heap = 0;
-        t->nruns = 0;
-        g_hook.nthreads--;
-        hook_update_install();
-    }
-}
-
-void em_hook_disable_enter(void) { tl_hook.disabled++; }
-
-void em_hook_disable_exit(void)
-{
-    EM_ASSERT(tl_hook.disabled > 0);
-    if (tl_hook.disabled > 0) tl_hook.disabled--;
-}
-
-/* Also true while the hook is busy (looking up, compiling, running an entry): a compiled object
- * called from a backend, a guard or meta inference then runs its original code, as it does inside
- * direct dispatch's own compile and run (which it wraps in em_hook_disable_enter/exit). */
-int em_hook_disabled(void) { return tl_hook.disabled > 0 || tl_hook.busy > 0; }
-
-/* Identity only: the slot is compared with the next frames' code objects and never dereferenced,
- * so it holds no reference. Cleared when consumed and at em_hook_exit. */
-void em_hook_skip_next(PyCodeObject *code) { tl_hook.skip_next = code; }
 
 /* ---- skip rules ---- */
 
@@ -329,7 +193,7 @@ error:
  * caller asked to skip, and code the skip rules exclude. */
 static PyObject *hook_eval_frame(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag)
 {
-    HookThread *t = &tl_hook;
+    HookThread *t = &em_hook_thread;
     if (t->depth == 0 || t->disabled || t->busy || throwflag) return prev_eval(tstate, frame, throwflag);
     PyCodeObject *code = EM_FRAME_CODE(frame);
     if (frame->owner != FRAME_OWNED_BY_THREAD || frame->frame_obj != NULL || em_frame_started(frame) ||
@@ -360,8 +224,8 @@ static PyObject *py_hook_force_install(PyObject *self, PyObject *flag)
 {
     int on = PyObject_IsTrue(flag);
     if (on < 0) return NULL;
-    g_hook.forced = on;
-    hook_update_install();
+    em_hook_global.forced = on;
+    em_hook_update_install();
     Py_RETURN_NONE;
 }
 
@@ -376,8 +240,8 @@ static PyObject *py_hook_disabled(PyObject *self, PyObject *unused)
  * of threads inside compiled calls, for tests. */
 static PyObject *py_hook_thread_state(PyObject *self, PyObject *unused)
 {
-    return Py_BuildValue("{sI,si,si,si}", "depth", tl_hook.depth, "disabled", tl_hook.disabled, "busy",
-                         tl_hook.busy, "nthreads", g_hook.nthreads);
+    return Py_BuildValue("{sI,si,si,si}", "depth", em_hook_thread.depth, "disabled", em_hook_thread.disabled, "busy",
+                         em_hook_thread.busy, "nthreads", em_hook_global.nthreads);
 }
 
 /* _hook_skip_code(code) -> bool: em_hook_skip_code, for tests. */
@@ -465,6 +329,7 @@ int em_hook_init(PyObject *module)
     static const char *const std_keys[] = {"stdlib", "platstdlib"};
     static const char *const site_keys[] = {"purelib", "platlib"};
 
+    em_hook_global.eval = hook_eval_frame; /* what em_hook_update_install installs */
     if (PyModule_AddFunctions(module, hook_methods) < 0) goto error;
     for (int i = 0; i < g_hook.ndirs; i++) free(g_hook.dirs[i].dir);
     g_hook.ndirs = 0;

@@ -4,10 +4,17 @@
  *  - the compile driver on a miss: trace -> backend -> new entry           [em_hook_cache.c]
  *  - ember._C.CompiledFunction, the C callable ember.compile returns (direct dispatch: bind,
  *    guard, run, without a frame)                                          [em_hook_dispatch.c]
- *  - the PEP 523 frame evaluation function, installed only while a compiled call runs original
- *    bytecode, acting only on the thread that installed it                 [em_hook.c]
+ *  - the PEP 523 frame evaluation function, acting only on the thread that installed it
+ *                                                                          [em_hook.c]
+ *  - entering and leaving compiled and ember.disable regions per thread; the frame evaluation
+ *    function is installed only while a compiled call runs original bytecode [em_hook_install.c]
+ *  - running a graph-break entry: graph, values at the break, stub          [em_hook_break.c]
+ *  - ember.debug.dump's bridge                                             [em_hook_debug.c]
+ *  - the CPython internals the hook needs (private header)                 [em_hook_cpython.h]
  * Invariant: a frame is answered by a cache entry only if all its guards passed; anything else
- * runs the original bytecode. */
+ * runs the original bytecode.
+ * Calls between the files run one way: em_hook.c and dispatch -> break, debug, cache; break ->
+ * cache; all of them -> install. The one circle is cache <-> debug (see ember.debug.dump below). */
 #ifndef EM_HOOK_H
 #define EM_HOOK_H
 
@@ -32,7 +39,8 @@ typedef enum { ENTRY_GRAPH, ENTRY_FALLBACK, ENTRY_BREAK } EntryKind;
 
 /* What a graph-break entry runs after its graph (em_hook_break.c): the values live at the break
  * are built, the resume functions are made (with the frame's cells), and the stub is called with
- * them while the hook is active, so the resume functions' frames are compiled in turn. */
+ * them while the hook is active, so the resume functions' frames are compiled in turn. Made and
+ * freed with its entry (em_hook_cache.c). */
 typedef struct BreakPart {
     PyObject *stub;          /* code object (strong) */
     int stub_closure;        /* the stub needs the cells: made per call */
@@ -114,7 +122,6 @@ void em_fetched_release(CacheEntry *e, PyObject **fetched);
  * instruction and returns the resume function's result) with the hook active under cfg. Releases
  * fetched. New reference or NULL with an exception. [em_hook_break.c] */
 PyObject *em_entry_run_break(CacheEntry *e, PyObject **fetched, const EmFrameView *fv, const EmCompileConfig *cfg);
-void em_break_part_free(BreakPart *bp);
 /* Puts the grad mode back while keeping a pending exception (a graph or stub raised). */
 void em_entry_restore_grad_mode(int mode);
 /* Drops every cache entry of every code object ember has seen (ember.reset). */
@@ -129,7 +136,7 @@ PyObject *em_cache_entry_info(const CacheEntry *e);
 int em_cache_pin(PyCodeObject *code, int pinned);
 int em_cache_init(PyObject *module);
 
-/* ---- PEP 523 hook (em_hook.c) ---- */
+/* ---- PEP 523 hook: install and enable state (em_hook_install.c) ---- */
 /* Enters a region in which frames started by this thread are compiled with cfg (nesting allowed;
  * the innermost config wins). Installs the frame evaluation function if no thread has it. */
 void em_hook_enter(const EmCompileConfig *cfg);
@@ -142,12 +149,19 @@ int em_hook_disabled(void);
 /* The next frame of this code started by this thread runs its original bytecode (the caller
  * already looked it up and decided so). */
 void em_hook_skip_next(PyCodeObject *code);
+
+/* ---- PEP 523 hook: the frame evaluation function (em_hook.c) ---- */
 /* Should the hook leave this code alone (ember's, torch's, stdlib, generator ...)? Cached in the
  * ExtraState.skip flag. */
 int em_hook_skip_code(PyCodeObject *code);
 int em_hook_init(PyObject *module);
 
-/* ---- ember.debug.dump (em_hook_debug.c) ---- */
+/* ---- ember.debug.dump (em_hook_debug.c) ----
+ * A real mutual dependency with the cache (em_hook_cache.c): the compile driver describes each new
+ * entry to the dump while the trace's result still lives (em_debug_on_compile, inside
+ * em_cache_compile, before the trace's arena is freed), and the dump describes and runs entries
+ * with the cache's own helpers (em_cache_entry_info, em_cache_get, em_fetched_release,
+ * em_entry_restore_grad_mode). The dump observes compilation and reads what it made. */
 int em_debug_dumping(void);
 /* A hit on an entry with a debug function runs it: a dump is active and dumped code is not nested
  * too deep on this thread. */

@@ -8,8 +8,6 @@
 #include "hook/em_hook.h"
 #include "hook/em_hook_cpython.h"
 
-#include <stdlib.h>
-
 /* Resume functions nest: a break inside a loop calls a resume function that runs the next
  * iteration, which breaks and calls the next one from inside the first (Dynamo's resume functions
  * nest the same way). Past this depth the stub runs with compilation disabled, so the resume
@@ -17,18 +15,6 @@
  * iteration (a loop of thousands of iterations would otherwise end in RecursionError). */
 enum { MAX_RESUME_NESTING = 48 };
 static _Thread_local int tl_nesting;
-
-void em_break_part_free(BreakPart *bp) {
-    if (!bp) return;
-    Py_XDECREF(bp->stub);
-    Py_XDECREF(bp->stub_fn);
-    Py_XDECREF(bp->stub_globals);
-    for (int k = 0; k < 2; k++) Py_XDECREF(bp->resume[k]);
-    em_out_free(bp->values);
-    free(bp->cell_closure);
-    free(bp->cell_value);
-    free(bp);
-}
 
 /* The graph's results (an empty tuple when the entry has no graph). */
 static PyObject *run_graph(CacheEntry *e, PyObject **fetched) {

@@ -37,6 +37,19 @@ static PyObject *compile_graph_fn = NULL; /* ember._backends.compile_graph, impo
 static PyObject *graph_break_error = NULL; /* ember._C.GraphBreakError */
 static PyObject *eager_str = NULL;
 
+/* Releases a graph-break entry's part after the graph (made by make_break_entry). */
+static void break_part_free(BreakPart *bp) {
+    if (!bp) return;
+    Py_XDECREF(bp->stub);
+    Py_XDECREF(bp->stub_fn);
+    Py_XDECREF(bp->stub_globals);
+    for (int k = 0; k < 2; k++) Py_XDECREF(bp->resume[k]);
+    em_out_free(bp->values);
+    free(bp->cell_closure);
+    free(bp->cell_value);
+    free(bp);
+}
+
 /* Releases one entry and everything it owns. */
 static void entry_free(CacheEntry *e) {
     if (!e) return;
@@ -45,7 +58,7 @@ static void entry_free(CacheEntry *e) {
     Py_XDECREF(e->compiled);
     em_out_free(e->out);
     free(e->input_fetch);
-    em_break_part_free(e->brk);
+    break_part_free(e->brk);
     em_out_free(e->effects);
     Py_XDECREF(e->effect_names);
     Py_XDECREF(e->info);

@@ -4,7 +4,18 @@
  * - EagerGraph (ember._C.EagerGraph) is the "eager" backend: the graph replayed op by op from C
  *   with vectorcall, no Python frame, no fx. Invariant: it calls exactly the targets the tracer
  *   recorded (an OpOverload through its `_op` or torch's binding of the same op: em_runtime_eager.c
- *   call_target), with the same arguments, in graph order. */
+ *   call_target), with the same arguments, in graph order.
+ * The stage's modules:
+ *   em_runtime.c            the stage's init: calls each file's init below (em_runtime_init)
+ *   em_runtime_out.c        OutSpec: copying, building return values and values at a break
+ *   em_runtime_eager.c      EagerGraph (the "eager" backend) and AutocastOff
+ *   em_runtime_ember.c      backend "ember": lower -> schedule -> codegen -> cc -> Kernel objects
+ *   em_runtime_cc.c         the C compiler driver and the on-disk kernel cache
+ *   em_runtime_cuda.c       NVRTC and the CUDA driver API (dlopen), launches on torch's stream
+ *   em_runtime_random.c     the eager forms of Philox dropout
+ *   em_runtime_cudagraph.c  CudaGraphs: mode="reduce-overhead"
+ *   em_runtime_testing.c    test helpers (_ir_build, _out_build)
+ * No circle: eager is used by ember, cudagraph and testing and calls none of them. */
 #ifndef EM_RUNTIME_H
 #define EM_RUNTIME_H
 
@@ -51,7 +62,7 @@ PyObject *em_out_build_values(const OutSpec *spec, PyObject *graph_out, PyObject
 PyObject *em_out_repr(const OutSpec *spec);
 
 /* ---- EagerGraph: the eager backend ---- */
-extern PyTypeObject *EmEagerGraph_Type; /* set by em_runtime_init */
+extern PyTypeObject *EmEagerGraph_Type; /* set by em_runtime_eager_init */
 /* Compiles the graph to a compact instruction list. The object is callable as
  * eager_graph(*inputs) -> tuple of results, like the callable a custom backend returns. */
 PyObject *em_eager_graph_new(const IRGraph *g);
@@ -66,6 +77,8 @@ PyObject *em_autocast_off_new(PyObject *fn);
 /* fn(ctx) inside torch._C._DisableAutocast (entered before, exited after, exception or not): its
  * result, or NULL with fn's exception (or the context manager's). */
 PyObject *em_with_autocast_off(PyObject *(*fn)(void *), void *ctx);
+/* ember._C.EagerGraph, AutocastOff, _fast_calls. Called by em_runtime_init. */
+int em_runtime_eager_init(PyObject *module);
 
 /* ---- the "ember" backend (em_runtime_ember.c): lower -> schedule -> codegen -> cc -> run ---- */
 /* Compiles g for CPU. Returns the callable (an EagerGraph whose ops are the generated kernels and
@@ -143,6 +156,8 @@ int em_runtime_cuda_init(PyObject *module); /* ember._C._nvrtc_compile, ember._C
  * numbers (em_runtime_random.c) */
 int em_runtime_random_init(PyObject *module);
 
+/* The stage's init (em_runtime.c): each file's init above and below, in one place. Called by
+ * em_module.c. */
 int em_runtime_init(PyObject *module);
 
 /* Test support (em_runtime_testing.c): adds ember._C._ir_build(nodes, dce=False) -> dict (verify

@@ -942,10 +942,10 @@ PyObject *em_autocast_off_new(PyObject *fn) {
     return (PyObject *)a;
 }
 
-/* Creates ember._C.EagerGraph (a heap type bound to the module), sets EmEagerGraph_Type (one
- * strong reference, kept for the process: ember supports one interpreter) and registers the IR
- * test helpers. */
-int em_runtime_init(PyObject *module) {
+/* Creates ember._C.EagerGraph (a heap type bound to the module) and sets EmEagerGraph_Type (one
+ * strong reference, kept for the process: ember supports one interpreter); the same for
+ * AutocastOff, and adds _fast_calls. Called by em_runtime_init (em_runtime.c). */
+int em_runtime_eager_init(PyObject *module) {
     PyObject *tp = PyType_FromModuleAndSpec(module, &eg_spec, NULL);
     if (!tp) return -1;
     if (PyModule_AddObjectRef(module, "EagerGraph", tp) < 0) {
@@ -963,7 +963,5 @@ int em_runtime_init(PyObject *module) {
         Py_XDECREF(f);
         return -1;
     }
-    if (em_runtime_ember_init(module) < 0) return -1;
-    if (em_runtime_cudagraph_init(module) < 0) return -1;
-    return em_runtime_testing_init(module);
+    return 0;
 }

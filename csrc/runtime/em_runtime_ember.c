@@ -2197,8 +2197,6 @@ int em_runtime_ember_init(PyObject *module) {
         return -1;
     }
     Py_XSETREF(View_Type, (PyTypeObject *)tp);
-    if (em_runtime_cuda_init(module) < 0) return -1;
-    if (em_runtime_random_init(module) < 0) return -1;
     static PyMethodDef stats_def = {"_cc_stats", em_cc_stats, METH_NOARGS,
                                     "Compiler calls and disk-cache loads of backend \"ember\" in this process."};
     PyObject *f = PyCFunction_NewEx(&stats_def, NULL, NULL);
