@@ -5,7 +5,7 @@ ops of the lower-precision list cast their floating arguments to the autocast dt
 float32 list cast them to float32, "promote" ops to the widest argument type, and the
 ``fp32_set_opt_dtype`` ops (softmax, log_softmax, sum, prod, cumsum ...) get ``dtype=float32``.
 ember's code generator and AOT autograd type each op by torch's promotion rules, without
-autocast, so the pass ``em_autograd_explicit_autocast`` (csrc/autograd/em_autograd.c) rewrites
+autocast, so the pass the autocast pass (csrc/passes/em_pass_autocast.c) rewrites
 each node of a graph traced under autocast into explicit casts of its arguments (``x.to(dtype)``
 nodes) plus, where autocast sets it, a ``dtype=`` argument; the rewritten graph then runs with
 autocast off and means the same thing. AOTAutograd gets the same result by tracing through the
@@ -162,7 +162,7 @@ def composite(target, metas: tuple, devices: tuple, kwargs: dict) -> bool:
 
     CUDA autocast leaves cross_entropy's inner log_softmax in the input's dtype and casts its
     result for nll_loss (float32 list): a cast of an intermediate, which :func:`plan` cannot write
-    as casts of cross_entropy's arguments; ``em_autograd_explicit_autocast`` then writes the two
+    as casts of cross_entropy's arguments; the autocast pass then writes the two
     ops, when this says they are what the composite dispatches.
     """
     import torch.nn.functional as F
