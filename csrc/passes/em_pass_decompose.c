@@ -555,7 +555,6 @@ IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
     IRGraph *out = NULL;
     uint32_t G = g->nnodes;
     uint8_t *what = calloc(G, 1), *bad = calloc(G, 1);
-    IRRef *outs = NULL;
     PyObject *names = NULL;
     bool any = false;
     if (!what || !bad || !(names = PyList_New(0))) goto done;
@@ -589,8 +588,7 @@ IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
             if (!ok) bad[a->u.ref] = 1;
         }
     }
-    outs = calloc(G + 1, sizeof(IRRef));
-    if (!outs || em_rw_rewriter_begin(&d, g) < 0) goto done;
+    if (em_rw_rewriter_begin(&d, g) < 0) goto done;
     d.j->shape_env = d.env;
     int ndone = 0;
     for (IRRef r = 1; r < G && !d.reason; r++) {
@@ -634,19 +632,13 @@ IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
         d.fmap[r] = v;
     }
     if (d.reason || !ndone) goto done;
-    const IRArg *go = &em_ir_node(g, g->output)->args[0];
-    for (uint32_t k = 0; k < go->n; k++) {
-        if (go->u.items[k].kind != IRARG_NODE || !d.fmap[go->u.items[k].u.ref]) goto done;
-        outs[k] = d.fmap[go->u.items[k].u.ref];
-    }
-    out = em_rw_rewriter_finish(&d, outs, go->n);
+    out = em_rw_rewriter_finish_mapped(&d);
     if (out && PyDict_SetItemString(ctx->info, "decomposed", names) < 0) out = NULL;
 done:
     PyErr_Clear();
     Py_XDECREF(names);
     free(what);
     free(bad);
-    free(outs);
     em_rw_rewriter_free(&d);
     return out;
 }

@@ -121,7 +121,6 @@ IRGraph *em_pass_functionalize(const IRGraph *g, EmPassCtx *ctx) {
     IRGraph *out = NULL;
     uint32_t G = g->nnodes;
     uint8_t *upd = calloc(G, 1), *done = calloc(G, 1);
-    IRRef *outs = NULL;
     PyObject *stale = NULL, *names = NULL;
     bool any = false;
     if (!upd || !done) goto done;
@@ -133,8 +132,7 @@ IRGraph *em_pass_functionalize(const IRGraph *g, EmPassCtx *ctx) {
         any |= upd[r] != 0;
     }
     if (!any || !(stale = PyList_New(0)) || !(names = PyList_New(0))) goto done;
-    outs = calloc(G + 1, sizeof(IRRef));
-    if (!outs || em_rw_rewriter_begin(&d, g) < 0) goto done;
+    if (em_rw_rewriter_begin(&d, g) < 0) goto done;
     d.j->shape_env = d.env;
     int ndone = 0;
     for (IRRef r = 1; r < G && !d.reason; r++) {
@@ -158,12 +156,7 @@ IRGraph *em_pass_functionalize(const IRGraph *g, EmPassCtx *ctx) {
         d.fmap[r] = v;
     }
     if (d.reason || !ndone) goto done;
-    const IRArg *go = &em_ir_node(g, g->output)->args[0];
-    for (uint32_t k = 0; k < go->n; k++) {
-        if (go->u.items[k].kind != IRARG_NODE || !d.fmap[go->u.items[k].u.ref]) goto done;
-        outs[k] = d.fmap[go->u.items[k].u.ref];
-    }
-    out = em_rw_rewriter_finish(&d, outs, go->n);
+    out = em_rw_rewriter_finish_mapped(&d);
     if (out && PyDict_SetItemString(ctx->info, "functionalized", names) < 0) out = NULL;
     if (out) {
         Py_XSETREF(ctx->stale, stale);
@@ -175,7 +168,6 @@ done:
     Py_XDECREF(names);
     free(upd);
     free(done);
-    free(outs);
     em_rw_rewriter_free(&d);
     return out;
 }

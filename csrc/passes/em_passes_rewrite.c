@@ -1481,6 +1481,21 @@ IRGraph *em_rw_rewriter_finish(Rewrite *d, const IRRef *outs, uint32_t n) {
     return d->j;
 }
 
+/* em_rw_rewriter_finish with g's outputs mapped through fmap (each must be a node the rewrite
+ * copied or replaced; NULL otherwise). */
+IRGraph *em_rw_rewriter_finish_mapped(Rewrite *d) {
+    const IRArg *go = &em_ir_node(d->g, d->g->output)->args[0];
+    IRRef *outs = calloc(go->n + 1, sizeof(IRRef));
+    IRGraph *out = outs ? d->j : NULL;
+    for (uint32_t k = 0; out && k < go->n; k++) {
+        if (go->u.items[k].kind != IRARG_NODE || !d->fmap[go->u.items[k].u.ref]) out = NULL;
+        else outs[k] = d->fmap[go->u.items[k].u.ref];
+    }
+    out = out ? em_rw_rewriter_finish(d, outs, go->n) : NULL;
+    free(outs);
+    return out;
+}
+
 void em_rw_rewriter_free(Rewrite *d) {
     PyErr_Clear();
     Py_CLEAR(d->symctx);

@@ -154,6 +154,7 @@ void em_rw_visit_refs(const IRArg *a, void (*fn)(IRRef, void *), void *ctx);
 IRRef em_rw_dz(Rewrite *d, IRRef r);
 int em_rw_rewriter_begin(Rewrite *d, const IRGraph *g);
 IRGraph *em_rw_rewriter_finish(Rewrite *d, const IRRef *outs, uint32_t n);
+IRGraph *em_rw_rewriter_finish_mapped(Rewrite *d);
 void em_rw_rewriter_free(Rewrite *d);
 bool em_rw_same_strides(const IRMeta *a, const IRMeta *b);
 
