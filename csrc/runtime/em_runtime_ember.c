@@ -2359,7 +2359,9 @@ static void build_clear(EmberBuild *bd) {
 }
 
 /* mode 0: compile and load (CPU or CUDA by the graph's device); mode 1: CUDA code generation
- * only (tests without a GPU), returning the info dict itself. */
+ * only (tests without a GPU), returning the info dict itself; mode 2: prefetch (em_ember_prefetch).
+ * Each step returns 0 to go on, else the compilation stops there: bd.result is its answer, or
+ * NULL after an error (mode 0: build_internal_fallback runs the graph on the eager backend). */
 static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     EmberBuild bd = {.g = g, .mode = mode};
     *info = NULL;
@@ -2369,7 +2371,9 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
     if (build_schedule(&bd) < 0) goto done;
     if (build_generate(&bd) != 0) goto done;
     if (build_load(&bd) != 0) goto done;
-    if (plan_last_uses(&bd) < 0 || plan_view_forms(&bd) < 0 || plan_donors(&bd) < 0) goto done;
+    if (plan_last_uses(&bd) < 0) goto done;
+    if (plan_view_forms(&bd) < 0) goto done;
+    if (plan_donors(&bd) < 0) goto done;
     if (build_program(&bd) < 0) goto done;
     if (program_output(&bd) < 0) goto done;
     if (build_info(&bd) < 0) goto done;
