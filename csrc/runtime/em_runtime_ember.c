@@ -1253,321 +1253,429 @@ static int counter_foreach(Prog *p, const Schedule *s, const IRGraph *g, const u
     return rc;
 }
 
-/* mode 0: compile and load (CPU or CUDA by the graph's device); mode 1: CUDA code generation
- * only (tests without a GPU), returning the info dict itself. */
-static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
-    EmArena *a = em_arena_new(), *na = em_arena_new();
-    PyObject *result = NULL, *src = NULL, *lib = NULL, *d = NULL, *kernels = NULL, *device = NULL, *ext_list = NULL;
-    PyObject *index_table = NULL;
-    EmCudaLaunch *launch = NULL;
-    uint8_t *sym_used = NULL;
-    SymSources srcs = {0};
-    int cuda = 0;
-    void *handle = NULL;
-    const char *why = NULL;
-    int cc_failed = 0;
-    *info = NULL;
-    if (!a || !na) {
+/* ------------------------------------------------------------------------------------------ */
+/* The compile driver                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One compilation by backend "ember": what its steps (ember_compile) hand on to each other. Owned
+ * references start at NULL and build_clear releases them, all but result (the caller's). */
+typedef struct {
+    const IRGraph *g;
+    int mode;                     /* ember_compile's */
+    EmArena *a, *na;              /* the compilation's (lowered graph, schedule, plan); the program's */
+    PyObject *result;             /* the program, the graph on the eager backend, mode 1's info, None */
+    PyObject *d;                  /* the info dict (cache_info) */
+    LGraph *lg;
+    Schedule *s;
+    int cuda;                     /* the CUDA C generator, NVRTC and the driver API (else C and cc) */
+    EmCodegenOptions opt;         /* C kernels */
+    int huge_pages;
+    /* the code: its source, the compiled library, what the CUDA launches and symbols need */
+    PyObject *src, *lib, *device; /* device: the graph's CUDA device */
+    EmCudaLaunch *launch;
+    uint8_t *sym_used;
+    SymSources srcs;
+    void *handle;                 /* the C library (dlopen), owned by lib */
+    char key[40];
+    int cached;
+    int cc_failed;
+    double t_start, t_lower, t_schedule, t_codegen, t_cc; /* perf log, explain */
+    /* the memory plan, per buffer (nb of them), kernel or step */
+    uint32_t nb;
+    uint32_t *last;
+    uint8_t *ext_seen, *consumed;
+    int32_t *donor_of;
+    uint32_t *extra_donor;        /* per extra output buffer */
+    uint32_t *out_donor;          /* per extern step: its out= */
+    uint32_t *form_of;
+    int ndonated;
+    /* the program */
+    Prog p;
+    PyObject *kernels, *ext_list, *index_table;
+    uint32_t nviews, ninput_views; /* VIEW steps that call as_strided; of those, views of graph inputs */
+} EmberBuild;
+
+/* The arenas, the torch functions the kernels call (made once) and the info dict. */
+static int build_begin(EmberBuild *bd) {
+    bd->a = em_arena_new();
+    bd->na = em_arena_new();
+    if (!bd->a || !bd->na) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
     if (!empty_strided) {
         PyObject *torch = PyImport_ImportModule("torch");
-        if (!torch) goto done;
+        if (!torch) return -1;
         empty_strided = PyObject_GetAttrString(torch, "empty_strided");
         get_num_threads = PyObject_GetAttrString(torch, "get_num_threads");
         cpu_device = PyObject_CallMethod(torch, "device", "s", "cpu");
         Py_DECREF(torch);
         kw_dtype_device = Py_BuildValue("(ss)", "dtype", "device");
-        if (!empty_strided || !get_num_threads || !kw_dtype_device || !cpu_device) goto done;
+        if (!empty_strided || !get_num_threads || !kw_dtype_device || !cpu_device) return -1;
     }
-    d = PyDict_New();
-    if (!d) goto done;
-    double t_start = em_now(), t_lower = 0, t_schedule = 0, t_codegen = 0, t_cc = 0; /* perf log, explain */
-    if (mode != 1) {
-        /* a graph still under torch.autocast here is one whose casts could not be written as nodes
-         * (passes/em_pass_autocast.c compiles the others with autocast off): each op's dtypes
-         * are decided at dispatch, and ember's lowering types ops by promotion rules alone, so the
-         * eager backend runs the graph, where autocast casts each op as in eager. */
-        static PyObject *any_autocast = NULL;
-        if (!any_autocast && !em_lazy_attr(&any_autocast, "torch._C", "_is_any_autocast_enabled")) PyErr_Clear();
-        PyObject *ac = any_autocast ? PyObject_CallNoArgs(any_autocast) : Py_NewRef(Py_False);
-        if (!ac) goto done;
-        int on = ac == Py_True;
-        Py_DECREF(ac);
-        if (on) {
-            result = eager_fallback(d, g, "torch.autocast is enabled: the eager backend runs the graph (autocast casts "
+    bd->d = PyDict_New();
+    if (!bd->d) return -1;
+    bd->t_start = em_now();
+    return 0;
+}
+
+/* A graph still under torch.autocast here is one whose casts could not be written as nodes
+ * (passes/em_pass_autocast.c compiles the others with autocast off): each op's dtypes
+ * are decided at dispatch, and ember's lowering types ops by promotion rules alone, so the
+ * eager backend runs the graph, where autocast casts each op as in eager. */
+static int build_check_autocast(EmberBuild *bd) {
+    const IRGraph *g = bd->g;
+    PyObject *d = bd->d;
+    static PyObject *any_autocast = NULL;
+    if (!any_autocast && !em_lazy_attr(&any_autocast, "torch._C", "_is_any_autocast_enabled")) PyErr_Clear();
+    PyObject *ac = any_autocast ? PyObject_CallNoArgs(any_autocast) : Py_NewRef(Py_False);
+    if (!ac) return -1;
+    int on = ac == Py_True;
+    Py_DECREF(ac);
+    if (on) {
+        bd->result = eager_fallback(d, g, "torch.autocast is enabled: the eager backend runs the graph (autocast casts "
                                           "each op at dispatch, and some op has no explicit rewrite)");
-            goto done;
-        }
-        if (em_ir_has_autocast(g)) { /* the same, for a graph whose with-blocks could not be rewritten */
-            result = eager_fallback(d, g, "the graph enters a torch.autocast block: the eager backend runs the graph "
-                                          "(autocast casts each op at dispatch, and some op has no explicit rewrite)");
-            goto done;
-        }
+        return 1;
     }
-    LGraph *lg = em_lower_graph_device(a, g, mode == 1, &why);
-    t_lower = em_now();
-    if (mode == 2 && (!lg || lg->device >= 0)) { /* prefetch: CPU graphs only (NVRTC runs in threads) */
-        result = Py_NewRef(Py_None);
-        goto done;
+    if (em_ir_has_autocast(g)) { /* the same, for a graph whose with-blocks could not be rewritten */
+        bd->result = eager_fallback(d, g, "the graph enters a torch.autocast block: the eager backend runs the graph "
+                                          "(autocast casts each op at dispatch, and some op has no explicit rewrite)");
+        return 1;
+    }
+    return 0;
+}
+
+/* Lowering: torch ops -> primitive ops. A graph this backend does not take runs on the eager
+ * backend (mode 1: its info says why). */
+static int build_lower(EmberBuild *bd) {
+    const IRGraph *g = bd->g;
+    PyObject *d = bd->d;
+    const char *why = NULL;
+    bd->lg = em_lower_graph_device(bd->a, g, bd->mode == 1, &why);
+    LGraph *lg = bd->lg;
+    bd->t_lower = em_now();
+    if (bd->mode == 2 && (!lg || lg->device >= 0)) { /* prefetch: CPU graphs only (NVRTC runs in threads) */
+        bd->result = Py_NewRef(Py_None);
+        return 1;
     }
     if (!lg) {
-        if (!why) goto done;
-        if (mode == 1) {
+        if (!why) return -1;
+        if (bd->mode == 1) {
             PyObject *w = PyUnicode_FromString(why);
-            if (w && PyDict_SetItemString(d, "fallback", w) == 0) result = Py_NewRef(d);
+            if (w && PyDict_SetItemString(d, "fallback", w) == 0) bd->result = Py_NewRef(d);
             Py_XDECREF(w);
-            goto done;
+            return 1;
         }
         /* not for this backend: the eager backend runs it, and cache_info says why */
-        result = eager_fallback(d, g, why);
-        goto done;
+        bd->result = eager_fallback(d, g, why);
+        return 1;
     }
-    Schedule *s = em_schedule_graph(lg);
-    if (!s) goto done;
-    t_schedule = em_now();
-    char key[40] = "";
-    int cached = 0;
-    cuda = mode == 1 || lg->device >= 0;
-    EmCodegenOptions opt = {.parallel_threshold = 32768, .chunk = 65536}; /* C kernels */
-    const int huge_pages = em_config_bool("huge_pages", 1);
-    if (cuda) {
-        /* CUDA: the same schedule through the CUDA C generator, NVRTC and the driver API */
-        const char *cwhy = NULL;
-        if (mode == 0 && !em_cuda_available(lg->device, &cwhy)) {
-            static int warned = 0;
-            PyObject *w = PyUnicode_FromFormat("CUDA tensors ran by the eager backend: %s", cwhy);
-            if (!w || PyDict_SetItemString(d, "fallback", w) < 0) {
-                Py_XDECREF(w);
-                goto done;
-            }
-            if (!warned++ && PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "ember: backend \"ember\": %U", w) < 0) {
-                Py_DECREF(w);
-                goto done;
-            }
+    return 0;
+}
+
+static int build_schedule(EmberBuild *bd) {
+    bd->s = em_schedule_graph(bd->lg);
+    if (!bd->s) return -1;
+    bd->t_schedule = em_now();
+    return 0;
+}
+
+/* CUDA: the same schedule through the CUDA C generator, NVRTC and the driver API (cuda_load) */
+static int cuda_generate(EmberBuild *bd) {
+    const IRGraph *g = bd->g;
+    PyObject *d = bd->d;
+    LGraph *lg = bd->lg;
+    Schedule *s = bd->s;
+    const char *cwhy = NULL;
+    if (bd->mode == 0 && !em_cuda_available(lg->device, &cwhy)) {
+        static int warned = 0;
+        PyObject *w = PyUnicode_FromFormat("CUDA tensors ran by the eager backend: %s", cwhy);
+        if (!w || PyDict_SetItemString(d, "fallback", w) < 0) {
+            Py_XDECREF(w);
+            return -1;
+        }
+        if (!warned++ && PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "ember: backend \"ember\": %U", w) < 0) {
             Py_DECREF(w);
-            result = em_eager_graph_new(g);
-            goto done;
+            return -1;
         }
-        launch = em_arena_alloc(a, (s->nkernels + 1) * sizeof(EmCudaLaunch));
-        if (lg->env) sym_used = em_arena_alloc(a, em_sym_nsymbols(lg->env) + 1);
-        if (!launch || (lg->env && !sym_used)) {
-            PyErr_NoMemory();
-            goto done;
+        Py_DECREF(w);
+        bd->result = em_eager_graph_new(g);
+        return 1;
+    }
+    bd->launch = em_arena_alloc(bd->a, (s->nkernels + 1) * sizeof(EmCudaLaunch));
+    if (lg->env) bd->sym_used = em_arena_alloc(bd->a, em_sym_nsymbols(lg->env) + 1);
+    if (!bd->launch || (lg->env && !bd->sym_used)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (lg->env) memset(bd->sym_used, 0, em_sym_nsymbols(lg->env) + 1);
+    bd->src = em_codegen_cuda(s, bd->launch, bd->sym_used);
+    bd->t_codegen = em_now();
+    if (!bd->src && PyErr_ExceptionMatches(PyExc_NotImplementedError)) { /* the eager backend runs it */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyObject *w = PyUnicode_FromFormat("CUDA tensors ran by the eager backend: the CUDA code generator "
+                                           "does not emit %S yet", ev ? ev : Py_None);
+        Py_XDECREF(et);
+        Py_XDECREF(ev);
+        Py_XDECREF(tb);
+        if (!w || PyDict_SetItemString(d, "fallback", w) < 0) {
+            Py_XDECREF(w);
+            return -1;
         }
-        if (lg->env) memset(sym_used, 0, em_sym_nsymbols(lg->env) + 1);
-        src = em_codegen_cuda(s, launch, sym_used);
-        t_codegen = em_now();
-        if (!src && PyErr_ExceptionMatches(PyExc_NotImplementedError)) { /* the eager backend runs it */
-            PyObject *et, *ev, *tb;
-            PyErr_Fetch(&et, &ev, &tb);
-            PyObject *w = PyUnicode_FromFormat("CUDA tensors ran by the eager backend: the CUDA code generator "
-                                               "does not emit %S yet", ev ? ev : Py_None);
-            Py_XDECREF(et);
-            Py_XDECREF(ev);
-            Py_XDECREF(tb);
-            if (!w || PyDict_SetItemString(d, "fallback", w) < 0) {
-                Py_XDECREF(w);
-                goto done;
-            }
-            Py_DECREF(w);
-            result = mode == 1 ? Py_NewRef(d) : em_eager_graph_new(g);
-            goto done;
-        }
-        if (!src) goto done;
-        if (lg->env) {
-            /* the runtime's per-call expressions read symbols too: every one needs a source */
-            int srcs_ok = cuda_mark_meta_symbols(s, sym_used) == 0 && mark_view_symbols(s, sym_used) == 0;
-            if (srcs_ok && sym_sources(g, lg->env, sym_used, &srcs) < 0) {
-                if (PyErr_Occurred()) goto done;
-                srcs_ok = 0;
-            }
-            if (!srcs_ok) {
-                if (PyErr_Occurred()) goto done;
-                const char *w = "CUDA tensors ran by the eager backend: symbolic sizes: a symbol the kernels read is "
-                                "not the size of a graph input";
-                if (mode == 1) {
-                    PyObject *wo = PyUnicode_FromString(w);
-                    if (wo && PyDict_SetItemString(d, "fallback", wo) == 0) result = Py_NewRef(d);
-                    Py_XDECREF(wo);
-                } else {
-                    result = eager_fallback(d, g, w);
-                }
-                goto done;
-            }
-        }
-        if (mode == 1) {
-            PyObject *ll = launch_list(launch, s->nkernels);
-            if (ll && lg->env && sym_launch_info(s, ll) < 0) Py_CLEAR(ll);
-            if (!ll || PyDict_SetItemString(d, "launch", ll) < 0 || PyDict_SetItemString(d, "source", src) < 0) {
-                Py_XDECREF(ll);
-                goto done;
-            }
-            Py_DECREF(ll);
-            kernels = PyList_New(0);
-            for (uint32_t ki = 0; kernels && ki < s->nkernels; ki++) {
-                const SKernel *k = &s->kernels[ki];
-                PyObject *names = PyList_New(0);
-                for (uint32_t q = 0; names && q < k->nirs; q++) {
-                    PyObject *nm = PyUnicode_FromString(g->nodes[k->irs[q]].name);
-                    if (!nm || PyList_Append(names, nm) < 0) Py_CLEAR(names);
-                    Py_XDECREF(nm);
-                }
-                PyObject *kargs = PyList_New(0);
-                for (uint32_t q = 0; kargs && q < k->nargs; q++) {
-                    PyObject *v = PyLong_FromUnsignedLong(k->args[q]);
-                    if (!v || PyList_Append(kargs, v) < 0) Py_CLEAR(kargs);
-                    Py_XDECREF(v);
-                }
-                PyObject *kd = names && kargs ? Py_BuildValue("{s:s,s:N,s:N}", "kind", k->reduction ? "reduction" : "pointwise", "nodes",
-                                                             names, "args", kargs)
-                                              : NULL;
-                if (!kargs) Py_XDECREF(names);
-                else if (!names) Py_DECREF(kargs);
-                if (!kd || PyList_Append(kernels, kd) < 0) Py_CLEAR(kernels);
-                Py_XDECREF(kd);
-            }
-            if (!kernels || PyDict_SetItemString(d, "kernel_list", kernels) < 0) goto done;
-            /* buffers (for the CPU emulator of the tests): kind, input index, dtype, layout; the
-             * buffer of each graph output; whether every step is a kernel */
-            PyObject *bufs = PyList_New(0);
-            for (uint32_t bi = 0; bufs && bi < lg->nbufs; bi++) {
-                const LBuf *lb = &lg->bufs[bi];
-                static const char *const kinds[] = {"input", "extern", "node", "index", "view"};
-                PyObject *e = Py_BuildValue("{s:s,s:I,s:s,s:N,s:N}", "kind", kinds[lb->kind], "index", lb->index, "dtype",
-                                            em_ldt_name(lb->dtype), "sizes", em_int64_tuple(lb->ndim, lb->sizes), "strides",
-                                            em_int64_tuple(lb->ndim, lb->strides));
-                if (e && lg->env) { /* symbolic: the layout as expressions over s<j> (Python syntax) */
-                    PyObject *ss = rendered(lg->env, lb->ssizes, (uint32_t)lb->ndim);
-                    PyObject *st = rendered(lg->env, lb->sstrides, (uint32_t)lb->ndim);
-                    if (!ss || !st || PyDict_SetItemString(e, "ssizes", ss) < 0 || PyDict_SetItemString(e, "sstrides", st) < 0)
-                        Py_CLEAR(e);
-                    Py_XDECREF(ss);
-                    Py_XDECREF(st);
-                }
-                if (!e || PyList_Append(bufs, e) < 0) Py_CLEAR(bufs);
-                Py_XDECREF(e);
-            }
-            if (!bufs || PyDict_SetItemString(d, "buffers", bufs) < 0) {
-                Py_XDECREF(bufs);
-                goto done;
-            }
-            Py_DECREF(bufs);
-            const IRNode *on = &g->nodes[g->output];
-            PyObject *outs = PyList_New(0);
-            for (uint32_t q = 0; outs && on->nargs == 1 && q < on->args[0].n; q++) {
-                const IRArg *it = &on->args[0].u.items[q];
-                uint32_t b = it->kind == IRARG_NODE ? s->ir_buf[it->u.ref] : NONE;
-                PyObject *v = b == NONE ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(b);
-                if (!v || PyList_Append(outs, v) < 0) Py_CLEAR(outs);
-                Py_XDECREF(v);
-            }
-            if (!outs || PyDict_SetItemString(d, "outputs", outs) < 0) {
-                Py_XDECREF(outs);
-                goto done;
-            }
-            Py_DECREF(outs);
-            PyObject *ok = PyBool_FromLong(s->nsteps == s->nkernels);
-            if (PyDict_SetItemString(d, "kernels_only", ok) < 0) {
-                Py_DECREF(ok);
-                goto done;
-            }
-            Py_DECREF(ok);
-            if (lg->env) { /* symbol j = size dim of graph input i: [(j, i, dim), ...] */
-                PyObject *sl = PyList_New(0);
-                for (uint32_t q = 0; sl && q < srcs.nsym; q++) {
-                    PyObject *t = Py_BuildValue("(IIi)", srcs.sym[q], srcs.input[srcs.which[q]], srcs.dim[q]);
-                    if (!t || PyList_Append(sl, t) < 0) Py_CLEAR(sl);
-                    Py_XDECREF(t);
-                }
-                PyObject *ns = sl ? PyLong_FromUnsignedLong(em_sym_nsymbols(lg->env)) : NULL;
-                int bad = !sl || !ns || PyDict_SetItemString(d, "symbols", sl) < 0 || PyDict_SetItemString(d, "nsymbols", ns) < 0;
-                Py_XDECREF(sl);
-                Py_XDECREF(ns);
-                if (bad) goto done;
-            }
-            result = Py_NewRef(d);
-            goto done;
-        }
-        PyObject *torch = PyImport_ImportModule("torch");
-        device = torch ? PyObject_CallMethod(torch, "device", "si", "cuda", (int)lg->device) : NULL;
-        Py_XDECREF(torch);
-        if (!device) goto done;
-        if (s->nkernels) {
-            Py_ssize_t srclen;
-            const char *text = PyUnicode_AsUTF8AndSize(src, &srclen);
-            if (!text) goto done;
-            lib = em_cuda_module_load(text, (size_t)srclen, lg->device, key, &cached);
-            if (!lib) goto done; /* an NVRTC or driver failure: the eager backend runs it (below) */
-        }
-    } else {
+        Py_DECREF(w);
+        bd->result = bd->mode == 1 ? Py_NewRef(d) : em_eager_graph_new(g);
+        return 1;
+    }
+    if (!bd->src) return -1;
     if (lg->env) {
-        sym_used = em_arena_alloc(a, em_sym_nsymbols(lg->env) + 1);
-        if (!sym_used) {
-            PyErr_NoMemory();
-            goto done;
+        /* the runtime's per-call expressions read symbols too: every one needs a source */
+        int srcs_ok = cuda_mark_meta_symbols(s, bd->sym_used) == 0 && mark_view_symbols(s, bd->sym_used) == 0;
+        if (srcs_ok && sym_sources(g, lg->env, bd->sym_used, &bd->srcs) < 0) {
+            if (PyErr_Occurred()) return -1;
+            srcs_ok = 0;
         }
-        memset(sym_used, 0, em_sym_nsymbols(lg->env) + 1);
+        if (!srcs_ok) {
+            if (PyErr_Occurred()) return -1;
+            const char *w = "CUDA tensors ran by the eager backend: symbolic sizes: a symbol the kernels read is "
+                            "not the size of a graph input";
+            if (bd->mode == 1) {
+                PyObject *wo = PyUnicode_FromString(w);
+                if (wo && PyDict_SetItemString(d, "fallback", wo) == 0) bd->result = Py_NewRef(d);
+                Py_XDECREF(wo);
+            } else {
+                bd->result = eager_fallback(d, g, w);
+            }
+            return 1;
+        }
     }
-    src = em_codegen_c(s, &opt, sym_used);
+    return 0;
+}
+
+/* C: C11 + OpenMP source for the scheduled kernels */
+static int c_generate(EmberBuild *bd) {
+    const IRGraph *g = bd->g;
+    LGraph *lg = bd->lg;
+    Schedule *s = bd->s;
+    if (lg->env) {
+        bd->sym_used = em_arena_alloc(bd->a, em_sym_nsymbols(lg->env) + 1);
+        if (!bd->sym_used) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(bd->sym_used, 0, em_sym_nsymbols(lg->env) + 1);
+    }
+    bd->src = em_codegen_c(s, &bd->opt, bd->sym_used);
     const char *swhy = NULL;
-    if (!src && PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
+    if (!bd->src && PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
         PyErr_Clear();
         swhy = "the C code generator cannot write an expression of this graph (a size expression or an "
                "operation): ran by the eager backend";
-    } else if (!src) {
-        goto done;
-    } else if (lg->env && (mark_view_symbols(s, sym_used) < 0 || sym_sources(g, lg->env, sym_used, &srcs) < 0)) {
-        if (PyErr_Occurred()) goto done;
+    } else if (!bd->src) {
+        return -1;
+    } else if (lg->env && (mark_view_symbols(s, bd->sym_used) < 0 || sym_sources(g, lg->env, bd->sym_used, &bd->srcs) < 0)) {
+        if (PyErr_Occurred()) return -1;
         swhy = "symbolic sizes: a symbol the kernels read is not the size of a graph input: ran by the eager backend";
     }
     if (swhy) {
-        result = eager_fallback(d, g, swhy);
-        goto done;
+        bd->result = eager_fallback(bd->d, g, swhy);
+        return 1;
     }
-    t_codegen = em_now();
-    if (mode == 2) { /* prefetch: the compiler started, nothing loaded */
-        Py_ssize_t srclen;
-        const char *text = s->nkernels ? PyUnicode_AsUTF8AndSize(src, &srclen) : NULL;
-        if (text) em_cc_start(text, (size_t)srclen);
-        result = Py_NewRef(Py_None);
-        goto done;
+    bd->t_codegen = em_now();
+    return 0;
+}
+
+/* Code generation for the graph's device (mode 1: CUDA, for tests without a GPU). */
+static int build_generate(EmberBuild *bd) {
+    bd->cuda = bd->mode == 1 || bd->lg->device >= 0;
+    bd->opt = (EmCodegenOptions){.parallel_threshold = 32768, .chunk = 65536}; /* C kernels */
+    bd->huge_pages = em_config_bool("huge_pages", 1);
+    return bd->cuda ? cuda_generate(bd) : c_generate(bd);
+}
+
+/* Mode 1 (tests without a GPU): the info dict is the answer: the CUDA source, the launch table,
+ * the kernels, the buffers and the graph's outputs, and for a symbolic graph its symbols. */
+static int cuda_source_info(EmberBuild *bd) {
+    const IRGraph *g = bd->g;
+    PyObject *d = bd->d;
+    LGraph *lg = bd->lg;
+    Schedule *s = bd->s;
+    PyObject *ll = launch_list(bd->launch, s->nkernels);
+    if (ll && lg->env && sym_launch_info(s, ll) < 0) Py_CLEAR(ll);
+    if (!ll || PyDict_SetItemString(d, "launch", ll) < 0 || PyDict_SetItemString(d, "source", bd->src) < 0) {
+        Py_XDECREF(ll);
+        return -1;
     }
+    Py_DECREF(ll);
+    bd->kernels = PyList_New(0);
+    for (uint32_t ki = 0; bd->kernels && ki < s->nkernels; ki++) {
+        const SKernel *k = &s->kernels[ki];
+        PyObject *names = PyList_New(0);
+        for (uint32_t q = 0; names && q < k->nirs; q++) {
+            PyObject *nm = PyUnicode_FromString(g->nodes[k->irs[q]].name);
+            if (!nm || PyList_Append(names, nm) < 0) Py_CLEAR(names);
+            Py_XDECREF(nm);
+        }
+        PyObject *kargs = PyList_New(0);
+        for (uint32_t q = 0; kargs && q < k->nargs; q++) {
+            PyObject *v = PyLong_FromUnsignedLong(k->args[q]);
+            if (!v || PyList_Append(kargs, v) < 0) Py_CLEAR(kargs);
+            Py_XDECREF(v);
+        }
+        PyObject *kd = names && kargs ? Py_BuildValue("{s:s,s:N,s:N}", "kind", k->reduction ? "reduction" : "pointwise", "nodes",
+                                                     names, "args", kargs)
+                                      : NULL;
+        if (!kargs) Py_XDECREF(names);
+        else if (!names) Py_DECREF(kargs);
+        if (!kd || PyList_Append(bd->kernels, kd) < 0) Py_CLEAR(bd->kernels);
+        Py_XDECREF(kd);
+    }
+    if (!bd->kernels || PyDict_SetItemString(d, "kernel_list", bd->kernels) < 0) return -1;
+    /* buffers (for the CPU emulator of the tests): kind, input index, dtype, layout; the
+     * buffer of each graph output; whether every step is a kernel */
+    PyObject *bufs = PyList_New(0);
+    for (uint32_t bi = 0; bufs && bi < lg->nbufs; bi++) {
+        const LBuf *lb = &lg->bufs[bi];
+        static const char *const kinds[] = {"input", "extern", "node", "index", "view"};
+        PyObject *e = Py_BuildValue("{s:s,s:I,s:s,s:N,s:N}", "kind", kinds[lb->kind], "index", lb->index, "dtype",
+                                    em_ldt_name(lb->dtype), "sizes", em_int64_tuple(lb->ndim, lb->sizes), "strides",
+                                    em_int64_tuple(lb->ndim, lb->strides));
+        if (e && lg->env) { /* symbolic: the layout as expressions over s<j> (Python syntax) */
+            PyObject *ss = rendered(lg->env, lb->ssizes, (uint32_t)lb->ndim);
+            PyObject *st = rendered(lg->env, lb->sstrides, (uint32_t)lb->ndim);
+            if (!ss || !st || PyDict_SetItemString(e, "ssizes", ss) < 0 || PyDict_SetItemString(e, "sstrides", st) < 0)
+                Py_CLEAR(e);
+            Py_XDECREF(ss);
+            Py_XDECREF(st);
+        }
+        if (!e || PyList_Append(bufs, e) < 0) Py_CLEAR(bufs);
+        Py_XDECREF(e);
+    }
+    if (!bufs || PyDict_SetItemString(d, "buffers", bufs) < 0) {
+        Py_XDECREF(bufs);
+        return -1;
+    }
+    Py_DECREF(bufs);
+    const IRNode *on = &g->nodes[g->output];
+    PyObject *outs = PyList_New(0);
+    for (uint32_t q = 0; outs && on->nargs == 1 && q < on->args[0].n; q++) {
+        const IRArg *it = &on->args[0].u.items[q];
+        uint32_t b = it->kind == IRARG_NODE ? s->ir_buf[it->u.ref] : NONE;
+        PyObject *v = b == NONE ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(b);
+        if (!v || PyList_Append(outs, v) < 0) Py_CLEAR(outs);
+        Py_XDECREF(v);
+    }
+    if (!outs || PyDict_SetItemString(d, "outputs", outs) < 0) {
+        Py_XDECREF(outs);
+        return -1;
+    }
+    Py_DECREF(outs);
+    PyObject *ok = PyBool_FromLong(s->nsteps == s->nkernels);
+    if (PyDict_SetItemString(d, "kernels_only", ok) < 0) {
+        Py_DECREF(ok);
+        return -1;
+    }
+    Py_DECREF(ok);
+    if (lg->env) { /* symbol j = size dim of graph input i: [(j, i, dim), ...] */
+        PyObject *sl = PyList_New(0);
+        for (uint32_t q = 0; sl && q < bd->srcs.nsym; q++) {
+            PyObject *t = Py_BuildValue("(IIi)", bd->srcs.sym[q], bd->srcs.input[bd->srcs.which[q]], bd->srcs.dim[q]);
+            if (!t || PyList_Append(sl, t) < 0) Py_CLEAR(sl);
+            Py_XDECREF(t);
+        }
+        PyObject *ns = sl ? PyLong_FromUnsignedLong(em_sym_nsymbols(lg->env)) : NULL;
+        int bad = !sl || !ns || PyDict_SetItemString(d, "symbols", sl) < 0 || PyDict_SetItemString(d, "nsymbols", ns) < 0;
+        Py_XDECREF(sl);
+        Py_XDECREF(ns);
+        if (bad) return -1;
+    }
+    bd->result = Py_NewRef(d);
+    return 1;
+}
+
+/* NVRTC compiles the source and the CUDA driver API loads it, on the graph's device. */
+static int cuda_load(EmberBuild *bd) {
+    LGraph *lg = bd->lg;
+    Schedule *s = bd->s;
+    PyObject *torch = PyImport_ImportModule("torch");
+    bd->device = torch ? PyObject_CallMethod(torch, "device", "si", "cuda", (int)lg->device) : NULL;
+    Py_XDECREF(torch);
+    if (!bd->device) return -1;
     if (s->nkernels) {
         Py_ssize_t srclen;
-        const char *text = PyUnicode_AsUTF8AndSize(src, &srclen);
-        if (!text) goto done;
-        handle = em_cc_load(text, (size_t)srclen, key, &cached);
-        if (!handle) {
+        const char *text = PyUnicode_AsUTF8AndSize(bd->src, &srclen);
+        if (!text) return -1;
+        bd->lib = em_cuda_module_load(text, (size_t)srclen, lg->device, bd->key, &bd->cached);
+        if (!bd->lib) return -1; /* an NVRTC or driver failure: the eager backend runs it (build_internal_fallback) */
+    }
+    return 0;
+}
+
+/* Mode 2 (prefetch): the C compiler started, nothing loaded. */
+static int c_prefetch(EmberBuild *bd) {
+    Schedule *s = bd->s;
+    Py_ssize_t srclen;
+    const char *text = s->nkernels ? PyUnicode_AsUTF8AndSize(bd->src, &srclen) : NULL;
+    if (text) em_cc_start(text, (size_t)srclen);
+    bd->result = Py_NewRef(Py_None);
+    return 1;
+}
+
+/* cc compiles the C source (or the disk cache has it) and dlopen loads it. */
+static int c_load(EmberBuild *bd) {
+    Schedule *s = bd->s;
+    if (s->nkernels) {
+        Py_ssize_t srclen;
+        const char *text = PyUnicode_AsUTF8AndSize(bd->src, &srclen);
+        if (!text) return -1;
+        bd->handle = em_cc_load(text, (size_t)srclen, bd->key, &bd->cached);
+        if (!bd->handle) {
             /* no C compiler, or it failed: "ember" is the default backend, so the program must
              * still run. The eager backend runs the graph, cache_info says why, and a
              * RuntimeWarning names the cause (once per process for a missing compiler, once per
              * graph for a failed compile: its message names the source and the compiler's log). */
-            if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) goto done; /* MemoryError ... */
-            cc_failed = 1;
-            result = cc_fallback(d, g);
-            goto done;
+            if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) return -1; /* MemoryError ... */
+            bd->cc_failed = 1;
+            bd->result = cc_fallback(bd->d, bd->g);
+            return 1;
         }
-        lib = PyCapsule_New(handle, "ember.lib", lib_close);
-        if (!lib) {
-            dlclose(handle);
-            goto done;
+        bd->lib = PyCapsule_New(bd->handle, "ember.lib", lib_close);
+        if (!bd->lib) {
+            dlclose(bd->handle);
+            return -1;
         }
     }
-    }
+    return 0;
+}
 
-    /* memory planning: last use of each buffer (step index), and which buffers an extern sees */
-    uint32_t nb = lg->nbufs;
-    uint32_t *last = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t));
-    uint8_t *ext_seen = em_arena_alloc(a, nb + 1), *consumed = em_arena_alloc(a, nb + 1);
-    int32_t *donor_of = em_arena_alloc(a, (s->nkernels + 1) * sizeof(int32_t));
-    uint32_t *extra_donor = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t)); /* per extra output buffer */
-    uint32_t *out_donor = em_arena_alloc(a, (s->nsteps + 1) * sizeof(uint32_t)); /* per extern step: its out= */
-    if (!last || !ext_seen || !consumed || !donor_of || !extra_donor || !out_donor) {
+/* Compile and load the source. Modes 1 and 2 stop before: mode 1 answers with the CUDA source's
+ * info, mode 2 (prefetch, CPU graphs only) with the C compiler started. */
+static int build_load(EmberBuild *bd) {
+    if (bd->mode == 1) return cuda_source_info(bd);
+    if (bd->mode == 2) return c_prefetch(bd);
+    return bd->cuda ? cuda_load(bd) : c_load(bd);
+}
+
+/* Memory planning: last use of each buffer (step index), and which buffers an extern sees. */
+static int plan_last_uses(EmberBuild *bd) {
+    const IRGraph *g = bd->g;
+    LGraph *lg = bd->lg;
+    Schedule *s = bd->s;
+    EmArena *a = bd->a;
+    bd->nb = lg->nbufs;
+    uint32_t nb = bd->nb;
+    bd->last = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t));
+    bd->ext_seen = em_arena_alloc(a, nb + 1);
+    bd->consumed = em_arena_alloc(a, nb + 1);
+    bd->donor_of = em_arena_alloc(a, (s->nkernels + 1) * sizeof(int32_t));
+    bd->extra_donor = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t)); /* per extra output buffer */
+    bd->out_donor = em_arena_alloc(a, (s->nsteps + 1) * sizeof(uint32_t)); /* per extern step: its out= */
+    if (!bd->last || !bd->ext_seen || !bd->consumed || !bd->donor_of || !bd->extra_donor || !bd->out_donor) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
+    uint32_t *last = bd->last;
+    uint8_t *ext_seen = bd->ext_seen;
     for (uint32_t st = 0; st < s->nsteps; st++) {
         const SStep *sp = &s->steps[st];
         if (sp->kind == SSTEP_KERNEL) {
@@ -1588,21 +1696,23 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         const IRNode *n = &g->nodes[g->output];
         for (uint32_t i = 0; i < n->nargs; i++) mark_ext_uses(s, &n->args[i], SEEN_KEPT, NONE, ext_seen, last);
     }
-    /* candidates: kernel-made intermediates, and fresh extern results (matmul ...) only kernels read */
-    uint32_t *pool = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t));
-    uint32_t npool = 0;
-    if (!pool) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    /* a kernel output whose own tensor no call reads, only views of it (x.view(-1, 64) of a
-     * layer_norm for a matmul, the transposed heads of a linear's bias epilogue for attention), is
-     * allocated in the layout of one of those views when that layout covers the same elements
-     * (dense, offset 0): that view is the kernel's output itself, the others are made from it */
-    uint32_t *form_of = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t));
+    return 0;
+}
+
+/* A kernel output whose own tensor no call reads, only views of it (x.view(-1, 64) of a
+ * layer_norm for a matmul, the transposed heads of a linear's bias epilogue for attention), is
+ * allocated in the layout of one of those views when that layout covers the same elements
+ * (dense, offset 0): that view is the kernel's output itself, the others are made from it */
+static int plan_view_forms(EmberBuild *bd) {
+    LGraph *lg = bd->lg;
+    Schedule *s = bd->s;
+    uint32_t nb = bd->nb;
+    const uint8_t *ext_seen = bd->ext_seen;
+    bd->form_of = em_arena_alloc(bd->a, (nb + 1) * sizeof(uint32_t));
+    uint32_t *form_of = bd->form_of;
     if (!form_of) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
     for (uint32_t b = 0; b < nb; b++) form_of[b] = NONE;
     for (uint32_t st = 0; st < s->nsteps && !lg->env; st++) {
@@ -1615,7 +1725,29 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             continue;
         form_of[vb->index] = sp->index;
     }
-    int ndonated = 0;
+    return 0;
+}
+
+/* Donors: a kernel's output, a fused kernel's other outputs and an extern's out= take a buffer dead
+ * by then (latest_dead), or, for a pointwise kernel, one it reads at the element it writes. */
+static int plan_donors(EmberBuild *bd) {
+    LGraph *lg = bd->lg;
+    Schedule *s = bd->s;
+    EmArena *a = bd->a;
+    uint32_t nb = bd->nb;
+    const uint32_t *last = bd->last, *form_of = bd->form_of;
+    const uint8_t *ext_seen = bd->ext_seen;
+    uint8_t *consumed = bd->consumed;
+    int32_t *donor_of = bd->donor_of;
+    uint32_t *extra_donor = bd->extra_donor, *out_donor = bd->out_donor;
+    /* candidates: kernel-made intermediates, and fresh extern results (matmul ...) only kernels read */
+    uint32_t *pool = em_arena_alloc(a, (nb + 1) * sizeof(uint32_t));
+    uint32_t npool = 0;
+    if (!pool) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    bd->ndonated = 0;
     for (uint32_t b = 0; b < nb; b++) extra_donor[b] = NONE;
     for (uint32_t st = 0; st < s->nsteps; st++) out_donor[st] = NONE;
     uint32_t since = 0; /* the last step that allocated (a result or output no dead buffer held), + 1 */
@@ -1632,7 +1764,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
                 if (b != NONE) {
                     consumed[b] = 1;
                     out_donor[st] = b;
-                    ndonated++;
+                    bd->ndonated++;
                 }
             }
             if (rb != NONE && lg->bufs[rb].fresh && out_donor[st] == NONE) since = st + 1;
@@ -1676,7 +1808,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             if (pick != NONE) {
                 consumed[pick] = 1;
                 donor_of[sp->index] = (int32_t)pick;
-                ndonated++;
+                bd->ndonated++;
             } else {
                 allocates = 1;
             }
@@ -1690,7 +1822,7 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
             if (b != NONE) {
                 consumed[b] = 1;
                 extra_donor[eb] = b;
-                ndonated++;
+                bd->ndonated++;
             } else {
                 allocates = 1;
             }
@@ -1698,453 +1830,560 @@ static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
         }
         if (allocates) since = st + 1;
     }
+    return 0;
+}
 
-    /* the program graph */
-    Prog p = {.s = s};
-    p.ng = em_ir_new(na);
-    p.ir_new = em_arena_alloc(na, g->nnodes * sizeof(uint32_t));
-    p.buf_new = em_arena_alloc(na, (nb + 1) * sizeof(uint32_t));
-    kernels = PyList_New(0);
-    if (!p.ng || !p.ir_new || !p.buf_new || !kernels) {
+/* The program graph: its placeholders, the index table, the extern list. */
+static int program_begin(EmberBuild *bd) {
+    const IRGraph *g = bd->g;
+    LGraph *lg = bd->lg;
+    Prog *p = &bd->p;
+    uint32_t nb = bd->nb;
+    p->s = bd->s;
+    p->ng = em_ir_new(bd->na);
+    p->ir_new = em_arena_alloc(bd->na, g->nnodes * sizeof(uint32_t));
+    p->buf_new = em_arena_alloc(bd->na, (nb + 1) * sizeof(uint32_t));
+    bd->kernels = PyList_New(0);
+    if (!p->ng || !p->ir_new || !p->buf_new || !bd->kernels) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
-        goto done;
+        return -1;
     }
     for (uint32_t i = 0; i < g->ninputs; i++) {
         const IRNode *n = &g->nodes[g->inputs[i]];
-        IRRef r = em_ir_placeholder(p.ng, n->name, NULL);
+        IRRef r = em_ir_placeholder(p->ng, n->name, NULL);
         if (!r) {
             PyErr_NoMemory();
-            goto done;
+            return -1;
         }
-        p.ir_new[g->inputs[i]] = r;
+        p->ir_new[g->inputs[i]] = r;
     }
     for (uint32_t b = 0; b < nb; b++)
-        if (lg->bufs[b].kind == LBUF_INPUT) p.buf_new[b] = p.ir_new[g->inputs[lg->bufs[b].index]];
+        if (lg->bufs[b].kind == LBUF_INPUT) p->buf_new[b] = p->ir_new[g->inputs[lg->bufs[b].index]];
     /* the index table arange() and dropout's counters load (LBUF_INDEX): the code generators write
      * a load of it as its offset (SAccess.iota) and read no memory, so one element on the graph's
      * device, made once, stands for it (a valid pointer argument) */
-    for (uint32_t b = 0; b < nb && !index_table; b++) {
+    for (uint32_t b = 0; b < nb && !bd->index_table; b++) {
         if (lg->bufs[b].kind != LBUF_INDEX) continue;
         PyObject *torch = PyImport_ImportModule("torch");
         PyObject *ar = torch ? PyObject_GetAttrString(torch, "arange") : NULL;
         PyObject *kw = ar ? Py_BuildValue("{s:O,s:O}", "dtype", em_lower_dtype_obj(LDT_I64), "device",
-                                          cuda ? device : cpu_device) : NULL;
+                                          bd->cuda ? bd->device : cpu_device) : NULL;
         PyObject *n = kw ? PyLong_FromLong(1) : NULL;
         PyObject *targs = n ? PyTuple_Pack(1, n) : NULL;
-        index_table = targs ? PyObject_Call(ar, targs, kw) : NULL;
+        bd->index_table = targs ? PyObject_Call(ar, targs, kw) : NULL;
         Py_XDECREF(torch);
         Py_XDECREF(ar);
         Py_XDECREF(kw);
         Py_XDECREF(n);
         Py_XDECREF(targs);
-        if (!index_table || !em_arena_hold(p.ng->arena, index_table)) goto done;
+        if (!bd->index_table || !em_arena_hold(p->ng->arena, bd->index_table)) return -1;
     }
-    uint32_t nviews = 0, ninput_views = 0; /* VIEW steps that call as_strided; of those, views of graph inputs */
     if (!parameter_type) {
         PyObject *nn = PyImport_ImportModule("torch.nn");
         parameter_type = nn ? PyObject_GetAttrString(nn, "Parameter") : NULL;
         Py_XDECREF(nn);
-        if (!parameter_type) goto done;
+        if (!parameter_type) return -1;
     }
-    ext_list = PyList_New(0); /* cache_info's extern_list: the torch calls, in program order */
-    if (!ext_list) goto done;
-    uint8_t *grouped = em_arena_alloc(a, s->nsteps + 1); /* counter updates made one _foreach_add_ */
+    bd->ext_list = PyList_New(0); /* cache_info's extern_list: the torch calls, in program order */
+    if (!bd->ext_list) return -1;
+    return 0;
+}
+
+/* A VIEW step: the kernel's output itself (form_of), or an ember._C.View call (as_strided). */
+static int program_view(EmberBuild *bd, const SStep *sp) {
+    const IRGraph *g = bd->g;
+    LGraph *lg = bd->lg;
+    Prog *p = &bd->p;
+    const uint32_t *form_of = bd->form_of;
+    const LBuf *vb = &lg->bufs[sp->index];
+    if (form_of[vb->index] == sp->index) { /* the kernel's output is this view */
+        p->buf_new[sp->index] = p->buf_new[vb->index];
+        return 0;
+    }
+    const LBuf *base = &lg->bufs[vb->index];
+    View *vo = PyObject_New(View, View_Type);
+    if (!vo) return -1;
+    vo->vectorcall = view_vectorcall;
+    vo->offset = vb->offset;
+    vo->size = em_int64_tuple(vb->ndim, vb->sizes);
+    vo->stride = em_int64_tuple(vb->ndim, vb->strides);
+    vo->base_size = base->kind == LBUF_EXTERN ? em_int64_tuple(base->ndim, base->sizes) : NULL;
+    vo->base_stride = base->kind == LBUF_EXTERN ? em_int64_tuple(base->ndim, base->strides) : NULL;
+    vo->name = PyUnicode_FromString(g->nodes[vb->ir].name);
+    vo->input_base = base->kind == LBUF_INPUT;
+    vo->cache_base = vo->cache_view = NULL;
+    vo->cache_ptr = NULL;
+    vo->prog = NULL;
+    vo->si = (SymIn){0};
+    vo->ndim = vb->ndim;
+    vo->base_ndim = base->kind == LBUF_EXTERN ? base->ndim : -1;
+    SymRef ve[4 * EM_LMAXDIM + 1];
+    uint32_t nve = lg->env ? view_exprs(lg, vb, ve) : 0;
+    uint8_t *vwant = nve ? em_arena_alloc(bd->na, em_sym_nsymbols(lg->env) + 1) : NULL; /* its symbols */
+    if (nve && !vwant) {
+        Py_DECREF(vo);
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (nve && (exprs_mark_symbols(lg->env, ve, nve, vwant) < 0 ||
+                !(vo->prog = em_sym_exprs_compile(lg->env, ve, nve)) ||
+                symin_set(&vo->si, lg->env, &bd->srcs, vwant) < 0)) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_RuntimeError, "ember: the size expressions of view %s: %s", g->nodes[vb->ir].name,
+                         em_sym_error_text(em_sym_env_error(lg->env)));
+        Py_DECREF(vo);
+        return -1;
+    }
+    bd->ninput_views += vo->input_base && !nve;
+    IRArg *vargs = em_arena_alloc(bd->na, (1 + vo->si.nsrcargs) * sizeof(IRArg));
+    if (!vargs) {
+        Py_DECREF(vo);
+        PyErr_NoMemory();
+        return -1;
+    }
+    vargs[0] = (IRArg){.kind = IRARG_NODE, .u.ref = p->buf_new[vb->index]};
+    for (uint32_t q = 0; q < vo->si.nsrcargs; q++) /* the tensors whose sizes are the symbols */
+        vargs[1 + q] = (IRArg){.kind = IRARG_NODE, .u.ref = p->ir_new[g->inputs[bd->srcs.input[q]]]};
+    vo->input_base = vo->input_base && !nve; /* a symbolic view is not cached */
+    IRRef r = 0;
+    if (vo->size && vo->stride && vo->name && (base->kind != LBUF_EXTERN || (vo->base_size && vo->base_stride))) {
+        r = vargs[0].u.ref ? em_ir_call(p->ng, IR_CALL_FUNCTION, (PyObject *)vo, vargs, 1 + vo->si.nsrcargs, NULL,
+                                        NULL, 0, NULL)
+                           : 0;
+        if (!r && !PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: view of a buffer without a value");
+    }
+    if (r && PyList_Append(bd->ext_list, vo->name) < 0) r = 0;
+    Py_DECREF(vo);
+    if (!r) return -1;
+    p->buf_new[sp->index] = r;
+    bd->nviews++;
+    return 0;
+}
+
+/* An EXTERN step: the torch call, its arguments the program's values (out=: a dead buffer). */
+static int program_extern(EmberBuild *bd, uint32_t st) {
+    const IRGraph *g = bd->g;
+    LGraph *lg = bd->lg;
+    Prog *p = &bd->p;
+    const SStep *sp = &bd->s->steps[st];
+    EmArena *na = bd->na;
+    const IRNode *n = &g->nodes[sp->index];
+    if (!(lg->env && n->meta.sym)) { /* a size of a symbolic graph: read by the kernels themselves */
+        PyObject *nm = PyUnicode_FromString(n->name);
+        if (!nm || PyList_Append(bd->ext_list, nm) < 0) {
+            Py_XDECREF(nm);
+            return -1;
+        }
+        Py_DECREF(nm);
+    }
+    IRArg *args = n->nargs ? em_arena_alloc(na, n->nargs * sizeof(IRArg)) : NULL;
+    IRArg *kw = n->nkwargs ? em_arena_alloc(na, n->nkwargs * sizeof(IRArg)) : NULL;
+    if ((n->nargs && !args) || (n->nkwargs && !kw)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    const LVal *v = &lg->vals[sp->index];
+    IRArg none = {.kind = IRARG_CONST, .u.obj = Py_None};
+    if (v->ext_call && !em_arena_hold(p->ng->arena, Py_None)) return -1;
+    for (uint32_t i = 0; i < n->nargs; i++) {
+        if (v->ext_call && (int32_t)i == v->none_arg) args[i] = none;
+        else if (copy_arg(p, &n->args[i], &args[i]) < 0) return -1;
+    }
+    for (uint32_t i = 0; i < n->nkwargs; i++) {
+        if (v->ext_call && (int32_t)(n->nargs + i) == v->none_arg) kw[i] = none;
+        else if (copy_arg(p, &n->kwargs[i], &kw[i]) < 0) return -1;
+    }
+    PyObject **kwn = n->kwnames;
+    uint32_t nkw = n->nkwargs;
+    uint32_t od = bd->out_donor[st];
+    if (od != NONE) { /* out=: the dead buffer, in the result's layout */
+        uint32_t rb = v->ext_call ? v->ext_buf : lg->nodes[v->lnode].buf;
+        IRArg *kw2 = em_arena_alloc(na, (nkw + 1) * sizeof(IRArg));
+        kwn = em_arena_alloc(na, (nkw + 1) * sizeof(PyObject *));
+        if (!kw2 || !kwn) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (nkw) {
+            memcpy(kw2, kw, nkw * sizeof(IRArg));
+            memcpy(kwn, n->kwnames, nkw * sizeof(PyObject *));
+        }
+        IRRef o = same_layout(&lg->bufs[od], &lg->bufs[rb]) ? p->buf_new[od] : relayout_node(p, p->buf_new[od], &lg->bufs[rb]);
+        if (!o || !(kwn[nkw] = em_arena_hold(p->ng->arena, em_str("out")))) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: out= without a value");
+            return -1;
+        }
+        kw2[nkw++] = (IRArg){.kind = IRARG_NODE, .u.ref = o};
+        kw = kw2;
+    }
+    IRRef r = em_ir_call(p->ng, n->kind, n->target, args, n->nargs, kwn, kw, nkw, NULL);
+    if (!r) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
+    }
+    if (v->ext_call) {
+        p->buf_new[v->ext_buf] = r; /* the value itself is the kernel's (bias added) */
+        return 0;
+    }
+    p->ir_new[sp->index] = r;
+    if (v->kind == LV_EXTERN && v->has_load) p->buf_new[lg->nodes[v->lnode].buf] = r;
+    return 0;
+}
+
+/* The ember._C.Kernel of kernel step sp: the compiled function, its output's layout, the checks
+ * it makes. New reference or NULL. */
+static Kernel *kernel_new(EmberBuild *bd, const SStep *sp) {
+    LGraph *lg = bd->lg;
+    Schedule *s = bd->s;
+    const uint32_t *form_of = bd->form_of;
+    const SKernel *k = &s->kernels[sp->index];
+    Kernel *ko = PyObject_New(Kernel, Kernel_Type);
+    if (!ko) return NULL;
+    ko->meta = NULL;
+    ko->si = (SymIn){0};
+    ko->nmeta = 0;
+    ko->in_ndim = NULL;
+    ko->extra_ndim = NULL;
+    ko->extra_dtype = NULL;
+    ko->out_ndim = 0;
+    ko->threshold = bd->opt.parallel_threshold;
+    ko->vectorcall = kernel_vectorcall;
+    ko->cuda = NULL;
+    ko->out_device = Py_NewRef(cpu_device); /* CUDA: the graph's device, below */
+    ko->lib = Py_NewRef(bd->lib);
+    ko->nin = k->nin;
+    ko->donor = -1;
+    ko->donor_relayout = false;
+    ko->nextra = k->nargs - k->nin - 1;
+    ko->name = PyUnicode_FromFormat("ember_k%u", sp->index);
+    ko->in_size = ko->in_stride = NULL;
+    ko->checks = NULL;
+    ko->nchecks = 0;
+    const LBuf *ob = &lg->bufs[k->args[k->nin]];
+    if (form_of[k->args[k->nin]] != NONE) ob = &lg->bufs[form_of[k->args[k->nin]]]; /* same memory, a view's layout */
+    ko->out_elsize = !bd->cuda && bd->huge_pages ? em_ldt_size(ob->dtype) : 0;
+    ko->out_bytes = ko->out_elsize;
+    for (int j = 0; j < ob->ndim; j++) ko->out_bytes *= ob->sizes[j];
+    ko->out_size = em_int64_tuple(ob->ndim, ob->sizes);
+    ko->out_stride = em_int64_tuple(ob->ndim, ob->strides);
+    ko->out_dtype = Py_XNewRef(em_lower_dtype_obj(ob->dtype));
+    ko->numel = 1; /* rows x row length; a reduction over an empty row still runs (writes 0, 1, ...) */
+    for (int j = 0; j < (k->reduction ? k->nouter : k->ndim); j++) ko->numel *= k->sizes[j];
+    char fname[32];
+    snprintf(fname, sizeof fname, "ember_k%u", sp->index);
+    ko->set_threads = NULL;
+    ko->mprog = NULL;
+    if (bd->cuda) {
+        ko->fn = NULL;
+        Py_SETREF(ko->out_device, Py_NewRef(bd->device));
+        ko->cuda = em_cuda_fn_new(bd->lib, fname, &bd->launch[sp->index]);
+        if (!ko->cuda || (lg->env && kernel_set_symbolic(ko, NULL, fname, s, k, &bd->srcs) < 0)) {
+            Py_DECREF(ko);
+            return NULL;
+        }
+    } else {
+        ko->fn = (KernelFn)dlsym(bd->handle, fname);
+        /* the gather loads' bounds checks, to raise eager's error when the kernel reports one */
+        for (uint32_t i = 0; i < k->nnodes; i++) ko->nchecks += k->nodes[i].op == LP_LOAD ? k->nodes[i].nidx : 0;
+        if (ko->nchecks && !(ko->checks = calloc(ko->nchecks, sizeof(GatherCheck)))) {
+            Py_DECREF(ko);
+            PyErr_NoMemory();
+            return NULL;
+        }
+        for (uint32_t i = 0, c = 0; i < k->nnodes && ko->nchecks; i++)
+            for (int t = 0; k->nodes[i].op == LP_LOAD && t < k->nodes[i].nidx; t++)
+                ko->checks[c++] = (GatherCheck){em_codegen_gather_check(i, t), k->nodes[i].gsize[t],
+                                                k->nodes[i].gerr[t], k->nodes[i].gdim[t]};
+        int64_t work = 1;
+        for (int j = 0; j < k->ndim; j++) work *= k->sizes[j];
+        if (work >= bd->opt.parallel_threshold || lg->env) ko->set_threads = (SetThreadsFn)dlsym(bd->handle, "ember_set_threads");
+        if (lg->env && kernel_set_symbolic(ko, bd->handle, fname, s, k, &bd->srcs) < 0) {
+            Py_DECREF(ko);
+            return NULL;
+        }
+    }
+    if (!ko->name || !ko->out_size || !ko->out_stride || !ko->out_dtype || (!ko->fn && !ko->cuda)) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "ember: kernel %s missing from the library", fname);
+        Py_DECREF(ko);
+        return NULL;
+    }
+    /* extern results are checked against their meta layout on each call */
+    ko->in_size = calloc(k->nin + 1, sizeof(PyObject *));
+    ko->in_stride = calloc(k->nin + 1, sizeof(PyObject *));
+    if (!ko->in_size || !ko->in_stride) {
+        Py_DECREF(ko);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (uint32_t q = 0; q < k->nin; q++) {
+        const LBuf *ib = &lg->bufs[k->args[q]];
+        if (ib->kind != LBUF_EXTERN) continue;
+        ko->in_size[q] = em_int64_tuple(ib->ndim, ib->sizes);
+        ko->in_stride[q] = em_int64_tuple(ib->ndim, ib->strides);
+        if (!ko->in_size[q] || !ko->in_stride[q]) {
+            Py_DECREF(ko);
+            return NULL;
+        }
+    }
+    return ko;
+}
+
+/* A KERNEL step: the call of its Kernel with its inputs, its donor and other outputs, and the
+ * tensors of its symbols; and its summary for cache_info. */
+static int program_kernel(EmberBuild *bd, const SStep *sp) {
+    const IRGraph *g = bd->g;
+    LGraph *lg = bd->lg;
+    Schedule *s = bd->s;
+    Prog *p = &bd->p;
+    const uint32_t *form_of = bd->form_of, *extra_donor = bd->extra_donor;
+    const SKernel *k = &s->kernels[sp->index];
+    Kernel *ko = kernel_new(bd, sp);
+    if (!ko) return -1;
+    uint32_t nargs = k->nin;
+    IRArg *args = em_arena_alloc(bd->na, (k->nargs + 1 + bd->srcs.n) * sizeof(IRArg));
+    if (!args) {
+        Py_DECREF(ko);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (uint32_t q = 0; q < k->nin; q++) {
+        args[q].kind = IRARG_NODE;
+        args[q].u.ref = p->buf_new[k->args[q]];
+        if (lg->bufs[k->args[q]].kind == LBUF_INDEX) { /* the program's index table, a constant argument */
+            args[q].kind = IRARG_CONST;
+            args[q].u.obj = bd->index_table;
+        }
+    }
+    int32_t dn = bd->donor_of[sp->index];
+    if (dn >= 0) {
+        uint32_t pos = NONE;
+        for (uint32_t q = 0; q < k->nin; q++)
+            if (k->args[q] == (uint32_t)dn) pos = q;
+        if (pos == NONE) {
+            pos = nargs;
+            args[nargs].kind = IRARG_NODE;
+            args[nargs++].u.ref = p->buf_new[dn];
+        }
+        ko->donor = (int32_t)pos;
+        ko->donor_relayout = !same_layout(&lg->bufs[dn], &lg->bufs[k->args[k->nin]]);
+    }
+    for (uint32_t e = k->nin + 1; e < k->nargs && !lg->env; e++) { /* the other outputs, written in place */
+        uint32_t eb = k->args[e];
+        IRRef er = extra_donor[eb] != NONE ? p->buf_new[extra_donor[eb]] : alloc_node(p, &lg->bufs[eb], form_of,
+                                                                                       bd->cuda ? bd->device : cpu_device);
+        if (!er) {
+            Py_DECREF(ko);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: fused output without a value");
+            return -1;
+        }
+        args[nargs].kind = IRARG_NODE;
+        args[nargs++].u.ref = er;
+        p->buf_new[eb] = er;
+    }
+    for (uint32_t q = 0; q < ko->si.nsrcargs; q++) { /* the tensors whose sizes are the symbols */
+        args[nargs].kind = IRARG_NODE;
+        args[nargs++].u.ref = p->ir_new[g->inputs[bd->srcs.input[q]]];
+    }
+    int bad = 0;
+    for (uint32_t q = 0; q < nargs; q++) bad |= args[q].kind == IRARG_NODE && args[q].u.ref == 0;
+    IRRef r = bad ? 0 : em_ir_call(p->ng, IR_CALL_FUNCTION, (PyObject *)ko, args, nargs, NULL, NULL, 0, NULL);
+    Py_DECREF(ko);
+    if (!r) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: kernel argument without a value");
+        return -1;
+    }
+    if (lg->env && k->nargs > k->nin + 1) { /* symbolic: the kernel returns (output, other outputs...) */
+        for (uint32_t e = k->nin; e < k->nargs; e++) {
+            IRRef gi = item_node(p, r, e - k->nin);
+            if (!gi) return -1;
+            p->buf_new[k->args[e]] = gi;
+        }
+    } else {
+        p->buf_new[k->args[k->nin]] = r;
+    }
+    /* a summary for cache_info */
+    PyObject *names = PyList_New(0);
+    if (!names) return -1;
+    for (uint32_t q = 0; q < k->nirs; q++) {
+        PyObject *nm = PyUnicode_FromString(g->nodes[k->irs[q]].name);
+        if (!nm || PyList_Append(names, nm) < 0) {
+            Py_XDECREF(nm);
+            Py_DECREF(names);
+            return -1;
+        }
+        Py_DECREF(nm);
+    }
+    PyObject *kd = Py_BuildValue("{s:s,s:N,s:i,s:I}", "kind", k->reduction ? "reduction" : "pointwise", "nodes", names,
+                                 "inplace", dn >= 0, "outputs", k->nstores);
+    if (!kd || PyList_Append(bd->kernels, kd) < 0) {
+        Py_XDECREF(kd);
+        return -1;
+    }
+    Py_DECREF(kd);
+    return 0;
+}
+
+/* The program: a new IR graph whose call nodes are the kernels, the extern calls and the views,
+ * in step order. */
+static int build_program(EmberBuild *bd) {
+    const IRGraph *g = bd->g;
+    LGraph *lg = bd->lg;
+    Schedule *s = bd->s;
+    if (program_begin(bd) < 0) return -1;
+    uint8_t *grouped = em_arena_alloc(bd->a, s->nsteps + 1); /* counter updates made one _foreach_add_ */
     if (!grouped) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
     uint32_t ngrouped = lg->env ? 0 : counter_group(s, g, grouped);
     for (uint32_t st = 0; st < s->nsteps; st++) {
         const SStep *sp = &s->steps[st];
         if (ngrouped && grouped[st]) {
             if (ngrouped == NONE) continue; /* made by the group's call already */
-            if (counter_foreach(&p, s, g, grouped, ngrouped, ext_list) < 0) goto done;
+            if (counter_foreach(&bd->p, s, g, grouped, ngrouped, bd->ext_list) < 0) return -1;
             ngrouped = NONE;
             continue;
         }
         if (sp->kind == SSTEP_VIEW) {
-            const LBuf *vb = &lg->bufs[sp->index];
-            if (form_of[vb->index] == sp->index) { /* the kernel's output is this view */
-                p.buf_new[sp->index] = p.buf_new[vb->index];
-                continue;
-            }
-            const LBuf *base = &lg->bufs[vb->index];
-            View *vo = PyObject_New(View, View_Type);
-            if (!vo) goto done;
-            vo->vectorcall = view_vectorcall;
-            vo->offset = vb->offset;
-            vo->size = em_int64_tuple(vb->ndim, vb->sizes);
-            vo->stride = em_int64_tuple(vb->ndim, vb->strides);
-            vo->base_size = base->kind == LBUF_EXTERN ? em_int64_tuple(base->ndim, base->sizes) : NULL;
-            vo->base_stride = base->kind == LBUF_EXTERN ? em_int64_tuple(base->ndim, base->strides) : NULL;
-            vo->name = PyUnicode_FromString(g->nodes[vb->ir].name);
-            vo->input_base = base->kind == LBUF_INPUT;
-            vo->cache_base = vo->cache_view = NULL;
-            vo->cache_ptr = NULL;
-            vo->prog = NULL;
-            vo->si = (SymIn){0};
-            vo->ndim = vb->ndim;
-            vo->base_ndim = base->kind == LBUF_EXTERN ? base->ndim : -1;
-            SymRef ve[4 * EM_LMAXDIM + 1];
-            uint32_t nve = lg->env ? view_exprs(lg, vb, ve) : 0;
-            uint8_t *vwant = nve ? em_arena_alloc(na, em_sym_nsymbols(lg->env) + 1) : NULL; /* its symbols */
-            if (nve && !vwant) {
-                Py_DECREF(vo);
-                PyErr_NoMemory();
-                goto done;
-            }
-            if (nve && (exprs_mark_symbols(lg->env, ve, nve, vwant) < 0 ||
-                        !(vo->prog = em_sym_exprs_compile(lg->env, ve, nve)) ||
-                        symin_set(&vo->si, lg->env, &srcs, vwant) < 0)) {
-                if (!PyErr_Occurred())
-                    PyErr_Format(PyExc_RuntimeError, "ember: the size expressions of view %s: %s", g->nodes[vb->ir].name,
-                                 em_sym_error_text(em_sym_env_error(lg->env)));
-                Py_DECREF(vo);
-                goto done;
-            }
-            ninput_views += vo->input_base && !nve;
-            IRArg *vargs = em_arena_alloc(na, (1 + vo->si.nsrcargs) * sizeof(IRArg));
-            if (!vargs) {
-                Py_DECREF(vo);
-                PyErr_NoMemory();
-                goto done;
-            }
-            vargs[0] = (IRArg){.kind = IRARG_NODE, .u.ref = p.buf_new[vb->index]};
-            for (uint32_t q = 0; q < vo->si.nsrcargs; q++) /* the tensors whose sizes are the symbols */
-                vargs[1 + q] = (IRArg){.kind = IRARG_NODE, .u.ref = p.ir_new[g->inputs[srcs.input[q]]]};
-            vo->input_base = vo->input_base && !nve; /* a symbolic view is not cached */
-            IRRef r = 0;
-            if (vo->size && vo->stride && vo->name && (base->kind != LBUF_EXTERN || (vo->base_size && vo->base_stride))) {
-                r = vargs[0].u.ref ? em_ir_call(p.ng, IR_CALL_FUNCTION, (PyObject *)vo, vargs, 1 + vo->si.nsrcargs, NULL,
-                                                NULL, 0, NULL)
-                                   : 0;
-                if (!r && !PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: view of a buffer without a value");
-            }
-            if (r && PyList_Append(ext_list, vo->name) < 0) r = 0;
-            Py_DECREF(vo);
-            if (!r) goto done;
-            p.buf_new[sp->index] = r;
-            nviews++;
+            if (program_view(bd, sp) < 0) return -1;
             continue;
         }
         if (sp->kind == SSTEP_EXTERN) {
-            const IRNode *n = &g->nodes[sp->index];
-            if (!(lg->env && n->meta.sym)) { /* a size of a symbolic graph: read by the kernels themselves */
-                PyObject *nm = PyUnicode_FromString(n->name);
-                if (!nm || PyList_Append(ext_list, nm) < 0) {
-                    Py_XDECREF(nm);
-                    goto done;
-                }
-                Py_DECREF(nm);
-            }
-            IRArg *args = n->nargs ? em_arena_alloc(na, n->nargs * sizeof(IRArg)) : NULL;
-            IRArg *kw = n->nkwargs ? em_arena_alloc(na, n->nkwargs * sizeof(IRArg)) : NULL;
-            if ((n->nargs && !args) || (n->nkwargs && !kw)) {
-                PyErr_NoMemory();
-                goto done;
-            }
-            const LVal *v = &lg->vals[sp->index];
-            IRArg none = {.kind = IRARG_CONST, .u.obj = Py_None};
-            if (v->ext_call && !em_arena_hold(p.ng->arena, Py_None)) goto done;
-            for (uint32_t i = 0; i < n->nargs; i++) {
-                if (v->ext_call && (int32_t)i == v->none_arg) args[i] = none;
-                else if (copy_arg(&p, &n->args[i], &args[i]) < 0) goto done;
-            }
-            for (uint32_t i = 0; i < n->nkwargs; i++) {
-                if (v->ext_call && (int32_t)(n->nargs + i) == v->none_arg) kw[i] = none;
-                else if (copy_arg(&p, &n->kwargs[i], &kw[i]) < 0) goto done;
-            }
-            PyObject **kwn = n->kwnames;
-            uint32_t nkw = n->nkwargs;
-            uint32_t od = out_donor[st];
-            if (od != NONE) { /* out=: the dead buffer, in the result's layout */
-                uint32_t rb = v->ext_call ? v->ext_buf : lg->nodes[v->lnode].buf;
-                IRArg *kw2 = em_arena_alloc(na, (nkw + 1) * sizeof(IRArg));
-                kwn = em_arena_alloc(na, (nkw + 1) * sizeof(PyObject *));
-                if (!kw2 || !kwn) {
-                    PyErr_NoMemory();
-                    goto done;
-                }
-                if (nkw) {
-                    memcpy(kw2, kw, nkw * sizeof(IRArg));
-                    memcpy(kwn, n->kwnames, nkw * sizeof(PyObject *));
-                }
-                IRRef o = same_layout(&lg->bufs[od], &lg->bufs[rb]) ? p.buf_new[od] : relayout_node(&p, p.buf_new[od], &lg->bufs[rb]);
-                if (!o || !(kwn[nkw] = em_arena_hold(p.ng->arena, em_str("out")))) {
-                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: out= without a value");
-                    goto done;
-                }
-                kw2[nkw++] = (IRArg){.kind = IRARG_NODE, .u.ref = o};
-                kw = kw2;
-            }
-            IRRef r = em_ir_call(p.ng, n->kind, n->target, args, n->nargs, kwn, kw, nkw, NULL);
-            if (!r) {
-                if (!PyErr_Occurred()) PyErr_NoMemory();
-                goto done;
-            }
-            if (v->ext_call) {
-                p.buf_new[v->ext_buf] = r; /* the value itself is the kernel's (bias added) */
-                continue;
-            }
-            p.ir_new[sp->index] = r;
-            if (v->kind == LV_EXTERN && v->has_load) p.buf_new[lg->nodes[v->lnode].buf] = r;
+            if (program_extern(bd, st) < 0) return -1;
             continue;
         }
-        const SKernel *k = &s->kernels[sp->index];
-        Kernel *ko = PyObject_New(Kernel, Kernel_Type);
-        if (!ko) goto done;
-        ko->meta = NULL;
-        ko->si = (SymIn){0};
-        ko->nmeta = 0;
-        ko->in_ndim = NULL;
-        ko->extra_ndim = NULL;
-        ko->extra_dtype = NULL;
-        ko->out_ndim = 0;
-        ko->threshold = opt.parallel_threshold;
-        ko->vectorcall = kernel_vectorcall;
-        ko->cuda = NULL;
-        ko->out_device = Py_NewRef(cpu_device); /* CUDA: the graph's device, below */
-        ko->lib = Py_NewRef(lib);
-        ko->nin = k->nin;
-        ko->donor = -1;
-        ko->donor_relayout = false;
-        ko->nextra = k->nargs - k->nin - 1;
-        ko->name = PyUnicode_FromFormat("ember_k%u", sp->index);
-        ko->in_size = ko->in_stride = NULL;
-        ko->checks = NULL;
-        ko->nchecks = 0;
-        const LBuf *ob = &lg->bufs[k->args[k->nin]];
-        if (form_of[k->args[k->nin]] != NONE) ob = &lg->bufs[form_of[k->args[k->nin]]]; /* same memory, a view's layout */
-        ko->out_elsize = !cuda && huge_pages ? em_ldt_size(ob->dtype) : 0;
-        ko->out_bytes = ko->out_elsize;
-        for (int j = 0; j < ob->ndim; j++) ko->out_bytes *= ob->sizes[j];
-        ko->out_size = em_int64_tuple(ob->ndim, ob->sizes);
-        ko->out_stride = em_int64_tuple(ob->ndim, ob->strides);
-        ko->out_dtype = Py_XNewRef(em_lower_dtype_obj(ob->dtype));
-        ko->numel = 1; /* rows x row length; a reduction over an empty row still runs (writes 0, 1, ...) */
-        for (int j = 0; j < (k->reduction ? k->nouter : k->ndim); j++) ko->numel *= k->sizes[j];
-        char fname[32];
-        snprintf(fname, sizeof fname, "ember_k%u", sp->index);
-        ko->set_threads = NULL;
-        ko->mprog = NULL;
-        if (cuda) {
-            ko->fn = NULL;
-            Py_SETREF(ko->out_device, Py_NewRef(device));
-            ko->cuda = em_cuda_fn_new(lib, fname, &launch[sp->index]);
-            if (!ko->cuda || (lg->env && kernel_set_symbolic(ko, NULL, fname, s, k, &srcs) < 0)) {
-                Py_DECREF(ko);
-                goto done;
-            }
-        } else {
-            ko->fn = (KernelFn)dlsym(handle, fname);
-            /* the gather loads' bounds checks, to raise eager's error when the kernel reports one */
-            for (uint32_t i = 0; i < k->nnodes; i++) ko->nchecks += k->nodes[i].op == LP_LOAD ? k->nodes[i].nidx : 0;
-            if (ko->nchecks && !(ko->checks = calloc(ko->nchecks, sizeof(GatherCheck)))) {
-                Py_DECREF(ko);
-                PyErr_NoMemory();
-                goto done;
-            }
-            for (uint32_t i = 0, c = 0; i < k->nnodes && ko->nchecks; i++)
-                for (int t = 0; k->nodes[i].op == LP_LOAD && t < k->nodes[i].nidx; t++)
-                    ko->checks[c++] = (GatherCheck){em_codegen_gather_check(i, t), k->nodes[i].gsize[t],
-                                                    k->nodes[i].gerr[t], k->nodes[i].gdim[t]};
-            int64_t work = 1;
-            for (int j = 0; j < k->ndim; j++) work *= k->sizes[j];
-            if (work >= opt.parallel_threshold || lg->env) ko->set_threads = (SetThreadsFn)dlsym(handle, "ember_set_threads");
-            if (lg->env && kernel_set_symbolic(ko, handle, fname, s, k, &srcs) < 0) {
-                Py_DECREF(ko);
-                goto done;
-            }
-        }
-        if (!ko->name || !ko->out_size || !ko->out_stride || !ko->out_dtype || (!ko->fn && !ko->cuda)) {
-            if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "ember: kernel %s missing from the library", fname);
-            Py_DECREF(ko);
-            goto done;
-        }
-        /* extern results are checked against their meta layout on each call */
-        ko->in_size = calloc(k->nin + 1, sizeof(PyObject *));
-        ko->in_stride = calloc(k->nin + 1, sizeof(PyObject *));
-        if (!ko->in_size || !ko->in_stride) {
-            Py_DECREF(ko);
-            PyErr_NoMemory();
-            goto done;
-        }
-        for (uint32_t q = 0; q < k->nin; q++) {
-            const LBuf *ib = &lg->bufs[k->args[q]];
-            if (ib->kind != LBUF_EXTERN) continue;
-            ko->in_size[q] = em_int64_tuple(ib->ndim, ib->sizes);
-            ko->in_stride[q] = em_int64_tuple(ib->ndim, ib->strides);
-            if (!ko->in_size[q] || !ko->in_stride[q]) {
-                Py_DECREF(ko);
-                goto done;
-            }
-        }
-        uint32_t nargs = k->nin;
-        IRArg *args = em_arena_alloc(na, (k->nargs + 1 + srcs.n) * sizeof(IRArg));
-        if (!args) {
-            Py_DECREF(ko);
-            PyErr_NoMemory();
-            goto done;
-        }
-        for (uint32_t q = 0; q < k->nin; q++) {
-            args[q].kind = IRARG_NODE;
-            args[q].u.ref = p.buf_new[k->args[q]];
-            if (lg->bufs[k->args[q]].kind == LBUF_INDEX) { /* the program's index table, a constant argument */
-                args[q].kind = IRARG_CONST;
-                args[q].u.obj = index_table;
-            }
-        }
-        int32_t dn = donor_of[sp->index];
-        if (dn >= 0) {
-            uint32_t pos = NONE;
-            for (uint32_t q = 0; q < k->nin; q++)
-                if (k->args[q] == (uint32_t)dn) pos = q;
-            if (pos == NONE) {
-                pos = nargs;
-                args[nargs].kind = IRARG_NODE;
-                args[nargs++].u.ref = p.buf_new[dn];
-            }
-            ko->donor = (int32_t)pos;
-            ko->donor_relayout = !same_layout(&lg->bufs[dn], &lg->bufs[k->args[k->nin]]);
-        }
-        for (uint32_t e = k->nin + 1; e < k->nargs && !lg->env; e++) { /* the other outputs, written in place */
-            uint32_t eb = k->args[e];
-            IRRef er = extra_donor[eb] != NONE ? p.buf_new[extra_donor[eb]] : alloc_node(&p, &lg->bufs[eb], form_of,
-                                                                                          cuda ? device : cpu_device);
-            if (!er) {
-                Py_DECREF(ko);
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: fused output without a value");
-                goto done;
-            }
-            args[nargs].kind = IRARG_NODE;
-            args[nargs++].u.ref = er;
-            p.buf_new[eb] = er;
-        }
-        for (uint32_t q = 0; q < ko->si.nsrcargs; q++) { /* the tensors whose sizes are the symbols */
-            args[nargs].kind = IRARG_NODE;
-            args[nargs++].u.ref = p.ir_new[g->inputs[srcs.input[q]]];
-        }
-        int bad = 0;
-        for (uint32_t q = 0; q < nargs; q++) bad |= args[q].kind == IRARG_NODE && args[q].u.ref == 0;
-        IRRef r = bad ? 0 : em_ir_call(p.ng, IR_CALL_FUNCTION, (PyObject *)ko, args, nargs, NULL, NULL, 0, NULL);
-        Py_DECREF(ko);
-        if (!r) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: kernel argument without a value");
-            goto done;
-        }
-        if (lg->env && k->nargs > k->nin + 1) { /* symbolic: the kernel returns (output, other outputs...) */
-            for (uint32_t e = k->nin; e < k->nargs; e++) {
-                IRRef gi = item_node(&p, r, e - k->nin);
-                if (!gi) goto done;
-                p.buf_new[k->args[e]] = gi;
-            }
-        } else {
-            p.buf_new[k->args[k->nin]] = r;
-        }
-        /* a summary for cache_info */
-        PyObject *names = PyList_New(0);
-        if (!names) goto done;
-        for (uint32_t q = 0; q < k->nirs; q++) {
-            PyObject *nm = PyUnicode_FromString(g->nodes[k->irs[q]].name);
-            if (!nm || PyList_Append(names, nm) < 0) {
-                Py_XDECREF(nm);
-                Py_DECREF(names);
-                goto done;
-            }
-            Py_DECREF(nm);
-        }
-        PyObject *kd = Py_BuildValue("{s:s,s:N,s:i,s:I}", "kind", k->reduction ? "reduction" : "pointwise", "nodes", names,
-                                     "inplace", dn >= 0, "outputs", k->nstores);
-        if (!kd || PyList_Append(kernels, kd) < 0) {
-            Py_XDECREF(kd);
-            goto done;
-        }
-        Py_DECREF(kd);
+        if (program_kernel(bd, sp) < 0) return -1;
     }
-    {
-        const IRNode *out = &g->nodes[g->output];
-        const IRArg *items = out->args[0].u.items;
-        uint32_t no = out->args[0].n;
-        IRRef *refs = em_arena_alloc(na, (no + 1) * sizeof(IRRef));
-        if (!refs) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        for (uint32_t i = 0; i < no; i++) {
-            IRArg tmp;
-            if (items[i].kind != IRARG_NODE || copy_arg(&p, &items[i], &tmp) < 0) {
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: graph output is not a node");
-                goto done;
-            }
-            refs[i] = tmp.u.ref;
-        }
-        if (em_ir_set_output(p.ng, refs, no) < 0) {
-            PyErr_NoMemory();
-            goto done;
-        }
+    return 0;
+}
+
+/* The program's output, and the program on the eager backend: the answer. */
+static int program_output(EmberBuild *bd) {
+    const IRGraph *g = bd->g;
+    Prog *p = &bd->p;
+    const IRNode *out = &g->nodes[g->output];
+    const IRArg *items = out->args[0].u.items;
+    uint32_t no = out->args[0].n;
+    IRRef *refs = em_arena_alloc(bd->na, (no + 1) * sizeof(IRRef));
+    if (!refs) {
+        PyErr_NoMemory();
+        return -1;
     }
-    result = em_eager_graph_new(p.ng);
-    if (!result) goto done;
-    {
-        PyObject *v;
+    for (uint32_t i = 0; i < no; i++) {
+        IRArg tmp;
+        if (items[i].kind != IRARG_NODE || copy_arg(p, &items[i], &tmp) < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: graph output is not a node");
+            return -1;
+        }
+        refs[i] = tmp.u.ref;
+    }
+    if (em_ir_set_output(p->ng, refs, no) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    bd->result = em_eager_graph_new(p->ng);
+    if (!bd->result) return -1;
+    return 0;
+}
+
+/* cache_info's entries of a compiled program. */
+static int build_info(EmberBuild *bd) {
+    LGraph *lg = bd->lg;
+    Schedule *s = bd->s;
+    PyObject *d = bd->d;
+    PyObject *v;
 #define SET(name, expr)                                                      \
     v = (expr);                                                              \
     if (!v || PyDict_SetItemString(d, name, v) < 0) {                        \
         Py_XDECREF(v);                                                       \
-        Py_CLEAR(result);                                                    \
-        goto done;                                                           \
+        Py_CLEAR(bd->result);                                                \
+        return -1;                                                           \
     }                                                                        \
     Py_DECREF(v);
-        SET("kernels", PyLong_FromUnsignedLong(s->nkernels));
-        SET("kernel_list", Py_NewRef(kernels));
-        /* torch calls per run: the extern calls and the views made for them by as_strided */
-        SET("externs", PyLong_FromUnsignedLong(lg->nextern + nviews));
-        SET("extern_list", Py_NewRef(ext_list));
-        SET("views", PyLong_FromUnsignedLong(nviews));
-        SET("input_views", PyLong_FromUnsignedLong(ninput_views)); /* made once per nn.Parameter */
-        SET("lowered", PyLong_FromUnsignedLong(lg->nlowered));
-        SET("reused_buffers", PyLong_FromLong(ndonated));
-        SET("source", Py_NewRef(src));
-        SET("cache_key", PyUnicode_FromString(key));
-        SET("from_disk_cache", PyBool_FromLong(cached));
-        SET("device", PyUnicode_FromString(cuda ? "cuda" : "cpu"));
-        if (cuda) {
-            SET("launch", launch_list(launch, s->nkernels));
-        }
-        t_cc = em_now();
-        SET("stage_times", Py_BuildValue("{s:d,s:d,s:d,s:d}", "lower", t_lower - t_start, "schedule",
-                                         t_schedule - t_lower, "codegen", t_codegen - t_schedule, "cc_and_build",
-                                         t_cc - t_codegen));
+    SET("kernels", PyLong_FromUnsignedLong(s->nkernels));
+    SET("kernel_list", Py_NewRef(bd->kernels));
+    /* torch calls per run: the extern calls and the views made for them by as_strided */
+    SET("externs", PyLong_FromUnsignedLong(lg->nextern + bd->nviews));
+    SET("extern_list", Py_NewRef(bd->ext_list));
+    SET("views", PyLong_FromUnsignedLong(bd->nviews));
+    SET("input_views", PyLong_FromUnsignedLong(bd->ninput_views)); /* made once per nn.Parameter */
+    SET("lowered", PyLong_FromUnsignedLong(lg->nlowered));
+    SET("reused_buffers", PyLong_FromLong(bd->ndonated));
+    SET("source", Py_NewRef(bd->src));
+    SET("cache_key", PyUnicode_FromString(bd->key));
+    SET("from_disk_cache", PyBool_FromLong(bd->cached));
+    SET("device", PyUnicode_FromString(bd->cuda ? "cuda" : "cpu"));
+    if (bd->cuda) {
+        SET("launch", launch_list(bd->launch, s->nkernels));
+    }
+    bd->t_cc = em_now();
+    SET("stage_times", Py_BuildValue("{s:d,s:d,s:d,s:d}", "lower", bd->t_lower - bd->t_start, "schedule",
+                                     bd->t_schedule - bd->t_lower, "codegen", bd->t_codegen - bd->t_schedule, "cc_and_build",
+                                     bd->t_cc - bd->t_codegen));
 #undef SET
-    }
-done:
-    if (!result && !cc_failed && mode == 0 && d && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
-        /* an internal failure of lowering/scheduling/building: never a crash, the eager backend
-         * runs the graph and cache_info says why */
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        PyObject *msg = PyUnicode_FromFormat("backend \"ember\" failed (%S): ran by the eager backend", ev ? ev : Py_None);
-        Py_XDECREF(et);
-        Py_XDECREF(ev);
-        Py_XDECREF(tb);
-        PyDict_Clear(d);
-        em_cc_note_internal_fallback();
-        if (msg && PyDict_SetItemString(d, "fallback", msg) == 0) result = em_eager_graph_new(g);
-        Py_XDECREF(msg);
-    }
-    if (result) *info = Py_NewRef(d);
-    sym_sources_free(&srcs);
-    Py_XDECREF(d);
-    Py_XDECREF(src);
-    Py_XDECREF(lib);
-    Py_XDECREF(kernels);
-    Py_XDECREF(device);
-    Py_XDECREF(ext_list);
-    Py_XDECREF(index_table);
-    em_arena_free(na);
-    em_arena_free(a);
-    return result;
+    return 0;
 }
+
+/* After a step failed: an internal failure of mode 0 runs the graph on the eager backend. */
+static void build_internal_fallback(EmberBuild *bd) {
+    PyObject *d = bd->d;
+    if (bd->result || bd->cc_failed || bd->mode != 0 || !d || !PyErr_Occurred() ||
+        PyErr_ExceptionMatches(PyExc_KeyboardInterrupt))
+        return;
+    /* an internal failure of lowering/scheduling/building: never a crash, the eager backend
+     * runs the graph and cache_info says why */
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *msg = PyUnicode_FromFormat("backend \"ember\" failed (%S): ran by the eager backend", ev ? ev : Py_None);
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+    PyDict_Clear(d);
+    em_cc_note_internal_fallback();
+    if (msg && PyDict_SetItemString(d, "fallback", msg) == 0) bd->result = em_eager_graph_new(bd->g);
+    Py_XDECREF(msg);
+}
+
+/* Releases what the build owns, all but bd->result. */
+static void build_clear(EmberBuild *bd) {
+    sym_sources_free(&bd->srcs);
+    Py_XDECREF(bd->d);
+    Py_XDECREF(bd->src);
+    Py_XDECREF(bd->lib);
+    Py_XDECREF(bd->kernels);
+    Py_XDECREF(bd->device);
+    Py_XDECREF(bd->ext_list);
+    Py_XDECREF(bd->index_table);
+    em_arena_free(bd->na);
+    em_arena_free(bd->a);
+}
+
+/* mode 0: compile and load (CPU or CUDA by the graph's device); mode 1: CUDA code generation
+ * only (tests without a GPU), returning the info dict itself; mode 2: prefetch (em_ember_prefetch).
+ * Each step returns 0 to go on, else the compilation stops there: bd.result is its answer, or
+ * NULL after an error (mode 0: build_internal_fallback runs the graph on the eager backend). */
+static PyObject *ember_compile(const IRGraph *g, PyObject **info, int mode) {
+    EmberBuild bd = {.g = g, .mode = mode};
+    *info = NULL;
+    if (build_begin(&bd) < 0) goto done;
+    if (mode != 1 && build_check_autocast(&bd) != 0) goto done;
+    if (build_lower(&bd) != 0) goto done;
+    if (build_schedule(&bd) < 0) goto done;
+    if (build_generate(&bd) != 0) goto done;
+    if (build_load(&bd) != 0) goto done;
+    if (plan_last_uses(&bd) < 0) goto done;
+    if (plan_view_forms(&bd) < 0) goto done;
+    if (plan_donors(&bd) < 0) goto done;
+    if (build_program(&bd) < 0) goto done;
+    if (program_output(&bd) < 0) goto done;
+    if (build_info(&bd) < 0) goto done;
+done:
+    build_internal_fallback(&bd);
+    if (bd.result) *info = Py_NewRef(bd.d);
+    build_clear(&bd);
+    return bd.result;
+}
+
 
 /* EMBER_TEST_CUDA_SOURCE=1 (tests without a GPU): a graph compiled for the CPU also goes through the
  * CUDA code generator, and its entry's info gets "cuda_test", the dict _C._ir_build(...,
