@@ -964,7 +964,8 @@ static void region_free(Region *R) {
     Py_XDECREF(R->ember_info);
 }
 
-/* em_autograd_compile; stale: names of g's values an in-place update replaced (em_autograd_decompose),
+/* em_autograd_compile; stale: names of g's values an in-place update replaced (the functionalize
+ * pass, passes/em_pass_functionalize.c),
  * NULL for none. The steps run in order until one does not return STEP_OK. */
 static PyObject *compile_region(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info,
                                 PyObject *stale) {
