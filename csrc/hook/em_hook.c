@@ -143,7 +143,7 @@ static PyObject *hook_answer(PyThreadState *tstate, _PyInterpreterFrame *frame, 
     t->busy++;
     e = em_cache_lookup(es, &fv, cfg->backend_key, fetched, &failed_entry, &failed_guard);
     hit = e != NULL;
-    if (!e) e = em_cache_compile(es, func, code, &fv, cfg, fetched);
+    if (!e) e = em_cache_compile(es, func, code, &fv, cfg, fetched, 1);
     t->busy--;
     if (!e) {
         Py_LeaveRecursiveCall();

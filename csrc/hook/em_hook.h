@@ -81,7 +81,9 @@ typedef struct ExtraState {
     CacheEntry *head;
     int nentries;
     int warned_limit;        /* the cache_size_limit warning was given for this code */
-    int skip;                /* never compile this code (ember's own code, ember.disable) */
+    int skip;                /* never compile this code (ember's own code, ember.disable, no tensor
+                                operations: skip_reason) */
+    const char *skip_reason; /* why the hook skips this code after meeting it, or NULL (static text) */
     int max_fetch;           /* the most fetch slots any entry uses: lookups need that much room */
     int pinned;              /* ember.pin: UNSAFE, lookups skip the guards and take the most recently
                                 used entry of the backend (em_cache_lookup) */
@@ -107,9 +109,11 @@ CacheEntry *em_cache_lookup(ExtraState *es, const EmFrameView *fv, PyObject *bac
 /* Traces the frame and adds an entry (graph or fallback). On success returns the new entry and,
  * for a graph entry, fills fetched like em_cache_lookup. Returns NULL with an exception for errors
  * (and for a break when cfg->fullgraph). Honors config.cache_size_limit: past it returns a fallback
- * that is not stored, after one warning per code object. */
+ * that is not stored, after one warning per code object. hooked: the frame was met by the hook
+ * (not the function the user compiled): a trace without tensor operations then marks the code
+ * skipped (es->skip, es->skip_reason) and returns a fallback that is not stored. */
 CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code, const EmFrameView *fv,
-                             const EmCompileConfig *cfg, PyObject **fetched);
+                             const EmCompileConfig *cfg, PyObject **fetched, int hooked);
 /* Runs a graph entry: calls the compiled callable with the graph inputs taken from fetched, builds
  * the return value, releases fetched. New reference or NULL with exception. */
 PyObject *em_entry_run(CacheEntry *e, PyObject **fetched, PyObject *globals);

@@ -651,8 +651,55 @@ static void log_new_entry(CacheEntry *e, PyCodeObject *code) {
  * callers recognise by its kind; it owns nothing. */
 static CacheEntry limit_entry = {.kind = ENTRY_FALLBACK};
 
+/* The same for a frame whose trace holds no tensor operation (skip_no_ops). */
+static CacheEntry skip_entry = {.kind = ENTRY_FALLBACK};
+
+/* Does entry e run no graph: a fallback, or a graph break before any tensor operation? */
+static bool unproductive(const CacheEntry *e) {
+    return e->kind == ENTRY_FALLBACK || (e->kind == ENTRY_BREAK && !e->compiled);
+}
+
+/* Frames the hook met (not the function the user compiled) that compiling gains nothing for are
+ * skipped from now on, as torch.compile skips them (the skip applies to the code): they run as
+ * Python, and the functions they call are still compiled. Running the original bytecode is correct
+ * under any inputs. Two kinds, the recompiles log names them:
+ *  - a trace without a graph break that holds no tensor operation ("No ops traced for the FX
+ *    graph", torch/_dynamo/symbolic_convert.py): a config read by key, an object's __setattr__;
+ *  - a second trace in a row that runs no graph (a fallback, or a break before any tensor
+ *    operation) while every entry the code has runs none either: its guards failed on new inputs
+ *    (a fresh iterator, an object the trace relied on by identity), and each new call would trace
+ *    again until cache_size_limit. */
+static int skip_no_ops(ExtraState *es, PyCodeObject *code, const EmTraceResult *res, const EmCompileConfig *cfg,
+                       int hooked) {
+    if (!hooked || cfg->fullgraph) return 0;
+    const char *why = NULL;
+    if (res->graph && !res->split && !em_trace_graph_has_calls(res->graph)) {
+        why = "no tensor operations: the code runs as Python from now on";
+    } else if (!res->graph || (res->split && !em_trace_graph_has_calls(res->graph))) {
+        int n = 0, all = 1;
+        for (CacheEntry *e = es->head; e; e = e->next)
+            if (e->backend_key == cfg->backend_key) {
+                n++;
+                all &= unproductive(e);
+            }
+        if (n && all) why = "traced again and again without a graph (fallbacks, breaks before any tensor operation): "
+                            "the code runs as Python from now on";
+    }
+    if (!why) return 0;
+    es->skip = 1;
+    es->skip_reason = why;
+    if (EM_LOG_ON(EM_LOG_RECOMPILES)) {
+        PyObject *d = log_record(code);
+        if (d && (PyDict_SetItemString(d, "event", em_str("skip")) < 0 ||
+                  PyDict_SetItemString(d, "reason", em_str(es->skip_reason)) < 0))
+            Py_CLEAR(d);
+        em_log_emit_steal(EM_LOG_RECOMPILES, d);
+    }
+    return 1;
+}
+
 CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code, const EmFrameView *fv,
-                             const EmCompileConfig *cfg, PyObject **fetched) {
+                             const EmCompileConfig *cfg, PyObject **fetched, int hooked) {
     double t_start = em_now(); /* compile_times (explain, logs) and the debug dump's compile time */
     long limit = config_int("cache_size_limit", 8);
     if (EM_LOG_ON(EM_LOG_RECOMPILES)) log_recompile(es, code, fv, cfg, fetched, es->nentries >= limit ? limit : -1);
@@ -757,6 +804,12 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         }
     }
     t_traced = em_now();
+    if (skip_no_ops(es, code, &res, cfg, hooked)) {
+        precompiled_clear();
+        Py_XDECREF(sym_why);
+        em_arena_free(res.arena);
+        return &skip_entry;
+    }
     if ((!res.graph || res.split) && cfg->fullgraph) {
         raise_fullgraph(code, &res.brk);
         goto error;

@@ -216,7 +216,7 @@ static PyObject *cf_vectorcall(PyObject *self, PyObject *const *args, size_t nar
             goto done;
         }
         em_hook_disable_enter(); /* tracing and backend compilation run no user frames through ember */
-        e = em_cache_compile(es, cf->func, code, &fv, &cf->cfg, fetched);
+        e = em_cache_compile(es, cf->func, code, &fv, &cf->cfg, fetched, 0);
         em_hook_disable_exit();
         if (!e) goto done;
     }

@@ -601,6 +601,14 @@ static int is_same(Trace *T, TValue *a, TValue *b, bool *out) {
                             (a->kind == TV_FUNCTION && a->obj));
     bool b_obj = b->obj && (b->kind == TV_CONST || b->kind == TV_OBJECT || b->kind == TV_NN_MODULE ||
                             (b->kind == TV_FUNCTION && b->obj));
+    if (a_obj && b_obj && (a->by_type || b->by_type) && Py_TYPE(a->obj) != Py_TYPE(b->obj)) {
+        /* an input object guarded by its type is not an object of another type (`out is None`):
+         * no identity guard; the other side is guarded as any use of it */
+        TValue *other = a->by_type ? b : a;
+        if (!other->by_type && em_tr_use(T, other) < 0) return -1;
+        *out = false;
+        return 0;
+    }
     if (a_obj && b_obj) {
         if (em_tr_use(T, a) < 0 || em_tr_use(T, b) < 0) return -1;
         *out = a->obj == b->obj;

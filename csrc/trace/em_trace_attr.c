@@ -538,6 +538,22 @@ static TValue *object_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
     return em_tr_generic_getattr(T, v, name, missing);
 }
 
+/* An attribute of a by_type input object (em_trace_value.c) read from its instance __dict__: through
+ * the sources L[...].__dict__ and L[...].__dict__[name], the dict's keys guarded (an attribute present
+ * or absent stays so) and the value guarded as it is used (a tensor by its metadata, an int by its
+ * value or as a symbolic size, a nested object by its type), so that an object built on every call
+ * answers from the same entry. 1 found (*out), 0 not in the instance dict, -1 error. */
+static int by_type_attr(Trace *T, TValue *v, PyObject *idict, PyObject *name, TValue **out) {
+    GuardSrc ds = em_guard_src_attr(T->gb, v->src, em_str("__dict__"), idict);
+    if (ds < 0 || em_guard_dict_keys(T->gb, ds) < 0) return -1;
+    PyObject *val = PyDict_GetItemWithError(idict, name); /* borrowed */
+    if (!val) return PyErr_Occurred() ? -1 : 0;
+    GuardSrc is = em_guard_src_dict_item(T->gb, ds, name, val);
+    if (is < 0) return -1;
+    *out = em_tr_wrap(T, val, is, false);
+    return *out ? 1 : -1;
+}
+
 TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing) {
     PyObject *o = v->obj;
     PyTypeObject *tp = Py_TYPE(o);
@@ -606,7 +622,12 @@ TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing)
         return NULL;
     }
     PyObject *idict = instance_dict_borrow(o);
-    if (idict) {
+    if (idict && v->by_type) {
+        TValue *r = NULL;
+        int found = by_type_attr(T, v, idict, name, &r);
+        if (found < 0) return NULL;
+        if (found) return r;
+    } else if (idict) {
         if (em_tr_guard_dict(T, idict, v->src, ".__dict__", name) < 0) return NULL;
         PyObject *val = PyDict_GetItemWithError(idict, name);
         if (!val && PyErr_Occurred()) return NULL;

@@ -100,6 +100,11 @@ struct TValue {
     bool replayed;     /* an input LIST/DICT mutated in the trace: its final contents are written
                           back into the caller's object after the graph (em_trace_effects.c) */
     bool aliased;      /* an input LIST/DICT whose object was realized through another path too */
+    bool by_type;      /* OBJECT: an instance of a Python class from an input, guarded by its type and by
+                          what the trace reads from it (attributes through sources), not by identity:
+                          objects built on every call (a dataclass, a cache, an output) must not
+                          recompile every call. em_tr_use adds the identity guard where the
+                          program's meaning depends on identity (em_trace_value.c, by_type_object) */
     PyObject *obj;     /* LAZY/CONST/NN_MODULE/OBJECT/FUNCTION(real): the object (held).
                           TENSOR input: the real tensor. TUPLE from a torch op: the meta result. */
     union {
@@ -285,6 +290,7 @@ typedef struct Trace {
     TValue *null_value;
     struct { struct TEffect *items; uint32_t n, cap; } effects; /* side effects to replay */
     struct { TValue **items; uint32_t n, cap; } containers;     /* input lists/dicts realized */
+    struct { TValue **items; uint32_t n, cap; } objects;        /* input objects realized (by_type) */
     long stop_at;           /* -1, or the top-frame instruction step at which to split */
     long top_steps;         /* top-frame instructions started so far */
     PyObject *exc;          /* the exception a RAISE break stands for, when the trace knows it (a real

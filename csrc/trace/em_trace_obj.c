@@ -339,6 +339,7 @@ int em_tr_overlay_get(Trace *T, PyObject *obj, PyObject *name, TValue **val) {
  * read (under a keyed dict-version guard) and the new one kept in the overlay. */
 static int object_generic_setattr(Trace *T, TValue *v, PyObject *name, TValue *val) {
     PyObject *o = v->obj;
+    if (v->by_type && em_tr_use(T, v) < 0) return -1; /* the overlay holds this very object's stores */
     PyTypeObject *tp = Py_TYPE(o);
     if (PyType_Check(o) || PyModule_Check(o) || PyObject_TypeCheck(o, (PyTypeObject *)em_trace_rt.Module) ||
         !PyUnicode_CheckExact(name) || (v->src < 0 && !v->stable))

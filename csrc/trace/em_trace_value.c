@@ -177,6 +177,52 @@ static int grad_mode_exit(Trace *T, TValue *v, PyObject *o) {
     return 1;
 }
 
+static bool has_instance_dict(PyTypeObject *tp) {
+#ifdef Py_TPFLAGS_MANAGED_DICT
+    if (tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) return true;
+#endif
+    return tp->tp_dictoffset != 0;
+}
+
+/* Is o an instance of a Python class that is read through its attributes alone: a heap type that is
+ * not a class, module, function, container or exception, whose attribute lookup is object's (or a
+ * Python __getattribute__ the trace inlines) and whose instances have a __dict__? */
+static bool plain_instance(PyObject *o) {
+    PyTypeObject *tp = Py_TYPE(o);
+    if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || PyType_Check(o) || PyModule_Check(o) || PyCallable_Check(o) ||
+        PyExceptionInstance_Check(o) || PyTuple_Check(o) || PyList_Check(o) || PyDict_Check(o) || PyAnySet_Check(o) ||
+        PyObject_CheckBuffer(o) || PyIter_Check(o) || !has_instance_dict(tp))
+        return false;
+    /* a C base type other than object (a torch._C class, a Stream): its state is not in __dict__ */
+    for (PyTypeObject *b = tp; b; b = b->tp_base)
+        if (!(b->tp_flags & Py_TPFLAGS_HEAPTYPE) && b != &PyBaseObject_Type) return false;
+    return true;
+}
+
+/* Input object v (kind OBJECT, source s, guard: it needs a use-guard) becomes by_type: a TYPE guard
+ * now, attribute reads through its __dict__'s source (em_tr_generic_getattr), the identity guard
+ * only when the program relies on identity (em_tr_use). The same object reached through two paths
+ * (two arguments, an argument and a module attribute) is one object to the trace, so both keep
+ * identity guards, as for containers (em_tr_effect_container_seen). 1 done, 0 not such an object
+ * (the caller guards identity), -1 error. */
+static int by_type_object(Trace *T, TValue *v, bool guard) {
+    for (uint32_t i = 0; i < T->objects.n; i++) { /* an alias of an input object seen before */
+        TValue *o = T->objects.items[i];
+        if (o->obj != v->obj || o == v) continue;
+        if (o->by_type) {
+            o->by_type = false;
+            if (o->src >= 0 && em_guard_id(T->gb, o->src) < 0) return -1;
+        }
+        if (EM_VEC_PUSH(T->arena, T->objects, v) < 0) return PyErr_NoMemory(), -1;
+        return 0;
+    }
+    if (EM_VEC_PUSH(T->arena, T->objects, v) < 0) return PyErr_NoMemory(), -1;
+    if (!guard || !plain_instance(v->obj)) return 0;
+    if (em_guard_type(T->gb, v->src) < 0) return -1;
+    v->by_type = true;
+    return 1;
+}
+
 TValue *em_tr_realize(Trace *T, TValue *v) {
     if (!v || v->kind != TV_LAZY) return v;
     TraceRT *rt = &em_trace_rt;
@@ -332,15 +378,22 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
     }
     if (PyList_Check(o) || PyAnySet_Check(o))
         return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "mutable container", o);
-    /* classes, Python modules, builtins, torch functions, user objects: opaque, identity-guarded */
-    if (guard && em_guard_id(T->gb, s) < 0) return NULL;
+    /* classes, Python modules, builtins, torch functions: opaque, identity-guarded; instances of
+     * Python classes from inputs: guarded by type and by what is read (by_type_object) */
     v->kind = TV_OBJECT;
+    int bt = by_type_object(T, v, guard);
+    if (bt < 0) return NULL;
+    if (!bt && guard && em_guard_id(T->gb, s) < 0) return NULL;
     v->guarded = true;
     return v;
 }
 
 int em_tr_use(Trace *T, TValue *v) {
     if (!(v = em_tr_realize(T, v))) return -1;
+    if (v->by_type) { /* the program relies on this object's identity from here on */
+        v->by_type = false;
+        return em_guard_id(T->gb, v->src);
+    }
     if (v->guarded || v->stable || v->src < 0) return 0;
     switch (v->kind) {
     case TV_CONST:

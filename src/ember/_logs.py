@@ -147,6 +147,9 @@ def _graph_breaks(d, debug):
 
 
 def _recompiles(d, debug):
+    if d.get("event") == "skip":  # a frame the hook met that holds no tensor operation
+        yield logging.INFO, f"Skipping {_where(d)}: {d['reason']}"
+        return
     failed = d["failed_guards"]
     head = f"Recompiling {_where(d)} ({d['entries']} entr{'y' if d['entries'] == 1 else 'ies'} of this backend)"
     if d.get("cache_size_limit") is not None:
