@@ -1,0 +1,161 @@
+"""Encoder-decoder models (T5, BART) from configs: eager, torch.compile and ember in one process (issue 46).
+
+Each model is built from a config with random weights (nothing is downloaded), run under
+torch.no_grad() with the same inputs by every compiler; per compiler: the per-call time (median of
+`--calls` timed calls after `--warmup` calls), how many frames were compiled over all calls (ember:
+cache entries made, from its perf log; torch.compile: Dynamo's frame and graph counters), how many
+of those came after the warm-up (a compiler that recompiles on every call shows it here), and
+whether the outputs equal eager's (assert_close with the dtype's tolerance).
+
+    python bench/encoder_decoder.py                                   # dev VM: tiny configs, CPU
+    python bench/encoder_decoder.py --device cuda --size full --dtype bf16
+    python bench/encoder_decoder.py --models t5 --compilers eager,ember --json out.json
+
+--size tiny: T5 2 layers d 128, BART 2+2 layers d 64, batch 2 x 16 (decoder 8) tokens (the issue's
+configs); --size full: T5 6 layers d 512 (t5-small's shape), BART 6+6 layers d 768 (bart-base's),
+batch 8 x 512 (decoder 128). torch.compile runs with backend "inductor" unless --tc-backend says
+otherwise ("eager" counts graphs without Inductor's compile time).
+"""
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+
+import torch
+
+import ember
+
+
+def build(name: str, size: str, device: str, dtype: torch.dtype):
+    from transformers import BartConfig, BartModel, T5Config, T5Model
+    torch.manual_seed(0)
+    if name == "t5":
+        kw = (dict(d_model=128, d_kv=32, d_ff=256, num_layers=2, num_heads=4) if size == "tiny"
+              else dict(d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8))
+        model = T5Model(T5Config(vocab_size=1000, decoder_start_token_id=0, **kw))
+    else:
+        kw = (dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                   encoder_ffn_dim=128, decoder_ffn_dim=128) if size == "tiny"
+              else dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
+                        decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072))
+        model = BartModel(BartConfig(vocab_size=1000, max_position_embeddings=1024, **kw))
+    model = model.eval().to(device=device, dtype=dtype)
+    b, s, t = (2, 16, 8) if size == "tiny" else (8, 512, 128)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 1000, (b, s), generator=g).to(device)
+    dec = torch.randint(0, 1000, (b, t), generator=g).to(device)
+    return model, {"input_ids": ids, "decoder_input_ids": dec}
+
+
+class _Count(logging.Handler):
+    """Counts the cache entries ember makes (one ember.perf record each) and the frames it skips."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.entries = self.graphs = self.skips = 0
+
+    def emit(self, record):
+        ev = getattr(record, "ember_event", None) or {}
+        if record.name == "ember.recompiles":
+            self.skips += ev.get("event") == "skip"
+            return
+        if record.name == "ember.perf" and "info" in ev:
+            self.entries += 1
+            self.graphs += bool(ev["info"].get("ops"))
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run(compiler, model, inputs, args):
+    counts = {}
+    if compiler == "eager":
+        fn = model
+    elif compiler == "torch.compile":
+        import torch._dynamo
+        from torch._dynamo.utils import counters
+        torch._dynamo.reset()
+        counters.clear()
+        fn = torch.compile(model, backend=args.tc_backend)
+    else:
+        ember.reset()
+        counter = _Count()
+        for name in ("ember.perf", "ember.recompiles"):
+            logging.getLogger(name).addHandler(counter)
+        ember.set_logs("perf,recompiles")
+        fn = ember.compile(model)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = fn(**inputs).last_hidden_state
+        sync(args.device)
+        first = time.perf_counter() - t0
+        for _ in range(args.warmup - 1):
+            fn(**inputs)
+        after_warm = None
+        if compiler == "torch.compile":
+            after_warm = counters["stats"]["unique_graphs"]
+        elif compiler == "ember":
+            after_warm = counter.entries
+        times = []
+        for _ in range(args.calls):
+            sync(args.device)
+            t = time.perf_counter()
+            fn(**inputs)
+            sync(args.device)
+            times.append(time.perf_counter() - t)
+    if compiler == "torch.compile":
+        counts = {"graphs": counters["stats"]["unique_graphs"], "frames": counters["frames"]["ok"],
+                  "new_after_warmup": counters["stats"]["unique_graphs"] - after_warm}
+    elif compiler == "ember":
+        ember.set_logs()
+        for name in ("ember.perf", "ember.recompiles"):
+            logging.getLogger(name).removeHandler(counter)
+        counts = {"entries": counter.entries, "graphs": counter.graphs, "skipped_frames": counter.skips,
+                  "new_after_warmup": counter.entries - after_warm}
+    return out, statistics.median(times), first, counts
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="t5,bart")
+    ap.add_argument("--compilers", default="eager,torch.compile,ember")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--size", default="tiny", choices=["tiny", "full"])
+    ap.add_argument("--warmup", type=int, default=12)
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--tc-backend", default="inductor")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dev = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"
+    print(f"# {dev}, torch {torch.__version__}, Python {sys.version.split()[0]}, {args.size} configs, {args.dtype}, "
+          f"{args.warmup} warm-up calls, median of {args.calls}")
+    rows = []
+    for name in args.models.split(","):
+        model, inputs = build(name, args.size, args.device, dtype)
+        ref = None
+        for comp in args.compilers.split(","):
+            out, t, first, counts = run(comp, model, inputs, args)
+            if ref is None:
+                ref = out
+            tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
+            ok = torch.allclose(out.float(), ref.float(), **tol)
+            rows.append({"model": name, "compiler": comp, "ms": t * 1e3, "first_s": first, "equal": ok, **counts})
+            extra = " ".join(f"{k}={v}" for k, v in counts.items())
+            print(f"{name:5s} {comp:14s} {t * 1e3:9.3f} ms/call  first call {first:7.2f} s  equal={ok}  {extra}")
+        base = {r["compiler"]: r["ms"] for r in rows if r["model"] == name}
+        if "eager" in base:
+            print("      speed over eager: " + ", ".join(f"{c} x{base['eager'] / ms:.2f}" for c, ms in base.items()
+                                                      if c != "eager"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": dev, "args": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

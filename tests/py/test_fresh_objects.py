@@ -1,0 +1,333 @@
+"""Objects built on every call are guarded by what the code reads from them, not by identity (issue
+46): an input object of a Python class is guarded by its type and by the attributes the trace read
+(through L[...].__dict__[...] sources: tensors by metadata, numbers by value, nested objects by type);
+identity only where the program relies on it (`is`, an object the trace stores into). Frames the hook
+meets that hold no tensor operation, or that trace again and again without a graph, are skipped, as
+torch.compile skips them. Every result is compared with eager's; compile counts with torch.compile's
+on the same calls (backend "eager", so that only Dynamo's frames are counted)."""
+import collections
+import dataclasses
+import logging
+
+import pytest
+import torch
+
+import ember
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    ember.reset()
+    yield
+    ember.reset()
+
+
+def entries(fn):
+    return ember.cache_info(fn, resume=True)
+
+
+def dynamo_frames(fn, calls):
+    """The frames Dynamo compiled for fn over calls (each a tuple of arguments), backend "eager": its
+    cache entries, as ember's are counted (a graph break is one entry and its resume function
+    another, in both)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    c = torch.compile(fn, backend="eager")
+    for args in calls:
+        c(*args)
+    n = counters["frames"]["ok"]
+    torch._dynamo.reset()
+    return n
+
+
+def run_both(fn, calls):
+    """fn compiled by ember over calls, each result equal to eager's; returns the compiled function."""
+    c = ember.compile(fn)
+    for args in calls:
+        torch.testing.assert_close(c(*args), fn(*args))
+    return c
+
+
+# ---- plain Python patterns --------------------------------------------------------------------
+
+class Holder:
+    def __init__(self, t, scale=2.0):
+        self.t = t
+        self.scale = scale
+
+
+@dataclasses.dataclass
+class Out:
+    h: torch.Tensor
+    n: int
+
+
+NT = collections.namedtuple("NT", "a b")
+
+
+def read_object(obj, x):
+    return x + obj.t * obj.scale
+
+
+def dataclass_across_a_break(x):
+    o = Out(x.sin(), 3)
+    print(end="")  # a graph break: o is passed to the resume function
+    return o.h * o.n
+
+
+def namedtuple_arg(nt, x):
+    return nt.a * x + nt.b
+
+
+def nested_objects(outer, x):
+    return outer.inner.t + x * outer.k
+
+
+def _nested_args():
+    outer = Holder(None)
+    outer.inner = Holder(torch.randn(3))
+    outer.k = 3
+    return outer, torch.randn(3)
+
+
+PATTERNS = [
+    ("object", read_object, lambda: (Holder(torch.randn(4)), torch.randn(4))),
+    ("dataclass across a break", dataclass_across_a_break, lambda: (torch.randn(4),)),
+    ("namedtuple", namedtuple_arg, lambda: (NT(torch.randn(4), 1.5), torch.randn(4))),
+    ("nested objects", nested_objects, _nested_args),
+]
+
+
+@pytest.mark.parametrize("name", [p[0] for p in PATTERNS])
+def test_fresh_objects_compile_no_more_than_torch_compile(name):
+    _, fn, make = next(p for p in PATTERNS if p[0] == name)
+    calls = [make() for _ in range(20)]
+    c = run_both(fn, calls)
+    es = entries(c)
+    assert len(es) <= dynamo_frames(fn, calls), [(e["kind"], e["guards"]) for e in es]
+    # no entry was made after the first call: each one answered every later call
+    assert sum(e["hits"] for e in es) >= 19, [(e["kind"], e["hits"]) for e in es]
+    assert not any("___id(L['obj'])" in g or "___id(L['nt'])" in g for e in es for g in e["guards"])
+
+
+def test_object_guards_read_attributes_by_value_and_metadata():
+    c = ember.compile(read_object)
+    h, x = Holder(torch.randn(4)), torch.randn(4)
+    torch.testing.assert_close(c(h, x), read_object(h, x))
+    (e,) = entries(c)
+    guards = "\n".join(e["guards"])
+    assert "type(L['obj']) is" in guards and "L['obj'].__dict__['scale'] == 2.0" in guards, guards
+    assert "check_tensor(L['obj'].__dict__['t']" in guards and "___id(L['obj'])" not in guards, guards
+
+
+def test_mutated_object_recompiles_with_the_new_values():
+    c = ember.compile(read_object)
+    x = torch.randn(4)
+    h = Holder(torch.randn(4))
+    torch.testing.assert_close(c(h, x), read_object(h, x))
+    h.scale = 5.0  # a value the trace read
+    torch.testing.assert_close(c(h, x), read_object(h, x))
+    h.t = torch.randn(2, 4)  # a tensor of another shape
+    torch.testing.assert_close(c(h, x), read_object(h, x))
+    h.extra = 1  # an attribute added: the instance dict's keys changed
+    torch.testing.assert_close(c(h, x), read_object(h, x))
+    del h.extra
+    h.t = torch.randn(4)
+    torch.testing.assert_close(c(h, x), read_object(h, x))
+
+
+def test_object_whose_type_changes():
+    class Other:
+        def __init__(self, t):
+            self.t = t
+            self.scale = -1.0
+
+    c = ember.compile(read_object)
+    x = torch.randn(4)
+    for obj in (Holder(torch.randn(4)), Other(torch.randn(4)), Holder(torch.randn(4), 3.0), Other(torch.randn(4))):
+        torch.testing.assert_close(c(obj, x), read_object(obj, x))
+
+
+def test_missing_attribute_raises_as_eager():
+    c = ember.compile(read_object)
+    x = torch.randn(4)
+    c(Holder(torch.randn(4)), x)
+    bad = Holder(torch.randn(4))
+    del bad.scale
+    with pytest.raises(AttributeError, match="scale"):
+        read_object(bad, x)
+    with pytest.raises(AttributeError, match="scale"):
+        c(bad, x)
+
+
+def test_identity_kept_where_the_program_relies_on_it():
+    def same(a, b, x):
+        return x + 1 if a is b else x - 1
+
+    c = ember.compile(same)
+    x = torch.randn(3)
+    o1, o2 = Holder(None), Holder(None)
+    for a, b in ((o1, o1), (o1, o2), (o2, o2), (o2, o1), (o1, o1)):
+        torch.testing.assert_close(c(a, b, x), same(a, b, x))
+
+    class Keeper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.last = Holder(None)
+
+        def forward(self, out, x):
+            if out is self.last:  # a module attribute compared with an argument
+                return x * 2
+            return x * 3
+
+    k = Keeper()
+    ck = ember.compile(k)
+    for out in (k.last, Holder(None), k.last, Holder(None)):
+        torch.testing.assert_close(ck(out, x), k(out, x))
+
+
+def test_is_none_needs_no_identity():
+    def f(obj, x):
+        if obj.t is None:
+            return x
+        return x + obj.t
+
+    c = ember.compile(f)
+    for _ in range(5):
+        h = Holder(torch.randn(3))
+        x = torch.randn(3)
+        torch.testing.assert_close(c(h, x), f(h, x))
+    assert len(entries(c)) == 1
+    h = Holder(None)
+    torch.testing.assert_close(c(h, x), f(h, x))
+
+
+def test_eq_and_hash_that_raise():
+    class Touchy:
+        def __init__(self, t):
+            self.t = t
+            self.scale = 1.5
+
+        def __eq__(self, other):
+            raise RuntimeError("__eq__ called")
+
+        def __hash__(self):
+            raise RuntimeError("__hash__ called")
+
+    c = ember.compile(read_object)
+    for _ in range(4):
+        obj, x = Touchy(torch.randn(4)), torch.randn(4)
+        torch.testing.assert_close(c(obj, x), read_object(obj, x))
+    assert len(entries(c)) == 1
+
+
+def test_store_into_an_input_object_keeps_eager_semantics():
+    def f(obj, x):
+        obj.count = obj.count + 1
+        return x * obj.count
+
+    c = ember.compile(f)
+    a, b = Holder(None), Holder(None)
+    a.count = b.count = 0
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(c(a, x), f(b, x))
+        assert a.count == b.count
+
+
+def test_aliased_objects_are_one_object():
+    def f(a, b, x):
+        a.t = x * 2  # a store through one path, a read through the other
+        return b.t + 1
+
+    c = ember.compile(f)
+    o = Holder(None)
+    r = c(o, o, torch.ones(2))
+    assert torch.equal(r, torch.full((2,), 3.0)) and torch.equal(o.t, torch.full((2,), 2.0))
+    p, q = Holder(None), Holder(torch.zeros(2))
+    r = c(p, q, torch.ones(2))
+    assert torch.equal(r, torch.ones(2)) and torch.equal(p.t, torch.full((2,), 2.0))
+
+
+# ---- frames the hook skips ----------------------------------------------------------------------
+
+def test_frame_without_tensor_operations_is_skipped(caplog):
+    class Config:
+        def __init__(self):
+            self.a, self.b = 1, 2
+
+        def get(self, key):  # met by the hook with a new key each call: no tensor operation
+            return getattr(self, key)
+
+    cfg = Config()
+
+    def scale(x, n):  # met by the hook too, with tensor operations: compiled
+        return x * n
+
+    def f(x):
+        try:  # a break inside a try block: f runs as Python, the functions it calls go through the hook
+            print(end="")
+        finally:
+            pass
+        return scale(x, cfg.get("a") + cfg.get("b"))
+
+    ember.set_logs("recompiles")
+    try:
+        with caplog.at_level(logging.INFO, logger="ember.recompiles"):
+            c = ember.compile(f)
+            for _ in range(6):
+                x = torch.randn(3)
+                torch.testing.assert_close(c(x), f(x))
+    finally:
+        ember.set_logs()
+    assert any("Config.get" in r.getMessage() and r.getMessage().startswith("Skipping") and "no tensor operations" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert not ember.cache_info(Config.get)  # no entry: the code runs as Python
+    assert [e["kind"] for e in ember.cache_info(scale)] == ["graph"] and ember.cache_info(scale)[0]["hits"] == 5
+
+
+# ---- real encoder-decoder models ---------------------------------------------------------------
+
+class _Count(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.entries = 0
+
+    def emit(self, record):
+        if "info" in (getattr(record, "ember_event", None) or {}):
+            self.entries += 1
+
+
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_encoder_decoder_stops_compiling(name):
+    """T5 and BART (tiny configs): the forward builds ModelOutputs and an EncoderDecoderCache on every
+    call. Results equal eager's; after a few calls nothing compiles again."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if name == "t5":
+        model = transformers.T5Model(transformers.T5Config(
+            vocab_size=100, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, decoder_start_token_id=0))
+    else:
+        model = transformers.BartModel(transformers.BartConfig(
+            vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64))
+    model.eval()
+    ids, dec = torch.randint(0, 100, (2, 12)), torch.randint(0, 100, (2, 6))
+    counter = _Count()
+    logging.getLogger("ember.perf").addHandler(counter)
+    ember.set_logs("perf")
+    try:
+        c = ember.compile(model)
+        with torch.no_grad():
+            ref = model(input_ids=ids, decoder_input_ids=dec).last_hidden_state
+            for i in range(20):
+                out = c(input_ids=ids, decoder_input_ids=dec).last_hidden_state
+                torch.testing.assert_close(out, ref)
+                if i == 4:
+                    warm = counter.entries
+    finally:
+        ember.set_logs()
+        logging.getLogger("ember.perf").removeHandler(counter)
+    assert counter.entries == warm, f"{counter.entries - warm} entries made after the fifth call"
