@@ -76,9 +76,9 @@ def run(compiler, model, inputs, args):
     if compiler == "eager":
         fn = model
     elif compiler == "torch.compile":
-        import torch._dynamo
+        import torch._dynamo as dynamo
         from torch._dynamo.utils import counters
-        torch._dynamo.reset()
+        dynamo.reset()
         counters.clear()
         fn = torch.compile(model, backend=args.tc_backend)
     else:
