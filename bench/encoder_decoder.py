@@ -5,7 +5,8 @@ torch.no_grad() with the same inputs by every compiler; per compiler: the per-ca
 `--calls` timed calls after `--warmup` calls), how many frames were compiled over all calls (ember:
 cache entries made, from its perf log; torch.compile: Dynamo's frame and graph counters), how many
 of those came after the warm-up (a compiler that recompiles on every call shows it here), and
-whether the outputs equal eager's (assert_close with the dtype's tolerance).
+whether the outputs equal eager's (the largest difference relative to eager's largest value: 1e-4 in
+fp32, 5e-2 in bf16/fp16).
 
     python bench/encoder_decoder.py                                   # dev VM: tiny configs, CPU
     python bench/encoder_decoder.py --device cuda --size full --dtype bf16
@@ -143,11 +144,15 @@ def main(argv=None):
             out, t, first, counts = run(comp, model, inputs, args)
             if ref is None:
                 ref = out
-            tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
-            ok = torch.allclose(out.float(), ref.float(), **tol)
-            rows.append({"model": name, "compiler": comp, "ms": t * 1e3, "first_s": first, "equal": ok, **counts})
+            # the largest difference from eager's output, relative to its largest value: fp32 within
+            # 1e-4, bf16/fp16 within 5e-2 (a 6-layer model's rounding in the low precision)
+            err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
+            ok = err <= (1e-4 if dtype == torch.float32 else 5e-2)
+            rows.append({"model": name, "compiler": comp, "ms": t * 1e3, "first_s": first, "equal": ok,
+                         "max_rel_err": err, **counts})
             extra = " ".join(f"{k}={v}" for k, v in counts.items())
-            print(f"{name:5s} {comp:14s} {t * 1e3:9.3f} ms/call  first call {first:7.2f} s  equal={ok}  {extra}")
+            print(f"{name:5s} {comp:14s} {t * 1e3:9.3f} ms/call  first call {first:7.2f} s  equal={ok} "
+                  f"(max err {err:.1e} of max |eager|)  {extra}")
         base = {r["compiler"]: r["ms"] for r in rows if r["model"] == name}
         if "eager" in base:
             print("      speed over eager: " + ", ".join(f"{c} x{base['eager'] / ms:.2f}" for c, ms in base.items()

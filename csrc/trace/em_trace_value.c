@@ -108,6 +108,9 @@ static bool is_torch_enum(PyObject *o) {
 static bool equals_guardable(PyObject *o) {
     if (o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o))
         return true;
+    /* torch.device: a value, not a singleton (a cache's device attribute read from an input object);
+     * the guard compares type and == (C code, em_guard.c const_equal) */
+    if (em_trace_rt.device_type && Py_TYPE(o) == (PyTypeObject *)em_trace_rt.device_type) return true;
     if (PyTuple_CheckExact(o)) {
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); i++)
             if (!equals_guardable(PyTuple_GET_ITEM(o, i))) return false;

@@ -1,0 +1,175 @@
+"""LLM generation with a KV cache: eager, torch.compile and ember in one process (issue 41).
+
+A Llama-style decoder (RoPE, RMSNorm, GQA, SwiGLU) built from a config with random weights generates
+greedily with transformers' `generate()`, the model's forward compiled as transformers documents it
+(`model.forward = compile(model.forward)`), with a dynamic cache (DynamicCache: the key/value
+tensors grow each step) and a static one (StaticCache: preallocated, updated in place). Per
+compiler and cache: the whole generate() (median of --rounds after one warm-up generate), the prefill
+(a generate of one new token) and the decode step ((whole - prefill) / (new tokens - 1)), tokens per
+second, the frames compiled in the first generate and in the later ones (a compiler that recompiles
+per decode step shows it there), and whether the tokens equal eager's. The decode step is set next
+to its memory-bandwidth bound: the bytes of the weights and of the cache read per step over the
+device's copy bandwidth (measured: a large clone, bytes read and written).
+
+    python bench/generate.py                                       # dev VM: 4 layers d 256, batch 2
+    python bench/generate.py --device cuda --size full --dtype bf16  # 8 layers d 1024, batch 4, 128 + 64
+    python bench/generate.py --caches dynamic --compilers eager,ember
+
+Not yet here (issue 41): mode="reduce-overhead" (CUDA graphs per decode step) and sampling.
+"""
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+
+import torch
+
+import ember
+
+
+def build(size, device, dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    if size == "tiny":
+        cfg = LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+        batch, prompt, new = 2, 16, 32
+    else:
+        cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                          num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=1024)
+        batch, prompt, new = 4, 128, 64
+    model = LlamaForCausalLM(cfg).eval().to(device=device, dtype=dtype)
+    ids = torch.randint(0, cfg.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(1)).to(device)
+    return model, cfg, ids, new
+
+
+def bandwidth(device):
+    """Copy bandwidth in bytes/s (read + write) of a 256 MiB clone, median of 5."""
+    x = torch.empty(64 << 20, dtype=torch.float32, device=device)
+    ts = []
+    for _ in range(6):
+        sync(device)
+        t = time.perf_counter()
+        x.clone()
+        sync(device)
+        ts.append(time.perf_counter() - t)
+    return 2 * x.numel() * 4 / statistics.median(ts[1:])
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class _Count(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.entries = 0
+
+    def emit(self, record):
+        if "info" in (getattr(record, "ember_event", None) or {}):
+            self.entries += 1
+
+
+def frames_so_far(compiler, counter):
+    if compiler == "torch.compile":
+        from torch._dynamo.utils import counters
+        return counters["frames"]["ok"]
+    return counter.entries if counter else 0
+
+
+def timed_generate(model, ids, kw, device):
+    sync(device)
+    t = time.perf_counter()
+    out = model.generate(ids, **kw)
+    sync(device)
+    return out, time.perf_counter() - t
+
+
+def run(compiler, model, ids, new, cache, args):
+    counter = None
+    orig = model.forward
+    if compiler == "torch.compile":
+        import torch._dynamo as dynamo
+        from torch._dynamo.utils import counters
+        dynamo.reset()
+        counters.clear()
+        model.forward = torch.compile(orig)
+    elif compiler == "ember":
+        ember.reset()
+        counter = _Count()
+        logging.getLogger("ember.perf").addHandler(counter)
+        ember.set_logs("perf")
+        stream = logging.getLogger("ember")
+        stream.handlers = [h for h in stream.handlers if not isinstance(h, logging.StreamHandler)]
+        model.forward = ember.compile(orig)
+    # disable_compile: transformers otherwise torch.compiles the forward by itself for a static cache
+    # (GenerationConfig.compile_config), which would measure that instead of the compiler in the row
+    kw = dict(do_sample=False, max_new_tokens=new, min_new_tokens=new, pad_token_id=0, disable_compile=True)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    mask = torch.ones_like(ids)
+    try:
+        with torch.no_grad():
+            out, first = timed_generate(model, ids, dict(kw, attention_mask=mask), args.device)
+            f1 = frames_so_far(compiler, counter)
+            whole, prefill = [], []
+            for _ in range(args.rounds):
+                whole.append(timed_generate(model, ids, dict(kw, attention_mask=mask), args.device)[1])
+                one = dict(kw, attention_mask=mask, max_new_tokens=1, min_new_tokens=1)
+                prefill.append(timed_generate(model, ids, one, args.device)[1])
+            f2 = frames_so_far(compiler, counter)
+    finally:
+        model.forward = orig
+        if counter:
+            ember.set_logs()
+            logging.getLogger("ember.perf").removeHandler(counter)
+    w, p = statistics.median(whole), statistics.median(prefill)
+    return out, {"first_s": first, "generate_s": w, "prefill_ms": p * 1e3, "decode_ms": (w - p) / (new - 1) * 1e3,
+                 "tokens_per_s": ids.shape[0] * new / w, "frames_first_generate": f1, "frames_later": f2 - f1}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--size", default="tiny", choices=["tiny", "full"])
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--caches", default="dynamic,static")
+    ap.add_argument("--compilers", default="eager,torch.compile,ember")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    model, cfg, ids, new = build(args.size, args.device, dtype)
+    dev = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"
+    bw = bandwidth(args.device)
+    wbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv = lambda n: 2 * cfg.num_hidden_layers * ids.shape[0] * cfg.num_key_value_heads * n * (  # noqa: E731
+        cfg.hidden_size // cfg.num_attention_heads) * model.dtype.itemsize
+    bound_ms = (wbytes + kv(ids.shape[1] + new // 2)) / (bw / 2) * 1e3  # bytes read once, at half the copy rate
+    print(f"# {dev}, torch {torch.__version__}, Python {sys.version.split()[0]}, {args.size}: "
+          f"{cfg.num_hidden_layers} layers d {cfg.hidden_size}, batch {ids.shape[0]}, prompt {ids.shape[1]}, "
+          f"{new} new tokens, {args.dtype}; copy bandwidth {bw / 1e9:.0f} GB/s; decode step bound "
+          f"(weights {wbytes / 2**20:.0f} MiB + mean cache) {bound_ms:.3f} ms")
+    rows = []
+    for cache in args.caches.split(","):
+        ref = None
+        for comp in args.compilers.split(","):
+            out, r = run(comp, model, ids, new, cache, args)
+            ref = out if ref is None else ref
+            r.update(cache=cache, compiler=comp, equal=bool(torch.equal(out, ref)),
+                     decode_vs_bound=r["decode_ms"] / bound_ms)
+            rows.append(r)
+            print(f"{cache:8s} {comp:14s} generate {r['generate_s']:7.3f} s ({r['tokens_per_s']:8.1f} tok/s)  "
+                  f"prefill {r['prefill_ms']:8.2f} ms  decode {r['decode_ms']:7.3f} ms/step "
+                  f"({r['decode_vs_bound']:.1f}x bound)  first {r['first_s']:6.2f} s  frames {r['frames_first_generate']}"
+                  f" then {r['frames_later']}  equal={r['equal']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": dev, "args": vars(args), "bound_ms": bound_ms, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
