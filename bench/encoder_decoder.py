@@ -19,7 +19,6 @@ otherwise ("eager" counts graphs without Inductor's compile time).
 """
 import argparse
 import json
-import logging
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ import time
 import torch
 
 import ember
+from ember.testing.counting import count_compiles
 
 
 def build(name: str, size: str, device: str, dtype: torch.dtype):
@@ -50,23 +50,6 @@ def build(name: str, size: str, device: str, dtype: torch.dtype):
     return model, {"input_ids": ids, "decoder_input_ids": dec}
 
 
-class _Count(logging.Handler):
-    """Counts the cache entries ember makes (one ember.perf record each) and the frames it skips."""
-
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.entries = self.graphs = self.skips = 0
-
-    def emit(self, record):
-        ev = getattr(record, "ember_event", None) or {}
-        if record.name == "ember.recompiles":
-            self.skips += ev.get("event") == "skip"
-            return
-        if record.name == "ember.perf" and "info" in ev:
-            self.entries += 1
-            self.graphs += bool(ev["info"].get("ops"))
-
-
 def sync(device):
     if device == "cuda":
         torch.cuda.synchronize()
@@ -84,10 +67,7 @@ def run(compiler, model, inputs, args):
         fn = torch.compile(model, backend=args.tc_backend)
     else:
         ember.reset()
-        counter = _Count()
-        for name in ("ember.perf", "ember.recompiles"):
-            logging.getLogger(name).addHandler(counter)
-        ember.set_logs("perf,recompiles")
+        counter = count_compiles().__enter__()
         fn = ember.compile(model)
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -112,10 +92,8 @@ def run(compiler, model, inputs, args):
         counts = {"graphs": counters["stats"]["unique_graphs"], "frames": counters["frames"]["ok"],
                   "new_after_warmup": counters["stats"]["unique_graphs"] - after_warm}
     elif compiler == "ember":
-        ember.set_logs()
-        for name in ("ember.perf", "ember.recompiles"):
-            logging.getLogger(name).removeHandler(counter)
-        counts = {"entries": counter.entries, "graphs": counter.graphs, "skipped_frames": counter.skips,
+        counter.__exit__(None, None, None)
+        counts = {"entries": counter.entries, "graphs": counter.graphs, "skipped_frames": counter.skipped,
                   "new_after_warmup": counter.entries - after_warm}
     return out, statistics.median(times), first, counts
 

@@ -19,7 +19,6 @@ Not yet here (issue 41): mode="reduce-overhead" (CUDA graphs per decode step) an
 """
 import argparse
 import json
-import logging
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ import time
 import torch
 
 import ember
+from ember.testing.counting import count_compiles
 
 
 def build(size, device, dtype):
@@ -63,16 +63,6 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-class _Count(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.entries = 0
-
-    def emit(self, record):
-        if "info" in (getattr(record, "ember_event", None) or {}):
-            self.entries += 1
-
-
 def frames_so_far(compiler, counter):
     if compiler == "torch.compile":
         from torch._dynamo.utils import counters
@@ -99,11 +89,7 @@ def run(compiler, model, ids, new, cache, args):
         model.forward = torch.compile(orig)
     elif compiler == "ember":
         ember.reset()
-        counter = _Count()
-        logging.getLogger("ember.perf").addHandler(counter)
-        ember.set_logs("perf")
-        stream = logging.getLogger("ember")
-        stream.handlers = [h for h in stream.handlers if not isinstance(h, logging.StreamHandler)]
+        counter = count_compiles().__enter__()
         model.forward = ember.compile(orig)
     # disable_compile: transformers otherwise torch.compiles the forward by itself for a static cache
     # (GenerationConfig.compile_config), which would measure that instead of the compiler in the row
@@ -124,8 +110,7 @@ def run(compiler, model, ids, new, cache, args):
     finally:
         model.forward = orig
         if counter:
-            ember.set_logs()
-            logging.getLogger("ember.perf").removeHandler(counter)
+            counter.__exit__(None, None, None)
     w, p = statistics.median(whole), statistics.median(prefill)
     return out, {"first_s": first, "generate_s": w, "prefill_ms": p * 1e3, "decode_ms": (w - p) / (new - 1) * 1e3,
                  "tokens_per_s": ids.shape[0] * new / w, "frames_first_generate": f1, "frames_later": f2 - f1}

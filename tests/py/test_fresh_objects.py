@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import ember
+from ember.testing.counting import count_compiles
 
 
 @pytest.fixture(autouse=True)
@@ -290,16 +291,6 @@ def test_frame_without_tensor_operations_is_skipped(caplog):
 
 # ---- real encoder-decoder models ---------------------------------------------------------------
 
-class _Count(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.entries = 0
-
-    def emit(self, record):
-        if "info" in (getattr(record, "ember_event", None) or {}):
-            self.entries += 1
-
-
 @pytest.mark.parametrize("name", ["t5", "bart"])
 def test_encoder_decoder_stops_compiling(name):
     """T5 and BART (tiny configs): the forward builds ModelOutputs and an EncoderDecoderCache on every
@@ -315,19 +306,12 @@ def test_encoder_decoder_stops_compiling(name):
             decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64))
     model.eval()
     ids, dec = torch.randint(0, 100, (2, 12)), torch.randint(0, 100, (2, 6))
-    counter = _Count()
-    logging.getLogger("ember.perf").addHandler(counter)
-    ember.set_logs("perf")
-    try:
-        c = ember.compile(model)
-        with torch.no_grad():
-            ref = model(input_ids=ids, decoder_input_ids=dec).last_hidden_state
-            for i in range(20):
-                out = c(input_ids=ids, decoder_input_ids=dec).last_hidden_state
-                torch.testing.assert_close(out, ref)
-                if i == 4:
-                    warm = counter.entries
-    finally:
-        ember.set_logs()
-        logging.getLogger("ember.perf").removeHandler(counter)
+    c = ember.compile(model)
+    with count_compiles() as counter, torch.no_grad():
+        ref = model(input_ids=ids, decoder_input_ids=dec).last_hidden_state
+        for i in range(20):
+            out = c(input_ids=ids, decoder_input_ids=dec).last_hidden_state
+            torch.testing.assert_close(out, ref)
+            if i == 4:
+                warm = counter.entries
     assert counter.entries == warm, f"{counter.entries - warm} entries made after the fifth call"

@@ -1,0 +1,105 @@
+"""LLM generation with a KV cache (issue 41): `model.forward = ember.compile(model.forward)` under
+transformers' generate(), with the dynamic cache (its key/value tensors replaced every step) and the
+static one (updated in place at cache_position). The cache objects are new every generate() and
+their tensors change every step: they are guarded by what the graph reads (tensor metadata, symbolic
+sizes after the first change), never by identity, so the decode steps do not recompile. Tokens equal
+eager's; compiles at most torch.compile's (its frames, backend "eager") on the same calls."""
+import pytest
+import torch
+
+import ember
+from ember.testing.counting import count_compiles
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    ember.reset()
+    yield
+    ember.reset()
+
+
+def tiny_llama():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def tiny_gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=256)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def generate(model, ids, new, cache):
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+              attention_mask=torch.ones_like(ids), disable_compile=True)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    with torch.no_grad():
+        return model.generate(ids, **kw)
+
+
+def dynamo_frames(model, ids, new, cache, runs):
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+    dynamo.reset()
+    counters.clear()
+    orig = model.forward
+    model.forward = torch.compile(orig, backend="eager")
+    try:
+        for _ in range(runs):
+            generate(model, ids, new, cache)
+    finally:
+        model.forward = orig
+        dynamo.reset()
+    return counters["frames"]["ok"]
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_compiles_once_per_phase(make, cache):
+    model = make()
+    ids = torch.randint(1, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    new = 64 if make is tiny_llama else 24
+    ref = generate(model, ids, new, cache)
+    orig = model.forward
+    model.forward = ember.compile(orig)
+    try:
+        with count_compiles() as counter:
+            out = generate(model, ids, new, cache)
+            first = counter.entries
+            out2 = generate(model, ids, new, cache)  # a new cache object, the same shapes
+    finally:
+        model.forward = orig
+    assert torch.equal(out, ref) and torch.equal(out2, ref)
+    assert counter.entries == first, f"{counter.entries - first} compiles in the second generate"
+    assert first <= dynamo_frames(model, ids, new, cache, runs=2), first
+
+
+def test_hand_written_decode_loop():
+    """gpt-fast's shape: one compiled decode_one_token(model, token, cache) over many steps."""
+    model = tiny_llama()
+    ids = torch.randint(1, 128, (1, 8), generator=torch.Generator().manual_seed(2))
+
+    def decode_one_token(model, token, past):
+        out = model(input_ids=token, past_key_values=past, use_cache=True)
+        return out.logits[:, -1].argmax(-1, keepdim=True), out.past_key_values
+
+    def loop(step):
+        with torch.no_grad():
+            out = model(input_ids=ids, use_cache=True)
+            tok, past = out.logits[:, -1].argmax(-1, keepdim=True), out.past_key_values
+            toks = [tok]
+            for _ in range(20):
+                tok, past = step(model, tok, past)
+                toks.append(tok)
+        return torch.cat(toks, 1)
+
+    ref = loop(decode_one_token)
+    c = ember.compile(decode_one_token)
+    torch.testing.assert_close(loop(c), ref)
+    es = ember.cache_info(c)
+    assert len(es) <= 2 and sum(e["hits"] for e in es) >= 18, [(e["kind"], e["hits"], e["dynamic"]) for e in es]
