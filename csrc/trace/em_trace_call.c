@@ -1979,6 +1979,11 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
     }
     case BI_ABS:
         if (nargs == 1 && any_tensor(T, args, 1)) return em_tr_unary(T, rt->op_abs, args[0]);
+        if (nargs == 1 && !nkw) {
+            int handled = 0;
+            TValue *r = em_tr_sym_abs(T, args[0], &handled);
+            if (handled || T->broke) return r;
+        }
         return fold_or_break(T, fn, args, nargs, kwnames, kwvals);
     case BI_POW:
         if (nargs == 2 && !nkw && any_tensor(T, args, 2)) return em_tr_binop(T, 8, args[0], args[1]);
@@ -2127,6 +2132,11 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
             n = nargs;
         } else if (em_tr_items(T, args[0], &items, &n) < 0) {
             return NULL;
+        }
+        if ((bi == BI_MIN || bi == BI_MAX) && !nkw) {
+            int handled = 0;
+            TValue *r = em_tr_sym_minmax(T, bi == BI_MIN, items, n, &handled);
+            if (handled || T->broke) return r;
         }
         if (bi == BI_ALL || bi == BI_ANY) {
             if (nargs != 1 || nkw) break;

@@ -478,6 +478,8 @@ int em_tr_sym_arg(Trace *T, TValue *v, IRArg *out, PyObject **py);
 PyObject *em_tr_sym_specialize(Trace *T, TValue *v, const char *why);
 /* Operators with a SYMINT operand: NULL with *handled = 0 when not handled here. */
 TValue *em_tr_sym_binop(Trace *T, int nb, TValue *a, TValue *b, int *handled);
+TValue *em_tr_sym_minmax(Trace *T, bool is_min, TValue **items, uint32_t n, int *handled);
+TValue *em_tr_sym_abs(Trace *T, TValue *v, int *handled);
 TValue *em_tr_sym_compare(Trace *T, int cmp, TValue *a, TValue *b, int *handled);
 TValue *em_tr_sym_neg(Trace *T, TValue *a);
 int em_tr_sym_truth(Trace *T, TValue *v, bool *out);

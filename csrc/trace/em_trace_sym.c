@@ -505,9 +505,66 @@ TValue *em_tr_sym_binop(Trace *T, int nb, TValue *a, TValue *b, int *handled) {
     case 5: r = em_sym_mul(env, x, y); break;
     case 2: r = em_sym_floordiv(env, x, y); break;
     case 6: r = em_sym_mod(env, x, y); break;
-    default: return NULL; /* / ** & | ...: the caller specialises */
+    case 8: case 3: case 9: { /* x ** k, x << k, x >> k for a constant k >= 0 (Python ints: x << k is
+                               * x * 2**k and x >> k is x // 2**k, negative x included); a symbolic or
+                               * negative k (a float power, a ValueError) is specialised */
+        int64_t k;
+        if (!em_sym_is_const(env, y, &k) || k < 0 || k > (base == 8 ? 64 : 62)) return NULL;
+        if (base == 8) {
+            r = em_sym_const(env, 1);
+            for (int64_t j = 0; j < k && r != SYM_NONE; j++) r = em_sym_mul(env, r, x);
+        } else {
+            SymRef p2 = em_sym_const(env, (int64_t)1 << k);
+            r = base == 3 ? em_sym_mul(env, x, p2) : em_sym_floordiv(env, x, p2);
+        }
+        if (r == SYM_NONE) {
+            env_break(T);
+            return NULL;
+        }
+        break;
+    }
+    default: return NULL; /* / & | ^ @: the caller specialises */
     }
     *handled = 1;
+    return em_tr_symint(T, r);
+}
+
+/* min/max over ints of which some are symbolic (min(n, 5), max(a, b, 2)): Min/Max expressions, as
+ * torch.sym_min / sym_max, instead of a guard on each value. *handled = 0 when an item is not an int. */
+TValue *em_tr_sym_minmax(Trace *T, bool is_min, TValue **items, uint32_t n, int *handled) {
+    *handled = 0;
+    bool any = false;
+    for (uint32_t i = 0; i < n; i++) {
+        TValue *v = em_tr_realize(T, items[i]);
+        if (!v) return NULL;
+        if (v->kind == TV_SYMINT) any = true;
+        else if (v->kind != TV_CONST || !PyLong_CheckExact(v->obj)) return NULL;
+    }
+    if (!any || !T->env) return NULL;
+    SymRef r = SYM_NONE;
+    for (uint32_t i = 0; i < n; i++) {
+        SymRef x;
+        if (!sym_of(T, items[i], &x)) return NULL;
+        r = i == 0 ? x : is_min ? em_sym_min(T->env, r, x) : em_sym_max(T->env, r, x);
+    }
+    *handled = 1;
+    if (r == SYM_NONE) {
+        env_break(T);
+        return NULL;
+    }
+    return em_tr_symint(T, r);
+}
+
+/* abs() of a symbolic int: Max(x, -x). NULL with *handled = 0 for any other value. */
+TValue *em_tr_sym_abs(Trace *T, TValue *v, int *handled) {
+    *handled = 0;
+    if (!(v = em_tr_realize(T, v)) || v->kind != TV_SYMINT) return NULL;
+    *handled = 1;
+    SymRef r = em_sym_max(T->env, v->u.si.e, em_sym_neg(T->env, v->u.si.e));
+    if (r == SYM_NONE) {
+        env_break(T);
+        return NULL;
+    }
     return em_tr_symint(T, r);
 }
 

@@ -564,3 +564,29 @@ def test_shape_rules_random_indexing(seed):
     shapes = [tuple(rng.randrange(2, 7) for _ in range(ndim)) for _ in range(4)]
     with_rules, fake_only = _rules_vs_fake(f, lambda s: (torch.randn(s),), shapes, dynamic=True)
     assert with_rules <= fake_only, src
+
+
+# ---- int arithmetic on symbolic ints (issue 44, item 2): no specialisation where torch.compile has none ----
+
+INT_PROGRAMS = {
+    "pow": lambda x, n: x * n + n ** 2,
+    "pow0": lambda x, n: x * n ** 0 + n ** 3,
+    "floordiv_mod": lambda x, n: x * (n // 2) + n % 3,
+    "min_max": lambda x, n: x * min(n, 5) + max(n, 2, -1),
+    "min_of_list": lambda x, n: x * min([n, 4, n * 2]),
+    "abs": lambda x, n: x * abs(n - 4),
+    "shifts": lambda x, n: x * (n << 1) + (n >> 1) + (-n >> 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT_PROGRAMS))
+@pytest.mark.parametrize("backend", ["eager", "ember"])
+def test_int_arithmetic_stays_symbolic(name, backend):
+    f = INT_PROGRAMS[name]
+    values = [1, 2, 3, 4, 5, 6, 7, 8, -3, 0]
+    cf = check_sequence(f, lambda n: (torch.randn(4), n), values, backend=backend)
+    # the first value is a constant, the second makes n a symbol; every later value reuses that graph
+    # (torch.compile: 2 graphs on the same calls)
+    es = entries(cf)
+    assert len(es) == 2, [(e["guards"], e["dynamic"]) for e in es]
+    assert any("L['n'] = s0" in d for e in es for d in e["dynamic"])
