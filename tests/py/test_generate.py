@@ -103,3 +103,40 @@ def test_hand_written_decode_loop():
     torch.testing.assert_close(loop(c), ref)
     es = ember.cache_info(c)
     assert len(es) <= 2 and sum(e["hits"] for e in es) >= 18, [(e["kind"], e["hits"], e["dynamic"]) for e in es]
+
+
+def top_p_sample(logits, temperature: float, top_p: float):
+    probs = torch.softmax(logits / temperature, -1)
+    sp, idx = torch.sort(probs, descending=True)
+    cum = sp.cumsum(-1)
+    sp = torch.where(cum - sp > top_p, torch.zeros_like(sp), sp)
+    return idx.gather(-1, torch.multinomial(sp, 1))
+
+
+def top_k_sample(logits, temperature: float, top_k: int, gen):
+    logits = logits / max(temperature, 1e-5)
+    v, _ = torch.topk(logits, top_k)
+    logits = torch.where(logits < v[:, -1:], torch.full_like(logits, -float("inf")), logits)
+    return torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+
+
+@pytest.mark.parametrize("backend", ["eager", "ember"])
+def test_sampling_equals_eager_and_does_not_recompile(backend):
+    """Temperature, top-p and multinomial on torch's global generator: one graph, eager's draws for
+    the same seed. An explicit torch.Generator argument is a graph break with its reason (the draw
+    runs in Python), still one entry over every step."""
+    c = ember.compile(top_p_sample, backend=backend)
+    for step in range(6):
+        logits = torch.randn(2, 100)
+        torch.manual_seed(step)
+        want = top_p_sample(logits, 0.7, 0.9)
+        torch.manual_seed(step)
+        assert torch.equal(c(logits, 0.7, 0.9), want)
+    assert [e["kind"] for e in ember.cache_info(c)] == ["graph"]
+    k = ember.compile(top_k_sample, backend=backend)
+    for step in range(6):
+        logits = torch.randn(2, 100)
+        want = top_k_sample(logits, 0.8, 10, torch.Generator().manual_seed(step))
+        assert torch.equal(k(logits, 0.8, 10, torch.Generator().manual_seed(step)), want)
+    (e,) = ember.cache_info(k)
+    assert e["kind"] == "break" and "Generator" in e["detail"] and e["hits"] == 5
