@@ -14,8 +14,10 @@ device's copy bandwidth (measured: a large clone, bytes read and written).
     python bench/generate.py                                       # dev VM: 4 layers d 256, batch 2
     python bench/generate.py --device cuda --size full --dtype bf16  # 8 layers d 1024, batch 4, 128 + 64
     python bench/generate.py --caches dynamic --compilers eager,ember
+    python bench/generate.py --device cuda --size full --dtype bf16 --caches static \
+        --compilers eager,torch.compile:reduce-overhead,ember:reduce-overhead     # CUDA graphs
 
-Not yet here (issue 41): mode="reduce-overhead" (CUDA graphs per decode step) and sampling.
+A compiler "name:mode" passes mode= (torch.compile's modes) to torch.compile or ember.compile.
 """
 import argparse
 import json
@@ -81,16 +83,18 @@ def timed_generate(model, ids, kw, device):
 def run(compiler, model, ids, new, cache, args):
     counter = None
     orig = model.forward
+    compiler, _, mode = compiler.partition(":")  # "ember:reduce-overhead": torch.compile's modes
+    mode = mode or None
     if compiler == "torch.compile":
         import torch._dynamo as dynamo
         from torch._dynamo.utils import counters
         dynamo.reset()
         counters.clear()
-        model.forward = torch.compile(orig)
+        model.forward = torch.compile(orig, mode=mode)
     elif compiler == "ember":
         ember.reset()
         counter = count_compiles().__enter__()
-        model.forward = ember.compile(orig)
+        model.forward = ember.compile(orig, mode=mode)
     # disable_compile: transformers otherwise torch.compiles the forward by itself for a static cache
     # (GenerationConfig.compile_config), which would measure that instead of the compiler in the row
     kw = dict(do_sample=False, max_new_tokens=new, min_new_tokens=new, pad_token_id=0, disable_compile=True)
@@ -107,13 +111,16 @@ def run(compiler, model, ids, new, cache, args):
                 one = dict(kw, attention_mask=mask, max_new_tokens=1, min_new_tokens=1)
                 prefill.append(timed_generate(model, ids, one, args.device)[1])
             f2 = frames_so_far(compiler, counter)
+            # ember with a mode: whether each entry replays CUDA graphs, or why it launches plainly
+            cg = [e.get("cudagraphs") for e in ember.cache_info(model.forward)] if compiler == "ember" and mode else None
     finally:
         model.forward = orig
         if counter:
             counter.__exit__(None, None, None)
     w, p = statistics.median(whole), statistics.median(prefill)
     return out, {"first_s": first, "generate_s": w, "prefill_ms": p * 1e3, "decode_ms": (w - p) / (new - 1) * 1e3,
-                 "tokens_per_s": ids.shape[0] * new / w, "frames_first_generate": f1, "frames_later": f2 - f1}
+                 "tokens_per_s": ids.shape[0] * new / w, "frames_first_generate": f1, "frames_later": f2 - f1,
+                 "cudagraphs": cg}
 
 
 def main(argv=None):
@@ -151,6 +158,8 @@ def main(argv=None):
                   f"prefill {r['prefill_ms']:8.2f} ms  decode {r['decode_ms']:7.3f} ms/step "
                   f"({r['decode_vs_bound']:.1f}x bound)  first {r['first_s']:6.2f} s  frames {r['frames_first_generate']}"
                   f" then {r['frames_later']}  equal={r['equal']}")
+            if r["cudagraphs"]:
+                print(f"    cudagraphs: {r['cudagraphs']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": dev, "args": vars(args), "bound_ms": bound_ms, "rows": rows}, f, indent=1)
