@@ -187,9 +187,10 @@ static bool has_instance_dict(PyTypeObject *tp) {
     return tp->tp_dictoffset != 0;
 }
 
-/* Is o an instance of a Python class that is read through its attributes alone: a heap type that is
- * not a class, module, function, container or exception, whose attribute lookup is object's (or a
- * Python __getattribute__ the trace inlines) and whose instances have a __dict__? */
+/* Is o an instance of a Python class that the trace reads through its attributes alone: a heap type
+ * over object (no C base), not a class, module, callable, container, iterator, buffer or exception,
+ * whose instances have a __dict__ (attribute reads: em_tr_generic_getattr, or an inlined Python
+ * __getattribute__ that calls it)? */
 static bool plain_instance(PyObject *o) {
     PyTypeObject *tp = Py_TYPE(o);
     if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || PyType_Check(o) || PyModule_Check(o) || PyCallable_Check(o) ||
