@@ -189,8 +189,7 @@ static bool has_instance_dict(PyTypeObject *tp) {
 
 /* Is o an instance of a Python class that the trace reads through its attributes alone: a heap type
  * over object (no C base), not a class, module, callable, container, iterator, buffer or exception,
- * whose instances have a __dict__ (attribute reads: em_tr_generic_getattr, or an inlined Python
- * __getattribute__ that calls it)? */
+ * whose instances have a __dict__ read by object's own lookup (em_tr_generic_getattr)? */
 static bool plain_instance(PyObject *o) {
     PyTypeObject *tp = Py_TYPE(o);
     if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || PyType_Check(o) || PyModule_Check(o) || PyCallable_Check(o) ||
@@ -200,7 +199,13 @@ static bool plain_instance(PyObject *o) {
     /* a C base type other than object (a torch._C class, a Stream): its state is not in __dict__ */
     for (PyTypeObject *b = tp; b; b = b->tp_base)
         if (!(b->tp_flags & Py_TPFLAGS_HEAPTYPE) && b != &PyBaseObject_Type) return false;
-    return true;
+    /* The guards read L[..].__dict__ with getattr: only where that runs no user code and gives the
+     * instance dict itself (object's __getattribute__, __dict__ the type's own descriptor). A class
+     * with a Python __getattribute__ (transformers' configs) keeps its identity guard. */
+    PyObject *ga = _PyType_Lookup(tp, em_str("__getattribute__"));
+    PyObject *dd = _PyType_Lookup(tp, em_str("__dict__"));
+    return ga == _PyType_Lookup(&PyBaseObject_Type, em_str("__getattribute__")) &&
+           (!dd || Py_IS_TYPE(dd, &PyGetSetDescr_Type));
 }
 
 /* Input object v (kind OBJECT, source s, guard: it needs a use-guard) becomes by_type: a TYPE guard

@@ -315,3 +315,25 @@ def test_encoder_decoder_stops_compiling(name):
             if i == 4:
                 warm = counter.entries
     assert counter.entries == warm, f"{counter.entries - warm} entries made after the fifth call"
+
+
+def test_custom_getattribute_keeps_identity():
+    """A class with a Python __getattribute__ (transformers' configs) is read by inlining it; guards
+    read sources with getattr, which would run it on every call to reach __dict__, so such an object
+    keeps its identity guard (and its attributes their dict-version guards)."""
+    class Logged:
+        def __init__(self, t):
+            object.__setattr__(self, "t", t)
+
+        def __getattribute__(self, name):
+            return object.__getattribute__(self, name)
+
+    def f(o, x):
+        return x + o.t
+
+    c = ember.compile(f)
+    for _ in range(3):
+        o, x = Logged(torch.randn(3)), torch.randn(3)
+        torch.testing.assert_close(c(o, x), x + object.__getattribute__(o, "t"))
+    guards = "\n".join(entries(c)[0]["guards"])
+    assert "___id(L['o'])" in guards and "L['o'].__dict__['t']" not in guards, guards
