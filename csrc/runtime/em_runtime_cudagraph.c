@@ -420,6 +420,7 @@ typedef struct {
     void **static_ptr;     /* their data_ptr at recording */
     Py_ssize_t nstatic;
     PyObject *outs;        /* tuple: the graph's outputs (views of B rows) */
+    int nrerecords;        /* recordings dropped because a written input's storage moved */
 } CudaGraphs;
 
 static PyTypeObject *CudaGraphs_Type = NULL;
@@ -442,6 +443,32 @@ static int set_stat(CudaGraphs *r, const char *k, PyObject *v_steal) {
 static void to_plain(CudaGraphs *r, PyObject *reason) {
     r->state = 2;
     if (set_stat(r, "state", PyUnicode_FromString("plain")) < 0 || set_stat(r, "reason", reason) < 0) PyErr_Clear();
+}
+
+/* Drops this entry's recording (the next call records again): an input the graph writes in place
+ * (a static KV cache) came with other storage, as a new cache does for each generate(). The pool
+ * drops the recording too (ember._cudagraphs.record evicts the plan's previous key), so the old
+ * buffers are freed, not kept for ever. */
+static void drop_recording(CudaGraphs *r) {
+    Py_CLEAR(r->replay);
+    Py_CLEAR(r->dsts);
+    Py_CLEAR(r->srcs);
+    Py_CLEAR(r->outs);
+    PyMem_Free(r->src_idx);
+    PyMem_Free(r->static_idx);
+    PyMem_Free(r->static_ptr);
+    r->src_idx = r->static_idx = NULL;
+    r->static_ptr = NULL;
+    r->ncopy = r->nstatic = 0;
+    r->state = 0;
+    r->nrerecords++;
+    if (set_stat(r, "rerecords", PyLong_FromLong(r->nrerecords)) < 0) PyErr_Clear();
+}
+
+/* Is input i one the graph writes in place (plan["written"][i])? */
+static int written_input(const CudaGraphs *r, Py_ssize_t i) {
+    PyObject *w = r->plan ? PyDict_GetItemString(r->plan, "written") : NULL; /* borrowed */
+    return w && PyTuple_Check(w) && i < PyTuple_GET_SIZE(w) && PyTuple_GET_ITEM(w, i) == Py_True;
 }
 
 static int take_recording(CudaGraphs *r, PyObject *rec) {
@@ -483,6 +510,7 @@ static PyObject *cg_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     CudaGraphs *r = (CudaGraphs *)self;
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if (r->state == 2 || n != r->ninputs) return run_inner(r, args, n);
+record:
     if (r->state == 0) {
         PyObject *argt = PyTuple_New(n);
         if (!argt) return NULL;
@@ -511,8 +539,16 @@ static PyObject *cg_vectorcall(PyObject *self, PyObject *const *args, size_t nar
         if (!p) return NULL;
         void *ptr = PyLong_AsVoidPtr(p);
         Py_DECREF(p);
-        if (ptr != r->static_ptr[i]) /* a parameter's storage was replaced: its old memory is recorded */
+        if (ptr != r->static_ptr[i]) {
+            /* an input written in place with other storage (a new KV cache): record again, at most
+             * a few times per entry; a parameter's storage replaced: run plainly (its old memory is
+             * recorded) */
+            if (written_input(r, r->static_idx[i]) && r->nrerecords < 64) {
+                drop_recording(r);
+                goto record;
+            }
             return run_inner(r, args, n);
+        }
     }
     if (r->ncopy == 1) {
         PyObject *x = PyObject_CallMethodOneArg(PyList_GET_ITEM(r->dsts, 0), em_str("copy_"), args[r->src_idx[0]]);
@@ -641,7 +677,6 @@ static PyObject *plan_inputs(PyObject *const *ex, uint32_t n, int grad_on, const
                              long *batch, int *training, long *dev) {
     static PyObject *tensor_type = NULL;
     if (!tensor_type && !em_lazy_attr(&tensor_type, "torch", "Tensor")) return NULL;
-    int copied_written = 0; /* a non-parameter input the graph writes (it would be copied) */
     for (uint32_t i = 0; i < n; i++) {
         int isT = PyObject_IsInstance(ex[i], tensor_type);
         if (isT < 0) return NULL;
@@ -658,7 +693,6 @@ static PyObject *plan_inputs(PyObject *const *ex, uint32_t n, int grad_on, const
         if (rg) *training = 1;
         int p = is_param(ex[i]);
         if (p < 0) return NULL;
-        if (written[i] && !p) copied_written = 1;
         long nd;
         if (tensor_attr_long(ex[i], "dim", &nd) < 0) return NULL;
         batched_in[i] = 0;
@@ -671,8 +705,6 @@ static PyObject *plan_inputs(PyObject *const *ex, uint32_t n, int grad_on, const
             batched_in[i] = b == *batch;
         }
     }
-    if (copied_written && !*training)
-        return PyUnicode_FromString("the graph writes an input in place (a recording would write a static copy)");
     return Py_NewRef(Py_None);
 }
 
@@ -700,6 +732,15 @@ static PyObject *plan_entry(const IRGraph *g, PyObject *const *ex, uint32_t n, P
      * compiled again at the bucket (ember._cudagraphs); other backends record per shape */
     int bucketable = PyUnicode_Check(backend) && (PyUnicode_CompareWithASCIIString(backend, "eager") == 0 ||
                                                   PyUnicode_CompareWithASCIIString(backend, "ember") == 0);
+    /* An input the graph writes in place (a static KV cache, `x.add_(1)`) is recorded at its own
+     * address, as a parameter is (ember._cudagraphs.record; the replay checks the address and runs
+     * plainly when it moved), never through a copy; it cannot be padded to a bucket. */
+    for (uint32_t i = 0; i < n; i++)
+        if (written[i]) {
+            snprintf(why, nwhy, "input %u is written in place (recorded at its address)", i);
+            *rows_ok = 0;
+            return Py_NewRef(Py_None);
+        }
     int ok = em_cudagraph_rows(g, batched_in, batched_out, why, nwhy);
     if (ok == 0) {
         /* another input of B rows may be a coincidence (a bias of size B broadcast along rows):
@@ -796,6 +837,7 @@ PyObject *em_cudagraph_wrap(PyObject *compiled, int is_eager_graph, const IRGrap
     r->src_idx = r->static_idx = NULL;
     r->static_ptr = NULL;
     r->ncopy = r->nstatic = 0;
+    r->nrerecords = 0;
     PyObject_GC_Track((PyObject *)r);
     if (!r->stats) goto error;
     PyObject *pstats = PyObject_GetAttrString(pool, "stats");
@@ -811,8 +853,12 @@ PyObject *em_cudagraph_wrap(PyObject *compiled, int is_eager_graph, const IRGrap
         if (!bt || !bo || !export) goto error;
         for (uint32_t i = 0; i < n; i++) PyTuple_SET_ITEM(bt, i, PyBool_FromLong(rows_ok && bin[i]));
         for (uint32_t k = 0; k < no; k++) PyTuple_SET_ITEM(bo, k, PyBool_FromLong(rows_ok && bout[k]));
-        r->plan = Py_BuildValue("{s:O,s:O,s:O,s:O,s:l,s:l}", "export", export, "backend", backend, "batched", bt,
-                                "out_batched", bo, "batch", rows_ok ? batch : -1L, "bucket", bucket);
+        PyObject *wt = PyTuple_New(n);
+        for (uint32_t i = 0; wt && i < n; i++) PyTuple_SET_ITEM(wt, i, PyBool_FromLong(written[i]));
+        r->plan = wt ? Py_BuildValue("{s:O,s:O,s:O,s:O,s:l,s:l,s:N}", "export", export, "backend", backend, "batched",
+                                     bt, "out_batched", bo, "batch", rows_ok ? batch : -1L, "bucket", bucket, "written",
+                                     wt)
+                     : NULL;
         if (!r->plan || set_stat(r, "state", PyUnicode_FromString("not recorded")) < 0 ||
             set_stat(r, "row_independent", PyBool_FromLong(rows_ok)) < 0 ||
             set_stat(r, "reason", rows_ok ? PyUnicode_FromString("") : PyUnicode_FromFormat("one graph per shape: %s", why)) < 0 ||

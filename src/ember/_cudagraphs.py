@@ -62,13 +62,22 @@ def record(pool, plan, inner, args, stats):
     b, p = plan["batch"], plan["bucket"]
     padded = p > 0  # row-independent: bucketed (contiguous buffers of p rows), even when b == p
     device = args[0].device
-    static = tuple(isinstance(a, torch.nn.Parameter) for a in args)
+    # parameters, and inputs the graph writes in place (a static KV cache), are recorded at their own
+    # address (the C runner checks it on every replay and runs plainly when it moved); the others
+    # are copied into static buffers
+    written = plan.get("written") or (False,) * len(args)
+    static = tuple(isinstance(a, torch.nn.Parameter) or written[i] for i, a in enumerate(args))
     sig = []
     for i, a in enumerate(args):
         shape = ((p,) + tuple(a.shape[1:])) if padded and batched[i] else tuple(a.shape)
         sig.append((a.dtype, shape, None if padded and batched[i] else a.stride(), id(a) if static[i] else None))
     code = _fx.to_graph_module(plan["export"]).code if plan["export"] is not None else id(inner)
     key = (code, p if padded else None, str(device), tuple(sig))
+    if any(written):  # recorded at the written inputs' addresses: a new one replaces this plan's last
+        last = plan.get("_key")
+        if last is not None and last != key:
+            pool.recordings.pop(last, None)
+        plan["_key"] = key
     rec = pool.recordings.get(key)
     if rec is None:
         statics = []
@@ -88,8 +97,13 @@ def record(pool, plan, inner, args, stats):
         cur = torch.cuda.current_stream(device)
         side = torch.cuda.Stream(device)
         side.wait_stream(cur)
+        # the warm-up run writes copies of the written inputs: only the replay writes the real ones,
+        # once per call, as eager does (an update like x.add_(1) is not idempotent)
+        warm = [torch.empty_like(s).copy_(s) if written[i] and not isinstance(s, torch.nn.Parameter) else s
+                for i, s in enumerate(statics)]
         with torch.cuda.stream(side):
-            fn(*statics)
+            fn(*warm)
+        del warm
         cur.wait_stream(side)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.device(device), torch.cuda.graph(g, pool=pool.handle(device), capture_error_mode="thread_local"):

@@ -212,7 +212,9 @@ def test_written_inputs():
 
 
 @needs_cuda
-def test_written_input_runs_plainly():
+def test_written_input_recorded_at_its_address():
+    """An input the graph writes in place (a static KV cache's update) is recorded at its own
+    address: each replay writes the user's tensor once, as eager; another tensor runs plainly."""
     def f(x):
         x.add_(1)
         return x * 2
@@ -223,8 +225,15 @@ def test_written_input_runs_plainly():
         for _ in range(3):
             torch.testing.assert_close(cf(a), f(b))
         torch.testing.assert_close(a, b)  # the user's tensor was written, three times
-    info = ember.cache_info(cf)[0]["cudagraphs"]
-    assert info["state"] == "plain" and "writes an input" in info["reason"], info
+        info = ember.cache_info(cf)[0]["cudagraphs"]
+        assert info["state"] == "recorded" and "written in place" in info["reason"], info
+        c, d = torch.ones(4, device="cuda"), torch.ones(4, device="cuda")  # same shape, other memory
+        torch.testing.assert_close(cf(c), f(d))  # recorded again at c's address (a new KV cache)
+        torch.testing.assert_close(c, d)
+        torch.testing.assert_close(cf(a), f(b))
+        torch.testing.assert_close(a, b)
+        info = ember.cache_info(cf)[0]["cudagraphs"]
+        assert info["state"] == "recorded" and info["rerecords"] == 2, info
 
 
 @needs_cuda
