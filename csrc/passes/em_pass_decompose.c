@@ -54,18 +54,7 @@ static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double d
     IRArg sc = em_rw_arg_const_steal(d, Py_NewRef(scale)), gq = em_rw_arg_const_steal(d, Py_NewRef(Py_False));
     if (em_rw_arg_bad(&dp) || em_rw_arg_bad(&ic) || em_rw_arg_bad(&sc) || em_rw_arg_bad(&gq)) return em_rw_fail_exc(d), 0;
     int kind = em_rw_sdpa_kind(qm, km, em_rw_jmeta(d, v), mm, &dp, &ic, &sc, &gq);
-    bool bcast_ok = true; /* attn.add_(mask): the mask broadcasts to the scores' shape */
-    if (mm) { /* scores: (*q.batch, L, S); symbolic sizes: the same expressions, or a static 1 */
-        bcast_ok = mm->ndim <= qm->ndim;
-        for (int32_t i = 1; bcast_ok && i <= mm->ndim; i++) {
-            const IRMeta *wm = i == 1 ? km : qm;
-            int32_t wd = i == 1 ? km->ndim - 2 : qm->ndim - i, md = mm->ndim - i;
-            bcast_ok = mm->sizes[md] == 1 || mm->sizes[md] == wm->sizes[wd];
-            if (bcast_ok && d->env)
-                bcast_ok = em_sym_simplify(d->env, em_rw_dim_sym(d, mm, md)) ==
-                               (mm->sizes[md] == 1 ? em_sym_const(d->env, 1) : em_sym_simplify(d->env, em_rw_dim_sym(d, wm, wd)));
-        }
-    }
+    bool bcast_ok = !mm || em_rw_sdpa_mask_broadcasts(d, qm, km, mm); /* attn.add_(mask) */
     if (kind != SDPA_MATH || (causal && mask) || !bcast_ok) {
         PyObject *t = em_rw_torch_attr("nn.functional.scaled_dot_product_attention");
         if (!t || !em_arena_hold_steal(d->a, t)) return em_rw_fail_exc(d), 0;

@@ -17,9 +17,11 @@ typedef struct {
 /* A new graph rewrite is one file (em_pass_<name>.c) and one line here. */
 static const EmPass PASSES[] = {
     {"autocast", em_pass_autocast, EM_PASSES_AUTOCAST},
+    {"attention", em_pass_attention, EM_PASSES_TRAINING | EM_PASSES_INFERENCE},
     {"decompose", em_pass_decompose, EM_PASSES_TRAINING | EM_PASSES_INFERENCE},
     {"functionalize", em_pass_functionalize, EM_PASSES_TRAINING},
     {"layout", em_pass_layout, EM_PASSES_INFERENCE},
+    {"pad_mm", em_pass_pad_mm, EM_PASSES_INFERENCE},
 };
 #define NPASSES (sizeof PASSES / sizeof PASSES[0])
 

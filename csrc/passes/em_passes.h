@@ -25,7 +25,7 @@ enum {
  * info: a dict the driver fills, as cache_info(fn)[i]["ember" | "autograd"] shows it: "passes" (the
  * names of the passes that changed the graph, in order), "pass_times" (seconds per pass run),
  * "pass_graphs" (with em_passes_record_graphs: (name, graph table) after each pass that changed it),
- * and each pass's own keys ("decomposed", "functionalized", "channels_last", "autocast"). */
+ * and each pass's own keys ("attention", "decomposed", "functionalized", "channels_last", "padded", "autocast"). */
 typedef struct EmPassCtx {
     unsigned when;            /* EM_PASSES_* */
     /* training: the flags of a node's derivative rule, -1 without one (autograd's table, which the
@@ -56,9 +56,11 @@ extern _Thread_local bool em_passes_sym_guards;
 
 /* The passes, in the driver's order (each: NULL when it leaves g unchanged). */
 IRGraph *em_pass_autocast(const IRGraph *g, EmPassCtx *ctx);      /* em_pass_autocast.c */
+IRGraph *em_pass_attention(const IRGraph *g, EmPassCtx *ctx);     /* em_pass_attention.c */
 IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx);     /* em_pass_decompose.c */
 IRGraph *em_pass_functionalize(const IRGraph *g, EmPassCtx *ctx); /* em_pass_functionalize.c */
 IRGraph *em_pass_layout(const IRGraph *g, EmPassCtx *ctx);        /* em_pass_layout.c */
+IRGraph *em_pass_pad_mm(const IRGraph *g, EmPassCtx *ctx);        /* em_pass_pad_mm.c */
 
 /* Is g node u's value fresh memory (made by an op whose rule returns new memory: rw->rule_flags), or
  * an update done[] marks as functionalized? (functionalization; autograd's unview check) */

@@ -266,7 +266,7 @@ const IRMeta *em_rw_val_meta(const Rewrite *ag, const IRArg *v) {
 
 /* ---------------------------------------------------------------- which attention kernel eager runs */
 
-static bool meta_on_cuda(const IRMeta *m) {
+bool em_rw_meta_on_cuda(const IRMeta *m) {
     PyObject *t = m->device ? PyObject_GetAttrString(m->device, "type") : NULL;
     bool r = t && PyUnicode_Check(t) && PyUnicode_CompareWithASCIIString(t, "cuda") == 0;
     Py_XDECREF(t);
@@ -313,7 +313,7 @@ int em_rw_sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRM
     Py_XDECREF(rg);
     const char *c = res && PyUnicode_Check(res) ? PyUnicode_AsUTF8(res) : NULL;
     int kind = SDPA_UNSUPPORTED;
-    bool cuda = meta_on_cuda(q);
+    bool cuda = em_rw_meta_on_cuda(q);
     int64_t hd = q->sizes[q->ndim - 1];
     bool fp = em_rw_meta_dtype_is(q, "torch.float32") || em_rw_meta_dtype_is(q, "torch.float64");
     if (c && !strcmp(c, "math") && fp) kind = SDPA_MATH;
@@ -324,6 +324,21 @@ int em_rw_sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRM
     Py_XDECREF(res);
     PyErr_Clear();
     return kind;
+}
+
+/* Does an attention mask of meta mm broadcast to the scores of q and k, (*q.batch, L, S)? In a
+ * symbolic graph each size the same expression as the scores', or a static 1. */
+bool em_rw_sdpa_mask_broadcasts(const Rewrite *d, const IRMeta *qm, const IRMeta *km, const IRMeta *mm) {
+    bool ok = mm->kind == IRMETA_TENSOR && mm->ndim <= qm->ndim && km->ndim >= 2;
+    for (int32_t i = 1; ok && i <= mm->ndim; i++) {
+        const IRMeta *wm = i == 1 ? km : qm;
+        int32_t wd = i == 1 ? km->ndim - 2 : qm->ndim - i, md = mm->ndim - i;
+        ok = mm->sizes[md] == 1 || mm->sizes[md] == wm->sizes[wd];
+        if (ok && d->env)
+            ok = em_sym_simplify(d->env, em_rw_dim_sym(d, mm, md)) ==
+                 (mm->sizes[md] == 1 ? em_sym_const(d->env, 1) : em_sym_simplify(d->env, em_rw_dim_sym(d, wm, wd)));
+    }
+    return ok;
 }
 
 /* sdpa_kind of a bound g-level scaled_dot_product_attention node. */

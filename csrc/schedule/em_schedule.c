@@ -28,6 +28,8 @@ typedef struct {
     uint8_t *reach;        /* shared values (below): what steps from cur on need, x and the values chosen stored */
     uint8_t *trial;        /* shared values: the same with one more candidate stored */
     uint32_t *wstack;      /* shared values: the walk's stack */
+    uint32_t *uoff, *users; /* lnode y's users (lnodes reading it): users[uoff[y] .. uoff[y + 1]) */
+    uint8_t *done;         /* lnode computed by a kernel already (inline or stored) */
 } Sched;
 
 static int grow_bufs(Sched *c) {
@@ -458,6 +460,64 @@ static int shared_values(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, 
     return 0;
 }
 
+/* ---- shared producers ----
+ * A pointwise value inlined into its consumers is computed again by each of them from its inputs.
+ * In a pre-norm transformer (GPT-2, ViT, Llama) the residual stream x[l+1] = x[l] + branch[l] feeds
+ * layer l+1's norm and the next residual add: inlined, layer l's norm kernel recomputes the whole
+ * stream from every earlier branch output (l loads, each kept alive to the end: quadratic time and
+ * memory; ViT-B/16 bf16 on the H200 spent 4 ms a call there). A value read by a consumer that no
+ * kernel has computed yet, whose computation makes EM_REALIZE_READS loads or more, is therefore
+ * stored first by a kernel of its own and loaded by both: with two consumers and L buffers that is
+ * L + 1 + 2 accesses against 2L, as Inductor realizes a buffer read by several users once its reads
+ * reach realize_reads_threshold (torch/_inductor/ir.py, StorageBox.mark_reuse). */
+#define EM_REALIZE_READS 3
+
+/* Loads value y's computation makes (the LOAD and stored nodes of its sub-DAG, down to those; loads
+ * of index buffers, computed in registers, not counted), stopping at 64. sub: scratch of c->nnodes
+ * bytes. */
+static uint32_t reads_of(Sched *c, uint32_t y, uint8_t *sub) {
+    LGraph *lg = c->lg;
+    uint32_t n = 0, sp = 0;
+    memset(sub, 0, c->nnodes);
+    c->wstack[sp++] = y;
+    sub[y] = 1;
+    while (sp && n < 64) {
+        uint32_t z = c->wstack[--sp];
+        const LNode *nz = &lg->nodes[z];
+        if (z != y && c->mat[z] != NONE) {
+            n++;
+            continue;
+        }
+        if (nz->op == LP_LOAD && lg->bufs[nz->buf].kind != LBUF_INDEX) n++;
+        for (int q = 0; q < em_lnode_nin(nz); q++)
+            if (!sub[nz->in[q]]) {
+                sub[nz->in[q]] = 1;
+                c->wstack[sp++] = nz->in[q];
+            }
+    }
+    return n;
+}
+
+/* In the DAG of root x (in_dag, list[0 .. n)), the shared producer closest to the root (above):
+ * a pointwise value not stored yet, with a user outside the DAG that no kernel has computed yet,
+ * that loads EM_REALIZE_READS buffers or more. 0 when there is none. sub: scratch. */
+static uint32_t shared_producer(Sched *c, uint32_t x, const uint8_t *in_dag, const uint32_t *list, uint32_t n,
+                                uint8_t *sub) {
+    LGraph *lg = c->lg;
+    for (uint32_t i = n; i-- > 0;) { /* ids ascend: the largest first */
+        uint32_t y = list[i];
+        const LNode *ny = &lg->nodes[y];
+        if (y == x || c->mat[y] != NONE || ny->op == LP_LOAD || ny->op == LP_CONST || em_lprim_is_reduce(ny->op)) continue;
+        int later = 0;
+        for (uint32_t q = c->uoff[y]; q < c->uoff[y + 1] && !later; q++) {
+            uint32_t u = c->users[q];
+            later = !in_dag[u] && c->mat[u] == NONE && !c->done[u];
+        }
+        if (later && reads_of(c, y, sub) >= EM_REALIZE_READS) return y;
+    }
+    return 0;
+}
+
 /* Builds and appends the kernel that stores node x into buffer b. */
 static int materialize(Sched *c, uint32_t x, uint32_t b) {
     LGraph *lg = c->lg;
@@ -475,6 +535,11 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
         int r = collect(c, x, in_dag, list, &n, stack);
         if (r < 0) return -1;
         if (r > 0) continue;
+        uint32_t sp = shared_producer(c, x, in_dag, list, n, part);
+        if (sp) {
+            if (materialize_internal(c, sp) < 0) return -1;
+            continue;
+        }
         /* the domain: the last reduction of the DAG (closest to the root) */
         dom = 0;
         for (uint32_t i = 0; i < n; i++) {
@@ -727,6 +792,7 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
         k.elem[i] = e;
     }
     assign_args(&k);
+    for (uint32_t i = 0; i < n; i++) c->done[list[i]] = 1;
     c->s->buf_produced[b] = true;
     if (c->mat[x] == NONE) c->mat[x] = b;
     return push_kernel(c, &k);
@@ -1210,6 +1276,21 @@ static int hoist_reductions(Sched *c) {
     return 0;
 }
 
+/* c->uoff / c->users: each lnode's users, the lnodes that read it (CSR). */
+static int user_lists(Sched *c) {
+    LGraph *lg = c->lg;
+    uint32_t N = c->nnodes;
+    memset(c->uoff, 0, (N + 2) * sizeof(uint32_t));
+    for (uint32_t u = 1; u < N; u++)
+        for (int q = 0; q < em_lnode_nin(&lg->nodes[u]); q++) c->uoff[lg->nodes[u].in[q] + 2]++;
+    for (uint32_t y = 2; y < N + 2; y++) c->uoff[y] += c->uoff[y - 1];
+    c->users = em_arena_alloc(lg->arena, (c->uoff[N + 1] + 1) * sizeof(uint32_t));
+    if (!c->users) return -1;
+    for (uint32_t u = 1; u < N; u++)
+        for (int q = 0; q < em_lnode_nin(&lg->nodes[u]); q++) c->users[c->uoff[lg->nodes[u].in[q] + 1]++] = u;
+    return 0;
+}
+
 Schedule *em_schedule_graph(LGraph *lg) {
     EmArena *a = lg->arena;
     const IRGraph *g = lg->ir;
@@ -1223,7 +1304,12 @@ Schedule *em_schedule_graph(LGraph *lg) {
     c.reach = em_arena_alloc(a, lg->nnodes + 1);
     c.trial = em_arena_alloc(a, lg->nnodes + 1);
     c.wstack = em_arena_alloc(a, (lg->nnodes + 1) * sizeof(uint32_t));
-    if (!s->ir_buf || !c.mat || !c.sym_done || !c.reach || !c.trial || !c.wstack || grow_bufs(&c) < 0) goto oom;
+    c.uoff = em_arena_alloc(a, (lg->nnodes + 2) * sizeof(uint32_t));
+    c.done = em_arena_alloc(a, lg->nnodes + 1);
+    if (!s->ir_buf || !c.mat || !c.sym_done || !c.reach || !c.trial || !c.wstack || !c.uoff || !c.done || grow_bufs(&c) < 0)
+        goto oom;
+    memset(c.done, 0, lg->nnodes + 1);
+    if (user_lists(&c) < 0) goto oom;
     memset(c.sym_done, 0, g->nnodes + 1);
     for (uint32_t i = 0; i < g->nnodes; i++) s->ir_buf[i] = NONE;
     for (uint32_t i = 0; i < lg->nnodes; i++) c.mat[i] = NONE;

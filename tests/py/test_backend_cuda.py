@@ -198,6 +198,36 @@ def test_half_types_load_natively_compute_in_float():
     assert "em_h2f(" in src and "em_f2h(" in src and "expf(" in src
 
 
+_DEPTH = 12
+
+
+def _pre_norm_stream(x, w, branches):
+    """A pre-norm transformer's residual stream: x[l+1] = x[l] + branches[l], each x[l] normalized."""
+    outs = []
+    for i in range(_DEPTH):
+        x = x + branches[i]
+        outs.append(F.layer_norm(x, (x.shape[-1],), w))
+    return tuple(outs)
+
+
+def test_residual_stream_stored_not_recomputed():
+    """Each x[l] feeds a norm and the next add. Inlined into both, layer l's norm kernel recomputed
+    the stream from every earlier branch (l loads: ViT-B/16 bf16 on the H200 spent 4 ms a call
+    there); a value two kernels read that loads 3 buffers or more is stored once (csrc/schedule,
+    shared producers), so no kernel reads more than a few buffers however deep the stack. The same
+    schedule on the CPU gives eager's values."""
+    n = _DEPTH
+    ex = [cpu(32, 64, dtype=_B), cpu(64, dtype=_B), cpu(n, 32, 64, dtype=_B)]
+    info = cuda_codegen(_pre_norm_stream, *ex)
+    widest = max(len(k["args"]) for k in info["kernel_list"])
+    assert widest <= 5, [k["args"] for k in info["kernel_list"]]
+    assert len(info["kernel_list"]) <= 2 * n
+    c = ember.compile(_pre_norm_stream, backend="ember")
+    ex32 = [t.float() for t in ex]
+    for got, want in zip(c(*ex32), _pre_norm_stream(*ex32)):
+        torch.testing.assert_close(got, want)
+
+
 def test_codegen_is_deterministic():
     a = _gen(lambda x: torch.softmax(x, -1), cpu(8, 300))["source"]
     b = _gen(lambda x: torch.softmax(x, -1), cpu(8, 300))["source"]
@@ -286,6 +316,74 @@ def test_gpu_several_kernels_and_externs():
     # a kernel between two extern matmuls (relu + softmax) and one after the second (sigmoid)
     info = _run(lambda a, b, c: (torch.softmax(torch.relu(a @ b + 1), -1) @ c).sigmoid(), a, b, c, rtol=1e-4, atol=1e-4)
     assert info["kernels"] >= 2 and info["externs"] >= 2
+
+
+@needs_gpu
+def test_gpu_half_convolutions_run_channels_last():
+    """Layout optimization on CUDA (passes/em_pass_layout.c): a bf16 / fp16 convolution network's
+    convolutions get channels_last inputs (cuDNN's NHWC kernels, no transposes in and out), the
+    output keeps eager's strides, values within the dtype's tolerance."""
+    import torch.nn as nn
+    for dt in (torch.bfloat16, torch.float16):
+        m = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 1),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4)).cuda().to(dt).eval()
+        x = torch.randn(4, 8, 32, 32, device="cuda", dtype=dt)
+        ember.reset()
+        c = ember.compile(m, backend="ember")
+        with torch.no_grad():
+            got, want = c(x), m(x)
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
+        (e,) = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
+        assert len(e["ember"]["channels_last"]) == 2, e["ember"].get("passes")
+
+
+@needs_gpu
+def test_gpu_pad_mm_for_unaligned_half_outputs():
+    """pad_mm (passes/em_pass_pad_mm.c): a bf16 linear with N % 8 != 0 columns and a large GEMM runs
+    on a weight padded to a multiple of 8 rows; the result is eager's, contiguous; a small one or
+    an aligned one is left alone."""
+    w = torch.randn(1001, 768, device="cuda", dtype=torch.bfloat16) * 0.05
+    b = torch.randn(1001, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4096, 768, device="cuda", dtype=torch.bfloat16)
+    f = lambda x, w, b: F.linear(x, w, b).float().softmax(-1)
+    c = ember.compile(f, backend="ember")
+    with torch.no_grad():
+        got, want = c(x, w, b), f(x, w, b)
+    assert got.is_contiguous() and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-3)
+    (e,) = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
+    assert e["ember"]["padded"] == ["linear: weight padded by 7 rows"], e["ember"].get("passes")
+    ember.reset()
+    c = ember.compile(lambda x, w: F.linear(x, w), backend="ember")
+    with torch.no_grad():
+        torch.testing.assert_close(c(x[:16], w), F.linear(x[:16], w))
+    (e,) = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
+    assert "padded" not in e["ember"]
+
+
+@needs_gpu
+def test_gpu_true_mask_attention_runs_fused():
+    """BERT's unpadded mask under a compiler (index comparisons, True everywhere, last stride 0: no
+    fused kernel takes it) is dropped by the attention pass: bf16 attention runs a fused kernel,
+    not the fp32 math kernel; values within bf16's tolerance."""
+    q, k, v = (torch.randn(4, 8, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+    def f(q, k, v):
+        L = q.shape[-2]
+        m = ((torch.arange(L, device=q.device) + 0)[None, None, :, None] >= 0).expand(4, -1, L, L)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    c = ember.compile(f, backend="ember")
+    from torch.profiler import ProfilerActivity, profile
+    with torch.no_grad():
+        c(q, k, v)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got = c(q, k, v)
+            torch.cuda.synchronize()
+    names = " ".join(e.key for e in prof.key_averages())
+    assert "softmax_warp_forward" not in names and ("flash" in names or "fmha" in names or "cudnn" in names), names
+    torch.testing.assert_close(got, f(q, k, v), rtol=2e-2, atol=2e-2)
 
 
 @needs_gpu

@@ -108,8 +108,10 @@ def test_return_dict_false_gives_the_tuple(cases):
 # The sum is bounded, not each: a linear's bias epilogue that no other op joins is left to F.linear
 # (one kernel less, one as_strided view more). CPU, torch 2.13 (dev VM), after gather loads (the
 # embeddings and GPT-2's mask fused): GPT-2 18 + 12, BERT 22 + 11 (torch 2.11 makes one more BERT
-# call); CUDA (H100, torch 2.11, 2026-11-24): GPT-2 18 + 12, BERT 20 + 17 (bench/README.md).
-MAX_CALLS = {"cpu": {"gpt2_tiny": 31, "bert_tiny": 35}, "cuda": {"gpt2_tiny": 31, "bert_tiny": 38}}
+# call); CUDA (H100, torch 2.11, 2026-11-24): GPT-2 18 + 12, BERT 20 + 17 (bench/README.md). GPT-2's
+# residual stream is stored once more (csrc/schedule, shared producers: a value two kernels read
+# that loads 3 buffers or more), where each later kernel recomputed it: one kernel more.
+MAX_CALLS = {"cpu": {"gpt2_tiny": 32, "bert_tiny": 35}, "cuda": {"gpt2_tiny": 32, "bert_tiny": 38}}
 
 
 @pytest.mark.parametrize("name", ["gpt2_tiny", "bert_tiny"])
