@@ -1180,8 +1180,7 @@ bool em_ir_has_autocast(const IRGraph *g) {
     return false;
 }
 
-bool em_ir_meta_cpu_channels_last(const IRMeta *m) {
+bool em_ir_meta_channels_last(const IRMeta *m) {
     if (!m || m->kind != IRMETA_TENSOR || (m->ndim != 4 && m->ndim != 5) || !m->strides) return false;
-    if (m->sizes[1] <= 1 || m->strides[1] != 1 || em_ir_meta_contiguous(m)) return false;
-    return em_ir_meta_on_cpu(m);
+    return m->sizes[1] > 1 && m->strides[1] == 1 && !em_ir_meta_contiguous(m);
 }

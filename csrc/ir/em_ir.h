@@ -219,10 +219,12 @@ int em_ir_meta_from_tensor(EmArena *a, PyObject *tensor, PyObject *device_overri
 /* torch.empty_strided(sizes, strides, dtype=dtype, device="meta"): a new meta example, or NULL with
  * an exception. */
 PyObject *em_ir_meta_empty(PyObject *sizes, PyObject *strides, PyObject *dtype);
-/* Is m a 4-d or 5-d tensor on a CPU device laid out channels_last (channels innermost, not
- * contiguous)? torch's meta kernels give such tensors CUDA's output layouts (device_hint), so the
- * tracer and the autograd stage infer their ops on fake CPU tensors instead. */
-bool em_ir_meta_cpu_channels_last(const IRMeta *m);
+/* Is m a 4-d or 5-d tensor laid out channels_last (channels innermost, not contiguous)? torch's meta
+ * kernels do not give such tensors their device's output layouts: CUDA's on device "meta"
+ * (device_hint) for a CPU tensor, and a contiguous convolution output for a CUDA one (ResNet-50 bf16
+ * on the H200: every convolution's result copied back to NCHW), so the tracer and the passes infer
+ * their ops on fake tensors of the real device instead. */
+bool em_ir_meta_channels_last(const IRMeta *m);
 /* Does fn's result on the meta device have another layout than its real kernels give, so that its
  * meta must come from fake tensors of the real device? scaled_dot_product_attention: the meta
  * device runs the math kernel (a contiguous result); the flash kernels (CPU and CUDA) and cuDNN

@@ -53,7 +53,16 @@ static IRRef to_channels_last(Rewrite *d, IRRef v, PyObject *clf) {
     return em_rw_emit(d, IR_CALL_METHOD, contig, &va, 1, &kw, &mf, 1);
 }
 
-static IRGraph *channels_last(const IRGraph *g, PyObject *names) {
+/* Why the rewrite stopped at node n (a str for info["layout_kept"]); NULL without one. */
+static PyObject *kept_because(const Rewrite *d, const IRNode *n, const char *what) {
+    PyObject *why = d->reason ? PyObject_Str(d->reason) : NULL;
+    PyErr_Clear();
+    PyObject *r = PyUnicode_FromFormat("%s at %s%s%S", what, n ? n->name : "the outputs", why ? ": " : "", why ? why : Py_None);
+    Py_XDECREF(why);
+    return r;
+}
+
+static IRGraph *channels_last(const IRGraph *g, PyObject *names, PyObject **kept) {
     Rewrite d = {.inference = true};
     IRGraph *out = NULL;
     uint32_t G = g->nnodes;
@@ -87,7 +96,10 @@ static IRGraph *channels_last(const IRGraph *g, PyObject *names) {
             if (!d.fmap[r]) goto done;
             continue;
         }
-        if (n->meta.kind != IRMETA_TENSOR) goto done; /* tuple / non-tensor results: keep the graph */
+        if (n->meta.kind != IRMETA_TENSOR) { /* tuple / non-tensor results: keep the graph */
+            *kept = kept_because(&d, n, "a non-tensor value after a converted convolution");
+            goto done;
+        }
         args = em_arena_alloc(d.a, (n->nargs + n->nkwargs + 1) * sizeof(IRArg));
         if (!args) goto done;
         for (uint32_t i = 0; i < n->nargs; i++) args[i] = em_rw_map_arg(&d, &n->args[i]);
@@ -114,7 +126,10 @@ static IRGraph *channels_last(const IRGraph *g, PyObject *names) {
         }
         dep[r] = 1;
         d.fmap[r] = em_rw_emit(&d, n->kind, n->target, args, n->nargs, n->kwnames, args + n->nargs, n->nkwargs);
-        if (!d.fmap[r]) goto done;
+        if (!d.fmap[r]) {
+            *kept = kept_because(&d, n, "no channels_last form");
+            goto done;
+        }
     }
     if (d.reason) goto done;
     const IRArg *go = &em_ir_node(g, g->output)->args[0];
@@ -123,7 +138,10 @@ static IRGraph *channels_last(const IRGraph *g, PyObject *names) {
         IRRef o = go->u.items[k].u.ref, v = d.fmap[o];
         const IRMeta *m0 = &em_ir_node(g, o)->meta, *m1 = &em_ir_node(d.j, v)->meta;
         if (m0->kind == IRMETA_TENSOR && dep[o] && !em_rw_same_strides(m0, m1)) {
-            if (!em_ir_meta_contiguous(m0)) goto done;
+            if (!em_ir_meta_contiguous(m0)) {
+                *kept = kept_because(&d, NULL, "an output of another layout than contiguous");
+                goto done;
+            }
             IRArg va = em_rw_arg_node(v);
             v = em_rw_emit(&d, IR_CALL_METHOD, contig, &va, 1, NULL, NULL, 0);
             if (!v || !em_rw_same_strides(m0, &em_ir_node(d.j, v)->meta)) goto done;
@@ -143,13 +161,16 @@ done:
 /* g with the inputs of its 2-d convolutions of contiguous NCHW tensors (where_channels_last) converted to
  * channels_last and every node after a conversion re-typed (the layout eager gives a channels_last
  * model), graph outputs converted back to their strides (static inference graphs, while
- * ember.config.layout_optimization is on); info["channels_last"] names the converted convolutions.
+ * ember.config.layout_optimization is on); info["channels_last"] names the converted convolutions,
+ * info["layout_kept"] says why a graph with such convolutions kept its layout.
  * NULL when nothing changed or the rewrite failed: then g as it is. */
 IRGraph *em_pass_layout(const IRGraph *g, EmPassCtx *ctx) {
     if (!em_config_bool("layout_optimization", 1)) return NULL;
-    PyObject *convs = PyList_New(0);
-    IRGraph *out = convs ? channels_last(g, convs) : NULL;
+    PyObject *convs = PyList_New(0), *kept = NULL;
+    IRGraph *out = convs ? channels_last(g, convs, &kept) : NULL;
     if (out && PyDict_SetItemString(ctx->info, "channels_last", convs) < 0) out = NULL;
+    if (!out && kept && PyDict_SetItemString(ctx->info, "layout_kept", kept) < 0) PyErr_Clear();
+    Py_XDECREF(kept);
     Py_XDECREF(convs);
     PyErr_Clear();
     return out;

@@ -73,11 +73,11 @@ IRGraph *em_pass_pad_mm(const IRGraph *g, EmPassCtx *ctx) {
         }
         IRArg x = em_rw_bval(&b, "input"), w = em_rw_bval(&b, "weight"), bias = em_rw_bval(&b, "bias");
         int64_t N = em_ir_node(g, w.u.ref)->meta.sizes[0];
-        IRArg wa[2] = {em_rw_map_arg(&d, &w), em_rw_arg_const_steal(&d, Py_BuildValue("((iiiL))", 0, 0, 0, p))};
+        IRArg wa[2] = {em_rw_map_arg(&d, &w), em_rw_arg_const_steal(&d, Py_BuildValue("(iiiL)", 0, 0, 0, p))};
         IRRef wp = em_rw_arg_bad(&wa[1]) ? 0 : em_rw_emit_fn(&d, "nn.functional.pad", wa, 2);
         IRArg la[3] = {em_rw_map_arg(&d, &x), em_rw_arg_node(wp), em_rw_arg_const_steal(&d, Py_NewRef(Py_None))};
         if (wp && bias.kind == IRARG_NODE) {
-            IRArg ba[2] = {em_rw_map_arg(&d, &bias), em_rw_arg_const_steal(&d, Py_BuildValue("((iL))", 0, p))};
+            IRArg ba[2] = {em_rw_map_arg(&d, &bias), em_rw_arg_const_steal(&d, Py_BuildValue("(iL)", 0, p))};
             IRRef bp = em_rw_arg_bad(&ba[1]) ? 0 : em_rw_emit_fn(&d, "nn.functional.pad", ba, 2);
             la[2] = em_rw_arg_node(bp);
             if (!bp) goto done;

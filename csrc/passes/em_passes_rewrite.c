@@ -539,7 +539,7 @@ static int meta_from_value(Rewrite *ag, PyObject *v, PyObject *device, IRMeta *o
     return 0;
 }
 
-/* Sets *cl when a tensor argument is a channels_last CPU tensor (em_ir_meta_cpu_channels_last);
+/* Sets *cl when a tensor argument is a channels_last tensor (em_ir_meta_channels_last);
  * with lists (metas non-NULL), collects the tensor arguments' meta examples and devices for
  * ember._fake.run. -1 with an exception. */
 static int fake_args(const Rewrite *ag, const IRArg *args, uint32_t n, PyObject *metas, PyObject *devs, bool *cl) {
@@ -551,14 +551,14 @@ static int fake_args(const Rewrite *ag, const IRArg *args, uint32_t n, PyObject 
         if (args[i].kind != IRARG_NODE) continue;
         const IRMeta *m = &em_ir_node(ag->j, args[i].u.ref)->meta;
         if (m->kind != IRMETA_TENSOR || !m->example || !m->device) continue;
-        *cl |= em_ir_meta_cpu_channels_last(m);
+        *cl |= em_ir_meta_channels_last(m);
         if (metas && (PyList_Append(metas, m->example) < 0 || PyList_Append(devs, m->device) < 0)) return -1;
     }
     return 0;
 }
 
 /* fn(*pargs, **pkw) for a node's meta: on the meta examples, or, where torch's meta kernels would
- * pick CUDA's layout for channels_last CPU tensors or the math kernel's for attention
+ * not pick the device's layout for channels_last tensors, or pick the math kernel's for attention
  * (em_ir_layout_needs_fake), on fake tensors of the real devices (ember._fake.run, as the tracer
  * does). New reference or NULL with an exception. */
 static PyObject *meta_call(const Rewrite *ag, PyObject *fn, PyObject *pargs, PyObject *pkw, const IRArg *args, uint32_t nargs,

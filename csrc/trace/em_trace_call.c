@@ -700,7 +700,8 @@ static PyObject *run_meta(Trace *T, PyObject *f, PyObject *args, PyObject *kw, C
     Py_DECREF(r);
     /* torch's meta kernels pick CUDA's output layout on device "meta" (device_hint,
      * torch/_meta_registrations.py): a convolution or pooling of channels_last CPU tensors would get a
-     * contiguous meta where the CPU kernel returns channels_last. Such calls, and attention (whose
+     * contiguous meta where the CPU kernel returns channels_last; and a CUDA convolution's meta
+     * on device "meta" is contiguous where cuDNN returns channels_last. Such calls, and attention (whose
      * meta is the math kernel's layout: em_ir_layout_needs_fake), run on fake tensors of the real
      * device instead (the layout eager gives; the common contiguous case stays on meta). */
     PyObject *res = NULL, *exc = NULL;
@@ -713,7 +714,7 @@ static PyObject *run_meta(Trace *T, PyObject *f, PyObject *args, PyObject *kw, C
         if (!res) exc = em_tr_exc_get();
     } else {
         bool cl = em_ir_layout_needs_fake(f);
-        for (int i = 0; i < c->ntens && !cl; i++) cl = em_ir_meta_cpu_channels_last(c->tens[i]->u.t.meta);
+        for (int i = 0; i < c->ntens && !cl; i++) cl = em_ir_meta_channels_last(c->tens[i]->u.t.meta);
         if (cl) {
             res = run_fake(f, args, kw, c, device);
             if (!res) PyErr_Clear();

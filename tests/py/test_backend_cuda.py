@@ -335,7 +335,8 @@ def test_gpu_half_convolutions_run_channels_last():
         assert got.stride() == want.stride()
         torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
         (e,) = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
-        assert len(e["ember"]["channels_last"]) == 2, e["ember"].get("passes")
+        # the first convolution's input is converted; the second's is channels_last already
+        assert e["ember"]["channels_last"] == ["conv2d"], e["ember"].get("passes")
 
 
 @needs_gpu
