@@ -14,6 +14,7 @@ its cause.
     python bench/fullsize.py --device cuda --dtypes fp32,bf16,fp16 --modes infer,train
     python bench/fullsize.py --device cuda --models bert --profile
     python bench/fullsize.py --size small                            # dev VM: the same code, 2 layers
+    python bench/fullsize.py --device cuda --models gpt2,bert,llama --attn eager   # hand-written attention
 
 TF32 is off (`torch.backends.cuda.matmul.allow_tf32 = False`), as in shared/anchors. ResNet-50 and
 ViT-B/16 come from torchvision when it imports, else from transformers (ResNetConfig / ViTConfig
@@ -39,8 +40,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TOL = {torch.float32: 2e-3, torch.bfloat16: 6e-2, torch.float16: 2e-2}
 
 
-def build(name, size, mode):
-    """(model, input, seq_or_image) for one model; small: 2 layers / narrow, for the CPU."""
+def build(name, size, mode, attn=None):
+    """(model, input) for one model; small: 2 layers / narrow, for the CPU. attn: transformers'
+    attn_implementation for the language models ("eager": their hand-written attention)."""
     torch.manual_seed(0)
     small = size == "small"
     batch = (2 if small else FULL[name][0 if mode == "infer" else 1])
@@ -60,6 +62,8 @@ def build(name, size, mode):
                                  num_attention_heads=4 if small else 16, num_key_value_heads=2 if small else 4,
                                  max_position_embeddings=1024)
             model = tf.LlamaForCausalLM(cfg)
+        if attn:
+            model.config._attn_implementation = attn
         x = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1))
         return model, x
     hw = 64 if small else 224
@@ -169,7 +173,7 @@ def compile_with(compiler, model):
 def run_row(name, dtype_name, mode, args):
     dtype = DTYPES[dtype_name]
     device = args.device
-    base, x = build(name, args.size, "infer" if mode == "infer" else "train")
+    base, x = build(name, args.size, "infer" if mode == "infer" else "train", args.attn)
     if mode != "autocast":
         base = base.to(dtype=dtype)
     base = base.to(device)
@@ -240,6 +244,7 @@ def main(argv=None):
     ap.add_argument("--compilers", default="eager,torch.compile,ember")
     ap.add_argument("--calls", type=int, default=15)
     ap.add_argument("--profile", action="store_true", help="print each compiler's top kernels")
+    ap.add_argument("--attn", default=None, help='transformers attn_implementation ("eager": hand-written attention)')
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
     args.size = args.size or ("full" if args.device == "cuda" else "small")

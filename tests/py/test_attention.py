@@ -143,3 +143,127 @@ def test_mask_that_does_not_broadcast_raises_as_eager():
     with pytest.raises(RuntimeError) as got:
         ember.compile(true_mask_wrong_shape)(q, k, v)
     assert type(got.value) is type(want.value)
+
+
+# ---- hand-written attention -> scaled_dot_product_attention
+import math  # noqa: E402
+
+
+def hf_eager(q, k, v, mask):
+    """transformers' eager_attention_forward (Llama, BERT, ViT with attn_implementation="eager")."""
+    w = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5)
+    w = w + mask
+    w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+    w = F.dropout(w, p=0.1, training=False)
+    return torch.matmul(w, v)
+
+
+def divided(q, k, v):
+    """GPT-2's _attn: scores divided by sqrt(d) (a 0-d torch.full)."""
+    w = torch.matmul(q, k.transpose(-1, -2))
+    w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype, device=w.device)
+    return torch.matmul(w.softmax(dim=-1), v)
+
+
+def nanogpt(q, k, v, bias):
+    """nanoGPT's CausalSelfAttention without flash: masked_fill of the causal mask with -inf."""
+    L = q.size(-2)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+    att = att.masked_fill(bias[:, :, :L, :L] == 0, float("-inf"))
+    att = F.softmax(att, dim=-1)
+    return att @ v
+
+
+def scale_on_q(q, k, v):
+    return torch.softmax((q * 0.25) @ k.permute(0, 1, 3, 2), -1) @ v
+
+
+def no_scale_bmm(q, k, v):
+    return torch.bmm(torch.bmm(q, k.transpose(1, 2)).softmax(-1), v)
+
+
+def _hand_cases(dtype):
+    q, k, v = (t.to(dtype) for t in qkv(l=12, s=16))
+    mask = torch.randn(2, 1, 12, 16).to(dtype)
+    bias = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
+    q16, k16, v16 = (t.to(dtype) for t in qkv(l=16, s=16))
+    return [("hf_eager", hf_eager, (q, k, v, mask)), ("divided", divided, (q, k, v)), ("nanogpt", nanogpt, (q16, k16, v16, bias)),
+            ("scale_on_q", scale_on_q, (q, k, v)), ("no_scale_bmm", no_scale_bmm, (q[0], k[0], v[0]))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", range(5), ids=["hf_eager", "divided", "nanogpt", "scale_on_q", "no_scale_bmm"])
+def test_hand_written_attention_becomes_sdpa(case, dtype):
+    name, fn, args = _hand_cases(dtype)[case]
+    c = ember.compile(fn)
+    with torch.no_grad():
+        got, want = c(*args), fn(*args)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(got, want, **tol)
+    info = graph_info(c)
+    assert "attention" in info["passes"], info.get("passes")
+    (what,) = info["attention"]
+    assert "as scaled_dot_product_attention" in what, what
+    ops = info["extern_list"]
+    if info.get("decomposed"):  # 3-d fp32 on the CPU: eager's SDPA runs its math kernel, decomposed again
+        assert info["decomposed"] == ["scaled_dot_product_attention"] and name == "no_scale_bmm", info["decomposed"]
+    else:
+        assert "scaled_dot_product_attention" in ops and not any(o.startswith(("matmul", "bmm")) for o in ops), ops
+
+
+def test_hand_written_attention_in_training():
+    q, k, v = qkv(l=12, s=16, grad=True)
+    mask = torch.randn(2, 1, 12, 16)
+    c = ember.compile(hf_eager)
+    out = c(q, k, v, mask)
+    out.square().sum().backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    want = hf_eager(q, k, v, mask)
+    want.square().sum().backward()
+    torch.testing.assert_close(out, want)
+    for a, t in zip(got, (q, k, v)):
+        torch.testing.assert_close(a, t.grad)
+    info = graph_info(c, "autograd")
+    assert "fallback" not in info and "attention" in info["passes"], info.get("passes")
+
+
+def weights_returned(q, k, v):
+    w = torch.softmax(q @ k.transpose(-2, -1) * 0.3, -1)
+    return w @ v, w  # the attention weights are an output: not rewritten
+
+
+def dropout_drawn(q, k, v):
+    return F.dropout(torch.softmax(q @ k.transpose(-2, -1), -1), 0.5, training=True) @ v
+
+
+def softmax_other_dim(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1), -2) @ v
+
+
+def mask_promotes(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) + torch.zeros(16, 16, dtype=torch.float64), -1).float() @ v
+
+
+def not_transposed(q, k, v):
+    return torch.softmax(q @ k, -1) @ v  # (L, E) @ (S=E, E): a product, not attention
+
+
+@pytest.mark.parametrize("fn", [weights_returned, softmax_other_dim, mask_promotes, not_transposed],
+                         ids=["weights_returned", "softmax_dim", "mask_promotes", "not_transposed"])
+def test_other_forms_not_rewritten(fn):
+    q, k, v = qkv(l=16, s=16, d=16)
+    c = ember.compile(fn)
+    with torch.no_grad():
+        torch.testing.assert_close(c(q, k, v), fn(q, k, v))
+    assert "attention" not in graph_info(c).get("passes", [])
+
+
+def test_dropout_that_draws_not_rewritten():
+    q, k, v = qkv()
+    torch.manual_seed(0)
+    c = ember.compile(dropout_drawn)
+    with torch.no_grad():
+        c(q, k, v)
+    assert "attention" not in graph_info(c).get("passes", [])
