@@ -185,8 +185,9 @@ static int region_split_eager(Region *R) {
     int ne = em_ag_find_eager_nodes(ag, U, reasons);
     if (ne > 0 && R->stale) { /* the steps' graphs do not know the replaced values: the whole region */
         free(U);
+        PyObject *first = PyList_GET_SIZE(reasons) ? PyList_GET_ITEM(reasons, 0) : Py_None; /* borrowed */
+        em_rw_fail(&ag->rw, "in-place updates of intermediate values in a region split around ops without a rule (%S)", first);
         Py_DECREF(reasons);
-        em_rw_fail(&ag->rw, "in-place updates of intermediate values in a region split around ops without a rule");
         return STEP_FALLBACK;
     }
     if (ne > 0) {

@@ -130,7 +130,7 @@ static bool const_list(const IRArg *a) {
 }
 
 /* The gradient of x[idx] for an advanced index of constant lists: a top-level list (x[[0, -1]]) or
- * a tuple of full slices and lists (x[:, [1, 2]]): index_put(zeros, [None | tensor(list), ...],
+ * a tuple of full slices, lists and one Ellipsis (x[:, [1, 2]], Falcon's x[..., [-2], :]): index_put(zeros, [None | tensor(list), ...],
  * grad, accumulate=True), as eager's IndexBackward (repeated indices add). Other forms keep eager
  * autograd (the region's fallback names the node). */
 static int index_list_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx, const char *name) {
@@ -169,12 +169,21 @@ static int index_list_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx, co
         }
     }
     if (!items) return PyErr_Occurred() ? em_rw_fail_exc(&ag->rw) : em_rw_fail(&ag->rw, "%s: advanced indexing with a list", name);
-    /* indices: None for a full slice, an int64 tensor on self's device for a list of ints */
+    /* indices: None for a full slice (an Ellipsis: as many as the dims it stands for), an int64
+     * tensor on self's device for a list of ints */
+    Py_ssize_t nit = PyTuple_GET_SIZE(items), nell = 0;
+    for (Py_ssize_t i = 0; i < nit; i++) nell += PyTuple_GET_ITEM(items, i) == Py_Ellipsis;
+    Py_ssize_t nidx = nell ? selfm->ndim - (nit - nell) + (nit - nell) : nit; /* the Ellipsis expanded */
     PyObject *tensor = em_rw_torch_attr("tensor"), *i64 = em_rw_torch_dtype("int64");
-    PyObject *lst = tensor ? PyList_New(PyTuple_GET_SIZE(items)) : NULL;
-    bool ok = lst && PyTuple_GET_SIZE(items) <= selfm->ndim;
-    for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(items); i++) {
+    PyObject *lst = tensor && nell <= 1 && nit - nell <= selfm->ndim ? PyList_New(nidx) : NULL;
+    bool ok = lst != NULL;
+    for (Py_ssize_t i = 0, o = 0; ok && i < nit; i++, o++) {
         PyObject *it = PyTuple_GET_ITEM(items, i), *v = NULL;
+        if (it == Py_Ellipsis) { /* the full slices of the dims it covers */
+            for (Py_ssize_t k = 0; k < selfm->ndim - (nit - 1); k++) PyList_SET_ITEM(lst, o++, Py_NewRef(Py_None));
+            o--;
+            continue;
+        }
         if (PySlice_Check(it)) {
             PySliceObject *sl = (PySliceObject *)it;
             ok = sl->start == Py_None && sl->stop == Py_None && sl->step == Py_None;
@@ -191,8 +200,8 @@ static int index_list_backward(AG *ag, IRRef self, IRRef g, const IRArg *idx, co
         } else {
             ok = false;
         }
-        if (v) PyList_SET_ITEM(lst, i, v);
-        else PyList_SET_ITEM(lst, i, Py_NewRef(Py_None));
+        if (v) PyList_SET_ITEM(lst, o, v);
+        else PyList_SET_ITEM(lst, o, Py_NewRef(Py_None));
     }
     Py_XDECREF(tensor);
     Py_DECREF(items);

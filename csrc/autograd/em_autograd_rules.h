@@ -254,6 +254,10 @@ static const Rule RULES[] = {
     {"Tensor.permute torch.permute", "self, *dims", "", "self: T.permute(grad, invperm(dims))", PW | R_ALIAS, 0},
     {"Tensor.transpose torch.transpose Tensor.swapaxes", "self, dim0, dim1", "", "self: T.transpose(grad, dim0, dim1)", PW | R_ALIAS, 0},
     {"Tensor.t torch.t", "self", "", "self: T.t(grad)", PW | R_ALIAS, 0},
+    /* x.T (a 2-d or smaller x: t()) and x.mT (the last two dims swapped), traced as getattr nodes
+     * (Falcon in transformers 5.24: input @ self.weight.T); not H / mH (conjugating) */
+    {"builtins.getattr getattr", "self, name", "attrT:name", "self: T.t(grad)", PW | R_ALIAS, 0},
+    {"builtins.getattr getattr", "self, name", "attrmT:name", "self: T.transpose(grad, -2, -1)", PW | R_ALIAS, 0},
     {"operator.getitem Tensor.__getitem__", "self, index", "", "", PW | R_ALIAS, SP_GETITEM},
     {"Tensor.select torch.select", "self, dim, index", "", "", PW | R_ALIAS, SP_SELECT},
     {"Tensor.narrow torch.narrow", "self, dim, start, length", "", "", PW | R_ALIAS, SP_NARROW},

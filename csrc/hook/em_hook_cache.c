@@ -734,7 +734,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
     }
 
     EmTraceOptions opts = {
-        .max_inline_depth = (int)config_int("max_inline_depth", 32),
+        .max_inline_depth = (int)config_int("max_inline_depth", 64),
         .max_loop_iterations = (int)config_int("max_loop_iterations", 10000),
         .max_instructions = (int)config_int("max_instructions", 1000000),
         .split = !cfg->fullgraph && config_int("graph_breaks", 1) != 0,

@@ -495,9 +495,54 @@ static const Rule SDPA_RULE = {"torch.nn.functional.scaled_dot_product_attention
                                "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False",
                                "", "", 0, SP_SDPA};
 
+/* scaled_dot_product_attention(q, k, v, ..., enable_gqa=True) of a training graph (transformers 5.24
+ * calls it so for grouped-query attention): k and v repeated over the query heads, each of the Hkv
+ * heads g = Hq / Hkv times in a row (k[..., :, None, :, :].expand(..., Hkv, g, S, E).reshape(..., Hq,
+ * S, E)), as the math kernel does (repeat_interleave along dim -3: attention.cpp,
+ * _scaled_dot_product_attention_math), then attention without it: its rules and kernels. Static
+ * sizes; 0 without a reason when the heads do not divide (eager raises). */
+static IRRef dz_sdpa_gqa(Rewrite *d, const Bind *b) {
+    IRArg q = em_rw_bval(b, "query"), k = em_rw_bval(b, "key"), v = em_rw_bval(b, "value"), m = em_rw_bval(b, "attn_mask");
+    IRArg dp = em_rw_bval(b, "dropout_p"), ic = em_rw_bval(b, "is_causal"), sc = em_rw_bval(b, "scale");
+    if (q.kind != IRARG_NODE || k.kind != IRARG_NODE || v.kind != IRARG_NODE || dp.kind != IRARG_CONST || ic.kind != IRARG_CONST ||
+        sc.kind != IRARG_CONST || (m.kind != IRARG_NODE && !em_rw_arg_is_none(&m)))
+        return 0;
+    const IRMeta *qm = &em_ir_node(d->g, q.u.ref)->meta, *km = &em_ir_node(d->g, k.u.ref)->meta, *vm = &em_ir_node(d->g, v.u.ref)->meta;
+    if (qm->kind != IRMETA_TENSOR || km->kind != IRMETA_TENSOR || vm->kind != IRMETA_TENSOR || qm->ndim < 3 || km->ndim != qm->ndim ||
+        vm->ndim != qm->ndim)
+        return 0;
+    int32_t nd = qm->ndim;
+    int64_t hq = qm->sizes[nd - 3], hk = km->sizes[nd - 3];
+    if (hk <= 0 || hq % hk || vm->sizes[nd - 3] != hk) return 0;
+    IRRef kv[2] = {d->fmap[k.u.ref], d->fmap[v.u.ref]};
+    const IRMeta *ms[2] = {km, vm};
+    for (int t = 0; t < 2 && hq != hk; t++) {
+        PyObject *ex = PyTuple_New(nd + 1), *rs = PyTuple_New(nd);
+        for (int32_t i = 0; ex && rs && i <= nd; i++) {
+            int64_t e = i < nd - 3 ? ms[t]->sizes[i] : i == nd - 3 ? hk : i == nd - 2 ? hq / hk : ms[t]->sizes[i - 1];
+            PyTuple_SET_ITEM(ex, i, PyLong_FromLongLong(e));
+            if (i < nd) PyTuple_SET_ITEM(rs, i, PyLong_FromLongLong(i == nd - 3 ? hq : ms[t]->sizes[i]));
+        }
+        if (!ex || !rs) {
+            Py_XDECREF(ex);
+            Py_XDECREF(rs);
+            return em_rw_fail_exc(d), 0;
+        }
+        IRRef u = dz_m(d, "unsqueeze", kv[t], Py_BuildValue("(i)", -3));
+        u = dz_m(d, "expand", u, Py_BuildValue("(N)", ex));
+        kv[t] = dz_m(d, "reshape", u, Py_BuildValue("(N)", rs));
+        if (!kv[t]) return 0;
+    }
+    double p = PyFloat_AsDouble(dp.u.obj);
+    int causal = PyObject_IsTrue(ic.u.obj);
+    if (PyErr_Occurred() || causal < 0) return PyErr_Clear(), 0;
+    return dz_sdpa(d, d->fmap[q.u.ref], kv[0], kv[1], m.kind == IRARG_NODE ? d->fmap[m.u.ref] : 0, p, causal == 1, sc.u.obj);
+}
+
 /* Which node to decompose: 1 MHA, 2 sdpa on the math kernel, 3 cross_entropy (training),
  * 4 rms_norm, 5 cross_entropy with label smoothing or probabilities, 6 F.normalize, 7 F.kl_div,
- * 8 prelu, 9 pairwise_distance, 10 cosine_similarity (4-10: training graphs), 0 none. */
+ * 8 prelu, 9 pairwise_distance, 10 cosine_similarity, 11 sdpa with enable_gqa (4-11: training
+ * graphs), 0 none. */
 static int dz_target(Rewrite *d, IRRef r, Bind *b) {
     const IRNode *n = em_ir_node(d->g, r);
     if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || (!d->inference && !em_rw_meta_needs_grad(&n->meta)))
@@ -525,7 +570,11 @@ static int dz_target(Rewrite *d, IRRef r, Bind *b) {
              em_rw_checks_pass(d, b))
         what = 10;
     else if (s && !strcmp(s, "torch.nn.functional.scaled_dot_product_attention")) {
-        if (em_rw_bind_args(d, &SDPA_RULE, n, b) == 0 && em_rw_sdpa_kind_bound(d, b) == SDPA_MATH) what = 2;
+        if (em_rw_bind_args(d, &SDPA_RULE, n, b) == 0) {
+            IRArg gq = em_rw_bval(b, "enable_gqa");
+            if (!d->inference && gq.kind == IRARG_CONST && gq.u.obj == Py_True) what = 11;
+            else if (em_rw_sdpa_kind_bound(d, b) == SDPA_MATH) what = 2;
+        }
     }
     Py_XDECREF(qn);
     PyErr_Clear();
@@ -602,6 +651,7 @@ IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
                 : what[r] == 8 ? dz_prelu(&d, &b)
                 : what[r] == 9 ? dz_pairwise_distance(&d, &b)
                 : what[r] == 10 ? dz_cosine_similarity(&d, &b)
+                : what[r] == 11 ? dz_sdpa_gqa(&d, &b)
                                : dz_sdpa(&d, d.fmap[em_rw_bval(&b, "query").u.ref], d.fmap[em_rw_bval(&b, "key").u.ref],
                                        d.fmap[em_rw_bval(&b, "value").u.ref],
                                        em_rw_bval(&b, "attn_mask").kind == IRARG_NODE ? d.fmap[em_rw_bval(&b, "attn_mask").u.ref] : 0,

@@ -417,6 +417,11 @@ bool em_rw_checks_pass(const Rewrite *ag, const Bind *b) {
             ok = m && m->kind == IRMETA_TENSOR && m->ndim == 4 && v->kind == IRARG_CONST && PyUnicode_Check(v->u.obj) &&
                  (!PyUnicode_CompareWithASCIIString(v->u.obj, "nearest") ||
                   !PyUnicode_CompareWithASCIIString(v->u.obj, "bilinear"));
+        } else if (!strcmp(kind, "attrT") || !strcmp(kind, "attrmT")) { /* getattr(self, "T" | "mT") of a real tensor */
+            const IRMeta *m = em_rw_val_meta(ag, &b->val[0]);
+            bool T = kind[4] == 'T';
+            ok = v->kind == IRARG_CONST && PyUnicode_Check(v->u.obj) && !PyUnicode_CompareWithASCIIString(v->u.obj, T ? "T" : "mT") &&
+                 m && m->kind == IRMETA_TENSOR && (T ? m->ndim <= 2 : m->ndim >= 2) && !em_rw_meta_complex(m);
         } else if (!strcmp(kind, "contig")) {
             ok = em_ir_meta_contiguous(em_rw_val_meta(ag, v));
         } else if (!strcmp(kind, "ndim1") || !strcmp(kind, "ndim3") || !strcmp(kind, "ndim4")) {

@@ -1814,7 +1814,7 @@ static int trace_once(PyObject *func, PyCodeObject *code, const EmFrameView *fv,
     T.res = res;
     T.fv = fv;
     T.func = func;
-    T.opts.max_inline_depth = opts && opts->max_inline_depth > 0 ? opts->max_inline_depth : 32;
+    T.opts.max_inline_depth = opts && opts->max_inline_depth > 0 ? opts->max_inline_depth : 64;
     T.opts.max_loop_iterations = opts && opts->max_loop_iterations > 0 ? opts->max_loop_iterations : 10000;
     T.opts.max_instructions = opts && opts->max_instructions > 0 ? opts->max_instructions : 1000000;
     T.opts.resume_cache = opts ? opts->resume_cache : NULL;

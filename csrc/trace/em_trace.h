@@ -16,7 +16,7 @@
 #include "runtime/em_runtime.h"
 
 typedef struct EmTraceOptions {
-    int max_inline_depth;    /* default 32 */
+    int max_inline_depth;    /* default 64 */
     int max_loop_iterations; /* unrolled iterations over all loops of a frame; default 10000 */
     int max_instructions;    /* default 1000000 */
     int split;               /* at a break, split the frame (graph + transformed code + resume

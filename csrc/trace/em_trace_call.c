@@ -1949,6 +1949,19 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
             if (handled || T->broke) return sl;
             return em_tr_const_steal(T, PyLong_FromLongLong(a->u.t.meta->sizes[0]));
         }
+        if (a->kind == TV_INSTANCE) { /* a class of the trace's own with __len__ in Python: traced */
+            PyObject *lf = _PyType_Lookup((PyTypeObject *)a->u.inst.cls, em_str("__len__"));
+            if (lf && PyFunction_Check(lf)) {
+                if (em_guard_type_version(T->gb, (PyTypeObject *)a->u.inst.cls) < 0) return NULL;
+                TValue *fv = em_tr_from_py(T, lf), *r = fv ? em_tr_inline(T, fv, &a, 1, NULL, NULL) : NULL;
+                if (r && !(r = em_tr_realize(T, r))) return NULL;
+                if (r && (r->kind == TV_SYMINT || (r->kind == TV_CONST && PyLong_CheckExact(r->obj) && _PyLong_Sign(r->obj) >= 0)))
+                    return r;
+                if (r) em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "__len__ of a %s returned a value len() refuses or converts",
+                                   ((PyTypeObject *)a->u.inst.cls)->tp_name);
+                return NULL;
+            }
+        }
         if (a->kind == TV_NN_MODULE) {
             if (!module_kind(a->obj) || !module_method_is_base(a->obj, "__len__")) break;
             PyObject **keys;

@@ -634,6 +634,23 @@ static int copy_items(Trace *T, TValue **src, uint32_t n, TValue ***items, uint3
     return 0;
 }
 
+/* iter(v) of an instance whose class defines __iter__ in Python (it): the method traced like any
+ * call, with the class's type version guarded (a reassigned __iter__ fails the guard). A generator
+ * method (collections.abc.Sequence.__iter__, which calls __getitem__ until IndexError: transformers'
+ * _PerLayerConfigView) gives a generator the trace runs step by step or whole. */
+static TValue *python_iter(Trace *T, TValue *v, PyObject *it) {
+    if (em_guard_type_version(T->gb, (PyTypeObject *)v->u.inst.cls) < 0) return NULL;
+    TValue *fv = em_tr_from_py(T, it);
+    TValue *r = fv ? em_tr_inline(T, fv, &v, 1, NULL, NULL) : NULL;
+    if (r && !(r = em_tr_realize(T, r))) return NULL;
+    if (r && r->kind != TV_ITERATOR) { /* CPython: TypeError "iter() returned non-iterator" (or an iterator object of its own) */
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "__iter__ of a %s returned a value of kind %d",
+                    ((PyTypeObject *)v->u.inst.cls)->tp_name, (int)r->kind);
+        return NULL;
+    }
+    return r;
+}
+
 int em_tr_items(Trace *T, TValue *v, TValue ***items, uint32_t *n) {
     if (!(v = em_tr_realize(T, v))) return -1;
     switch (v->kind) {
@@ -656,7 +673,11 @@ int em_tr_items(Trace *T, TValue *v, TValue ***items, uint32_t *n) {
     }
     case TV_INSTANCE: {
         PyObject *it = _PyType_Lookup((PyTypeObject *)v->u.inst.cls, em_str("__iter__"));
-        if (!v->u.inst.items || (it && PyFunction_Check(it)))
+        if (it && PyFunction_Check(it)) { /* the class's own __iter__, traced */
+            TValue *r = python_iter(T, v, it);
+            return r ? em_tr_items(T, r, items, n) : -1;
+        }
+        if (!v->u.inst.items)
             return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "iteration over a %s", ((PyTypeObject *)v->u.inst.cls)->tp_name);
         return em_tr_items(T, v->u.inst.items, items, n);
     }
@@ -964,6 +985,13 @@ TValue *em_tr_from_py(Trace *T, PyObject *o) {
 TValue *em_tr_iter(Trace *T, TValue *v) {
     if (!(v = em_tr_realize(T, v))) return NULL;
     if (v->kind == TV_ITERATOR) return v;
+    if (v->kind == TV_INSTANCE) {
+        PyObject *pit = _PyType_Lookup((PyTypeObject *)v->u.inst.cls, em_str("__iter__"));
+        if (pit && PyFunction_Check(pit)) {
+            TValue *r = python_iter(T, v, pit);
+            return r;
+        }
+    }
     TValue *it = em_tr_new(T, TV_ITERATOR);
     if (!it) return NULL;
     if (v->kind == TV_LIST && v->mutable) {

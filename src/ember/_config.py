@@ -4,7 +4,9 @@ Attributes (ints unless stated):
   cache_size_limit     cache entries per code object before ember stops compiling it and runs it
                        eagerly, with one warning naming the guard that failed (torch.compile's
                        torch._dynamo.config.cache_size_limit, also 8).
-  max_inline_depth     nested function/module calls the tracer inlines before it gives up.
+  max_inline_depth     nested function/module calls the tracer inlines before it gives up (64:
+                       transformers 5.2x reaches 33 levels in a forward, through its wrappers,
+                       config __getattribute__ methods and per-layer config views).
   max_loop_iterations  loop iterations the tracer unrolls in one frame before it gives up.
   max_instructions     bytecode instructions the tracer interprets in one frame before it gives up.
   graph_breaks         1 (default): a frame the tracer cannot capture whole is split at the break
@@ -58,10 +60,11 @@ Backend "ember" (str or None; read when a graph is compiled):
                        does for all its CPU allocations). The 16M-element pointwise chain on the
                        dev VM: 30 ms -> 10 ms, most of it page faults (docs/backend_cpu.md).
   layout_optimization  bool, default True (torch._inductor.config.layout_optimization): in a static
-                       CPU inference graph, the inputs of 2-d convolutions of contiguous float32
-                       tensors are converted to channels_last and what follows keeps that layout
-                       (oneDNN's faster path; Inductor does the same on CPU); outputs keep eager's
-                       strides (docs/backend_cpu.md, "channels_last").
+                       inference graph, the inputs of 2-d convolutions of contiguous float32 CPU
+                       tensors or bfloat16 / float16 CUDA tensors are converted to channels_last and
+                       what follows keeps that layout (oneDNN's faster path; cuDNN's NHWC kernels
+                       without transposes; Inductor does the same); outputs keep eager's strides
+                       (docs/backend_cpu.md, "channels_last"; docs/backend_cuda.md).
   compile_threads      int or None (torch._inductor.config.compile_threads): the threads that
                        compile one graph's CUDA kernels, as that many NVRTC programs at once (about
                        4 kernels each, the prelude repeated in each; csrc/runtime/em_runtime_cuda.c).
@@ -79,7 +82,7 @@ class Config:
 
     def __init__(self):
         self.cache_size_limit = 8
-        self.max_inline_depth = 32
+        self.max_inline_depth = 64
         self.max_loop_iterations = 10000
         self.max_instructions = 1000000
         self.graph_breaks = 1

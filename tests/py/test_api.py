@@ -257,7 +257,7 @@ def test_disable_nested_in_fallback_frame(no_graph_breaks):
 
 def test_config_defaults_and_attributes():
     assert ember.config.cache_size_limit == 8
-    assert ember.config.max_inline_depth == 32
+    assert ember.config.max_inline_depth == 64
     assert ember.config.max_loop_iterations == 10000
 
 

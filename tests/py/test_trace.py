@@ -920,3 +920,66 @@ def test_finfo_and_iinfo_are_constants():
     def f(x):
         return x.masked_fill(x < 0, torch.finfo(x.dtype).min), torch.iinfo(torch.int32).max, torch.finfo(x.dtype).eps
     expect_graph(f, (x34(),))
+
+
+# ---- iteration and len() of objects made in the trace whose class defines them in Python
+from collections.abc import Sequence  # noqa: E402
+
+
+class _View(Sequence):
+    """As transformers' _PerLayerConfigView: __len__ and __getitem__ (IndexError past the end), and
+    Sequence's own __iter__, a generator calling __getitem__ until IndexError."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i < 0:
+            i += len(self)
+        if i < 0 or i >= len(self):
+            raise IndexError("list index out of range")
+        return i * 2
+
+
+class _Gen:
+    def __init__(self, xs):
+        self.xs = xs
+
+    def __iter__(self):
+        for x in self.xs:
+            yield x + 1
+
+
+class _NotIter:
+    def __iter__(self):
+        return [1, 2]  # CPython: TypeError "iter() returned non-iterator"
+
+
+def test_python_iter_and_len_of_trace_made_objects():
+    def f(x):
+        v, g = _View(3), _Gen([1, 2])
+        s = x
+        for i in v:
+            s = s + i
+        return s * sum(g) + len([c for c in v]) + len(v) + v[-1] + sum(i * 2 for i in _Gen([x.shape[0], 2]))
+
+    c = ember.compile(f)
+    x = torch.randn(3)
+    assert torch.equal(c(x), f(x))
+    assert [e["kind"] for e in ember.cache_info(c)] == ["graph"]
+
+
+def test_iter_returning_a_non_iterator_raises_as_eager():
+    def f(x):
+        for i in _NotIter():
+            x = x + i
+        return x
+
+    x = torch.randn(3)
+    with pytest.raises(TypeError, match="non-iterator"):
+        f(x)
+    with pytest.raises(TypeError, match="non-iterator"):
+        ember.compile(f)(x)
