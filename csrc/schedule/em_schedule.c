@@ -1022,10 +1022,26 @@ static int hfuse_movable(const Schedule *s, const SKernel *k) {
     return hfuse_joinable(k);
 }
 
+/* Does reduction kernel k read some buffer strided along its innermost reduced dim (a column
+ * reduction: x.sum(0) of a row-major x)? The code generators walk such a kernel in their column
+ * form, blocks of adjacent outputs (csrc/codegen/em_codegen_c.c), a row reduction one row at a time. */
+static int reads_columns(const SKernel *k) {
+    if (!k->reduction || k->ndim == k->nouter) return 0;
+    for (uint32_t q = 0; q < k->nloads; q++) {
+        int64_t st = k->loads[q].strides[k->ndim - 1];
+        if (st != 0 && st != 1) return 1;
+    }
+    return 0;
+}
+
 /* Same sizes in loop order; in a symbolic graph the same size expressions (hash-consed: one
- * SymRef per expression), so the two agree for every size the entry admits. */
+ * SymRef per expression), so the two agree for every size the entry admits. Reductions of one
+ * kind only: a row reduction joined to a column reduction over the same sizes (x.sum(1) and
+ * x.mean(0) of a square x) made one kernel in the row form, its column walked with a stride of a
+ * whole row (6x Inductor's time on issue 44's (2048, 2048) example). */
 static int hfuse_same_domain(const Schedule *s, const SKernel *a, const SKernel *b) {
     if (a->reduction != b->reduction || a->ndim != b->ndim || a->nouter != b->nouter) return 0;
+    if (reads_columns(a) != reads_columns(b)) return 0;
     for (int j = 0; j < a->ndim; j++)
         if (a->sizes[j] != b->sizes[j] || (s->lg->env && a->ssizes[j] != b->ssizes[j])) return 0;
     return 1;

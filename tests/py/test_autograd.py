@@ -2090,6 +2090,26 @@ def test_division_gradient_rounds_as_eager_in_bfloat16():
     assert torch.equal(grads[1], grads[0]), (grads[1] - grads[0]).abs().max()
 
 
+def _region_matches_eager(f, *args):
+    """f compiled: its scalar result and the gradients of args equal eager's; the region's autograd
+    info (one compiled region: no fallback, no split)."""
+    c = ember.compile(f)
+    out = c(*args)
+    out.backward()
+    got = [t.grad.clone() for t in args]
+    for t in args:
+        t.grad = None
+    want = f(*args)
+    want.backward()
+    torch.testing.assert_close(out, want)
+    for a, t in zip(got, args):
+        torch.testing.assert_close(a, t.grad)
+    (e,) = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
+    a = e["autograd"]
+    assert "fallback" not in a and "split" not in a, a.get("fallback") or a.get("split")
+    return a
+
+
 def test_transposing_attributes_and_ellipsis_list_index_have_rules():
     """x.T / x.mT (getattr nodes: Falcon in transformers 5.24 computes `input @ self.weight.T`) and
     an advanced index of a list beside an Ellipsis (Falcon's fused_qkv[..., [-2], :]) are differentiated
@@ -2098,42 +2118,17 @@ def test_transposing_attributes_and_ellipsis_list_index_have_rules():
         y = x @ w.T + (q.mT @ q).sum()
         return y[..., [-2], :].sum() + y[..., [0, 0], :].square().sum()
 
-    w, q = torch.randn(3, 4, requires_grad=True), torch.randn(2, 3, 4, requires_grad=True)
-    x3 = torch.randn(2, 5, 4, requires_grad=True)
-    c = ember.compile(f)
-    out = c(x3, w, q)
-    out.backward()
-    got = [t.grad.clone() for t in (x3, w, q)]
-    for t in (x3, w, q):
-        t.grad = None
-    f(x3, w, q).backward()
-    for a, t in zip(got, (x3, w, q)):
-        torch.testing.assert_close(a, t.grad)
-    (e,) = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
-    assert "fallback" not in e["autograd"] and "split" not in e["autograd"], e["autograd"].get("fallback") or e["autograd"].get("split")
+    _region_matches_eager(f, torch.randn(2, 5, 4, requires_grad=True), torch.randn(3, 4, requires_grad=True),
+                          torch.randn(2, 3, 4, requires_grad=True))
 
 
 def test_sdpa_with_enable_gqa_trains_in_the_region():
     """scaled_dot_product_attention(..., enable_gqa=True) (transformers 5.24's grouped-query
     attention) in a training graph: k and v repeated over the query heads as the math kernel does,
     then attention's rules; eager's values and gradients."""
-    q = torch.randn(2, 8, 6, 4, requires_grad=True)
-    k, v = (torch.randn(2, 2, 6, 4, requires_grad=True) for _ in range(2))
-
     def f(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).square().sum()
 
-    c = ember.compile(f)
-    out = c(q, k, v)
-    out.backward()
-    got = [t.grad.clone() for t in (q, k, v)]
-    for t in (q, k, v):
-        t.grad = None
-    want = f(q, k, v)
-    want.backward()
-    torch.testing.assert_close(out, want)
-    for a, t in zip(got, (q, k, v)):
-        torch.testing.assert_close(a, t.grad)
-    (e,) = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
-    a = e["autograd"]
-    assert "fallback" not in a and "split" not in a and a["decomposed"] == ["scaled_dot_product_attention"], a.get("passes")
+    a = _region_matches_eager(f, torch.randn(2, 8, 6, 4, requires_grad=True), torch.randn(2, 2, 6, 4, requires_grad=True),
+                              torch.randn(2, 2, 6, 4, requires_grad=True))
+    assert a["decomposed"] == ["scaled_dot_product_attention"], a.get("passes")

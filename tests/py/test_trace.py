@@ -829,7 +829,7 @@ def test_break_inline_depth_and_loop_limit():
         return x if n == 0 else rec(x + 1, n - 1)
 
     def f(x):
-        return rec(x, 50)
+        return rec(x, 100)  # deeper than max_inline_depth (64)
     expect_break(f, (x34(),), "INLINE_DEPTH")
 
     def g(x):
