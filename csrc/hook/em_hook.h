@@ -75,6 +75,11 @@ typedef struct CacheEntry {
     PyObject *debug_fn;      /* ember.debug.dump: the entry's transformed code compiled from the dumped
                                 file, called with the frame's arguments instead (strong), or NULL */
     uint64_t hits;
+    int last_resort;         /* made because the traced code raised for these inputs (a break or fallback
+                                at RAISE / META_FAILED): looked up after every other entry, so that
+                                its guards, as general as the sizes it was traced at, never take a
+                                call another entry serves (x.reshape(-1, 4) at a size 4 does not
+                                divide, then at one it does: the symbolic graph's) */
 } CacheEntry;
 
 typedef struct ExtraState {

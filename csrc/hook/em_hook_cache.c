@@ -148,24 +148,27 @@ CacheEntry *em_cache_lookup(ExtraState *es, const EmFrameView *fv, PyObject *bac
             return e;
         }
     }
-    for (CacheEntry *e = es->head; e; prev = e, e = e->next) {
-        if (e->backend_key != backend_key) continue;
-        int failed = -1;
-        int ok = em_guard_check(e->guards, fv, fetched, &failed);
-        if (ok == 1) {
-            if (prev) { /* move to front: most recently used first */
-                prev->next = e->next;
-                e->next = es->head;
-                es->head = e;
+    for (int pass = 0; pass < 2; pass++) { /* the entries of traces that raised last (CacheEntry.last_resort) */
+        prev = NULL;
+        for (CacheEntry *e = es->head; e; prev = e, e = e->next) {
+            if (e->backend_key != backend_key || e->last_resort != pass) continue;
+            int failed = -1;
+            int ok = em_guard_check(e->guards, fv, fetched, &failed);
+            if (ok == 1) {
+                if (prev) { /* move to front: most recently used first */
+                    prev->next = e->next;
+                    e->next = es->head;
+                    es->head = e;
+                }
+                e->hits++;
+                return e;
             }
-            e->hits++;
-            return e;
+            if (!*last_failed_entry) {
+                *last_failed_entry = e;
+                *last_failed_guard = failed;
+            }
+            if (EM_LOG_DEBUG_ON(EM_LOG_GUARDS)) log_guard_failure(es, e, failed);
         }
-        if (!*last_failed_entry) {
-            *last_failed_entry = e;
-            *last_failed_guard = failed;
-        }
-        if (EM_LOG_DEBUG_ON(EM_LOG_GUARDS)) log_guard_failure(es, e, failed);
     }
     return NULL;
 }
@@ -821,6 +824,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         goto error;
     }
     e->kind = res.split ? ENTRY_BREAK : res.graph ? ENTRY_GRAPH : ENTRY_FALLBACK;
+    e->last_resort = e->kind != ENTRY_GRAPH && (res.brk.reason == EM_BREAK_RAISE || res.brk.reason == EM_BREAK_META_FAILED);
     e->backend_key = Py_NewRef(cfg->backend_key);
     e->guards = em_guard_build(res.guards);
     if (!e->guards) goto error;

@@ -590,3 +590,47 @@ def test_int_arithmetic_stays_symbolic(name, backend):
     es = entries(cf)
     assert len(es) == 2, [(e["guards"], e["dynamic"]) for e in es]
     assert any("L['n'] = s0" in d for e in es for d in e["dynamic"])
+
+
+def _graphs_compiled(compile_fn, fn, calls):
+    """Graphs compile_fn(fn, backend=counting) compiles over calls; each call's result or exception
+    type, in order."""
+    n, results = [0], []
+
+    def counting(gm, example_inputs):
+        n[0] += 1
+        return gm.forward
+
+    c = compile_fn(fn, backend=counting)
+    for args in calls:
+        try:
+            results.append(c(*args))
+        except Exception as e:  # noqa: BLE001 (the exception is the result compared)
+            results.append(type(e))
+    return n[0], results
+
+
+def test_a_size_the_code_raises_for_does_not_shadow_the_graphs():
+    """x.reshape(-1, 4) at 8, 12, then 10 (eager raises), then 16 and 20: the entry made when the trace
+    raised at 10 (a break at the reshape, its guards as general as the symbolic size) is looked up
+    after the graphs, so 16 and 20 run the symbolic graph: as many graphs as torch.compile makes
+    (issue 44 item 3: 4 before, with a resume function compiled per later size)."""
+    import torch._dynamo
+    f = lambda x: x.reshape(-1, 4) * 2  # noqa: E731
+    calls = [(torch.randn(s, generator=torch.Generator().manual_seed(s)),) for s in (8, 12, 10, 16, 20, 14, 24)]
+    ember.reset()
+    n_em, got = _graphs_compiled(ember.compile, f, calls)
+    torch._dynamo.reset()
+    n_tc, _ = _graphs_compiled(torch.compile, f, calls)
+    want = []
+    for (x,) in calls:
+        try:
+            want.append(f(x))
+        except Exception as e:  # noqa: BLE001
+            want.append(type(e))
+    for g, w in zip(got, want):
+        if isinstance(w, type):
+            assert g is w
+        else:
+            assert torch.equal(g, w)
+    assert n_em <= n_tc, (n_em, n_tc)
