@@ -6,6 +6,7 @@
  * another of torch's kernels: values within the dtype's tolerance). */
 #include "passes/em_passes.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,7 +147,8 @@ done:
  * 512 x 512 in bf16, 50 MB per layer written and read three times). Not rewritten: a dropout that
  * draws (its random stream is F.dropout's), a mask of another dtype (eager promotes the scores), a
  * mask that requires grad (MPNet's relative position bias), intermediates read elsewhere (attention
- * weights returned to the caller), symbolic sizes. */
+ * weights returned to the caller), symbolic sizes. A query row whose mask leaves no key is NaN, as
+ * eager's softmax over -inf alone (the fused kernels give 0 there): emit_attention restores it. */
 
 typedef struct {
     IRRef q, k, v, mask;   /* mask: 0 none */
@@ -406,7 +408,17 @@ static IRRef emit_attention(Rewrite *d, const Attn *at) {
     if (!t || !em_arena_hold_steal(d->a, t) || !kwn[0] || em_rw_arg_bad(&sc) || em_rw_arg_bad(&a[3]) || em_rw_arg_bad(&a[4]) ||
         em_rw_arg_bad(&a[5]))
         return em_rw_fail_exc(d), 0;
-    return em_rw_dz(d, em_rw_emit(d, IR_CALL_FUNCTION, t, a, 6, kwn, &sc, 1));
+    IRRef o = em_rw_dz(d, em_rw_emit(d, IR_CALL_FUNCTION, t, a, 6, kwn, &sc, 1));
+    if (!o || !at->mask) return o;
+    /* a query row masked everywhere: eager's softmax over -inf alone is NaN, SDPA's kernels give 0
+     * (_safe_softmax); the rows where the mask leaves no key (masked_fill's m True everywhere, an
+     * additive mask -inf everywhere) are NaN again, as eager's */
+    IRArg ma = em_rw_arg_node(d->fmap[at->mask]), ninf = em_rw_arg_const_steal(d, PyFloat_FromDouble(-INFINITY));
+    IRRef all_masked = at->mask_negate ? d->fmap[at->mask] : em_rw_dz(d, em_rw_emit_op(d, "eq", ma, ninf, 2));
+    IRArg aa[3] = {em_rw_arg_node(all_masked), em_rw_arg_const_steal(d, PyLong_FromLong(-1)), em_rw_arg_const_steal(d, Py_NewRef(Py_True))};
+    IRRef full = all_masked && !em_rw_arg_bad(&aa[1]) ? em_rw_dz(d, em_rw_emit_method(d, "all", aa, 3)) : 0;
+    IRArg fa[3] = {em_rw_arg_node(o), em_rw_arg_node(full), em_rw_arg_const_steal(d, PyFloat_FromDouble(NAN))};
+    return full && !em_rw_arg_bad(&fa[2]) ? em_rw_dz(d, em_rw_emit_method(d, "masked_fill", fa, 3)) : 0;
 }
 
 /* g with its hand-written attentions as scaled_dot_product_attention calls and the masks of its
@@ -436,7 +448,9 @@ IRGraph *em_pass_attention(const IRGraph *g, EmPassCtx *ctx) {
         Bind b;
         rg[r] = node_range(em_ir_node(g, r), rg);
         drop[r] = droppable_mask(&d, r, rg, &b);
-        if (!drop[r] && !d.env && match_attention(g, r, names, uses, &at[r])) {
+        if (!drop[r] && !d.env && match_attention(g, r, names, uses, &at[r]) &&
+            (!at[r].mask || em_rw_sdpa_mask_broadcasts(&d, &em_ir_node(g, at[r].q)->meta, &em_ir_node(g, at[r].k)->meta,
+                                                       &em_ir_node(g, at[r].mask)->meta))) {
             drop[r] = 2;
             for (uint32_t i = 0; i < at[r].nabsorbed; i++) gone[at[r].absorbed[i]] = 1;
         }

@@ -928,6 +928,58 @@ static int size_of_tree(Trace *T, PyObject *tree, int64_t hint, SymRef *out) {
     return 0;
 }
 
+/* Do the stride trees st evaluate to m's strides at the hints? (An "unknown" tree counts as agreeing:
+ * size_of_tree specialises it.) No break, no exception. */
+static bool strides_agree(Trace *T, PyObject *st, const IRMeta *m) {
+    for (int i = 0; i < m->ndim; i++) {
+        PyObject *tree = PyTuple_GET_ITEM(st, i);
+        if (PyTuple_Check(tree) && PyTuple_GET_SIZE(tree) == 2 && PyUnicode_Check(PyTuple_GET_ITEM(tree, 0)) &&
+            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(tree, 0), "unknown") == 0)
+            continue;
+        SymRef e = tree_build(T, tree);
+        int64_t h;
+        if (e == SYM_NONE || em_sym_hint(T->env, e, &h) < 0) {
+            PyErr_Clear();
+            return true; /* size_of_tree reports it */
+        }
+        if (h != m->strides[i]) return false;
+    }
+    return true;
+}
+
+/* Strides of a dense layout in m's dim order (the fastest dim first), over the symbolic sizes sz:
+ * where torch's fake kernel lays a result out in another order than the meta kernel (an advanced
+ * index beside an Ellipsis, Falcon's fused_qkv[..., [-2], :]: the fake result indexed-dim-first,
+ * the meta one contiguous), the meta's layout is the one the graph's meta records, and eager's.
+ * -1 when m's layout is not dense (the caller then reports the disagreement). */
+static int dense_strides(Trace *T, const IRMeta *m, const SymRef *sz, SymRef *out) {
+    int order[16], n = m->ndim;
+    if (n > 16) return -1;
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 1; i < n; i++) /* by stride ascending; among equal strides the later dim first */
+        for (int j = i; j > 0 && (m->strides[order[j]] < m->strides[order[j - 1]] ||
+                                  (m->strides[order[j]] == m->strides[order[j - 1]] && order[j] > order[j - 1]));
+             j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    int64_t run = 1;
+    SymRef srun = em_sym_const(T->env, 1);
+    for (int i = 0; i < n; i++) {
+        int d = order[i];
+        if (m->sizes[d] == 1) { /* any stride: the meta's */
+            out[d] = em_sym_const(T->env, m->strides[d]);
+            continue;
+        }
+        if (m->strides[d] != run) return -1;
+        out[d] = srun;
+        run *= m->sizes[d];
+        srun = em_sym_mul(T->env, srun, sz[d]);
+    }
+    return 0;
+}
+
 /* Gives tensor meta m the sizes/strides of tree ("T", sizes, strides). */
 static int apply_tensor(Trace *T, PyObject *tree, IRMeta *m) {
     if (!PyTuple_Check(tree) || PyTuple_GET_SIZE(tree) != 3) return em_tr_break(T, EM_BREAK_INTERNAL, "bad symbolic result");
@@ -944,9 +996,13 @@ static int apply_tensor(Trace *T, PyObject *tree, IRMeta *m) {
         if (size_of_tree(T, PyTuple_GET_ITEM(sz, i), m->sizes[i], &ss[i]) < 0) return -1;
         any |= !em_sym_is_const(T->env, ss[i], NULL);
     }
-    for (int i = 0; i < m->ndim; i++) {
-        if (size_of_tree(T, PyTuple_GET_ITEM(st, i), m->strides[i], &ss[m->ndim + i]) < 0) return -1;
-        any |= !em_sym_is_const(T->env, ss[m->ndim + i], NULL);
+    if (!strides_agree(T, st, m) && dense_strides(T, m, ss, ss + m->ndim) == 0) {
+        any |= m->ndim > 0;
+    } else {
+        for (int i = 0; i < m->ndim; i++) {
+            if (size_of_tree(T, PyTuple_GET_ITEM(st, i), m->strides[i], &ss[m->ndim + i]) < 0) return -1;
+            any |= !em_sym_is_const(T->env, ss[m->ndim + i], NULL);
+        }
     }
     m->sym_sizes = any ? ss : NULL;
     m->sym_strides = any ? ss + m->ndim : NULL;

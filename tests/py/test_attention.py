@@ -267,3 +267,28 @@ def test_dropout_that_draws_not_rewritten():
     with torch.no_grad():
         c(q, k, v)
     assert "attention" not in graph_info(c).get("passes", [])
+
+
+def fully_masked_rows(q, k, v, m):
+    return torch.softmax((q @ k.transpose(-2, -1)).masked_fill(m, float("-inf")), -1) @ v
+
+
+def fully_masked_rows_additive(q, k, v, bias):
+    return torch.softmax(q @ k.transpose(-2, -1) * 0.5 + bias, -1) @ v
+
+
+def test_rows_masked_everywhere_are_nan_as_eager():
+    """A query row whose mask leaves no key: eager's softmax over -inf alone gives NaN, the fused
+    kernels 0; the rewritten attention gives eager's NaN rows and eager's values elsewhere."""
+    q, k, v = qkv(l=6, s=6)
+    m = torch.zeros(6, 6, dtype=torch.bool)
+    m[2] = True
+    bias = torch.zeros(6, 6).masked_fill(m, float("-inf"))
+    for fn, extra in ((fully_masked_rows, m), (fully_masked_rows_additive, bias)):
+        ember.reset()
+        c = ember.compile(fn)
+        with torch.no_grad():
+            got, want = c(q, k, v, extra), fn(q, k, v, extra)
+        assert torch.isnan(want[..., 2, :]).all()
+        torch.testing.assert_close(got, want, equal_nan=True)
+        assert "attention" in graph_info(c)["passes"]

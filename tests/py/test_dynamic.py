@@ -634,3 +634,23 @@ def test_a_size_the_code_raises_for_does_not_shadow_the_graphs():
         else:
             assert torch.equal(g, w)
     assert n_em <= n_tc, (n_em, n_tc)
+
+
+def test_advanced_index_beside_an_ellipsis_is_symbolic():
+    """x[..., [-2], :] over changing sizes (Falcon's multi-query key): torch's fake kernel lays the
+    result out indexed-dim-first, its meta kernel (and eager) contiguous; the symbolic strides follow
+    the meta's dense layout. It was an INTERNAL fallback ("symbolic size 16 disagrees with the meta
+    size 192") for every frame with such an index."""
+    def f(x):
+        b, s, _, d = x.shape
+        k = x[..., [-2], :]
+        return k.transpose(1, 2).reshape(b, 1, s, d) * 2
+
+    ember.reset()
+    c = ember.compile(f)
+    for s in (8, 12, 10):
+        x = torch.randn(2, s, 6, 16)
+        torch.testing.assert_close(c(x), f(x))
+    kinds = [(e["kind"], e["dynamic"]) for e in ember.cache_info(c)]
+    assert [k for k, _ in kinds] == ["graph", "graph"], kinds
+    assert any("automatic dynamic" in d for _, dyn in kinds for d in dyn), kinds
