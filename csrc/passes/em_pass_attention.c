@@ -136,7 +136,7 @@ done:
 
 /* ---------------------------------------------------------------- hand-written attention
  * o = matmul(p, v) where, each intermediate read by the next step only,
- *   p = softmax(t, -1 [, dtype]) [.to(q.dtype) | .type_as(x)] [dropout that is the identity]
+ *   p = softmax(t, -1 [, dtype]) [.to(q.dtype) | .type(v.dtype) | .type_as(x)] [dropout that is the identity]
  *   t = s [+ mask | mask +]  or  s.masked_fill(m, -inf)        (mask: q's dtype; m: bool)
  *   s = matmul(q', k'.transpose(-2, -1)) [* c | / c | c *]     (c: a number, or torch.full((), c))
  *   q' = q [* c],  k' = k [* c]
@@ -280,7 +280,7 @@ static bool match_attention(const IRGraph *g, IRRef o, PyObject **names, const u
         if (!xo || !single_use(uses, x) || n->nargs < 1 || n->args[0].kind != IRARG_NODE) return false;
         if (!strcmp(xo, "softmax")) break;
         bool ok = false;
-        if (!strcmp(xo, "to") || !strcmp(xo, "type_as")) ok = n->nargs == 2 && n->nkwargs == 0;
+        if (!strcmp(xo, "to") || !strcmp(xo, "type_as") || !strcmp(xo, "type")) ok = n->nargs == 2 && n->nkwargs == 0;
         else if (!strcmp(xo, "dropout")) {
             const IRArg *pa = n->nargs > 1 ? &n->args[1] : NULL, *ta = n->nargs > 2 ? &n->args[2] : NULL;
             for (uint32_t i = 0; i < n->nkwargs; i++) {

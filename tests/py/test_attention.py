@@ -158,6 +158,13 @@ def hf_eager(q, k, v, mask):
     return torch.matmul(w, v)
 
 
+def gpt2_eager(q, k, v, mask):
+    """transformers' GPT-2 eager_attention_forward: the cast back is .type(value.dtype)."""
+    w = torch.matmul(q, k.transpose(-1, -2)) * q.size(-1) ** -0.5
+    w = F.softmax(w + mask, dim=-1).type(v.dtype)
+    return torch.matmul(F.dropout(w, p=0.1, training=False), v)
+
+
 def divided(q, k, v):
     """GPT-2's _attn: scores divided by sqrt(d) (a 0-d torch.full)."""
     w = torch.matmul(q, k.transpose(-1, -2))
@@ -188,11 +195,12 @@ def _hand_cases(dtype):
     bias = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
     q16, k16, v16 = (t.to(dtype) for t in qkv(l=16, s=16))
     return [("hf_eager", hf_eager, (q, k, v, mask)), ("divided", divided, (q, k, v)), ("nanogpt", nanogpt, (q16, k16, v16, bias)),
-            ("scale_on_q", scale_on_q, (q, k, v)), ("no_scale_bmm", no_scale_bmm, (q[0], k[0], v[0]))]
+            ("scale_on_q", scale_on_q, (q, k, v)), ("no_scale_bmm", no_scale_bmm, (q[0], k[0], v[0])),
+            ("gpt2_eager", gpt2_eager, (q, k, v, mask))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("case", range(5), ids=["hf_eager", "divided", "nanogpt", "scale_on_q", "no_scale_bmm"])
+@pytest.mark.parametrize("case", range(6), ids=["hf_eager", "divided", "nanogpt", "scale_on_q", "no_scale_bmm", "gpt2_eager"])
 def test_hand_written_attention_becomes_sdpa(case, dtype):
     name, fn, args = _hand_cases(dtype)[case]
     c = ember.compile(fn)
