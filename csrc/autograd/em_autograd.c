@@ -127,7 +127,7 @@ static int region_check_blocker(Region *R) {
 static int region_run_passes(Region *R) {
     AG *ag = &R->ag;
     const IRGraph *g = R->g;
-    /* the training passes (passes/em_passes.c: attention, decompose, functionalize); a changed graph is
+    /* the training passes (passes/em_passes.c: attention, decompose, functionalize, pad_mm); a changed graph is
      * compiled in turn, and falls back with the user's graph when it cannot be */
     EmPassCtx pc = {.when = EM_PASSES_TRAINING, .rule_flags = em_ag_rule_flags};
     const IRGraph *g2 = em_passes_run(g, &pc);
@@ -152,7 +152,7 @@ static int region_run_passes(Region *R) {
             Py_XDECREF(pc.stale);
             return STEP_FALLBACK;
         }
-        static const char *const keys[] = {"passes", "attention", "decomposed", "functionalized", "pass_graphs"};
+        static const char *const keys[] = {"passes", "attention", "decomposed", "functionalized", "padded", "pass_graphs"};
         for (size_t k = 0; R->result && *R->info && PyDict_Check(*R->info) && k < sizeof keys / sizeof keys[0]; k++) {
             PyObject *v = PyDict_GetItemString(pc.info, keys[k]); /* borrowed */
             if (v && PyDict_SetItemString(*R->info, keys[k], v) < 0) Py_CLEAR(R->result);

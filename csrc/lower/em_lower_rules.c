@@ -589,6 +589,8 @@ static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
         LNode src = *NODE(c, l);
         int64_t strides[EM_LMAXDIM], lo[EM_LMAXDIM] = {0}, hi[EM_LMAXDIM] = {0}, piece;
         SymRef sst[EM_LMAXDIM];
+        if (!stack && nd > 1 && src.ndim == 1 && src.sizes[0] == 0 && (!env || em_sym_is_const(env, src.ssizes[0], NULL)))
+            continue; /* a 1-D empty tensor, which torch.cat skips (its legacy rule): a KV cache's first cat */
         if (stack) {
             if (src.ndim != nd - 1) return 0;
             for (int e = 0, k = 0; e < nd; e++) {

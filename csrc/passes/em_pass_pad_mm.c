@@ -18,7 +18,8 @@
  * 77 MB for GPT-2's, about 35 us), the aligned GEMM, and a copy of the N columns into eager's
  * contiguous layout, which ember fuses into the consumer's kernel where there is one. Inductor
  * benchmarks both forms per shape; this pass takes the padded one where the GEMM is large
- * (EM_PAD_MIN_FLOP) and the copies small beside it. Static inference graphs. */
+ * (EM_PAD_MIN_FLOP) and the copies small beside it. Static graphs, inference and training: the
+ * pad's gradient (constant_pad_nd by the negated pads) slices the padded weight's gradient back. */
 #define EM_PAD_ALIGN 8
 #define EM_PAD_MIN_FLOP (1LL << 30) /* M * N * K: below this, the padded copies cost more than they save */
 
@@ -46,7 +47,7 @@ static bool wants_pad(Rewrite *d, const IRNode *n, Bind *b, long long *pad) {
 /* g with its linears that wants_pad names padded; info["padded"] names them. NULL when there is
  * none or the rewrite failed. */
 IRGraph *em_pass_pad_mm(const IRGraph *g, EmPassCtx *ctx) {
-    Rewrite d = {.inference = true};
+    Rewrite d = {.inference = ctx->when == EM_PASSES_INFERENCE};
     uint32_t G = g->nnodes;
     uint8_t *pad = calloc(G, 1);
     PyObject *names = PyList_New(0);

@@ -21,7 +21,7 @@ static const EmPass PASSES[] = {
     {"decompose", em_pass_decompose, EM_PASSES_TRAINING | EM_PASSES_INFERENCE},
     {"functionalize", em_pass_functionalize, EM_PASSES_TRAINING},
     {"layout", em_pass_layout, EM_PASSES_INFERENCE},
-    {"pad_mm", em_pass_pad_mm, EM_PASSES_INFERENCE},
+    {"pad_mm", em_pass_pad_mm, EM_PASSES_TRAINING | EM_PASSES_INFERENCE},
 };
 #define NPASSES (sizeof PASSES / sizeof PASSES[0])
 

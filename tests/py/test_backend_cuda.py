@@ -364,6 +364,28 @@ def test_gpu_pad_mm_for_unaligned_half_outputs():
 
 
 @needs_gpu
+def test_gpu_pad_mm_in_training():
+    """pad_mm in a training graph (GPT-2's tied LM head and its loss): the padded weight's gradient is
+    sliced back to the weight's rows; values and gradients are eager's."""
+    torch.manual_seed(0)
+    w0 = torch.randn(1001, 768, device="cuda", dtype=torch.bfloat16) * 0.05
+    x0 = torch.randn(4096, 768, device="cuda", dtype=torch.bfloat16)
+    t = torch.randint(0, 1001, (4096,), device="cuda")
+    f = lambda x, w, t: F.cross_entropy(F.linear(x, w).float(), t)
+    c = ember.compile(f, backend="ember")
+    grads = []
+    for fn in (c, f):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        loss = fn(x, w, t)
+        loss.backward()
+        grads.append((loss, x.grad, w.grad))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-3)
+    (e,) = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
+    assert e["autograd"]["padded"] == ["linear: weight padded by 7 rows"], e["autograd"].get("passes")
+
+
+@needs_gpu
 def test_gpu_true_mask_attention_runs_fused():
     """BERT's unpadded mask under a compiler (index comparisons, True everywhere, last stride 0: no
     fused kernel takes it) is dropped by the attention pass: bf16 attention runs a fused kernel,

@@ -118,6 +118,17 @@ def test_cat_dims_layouts_and_edge_cases():
     assert info["externs"] == 1
 
 
+def test_cat_skips_a_1d_empty_tensor_as_torch_does():
+    """torch.cat's legacy rule skips 1-D empty tensors beside tensors of another rank: a KV cache's
+    first `cat([torch.tensor([]), k], -2)` (transformers' DynamicLayer) is a generated copy."""
+    x = torch.randn(2, 5, 3, 4)
+    info = check(lambda e, x: torch.cat([e, x.transpose(1, 2) * 2], dim=-2), torch.tensor([]), x, bitwise=True)
+    assert info["externs"] == 0
+    check(lambda e, x: torch.cat([x, e, x], 0), torch.tensor([]), x, bitwise=True)
+    # a 1-D empty tensor of another dtype still promotes: the torch op
+    check(lambda e, x: torch.cat([e, x], 0), torch.tensor([], dtype=torch.float64), x)
+
+
 def test_stack():
     a, b = torch.randn(3, 4), torch.randn(3, 4)
     for d in (0, 1, 2, -1):
