@@ -167,8 +167,13 @@ static int region_run_passes(Region *R) {
     return STEP_OK;
 }
 
+/* Set while the steps of a region split at DDP's buckets compile: a step is one bucket already. */
+static bool g_in_ddp_split;
+
 /* Falls back on in-place updates autograd would need (em_ag_check_mutations); a region with ops
- * that have no rule is split around them and compiled in steps (em_ag_compile_split: STEP_DONE). */
+ * that have no rule, or compiled inside a DistributedDataParallel forward with more than one
+ * bucket's parameters (em_ag_ddp_buckets), is split and compiled in steps (em_ag_compile_split:
+ * STEP_DONE). */
 static int region_split_eager(Region *R) {
     AG *ag = &R->ag;
     const IRGraph *g = R->g;
@@ -183,6 +188,14 @@ static int region_split_eager(Region *R) {
         return STEP_ERROR;
     }
     int ne = em_ag_find_eager_nodes(ag, U, reasons);
+    PyObject *sizes = NULL;
+    uint32_t *bucket = g_in_ddp_split ? NULL : em_ag_ddp_buckets(ag, &sizes);
+    if (bucket && R->stale) { /* the steps' graphs would not know the replaced values: one region, whose
+                               * all-reduces wait for its whole backward (docs/distributed.md) */
+        free(bucket);
+        bucket = NULL;
+        Py_CLEAR(sizes);
+    }
     if (ne > 0 && R->stale) { /* the steps' graphs do not know the replaced values: the whole region */
         free(U);
         PyObject *first = PyList_GET_SIZE(reasons) ? PyList_GET_ITEM(reasons, 0) : Py_None; /* borrowed */
@@ -190,8 +203,14 @@ static int region_split_eager(Region *R) {
         Py_DECREF(reasons);
         return STEP_FALLBACK;
     }
-    if (ne > 0) {
-        R->result = em_ag_compile_split(ag, U, reasons, R->info);
+    if (ne > 0 || bucket) {
+        bool outer = bucket && !g_in_ddp_split;
+        if (outer) g_in_ddp_split = true;
+        R->result = em_ag_compile_split(ag, U, bucket, reasons, R->info);
+        if (outer) g_in_ddp_split = false;
+        if (R->result && sizes && PyDict_SetItemString(*R->info, "ddp_bucket_bytes", sizes) < 0) Py_CLEAR(R->result);
+        Py_XDECREF(sizes);
+        free(bucket);
         free(U);
         Py_DECREF(reasons);
         if (!R->result && ag->reason && !PyErr_Occurred()) return STEP_FALLBACK; /* (a symbolic step it cannot take) */

@@ -108,6 +108,7 @@ int em_ag_check_mutations(AG *ag);
 int em_ag_find_eager_nodes(AG *ag, uint8_t *U, PyObject *reasons);
 PyObject *em_ag_outputs_eager_saves(AG *ag, const IRArg *outs);
 PyObject *em_ag_saved_needs(const AG *ag, const uint8_t *saved, const uint8_t *need, const IRRef *grads, uint32_t ngrads, PyObject *gdeps);
-PyObject *em_ag_compile_split(AG *ag, const uint8_t *U, PyObject *reasons, PyObject **info);
+PyObject *em_ag_compile_split(AG *ag, const uint8_t *U, const uint32_t *bucket, PyObject *reasons, PyObject **info);
+uint32_t *em_ag_ddp_buckets(const AG *ag, PyObject **sizes);
 
 #endif /* EM_AUTOGRAD_IMPL_H */

@@ -231,10 +231,97 @@ static void collect_use(IRRef r, void *ctx) {
     if (c->step[r] != c->s) c->used_outside[r] = 1;
 }
 
+typedef struct {
+    uint32_t *first, *last, user;
+} UseSpan;
+
+static void use_span(IRRef r, void *ctx) {
+    UseSpan *c = ctx;
+    if (!c->first[r]) c->first[r] = c->user;
+    c->last[r] = c->user;
+}
+
+/* DDP's gradient buckets over g's nodes (torch._dynamo.backends.distributed.DDPOptimizer's rule),
+ * when a DistributedDataParallel forward is running (ember._autograd.ddp_bucket_caps): the nodes
+ * are walked in reverse, the order the backward runs them; each graph input that requires grad (a
+ * parameter) counts its bytes at its first use, the node whose backward completes its gradient; a
+ * bucket closes once it holds its cap (the first, the last layers', DDP's smaller first cap) and
+ * one of its values is read after it. Returns bucket[r] for each node, 0 the first bucket in
+ * program order, and *sizes the buckets' parameter bytes in that order; NULL (no exception) when
+ * there is no DDP forward or one bucket holds everything. */
+uint32_t *em_ag_ddp_buckets(const AG *ag, PyObject **sizes) {
+    static PyObject *caps_fn;
+    const IRGraph *g = ag->g;
+    uint32_t G = g->nnodes;
+    *sizes = NULL;
+    if (!em_lazy_attr(&caps_fn, "ember._autograd", "ddp_bucket_caps")) return PyErr_Clear(), NULL;
+    PyObject *caps = PyObject_CallNoArgs(caps_fn);
+    long long cap = 0, first = 0;
+    if (!caps || caps == Py_None || !PyArg_ParseTuple(caps, "LL", &cap, &first)) {
+        Py_XDECREF(caps);
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_DECREF(caps);
+    uint32_t *first_use = calloc(G, sizeof(uint32_t)), *last_use = calloc(G, sizeof(uint32_t)), *bucket = calloc(G, sizeof(uint32_t));
+    int64_t *size = calloc(G + 1, sizeof(int64_t)), *param_bytes = calloc(G + 1, sizeof(int64_t));
+    if (!first_use || !last_use || !bucket || !size || !param_bytes) goto fail;
+    UseSpan us = {first_use, last_use, 0};
+    for (IRRef r = 1; r < G; r++) {
+        const IRNode *n = em_ir_node(g, r);
+        us.user = n->kind == IR_OUTPUT ? G : r;
+        for (uint32_t i = 0; i < n->nargs + n->nkwargs; i++)
+            em_rw_visit_refs(i < n->nargs ? &n->args[i] : &n->kwargs[i - n->nargs], use_span, &us);
+    }
+    for (IRRef p = 1; p < G; p++) { /* param_bytes[r]: the parameters whose first use is r */
+        const IRNode *ph = em_ir_node(g, p);
+        if (ph->kind == IR_PLACEHOLDER && first_use[p] && first_use[p] < G && ph->meta.kind == IRMETA_TENSOR && ph->meta.requires_grad)
+            param_bytes[first_use[p]] += em_ag_meta_bytes(&ph->meta);
+    }
+    uint32_t nb = 0, hi = 0; /* buckets made so far (in reverse); the current bucket's highest node */
+    bool external = false;   /* a value of the current bucket is read after it (or returned) */
+    for (IRRef r = G - 1; r >= 1; r--) {
+        const IRNode *n = em_ir_node(g, r);
+        if (n->kind == IR_PLACEHOLDER || n->kind == IR_OUTPUT) continue;
+        if (size[nb] >= (nb == 0 ? first : cap) && external) {
+            nb++;
+            external = false;
+            hi = 0;
+        }
+        if (!hi) hi = r;
+        bucket[r] = nb;
+        external |= last_use[r] > hi;
+        size[nb] += param_bytes[r];
+    }
+    if (nb > 0 && size[nb] == 0) { /* a preamble without parameters joins the bucket after it */
+        for (IRRef r = 1; r < G; r++)
+            if (bucket[r] == nb) bucket[r] = nb - 1;
+        nb--;
+    }
+    if (nb == 0) goto fail;
+    for (IRRef r = 1; r < G; r++) bucket[r] = nb - bucket[r];
+    if (!(*sizes = PyList_New(nb + 1))) goto fail;
+    for (uint32_t b = 0; b <= nb; b++) PyList_SET_ITEM(*sizes, b, PyLong_FromLongLong(size[nb - b]));
+    free(first_use);
+    free(last_use);
+    free(size);
+    free(param_bytes);
+    return bucket;
+fail:
+    if (PyErr_Occurred()) PyErr_Clear();
+    free(first_use);
+    free(last_use);
+    free(bucket);
+    free(size);
+    free(param_bytes);
+    return NULL;
+}
+
 /* The graph as a chain of steps: runs of nodes with rules (each its own compiled region) and runs
  * of nodes that keep eager autograd (replayed by an EagerGraph with grad enabled), glued by
- * ember._autograd.make_split. Gradients flow between steps through eager autograd. */
-PyObject *em_ag_compile_split(AG *ag, const uint8_t *U, PyObject *reasons, PyObject **info) {
+ * ember._autograd.make_split. Gradients flow between steps through eager autograd. bucket (NULL:
+ * none) also starts a step wherever it changes: DDP's buckets (em_ag_ddp_buckets). */
+PyObject *em_ag_compile_split(AG *ag, const uint8_t *U, const uint32_t *bucket, PyObject *reasons, PyObject **info) {
     const IRGraph *g = ag->g;
     uint32_t G = g->nnodes;
     uint32_t *step = calloc(G, sizeof(uint32_t));
@@ -247,6 +334,7 @@ PyObject *em_ag_compile_split(AG *ag, const uint8_t *U, PyObject *reasons, PyObj
     }
     uint32_t nsteps = 0;
     int prev = -1;
+    uint32_t prevb = 0;
     for (IRRef r = 1; r < G; r++) {
         const IRNode *n = em_ir_node(g, r);
         if (n->kind == IR_PLACEHOLDER || em_ag_grad_mode_node(n)) {
@@ -257,9 +345,10 @@ PyObject *em_ag_compile_split(AG *ag, const uint8_t *U, PyObject *reasons, PyObj
             continue;
         }
         if (n->kind == IR_OUTPUT) continue;
-        if ((int)U[r] != prev) {
+        if ((int)U[r] != prev || (bucket && bucket[r] != prevb)) {
             nsteps++;
             prev = U[r];
+            prevb = bucket ? bucket[r] : 0;
         }
         step[r] = nsteps - 1;
     }

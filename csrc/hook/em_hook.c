@@ -254,7 +254,24 @@ static PyObject *py_hook_skip_code(PyObject *self, PyObject *code)
     return PyBool_FromLong(em_hook_skip_code((PyCodeObject *)code));
 }
 
+/* _hook_compile_code(code): the hook compiles this code's frames in a compiled call even where the
+ * skip rules would leave it alone (the module DistributedDataParallel wraps, when ember.compile got
+ * the DDP module: its forward is in torch's directory when it is an nn.Sequential). */
+static PyObject *py_hook_compile_code(PyObject *self, PyObject *code)
+{
+    if (!PyCode_Check(code)) {
+        PyErr_SetString(PyExc_TypeError, "_hook_compile_code expects a code object");
+        return NULL;
+    }
+    ExtraState *es = em_cache_get((PyCodeObject *)code, 1);
+    if (!es) return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    es->skip = 0;
+    es->skip_reason = NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef hook_methods[] = {
+    {"_hook_compile_code", py_hook_compile_code, METH_O, "Compile this code's frames met in compiled calls."},
     {"_hook_installed", py_hook_installed, METH_NOARGS, "Is ember's frame evaluation function installed?"},
     {"_hook_force_install", py_hook_force_install, METH_O, "Test only: keep the hook installed (bool)."},
     {"_hook_disabled", py_hook_disabled, METH_NOARGS, "Is this thread inside ember.disable?"},

@@ -18,6 +18,8 @@ typedef struct {
     PyObject *module;        /* ember.compile(module): checked for hooks on every call, or NULL.
                                 Then the object is the __call__ of the wrapper's class, and is
                                 called with the wrapper instance as first argument, which it drops */
+    int python_frame;        /* module only: its own frame runs as Python in a hook region, and the
+                                frames it starts are compiled (DistributedDataParallel's forward) */
     PyCodeObject *code;      /* func.__code__ when es was looked up */
     ExtraState *es;          /* code's cache (owned by the code object, which func keeps alive) */
     EmCompileConfig cfg;
@@ -171,8 +173,9 @@ static PyObject *cf_vectorcall(PyObject *self, PyObject *const *args, size_t nar
         nargs--;
     }
     if (em_hook_disabled()) return call_original(cf, args, nargs, kwnames);
-    if (cf->module && module_has_hooks(cf->module)) {
-        /* Module.__call__ runs the hooks; forward's frame is compiled by the hook */
+    if (cf->module && (cf->python_frame || module_has_hooks(cf->module))) {
+        /* Module.__call__ runs the hooks; forward's frame is compiled by the hook (a python_frame
+         * module's forward is not: only the frames it starts) */
         em_hook_enter(&cf->cfg);
         PyObject *r = PyObject_Vectorcall(cf->module, args, nargs, kwnames);
         em_hook_exit();
@@ -239,14 +242,15 @@ done:
 }
 
 /* CompiledFunction(func, backend, backend_key, fullgraph, self=None, module=None, dynamic=None,
- *                  cudagraphs=None) */
+ *                  cudagraphs=None, python_frame=False) */
 static PyObject *cf_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"func", "backend", "backend_key", "fullgraph", "self", "module", "dynamic", "cudagraphs", NULL};
+    static char *kwlist[] = {"func", "backend", "backend_key", "fullgraph", "self", "module", "dynamic", "cudagraphs",
+                             "python_frame", NULL};
     PyObject *func, *backend, *backend_key, *self_obj = Py_None, *module = Py_None, *dynamic = Py_None;
     PyObject *cudagraphs = Py_None;
-    int fullgraph = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOp|OOOO:CompiledFunction", kwlist, &func, &backend, &backend_key,
-                                     &fullgraph, &self_obj, &module, &dynamic, &cudagraphs))
+    int fullgraph = 0, python_frame = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOp|OOOOp:CompiledFunction", kwlist, &func, &backend, &backend_key,
+                                     &fullgraph, &self_obj, &module, &dynamic, &cudagraphs, &python_frame))
         return NULL;
     if (!PyFunction_Check(func)) {
         PyErr_Format(PyExc_TypeError, "ember.compile expects a Python function, got %.100s", Py_TYPE(func)->tp_name);
@@ -258,6 +262,7 @@ static PyObject *cf_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     cf->func = Py_NewRef(func);
     cf->self_obj = self_obj == Py_None ? NULL : Py_NewRef(self_obj);
     cf->module = module == Py_None ? NULL : Py_NewRef(module);
+    cf->python_frame = python_frame && cf->module;
     cf->cfg.backend = Py_NewRef(backend);
     cf->cfg.backend_key = Py_NewRef(backend_key);
     cf->cfg.fullgraph = fullgraph;

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
 import types
 
 import torch
@@ -137,7 +138,20 @@ def _compile_module(mod: torch.nn.Module, backend, key, fullgraph, dynamic=None,
     """A module sharing mod's __dict__ whose class's __call__ is the compiled forward (or the
     compiled __call__, when the class overrides nn.Module.__call__)."""
     cls = type(mod)
-    if cls.__call__ is torch.nn.Module.__call__:
+    inner_code = None
+    if _is_ddp(mod):
+        # DistributedDataParallel's forward (its reducer's bookkeeping, the ddp-active flag) runs as
+        # Python, as under torch.compile; the module it wraps is compiled when its forward starts,
+        # inside that flag, so its training graphs split at DDP's buckets (ember.config.optimize_ddp)
+        icls = type(mod.module)
+        ifn = icls.forward if icls.__call__ is torch.nn.Module.__call__ else icls.__call__
+        if not isinstance(ifn, types.FunctionType):
+            raise TypeError(f"ember.compile: {icls.__name__}.forward (inside DistributedDataParallel) is not a Python function")
+        inner_code = ifn.__code__
+        _C._hook_compile_code(inner_code)
+        cf = _C.CompiledFunction(cls.forward, backend, key, bool(fullgraph), self=mod, module=mod, dynamic=dynamic,
+                                 cudagraphs=cudagraphs, python_frame=True)
+    elif cls.__call__ is torch.nn.Module.__call__:
         forward = cls.forward
         if not isinstance(forward, types.FunctionType):
             raise TypeError(f"ember.compile: {cls.__name__}.forward is not a Python function")
@@ -157,10 +171,16 @@ def _compile_module(mod: torch.nn.Module, backend, key, fullgraph, dynamic=None,
         "__qualname__": f"Compiled{cls.__qualname__}",
         "_orig_mod": mod,
         "_ember_compiled": cf,
+        "_ember_code": inner_code,
     })
     wrapper = object.__new__(sub)
     object.__setattr__(wrapper, "__dict__", mod.__dict__)
     return wrapper
+
+
+def _is_ddp(mod) -> bool:
+    ddp = sys.modules.get("torch.nn.parallel.distributed")
+    return ddp is not None and isinstance(mod, ddp.DistributedDataParallel)
 
 
 def reset() -> None:
@@ -198,6 +218,8 @@ def _code_of(fn):
         return fn.__code__
     if isinstance(fn, torch.nn.Module):
         cf = getattr(type(fn), "_ember_compiled", None)
+        if getattr(type(fn), "_ember_code", None) is not None:  # DDP: the wrapped module's forward
+            return type(fn)._ember_code
         return cf.__code__ if cf is not None else type(fn).forward.__code__
     if isinstance(fn, types.MethodType):
         fn = fn.__func__

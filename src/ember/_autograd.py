@@ -519,6 +519,28 @@ def compile_blocker():
     return None
 
 
+def ddp_bucket_caps():
+    """(bucket_bytes_cap, first_bucket_bytes_cap) of the DistributedDataParallel module whose forward
+    is running (DDP sets it around its wrapped module's call: _inside_ddp_forward), or None: no DDP
+    forward is running, torch.distributed was never imported, or ember.config.optimize_ddp is off.
+    The first bucket's cap is DDP's own (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES when the
+    bucket size is DDP's default), as torch._dynamo.backends.distributed.DDPOptimizer takes it."""
+    import ember
+
+    mod = sys.modules.get("torch.nn.parallel.distributed")
+    if mod is None or not getattr(ember.config, "optimize_ddp", True):
+        return None
+    ddp = mod.DistributedDataParallel._get_active_ddp_module()
+    if ddp is None:
+        return None
+    cap = int(ddp.bucket_bytes_cap)
+    conf = getattr(ddp, "_bucket_config", None)
+    first = getattr(conf, "first_bucket_bytes_cap", None)
+    if first is None:
+        first = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", cap)
+    return cap, min(int(first), cap)
+
+
 def _fmt_bytes(n):
     return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
 

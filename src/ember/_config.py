@@ -41,6 +41,14 @@ Training (backends "aot_eager" and "ember"; read when a graph is compiled):
                        draws (torch.bernoulli / native_dropout), bitwise eager's masks, the mask
                        saved for the backward. "aot_eager" always draws as eager does.
 
+  optimize_ddp         bool, default True (torch._dynamo.config.optimize_ddp's "ddp_optimizer"): a
+                       training graph compiled inside DistributedDataParallel's forward is split at
+                       DDP's gradient buckets (its bucket_bytes_cap; the first bucket at torch's
+                       first-bucket size), each piece a region of its own, so that a bucket's
+                       gradients are complete, and its all-reduce starts, while the backward of the
+                       earlier layers still runs (docs/distributed.md). False: one region; every
+                       all-reduce waits for the whole backward.
+
 Backend "ember" (str or None; read when a graph is compiled):
   cc                   the C compiler (None: $CC, else "cc"), found on PATH.
   cflags               its flags; the cache key includes them. -ffp-contract=off: no a * b + c
@@ -78,7 +86,7 @@ Backend "ember" (str or None; read when a graph is compiled):
 class Config:
     __slots__ = ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions", "graph_breaks",
                  "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget", "sym_shape_rules",
-                 "fallback_random", "huge_pages", "layout_optimization", "meta_memo", "compile_threads")
+                 "fallback_random", "huge_pages", "layout_optimization", "meta_memo", "compile_threads", "optimize_ddp")
 
     def __init__(self):
         self.cache_size_limit = 8
@@ -98,6 +106,7 @@ class Config:
         self.layout_optimization = True
         self.meta_memo = True
         self.compile_threads = None
+        self.optimize_ddp = True
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)

@@ -1,0 +1,119 @@
+"""A rank of tests/py/test_distributed.py: DistributedDataParallel training on the CPU (gloo), eager
+and compiled by ember in both wrapping orders; what each scenario ends with is saved for rank 0's
+file, which the test reads. Not a test module itself (spawned by torch.multiprocessing)."""
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ember
+
+D = 64  # a layer's parameters: 64 * 64 * 4 + 64 * 4 bytes, 16.6 KB
+CAP_MB = 0.01  # a bucket per layer (10.5 KB: a bucket closes once it holds its cap)
+
+
+class MLP(nn.Module):
+    def __init__(self, unused=False):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(D, D) for _ in range(4))
+        self.unused = nn.Linear(D, D) if unused else None
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def make(kind, unused=False, **ddp_kw):
+    """(module to call, the DDP instance, the plain model) for kind eager / ddp_of_compiled / compiled_ddp."""
+    torch.manual_seed(0)
+    m = MLP(unused)
+    if kind == "eager":
+        d = DDP(m, bucket_cap_mb=CAP_MB, **ddp_kw)
+        return d, d, m
+    if kind == "ddp_of_compiled":
+        d = DDP(ember.compile(m, backend=os.environ.get("EMBER_DDP_BACKEND", "ember")), bucket_cap_mb=CAP_MB, **ddp_kw)
+        return d, d, m
+    d = DDP(m, bucket_cap_mb=CAP_MB, **ddp_kw)
+    return ember.compile(d, backend=os.environ.get("EMBER_DDP_BACKEND", "ember")), d, m
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randn(8, D, generator=g), torch.randn(8, D, generator=g)
+
+
+def train(kind, rank, steps=4, hook=None, no_sync=False, **ddp_kw):
+    """Parameters after `steps` SGD steps, and the last step's order of events: each bucket's comm
+    hook call and the moment the input's gradient is computed (the start of the backward's last layer)."""
+    call, d, m = make(kind, **ddp_kw)
+    events = []
+
+    def recording(state, bucket):
+        events.append(f"bucket {bucket.index()}")
+        return (hook or default_hooks.allreduce_hook)(state, bucket)
+
+    d.register_comm_hook(None, recording)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(steps):
+        events.clear()
+        x, y = batch(rank, step)
+        x.requires_grad_(True)
+        x.register_hook(lambda g: events.append("input grad"))
+        opt.zero_grad()
+        if no_sync:
+            with d.no_sync():
+                ((call(x) - y) ** 2).mean().backward()
+            x2, y2 = batch(rank, step + 50)
+            ((call(x2) - y2) ** 2).mean().backward()
+        else:
+            ((call(x) - y) ** 2).mean().backward()
+        opt.step()
+    params = [p.detach().clone() for p in m.parameters()]
+    info = ember.cache_info(call if kind == "compiled_ddp" else m) if kind != "eager" else []
+    return params, list(events), info
+
+
+def unused_error(kind, rank):
+    """The error of a second step with a parameter no output depends on and find_unused_parameters
+    off (DDP's reducer raises it at the next forward), or None."""
+    call, d, m = make(kind, unused=True)
+    try:
+        for step in range(2):
+            x, y = batch(rank, step)
+            ((call(x) - y) ** 2).mean().backward()
+    except RuntimeError as e:
+        return type(e).__name__ + ": " + str(e).splitlines()[0]
+    return None
+
+
+def summary(info):
+    """(graphs, steps of the first graph's region, its DDP bucket bytes) from cache_info."""
+    graphs = [e for e in info if e["kind"] == "graph"]
+    ag = graphs[0].get("autograd") or {} if graphs else {}
+    return len(graphs), len(ag.get("steps") or ()), ag.get("ddp_bucket_bytes")
+
+
+def run(rank, world, port, out):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    ember.config.fallback_random = True
+    res = {}
+    try:
+        for kind in ("eager", "ddp_of_compiled", "compiled_ddp"):
+            for name, kw in (("plain", {}), ("no_sync", {"no_sync": True}), ("unused", {"unused": True, "find_unused_parameters": True}),
+                             ("static_view", {"static_graph": True, "gradient_as_bucket_view": True}),
+                             ("fp16_hook", {"hook": default_hooks.fp16_compress_hook})):
+                ember.reset()
+                params, events, info = train(kind, rank, **kw)
+                res[kind, name] = {"params": params, "events": events, "summary": summary(info)}
+            ember.reset()
+            res[kind, "unused_error"] = unused_error(kind, rank)
+    finally:
+        dist.destroy_process_group()
+    torch.save(res, os.path.join(out, f"rank{rank}.pt"))

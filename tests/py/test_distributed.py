@@ -1,0 +1,86 @@
+"""DistributedDataParallel with ember (issue 42), two CPU processes over gloo: both wrapping orders,
+DDP(ember.compile(m)) and ember.compile(DDP(m)), train to the parameters eager DDP reaches, with
+no_sync, find_unused_parameters, static_graph + gradient_as_bucket_view and a compression comm
+hook; the compiled region is split at DDP's buckets, so a bucket's all-reduce starts before the
+backward reaches the first layer, as in eager DDP (torch._dynamo's DDPOptimizer). The ranks run
+once per module (tests/py/_ddp_worker.py); each test reads what they saved."""
+import os
+import socket
+import sys
+import time
+
+import pytest
+import torch
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _ddp_worker  # noqa: E402
+
+KINDS = ("ddp_of_compiled", "compiled_ddp")
+SCENARIOS = ("plain", "no_sync", "unused", "static_view", "fp16_hook")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """What each of 2 ranks saved (tests/py/_ddp_worker.py run), within 240 s."""
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path_factory.mktemp("ddp"))
+    ctx = mp.start_processes(_ddp_worker.run, args=(2, _free_port(), out), nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + 240
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the DDP ranks did not finish within 240 s")
+    return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(2)]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_parameters_equal_eager_ddp(ranks, kind, scenario):
+    for res in ranks:
+        want, got = res["eager", scenario]["params"], res[kind, scenario]["params"]
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    # the ranks agree with each other (the gradients were all-reduced)
+    for g0, g1 in zip(ranks[0][kind, scenario]["params"], ranks[1][kind, scenario]["params"]):
+        torch.testing.assert_close(g0, g1, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_graph_split_at_ddp_buckets(ranks, kind):
+    graphs, steps, bucket_bytes = ranks[0][kind, "plain"]["summary"]
+    assert graphs == 1
+    # 4 layers of 16.6 KB, a 10.5 KB cap: a region per layer, as DDP buckets them
+    assert steps == 4 and len(bucket_bytes) == 4, (steps, bucket_bytes)
+    assert all(b == 64 * 64 * 4 + 64 * 4 for b in bucket_bytes[1:]), bucket_bytes
+    assert bucket_bytes[0] == 64 * 64 * 4 + 64 * 4 + 8 * 64 * 4  # the first layer's, and the input's
+
+
+@pytest.mark.parametrize("kind", KINDS + ("eager",))
+def test_buckets_reduce_while_the_backward_runs(ranks, kind):
+    """Eager DDP's order: the last layers' buckets call their comm hook before the backward has
+    computed the input's gradient; a compiled model that is one backward region would call them all
+    after it."""
+    events = ranks[0][kind, "plain"]["events"]
+    assert "input grad" in events
+    before = events[: events.index("input grad")]
+    assert len(before) >= 2, events  # of 4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unused_parameters_without_find_unused_raise_as_eager(ranks, kind):
+    want = ranks[0]["eager", "unused_error"]
+    assert want and "RuntimeError" in want
+    assert ranks[0][kind, "unused_error"] == want
