@@ -31,6 +31,10 @@ PyObject *em_autograd_compile(const IRGraph *g, bool ember_halves, int *is_eager
     return compile_region(g, ember_halves, is_eager_graph, info, NULL);
 }
 
+PyObject *em_ag_compile_region(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info, PyObject *stale) {
+    return compile_region(g, ember_halves, is_eager_graph, info, stale);
+}
+
 /* Does a backward node of the joint graph read the joint value of g's node named name? */
 static bool backward_reads(const AG *ag, const char *name) {
     IRRef v = 0;
@@ -190,8 +194,8 @@ static int region_split_eager(Region *R) {
     int ne = em_ag_find_eager_nodes(ag, U, reasons);
     PyObject *sizes = NULL;
     uint32_t *bucket = g_in_ddp_split ? NULL : em_ag_ddp_buckets(ag, &sizes);
-    if (bucket && R->stale) { /* the steps' graphs would not know the replaced values: one region, whose
-                               * all-reduces wait for its whole backward (docs/distributed.md) */
+    if (bucket && R->stale && ne > 0) { /* eager steps would not know the replaced values: one region, whose
+                                         * all-reduces wait for its whole backward (docs/distributed.md) */
         free(bucket);
         bucket = NULL;
         Py_CLEAR(sizes);
@@ -206,7 +210,7 @@ static int region_split_eager(Region *R) {
     if (ne > 0 || bucket) {
         bool outer = bucket && !g_in_ddp_split;
         if (outer) g_in_ddp_split = true;
-        R->result = em_ag_compile_split(ag, U, bucket, reasons, R->info);
+        R->result = em_ag_compile_split(ag, U, bucket, R->stale, reasons, R->info);
         if (outer) g_in_ddp_split = false;
         if (R->result && sizes && PyDict_SetItemString(*R->info, "ddp_bucket_bytes", sizes) < 0) Py_CLEAR(R->result);
         Py_XDECREF(sizes);

@@ -104,11 +104,17 @@ bool em_ag_grad_mode_node(const IRNode *n);
 int em_ag_check_grad_mode(AG *ag);
 int em_ag_check_mutations(AG *ag);
 
+/* em_autograd.c: em_autograd_compile with the functionalize pass's stale list (NULL: none), for the
+ * steps of a split region: a step's backward that reads a replaced value falls back as the whole
+ * region's would (the steps' nodes keep the region's names). */
+PyObject *em_ag_compile_region(const IRGraph *g, bool ember_halves, int *is_eager_graph, PyObject **info, PyObject *stale);
+
 /* em_autograd_split.c */
 int em_ag_find_eager_nodes(AG *ag, uint8_t *U, PyObject *reasons);
 PyObject *em_ag_outputs_eager_saves(AG *ag, const IRArg *outs);
 PyObject *em_ag_saved_needs(const AG *ag, const uint8_t *saved, const uint8_t *need, const IRRef *grads, uint32_t ngrads, PyObject *gdeps);
-PyObject *em_ag_compile_split(AG *ag, const uint8_t *U, const uint32_t *bucket, PyObject *reasons, PyObject **info);
+PyObject *em_ag_compile_split(AG *ag, const uint8_t *U, const uint32_t *bucket, PyObject *stale, PyObject *reasons,
+                              PyObject **info);
 uint32_t *em_ag_ddp_buckets(const AG *ag, PyObject **sizes);
 
 #endif /* EM_AUTOGRAD_IMPL_H */

@@ -320,8 +320,10 @@ fail:
 /* The graph as a chain of steps: runs of nodes with rules (each its own compiled region) and runs
  * of nodes that keep eager autograd (replayed by an EagerGraph with grad enabled), glued by
  * ember._autograd.make_split. Gradients flow between steps through eager autograd. bucket (NULL:
- * none) also starts a step wherever it changes: DDP's buckets (em_ag_ddp_buckets). */
-PyObject *em_ag_compile_split(AG *ag, const uint8_t *U, const uint32_t *bucket, PyObject *reasons, PyObject **info) {
+ * none) also starts a step wherever it changes: DDP's buckets (em_ag_ddp_buckets). stale: the
+ * functionalize pass's replaced values (NULL: none), checked in each compiled step. */
+PyObject *em_ag_compile_split(AG *ag, const uint8_t *U, const uint32_t *bucket, PyObject *stale, PyObject *reasons,
+                              PyObject **info) {
     const IRGraph *g = ag->g;
     uint32_t G = g->nnodes;
     uint32_t *step = calloc(G, sizeof(uint32_t));
@@ -411,7 +413,7 @@ PyObject *em_ag_compile_split(AG *ag, const uint8_t *U, const uint32_t *bucket, 
         PyObject *fn = NULL, *sinfo = NULL;
         int is_eg = 0;
         if (eager) fn = em_eager_graph_new(sub);
-        else fn = em_autograd_compile(sub, ag->ember_halves, &is_eg, &sinfo);
+        else fn = em_ag_compile_region(sub, ag->ember_halves, &is_eg, &sinfo, stale);
         if (!fn) {
             Py_XDECREF(sinfo);
             goto done;

@@ -1065,6 +1065,13 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
             goto done;
         }
     }
+    if (c.has_tensor && res == Py_None && !inplace) {
+        /* a call on tensors that returns None is made for its effects, which its run on meta tensors
+         * did not have (an update of an argument in place, I/O): it runs as Python */
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "%s returns None: a call made for its side effects runs as Python",
+                    callable_name(T, target));
+        goto done;
+    }
     if (c.has_tensor && is_const_result(res)) {
         if (c.sym) { /* x.numel(), torch.Size: size values */
             em_tr_sym_call(T, kind, target, ia, nargs, kwnames, ik, nkw, res, NULL, &out);
@@ -1848,6 +1855,14 @@ static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args,
             fv->stable = true;
         }
         return em_tr_inline(T, fv, args, nargs, kwnames, kwvals);
+    }
+    const char *mod = callable_module(T, fn);
+    if (starts_with(mod, "torch.distributed") || starts_with(mod, "torch._C._distributed")) {
+        /* a collective is never run on meta tensors at trace time (every rank must make the same
+         * calls), and an in-place one (dist.all_reduce(t)) returns None: its effect would be lost */
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "%s: torch.distributed calls run as Python, at a graph break",
+                    callable_name(T, fn));
+        return NULL;
     }
     return em_tr_torch_call(T, IR_CALL_FUNCTION, fn, args, nargs, kwnames, kwvals);
 }

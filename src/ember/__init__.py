@@ -155,6 +155,9 @@ def _compile_module(mod: torch.nn.Module, backend, key, fullgraph, dynamic=None,
         forward = cls.forward
         if not isinstance(forward, types.FunctionType):
             raise TypeError(f"ember.compile: {cls.__name__}.forward is not a Python function")
+        # a module with hooks runs Module.__call__, and the hook compiles forward's frame: also a
+        # forward in torch's directory (nn.Sequential), which the skip rules leave alone otherwise
+        _C._hook_compile_code(forward.__code__)
         cf = _C.CompiledFunction(forward, backend, key, bool(fullgraph), self=mod, module=mod, dynamic=dynamic,
                                  cudagraphs=cudagraphs)
     else:

@@ -16,21 +16,22 @@ CAP_MB = 0.01  # a bucket per layer (10.5 KB: a bucket closes once it holds its 
 
 
 class MLP(nn.Module):
-    def __init__(self, unused=False):
+    def __init__(self, unused=False, inplace=False):
         super().__init__()
         self.layers = nn.ModuleList(nn.Linear(D, D) for _ in range(4))
         self.unused = nn.Linear(D, D) if unused else None
+        self.inplace = inplace  # ReLU(inplace=True), as torchvision's ResNet: functionalized updates
 
     def forward(self, x):
         for layer in self.layers:
-            x = torch.relu(layer(x))
+            x = torch.relu_(layer(x)) if self.inplace else torch.relu(layer(x))
         return x
 
 
-def make(kind, unused=False, **ddp_kw):
+def make(kind, unused=False, inplace=False, **ddp_kw):
     """(module to call, the DDP instance, the plain model) for kind eager / ddp_of_compiled / compiled_ddp."""
     torch.manual_seed(0)
-    m = MLP(unused)
+    m = MLP(unused, inplace)
     if kind == "eager":
         d = DDP(m, bucket_cap_mb=CAP_MB, **ddp_kw)
         return d, d, m
@@ -90,6 +91,21 @@ def unused_error(kind, rank):
     return None
 
 
+def collective(rank):
+    """dist.all_reduce in a compiled function (a graph break: collectives run as Python), and its
+    eager result."""
+    def f(x):
+        y = x * 2
+        dist.all_reduce(y)
+        return y + 1
+
+    x = torch.full((4,), float(rank + 1))
+    c = ember.compile(f)
+    got = [c(x) for _ in range(2)]
+    reasons = [e.get("detail") for e in ember.cache_info(c) if e["kind"] != "graph"]
+    return got, f(x), reasons
+
+
 def summary(info):
     """(graphs, steps of the first graph's region, its DDP bucket bytes) from cache_info."""
     graphs = [e for e in info if e["kind"] == "graph"]
@@ -108,12 +124,14 @@ def run(rank, world, port, out):
         for kind in ("eager", "ddp_of_compiled", "compiled_ddp"):
             for name, kw in (("plain", {}), ("no_sync", {"no_sync": True}), ("unused", {"unused": True, "find_unused_parameters": True}),
                              ("static_view", {"static_graph": True, "gradient_as_bucket_view": True}),
-                             ("fp16_hook", {"hook": default_hooks.fp16_compress_hook})):
+                             ("fp16_hook", {"hook": default_hooks.fp16_compress_hook}), ("inplace", {"inplace": True})):
                 ember.reset()
                 params, events, info = train(kind, rank, **kw)
                 res[kind, name] = {"params": params, "events": events, "summary": summary(info)}
             ember.reset()
             res[kind, "unused_error"] = unused_error(kind, rank)
+        ember.reset()
+        res["collective"] = collective(rank)
     finally:
         dist.destroy_process_group()
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))

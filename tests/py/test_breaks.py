@@ -882,3 +882,20 @@ def test_break_inside_a_try_block_keeps_the_handler():
         out, ref = ember.compile(fn)(x), fn(x)
         torch.testing.assert_close(out[0], ref[0])
         assert out[1:] == ref[1:]
+
+
+def test_a_torch_call_for_its_side_effects_breaks_instead_of_vanishing():
+    """A torch Python function that takes tensors and returns None is called for its effects (an
+    assertion, an in-place collective such as dist.all_reduce): its run on meta tensors at trace
+    time had none, so it runs as Python at a graph break. Before, its None became a constant and
+    the call vanished from the compiled code: assert_close never checked, all_reduce never reduced."""
+    def f(x, y):
+        torch.testing.assert_close(x, y)
+        return x + 1
+
+    c = ember.compile(f)
+    torch.testing.assert_close(c(torch.ones(2), torch.ones(2)), torch.full((2,), 2.0))
+    with pytest.raises(AssertionError, match="not close"):
+        c(torch.ones(2), torch.zeros(2))
+    (e,) = [e for e in ember.cache_info(c) if e["kind"] == "break"]
+    assert "assert_close returns None" in e["detail"], e["detail"]

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import _ddp_worker  # noqa: E402
 
 KINDS = ("ddp_of_compiled", "compiled_ddp")
-SCENARIOS = ("plain", "no_sync", "unused", "static_view", "fp16_hook")
+SCENARIOS = ("plain", "no_sync", "unused", "static_view", "fp16_hook", "inplace")
 
 
 def _free_port():
@@ -58,9 +58,10 @@ def test_parameters_equal_eager_ddp(ranks, kind, scenario):
         torch.testing.assert_close(g0, g1, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("scenario", ["plain", "inplace"])  # inplace: functionalized relu_ updates
 @pytest.mark.parametrize("kind", KINDS)
-def test_one_graph_split_at_ddp_buckets(ranks, kind):
-    graphs, steps, bucket_bytes = ranks[0][kind, "plain"]["summary"]
+def test_one_graph_split_at_ddp_buckets(ranks, kind, scenario):
+    graphs, steps, bucket_bytes = ranks[0][kind, scenario]["summary"]
     assert graphs == 1
     # 4 layers of 16.6 KB, a 10.5 KB cap: a region per layer, as DDP buckets them
     assert steps == 4 and len(bucket_bytes) == 4, (steps, bucket_bytes)
@@ -84,3 +85,15 @@ def test_unused_parameters_without_find_unused_raise_as_eager(ranks, kind):
     want = ranks[0]["eager", "unused_error"]
     assert want and "RuntimeError" in want
     assert ranks[0][kind, "unused_error"] == want
+
+
+def test_a_collective_in_compiled_code_runs_at_a_break(ranks):
+    """dist.all_reduce(y) updates y in place and returns None: it is never run on meta tensors at
+    trace time (every rank must make the same calls), and the compiled function's result is eager's
+    on every rank: (1 + 2) * 2 + 1."""
+    for res in ranks:
+        got, want, reasons = res["collective"]
+        assert torch.equal(want, torch.full((4,), 7.0))
+        for g in got:
+            assert torch.equal(g, want)
+        assert any("torch.distributed calls run as Python" in (r or "") for r in reasons), reasons
