@@ -75,20 +75,20 @@ IRGraph *em_pass_pad_mm(const IRGraph *g, EmPassCtx *ctx) {
         IRArg x = em_rw_bval(&b, "input"), w = em_rw_bval(&b, "weight"), bias = em_rw_bval(&b, "bias");
         int64_t N = em_ir_node(g, w.u.ref)->meta.sizes[0];
         IRArg wa[2] = {em_rw_map_arg(&d, &w), em_rw_arg_const_steal(&d, Py_BuildValue("(iiiL)", 0, 0, 0, p))};
-        IRRef wp = em_rw_arg_bad(&wa[1]) ? 0 : em_rw_emit_fn(&d, "nn.functional.pad", wa, 2);
+        IRRef wp = em_rw_arg_bad(&wa[1]) ? 0 : em_rw_dz(&d, em_rw_emit_fn(&d, "nn.functional.pad", wa, 2));
         IRArg la[3] = {em_rw_map_arg(&d, &x), em_rw_arg_node(wp), em_rw_arg_const_steal(&d, Py_NewRef(Py_None))};
         if (wp && bias.kind == IRARG_NODE) {
             IRArg ba[2] = {em_rw_map_arg(&d, &bias), em_rw_arg_const_steal(&d, Py_BuildValue("(iL)", 0, p))};
-            IRRef bp = em_rw_arg_bad(&ba[1]) ? 0 : em_rw_emit_fn(&d, "nn.functional.pad", ba, 2);
+            IRRef bp = em_rw_arg_bad(&ba[1]) ? 0 : em_rw_dz(&d, em_rw_emit_fn(&d, "nn.functional.pad", ba, 2));
             la[2] = em_rw_arg_node(bp);
             if (!bp) goto done;
         }
-        IRRef y = wp ? em_rw_emit_fn(&d, "nn.functional.linear", la, 3) : 0;
+        IRRef y = wp ? em_rw_dz(&d, em_rw_emit_fn(&d, "nn.functional.linear", la, 3)) : 0;
         IRArg na[4] = {em_rw_arg_node(y), em_rw_arg_const_steal(&d, PyLong_FromLong(-1)), em_rw_arg_const_steal(&d, PyLong_FromLong(0)),
                        em_rw_arg_const_steal(&d, PyLong_FromLongLong(N))};
-        IRRef s = y && !em_rw_arg_bad(&na[1]) && !em_rw_arg_bad(&na[2]) && !em_rw_arg_bad(&na[3]) ? em_rw_emit_method(&d, "narrow", na, 4) : 0;
+        IRRef s = y && !em_rw_arg_bad(&na[1]) && !em_rw_arg_bad(&na[2]) && !em_rw_arg_bad(&na[3]) ? em_rw_dz(&d, em_rw_emit_method(&d, "narrow", na, 4)) : 0;
         IRArg ca[1] = {em_rw_arg_node(s)};
-        IRRef c = s ? em_rw_emit_method(&d, "contiguous", ca, 1) : 0;
+        IRRef c = s ? em_rw_dz(&d, em_rw_emit_method(&d, "contiguous", ca, 1)) : 0;
         if (!c || !em_rw_same_strides(&n->meta, &em_ir_node(d.j, c)->meta)) goto done;
         d.fmap[r] = c;
         PyObject *nm = PyUnicode_FromFormat("%s: weight padded by %lld rows", n->name, p);
