@@ -28,6 +28,27 @@ class MLP(nn.Module):
         return x
 
 
+class Block(nn.Module):
+    """The unit FSDP2 shards: user code, so the frame hook compiles its forward between FSDP's hooks."""
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * 0.5 + x
+
+
+class BlockMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(Block() for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
 def make(kind, unused=False, inplace=False, **ddp_kw):
     """(module to call, the DDP instance, the plain model) for kind eager / ddp_of_compiled / compiled_ddp."""
     torch.manual_seed(0)
@@ -106,6 +127,34 @@ def collective(rank):
     return got, f(x), reasons
 
 
+def fsdp2(mode, rank, mp=False):
+    """Parameters (gathered) after 3 SGD steps of an MLP whose layers and root are fully_shard-ed
+    (FSDP2), eager / the root module compiled / each layer compiled (torch's recommended pattern),
+    and the graphs ember made."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.manual_seed(0)
+    m = BlockMLP()
+    kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} if mp else {}
+    for layer in m.layers:
+        fully_shard(layer, **kw)
+    fully_shard(m, **kw)
+    call = m
+    if mode == "root":
+        call = ember.compile(m)
+    elif mode == "layers":
+        for i, layer in enumerate(m.layers):
+            m.layers[i] = ember.compile(layer)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(3):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        ((call(x).float() - y) ** 2).mean().backward()
+        opt.step()
+    graphs = sum(e["kind"] == "graph" for e in ember.cache_info(Block.forward)) if mode != "eager" else 0
+    return [p.full_tensor().detach().clone() for p in m.parameters()], graphs
+
+
 def summary(info):
     """(graphs, steps of the first graph's region, its DDP bucket bytes) from cache_info."""
     graphs = [e for e in info if e["kind"] == "graph"]
@@ -132,6 +181,10 @@ def run(rank, world, port, out):
             res[kind, "unused_error"] = unused_error(kind, rank)
         ember.reset()
         res["collective"] = collective(rank)
+        for mp in (False, True):
+            for mode in ("eager", "root", "layers"):
+                ember.reset()
+                res["fsdp2", mode, mp] = fsdp2(mode, rank, mp)
     finally:
         dist.destroy_process_group()
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))
