@@ -208,10 +208,9 @@ static int region_split_eager(Region *R) {
         return STEP_FALLBACK;
     }
     if (ne > 0 || bucket) {
-        bool outer = bucket && !g_in_ddp_split;
-        if (outer) g_in_ddp_split = true;
+        if (bucket) g_in_ddp_split = true; /* (bucket is NULL inside a DDP split: the flag stays set) */
         R->result = em_ag_compile_split(ag, U, bucket, R->stale, reasons, R->info);
-        if (outer) g_in_ddp_split = false;
+        if (bucket) g_in_ddp_split = false;
         if (R->result && sizes && PyDict_SetItemString(*R->info, "ddp_bucket_bytes", sizes) < 0) Py_CLEAR(R->result);
         Py_XDECREF(sizes);
         free(bucket);

@@ -317,7 +317,10 @@ int em_rw_sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRM
     int64_t hd = q->sizes[q->ndim - 1];
     bool fp = em_rw_meta_dtype_is(q, "torch.float32") || em_rw_meta_dtype_is(q, "torch.float64");
     if (c && !strcmp(c, "math") && fp) kind = SDPA_MATH;
-    else if (c && !strcmp(c, "flash") && !cuda) kind = SDPA_FLASH_CPU; /* a bool mask: sdpa_float_mask */
+    else if (c && !strcmp(c, "flash") && !cuda && q->ndim == 4) kind = SDPA_FLASH_CPU; /* a bool mask: sdpa_float_mask */
+    else if (c && !strcmp(c, "flash") && !cuda && fp)
+        kind = SDPA_MATH; /* torch 2.14 runs the CPU flash kernel on 3-d inputs too, but its op (and its
+                           * meta) take (B, H, L, D): computed as the math kernel, as torch 2.13 did */
     else if (c && !strcmp(c, "flash") && cuda && !mask && hd % 8 == 0) kind = SDPA_FLASH_CUDA;
     else if (c && !strcmp(c, "efficient") && cuda && (!mask || (q->ndim == 4 && k->ndim == 4)))
         kind = SDPA_EFFICIENT; /* a mask: sdpa_efficient_mask expands it to (B, H, L, S) */

@@ -16,6 +16,7 @@ import functools
 import inspect
 import sys
 import types
+import warnings
 
 import torch
 
@@ -30,6 +31,28 @@ from ._pin import pin, pinned, unpin
 
 GraphBreakError = _C.GraphBreakError
 FALLBACK_REASONS: dict[str, str] = _C._break_reasons()
+
+# torch releases the test suite passed with: 2.13 (CI, CPU), 2.14.1 (the whole suite, CPU), 2.11
+# (the GPU machine, CPU and CUDA tensors); 2.12 lies between them
+TESTED_TORCH = ((2, 11), (2, 14))
+
+
+def _untested_torch(version: str):
+    """The warning for a torch outside TESTED_TORCH (None inside it). version: torch.__version__."""
+    try:
+        major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return None
+    lo, hi = TESTED_TORCH
+    if lo <= (major, minor) <= hi:
+        return None
+    return (f"ember is tested with torch {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}; torch {version} may differ where ember "
+            f"reads torch's internals (kernel choices, meta functions): a graph ember cannot compile falls back "
+            f"to eager with its reason recorded")
+
+
+if _untested_torch(torch.__version__):
+    warnings.warn(_untested_torch(torch.__version__), RuntimeWarning, stacklevel=2)
 
 __all__ = [
     "compile", "reset", "disable", "config", "cache_info", "explain", "list_backends",

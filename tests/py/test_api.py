@@ -436,3 +436,14 @@ def test_many_graph_inputs():
         torch.testing.assert_close(c(xs), total(xs), rtol=0, atol=0)
     (entry,) = ember.cache_info(c)
     assert entry["kind"] == "graph" and entry["hits"] >= 2, entry
+
+
+def test_a_torch_outside_the_tested_range_is_named():
+    """Issue 43: torch 2.11 to 2.14 are tested (CI: 2.13; the whole suite: 2.14.1; the GPU machine:
+    2.11); another release gets one RuntimeWarning at import naming the range, and ember still loads."""
+    assert ember._untested_torch(torch.__version__) is None
+    for v in ("2.11.0", "2.13.0+cpu", "2.14.1+cu130"):
+        assert ember._untested_torch(v) is None
+    for v in ("2.10.1", "2.15.0", "3.0.0a0+git1234"):
+        msg = ember._untested_torch(v)
+        assert msg and "tested with torch 2.11 to 2.14" in msg and v in msg

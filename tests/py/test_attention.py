@@ -121,12 +121,13 @@ def test_mask_with_is_causal_kept():
     c = ember.compile(causal_with_true_mask)
     try:
         want = causal_with_true_mask(q, k, v)
-    except RuntimeError as e:
+    except RuntimeError as e:  # torch 2.14 raises here: the compiled call raises eager's error
         with pytest.raises(type(e)):
             c(q, k, v)
+        assert all("attention" not in (e.get("ember") or {}).get("passes", []) for e in ember.cache_info(c))
     else:
         torch.testing.assert_close(c(q, k, v), want)
-    assert "attention" not in graph_info(c).get("passes", [])
+        assert "attention" not in graph_info(c).get("passes", [])
 
 
 def true_mask_wrong_shape(q, k, v):

@@ -321,6 +321,9 @@ IDS = [c[0] for c in CASES]
 def test_rule_matches_eager(case, dtype):
     name, fn, mk = case
     torch.manual_seed(0)
+    if name == "sdpa_math_causal_negscale" and fn(*mk(dtype)).isnan().any():
+        pytest.skip("torch 2.14's CPU flash kernel, which it runs on 3-d inputs, returns NaN for a negative scale; "
+                    "ember computes the math kernel's values (test_gradcheck_float64 checks them)")
     # an attention mask on CUDA keeps eager autograd (docs/autograd.md): correct gradients, split
     split = torch.empty(0).device.type == "cuda" and name in CUDA_EAGER_AUTOGRAD
     c = check(fn, mk(dtype), compiled=not split)

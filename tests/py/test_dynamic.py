@@ -353,7 +353,9 @@ def test_int_argument_returned_and_in_a_list_index():
     _, n_ember, n_torch = int_case(f, [0, 1, 2, 3])
     assert n_ember <= n_torch
     cf, n_ember, n_torch = int_case(lambda x, n: (x * 2, n * 3, n), [2, 5, 7])
-    assert n_ember == n_torch == 2
+    # torch.compile: 2 graphs on torch 2.13, 1 on torch 2.14 (an int that only the returned Python
+    # values read is not guarded there); ember: the int becomes symbolic after its first change
+    assert n_ember == 2 and n_torch <= 2
 
 
 def test_int_argument_type_change_and_bool_miss():
