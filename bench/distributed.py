@@ -15,7 +15,6 @@ over all parameters, over the largest |eager| parameter). Models are built from 
 import argparse
 import copy
 import os
-import statistics
 import sys
 import time
 
@@ -24,7 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fullsize import DTYPES, build, output_tensor  # noqa: E402
+from fullsize import DTYPES, build, median_ms, output_tensor  # noqa: E402
 
 import ember  # noqa: E402
 
@@ -64,17 +63,9 @@ def wrap(kind, compiler, model, device):
 
 
 def measure(step, steps, device):
-    for _ in range(3):
-        step()
-    sync(device)
-    ts = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        step()
-        sync(device)
-        ts.append((time.perf_counter() - t) * 1e3)
-    ms = torch.tensor([statistics.median(ts)], device=device)
-    dist.all_reduce(ms, op=dist.ReduceOp.MAX)  # the slowest rank's
+    """The median step time in ms of the slowest rank."""
+    ms = torch.tensor([median_ms(step, steps, device.type)], device=device)
+    dist.all_reduce(ms, op=dist.ReduceOp.MAX)
     return ms.item()
 
 
