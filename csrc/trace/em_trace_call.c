@@ -1820,6 +1820,51 @@ static TValue *call_torch_query(Trace *T, long tq, PyObject *fn, TValue **args, 
 }
 
 /* A torch callable: trace-time query, graph node, or (Python function without tensor args) inline. */
+/* funcol.all_reduce(t, op, group) (torch.distributed._functional_collectives) as two graph nodes,
+ * torch.ops._c10d_functional.all_reduce(t, op.lower(), group_name) and its wait_tensor, what the
+ * function runs under a compiler (Dynamo traces the same pair): an extern call in program order,
+ * waited on where its result is read. The group: a group name (str), or a ProcessGroup guarded by
+ * identity, whose group_name is read at trace time. NULL without a break for what it does not take
+ * (a rank list, a DeviceMesh, a tag): the caller breaks. */
+static TValue *call_funcol_all_reduce(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames) {
+    static PyObject *ops, *ar, *wait, *pg_type; /* one interpreter; torch lives as long as it */
+    if (nargs != 3 || kwnames) return NULL;
+    if (!ar) {
+        PyObject *ns = em_lazy_attr(&ops, "torch", "ops") ? PyObject_GetAttrString(ops, "_c10d_functional") : NULL;
+        PyObject *a = ns ? PyObject_GetAttrString(ns, "all_reduce") : NULL, *w = ns ? PyObject_GetAttrString(ns, "wait_tensor") : NULL;
+        Py_XDECREF(ns);
+        if (!a || !w || !em_lazy_attr(&pg_type, "torch.distributed", "ProcessGroup")) {
+            Py_XDECREF(a);
+            Py_XDECREF(w);
+            PyErr_Clear();
+            return NULL;
+        }
+        ar = a;
+        wait = w;
+    }
+    TValue *t = em_tr_realize(T, args[0]), *op = em_tr_realize(T, args[1]), *g = em_tr_realize(T, args[2]);
+    if (!t || !op || !g) return NULL;
+    if (t->kind != TV_TENSOR || op->kind != TV_CONST || !PyUnicode_Check(op->obj)) return NULL;
+    PyObject *name = NULL;
+    if (g->kind == TV_CONST && PyUnicode_Check(g->obj)) name = Py_NewRef(g->obj);
+    else if (g->kind == TV_OBJECT && g->obj && PyObject_TypeCheck(g->obj, (PyTypeObject *)pg_type))
+        name = PyObject_GetAttrString(g->obj, "group_name");
+    if (!name || !PyUnicode_Check(name)) {
+        Py_XDECREF(name);
+        PyErr_Clear();
+        return NULL;
+    }
+    if (em_tr_use(T, op) < 0 || em_tr_use(T, g) < 0) {
+        Py_DECREF(name);
+        return NULL;
+    }
+    PyObject *low = PyObject_CallMethod(op->obj, "lower", NULL);
+    TValue *a[3] = {t, em_tr_const_steal(T, low), em_tr_const_steal(T, name)};
+    if (!a[1] || !a[2]) return NULL;
+    TValue *r = em_tr_torch_call(T, IR_CALL_FUNCTION, ar, a, 3, NULL, NULL);
+    return r ? em_tr_torch_call(T, IR_CALL_FUNCTION, wait, &r, 1, NULL, NULL) : NULL;
+}
+
 static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames,
                           TValue **kwvals) {
     long tq = table_code(em_trace_rt.torch_query, fn);
@@ -1857,6 +1902,11 @@ static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args,
         return em_tr_inline(T, fv, args, nargs, kwnames, kwvals);
     }
     const char *mod = callable_module(T, fn);
+    if (mod && !strcmp(mod, "torch.distributed._functional_collectives") && PyFunction_Check(fn) &&
+        !strcmp(PyUnicode_AsUTF8(((PyFunctionObject *)fn)->func_name), "all_reduce")) {
+        TValue *r = call_funcol_all_reduce(T, args, nargs, kwnames);
+        if (r || T->broke || PyErr_Occurred()) return r;
+    }
     if (starts_with(mod, "torch.distributed") || starts_with(mod, "torch._C._distributed")) {
         /* a collective is never run on meta tensors at trace time (every rank must make the same
          * calls), and an in-place one (dist.all_reduce(t)) returns None: its effect would be lost */

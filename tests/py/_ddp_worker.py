@@ -155,6 +155,22 @@ def fsdp2(mode, rank, mp=False):
     return [p.full_tensor().detach().clone() for p in m.parameters()], graphs
 
 
+def functional_collective(rank):
+    """funcol.all_reduce in a compiled function, the group a ProcessGroup or its name: results, eager's,
+    and each entry's ops (one graph each, the collective and its wait inside)."""
+    import torch.distributed._functional_collectives as funcol
+
+    def f(x, group):
+        y = funcol.all_reduce(x * 2, "sum", group)
+        return torch.relu(y) + 1
+
+    pg = dist.distributed_c10d._get_default_group()
+    x = torch.full((4,), float(rank + 1))
+    c = ember.compile(f)
+    got = [c(x, pg), c(x, pg), c(x, pg.group_name)]
+    return got, f(x, pg), [(e["kind"], e.get("ops")) for e in ember.cache_info(c)]
+
+
 def summary(info):
     """(graphs, steps of the first graph's region, its DDP bucket bytes) from cache_info."""
     graphs = [e for e in info if e["kind"] == "graph"]
@@ -181,6 +197,8 @@ def run(rank, world, port, out):
             res[kind, "unused_error"] = unused_error(kind, rank)
         ember.reset()
         res["collective"] = collective(rank)
+        ember.reset()
+        res["functional_collective"] = functional_collective(rank)
         for mp in (False, True):
             for mode in ("eager", "root", "layers"):
                 ember.reset()

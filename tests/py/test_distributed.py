@@ -113,3 +113,17 @@ def test_fsdp2_equals_eager_fsdp2(ranks, mode, mp):
         tol = {"rtol": 1e-2, "atol": 1e-3} if mp else {"rtol": 1e-5, "atol": 1e-6}
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, **tol)
+
+
+def test_functional_all_reduce_is_an_extern_call_in_the_graph(ranks):
+    """funcol.all_reduce(t, "sum", group) is traced into the graph as
+    torch.ops._c10d_functional.all_reduce and its wait_tensor (one graph per group form: a
+    ProcessGroup guarded by identity, or its name by value), with eager's result on every rank."""
+    for res in ranks:
+        got, want, entries = res["functional_collective"]
+        assert torch.equal(want, torch.full((4,), 7.0))
+        for g in got:
+            assert torch.equal(g, want)
+        assert [k for k, _ in entries] == ["graph", "graph"], entries
+        for _, ops in entries:
+            assert "torch.ops._c10d_functional.all_reduce" in ops and "torch.ops._c10d_functional.wait_tensor" in ops
