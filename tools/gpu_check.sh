@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool): builds ember for its Python 3.12 + torch 2.11, runs the
 # whole test suite with CPU tensors and with CUDA tensors, backend "ember"'s CUDA tests and kernel
-# bench (tests/py/test_backend_cuda.py, bench/cuda_kernels.py, bench/cuda_graphs.py), the overhead benchmark and the demo;
+# bench (tests/py/test_backend_cuda.py, bench/cuda_kernels.py, bench/cuda_graphs.py), the overhead benchmark and the demo,
+# and with two GPUs bench/distributed.py;
 # summaries go to $OUT.  usage (repo root, on that machine): bash tools/gpu_check.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -23,3 +24,9 @@ $py bench/overhead.py --json "$OUT/overhead.json" 2>&1 | tail -16 | tee "$OUT/ov
 $py bench/breaks.py 2>&1 | tail -16 | tee "$OUT/breaks.txt"
 $py tools/inductor_recompile_probe.py --device cuda --calls 4 2>&1 | grep -v Warning | tee "$OUT/inductor_probe.txt"
 $py -m ember demo --quiet 2>&1 | tail -60 > "$OUT/demo.txt"
+# two GPUs or more (the nvidia-h200-x2 kind): DDP and FSDP2 training steps (issue 42), NCCL with NVLink
+# multicast off as the machine's notes require
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+    torchrun --nproc-per-node 2 bench/distributed.py 2>&1 | grep -v -i warn | tee "$OUT/distributed.txt"
+fi
