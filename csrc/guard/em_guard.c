@@ -827,6 +827,47 @@ static int global_state_read(uint8_t *bits, PyObject **dtype) {
     return 0;
 }
 
+/* Which scaled_dot_product_attention backends torch may choose (torch.backends.cuda's
+ * flash / mem_efficient / math / cudnn flags, which sdpa_kernel contexts set; the CPU flash kernel
+ * follows the flash flag): bits 0-3. A flag torch does not have reads as on. 0, or -1 with an
+ * exception. */
+static int sdp_flags_read(uint8_t *bits) {
+    static const char *const names[4] = {"_get_flash_sdp_enabled", "_get_mem_efficient_sdp_enabled",
+                                         "_get_math_sdp_enabled", "_get_cudnn_sdp_enabled"};
+    EmGuardState *st = &em_guard_state;
+    int b = 0;
+    for (int i = 0; i < 4; i++) {
+        if (!st->sdp_enabled[i]) {
+            PyObject *c = PyImport_ImportModule("torch._C");
+            st->sdp_enabled[i] = c ? PyObject_GetAttrString(c, names[i]) : NULL;
+            Py_XDECREF(c);
+            if (!st->sdp_enabled[i]) {
+                PyErr_Clear();
+                st->sdp_enabled[i] = Py_NewRef(Py_None); /* absent in this torch: read as on */
+            }
+        }
+        int on = 1;
+        if (st->sdp_enabled[i] != Py_None) {
+            PyObject *r = call1(st->sdp_enabled[i], NULL);
+            if (!r) return -1;
+            on = r == Py_True;
+            Py_DECREF(r);
+        }
+        b |= on << i;
+    }
+    *bits = (uint8_t)b;
+    return 0;
+}
+
+int em_guard_sdp_flags(GuardBuilder *b) {
+    if (!b) return bad_arg("no builder");
+    int r = leaf_present(b, GUARD_SDP_FLAGS, -1, NULL);
+    if (r) return r < 0 ? -1 : 0;
+    BLeaf l = {.kind = GUARD_SDP_FLAGS, .src = -1};
+    if (sdp_flags_read(&l.sub) < 0) return -1;
+    return leaf_push(b, l, NULL);
+}
+
 int em_guard_global_state(GuardBuilder *b) {
     if (!b) return bad_arg("no builder");
     int r = leaf_present(b, GUARD_GLOBAL_STATE, -1, NULL);
@@ -1284,6 +1325,11 @@ static int leaf_passes(const GuardSet *gs, GLeaf *g, PyObject **vals, const EmFr
         return dict_keys_pass(g, v);
     case GUARD_GLOBAL_STATE:
         return global_state_passes(g);
+    case GUARD_SDP_FLAGS: {
+        uint8_t bits;
+        if (sdp_flags_read(&bits) < 0) return PyErr_Clear(), 0;
+        return bits == g->sub;
+    }
     case GUARD_TENSOR_MATCH:
         return Py_TYPE(v) == (PyTypeObject *)g->obj && em_guard_tensor_check(g->aux, v);
     case GUARD_SYM: { /* the symbols' values (sizes, int arguments) into a stack array, then the compiled relations */
@@ -1475,6 +1521,7 @@ void em_guard_fini(void) {
     Py_CLEAR(st->is_any_autocast_enabled);
     Py_CLEAR(st->get_default_dtype);
     Py_CLEAR(st->get_autocast_dtype);
+    for (int i = 0; i < 4; i++) Py_CLEAR(st->sdp_enabled[i]);
     Py_CLEAR(st->dt_float16);
     Py_CLEAR(st->dt_bfloat16);
     Py_CLEAR(st->str_cpu);

@@ -99,6 +99,10 @@ int em_guard_dict_key(GuardBuilder *b, PyObject *dict, PyObject *key, GuardSrc o
 int em_guard_type_version(GuardBuilder *b, PyTypeObject *tp);
 /* Global torch state at compile time: grad mode, autocast (cpu, cuda), default dtype. */
 int em_guard_global_state(GuardBuilder *b);
+/* The scaled_dot_product_attention backend flags (sdpa_kernel contexts), once per entry: added when
+ * the graph calls scaled_dot_product_attention, whose fused kernel a training graph picks when it
+ * is compiled (and whose math kernel the passes decompose). */
+int em_guard_sdp_flags(GuardBuilder *b);
 
 /* Compacts the builder into a guard set that outlives the arena. NULL with exception on failure. */
 GuardSet *em_guard_build(GuardBuilder *b);

@@ -44,6 +44,7 @@ PyObject *em_guard_render_src(const void *table, size_t stride, int32_t s);
     _(LEN)                 \
     _(DICT_KEYS)           \
     _(GLOBAL_STATE)        \
+    _(SDP_FLAGS)           \
     _(TENSOR_MATCH)        \
     _(SYM)
 
@@ -181,8 +182,9 @@ typedef struct GDictSlot {
 typedef struct GLeaf {
     uint8_t kind;   /* GuardKind */
     uint8_t sub;    /* EQUALS: EQ_*; GLOBAL_STATE: bit 0 grad, bit 1 autocast cpu, bit 2 autocast cuda, bits
-                     * 3-4 / 5-6 the cpu / cuda autocast dtype when on (AC_DT_*) */
-    int32_t src;    /* -1 for DICT_VERSION, TYPE_VERSION, GLOBAL_STATE */
+                     * 3-4 / 5-6 the cpu / cuda autocast dtype when on (AC_DT_*); SDP_FLAGS: which
+                     * scaled_dot_product_attention backends are enabled (em_guard.c, sdp_flags_read) */
+    int32_t src;    /* -1 for DICT_VERSION, TYPE_VERSION, GLOBAL_STATE, SDP_FLAGS */
     PyObject *obj;  /* strong. TYPE_MATCH, LEN, TENSOR_MATCH, TYPE_VERSION: the type; ID_MATCH: the
                        object; EQUALS: the constant; DICT_KEYS: tuple of keys; DICT_VERSION: the
                        dict; GLOBAL_STATE: the default dtype */
@@ -217,6 +219,7 @@ typedef struct EmGuardState {
     PyObject *is_any_autocast_enabled; /* torch._C._is_any_autocast_enabled, or NULL */
     PyObject *get_default_dtype; /* torch.get_default_dtype */
     PyObject *get_autocast_dtype; /* torch.get_autocast_dtype(device_type) (torch >= 2.4) */
+    PyObject *sdp_enabled[4];    /* torch._C._get_{flash,mem_efficient,math,cudnn}_sdp_enabled (NULL: absent) */
     PyObject *dt_float16, *dt_bfloat16; /* torch.float16, torch.bfloat16 */
     PyObject *str_cpu, *str_cuda;
     PyObject *s_requires_grad, *s_is_conj, *s_is_neg, *s_shape, *s_stride, *s_dtype, *s_device, *s_layout,

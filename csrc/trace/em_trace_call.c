@@ -943,6 +943,10 @@ TValue *em_tr_torch_call(Trace *T, IRKind kind, PyObject *target, TValue **args,
             if (ln > 1 && nm[ln - 1] == '_' && nm[0] != '_') inplace = true;
         }
     }
+    if (kind == IR_CALL_FUNCTION && PyCFunction_Check(target) &&
+        !strcmp(((PyCFunctionObject *)target)->m_ml->ml_name, "scaled_dot_product_attention") &&
+        em_guard_sdp_flags(T->gb) < 0) /* the kernel a training graph calls is chosen at compile time */
+        goto done;
     /* devices: the meta call runs on "meta"; the result's real device comes from the arguments */
     {
         PyObject *dk = PyDict_GetItemString(mkw, "device");

@@ -301,3 +301,31 @@ def test_rows_masked_everywhere_are_nan_as_eager():
         assert torch.isnan(want[..., 2, :]).all()
         torch.testing.assert_close(got, want, equal_nan=True)
         assert "attention" in graph_info(c)["passes"]
+
+
+def test_sdpa_kernel_context_is_a_guard():
+    """A training graph picks the fused attention kernel it calls (and its backward op) when it is
+    compiled; an sdpa_kernel context entered later must not find that stale choice: the backend
+    flags are guarded (___sdp_flags), so the call under the context compiles again and follows it
+    (the math kernel: decomposed), with eager's values and gradients under each."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    f = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    c = ember.compile(f)
+    for ctx in (None, SDPBackend.MATH):
+        cm = sdpa_kernel(ctx) if ctx is not None else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+        with cm:
+            got_in, want_in = qkv(grad=True), qkv(grad=True)
+            got, want = c(*got_in), f(*want_in)
+            got.sum().backward()
+            want.sum().backward()
+        torch.testing.assert_close(got, want)
+        for a, b in zip(got_in, want_in):
+            torch.testing.assert_close(a.grad, b.grad)
+    graphs = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
+    assert len(graphs) == 2
+    flags = [next(g for g in e["guards"] if g.startswith("___sdp_flags")) for e in graphs]
+    assert "flash=False" in flags[0] and "math=True" in flags[0], flags  # most recent first
+    assert "flash=True" in flags[1], flags
+    # the math-only entry decomposed the attention; the other calls a fused kernel's ops
+    assert "decomposed" in graphs[0]["autograd"] and "decomposed" not in graphs[1]["autograd"]

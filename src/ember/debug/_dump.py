@@ -173,7 +173,7 @@ class _Frame:
             "from torch import device, inf, nan\n\n"
             "from ember.debug import _rt as __ember_rt\n"
             "from ember.debug._rt import ___dict_version, ___dict_entries_unchanged, ___dict_items_unchanged, "
-            "___type_version, ___id, ___global_state, check_tensor\n\n"
+            "___type_version, ___id, ___global_state, ___sdp_flags, check_tensor\n\n"
             f"G = __ember_rt.user_globals(globals(), {mod!r})\n"
             "B = builtins.__dict__\n\n"
         )

@@ -124,6 +124,13 @@ def ___global_state(grad, autocast_cpu, autocast_cuda, default_dtype):
             and torch.get_default_dtype() == default_dtype)
 
 
+def ___sdp_flags(flash, mem_efficient, math, cudnn):
+    """The scaled_dot_product_attention backends enabled (sdpa_kernel contexts), as recorded."""
+    b = torch.backends.cuda
+    return (b.flash_sdp_enabled() == flash and b.mem_efficient_sdp_enabled() == mem_efficient
+            and b.math_sdp_enabled() == math and b.cudnn_sdp_enabled() == cudnn)
+
+
 def check_tensor(x, dtype, device=None, size=None, stride=None, requires_grad=None, type=None, **_):
     """Dynamo's TENSOR_MATCH: type, dtype, device, sizes, strides, requires_grad."""
     if not isinstance(x, torch.Tensor) or x.dtype != dtype:
@@ -142,4 +149,4 @@ def check_tensor(x, dtype, device=None, size=None, stride=None, requires_grad=No
 
 GUARD_HELPERS = {n: globals()[n] for n in (
     "___dict_version", "___dict_entries_unchanged", "___dict_items_unchanged", "___type_version", "___id",
-    "___global_state", "check_tensor")}
+    "___global_state", "___sdp_flags", "check_tensor")}
