@@ -70,7 +70,8 @@ def batch(rank, step):
 
 def train(kind, rank, steps=4, hook=None, no_sync=False, **ddp_kw):
     """Parameters after `steps` SGD steps, and the last step's order of events: each bucket's comm
-    hook call and the moment the input's gradient is computed (the start of the backward's last layer)."""
+    hook call, and the input's gradient (computed when the backward has gone through every layer).
+    EMBER_DDP_BACKEND picks the compiled kinds' backend (default "ember")."""
     call, d, m = make(kind, **ddp_kw)
     events = []
 
