@@ -254,20 +254,25 @@ static PyObject *py_hook_skip_code(PyObject *self, PyObject *code)
     return PyBool_FromLong(em_hook_skip_code((PyCodeObject *)code));
 }
 
-/* _hook_compile_code(code): the hook compiles this code's frames in a compiled call even where the
- * skip rules would leave it alone (the module DistributedDataParallel wraps, when ember.compile got
- * the DDP module: its forward is in torch's directory when it is an nn.Sequential). */
-static PyObject *py_hook_compile_code(PyObject *self, PyObject *code)
-{
+PyObject *em_hook_set_skip(PyObject *code, int skip, const char *caller) {
     if (!PyCode_Check(code)) {
-        PyErr_SetString(PyExc_TypeError, "_hook_compile_code expects a code object");
+        PyErr_Format(PyExc_TypeError, "%s expects a code object", caller);
         return NULL;
     }
     ExtraState *es = em_cache_get((PyCodeObject *)code, 1);
     if (!es) return PyErr_Occurred() ? NULL : PyErr_NoMemory();
-    es->skip = 0;
+    es->skip = skip;
     es->skip_reason = NULL;
     Py_RETURN_NONE;
+}
+
+/* _hook_compile_code(code): the hook compiles this code's frames in a compiled call even where the
+ * skip rules would leave it alone: the forward of a module ember.compile got (a module with hooks
+ * runs Module.__call__, whose forward frame the hook compiles; nn.Sequential's lies in torch's
+ * directory), and the module a DistributedDataParallel wraps. */
+static PyObject *py_hook_compile_code(PyObject *self, PyObject *code)
+{
+    return em_hook_set_skip(code, 0, "_hook_compile_code");
 }
 
 static PyMethodDef hook_methods[] = {

@@ -163,6 +163,10 @@ void em_hook_skip_next(PyCodeObject *code);
 /* Should the hook leave this code alone (ember's, torch's, stdlib, generator ...)? Cached in the
  * ExtraState.skip flag. */
 int em_hook_skip_code(PyCodeObject *code);
+/* Sets code's ExtraState.skip flag by request (skip 0: compiled even where the skip rules would
+ * leave it alone; 1: never compiled) and clears its skip reason. Returns None, or NULL with a
+ * TypeError naming caller when code is not a code object. */
+PyObject *em_hook_set_skip(PyObject *code, int skip, const char *caller);
 int em_hook_init(PyObject *module);
 
 /* ---- ember.debug.dump (em_hook_debug.c) ----

@@ -106,14 +106,7 @@ static PyObject *py_set_dump_hook(PyObject *self, PyObject *fn) {
 /* _debug_skip(code): the hook never compiles this code (functions compiled from dumped files). */
 static PyObject *py_debug_skip(PyObject *self, PyObject *code) {
     (void)self;
-    if (!PyCode_Check(code)) {
-        PyErr_SetString(PyExc_TypeError, "_debug_skip expects a code object");
-        return NULL;
-    }
-    ExtraState *es = em_cache_get((PyCodeObject *)code, 1);
-    if (!es) return PyErr_Occurred() ? NULL : PyErr_NoMemory();
-    es->skip = 1;
-    Py_RETURN_NONE;
+    return em_hook_set_skip(code, 1, "_debug_skip");
 }
 
 static PyMethodDef debug_methods[] = {
