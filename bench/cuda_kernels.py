@@ -3,7 +3,8 @@
 Workloads (issue 13's targets): the pointwise chain cos(cos(x)) * y + 1 on 64M float32 (reported as
 GB/s of the bytes it must move, 2 reads + 1 write, and as % of a device copy measured in the same
 run: y.copy_(x), 1 read + 1 write), softmax and layer_norm over the last dim of (4096, 1024) and
-(32768, 4096) in float32 and bfloat16. Per workload and compiler: the median time per call from
+(32768, 4096) in float32 and bfloat16; reductions of one long row over 64M float32 (issue 44:
+x.sum(), ((x - y) ** 2).mean(), x.abs().amax(), cross_entropy over (64K, 1024)). Per workload and compiler: the median time per call from
 CUDA events over several rounds (rounds interleave the compilers), the ratio against eager and
 against inductor (> 1 = faster), the first-call time (compile + run), whether ember's result matches
 eager (assert_close), and whether ember really ran its own kernels (else the fallback reason).
@@ -34,6 +35,22 @@ def layer_norm(x, w, b):
     return F.layer_norm(x, (x.shape[-1],), w, b)
 
 
+def full_sum(x):
+    return x.sum()
+
+
+def mse(x, y):
+    return ((x - y) ** 2).mean()
+
+
+def abs_amax(x):
+    return x.abs().amax()
+
+
+def cross_entropy(x, t):
+    return F.cross_entropy(x.view(-1, 1024), t)
+
+
 def workloads(quick):
     g = torch.Generator(device="cuda").manual_seed(0)
     r = lambda *s, dt=torch.float32: torch.randn(*s, device="cuda", generator=g).to(dt)  # noqa: E731
@@ -45,6 +62,12 @@ def workloads(quick):
             es = 4 if dt == torch.float32 else 2
             w[f"softmax_{m}x{k}_{dn}"] = (softmax, (r(m, k, dt=dt),), 2 * es * m * k)
             w[f"layer_norm_{m}x{k}_{dn}"] = (layer_norm, (r(m, k, dt=dt), r(k, dt=dt), r(k, dt=dt)), 2 * es * m * k)
+    # reductions of one long row (issue 44, item 6: split across blocks), bytes = the inputs read
+    w["sum_%dM_f32" % (n >> 20)] = (full_sum, (r(n),), 4 * n)
+    w["mse_%dM_f32" % (n >> 20)] = (mse, (r(n), r(n)), 8 * n)
+    w["abs_amax_%dM_f32" % (n >> 20)] = (abs_amax, (r(n),), 4 * n)
+    t = torch.randint(0, 1024, (n // 1024,), device="cuda", generator=g)
+    w["cross_entropy_%dM_f32" % (n >> 20)] = (cross_entropy, (r(n), t), 4 * n)
     return w
 
 
@@ -93,7 +116,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="16M pointwise and (4096, 1024) only, fewer rounds")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--iters", type=int, default=None)
-    ap.add_argument("--only", default=None, help="workloads whose name contains this")
+    ap.add_argument("--only", default=None, help="workloads whose name contains one of these (comma-separated)")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -112,7 +135,7 @@ def main(argv=None):
         return 1
     wl = workloads(a.quick)
     if a.only:
-        wl = {k: v for k, v in wl.items() if a.only in k}
+        wl = {k: v for k, v in wl.items() if any(o in k for o in a.only.split(","))}
     copy_n = 64 * 1024 * 1024 if not a.quick else 16 * 1024 * 1024
     copy_gbs = copy_bandwidth(copy_n, iters)
     print(f"device copy ({copy_n >> 20}M float32): {copy_gbs:.0f} GB/s")

@@ -60,6 +60,8 @@ typedef struct EmCudaLaunch {
      * `ember_k<i>_64`, picked per call by the farthest element reached (em_codegen_cuda_sym_exprs) */
     int32_t sym;
     int32_t block_dyn;       /* reductions: block (= threads per row) picked per call from the row length */
+    int32_t split;           /* reductions: chunks per row, one block each (0: a row is one block's or
+                              * warp's); the last block to finish a row combines the chunks' partials */
 } EmCudaLaunch;
 
 /* Kernel i is `extern "C" __global__ void ember_k<i>(T0 *a0, ...)`, one pointer per argument buffer

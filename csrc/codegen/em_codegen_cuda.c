@@ -282,6 +282,44 @@ static int sym_idx64(const Schedule *s, const SKernel *k) {
     return hi < lim ? 0 : lo >= lim ? 1 : 2;
 }
 
+/* Split reductions. A kernel of few long rows (a loss, a norm, an amax over a whole tensor) would
+ * run one block per row on an otherwise idle GPU: 64M floats summed by one block took 3.4 ms on the
+ * H200, eager 0.09. Such a row is cut into `split` chunks of at least SPLIT_MIN elements, one block
+ * each (SPLIT_BLOCK threads); every block stores its partial per reduction into the module's own
+ * device memory and counts itself in; the last block of a row combines the partials in chunk order
+ * (the result does not depend on which block finished last) and runs the rest of the kernel, as
+ * Inductor's split reductions and CUB's single-pass reduce do. Only kernels whose reductions read no
+ * other reduction's result and that store nothing along the row. */
+#define SPLIT_BLOCK 512
+#define SPLIT_MIN 16384
+#define SPLIT_ROWS 256   /* at least this many rows fill the GPU with one block per row */
+#define SPLIT_BLOCKS 2048 /* chunks of all rows together at most (2 waves of 8 blocks on 132 SMs) */
+
+static int splittable(const SKernel *k) {
+    for (uint32_t q = 0; q < k->nstores; q++)
+        if (k->elem[k->store_node[q]]) return 0;
+    uint8_t *dep = calloc(k->nnodes ? k->nnodes : 1, 1); /* the node reads a reduction's result */
+    if (!dep) return 0;
+    int ok = 1;
+    for (uint32_t i = 0; i < k->nnodes && ok; i++) {
+        const LNode *n = &k->nodes[i];
+        for (int q = 0; q < em_lnode_nin(n); q++) dep[i] |= dep[n->in[q]];
+        if (em_lprim_is_reduce(n->op)) {
+            if (dep[n->in[0]]) ok = 0;
+            dep[i] = 1;
+        }
+    }
+    free(dep);
+    return ok;
+}
+
+static int32_t split_chunks(const SKernel *k, int64_t rows, int64_t R) {
+    if (rows >= SPLIT_ROWS || R < 2 * SPLIT_MIN) return 0;
+    int64_t S = R / SPLIT_MIN, cap = SPLIT_BLOCKS / rows;
+    if (S > cap) S = cap;
+    return S >= 2 && splittable(k) ? (int32_t)S : 0;
+}
+
 /* Launch shape of a kernel (rules from the shape; see docs/backend_cuda.md). A symbolic kernel's
  * blocks are the example's (the runtime computes them per call); its other fields hold for every
  * admitted size. */
@@ -346,6 +384,13 @@ static void choose_launch(const Schedule *s, const SKernel *k, EmCudaLaunch *L) 
         L->threads_per_row = (int32_t)t;
         L->block = (int32_t)t;
         L->rows_per_block = 1;
+    }
+    if (!env && (L->split = split_chunks(k, rows, R)) > 0) {
+        L->threads_per_row = L->block = SPLIT_BLOCK;
+        L->rows_per_block = 1;
+        L->blocks = rows * L->split;
+        L->per_sm = 2048 / L->block;
+        return; /* scalar loads, the chunk re-read per pass (cached 0, vec 1) */
     }
     L->blocks = (rows + L->rows_per_block - 1) / L->rows_per_block;
     L->per_sm = 2048 / L->block;
@@ -674,6 +719,7 @@ typedef struct {
     KC *kc;
     int block_mode;
     char tpr[16]; /* threads per row: a literal, or "tpr" (blockDim.x, a per-call block) */
+    uint32_t ki;  /* the kernel's number (names of a split kernel's device memory) */
 } RCtx;
 
 /* The address of access ac at row base (b<q>/c<s>) and inner index r. */
@@ -736,6 +782,8 @@ static void loop_open(SB *b, const RCtx *c, const char *ind) {
                       c->L->threads_per_row, c->L->vec, c->L->vec, c->L->vec);
         else sb_printf(b, "%s    const idx_t r = tid + (idx_t)e * %d;\n", ind, c->L->threads_per_row);
         sb_printf(b, "%s    if (r >= R) continue;\n", ind);
+    } else if (c->L->split) {
+        sb_printf(b, "%s#pragma unroll 4\n%sfor (idx_t r = r_lo + tid; r < r_hi; r += %s) {\n", ind, ind, c->tpr);
     } else {
         sb_printf(b, "%sfor (idx_t r = tid; r < R; r += %s) {\n", ind, c->tpr);
     }
@@ -798,6 +846,68 @@ static void combine(SB *b, const LNode *n, int fl, const char *a, const char *bv
     }
 }
 
+static const char *reduce_init(const LNode *n, LDtype it) {
+    int fl = em_ldt_is_float(it);
+    switch (n->op) {
+    case LP_RPROD:
+    case LP_RALL: return "1";
+    case LP_RMAX: return fl ? (it == LDT_F64 ? "-EM_INF" : "-EM_INFF") : int_extreme(it, 0);
+    case LP_RMIN: return fl ? (it == LDT_F64 ? "EM_INF" : "EM_INFF") : int_extreme(it, 1);
+    default: return "0";
+    }
+}
+
+/* acc<i> (and idx<i>) combined across the warp, then across the block's warps (block mode): every
+ * thread ends with the row's (or chunk's) result. */
+static void reduce_across(SB *b, const RCtx *c, uint32_t i, const char *ind) {
+    const LNode *n = &c->k->nodes[i];
+    LDtype it = c->k->nodes[n->in[0]].dtype;
+    int fl = em_ldt_is_float(it), arg = n->op == LP_RARGMAX || n->op == LP_RARGMIN;
+    const char *at = acc_type(n->op, it, n->dtype);
+    char a[24], ai[24], in2[64];
+    snprintf(a, sizeof a, "acc%u", i);
+    snprintf(ai, sizeof ai, "idx%u", i);
+    snprintf(in2, sizeof in2, "%s    ", ind);
+    sb_printf(b, "%sfor (int m = 16; m > 0; m >>= 1) {\n", ind);
+    sb_printf(b, "%s    const %s o_v = __shfl_xor_sync(0xffffffffu, acc%u, m);\n", ind, at, i);
+    if (arg) sb_printf(b, "%s    const long long o_i = __shfl_xor_sync(0xffffffffu, idx%u, m);\n", ind, i);
+    combine(b, n, fl, a, "o_v", ai, "o_i", in2);
+    sb_printf(b, "%s}\n", ind);
+    if (!c->block_mode) return;
+    int nw = c->L->block / 32;
+    char nws[24];
+    if (c->L->block_dyn) snprintf(nws, sizeof nws, "(int)(blockDim.x >> 5)");
+    else snprintf(nws, sizeof nws, "%d", nw);
+    sb_printf(b, "%s{\n", ind);
+    sb_printf(b, "%s    __shared__ %s red_v[%d];\n", ind, at, nw);
+    if (arg) sb_printf(b, "%s    __shared__ long long red_i[%d];\n", ind, nw);
+    if (arg) sb_printf(b, "%s    if ((tid & 31) == 0) { red_v[tid >> 5] = acc%u; red_i[tid >> 5] = idx%u; }\n", ind, i, i);
+    else sb_printf(b, "%s    if ((tid & 31) == 0) red_v[tid >> 5] = acc%u;\n", ind, i);
+    sb_printf(b, "%s    __syncthreads();\n", ind);
+    sb_printf(b, "%s    acc%u = red_v[0];\n", ind, i);
+    if (arg) sb_printf(b, "%s    idx%u = red_i[0];\n", ind, i);
+    sb_printf(b, "%s    for (int w = 1; w < %s; w++) {\n", ind, nws);
+    sb_printf(b, "%s        const %s o_v = red_v[w];\n", ind, at);
+    if (arg) sb_printf(b, "%s        const long long o_i = red_i[w];\n", ind);
+    char in3[72];
+    snprintf(in3, sizeof in3, "%s        ", ind);
+    combine(b, n, fl, a, "o_v", ai, "o_i", in3);
+    sb_printf(b, "%s    }\n", ind);
+    sb_printf(b, "%s}\n", ind);
+}
+
+/* v<i>, the reduction's value in its output dtype, from acc<i> (idx<i>). */
+static void reduce_result(SB *b, const LNode *n, uint32_t i, const char *ind) {
+    const char *ct = ctype(n->dtype);
+    if (n->op == LP_RARGMAX || n->op == LP_RARGMIN) sb_printf(b, "%sconst long long v%u = idx%u < 0 ? 0 : idx%u;\n", ind, i, i, i);
+    else if (n->dtype == LDT_F16) sb_printf(b, "%sconst float v%u = em_f16_round((float)acc%u);\n", ind, i, i);
+    else if (n->dtype == LDT_BF16) sb_printf(b, "%sconst float v%u = em_bf16_round((float)acc%u);\n", ind, i, i);
+    else sb_printf(b, "%sconst %s v%u = (%s)acc%u;\n", ind, ct, i, ct, i);
+}
+
+/* Reduction node i over this thread's elements of the row (of its chunk: c->L->split), then across
+ * the block. A split kernel's block stores its partial (em_ws<kernel>_<i>[row * split + chunk]) and
+ * leaves v<i> to the last block (emit_reduce_final); otherwise v<i> is the row's result. */
 static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_row, const char *ind) {
     const SKernel *k = c->k;
     const LNode *n = &k->nodes[i];
@@ -812,23 +922,12 @@ static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_ro
         return;
     }
     memcpy(done, done_row, k->nnodes);
-    const char *init;
-    char ibuf[64];
-    switch (n->op) {
-    case LP_RSUM: init = "0"; break;
-    case LP_RPROD: init = "1"; break;
-    case LP_RANY: init = "0"; break;
-    case LP_RALL: init = "1"; break;
-    case LP_RMAX: init = fl ? (it == LDT_F64 ? "-EM_INF" : "-EM_INFF") : int_extreme(it, 0); break;
-    case LP_RMIN: init = fl ? (it == LDT_F64 ? "EM_INF" : "EM_INFF") : int_extreme(it, 1); break;
-    default: init = "0"; break;
-    }
-    snprintf(ibuf, sizeof ibuf, "%s", init);
     const char *name = node_name(c->s, n);
-    sb_printf(b, "%s/* reduction v%u%s%s: %s over the row */\n", ind, i, name ? " = " : "", name ? name : "", em_lprim_name(n->op));
-    sb_printf(b, "%s%s acc%u = %s;\n", ind, at, i, ibuf);
+    sb_printf(b, "%s/* reduction v%u%s%s: %s over the %s */\n", ind, i, name ? " = " : "", name ? name : "", em_lprim_name(n->op),
+              c->L->split ? "chunk" : "row");
+    sb_printf(b, "%s%s acc%u = %s;\n", ind, at, i, reduce_init(n, it));
     if (arg) sb_printf(b, "%slong long idx%u = -1;\n", ind, i);
-    char in2[64], a[24], bv[24], ai[24], bi[24];
+    char in2[64], a[24], bv[24], ai[24];
     snprintf(in2, sizeof in2, "%s    ", ind);
     loop_open(b, c, ind);
     emit_elem(b, c, x, done, in2);
@@ -845,55 +944,69 @@ static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_ro
         combine(b, n, fl, a, bv, NULL, NULL, in2);
     }
     sb_printf(b, "%s}\n", ind);
-    /* across the warp */
-    sb_printf(b, "%sfor (int m = 16; m > 0; m >>= 1) {\n", ind);
-    sb_printf(b, "%s    const %s o_v = __shfl_xor_sync(0xffffffffu, acc%u, m);\n", ind, at, i);
-    if (arg) sb_printf(b, "%s    const long long o_i = __shfl_xor_sync(0xffffffffu, idx%u, m);\n", ind, i);
-    snprintf(bv, sizeof bv, "o_v");
-    snprintf(bi, sizeof bi, "o_i");
-    combine(b, n, fl, a, bv, ai, bi, in2);
-    sb_printf(b, "%s}\n", ind);
-    if (c->block_mode) {
-        int nw = c->L->block / 32;
-        char nws[24];
-        if (c->L->block_dyn) snprintf(nws, sizeof nws, "(int)(blockDim.x >> 5)");
-        else snprintf(nws, sizeof nws, "%d", nw);
-        sb_printf(b, "%s{\n", ind);
-        sb_printf(b, "%s    __shared__ %s red_v[%d];\n", ind, at, nw);
-        if (arg) sb_printf(b, "%s    __shared__ long long red_i[%d];\n", ind, nw);
-        if (arg) sb_printf(b, "%s    if ((tid & 31) == 0) { red_v[tid >> 5] = acc%u; red_i[tid >> 5] = idx%u; }\n", ind, i, i);
-        else sb_printf(b, "%s    if ((tid & 31) == 0) red_v[tid >> 5] = acc%u;\n", ind, i);
-        sb_printf(b, "%s    __syncthreads();\n", ind);
-        sb_printf(b, "%s    acc%u = red_v[0];\n", ind, i);
-        if (arg) sb_printf(b, "%s    idx%u = red_i[0];\n", ind, i);
-        sb_printf(b, "%s    for (int w = 1; w < %s; w++) {\n", ind, nws);
-        sb_printf(b, "%s        const %s o_v = red_v[w];\n", ind, at);
-        if (arg) sb_printf(b, "%s        const long long o_i = red_i[w];\n", ind);
-        char in3[72];
-        snprintf(in3, sizeof in3, "%s        ", ind);
-        combine(b, n, fl, a, bv, ai, bi, in3);
-        sb_printf(b, "%s    }\n", ind);
-        sb_printf(b, "%s}\n", ind);
+    reduce_across(b, c, i, ind);
+    if (c->L->split) {
+        sb_printf(b, "%sif (tid == 0) em_ws%u_%u[u] = acc%u;\n", ind, c->ki, i, i);
+        if (arg) sb_printf(b, "%sif (tid == 0) em_wsi%u_%u[u] = idx%u;\n", ind, c->ki, i, i);
+    } else {
+        reduce_result(b, n, i, ind);
     }
-    const char *ct = ctype(n->dtype);
-    if (arg) sb_printf(b, "%sconst long long v%u = idx%u < 0 ? 0 : idx%u;\n", ind, i, i, i);
-    else if (n->dtype == LDT_F16) sb_printf(b, "%sconst float v%u = em_f16_round((float)acc%u);\n", ind, i, i);
-    else if (n->dtype == LDT_BF16) sb_printf(b, "%sconst float v%u = em_bf16_round((float)acc%u);\n", ind, i, i);
-    else sb_printf(b, "%sconst %s v%u = (%s)acc%u;\n", ind, ct, i, ct, i);
     free(done);
 }
 
-static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L) {
+/* A split kernel's last block: reduction node i's partials of the row combined in chunk order. */
+static void emit_reduce_final(SB *b, const RCtx *c, uint32_t i, const char *ind) {
+    const LNode *n = &c->k->nodes[i];
+    LDtype it = c->k->nodes[n->in[0]].dtype;
+    int fl = em_ldt_is_float(it), arg = n->op == LP_RARGMAX || n->op == LP_RARGMIN;
+    const char *at = acc_type(n->op, it, n->dtype);
+    char a[24], ai[24], in2[64];
+    snprintf(a, sizeof a, "acc%u", i);
+    snprintf(ai, sizeof ai, "idx%u", i);
+    snprintf(in2, sizeof in2, "%s    ", ind);
+    sb_printf(b, "%sacc%u = %s;  /* v%u: the row's %d partials */\n", ind, i, reduce_init(n, it), i, c->L->split);
+    if (arg) sb_printf(b, "%sidx%u = -1;\n", ind, i);
+    sb_printf(b, "%sfor (int q = tid; q < %d; q += %d) {\n", ind, c->L->split, c->L->threads_per_row);
+    /* volatile: read from L2, where the other blocks' stores are (not a stale L1 line) */
+    sb_printf(b, "%s    const %s o_v = ((volatile %s *)em_ws%u_%u)[o * %d + q];\n", ind, at, at, c->ki, i, c->L->split);
+    if (arg) sb_printf(b, "%s    const long long o_i = ((volatile long long *)em_wsi%u_%u)[o * %d + q];\n", ind, c->ki, i, c->L->split);
+    combine(b, n, fl, a, "o_v", ai, "o_i", in2);
+    sb_printf(b, "%s}\n", ind);
+    reduce_across(b, c, i, ind);
+    reduce_result(b, n, i, ind);
+}
+
+/* The device memory of a split kernel (before its body): per reduction the partials of every
+ * chunk, and per row the count of chunks done (zero at load; the last block sets it back). */
+static void emit_split_memory(SB *b, const SKernel *k, uint32_t ki, const EmCudaLaunch *L, int64_t rows) {
+    long long n = (long long)rows * L->split;
+    sb_printf(b, "__device__ unsigned em_cnt%u[%lld] = {0};  /* per row: chunks done */\n", ki, (long long)rows);
+    for (uint32_t i = 0; i < k->nnodes; i++) {
+        const LNode *nd = &k->nodes[i];
+        if (!em_lprim_is_reduce(nd->op)) continue;
+        sb_printf(b, "__device__ %s em_ws%u_%u[%lld];  /* v%u's partial per chunk */\n", acc_type(nd->op, k->nodes[nd->in[0]].dtype, nd->dtype),
+                  ki, i, n, i);
+        if (nd->op == LP_RARGMAX || nd->op == LP_RARGMIN) sb_printf(b, "__device__ long long em_wsi%u_%u[%lld];\n", ki, i, n);
+    }
+}
+
+static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
     const Schedule *s = kc->s;
     const SKernel *k = kc->k;
-    RCtx c = {.s = s, .k = k, .L = L, .kc = kc, .block_mode = L->rows_per_block == 1};
+    RCtx c = {.s = s, .k = k, .L = L, .kc = kc, .block_mode = L->rows_per_block == 1, .ki = ki};
     snprintf(c.tpr, sizeof c.tpr, L->block_dyn ? "tpr" : "%d", L->threads_per_row);
     sb_printf(b, "    const idx_t O = ");
     prod_text(b, kc, 0, k->nouter);
     sb_printf(b, ", R = ");
     prod_text(b, kc, k->nouter, k->ndim);
     sb_printf(b, ";  /* rows, row length */\n");
-    if (L->block_dyn) {
+    if (L->split) {
+        sb_printf(b, "    const int tid = threadIdx.x;  /* a chunk of a row per block of %d threads */\n", L->block);
+        sb_printf(b, "    const idx_t CH = (R + %d) / %d;  /* a chunk's elements */\n", L->split - 1, L->split);
+        sb_printf(b, "    __shared__ int last;  /* this block finished the row */\n");
+        sb_printf(b, "    for (idx_t u = blockIdx.x; u < O * %d; u += gridDim.x) {  /* u: row o's chunk u %% %d */\n", L->split, L->split);
+        sb_printf(b, "        const idx_t o = u / %d, r_lo = (u %% %d) * CH, r_hi = r_lo + CH < R ? r_lo + CH : R;\n", L->split, L->split);
+    } else if (L->block_dyn) {
         sb_printf(b, "    const int tid = threadIdx.x, tpr = blockDim.x;  /* one row per block of this call's size */\n");
         sb_printf(b, "    for (idx_t o = blockIdx.x; o < O; o += gridDim.x) {\n");
     } else if (c.block_mode) {
@@ -980,20 +1093,48 @@ static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L) {
         b->oom = 1;
         return;
     }
-    for (uint32_t i = 0; i < k->nnodes; i++) {
-        if (k->elem[i]) continue;
-        const LNode *n = &k->nodes[i];
-        if (n->op == LP_LOAD) {
-            sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
-            rload_expr(b, &c, i, 0);
-            sb_printf(b, ";");
-            end_line(b, s, n);
-        } else if (em_lprim_is_reduce(n->op)) {
-            emit_reduce(b, &c, i, done, ind);
-        } else {
-            emit_value(b, kc, i, ind);
+    /* the row's values in order; a split kernel first those its reductions read (splittable: none
+     * reads a reduction) and its partials, then, in the row's last block, the rest */
+    for (int phase = L->split ? 0 : 1; phase < 2; phase++) {
+        uint8_t *dep = calloc(k->nnodes ? k->nnodes : 1, 1);
+        if (!dep) {
+            b->oom = 1;
+            break;
         }
-        done[i] = 1;
+        for (uint32_t i = 0; i < k->nnodes; i++) {
+            const LNode *n = &k->nodes[i];
+            for (int q = 0; q < em_lnode_nin(n); q++) dep[i] |= dep[n->in[q]];
+            if (em_lprim_is_reduce(n->op)) dep[i] = 1;
+            if (k->elem[i] || done[i] || (phase == 0 && dep[i] && !em_lprim_is_reduce(n->op))) continue;
+            if (n->op == LP_LOAD) {
+                sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
+                rload_expr(b, &c, i, 0);
+                sb_printf(b, ";");
+                end_line(b, s, n);
+            } else if (em_lprim_is_reduce(n->op)) {
+                if (phase == 0) {
+                    emit_reduce(b, &c, i, done, ind);
+                    continue; /* v<i> comes in phase 1 */
+                }
+                if (L->split) emit_reduce_final(b, &c, i, ind);
+                else emit_reduce(b, &c, i, done, ind);
+            } else {
+                emit_value(b, kc, i, ind);
+            }
+            done[i] = 1;
+        }
+        free(dep);
+        if (phase == 0) {
+            /* the partials stored, count this chunk in: the last of the row's chunks goes on */
+            sb_printf(b, "%sif (tid == 0) {\n", ind);
+            sb_printf(b, "%s    __threadfence();  /* the partials are visible before the count */\n", ind);
+            sb_printf(b, "%s    last = atomicAdd(&em_cnt%u[o], 1u) == %du;\n", ind, ki, L->split - 1);
+            sb_printf(b, "%s    if (last) em_cnt%u[o] = 0;  /* for the next launch */\n", ind, ki);
+            sb_printf(b, "%s}\n", ind);
+            sb_printf(b, "%s__syncthreads();\n", ind);
+            sb_printf(b, "%sif (!last) continue;\n", ind);
+            sb_printf(b, "%s__threadfence();\n", ind);
+        }
     }
     for (uint32_t q = 0; q < k->nstores; q++) {
         uint32_t v = k->store_node[q];
@@ -1088,8 +1229,9 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
     if (L->per_sm > 0) sb_printf(b, "(grid-stride beyond %d per SM)", L->per_sm);
     else sb_printf(b, "(grid-stride beyond %lld threads)", (long long)EM_CUDA_MAX_THREADS);
     if (k->reduction)
-        sb_printf(b, ", %s%s", L->rows_per_block == 1 ? "one row per block" : "one row per warp",
-                  L->cached ? ", row held in registers" : "");
+        if (L->split) sb_printf(b, ", each row in %d chunks (split reduction)", L->split);
+        else sb_printf(b, ", %s%s", L->rows_per_block == 1 ? "one row per block" : "one row per warp",
+                       L->cached ? ", row held in registers" : "");
     else
         sb_printf(b, ", vector width %d", L->vec);
     sb_printf(b, ", %s indexing */\n", L->idx64 == 2 ? "32- or 64-bit (per call)" : L->idx64 ? "64-bit" : "32-bit");
@@ -1103,6 +1245,11 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
             num_of(b, &c, &c.size[j], k->sizes[j], k->ssizes[j], nm);
         }
     } else {
+        if (L->split) {
+            int64_t rows = 1;
+            for (int j = 0; j < k->nouter; j++) rows *= k->sizes[j];
+            emit_split_memory(b, k, ki, L, rows);
+        }
         sb_printf(b, "extern \"C\" __global__ __launch_bounds__(%d) void ember_k%u(", L->block, ki);
         params(b, s, k, ") {\n");
         sb_printf(b, "    typedef %s idx_t;\n", L->idx64 ? "long long" : "int");
@@ -1112,7 +1259,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
         EmCgNums ns = {c.env, c.used, &c.bad, "idx_t", 1};
         em_codegen_access_nums(b, &ns, k, c.off, c.st);
     }
-    if (k->reduction) emit_reduction(b, &c, L);
+    if (k->reduction) emit_reduction(b, &c, L, ki);
     else emit_pointwise(b, &c, L);
     sb_printf(b, "}\n\n");
     if (env) {

@@ -491,8 +491,12 @@ def sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
             # the flash kernel for these inputs, the region takes it, the same attention by another
             # kernel (as torch.compile picks its own kernels). Not with dropout while eager's random
             # draws are asked for (ember.config.fallback_random): flash draws other masks.
+            # The probe is a question, not a call: torch's warnings on why flash cannot run
+            # ("Flash attention kernel not used because ...") are not the user's.
+            import warnings
             from torch.nn.attention import SDPBackend, sdpa_kernel
-            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 if int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)) == 1:
                     choice = 1
     return {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}.get(choice, "other")

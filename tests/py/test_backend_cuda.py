@@ -182,6 +182,24 @@ def test_reduction_schedule_by_row_length():
     assert _gen(lambda x: x.sum(-1), cpu(64, 101))["launch"][0]["vec"] == 1  # 101 is not a multiple of 4
     long = _gen(lambda x: torch.softmax(x, -1), cpu(2, 32768))["launch"][0]
     assert long["threads_per_row"] == 1024 and long["cached"] == 0  # too long: re-read per pass
+    assert long["split"] == 0  # stores along the row: never split
+
+
+def test_split_reduction_rules():
+    """Few long rows are cut into chunks of at least 16384 elements, one block each, at most 2048
+    chunks in all; many rows, short rows, and a reduction of another reduction's result are not."""
+    one = _gen(lambda x: x.sum(), cpu(1 << 20))
+    assert one["launch"][0]["split"] == 64 and one["launch"][0]["blocks"] == 64 and one["launch"][0]["block"] == 512
+    assert "em_cnt0" in one["source"] and "atomicAdd" in one["source"]
+    assert _gen(lambda x: x.sum(), cpu(1 << 26))["launch"][0]["split"] == 2048
+    eight = _gen(lambda x: x.sum(-1), cpu(8, 1 << 20))["launch"][0]
+    assert eight["split"] == 64 and eight["blocks"] == 512
+    assert _gen(lambda x: x.sum(-1), cpu(64, 1 << 20))["launch"][0]["split"] == 32  # 2048 chunks in all
+    assert _gen(lambda x: x.sum(-1), cpu(512, 40000))["launch"][0]["split"] == 0  # rows enough to fill the GPU
+    assert _gen(lambda x: x.sum(), cpu(30000))["launch"][0]["split"] == 0  # one block is enough
+    # mean and variance: the centred sum reads the mean, so that kernel runs whole rows
+    var = _gen(lambda x: x.var(), cpu(1 << 20))
+    assert any(ln["split"] == 0 for ln in var["launch"]), var["launch"]
 
 
 def test_softmax_is_one_kernel_with_warp_and_block_steps():
@@ -296,6 +314,20 @@ def test_gpu_reductions_values():
     _run(lambda x: x.sum(), _cuda(1000, 1000), rtol=1e-4, atol=1e-3)
     _run(lambda x: ((x > 0).all(-1), (x > 2).any(0)), _cuda(64, 100))
     _run(lambda x: x.amax(-1), _cuda(64, 100, dtype=torch.int32))
+
+
+@needs_gpu
+def test_gpu_split_reductions_values():
+    """Reductions of few long rows run split across blocks (issue 44, item 6): values equal eager's,
+    argmax's first index across chunks, repeated calls (the row counts reset every launch)."""
+    x, y = _cuda(1 << 22), _cuda(1 << 22)
+    x[(1 << 22) - 5] = x.max() + 1
+    x[7] = x[(1 << 22) - 5]
+    for _ in range(3):
+        _run(lambda x, y: (x.sum(), ((x - y) ** 2).mean(), x.abs().amax(), x.argmax(), x.argmin()), x, y,
+             rtol=1e-4, atol=1e-2)
+    _run(lambda x: x.view(4, -1).float().sum(-1), _cuda(1 << 22, dtype=torch.bfloat16), rtol=1e-3, atol=1e-1)
+    _run(lambda x, t: F.cross_entropy(x.view(-1, 1024), t), x, torch.randint(0, 1024, (1 << 12,), device="cuda"))
 
 
 @needs_gpu
@@ -614,6 +646,25 @@ def test_emulated_horizontally_fused_reductions():
         info = _emu_check(lambda x, y: (x.sum(-1), y.amax(-1), (x * y).argmin(-1), x.var(-1)), cpu(*shape), cpu(*shape),
                           atol=1e-4, rtol=1e-4)
         assert len(info["kernel_list"]) == 1, info["kernel_list"]
+
+
+@needs_emu
+@pytest.mark.parametrize("grid_cap", [3, 64])
+def test_emulated_split_reductions(grid_cap):
+    """Split reductions (few long rows): sums, means, extremes, arg-extremes (the first index wins
+    across chunks), any/all and bf16 inputs; a grid smaller than the chunks (grid-stride) and one
+    that has them all. Every launch leaves the row counts at zero: a second run is equal."""
+    x, y = cpu(40000), cpu(40000)
+    x[33000] = x.max() + 1  # the extreme in the last chunk
+    x[100] = x[33000]       # and the same value in the first: argmax is 100
+    cases = [(lambda x, y: (x.sum(), ((x - y) ** 2).mean(), x.abs().amax(), x.amin()), (x, y)),
+             (lambda x: (x.argmax(), x.argmin(), (x > 3).any(), (x > -9).all()), (x,)),
+             (lambda x: x.view(2, 40000).sum(-1) * 2, (cpu(80000),)),
+             (lambda x: x.float().sum(), (cpu(70000, dtype=_B),))]
+    for fn, ex in cases:
+        for _ in range(2):
+            info = _emu_check(fn, *ex, atol=1e-3, rtol=1e-4, grid_cap=grid_cap)
+        assert all(ln["split"] >= 2 for ln, kd in zip(info["launch"], info["kernel_list"]) if kd["kind"] == "reduction")
 
 
 @needs_emu

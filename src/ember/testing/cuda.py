@@ -123,6 +123,8 @@ static inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i
 static pthread_barrier_t em_block_bar, em_warp_bar[32];
 static unsigned long long em_xchg[1024];
 static inline void __syncthreads() { pthread_barrier_wait(&em_block_bar); }
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int m) {
     unsigned t = threadIdx.x, w = t >> 5;
     unsigned long long u = 0; memcpy(&u, &v, sizeof v);
