@@ -138,6 +138,11 @@ PyObject *em_cuda_module_load(const char *source, size_t srclen, int device, cha
 /* The kernel `name` of a loaded module with its launch shape; NULL with an exception. */
 EmCudaFn *em_cuda_fn_new(PyObject *module, const char *name, const struct EmCudaLaunch *launch);
 void em_cuda_fn_free(EmCudaFn *f);
+/* The CUDA device a kernel runs on. */
+int em_cuda_fn_device(const EmCudaFn *f);
+/* Is device the calling thread's current CUDA device (its primary context current, which is what
+ * cudaGetDevice and so torch.cuda.current_device() answer)? 0 when not, or not known. */
+int em_cuda_device_is_current(int device);
 /* Launches f on torch's current stream of its device with the argument data pointers; no host
  * synchronisation (except under CUDA_LAUNCH_BLOCKING=1). -1 with an exception naming the kernel. */
 int em_cuda_launch(EmCudaFn *f, char *const *ptrs, uint32_t nptr);

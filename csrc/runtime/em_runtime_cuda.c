@@ -695,6 +695,14 @@ static unsigned grid_of(int device, int64_t blocks, int32_t block, int32_t per_s
     return (unsigned)(g < 1 ? 1 : g);
 }
 
+int em_cuda_device_is_current(int device) {
+    if (device < 0 || device >= 64 || !L.dev[device].ready) return 0;
+    CUcontext c = NULL;
+    return L.cuCtxGetCurrent(&c) == 0 && c == L.dev[device].ctx;
+}
+
+int em_cuda_fn_device(const EmCudaFn *f) { return f->device; }
+
 EmCudaFn *em_cuda_fn_new(PyObject *module, const char *name, const EmCudaLaunch *launch) {
     CudaModule *m = PyCapsule_GetPointer(module, "ember.cumodule");
     if (!m) return NULL;

@@ -144,6 +144,58 @@ static PyObject *kw_dtype_device = NULL; /* ("dtype", "device") */
  * writes on the GPU */
 static PyObject *cpu_device = NULL;
 
+/* torch._C._dynamo.guards._empty_strided_cpu / _empty_strided_cuda(size, stride, dtype): the
+ * allocation entry points Inductor's generated code calls, torch.empty_strided without the argument
+ * parser and the dispatcher (NULL where this torch lacks them). _cuda allocates on the current
+ * device. On the H200 a Llama training step spent 2.7 ms of host time per step in
+ * torch.empty_strided for ember's buffers (bench/results/fullsize_h200_llama_autocast_profile_*). */
+static PyObject *fast_empty_cpu = NULL, *fast_empty_cuda = NULL;
+
+/* A new tensor of size/stride/dtype on device (a torch.device; cuda_device: its index when it is a
+ * CUDA device, -1 when it is the CPU, -2 otherwise): the fast entry point where it allocates
+ * the same tensor (the CPU; a CUDA device that is current), else torch.empty_strided. */
+static PyObject *new_empty(PyObject *size, PyObject *stride, PyObject *dtype, PyObject *device, int cuda_device) {
+    PyObject *fast = cuda_device == -1                                                  ? fast_empty_cpu
+                     : cuda_device >= 0 && em_cuda_device_is_current(cuda_device) ? fast_empty_cuda
+                                                                                        : NULL;
+    if (fast) {
+        PyObject *a[4] = {NULL, size, stride, dtype};
+        return PyObject_Vectorcall(fast, a + 1, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    PyObject *eargs[5] = {NULL, size, stride, dtype, device};
+    return PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype_device);
+}
+
+/* ember._C._empty_strided(size, stride, dtype, device, cuda_device): new_empty for the programs'
+ * planned buffers (alloc_node). */
+static PyObject *empty_strided_py(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 5 || !PyLong_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "_empty_strided(size, stride, dtype, device, cuda_device)");
+        return NULL;
+    }
+    return new_empty(args[0], args[1], args[2], args[3], (int)PyLong_AsLong(args[4]));
+}
+static PyMethodDef empty_strided_def = {"_empty_strided", (PyCFunction)(void (*)(void))empty_strided_py, METH_FASTCALL,
+                                        "torch.empty_strided(size, stride, dtype=, device=) by the fastest entry point"};
+static PyObject *empty_strided_fn = NULL; /* the function object of empty_strided_def */
+
+/* The cuda_device argument of new_empty for a torch.device. -3 with an exception. */
+static int device_code(PyObject *device) {
+    PyObject *type = PyObject_GetAttrString(device, "type");
+    PyObject *index = type ? PyObject_GetAttrString(device, "index") : NULL;
+    int code = -3;
+    if (index) {
+        if (PyUnicode_Check(type) && PyUnicode_CompareWithASCIIString(type, "cpu") == 0) code = -1;
+        else if (PyUnicode_Check(type) && PyUnicode_CompareWithASCIIString(type, "cuda") == 0 && PyLong_Check(index))
+            code = (int)PyLong_AsLong(index);
+        else code = -2;
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(index);
+    return code;
+}
+
 static PyObject *tensor_as(PyObject *t, PyObject *size, PyObject *stride) {
     /* an extern's result with another layout than its meta said: copy into the expected one (same
      * dtype and device) */
@@ -276,8 +328,7 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
         size = em_int64_tuple(k->out_ndim, m + EM_KMETA_OUT);
         stride = size ? em_int64_tuple(k->out_ndim, m + EM_KMETA_OUT + k->out_ndim) : NULL;
         if (!stride) goto done;
-        PyObject *eargs[5] = {NULL, size, stride, k->out_dtype, k->out_device};
-        out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype_device);
+        out = new_empty(size, stride, k->out_dtype, k->out_device, k->cuda ? em_cuda_fn_device(k->cuda) : -1);
         if (!out) goto done;
     }
     if (data_ptr(out, &ptrs[k->nin]) < 0) {
@@ -293,9 +344,7 @@ static PyObject *kernel_call_symbolic(Kernel *k, PyObject *const *args) {
         for (uint32_t e = 0; e < k->nextra; e++) {
             int32_t nd = k->extra_ndim[e];
             PyObject *sz = em_int64_tuple(nd, m + mi), *st = sz ? em_int64_tuple(nd, m + mi + nd) : NULL;
-            PyObject *eargs[5] = {NULL, sz, st, k->extra_dtype[e], k->out_device};
-            PyObject *t = st ? PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                                   kw_dtype_device)
+            PyObject *t = st ? new_empty(sz, st, k->extra_dtype[e], k->out_device, k->cuda ? em_cuda_fn_device(k->cuda) : -1)
                              : NULL;
             Py_XDECREF(sz);
             Py_XDECREF(st);
@@ -406,8 +455,7 @@ static PyObject *kernel_vectorcall(PyObject *self, PyObject *const *args, size_t
         if (!out) goto done;
     } else {
         /* CUDA: torch's caching allocator on the graph's device, ordered on its current stream */
-        PyObject *eargs[5] = {NULL, k->out_size, k->out_stride, k->out_dtype, k->out_device};
-        out = PyObject_Vectorcall(empty_strided, eargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_dtype_device);
+        out = new_empty(k->out_size, k->out_stride, k->out_dtype, k->out_device, k->cuda ? em_cuda_fn_device(k->cuda) : -1);
         if (!out) goto done;
     }
     if (data_ptr(out, &ptrs[k->nin]) < 0) {
@@ -814,18 +862,23 @@ static int fresh_call(const LGraph *lg, uint32_t r) {
 }
 
 /* A program node allocating buffer b (in the layout of its view form_of[b] when it has one, as a
- * kernel's own output is): torch.empty_strided(size, stride, dtype=, device=). 0 with an exception. */
+ * kernel's own output is): torch.empty_strided(size, stride, dtype=, device=) through
+ * ember._C._empty_strided (new_empty). 0 with an exception. */
 static IRRef alloc_node(Prog *p, const LBuf *b, const uint32_t *form_of, PyObject *device) {
     const LBuf *lb = form_of[b - p->s->lg->bufs] != NONE ? &p->s->lg->bufs[form_of[b - p->s->lg->bufs]] : b;
     PyObject *size = em_arena_hold_steal(p->ng->arena, em_int64_tuple(lb->ndim, lb->sizes));
     PyObject *stride = size ? em_arena_hold_steal(p->ng->arena, em_int64_tuple(lb->ndim, lb->strides)) : NULL;
-    PyObject *kwn[2] = {em_arena_hold(p->ng->arena, em_str("dtype")), em_arena_hold(p->ng->arena, em_str("device"))};
-    if (!stride || !kwn[0] || !kwn[1] || !em_arena_hold(p->ng->arena, empty_strided) ||
-        !em_arena_hold(p->ng->arena, device) || !em_arena_hold(p->ng->arena, em_lower_dtype_obj(lb->dtype)))
+    int code = device_code(device);
+    PyObject *codeo = code > -3 ? em_arena_hold_steal(p->ng->arena, PyLong_FromLong(code)) : NULL;
+    if (!stride || !codeo || !em_arena_hold(p->ng->arena, empty_strided_fn) || !em_arena_hold(p->ng->arena, device) ||
+        !em_arena_hold(p->ng->arena, em_lower_dtype_obj(lb->dtype)))
         return 0;
-    IRArg args[2] = {{.kind = IRARG_CONST, .u.obj = size}, {.kind = IRARG_CONST, .u.obj = stride}};
-    IRArg kw[2] = {{.kind = IRARG_CONST, .u.obj = em_lower_dtype_obj(lb->dtype)}, {.kind = IRARG_CONST, .u.obj = device}};
-    IRRef r = em_ir_call(p->ng, IR_CALL_FUNCTION, empty_strided, args, 2, kwn, kw, 2, NULL);
+    IRArg args[5] = {{.kind = IRARG_CONST, .u.obj = size},
+                     {.kind = IRARG_CONST, .u.obj = stride},
+                     {.kind = IRARG_CONST, .u.obj = em_lower_dtype_obj(lb->dtype)},
+                     {.kind = IRARG_CONST, .u.obj = device},
+                     {.kind = IRARG_CONST, .u.obj = codeo}};
+    IRRef r = em_ir_call(p->ng, IR_CALL_FUNCTION, empty_strided_fn, args, 5, NULL, NULL, 0, NULL);
     if (!r && !PyErr_Occurred()) PyErr_NoMemory();
     return r;
 }
@@ -1311,7 +1364,15 @@ static int build_begin(EmberBuild *bd) {
         cpu_device = PyObject_CallMethod(torch, "device", "s", "cpu");
         Py_DECREF(torch);
         kw_dtype_device = Py_BuildValue("(ss)", "dtype", "device");
-        if (!empty_strided || !get_num_threads || !kw_dtype_device || !cpu_device) return -1;
+        empty_strided_fn = PyCFunction_New(&empty_strided_def, NULL);
+        if (!empty_strided || !get_num_threads || !kw_dtype_device || !cpu_device || !empty_strided_fn) return -1;
+        PyObject *guards = PyImport_ImportModule("torch._C._dynamo.guards");
+        if (guards) {
+            fast_empty_cpu = PyObject_GetAttrString(guards, "_empty_strided_cpu");
+            fast_empty_cuda = fast_empty_cpu ? PyObject_GetAttrString(guards, "_empty_strided_cuda") : NULL;
+            Py_DECREF(guards);
+        }
+        PyErr_Clear(); /* a torch without them: torch.empty_strided */
     }
     bd->d = PyDict_New();
     if (!bd->d) return -1;
