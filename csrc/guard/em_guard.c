@@ -1450,7 +1450,7 @@ int em_guard_init(PyObject *module) {
         intern(&st->s_requires_grad, "requires_grad") < 0 || intern(&st->s_is_conj, "is_conj") < 0 ||
         intern(&st->s_is_neg, "is_neg") < 0 || intern(&st->s_shape, "shape") < 0 ||
         intern(&st->s_stride, "stride") < 0 || intern(&st->s_dtype, "dtype") < 0 ||
-        intern(&st->s_device, "device") < 0 || intern(&st->s_layout, "layout") < 0 || intern(&st->s_dlpack_api, "__dlpack_c_exchange_api__") < 0 ||
+        intern(&st->s_device, "device") < 0 || intern(&st->s_layout, "layout") < 0 || intern(&st->s_dlpack_api, "__dlpack_c_exchange_api__") < 0 || intern(&st->s_data_ptr, "data_ptr") < 0 ||
         intern(&st->s_module, "__module__") < 0 || intern(&st->s_qualname, "__qualname__") < 0)
         return -1;
 #if EM_PY312
@@ -1535,6 +1535,7 @@ void em_guard_fini(void) {
     Py_CLEAR(st->s_device);
     Py_CLEAR(st->s_layout);
     Py_CLEAR(st->s_dlpack_api);
+    Py_CLEAR(st->s_data_ptr);
     Py_CLEAR(st->s_module);
     Py_CLEAR(st->s_qualname);
     st->torch_ready = 0;

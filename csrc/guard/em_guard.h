@@ -66,6 +66,11 @@ int em_guard_tensor(GuardBuilder *b, GuardSrc s);     /* tensor match: exact typ
 /* Tensor match whose dims in dynmask are symbolic: their sizes are not compared (the SYM leaf
  * checks them) and the strides must be dense in the example's dim order. */
 int em_guard_tensor_dynamic(GuardBuilder *b, GuardSrc s, uint64_t dynmask);
+/* t.data_ptr() (the address of the tensor's first element) through the DLPack C exchange API of
+ * t's type, without a Python call; torch's Tensor.data_ptr() where the type has no table or DLPack
+ * refuses the tensor (sparse, meta, quantized). 0, or -1 with an exception. Used by the runtime
+ * for every kernel argument. */
+int em_guard_tensor_data_ptr(PyObject *t, char **out);
 /* The relations the trace relied on among symbolic sizes (csrc/sym): prog checks them on the sizes
  * read from tensor srcs[i], dim dims[i], for symbol i (n symbols). Takes prog (freed with the set or
  * the builder's arena). lines: the relations as Python text, for rendering. */

@@ -223,7 +223,7 @@ typedef struct EmGuardState {
     PyObject *dt_float16, *dt_bfloat16; /* torch.float16, torch.bfloat16 */
     PyObject *str_cpu, *str_cuda;
     PyObject *s_requires_grad, *s_is_conj, *s_is_neg, *s_shape, *s_stride, *s_dtype, *s_device, *s_layout,
-        *s_dlpack_api, *s_module, *s_qualname;
+        *s_dlpack_api, *s_data_ptr, *s_module, *s_qualname;
     int watcher_id;              /* 3.12 dict watcher, -1 if none */
     uint64_t dict_epoch;         /* 3.12: bumped on every event of a watched dict; 3.11: bumped
                                     when the probe saw another dict change (em_guard.c) */

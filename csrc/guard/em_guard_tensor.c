@@ -42,6 +42,43 @@ static const EmDLPackAPI *dlpack_api_of(PyTypeObject *tp) {
 
 const EmDLPackAPI *em_guard_dlpack_api(PyTypeObject *tp) { return dlpack_api_of(tp); }
 
+/* The tables of the last few tensor types seen (torch.Tensor, nn.Parameter, ...): a type
+ * attribute lookup per kernel argument costs more than the DLPack call itself. The types are held
+ * (a freed type's address could be reused by another type). */
+enum { DP_TYPES = 4 };
+static PyTypeObject *dp_type[DP_TYPES];
+static const EmDLPackAPI *dp_api[DP_TYPES];
+static unsigned dp_n;
+
+int em_guard_tensor_data_ptr(PyObject *t, char **out) {
+    PyTypeObject *tp = Py_TYPE(t);
+    const EmDLPackAPI *api = NULL;
+    unsigned i = 0;
+    while (i < dp_n && dp_type[i] != tp) i++;
+    if (i < dp_n) {
+        api = dp_api[i];
+    } else {
+        api = dlpack_api_of(tp);
+        if (dp_n < DP_TYPES) {
+            dp_type[dp_n] = (PyTypeObject *)Py_NewRef(tp);
+            dp_api[dp_n++] = api;
+        }
+    }
+    if (api) {
+        EmDLTensor dl;
+        if (api->dltensor_from_py_object_no_sync(t, &dl) == 0) {
+            *out = (char *)dl.data + dl.byte_offset; /* DLPack: the first element's address */
+            return 0;
+        }
+        PyErr_Clear(); /* refused: the Python method says why, or answers */
+    }
+    PyObject *p = PyObject_CallMethodNoArgs(t, em_guard_state.s_data_ptr);
+    if (!p) return -1;
+    *out = PyLong_AsVoidPtr(p);
+    Py_DECREF(p);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 int em_guard_tensor_size(const EmDLPackAPI *api, PyObject *v, int dim, int64_t *out) {
     if (api) {
         EmDLTensor dl;

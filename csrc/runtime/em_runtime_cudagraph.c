@@ -6,6 +6,8 @@
  * runs the entry's plain compiled callable (never a wrong result); why is in cache_info. */
 #include "runtime/em_runtime.h"
 
+#include "guard/em_guard.h"
+
 #include <stdio.h>
 #include <string.h>
 #include <structmember.h>
@@ -535,11 +537,9 @@ record:
         /* the recording ran this call's inputs at capture: replay below gives the result again */
     }
     for (Py_ssize_t i = 0; i < r->nstatic; i++) {
-        PyObject *p = PyObject_CallMethodNoArgs(args[r->static_idx[i]], em_str("data_ptr"));
-        if (!p) return NULL;
-        void *ptr = PyLong_AsVoidPtr(p);
-        Py_DECREF(p);
-        if (ptr != r->static_ptr[i]) {
+        char *ptr;
+        if (em_guard_tensor_data_ptr(args[r->static_idx[i]], &ptr) < 0) return NULL;
+        if ((void *)ptr != r->static_ptr[i]) {
             /* an input written in place with other storage (a new KV cache): record again, at most
              * a few times per entry; a parameter's storage replaced: run plainly (its old memory is
              * recorded) */

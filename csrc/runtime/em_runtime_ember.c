@@ -9,6 +9,7 @@
 #include "runtime/em_runtime.h"
 
 #include "codegen/em_codegen.h"
+#include "guard/em_guard.h"
 #include "lower/em_lower.h"
 #include "schedule/em_schedule.h"
 
@@ -230,13 +231,7 @@ static int layout_differs(PyObject *t, PyObject *size, PyObject *stride) {
     return differs;
 }
 
-static int data_ptr(PyObject *t, char **out) {
-    PyObject *p = PyObject_CallMethodNoArgs(t, em_str("data_ptr"));
-    if (!p) return -1;
-    *out = PyLong_AsVoidPtr(p);
-    Py_DECREF(p);
-    return PyErr_Occurred() ? -1 : 0;
-}
+static int data_ptr(PyObject *t, char **out) { return em_guard_tensor_data_ptr(t, out); }
 
 enum { KSTACK = 16 };
 
