@@ -291,9 +291,6 @@ static int sym_idx64(const Schedule *s, const SKernel *k) {
  * Inductor's split reductions and CUB's single-pass reduce do. Only kernels whose reductions read no
  * other reduction's result and that store nothing along the row. */
 #define SPLIT_BLOCK 512
-#define SPLIT_MIN 16384
-#define SPLIT_ROWS 256   /* at least this many rows fill the GPU with one block per row */
-#define SPLIT_BLOCKS 2048 /* chunks of all rows together at most (2 waves of 8 blocks on 132 SMs) */
 
 static int splittable(const SKernel *k) {
     for (uint32_t q = 0; q < k->nstores; q++)
@@ -313,11 +310,17 @@ static int splittable(const SKernel *k) {
     return ok;
 }
 
-static int32_t split_chunks(const SKernel *k, int64_t rows, int64_t R) {
-    if (rows >= SPLIT_ROWS || R < 2 * SPLIT_MIN) return 0;
-    int64_t S = R / SPLIT_MIN, cap = SPLIT_BLOCKS / rows;
-    if (S > cap) S = cap;
-    return S >= 2 && splittable(k) ? (int32_t)S : 0;
+/* The launch's split: chunks per row (static sizes), -1 (symbolic row: per call), 0 (none). A
+ * symbolic kernel splits only when its rows are a static count below EM_CUDA_SPLIT_ROWS and its
+ * row may reach 2 * EM_CUDA_SPLIT_MIN elements (a loss over a batch of any size). */
+static int32_t split_chunks(const Schedule *s, const SKernel *k, int64_t rows, int64_t Rmax) {
+    ShapeEnv *env = s->lg->env;
+    if (rows >= EM_CUDA_SPLIT_ROWS || Rmax < 2 * EM_CUDA_SPLIT_MIN || !splittable(k)) return 0;
+    if (!env) return (int32_t)em_cuda_split_chunks(rows, Rmax);
+    int64_t v;
+    for (int j = 0; j < k->nouter; j++)
+        if (!known(env, k->ssizes[j], k->sizes[j], &v)) return 0;
+    return -1;
 }
 
 /* Launch shape of a kernel (rules from the shape; see docs/backend_cuda.md). A symbolic kernel's
@@ -385,10 +388,13 @@ static void choose_launch(const Schedule *s, const SKernel *k, EmCudaLaunch *L) 
         L->block = (int32_t)t;
         L->rows_per_block = 1;
     }
-    if (!env && (L->split = split_chunks(k, rows, R)) > 0) {
+    L->split = split_chunks(s, k, rows, Rmax);
+    if (L->split == 1) L->split = 0;
+    if (L->split) {
         L->threads_per_row = L->block = SPLIT_BLOCK;
+        L->block_dyn = 0;
         L->rows_per_block = 1;
-        L->blocks = rows * L->split;
+        L->blocks = rows * (L->split > 0 ? L->split : em_cuda_split_chunks(rows, R));
         L->per_sm = 2048 / L->block;
         return; /* scalar loads, the chunk re-read per pass (cached 0, vec 1) */
     }
@@ -946,40 +952,44 @@ static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_ro
     sb_printf(b, "%s}\n", ind);
     reduce_across(b, c, i, ind);
     if (c->L->split) {
-        sb_printf(b, "%sif (tid == 0) em_ws%u_%u[u] = acc%u;\n", ind, c->ki, i, i);
-        if (arg) sb_printf(b, "%sif (tid == 0) em_wsi%u_%u[u] = idx%u;\n", ind, c->ki, i, i);
+        sb_printf(b, "%sif (S > 1 && tid == 0) em_ws%u_%u[u] = acc%u;\n", ind, c->ki, i, i);
+        if (arg) sb_printf(b, "%sif (S > 1 && tid == 0) em_wsi%u_%u[u] = idx%u;\n", ind, c->ki, i, i);
     } else {
         reduce_result(b, n, i, ind);
     }
     free(done);
 }
 
-/* A split kernel's last block: reduction node i's partials of the row combined in chunk order. */
-static void emit_reduce_final(SB *b, const RCtx *c, uint32_t i, const char *ind) {
+/* A split kernel's last block: reduction node i's partials of the row combined in chunk order
+ * (one chunk: the block's own result is the row's). */
+static void emit_reduce_final(SB *b, const RCtx *c, uint32_t i, const char *ind0) {
     const LNode *n = &c->k->nodes[i];
     LDtype it = c->k->nodes[n->in[0]].dtype;
     int fl = em_ldt_is_float(it), arg = n->op == LP_RARGMAX || n->op == LP_RARGMIN;
     const char *at = acc_type(n->op, it, n->dtype);
-    char a[24], ai[24], in2[64];
+    char a[24], ai[24], in2[64], ind[64];
     snprintf(a, sizeof a, "acc%u", i);
     snprintf(ai, sizeof ai, "idx%u", i);
-    snprintf(in2, sizeof in2, "%s    ", ind);
-    sb_printf(b, "%sacc%u = %s;  /* v%u: the row's %d partials */\n", ind, i, reduce_init(n, it), i, c->L->split);
+    snprintf(ind, sizeof ind, "%s    ", ind0);
+    snprintf(in2, sizeof in2, "%s        ", ind0);
+    sb_printf(b, "%sif (S > 1) {  /* v%u: the row's S partials */\n", ind0, i);
+    sb_printf(b, "%sacc%u = %s;\n", ind, i, reduce_init(n, it));
     if (arg) sb_printf(b, "%sidx%u = -1;\n", ind, i);
-    sb_printf(b, "%sfor (int q = tid; q < %d; q += %d) {\n", ind, c->L->split, c->L->threads_per_row);
+    sb_printf(b, "%sfor (int q = tid; q < S; q += %d) {\n", ind, c->L->threads_per_row);
     /* volatile: read from L2, where the other blocks' stores are (not a stale L1 line) */
-    sb_printf(b, "%s    const %s o_v = ((volatile %s *)em_ws%u_%u)[o * %d + q];\n", ind, at, at, c->ki, i, c->L->split);
-    if (arg) sb_printf(b, "%s    const long long o_i = ((volatile long long *)em_wsi%u_%u)[o * %d + q];\n", ind, c->ki, i, c->L->split);
+    sb_printf(b, "%s    const %s o_v = ((volatile %s *)em_ws%u_%u)[o * S + q];\n", ind, at, at, c->ki, i);
+    if (arg) sb_printf(b, "%s    const long long o_i = ((volatile long long *)em_wsi%u_%u)[o * S + q];\n", ind, c->ki, i);
     combine(b, n, fl, a, "o_v", ai, "o_i", in2);
     sb_printf(b, "%s}\n", ind);
     reduce_across(b, c, i, ind);
-    reduce_result(b, n, i, ind);
+    sb_printf(b, "%s}\n", ind0);
+    reduce_result(b, n, i, ind0);
 }
 
 /* The device memory of a split kernel (before its body): per reduction the partials of every
  * chunk, and per row the count of chunks done (zero at load; the last block sets it back). */
 static void emit_split_memory(SB *b, const SKernel *k, uint32_t ki, const EmCudaLaunch *L, int64_t rows) {
-    long long n = (long long)rows * L->split;
+    long long n = (long long)rows * (L->split > 0 ? L->split : EM_CUDA_SPLIT_BLOCKS / rows); /* the most chunks */
     sb_printf(b, "__device__ unsigned em_cnt%u[%lld] = {0};  /* per row: chunks done */\n", ki, (long long)rows);
     for (uint32_t i = 0; i < k->nnodes; i++) {
         const LNode *nd = &k->nodes[i];
@@ -1002,10 +1012,15 @@ static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
     sb_printf(b, ";  /* rows, row length */\n");
     if (L->split) {
         sb_printf(b, "    const int tid = threadIdx.x;  /* a chunk of a row per block of %d threads */\n", L->block);
-        sb_printf(b, "    const idx_t CH = (R + %d) / %d;  /* a chunk's elements */\n", L->split - 1, L->split);
+        if (L->split > 0) sb_printf(b, "    const idx_t S = %d;  /* chunks per row */\n", L->split);
+        else /* em_cuda_split_chunks (em_codegen.h) of this call's rows and row length */
+            sb_printf(b, "    const idx_t S = O <= 0 || O >= %d || R < %d ? 1 : R / %d < %d / O ? R / %d : %d / O;  /* chunks per row */\n",
+                      EM_CUDA_SPLIT_ROWS, 2 * EM_CUDA_SPLIT_MIN, EM_CUDA_SPLIT_MIN, EM_CUDA_SPLIT_BLOCKS, EM_CUDA_SPLIT_MIN,
+                      EM_CUDA_SPLIT_BLOCKS);
+        sb_printf(b, "    const idx_t CH = (R + S - 1) / S;  /* a chunk's elements */\n");
         sb_printf(b, "    __shared__ int last;  /* this block finished the row */\n");
-        sb_printf(b, "    for (idx_t u = blockIdx.x; u < O * %d; u += gridDim.x) {  /* u: row o's chunk u %% %d */\n", L->split, L->split);
-        sb_printf(b, "        const idx_t o = u / %d, r_lo = (u %% %d) * CH, r_hi = r_lo + CH < R ? r_lo + CH : R;\n", L->split, L->split);
+        sb_printf(b, "    for (idx_t u = blockIdx.x; u < O * S; u += gridDim.x) {  /* u: row o's chunk u %% S */\n");
+        sb_printf(b, "        const idx_t o = u / S, r_lo = (u %% S) * CH, r_hi = r_lo + CH < R ? r_lo + CH : R;\n");
     } else if (L->block_dyn) {
         sb_printf(b, "    const int tid = threadIdx.x, tpr = blockDim.x;  /* one row per block of this call's size */\n");
         sb_printf(b, "    for (idx_t o = blockIdx.x; o < O; o += gridDim.x) {\n");
@@ -1126,14 +1141,16 @@ static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
         free(dep);
         if (phase == 0) {
             /* the partials stored, count this chunk in: the last of the row's chunks goes on */
-            sb_printf(b, "%sif (tid == 0) {\n", ind);
-            sb_printf(b, "%s    __threadfence();  /* the partials are visible before the count */\n", ind);
-            sb_printf(b, "%s    last = atomicAdd(&em_cnt%u[o], 1u) == %du;\n", ind, ki, L->split - 1);
-            sb_printf(b, "%s    if (last) em_cnt%u[o] = 0;  /* for the next launch */\n", ind, ki);
+            sb_printf(b, "%sif (S > 1) {\n", ind);
+            sb_printf(b, "%s    if (tid == 0) {\n", ind);
+            sb_printf(b, "%s        __threadfence();  /* the partials are visible before the count */\n", ind);
+            sb_printf(b, "%s        last = atomicAdd(&em_cnt%u[o], 1u) == (unsigned)(S - 1);\n", ind, ki);
+            sb_printf(b, "%s        if (last) em_cnt%u[o] = 0;  /* for the next launch */\n", ind, ki);
+            sb_printf(b, "%s    }\n", ind);
+            sb_printf(b, "%s    __syncthreads();\n", ind);
+            sb_printf(b, "%s    if (!last) continue;\n", ind);
+            sb_printf(b, "%s    __threadfence();\n", ind);
             sb_printf(b, "%s}\n", ind);
-            sb_printf(b, "%s__syncthreads();\n", ind);
-            sb_printf(b, "%sif (!last) continue;\n", ind);
-            sb_printf(b, "%s__threadfence();\n", ind);
         }
     }
     for (uint32_t q = 0; q < k->nstores; q++) {
@@ -1229,12 +1246,18 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
     if (L->per_sm > 0) sb_printf(b, "(grid-stride beyond %d per SM)", L->per_sm);
     else sb_printf(b, "(grid-stride beyond %lld threads)", (long long)EM_CUDA_MAX_THREADS);
     if (k->reduction)
-        if (L->split) sb_printf(b, ", each row in %d chunks (split reduction)", L->split);
+        if (L->split > 0) sb_printf(b, ", each row in %d chunks (split reduction)", L->split);
+        else if (L->split) sb_printf(b, ", each row in chunks (split reduction, per call)");
         else sb_printf(b, ", %s%s", L->rows_per_block == 1 ? "one row per block" : "one row per warp",
                        L->cached ? ", row held in registers" : "");
     else
         sb_printf(b, ", vector width %d", L->vec);
     sb_printf(b, ", %s indexing */\n", L->idx64 == 2 ? "32- or 64-bit (per call)" : L->idx64 ? "64-bit" : "32-bit");
+    if (L->split) {
+        int64_t rows = 1;
+        for (int j = 0; j < k->nouter; j++) rows *= k->sizes[j]; /* static (split_chunks) */
+        emit_split_memory(b, k, ki, L, rows);
+    }
     if (env) {
         /* the body, a template over the index type; the kernels (one per index width) call it */
         sb_printf(b, "template <typename idx_t> static __device__ __forceinline__ void ember_k%u_body(", ki);
@@ -1245,11 +1268,6 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
             num_of(b, &c, &c.size[j], k->sizes[j], k->ssizes[j], nm);
         }
     } else {
-        if (L->split) {
-            int64_t rows = 1;
-            for (int j = 0; j < k->nouter; j++) rows *= k->sizes[j];
-            emit_split_memory(b, k, ki, L, rows);
-        }
         sb_printf(b, "extern \"C\" __global__ __launch_bounds__(%d) void ember_k%u(", L->block, ki);
         params(b, s, k, ") {\n");
         sb_printf(b, "    typedef %s idx_t;\n", L->idx64 ? "long long" : "int");

@@ -815,6 +815,7 @@ int em_cuda_launch_sym(EmCudaFn *f, char *const *ptrs, uint32_t nptr, const EmCu
     int32_t block = l->block_dyn ? em_cuda_row_block(c->row) : l->block;
     int64_t per = l->rows_per_block > 0 ? l->rows_per_block : (int64_t)l->vec * block;
     int64_t blocks = (c->units + per - 1) / per;
+    if (l->split < 0) blocks = c->units * em_cuda_split_chunks(c->units, c->row); /* units: rows */
     int32_t per_sm = l->rows_per_block > 0 ? 2048 / block : l->per_sm;
     CUfunction fn = l->idx64 == 2 && c->reach >= EM_CUDA_IDX32_LIMIT ? f->fn64 : f->fn;
     return launch_fn(f, fn, grid_of(f->device, blocks, block, per_sm), (unsigned)block, ptrs, nptr, c->sv);

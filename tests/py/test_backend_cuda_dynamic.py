@@ -228,6 +228,25 @@ def test_emulated_row_block_picked_per_call(monkeypatch):
     assert "tpr = blockDim.x" in ct["source"]
 
 
+@needs_emu
+def test_emulated_split_reduction_picked_per_call(monkeypatch):
+    """A loss over a tensor of any size (a static count of rows, a symbolic row): the kernel cuts
+    each row into em_cuda_split_chunks(rows, R) chunks per call, one (short rows) included."""
+    fn = lambda x, y: (((x - y) ** 2).mean(), x.argmax(), x.abs().amax())  # noqa: E731
+    x, y = torch.randn(40000, device="cpu"), torch.randn(40000, device="cpu")
+    _, ct = _symbolic_cuda(monkeypatch, fn, [x, y])
+    assert [ln["split"] for ln in ct["launch"]] == [-1] and ct["launch"][0]["block"] == 512
+    for n in (40000, 70001, 1000, 32768):
+        x, y = torch.randn(n, device="cpu"), torch.randn(n, device="cpu")
+        x[n - 3] = x.max() + 1  # argmax in the last chunk, and the same value in the first
+        x[1] = x[n - 3]
+        for _ in range(2):  # the row counts are back at zero after each launch
+            outs, _ = emulate_info(ct, x, y)
+            _check(outs, fn(x, y))
+    if not nvrtc_available():
+        assert ".target sm_90" in _C._nvrtc_compile(ct["source"], arch="compute_90").decode()
+
+
 def test_cuda_inference_graphs_are_not_retraced_per_size():
     """dynamic=None: the second size makes the graph symbolic (no per-size specialisation for CUDA
     inference graphs any more); on the CPU that is observable as one new entry with symbols."""
@@ -265,6 +284,18 @@ def test_gpu_one_graph_serves_several_sizes(name, fn, shapes_of, sizes):
     assert "fallback" not in info, info["fallback"]
     assert info["device"] == "cuda" and all(ln["symbolic"] for ln in info["launch"])
     assert _builds() == b0  # no second NVRTC compile or cache load
+
+
+@needs_gpu
+def test_gpu_split_reduction_over_sizes():
+    """Split reductions in a symbolic graph: a loss over 4M, 1M + 3 and 1000 elements, one entry."""
+    fn = lambda x, y: (((x - y) ** 2).mean(), x.argmax(), x.abs().amax())  # noqa: E731
+    cf = ember.compile(fn, backend="ember", dynamic=True)
+    for n in ((1 << 22), (1 << 20) + 3, 1000):
+        x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        _check(cf(x, y), fn(x, y))
+    info = ember.cache_info(cf)
+    assert len(info) == 1 and [ln["split"] for ln in info[0]["ember"]["launch"]] == [-1]
 
 
 @needs_gpu

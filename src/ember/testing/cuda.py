@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 __all__ = ["cuda_codegen", "meta_like", "nvrtc_available", "emulate", "emulate_info", "emulator_available",
-           "IDX32_LIMIT", "row_block"]
+           "IDX32_LIMIT", "row_block", "split_chunks"]
 
 IDX32_LIMIT = (1 << 31) - (1 << 24) * 16  # EM_CUDA_IDX32_LIMIT (csrc/codegen/em_codegen.h)
 
@@ -23,6 +23,13 @@ def row_block(row: int) -> int:
     while t < 1024 and t * 8 < row:
         t <<= 1
     return t
+
+
+def split_chunks(rows: int, row: int) -> int:
+    """Chunks per row of a split reduction whose split is picked per call (em_cuda_split_chunks)."""
+    if rows <= 0 or rows >= 256 or row < 2 * 16384:
+        return 1
+    return min(row // 16384, 2048 // rows)
 
 
 def meta_like(t: torch.Tensor) -> torch.Tensor:
@@ -268,6 +275,8 @@ def emulate_info(info: dict, *inputs, grid_cap: int = 3, idx64: bool | None = No
                 block = row_block(val(ln["row"]))
             per = ln["rows_per_block"] if ln["rows_per_block"] > 0 else ln["vec"] * block
             blocks = (units + per - 1) // per if units > 0 else 0
+            if ln["split"] < 0:
+                blocks = units * split_chunks(units, val(ln["row"]))
             if ln["idx64"] == 2 and (val(ln["reach"]) >= IDX32_LIMIT if idx64 is None else idx64):
                 name = f"{i}_64"
         if blocks <= 0:
