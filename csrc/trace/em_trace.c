@@ -680,6 +680,8 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
         int r = em_tr_split_value_spec(T, C, v, o, depth);
         if (r != 1) return r;
     }
+    if (v->kind == TV_LAZY && v->src < 0 && !(v = em_tr_realize(T, v))) /* made in the trace (a local import) */
+        return -1;
     if (v->kind == TV_LAZY && v->src >= 0) { /* an input object returned as is */
         PyObject *o_ = v->obj;
         if (PyObject_TypeCheck(o_, (PyTypeObject *)em_trace_rt.TensorBase)) {

@@ -75,6 +75,20 @@ def test_numpy_call_in_the_middle():
     assert graphs(c) == 2
 
 
+def f_local_numpy(x):  # issue 44 item 1: the module imported in the body is live across the break
+    import numpy as np_local
+    x = x * 2
+    y = torch.from_numpy(np_local.cos(x.cpu().numpy())).to(x.device)
+    return torch.sin(y) + x
+
+
+def test_numpy_imported_in_the_function_keeps_the_graphs():
+    """A module bound by a local import is a constant of the resume function (guarded by its
+    sys.modules entry), not a reason to run the whole frame eagerly."""
+    c = run_both(f_local_numpy, [(torch.randn(5),), (torch.randn(5),)])
+    assert graphs(c) == 2 and "fallback" not in kinds_tree(c)
+
+
 # ---- break kinds ----
 
 def test_print_with_keywords_and_item():
