@@ -6,12 +6,15 @@ Inductor's callable does (on 3.12 the dict watchers skip the group; on 3.11 the 
 activity is excused by the window around the call, docs/architecture.md "Guards", so the group is
 skipped too; before that window every call walked the whole group, 5 dicts per submodule). Each is timed plain and under ember.pinned (the UNSAFE pin: no guard runs).
 Per-call µs = min over interleaved rounds of loops of N calls (the minimum is the least noisy
-figure on a shared machine). usage: python bench/guard_cost.py [--rounds 9] [--calls 5000]
+figure on a shared machine). Then, with Inductor's compile_fx as the backend, the frontend's own
+overhead (compiled module minus the backend's callable called directly) for Mod(1) and Mod(100),
+issue 44 item 5's measurement. usage: python bench/guard_cost.py [--rounds 9] [--calls 5000] [--no-inductor]
 """
 import argparse
 import contextlib
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -38,6 +41,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--calls", type=int, default=5000)
+    ap.add_argument("--no-inductor", action="store_true", help="skip the Inductor-backend measurement")
     opts = ap.parse_args(argv)
     x = torch.tensor([2])
     progs = {}
@@ -66,6 +70,46 @@ def main(argv=None):
     for k in ("quiet", "dict"):
         print(f"{k}: pin saves Mod(1) {best[(k, 1, False)] - best[(k, 1, True)]:.3f} µs, "
               f"Mod(100) {best[(k, 100, False)] - best[(k, 100, True)]:.3f} µs")
+    if not opts.no_inductor:
+        inductor_overhead(opts.rounds, opts.calls)
+
+
+def inductor_overhead(rounds, calls):
+    """Issue 44 item 5's measurement: with Inductor's compile_fx as the backend, the frontend's
+    overhead per call = the compiled module's time minus the backend's compiled callable called
+    directly with the same arguments (medians over interleaved rounds), for Mod(1) and Mod(100)."""
+    from torch._inductor.compile_fx import compile_fx
+    x = torch.randn(8)
+    res = {}
+    for n in (1, 100):
+        saved = {}
+
+        def be(gm, example_inputs):
+            f = compile_fx(gm, example_inputs)
+
+            def run(*a):
+                saved["args"] = a
+                return f(*a)
+            saved["run"] = run
+            return run
+        c = ember.compile(Mod(n), backend=be)
+        for _ in range(200):
+            c(x)
+        run, args = saved["run"], saved["args"]
+        comp, direct = [], []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                c(x)
+            comp.append((time.perf_counter() - t0) / calls * 1e6)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                run(*args)
+            direct.append((time.perf_counter() - t0) / calls * 1e6)
+        res[n] = statistics.median(comp) - statistics.median(direct)
+        print(f"inductor Mod({n}): compiled {statistics.median(comp):.3f} µs, callable alone "
+              f"{statistics.median(direct):.3f} µs, frontend {res[n]:.3f} µs")
+    print(f"inductor: frontend Mod(100) / Mod(1) = {res[100] / res[1]:.2f} (issue 44 target: at most 1.1)")
 
 
 if __name__ == "__main__":

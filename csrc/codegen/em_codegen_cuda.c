@@ -1245,13 +1245,11 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
     }
     if (L->per_sm > 0) sb_printf(b, "(grid-stride beyond %d per SM)", L->per_sm);
     else sb_printf(b, "(grid-stride beyond %lld threads)", (long long)EM_CUDA_MAX_THREADS);
-    if (k->reduction)
-        if (L->split > 0) sb_printf(b, ", each row in %d chunks (split reduction)", L->split);
-        else if (L->split) sb_printf(b, ", each row in chunks (split reduction, per call)");
-        else sb_printf(b, ", %s%s", L->rows_per_block == 1 ? "one row per block" : "one row per warp",
-                       L->cached ? ", row held in registers" : "");
-    else
-        sb_printf(b, ", vector width %d", L->vec);
+    if (!k->reduction) sb_printf(b, ", vector width %d", L->vec);
+    else if (L->split > 0) sb_printf(b, ", each row in %d chunks (split reduction)", L->split);
+    else if (L->split) sb_printf(b, ", each row in chunks (split reduction, per call)");
+    else sb_printf(b, ", %s%s", L->rows_per_block == 1 ? "one row per block" : "one row per warp",
+                   L->cached ? ", row held in registers" : "");
     sb_printf(b, ", %s indexing */\n", L->idx64 == 2 ? "32- or 64-bit (per call)" : L->idx64 ? "64-bit" : "32-bit");
     if (L->split) {
         int64_t rows = 1;

@@ -952,7 +952,9 @@ GuardSet *em_guard_build(GuardBuilder *b) {
     size_t off_di = off_tm + align8(ntensor_bytes);
     size_t off_fetch = off_di + ndictinfo;
     size_t off_how = off_fetch + align8(sizeof(int32_t) * nf);
-    size_t total = off_how + nhow;
+    size_t off_scratch = align8(off_how + nhow);
+    size_t off_scratch_set = off_scratch + sizeof(PyObject *) * nuse;
+    size_t total = off_scratch_set + sizeof(int32_t) * nuse;
     char *block = calloc(1, total);
     if (!block) {
         PyErr_NoMemory();
@@ -964,6 +966,8 @@ GuardSet *em_guard_build(GuardBuilder *b) {
     gs->dslot = (GDictSlot *)(block + off_dslot);
     gs->held = (PyObject **)(block + off_held);
     gs->fetch = (int32_t *)(block + off_fetch);
+    gs->scratch = (PyObject **)(block + off_scratch);
+    gs->scratch_set = (int32_t *)(block + off_scratch_set);
     char *tm = block + off_tm, *how = block + off_how, *di = block + off_di;
     gs->dict_epoch = UINT64_MAX; /* the first check compares every dict tag */
 #define HOLD(o) ((o) ? (gs->held[gs->nheld++] = Py_NewRef(o)) : NULL)
@@ -1084,16 +1088,61 @@ static PyObject *ns_lookup(PyObject *ns, PyObject *key) {
     return PyObject_GetItem(ns, key);
 }
 
-/* Value of source s in this frame, as a new reference stored in vals[s] (each source is resolved
+/* The sources' values during one check: v[s] (a new reference, or NULL: not read yet) and the
+ * sources read, in order (GuardSet.scratch). */
+typedef struct {
+    GuardSet *gs;
+    PyObject **v;
+    int32_t *set;
+    uint32_t nset;
+    uint8_t owned; /* v and set were allocated for a nested check */
+} SrcVals;
+
+/* 0, or -1 (out of memory, no exception: the check fails). */
+static int vals_open(GuardSet *gs, SrcVals *sv) {
+    sv->gs = gs;
+    sv->nset = 0;
+    sv->owned = gs->scratch_busy;
+    if (!sv->owned) {
+        gs->scratch_busy = 1;
+        sv->v = gs->scratch;
+        sv->set = gs->scratch_set;
+        return 0;
+    }
+    sv->v = calloc(gs->nsrc ? gs->nsrc : 1, sizeof(PyObject *));
+    sv->set = malloc(sizeof(int32_t) * (gs->nsrc ? gs->nsrc : 1));
+    if (sv->v && sv->set) return 0;
+    free(sv->v);
+    free(sv->set);
+    return -1;
+}
+
+/* Releases the values read (leaving the scratch all NULL for the next check). */
+static void vals_close(SrcVals *sv) {
+    for (uint32_t i = 0; i < sv->nset; i++) {
+        int32_t s = sv->set[i];
+        PyObject *o = sv->v[s];
+        sv->v[s] = NULL;
+        Py_DECREF(o);
+    }
+    if (sv->owned) {
+        free(sv->v);
+        free(sv->set);
+    } else {
+        sv->gs->scratch_busy = 0;
+    }
+}
+
+/* Value of source s in this frame, as a new reference stored in vals->v[s] (each source is resolved
  * at most once per check; the caller releases vals). Borrowed result; NULL when the path cannot
  * be followed (exception cleared). */
-static PyObject *resolve(const GuardSet *gs, PyObject **vals, const EmFrameView *fv, int32_t s) {
-    if (vals[s]) return vals[s];
+static PyObject *resolve(const GuardSet *gs, SrcVals *vals, const EmFrameView *fv, int32_t s) {
+    if (vals->v[s]) return vals->v[s];
     const GSrc *src = &gs->src[s];
     PyObject *v = NULL, *p = NULL;
     if (src->value) { /* stable */
-        vals[s] = Py_NewRef(src->value);
-        return vals[s];
+        vals->set[vals->nset++] = s;
+        return vals->v[s] = Py_NewRef(src->value);
     }
     if (src->d.parent >= 0 && !(p = resolve(gs, vals, fv, src->d.parent))) return NULL;
     switch ((SrcKind)src->d.kind) {
@@ -1148,8 +1197,8 @@ static PyObject *resolve(const GuardSet *gs, PyObject **vals, const EmFrameView 
         if (PyErr_Occurred()) PyErr_Clear();
         return NULL;
     }
-    vals[s] = v;
-    return v;
+    vals->set[vals->nset++] = s;
+    return vals->v[s] = v;
 }
 
 /* a and b are the same float for the traced program: equal with the same sign (0.0 vs -0.0
@@ -1298,7 +1347,7 @@ static int dict_group_passes(GuardSet *gs, uint32_t *failed) {
 }
 
 /* One leaf that reads a source (every kind but DICT_VERSION). 1 pass, 0 fail. */
-static int leaf_passes(const GuardSet *gs, GLeaf *g, PyObject **vals, const EmFrameView *fv) {
+static int leaf_passes(const GuardSet *gs, GLeaf *g, SrcVals *vals, const EmFrameView *fv) {
     PyObject *v = NULL;
     if (g->src >= 0 && !(v = resolve(gs, vals, fv, g->src))) return 0;
     switch ((GuardKind)g->kind) {
@@ -1359,16 +1408,11 @@ static int leaf_passes(const GuardSet *gs, GLeaf *g, PyObject **vals, const EmFr
 /* See em_guard.h. *failed is the failing leaf, or -1 when no leaf failed (success, a fetched
  * source that could not be evaluated, or out of memory for > 64 sources). */
 int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int *failed) {
-    PyObject *stack_vals[64];
-    PyObject **vals = stack_vals;
+    SrcVals vs, *vals = &vs;
     uint32_t i = 0;
     int ok = 0;
     *failed = -1;
-    if (gs->nsrc > 64) {
-        if (!(vals = calloc(gs->nsrc, sizeof(PyObject *)))) return 0;
-    } else {
-        memset(vals, 0, sizeof(PyObject *) * gs->nsrc);
-    }
+    if (vals_open(gs, vals) < 0) return 0;
 #if EM_PY312
     uint64_t epoch = em_guard_state.dict_epoch;
     int skip = gs->dict_epoch == epoch && em_guard_state.watcher_id >= 0;
@@ -1388,34 +1432,27 @@ int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int 
         if (!leaf_passes(gs, &gs->leaf[i], vals, fv)) goto fail;
     for (uint32_t k = 0; k < gs->nfetch; k++)
         if (!resolve(gs, vals, fv, gs->fetch[k])) goto done;
-    for (uint32_t k = 0; k < gs->nfetch; k++) fetched[k] = Py_NewRef(vals[gs->fetch[k]]);
+    for (uint32_t k = 0; k < gs->nfetch; k++) fetched[k] = Py_NewRef(vals->v[gs->fetch[k]]);
     ok = 1;
     goto done;
 fail:
     *failed = (int)i;
 done:
-    for (uint32_t s = 0; s < gs->nsrc; s++) Py_XDECREF(vals[s]);
-    if (vals != stack_vals) free(vals);
+    vals_close(vals);
     return ok;
 }
 
 /* See em_guard.h: em_guard_check without its leaves (a pinned code, ember.pin). */
 int em_guard_fetch_only(GuardSet *gs, const EmFrameView *fv, PyObject **fetched) {
-    PyObject *stack_vals[64];
-    PyObject **vals = stack_vals;
+    SrcVals vs, *vals = &vs;
     int ok = 0;
-    if (gs->nsrc > 64) {
-        if (!(vals = calloc(gs->nsrc, sizeof(PyObject *)))) return 0;
-    } else {
-        memset(vals, 0, sizeof(PyObject *) * gs->nsrc);
-    }
+    if (vals_open(gs, vals) < 0) return 0;
     for (uint32_t k = 0; k < gs->nfetch; k++)
         if (!resolve(gs, vals, fv, gs->fetch[k])) goto done;
-    for (uint32_t k = 0; k < gs->nfetch; k++) fetched[k] = Py_NewRef(vals[gs->fetch[k]]);
+    for (uint32_t k = 0; k < gs->nfetch; k++) fetched[k] = Py_NewRef(vals->v[gs->fetch[k]]);
     ok = 1;
 done:
-    for (uint32_t s = 0; s < gs->nsrc; s++) Py_XDECREF(vals[s]);
-    if (vals != stack_vals) free(vals);
+    vals_close(vals);
     return ok;
 }
 
