@@ -88,18 +88,6 @@ int em_codegen_cuda_needs_idx64(const SKernel *k);
  * call: 64-bit indices from EM_CUDA_IDX32_LIMIT, the grid, a per-call block). */
 void em_codegen_cuda_sym_exprs(const Schedule *s, const SKernel *k, SymRef *reach, SymRef *row);
 #define EM_CUDA_IDX32_LIMIT ((1LL << 31) - EM_CUDA_MAX_THREADS * 16)
-/* Split reductions (em_codegen_cuda.c): a row of R elements in rows < EM_CUDA_SPLIT_ROWS is cut
- * into R / EM_CUDA_SPLIT_MIN chunks, at most EM_CUDA_SPLIT_BLOCKS chunks over all rows; 1: none.
- * A symbolic kernel (launch split -1) computes it per call, in the kernel and in the runtime. */
-#define EM_CUDA_SPLIT_MIN 16384
-#define EM_CUDA_SPLIT_ROWS 256
-#define EM_CUDA_SPLIT_BLOCKS 2048
-static inline int64_t em_cuda_split_chunks(int64_t rows, int64_t R) {
-    if (rows <= 0 || rows >= EM_CUDA_SPLIT_ROWS || R < 2 * EM_CUDA_SPLIT_MIN) return 1;
-    int64_t S = R / EM_CUDA_SPLIT_MIN, cap = EM_CUDA_SPLIT_BLOCKS / rows;
-    return S < cap ? S : cap;
-}
-
 /* The block of a per-call reduction block: next_pow2(ceil(R / 8)) in [128, 1024]. */
 static inline int32_t em_cuda_row_block(int64_t R) {
     int64_t t = 128;

@@ -206,6 +206,42 @@ static uint32_t masked_top(const Sched *c, uint32_t x, const uint32_t *list, uin
     return top;
 }
 
+/* CUDA split reductions (em_schedule.h) need a kernel whose reductions read no other reduction's
+ * result. A row-valued root over few long rows whose domain reduction dom reads another reduction
+ * of the kernel (x.var() or x.std() over a whole tensor: the centred sum reads the mean) would run
+ * one block per row; the reduction dom reads is returned, to be computed by a kernel of its own, so
+ * that both kernels split (two reads of the tensor instead of one, against a 30x slower single
+ * block). 0: none. Static sizes only. src: scratch of n uint32 (per DAG node, the unmaterialized
+ * reduction it reads, or 0). */
+static uint32_t split_blocker(const Sched *c, uint32_t x, uint32_t dom, const uint32_t *list, uint32_t n, uint32_t *src) {
+    const LGraph *lg = c->lg;
+    const LNode *root = &lg->nodes[x], *dn = &lg->nodes[dom], *din = &lg->nodes[dn->in[0]];
+    if (!lg->cuda || lg->env || root->ndim != dn->ndim ||
+        !same_shape((LGraph *)lg, root->ndim, root->sizes, root->ssizes, dn->sizes, dn->ssizes))
+        return 0;
+    int64_t rows = 1, R = 1;
+    for (int d = 0; d < din->ndim; d++) {
+        if ((dn->rmask >> d) & 1) R *= din->sizes[d];
+        else rows *= din->sizes[d];
+    }
+    if (em_cuda_split_chunks(rows, R) < 2) return 0;
+    for (uint32_t i = 0; i < n; i++) { /* ids ascend: inputs come first */
+        uint32_t y = list[i];
+        const LNode *ny = &lg->nodes[y];
+        src[i] = 0;
+        if (y != x && c->mat[y] != NONE) continue; /* a load of its buffer in this kernel */
+        for (int q = 0; q < em_lnode_nin(ny); q++)
+            for (uint32_t j = 0; j < i; j++) {
+                if (list[j] != ny->in[q]) continue;
+                const LNode *nj = &lg->nodes[list[j]];
+                if (em_lprim_is_reduce(nj->op) && (c->mat[list[j]] == NONE || list[j] == x)) src[i] = list[j];
+                else if (src[j]) src[i] = src[j];
+            }
+        if (y == dom) return src[i] && src[i] != dom ? src[i] : 0;
+    }
+    return 0;
+}
+
 static int materialize_internal(Sched *c, uint32_t y) {
     const LNode *ny = &c->lg->nodes[y];
     int64_t st[EM_LMAXDIM];
@@ -549,6 +585,7 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
         if (!dom) break;
         if (lg->cuda) {
             uint32_t t = masked_top(c, x, list, n, part);
+            if (!t && (t = split_blocker(c, x, dom, list, n, stack)) != 0 && c->mat[t] != NONE) t = 0;
             if (t) {
                 if (materialize_internal(c, t) < 0) return -1;
                 continue;

@@ -58,6 +58,20 @@ typedef struct SKernel {
     uint32_t nirs;
 } SKernel;
 
+/* Split reductions of the CUDA code generator (em_codegen_cuda.c): a row of R elements in
+ * rows < EM_CUDA_SPLIT_ROWS is cut into R / EM_CUDA_SPLIT_MIN chunks, one block each, at most
+ * EM_CUDA_SPLIT_BLOCKS chunks over all rows; 1: none. A symbolic kernel (launch split -1) computes
+ * it per call, in the kernel and in the runtime. The scheduler keeps a reduction that another
+ * reduction of few long rows reads in a kernel of its own, so that both split (em_schedule.c). */
+#define EM_CUDA_SPLIT_MIN 16384
+#define EM_CUDA_SPLIT_ROWS 256
+#define EM_CUDA_SPLIT_BLOCKS 2048
+static inline int64_t em_cuda_split_chunks(int64_t rows, int64_t R) {
+    if (rows <= 0 || rows >= EM_CUDA_SPLIT_ROWS || R < 2 * EM_CUDA_SPLIT_MIN) return 1;
+    int64_t S = R / EM_CUDA_SPLIT_MIN, cap = EM_CUDA_SPLIT_BLOCKS / rows;
+    return S < cap ? S : cap;
+}
+
 /* Is store q written once per element of the inner dims? Yes when its value varies along them, and
  * also when only its address does: a value computed once per row (a broadcast, a row's reduction)
  * stored into an output that walks the inner dims, e.g. expand(scalar) * 2 into a dense [3, 3]. */

@@ -197,9 +197,12 @@ def test_split_reduction_rules():
     assert _gen(lambda x: x.sum(-1), cpu(64, 1 << 20))["launch"][0]["split"] == 32  # 2048 chunks in all
     assert _gen(lambda x: x.sum(-1), cpu(512, 40000))["launch"][0]["split"] == 0  # rows enough to fill the GPU
     assert _gen(lambda x: x.sum(), cpu(30000))["launch"][0]["split"] == 0  # one block is enough
-    # mean and variance: the centred sum reads the mean, so that kernel runs whole rows
+    # a variance: the centred sum reads the mean, so the mean is a kernel of its own and both split
     var = _gen(lambda x: x.var(), cpu(1 << 20))
-    assert any(ln["split"] == 0 for ln in var["launch"]), var["launch"]
+    assert [ln["split"] for ln in var["launch"]] == [64, 64], var["launch"]
+    # a row-sized variance of many rows, and a normalization storing along the row: one kernel
+    assert [ln["split"] for ln in _gen(lambda x: x.var(-1), cpu(300, 40000))["launch"]] == [0]
+    assert [ln["split"] for ln in _gen(lambda x: F.layer_norm(x, (40000,)), cpu(2, 40000))["launch"]] == [0]
 
 
 def test_softmax_is_one_kernel_with_warp_and_block_steps():
@@ -328,6 +331,7 @@ def test_gpu_split_reductions_values():
              rtol=1e-4, atol=1e-2)
     _run(lambda x: x.view(4, -1).float().sum(-1), _cuda(1 << 22, dtype=torch.bfloat16), rtol=1e-3, atol=1e-1)
     _run(lambda x, t: F.cross_entropy(x.view(-1, 1024), t), x, torch.randint(0, 1024, (1 << 12,), device="cuda"))
+    _run(lambda x: (x.var(), x.std()), x, rtol=1e-4, atol=1e-4)  # the mean in a kernel of its own
 
 
 @needs_gpu
@@ -660,7 +664,8 @@ def test_emulated_split_reductions(grid_cap):
     cases = [(lambda x, y: (x.sum(), ((x - y) ** 2).mean(), x.abs().amax(), x.amin()), (x, y)),
              (lambda x: (x.argmax(), x.argmin(), (x > 3).any(), (x > -9).all()), (x,)),
              (lambda x: x.view(2, 40000).sum(-1) * 2, (cpu(80000),)),
-             (lambda x: x.float().sum(), (cpu(70000, dtype=_B),))]
+             (lambda x: x.float().sum(), (cpu(70000, dtype=_B),)),
+             (lambda x: (x.var(), x.std(), x.view(2, -1).var(-1)), (cpu(80000),))]
     for fn, ex in cases:
         for _ in range(2):
             info = _emu_check(fn, *ex, atol=1e-3, rtol=1e-4, grid_cap=grid_cap)
