@@ -1406,7 +1406,7 @@ static int leaf_passes(const GuardSet *gs, GLeaf *g, SrcVals *vals, const EmFram
 }
 
 /* See em_guard.h. *failed is the failing leaf, or -1 when no leaf failed (success, a fetched
- * source that could not be evaluated, or out of memory for > 64 sources). */
+ * source that could not be evaluated, or out of memory for a check nested in one of the same set). */
 int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int *failed) {
     SrcVals vs, *vals = &vs;
     uint32_t i = 0;
