@@ -4,7 +4,7 @@ Workloads (issue 13's targets): the pointwise chain cos(cos(x)) * y + 1 on 64M f
 GB/s of the bytes it must move, 2 reads + 1 write, and as % of a device copy measured in the same
 run: y.copy_(x), 1 read + 1 write), softmax and layer_norm over the last dim of (4096, 1024) and
 (32768, 4096) in float32 and bfloat16; reductions of one long row over 64M float32 (issue 44:
-x.sum(), ((x - y) ** 2).mean(), x.abs().amax(), cross_entropy over (64K, 1024)). Per workload and compiler: the median time per call from
+x.sum(), ((x - y) ** 2).mean(), x.abs().amax(), x.var(), cross_entropy over (64K, 1024)). Per workload and compiler: the median time per call from
 CUDA events over several rounds (rounds interleave the compilers), the ratio against eager and
 against inductor (> 1 = faster), the first-call time (compile + run), whether ember's result matches
 eager (assert_close), and whether ember really ran its own kernels (else the fallback reason).
@@ -47,6 +47,10 @@ def abs_amax(x):
     return x.abs().amax()
 
 
+def variance(x):
+    return x.var()
+
+
 def cross_entropy(x, t):
     return F.cross_entropy(x.view(-1, 1024), t)
 
@@ -66,6 +70,7 @@ def workloads(quick):
     w["sum_%dM_f32" % (n >> 20)] = (full_sum, (r(n),), 4 * n)
     w["mse_%dM_f32" % (n >> 20)] = (mse, (r(n), r(n)), 8 * n)
     w["abs_amax_%dM_f32" % (n >> 20)] = (abs_amax, (r(n),), 4 * n)
+    w["var_%dM_f32" % (n >> 20)] = (variance, (r(n),), 4 * n)  # ember: two split kernels, two reads
     t = torch.randint(0, 1024, (n // 1024,), device="cuda", generator=g)
     w["cross_entropy_%dM_f32" % (n >> 20)] = (cross_entropy, (r(n), t), 4 * n)
     return w
