@@ -4,8 +4,9 @@ Workloads (issue 13's targets): the pointwise chain cos(cos(x)) * y + 1 on 64M f
 GB/s of the bytes it must move, 2 reads + 1 write, and as % of a device copy measured in the same
 run: y.copy_(x), 1 read + 1 write), softmax and layer_norm over the last dim of (4096, 1024) and
 (32768, 4096) in float32 and bfloat16; reductions of one long row over 64M float32 (issue 44:
-x.sum(), ((x - y) ** 2).mean(), x.abs().amax(), x.var(), cross_entropy over (64K, 1024)). Per workload and compiler: the median time per call from
-CUDA events over several rounds (rounds interleave the compilers), the ratio against eager and
+x.sum(), ((x - y) ** 2).mean(), x.abs().amax(), x.var(), cross_entropy over (64K, 1024)).
+Per workload and compiler: the median time per call from CUDA events over several rounds (rounds
+interleave the compilers), the ratio against eager and
 against inductor (> 1 = faster), the first-call time (compile + run), whether ember's result matches
 eager (assert_close), and whether ember really ran its own kernels (else the fallback reason).
 Timings are never asserted by tests.
