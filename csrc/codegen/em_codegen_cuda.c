@@ -292,20 +292,27 @@ static int sym_idx64(const Schedule *s, const SKernel *k) {
  * other reduction's result and that store nothing along the row. */
 #define SPLIT_BLOCK 512
 
-static int splittable(const SKernel *k) {
-    for (uint32_t q = 0; q < k->nstores; q++)
-        if (k->elem[k->store_node[q]]) return 0;
-    uint8_t *dep = calloc(k->nnodes ? k->nnodes : 1, 1); /* the node reads a reduction's result */
-    if (!dep) return 0;
-    int ok = 1;
-    for (uint32_t i = 0; i < k->nnodes && ok; i++) {
+/* dep[i] = 1 when node i is a reduction or reads one's result (k->nnodes entries); 0, or -1 when
+ * some reduction reads another's result. */
+static int reduction_deps(const SKernel *k, uint8_t *dep) {
+    int ok = 0;
+    for (uint32_t i = 0; i < k->nnodes; i++) {
         const LNode *n = &k->nodes[i];
+        dep[i] = 0;
         for (int q = 0; q < em_lnode_nin(n); q++) dep[i] |= dep[n->in[q]];
         if (em_lprim_is_reduce(n->op)) {
-            if (dep[n->in[0]]) ok = 0;
+            if (dep[n->in[0]]) ok = -1;
             dep[i] = 1;
         }
     }
+    return ok;
+}
+
+static int splittable(const SKernel *k) {
+    for (uint32_t q = 0; q < k->nstores; q++)
+        if (k->elem[k->store_node[q]]) return 0;
+    uint8_t *dep = malloc(k->nnodes ? k->nnodes : 1);
+    int ok = dep && reduction_deps(k, dep) == 0;
     free(dep);
     return ok;
 }
@@ -1110,16 +1117,16 @@ static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
     }
     /* the row's values in order; a split kernel first those its reductions read (splittable: none
      * reads a reduction) and its partials, then, in the row's last block, the rest */
+    uint8_t *dep = malloc(k->nnodes ? k->nnodes : 1);
+    if (!dep) {
+        free(done);
+        b->oom = 1;
+        return;
+    }
+    (void)reduction_deps(k, dep);
     for (int phase = L->split ? 0 : 1; phase < 2; phase++) {
-        uint8_t *dep = calloc(k->nnodes ? k->nnodes : 1, 1);
-        if (!dep) {
-            b->oom = 1;
-            break;
-        }
         for (uint32_t i = 0; i < k->nnodes; i++) {
             const LNode *n = &k->nodes[i];
-            for (int q = 0; q < em_lnode_nin(n); q++) dep[i] |= dep[n->in[q]];
-            if (em_lprim_is_reduce(n->op)) dep[i] = 1;
             if (k->elem[i] || done[i] || (phase == 0 && dep[i] && !em_lprim_is_reduce(n->op))) continue;
             if (n->op == LP_LOAD) {
                 sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
@@ -1138,7 +1145,6 @@ static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
             }
             done[i] = 1;
         }
-        free(dep);
         if (phase == 0) {
             /* the partials stored, count this chunk in: the last of the row's chunks goes on */
             sb_printf(b, "%sif (S > 1) {\n", ind);
@@ -1195,6 +1201,7 @@ static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
         }
     }
     free(done);
+    free(dep);
     if (c.block_mode) sb_printf(b, "%s__syncthreads();  /* the shared partials are reused by the next row */\n", ind);
     sb_printf(b, "    }\n");
 }
