@@ -648,8 +648,16 @@ static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint3
 /* ------------------------------------------------------------------------------------------ */
 
 /* Does eager return the input itself or a view of it: a view rule (dropout in eval and
- * contiguous() included), or a cast/to() to the dtype the input already has (torch returns self)? */
+ * contiguous() included), or a cast/to() to the dtype the input already has (torch returns self)?
+ * contiguous() of an input whose strides its result does not have is a copy, never the input (a
+ * returned copy is then a kernel, not torch's non-vectorized copy: pad_mm's logits). */
 static int aliases_input(const IRGraph *g, const IRNode *n, const LowerRule *r) {
+    if (r && r->kind == R_IDENTITY && r->prim == 1 && n->nargs >= 1 && n->args[0].kind == IRARG_NODE) {
+        const IRMeta *in = &g->nodes[n->args[0].u.ref].meta, *out = &n->meta;
+        if (in->kind == IRMETA_TENSOR && out->kind == IRMETA_TENSOR && in->ndim == out->ndim && !in->sym_strides && !out->sym_strides &&
+            memcmp(in->strides, out->strides, in->ndim * sizeof(int64_t)) != 0)
+            return 0;
+    }
     if (em_lower_is_view_rule(r)) return !(r->kind == R_GETITEM && em_lower_getitem_advanced(g, n));
     if (!r || (r->kind != R_TO && r->kind != R_CAST) || n->nargs < 1 || n->args[0].kind != IRARG_NODE) return 0;
     const IRMeta *in = &g->nodes[n->args[0].u.ref].meta;
