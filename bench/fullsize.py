@@ -140,7 +140,9 @@ def median_ms(step, calls, device):
 
 
 def top_kernels(step, device, n=8):
-    """(name, total device ms over 5 calls, count) of the n kernels that took longest."""
+    """The n kernels that took longest, as (name, total device ms over 5 calls, count), after a first
+    row ("all kernels", device ms per call, kernels per call): device time well under the wall time
+    says the row is bound by host time, not by its kernels."""
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     sync(device)
@@ -157,7 +159,8 @@ def top_kernels(step, device, n=8):
         if t:
             rows.append((e.key, t / 1e3, e.count))
     rows.sort(key=lambda r: -r[1])
-    return rows[:n]
+    total = ("all kernels, per call", sum(r[1] for r in rows) / 5, sum(r[2] for r in rows) // 5)
+    return [total] + rows[:n]
 
 
 def compile_with(compiler, model):

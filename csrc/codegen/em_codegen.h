@@ -46,6 +46,9 @@ static inline int em_codegen_has_checks(const SKernel *k) {
  * over what is left. */
 /* Headroom for a grid-stride index that steps past the end: grids stay below 2^24 threads. */
 #define EM_CUDA_MAX_THREADS (1LL << 24)
+/* elements per thread per step of a scalar pointwise kernel at most (EmCudaLaunch.unroll); a step
+ * overshoots N by at most EM_CUDA_MAX_THREADS * this, within EM_CUDA_IDX32_LIMIT's headroom */
+#define EM_CUDA_MAX_UNROLL 8
 typedef struct EmCudaLaunch {
     int32_t block;           /* threads per block */
     int64_t blocks;          /* blocks the work needs (0: nothing to do) */
@@ -63,6 +66,8 @@ typedef struct EmCudaLaunch {
     int32_t split;           /* reductions: chunks per row, one block each (0: a row is one block's or
                               * warp's; -1: em_cuda_split_chunks of this call's sizes, symbolic
                               * kernels); the last block to finish a row combines the partials */
+    int32_t unroll;          /* pointwise, scalar only (vec 1): elements per thread per step, a block
+                              * apart, so that each thread has that many loads in flight (0 / 1: one) */
 } EmCudaLaunch;
 
 /* Kernel i is `extern "C" __global__ void ember_k<i>(T0 *a0, ...)`, one pointer per argument buffer

@@ -183,7 +183,7 @@ static const char PRELUDE[] =
 static const char *ctype(LDtype t) { return em_ldt_compute(t); }
 
 
-static const EmCgDialect C_DIALECT = {ctype, "(isinf(%s) != 0)", "0", 1, 1};
+static const EmCgDialect C_DIALECT = {ctype, "(isinf(%s) != 0)", "0", 1, 1, 0};
 
 
 /* ---- sizes as kernel arguments ----

@@ -64,7 +64,10 @@ void em_codegen_expr(EmSB *b, const EmCgDialect *d, const SKernel *k, uint32_t i
         return;
     case LP_RECIP: em_sb_printf(b, "(1 / %s)", A); return;
     case LP_SQRT: em_sb_printf(b, "sqrt%s(%s)", f, A); return;
-    case LP_RSQRT: em_sb_printf(b, "(1 / sqrt%s(%s))", f, A); return;
+    case LP_RSQRT:
+        if (d->rsqrt_call && fl) em_sb_printf(b, "rsqrt%s(%s)", f, A);
+        else em_sb_printf(b, "(1 / sqrt%s(%s))", f, A);
+        return;
     case LP_EXP: em_sb_printf(b, "exp%s(%s)", f, A); return;
     case LP_EXP2: em_sb_printf(b, "exp2%s(%s)", f, A); return;
     case LP_EXPM1: em_sb_printf(b, "expm1%s(%s)", f, A); return;

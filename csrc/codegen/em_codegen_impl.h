@@ -26,6 +26,8 @@ typedef struct EmCgDialect {
     int suffixed_div_floor;         /* em_div_floorf / em_div_floor (C) or one overloaded name (CUDA) */
     int helper_int_casts;           /* float -> integer casts through em_f2i64 / em_f2i32 (C: eager's
                                      * x86 results for NaN and out of range; CUDA's cvt is defined) */
+    int rsqrt_call;                 /* rsqrt as rsqrtf / rsqrt (CUDA: the MUFU instruction, what eager's
+                                     * torch.rsqrt calls), else 1 / sqrt (C: eager's CPU kernel) */
 } EmCgDialect;
 
 /* The C expression of node i of kernel k (inputs named v<k>), without rounding to half types. */

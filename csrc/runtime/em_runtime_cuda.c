@@ -813,7 +813,7 @@ int em_cuda_launch_sym(EmCudaFn *f, char *const *ptrs, uint32_t nptr, const EmCu
     if (c->units <= 0) return 0;
     /* this call's launch shape: the rules of choose_launch (em_codegen_cuda.c) on this call's sizes */
     int32_t block = l->block_dyn ? em_cuda_row_block(c->row) : l->block;
-    int64_t per = l->rows_per_block > 0 ? l->rows_per_block : (int64_t)l->vec * block;
+    int64_t per = l->rows_per_block > 0 ? l->rows_per_block : (int64_t)l->vec * (l->unroll > 1 ? l->unroll : 1) * block;
     int64_t blocks = (c->units + per - 1) / per;
     if (l->split < 0) blocks = c->units * em_cuda_split_chunks(c->units, c->row); /* units: rows */
     int32_t per_sm = l->rows_per_block > 0 ? 2048 / block : l->per_sm;

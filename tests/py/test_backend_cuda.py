@@ -147,6 +147,47 @@ def test_vector_width_rules():
     assert launch(lambda x: x + 1, cpu(6))["vec"] == 1                         # too short to bother
 
 
+def test_masked_loads_on_outer_dims_vectorize():
+    """A load masked only on outer dims (channels_last max-pool windows, cat along dim 0) keeps the
+    vector path: one condition per step, a vector load under it, the fill otherwise; a mask along
+    the innermost dim (NCHW pooling) stays scalar."""
+    cl = cpu(2, 16, 9, 11, dtype=_B).contiguous(memory_format=torch.channels_last)
+    info = _gen(lambda x: F.max_pool2d(x, 3, 2, 1), cl)
+    assert info["launch"][0]["vec"] == 8
+    assert re.search(r"if \(m\d+\) x\d+ = \*\(const em_vec<em_bf16, 8> \*\)", info["source"])
+    assert _gen(lambda a, b: torch.cat([a, b], 0), cpu(3, 8), cpu(5, 8))["launch"][0]["vec"] == 4
+    assert _gen(lambda x: F.max_pool2d(x, 3, 2, 1), cpu(2, 3, 9, 11))["launch"][0]["vec"] == 1
+
+
+def test_scalar_kernels_take_several_elements_per_thread():
+    """A scalar pointwise kernel runs 16 bytes of its widest access per thread per step, a block
+    apart (launch "unroll"), and its grid shrinks by as much; vector kernels keep one step."""
+    launch = lambda fn, *ex: _gen(fn, *ex)["launch"][0]  # noqa: E731
+    t = launch(lambda x, y: x.t() + y, cpu(64, 128), cpu(128, 64))
+    assert (t["vec"], t["unroll"], t["blocks"]) == (1, 4, 8)         # 8192 elements / (256 x 4)
+    b = launch(lambda x: x.narrow(-1, 0, 1001).contiguous(), cpu(64, 1008, dtype=_B))
+    assert (b["vec"], b["unroll"]) == (1, 8)
+    assert launch(lambda x: x * 2, cpu(4096))["unroll"] == 1
+
+
+def test_cuda_rsqrt_and_bf16_rounding_instructions():
+    """rsqrt is CUDA's rsqrtf (the instruction eager's torch.rsqrt and batch norm use), not 1 / sqrtf;
+    bfloat16 rounding is cvt.rn.bf16.f32 from sm_80 (c10::BFloat16 on the GPU), software before."""
+    src = _gen(lambda x, m, v: F.batch_norm(x, m, v, None, None, False, 0.1, 1e-5), cpu(4, 8, 5, 5), cpu(8), cpu(8))["source"]
+    assert "rsqrtf(" in src and "1 / sqrtf" not in src
+    assert "cvt.rn.bf16.f32" in src and "__CUDA_ARCH__ >= 800" in src
+
+
+def test_returned_contiguous_copy_is_a_kernel():
+    """contiguous() of a view whose strides it changes is a copy, never the input: returned, it is a
+    kernel of the graph (pad_mm's logits: the padded GEMM's columns narrowed), not torch's call."""
+    info = _gen(lambda x, w: F.linear(x, w).narrow(-1, 0, 1001).contiguous(), cpu(4, 16, 64, dtype=_B), cpu(1008, 64, dtype=_B))
+    assert [k["nodes"] for k in info["kernel_list"]] == [["narrow"]], info["kernel_list"]
+    assert info["buffers"][-1]["strides"] == (16 * 1001, 1001, 1)
+    info = _gen(lambda x: x.contiguous(), cpu(4, 8))                 # contiguous already: the input itself
+    assert info["kernel_list"] == []
+
+
 def test_alignment_checked_at_run_time():
     # an input's data pointer may have any alignment (a slice); a view inside the graph adds an offset
     src = _gen(lambda x: x * 2, cpu(1025)[1:])["source"]
@@ -622,6 +663,17 @@ EMU_CASES = [
     ("max_pool_int", lambda x: F.max_pool2d(x.float(), 2, 2, 1).to(torch.int32), [cpu(1, 2, 7, 7, dtype=torch.int32)]),
     ("cat_dim1", lambda a, b: torch.cat([a * 2, b + 1], 1), [cpu(4, 5), cpu(4, 7)]),
     ("stack_dim0", lambda a, b: torch.stack([a, b.exp()], 0), [cpu(4, 5), cpu(4, 5)]),
+    # masks on outer dims only: the vector path (channels_last pooling, cat along dim 0)
+    ("max_pool_channels_last", lambda x: F.max_pool2d(x, 3, 2, 1),
+     [cpu(2, 16, 9, 11).contiguous(memory_format=torch.channels_last)]),
+    ("max_pool_channels_last_bf16", lambda x: F.max_pool2d(x, 3, 2, 1) * 2,
+     [cpu(2, 16, 9, 11, dtype=_B).contiguous(memory_format=torch.channels_last)]),
+    ("cat_dim0_vec", lambda a, b: torch.cat([a, b * 2], 0), [cpu(3, 8), cpu(5, 8)]),
+    # scalar kernels, several elements per thread (a tail tile, the grid-stride step)
+    ("unrolled_transpose", lambda x, y: x.t() + y, [cpu(37, 129), cpu(129, 37)]),
+    ("unrolled_bf16_rows", lambda x: x.narrow(-1, 0, 1001).contiguous() * 2, [cpu(17, 1008, dtype=_B)]),
+    ("batch_norm_rsqrt", lambda x, m, v: F.batch_norm(x, m, v, None, None, False, 0.1, 1e-5),
+     [cpu(4, 8, 5, 5), cpu(8), cpu(8).abs() + 0.5]),
 ]
 
 

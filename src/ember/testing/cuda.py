@@ -127,6 +127,8 @@ static em_dim3 blockDim, gridDim;
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
 static inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i, 8); return d; }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 static pthread_barrier_t em_block_bar, em_warp_bar[32];
 static unsigned long long em_xchg[1024];
 static inline void __syncthreads() { pthread_barrier_wait(&em_block_bar); }
@@ -273,7 +275,7 @@ def emulate_info(info: dict, *inputs, grid_cap: int = 3, idx64: bool | None = No
             units = val(ln["units"])
             if ln["block_dyn"]:
                 block = row_block(val(ln["row"]))
-            per = ln["rows_per_block"] if ln["rows_per_block"] > 0 else ln["vec"] * block
+            per = ln["rows_per_block"] if ln["rows_per_block"] > 0 else ln["vec"] * max(ln["unroll"], 1) * block
             blocks = (units + per - 1) // per if units > 0 else 0
             if ln["split"] < 0:
                 blocks = units * split_chunks(units, val(ln["row"]))
