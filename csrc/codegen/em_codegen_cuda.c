@@ -1316,9 +1316,10 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
     }
     if (L->per_sm > 0) sb_printf(b, "(grid-stride beyond %d per SM)", L->per_sm);
     else sb_printf(b, "(grid-stride beyond %lld threads)", (long long)EM_CUDA_MAX_THREADS);
-    if (!k->reduction) sb_printf(b, ", vector width %d", L->vec);
-    if (!k->reduction && L->unroll > 1) sb_printf(b, ", %d elements per thread per step", L->unroll);
-    else if (L->split > 0) sb_printf(b, ", each row in %d chunks (split reduction)", L->split);
+    if (!k->reduction) {
+        sb_printf(b, ", vector width %d", L->vec);
+        if (L->unroll > 1) sb_printf(b, ", %d elements per thread per step", L->unroll);
+    } else if (L->split > 0) sb_printf(b, ", each row in %d chunks (split reduction)", L->split);
     else if (L->split) sb_printf(b, ", each row in chunks (split reduction, per call)");
     else sb_printf(b, ", %s%s", L->rows_per_block == 1 ? "one row per block" : "one row per warp",
                    L->cached ? ", row held in registers" : "");

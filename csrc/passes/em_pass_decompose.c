@@ -1,6 +1,6 @@
 /* pass decompose: composite ops rewritten into the ops eager runs for them (attention, losses,
  * norms), so that each has a derivative rule and a lowering. Runs on training graphs before the
- * joint graph, and on inference graphs (attention only) before lowering.
+ * joint graph, and on inference graphs (attention; cross_entropy of float logits) before lowering.
  * Invariant: a decomposition computes what eager computes, in the dtype eager computes it in. */
 #include "passes/em_passes.h"
 
@@ -260,6 +260,51 @@ static IRRef dz_cross_entropy(Rewrite *d, const Bind *b) {
     IRArg na[7] = {em_rw_arg_node(ls), em_rw_map_arg(d, &target), em_rw_map_arg(d, &w), none, em_rw_bval(b, "ignore_index"), none,
                    em_rw_bval(b, "reduction")};
     return ls ? em_rw_dz(d, em_rw_emit_fn(d, "nn.functional.nll_loss", na, 7)) : 0;
+}
+
+/* F.cross_entropy in an inference graph: float32 / float64 logits (N, C), int64 class indices, no
+ * weight, no label smoothing. loss_i = logsumexp(x_i) - x_i[t_i] where t_i != ignore_index, else 0
+ * (the gather reads class 0 there, never a stray index), reduced as nll_loss reduces ('mean':
+ * over the targets not ignored; 0 / 0 = nan when all are). One row reduction reads the logits
+ * once and a gather reads one logit per row, where eager's log_softmax writes the (N, C)
+ * log-probabilities for nll_loss to pick from (Inductor gets the same form from its
+ * simplifications). The value is eager's up to the rounding of lse - x_t against
+ * -(x_t - max - log(sum)); half-precision logits keep eager's ops (its log_softmax rounds each
+ * log-probability to the half type before nll_loss reads it). An index out of [0, C) still fails
+ * as eager's does: the gather's bound check. */
+static IRRef dz_cross_entropy_lse(Rewrite *d, const Bind *b) {
+    IRArg self = em_rw_bval(b, "self"), target = em_rw_bval(b, "target"), ii = em_rw_bval(b, "ignore_index");
+    const IRMeta *m = em_rw_val_meta(d, &self);
+    const char *red = PyUnicode_AsUTF8(em_rw_bval(b, "reduction").u.obj);
+    if (!red || !m) return PyErr_Clear(), 0;
+    IRArg x = em_rw_map_arg(d, &self), t = em_rw_map_arg(d, &target), one = em_rw_arg_const_steal(d, PyLong_FromLong(1));
+    IRArg la[2] = {x, one};
+    IRRef lse = em_rw_arg_bad(&one) ? 0 : em_rw_dz(d, em_rw_emit_fn(d, "logsumexp", la, 2));
+    IRRef keep = lse ? em_rw_dz(d, em_rw_emit_op(d, "ne", t, ii, 2)) : 0;
+    IRArg wa[3] = {em_rw_arg_node(keep), t, em_rw_arg_const_steal(d, PyLong_FromLong(0))};
+    IRRef safe = keep ? em_rw_dz(d, em_rw_emit_fn(d, "where", wa, 3)) : 0;
+    IRRef idx = safe ? dz_m(d, "unsqueeze", safe, Py_BuildValue("(i)", 1)) : 0;
+    IRArg ga[3] = {x, one, em_rw_arg_node(idx)};
+    IRRef picked = idx ? em_rw_dz(d, em_rw_emit_method(d, "gather", ga, 3)) : 0;
+    IRRef xt = picked ? dz_m(d, "squeeze", picked, Py_BuildValue("(i)", 1)) : 0;
+    IRRef diff = xt ? em_rw_dz(d, em_rw_emit_op(d, "sub", em_rw_arg_node(lse), em_rw_arg_node(xt), 2)) : 0;
+    IRArg fa[3] = {em_rw_arg_node(keep), em_rw_arg_node(diff), em_rw_arg_const_steal(d, PyFloat_FromDouble(0.0))};
+    IRRef loss = diff ? em_rw_dz(d, em_rw_emit_fn(d, "where", fa, 3)) : 0;
+    if (!loss || !strcmp(red, "none")) return loss;
+    IRArg sa[1] = {em_rw_arg_node(loss)};
+    IRRef sum = em_rw_dz(d, em_rw_emit_method(d, "sum", sa, 1));
+    if (!sum || !strcmp(red, "sum")) return sum;
+    IRArg ka[1] = {em_rw_arg_node(keep)};
+    IRRef cnt = em_rw_dz(d, em_rw_emit_method(d, "sum", ka, 1));
+    return cnt ? em_rw_dz(d, em_rw_emit_op(d, "truediv", em_rw_arg_node(sum), em_rw_arg_node(cnt), 2)) : 0;
+}
+
+/* Logits cross_entropy's inference form takes (dz_cross_entropy_lse): 2-d float32 / float64. */
+static bool ce_lse_applies(const Rewrite *d, const Bind *b) {
+    IRArg self = em_rw_bval(b, "self"), w = em_rw_bval(b, "weight");
+    const IRMeta *m = em_rw_val_meta(d, &self);
+    return m && m->kind == IRMETA_TENSOR && m->ndim == 2 && em_rw_arg_is_none(&w) &&
+           (em_rw_meta_dtype_is(m, "torch.float32") || em_rw_meta_dtype_is(m, "torch.float64"));
 }
 
 /* F.cross_entropy without class weights in the two forms cross_entropy_loss_symint (LossNLL.cpp)
@@ -542,7 +587,7 @@ static IRRef dz_sdpa_gqa(Rewrite *d, const Bind *b) {
 /* Which node to decompose: 1 MHA, 2 sdpa on the math kernel, 3 cross_entropy (training),
  * 4 rms_norm, 5 cross_entropy with label smoothing or probabilities, 6 F.normalize, 7 F.kl_div,
  * 8 prelu, 9 pairwise_distance, 10 cosine_similarity, 11 sdpa with enable_gqa (4-11: training
- * graphs), 0 none. */
+ * graphs), 12 cross_entropy (inference, float logits), 0 none. */
 static int dz_target(Rewrite *d, IRRef r, Bind *b) {
     const IRNode *n = em_ir_node(d->g, r);
     if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || (!d->inference && !em_rw_meta_needs_grad(&n->meta)))
@@ -551,8 +596,8 @@ static int dz_target(Rewrite *d, IRRef r, Bind *b) {
     const char *s = qn ? PyUnicode_AsUTF8(qn) : NULL;
     int what = 0;
     if (s && !strcmp(s, MHA_RULE.names) && em_rw_bind_args(d, &MHA_RULE, n, b) == 0) what = 1;
-    else if (s && !d->inference && !strcmp(s, em_rw_cross_entropy_rule.names) && em_rw_bind_args(d, &em_rw_cross_entropy_rule, n, b) == 0 && em_rw_checks_pass(d, b))
-        what = 3;
+    else if (s && !strcmp(s, em_rw_cross_entropy_rule.names) && em_rw_bind_args(d, &em_rw_cross_entropy_rule, n, b) == 0 && em_rw_checks_pass(d, b))
+        what = !d->inference ? 3 : ce_lse_applies(d, b) ? 12 : 0;
     else if (s && !d->inference && em_rw_names_has(RMS_RULE.names, s) && em_rw_bind_args(d, &RMS_RULE, n, b) == 0) what = 4;
     else if (s && !d->inference && !strcmp(s, CE_SMOOTH_RULE.names) && em_rw_bind_args(d, &CE_SMOOTH_RULE, n, b) == 0 &&
              em_rw_checks_pass(d, b))
@@ -644,6 +689,7 @@ IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
             dz_target(&d, r, &b);
             v = what[r] == 1   ? dz_mha(&d, &b)
                 : what[r] == 3 ? dz_cross_entropy(&d, &b)
+                : what[r] == 12 ? dz_cross_entropy_lse(&d, &b)
                 : what[r] == 4 ? dz_rms_norm(&d, &b)
                 : what[r] == 5 ? dz_cross_entropy_smooth(&d, &b)
                 : what[r] == 6 ? dz_normalize(&d, &b)

@@ -499,3 +499,43 @@ def test_layout_optimization_off():
         assert "channels_last" not in ember.cache_info(cm)[0]["ember"]
     finally:
         ember.config.layout_optimization = old
+
+
+# ---- cross_entropy in inference: logsumexp minus the target's logit ------------------------
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("ignore_index", [-100, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cross_entropy_inference_decomposed(reduction, ignore_index, dtype):
+    """F.cross_entropy of float logits in an inference graph (passes/em_pass_decompose.c,
+    dz_cross_entropy_lse): logsumexp over the classes minus the target's logit, 0 where the target
+    is ignore_index, reduced as nll_loss reduces; kernels only, eager's value and dtype."""
+    torch.manual_seed(0)
+    x = torch.randn(37, 50, dtype=dtype) * 4
+    t = torch.randint(0, 50, (37,))
+    t[[2, 11, 30]] = ignore_index
+    f = lambda x, t: F.cross_entropy(x * 1.5, t, reduction=reduction, ignore_index=ignore_index)
+    with torch.no_grad():
+        info = check(f, x, t)
+    assert info["decomposed"] == ["cross_entropy"] and info["extern_list"] == [], info["extern_list"]
+
+
+def test_cross_entropy_inference_edges():
+    """Every target ignored: mean is 0 / 0 = nan, as eager's; a target out of range raises (the
+    gather's bound check: an IndexError in eager, the gather's RuntimeError here); bf16 logits
+    and class weights keep eager's ops (log_softmax rounds in bf16; weights are not decomposed)."""
+    x = torch.randn(8, 5)
+    f = lambda x, t: F.cross_entropy(x, t)
+    c = ember.compile(f, backend="ember")
+    with torch.no_grad():
+        got = c(x, torch.full((8,), -100))
+        assert got.isnan() and f(x, torch.full((8,), -100)).isnan()
+        with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
+            c(x, torch.full((8,), 5))
+        torch.testing.assert_close(c(x, torch.arange(8) % 5), f(x, torch.arange(8) % 5))
+    for fn, args in ((f, (x.bfloat16(), torch.arange(8) % 5)),
+                     (lambda x, t, w: F.cross_entropy(x, t, weight=w), (x, torch.arange(8) % 5, torch.rand(5)))):
+        ember.reset()
+        with torch.no_grad():
+            info = check(fn, *args)
+        assert "decomposed" not in info and any(e.startswith("cross_entropy") for e in info["extern_list"]), info
