@@ -37,8 +37,10 @@ typedef enum {
     OUT_FUNCTION, /* obj = code; items: globals, closure (tuple of cells or None), defaults,
                      kwdefaults: a function made in the frame, rebuilt at a graph break */
     OUT_REF,    /* index = an earlier item of the values tuple: the same object (em_out_build_values) */
-    OUT_CALL    /* obj = a class; items[0] = TUPLE of positional, items[1] = DICT of keyword
+    OUT_CALL,   /* obj = a class; items[0] = TUPLE of positional, items[1] = DICT of keyword
                    arguments: obj(*items[0], **items[1]) (an object constructed in the frame) */
+    OUT_NEW     /* obj = a plain class; items[0] = DICT: object.__new__(obj) with that __dict__ (an
+                   object constructed in the frame and changed after its __init__: its final state) */
 } OutKind;
 
 typedef struct OutSpec {

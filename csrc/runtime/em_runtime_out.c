@@ -16,7 +16,7 @@ typedef struct {
 /* Number of spec nodes in the tree rooted at s; 0 when the tree is malformed (items missing). */
 static int out_has_items(OutKind k) {
     return k == OUT_TUPLE || k == OUT_LIST || k == OUT_DICT || k == OUT_NAMEDTUPLE || k == OUT_ATTR ||
-           k == OUT_METHOD || k == OUT_ITER || k == OUT_FUNCTION || k == OUT_CALL;
+           k == OUT_METHOD || k == OUT_ITER || k == OUT_FUNCTION || k == OUT_CALL || k == OUT_NEW;
 }
 
 static size_t out_count(const OutSpec *s, int depth) {
@@ -190,6 +190,17 @@ static PyObject *out_build(const OutSpec *s, PyObject *graph_out, PyObject *cons
         Py_XDECREF(k);
         return r;
     }
+    case OUT_NEW: {
+        if (s->n != 1 || !s->obj || !PyType_Check(s->obj)) break;
+        PyObject *st = out_build(&s->items[0], graph_out, fetched, cells), *none = st ? PyTuple_New(0) : NULL;
+        r = none ? PyBaseObject_Type.tp_new((PyTypeObject *)s->obj, none, NULL) : NULL;
+        Py_XDECREF(none);
+        PyObject *d = r ? PyObject_GenericGetDict(r, NULL) : NULL;
+        if (!d || !PyDict_Check(st) || PyDict_Update(d, st) < 0) Py_CLEAR(r);
+        Py_XDECREF(d);
+        Py_XDECREF(st);
+        return r;
+    }
     }
     PyErr_SetString(PyExc_RuntimeError, "ember: output spec of unknown kind");
     return NULL;
@@ -316,6 +327,20 @@ static int out_repr(const OutSpec *s, PyObject *parts) {
         if (!(t = PyUnicode_FromString(", **")) || PyList_Append(parts, t) < 0) goto done;
         Py_CLEAR(t);
         if (out_repr(&s->items[1], parts) < 0) goto done;
+        t = PyUnicode_FromString(")");
+        break;
+    }
+    case OUT_NEW: {
+        PyObject *nm = s->obj ? PyObject_GetAttrString(s->obj, "__qualname__") : NULL;
+        if (!nm) {
+            PyErr_Clear();
+            nm = PyUnicode_FromString("object");
+        }
+        t = nm ? PyUnicode_FromFormat("object.__new__(%U, __dict__=", nm) : NULL;
+        Py_XDECREF(nm);
+        if (!t || PyList_Append(parts, t) < 0 || s->n != 1) goto done;
+        Py_CLEAR(t);
+        if (out_repr(&s->items[0], parts) < 0) goto done;
         t = PyUnicode_FromString(")");
         break;
     }

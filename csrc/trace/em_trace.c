@@ -674,6 +674,107 @@ static bool is_plain_structseq(PyObject *cls, uint32_t n) {
     return ok;
 }
 
+/* An instance made in the trace reachable from v (v itself, its attributes and items, the items
+ * of lists, tuples and dicts among them) that was mutated after its __init__ returned, or NULL.
+ * An instance returned is rebuilt by calling its class: the state its __init__ gives, so a later
+ * change to an object its __init__ made (transformers' DynamicCache: the DynamicLayer objects
+ * whose keys and values update() sets) would be lost. */
+static const TValue *dirty_within(const TValue *v, int depth) {
+    if (!v || depth > 8) return NULL;
+    switch (v->kind) {
+    case TV_INSTANCE: {
+        if (v->u.inst.dirty) return v;
+        const TValue *d = dirty_within(v->u.inst.attrs, depth + 1);
+        return d ? d : dirty_within(v->u.inst.items, depth + 1);
+    }
+    case TV_LIST: case TV_TUPLE:
+        for (uint32_t i = 0; i < v->u.seq.n; i++) {
+            const TValue *d = dirty_within(v->u.seq.items[i], depth + 1);
+            if (d) return d;
+        }
+        return NULL;
+    case TV_DICT:
+        for (uint32_t i = 0; i < v->u.dict.n; i++) {
+            const TValue *d = dirty_within(v->u.dict.vals[i], depth + 1);
+            if (d) return d;
+        }
+        return NULL;
+    default:
+        return NULL;
+    }
+}
+
+/* Is target v itself or reachable from v (attributes, items; depth-limited)? */
+static bool reaches(const TValue *v, const TValue *target, int depth) {
+    if (!v || depth > 8) return false;
+    if (v == target) return true;
+    switch (v->kind) {
+    case TV_INSTANCE:
+        return reaches(v->u.inst.attrs, target, depth + 1) || reaches(v->u.inst.items, target, depth + 1);
+    case TV_LIST: case TV_TUPLE:
+        for (uint32_t i = 0; i < v->u.seq.n; i++)
+            if (reaches(v->u.seq.items[i], target, depth + 1)) return true;
+        return false;
+    case TV_DICT:
+        for (uint32_t i = 0; i < v->u.dict.n; i++)
+            if (reaches(v->u.dict.vals[i], target, depth + 1)) return true;
+        return false;
+    default:
+        return false;
+    }
+}
+
+/* A changed instance within w that instance root's construction arguments do not reach, or NULL:
+ * root rebuilt by calling its class gets the others from its rebuilt arguments (OUT_NEW where they
+ * changed), but would lose a change to an object its own __init__ made. */
+static const TValue *dirty_beyond_args(const TValue *root, const TValue *w, int depth) {
+    if (!w || depth > 8) return NULL;
+    if (w->kind == TV_INSTANCE && w != root && w->u.inst.dirty) {
+        bool via_args = reaches(root->u.inst.args, w, 0);
+        uint32_t nkw = root->u.inst.kwnames ? (uint32_t)PyTuple_GET_SIZE(root->u.inst.kwnames) : 0;
+        for (uint32_t i = 0; !via_args && i < nkw; i++) via_args = reaches(root->u.inst.kwvals[i], w, 0);
+        return via_args ? NULL : w;
+    }
+    switch (w->kind) {
+    case TV_INSTANCE: {
+        const TValue *d = dirty_beyond_args(root, w->u.inst.attrs, depth + 1);
+        return d ? d : dirty_beyond_args(root, w->u.inst.items, depth + 1);
+    }
+    case TV_LIST: case TV_TUPLE:
+        for (uint32_t i = 0; i < w->u.seq.n; i++) {
+            const TValue *d = dirty_beyond_args(root, w->u.seq.items[i], depth + 1);
+            if (d) return d;
+        }
+        return NULL;
+    case TV_DICT:
+        for (uint32_t i = 0; i < w->u.dict.n; i++) {
+            const TValue *d = dirty_beyond_args(root, w->u.dict.vals[i], depth + 1);
+            if (d) return d;
+        }
+        return NULL;
+    default:
+        return NULL;
+    }
+}
+
+/* Can instance v be rebuilt from its __dict__ alone (OUT_NEW): a Python class whose instances
+ * object.__new__ makes, with a __dict__ and no dict part (not a dict subclass), no class in its
+ * MRO with non-empty __slots__ (abc.ABC's empty ones hold nothing). */
+static bool plain_class(const TValue *v) {
+    PyTypeObject *tp = (PyTypeObject *)v->u.inst.cls;
+    if (v->u.inst.items || !(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || tp->tp_new != PyBaseObject_Type.tp_new ||
+        tp->tp_dictoffset == 0 || tp->tp_itemsize != 0 || !tp->tp_mro || PyType_IsSubtype(tp, &PyDict_Type) ||
+        PyType_IsSubtype(tp, &PyList_Type) || PyType_IsSubtype(tp, &PyTuple_Type))
+        return false;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tp->tp_mro); i++) {
+        PyObject *slots = PyDict_GetItemWithError(((PyTypeObject *)PyTuple_GET_ITEM(tp->tp_mro, i))->tp_dict, em_str("__slots__"));
+        Py_ssize_t n = slots ? PyObject_Size(slots) : 0;
+        if (PyErr_Occurred()) return PyErr_Clear(), false;
+        if (n != 0) return false;
+    }
+    return true;
+}
+
 static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
     if (depth > 64) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return value nested too deep");
     if (C->split) { /* values live at a graph break (em_trace_resume.c) */
@@ -791,9 +892,27 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
     }
     case TV_INSTANCE: {
         /* rebuilt after the graph by calling its class with the rebuilt construction arguments */
-        if (v->u.inst.dirty)
+        const TValue *dirty = dirty_within(v, 0);
+        if (dirty && plain_class(v)) {
+            /* changed after its __init__ (itself or an object within): its final state, without
+             * running __init__ again (Dynamo reconstructs such objects so too) */
+            o->kind = OUT_NEW;
+            o->obj = v->u.inst.cls;
+            o->n = 1;
+            if (!(o->items = em_arena_alloc(T->arena, sizeof(OutSpec)))) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            return out_spec(T, C, v->u.inst.attrs, &o->items[0], depth + 1);
+        }
+        if (dirty == v)
             return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return of a %s mutated after construction",
                                ((PyTypeObject *)v->u.inst.cls)->tp_name);
+        if (dirty && !(dirty = dirty_beyond_args(v, v, 0))) {
+            /* every changed object within comes from the construction arguments: rebuilt there */
+        } else if (dirty)
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return of a %s whose %s was mutated after construction",
+                               ((PyTypeObject *)v->u.inst.cls)->tp_name, ((PyTypeObject *)dirty->u.inst.cls)->tp_name);
         uint32_t nkw = v->u.inst.kwnames ? (uint32_t)PyTuple_GET_SIZE(v->u.inst.kwnames) : 0;
         TValue *kw = em_tr_dict(T);
         if (!kw) return -1;

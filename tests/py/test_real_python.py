@@ -371,16 +371,94 @@ def test_model_output_like_object_built_indexed_and_returned():
     one_graph(f, x34())
 
 
-def test_object_mutated_after_construction_is_not_returned():
+def test_object_mutated_after_construction_is_returned_in_its_final_state():
+    """An object changed after its __init__ is rebuilt from its final __dict__ (object.__new__, no
+    second __init__), not by calling its class, which would lose the change."""
     def f(x):
         p = Pair(x)
-        p.a = x + 1  # mutated after __init__: rebuilding by calling Pair would lose this
+        p.a = x + 1  # mutated after __init__
+        p.extra = "set later"
         return p
     compiled = ember.compile(f, backend="eager")
     x = x34()
-    torch.testing.assert_close(compiled(x).a, x + 1, rtol=0, atol=0)
+    for _ in range(2):
+        p = compiled(x)
+        torch.testing.assert_close(p.a, x + 1, rtol=0, atol=0)
+        assert type(p) is Pair and p.extra == "set later" and p.scale == 1.0 and p.b is None
+    info = entries(compiled)
+    assert [e["kind"] for e in info] == ["graph"] and "object.__new__(Pair" in info[0]["output"], info[0]["output"]
+
+
+class _Layer:
+    def __init__(self):
+        self.keys, self.ready = None, False
+
+    def update(self, k):
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], 0)
+        self.ready = True
+        return self.keys
+
+
+class _Cache:
+    """transformers' DynamicCache in small: layers its __init__ makes, filled later by update()."""
+    def __init__(self, n):
+        self.layers = [_Layer() for _ in range(n)]
+
+
+class _Slotted:
+    __slots__ = ("v",)
+
+    def __init__(self, v):
+        self.v = v
+
+
+def test_objects_made_in_init_and_changed_later_are_returned_changed():
+    """A cache returned inside an output object (transformers' DynamicCache of DynamicLayer inside
+    a ModelOutput): the layers its __init__ made and update() filled come back filled, the output
+    object rebuilt by its class around the rebuilt cache (was: a fresh, empty cache)."""
+    def f(x):
+        cache = _Cache(2)
+        h = x
+        for i in range(2):
+            h = h * 2 + cache.layers[i].update(h + i).sum()
+        return LMOutput(logits=h, hidden=(cache,))
+    compiled = ember.compile(f, backend="eager")
+    x = x34()
+    got, want = compiled(x), f(x)
+    assert [e["kind"] for e in entries(compiled)] == ["graph"]
+    assert type(got) is LMOutput and len(got.hidden[0].layers) == 2
+    for a, b in zip(got.hidden[0].layers, want.hidden[0].layers):
+        assert a.ready and b.ready
+        torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=0)
+    torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=0)
+
+
+def test_changed_objects_that_cannot_be_rebuilt_fall_back():
+    """A changed object with __slots__ (its state is not all in __dict__), and a dict-subclass
+    object whose own __init__ made an object changed later: not rebuilt; the frame runs eagerly
+    with the reason, and the values are eager's."""
+    def slotted(x):
+        s = _Slotted(x)
+        s.v = x + 1
+        return s
+    compiled = ember.compile(slotted, backend="eager")
+    x = x34()
+    torch.testing.assert_close(compiled(x).v, x + 1, rtol=0, atol=0)
+    assert entries(compiled)[0]["kind"] != "graph"
+
+    class Holder(LMOutput):
+        def __post_init__(self):
+            super().__post_init__()
+            self.__dict__["layer"] = _Layer()
+
+    def holder(x):
+        h = Holder(logits=x)
+        h.layer.update(x * 3)
+        return h
+    compiled = ember.compile(holder, backend="eager")
+    torch.testing.assert_close(compiled(x).layer.keys, x * 3, rtol=0, atol=0)
     e = entries(compiled)[0]
-    assert (e["reason"], "mutated after construction" in e["detail"]) == ("UNSUPPORTED_VALUE", True)
+    assert e["reason"] == "UNSUPPORTED_VALUE" and "_Layer was mutated after construction" in e["detail"], e["detail"]
 
 
 # ------------------------------------------------------------------------------------------------
