@@ -86,6 +86,7 @@ static const LowerRule LOWER_RULES[] = {
     {"zeros", R_FILL, 0, ""}, {"ones", R_FILL, 1, ""}, {"full", R_FILL, 2, ""},
     {"new_zeros", R_FILL, 0, ""}, {"new_ones", R_FILL, 1, ""}, {"new_full", R_FILL, 2, ""},
     {"zeros_like", R_FILL, 0, ""}, {"ones_like", R_FILL, 1, ""}, {"full_like", R_FILL, 2, ""},
+    {"tensor", R_FILL, 3, ""}, /* torch.tensor([]): a KV cache layer's empty start (lower_fill) */
     {"arange", R_ARANGE, 0, ""},
     /* bitwise ops: integer dtypes; on bool they are the logical ones */
     {"op.and_", R_BITWISE, LP_BAND, "input,other"}, {"bitwise_and", R_BITWISE, LP_BAND, "input,other"},
@@ -728,6 +729,15 @@ static uint32_t lower_fill(Ctx *c, int which) {
     if (c->lg->env || em_lower_target_key(n, key, sizeof key) < 0) return 0;
     int self_first = strncmp(key, "new_", 4) == 0 || strstr(key, "_like") != NULL;
     const IRArg *value = NULL;
+    if (which == 3) {
+        /* torch.tensor(data): only an empty list or tuple, a 1-d tensor of no elements (transformers'
+         * DynamicLayer starts its keys and values so; torch.cat skips it), which no kernel reads:
+         * no torch call, no allocation */
+        const IRArg *x = n->nargs == 1 ? &n->args[0] : NULL;
+        bool empty = x && (x->kind == IRARG_LIST || x->kind == IRARG_TUPLE) && x->n == 0;
+        if (!empty || m->kind != IRMETA_TENSOR || m->ndim != 1 || m->sizes[0] != 0) return 0;
+        which = 0;
+    }
     for (uint32_t i = 0; i < n->nargs; i++) {
         const IRArg *x = &n->args[i];
         if (i == 0 && self_first) {

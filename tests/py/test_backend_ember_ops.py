@@ -539,3 +539,15 @@ def test_cross_entropy_inference_edges():
         with torch.no_grad():
             info = check(fn, *args)
         assert "decomposed" not in info and any(e.startswith("cross_entropy") for e in info["extern_list"]), info
+
+
+def test_empty_tensor_literal_is_no_torch_call():
+    """torch.tensor([]) (transformers' DynamicLayer starts its keys and values so, then cats onto
+    them): no torch call, no allocation the cat reads; returned, an empty tensor of eager's dtype."""
+    f = lambda x: (torch.cat([torch.tensor([], dtype=x.dtype), x * 2], -2), torch.tensor([], dtype=torch.float64),
+                   torch.tensor(()))
+    with torch.no_grad():
+        info = check(f, torch.randn(2, 3, 4), bitwise=True)
+    assert not [e for e in info["extern_list"] if e.startswith("tensor")], info["extern_list"]
+    info = check(lambda x: x + torch.tensor([1.0, 2.0]), torch.randn(3, 2))  # data: still torch's call
+    assert [e for e in info["extern_list"] if e.startswith("tensor")] == ["tensor"], info["extern_list"]
