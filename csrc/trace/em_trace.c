@@ -767,7 +767,11 @@ static bool plain_class(const TValue *v) {
         PyType_IsSubtype(tp, &PyList_Type) || PyType_IsSubtype(tp, &PyTuple_Type))
         return false;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tp->tp_mro); i++) {
-        PyObject *slots = PyDict_GetItemWithError(((PyTypeObject *)PyTuple_GET_ITEM(tp->tp_mro, i))->tp_dict, em_str("__slots__"));
+        PyTypeObject *base = (PyTypeObject *)PyTuple_GET_ITEM(tp->tp_mro, i);
+        if (base == &PyBaseObject_Type) continue;
+        /* a static builtin base (its tp_dict is NULL from 3.12): state outside __dict__ maybe */
+        if (!(base->tp_flags & Py_TPFLAGS_HEAPTYPE) || !base->tp_dict) return false;
+        PyObject *slots = PyDict_GetItemWithError(base->tp_dict, em_str("__slots__"));
         Py_ssize_t n = slots ? PyObject_Size(slots) : 0;
         if (PyErr_Occurred()) return PyErr_Clear(), false;
         if (n != 0) return false;
