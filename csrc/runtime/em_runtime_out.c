@@ -239,6 +239,21 @@ PyObject *em_out_build_values(const OutSpec *spec, PyObject *graph_out, PyObject
 }
 
 /* Appends the repr of the tree at s to the list of str parts. -1 with exception. */
+/* The qualified name of class s->obj formatted by fmt (one %U), appended to parts; -1 with an
+ * exception. */
+static int repr_class_head(const OutSpec *s, const char *fmt, PyObject *parts) {
+    PyObject *nm = s->obj ? PyObject_GetAttrString(s->obj, "__qualname__") : NULL;
+    if (!nm) {
+        PyErr_Clear();
+        nm = PyUnicode_FromString("object");
+    }
+    PyObject *t = nm ? PyUnicode_FromFormat(fmt, nm) : NULL;
+    Py_XDECREF(nm);
+    int rc = t ? PyList_Append(parts, t) : -1;
+    Py_XDECREF(t);
+    return rc;
+}
+
 static int out_repr(const OutSpec *s, PyObject *parts) {
     PyObject *t = NULL;
     int rc = -1;
@@ -314,15 +329,7 @@ static int out_repr(const OutSpec *s, PyObject *parts) {
         t = PyUnicode_FromFormat("<function %U made in the frame>", ((PyCodeObject *)s->obj)->co_qualname);
         break;
     case OUT_CALL: {
-        PyObject *nm = s->obj ? PyObject_GetAttrString(s->obj, "__qualname__") : NULL;
-        if (!nm) {
-            PyErr_Clear();
-            nm = PyUnicode_FromString("object");
-        }
-        t = nm ? PyUnicode_FromFormat("%U(*", nm) : NULL;
-        Py_XDECREF(nm);
-        if (!t || PyList_Append(parts, t) < 0 || s->n != 2) goto done;
-        Py_CLEAR(t);
+        if (repr_class_head(s, "%U(*", parts) < 0 || s->n != 2) goto done;
         if (out_repr(&s->items[0], parts) < 0) goto done;
         if (!(t = PyUnicode_FromString(", **")) || PyList_Append(parts, t) < 0) goto done;
         Py_CLEAR(t);
@@ -330,20 +337,11 @@ static int out_repr(const OutSpec *s, PyObject *parts) {
         t = PyUnicode_FromString(")");
         break;
     }
-    case OUT_NEW: {
-        PyObject *nm = s->obj ? PyObject_GetAttrString(s->obj, "__qualname__") : NULL;
-        if (!nm) {
-            PyErr_Clear();
-            nm = PyUnicode_FromString("object");
-        }
-        t = nm ? PyUnicode_FromFormat("object.__new__(%U, __dict__=", nm) : NULL;
-        Py_XDECREF(nm);
-        if (!t || PyList_Append(parts, t) < 0 || s->n != 1) goto done;
-        Py_CLEAR(t);
+    case OUT_NEW:
+        if (repr_class_head(s, "object.__new__(%U, __dict__=", parts) < 0 || s->n != 1) goto done;
         if (out_repr(&s->items[0], parts) < 0) goto done;
         t = PyUnicode_FromString(")");
         break;
-    }
     }
     if (!t) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ember: output spec of unknown kind");
