@@ -270,8 +270,9 @@ static IRRef dz_cross_entropy(Rewrite *d, const Bind *b) {
  * log-probabilities for nll_loss to pick from (Inductor gets the same form from its
  * simplifications). The value is eager's up to the rounding of lse - x_t against
  * -(x_t - max - log(sum)); half-precision logits keep eager's ops (its log_softmax rounds each
- * log-probability to the half type before nll_loss reads it). An index out of [0, C) still fails
- * as eager's does: the gather's bound check. */
+ * log-probability to the half type before nll_loss reads it). A target out of [0, C) still fails,
+ * in the gather's bound check: RuntimeError "index t is out of bounds for dimension 1 with size C"
+ * where eager raises IndexError "Target t is out of bounds." (on CUDA both stop the kernel). */
 static IRRef dz_cross_entropy_lse(Rewrite *d, const Bind *b) {
     IRArg self = em_rw_bval(b, "self"), target = em_rw_bval(b, "target"), ii = em_rw_bval(b, "ignore_index");
     const IRMeta *m = em_rw_val_meta(d, &self);
