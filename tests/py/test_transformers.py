@@ -238,6 +238,46 @@ def test_qwen2_with_its_dynamic_cache_equals_eager():
             torch.testing.assert_close(got, expected)
 
 
+def _same_cache(got, want):
+    assert type(got) is type(want) and len(got.layers) == len(want.layers)
+    assert got.get_seq_length() == want.get_seq_length()
+    for a, b in zip(got.layers, want.layers):
+        assert type(a) is type(b) and a.is_initialized == b.is_initialized
+        torch.testing.assert_close(a.keys, b.keys)
+        torch.testing.assert_close(a.values, b.values)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("backend", ["eager", "ember"])
+def test_returned_kv_cache_equals_eager_and_continues(name, backend):
+    """A causal LM called with its default use_cache=True returns the DynamicCache it filled: the
+    compiled call's cache holds eager's keys and values (it came back empty before: the cache was
+    rebuilt by calling DynamicCache(config), losing what update() stored in its layers), and a
+    next step fed that cache gives eager's logits."""
+    import transformers
+    torch.manual_seed(0)
+    if name == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=100, max_position_embeddings=64))
+    model.eval()
+    ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(1))
+    nxt = torch.randint(0, 100, (2, 1), generator=torch.Generator().manual_seed(2))
+    compiled = ember.compile(model, backend=backend)
+    with torch.no_grad():
+        for _ in range(2):
+            want, got = model(ids), compiled(ids)
+            torch.testing.assert_close(got.logits, want.logits)
+            _same_cache(got.past_key_values, want.past_key_values)
+        want2 = model(nxt, past_key_values=want.past_key_values)
+        got2 = model(nxt, past_key_values=got.past_key_values)
+        torch.testing.assert_close(got2.logits, want2.logits)
+        _same_cache(got2.past_key_values, want2.past_key_values)
+    assert [e["kind"] for e in entries(compiled)] == ["graph"]
+
+
 _FAMILIES = {  # name: (config class, model class, config overrides beyond the common tiny ones)
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(num_key_value_heads=2, head_dim=16)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_key_value_heads=2, pad_token_id=0)),
