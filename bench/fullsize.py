@@ -5,10 +5,10 @@ the sizes people deploy, built from configs with random weights (nothing downloa
 (`torch.no_grad()`, eval mode) and as a training step (AdamW, loss = mean of the squared output;
 "pure": the model in the dtype, "autocast": an fp32 model under `torch.autocast(dtype)`). Per row:
 the median of --calls timed calls after warm-up (training: --calls // 2 steps), each compiler's
-first-call (compile) time, its output checked against eager's within the dtype's tolerance, and the
-ratios to eager and to the faster of eager and torch.compile (issue 40's target). With --profile,
-the top kernels of each compiler (torch.profiler, 5 calls) are printed, so that a slow row shows
-its cause.
+first-call (compile) time, its output (in inference also the KV cache a language model returns)
+checked against eager's within the dtype's tolerance, and the ratios to eager and to the faster of
+eager and torch.compile (issue 40's target). With --profile, each compiler's device time per call
+and top kernels (torch.profiler, 5 calls) are printed, so that a slow row shows its cause.
 
     python bench/fullsize.py --device cuda                           # every model, bf16 inference
     python bench/fullsize.py --device cuda --dtypes fp32,bf16,fp16 --modes infer,train
@@ -95,6 +95,15 @@ def output_tensor(out):
         if isinstance(v, torch.Tensor):
             return v
     return out[0]
+
+
+def cache_tensors(out):
+    """The keys and values of the KV cache a language model returned (use_cache's default), in
+    order; [] when it returned none. Compared with eager's like the output: a cache that comes back
+    wrong is a wrong result as much as wrong logits."""
+    cache = getattr(out, "past_key_values", None)
+    layers = getattr(cache, "layers", None) or []
+    return [t for layer in layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
 
 
 def sync(device):
@@ -188,6 +197,7 @@ def run_row(name, dtype_name, mode, args):
         x = x.to(dtype)
     row = {"model": name, "dtype": dtype_name, "mode": mode, "batch": x.shape[0]}
     ref = ref_dtype = None
+    ref_kv = kv = []
     calls = args.calls if mode == "infer" else max(3, args.calls // 2)
     for compiler in args.compilers:
         model = base if mode == "infer" else copy.deepcopy(base)
@@ -199,10 +209,19 @@ def run_row(name, dtype_name, mode, args):
             out = step()
             sync(device)
             first = time.perf_counter() - t
+            if mode == "infer":  # the whole output once more: the KV cache too
+                with torch.no_grad():
+                    kv = [t.float() if isinstance(t, torch.Tensor) else t for t in cache_tensors(compiled(x))]
             if ref is None:
                 ref, ref_dtype = out.float(), out.dtype
+                ref_kv = kv if mode == "infer" else []
             else:
                 err = ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+                for a, b in zip(kv if mode == "infer" else [], ref_kv):
+                    same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                    err = max(err, ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item() if same else float("inf"))
+                if mode == "infer" and len(kv) != len(ref_kv):
+                    err = float("inf")
                 row[f"{compiler} err"] = err
                 row[f"{compiler} ok"] = err <= TOL[dtype] * (1 if mode == "infer" else 4) and out.dtype == ref_dtype
             row[f"{compiler} ms"] = median_ms(step, calls, device)
