@@ -896,6 +896,16 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
     }
     case TV_INSTANCE: {
         /* rebuilt after the graph by calling its class with the rebuilt construction arguments */
+        { /* one object reached twice (returned, or live at a break) would come back as two */
+            for (uint32_t i = 0; i < C->seen.n; i++)
+                if (C->seen.items[i] == v)
+                    return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a %s made in the frame reached twice (one object, rebuilt as two)",
+                                       ((PyTypeObject *)v->u.inst.cls)->tp_name);
+            if (EM_VEC_PUSH(T->arena, C->seen, v) < 0) {
+                PyErr_NoMemory();
+                return -1;
+            }
+        }
         const TValue *dirty = dirty_within(v, 0);
         if (dirty && plain_class(v)) {
             /* changed after its __init__ (itself or an object within): its final state, without

@@ -619,3 +619,19 @@ def test_enum_members_are_constants():
         return x, Action.NONE.name
     one_graph(f, (x34(), Action.RAISE))
     one_graph(f, (x34(), Action.NONE))
+
+
+def test_object_made_in_frame_returned_twice_keeps_its_identity():
+    """One object made in the frame and returned twice (here, and inside a list) must come back as
+    one object: it is not rebuilt twice; the frame runs eagerly with the reason."""
+    def f(x):
+        p = Pair(x + 1)
+        p.a = p.a * 2  # changed after __init__ too
+        return p, [p]
+    compiled = ember.compile(f, backend="eager")
+    x = x34()
+    p, (q,) = compiled(x)
+    assert p is q
+    torch.testing.assert_close(p.a, (x + 1) * 2, rtol=0, atol=0)
+    e = entries(compiled)[0]
+    assert e["kind"] != "graph" and "reached twice" in e["detail"], (e["kind"], e["detail"])
