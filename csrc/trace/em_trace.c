@@ -704,6 +704,21 @@ static const TValue *dirty_within(const TValue *v, int depth) {
     }
 }
 
+/* A list or dict made in the trace reachable from v without passing through another instance
+ * (those decide for themselves), or NULL. An instance holding one is rebuilt from its final state
+ * or not at all: appends and item stores after __init__ mark nothing changed, and calling its
+ * class again would give the container as __init__ left it. */
+static const TValue *container_within(const TValue *v, int depth) {
+    if (!v || depth > 8) return NULL;
+    if ((v->kind == TV_LIST || v->kind == TV_DICT) && v->mutable && depth > 0) return v;
+    const TValue *d = NULL;
+    if (v->kind == TV_DICT)
+        for (uint32_t i = 0; !d && i < v->u.dict.n; i++) d = container_within(v->u.dict.vals[i], depth + 1);
+    else if (v->kind == TV_LIST || v->kind == TV_TUPLE)
+        for (uint32_t i = 0; !d && i < v->u.seq.n; i++) d = container_within(v->u.seq.items[i], depth + 1);
+    return d;
+}
+
 /* Is target v itself or reachable from v (attributes, items; depth-limited)? */
 static bool reaches(const TValue *v, const TValue *target, int depth) {
     if (!v || depth > 8) return false;
@@ -907,7 +922,9 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
             }
         }
         const TValue *dirty = dirty_within(v, 0);
-        if (dirty && plain_class(v)) {
+        const TValue *held = container_within(v->u.inst.attrs, 0);
+        if (!held) held = container_within(v->u.inst.items, 0);
+        if ((dirty || held) && plain_class(v)) {
             /* changed after its __init__ (itself or an object within): its final state, without
              * running __init__ again (Dynamo reconstructs such objects so too) */
             o->kind = OUT_NEW;
@@ -922,6 +939,9 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
         if (dirty == v)
             return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return of a %s mutated after construction",
                                ((PyTypeObject *)v->u.inst.cls)->tp_name);
+        if (held)
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return of a %s holding a %s made in the frame",
+                               ((PyTypeObject *)v->u.inst.cls)->tp_name, held->kind == TV_LIST ? "list" : "dict");
         if (dirty && !(dirty = dirty_beyond_args(v, v, 0))) {
             /* every changed object within comes from the construction arguments: rebuilt there */
         } else if (dirty)

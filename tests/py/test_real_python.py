@@ -635,3 +635,45 @@ def test_object_made_in_frame_returned_twice_keeps_its_identity():
     torch.testing.assert_close(p.a, (x + 1) * 2, rtol=0, atol=0)
     e = entries(compiled)[0]
     assert e["kind"] != "graph" and "reached twice" in e["detail"], (e["kind"], e["detail"])
+
+
+class _Acc:
+    def __init__(self):
+        self.items = []
+        self.meta = {}
+
+
+def test_containers_filled_after_construction_are_returned_filled():
+    """A list and a dict an object's __init__ made, filled after it (no attribute store: the object
+    itself is not marked changed): the object comes back from its final state (it came back with
+    the empty containers __init__ left, a wrong result); a dict subclass holding such a list falls
+    back with the reason."""
+    def f(x):
+        a = _Acc()
+        a.items.append(x + 1)
+        a.meta["k"] = x * 2
+        return a
+    compiled = ember.compile(f, backend="eager")
+    x = x34()
+    for _ in range(2):
+        a = compiled(x)
+        assert type(a) is _Acc and len(a.items) == 1 and list(a.meta) == ["k"]
+        torch.testing.assert_close(a.items[0], x + 1, rtol=0, atol=0)
+        torch.testing.assert_close(a.meta["k"], x * 2, rtol=0, atol=0)
+    assert [e["kind"] for e in entries(compiled)] == ["graph"]
+
+    class Holder(LMOutput):
+        def __post_init__(self):
+            super().__post_init__()
+            self.__dict__["extra"] = []
+
+    def holder(x):
+        h = Holder(logits=x)
+        h.extra.append(x * 3)
+        return h
+    compiled = ember.compile(holder, backend="eager")
+    h = compiled(x)
+    assert len(h.extra) == 1
+    torch.testing.assert_close(h.extra[0], x * 3, rtol=0, atol=0)
+    e = entries(compiled)[0]
+    assert e["kind"] != "graph" and "holding a list made in the frame" in e["detail"], (e["kind"], e["detail"])
