@@ -674,102 +674,91 @@ static bool is_plain_structseq(PyObject *cls, uint32_t n) {
     return ok;
 }
 
-/* An instance made in the trace reachable from v (v itself, its attributes and items, the items
- * of lists, tuples and dicts among them) that was mutated after its __init__ returned, or NULL.
- * An instance returned is rebuilt by calling its class: the state its __init__ gives, so a later
- * change to an object its __init__ made (transformers' DynamicCache: the DynamicLayer objects
- * whose keys and values update() sets) would be lost. */
-static const TValue *dirty_within(const TValue *v, int depth) {
-    if (!v || depth > 8) return NULL;
-    switch (v->kind) {
-    case TV_INSTANCE: {
-        if (v->u.inst.dirty) return v;
-        const TValue *d = dirty_within(v->u.inst.attrs, depth + 1);
-        return d ? d : dirty_within(v->u.inst.items, depth + 1);
-    }
-    case TV_LIST: case TV_TUPLE:
-        for (uint32_t i = 0; i < v->u.seq.n; i++) {
-            const TValue *d = dirty_within(v->u.seq.items[i], depth + 1);
-            if (d) return d;
-        }
-        return NULL;
-    case TV_DICT:
-        for (uint32_t i = 0; i < v->u.dict.n; i++) {
-            const TValue *d = dirty_within(v->u.dict.vals[i], depth + 1);
-            if (d) return d;
-        }
-        return NULL;
-    default:
-        return NULL;
-    }
-}
+/* ---- what a returned object holds: one walk, several questions ----
+ * An instance made in the trace is returned rebuilt: by calling its class with its rebuilt
+ * construction arguments (the state its __init__ gives), or from its final state (OUT_NEW). The
+ * first is wrong once something within changed after __init__ returned: an instance (transformers'
+ * DynamicCache: the DynamicLayer objects whose keys and values update() sets), or a list or dict
+ * __init__ made and the frame filled (appends and item stores mark nothing). */
 
-/* A list or dict made in the trace reachable from v without passing through another instance
- * (those decide for themselves), or NULL. An instance holding one is rebuilt from its final state
- * or not at all: appends and item stores after __init__ mark nothing changed, and calling its
- * class again would give the container as __init__ left it. */
-static const TValue *container_within(const TValue *v, int depth) {
-    if (!v || depth > 8) return NULL;
-    if ((v->kind == TV_LIST || v->kind == TV_DICT) && v->mutable && depth > 0) return v;
-    const TValue *d = NULL;
-    if (v->kind == TV_DICT)
-        for (uint32_t i = 0; !d && i < v->u.dict.n; i++) d = container_within(v->u.dict.vals[i], depth + 1);
-    else if (v->kind == TV_LIST || v->kind == TV_TUPLE)
-        for (uint32_t i = 0; !d && i < v->u.seq.n; i++) d = container_within(v->u.seq.items[i], depth + 1);
-    return d;
-}
+typedef struct WalkQ {
+    const TValue *(*hit)(const struct WalkQ *q, const TValue *w, int depth); /* w itself, or NULL */
+    bool enter_instances; /* descend into instances' attributes and items */
+    const TValue *root, *target;
+} WalkQ;
 
-/* Is target v itself or reachable from v (attributes, items; depth-limited)? */
-static bool reaches(const TValue *v, const TValue *target, int depth) {
-    if (!v || depth > 8) return false;
-    if (v == target) return true;
+/* The first w that q->hit names, over v and what it holds (instance attributes and items when
+ * q->enter_instances, list and tuple items, dict values), depth-first, 8 levels at most. */
+static const TValue *walk(const WalkQ *q, const TValue *v, int depth) {
+    if (!v || depth > 8) return NULL;
+    const TValue *d = q->hit(q, v, depth);
+    if (d) return d;
     switch (v->kind) {
     case TV_INSTANCE:
-        return reaches(v->u.inst.attrs, target, depth + 1) || reaches(v->u.inst.items, target, depth + 1);
+        if (!q->enter_instances) return NULL;
+        d = walk(q, v->u.inst.attrs, depth + 1);
+        return d ? d : walk(q, v->u.inst.items, depth + 1);
     case TV_LIST: case TV_TUPLE:
-        for (uint32_t i = 0; i < v->u.seq.n; i++)
-            if (reaches(v->u.seq.items[i], target, depth + 1)) return true;
-        return false;
+        for (uint32_t i = 0; !d && i < v->u.seq.n; i++) d = walk(q, v->u.seq.items[i], depth + 1);
+        return d;
     case TV_DICT:
-        for (uint32_t i = 0; i < v->u.dict.n; i++)
-            if (reaches(v->u.dict.vals[i], target, depth + 1)) return true;
-        return false;
+        for (uint32_t i = 0; !d && i < v->u.dict.n; i++) d = walk(q, v->u.dict.vals[i], depth + 1);
+        return d;
     default:
-        return false;
+        return NULL;
     }
 }
 
-/* A changed instance within w that instance root's construction arguments do not reach, or NULL:
- * root rebuilt by calling its class gets the others from its rebuilt arguments (OUT_NEW where they
- * changed), but would lose a change to an object its own __init__ made. */
-static const TValue *dirty_beyond_args(const TValue *root, const TValue *w, int depth) {
-    if (!w || depth > 8) return NULL;
-    if (w->kind == TV_INSTANCE && w != root && w->u.inst.dirty) {
-        bool via_args = reaches(root->u.inst.args, w, 0);
-        uint32_t nkw = root->u.inst.kwnames ? (uint32_t)PyTuple_GET_SIZE(root->u.inst.kwnames) : 0;
-        for (uint32_t i = 0; !via_args && i < nkw; i++) via_args = reaches(root->u.inst.kwvals[i], w, 0);
-        return via_args ? NULL : w;
-    }
-    switch (w->kind) {
-    case TV_INSTANCE: {
-        const TValue *d = dirty_beyond_args(root, w->u.inst.attrs, depth + 1);
-        return d ? d : dirty_beyond_args(root, w->u.inst.items, depth + 1);
-    }
-    case TV_LIST: case TV_TUPLE:
-        for (uint32_t i = 0; i < w->u.seq.n; i++) {
-            const TValue *d = dirty_beyond_args(root, w->u.seq.items[i], depth + 1);
-            if (d) return d;
-        }
-        return NULL;
-    case TV_DICT:
-        for (uint32_t i = 0; i < w->u.dict.n; i++) {
-            const TValue *d = dirty_beyond_args(root, w->u.dict.vals[i], depth + 1);
-            if (d) return d;
-        }
-        return NULL;
-    default:
-        return NULL;
-    }
+static const TValue *hit_dirty(const WalkQ *q, const TValue *w, int depth) {
+    EM_UNUSED(q);
+    EM_UNUSED(depth);
+    return w->kind == TV_INSTANCE && w->u.inst.dirty ? w : NULL;
+}
+
+static const TValue *hit_target(const WalkQ *q, const TValue *w, int depth) {
+    EM_UNUSED(depth);
+    return w == q->target ? w : NULL;
+}
+
+static const TValue *hit_container(const WalkQ *q, const TValue *w, int depth) {
+    EM_UNUSED(q);
+    return (w->kind == TV_LIST || w->kind == TV_DICT) && w->mutable && depth > 0 ? w : NULL;
+}
+
+/* Is w reached from instance root's construction arguments? */
+static bool from_args(const TValue *root, const TValue *w) {
+    WalkQ q = {hit_target, true, NULL, w};
+    if (walk(&q, root->u.inst.args, 0)) return true;
+    uint32_t nkw = root->u.inst.kwnames ? (uint32_t)PyTuple_GET_SIZE(root->u.inst.kwnames) : 0;
+    for (uint32_t i = 0; i < nkw; i++)
+        if (walk(&q, root->u.inst.kwvals[i], 0)) return true;
+    return false;
+}
+
+/* a changed instance within q->root that its construction arguments do not reach: calling its
+ * class would lose the change of an object its own __init__ made */
+static const TValue *hit_dirty_beyond_args(const WalkQ *q, const TValue *w, int depth) {
+    EM_UNUSED(depth);
+    return w != q->root && hit_dirty(q, w, depth) && !from_args(q->root, w) ? w : NULL;
+}
+
+/* A changed instance within v (v itself first), or NULL. */
+static const TValue *dirty_within(const TValue *v) {
+    WalkQ q = {hit_dirty, true, NULL, NULL};
+    return walk(&q, v, 0);
+}
+
+/* A list or dict made in the trace that instance v holds, not through another instance (those
+ * decide for themselves), or NULL. */
+static const TValue *container_within(const TValue *v) {
+    WalkQ q = {hit_container, false, NULL, NULL};
+    const TValue *d = walk(&q, v->u.inst.attrs, 0);
+    return d ? d : walk(&q, v->u.inst.items, 0);
+}
+
+static const TValue *dirty_beyond_args(const TValue *root) {
+    WalkQ q = {hit_dirty_beyond_args, true, root, NULL};
+    return walk(&q, root, 0);
 }
 
 /* Can instance v be rebuilt from its __dict__ alone (OUT_NEW): a Python class whose instances
@@ -921,9 +910,7 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
                 return -1;
             }
         }
-        const TValue *dirty = dirty_within(v, 0);
-        const TValue *held = container_within(v->u.inst.attrs, 0);
-        if (!held) held = container_within(v->u.inst.items, 0);
+        const TValue *dirty = dirty_within(v), *held = container_within(v);
         if ((dirty || held) && plain_class(v)) {
             /* changed after its __init__ (itself or an object within): its final state, without
              * running __init__ again (Dynamo reconstructs such objects so too) */
@@ -942,7 +929,7 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
         if (held)
             return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return of a %s holding a %s made in the frame",
                                ((PyTypeObject *)v->u.inst.cls)->tp_name, held->kind == TV_LIST ? "list" : "dict");
-        if (dirty && !(dirty = dirty_beyond_args(v, v, 0))) {
+        if (dirty && !(dirty = dirty_beyond_args(v))) {
             /* every changed object within comes from the construction arguments: rebuilt there */
         } else if (dirty)
             return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "return of a %s whose %s was mutated after construction",
