@@ -266,6 +266,12 @@ int em_trace_init(PyObject *module) {
         Py_DECREF(en);
         if (!rt->enum_Enum) goto error;
         if (!rt->inspect_signature || !rt->inspect_Signature || !rt->inspect_Parameter) goto error;
+        PyObject *cp = PyImport_ImportModule("copy");
+        if (!cp) goto error;
+        rt->copy_deepcopy = PyObject_GetAttrString(cp, "deepcopy");
+        rt->copy_copy = PyObject_GetAttrString(cp, "copy");
+        Py_DECREF(cp);
+        if (!rt->copy_deepcopy || !rt->copy_copy) goto error;
     }
     rt->ready = true;
     Py_DECREF(opcode);
@@ -1514,28 +1520,16 @@ resume:
             if (push(T, F, r) < 0) goto fail;
             break;
         }
-        case OP_STORE_ATTR: { /* TOS.name = TOS1: replayed after the graph, or a break */
+        case OP_STORE_ATTR: { /* TOS.name = TOS1 */
             PyObject *name = co_name_at(T, F, arg);
-            if (!name || !(a = pop(T, F)) || !(b = pop(T, F)) || !(a = em_tr_realize(T, a))) goto fail;
-            if (a->kind == TV_INSTANCE || (a->kind == TV_OBJECT && a->obj && !PyType_Check(a->obj) &&
-                                           PyFunction_Check(_PyType_Lookup(Py_TYPE(a->obj), em_str("__setattr__"))))) {
-                /* an instance made in the trace, or a class with a Python __setattr__ (inlined;
-                 * em_trace_obj.c) */
-                if (em_tr_object_setattr(T, a, name, b) < 0) goto fail;
-            } else if (em_tr_effect_store_attr(T, a, name, b) < 0) { /* replayed after the graph */
-                goto fail;
-            }
+            if (!name || !(a = pop(T, F)) || !(b = pop(T, F)) || em_tr_store_attr(T, a, name, b) < 0) goto fail;
             break;
         }
-        case OP_DELETE_ATTR:
-            if (F->sp >= 1 && (F->stack[F->sp - 1]->kind == TV_INSTANCE || F->stack[F->sp - 1]->kind == TV_OBJECT ||
-                               F->stack[F->sp - 1]->kind == TV_LAZY)) {
-                PyObject *name = co_name_at(T, F, arg);
-                if (!name || !(a = pop(T, F)) || em_tr_object_setattr(T, a, name, NULL) < 0) goto fail;
-                break;
-            }
-            em_tr_break(T, EM_BREAK_SIDE_EFFECT, "attribute delete");
-            goto fail;
+        case OP_DELETE_ATTR: {
+            PyObject *name = co_name_at(T, F, arg);
+            if (!name || !(a = pop(T, F)) || em_tr_store_attr(T, a, name, NULL) < 0) goto fail;
+            break;
+        }
         case OP_STORE_GLOBAL: {
             PyObject *name = co_name_at(T, F, arg);
             if (!name || !(a = pop(T, F))) goto fail;

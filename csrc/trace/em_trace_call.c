@@ -1999,9 +1999,16 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
     case BI_PRINT: case BI_OPEN: case BI_INPUT:
         em_tr_break(T, EM_BREAK_PRINT, "call of %s", callable_name(T, fn));
         return NULL;
-    case BI_SETATTR: case BI_DELATTR:
-        em_tr_break(T, EM_BREAK_SIDE_EFFECT, "call of %s", callable_name(T, fn));
-        return NULL;
+    case BI_SETATTR: case BI_DELATTR: { /* as STORE_ATTR / DELETE_ATTR with a constant name */
+        PyObject *name = nargs == (bi == BI_SETATTR ? 3u : 2u) && !nkw ? const_str_arg(T, args[1]) : NULL;
+        if (T->broke) return NULL;
+        if (!name) {
+            em_tr_break(T, EM_BREAK_SIDE_EFFECT, "call of %s", callable_name(T, fn));
+            return NULL;
+        }
+        if (em_tr_store_attr(T, args[0], name, bi == BI_SETATTR ? args[2] : NULL) < 0) return NULL;
+        return em_tr_const(T, Py_None);
+    }
     case BI_LEN: {
         if (nargs != 1 || nkw) break;
         TValue *a = em_tr_realize(T, args[0]);
@@ -2800,7 +2807,7 @@ TValue *em_tr_call(Trace *T, TValue *callee, TValue **args, uint32_t nargs, PyOb
     if (!(callee = em_tr_realize(T, callee))) return NULL;
     switch (callee->kind) {
     case TV_FUNCTION:
-        if (callee->obj == em_trace_rt.inspect_signature) {
+        if (em_tr_is_special_call(callee->obj)) {
             int handled = 0;
             TValue *r = em_tr_call_special(T, callee->obj, args, nargs, kwnames, &handled);
             if (handled) return r;

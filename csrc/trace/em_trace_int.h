@@ -244,6 +244,7 @@ typedef struct TraceRT {
     PyObject *meta_str;            /* "meta" */
     PyObject *meta_device;         /* torch.device("meta") */
     PyObject *inspect_signature, *inspect_Signature, *inspect_Parameter; /* inspect.* (immutable results) */
+    PyObject *copy_deepcopy, *copy_copy; /* copy.deepcopy, copy.copy (em_trace_obj.c) */
     PyObject *enum_Enum;           /* enum.Enum: members are immutable singletons (constants) */
 } TraceRT;
 extern TraceRT em_trace_rt;
@@ -576,6 +577,10 @@ int em_tr_import(Trace *T, TFrame *F, int op, int arg);
  * class): a Python __setattr__/__delattr__ is inlined; object's own records an overlay entry.
  * -1 on break. */
 int em_tr_object_setattr(Trace *T, TValue *v, PyObject *name, TValue *val);
+/* `v.name = val` (STORE_ATTR, setattr) or, val NULL, `del v.name` (DELETE_ATTR, delattr): into an
+ * instance made in the trace, through a Python __setattr__/__delattr__, into the overlay, or a
+ * store replayed after the graph; otherwise a break. */
+int em_tr_store_attr(Trace *T, TValue *v, PyObject *name, TValue *val);
 /* The overlay entry for obj.name: 1 with *val (NULL: deleted), 0 when none. */
 int em_tr_overlay_get(Trace *T, PyObject *obj, PyObject *name, TValue **val);
 /* At the frame's return: a break unless every overlaid attribute holds its original value. */
@@ -587,7 +592,9 @@ TValue *em_tr_object_dunder(Trace *T, TValue *v, const char *name, TValue **args
  * value marked mutable, never returned). -1 on break. */
 int em_tr_set_op(Trace *T, TFrame *F, int op, int arg);
 /* Calls the tracer answers itself (inspect.signature of a Python function: its Signature is an
- * immutable value of the function's code and defaults). NULL with *handled = 0 otherwise. */
+ * immutable value of the function's code and defaults; copy.deepcopy and copy.copy: new values
+ * held in the trace). NULL with *handled = 0 otherwise. em_tr_is_special_call: is fn one of them? */
+bool em_tr_is_special_call(PyObject *fn);
 TValue *em_tr_call_special(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames, int *handled);
 /* Is cls a class whose construction the tracer may model (a Python class with object's or dict's
  * __new__ and a Python __init__ or none)? */

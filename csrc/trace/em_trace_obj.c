@@ -408,6 +408,16 @@ int em_tr_object_setattr(Trace *T, TValue *v, PyObject *name, TValue *val) {
     return object_generic_setattr(T, v, name, val);
 }
 
+int em_tr_store_attr(Trace *T, TValue *v, PyObject *name, TValue *val) {
+    if (!(v = em_tr_realize(T, v))) return -1;
+    bool hooked = v->kind == TV_OBJECT && v->obj && !PyType_Check(v->obj) &&
+                  PyFunction_Check(_PyType_Lookup(Py_TYPE(v->obj), em_str(val ? "__setattr__" : "__delattr__")));
+    if (v->kind == TV_INSTANCE || hooked || (!val && v->kind == TV_OBJECT))
+        return em_tr_object_setattr(T, v, name, val);
+    if (!val) return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "attribute delete");
+    return em_tr_effect_store_attr(T, v, name, val); /* replayed after the graph */
+}
+
 int em_tr_overlay_check(Trace *T) {
     for (uint32_t i = 0; i < T->nstores; i++) {
         struct TAttrStore *s = &T->stores[i];
@@ -709,8 +719,14 @@ int em_tr_set_op(Trace *T, TFrame *F, int op, int arg) {
 /* ------------------------------------------------------------------------------------------- */
 /* calls answered at trace time                                                                 */
 
+static TValue *call_copy(Trace *T, bool deep, TValue **args, uint32_t nargs, PyObject *kwnames);
+
 TValue *em_tr_call_special(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames, int *handled) {
     *handled = 0;
+    if (fn == em_trace_rt.copy_deepcopy || fn == em_trace_rt.copy_copy) {
+        *handled = 1;
+        return call_copy(T, fn == em_trace_rt.copy_deepcopy, args, nargs, kwnames);
+    }
     if (fn != em_trace_rt.inspect_signature || nargs != 1 || (kwnames && PyTuple_GET_SIZE(kwnames))) return NULL;
     TValue *f = em_tr_realize(T, args[0]);
     if (!f) {
@@ -734,4 +750,166 @@ TValue *em_tr_call_special(Trace *T, PyObject *fn, TValue **args, uint32_t nargs
         return NULL;
     }
     return em_tr_const_steal(T, sig);
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* copy.deepcopy / copy.copy                                                                    */
+
+/* The copy protocol of tp is object's default (Lib/copy.py: no __deepcopy__/__copy__, no
+ * copyreg.dispatch_table entry, __reduce_ex__/__reduce__/__getstate__ object's, no
+ * __setstate__): a copy is cls.__new__(cls) with the (copied) instance __dict__ (copyreg.__newobj__
+ * and copy._reconstruct), which is what a TV_INSTANCE rebuilt from its final state is. */
+static bool default_copy_protocol(PyTypeObject *tp, bool deep) {
+    static const char *const object_own[] = {"__reduce_ex__", "__reduce__", "__getstate__", NULL};
+    for (int i = 0; object_own[i]; i++) {
+        PyObject *f = _PyType_Lookup(tp, em_str(object_own[i]));
+        if (f && f != _PyType_Lookup(&PyBaseObject_Type, em_str(object_own[i]))) return false;
+    }
+    if (_PyType_Lookup(tp, em_str(deep ? "__deepcopy__" : "__copy__")) || _PyType_Lookup(tp, em_str("__setstate__")))
+        return false;
+    PyObject *copyreg = PyImport_GetModule(em_str("copyreg"));
+    PyObject *table = copyreg ? PyObject_GetAttrString(copyreg, "dispatch_table") : NULL;
+    int has = table && PyDict_Check(table) ? PyDict_Contains(table, (PyObject *)tp) : 1;
+    Py_XDECREF(table);
+    Py_XDECREF(copyreg);
+    PyErr_Clear();
+    return has == 0;
+}
+
+typedef struct CopyEntry {
+    const void *key; /* memo_key of the original */
+    TValue *copy;
+} CopyEntry;
+typedef struct CopyMemo {
+    CopyEntry *items;
+    uint32_t n, cap;
+} CopyMemo;
+
+/* Objects are one object to the memo (Lib/copy.py keys it by id()) whether they came from an input
+ * (the real object) or were made in the trace (the value itself). */
+static const void *memo_key(TValue *v) { return v->obj && v->kind != TV_CONST ? (const void *)v->obj : (const void *)v; }
+
+static TValue *deep_copy(Trace *T, TValue *v, bool deep, CopyMemo *memo, int depth);
+
+static int copy_dict_into(Trace *T, TValue *src, TValue *dst, bool deep, CopyMemo *memo, int depth) {
+    for (uint32_t i = 0; i < src->u.dict.n; i++) {
+        TValue *c = deep ? deep_copy(T, src->u.dict.vals[i], true, memo, depth + 1) : src->u.dict.vals[i];
+        if (!c || em_tr_dict_set(T, dst, src->u.dict.keys[i], c) < 0) return -1;
+    }
+    return 0;
+}
+
+/* The instance that copying an object of class cls whose __dict__ is `attrs` (a DICT value) makes. */
+static TValue *copy_instance(Trace *T, TValue *orig, PyObject *cls, TValue *attrs, bool deep, CopyMemo *memo, int depth) {
+    if (em_guard_type_version(T->gb, (PyTypeObject *)cls) < 0) return NULL;
+    TValue *c = em_tr_new(T, TV_INSTANCE);
+    if (!c || !(c->u.inst.attrs = em_tr_dict(T)) || !(c->u.inst.args = em_tr_tuple(T, NULL, 0))) return NULL;
+    c->mutable = true;
+    c->u.inst.cls = em_arena_hold(T->arena, cls);
+    c->u.inst.constructed = true;
+    c->u.inst.dirty = true; /* made by __new__ and a state update, never by calling cls */
+    if (deep) { /* before the contents: an attribute that refers back to the object gets the copy */
+        CopyEntry e = {memo_key(orig), c};
+        if (EM_VEC_PUSH(T->arena, *memo, e) < 0) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+    }
+    return copy_dict_into(T, attrs, c->u.inst.attrs, deep, memo, depth) < 0 ? NULL : c;
+}
+
+static TValue *deep_copy(Trace *T, TValue *v, bool deep, CopyMemo *memo, int depth) {
+    if (depth > 32) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "copy of a structure nested deeper than 32");
+        return NULL;
+    }
+    if (!(v = em_tr_realize(T, v))) return NULL;
+    switch (v->kind) {
+    case TV_CONST: case TV_SYMINT: case TV_FUNCTION: case TV_NULL:
+        return v; /* immutable values and functions are their own copies (copy._deepcopy_atomic) */
+    case TV_OBJECT:
+        if (v->obj && (PyType_Check(v->obj) || PyCFunction_Check(v->obj))) return v;
+        break;
+    default:
+        break;
+    }
+    const void *key = memo_key(v);
+    for (uint32_t i = 0; i < memo->n; i++)
+        if (memo->items[i].key == key) return memo->items[i].copy;
+    TValue *c = NULL;
+    switch (v->kind) {
+    case TV_TUPLE: case TV_LIST: {
+        if (v->kind == TV_TUPLE && v->u.seq.cls) break; /* namedtuples: their own __reduce__ */
+        TValue **items = em_arena_alloc(T->arena, sizeof(TValue *) * (v->u.seq.n + 1));
+        if (!items) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        bool same = true;
+        for (uint32_t i = 0; i < v->u.seq.n; i++) {
+            items[i] = deep ? deep_copy(T, v->u.seq.items[i], true, memo, depth + 1) : v->u.seq.items[i];
+            if (!items[i]) return NULL;
+            same = same && items[i] == v->u.seq.items[i];
+        }
+        if (v->kind == TV_TUPLE) return same ? v : em_tr_tuple(T, items, v->u.seq.n);
+        c = em_tr_list(T, items, v->u.seq.n);
+        break;
+    }
+    case TV_DICT:
+        if (em_tr_type_of(T, v) != (PyObject *)&PyDict_Type) break;
+        if (!(c = em_tr_dict(T)) || copy_dict_into(T, v, c, deep, memo, depth) < 0) return NULL;
+        break;
+    case TV_INSTANCE:
+        if (v->u.inst.items || !default_copy_protocol((PyTypeObject *)v->u.inst.cls, deep)) break;
+        return copy_instance(T, v, v->u.inst.cls, v->u.inst.attrs, deep, memo, depth);
+    case TV_OBJECT: {
+        /* an object from an input: its class must be one the trace can hold as an instance */
+        PyTypeObject *tp = Py_TYPE(v->obj);
+        if (!em_tr_instance_class_ok((PyObject *)tp) || PyType_IsSubtype(tp, &PyDict_Type) ||
+            !default_copy_protocol(tp, deep))
+            break;
+        if (!v->by_type && em_tr_use(T, v) < 0) return NULL; /* a by_type object's type is guarded */
+        TValue *d = em_tr_generic_getattr(T, v, em_str("__dict__"), NULL);
+        if (!d || !(d = em_tr_realize(T, d))) return NULL;
+        if (d->kind != TV_DICT) break;
+        return copy_instance(T, v, (PyObject *)tp, d, deep, memo, depth);
+    }
+    default:
+        break;
+    }
+    if (!c) {
+        PyObject *t = em_tr_type_of(T, v);
+        if (!T->broke)
+            em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "copy.%s of a %s", deep ? "deepcopy" : "copy",
+                        t && PyType_Check(t) ? ((PyTypeObject *)t)->tp_name : "value");
+        return NULL;
+    }
+    if (deep) {
+        CopyEntry e = {key, c};
+        if (EM_VEC_PUSH(T->arena, *memo, e) < 0) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+    }
+    return c;
+}
+
+/* copy.deepcopy(x) / copy.copy(x) of a trace value: a new list, dict or instance held in the trace
+ * (an instance made this way is rebuilt from its final state if it outlives the frame). An object
+ * from an input is read through its guarded __dict__; constants, symbolic ints, functions and
+ * classes are their own copies. Anything else (tensors, objects with their own copy protocol) is a
+ * break. */
+static TValue *call_copy(Trace *T, bool deep, TValue **args, uint32_t nargs, PyObject *kwnames) {
+    uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw != 1 || nkw) {
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "copy.%s with a memo or keyword arguments", deep ? "deepcopy" : "copy");
+        return NULL;
+    }
+    CopyMemo memo = {0};
+    return deep_copy(T, args[0], deep, &memo, 0);
+}
+
+bool em_tr_is_special_call(PyObject *fn) {
+    TraceRT *rt = &em_trace_rt;
+    return fn && (fn == rt->inspect_signature || fn == rt->copy_deepcopy || fn == rt->copy_copy);
 }

@@ -677,3 +677,149 @@ def test_containers_filled_after_construction_are_returned_filled():
     torch.testing.assert_close(h.extra[0], x * 3, rtol=0, atol=0)
     e = entries(compiled)[0]
     assert e["kind"] != "graph" and "holding a list made in the frame" in e["detail"], (e["kind"], e["detail"])
+
+
+# ------------------------------------------------------------------------------------------------
+# copy.deepcopy / copy.copy, setattr / delattr (issue 46: transformers' get_text_config deep-copies
+# the model config and renames keys on the copy inside every encoder-decoder forward)
+
+class Cfg:
+    """A plain config object, like a transformers PretrainedConfig (all state in __dict__)."""
+    def __init__(self):
+        self.scale = 2.0
+        self.encoder_layers = 3
+        self.names = ["a", "b"]
+        self.meta = {"k": 1, "nested": [1, 2]}
+
+
+class WithCfg(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.config = Cfg()
+
+    def forward(self, x):
+        import copy
+        c = copy.deepcopy(self.config)
+        for key in list(c.__dict__):
+            if key.startswith("encoder_"):
+                value = getattr(c, key)
+                delattr(c, key)
+                setattr(c, key[len("encoder_"):], value)
+        c.names.append("c")
+        c.meta["nested"].append(3)
+        return x * c.scale + c.layers + len(c.names) + len(c.meta["nested"])
+
+
+def test_deepcopy_of_a_config_renamed_on_the_copy_is_one_graph():
+    m = WithCfg()
+    compiled, info = one_graph(m, x34(), x34())
+    # the original is untouched by what the frame did to the copy
+    assert m.config.names == ["a", "b"] and m.config.meta == {"k": 1, "nested": [1, 2]}
+    assert m.config.encoder_layers == 3 and not hasattr(m.config, "layers")
+    assert len(info) == 1 and info[0]["hits"] >= 1
+
+
+def test_deepcopy_reads_the_config_as_it_is_now():
+    m = WithCfg()
+    c = ember.compile(m)
+    x = x34()
+    torch.testing.assert_close(c(x), m.forward(x))
+    m.config.scale = 3.0          # a changed value: the copy must see it
+    m.config.names.append("z")    # a changed list inside
+    torch.testing.assert_close(c(x), m.forward(x))
+    m.config = Cfg()              # a new object of the same class
+    torch.testing.assert_close(c(x), m.forward(x))
+
+
+def test_deepcopy_returned_is_a_new_object_with_the_state():
+    def f(x, cfg):
+        import copy
+        c = copy.deepcopy(cfg)
+        c.scale = 5.0
+        return x * cfg.scale, c
+    cfg = Cfg()
+    compiled = ember.compile(f)
+    x = x34()
+    y, c = compiled(x, cfg)
+    torch.testing.assert_close(y, x * 2.0)
+    assert type(c) is Cfg and c is not cfg and c.scale == 5.0 and cfg.scale == 2.0
+    assert c.names == cfg.names and c.names is not cfg.names and c.meta["nested"] is not cfg.meta["nested"]
+
+
+def test_deepcopy_keeps_shared_references_and_copy_is_shallow():
+    def f(x):
+        import copy
+        inner = [1]
+        d = {"a": inner, "b": inner}
+        deep = copy.deepcopy(d)
+        deep["a"].append(2)              # the copy's two keys still share one list
+        shallow = copy.copy(d)
+        shallow["a"].append(5)           # a shallow copy shares the inner list with d
+        return x + len(deep["b"]) + len(inner) + len(d["b"]) + (deep["a"] is deep["b"])
+    one_graph(f, x34())
+
+
+def test_deepcopy_of_nested_containers_from_an_argument():
+    def f(x, spec):
+        import copy
+        s = copy.deepcopy(spec)
+        s["dims"].append(4)
+        s["pair"] = s["pair"] + (9,)
+        return x * len(s["dims"]) + s["pair"][-1]
+    spec = {"dims": [1, 2], "pair": (1, 2)}
+    one_graph(f, (x34(), spec))
+    assert spec == {"dims": [1, 2], "pair": (1, 2)}
+
+
+class OwnDeepcopy:
+    def __init__(self):
+        self.v = 1
+
+    def __deepcopy__(self, memo):
+        c = OwnDeepcopy()
+        c.v = self.v + 10
+        return c
+
+
+def test_deepcopy_of_a_tensor_or_an_own_protocol_is_a_break_with_the_eager_result():
+    import copy
+
+    def f(x):
+        y = copy.deepcopy(x)
+        return y + 1
+    c = ember.compile(f)
+    x = x34()
+    torch.testing.assert_close(c(x), x + 1)
+
+    def g(x, o):
+        return x + copy.deepcopy(o).v
+    c = ember.compile(g)
+    torch.testing.assert_close(c(x, OwnDeepcopy()), x + 11)
+    reasons = [e["detail"] or "" for e in entries(c)]
+    assert any("copy.deepcopy of a" in r for r in reasons), reasons
+
+
+def test_setattr_and_delattr_builtins_on_an_object_made_in_the_frame():
+    class Box:
+        def __init__(self, v):
+            self.v = v
+
+    def f(x):
+        b = Box(x)
+        setattr(b, "w", x * 2)
+        delattr(b, "v")
+        return b.w + 1, hasattr(b, "v")
+    one_graph(f, x34())
+
+
+def test_setattr_on_an_input_object_is_replayed_as_eager():
+    class Box:
+        pass
+
+    def f(x, b):
+        setattr(b, "seen", 1)
+        return x + 1
+    b = Box()
+    c = ember.compile(f)
+    c(x34(), b)
+    assert b.seen == 1
