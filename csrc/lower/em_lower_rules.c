@@ -215,11 +215,16 @@ static const char *const inplace_operators[][2] = {
 };
 
 /* functional: the node is an in-place op that is lowered as its out-of-place form (relu_ as relu,
- * operator.iadd as operator.add; F.relu(x, inplace=True) keeps its key). */
+ * operator.iadd as operator.add; F.relu(x, inplace=True) keeps its key). An augmented assignment
+ * onto a Python number (`b = 0; b += t`: int has no __iadd__, so Python computes 0 + t) updates
+ * nothing and is always its out-of-place form (em_ir_mutates agrees). */
 const LowerRule *em_lower_find_rule(const IRNode *n, int functional) {
     char key[128];
     if (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) return NULL;
     if (em_lower_target_key(n, key, sizeof key) < 0) return NULL;
+    if (!functional && strncmp(key, "op.i", 4) == 0 && !em_ir_mutates(n))
+        for (size_t i = 0; i < sizeof inplace_operators / sizeof inplace_operators[0]; i++)
+            if (strcmp(key, inplace_operators[i][0]) == 0) return rule_by_key(inplace_operators[i][1]);
     if (functional) {
         size_t len = strlen(key);
         for (size_t i = 0; i < sizeof inplace_operators / sizeof inplace_operators[0]; i++)

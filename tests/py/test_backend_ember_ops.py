@@ -171,6 +171,21 @@ def test_functionalized_inplace_ops():
     assert not info.get("fallback") and info["kernels"] == 1 and info["externs"] == 0
 
 
+def test_augmented_assignment_onto_a_python_number_then_onto_its_result():
+    """`b = 0; b += t; b += u` (T5's relative-position buckets): the first += is 0 + t (int has no
+    __iadd__), a new tensor, so the second is an update of a value nothing else reads, lowered as
+    an add. Was sent whole to the eager backend (the first looked like an update of a non-tensor)."""
+    def f(x, y):
+        b = 0
+        b += (x > 0).to(torch.long) * 8
+        b += torch.where(y > 0, 1, 2)
+        s = 1.5
+        s *= x
+        return b, s
+    info = check(f, torch.randn(4, 5), torch.randn(4, 5))
+    assert not info.get("fallback") and info["externs"] == 0, info
+
+
 def test_inplace_seen_through_a_view_or_read_again_keeps_eager():
     def through_view(x):
         a = x * 2
