@@ -127,7 +127,7 @@ GuardBuilder *em_guard_builder_new(EmArena *a) {
  * index, their key being only the name shown in renderings. */
 static GuardSrc src_add(GuardBuilder *b, int32_t parent, SrcKind kind, Py_ssize_t index, PyObject *key,
                         PyObject *value) {
-    int by_key = kind != SRC_LOCAL && kind != SRC_CLOSURE && kind != SRC_CELL && kind != SRC_ITEM;
+    int by_key = kind != SRC_LOCAL && kind != SRC_CLOSURE && kind != SRC_CELL && kind != SRC_ITEM && kind != SRC_CONST;
     int rooted = kind == SRC_ATTR || kind == SRC_ITEM || kind == SRC_DICT_ITEM;
     if (!b) return bad_arg("no builder");
     if (rooted ? parent < 0 || (uint32_t)parent >= b->src.n : parent != -1) return bad_arg("bad parent source");
@@ -178,6 +178,14 @@ GuardSrc em_guard_src_closure(GuardBuilder *b, int index, PyObject *name, PyObje
 }
 GuardSrc em_guard_src_cell(GuardBuilder *b, int index, PyObject *name, PyObject *cell) {
     return src_add(b, -1, SRC_CELL, index, name, cell);
+}
+GuardSrc em_guard_src_const(GuardBuilder *b, PyObject *value) {
+    PyObject *tn = PyUnicode_FromString(Py_TYPE(value)->tp_name);
+    if (!tn) return -1;
+    GuardSrc s = src_add(b, -1, SRC_CONST, (Py_ssize_t)((uintptr_t)value & (uintptr_t)PY_SSIZE_T_MAX), tn, value);
+    Py_DECREF(tn);
+    if (s >= 0) em_guard_src_stable(b, s);
+    return s;
 }
 GuardSrc em_guard_src_attr(GuardBuilder *b, GuardSrc parent, PyObject *name, PyObject *value) {
     return src_add(b, parent, SRC_ATTR, 0, name, value);
@@ -1174,6 +1182,8 @@ static PyObject *resolve(const GuardSet *gs, SrcVals *vals, const EmFrameView *f
     case SRC_CELL:
         if (fv->closure && PyTuple_Check(fv->closure) && src->d.index < PyTuple_GET_SIZE(fv->closure))
             v = Py_NewRef(PyTuple_GET_ITEM(fv->closure, src->d.index));
+        break;
+    case SRC_CONST: /* always stable: answered above */
         break;
     case SRC_ATTR:
         v = PyObject_GetAttr(p, src->d.key);

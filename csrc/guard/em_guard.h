@@ -33,6 +33,7 @@ GuardSrc em_guard_src_global(GuardBuilder *b, PyObject *name, PyObject *value);
 GuardSrc em_guard_src_builtin(GuardBuilder *b, PyObject *name, PyObject *value);
 GuardSrc em_guard_src_closure(GuardBuilder *b, int index, PyObject *name, PyObject *value); /* cell contents */
 GuardSrc em_guard_src_cell(GuardBuilder *b, int index, PyObject *name, PyObject *cell);     /* the cell itself */
+GuardSrc em_guard_src_const(GuardBuilder *b, PyObject *value); /* value itself, held: a stable root */
 GuardSrc em_guard_src_attr(GuardBuilder *b, GuardSrc parent, PyObject *name, PyObject *value);
 GuardSrc em_guard_src_item(GuardBuilder *b, GuardSrc parent, Py_ssize_t index, PyObject *value); /* list/tuple */
 GuardSrc em_guard_src_dict_item(GuardBuilder *b, GuardSrc parent, PyObject *key, PyObject *value);

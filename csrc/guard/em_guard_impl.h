@@ -17,6 +17,9 @@ typedef enum {
     SRC_ITEM,      /* parent[index] (list/tuple) */
     SRC_DICT_ITEM, /* parent[key] */
     SRC_CELL,      /* the cell fv->closure[index] itself (a `nonlocal` store's target); key = name */
+    SRC_CONST,     /* an object the set holds, always stable: a list or dict reached through guarded
+                      constants (a class attribute), whose contents its children's guards check;
+                      index = its address (identity), key = its type's name (rendering only) */
 } SrcKind;
 
 /* The part of a source that names the path; shared by builder and guard set so that one renderer

@@ -57,6 +57,9 @@ PyObject *em_guard_render_src(const void *table, size_t stride, int32_t s) {
     case SRC_CELL: /* the cell object of a free variable (key: its name) */
         out = PyUnicode_FromFormat("__closure__[%zd]", d->index);
         break;
+    case SRC_CONST: /* an object the guard set holds */
+        out = PyUnicode_FromFormat("___const(<%U at %p>)", d->key, (void *)(uintptr_t)d->index);
+        break;
     }
     Py_XDECREF(p);
     return out;

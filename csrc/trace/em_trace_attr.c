@@ -532,6 +532,20 @@ static TValue *object_attr(Trace *T, TValue *v, PyObject *name, int *missing) {
         int handled = 0;
         TValue *r = em_tr_custom_getattr(T, v, name, missing, &handled); /* a Python __getattribute__ */
         if (handled) return r;
+        if (em_tr_is_type_expression(o)) {
+            /* `int | None`, `list[int]`: immutable (Objects/unionobject.c, genericaliasobject.c); the
+             * object itself is guarded, and its __args__/__origin__ never change */
+            const char *n = PyUnicode_AsUTF8(name);
+            if (n && (!strcmp(n, "__args__") || !strcmp(n, "__origin__") || !strcmp(n, "__parameters__"))) {
+                if (em_tr_use(T, v) < 0) return NULL;
+                PyObject *a = PyObject_GetAttr(o, name);
+                if (!a) {
+                    em_tr_break_exc(T, EM_BREAK_RAISE);
+                    return NULL;
+                }
+                return em_tr_wrap(T, em_arena_hold_steal(T->arena, a), -1, true);
+            }
+        }
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "attribute .%U of a %s (custom getattr)", name, tp->tp_name);
         return NULL;
     }
@@ -617,6 +631,23 @@ TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing)
                 TValue *rv = em_tr_wrap(T, em_arena_hold_steal(T->arena, r), -1, true);
                 return rv;
             }
+        }
+        if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && v->src >= 0 && !v->by_type) {
+            /* a __slots__ member of an object with a source (a dataclasses.Field in a closure):
+             * read through the source L[...].name, guarded as it is used */
+            PyObject *r = PyObject_GetAttr(o, name);
+            if (!r) {
+                if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                    em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE);
+                    return NULL;
+                }
+                PyErr_Clear();
+                return missing_or_break(T, missing, o, name);
+            }
+            GuardSrc ms = em_guard_src_attr(T->gb, v->src, name, r);
+            TValue *rv = ms >= 0 ? em_tr_wrap(T, em_arena_hold_steal(T->arena, r), ms, false) : NULL;
+            if (ms < 0) Py_DECREF(r);
+            return rv;
         }
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "data descriptor .%U of %s", name, tp->tp_name);
         return NULL;

@@ -1353,13 +1353,10 @@ TValue *em_tr_getitem(Trace *T, TValue *c, TValue *key) {
         return r;
     }
     case TV_DICT: {
-        if (key->kind != TV_CONST) {
-            em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "dict key that is not a constant");
-            return NULL;
-        }
-        if (em_tr_use(T, key) < 0) return NULL;
-        TValue *r = em_tr_dict_get(c, key->obj);
-        if (!r) em_tr_raise_steal(T, PyObject_CallOneArg(PyExc_KeyError, key->obj), NULL);
+        PyObject *k = em_tr_dict_key(T, key);
+        if (!k) return NULL;
+        TValue *r = em_tr_dict_get(c, k);
+        if (!r) em_tr_raise_steal(T, PyObject_CallOneArg(PyExc_KeyError, k), NULL);
         return r;
     }
     case TV_CONST: {
@@ -1432,11 +1429,11 @@ int em_tr_setitem(Trace *T, TValue *c, TValue *key, TValue *v) {
         return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "item store into an object that outlives the frame");
     if (em_tr_effect_container(T, c, v ? "item store" : "item deletion") < 0) return -1;
     if (c->kind == TV_DICT) {
-        if (key->kind != TV_CONST) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "dict key that is not a constant");
-        if (em_tr_use(T, key) < 0) return -1;
-        if (v) return em_tr_dict_set(T, c, key->obj, v);
+        PyObject *k = em_tr_dict_key(T, key);
+        if (!k) return -1;
+        if (v) return em_tr_dict_set(T, c, k, v);
         for (uint32_t i = 0; i < c->u.dict.n; i++) {
-            int eq = PyObject_RichCompareBool(c->u.dict.keys[i], key->obj, Py_EQ);
+            int eq = PyObject_RichCompareBool(c->u.dict.keys[i], k, Py_EQ);
             if (eq < 0) return em_tr_break_exc(T, EM_BREAK_RAISE);
             if (eq) {
                 memmove(&c->u.dict.keys[i], &c->u.dict.keys[i + 1], sizeof(PyObject *) * (c->u.dict.n - i - 1));
@@ -1482,12 +1479,8 @@ TValue *em_tr_contains(Trace *T, TValue *c, TValue *item) {
         if (handled) return r;
     }
     if (c->kind == TV_DICT) {
-        if (item->kind != TV_CONST) {
-            em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "dict key that is not a constant");
-            return NULL;
-        }
-        if (em_tr_use(T, item) < 0) return NULL;
-        return bool_value(T, em_tr_dict_get(c, item->obj) != NULL);
+        PyObject *k = em_tr_dict_key(T, item);
+        return k ? bool_value(T, em_tr_dict_get(c, k) != NULL) : NULL;
     }
     if (c->kind == TV_NN_MODULE && module_kind(c->obj) == 2 && module_method_is_base(c->obj, "__contains__")) {
         PyObject **keys;
@@ -2054,7 +2047,14 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
         PyObject *t = em_tr_type_of(T, args[0]);
         if (!t) return NULL;
         if (bi == BI_TYPE) return em_tr_object(T, t, -1);
-        PyObject *cls = em_tr_to_py_const(T, args[1]);
+        TValue *cv = em_tr_realize(T, args[1]);
+        PyObject *cls = NULL;
+        if (cv && cv->kind == TV_OBJECT && cv->obj && em_tr_is_type_expression(cv->obj)) {
+            if (em_tr_use(T, cv) < 0) return NULL; /* `int | None`: immutable, guarded by identity */
+            cls = Py_NewRef(cv->obj);
+        } else if (cv) {
+            cls = em_tr_to_py_const(T, cv);
+        }
         if (!cls) {
             if (!T->broke && !PyErr_Occurred()) em_tr_break(T, EM_BREAK_UNSUPPORTED_CALL, "isinstance with a non-constant class");
             return NULL;
@@ -2404,7 +2404,7 @@ static TValue *call_container_method(Trace *T, TValue *self, PyObject *name, TVa
         if (mut && em_tr_effect_container(T, self, n) < 0) return NULL;
         if ((strcmp(n, "get") == 0 || strcmp(n, "pop") == 0 || strcmp(n, "setdefault") == 0) && nargs >= 1 && nargs <= 2) {
             TValue *k = em_tr_realize(T, args[0]);
-            if (!k || k->kind != TV_CONST || em_tr_use(T, k) < 0) goto unsupported;
+            if (!k || !em_tr_dict_key(T, k)) return NULL;
             TValue *r = em_tr_dict_get(self, k->obj);
             if (!r) {
                 if (nargs == 2) r = args[1];

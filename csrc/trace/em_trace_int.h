@@ -300,7 +300,11 @@ typedef struct Trace {
     /* attribute stores on real objects, held as an overlay that later reads see; the trace is
      * kept only when every one ends where it began (a value set and restored by try/finally),
      * em_tr_overlay_check */
-    struct TAttrStore { PyObject *obj, *name, *orig; TValue *val; } *stores;
+    struct TAttrStore {
+        PyObject *obj, *name, *orig;
+        TValue *val;
+        long top_step;      /* the top-frame instruction in progress at the first store */
+    } *stores;
     uint32_t nstores, capstores;
     /* symbolic shapes (em_trace_sym.c): NULL env until an input dim is made dynamic */
     struct ShapeEnv *env;
@@ -405,6 +409,11 @@ TValue *em_tr_dict(Trace *T);                               /* mutable, trace-lo
 int em_tr_list_push(Trace *T, TValue *l, TValue *v);
 int em_tr_dict_set(Trace *T, TValue *d, PyObject *key, TValue *v);
 TValue *em_tr_dict_get(TValue *d, PyObject *key);          /* NULL if absent */
+/* The key a value stands for in a dict of the trace: a constant (guarded by its value), or a
+ * class or other object hashed and compared by identity (guarded by identity); else a break. */
+PyObject *em_tr_dict_key(Trace *T, TValue *k);
+/* `int | None`, `list[int]` (types.UnionType, types.GenericAlias): immutable type expressions. */
+bool em_tr_is_type_expression(PyObject *o);
 TValue *em_tr_tensor(Trace *T, uint32_t ref, const IRMeta *meta);
 /* The tensor's node ref, creating its placeholder if it is a not-yet-used input. 0 on failure. */
 uint32_t em_tr_tensor_ref(Trace *T, TValue *v);
@@ -585,6 +594,9 @@ int em_tr_store_attr(Trace *T, TValue *v, PyObject *name, TValue *val);
 int em_tr_overlay_get(Trace *T, PyObject *obj, PyObject *name, TValue **val);
 /* At the frame's return: a break unless every overlaid attribute holds its original value. */
 int em_tr_overlay_check(Trace *T);
+/* -1 with a break if an overlay store is not back to its original value (a split there would lose
+ * it): called before a frame is split. */
+int em_tr_overlay_settled(Trace *T);
 /* type(v).<name>(v, *args) when it is a Python function and v a real object (OBJECT value):
  * inlined (*handled = 1); otherwise NULL with *handled = 0. */
 TValue *em_tr_object_dunder(Trace *T, TValue *v, const char *name, TValue **args, uint32_t nargs, int *handled);

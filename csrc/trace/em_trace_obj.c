@@ -387,6 +387,7 @@ static int object_generic_setattr(Trace *T, TValue *v, PyObject *name, TValue *v
     s->name = em_arena_hold(T->arena, name);
     s->orig = orig ? em_arena_hold(T->arena, orig) : NULL;
     s->val = val;
+    s->top_step = T->top_steps - 1;
     return 0;
 }
 
@@ -418,27 +419,49 @@ int em_tr_store_attr(Trace *T, TValue *v, PyObject *name, TValue *val) {
     return em_tr_effect_store_attr(T, v, name, val); /* replayed after the graph */
 }
 
+/* Does the overlay store s end where it began (the value set and restored, by try/finally)? 1, 0,
+ * -1 on a break. */
+static int store_restored(Trace *T, struct TAttrStore *s) {
+    if (!s->val || !s->orig) return !s->val && !s->orig;
+    TValue *v = em_tr_realize(T, s->val);
+    if (!v) return -1;
+    bool same = v->obj == s->orig && (v->kind == TV_CONST || v->kind == TV_OBJECT || v->kind == TV_NN_MODULE ||
+                                      (v->kind == TV_FUNCTION && v->obj));
+    if (!same && v->kind == TV_CONST && v->obj && Py_TYPE(v->obj) == Py_TYPE(s->orig) &&
+        (PyLong_CheckExact(v->obj) || PyUnicode_CheckExact(v->obj) || PyFloat_CheckExact(v->obj))) {
+        int eq = PyObject_RichCompareBool(v->obj, s->orig, Py_EQ);
+        if (eq < 0) PyErr_Clear();
+        same = eq > 0;
+    }
+    return same;
+}
+
 int em_tr_overlay_check(Trace *T) {
+    long first = -1;
+    struct TAttrStore *bad = NULL;
     for (uint32_t i = 0; i < T->nstores; i++) {
-        struct TAttrStore *s = &T->stores[i];
-        bool same;
-        if (!s->val || !s->orig) {
-            same = !s->val && !s->orig;
-        } else {
-            TValue *v = em_tr_realize(T, s->val);
-            if (!v) return -1;
-            same = v->obj == s->orig && (v->kind == TV_CONST || v->kind == TV_OBJECT || v->kind == TV_NN_MODULE ||
-                                         (v->kind == TV_FUNCTION && v->obj));
-            if (!same && v->kind == TV_CONST && v->obj && Py_TYPE(v->obj) == Py_TYPE(s->orig) &&
-                (PyLong_CheckExact(v->obj) || PyUnicode_CheckExact(v->obj) || PyFloat_CheckExact(v->obj))) {
-                int eq = PyObject_RichCompareBool(v->obj, s->orig, Py_EQ);
-                if (eq < 0) PyErr_Clear();
-                same = eq > 0;
-            }
+        int r = store_restored(T, &T->stores[i]);
+        if (r < 0) return -1;
+        if (!r && (!bad || T->stores[i].top_step < first)) {
+            bad = &T->stores[i];
+            first = bad->top_step;
         }
-        if (!same)
-            return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "attribute store .%U on a %s that outlives the frame", s->name,
-                               Py_TYPE(s->obj)->tp_name);
+    }
+    if (!bad) return 0;
+    em_tr_break(T, EM_BREAK_SIDE_EFFECT, "attribute store .%U on a %s that outlives the frame", bad->name,
+                Py_TYPE(bad->obj)->tp_name);
+    /* split before the instruction that made the first lasting store: it runs in Python */
+    if (first >= 0 && (T->res->brk_top_step < 0 || first < T->res->brk_top_step)) T->res->brk_top_step = first;
+    return -1;
+}
+
+int em_tr_overlay_settled(Trace *T) {
+    for (uint32_t i = 0; i < T->nstores; i++) {
+        int r = store_restored(T, &T->stores[i]);
+        if (r < 0) return -1;
+        if (!r)
+            return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "a split with attribute store .%U on a %s pending",
+                               T->stores[i].name, Py_TYPE(T->stores[i].obj)->tp_name);
     }
     return 0;
 }

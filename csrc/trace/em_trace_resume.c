@@ -979,6 +979,7 @@ int em_tr_split_here(Trace *T, TFrame *F) {
     }
     TInstr *in = &F->ins[F->pc];
     if (in->start < 2 * prefix) return em_tr_break(T, EM_BREAK_INTERNAL, "break inside a resume prefix");
+    if (em_tr_overlay_settled(T) < 0) return -1; /* the graph cannot make such a store */
     if (autocast_exit_live(F))
         return em_tr_break(T, EM_BREAK_TRY_BLOCK, "a torch.autocast block entered before this function is open");
     if (em_tr_in_try(F, F->pc)) /* the stub would raise outside the except / finally clause */

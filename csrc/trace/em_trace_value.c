@@ -81,6 +81,20 @@ static bool is_simple_const(PyObject *o) {
     return false;
 }
 
+/* `int | None` and `list[int]` (types.UnionType, types.GenericAlias): immutable values of their
+ * arguments, made by `|` on classes and by subscripting builtin classes. */
+bool em_tr_is_type_expression(PyObject *o) {
+    const char *tn = Py_TYPE(o)->tp_name;
+    return strcmp(tn, "types.UnionType") == 0 || strcmp(tn, "types.GenericAlias") == 0;
+}
+
+/* A dict key whose hash and == are object's (identity): a class (type's and ABCMeta's are), a
+ * typing special form. The key stands for itself; the dict's guard keeps the key in place. */
+static bool identity_keyed(PyObject *o) {
+    PyTypeObject *tp = Py_TYPE(o);
+    return tp->tp_hash == PyBaseObject_Type.tp_hash && tp->tp_richcompare == PyBaseObject_Type.tp_richcompare;
+}
+
 /* torch.dtype / layout / memory_format: singletons, compared by identity. */
 /* A member of a Python enum.Enum whose comparison and truth are the enum module's or C code (so
  * folding `==`, `!=`, truth on it runs nothing of the user's). */
@@ -322,7 +336,13 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
     }
     if (PyList_Check(o)) {
         if (!PyList_CheckExact(o)) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "list subclass", o);
-        /* lists mutate without any dict version noticing: without a source there is no guard */
+        /* lists mutate without any dict version noticing: one reached through guarded constants
+         * (a class attribute) is guarded through a source that holds it (its length, its items as
+         * used); without a source there is no guard */
+        if (s < 0 && v->stable) {
+            if ((s = em_guard_src_const(T->gb, o)) < 0) return NULL;
+            v->src = s;
+        }
         if (s < 0) return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "list without a source", o);
         if (s >= 0 && em_guard_len(T->gb, s) < 0) return NULL; /* lists mutate: guarded even if stable */
         Py_ssize_t n = PyList_GET_SIZE(o);
@@ -371,7 +391,7 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
             return NULL;
         }
         while (PyDict_Next(o, &pos, &key, &val)) {
-            if (!is_simple_const(key)) {
+            if (!is_simple_const(key) && !identity_keyed(key)) {
                 v->kind = TV_LAZY;
                 return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "dict with a non-constant key", key);
             }
@@ -472,6 +492,16 @@ int em_tr_list_push(Trace *T, TValue *l, TValue *v) {
     }
     l->u.seq.items[l->u.seq.n++] = v;
     return 0;
+}
+
+PyObject *em_tr_dict_key(Trace *T, TValue *k) {
+    if (!(k = em_tr_realize(T, k))) return NULL;
+    if (k->kind == TV_CONST || (k->kind == TV_OBJECT && k->obj && identity_keyed(k->obj))) {
+        if (em_tr_use(T, k) < 0) return NULL; /* its value, or (identity keys) the object itself */
+        return k->obj;
+    }
+    em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "dict key that is not a constant");
+    return NULL;
 }
 
 TValue *em_tr_dict_get(TValue *d, PyObject *key) {
@@ -977,7 +1007,7 @@ TValue *em_tr_from_py(Trace *T, PyObject *o) {
         }
         return f;
     }
-    if (PyType_Check(o) || PyModule_Check(o) || PyCFunction_Check(o)) return em_tr_object(T, o, -1);
+    if (PyType_Check(o) || PyModule_Check(o) || PyCFunction_Check(o) || em_tr_is_type_expression(o)) return em_tr_object(T, o, -1);
     em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "trace-time result of type %s", Py_TYPE(o)->tp_name);
     return NULL;
 }

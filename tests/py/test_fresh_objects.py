@@ -291,10 +291,13 @@ def test_frame_without_tensor_operations_is_skipped(caplog):
 
 # ---- real encoder-decoder models ---------------------------------------------------------------
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
 @pytest.mark.parametrize("name", ["t5", "bart"])
-def test_encoder_decoder_stops_compiling(name):
+def test_encoder_decoder_is_one_graph(name, grad):
     """T5 and BART (tiny configs): the forward builds ModelOutputs and an EncoderDecoderCache on every
-    call. Results equal eager's; after a few calls nothing compiles again."""
+    call, and transformers' get_text_config deep-copies the config and renames keys on the copy
+    through the config's strict (validated) __setattr__. One graph, one cache entry over 20 calls,
+    as torch.compile; the graph runs on ember's backend; results (and gradients) equal eager's."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     if name == "t5":
@@ -307,14 +310,20 @@ def test_encoder_decoder_stops_compiling(name):
     model.eval()
     ids, dec = torch.randint(0, 100, (2, 12)), torch.randint(0, 100, (2, 6))
     c = ember.compile(model)
-    with count_compiles() as counter, torch.no_grad():
+    with count_compiles() as counter, torch.set_grad_enabled(grad):
         ref = model(input_ids=ids, decoder_input_ids=dec).last_hidden_state
         for i in range(20):
             out = c(input_ids=ids, decoder_input_ids=dec).last_hidden_state
             torch.testing.assert_close(out, ref)
-            if i == 4:
-                warm = counter.entries
-    assert counter.entries == warm, f"{counter.entries - warm} entries made after the fifth call"
+    assert counter.entries == 1 and counter.graphs == 1, (counter.entries, counter.graphs)
+    info = ember.cache_info(model.forward, resume=True)
+    assert [e["kind"] for e in info] == ["graph"]
+    if not grad:
+        assert not info[0]["ember"].get("fallback"), info[0]["ember"]["fallback"]
+    if grad:
+        (g,) = torch.autograd.grad(out.sum(), model.shared.weight)
+        (ge,) = torch.autograd.grad(ref.sum(), model.shared.weight)
+        torch.testing.assert_close(g, ge)
 
 
 def test_custom_getattribute_keeps_identity():

@@ -823,3 +823,132 @@ def test_setattr_on_an_input_object_is_replayed_as_eager():
     c = ember.compile(f)
     c(x34(), b)
     assert b.seen == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# what a strict (validated) config's __setattr__ reads: huggingface_hub's @strict dataclasses keep
+# per-field validator lists in a class attribute, validators close over dataclasses.Field objects
+# (slots) and inspect `int | None` annotations through typing.get_origin/get_args and a dict keyed
+# by classes and typing special forms (issue 46: BART's get_text_config)
+
+import typing
+
+_BY_ORIGIN = {typing.Union: "union", list: "list", int: "int"}
+_OPT_INT = typing.Optional[int]
+
+
+def _type_ok(value, expected):
+    origin = typing.get_origin(expected)
+    kind = _BY_ORIGIN.get(origin)
+    if kind == "union":
+        return any(_type_ok(value, t) for t in typing.get_args(expected))
+    if expected is type(None):
+        return value is None
+    return isinstance(value, expected)
+
+
+def _make_validator(field):
+    def validator(value):
+        if not _type_ok(value, field.type):
+            raise TypeError(f"Field '{field.name}' expected {field.type}, got {type(value).__name__}")
+    return validator
+
+
+@dataclasses.dataclass
+class StrictCfg:
+    layers: int = 2
+    scale: typing.Optional[float] = None
+    width: int | None = 4
+
+    def __setattr__(self, name, value):
+        for v in self.__validators__.get(name, []):
+            v(value)
+        object.__setattr__(self, name, value)
+
+
+StrictCfg.__validators__ = {f.name: [_make_validator(f)] for f in dataclasses.fields(StrictCfg)}
+
+
+def test_validated_setattr_on_a_copied_config_is_one_graph():
+    import copy
+
+    def f(x, cfg):
+        c = copy.deepcopy(cfg)
+        c.layers = 3
+        c.scale = 0.5
+        c.width = None
+        return x * c.layers * c.scale
+    cfg = StrictCfg()
+    compiled, _ = one_graph(f, (x34(), cfg))
+    # a value the validator refuses raises the validator's error, as eager does
+    def g(x, cfg):
+        c = copy.deepcopy(cfg)
+        c.layers = "many"
+        return x
+    compiled = ember.compile(g)
+    with pytest.raises(TypeError, match="Field 'layers' expected"):
+        compiled(x34(), cfg)
+
+
+def test_list_in_a_class_attribute_is_guarded_by_its_contents():
+    class Steps:
+        fns = [lambda t: t + 1]
+
+        def run(self, x):
+            for fn in self.fns:
+                x = fn(x)
+            return x
+
+    s = Steps()
+    c = ember.compile(s.run)
+    x = x34()
+    torch.testing.assert_close(c(x), x + 1)
+    Steps.fns.append(lambda t: t * 3)   # the class's type version does not change; the list's guard sees it
+    torch.testing.assert_close(c(x), (x + 1) * 3)
+    assert len(ember.cache_info(c)) == 2
+
+
+def test_slots_member_of_a_closed_over_object_is_guarded_by_value():
+    field = dataclasses.fields(StrictCfg)[0]
+
+    class Slotted:
+        __slots__ = ("k",)
+
+    obj = Slotted()
+    obj.k = 2
+
+    def f(x):
+        return x * len(field.name) + obj.k
+    c = ember.compile(f)
+    x = x34()
+    torch.testing.assert_close(c(x), x * 6 + 2)
+    obj.k = 5                           # a slot store: the guard on L['obj'].k sees it
+    torch.testing.assert_close(c(x), x * 6 + 5)
+
+
+def test_union_args_and_class_keyed_dicts():
+    table = {int: 2, float: 3, typing.Union: 5}
+
+    def f(x, v):
+        a = typing.get_args(int | None)
+        k = table[type(v)] + table.get(typing.get_origin(_OPT_INT), 0)
+        return x * len(a) + k + (float in table) + isinstance(v, int | None)
+    one_graph(f, (x34(), 1), (x34(), 1))
+    c = ember.compile(f)
+    torch.testing.assert_close(c(x34() * 0, 2.0), torch.zeros(3, 4) + 9)
+    torch.testing.assert_close(c(x34() * 0, 2), torch.zeros(3, 4) + 9)
+
+
+def test_store_through_a_compiled_setattr_frame_is_kept():
+    """A class's Python __setattr__ compiled as a frame of its own (called from code that runs
+    eagerly) ends in object.__setattr__ on the real object: the store must happen. It was lost: the
+    frame was split at its return, after the store the graph could not make."""
+    cfg = StrictCfg()
+    set_ = ember.compile(StrictCfg.__setattr__)
+    set_(cfg, "layers", 3)
+    set_(cfg, "scale", 0.5)
+    set_(cfg, "layers", 7)
+    assert (cfg.layers, cfg.scale) == (7, 0.5)
+    with pytest.raises(TypeError, match="Field 'width' expected"):
+        set_(cfg, "width", "wide")
+    assert cfg.width == 4
