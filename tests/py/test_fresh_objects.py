@@ -346,3 +346,62 @@ def test_custom_getattribute_keeps_identity():
         torch.testing.assert_close(c(o, x), x + object.__getattribute__(o, "t"))
     guards = "\n".join(entries(c)[0]["guards"])
     assert "___id(L['o'])" in guards and "L['o'].__dict__['t']" not in guards, guards
+
+
+# ---- the recompile budget over real models (issue 46 item 4) -----------------------------------
+
+def _real_models():
+    """(name, model, make_inputs) for transformers' encoder-only, decoder-only and encoder-decoder
+    families and torchvision's ResNet-18, each tiny and built from a config (nothing downloaded)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    ids = lambda b, s: torch.randint(0, 100, (b, s))  # noqa: E731
+    models = [
+        ("bert", transformers.BertModel(transformers.BertConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)),
+         lambda: {"input_ids": ids(2, 12)}),
+        ("gpt2", transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4)),
+         lambda: {"input_ids": ids(2, 12)}),
+        ("llama", transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2)),
+         lambda: {"input_ids": ids(2, 12)}),
+        ("t5", transformers.T5Model(transformers.T5Config(
+            vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0)),
+         lambda: {"input_ids": ids(2, 12), "decoder_input_ids": ids(2, 6)}),
+        ("bart", transformers.BartModel(transformers.BartConfig(
+            vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)),
+         lambda: {"input_ids": ids(2, 12), "decoder_input_ids": ids(2, 6)}),
+    ]
+    try:
+        import torchvision
+        models.append(("resnet18", torchvision.models.resnet18(num_classes=10),
+                       lambda: {"x": torch.randn(2, 3, 32, 32)}))
+    except ImportError:
+        pass
+    return models
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "t5", "bart", "resnet18"])
+def test_real_models_compile_no_more_than_torch_compile(name):
+    """20 calls, fresh inputs each call (and the ModelOutputs and caches the forward builds): ember's
+    cache entries at most the frames torch.compile (Dynamo, backend "eager") compiles on the same
+    calls; every result equals eager's."""
+    found = [m for m in _real_models() if m[0] == name]
+    if not found:
+        pytest.skip(f"{name}: torchvision is not installed")
+    _, model, make = found[0]
+    model.eval()
+    calls = [make() for _ in range(20)]
+    first = lambda out: out if isinstance(out, torch.Tensor) else out[0]  # noqa: E731
+
+    def fwd(kw):
+        return first(model(**kw))
+    with torch.no_grad():
+        c = ember.compile(model)
+        with count_compiles() as counter:
+            for kw in calls:
+                torch.testing.assert_close(first(c(**kw)), first(model(**kw)))
+        budget = dynamo_frames(fwd, [(kw,) for kw in calls])
+    assert counter.entries <= max(budget, 1), (counter.entries, budget)
