@@ -632,9 +632,12 @@ TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing)
                 return rv;
             }
         }
-        if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && v->src >= 0 && !v->by_type) {
-            /* a __slots__ member of an object with a source (a dataclasses.Field in a closure):
-             * read through the source L[...].name, guarded as it is used */
+        if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && (v->src >= 0 || v->stable) && !v->by_type) {
+            /* a __slots__ member of an object with a source (a dataclasses.Field in a closure), or
+             * of one reached through guarded constants (a typing special form, held by a
+             * ___const source): read through L[...].name, guarded as it is used */
+            GuardSrc base = v->src >= 0 ? v->src : em_guard_src_const(T->gb, o);
+            if (base < 0) return NULL;
             PyObject *r = PyObject_GetAttr(o, name);
             if (!r) {
                 if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
@@ -644,7 +647,7 @@ TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing)
                 PyErr_Clear();
                 return missing_or_break(T, missing, o, name);
             }
-            GuardSrc ms = em_guard_src_attr(T->gb, v->src, name, r);
+            GuardSrc ms = em_guard_src_attr(T->gb, base, name, r);
             TValue *rv = ms >= 0 ? em_tr_wrap(T, em_arena_hold_steal(T->arena, r), ms, false) : NULL;
             if (ms < 0) Py_DECREF(r);
             return rv;

@@ -2429,7 +2429,7 @@ static TValue *call_container_method(Trace *T, TValue *self, PyObject *name, TVa
                 return NULL;
             }
             for (uint32_t i = 0; i < m; i++) {
-                TValue *k = em_tr_const(T, self->u.dict.keys[i]);
+                TValue *k = em_tr_dict_key_value(T, self->u.dict.keys[i]);
                 if (!k) return NULL;
                 if (n[0] == 'k')
                     r[i] = k;

@@ -412,6 +412,9 @@ TValue *em_tr_dict_get(TValue *d, PyObject *key);          /* NULL if absent */
 /* The key a value stands for in a dict of the trace: a constant (guarded by its value), or a
  * class or other object hashed and compared by identity (guarded by identity); else a break. */
 PyObject *em_tr_dict_key(Trace *T, TValue *k);
+/* A dict's key as a value (iteration, keys(), items()): a constant, or the identity-keyed object
+ * itself as a stable value (its dict's guard keeps it in place). */
+TValue *em_tr_dict_key_value(Trace *T, PyObject *key);
 /* `int | None`, `list[int]` (types.UnionType, types.GenericAlias): immutable type expressions. */
 bool em_tr_is_type_expression(PyObject *o);
 TValue *em_tr_tensor(Trace *T, uint32_t ref, const IRMeta *meta);

@@ -504,6 +504,11 @@ PyObject *em_tr_dict_key(Trace *T, TValue *k) {
     return NULL;
 }
 
+TValue *em_tr_dict_key_value(Trace *T, PyObject *key) {
+    if (identity_keyed(key)) return em_tr_wrap(T, key, -1, true); /* kept in place by the dict's guard */
+    return em_tr_const(T, key);
+}
+
 TValue *em_tr_dict_get(TValue *d, PyObject *key) {
     for (uint32_t i = 0; i < d->u.dict.n; i++) {
         PyObject *k = d->u.dict.keys[i];
@@ -696,7 +701,7 @@ int em_tr_items(Trace *T, TValue *v, TValue ***items, uint32_t *n) {
             return -1;
         }
         for (uint32_t i = 0; i < v->u.dict.n; i++)
-            if (!(r[i] = em_tr_const(T, v->u.dict.keys[i]))) return -1;
+            if (!(r[i] = em_tr_dict_key_value(T, v->u.dict.keys[i]))) return -1;
         *items = r;
         *n = v->u.dict.n;
         return 0;

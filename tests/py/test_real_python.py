@@ -938,6 +938,13 @@ def test_union_args_and_class_keyed_dicts():
     torch.testing.assert_close(c(x34() * 0, 2.0), torch.zeros(3, 4) + 9)
     torch.testing.assert_close(c(x34() * 0, 2), torch.zeros(3, 4) + 9)
 
+    def g(x):  # the keys come back as the classes themselves
+        s = 0
+        for k, v in table.items():
+            s = s + v * (k is float) + (getattr(k, "__name__", "") == "int")
+        return x + s
+    one_graph(g, x34())
+
 
 def test_store_through_a_compiled_setattr_frame_is_kept():
     """A class's Python __setattr__ compiled as a frame of its own (called from code that runs
