@@ -154,6 +154,11 @@ bool em_sym_specializes(const ShapeEnv *env, int64_t hint);
  * source: Python text ("L['x'].size()[0]"), copied. lo/hi: user bounds (mark_dynamic min/max),
  * SYM_NEG_INF / SYM_INF for none. A hint outside [lo, hi] fails BAD_ARG. */
 SymRef em_sym_new_size(ShapeEnv *env, const char *source, int64_t hint, int64_t lo, int64_t hi);
+/* The same, duck-shaped only if duck (and the env's duck_shape option): torch makes dims of
+ * dynamic=True duck-shaped (DimDynamic.DUCK) and dims made dynamic automatically or by
+ * mark_dynamic not (DimDynamic.DYNAMIC: a symbol of their own, related by the guards the program
+ * needs). A duck size unifies only with earlier duck sizes. */
+SymRef em_sym_new_size_as(ShapeEnv *env, const char *source, int64_t hint, int64_t lo, int64_t hi, bool duck);
 /* A Python int argument made symbolic: range unbounded unless given, no duck shaping, and 0/1 are
  * not specialised (torch's ShapeEnv.create_unspecified_symbol). */
 SymRef em_sym_new_int(ShapeEnv *env, const char *source, int64_t hint, int64_t lo, int64_t hi);

@@ -242,7 +242,8 @@ static int learn(ShapeEnv *env, SymOp op, SymRef a, SymRef b) {
 
 /* ---- symbols ---- */
 
-static SymRef new_symbol(ShapeEnv *env, const char *source, int64_t hint, SymKind kind, int64_t lo, int64_t hi) {
+static SymRef new_symbol(ShapeEnv *env, const char *source, int64_t hint, SymKind kind, int64_t lo, int64_t hi,
+                         bool duck) {
     if (env->error) return SYM_NONE;
     if (!source) return em_sym__fail(env, SYM_ERR_BAD_ARG), SYM_NONE;
     /* sizes 0/1 are specialised; an int symbol is not (torch's create_unspecified_symbol:
@@ -266,7 +267,8 @@ static SymRef new_symbol(ShapeEnv *env, const char *source, int64_t hint, SymKin
         free(src);
         return SYM_NONE;
     }
-    env->syms[i] = (SymSymbol){src, hint, (uint8_t)kind, node, SYM_NONE, 0};
+    duck = duck && kind == SYM_KIND_SIZE && env->opts.duck_shape && !user_bounds;
+    env->syms[i] = (SymSymbol){src, hint, (uint8_t)kind, duck, node, SYM_NONE, 0};
     env->hints[i] = hint;
     env->nsyms++;
     SymFact *f = em_sym__fact_add(env, node);
@@ -274,11 +276,11 @@ static SymRef new_symbol(ShapeEnv *env, const char *source, int64_t hint, SymKin
     f->lo = lo;
     f->hi = hi;
     env->epoch++;
-    if (kind == SYM_KIND_SIZE && env->opts.duck_shape && !user_bounds) {
-        /* duck shaping: the earliest unreplaced size symbol with the same hint and no user bounds */
+    if (duck) {
+        /* duck shaping: the earliest unreplaced duck size symbol with the same hint and no user bounds */
         for (uint32_t j = 0; j < i; j++) {
             const SymSymbol *o = &env->syms[j];
-            if (o->kind != SYM_KIND_SIZE || o->hint != hint || o->repl || o->source[0] == '\0') continue;
+            if (!o->duck || o->hint != hint || o->repl || o->source[0] == '\0') continue;
             const SymFact *of = em_sym__fact(env, o->node);
             if (!of || of->lo != lo || of->hi != SYM_INF) continue;
             if (assume(env, SYM_EQ, node, o->node) < 0) return SYM_NONE;
@@ -289,12 +291,16 @@ static SymRef new_symbol(ShapeEnv *env, const char *source, int64_t hint, SymKin
 }
 
 SymRef em_sym_new_size(ShapeEnv *env, const char *source, int64_t hint, int64_t lo, int64_t hi) {
+    return em_sym_new_size_as(env, source, hint, lo, hi, true);
+}
+
+SymRef em_sym_new_size_as(ShapeEnv *env, const char *source, int64_t hint, int64_t lo, int64_t hi, bool duck) {
     if (hint < 0) return em_sym__fail(env, SYM_ERR_BAD_ARG), SYM_NONE;
-    return new_symbol(env, source, hint, SYM_KIND_SIZE, lo, hi);
+    return new_symbol(env, source, hint, SYM_KIND_SIZE, lo, hi, duck);
 }
 
 SymRef em_sym_new_int(ShapeEnv *env, const char *source, int64_t hint, int64_t lo, int64_t hi) {
-    return new_symbol(env, source, hint, SYM_KIND_INT, lo, hi);
+    return new_symbol(env, source, hint, SYM_KIND_INT, lo, hi, false);
 }
 
 /* ---- questions ---- */

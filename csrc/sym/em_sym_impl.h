@@ -31,6 +31,7 @@ typedef struct SymSymbol {
     char *source;       /* malloc'd */
     int64_t hint;
     uint8_t kind;       /* SymKind */
+    bool duck;          /* made under duck shaping (torch's DimDynamic.DUCK): later duck sizes of its hint are it */
     SymRef node;        /* its SYMBOL node */
     SymRef repl;        /* replacement (unsimplified: simplify before use), SYM_NONE if none */
     uint64_t tag;       /* the tracer's (em_sym_set_symbol_tag) */

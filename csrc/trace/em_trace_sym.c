@@ -213,7 +213,10 @@ int em_tr_sym_input(Trace *T, TValue *v, PyObject *tensor, GuardSrc src, IRMeta 
         marked_range(tensor, d, &lo, &hi);
         snprintf(source, sizeof source, "%s.size()[%d]", ktext, d);
         uint32_t before_n = em_sym_nsymbols(T->env);
-        SymRef e = em_sym_new_size(T->env, source, hint, lo, hi);
+        /* duck shaping for dynamic=True only, as torch (DimDynamic.DUCK there, DYNAMIC for automatic
+         * and marked dims: `a * b + a` on square then non-square sizes compiles twice, not three times) */
+        bool duck = T->opts.dynamic == 1 && !(marked & ((uint64_t)1 << d));
+        SymRef e = em_sym_new_size_as(T->env, source, hint, lo, hi, duck);
         if (e == SYM_NONE) {
             rc = env_break(T);
             goto done;

@@ -57,6 +57,25 @@ def test_dynamic_false_never_symbolic():
     assert all(not e["dynamic"] for e in entries(cf))
 
 
+def test_equal_sizes_are_not_duck_shaped_under_automatic_dynamic():
+    """Square then non-square: a dim made dynamic by a recompile is a symbol of its own, related to
+    others only by the guards the program needs (torch's DimDynamic.DYNAMIC; duck shaping, DUCK, is
+    dynamic=True's). Was three graphs: both dims of (5, 5) became one symbol, and (3, 7) failed the
+    duck guard."""
+    f = lambda a, b: a * b + a  # noqa: E731
+    make = lambda nm: (torch.randn(*nm), torch.randn(*nm))  # noqa: E731
+    seq = [(4, 4), (5, 5), (6, 6), (3, 7), (8, 2), (9, 5)]
+    cf = check_sequence(f, make, seq)
+    es = entries(cf)
+    assert len(es) == 2 == torch_graphs(f, make, seq), [e["guards"] for e in es]
+    assert "L['b'].size()[0] == L['a'].size()[0]" in es[0]["guards"]  # the broadcast's own guard
+    assert not any("L['a'].size()[1] == L['a'].size()[0]" in g for g in es[0]["guards"])
+    # dynamic=True keeps duck shaping (one symbol for equal sizes, as torch's DUCK)
+    ember.reset()
+    cf = check_sequence(f, make, [(5, 5)], dynamic=True)
+    assert any("L['a'].size()[1] == L['a'].size()[0]" in g for g in entries(cf)[0]["guards"]), entries(cf)[0]["guards"]
+
+
 def test_dynamic_true_one_graph_from_the_first_call():
     cf = check_sequence(lambda x: (x * 2).reshape(-1), lambda n: (torch.randn(n, n + 1),), [4, 6, 8], dynamic=True)
     es = entries(cf)
