@@ -788,13 +788,21 @@ static bool default_copy_protocol(PyTypeObject *tp, bool deep) {
         PyObject *f = _PyType_Lookup(tp, em_str(object_own[i]));
         if (f && f != _PyType_Lookup(&PyBaseObject_Type, em_str(object_own[i]))) return false;
     }
-    if (_PyType_Lookup(tp, em_str(deep ? "__deepcopy__" : "__copy__")) || _PyType_Lookup(tp, em_str("__setstate__")))
+    /* copy.py finds __deepcopy__ with getattr(): a Python __getattr__ could answer it */
+    if (_PyType_Lookup(tp, em_str(deep ? "__deepcopy__" : "__copy__")) || _PyType_Lookup(tp, em_str("__setstate__")) ||
+        _PyType_Lookup(tp, em_str("__getattr__")))
         return false;
-    PyObject *copyreg = PyImport_GetModule(em_str("copyreg"));
+    /* no copier registered for the class: copyreg.dispatch_table, copy._deepcopy_dispatch /
+     * copy._copy_dispatch */
+    PyObject *copyreg = PyImport_GetModule(em_str("copyreg")), *copymod = PyImport_GetModule(em_str("copy"));
     PyObject *table = copyreg ? PyObject_GetAttrString(copyreg, "dispatch_table") : NULL;
+    PyObject *own = copymod ? PyObject_GetAttrString(copymod, deep ? "_deepcopy_dispatch" : "_copy_dispatch") : NULL;
     int has = table && PyDict_Check(table) ? PyDict_Contains(table, (PyObject *)tp) : 1;
+    if (has == 0) has = own && PyDict_Check(own) ? PyDict_Contains(own, (PyObject *)tp) : 1;
     Py_XDECREF(table);
+    Py_XDECREF(own);
     Py_XDECREF(copyreg);
+    Py_XDECREF(copymod);
     PyErr_Clear();
     return has == 0;
 }

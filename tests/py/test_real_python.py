@@ -959,3 +959,25 @@ def test_store_through_a_compiled_setattr_frame_is_kept():
     with pytest.raises(TypeError, match="Field 'width' expected"):
         set_(cfg, "width", "wide")
     assert cfg.width == 4
+
+
+class AnswersEverything:
+    """A __getattr__ that answers any name, __deepcopy__ included (copy.py asks with getattr)."""
+    def __init__(self):
+        self.v = 1
+
+    def __getattr__(self, name):
+        if name == "__deepcopy__":
+            return lambda memo: "copied by __getattr__"
+        raise AttributeError(name)
+
+
+def test_deepcopy_of_an_object_whose_getattr_answers_deepcopy_keeps_eager_semantics():
+    import copy
+
+    def f(x, o):
+        c = copy.deepcopy(o)
+        return x + 1, c
+    c = ember.compile(f)
+    y, copied = c(x34(), AnswersEverything())
+    assert copied == "copied by __getattr__"
