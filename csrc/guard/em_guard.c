@@ -424,6 +424,24 @@ static void bsym_free(PyObject *cap) {
     if (bs) em_sym_prog_free(bs->prog);
 }
 
+int em_guard_no_overlap(GuardBuilder *b, const GuardSrc *srcs, uint32_t nmut, uint32_t n) {
+    if (!b || !nmut || nmut > n) return bad_arg("no-overlap guard without updated tensors");
+    for (uint32_t i = 0; i < n; i++)
+        if (srcs[i] < 0 || (uint32_t)srcs[i] >= b->src.n) return bad_arg("no-overlap guard on no source");
+    int r = leaf_present(b, GUARD_NO_OVERLAP, srcs[0], NULL);
+    if (r) return r < 0 ? -1 : 0;
+    GOverlap *ov = em_arena_alloc(b->a, sizeof(GOverlap) + sizeof(int32_t) * n);
+    if (!ov) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    ov->n = n;
+    ov->nmut = nmut;
+    memcpy(ov->src, srcs, sizeof(int32_t) * n);
+    BLeaf l = {.kind = GUARD_NO_OVERLAP, .src = srcs[0], .aux = ov};
+    return leaf_push(b, l, NULL);
+}
+
 int em_guard_sym(GuardBuilder *b, SymProg *prog, const GuardSrc *srcs, const int32_t *dims, uint32_t n, PyObject *lines) {
     BSym *bs = em_arena_alloc(b->a, sizeof(BSym));
     PyObject *cap = bs ? PyCapsule_New(bs, "ember.BSym", bsym_free) : NULL;
@@ -937,6 +955,11 @@ GuardSet *em_guard_build(GuardBuilder *b) {
             if (l->kind == GUARD_SYM)
                 for (uint32_t j = 0; j < ((const BSym *)l->aux)->n; j++) remap[((const BSym *)l->aux)->src[j]] = 1;
             if (l->kind == GUARD_TENSOR_MATCH) ntensor_bytes += em_guard_tensor_meta_size(l->aux);
+            if (l->kind == GUARD_NO_OVERLAP) {
+                const GOverlap *ov = l->aux;
+                for (uint32_t j = 0; j < ov->n; j++) remap[ov->src[j]] = 1;
+                ntensor_bytes += align8(sizeof(GOverlap) + sizeof(int32_t) * ov->n);
+            }
             if (l->kind == GUARD_DICT_VERSION) {
                 if (l->owner >= 0) remap[l->owner] = 1; /* kept to name the dict when shown */
                 nhow += (uint32_t)strlen(l->aux) + 1;
@@ -1024,6 +1047,14 @@ GuardSet *em_guard_build(GuardBuilder *b) {
             HOLD(m->device_obj);
             HOLD(m->layout_obj);
             g->aux = m;
+        } else if (l->kind == GUARD_NO_OVERLAP) {
+            const GOverlap *bo = l->aux;
+            GOverlap *ov = (GOverlap *)tm;
+            tm += align8(sizeof(GOverlap) + sizeof(int32_t) * bo->n);
+            ov->n = bo->n;
+            ov->nmut = bo->nmut;
+            for (uint32_t j = 0; j < bo->n; j++) ov->src[j] = remap[bo->src[j]];
+            g->aux = ov;
         } else if (l->kind == GUARD_SYM) {
             BSym *bs = (BSym *)l->aux;
             uint32_t n = bs->n;
@@ -1391,6 +1422,21 @@ static int leaf_passes(const GuardSet *gs, GLeaf *g, SrcVals *vals, const EmFram
     }
     case GUARD_TENSOR_MATCH:
         return Py_TYPE(v) == (PyTypeObject *)g->obj && em_guard_tensor_check(g->aux, v);
+    case GUARD_NO_OVERLAP: { /* each updated tensor's bytes against every other tensor's */
+        const GOverlap *ov = g->aux;
+        uintptr_t stack[2 * 32], *r = ov->n <= 32 ? stack : malloc(sizeof(uintptr_t) * 2 * ov->n);
+        int ok = r != NULL;
+        for (uint32_t j = 0; ok && j < ov->n; j++) {
+            PyObject *t = resolve(gs, vals, fv, ov->src[j]);
+            ok = t && em_guard_tensor_extent(t, &r[2 * j], &r[2 * j + 1]) == 0;
+        }
+        for (uint32_t i = 0; ok && i < ov->nmut; i++)
+            for (uint32_t j = 0; ok && j < ov->n; j++)
+                ok = j == i || r[2 * i] == r[2 * i + 1] || r[2 * j] == r[2 * j + 1] || r[2 * i + 1] <= r[2 * j] ||
+                     r[2 * j + 1] <= r[2 * i];
+        if (r != stack) free(r);
+        return ok;
+    }
     case GUARD_SYM: { /* the symbols' values (sizes, int arguments) into a stack array, then the compiled relations */
         const GSymInfo *info = g->aux;
         int64_t stack[16], *sz = info->n <= 16 ? stack : malloc(sizeof(int64_t) * info->n);

@@ -72,10 +72,16 @@ int em_guard_tensor_dynamic(GuardBuilder *b, GuardSrc s, uint64_t dynmask);
  * refuses the tensor (sparse, meta, quantized). 0, or -1 with an exception. Used by the runtime
  * for every kernel argument. */
 int em_guard_tensor_data_ptr(PyObject *t, char **out);
+/* [*lo, *hi) the bytes tensor t can reach (empty: *lo == *hi), from DLPack. -1 (no exception)
+ * when DLPack cannot tell. */
+int em_guard_tensor_extent(PyObject *t, uintptr_t *lo, uintptr_t *hi);
 /* The relations the trace relied on among symbolic sizes (csrc/sym): prog checks them on the sizes
  * read from tensor srcs[i], dim dims[i], for symbol i (n symbols). Takes prog (freed with the set or
  * the builder's arena). lines: the relations as Python text, for rendering. */
 struct SymProg;
+/* The tensors of srcs[0..nmut) share no memory with any tensor of srcs[0..n): one NO_OVERLAP
+ * leaf (the inputs a graph updates in place against the graph's other tensor inputs). */
+int em_guard_no_overlap(GuardBuilder *b, const GuardSrc *srcs, uint32_t nmut, uint32_t n);
 int em_guard_sym(GuardBuilder *b, struct SymProg *prog, const GuardSrc *srcs, const int32_t *dims, uint32_t n,
                  PyObject *lines);
 /* Replaces the program and lines of b's sym guard (relations a backend learnt on the same symbols

@@ -49,6 +49,7 @@ PyObject *em_guard_render_src(const void *table, size_t stride, int32_t s);
     _(GLOBAL_STATE)        \
     _(SDP_FLAGS)           \
     _(TENSOR_MATCH)        \
+    _(NO_OVERLAP)          \
     _(SYM)
 
 typedef enum {
@@ -132,6 +133,15 @@ int em_guard_tensor_size(const EmDLPackAPI *api, PyObject *v, int dim, int64_t *
 /* The SYM leaf (one per set, owned by GuardSet.sym): the symbols' sizes are read from their
  * tensors (src remapped to the set's sources, dim, DLPack table) into an array on the stack and
  * the compiled program checks every relation the trace relied on (csrc/sym, em_sym_prog_check). */
+/* The NO_OVERLAP leaf: the memory of tensors src[0..nmut) (inputs the graph updates in place)
+ * overlaps no other tensor of src[0..n) (set sources), by [first byte, last byte] ranges from
+ * DLPack: the lowering then keeps such an update an extern call whose result later kernels read
+ * (em_lower.c, input_update_read_later). Lives in the set's block. */
+typedef struct GOverlap {
+    uint32_t n, nmut;
+    int32_t src[];
+} GOverlap;
+
 typedef struct GSymInfo {
     struct SymProg *prog;
     uint32_t n;

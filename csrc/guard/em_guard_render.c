@@ -163,6 +163,24 @@ PyObject *em_guard_render_one(const GuardSet *gs, int index) {
     case GUARD_TENSOR_MATCH:
         out = em_guard_tensor_render(g->aux, (PyTypeObject *)g->obj, src);
         break;
+    case GUARD_NO_OVERLAP: { /* the updated tensors, then how many others they must not touch */
+        const GOverlap *ov = g->aux;
+        PyObject *names = PyList_New(0);
+        for (uint32_t j = 0; names && j < ov->nmut; j++) {
+            PyObject *n = em_guard_render_src(gs->src, sizeof(GSrc), ov->src[j]);
+            if (!n || PyList_Append(names, n) < 0) Py_CLEAR(names);
+            Py_XDECREF(n);
+        }
+        PyObject *sep = names ? PyUnicode_FromString(", ") : NULL;
+        PyObject *joined = sep ? PyUnicode_Join(sep, names) : NULL;
+        if (joined)
+            out = PyUnicode_FromFormat("___no_overlap(%U)  # no memory shared with the %u other tensor inputs",
+                                       joined, ov->n - ov->nmut);
+        Py_XDECREF(names);
+        Py_XDECREF(sep);
+        Py_XDECREF(joined);
+        break;
+    }
     case GUARD_SYM: { /* the relations among symbolic sizes, joined */
         const GSymInfo *info = g->aux;
         PyObject *sep = PyUnicode_FromString(" and ");

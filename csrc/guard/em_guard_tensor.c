@@ -79,6 +79,31 @@ int em_guard_tensor_data_ptr(PyObject *t, char **out) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
+int em_guard_tensor_extent(PyObject *t, uintptr_t *lo, uintptr_t *hi) {
+    const EmDLPackAPI *api = dlpack_api_of(Py_TYPE(t));
+    EmDLTensor dl;
+    if (!api || api->dltensor_from_py_object_no_sync(t, &dl) != 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    uintptr_t first = (uintptr_t)dl.data + (uintptr_t)dl.byte_offset;
+    uint64_t last = 0, dense = 1; /* the last element's offset, in elements */
+    for (int32_t i = dl.ndim; i-- > 0;) {
+        if (dl.shape[i] == 0) {
+            *lo = *hi = first;
+            return 0;
+        }
+        int64_t st = dl.strides ? dl.strides[i] : (int64_t)dense; /* NULL: compact row-major (dlpack.h) */
+        if (st < 0) return -1;
+        last += (uint64_t)(dl.shape[i] - 1) * (uint64_t)st;
+        dense *= (uint64_t)dl.shape[i];
+    }
+    uint64_t item = ((uint64_t)dl.dtype.bits * dl.dtype.lanes + 7) / 8;
+    *lo = first;
+    *hi = first + (uintptr_t)((last + 1) * item);
+    return 0;
+}
+
 int em_guard_tensor_size(const EmDLPackAPI *api, PyObject *v, int dim, int64_t *out) {
     if (api) {
         EmDLTensor dl;

@@ -146,6 +146,10 @@ typedef struct IRGraph {
      * outputs, which the user holds). The scheduler may count such an input's memory as freed after
      * its last read. */
     uint8_t *input_released;
+    /* The tracer guarded (NO_OVERLAP) that every input the graph updates in place shares no memory
+     * with another tensor input: such an update may stay an extern call whose result later nodes
+     * read (a static KV cache's index_copy_; em_lower.c, input_update_read_later). */
+    bool inputs_apart;
 } IRGraph;
 
 /* Does any node of g carry a symbolic size or SymInt value? */

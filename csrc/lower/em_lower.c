@@ -889,6 +889,34 @@ static int lone_input_update(const IRGraph *g, const uint8_t *functional, IRRef 
     return 1;
 }
 
+/* An in-place update of a graph input (a static KV cache: `cumulative_length.add_(n)`,
+ * `keys.index_copy_(2, pos, k)`, whose result attention reads), in a graph whose tracer guarded
+ * that the inputs it updates share no memory with another tensor input (IRGraph.inputs_apart,
+ * NO_OVERLAP): an extern call that writes the input and returns it. The nodes that read the new
+ * value read that result, so the schedule puts them after it. Nodes that read the input itself
+ * must come before the update in the IR and compute a new value from it (no view, no `to`, which
+ * may alias it): the schedule materializes them before the update (em_schedule.c,
+ * update_readers_first), where a kernel would otherwise read the input when first needed, after
+ * the update. */
+static int input_update_read_later(const IRGraph *g, const uint8_t *functional, IRRef r) {
+    const IRNode *n = &g->nodes[r];
+    if (!g->inputs_apart || (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !em_ir_mutates(n) ||
+        n->nargs < 1 || n->args[0].kind != IRARG_NODE)
+        return 0;
+    IRRef in = n->args[0].u.ref;
+    if (g->nodes[in].kind != IR_PLACEHOLDER || g->nodes[in].meta.kind != IRMETA_TENSOR) return 0;
+    if (em_ir_node_reads(n, in) != 1) return 0; /* only as the self it writes */
+    for (IRRef u = 1; u < g->nnodes; u++) {
+        const IRNode *un = &g->nodes[u];
+        if (u == r || !em_ir_node_reads(un, in)) continue;
+        if (u > r || un->kind == IR_OUTPUT) return 0;
+        const LowerRule *rule = em_lower_find_rule(un, functional ? functional[u] : 0);
+        if (rule ? em_lower_is_view_rule(rule) || rule->kind == R_TO || rule->kind == R_CAST : !returns_fresh(un))
+            return 0;
+    }
+    return 1;
+}
+
 /* Is every reader of node r a getitem r[k] with a constant int k (and r not returned)? */
 static int only_getitems_read(const IRGraph *g, IRRef r) {
     for (IRRef u = r + 1; u < g->nnodes; u++) {
@@ -1139,7 +1167,7 @@ static int check_graph(Lowering *p, int meta_as_cuda, const char **why) {
             }
         }
         if ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && !p->functional[r] && em_ir_mutates(n) &&
-            !lone_input_update(g, p->functional, r)) {
+            !lone_input_update(g, p->functional, r) && !input_update_read_later(g, p->functional, r)) {
             *why = "the graph has an in-place op on a graph input or on a value read again (or through a view) "
                    "after it: ran by the eager backend";
             return -1;

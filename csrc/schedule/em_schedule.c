@@ -1344,6 +1344,23 @@ static int user_lists(Sched *c) {
     return 0;
 }
 
+/* Extern call r updates a graph input in place (em_lower.c: lone_input_update,
+ * input_update_read_later): every lowered node before it in the IR that reads that input is
+ * materialized now, before the update, where fusion by demand would compute it when first needed,
+ * after the update (a static KV cache's write positions, `arange(n) + cumulative_length`, read the
+ * counter that `cumulative_length.add_(n)` then advances). */
+static int update_readers_first(Sched *c, IRRef r) {
+    const IRGraph *g = c->lg->ir;
+    const IRNode *n = &g->nodes[r];
+    if (!em_ir_mutates(n) || n->nargs < 1 || n->args[0].kind != IRARG_NODE ||
+        g->nodes[n->args[0].u.ref].kind != IR_PLACEHOLDER)
+        return 0;
+    IRRef in = n->args[0].u.ref;
+    for (IRRef u = in + 1; u < r; u++)
+        if (c->lg->vals[u].kind == LV_NODE && em_ir_node_reads(&g->nodes[u], in) && need_tensor(c, u, 0) < 0) return -1;
+    return 0;
+}
+
 Schedule *em_schedule_graph(LGraph *lg) {
     EmArena *a = lg->arena;
     const IRGraph *g = lg->ir;
@@ -1376,6 +1393,7 @@ Schedule *em_schedule_graph(LGraph *lg) {
         if (v->kind != LV_EXTERN && !v->ext_call) continue;
         if (is_sym_extern(lg, r)) continue; /* scheduled where something reads it (need_sym) */
         c.cur = r;
+        if (update_readers_first(&c, r) < 0) goto oom;
         for (uint32_t i = 0; i < n->nargs; i++)
             if ((!v->ext_call || (int32_t)i != v->none_arg) && need_arg(&c, &n->args[i]) < 0) goto oom;
         for (uint32_t i = 0; i < n->nkwargs; i++)

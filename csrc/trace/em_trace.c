@@ -1017,6 +1017,53 @@ static int remap_arg(Trace *T, const IRArg *a, IRArg *o, const uint32_t *map) {
 
 /* Turns the recorded nodes into the IRGraph: placeholders first (in order of first use), then the
  * calls in recording order, then the output; fills the result's graph inputs. */
+/* An input the graph updates in place (`cache.index_copy_(2, pos, k)`) whose updated value later
+ * nodes read can stay an in-place extern call only if no other tensor input shares its memory:
+ * kernels read inputs when they are scheduled, not in program order (em_lower.c). When the example
+ * inputs share none, that is guarded (NO_OVERLAP, as AOTAutograd checks its mutated inputs'
+ * aliasing) and the graph says so (inputs_apart); otherwise nothing is added and the lowering
+ * keeps its stricter rule. */
+static int guard_updated_inputs_apart(Trace *T, IRGraph *g) {
+    uint32_t nin = g->ninputs, nmut = 0, n = 0;
+    GuardSrc *srcs = em_arena_alloc(T->arena, sizeof(GuardSrc) * (nin + 1));
+    uintptr_t *ext = em_arena_alloc(T->arena, sizeof(uintptr_t) * 2 * (nin + 1));
+    uint8_t *mut = em_arena_alloc(T->arena, nin + 1);
+    if (!srcs || !ext || !mut) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    bool read_later = false; /* some update's result is read: the case the guard is for */
+    for (uint32_t i = 0; i < nin; i++) {
+        IRRef in = g->inputs[i];
+        mut[i] = 0;
+        for (IRRef r = in + 1; r < g->nnodes; r++) {
+            const IRNode *u = &g->nodes[r];
+            if (!em_ir_mutates(u) || u->nargs < 1 || u->args[0].kind != IRARG_NODE || u->args[0].u.ref != in) continue;
+            mut[i] = 1; /* every updated input is covered, read later or not */
+            for (IRRef w = r + 1; w < g->nnodes && !read_later; w++) read_later = em_ir_node_reads(&g->nodes[w], r) != 0;
+        }
+        nmut += mut[i];
+    }
+    if (!nmut || !read_later) return 0;
+    for (int pass = 0; pass < 2; pass++) { /* the updated inputs first */
+        for (uint32_t i = 0; i < nin; i++) {
+            TNode *nd = &T->nodes.items[T->inputs.items[i]];
+            if (mut[i] != (pass == 0) || g->nodes[g->inputs[i]].meta.kind != IRMETA_TENSOR) continue;
+            if (!nd->real || nd->src < 0 || em_guard_tensor_extent(nd->real, &ext[2 * n], &ext[2 * n + 1]) < 0) return 0;
+            srcs[n++] = nd->src;
+        }
+        if (pass == 0 && n != nmut) return 0;
+    }
+    for (uint32_t i = 0; i < nmut; i++)
+        for (uint32_t j = 0; j < n; j++)
+            if (j != i && ext[2 * i] != ext[2 * i + 1] && ext[2 * j] != ext[2 * j + 1] && ext[2 * i] < ext[2 * j + 1] &&
+                ext[2 * j] < ext[2 * i + 1])
+                return 0; /* they share memory now: the stricter rule */
+    if (em_guard_no_overlap(T->gb, srcs, nmut, n) < 0) return -1;
+    g->inputs_apart = true;
+    return 0;
+}
+
 static int finish_graph(Trace *T, OutCtx *C) {
     EmTraceResult *res = T->res;
     IRGraph *g = em_ir_new(T->arena);
@@ -1085,6 +1132,7 @@ static int finish_graph(Trace *T, OutCtx *C) {
         return em_tr_break(T, EM_BREAK_INTERNAL, "graph verification failed: %s", buf);
     }
     if (em_tr_sym_finish(T, g) < 0) return -1;
+    if (guard_updated_inputs_apart(T, g) < 0) return -1;
     res->graph = g;
     return 0;
 }

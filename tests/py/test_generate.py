@@ -79,6 +79,27 @@ def test_generate_compiles_once_per_phase(make, cache):
     assert first <= dynamo_frames(model, ids, new, cache, runs=2), first
 
 
+def test_static_cache_decode_step_runs_on_the_ember_backend():
+    """A static cache's decode step updates its cache tensors (graph inputs) in place and reads them
+    afterwards (`cumulative_length.add_(n)`, `keys.index_copy_(2, pos, k)`): with the inputs guarded
+    apart (___no_overlap) the graph is ember's kernels and extern calls, not the eager backend;
+    tokens equal eager's."""
+    model = tiny_llama()
+    ids = torch.randint(1, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    ref = generate(model, ids, 12, "static")
+    orig = model.forward
+    model.forward = ember.compile(orig)
+    try:
+        out = generate(model, ids, 12, "static")
+        infos = ember.cache_info(model.forward)
+    finally:
+        model.forward = orig
+    assert torch.equal(out, ref)
+    decode = max(infos, key=lambda e: e["hits"])  # the step every new token takes
+    assert not decode["ember"].get("fallback"), decode["ember"]["fallback"]
+    assert any(g.startswith("___no_overlap(") for g in decode["guards"]), decode["guards"]
+
+
 def test_hand_written_decode_loop():
     """gpt-fast's shape: one compiled decode_one_token(model, token, cache) over many steps."""
     model = tiny_llama()
