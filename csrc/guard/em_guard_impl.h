@@ -130,9 +130,6 @@ const EmDLPackAPI *em_guard_dlpack_api(PyTypeObject *tp);
 /* v.size(dim) through api (NULL: attribute path). 0, or -1 (no exception left). */
 int em_guard_tensor_size(const EmDLPackAPI *api, PyObject *v, int dim, int64_t *out);
 
-/* The SYM leaf (one per set, owned by GuardSet.sym): the symbols' sizes are read from their
- * tensors (src remapped to the set's sources, dim, DLPack table) into an array on the stack and
- * the compiled program checks every relation the trace relied on (csrc/sym, em_sym_prog_check). */
 /* The NO_OVERLAP leaf: the memory of tensors src[0..nmut) (inputs the graph updates in place)
  * overlaps no other tensor of src[0..n) (set sources), by [first byte, last byte] ranges from
  * DLPack: the lowering then keeps such an update an extern call whose result later kernels read
@@ -142,6 +139,9 @@ typedef struct GOverlap {
     int32_t src[];
 } GOverlap;
 
+/* The SYM leaf (one per set, owned by GuardSet.sym): the symbols' sizes are read from their
+ * tensors (src remapped to the set's sources, dim, DLPack table) into an array on the stack and
+ * the compiled program checks every relation the trace relied on (csrc/sym, em_sym_prog_check). */
 typedef struct GSymInfo {
     struct SymProg *prog;
     uint32_t n;

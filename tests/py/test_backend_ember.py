@@ -608,6 +608,18 @@ def test_operator_and_is_not_an_in_place_op():
     assert not info.get("fallback"), info.get("fallback")
 
 
+def _inplace_same_as_eager(f):
+    """f(x) compiled with backend "ember" and eager on copies of one input: results and the input's
+    final contents equal; returns the cache entry."""
+    x = torch.randn(5)
+    xe, xc = x.clone(), x.clone()
+    ref = f(xe)
+    c = ember.compile(f, backend="ember")
+    _same(c(xc), ref)
+    _same(xc, xe)
+    return ember.cache_info(c)[0]
+
+
 def test_inplace_op_on_an_input_then_read():
     """x.mul_(2) on the input, then its new value read: an extern call on the input (the graph's
     inputs guarded apart, ___no_overlap), the read after it; the input ends as eager leaves it. With
@@ -616,27 +628,14 @@ def test_inplace_op_on_an_input_then_read():
     def f(x):
         x.mul_(2)
         return x + 1
-    x = torch.randn(5)
-    xe, xc = x.clone(), x.clone()
-    ref = f(xe)
-    c = ember.compile(f, backend="ember")
-    out = c(xc)
-    _same(out, ref)
-    _same(xc, xe)
-    info = ember.cache_info(c)[0]
+    info = _inplace_same_as_eager(f)
     assert not info["ember"].get("fallback") and any(g.startswith("___no_overlap(L['x'])") for g in info["guards"])
 
     def g(x):
         y = x * 3
         x.mul_(2)
         return y + x, x.view(-1)[0] * 1
-    x = torch.randn(5)
-    xe, xc = x.clone(), x.clone()
-    ref = g(xe)
-    c = ember.compile(g, backend="ember")
-    out = c(xc)
-    _same(out, ref)
-    _same(xc, xe)
+    _inplace_same_as_eager(g)
 
 
 def test_module_on_ember_backend():
