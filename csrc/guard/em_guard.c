@@ -1430,10 +1430,7 @@ static int leaf_passes(const GuardSet *gs, GLeaf *g, SrcVals *vals, const EmFram
             PyObject *t = resolve(gs, vals, fv, ov->src[j]);
             ok = t && em_guard_tensor_extent(t, &r[2 * j], &r[2 * j + 1]) == 0;
         }
-        for (uint32_t i = 0; ok && i < ov->nmut; i++)
-            for (uint32_t j = 0; ok && j < ov->n; j++)
-                ok = j == i || r[2 * i] == r[2 * i + 1] || r[2 * j] == r[2 * j + 1] || r[2 * i + 1] <= r[2 * j] ||
-                     r[2 * j + 1] <= r[2 * i];
+        ok = ok && em_guard_extents_apart(r, ov->nmut, ov->n);
         if (r != stack) free(r);
         return ok;
     }

@@ -75,6 +75,9 @@ int em_guard_tensor_data_ptr(PyObject *t, char **out);
 /* [*lo, *hi) the bytes tensor t can reach (empty: *lo == *hi), from DLPack. -1 (no exception)
  * when DLPack cannot tell. */
 int em_guard_tensor_extent(PyObject *t, uintptr_t *lo, uintptr_t *hi);
+/* Do ranges r[2i], r[2i+1] (lo, hi) of the first nmut tensors share no byte with any other of the
+ * n? Empty ranges touch nothing. The NO_OVERLAP leaf's test, also for the tracer's first look. */
+bool em_guard_extents_apart(const uintptr_t *r, uint32_t nmut, uint32_t n);
 /* The relations the trace relied on among symbolic sizes (csrc/sym): prog checks them on the sizes
  * read from tensor srcs[i], dim dims[i], for symbol i (n symbols). Takes prog (freed with the set or
  * the builder's arena). lines: the relations as Python text, for rendering. */

@@ -50,20 +50,21 @@ static PyTypeObject *dp_type[DP_TYPES];
 static const EmDLPackAPI *dp_api[DP_TYPES];
 static unsigned dp_n;
 
-int em_guard_tensor_data_ptr(PyObject *t, char **out) {
-    PyTypeObject *tp = Py_TYPE(t);
-    const EmDLPackAPI *api = NULL;
+/* dlpack_api_of through the table above. */
+static const EmDLPackAPI *cached_api(PyTypeObject *tp) {
     unsigned i = 0;
     while (i < dp_n && dp_type[i] != tp) i++;
-    if (i < dp_n) {
-        api = dp_api[i];
-    } else {
-        api = dlpack_api_of(tp);
-        if (dp_n < DP_TYPES) {
-            dp_type[dp_n] = (PyTypeObject *)Py_NewRef(tp);
-            dp_api[dp_n++] = api;
-        }
+    if (i < dp_n) return dp_api[i];
+    const EmDLPackAPI *api = dlpack_api_of(tp);
+    if (dp_n < DP_TYPES) {
+        dp_type[dp_n] = (PyTypeObject *)Py_NewRef(tp);
+        dp_api[dp_n++] = api;
     }
+    return api;
+}
+
+int em_guard_tensor_data_ptr(PyObject *t, char **out) {
+    const EmDLPackAPI *api = cached_api(Py_TYPE(t));
     if (api) {
         EmDLTensor dl;
         if (api->dltensor_from_py_object_no_sync(t, &dl) == 0) {
@@ -80,7 +81,7 @@ int em_guard_tensor_data_ptr(PyObject *t, char **out) {
 }
 
 int em_guard_tensor_extent(PyObject *t, uintptr_t *lo, uintptr_t *hi) {
-    const EmDLPackAPI *api = dlpack_api_of(Py_TYPE(t));
+    const EmDLPackAPI *api = cached_api(Py_TYPE(t));
     EmDLTensor dl;
     if (!api || api->dltensor_from_py_object_no_sync(t, &dl) != 0) {
         PyErr_Clear();
@@ -102,6 +103,15 @@ int em_guard_tensor_extent(PyObject *t, uintptr_t *lo, uintptr_t *hi) {
     *lo = first;
     *hi = first + (uintptr_t)((last + 1) * item);
     return 0;
+}
+
+bool em_guard_extents_apart(const uintptr_t *r, uint32_t nmut, uint32_t n) {
+    for (uint32_t i = 0; i < nmut; i++)
+        for (uint32_t j = 0; j < n; j++)
+            if (j != i && r[2 * i] != r[2 * i + 1] && r[2 * j] != r[2 * j + 1] && r[2 * i] < r[2 * j + 1] &&
+                r[2 * j] < r[2 * i + 1])
+                return false;
+    return true;
 }
 
 int em_guard_tensor_size(const EmDLPackAPI *api, PyObject *v, int dim, int64_t *out) {

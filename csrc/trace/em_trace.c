@@ -1054,11 +1054,7 @@ static int guard_updated_inputs_apart(Trace *T, IRGraph *g) {
         }
         if (pass == 0 && n != nmut) return 0;
     }
-    for (uint32_t i = 0; i < nmut; i++)
-        for (uint32_t j = 0; j < n; j++)
-            if (j != i && ext[2 * i] != ext[2 * i + 1] && ext[2 * j] != ext[2 * j + 1] && ext[2 * i] < ext[2 * j + 1] &&
-                ext[2 * j] < ext[2 * i + 1])
-                return 0; /* they share memory now: the stricter rule */
+    if (!em_guard_extents_apart(ext, nmut, n)) return 0; /* they share memory now: the stricter rule */
     if (em_guard_no_overlap(T->gb, srcs, nmut, n) < 0) return -1;
     g->inputs_apart = true;
     return 0;
