@@ -855,14 +855,16 @@ static int global_state_read(uint8_t *bits, PyObject **dtype) {
 
 /* Which scaled_dot_product_attention backends torch may choose (torch.backends.cuda's
  * flash / mem_efficient / math / cudnn flags, which sdpa_kernel contexts set; the CPU flash kernel
- * follows the flash flag): bits 0-3. A flag torch does not have reads as on. 0, or -1 with an
- * exception. */
+ * follows the flash flag): bits 0-3; bit 4: whether the math kernel may compute half / bfloat16 in
+ * their own dtype (allow_fp16_bf16_reduction_math_sdp; off: in float32, which a decomposed math
+ * kernel reproduces). A flag torch does not have reads as on. 0, or -1 with an exception. */
 static int sdp_flags_read(uint8_t *bits) {
-    static const char *const names[4] = {"_get_flash_sdp_enabled", "_get_mem_efficient_sdp_enabled",
-                                         "_get_math_sdp_enabled", "_get_cudnn_sdp_enabled"};
+    static const char *const names[EM_SDP_FLAGS] = {"_get_flash_sdp_enabled", "_get_mem_efficient_sdp_enabled",
+                                                    "_get_math_sdp_enabled", "_get_cudnn_sdp_enabled",
+                                                    "_get_math_sdp_allow_fp16_bf16_reduction"};
     EmGuardState *st = &em_guard_state;
     int b = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < EM_SDP_FLAGS; i++) {
         if (!st->sdp_enabled[i]) {
             PyObject *c = PyImport_ImportModule("torch._C");
             st->sdp_enabled[i] = c ? PyObject_GetAttrString(c, names[i]) : NULL;
@@ -1460,6 +1462,17 @@ static int leaf_passes(const GuardSet *gs, GLeaf *g, SrcVals *vals, const EmFram
 
 /* See em_guard.h. *failed is the failing leaf, or -1 when no leaf failed (success, a fetched
  * source that could not be evaluated, or out of memory for a check nested in one of the same set). */
+bool em_guard_same_id_locals(const GuardSet *gs, const EmFrameView *fv) {
+    for (uint32_t i = 0; i < gs->nleaf; i++) {
+        const GLeaf *l = &gs->leaf[i];
+        if (l->kind != GUARD_ID_MATCH || l->src < 0) continue;
+        const GSrc *src = &gs->src[l->src];
+        if (src->d.kind != SRC_LOCAL || src->d.parent >= 0 || src->value) continue;
+        if (src->d.index >= fv->nlocals || fv->locals[src->d.index] != l->obj) return false;
+    }
+    return true;
+}
+
 int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int *failed) {
     SrcVals vs, *vals = &vs;
     uint32_t i = 0;
@@ -1611,7 +1624,7 @@ void em_guard_fini(void) {
     Py_CLEAR(st->is_any_autocast_enabled);
     Py_CLEAR(st->get_default_dtype);
     Py_CLEAR(st->get_autocast_dtype);
-    for (int i = 0; i < 4; i++) Py_CLEAR(st->sdp_enabled[i]);
+    for (int i = 0; i < EM_SDP_FLAGS; i++) Py_CLEAR(st->sdp_enabled[i]);
     Py_CLEAR(st->dt_float16);
     Py_CLEAR(st->dt_bfloat16);
     Py_CLEAR(st->str_cpu);

@@ -231,6 +231,8 @@ struct GuardSet {
 
 /* ---- process-wide state of the guard stage. ember supports one interpreter (em_module.c),
  * so this is per-interpreter state; em_guard_init fills it, em_guard_fini clears it. ---- */
+#define EM_SDP_FLAGS 5 /* the flags GUARD_SDP_FLAGS reads (em_guard.c, sdp_flags_read) */
+
 typedef struct EmGuardState {
     int torch_ready;
     PyTypeObject *tensor_type;   /* torch.Tensor */
@@ -239,7 +241,8 @@ typedef struct EmGuardState {
     PyObject *is_any_autocast_enabled; /* torch._C._is_any_autocast_enabled, or NULL */
     PyObject *get_default_dtype; /* torch.get_default_dtype */
     PyObject *get_autocast_dtype; /* torch.get_autocast_dtype(device_type) (torch >= 2.4) */
-    PyObject *sdp_enabled[4];    /* torch._C._get_{flash,mem_efficient,math,cudnn}_sdp_enabled (NULL: absent) */
+    PyObject *sdp_enabled[EM_SDP_FLAGS]; /* torch._C._get_{flash,mem_efficient,math,cudnn}_sdp_enabled and
+                                          * _get_math_sdp_allow_fp16_bf16_reduction (NULL: not read yet) */
     PyObject *dt_float16, *dt_bfloat16; /* torch.float16, torch.bfloat16 */
     PyObject *str_cpu, *str_cuda;
     PyObject *s_requires_grad, *s_is_conj, *s_is_neg, *s_shape, *s_stride, *s_dtype, *s_device, *s_layout,

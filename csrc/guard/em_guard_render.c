@@ -157,8 +157,9 @@ PyObject *em_guard_render_one(const GuardSet *gs, int index) {
         break;
     }
     case GUARD_SDP_FLAGS:
-        out = PyUnicode_FromFormat("___sdp_flags(flash=%s, mem_efficient=%s, math=%s, cudnn=%s)", pybool(g->sub & 1),
-                                   pybool(g->sub & 2), pybool(g->sub & 4), pybool(g->sub & 8));
+        out = PyUnicode_FromFormat("___sdp_flags(flash=%s, mem_efficient=%s, math=%s, cudnn=%s, math_fp16_bf16_reduction=%s)",
+                                   pybool(g->sub & 1), pybool(g->sub & 2), pybool(g->sub & 4), pybool(g->sub & 8),
+                                   pybool(g->sub & 16));
         break;
     case GUARD_TENSOR_MATCH:
         out = em_guard_tensor_render(g->aux, (PyTypeObject *)g->obj, src);

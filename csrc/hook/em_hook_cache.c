@@ -704,9 +704,15 @@ static int skip_no_ops(ExtraState *es, PyCodeObject *code, const EmTraceResult *
 CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code, const EmFrameView *fv,
                              const EmCompileConfig *cfg, PyObject **fetched, int hooked) {
     double t_start = em_now(); /* compile_times (explain, logs) and the debug dump's compile time */
-    long limit = config_int("cache_size_limit", 8);
-    if (EM_LOG_ON(EM_LOG_RECOMPILES)) log_recompile(es, code, fv, cfg, fetched, es->nentries >= limit ? limit : -1);
-    if (es->nentries >= limit) {
+    /* the limits, as Dynamo's (torch/_dynamo/cache_size.py): cache_size_limit counts the entries
+     * made for the objects this frame's locals hold (em_guard_same_id_locals: a model's twelve
+     * blocks share a forward's code, one entry each), accumulated_cache_size_limit all of them */
+    long limit = config_int("cache_size_limit", 8), all_limit = config_int("accumulated_cache_size_limit", 256);
+    long same = 0;
+    for (CacheEntry *e = es->head; e && same < limit; e = e->next) same += !e->guards || em_guard_same_id_locals(e->guards, fv);
+    bool by_objects = same >= limit, full = by_objects || es->nentries >= all_limit;
+    if (EM_LOG_ON(EM_LOG_RECOMPILES)) log_recompile(es, code, fv, cfg, fetched, full ? (by_objects ? limit : all_limit) : -1);
+    if (full) {
         if (!es->warned_limit) {
             CacheEntry *fe = NULL;
             int fg = -1;
@@ -726,9 +732,11 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
                 return NULL;
             }
             int w = PyErr_WarnFormat(PyExc_UserWarning, 1,
-                                     "ember: %U hit config.cache_size_limit (%ld); it runs eagerly from now on. "
+                                     "ember: %U hit config.%s (%ld); it runs eagerly from now on%s. "
                                      "Last failed guard: %S",
-                                     where, limit, guard ? guard : em_str("?"));
+                                     where, by_objects ? "cache_size_limit" : "accumulated_cache_size_limit",
+                                     by_objects ? limit : all_limit, by_objects ? " for the objects its locals hold" : "",
+                                     guard ? guard : em_str("?"));
             Py_DECREF(where);
             Py_XDECREF(guard);
             if (w < 0) return NULL;

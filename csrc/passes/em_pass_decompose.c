@@ -46,7 +46,8 @@ static IRRef dz_bool_mask(Rewrite *d, IRRef m, bool true_attends, PyObject *dtyp
 }
 
 /* scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale) in the decomposed graph:
- * the math kernel's ops when eager runs that kernel, else one sdpa node (its SP_SDPA rule, or the
+ * the math kernel's ops when eager runs that kernel (half / bfloat16 q, k, v computed in float32 and
+ * the result cast back, as the kernel does), else one sdpa node (its SP_SDPA rule, or the
  * split when no rule applies). Returns 0 with d->reason on failure. */
 static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double dropout_p, bool causal, PyObject *scale) {
     const IRMeta *qm = em_rw_jmeta(d, q), *km = em_rw_jmeta(d, k), *mm = mask ? em_rw_jmeta(d, mask) : NULL;
@@ -65,6 +66,14 @@ static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double d
         return em_rw_dz(d, em_rw_emit(d, IR_CALL_FUNCTION, t, a, 6, kwn, &sc, scale == Py_None ? 0 : 1));
     }
     if (em_rw_dims_symbolic(d, qm, qm->ndim - 1)) return 0; /* symbolic sizes: the scale reads the head dim */
+    bool upcast = em_rw_sdpa_math_upcasts(qm); /* query_acc / key_acc / value_acc: float32, cast back at the end */
+    PyObject *acc = upcast ? em_rw_torch_dtype("float32") : qm->dtype; /* borrowed */
+    if (upcast) {
+        q = dz_m(d, "to", q, Py_BuildValue("(O)", acc));
+        k = q ? dz_m(d, "to", k, Py_BuildValue("(O)", acc)) : 0;
+        v = k ? dz_m(d, "to", v, Py_BuildValue("(O)", acc)) : 0;
+        if (!v) return 0;
+    }
     double s = scale == Py_None ? 1.0 / sqrt((double)qm->sizes[qm->ndim - 1]) : fabs(PyFloat_AsDouble(scale));
     bool neg = scale != Py_None && PyFloat_AsDouble(scale) < 0.0;
     if (PyErr_Occurred()) return em_rw_fail_exc(d), 0;
@@ -93,10 +102,10 @@ static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double d
         IRArg kv[2] = {em_rw_arg_const_steal(d, Py_NewRef(bool_t)), em_rw_arg_const_steal(d, Py_NewRef(qm->device))};
         IRRef o = em_rw_dz(d, em_rw_emit(d, IR_CALL_FUNCTION, ones, a, 1, kwn, kv, 2));
         IRRef tri = dz_m(d, "tril", o, PyTuple_New(0));
-        add = tri ? dz_bool_mask(d, tri, true, qm->dtype) : 0;
+        add = tri ? dz_bool_mask(d, tri, true, acc) : 0;
         if (!add) return 0;
     } else if (mask && em_rw_meta_dtype_is(mm, "torch.bool")) {
-        add = dz_bool_mask(d, mask, true, qm->dtype);
+        add = dz_bool_mask(d, mask, true, acc);
         if (!add) return 0;
     }
     if (add) attn = em_rw_dz(d, em_rw_emit_op(d, "add", em_rw_arg_node(attn), em_rw_arg_node(add), 2));
@@ -108,7 +117,8 @@ static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double d
         IRArg a[4] = {em_rw_arg_node(p), dp, em_rw_arg_const_steal(d, Py_NewRef(Py_True)), em_rw_arg_const_steal(d, Py_NewRef(Py_False))};
         p = em_rw_dz(d, em_rw_emit_fn(d, "nn.functional.dropout", a, 4));
     }
-    return p ? em_rw_dz(d, em_rw_emit_fn(d, "matmul", (IRArg[]){em_rw_arg_node(p), em_rw_arg_node(v)}, 2)) : 0;
+    IRRef o = p ? em_rw_dz(d, em_rw_emit_fn(d, "matmul", (IRArg[]){em_rw_arg_node(p), em_rw_arg_node(v)}, 2)) : 0;
+    return o && upcast ? dz_m(d, "to", o, Py_BuildValue("(O)", qm->dtype)) : o;
 }
 
 /* a * b of two size arguments (constants fold; a size node: an int node of the graph). */

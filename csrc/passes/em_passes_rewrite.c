@@ -282,9 +282,25 @@ bool em_rw_meta_dtype_is(const IRMeta *m, const char *name) {
     return r;
 }
 
+/* Does the math attention kernel compute in float32 for q (half / bfloat16 q, k, v, unless
+ * torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True): _scaled_dot_product_attention_math
+ * in attention.cpp, torch >= 2.5)? The flag is read when the graph is compiled, as eager reads it at
+ * each call; a later change of it keeps the compiled graph's choice. */
+bool em_rw_sdpa_math_upcasts(const IRMeta *q) {
+    static PyObject *allow = NULL; /* one interpreter (em_lazy_attr) */
+    if (!em_rw_meta_dtype_is(q, "torch.float16") && !em_rw_meta_dtype_is(q, "torch.bfloat16")) return false;
+    if (!em_lazy_attr(&allow, "torch._C", "_get_math_sdp_allow_fp16_bf16_reduction")) return PyErr_Clear(), false;
+    PyObject *r = PyObject_CallNoArgs(allow);
+    bool up = r == Py_False;
+    Py_XDECREF(r);
+    PyErr_Clear();
+    return up;
+}
+
 /* The kernel eager's F.scaled_dot_product_attention runs for these arguments (asked of torch's own
  * choice, ember._autograd.sdpa_backend) and whether ember can take its derivative:
- *   SDPA_MATH        the composite math kernel: decomposed before the joint graph (float32/64);
+ *   SDPA_MATH        the composite math kernel: decomposed before the joint graph (float32/64,
+ *                    and half / bfloat16 where the kernel computes in float32: em_rw_sdpa_math_upcasts);
  *   SDPA_FLASH_CPU   _scaled_dot_product_flash_attention_for_cpu (+ its backward op), a bool mask
  *                    converted as eager converts it (sdpa_float_mask);
  *   SDPA_FLASH_CUDA  _scaled_dot_product_flash_attention, no mask, head dim a multiple of 8 (eager
@@ -316,7 +332,7 @@ int em_rw_sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRM
     bool cuda = em_rw_meta_on_cuda(q);
     int64_t hd = q->sizes[q->ndim - 1];
     bool fp = em_rw_meta_dtype_is(q, "torch.float32") || em_rw_meta_dtype_is(q, "torch.float64");
-    if (c && !strcmp(c, "math") && fp) kind = SDPA_MATH;
+    if (c && !strcmp(c, "math") && (fp || em_rw_sdpa_math_upcasts(q))) kind = SDPA_MATH;
     else if (c && !strcmp(c, "flash") && !cuda && q->ndim == 4) kind = SDPA_FLASH_CPU; /* a bool mask: sdpa_float_mask */
     else if (c && !strcmp(c, "flash") && !cuda && fp)
         kind = SDPA_MATH; /* torch 2.14 runs the CPU flash kernel on 3-d inputs too, but its op (and its
@@ -1038,7 +1054,7 @@ out:
  * with ag->reason set on failure. */
 IRRef em_rw_emit(Rewrite *ag, IRKind kind, PyObject *target, const IRArg *args, uint32_t nargs,
                      PyObject *const *kwn, const IRArg *kwv, uint32_t nkw) {
-    PyObject *pargs = NULL, *pkw = NULL, *fn = NULL, *res = NULL, *key = NULL;
+    PyObject *pargs = NULL, *pkw = NULL, *fn = NULL, *res = NULL, *key = NULL, *made_on = NULL;
     const IRMeta *metas[MEMO_TENSORS];
     int nmetas = 0;
     IRRef r = 0;
@@ -1073,11 +1089,15 @@ IRRef em_rw_emit(Rewrite *ag, IRKind kind, PyObject *target, const IRArg *args, 
         PyErr_Clear(); /* the memo is an optimisation: without a key the call runs */
         key = Py_NewRef(Py_None);
     }
-    if (!(res = em_ir_memo_get(key, metas, nmetas, NULL))) {
+    /* a factory call (no tensor argument: torch.ones(..., device=d)) runs on d's real device, but a
+     * memo hit rebuilds its result on meta: the memo keeps the device the result was made on */
+    PyObject *fd = first_device(ag, args, nargs); /* borrowed */
+    if (!(res = em_ir_memo_get(key, metas, nmetas, fd ? NULL : &made_on))) {
         res = meta_call(ag, fn, pargs, pkw, args + first, nargs - first, kwv, nkw);
-        if (res) em_ir_memo_put(key, res, NULL, metas, nmetas);
+        if (res && !fd && !(made_on = PyObject_GetAttrString(res, "device"))) PyErr_Clear(); /* a tensor's; tuples: none */
+        if (res) em_ir_memo_put(key, res, made_on, metas, nmetas);
     }
-    if (!res || meta_from_value(ag, res, first_device(ag, args, nargs), &meta) < 0) goto done;
+    if (!res || meta_from_value(ag, res, fd ? fd : made_on, &meta) < 0) goto done;
     if (ag->env && sym_meta(ag, kind, target, args, nargs, kwn, kwv, nkw, &meta) < 0) goto done;
     r = em_ir_call(ag->j, kind, target, args, nargs, kwn, kwv, nkw, &meta);
     if (!r && !PyErr_Occurred()) PyErr_NoMemory();
@@ -1095,6 +1115,7 @@ done:
     Py_XDECREF(fn);
     Py_XDECREF(res);
     Py_XDECREF(key);
+    Py_XDECREF(made_on);
     if (!r) em_rw_fail_exc(ag);
     return r;
 }

@@ -119,6 +119,7 @@ bool em_rw_meta_dtype_is(const IRMeta *m, const char *name);
 bool em_rw_meta_on_cuda(const IRMeta *m);
 int em_rw_sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask, const IRArg *dropout_p, const IRArg *is_causal, const IRArg *scale, const IRArg *gqa);
 int em_rw_sdpa_kind_bound(const Rewrite *ag, const Bind *b);
+bool em_rw_sdpa_math_upcasts(const IRMeta *q);
 bool em_rw_sdpa_mask_broadcasts(const Rewrite *d, const IRMeta *qm, const IRMeta *km, const IRMeta *mm);
 PyObject *em_rw_torch_dtype(const char *name);
 bool em_rw_checks_pass(const Rewrite *ag, const Bind *b);

@@ -1,9 +1,13 @@
 """ember.config: knobs read by the C core when it compiles (not on every call).
 
 Attributes (ints unless stated):
-  cache_size_limit     cache entries per code object before ember stops compiling it and runs it
-                       eagerly, with one warning naming the guard that failed (torch.compile's
-                       torch._dynamo.config.cache_size_limit, also 8).
+  cache_size_limit     cache entries of a code object made for the objects its locals hold by
+                       identity (a module's `self`) before ember stops compiling it for them and
+                       runs it eagerly, with one warning naming the guard that failed (torch.compile's
+                       torch._dynamo.config.cache_size_limit / recompile_limit, also 8, counted the
+                       same way: a model's twelve blocks share their forward's code, one entry each).
+  accumulated_cache_size_limit  cache entries of a code object in all (Dynamo's
+                       accumulated_recompile_limit, also 256).
   max_inline_depth     nested function/module calls the tracer inlines before it gives up (64:
                        transformers 5.2x reaches 33 levels in a forward, through its wrappers,
                        config __getattribute__ methods and per-layer config views).
@@ -84,12 +88,13 @@ Backend "ember" (str or None; read when a graph is compiled):
 
 
 class Config:
-    __slots__ = ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions", "graph_breaks",
+    __slots__ = ("cache_size_limit", "accumulated_cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions", "graph_breaks",
                  "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget", "sym_shape_rules",
                  "fallback_random", "huge_pages", "layout_optimization", "meta_memo", "compile_threads", "optimize_ddp")
 
     def __init__(self):
         self.cache_size_limit = 8
+        self.accumulated_cache_size_limit = 256
         self.max_inline_depth = 64
         self.max_loop_iterations = 10000
         self.max_instructions = 1000000

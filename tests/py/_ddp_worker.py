@@ -134,9 +134,15 @@ def fsdp2(mode, rank, mp=False):
     and the graphs ember made."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from torch.distributed.device_mesh import init_device_mesh
+
     torch.manual_seed(0)
     m = BlockMLP()
-    kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} if mp else {}
+    # the CPU mesh of the gloo group: without one, fully_shard takes the accelerator's device type
+    # when the machine has one, and shards the parameters onto a GPU while the inputs stay here
+    kw = {"mesh": init_device_mesh("cpu", (dist.get_world_size(),))}
+    if mp:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in m.layers:
         fully_shard(layer, **kw)
     fully_shard(m, **kw)

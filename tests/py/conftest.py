@@ -24,7 +24,7 @@ def pytest_configure(config):
         torch.set_default_device(device)
 
 
-_CONFIG_FIELDS = [k for k in ("cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions")
+_CONFIG_FIELDS = [k for k in ("cache_size_limit", "accumulated_cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions")
                   if hasattr(ember.config, k)]
 
 

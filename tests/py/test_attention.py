@@ -329,3 +329,62 @@ def test_sdpa_kernel_context_is_a_guard():
     assert "flash=True" in flags[1], flags
     # the math-only entry decomposed the attention; the other calls a fused kernel's ops
     assert "decomposed" in graphs[0]["autograd"] and "decomposed" not in graphs[1]["autograd"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask", ["float", "bool", "causal"])
+def test_half_precision_math_kernel_is_decomposed_in_float32(dtype, mask):
+    """Where eager runs scaled_dot_product_attention's math kernel on half / bfloat16 inputs (T5's
+    float position bias on CUDA; an sdpa_kernel(MATH) context here), the kernel computes in float32
+    and casts the result back (_scaled_dot_product_attention_math, attention.cpp): the decomposition
+    does the same, so the inference graph's softmax is ember's kernel with eager's values, and a
+    training graph gets eager's gradients through the decomposed ops."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (t.to(dtype) for t in qkv(l=12, s=16))
+    g = torch.Generator().manual_seed(1)
+    m = {"float": torch.randn(2, 1, 12, 16, generator=g).to(dtype), "bool": torch.rand(12, 16, generator=g) > 0.3,
+         "causal": None}[mask]
+    f = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=mask == "causal") * 2
+    c = ember.compile(f)
+    with sdpa_kernel(SDPBackend.MATH):
+        with torch.no_grad():
+            got, want = c(q, k, v), f(q, k, v)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        info = graph_info(c)
+        assert info["decomposed"] == ["scaled_dot_product_attention"], info.get("decomposed")
+        assert "fallback" not in info and "scaled_dot_product_attention" not in info["extern_list"], info
+        # training: the decomposed ops' rules give eager's gradients
+        ember.reset()
+        got_in, want_in = ([t.clone().requires_grad_() for t in (q, k, v)] for _ in range(2))
+        got, want = c(*got_in), f(*want_in)
+        got.float().square().sum().backward()
+        want.float().square().sum().backward()
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        for a, b in zip(got_in, want_in):
+            torch.testing.assert_close(a.grad, b.grad)
+        assert "decomposed" in [e for e in ember.cache_info(c) if e["kind"] == "graph"][0]["autograd"]
+
+
+def test_math_kernel_reduction_flag_is_a_guard():
+    """allow_fp16_bf16_reduction_math_sdp(True) lets the math kernel compute bfloat16 in bfloat16:
+    the flag is part of ___sdp_flags, so a graph decomposed in float32 is not reused under it; the
+    call under it compiles again and keeps the attention call (eager's kernel, eager's values)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (t.to(torch.bfloat16) for t in qkv(l=12, s=16))
+    f = lambda q, k, v: F.scaled_dot_product_attention(q, k, v)
+    c = ember.compile(f)
+    before = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    try:
+        with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+            for allow in (False, True):
+                torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(allow)
+                torch.testing.assert_close(c(q, k, v), f(q, k, v), rtol=0, atol=0)
+    finally:
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(before)
+    graphs = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
+    assert len(graphs) == 2
+    assert "math_fp16_bf16_reduction=True" in " ".join(graphs[0]["guards"])
+    assert "decomposed" not in graphs[0]["ember"] and graphs[1]["ember"]["decomposed"] == ["scaled_dot_product_attention"]

@@ -229,6 +229,57 @@ def test_cache_size_limit_warns_once_then_runs_eagerly(limit):
     assert issubclass(ws[0].category, UserWarning)
 
 
+class _Block(torch.nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x):
+        return torch.sin(x) * self.k
+
+
+def test_cache_size_limit_counts_entries_for_the_same_objects():
+    """As Dynamo's (torch/_dynamo/cache_size.py): the limit counts a code object's entries made for
+    the objects its locals hold by identity, so twelve blocks calling one forward each keep their
+    entry (a model's layers; FSDP2's per-block compiled forwards); one object that recompiles past
+    the limit still runs eagerly after it, and accumulated_cache_size_limit bounds all entries."""
+    ember.config.cache_size_limit = 2
+    blocks = [_Block(float(k)) for k in range(12)]
+    run = lambda b, x: b(x)
+    c, be = _compiled(run, dynamic=False)
+    x = torch.randn(4)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            for b in blocks:
+                assert_same(c(b, x), run(b, x))
+    assert not _limit_warnings(rec), [str(w.message) for w in rec]
+    assert be.count == 12
+    # one block with new sizes: its third entry is past the limit for that object
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for n in (5, 6, 7):
+            y = torch.randn(n)
+            assert_same(c(blocks[0], y), run(blocks[0], y))
+    ws = _limit_warnings(rec)
+    assert len(ws) == 1 and "for the objects its locals hold" in str(ws[0].message), [str(w.message) for w in rec]
+    # 13: run's entry for (5,); past the limit run falls back, and the forward it calls compiles as
+    # a frame of its own for (6,) and (7,)
+    assert be.count == 15
+    # the accumulated limit
+    ember.reset()
+    ember.config.accumulated_cache_size_limit = 5
+    c, be = _compiled(run, dynamic=False)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for b in blocks:
+            assert_same(c(b, x), run(b, x))
+    # run's five entries, then the forward frames of blocks 5-9 (run falls back), then none
+    assert be.count == 10
+    ws = [w for w in rec if "accumulated_cache_size_limit (5)" in str(w.message)]
+    assert len(ws) == 2 and "<lambda>" in str(ws[0].message) and "forward" in str(ws[1].message), [str(w.message) for w in rec]
+
+
 def test_cache_size_limit_warning_with_pytest_warns():
     ember.config.cache_size_limit = 2
     c, b = _compiled(scaled_exp, dynamic=False)

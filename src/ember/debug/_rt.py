@@ -124,11 +124,13 @@ def ___global_state(grad, autocast_cpu, autocast_cuda, default_dtype):
             and torch.get_default_dtype() == default_dtype)
 
 
-def ___sdp_flags(flash, mem_efficient, math, cudnn):
-    """The scaled_dot_product_attention backends enabled (sdpa_kernel contexts), as recorded."""
+def ___sdp_flags(flash, mem_efficient, math, cudnn, math_fp16_bf16_reduction):
+    """The scaled_dot_product_attention backends enabled (sdpa_kernel contexts) and whether the math
+    kernel may compute half / bfloat16 in their own dtype, as recorded."""
     b = torch.backends.cuda
     return (b.flash_sdp_enabled() == flash and b.mem_efficient_sdp_enabled() == mem_efficient
-            and b.math_sdp_enabled() == math and b.cudnn_sdp_enabled() == cudnn)
+            and b.math_sdp_enabled() == math and b.cudnn_sdp_enabled() == cudnn
+            and b.fp16_bf16_reduction_math_sdp_allowed() == math_fp16_bf16_reduction)
 
 
 def check_tensor(x, dtype, device=None, size=None, stride=None, requires_grad=None, type=None, **_):
