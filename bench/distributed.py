@@ -7,9 +7,11 @@ Launch with torchrun, one process per GPU (or per CPU process with gloo):
     torchrun --nproc-per-node 2 bench/distributed.py --device cpu --size small --dtype fp32
 
 Per row (rank 0 prints; every rank runs the same steps): the median step time (AdamW, forward,
-backward, optimizer) and tokens or images per second over all ranks; for DDP, the step with
-no_sync() (no all-reduce at all), the all-reduce of every gradient alone, and what part of that
-all-reduce the step hides behind its backward: 1 - (step - no_sync step) / all-reduce. The
+backward, optimizer) and tokens or images per second over all ranks; on CUDA, from a profile of
+3 steps on rank 0, the communication kernels' (NCCL) time per step and the part of it that runs
+while a compute kernel runs too ("comm overlapped": the all-reduces or reduce-scatters hidden
+behind the backward, the all-gathers behind the forward); for DDP the all-reduce of every
+gradient alone (one flat buffer), what the communication costs without overlap. The
 parameters after the steps are compared with eager's on the same rank (the largest |difference|
 over all parameters, over the largest |eager| parameter). Models are built from configs with random weights (bench/fullsize.py's builders)."""
 import argparse
@@ -51,15 +53,14 @@ def compiled(compiler, m):
 
 
 def wrap(kind, compiler, model, device):
-    """(callable, module whose no_sync exists or None)."""
+    """The module a step calls: DDP(compiled model), or the compiled root of per-block FSDP2."""
     if kind == "ddp":
-        d = DDP(compiled(compiler, model), device_ids=[device.index] if device.type == "cuda" else None)
-        return d, d
+        return DDP(compiled(compiler, model), device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.fsdp import fully_shard
     for b in blocks(model):
         fully_shard(b)
     fully_shard(model)
-    return compiled(compiler, model), None
+    return compiled(compiler, model)
 
 
 def measure(step, steps, device):
@@ -83,6 +84,36 @@ def allreduce_ms(params, device, reps=5):
     return (time.perf_counter() - t) * 1e3 / reps
 
 
+def comm_profile(step, steps=3):
+    """(NCCL kernel ms per step, the fraction of that time during which a compute kernel also
+    runs), from torch.profiler's CUDA kernel events of `steps` steps."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    comm, comp = [], []
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA or e.time_range.end <= e.time_range.start:
+            continue
+        (comm if "nccl" in e.name.lower() else comp).append((e.time_range.start, e.time_range.end))
+    comp.sort()
+    merged = []  # the union of compute kernel intervals
+    for a, b in comp:
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    total = sum(b - a for a, b in comm)
+    hidden = 0.0
+    for a, b in comm:
+        for c, d in merged:  # few hundred intervals per step: a plain scan
+            if c >= b:
+                break
+            hidden += max(0.0, min(b, d) - max(a, c))
+    return total / 1e3 / steps, (hidden / total if total else 0.0)
+
+
 def local(p):
     return (p.to_local() if hasattr(p, "to_local") else p).detach().float().cpu()
 
@@ -95,14 +126,12 @@ def run_row(name, kind, args, device, base, x, ref):
         ember.reset()
         model = copy.deepcopy(base).to(device)
         try:
-            call, ddp = wrap(kind, compiler, model, device)
+            call = wrap(kind, compiler, model, device)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
-            def step(sync_grads=True):
-                ctx = ddp.no_sync() if (ddp is not None and not sync_grads) else _null()
-                with ctx:
-                    out = output_tensor(call(x))
-                    out.float().pow(2).mean().backward()
+            def step():
+                out = output_tensor(call(x))
+                out.float().pow(2).mean().backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
@@ -113,8 +142,8 @@ def run_row(name, kind, args, device, base, x, ref):
             ms = measure(step, args.steps, device)
             row[f"{compiler} ms"] = ms
             row[f"{compiler} items/s"] = args.world * x.shape[0] * per_item / ms * 1e3
-            if ddp is not None:
-                row[f"{compiler} no_sync ms"] = measure(lambda: step(False), args.steps, device)
+            if device.type == "cuda":
+                row[f"{compiler} comm ms"], row[f"{compiler} comm overlapped"] = comm_profile(step)
             params = [local(p) for p in model.parameters()]
             if compiler == args.compilers[0]:
                 ref[(name, kind)] = params
@@ -133,14 +162,6 @@ def run_row(name, kind, args, device, base, x, ref):
     return row
 
 
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
-
-
 def fmt(row, compilers):
     cells = [row["model"], row["wrap"]]
     for c in compilers:
@@ -154,10 +175,13 @@ def fmt(row, compilers):
         cells.append(f"{row['torch.compile ms'] / row['ember ms']:.2f}")
     else:
         cells.append("-")
-    ar = row.get("allreduce ms")
     for c in compilers:
-        s, n = row.get(c + " ms"), row.get(c + " no_sync ms")
-        cells.append(f"{max(0.0, min(1.0, 1 - (s - n) / ar)):.2f}" if ar and s and n else "-")
+        v = row.get(c + " comm ms")
+        cells.append(f"{v:.2f}" if v is not None else "-")
+    for c in compilers:
+        v = row.get(c + " comm overlapped")
+        cells.append(f"{v:.2f}" if v is not None else "-")
+    ar = row.get("allreduce ms")
     cells.append(f"{ar:.2f}" if ar else "-")
     for c in compilers[1:]:
         e = row.get(c + " param err")
@@ -193,7 +217,8 @@ def main():
               f"dtype {args.dtype or ('bf16' if cuda else 'fp32')}, {args.steps} timed steps")
         head = (["model", "wrap"] + [f"{c} ms" for c in args.compilers] + [f"{c} items/s" for c in args.compilers]
                 + [f"{c} / {args.compilers[0]} speed" for c in args.compilers[1:]] + ["ember / torch.compile speed"]
-                + [f"{c} all-reduce hidden" for c in args.compilers] + ["all-reduce ms"]
+                + [f"{c} comm ms" for c in args.compilers] + [f"{c} comm overlapped" for c in args.compilers]
+                + ["all-reduce alone ms"]
                 + [f"{c} param err" for c in args.compilers[1:]] + [f"{c} first s" for c in args.compilers[1:]])
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
