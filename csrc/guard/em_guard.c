@@ -1462,13 +1462,24 @@ static int leaf_passes(const GuardSet *gs, GLeaf *g, SrcVals *vals, const EmFram
 
 /* See em_guard.h. *failed is the failing leaf, or -1 when no leaf failed (success, a fetched
  * source that could not be evaluated, or out of memory for a check nested in one of the same set). */
+/* Does anything but gs keep o alive? (Dynamo's guards hold such objects by weak reference: one
+ * that only the guards kept is dead there.) Every reference a set owns is in held[]. */
+static bool alive_elsewhere(const GuardSet *gs, PyObject *o) {
+    Py_ssize_t own = 0;
+    for (uint32_t i = 0; i < gs->nheld; i++) own += gs->held[i] == o;
+    return Py_REFCNT(o) > own;
+}
+
 bool em_guard_same_id_locals(const GuardSet *gs, const EmFrameView *fv) {
     for (uint32_t i = 0; i < gs->nleaf; i++) {
         const GLeaf *l = &gs->leaf[i];
         if (l->kind != GUARD_ID_MATCH || l->src < 0) continue;
         const GSrc *src = &gs->src[l->src];
         if (src->d.kind != SRC_LOCAL || src->d.parent >= 0 || src->value) continue;
-        if (src->d.index >= fv->nlocals || fv->locals[src->d.index] != l->obj) return false;
+        bool same = src->d.index < fv->nlocals && fv->locals[src->d.index] == l->obj;
+        /* another object that lives on (a model's other block) makes the entry another object's; an
+         * object only the guard keeps (a fresh output of an earlier call) does not */
+        if (!same && alive_elsewhere(gs, l->obj)) return false;
     }
     return true;
 }

@@ -130,9 +130,11 @@ int em_guard_nfetch(const GuardSet *gs);
  * evaluated (attribute error, ...) counts as a failure, and the exception is cleared. */
 int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int *failed);
 /* Is every object gs checks by identity straight from a frame local (___id(L['self'])) the one that
- * local holds now? Dynamo's _has_same_id_matched_objs (torch/_dynamo/cache_size.py): the entries a
- * frame's recompile limit counts are those made for the same objects, so one code object serving
- * many module instances (a model's blocks) is not cut off after the limit. Never fails. */
+ * local holds now, or one that nothing but gs keeps alive? Dynamo's _has_same_id_matched_objs
+ * (torch/_dynamo/cache_size.py, whose guards hold such objects weakly): the entries a frame's
+ * recompile limit counts are those made for the same live objects, so one code object serving many
+ * module instances (a model's blocks) is not cut off after the limit, while a frame guarded on a
+ * fresh object per call still is. Never fails. */
 bool em_guard_same_id_locals(const GuardSet *gs, const EmFrameView *fv);
 /* 3.11 only (3.12's dict watchers need none of this; there both calls are no-ops). A compiled
  * graph's callable (a backend's compiled function: Inductor's creates dicts on every call) moves

@@ -255,6 +255,24 @@ def test_cache_size_limit_counts_entries_for_the_same_objects():
                 assert_same(c(b, x), run(b, x))
     assert not _limit_warnings(rec), [str(w.message) for w in rec]
     assert be.count == 12
+    # a fresh object per call: the entries made for objects that died count (Dynamo's weakly held
+    # ID_MATCH objects), so the limit still stops recompiling every call
+    # (run's code two entries, then it falls back and the forward it calls compiles as a frame of its
+    # own, for two fresh blocks too); then no call compiles again
+    before = be.count
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for k in range(12):
+            fresh = _Block(100.0 + k)
+            assert_same(c(fresh, x), run(fresh, x))
+            del fresh
+            if k == 5:
+                settled = be.count
+    assert settled - before <= 4 and be.count == settled and _limit_warnings(rec), (be.count, [str(w.message) for w in rec])
+    ember.reset()
+    c, be = _compiled(run, dynamic=False)
+    for b in blocks:
+        c(b, x)
     # one block with new sizes: its third entry is past the limit for that object
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
