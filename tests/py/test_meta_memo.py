@@ -186,3 +186,23 @@ def test_backend_ember_layout_pass_with_memo():
         info = ember.cache_info(cf)[0]["ember"]
         assert info.get("channels_last"), info
 
+
+
+def test_pass_factory_call_keeps_its_device_on_a_memo_hit():
+    """A graph pass's factory call (the causal mask's torch.ones(L, S, dtype=bool, device=...) of a
+    decomposed attention) runs on the real device; a memo hit rebuilds its result on meta, and the
+    memo keeps the device it was made on (before, the second graph with the same mask had a node
+    on the meta device and ran on the eager backend)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    f = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True) + 1
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):  # two graphs, one mask: the second hits the memo
+        q, k, v = (torch.randn(2, 2, 6, 8, generator=g, dtype=dtype) for _ in range(3))
+        ember.reset()
+        c = ember.compile(f)
+        with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+            torch.testing.assert_close(c(q, k, v), f(q, k, v))
+        (e,) = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
+        assert e["ember"].get("decomposed") == ["scaled_dot_product_attention"] and "fallback" not in e["ember"], e["ember"]
