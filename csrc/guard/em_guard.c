@@ -1460,8 +1460,6 @@ static int leaf_passes(const GuardSet *gs, GLeaf *g, SrcVals *vals, const EmFram
     return 0;
 }
 
-/* See em_guard.h. *failed is the failing leaf, or -1 when no leaf failed (success, a fetched
- * source that could not be evaluated, or out of memory for a check nested in one of the same set). */
 /* Does anything but gs keep o alive? (Dynamo's guards hold such objects by weak reference: one
  * that only the guards kept is dead there.) Every reference a set owns is in held[]. */
 static bool alive_elsewhere(const GuardSet *gs, PyObject *o) {
@@ -1484,6 +1482,8 @@ bool em_guard_same_id_locals(const GuardSet *gs, const EmFrameView *fv) {
     return true;
 }
 
+/* See em_guard.h. *failed is the failing leaf, or -1 when no leaf failed (success, a fetched
+ * source that could not be evaluated, or out of memory for a check nested in one of the same set). */
 int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int *failed) {
     SrcVals vs, *vals = &vs;
     uint32_t i = 0;

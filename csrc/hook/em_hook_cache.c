@@ -709,7 +709,8 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
      * blocks share a forward's code, one entry each), accumulated_cache_size_limit all of them */
     long limit = config_int("cache_size_limit", 8), all_limit = config_int("accumulated_cache_size_limit", 256);
     long same = 0;
-    for (CacheEntry *e = es->head; e && same < limit; e = e->next) same += !e->guards || em_guard_same_id_locals(e->guards, fv);
+    for (CacheEntry *e = es->head; e && same < limit; e = e->next)
+        same += !e->guards || em_guard_same_id_locals(e->guards, fv);
     bool by_objects = same >= limit, full = by_objects || es->nentries >= all_limit;
     if (EM_LOG_ON(EM_LOG_RECOMPILES)) log_recompile(es, code, fv, cfg, fetched, full ? (by_objects ? limit : all_limit) : -1);
     if (full) {

@@ -284,8 +284,9 @@ bool em_rw_meta_dtype_is(const IRMeta *m, const char *name) {
 
 /* Does the math attention kernel compute in float32 for q (half / bfloat16 q, k, v, unless
  * torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True): _scaled_dot_product_attention_math
- * in attention.cpp, torch >= 2.5)? The flag is read when the graph is compiled, as eager reads it at
- * each call; a later change of it keeps the compiled graph's choice. */
+ * in attention.cpp, torch >= 2.5)? The flag is read when the graph is compiled; a traced
+ * scaled_dot_product_attention call guards it (___sdp_flags), an attention the attention pass wrote
+ * keeps the choice made then. */
 bool em_rw_sdpa_math_upcasts(const IRMeta *q) {
     static PyObject *allow = NULL; /* one interpreter (em_lazy_attr) */
     if (!em_rw_meta_dtype_is(q, "torch.float16") && !em_rw_meta_dtype_is(q, "torch.bfloat16")) return false;

@@ -88,8 +88,8 @@ Backend "ember" (str or None; read when a graph is compiled):
 
 
 class Config:
-    __slots__ = ("cache_size_limit", "accumulated_cache_size_limit", "max_inline_depth", "max_loop_iterations", "max_instructions", "graph_breaks",
-                 "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget", "sym_shape_rules",
+    __slots__ = ("cache_size_limit", "accumulated_cache_size_limit", "max_inline_depth", "max_loop_iterations",
+                 "max_instructions", "graph_breaks", "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget", "sym_shape_rules",
                  "fallback_random", "huge_pages", "layout_optimization", "meta_memo", "compile_threads", "optimize_ddp")
 
     def __init__(self):
