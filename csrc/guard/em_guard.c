@@ -142,14 +142,14 @@ static GuardSrc src_add(GuardBuilder *b, int32_t parent, SrcKind kind, Py_ssize_
         }
         kh = (uint64_t)h;
     }
-    uint64_t h = mix(mix(mix((uint64_t)(parent + 1), kind), (uint64_t)(by_key ? 0 : index)), kh);
+    uint64_t h = mix(mix(mix((uint64_t)(parent + 1), kind), (uint64_t)index), kh);
     if (ht_reserve(b->a, &b->src_ht, &b->src_htcap, b->src.n, b->src.items, sizeof(BSrc), offsetof(BSrc, hash)) < 0)
         goto nomem;
     uint32_t mask = b->src_htcap - 1, j = (uint32_t)h & mask;
     for (; b->src_ht[j]; j = (j + 1) & mask) {
         BSrc *s = &b->src.items[b->src_ht[j] - 1];
         if (s->hash == h && s->d.parent == parent && s->d.kind == kind &&
-            (by_key ? key_equal(s->d.key, key) : s->d.index == index))
+            s->d.index == index && (!by_key || key_equal(s->d.key, key)))
             return b->src_ht[j] - 1;
     }
     BSrc s = {.d = {.parent = parent, .kind = (uint8_t)kind, .index = index}, .hash = h, .fetch = -1};
@@ -195,6 +195,10 @@ GuardSrc em_guard_src_item(GuardBuilder *b, GuardSrc parent, Py_ssize_t index, P
 }
 GuardSrc em_guard_src_dict_item(GuardBuilder *b, GuardSrc parent, PyObject *key, PyObject *value) {
     return src_add(b, parent, SRC_DICT_ITEM, 0, key, value);
+}
+
+GuardSrc em_guard_src_dict_part_item(GuardBuilder *b, GuardSrc parent, PyObject *key, PyObject *value) {
+    return src_add(b, parent, SRC_DICT_ITEM, 1, key, value);
 }
 
 static BSrc *src_get(const GuardBuilder *b, GuardSrc s) {
@@ -1233,7 +1237,8 @@ static PyObject *resolve(const GuardSet *gs, SrcVals *vals, const EmFrameView *f
         }
         break;
     case SRC_DICT_ITEM:
-        v = PyDict_CheckExact(p) ? Py_XNewRef(PyDict_GetItemWithError(p, src->d.key)) : PyObject_GetItem(p, src->d.key);
+        v = PyDict_CheckExact(p) || (src->d.index == 1 && PyDict_Check(p)) ? Py_XNewRef(PyDict_GetItemWithError(p, src->d.key))
+                                                                          : PyObject_GetItem(p, src->d.key);
         break;
     }
     if (!v) {

@@ -37,6 +37,7 @@ GuardSrc em_guard_src_const(GuardBuilder *b, PyObject *value); /* value itself, 
 GuardSrc em_guard_src_attr(GuardBuilder *b, GuardSrc parent, PyObject *name, PyObject *value);
 GuardSrc em_guard_src_item(GuardBuilder *b, GuardSrc parent, Py_ssize_t index, PyObject *value); /* list/tuple */
 GuardSrc em_guard_src_dict_item(GuardBuilder *b, GuardSrc parent, PyObject *key, PyObject *value);
+GuardSrc em_guard_src_dict_part_item(GuardBuilder *b, GuardSrc parent, PyObject *key, PyObject *value); /* dict.__getitem__ */
 PyObject *em_guard_src_value_borrow(const GuardBuilder *b, GuardSrc s);
 /* The parent of a derived source (attribute, item), -1 for a frame root or an invalid s. */
 GuardSrc em_guard_src_parent(const GuardBuilder *b, GuardSrc s);

@@ -15,7 +15,8 @@ typedef enum {
     SRC_CLOSURE,   /* contents of cell fv->closure[index]; key = the free variable's name */
     SRC_ATTR,      /* getattr(parent, key) */
     SRC_ITEM,      /* parent[index] (list/tuple) */
-    SRC_DICT_ITEM, /* parent[key] */
+    SRC_DICT_ITEM, /* parent[key]; index 1: dict.__getitem__(parent, key), the dict part of a dict
+                      subclass read without its Python __getitem__ */
     SRC_CELL,      /* the cell fv->closure[index] itself (a `nonlocal` store's target); key = name */
     SRC_CONST,     /* an object the set holds, always stable: a list or dict reached through guarded
                       constants (a class attribute), whose contents its children's guards check;

@@ -52,7 +52,7 @@ PyObject *em_guard_render_src(const void *table, size_t stride, int32_t s) {
         out = PyUnicode_FromFormat("%U[%zd]", p, d->index);
         break;
     case SRC_DICT_ITEM:
-        out = PyUnicode_FromFormat("%U[%R]", p, d->key);
+        out = d->index == 1 ? PyUnicode_FromFormat("dict.__getitem__(%U, %R)", p, d->key) : PyUnicode_FromFormat("%U[%R]", p, d->key);
         break;
     case SRC_CELL: /* the cell object of a free variable (key: its name) */
         out = PyUnicode_FromFormat("__closure__[%zd]", d->index);

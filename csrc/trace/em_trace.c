@@ -631,7 +631,12 @@ static int is_same(Trace *T, TValue *a, TValue *b, bool *out) {
         return 0;
     }
     if ((a->kind == TV_INSTANCE || b->kind == TV_INSTANCE) && a != b && b->kind != TV_LAZY && a->kind != TV_LAZY) {
-        *out = false; /* an instance made in the trace is a fresh object */
+        const TValue *in = a->kind == TV_INSTANCE && a->u.inst.input ? a : b->kind == TV_INSTANCE && b->u.inst.input ? b : NULL;
+        const TValue *other = in == a ? b : a;
+        if (in && other->obj && other->kind != TV_CONST)
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "identity of a %s from an input, read by its contents",
+                               ((PyTypeObject *)in->u.inst.cls)->tp_name);
+        *out = false; /* an instance made in the trace is a fresh object (an input one: not a constant) */
         return 0;
     }
     if ((a->kind == TV_LIST || a->kind == TV_DICT) && a->mutable && a != b) {
@@ -905,6 +910,13 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
         return 0;
     }
     case TV_INSTANCE: {
+        if (v->u.inst.input) { /* an input object, never mutated here (that breaks): itself */
+            int slot = em_guard_fetch(T->gb, v->src);
+            if (slot < 0) return -1;
+            o->kind = OUT_FETCH;
+            o->index = (uint32_t)slot;
+            return 0;
+        }
         /* rebuilt after the graph by calling its class with the rebuilt construction arguments */
         { /* one object reached twice (returned, or live at a break) would come back as two */
             for (uint32_t i = 0; i < C->seen.n; i++)

@@ -111,7 +111,7 @@ static bool generic_getattribute(PyTypeObject *tp) {
 }
 
 /* The instance __dict__ (borrowed from the object, or NULL if it has none). */
-static PyObject *instance_dict_borrow(PyObject *o) {
+PyObject *em_tr_instance_dict_borrow(PyObject *o) {
     PyObject **dp = _PyObject_GetDictPtr(o);
     if (dp && *dp) return *dp;
 #if EM_PY312
@@ -233,7 +233,7 @@ TValue *em_tr_module_getattr(Trace *T, TValue *m, PyObject *name, int *missing) 
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "data descriptor .%U of %s", name, tp->tp_name);
         return NULL;
     }
-    PyObject *idict = instance_dict_borrow(o);
+    PyObject *idict = em_tr_instance_dict_borrow(o);
     if (!idict) {
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "module without __dict__");
         return NULL;
@@ -277,7 +277,7 @@ TValue *em_tr_module_getattr(Trace *T, TValue *m, PyObject *name, int *missing) 
 }
 
 int em_tr_module_children(Trace *T, TValue *m, PyObject ***keys, TValue ***vals, uint32_t *n) {
-    PyObject *idict = instance_dict_borrow(m->obj);
+    PyObject *idict = em_tr_instance_dict_borrow(m->obj);
     PyObject *d = idict ? module_dict_entry(idict, "_modules") : NULL;
     if (!d) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "module without _modules");
     if (em_tr_guard_dict(T, idict, m->src, ".__dict__", em_str("_modules")) < 0 ||
@@ -308,7 +308,7 @@ int em_tr_module_children(Trace *T, TValue *m, PyObject ***keys, TValue ***vals,
 int em_tr_module_check_hooks(Trace *T, TValue *m) {
     static const char *const names[] = {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", NULL};
     static const char *const whats[] = {"._forward_hooks", "._forward_pre_hooks", "._backward_hooks", "._backward_pre_hooks"};
-    PyObject *idict = instance_dict_borrow(m->obj);
+    PyObject *idict = em_tr_instance_dict_borrow(m->obj);
     if (!idict) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "module without __dict__");
     for (int i = 0; names[i]; i++) {
         if (em_tr_guard_dict(T, idict, m->src, ".__dict__", em_str(names[i])) < 0) return -1;
@@ -589,10 +589,10 @@ TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing)
     if (em_guard_type_version(T->gb, tp) < 0) return NULL;
     PyObject *descr = _PyType_Lookup(tp, name);
     if (descr && Py_TYPE(descr)->tp_descr_set && PyUnicode_CompareWithASCIIString(name, "__dict__") == 0 &&
-        instance_dict_borrow(o)) {
+        em_tr_instance_dict_borrow(o)) {
         /* obj.__dict__: the instance dict itself, guarded like a dict input (keys; items as used)
          * or, reached through guarded constants, by its version tag */
-        PyObject *idict = instance_dict_borrow(o);
+        PyObject *idict = em_tr_instance_dict_borrow(o);
         for (uint32_t i = 0; i < T->nstores; i++)
             if (T->stores[i].obj == o) { /* the real dict does not show the overlay's stores */
                 em_tr_break(T, EM_BREAK_SIDE_EFFECT, "__dict__ of a %s after an attribute store", tp->tp_name);
@@ -655,7 +655,7 @@ TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing)
         em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "data descriptor .%U of %s", name, tp->tp_name);
         return NULL;
     }
-    PyObject *idict = instance_dict_borrow(o);
+    PyObject *idict = em_tr_instance_dict_borrow(o);
     if (idict && v->by_type) {
         TValue *r = NULL;
         int found = by_type_attr(T, v, idict, name, &r);

@@ -2030,6 +2030,9 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
                                    ((PyTypeObject *)a->u.inst.cls)->tp_name);
                 return NULL;
             }
+            /* dict's (or OrderedDict's) own __len__: the dict part */
+            if (a->u.inst.items && em_guard_type_version(T->gb, (PyTypeObject *)a->u.inst.cls) < 0) return NULL;
+            if (a->u.inst.items) return int_value(T, a->u.inst.items->u.dict.n);
         }
         if (a->kind == TV_NN_MODULE) {
             if (!module_kind(a->obj) || !module_method_is_base(a->obj, "__len__")) break;

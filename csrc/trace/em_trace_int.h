@@ -154,6 +154,9 @@ struct TValue {
             TValue **kwvals;
             bool constructed;    /* __init__ returned */
             bool dirty;          /* mutated after __init__: cannot be rebuilt by calling cls */
+            bool input;          /* an input object read by its contents (em_trace_value.c,
+                                    input_instance): v->obj is the object, v->src its source; a
+                                    mutation breaks, and it leaves the frame as itself */
         } inst;
     } u;
 };
@@ -543,6 +546,7 @@ int em_tr_flush_dict_guards(Trace *T);
 /* object.__getattribute__ on a real object (OBJECT/NN_MODULE value): the lookup without the class's
  * own __getattribute__; a Python __getattr__ is inlined when it misses. */
 TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing);
+PyObject *em_tr_instance_dict_borrow(PyObject *o); /* o's instance __dict__ (borrowed), or NULL */
 
 /* ---- em_trace_exc.c: exception tables, raise / catch, with-blocks on Python managers ---- */
 /* Parses the code's exception table into F->exctab (instruction indices). -1 on OOM. */

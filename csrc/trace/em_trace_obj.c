@@ -177,8 +177,14 @@ TValue *em_tr_instance_new(Trace *T, PyObject *cls, TValue **args, uint32_t narg
     return v;
 }
 
-static void touch(TValue *v) {
+/* Marks instance v mutated; -1 with a break for an input object read by its contents (its
+ * mutation would be lost: the object leaves the frame as itself). */
+static int touch(Trace *T, TValue *v) {
+    if (v->u.inst.input)
+        return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "mutation of a %s from an input, read by its contents",
+                           ((PyTypeObject *)v->u.inst.cls)->tp_name);
     if (v->u.inst.constructed) v->u.inst.dirty = true;
+    return 0;
 }
 
 /* Looks up name generically on an instance: data descriptors of the class, the instance dict,
@@ -298,7 +304,7 @@ static int instance_generic_setattr(Trace *T, TValue *v, PyObject *name, TValue 
         }
         return em_tr_break(T, EM_BREAK_UNSUPPORTED_ATTRIBUTE, "store to data descriptor .%U of %s", name, tp->tp_name);
     }
-    touch(v);
+    if (touch(T, v) < 0) return -1;
     if (!val) {
         int rc = dict_del(T, v->u.inst.attrs, name);
         if (rc < 0) return -1;
@@ -561,11 +567,11 @@ TValue *em_tr_call_slot(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, P
     TValue *items = self->u.inst.items;
     if (strcmp(n, "__init__") == 0 && nargs == 1 && !nkw) return em_tr_const(T, Py_None);
     if (strcmp(n, "__setitem__") == 0 && nargs == 3 && !nkw) {
-        touch(self);
+        if (touch(T, self) < 0) return NULL;
         return em_tr_setitem(T, items, args[1], args[2]) < 0 ? NULL : em_tr_const(T, Py_None);
     }
     if (strcmp(n, "__delitem__") == 0 && nargs == 2 && !nkw) {
-        touch(self);
+        if (touch(T, self) < 0) return NULL;
         return em_tr_setitem(T, items, args[1], NULL) < 0 ? NULL : em_tr_const(T, Py_None);
     }
     if (strcmp(n, "__getitem__") == 0 && nargs == 2 && !nkw) return em_tr_getitem(T, items, args[1]);

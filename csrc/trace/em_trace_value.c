@@ -246,6 +246,70 @@ static int by_type_object(Trace *T, TValue *v, bool guard) {
     return 1;
 }
 
+/* An input object of a dict subclass held by a frame local (transformers' ModelOutput: a dataclass
+ * over OrderedDict, made fresh by every call of the code that returns it, and passed on to a resume
+ * function or the caller's frame) becomes a TV_INSTANCE read by its contents: its exact type and
+ * the keys of its dict part guarded (DICT_KEYS), its __dict__ and the dict part's values through
+ * their sources (the dict part through dict.__getitem__, not the class's own __getitem__), so a
+ * new object of the same shape passes the guards where an identity guard would fail. The class
+ * must be one the trace holds as an instance (em_tr_instance_class_ok: a Python class over dict or
+ * OrderedDict with a plain __dict__), with object's attribute lookup and no Python __getattr__.
+ * The object reached through a second path keeps the first reading; a mutation, or a question of
+ * its identity against another object, breaks (em_trace_obj.c, em_trace.c); it leaves the frame
+ * as itself (OUT_FETCH). 1 done, 0 not such an object, -1 error. */
+static int input_instance(Trace *T, TValue *v) {
+    PyObject *o = v->obj;
+    PyTypeObject *tp = Py_TYPE(o);
+    if (v->stable || v->src < 0 || !em_guard_src_is_local(T->gb, v->src) || !em_tr_instance_class_ok((PyObject *)tp) ||
+        tp->tp_getattro != PyObject_GenericGetAttr || _PyType_Lookup(tp, em_str("__getattr__")))
+        return 0;
+    for (uint32_t i = 0; i < T->objects.n; i++) { /* reached before through another path */
+        const TValue *w = T->objects.items[i];
+        if (w->obj != o) continue;
+        if (w->kind == TV_INSTANCE) /* two readings of one object would disagree after a change */
+            return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a %s from an input reached through two paths", tp->tp_name);
+        return 0;
+    }
+    /* the dict part in the order iteration gives (OrderedDict's own after a move_to_end), which is
+     * what the keys guard reads (em_guard.c, dict_keys_tuple): no Python override of it */
+    static const char *const order[] = {"keys", "items", "values", "__iter__", NULL};
+    for (int i = 0; order[i]; i++) {
+        PyObject *f = _PyType_Lookup(tp, em_str(order[i]));
+        if (f && PyFunction_Check(f)) return 0;
+    }
+    PyObject *d = em_tr_instance_dict_borrow(o);
+    if (!d) return 0;
+    PyObject *keys = PyMapping_Keys(o); /* dict's or OrderedDict's own: no user code */
+    if (!keys || !em_arena_hold_steal(T->arena, keys)) return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++)
+        if (!PyUnicode_CheckExact(PyList_GET_ITEM(keys, i))) return 0;
+    GuardSrc s = v->src;
+    if (em_guard_dict_keys(T->gb, s) < 0 || em_guard_type_version(T->gb, tp) < 0) return -1;
+    GuardSrc ds = em_guard_src_attr(T->gb, s, em_str("__dict__"), d);
+    TValue *attrs = ds >= 0 ? em_tr_wrap(T, d, ds, false) : NULL;
+    if (!attrs || !(attrs = em_tr_realize(T, attrs))) return -1;
+    if (attrs->kind != TV_DICT) return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "the __dict__ of a %s", tp->tp_name);
+    TValue *items = em_tr_dict(T);
+    if (!items) return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *val = PyDict_GetItemWithError(o, key);
+        if (!val) return PyErr_Occurred() ? -1 : em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a key of a %s without its value", tp->tp_name);
+        GuardSrc is = em_guard_src_dict_part_item(T->gb, s, key, val);
+        TValue *iv = is >= 0 ? em_tr_wrap(T, val, is, false) : NULL;
+        if (!iv || em_tr_dict_set(T, items, key, iv) < 0) return -1;
+    }
+    if (EM_VEC_PUSH(T->arena, T->objects, v) < 0) return PyErr_NoMemory(), -1;
+    v->kind = TV_INSTANCE;
+    v->u.inst.cls = em_arena_hold(T->arena, (PyObject *)tp);
+    v->u.inst.attrs = attrs;
+    v->u.inst.items = items;
+    if (!v->u.inst.cls || !(v->u.inst.args = em_tr_tuple(T, NULL, 0))) return -1;
+    v->u.inst.constructed = true;
+    v->u.inst.input = true;
+    v->guarded = true;
+    return 1;
+}
+
 TValue *em_tr_realize(Trace *T, TValue *v) {
     if (!v || v->kind != TV_LAZY) return v;
     TraceRT *rt = &em_trace_rt;
@@ -370,7 +434,10 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
              * are inlined; dict's own methods read it under a version guard (em_trace_obj.c) */
             if (!(Py_TYPE(o)->tp_flags & Py_TPFLAGS_HEAPTYPE) || (s < 0 && !v->stable))
                 return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "dict subclass", o);
+            int in = guard ? input_instance(T, v) : 0;
+            if (in) return in < 0 ? NULL : v;
             if (guard && em_guard_id(T->gb, s) < 0) return NULL;
+            if (EM_VEC_PUSH(T->arena, T->objects, v) < 0) return PyErr_NoMemory(), NULL; /* for input_instance */
             v->kind = TV_OBJECT;
             v->guarded = true;
             return v;
@@ -423,6 +490,7 @@ int em_tr_use(Trace *T, TValue *v) {
         v->by_type = false;
         return em_guard_id(T->gb, v->src);
     }
+    if (v->kind == TV_INSTANCE && v->u.inst.input) return em_guard_id(T->gb, v->src); /* so does it here */
     if (v->guarded || v->stable || v->src < 0) return 0;
     switch (v->kind) {
     case TV_CONST:

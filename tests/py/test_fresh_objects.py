@@ -405,3 +405,114 @@ def test_real_models_compile_no_more_than_torch_compile(name):
                 torch.testing.assert_close(first(c(**kw)), first(model(**kw)))
         budget = dynamo_frames(fwd, [(kw,) for kw in calls])
     assert counter.entries <= max(budget, 1), (counter.entries, budget)
+
+
+# ---- dict-subclass inputs read by their contents (transformers' ModelOutput) ----
+
+def _model_output(seed):
+    mo = pytest.importorskip("transformers.modeling_outputs")
+    g = torch.Generator().manual_seed(seed)
+    return mo.BaseModelOutputWithPast(last_hidden_state=torch.randn(2, 3, generator=g),
+                                      hidden_states=(torch.randn(2, 3, generator=g),))
+
+
+def read_model_output(out, x):
+    h = out[0] * 2 + out.last_hidden_state.sum() + out["last_hidden_state"].mean()
+    return h + len(out) + x + out.hidden_states[0] * (out.attentions is None)
+
+
+def test_model_output_from_an_input_is_read_by_contents():
+    """A ModelOutput made by every call of the code that returns it (a resume function's stack value
+    after a break at an inner model's call: FSDP2, hooked blocks) is read by its contents: one entry
+    over new objects of the same shape, no identity guard, its dict part read as dict.__getitem__;
+    a different set of keys or another type compiles again; values as eager's."""
+    c = ember.compile(read_model_output)
+    x = torch.randn(3)
+    for i in range(6):
+        out = _model_output(i)
+        torch.testing.assert_close(c(out, x), read_model_output(out, x))
+    (e,) = entries(c)
+    assert e["hits"] == 5
+    assert not any(g.startswith("___id(L['out'])") for g in e["guards"]), e["guards"]
+    assert any("dict.__getitem__(L['out'], 'last_hidden_state')" in g for g in e["guards"]), e["guards"]
+    mo = pytest.importorskip("transformers.modeling_outputs")
+    other = mo.BaseModelOutputWithPast(last_hidden_state=torch.randn(2, 3))  # hidden_states None: other keys
+    with pytest.raises(TypeError):  # eager raises too (None[0]), after the guards fail
+        read_model_output(other, x)
+    with pytest.raises(TypeError):
+        c(other, x)
+    assert len(entries(c)) == 2
+
+
+def test_model_output_from_an_input_keeps_identity_and_mutation():
+    """Returned, it is the caller's object; `is` against another object and a store into it are
+    eager's (a store breaks the graph and runs as Python, so the object changes as in eager)."""
+    def ret(out, x):
+        return out, out.last_hidden_state + x
+
+    def same(out, other, x):
+        return (out is other), x + 1
+
+    def store(out, x):
+        out.attentions = (out.last_hidden_state * 2,)
+        return out.attentions[0] + x
+
+    x = torch.randn(3)
+    c = ember.compile(ret)
+    for i in range(3):
+        out = _model_output(i)
+        r, y = c(out, x)
+        assert r is out
+        torch.testing.assert_close(y, out.last_hidden_state + x)
+    c = ember.compile(same)
+    a, b = _model_output(0), _model_output(1)
+    assert c(a, a, x)[0] is True and c(a, b, x)[0] is False and c(b, b, x)[0] is True
+    c = ember.compile(store)
+    for i in range(3):
+        out, ref = _model_output(i), _model_output(i)
+        torch.testing.assert_close(c(out, x), store(ref, x))
+        torch.testing.assert_close(out.attentions[0], ref.attentions[0])
+        torch.testing.assert_close(out["attentions"][0], ref["attentions"][0])
+
+
+def test_resume_after_an_inner_model_break_compiles_once():
+    """GPT-2 whose blocks carry forward pre-hooks (as fully_shard installs): the call of the inner
+    model breaks, and the LM head's resume function gets that model's fresh ModelOutput on every
+    call. It compiled on each call until cache_size_limit, then ran eagerly; now it keeps its
+    first entry."""
+    import warnings
+
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    m = transformers.GPT2LMHeadModel(cfg).eval()
+    for b in m.transformer.h:
+        b.register_forward_pre_hook(lambda mod, args: None)
+    c = ember.compile(m)
+    x = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for _ in range(12):
+            torch.testing.assert_close(c(x).logits, m(x).logits)
+    assert not [w for w in rec if "cache_size_limit" in str(w.message)], [str(w.message) for w in rec]
+
+
+class _Bag(collections.OrderedDict):
+    """An OrderedDict subclass with an instance __dict__ (ModelOutput's layout, no dataclass)."""
+
+
+def test_ordered_dict_input_keeps_its_iteration_order():
+    """The dict part is read in the order iteration gives (OrderedDict's own, after move_to_end), and
+    the keys guard reads the same order: a bag of another order compiles again, values as eager."""
+    def f(bag, x):
+        return torch.cat([v for v in bag.values()]) * x.sum() + len(bag)
+
+    t = {k: torch.full((2,), float(i)) for i, k in enumerate("abc")}
+    x = torch.ones(3)
+    c = ember.compile(f)
+    for first in ("a", "b", "a"):
+        bag = _Bag((k, t[k]) for k in "abc")
+        bag.move_to_end(first)
+        bag.note = "kept in __dict__"
+        torch.testing.assert_close(c(bag, x), f(bag, x))
+    assert len(entries(c)) == 2
