@@ -257,12 +257,9 @@ static int by_type_object(Trace *T, TValue *v, bool guard) {
  * The object reached through a second path keeps the first reading; a mutation, or a question of
  * its identity against another object, breaks (em_trace_obj.c, em_trace.c); it leaves the frame
  * as itself (OUT_FETCH). 1 done, 0 not such an object, -1 error. */
-static int input_instance(Trace *T, TValue *v) {
+static int input_instance(Trace *T, TValue *v, bool guard) {
     PyObject *o = v->obj;
     PyTypeObject *tp = Py_TYPE(o);
-    if (v->stable || v->src < 0 || !em_guard_src_is_local(T->gb, v->src) || !em_tr_instance_class_ok((PyObject *)tp) ||
-        tp->tp_getattro != PyObject_GenericGetAttr || _PyType_Lookup(tp, em_str("__getattr__")))
-        return 0;
     for (uint32_t i = 0; i < T->objects.n; i++) { /* reached before through another path */
         const TValue *w = T->objects.items[i];
         if (w->obj != o) continue;
@@ -270,6 +267,9 @@ static int input_instance(Trace *T, TValue *v) {
             return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a %s from an input reached through two paths", tp->tp_name);
         return 0;
     }
+    if (!guard || v->stable || v->src < 0 || !em_guard_src_is_local(T->gb, v->src) || !em_tr_instance_class_ok((PyObject *)tp) ||
+        tp->tp_getattro != PyObject_GenericGetAttr || _PyType_Lookup(tp, em_str("__getattr__")))
+        return 0;
     /* the dict part in the order iteration gives (OrderedDict's own after a move_to_end), which is
      * what the keys guard reads (em_guard.c, dict_keys_tuple): no Python override of it */
     static const char *const order[] = {"keys", "items", "values", "__iter__", NULL};
@@ -434,7 +434,7 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
              * are inlined; dict's own methods read it under a version guard (em_trace_obj.c) */
             if (!(Py_TYPE(o)->tp_flags & Py_TPFLAGS_HEAPTYPE) || (s < 0 && !v->stable))
                 return fail_value(T, EM_BREAK_UNSUPPORTED_VALUE, "dict subclass", o);
-            int in = guard ? input_instance(T, v) : 0;
+            int in = input_instance(T, v, guard);
             if (in) return in < 0 ? NULL : v;
             if (guard && em_guard_id(T->gb, s) < 0) return NULL;
             if (EM_VEC_PUSH(T->arena, T->objects, v) < 0) return PyErr_NoMemory(), NULL; /* for input_instance */

@@ -516,3 +516,50 @@ def test_ordered_dict_input_keeps_its_iteration_order():
         bag.note = "kept in __dict__"
         torch.testing.assert_close(c(bag, x), f(bag, x))
     assert len(entries(c)) == 2
+
+
+def test_model_output_reached_through_a_second_path_is_eagers():
+    """The same ModelOutput as an argument and as another argument's attribute: a store through the
+    attribute is seen by the read through the argument, as in eager (the second path breaks)."""
+    class Holder:
+        pass
+
+    def alias(out, h, x):
+        y = out.last_hidden_state + x
+        h.o.last_hidden_state = y * 0
+        return out.last_hidden_state + y
+
+    x = torch.randn(3)
+    c = ember.compile(alias)
+    for i in range(3):
+        out, ref = _model_output(i), _model_output(i)
+        h, hr = Holder(), Holder()
+        h.o, hr.o = out, ref
+        torch.testing.assert_close(c(out, h, x), alias(ref, hr, x))
+        torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state)
+
+
+class _AttrBag(dict):
+    """A dict subclass whose state is also in its instance __dict__."""
+
+
+def test_dict_subclass_reached_through_a_second_path_sees_a_store():
+    """One object as an argument (read by its contents) and as another argument's attribute (read
+    by identity): a store through the second path is seen by a read through the first, as eager."""
+    class Holder:
+        pass
+
+    def alias(b, h, x):
+        y = b.t + x
+        h.o.t = y * 0
+        return b.t + y + len(b)
+
+    x = torch.randn(3)
+    c = ember.compile(alias)
+    for i in range(3):
+        b, ref = _AttrBag(k=1), _AttrBag(k=1)
+        b.t = ref.t = torch.full((3,), float(i))
+        h, hr = Holder(), Holder()
+        h.o, hr.o = b, ref
+        torch.testing.assert_close(c(b, h, x), alias(ref, hr, x))
+        torch.testing.assert_close(b.t, ref.t)
