@@ -63,12 +63,15 @@ def make(kind, unused=False, inplace=False, **ddp_kw):
     return ember.compile(d, backend=os.environ.get("EMBER_DDP_BACKEND", "ember")), d, m
 
 
-def batch(rank, step):
+def batch(rank, step, ragged=False):
+    """Rank and step's inputs; ragged: a batch size of its own per rank and step, so the ranks trace
+    and compile different graphs (static sizes, then symbolic ones) while DDP reduces in step."""
     g = torch.Generator().manual_seed(100 * rank + step)
-    return torch.randn(8, D, generator=g), torch.randn(8, D, generator=g)
+    n = 3 + 2 * rank + step if ragged else 8
+    return torch.randn(n, D, generator=g), torch.randn(n, D, generator=g)
 
 
-def train(kind, rank, steps=4, hook=None, no_sync=False, **ddp_kw):
+def train(kind, rank, steps=4, hook=None, no_sync=False, ragged=False, **ddp_kw):
     """Parameters after `steps` SGD steps, and the last step's order of events: each bucket's comm
     hook call, and the input's gradient (computed when the backward has gone through every layer).
     EMBER_DDP_BACKEND picks the compiled kinds' backend (default "ember")."""
@@ -83,7 +86,7 @@ def train(kind, rank, steps=4, hook=None, no_sync=False, **ddp_kw):
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(steps):
         events.clear()
-        x, y = batch(rank, step)
+        x, y = batch(rank, step, ragged)
         x.requires_grad_(True)
         x.register_hook(lambda g: events.append("input grad"))
         opt.zero_grad()
@@ -196,7 +199,8 @@ def run(rank, world, port, out):
         for kind in ("eager", "ddp_of_compiled", "compiled_ddp"):
             for name, kw in (("plain", {}), ("no_sync", {"no_sync": True}), ("unused", {"unused": True, "find_unused_parameters": True}),
                              ("static_view", {"static_graph": True, "gradient_as_bucket_view": True}),
-                             ("fp16_hook", {"hook": default_hooks.fp16_compress_hook}), ("inplace", {"inplace": True})):
+                             ("fp16_hook", {"hook": default_hooks.fp16_compress_hook}), ("inplace", {"inplace": True}),
+                             ("ragged", {"ragged": True})):
                 ember.reset()
                 params, events, info = train(kind, rank, **kw)
                 res[kind, name] = {"params": params, "events": events, "summary": summary(info)}
