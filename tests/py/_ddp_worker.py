@@ -116,6 +116,22 @@ def unused_error(kind, rank):
     return None
 
 
+def swapped_parameter_error(kind, rank):
+    """A parameter replaced after DDP wrapped the model (DDP's reducer keeps the old one, which no
+    longer gets a gradient): DDP's error at the next step, or None. ember's guards see the new
+    parameter and compile again; the error is DDP's, as in eager."""
+    call, d, m = make(kind)
+    try:
+        for step in range(3):
+            x, y = batch(rank, step)
+            ((call(x) - y) ** 2).mean().backward()
+            if step == 0:
+                m.layers[-1].weight = torch.nn.Parameter(m.layers[-1].weight.detach() * 2)
+    except RuntimeError as e:
+        return type(e).__name__ + ": " + str(e).splitlines()[0]
+    return None
+
+
 def collective(rank):
     """dist.all_reduce in a compiled function (a graph break: collectives run as Python), and its
     eager result."""
@@ -206,6 +222,8 @@ def run(rank, world, port, out):
                 res[kind, name] = {"params": params, "events": events, "summary": summary(info)}
             ember.reset()
             res[kind, "unused_error"] = unused_error(kind, rank)
+            ember.reset()
+            res[kind, "swapped_error"] = swapped_parameter_error(kind, rank)
         ember.reset()
         res["collective"] = collective(rank)
         ember.reset()

@@ -87,6 +87,13 @@ def test_unused_parameters_without_find_unused_raise_as_eager(ranks, kind):
     assert ranks[0][kind, "unused_error"] == want
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_parameter_replaced_after_wrapping_raises_as_eager(ranks, kind):
+    want = ranks[0]["eager", "swapped_error"]
+    assert want and "RuntimeError" in want
+    assert ranks[0][kind, "swapped_error"] == want
+
+
 def test_a_collective_in_compiled_code_runs_at_a_break(ranks):
     """dist.all_reduce(y) updates y in place and returns None: it is never run on meta tensors at
     trace time (every rank must make the same calls), and the compiled function's result is eager's
