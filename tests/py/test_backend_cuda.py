@@ -487,6 +487,35 @@ def test_gpu_true_mask_attention_runs_fused():
 
 
 @needs_gpu
+def test_gpu_bf16_math_kernel_attention_is_one_softmax_kernel():
+    """T5's attention: a float position bias on bf16 q, k, v makes torch run the math kernel, which
+    computes in float32 (_scaled_dot_product_attention_math). Decomposed with that upcast, the mask
+    add and the softmax are one ember kernel (no aten softmax, no separate add), values within the
+    float32 GEMMs' rounding of eager's."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 128, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    bias = torch.randn(1, 8, 128, 128, device="cuda", generator=g)  # float32, as T5's position bias
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+
+    c = ember.compile(f, backend="ember")
+    from torch.profiler import ProfilerActivity, profile
+    with torch.no_grad():
+        c(q, k, v)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got = c(q, k, v)
+            torch.cuda.synchronize()
+        want = f(q, k, v)
+    (e,) = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
+    if e["ember"].get("decomposed") != ["scaled_dot_product_attention"]:
+        pytest.skip(f"torch runs a fused kernel for this mask here: {e['ember'].get('extern_list')}")
+    names = " ".join(ev.key for ev in prof.key_averages())
+    assert "softmax_warp_forward" not in names and "SoftMaxForward" not in names, names  # aten's softmax kernels
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+@needs_gpu
 def test_gpu_current_stream():
     f = ember.compile(lambda x, y: torch.cos(x) * y, backend="ember")
     x, y = _cuda(1 << 20), _cuda(1 << 20)
