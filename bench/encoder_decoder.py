@@ -11,6 +11,7 @@ fp32, 5e-2 in bf16/fp16).
     python bench/encoder_decoder.py                                   # dev VM: tiny configs, CPU
     python bench/encoder_decoder.py --device cuda --size full --dtype bf16
     python bench/encoder_decoder.py --models t5 --compilers eager,ember --json out.json
+    python bench/encoder_decoder.py --device cuda --size full --models t5 --profile   # top kernels
 
 --size tiny: T5 2 layers d 128, BART 2+2 layers d 64, batch 2 x 16 (decoder 8) tokens (the issue's
 configs); --size full: T5 6 layers d 512 (t5-small's shape), BART 6+6 layers d 768 (bart-base's),
@@ -27,6 +28,9 @@ import torch
 
 import ember
 from ember.testing.counting import count_compiles
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from fullsize import top_kernels  # noqa: E402
 
 
 def build(name: str, size: str, device: str, dtype: torch.dtype):
@@ -95,6 +99,10 @@ def run(compiler, model, inputs, args):
         counter.__exit__(None, None, None)
         counts = {"entries": counter.entries, "graphs": counter.graphs, "skipped_frames": counter.skipped,
                   "new_after_warmup": counter.entries - after_warm}
+    if args.profile:
+        with torch.no_grad():
+            for name, ms, n in top_kernels(lambda: fn(**inputs), args.device, n=12):
+                print(f"    {ms:9.3f} ms {n:6d}  {name[:110]}")
     return out, statistics.median(times), first, counts
 
 
@@ -108,6 +116,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=12)
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--tc-backend", default="inductor")
+    ap.add_argument("--profile", action="store_true", help="print each compiler's top kernels (bench/fullsize.py's)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
