@@ -128,7 +128,7 @@ GuardBuilder *em_guard_builder_new(EmArena *a) {
 static GuardSrc src_add(GuardBuilder *b, int32_t parent, SrcKind kind, Py_ssize_t index, PyObject *key,
                         PyObject *value) {
     int by_key = kind != SRC_LOCAL && kind != SRC_CLOSURE && kind != SRC_CELL && kind != SRC_ITEM && kind != SRC_CONST;
-    int rooted = kind == SRC_ATTR || kind == SRC_ITEM || kind == SRC_DICT_ITEM;
+    int rooted = kind == SRC_ATTR || kind == SRC_ITEM || kind == SRC_DICT_ITEM || kind == SRC_CONVERT;
     if (!b) return bad_arg("no builder");
     if (rooted ? parent < 0 || (uint32_t)parent >= b->src.n : parent != -1) return bad_arg("bad parent source");
     if (by_key && !key) return bad_arg("source without key");
@@ -199,6 +199,10 @@ GuardSrc em_guard_src_dict_item(GuardBuilder *b, GuardSrc parent, PyObject *key,
 
 GuardSrc em_guard_src_dict_part_item(GuardBuilder *b, GuardSrc parent, PyObject *key, PyObject *value) {
     return src_add(b, parent, SRC_DICT_ITEM, 1, key, value);
+}
+
+GuardSrc em_guard_src_convert(GuardBuilder *b, GuardSrc parent, PyObject *fn, PyObject *value) {
+    return src_add(b, parent, SRC_CONVERT, 0, fn, value);
 }
 
 static BSrc *src_get(const GuardBuilder *b, GuardSrc s) {
@@ -1239,6 +1243,9 @@ static PyObject *resolve(const GuardSet *gs, SrcVals *vals, const EmFrameView *f
     case SRC_DICT_ITEM:
         v = PyDict_CheckExact(p) || (src->d.index == 1 && PyDict_Check(p)) ? Py_XNewRef(PyDict_GetItemWithError(p, src->d.key))
                                                                           : PyObject_GetItem(p, src->d.key);
+        break;
+    case SRC_CONVERT: /* a parent the conversion refuses (not an array any more): the guard fails */
+        v = PyObject_CallOneArg(src->d.key, p);
         break;
     }
     if (!v) {

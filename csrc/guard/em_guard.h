@@ -38,6 +38,9 @@ GuardSrc em_guard_src_attr(GuardBuilder *b, GuardSrc parent, PyObject *name, PyO
 GuardSrc em_guard_src_item(GuardBuilder *b, GuardSrc parent, Py_ssize_t index, PyObject *value); /* list/tuple */
 GuardSrc em_guard_src_dict_item(GuardBuilder *b, GuardSrc parent, PyObject *key, PyObject *value);
 GuardSrc em_guard_src_dict_part_item(GuardBuilder *b, GuardSrc parent, PyObject *key, PyObject *value); /* dict.__getitem__ */
+/* fn(parent), fn held and called at each check: torch.from_numpy of an array input. Guard the
+ * parent's type first (em_guard_type), so that the conversion only meets what it was traced on. */
+GuardSrc em_guard_src_convert(GuardBuilder *b, GuardSrc parent, PyObject *fn, PyObject *value);
 PyObject *em_guard_src_value_borrow(const GuardBuilder *b, GuardSrc s);
 /* The parent of a derived source (attribute, item), -1 for a frame root or an invalid s. */
 GuardSrc em_guard_src_parent(const GuardBuilder *b, GuardSrc s);

@@ -21,6 +21,8 @@ typedef enum {
     SRC_CONST,     /* an object the set holds, always stable: a list or dict reached through guarded
                       constants (a class attribute), whose contents its children's guards check;
                       index = its address (identity), key = its type's name (rendering only) */
+    SRC_CONVERT,   /* key(parent): the parent converted by the callable key, called on every check
+                      (torch.from_numpy of a NumPy array input, whose tensor the graph takes) */
 } SrcKind;
 
 /* The part of a source that names the path; shared by builder and guard set so that one renderer

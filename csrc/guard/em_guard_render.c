@@ -57,6 +57,17 @@ PyObject *em_guard_render_src(const void *table, size_t stride, int32_t s) {
     case SRC_CELL: /* the cell object of a free variable (key: its name) */
         out = PyUnicode_FromFormat("__closure__[%zd]", d->index);
         break;
+    case SRC_CONVERT: { /* torch.from_numpy(L['a']) */
+        PyObject *m = PyObject_GetAttrString(d->key, "__module__"), *n = PyObject_GetAttrString(d->key, "__name__");
+        if (m && n && PyUnicode_Check(m) && PyUnicode_Check(n)) out = PyUnicode_FromFormat("%U.%U(%U)", m, n, p);
+        else {
+            PyErr_Clear();
+            out = PyUnicode_FromFormat("%R(%U)", d->key, p);
+        }
+        Py_XDECREF(m);
+        Py_XDECREF(n);
+        break;
+    }
     case SRC_CONST: /* an object the guard set holds */
         out = PyUnicode_FromFormat("___const(<%U at %p>)", d->key, (void *)(uintptr_t)d->index);
         break;

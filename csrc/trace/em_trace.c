@@ -621,7 +621,7 @@ static int is_same(Trace *T, TValue *a, TValue *b, bool *out) {
         return 0;
     }
     /* a tensor made or guarded in the trace is never a constant/module/function */
-    if ((a->kind == TV_TENSOR && b_obj) || (b->kind == TV_TENSOR && a_obj)) {
+    if (((a->kind == TV_TENSOR || a->kind == TV_NDARRAY) && b_obj) || ((b->kind == TV_TENSOR || b->kind == TV_NDARRAY) && a_obj)) {
         if (em_tr_use(T, a_obj ? a : b) < 0) return -1;
         *out = false;
         return 0;
@@ -815,6 +815,8 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
         }
     }
     switch (v->kind) {
+    case TV_NDARRAY:
+        return em_tr_np_out_spec(T, C, v, o, depth);
     case TV_SYMINT: /* a size returned: a graph output computed from sym_size nodes */
     case TV_TENSOR: {
         uint32_t r;

@@ -817,6 +817,8 @@ TValue *em_tr_getattr(Trace *T, TValue *v, PyObject *name, int *missing) {
     switch (v->kind) {
     case TV_TENSOR:
         return tensor_attr(T, v, name, missing);
+    case TV_NDARRAY:
+        return em_tr_np_getattr(T, v, name, missing);
     case TV_NN_MODULE:
         return em_tr_module_getattr(T, v, name, missing);
     case TV_OBJECT:

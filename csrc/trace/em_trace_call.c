@@ -1151,7 +1151,7 @@ static TValue *fold_or_break(Trace *T, PyObject *fn, TValue **args, uint32_t nar
 static bool any_tensor(Trace *T, TValue **args, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         TValue *v = em_tr_realize(T, args[i]);
-        if (v && v->kind == TV_TENSOR) return true;
+        if (v && (v->kind == TV_TENSOR || v->kind == TV_NDARRAY)) return true; /* an array is a tensor's view */
     }
     return false;
 }
@@ -1174,6 +1174,7 @@ TValue *em_tr_binop(Trace *T, int nb, TValue *a, TValue *b) {
     TraceRT *rt = &em_trace_rt;
     if (!(a = em_tr_realize(T, a)) || !(b = em_tr_realize(T, b))) return NULL;
     PyObject *fn = rt->binop_fn[nb];
+    if (a->kind == TV_NDARRAY || b->kind == TV_NDARRAY) return em_tr_np_binop(T, nb, a, b);
     if (a->kind == TV_TENSOR || b->kind == TV_TENSOR) {
         TValue *args[2] = {a, b};
         return em_tr_torch_call(T, IR_CALL_FUNCTION, fn, args, 2, NULL, NULL);
@@ -1246,6 +1247,7 @@ TValue *em_tr_compare(Trace *T, int cmp, TValue *a, TValue *b) {
     if (!(a = em_tr_realize(T, a)) || !(b = em_tr_realize(T, b))) return NULL;
     PyObject *fn = em_trace_rt.cmp_fn[cmp];
     TValue *args[2] = {a, b};
+    if (a->kind == TV_NDARRAY || b->kind == TV_NDARRAY) return em_tr_np_compare(T, cmp, a, b);
     if (a->kind == TV_TENSOR || b->kind == TV_TENSOR) return em_tr_torch_call(T, IR_CALL_FUNCTION, fn, args, 2, NULL, NULL);
     if (a->kind == TV_SYMINT || b->kind == TV_SYMINT) { /* a relation among sizes: guarded */
         int handled = 0;
@@ -1272,6 +1274,7 @@ TValue *em_tr_compare(Trace *T, int cmp, TValue *a, TValue *b) {
 
 TValue *em_tr_unary(Trace *T, PyObject *opfn, TValue *a) {
     if (!(a = em_tr_realize(T, a))) return NULL;
+    if (a->kind == TV_NDARRAY) return em_tr_np_unary(T, opfn, a);
     if (a->kind == TV_TENSOR) return em_tr_torch_call(T, IR_CALL_FUNCTION, opfn, &a, 1, NULL, NULL);
     if (a->kind == TV_SYMINT && opfn == em_trace_rt.op_neg) return em_tr_sym_neg(T, a);
     if (a->kind == TV_SYMINT && opfn == em_trace_rt.op_pos) return a;
@@ -1329,6 +1332,8 @@ TValue *em_tr_getitem(Trace *T, TValue *c, TValue *key) {
     switch (c->kind) {
     case TV_INSTANCE: /* type(c).__getitem__: a Python override, or dict's on the instance's items */
         return em_tr_instance_dunder(T, c, "__getitem__", &key, 1);
+    case TV_NDARRAY:
+        return em_tr_np_getitem(T, c, key);
     case TV_TENSOR: {
         TValue *args[2] = {c, key};
         return em_tr_torch_call(T, IR_CALL_FUNCTION, em_trace_rt.op_getitem, args, 2, NULL, NULL);
@@ -1421,6 +1426,7 @@ int em_tr_setitem(Trace *T, TValue *c, TValue *key, TValue *v) {
         TValue *args[3] = {c, key, v};
         return em_tr_torch_call(T, IR_CALL_FUNCTION, em_trace_rt.op_setitem, args, 3, NULL, NULL) ? 0 : -1;
     }
+    if (c->kind == TV_NDARRAY) return em_tr_break(T, EM_BREAK_SIDE_EFFECT, "NumPy: an item store into an array");
     if (c->kind == TV_INSTANCE) {
         TValue *args[2] = {key, v};
         return em_tr_instance_dunder(T, c, v ? "__setitem__" : "__delitem__", args, v ? 2 : 1) ? 0 : -1;
@@ -2008,6 +2014,7 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
         if (!a) return NULL;
         if (is_seq(a)) return int_value(T, a->u.seq.n);
         if (a->kind == TV_DICT) return int_value(T, a->u.dict.n);
+        if (a->kind == TV_NDARRAY && !(a = em_tr_np_tensor(T, a))) return NULL; /* len(a): the first dim, as a tensor's */
         if (a->kind == TV_TENSOR) {
             if (a->u.t.meta->ndim == 0) {
                 em_tr_break(T, EM_BREAK_RAISE, "len() of a 0-d tensor");
@@ -2071,7 +2078,7 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
         return bool_value(T, r);
     }
     case BI_ABS:
-        if (nargs == 1 && any_tensor(T, args, 1)) return em_tr_unary(T, rt->op_abs, args[0]);
+        if (nargs == 1 && (any_tensor(T, args, 1) || args[0]->kind == TV_NDARRAY)) return em_tr_unary(T, rt->op_abs, args[0]);
         if (nargs == 1 && !nkw) {
             int handled = 0;
             TValue *r = em_tr_sym_abs(T, args[0], &handled);
@@ -2498,6 +2505,10 @@ static TValue *call_tensor_method(Trace *T, TValue *self, PyObject *name, TValue
                                   TValue **kwvals) {
     const char *n = PyUnicode_AsUTF8(name);
     if (!n) return NULL;
+    if (strcmp(n, "numpy") == 0) { /* a NumPy array viewing the tensor: NumPy's calls on it are traced */
+        if (!(self = em_tr_realize(T, self))) return NULL;
+        return em_tr_np_from_tensor(T, self, nargs, kwnames);
+    }
     if (in_list(n, to_python_methods)) {
         em_tr_break(T, EM_BREAK_TENSOR_TO_PYTHON, "Tensor.%s()", n);
         return NULL;
@@ -2808,6 +2819,11 @@ static TValue *call_super_method(Trace *T, TValue *callee) {
 
 TValue *em_tr_call(Trace *T, TValue *callee, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
     if (!(callee = em_tr_realize(T, callee))) return NULL;
+    if ((callee->kind == TV_OBJECT || callee->kind == TV_FUNCTION) && callee->obj) { /* NumPy, or an array to torch */
+        int handled = 0;
+        TValue *r = em_tr_np_call(T, callee->obj, args, nargs, kwnames, kwvals, &handled);
+        if (handled || T->broke) return r;
+    }
     switch (callee->kind) {
     case TV_FUNCTION:
         if (em_tr_is_special_call(callee->obj)) {
@@ -2831,6 +2847,8 @@ TValue *em_tr_call(Trace *T, TValue *callee, TValue **args, uint32_t nargs, PyOb
     case TV_NN_MODULE:
         return call_module(T, callee, args, nargs, kwnames, kwvals);
     case TV_TENSOR_METHOD:
+        if (callee->u.tm.self->kind == TV_NDARRAY)
+            return em_tr_np_method(T, callee->u.tm.self, callee->u.tm.name, args, nargs, kwnames, kwvals);
         return call_tensor_method(T, callee->u.tm.self, callee->u.tm.name, args, nargs, kwnames, kwvals);
     case TV_OBJECT:
         return call_object(T, callee, args, nargs, kwnames, kwvals);

@@ -78,9 +78,11 @@ typedef enum {
                          BEFORE_WITH pushed (em_trace_call.c) */
     TV_SYMINT,        /* si.e: a Python int that is a size expression over the trace's symbols
                          (x.shape[0], x.size(1) // 2); em_trace_sym.c */
-    TV_INSTANCE       /* inst: an object of a Python class constructed in the trace (dataclasses,
+    TV_INSTANCE,      /* inst: an object of a Python class constructed in the trace (dataclasses,
                          ModelOutput, context managers): attributes and, for dict subclasses,
                          items are trace values (em_trace_obj.c) */
+    TV_NDARRAY        /* t (as TENSOR): a NumPy array viewing that graph value (Tensor.numpy() and
+                         NumPy calls on it; npscalar: a NumPy scalar), em_trace_numpy.c */
 } TVKind;
 
 typedef enum {
@@ -100,6 +102,7 @@ struct TValue {
     bool replayed;     /* an input LIST/DICT mutated in the trace: its final contents are written
                           back into the caller's object after the graph (em_trace_effects.c) */
     bool aliased;      /* an input LIST/DICT whose object was realized through another path too */
+    bool npscalar;     /* NDARRAY: a 0-d result NumPy gives as a scalar (np.sum(a), a[0, 0]) */
     bool by_type;      /* OBJECT: an instance of a Python class from an input, guarded by its type and by
                           what the trace reads from it (attributes through sources), not by identity:
                           objects built on every call (a dataclass, a cache, an output) must not
@@ -618,5 +621,30 @@ TValue *em_tr_call_special(Trace *T, PyObject *fn, TValue **args, uint32_t nargs
 /* Is cls a class whose construction the tracer may model (a Python class with object's or dict's
  * __new__ and a Python __init__ or none)? */
 bool em_tr_instance_class_ok(PyObject *cls);
+
+/* ---- em_trace_numpy.c: NumPy code on CPU tensors, traced into torch ops ---- */
+/* Tensor.numpy() of tensor value t: an NDARRAY value, or NULL with a break (eager raises). */
+TValue *em_tr_np_from_tensor(Trace *T, TValue *t, uint32_t nargs, PyObject *kwnames);
+/* A call of a NumPy function or ufunc, or of torch.from_numpy / as_tensor / asarray / tensor on an
+ * array. NULL with *handled = 0 when fn is none of these. */
+TValue *em_tr_np_call(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals,
+                      int *handled);
+TValue *em_tr_np_method(Trace *T, TValue *a, PyObject *name, TValue **args, uint32_t nargs, PyObject *kwnames,
+                        TValue **kwvals);
+TValue *em_tr_np_getattr(Trace *T, TValue *a, PyObject *name, int *missing);
+/* Operators with an NDARRAY operand, as NumPy's ufuncs. */
+TValue *em_tr_np_binop(Trace *T, int nb, TValue *a, TValue *b);
+TValue *em_tr_np_compare(Trace *T, int cmp, TValue *a, TValue *b);
+TValue *em_tr_np_unary(Trace *T, PyObject *opfn, TValue *a);
+TValue *em_tr_np_getitem(Trace *T, TValue *a, TValue *key);
+/* A NumPy array from a frame input (v TV_LAZY, with a source): 1 when it became an NDARRAY whose
+ * tensor is torch.from_numpy of it, 0 when not (an ordinary object), -1 on break/error. */
+int em_tr_np_input(Trace *T, TValue *v);
+/* The TENSOR value of the same graph value as array a. */
+TValue *em_tr_np_tensor(Trace *T, TValue *a);
+/* type(a): numpy.ndarray, or the NumPy scalar type (borrowed / arena-held). */
+PyObject *em_tr_np_type(Trace *T, TValue *v);
+/* The out spec of an array leaving the frame: Tensor.numpy(graph_out[k]) ([()] for a scalar). */
+int em_tr_np_out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth);
 
 #endif /* EM_TRACE_INT_H */

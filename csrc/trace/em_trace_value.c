@@ -333,6 +333,10 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
         v->u.t.meta = m;
         return v;
     }
+    {
+        int nd = em_tr_np_input(T, v); /* a NumPy array: its tensor is a graph input */
+        if (nd) return nd < 0 ? NULL : v;
+    }
     if (PyObject_TypeCheck(o, (PyTypeObject *)rt->Module)) {
         if (guard && em_guard_id(T->gb, s) < 0) return NULL;
         v->kind = TV_NN_MODULE;
@@ -877,7 +881,7 @@ int em_tr_truth(Trace *T, TValue *v, bool *out) {
         *out = t;
         return 0;
     }
-    case TV_TENSOR:
+    case TV_TENSOR: case TV_NDARRAY:
         return em_tr_break(T, EM_BREAK_DATA_DEPENDENT_BRANCH, "branch on a tensor value");
     case TV_SYMINT:
         return em_tr_sym_truth(T, v, out);
@@ -929,6 +933,8 @@ PyObject *em_tr_type_of(Trace *T, TValue *v) {
         return v->obj ? (PyObject *)Py_TYPE(v->obj) : em_trace_rt.Tensor;
     case TV_INSTANCE:
         return v->u.inst.cls;
+    case TV_NDARRAY:
+        return em_tr_np_type(T, v);
     case TV_CONST: case TV_NN_MODULE: case TV_OBJECT:
         if (v->kind == TV_CONST && em_tr_use(T, v) < 0) return NULL;
         return (PyObject *)Py_TYPE(v->obj);

@@ -128,6 +128,17 @@ def assert_same_outcome(got, expected, exact=True, where="call"):
         assert_same(got[1], expected[1], exact, where)
 
 
+def graphs(compiled):
+    """Graphs with operations compiled for the function and its resume functions (what
+    torch._dynamo.explain counts: an empty graph is not one)."""
+    return sum(1 for e in ember.cache_info(compiled, resume=True) if e.get("graph") and "call_" in e["graph"])
+
+
+def kinds_tree(compiled):
+    """The kinds of the cache entries of the function and of its resume functions, in order."""
+    return [e["kind"] for e in ember.cache_info(compiled, resume=True)]
+
+
 def run_both(obj, calls, backend="eager", exact=None, compiled=None, copy_args=True):
     """Compiles obj (function, bound method or module) and runs it and an eager deep copy on the
     same calls; calls: list of arg tuples or of (args, kwargs) pairs marked by a dict second item.
