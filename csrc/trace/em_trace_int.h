@@ -103,6 +103,9 @@ struct TValue {
                           back into the caller's object after the graph (em_trace_effects.c) */
     bool aliased;      /* an input LIST/DICT whose object was realized through another path too */
     bool npscalar;     /* NDARRAY: a 0-d result NumPy gives as a scalar (np.sum(a), a[0, 0]) */
+    bool symbool;      /* SYMINT: a comparison of sizes (`n > 3`, a SymBool: 0 or 1), a Python bool. It
+                          stays symbolic only as a tensor op's argument (`x + (n > 3)`); a branch
+                          guards it, any other use specialises it (em_trace_sym.c) */
     bool by_type;      /* OBJECT: an instance of a Python class from an input, guarded by its type and by
                           what the trace reads from it (attributes through sources), not by identity:
                           objects built on every call (a dataclass, a cache, an output) must not
@@ -501,6 +504,8 @@ TValue *em_tr_sym_minmax(Trace *T, bool is_min, TValue **items, uint32_t n, int 
 TValue *em_tr_sym_abs(Trace *T, TValue *v, int *handled);
 TValue *em_tr_sym_compare(Trace *T, int cmp, TValue *a, TValue *b, int *handled);
 TValue *em_tr_sym_neg(Trace *T, TValue *a);
+/* v itself, or a SymBool's value as a bool constant (guarded): where Python's type of it matters. */
+TValue *em_tr_sym_settle_bool(Trace *T, TValue *v);
 int em_tr_sym_truth(Trace *T, TValue *v, bool *out);
 /* Size queries on a tensor with symbolic sizes: x.shape, x.size(), x.size(d), x.numel(), len(x),
  * x.stride(). NULL with *handled = 0 for a static tensor or another query. */

@@ -442,7 +442,7 @@ PyObject *em_tr_sym_specialize(Trace *T, TValue *v, const char *why) {
     } else {
         em_sym_is_const(T->env, e, &k);
     }
-    return PyLong_FromLongLong(k);
+    return v->symbool ? PyBool_FromLong(k != 0) : PyLong_FromLongLong(k);
 }
 
 int em_tr_sym_dim_int(Trace *T, IRMeta *m, int dim, int64_t *out) {
@@ -463,33 +463,61 @@ static SymOp cmp_op(int cmp) { /* Py_LT.. Py_GE -> SymOp */
     return map[cmp];
 }
 
+static TValue *settle_bool(Trace *T, TValue *v);
+
 TValue *em_tr_sym_compare(Trace *T, int cmp, TValue *a, TValue *b, int *handled) {
     SymRef x, y;
     *handled = 0;
     if (a->kind != TV_SYMINT && b->kind != TV_SYMINT) return NULL;
+    if ((a->symbool || b->symbool) && (!(a = settle_bool(T, a)) || !(b = settle_bool(T, b)))) {
+        *handled = 1;
+        return NULL;
+    }
+    if (a->kind != TV_SYMINT && b->kind != TV_SYMINT) return NULL;
     if (!sym_of(T, a, &x) || !sym_of(T, b, &y)) return NULL;
     *handled = 1;
-    int r = em_sym_guard_bool(T->env, em_sym_cmp(T->env, cmp_op(cmp), x, y));
-    if (r < 0) {
+    SymRef c = em_sym_cmp(T->env, cmp_op(cmp), x, y);
+    int64_t k;
+    if (c == SYM_NONE) {
         env_break(T);
         return NULL;
     }
-    return em_tr_const(T, r ? Py_True : Py_False);
+    if (em_sym_is_const(T->env, c, &k)) return em_tr_const(T, k ? Py_True : Py_False); /* decided by the ranges */
+    /* a SymBool, as torch's: guarded where a branch needs it, a graph value in a tensor op */
+    TValue *v = em_tr_symint(T, c);
+    if (v && v->kind == TV_SYMINT) v->symbool = true;
+    return v;
 }
 
+/* A SymBool operand of Python arithmetic, min/max, another comparison, identity: its value now
+ * (guarded), so that the result keeps Python's types (True & True is a bool, max(True, 0) is True).
+ * NULL with a break. */
+static TValue *settle_bool(Trace *T, TValue *v) {
+    if (!v || v->kind != TV_SYMINT || !v->symbool) return v;
+    PyObject *b = em_tr_sym_specialize(T, v, "a comparison used as a Python value");
+    return em_tr_const_steal(T, b);
+}
+
+TValue *em_tr_sym_settle_bool(Trace *T, TValue *v) { return settle_bool(T, v); }
+
 int em_tr_sym_truth(Trace *T, TValue *v, bool *out) {
-    int r = em_sym_guard_bool(T->env, em_sym_cmp(T->env, SYM_NE, v->u.si.e, em_sym_const(T->env, 0)));
+    int r = em_sym_guard_bool(T->env, v->symbool ? v->u.si.e : em_sym_cmp(T->env, SYM_NE, v->u.si.e, em_sym_const(T->env, 0)));
     if (r < 0) return env_break(T);
     *out = r;
     return 0;
 }
 
-TValue *em_tr_sym_neg(Trace *T, TValue *a) { return em_tr_symint(T, em_sym_neg(T->env, a->u.si.e)); }
+TValue *em_tr_sym_neg(Trace *T, TValue *a) { return em_tr_symint(T, em_sym_neg(T->env, a->u.si.e)); } /* -True is -1 */
 
 TValue *em_tr_sym_binop(Trace *T, int nb, TValue *a, TValue *b, int *handled) {
     SymRef x, y;
     *handled = 0;
     if (a->kind != TV_SYMINT && b->kind != TV_SYMINT) return NULL;
+    if ((a->symbool || b->symbool) && (!(a = settle_bool(T, a)) || !(b = settle_bool(T, b)))) {
+        *handled = 1;
+        return NULL;
+    }
+    if (a->kind != TV_SYMINT && b->kind != TV_SYMINT) return NULL; /* both were SymBools: Python's fold */
     if (!sym_of(T, a, &x) || !sym_of(T, b, &y)) return NULL;
     int base = nb >= 13 ? nb - 13 : nb;
     ShapeEnv *env = T->env;
@@ -540,6 +568,7 @@ TValue *em_tr_sym_minmax(Trace *T, bool is_min, TValue **items, uint32_t n, int 
     for (uint32_t i = 0; i < n; i++) {
         TValue *v = em_tr_realize(T, items[i]);
         if (!v) return NULL;
+        if (v->kind == TV_SYMINT && v->symbool) return NULL; /* max(True, 0) is True: Python's fold */
         if (v->kind == TV_SYMINT) any = true;
         else if (v->kind != TV_CONST || !PyLong_CheckExact(v->obj)) return NULL;
     }
@@ -561,7 +590,7 @@ TValue *em_tr_sym_minmax(Trace *T, bool is_min, TValue **items, uint32_t n, int 
 /* abs() of a symbolic int: Max(x, -x). NULL with *handled = 0 for any other value. */
 TValue *em_tr_sym_abs(Trace *T, TValue *v, int *handled) {
     *handled = 0;
-    if (!(v = em_tr_realize(T, v)) || v->kind != TV_SYMINT) return NULL;
+    if (!(v = em_tr_realize(T, v)) || v->kind != TV_SYMINT || v->symbool) return NULL; /* abs(True): Python's fold */
     *handled = 1;
     SymRef r = em_sym_max(T->env, v->u.si.e, em_sym_neg(T->env, v->u.si.e));
     if (r == SYM_NONE) {
@@ -751,8 +780,18 @@ static uint32_t sym_node(Trace *T, SymRef e, IRArg *out) {
         r = fold_terms(T, e, op, tgt, n, e);
         break;
     }
+    case SYM_EQ: case SYM_NE: case SYM_LT: case SYM_LE: case SYM_GT: case SYM_GE: { /* a SymBool: operator.lt ... */
+        static const int cmp_index[] = {[SYM_LT] = 0, [SYM_LE] = 1, [SYM_EQ] = 2, [SYM_NE] = 3, [SYM_GT] = 4, [SYM_GE] = 5};
+        if (sym_arg_of(T, em_sym_operand(env, e, 0, NULL), &a) < 0 || sym_arg_of(T, em_sym_operand(env, e, 1, NULL), &b) < 0)
+            return 0;
+        if (!(r = binary_node(T, e, rt->cmp_fn[cmp_index[op]], &a, &b))) return 0;
+        int64_t h = 0;
+        if (em_sym_hint(env, e, &h) < 0) return 0;
+        T->nodes.items[r].meta.example = h ? Py_True : Py_False; /* held: immortal singletons */
+        break;
+    }
     default:
-        em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a comparison used as a size");
+        em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a size expression of an unsupported kind");
         return 0;
     }
     if (!r) return 0;
@@ -779,7 +818,7 @@ int em_tr_sym_arg(Trace *T, TValue *v, IRArg *out, PyObject **py) {
         if (!T->broke && !PyErr_Occurred()) return env_break(T);
         return -1;
     }
-    *py = PyLong_FromLongLong(hint);
+    *py = v->symbool ? PyBool_FromLong(hint != 0) : PyLong_FromLongLong(hint);
     return *py ? 0 : -1;
 }
 

@@ -951,7 +951,7 @@ PyObject *em_tr_type_of(Trace *T, TValue *v) {
     case TV_SLICE:
         return (PyObject *)&PySlice_Type;
     case TV_SYMINT:
-        return (PyObject *)&PyLong_Type;
+        return v->symbool ? (PyObject *)&PyBool_Type : (PyObject *)&PyLong_Type;
     default:
         break;
     }

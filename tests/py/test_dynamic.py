@@ -366,6 +366,32 @@ def test_int_argument_in_python_if():
     assert any("L['n'] <= 3" in g for e in entries(cf) for g in e["guards"])
 
 
+def test_a_comparison_used_as_a_number_is_a_symbolic_bool():
+    """`x + (n > 3)`: the comparison is a SymBool graph value, not a guard per side (issue 44 item 2;
+    torch.compile compiles twice here)."""
+    cf, n_ember, n_torch = int_case(lambda x, n: x + (n > 3), [1, 2, 3, 4, 5, 6, 7, 8])
+    assert n_ember <= n_torch == 2
+    _, n_ember, n_torch = int_case(lambda x, n: x * ((n > 3) + (n >= 6)), [1, 2, 3, 4, 5, 6, 7, 8])
+    assert n_ember <= n_torch
+    _, n_ember, n_torch = int_case(lambda x, n: (x > 0) + (n > 3), [1, 2, 3, 4, 5, 6])  # bool tensor: or
+    assert n_ember <= n_torch
+
+
+def test_a_symbolic_bool_keeps_pythons_types_where_they_show():
+    """Returned, compared by identity, printed, in bool arithmetic, min/max: its value is guarded and
+    it stays a bool (True & True is True, max(True, 0) is True), as eager."""
+    def f(x, n):
+        b = n > 3
+        return x + b, (b, b is True, str(b), max(b, 0), b & (n < 7), b + 1, type(b) is bool, not b)
+    cf = ember.compile(f)
+    for n in [1, 2, 3, 4, 5, 6, 7, 8]:
+        x = torch.randn(4)
+        got, expected = cf(x, n), f(x, n)
+        torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0)
+        assert got[1] == expected[1] and [type(v) for v in got[1]] == [type(v) for v in expected[1]]
+    assert len(entries(cf)) <= 4
+
+
 def test_int_argument_returned_and_in_a_list_index():
     def f(x, n):
         return x + [10, 20, 30, 40][n], n + 1
