@@ -78,8 +78,17 @@ static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double d
     bool neg = scale != Py_None && PyFloat_AsDouble(scale) < 0.0;
     if (PyErr_Occurred()) return em_rw_fail_exc(d), 0;
     double sf = sqrt(s); /* sdp::calculate_scale(...).sqrt() */
+    /* aten::matmul copies a batched operand whose batch dims do not flatten (q, k, v as transposed
+     * views of a projection, (B, S, H, D) in memory): q and k are made contiguous in the scale's own
+     * kernel instead, v by one copy kernel of ours; the values are the same */
+    const IRMeta *vm = em_rw_jmeta(d, v);
+    bool qc = em_ir_meta_contiguous(qm), kc = em_ir_meta_contiguous(km), vc = !vm || em_ir_meta_contiguous(vm);
     IRRef q1 = dz_mul(d, q, neg ? 0.0 - sf : sf);
-    IRRef kt = dz_mul(d, dz_m(d, "transpose", k, Py_BuildValue("(ii)", -2, -1)), sf);
+    if (q1 && !qc) q1 = dz_m(d, "contiguous", q1, PyTuple_New(0));
+    IRRef ks = kc ? dz_m(d, "transpose", k, Py_BuildValue("(ii)", -2, -1)) : dz_m(d, "contiguous", dz_mul(d, k, sf), PyTuple_New(0));
+    IRRef kt = kc ? dz_mul(d, ks, sf) : ks ? dz_m(d, "transpose", ks, Py_BuildValue("(ii)", -2, -1)) : 0;
+    if (!vc) v = dz_m(d, "contiguous", v, PyTuple_New(0));
+    if (!v) return 0;
     IRRef attn = q1 && kt ? em_rw_dz(d, em_rw_emit_fn(d, "matmul", (IRArg[]){em_rw_arg_node(q1), em_rw_arg_node(kt)}, 2)) : 0;
     if (!attn) return 0;
     IRRef add = mask;
