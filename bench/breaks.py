@@ -8,9 +8,10 @@ graph, print to a sink, a graph) with both compilers handing each FX graph to In
 compile_fx; overhead = per-call time through the compiler - per-call time of the two compiled
 graphs (and the print) called directly. Timings are never asserted by tests.
 
-Known differences: torch.compile traces numpy calls (torch._numpy), so f3 with numpy is one graph
-there (with the tutorial's scipy.fft.dct both compilers break: the row "f3 (scipy dct)", present
-when scipy is installed, as on the GPU machine); torch._dynamo.explain does not
+Both compilers trace NumPy calls on tensors (torch.compile through torch._numpy, ember in
+csrc/trace/em_trace_numpy.c), so f3 with numpy is one graph in both (with the tutorial's
+scipy.fft.dct both break: the row "f3 (scipy dct)", present when scipy is installed, as on the GPU
+machine). Known difference: torch._dynamo.explain does not
 count a break whose resumed part is an empty graph (f1's `return y` side), ember counts every
 break it went through.
 
