@@ -2078,7 +2078,7 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
         return bool_value(T, r);
     }
     case BI_ABS:
-        if (nargs == 1 && (any_tensor(T, args, 1) || args[0]->kind == TV_NDARRAY)) return em_tr_unary(T, rt->op_abs, args[0]);
+        if (nargs == 1 && any_tensor(T, args, 1)) return em_tr_unary(T, rt->op_abs, args[0]);
         if (nargs == 1 && !nkw) {
             int handled = 0;
             TValue *r = em_tr_sym_abs(T, args[0], &handled);

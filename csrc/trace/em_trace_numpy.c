@@ -959,6 +959,10 @@ TValue *em_tr_np_from_tensor(Trace *T, TValue *t, uint32_t nargs, PyObject *kwna
 /* Is fn NumPy's own function or ufunc np.<name> (not another library's of the same name)? The name
  * (borrowed from the arena) or NULL. */
 static const char *numpy_name(Trace *T, PyObject *fn) {
+    if (PyFunction_Check(fn)) { /* every Python function the trace calls passes here: its module first */
+        PyObject *m = ((PyFunctionObject *)fn)->func_module;
+        if (!m || !PyUnicode_Check(m) || PyUnicode_CompareWithASCIIString(m, "numpy") != 0) return NULL;
+    }
     PyObject *mod = PyObject_GetAttrString(fn, "__module__"), *nm = mod ? PyObject_GetAttrString(fn, "__name__") : NULL;
     const char *r = NULL;
     if (nm && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "numpy") == 0 && PyUnicode_Check(nm)) {
