@@ -372,7 +372,8 @@ int em_lower_opnd(Ctx *c, const IRArg *a, Opnd *o) {
             return 0;
         }
         const IRMeta *m = &c->lg->ir->nodes[a->u.ref].meta;
-        if (c->lg->env && m->sym && m->example && PyLong_CheckExact(m->example)) {
+        /* a size, or a comparison of sizes (a SymBool, example True / False: 0 / 1 in the kernel) */
+        if (c->lg->env && m->sym && m->example && (PyLong_CheckExact(m->example) || PyBool_Check(m->example))) {
             int overflow = 0;
             o->i = PyLong_AsLongLongAndOverflow(m->example, &overflow);
             if (overflow || PyErr_Occurred()) {

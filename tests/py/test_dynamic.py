@@ -377,6 +377,21 @@ def test_a_comparison_used_as_a_number_is_a_symbolic_bool():
     assert n_ember <= n_torch
 
 
+def test_a_symbolic_bool_is_a_kernel_argument_on_embers_backend():
+    """The SymBool reaches the generated kernel as 0 / 1 (the size program evaluates the comparison);
+    float, int and bool tensors (bool + True is a logical or in eager) as eager."""
+    for f in (lambda x, n: (x > 0) + (n > 3), lambda x, n: x.int() * (n >= 4), lambda x, n: x + (n > 3)):
+        ember.reset()
+        cf = ember.compile(f, backend="ember")
+        for n in range(1, 8):
+            x = torch.randn(8)
+            got, expected = cf(x, n), f(x, n)
+            assert got.dtype == expected.dtype and torch.equal(got, expected)
+        dyn = [e for e in entries(cf) if e["dynamic"]]
+        assert len(entries(cf)) == 2 and dyn and "fallback" not in dyn[0]["ember"]
+    assert dyn[0]["ember"]["kernels"] >= 1
+
+
 def test_a_symbolic_bool_keeps_pythons_types_where_they_show():
     """Returned, compared by identity, printed, in bool arithmetic, min/max: its value is guarded and
     it stays a bool (True & True is True, max(True, 0) is True), as eager."""
