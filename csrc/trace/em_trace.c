@@ -599,7 +599,7 @@ static int is_none(Trace *T, TValue *v, bool *out) {
 /* `a is b` on abstract values. */
 static int is_same(Trace *T, TValue *a, TValue *b, bool *out) {
     if (!(a = em_tr_realize(T, a)) || !(b = em_tr_realize(T, b))) return -1;
-    if (!(a = em_tr_sym_settle_bool(T, a)) || !(b = em_tr_sym_settle_bool(T, b))) return -1; /* `n > 3 is True` */
+    if (!(a = em_tr_sym_settle(T, a)) || !(b = em_tr_sym_settle(T, b))) return -1; /* `n > 3 is True` */
     if (a == b) {
         *out = true;
         return 0;
@@ -815,8 +815,8 @@ static int out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
             return 0;
         }
     }
-    if (v->kind == TV_SYMINT && v->symbool && !(v = em_tr_sym_settle_bool(T, v))) /* leaves as a bool constant */
-        return -1;
+    if (((v->kind == TV_SYMINT && v->symbool) || v->kind == TV_SYMFLOAT) && !(v = em_tr_sym_settle(T, v)))
+        return -1; /* leaves as a constant (its sizes guarded) */
     switch (v->kind) {
     case TV_NDARRAY:
         return em_tr_np_out_spec(T, C, v, o, depth);

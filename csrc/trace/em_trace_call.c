@@ -513,6 +513,11 @@ static int conv_arg(Trace *T, TValue *v, IRArg *out, PyObject **py, Conv *c, int
     case TV_SYMINT:
         c->sym = true;
         return em_tr_sym_arg(T, v, out, py);
+    case TV_SYMFLOAT: /* its node; the op's meta is run with the float's hint */
+        out->kind = IRARG_NODE;
+        out->u.ref = v->u.sf.ref;
+        *py = PyFloat_FromDouble(v->u.sf.hint);
+        return *py ? 0 : -1;
     case TV_SLICE: {
         TValue *parts[3] = {v->u.sl.start, v->u.sl.stop, v->u.sl.step};
         bool symbolic = false;
@@ -1179,6 +1184,12 @@ TValue *em_tr_binop(Trace *T, int nb, TValue *a, TValue *b) {
         TValue *args[2] = {a, b};
         return em_tr_torch_call(T, IR_CALL_FUNCTION, fn, args, 2, NULL, NULL);
     }
+    if (a->kind == TV_SYMFLOAT || b->kind == TV_SYMFLOAT || a->kind == TV_SYMINT || b->kind == TV_SYMINT) {
+        int handled = 0; /* float arithmetic on sizes: n / 2, x_scale * 0.5 */
+        TValue *r = em_tr_sym_float_binop(T, nb, a, b, &handled);
+        if (handled || T->broke) return r;
+        if (!(a = em_tr_sym_settle(T, a)) || !(b = em_tr_sym_settle(T, b))) return NULL; /* a float in // % ...: its value */
+    }
     if (a->kind == TV_SYMINT || b->kind == TV_SYMINT) { /* size arithmetic; others specialise in the fold */
         int handled = 0;
         TValue *r = em_tr_sym_binop(T, nb, a, b, &handled);
@@ -1249,6 +1260,11 @@ TValue *em_tr_compare(Trace *T, int cmp, TValue *a, TValue *b) {
     TValue *args[2] = {a, b};
     if (a->kind == TV_NDARRAY || b->kind == TV_NDARRAY) return em_tr_np_compare(T, cmp, a, b);
     if (a->kind == TV_TENSOR || b->kind == TV_TENSOR) return em_tr_torch_call(T, IR_CALL_FUNCTION, fn, args, 2, NULL, NULL);
+    if (a->kind == TV_SYMFLOAT || b->kind == TV_SYMFLOAT) { /* a float compared: its value (guarded) */
+        if (!(a = em_tr_sym_settle(T, a)) || !(b = em_tr_sym_settle(T, b))) return NULL;
+        args[0] = a;
+        args[1] = b;
+    }
     if (a->kind == TV_SYMINT || b->kind == TV_SYMINT) { /* a relation among sizes: guarded */
         int handled = 0;
         TValue *r = em_tr_sym_compare(T, cmp, a, b, &handled);
@@ -1277,6 +1293,9 @@ TValue *em_tr_unary(Trace *T, PyObject *opfn, TValue *a) {
     if (a->kind == TV_NDARRAY) return em_tr_np_unary(T, opfn, a);
     if (a->kind == TV_TENSOR) return em_tr_torch_call(T, IR_CALL_FUNCTION, opfn, &a, 1, NULL, NULL);
     if (a->kind == TV_SYMINT && opfn == em_trace_rt.op_neg) return em_tr_sym_neg(T, a);
+    if (a->kind == TV_SYMFLOAT && opfn == em_trace_rt.op_neg) return em_tr_sym_float_neg(T, a);
+    if (a->kind == TV_SYMFLOAT && opfn == em_trace_rt.op_pos) return a;
+    if (a->kind == TV_SYMFLOAT && !(a = em_tr_sym_settle(T, a))) return NULL;
     if (a->kind == TV_SYMINT && opfn == em_trace_rt.op_pos) return a;
     return fold_or_break(T, opfn, &a, 1, NULL, NULL);
 }
@@ -2090,6 +2109,12 @@ static TValue *call_builtin(Trace *T, long bi, PyObject *fn, TValue **args, uint
         return fold_or_break(T, fn, args, nargs, kwnames, kwvals);
     case BI_INT: case BI_FLOAT: case BI_BOOL: case BI_ROUND: case BI_DIVMOD: case BI_STR: case BI_REPR: case BI_CHR:
     case BI_ORD: case BI_ISSUBCLASS: case BI_HASH:
+        if (bi == BI_FLOAT && nargs == 1 && !nkw) { /* float(n) of a size: a symbolic float */
+            TValue *a = em_tr_realize(T, args[0]);
+            int handled = 0;
+            TValue *r = a ? em_tr_sym_float_of(T, a, &handled) : NULL;
+            if (!a || handled || T->broke) return r;
+        }
         if (any_tensor(T, args, nargs)) {
             em_tr_break(T, EM_BREAK_TENSOR_TO_PYTHON, "call of %s on a tensor", callable_name(T, fn));
             return NULL;

@@ -81,8 +81,10 @@ typedef enum {
     TV_INSTANCE,      /* inst: an object of a Python class constructed in the trace (dataclasses,
                          ModelOutput, context managers): attributes and, for dict subclasses,
                          items are trace values (em_trace_obj.c) */
-    TV_NDARRAY        /* t (as TENSOR): a NumPy array viewing that graph value (Tensor.numpy() and
+    TV_NDARRAY,       /* t (as TENSOR): a NumPy array viewing that graph value (Tensor.numpy() and
                          NumPy calls on it; npscalar: a NumPy scalar), em_trace_numpy.c */
+    TV_SYMFLOAT       /* sf: a Python float computed from symbolic ints (`n / 2`, `float(n)`): a
+                         graph node, its hint, and the size expressions it reads (em_trace_sym.c) */
 } TVKind;
 
 typedef enum {
@@ -138,6 +140,7 @@ struct TValue {
         } it;
         struct { TValue *start, *stop, *step; } sl;
         struct { uint32_t e; } si; /* SymRef in Trace.env */
+        struct { uint32_t ref; double hint; uint32_t deps[4]; uint32_t ndeps; } sf; /* deps: SymRefs */
         struct { TValue *self; PyObject *cls; } sup;
         struct {
             bool mode;    /* grad mode inside the block */
@@ -506,6 +509,15 @@ TValue *em_tr_sym_compare(Trace *T, int cmp, TValue *a, TValue *b, int *handled)
 TValue *em_tr_sym_neg(Trace *T, TValue *a);
 /* v itself, or a SymBool's value as a bool constant (guarded): where Python's type of it matters. */
 TValue *em_tr_sym_settle_bool(Trace *T, TValue *v);
+/* Symbolic floats: true division of symbolic ints, float(n), and + - * / on them (a graph node each,
+ * as torch's SymFloat). NULL with *handled = 0 when no operand is symbolic or the op is not one of
+ * these. A SYMFLOAT used as a Python value (a branch, a comparison, math.sqrt, returned) is
+ * specialised: em_tr_sym_float_value guards the ints it reads and gives its float. */
+TValue *em_tr_sym_float_binop(Trace *T, int nb, TValue *a, TValue *b, int *handled);
+TValue *em_tr_sym_float_of(Trace *T, TValue *v, int *handled); /* float(v) */
+TValue *em_tr_sym_float_neg(Trace *T, TValue *v);
+PyObject *em_tr_sym_float_value(Trace *T, TValue *v, const char *why);
+TValue *em_tr_sym_settle(Trace *T, TValue *v); /* a SymBool or SymFloat as its constant, else v */
 int em_tr_sym_truth(Trace *T, TValue *v, bool *out);
 /* Size queries on a tensor with symbolic sizes: x.shape, x.size(), x.size(d), x.numel(), len(x),
  * x.stride(). NULL with *handled = 0 for a static tensor or another query. */

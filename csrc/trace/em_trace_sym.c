@@ -600,6 +600,145 @@ TValue *em_tr_sym_abs(Trace *T, TValue *v, int *handled) {
     return em_tr_symint(T, r);
 }
 
+/* ---- symbolic floats ---- */
+
+/* The float of an operand: a SYMFLOAT's hint, a SYMINT's, a number's (bool and int too). 0 when the
+ * operand is none of these. */
+static int float_hint(Trace *T, TValue *v, double *out) {
+    int64_t h;
+    if (v->kind == TV_SYMFLOAT) {
+        *out = v->u.sf.hint;
+        return 1;
+    }
+    if (v->kind == TV_SYMINT) {
+        if (em_sym_hint(T->env, v->u.si.e, &h) < 0) return 0;
+        *out = (double)h;
+        return 1;
+    }
+    if (v->kind == TV_CONST && (PyLong_CheckExact(v->obj) || PyFloat_CheckExact(v->obj) || PyBool_Check(v->obj))) {
+        *out = PyFloat_AsDouble(v->obj);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* The graph argument of an operand (a node or a constant), its Python hint in *py (new reference). */
+static int float_arg(Trace *T, TValue *v, IRArg *out, PyObject **py) {
+    if (v->kind == TV_SYMINT) return em_tr_sym_arg(T, v, out, py);
+    memset(out, 0, sizeof *out);
+    if (v->kind == TV_SYMFLOAT) {
+        out->kind = IRARG_NODE;
+        out->u.ref = v->u.sf.ref;
+        *py = PyFloat_FromDouble(v->u.sf.hint);
+        return *py ? 0 : -1;
+    }
+    if (em_tr_use(T, v) < 0) return -1;
+    out->kind = IRARG_CONST;
+    out->u.obj = v->obj;
+    *py = Py_NewRef(v->obj);
+    return 0;
+}
+
+/* Adds a's and b's size expressions to r's (NULL b: a only). false: more than 4 (the caller specialises). */
+static bool merge_deps(TValue *r, TValue *a, TValue *b) {
+    TValue *ops[2] = {a, b};
+    r->u.sf.ndeps = 0;
+    for (int i = 0; i < 2; i++) {
+        TValue *o = ops[i];
+        if (!o) continue;
+        uint32_t n = o->kind == TV_SYMFLOAT ? o->u.sf.ndeps : o->kind == TV_SYMINT ? 1 : 0;
+        for (uint32_t j = 0; j < n; j++) {
+            uint32_t e = o->kind == TV_SYMFLOAT ? o->u.sf.deps[j] : o->u.si.e;
+            bool seen = false;
+            for (uint32_t k = 0; k < r->u.sf.ndeps; k++) seen |= r->u.sf.deps[k] == e;
+            if (seen) continue;
+            if (r->u.sf.ndeps == 4) return false;
+            r->u.sf.deps[r->u.sf.ndeps++] = e;
+        }
+    }
+    return true;
+}
+
+/* target(*operands) as a float node of the graph whose value for the hints is the Python result of
+ * target on the operands' hints (so the float is Python's to the bit). */
+static TValue *float_node(Trace *T, PyObject *target, TValue *a, TValue *b) {
+    IRArg *args = em_arena_alloc(T->arena, sizeof(IRArg) * 2);
+    PyObject *pa = NULL, *pb = NULL, *hint = NULL;
+    TValue *r = em_tr_new(T, TV_SYMFLOAT);
+    if (!args || !r) return NULL;
+    if (!merge_deps(r, a, b)) return NULL;
+    if (float_arg(T, a, &args[0], &pa) < 0 || (b && float_arg(T, b, &args[1], &pb) < 0)) goto fail;
+    hint = b ? PyObject_CallFunctionObjArgs(target, pa, pb, NULL) : PyObject_CallOneArg(target, pa);
+    if (!hint || !PyFloat_CheckExact(hint)) goto fail;
+    IRMeta m;
+    memset(&m, 0, sizeof m);
+    m.kind = IRMETA_OTHER;
+    m.example = em_arena_hold_steal(T->arena, Py_NewRef(hint));
+    if (!m.example) goto fail;
+    r->u.sf.hint = PyFloat_AS_DOUBLE(hint);
+    r->u.sf.ref = em_tr_add_node(T, IR_CALL_FUNCTION, target, args, b ? 2 : 1, NULL, NULL, 0, &m);
+    Py_XDECREF(pa);
+    Py_XDECREF(pb);
+    Py_XDECREF(hint);
+    return r->u.sf.ref ? r : NULL;
+fail:
+    Py_XDECREF(pa);
+    Py_XDECREF(pb);
+    Py_XDECREF(hint);
+    if (!T->broke && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_MemoryError)) em_tr_break_exc(T, EM_BREAK_UNSUPPORTED_VALUE);
+    return NULL;
+}
+
+PyObject *em_tr_sym_float_value(Trace *T, TValue *v, const char *why) {
+    for (uint32_t i = 0; i < v->u.sf.ndeps; i++) {
+        TValue tmp;
+        memset(&tmp, 0, sizeof tmp);
+        tmp.kind = TV_SYMINT;
+        tmp.u.si.e = v->u.sf.deps[i];
+        PyObject *k = em_tr_sym_specialize(T, &tmp, why);
+        if (!k) return NULL;
+        Py_DECREF(k);
+    }
+    return PyFloat_FromDouble(v->u.sf.hint);
+}
+
+TValue *em_tr_sym_settle(Trace *T, TValue *v) {
+    if (v && v->kind == TV_SYMFLOAT)
+        return em_tr_const_steal(T, em_tr_sym_float_value(T, v, "a symbolic float used as a Python value"));
+    return settle_bool(T, v);
+}
+
+TValue *em_tr_sym_float_binop(Trace *T, int nb, TValue *a, TValue *b, int *handled) {
+    *handled = 0;
+    int base = nb >= 13 ? nb - 13 : nb;
+    bool symf = a->kind == TV_SYMFLOAT || b->kind == TV_SYMFLOAT;
+    bool symi = a->kind == TV_SYMINT || b->kind == TV_SYMINT;
+    if (!T->env || !(symf || symi) || a->symbool || b->symbool) return NULL;
+    if (!symf && base != 11) return NULL; /* int arithmetic: em_tr_sym_binop */
+    if (base != 0 && base != 10 && base != 5 && base != 11) return NULL; /* // % ** ...: specialised */
+    double ha, hb;
+    if (!float_hint(T, a, &ha) || !float_hint(T, b, &hb)) return NULL;
+    if (base == 11 && hb == 0.0) return NULL; /* Python raises ZeroDivisionError: the fold does */
+    *handled = 1;
+    TValue *r = float_node(T, em_trace_rt.binop_fn[base], a, b); /* operator.add / sub / mul / truediv */
+    if (!r && !T->broke && !PyErr_Occurred()) *handled = 0; /* more than 4 sizes read: specialised */
+    return r;
+}
+
+TValue *em_tr_sym_float_of(Trace *T, TValue *v, int *handled) {
+    *handled = 0;
+    if (!T->env || (v->kind != TV_SYMINT && v->kind != TV_SYMFLOAT) || v->symbool) return NULL;
+    *handled = 1;
+    if (v->kind == TV_SYMFLOAT) return v;
+    return float_node(T, (PyObject *)&PyFloat_Type, v, NULL);
+}
+
+TValue *em_tr_sym_float_neg(Trace *T, TValue *v) { return float_node(T, em_trace_rt.op_neg, v, NULL); }
+
 /* ---- graph nodes for size expressions ---- */
 
 static PyObject *lookup(const char *mod, const char *name) {

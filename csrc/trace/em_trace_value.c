@@ -885,6 +885,13 @@ int em_tr_truth(Trace *T, TValue *v, bool *out) {
         return em_tr_break(T, EM_BREAK_DATA_DEPENDENT_BRANCH, "branch on a tensor value");
     case TV_SYMINT:
         return em_tr_sym_truth(T, v, out);
+    case TV_SYMFLOAT: {
+        PyObject *f = em_tr_sym_float_value(T, v, "the truth of a float");
+        if (!f) return -1;
+        *out = PyFloat_AS_DOUBLE(f) != 0.0;
+        Py_DECREF(f);
+        return 0;
+    }
     case TV_TUPLE: case TV_LIST:
         *out = v->u.seq.n > 0;
         return 0;
@@ -952,6 +959,8 @@ PyObject *em_tr_type_of(Trace *T, TValue *v) {
         return (PyObject *)&PySlice_Type;
     case TV_SYMINT:
         return v->symbool ? (PyObject *)&PyBool_Type : (PyObject *)&PyLong_Type;
+    case TV_SYMFLOAT:
+        return (PyObject *)&PyFloat_Type;
     default:
         break;
     }
@@ -964,6 +973,8 @@ PyObject *em_tr_to_py_const(Trace *T, TValue *v) {
     switch (v->kind) {
     case TV_SYMINT: /* a size used as a plain Python int: specialised (guarded equal to its hint) */
         return em_tr_sym_specialize(T, v, "used as a Python int");
+    case TV_SYMFLOAT: /* a float of sizes used as a Python float: the sizes specialised */
+        return em_tr_sym_float_value(T, v, "used as a Python float");
     case TV_CONST:
         if (em_tr_use(T, v) < 0) return NULL;
         return Py_NewRef(v->obj);

@@ -392,6 +392,36 @@ def test_a_symbolic_bool_is_a_kernel_argument_on_embers_backend():
     assert dyn[0]["ember"]["kernels"] >= 1
 
 
+def test_true_division_and_float_of_a_symbolic_int_are_symbolic_floats():
+    """`x * (n / 2)`, `x * float(n)`: a SymFloat graph value (operator.truediv / float nodes over the
+    size nodes), not a recompile per n; torch.compile compiles twice too (issue 44 item 2)."""
+    for f in (lambda x, n: x * (n / 2), lambda x, n: x * float(n) + (n / 3) * 2.5 - 1 / n,
+              lambda x, n: -(n / 4) * x.int()):
+        _, n_ember, n_torch = int_case(f, [1, 2, 3, 4, 5, 6, 7, 8])
+        assert n_ember <= n_torch == 2
+
+
+def test_a_symbolic_float_used_as_a_python_value_is_specialised():
+    """Compared, passed to math.sqrt, returned: its sizes are guarded and the value is Python's float;
+    a division by a size that becomes 0 raises eager's ZeroDivisionError from the graph."""
+    import math
+
+    def f(x, n):
+        h = n / 2
+        return x * h, h, math.sqrt(h), h > 1.2, -h
+    cf = ember.compile(f)
+    for n in [1, 2, 3, 4]:
+        x = torch.randn(4)
+        got, expected = cf(x, n), f(x, n)
+        torch.testing.assert_close(got[0], expected[0])
+        assert got[1:] == expected[1:] and [type(v) for v in got[1:]] == [type(v) for v in expected[1:]]
+    g = ember.compile(lambda x, n: x * (2 / n))
+    for n in [1, 2, 3]:
+        g(torch.randn(4), n)
+    with pytest.raises(ZeroDivisionError):
+        g(torch.randn(4), 0)
+
+
 def test_a_symbolic_bool_keeps_pythons_types_where_they_show():
     """Returned, compared by identity, printed, in bool arithmetic, min/max: its value is guarded and
     it stays a bool (True & True is True, max(True, 0) is True), as eager."""
