@@ -61,6 +61,10 @@ def convnet(x):
     return _net(x)
 
 
+def int_math(x, n):  # a Python int in float and boolean arithmetic: a SymFloat and a SymBool in the graph
+    return x * (n / 2) + (n > 20) - float(n) ** 0 + n ** 2 % 7
+
+
 SIZES = [8, 12, 16, 20, 24, 32, 40, 48, 56, 64]
 PROGRAMS = {
     "pointwise": (pointwise, lambda n: (torch.randn(n, 64), torch.randn(n, 64))),
@@ -69,6 +73,7 @@ PROGRAMS = {
     "encoder": (encoder, lambda n: (torch.randn(2, n, 32),)),
     "convnet": (convnet, lambda n: (torch.randn(1, 3, n, n),)),
     "int_arg": (int_arg, lambda n: (torch.randn(64), n)),  # a Python int argument: automatic dynamic
+    "int_math": (int_math, lambda n: (torch.randn(64), n)),
 }
 
 

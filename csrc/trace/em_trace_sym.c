@@ -718,13 +718,17 @@ TValue *em_tr_sym_float_binop(Trace *T, int nb, TValue *a, TValue *b, int *handl
     bool symf = a->kind == TV_SYMFLOAT || b->kind == TV_SYMFLOAT;
     bool symi = a->kind == TV_SYMINT || b->kind == TV_SYMINT;
     if (!T->env || !(symf || symi) || a->symbool || b->symbool) return NULL;
-    if (!symf && base != 11) return NULL; /* int arithmetic: em_tr_sym_binop */
-    if (base != 0 && base != 10 && base != 5 && base != 11) return NULL; /* // % ** ...: specialised */
+    /* ** by an int constant: a float's power, or an int's negative power (n ** -1); a fractional
+     * power of a value that may be negative is complex in Python: specialised */
+    bool ipow = base == 8 && b->kind == TV_CONST && PyLong_CheckExact(b->obj) && a->kind != TV_CONST &&
+                (symf || _PyLong_Sign(b->obj) < 0);
+    if (!symf && base != 11 && !ipow) return NULL; /* int arithmetic: em_tr_sym_binop */
+    if (base != 0 && base != 10 && base != 5 && base != 11 && !ipow) return NULL; /* // % ...: specialised */
     double ha, hb;
     if (!float_hint(T, a, &ha) || !float_hint(T, b, &hb)) return NULL;
-    if (base == 11 && hb == 0.0) return NULL; /* Python raises ZeroDivisionError: the fold does */
+    if ((base == 11 || ipow) && (base == 11 ? hb : ha) == 0.0) return NULL; /* ZeroDivisionError: the fold raises it */
     *handled = 1;
-    TValue *r = float_node(T, em_trace_rt.binop_fn[base], a, b); /* operator.add / sub / mul / truediv */
+    TValue *r = float_node(T, em_trace_rt.binop_fn[base], a, b); /* operator.add / sub / mul / truediv / pow */
     if (!r && !T->broke && !PyErr_Occurred()) *handled = 0; /* more than 4 sizes read: specialised */
     return r;
 }

@@ -396,7 +396,7 @@ def test_true_division_and_float_of_a_symbolic_int_are_symbolic_floats():
     """`x * (n / 2)`, `x * float(n)`: a SymFloat graph value (operator.truediv / float nodes over the
     size nodes), not a recompile per n; torch.compile compiles twice too (issue 44 item 2)."""
     for f in (lambda x, n: x * (n / 2), lambda x, n: x * float(n) + (n / 3) * 2.5 - 1 / n,
-              lambda x, n: -(n / 4) * x.int()):
+              lambda x, n: -(n / 4) * x.int(), lambda x, n: x * n ** -1 + float(n) ** 2):
         _, n_ember, n_torch = int_case(f, [1, 2, 3, 4, 5, 6, 7, 8])
         assert n_ember <= n_torch == 2
 
