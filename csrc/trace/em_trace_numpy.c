@@ -1222,6 +1222,8 @@ int em_tr_np_out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
         o->index = (uint32_t)slot;
         return 0;
     }
+    /* in[0] = t, in[1] = (t,), in[2] = {}: the arguments of Tensor.numpy; for a scalar, in[3] =
+     * Tensor.numpy(t), in[4] = (), in[5] = (in[3], in[4]): operator.getitem's arguments with in[2] */
     OutSpec *in = em_arena_alloc(T->arena, sizeof(OutSpec) * 6);
     PyObject *numpy = PyObject_GetAttrString(em_trace_rt.Tensor, "numpy");
     if (!in || !numpy || !em_arena_hold_steal(T->arena, numpy)) {
@@ -1231,28 +1233,23 @@ int em_tr_np_out_spec(Trace *T, OutCtx *C, TValue *v, OutSpec *o, int depth) {
     memset(in, 0, sizeof(OutSpec) * 6);
     TValue *t = em_tr_np_tensor(T, v);
     if (!t || em_tr_out_spec(T, C, t, &in[0], depth + 1) < 0) return -1;
-    /* in[1] = (t,), in[2] = {}, in[3] = numpy(*in[1], **in[2]) */
     in[1].kind = OUT_TUPLE, in[1].n = 1, in[1].items = &in[0];
     in[2].kind = OUT_DICT, in[2].n = 0, in[2].obj = NP.empty;
-    in[3].kind = OUT_CALL, in[3].n = 2, in[3].obj = numpy, in[3].items = &in[1];
+    OutSpec call = {.kind = OUT_CALL, .n = 2, .obj = numpy, .items = &in[1]};
     if (!v->npscalar) {
-        *o = in[3];
-        o->items = em_arena_alloc(T->arena, sizeof(OutSpec) * 2);
-        if (!o->items) return -1;
-        o->items[0] = in[1], o->items[1] = in[2];
+        *o = call;
         return 0;
     }
-    /* operator.getitem(numpy(t), ()) */
-    OutSpec *g = em_arena_alloc(T->arena, sizeof(OutSpec) * 4);
-    if (!g) return -1;
-    memset(g, 0, sizeof(OutSpec) * 4);
-    g[0] = in[3];
-    g[1].kind = OUT_CONST, g[1].obj = NP.empty;
-    g[2].kind = OUT_TUPLE, g[2].n = 2, g[2].items = g;  /* (numpy(t), ()) */
-    g[3] = in[2];
-    o->kind = OUT_CALL, o->n = 2, o->obj = em_trace_rt.op_getitem;
-    o->items = em_arena_alloc(T->arena, sizeof(OutSpec) * 2);
-    if (!o->items) return -1;
-    o->items[0] = g[2], o->items[1] = g[3];
+    in[3] = call;
+    in[4].kind = OUT_CONST, in[4].obj = NP.empty;
+    in[5].kind = OUT_TUPLE, in[5].n = 2, in[5].items = &in[3];
+    /* items must be adjacent: (in[5], in[2]) copied into a pair */
+    OutSpec *pair = em_arena_alloc(T->arena, sizeof(OutSpec) * 2);
+    if (!pair) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    pair[0] = in[5], pair[1] = in[2];
+    *o = (OutSpec){.kind = OUT_CALL, .n = 2, .obj = em_trace_rt.op_getitem, .items = pair};
     return 0;
 }
