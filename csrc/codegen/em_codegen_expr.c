@@ -214,7 +214,7 @@ void em_codegen_sym(EmSB *b, ShapeEnv *env, SymRef e, uint8_t *used, int *bad) {
     case SYM_EQ: case SYM_NE: case SYM_LT: case SYM_LE: case SYM_GT: case SYM_GE: { /* a SymBool: 0 or 1 */
         static const char *const cop[] = {[SYM_EQ] = " == ", [SYM_NE] = " != ", [SYM_LT] = " < ", [SYM_LE] = " <= ",
                                           [SYM_GT] = " > ", [SYM_GE] = " >= "};
-        em_sb_printf(b, "((int64_t)(");
+        em_sb_printf(b, "((long long)("); /* no stdint.h in the CUDA source */
         em_codegen_sym(b, env, em_sym_operand(env, e, 0, NULL), used, bad);
         em_sb_printf(b, "%s", cop[op]);
         em_codegen_sym(b, env, em_sym_operand(env, e, 1, NULL), used, bad);

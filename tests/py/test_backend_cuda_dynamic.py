@@ -80,6 +80,9 @@ CASES = [
      [(4, 8), (3, 7), (5, 1030), (2, 3)]),
     ("horizontal_rows", lambda x, y: (x.amax(-1), x.sum(-1), (x * y).argmax(-1)), lambda a, b: [(a, b), (a, b)],
      [(4, 8), (3, 7), (5, 1500)]),
+    # a comparison of sizes (a SymBool) as a kernel argument: 0 / 1 from the size program, no guard
+    ("size_comparison", lambda x: x * (x.shape[0] > 5) + (x.shape[1] <= 4), lambda a, b: [(a, b)],
+     [(4, 8), (7, 3), (9, 12), (2, 2)]),
 ]
 IDS = [c[0] for c in CASES]
 
