@@ -433,6 +433,16 @@ PyObject *em_tr_sym_specialize(Trace *T, TValue *v, const char *why) {
     if (!em_sym_is_const(T->env, e, NULL)) {
         char txt[128], at[256];
         em_sym_render(T->env, e, SYM_STYLE_SYMBOLS, txt, sizeof txt);
+        if (v->symbool) { /* a comparison: guarded as a relation (L['n'] > 3), not as an int */
+            int r = em_sym_guard_bool(T->env, e);
+            if (r < 0) {
+                env_break(T);
+                return NULL;
+            }
+            if (note(T, PyUnicode_FromFormat("%s specialised to %s (%s%s)", txt, r ? "True" : "False", why, where(T, at, sizeof at))) < 0)
+                return NULL;
+            return PyBool_FromLong(r);
+        }
         if (em_sym_guard_int(T->env, e, &k) < 0) {
             env_break(T);
             return NULL;

@@ -579,7 +579,10 @@ def test_shape_rules_encoder_layer():
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
     with torch.no_grad():
         with_rules, fake_only = _rules_vs_fake(lambda x: layer(x), lambda n: (torch.randn(2, n, 16),), [3, 5, 7, 9])
-        assert with_rules == fake_only == 2
+        # torch 2.11's fake tensors refuse aten._transformer_encoder_layer_fwd on symbolic sizes
+        # (UnsupportedOperatorException: specialised per size, 4 graphs, seen on the H200 host);
+        # torch 2.13's run it: 2, as the C shape rule gives on both
+        assert with_rules == 2 and fake_only in (2, 4)
         ember.reset()
         cf = check_sequence(lambda x: layer(x), lambda n: (torch.randn(2, n, 16),), [3, 5])
     assert not any("fake-tensor run" in d for d in entries(cf)[0]["dynamic"])
