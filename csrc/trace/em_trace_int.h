@@ -507,8 +507,6 @@ TValue *em_tr_sym_minmax(Trace *T, bool is_min, TValue **items, uint32_t n, int 
 TValue *em_tr_sym_abs(Trace *T, TValue *v, int *handled);
 TValue *em_tr_sym_compare(Trace *T, int cmp, TValue *a, TValue *b, int *handled);
 TValue *em_tr_sym_neg(Trace *T, TValue *a);
-/* v itself, or a SymBool's value as a bool constant (guarded): where Python's type of it matters. */
-TValue *em_tr_sym_settle_bool(Trace *T, TValue *v);
 /* Symbolic floats: true division of symbolic ints, float(n), and + - * / on them (a graph node each,
  * as torch's SymFloat). NULL with *handled = 0 when no operand is symbolic or the op is not one of
  * these. A SYMFLOAT used as a Python value (a branch, a comparison, math.sqrt, returned) is
@@ -517,7 +515,9 @@ TValue *em_tr_sym_float_binop(Trace *T, int nb, TValue *a, TValue *b, int *handl
 TValue *em_tr_sym_float_of(Trace *T, TValue *v, int *handled); /* float(v) */
 TValue *em_tr_sym_float_neg(Trace *T, TValue *v);
 PyObject *em_tr_sym_float_value(Trace *T, TValue *v, const char *why);
-TValue *em_tr_sym_settle(Trace *T, TValue *v); /* a SymBool or SymFloat as its constant, else v */
+/* v itself, or a SymBool's / SymFloat's value as a constant (guarded): where Python's type or value
+ * of it matters (identity, a comparison of floats, a value leaving the frame). */
+TValue *em_tr_sym_settle(Trace *T, TValue *v);
 int em_tr_sym_truth(Trace *T, TValue *v, bool *out);
 /* Size queries on a tensor with symbolic sizes: x.shape, x.size(), x.size(d), x.numel(), len(x),
  * x.stride(). NULL with *handled = 0 for a static tensor or another query. */

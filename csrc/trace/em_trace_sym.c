@@ -508,8 +508,6 @@ static TValue *settle_bool(Trace *T, TValue *v) {
     return em_tr_const_steal(T, b);
 }
 
-TValue *em_tr_sym_settle_bool(Trace *T, TValue *v) { return settle_bool(T, v); }
-
 int em_tr_sym_truth(Trace *T, TValue *v, bool *out) {
     int r = em_sym_guard_bool(T->env, v->symbool ? v->u.si.e : em_sym_cmp(T->env, SYM_NE, v->u.si.e, em_sym_const(T->env, 0)));
     if (r < 0) return env_break(T);
