@@ -197,14 +197,21 @@ def test_creation_is_numpys_dtype_on_the_cpu():
 
 
 def test_creation_ignores_torchs_default_device_and_dtype():
+    """Traced under torch's default dtype float16 and default device "meta": NumPy's arrays are still
+    float64 / int64 on the CPU (a factory that took torch's defaults would give a meta tensor, which
+    has no .numpy(), or float16)."""
     def f(x):
-        return np.zeros(3) + x.numpy()[0, :3]
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
+        return np.zeros(3) + np.arange(3) + x.numpy()[0, :3]
+    expected = f(X)
+    c = ember.compile(f)
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)
     try:
-        c = run(f, X)
+        with torch.device("meta"):  # a mode, popped on exit (set_default_device(cpu) would leave one)
+            got = c(X)
     finally:
-        torch.set_default_dtype(old)
+        torch.set_default_dtype(old_dtype)
+    same(got, expected)
     assert kinds_tree(c) == ["graph"]
 
 
