@@ -842,6 +842,8 @@ TValue *em_tr_getattr(Trace *T, TValue *v, PyObject *name, int *missing) {
     }
     case TV_FUNCTION: {
         const char *n = PyUnicode_AsUTF8(name);
+        /* names and docs are the object's own: one guarded by its code alone gets its identity guard */
+        if (n && strcmp(n, "__code__") != 0 && v->by_type && em_tr_use(T, v) < 0) return NULL;
         if (n && strcmp(n, "__code__") == 0) /* code objects are immutable; the function is guarded */
             return em_tr_const(T, v->obj ? PyFunction_GET_CODE(v->obj) : (PyObject *)v->u.fn.code);
         if (n && (strcmp(n, "__name__") == 0 || strcmp(n, "__qualname__") == 0)) {

@@ -1627,6 +1627,10 @@ TValue *em_tr_inline(Trace *T, TValue *fn, TValue **args, uint32_t nargs, PyObje
         globals = f->func_globals;
         builtins = f->func_builtins;
         GuardSrc fs = fn->src;
+        if (fn->by_type && fs >= 0) { /* guarded by its code only (em_tr_wrap): its globals too */
+            GuardSrc g = em_guard_src_attr(T->gb, fs, em_str("__globals__"), globals);
+            if (g < 0 || em_guard_id(T->gb, g) < 0) return NULL;
+        }
         if (globals == T->fv->globals)
             gsrc = -2;
         else if (fs >= 0) {
@@ -1634,6 +1638,15 @@ TValue *em_tr_inline(Trace *T, TValue *fn, TValue **args, uint32_t nargs, PyObje
             if (gsrc >= 0) em_guard_src_stable(T->gb, gsrc);
         } else
             gsrc = -1;
+        if (fn->by_type && fs >= 0) { /* binding reads how many defaults and which keyword ones */
+            PyObject *d = f->func_defaults ? f->func_defaults : Py_None;
+            PyObject *kd = f->func_kwdefaults ? f->func_kwdefaults : Py_None;
+            GuardSrc ds = em_guard_src_attr(T->gb, fs, em_str("__defaults__"), d);
+            GuardSrc ks = em_guard_src_attr(T->gb, fs, em_str("__kwdefaults__"), kd);
+            if (ds < 0 || ks < 0 || (PyTuple_CheckExact(d) ? em_guard_len(T->gb, ds) : em_guard_equals(T->gb, ds)) < 0 ||
+                (PyDict_CheckExact(kd) ? em_guard_dict_keys(T->gb, ks) : em_guard_equals(T->gb, ks)) < 0)
+                return NULL;
+        }
         if (f->func_defaults && PyTuple_Check(f->func_defaults)) {
             PyObject *d = f->func_defaults;
             ndef = (uint32_t)PyTuple_GET_SIZE(d);

@@ -344,8 +344,19 @@ TValue *em_tr_realize(Trace *T, TValue *v) {
         return v;
     }
     if (PyFunction_Check(o)) {
-        if (guard && em_guard_id(T->gb, s) < 0) return NULL;
         v->kind = TV_FUNCTION;
+        if (guard && s >= 0 && !v->stable && Py_IS_TYPE(o, &PyFunction_Type)) {
+            /* A function from an input by its code, not its identity (Dynamo's CLOSURE_MATCH,
+             * torch/_dynamo/guards.py): a function made on every call (a closure, a lambda, one a
+             * resume function gets rebuilt) must not recompile every call. What the trace reads of
+             * it goes through guarded sources (em_trace_call.c, inline_frame: defaults, closure
+             * cells, globals; em_trace_attr.c: names); where identity matters, em_tr_use guards it. */
+            GuardSrc cs = em_guard_src_attr(T->gb, s, em_str("__code__"), PyFunction_GET_CODE(o));
+            if (cs < 0 || em_guard_type(T->gb, s) < 0 || em_guard_id(T->gb, cs) < 0) return NULL;
+            v->by_type = true;
+        } else if (guard && em_guard_id(T->gb, s) < 0) {
+            return NULL;
+        }
         v->guarded = true;
         return v;
     }

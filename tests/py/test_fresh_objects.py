@@ -93,8 +93,27 @@ def _nested_args():
     return outer, torch.randn(3)
 
 
+def apply_fn(f, x):
+    return f(x) + 1
+
+
+def _fresh_closure():
+    k = 2.0
+    return (lambda t: t * k + t.sin()), torch.randn(4)  # a new function object on every call
+
+
+def closure_across_a_break(x):
+    def g(t, s=2.0):
+        return t * s + x
+    y = g(x)
+    print(end="")  # a graph break: g is rebuilt for the resume function on every call
+    return g(y, 0.5)
+
+
 PATTERNS = [
     ("object", read_object, lambda: (Holder(torch.randn(4)), torch.randn(4))),
+    ("fresh closure", apply_fn, _fresh_closure),
+    ("closure across a break", closure_across_a_break, lambda: (torch.randn(4),)),
     ("dataclass across a break", dataclass_across_a_break, lambda: (torch.randn(4),)),
     ("namedtuple", namedtuple_arg, lambda: (NT(torch.randn(4), 1.5), torch.randn(4))),
     ("nested objects", nested_objects, _nested_args),
@@ -111,6 +130,35 @@ def test_fresh_objects_compile_no_more_than_torch_compile(name):
     # no entry was made after the first call: each one answered every later call
     assert sum(e["hits"] for e in es) >= 19, [(e["kind"], e["hits"]) for e in es]
     assert not any("___id(L['obj'])" in g or "___id(L['nt'])" in g for e in es for g in e["guards"])
+
+
+def test_function_guarded_by_code_still_sees_what_differs():
+    """A function input is guarded by its code (Dynamo's CLOSURE_MATCH), and by what the call reads:
+    closure contents and defaults by value, the number of defaults, its globals by identity, its
+    name where read. Each difference gives eager's result."""
+    import types
+
+    def make(k, s=1.0):
+        def g(t, u=s):
+            return t * k * u + SCALE_G + len(g.__name__)
+        return g
+
+    c = ember.compile(apply_fn)
+    x = torch.randn(3)
+    for f in [make(2.0), make(2.0), make(3.0), make(2.0, 4.0)]:
+        torch.testing.assert_close(c(f, x), apply_fn(f, x))
+    g = make(2.0)
+    g.__name__ = "a_longer_name"
+    torch.testing.assert_close(c(g, x), apply_fn(g, x))
+    h = make(2.0)
+    other = types.FunctionType(h.__code__, dict(globals(), SCALE_G=5.0), "g", h.__defaults__, h.__closure__)
+    torch.testing.assert_close(c(other, x), apply_fn(other, x))
+    no_default = types.FunctionType(h.__code__, globals(), "g", None, h.__closure__)
+    with pytest.raises(TypeError):
+        c(no_default, x)
+
+
+SCALE_G = 1.0
 
 
 def test_object_guards_read_attributes_by_value_and_metadata():
