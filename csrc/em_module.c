@@ -98,7 +98,7 @@ static int module_exec(PyObject *m) {
         PyErr_SetString(PyExc_ImportError, "ember._C cannot be loaded twice in one process");
         return -1;
     }
-    if (PyModule_AddStringConstant(m, "PYTHON_ABI", EM_PY312 ? "3.12" : "3.11") < 0) return -1;
+    if (PyModule_AddStringConstant(m, "PYTHON_ABI", EM_PY313 ? "3.13" : EM_PY312 ? "3.12" : "3.11") < 0) return -1;
     if (PyModule_AddIntConstant(m, "LOG_DEBUG_SHIFT", EM_LOG_DEBUG_SHIFT) < 0) return -1;
     if (em_sym_testing_init(m) < 0) return -1;
     if (em_runtime_init(m) < 0) return -1;

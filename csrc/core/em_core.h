@@ -10,10 +10,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030D0000
-#error "ember supports CPython 3.11 and 3.12"
+#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030E0000
+#error "ember supports CPython 3.11, 3.12 and 3.13"
 #endif
+/* 3.12 and later (the interpreter's layout and bytecode where they differ from 3.11's) */
 #define EM_PY312 (PY_VERSION_HEX >= 0x030C0000)
+/* 3.13 and later: callable below its NULL/self in a call sequence, CALL_KW, TO_BOOL, superinstructions
+ * (docs/architecture.md, "Python versions") */
+#define EM_PY313 (PY_VERSION_HEX >= 0x030D0000)
 
 /* ---- assertions: internal bugs abort in debug builds only (STYLE.md, three kinds of failure) ---- */
 #ifdef EM_DEBUG

@@ -498,6 +498,50 @@ int em_guard_sym_refresh(GuardBuilder *b, SymProg *prog, PyObject *lines) {
 static inline uint64_t dict_tag(PyObject *d) { return ((PyDictObject *)d)->ma_version_tag & ~(uint64_t)0xFF; }
 #pragma GCC diagnostic pop
 
+#if EM_PY313
+/* Does a store through an object's inline values reach its materialised __dict__, which shares them:
+ * does it move the dict's tag (tag_unseen = 0), does it fire the dict watchers (watch_unseen = 0)?
+ * Neither on CPython 3.13.0 (gh-125608; 3.13.1 fires the watchers, as torch/_dynamo/guards.py
+ * notes). Found by trying it at start-up, not from the version number; where the experiment cannot
+ * run, the safe answer (unseen). */
+static void probe_inline_values(EmGuardState *st) {
+    st->inline_tag_unseen = st->inline_watch_unseen = 1;
+    PyObject *cls = PyObject_CallFunction((PyObject *)&PyType_Type, "s(O){}", "_ember_inline_probe",
+                                          (PyObject *)&PyBaseObject_Type);
+    PyObject *obj = cls ? PyObject_CallNoArgs(cls) : NULL, *d = NULL;
+    if (obj && PyObject_SetAttrString(obj, "a", Py_None) == 0 && (d = PyObject_GenericGetDict(obj, NULL)) &&
+        st->watcher_id >= 0 && PyDict_Watch(st->watcher_id, d) == 0) {
+        uint64_t tag = dict_tag(d), epoch = st->dict_epoch;
+        if (PyObject_SetAttrString(obj, "a", Py_True) == 0) {
+            st->inline_tag_unseen = dict_tag(d) == tag;
+            st->inline_watch_unseen = st->dict_epoch == epoch;
+        }
+        PyDict_Unwatch(st->watcher_id, d);
+    }
+    PyErr_Clear();
+    Py_XDECREF(d);
+    Py_XDECREF(obj);
+    Py_XDECREF(cls);
+}
+
+/* Can a store to d go unseen by the watchers (an instance __dict__ sharing its object's inline values,
+ * a split table, where em_guard_state.inline_watch_unseen)? Its guard set is then never skipped. */
+static int dict_watch_unseen(PyObject *d) {
+    return em_guard_state.inline_watch_unseen && ((PyDictObject *)d)->ma_values != NULL;
+}
+#endif
+
+/* The tag a guard set's slot starts from: EM_DICT_TAG_UNSEEN for a dict whose stores the tag may
+ * miss (a split table, which an instance __dict__ sharing its object's inline values is, where
+ * em_guard_state.inline_tag_unseen). */
+static uint64_t slot_tag(PyObject *d, uint64_t tag) {
+#if EM_PY313
+    if (em_guard_state.inline_tag_unseen && ((PyDictObject *)d)->ma_values) return EM_DICT_TAG_UNSEEN;
+#endif
+    EM_UNUSED(d);
+    return tag;
+}
+
 /* Any event of any watched dict: the epoch moves, every guard set re-verifies its dict tags. */
 static int dict_watch_event(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *new_value) {
     EM_UNUSED(event);
@@ -510,6 +554,10 @@ static int dict_watch_event(PyDict_WatchEvent event, PyObject *dict, PyObject *k
 #else
 /* PEP 509: a new, globally unique tag on every mutation. */
 static inline uint64_t dict_tag(PyObject *d) { return ((PyDictObject *)d)->ma_version_tag; }
+static uint64_t slot_tag(PyObject *d, uint64_t tag) {
+    EM_UNUSED(d);
+    return tag;
+}
 
 /* Dict groups smaller than this skip the probe: walking them costs less than the probe's store. */
 #define EM_DICT_PROBE_MIN 64
@@ -1033,7 +1081,10 @@ GuardSet *em_guard_build(GuardBuilder *b) {
             GDictInfo *info = (GDictInfo *)di;
             size_t n = strlen(l->aux) + 1;
             gs->dslot[gs->ndict].dict = g->obj;
-            gs->dslot[gs->ndict].tag = l->tag;
+            gs->dslot[gs->ndict].tag = slot_tag(g->obj, l->tag);
+#if EM_PY313
+            gs->ndict_unseen += (uint32_t)dict_watch_unseen(g->obj);
+#endif
             gs->ndict++;
             di += align8(sizeof(GDictInfo));
             memcpy(how, l->aux, n);
@@ -1121,6 +1172,9 @@ int em_guard_drop(GuardSet *gs, int index) {
     memmove(&gs->leaf[i], &gs->leaf[i + 1], sizeof(GLeaf) * (gs->nleaf - i - 1));
     gs->nleaf--;
     if (i < gs->ndict) {
+#if EM_PY313
+        gs->ndict_unseen -= (uint32_t)dict_watch_unseen(gs->dslot[i].dict);
+#endif
         memmove(&gs->dslot[i], &gs->dslot[i + 1], sizeof(GDictSlot) * (gs->ndict - i - 1));
         gs->ndict--;
     }
@@ -1396,7 +1450,7 @@ static int dict_group_passes(GuardSet *gs, uint32_t *failed) {
             *failed = i;
             return 0;
         }
-        slot[i].tag = t;
+        if (slot[i].tag != EM_DICT_TAG_UNSEEN) slot[i].tag = t;
     }
     return 1;
 }
@@ -1504,7 +1558,7 @@ int em_guard_check(GuardSet *gs, const EmFrameView *fv, PyObject **fetched, int 
     if (vals_open(gs, vals) < 0) return 0;
 #if EM_PY312
     uint64_t epoch = em_guard_state.dict_epoch;
-    int skip = gs->dict_epoch == epoch && em_guard_state.watcher_id >= 0;
+    int skip = gs->dict_epoch == epoch && em_guard_state.watcher_id >= 0 && !gs->ndict_unseen;
 #else
     em_guard_state.window_gen++; /* a check inside a graph callable closes its window */
     /* a small group costs less than the probe (a dict store): it is always walked */
@@ -1552,12 +1606,15 @@ static int intern(PyObject **slot, const char *s) {
     return 0;
 }
 
-/* ember._C._guard_stats() -> {"dict_group_walks": n, "dict_group_skips": n}: how many guard checks
- * since start-up compared their dict-version group slot by slot, and how many passed it with one
- * epoch compare (tests check the 3.12 watcher and 3.11 probe fast paths by these, not by timing). */
+/* ember._C._guard_stats() -> {"dict_group_walks": n, "dict_group_skips": n, "inline_values_unseen":
+ * bool}: how many guard checks since start-up compared their dict-version group slot by slot, and how
+ * many passed it with one epoch compare (tests check the 3.12 watcher and 3.11 probe fast paths by
+ * these, not by timing); whether this CPython's inline-value stores go unseen (3.13.0: groups with
+ * such a dict are walked at every check). */
 static PyObject *guard_stats(PyObject *self, PyObject *noargs) {
-    return Py_BuildValue("{sKsK}", "dict_group_walks", (unsigned long long)em_guard_state.group_walks,
-                         "dict_group_skips", (unsigned long long)em_guard_state.group_skips);
+    return Py_BuildValue("{sKsKsN}", "dict_group_walks", (unsigned long long)em_guard_state.group_walks,
+                         "dict_group_skips", (unsigned long long)em_guard_state.group_skips, "inline_values_unseen",
+                         PyBool_FromLong(em_guard_state.inline_watch_unseen));
 }
 
 /* Interned names and, on 3.12, the dict watcher; torch objects now if torch is already imported
@@ -1587,6 +1644,9 @@ int em_guard_init(PyObject *module) {
             st->watcher_id = -1;
         }
     }
+#endif
+#if EM_PY313
+    probe_inline_values(st);
 #endif
     PyObject *torch = PyImport_GetModule(em_str("torch"));
     if (torch) {

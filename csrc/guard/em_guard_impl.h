@@ -192,8 +192,12 @@ typedef struct GDictInfo {
  * compares (3.11 has no dict watchers): slot i belongs to leaf i. */
 typedef struct GDictSlot {
     PyObject *dict; /* = leaf[i].obj */
-    uint64_t tag;   /* the version last seen with the recorded content */
+    uint64_t tag;   /* the version last seen with the recorded content, or EM_DICT_TAG_UNSEEN */
 } GDictSlot;
+/* A slot tag no dict has (dict tags keep their low 8 watcher bits clear, em_guard.c dict_tag): the
+ * dict's stores may not move its tag (an instance __dict__ sharing inline values where
+ * em_guard_state.inline_tag_unseen), so its content is compared whenever its group is walked. */
+#define EM_DICT_TAG_UNSEEN ((uint64_t)1)
 
 typedef struct GLeaf {
     uint8_t kind;   /* GuardKind */
@@ -217,6 +221,7 @@ struct GuardSet {
     uint32_t ndict;       /* leaves [0, ndict) are DICT_VERSION */
     uint64_t dict_epoch;  /* epoch (3.12: dict watcher; 3.11: probe of the global dict version
                              counter) at which the DICT_VERSION group last passed */
+    uint32_t ndict_unseen; /* DICT_VERSION slots whose stores the watchers may miss: never skipped */
     GSrc *src;
     GLeaf *leaf;
     GDictSlot *dslot;     /* ndict slots, one per DICT_VERSION leaf */
@@ -251,6 +256,10 @@ typedef struct EmGuardState {
     PyObject *s_requires_grad, *s_is_conj, *s_is_neg, *s_shape, *s_stride, *s_dtype, *s_device, *s_layout,
         *s_dlpack_api, *s_data_ptr, *s_module, *s_qualname;
     int watcher_id;              /* 3.12 dict watcher, -1 if none */
+    /* 3.13: a store through an object's inline values does not move its __dict__'s tag / does not
+     * fire the dict watchers (both on 3.13.0, gh-125608): found by trying it at init (em_guard.c,
+     * probe_inline_values) */
+    int inline_tag_unseen, inline_watch_unseen;
     uint64_t dict_epoch;         /* 3.12: bumped on every event of a watched dict; 3.11: bumped
                                     when the probe saw another dict change (em_guard.c) */
     PyObject *probe_dict;        /* 3.11: the private dict whose tag reads the global counter */

@@ -1,12 +1,25 @@
 /* hook: vendored CPython 3.12 internals that libpython does not export (_PyFrame_ClearExceptCode,
- * _PyThreadState_PopFrame), used to dispose of a frame the hook answered without evaluating it.
+ * _PyThreadState_PopFrame), used to dispose of a frame the hook answered without evaluating it;
+ * 3.13 exports the whole disposal (_PyEval_FrameClearAndPop).
  * Invariant: each function is a line-by-line copy of the CPython v3.12 function it names, minus
  * debug assertions, so that a frame is released exactly as the eval loop would release it. */
 #include "hook/em_hook_cpython.h"
 
 #include <string.h>
 
-#if EM_PY312
+#if EM_PY313
+
+#include "internal/pycore_ceval.h"
+
+/* CPython v3.13 exports what the eval loop calls for a frame it is done with (Python/ceval.c):
+ * clear_thread_frame for a thread-owned frame. */
+void em_cpy_frame_dispose(PyThreadState *tstate, _PyInterpreterFrame *frame)
+{
+    EM_ASSERT(frame->owner == FRAME_OWNED_BY_THREAD);
+    _PyEval_FrameClearAndPop(tstate, frame);
+}
+
+#elif EM_PY312
 
 /* CPython v3.12 Python/frame.c, take_ownership: a frame object outlives its frame, so the frame's
  * contents move into the frame object. One difference: the hook's frame was never linked into the

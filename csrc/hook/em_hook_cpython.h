@@ -38,8 +38,13 @@ static inline unsigned long em_hook_window_stamp(void)
 }
 
 /* The frame's code object and function object (borrowed; the frame holds strong references).
- * 3.11: f_func is a PyFunctionObject *; 3.12: f_funcobj is a PyObject * (internal/pycore_frame.h). */
+ * 3.11: f_func is a PyFunctionObject *; 3.12: f_funcobj is a PyObject * (internal/pycore_frame.h);
+ * 3.13: the code is f_executable (a code object for every frame the hook sees). */
+#if EM_PY313
+#define EM_FRAME_CODE(f) ((PyCodeObject *)(f)->f_executable)
+#else
 #define EM_FRAME_CODE(f) ((f)->f_code)
+#endif
 #if EM_PY312
 #define EM_FRAME_FUNC(f) ((f)->f_funcobj)
 #else
@@ -49,10 +54,16 @@ static inline unsigned long em_hook_window_stamp(void)
 /* Has the frame started running its bytecode? A frame fresh from _PyEvalFramePushAndInit has
  * prev_instr = _PyCode_CODE(co) - 1, i.e. LASTI == -1; the prologue (COPY_FREE_VARS, MAKE_CELL,
  * RETURN_GENERATOR) ends at RESUME, the instruction _co_firsttraceable indexes. Same test as
- * _PyFrame_IsIncomplete and Dynamo's has_started_execution (torch/_dynamo/convert_frame.py). */
+ * _PyFrame_IsIncomplete and Dynamo's has_started_execution (torch/_dynamo/convert_frame.py).
+ * 3.13 keeps instr_ptr, the instruction about to run (a fresh frame: the first one, LASTI == 0),
+ * so a frame has started once it is past its RESUME. */
 static inline int em_frame_started(_PyInterpreterFrame *f)
 {
+#if EM_PY313
+    return _PyInterpreterFrame_LASTI(f) > EM_FRAME_CODE(f)->_co_firsttraceable;
+#else
     return _PyInterpreterFrame_LASTI(f) >= EM_FRAME_CODE(f)->_co_firsttraceable;
+#endif
 }
 
 /* Disposes of a fresh thread-owned frame that the hook answered without evaluating it (a graph
@@ -60,7 +71,8 @@ static inline int em_frame_started(_PyInterpreterFrame *f)
  * the frame after the eval function returns. 3.12: the eval loop clears and pops even its entry
  * frame, so a hook that does not evaluate the frame must do it: clear the locals, the function
  * and the code, and pop it off the thread's data stack (CPython 3.12 Python/ceval.c,
- * clear_thread_frame; torch/csrc/dynamo/eval_frame.c, clear_old_frame_if_python_312_plus). */
+ * clear_thread_frame; torch/csrc/dynamo/eval_frame.c, clear_old_frame_if_python_312_plus). 3.13
+ * exports the eval loop's own _PyEval_FrameClearAndPop (internal/pycore_ceval.h). */
 void em_cpy_frame_dispose(PyThreadState *tstate, _PyInterpreterFrame *frame);
 
 #endif /* EM_HOOK_CPYTHON_H */

@@ -122,12 +122,22 @@ int em_trace_init(PyObject *module) {
             if (strcmp(nm, trop_names[k]) == 0) rt->op_of[num] = (uint8_t)k;
         rt->jback[num] = strstr(nm, "BACKWARD") != NULL;
     }
-    /* opcode._inline_cache_entries: a list indexed by opcode on 3.11 and 3.12 */
-    for (Py_ssize_t i = 0; i < PySequence_Size(caches) && i < 256; i++) {
-        PyObject *c = PySequence_GetItem(caches, i);
-        if (!c) goto error;
-        rt->ncache[i] = (uint8_t)PyLong_AsLong(c);
-        Py_DECREF(c);
+    /* opcode._inline_cache_entries: a list indexed by opcode on 3.11 and 3.12, a dict by name on 3.13 */
+    if (PyDict_Check(caches)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *c;
+        while (PyDict_Next(caches, &pos, &k, &c)) {
+            PyObject *num = PyDict_GetItemWithError(opmap, k);
+            long o = num ? PyLong_AsLong(num) : -1;
+            if (o >= 0 && o < 256) rt->ncache[o] = (uint8_t)PyLong_AsLong(c);
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < PySequence_Size(caches) && i < 256; i++) {
+            PyObject *c = PySequence_GetItem(caches, i);
+            if (!c) goto error;
+            rt->ncache[i] = (uint8_t)PyLong_AsLong(c);
+            Py_DECREF(c);
+        }
     }
     for (Py_ssize_t i = 0; i < PySequence_Size(jrel); i++) {
         PyObject *c = PySequence_GetItem(jrel, i);
@@ -507,6 +517,19 @@ static TValue *pop(Trace *T, TFrame *F) {
         return NULL;
     }
     return F->stack[--F->sp];
+}
+
+/* A call sequence's callable with its NULL: [NULL, callable] on 3.11 and 3.12, [callable, NULL] from
+ * 3.13, where the NULL stands in the slot a method's self takes (Python/bytecodes.c, CALL). */
+static int push_callable(Trace *T, TFrame *F, TValue *callable) {
+    if (!callable) return -1;
+#if EM_PY313
+    if (push(T, F, callable) < 0) return -1;
+    return push(T, F, T->null_value);
+#else
+    if (push(T, F, T->null_value) < 0) return -1;
+    return push(T, F, callable);
+#endif
 }
 
 static TValue *peek(Trace *T, TFrame *F, int n) { /* n >= 1: stack[-n] */
@@ -1253,6 +1276,18 @@ static TValue *make_function(Trace *T, TFrame *F, int flags) {
     return f;
 }
 
+/* SET_FUNCTION_ATTRIBUTE (3.13) on a function made in the trace: flag 1 defaults, 2 keyword
+ * defaults, 4 annotations (ignored), 8 the closure. */
+static int set_function_attribute(Trace *T, TValue *f, int flag, TValue *v) {
+    switch (flag) {
+    case 1: return (f->u.fn.defaults = em_tr_realize(T, v)) ? 0 : -1;
+    case 2: return (f->u.fn.kwdefaults = em_tr_realize(T, v)) ? 0 : -1;
+    case 4: return 0;
+    case 8: f->u.fn.closure = v; return 0;
+    default: return em_tr_break(T, EM_BREAK_INTERNAL, "SET_FUNCTION_ATTRIBUTE %d", flag);
+    }
+}
+
 /* DICT_UPDATE / DICT_MERGE / BUILD_MAP helpers: key of a dict entry (a constant). */
 static PyObject *dict_key(Trace *T, TValue *k) {
     if (!(k = em_tr_realize(T, k))) return NULL;
@@ -1278,29 +1313,44 @@ static int dict_update(Trace *T, TValue *d, TValue *src) {
     return 0;
 }
 
-/* Executes one CALL-like sequence whose callee and arguments are on the stack. */
-static int do_call(Trace *T, TFrame *F, int n) {
-    if (F->sp < n + 2) return em_tr_break(T, EM_BREAK_INTERNAL, "value stack underflow at CALL");
-    TValue **base = &F->stack[F->sp - n - 2];
+PyObject *em_tr_kwnames_operand(Trace *T, TValue *v) {
+    PyObject *k = em_tr_to_py_const(T, v);
+    if (!k || !PyTuple_CheckExact(k)) {
+        Py_XDECREF(k);
+        if (!T->broke) em_tr_break(T, EM_BREAK_INTERNAL, "CALL_KW without a tuple of names");
+        return NULL;
+    }
+    return em_arena_hold_steal(T->arena, k);
+}
+
+/* Executes one CALL-like sequence whose callee and arguments are on the stack: CALL (the keyword
+ * names, if any, from the KW_NAMES before it, 3.11 and 3.12) or CALL_KW (kw_on_stack: the names'
+ * tuple on top, 3.13). Stack: [NULL, callable | method, self, args...] up to 3.12, [callable, NULL |
+ * method, self, args...] from 3.13. */
+static int do_call(Trace *T, TFrame *F, int n, bool kw_on_stack) {
+    int extra = kw_on_stack ? 1 : 0;
+    if (F->sp < n + 2 + extra) return em_tr_break(T, EM_BREAK_INTERNAL, "value stack underflow at CALL");
+    TValue **base = &F->stack[F->sp - n - 2 - extra];
     TValue *callee;
     TValue **args;
     uint32_t nargs;
-    if (base[0]->kind == TV_NULL) {
-        callee = base[1];
-        args = base + 2;
-        nargs = (uint32_t)n;
-    } else {
-        callee = base[0];
-        args = base + 1;
-        nargs = (uint32_t)n + 1;
-    }
+#if EM_PY313
+    callee = base[0];
+    bool plain = base[1]->kind == TV_NULL;
+#else
+    callee = base[0]->kind == TV_NULL ? base[1] : base[0];
+    bool plain = base[0]->kind == TV_NULL;
+#endif
+    args = plain ? base + 2 : base + 1;
+    nargs = plain ? (uint32_t)n : (uint32_t)n + 1;
     PyObject *kwnames = F->kwnames;
     F->kwnames = NULL;
+    if (kw_on_stack && !(kwnames = em_tr_kwnames_operand(T, F->stack[F->sp - 1]))) return -1;
     uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
     if (nkw > nargs) return em_tr_break(T, EM_BREAK_INTERNAL, "KW_NAMES longer than the call");
     TValue *r = em_tr_call(T, callee, args, nargs - nkw, nkw ? kwnames : NULL, args + (nargs - nkw));
     if (!r) return -1;
-    F->sp -= n + 2;
+    F->sp -= n + 2 + extra;
     return push(T, F, r);
 }
 
@@ -1339,13 +1389,14 @@ static int before_with(Trace *T, TFrame *F) {
     return push(T, F, em_tr_const(T, Py_None));
 }
 
-/* CALL_FUNCTION_EX: f(*args, **kwargs). Stack: [NULL, f, args, kwargs?]. */
+/* CALL_FUNCTION_EX: f(*args, **kwargs). Stack: [NULL, f, args, kwargs?], [f, NULL, args, kwargs?] from
+ * 3.13. */
 static int do_call_ex(Trace *T, TFrame *F, int flags) {
     int need = (flags & 1) ? 4 : 3;
     if (F->sp < need) return em_tr_break(T, EM_BREAK_INTERNAL, "value stack underflow at CALL_FUNCTION_EX");
     TValue *kw = (flags & 1) ? F->stack[F->sp - 1] : NULL;
     TValue *argv = F->stack[F->sp - need + 2];
-    TValue *callee = F->stack[F->sp - need + 1];
+    TValue *callee = F->stack[F->sp - need + (EM_PY313 ? 0 : 1)];
     TValue **items;
     uint32_t n;
     if (em_tr_items(T, argv, &items, &n) < 0) return -1;
@@ -1475,8 +1526,8 @@ resume:
         case OP_POP_TOP:
             if (!pop(T, F)) goto fail;
             break;
-        case OP_END_FOR:
-            if (!pop(T, F) || !pop(T, F)) goto fail;
+        case OP_END_FOR: /* POP_TOP twice on 3.12; once on 3.13, where a POP_TOP follows */
+            if (!pop(T, F) || (!EM_PY313 && !pop(T, F))) goto fail;
             break;
         case OP_COPY:
             if (!(a = peek(T, F, arg)) || push(T, F, a) < 0) goto fail;
@@ -1520,6 +1571,29 @@ resume:
             if (arg >= F->nlocals || !(a = pop(T, F))) goto fail_or_internal;
             F->locals[arg] = a->kind == TV_NULL ? NULL : a;
             break;
+        case OP_LOAD_FAST_LOAD_FAST: case OP_STORE_FAST_STORE_FAST: case OP_STORE_FAST_LOAD_FAST: {
+            /* 3.13's superinstructions: two local indices of 4 bits each (Python/bytecodes.c) */
+            int i1 = arg >> 4, i2 = arg & 15;
+            if (i1 >= F->nlocals || i2 >= F->nlocals) goto internal;
+            if (in->op != OP_LOAD_FAST_LOAD_FAST) { /* STORE_FAST i1 */
+                if (!(a = pop(T, F))) goto fail;
+                F->locals[i1] = a->kind == TV_NULL ? NULL : a;
+            }
+            if (in->op == OP_STORE_FAST_STORE_FAST) { /* STORE_FAST i2 */
+                if (!(a = pop(T, F))) goto fail;
+                F->locals[i2] = a->kind == TV_NULL ? NULL : a;
+                break;
+            }
+            for (int k = in->op == OP_LOAD_FAST_LOAD_FAST ? 0 : 1; k < 2; k++) { /* LOAD_FAST i1?, i2 */
+                TValue *v = F->locals[k == 0 ? i1 : i2];
+                if (is_unbound(v)) {
+                    em_tr_break(T, EM_BREAK_RAISE, "local variable referenced before assignment");
+                    goto fail;
+                }
+                if (push(T, F, v) < 0) goto fail;
+            }
+            break;
+        }
         case OP_DELETE_FAST:
             if (arg >= F->nlocals) goto internal;
             F->locals[arg] = NULL;
@@ -1561,8 +1635,8 @@ resume:
         case OP_LOAD_GLOBAL: {
             PyObject *name = co_name_at(T, F, arg >> 1);
             if (!name) goto fail;
-            if ((arg & 1) && push(T, F, T->null_value) < 0) goto fail;
-            if (push(T, F, load_global(T, F, name)) < 0) goto fail;
+            r = load_global(T, F, name);
+            if (((arg & 1) ? push_callable(T, F, r) : push(T, F, r)) < 0) goto fail;
             break;
         }
         case OP_LOAD_ATTR: case OP_LOAD_METHOD: {
@@ -1570,15 +1644,13 @@ resume:
             PyObject *name = co_name_at(T, F, (EM_PY312 && in->op == OP_LOAD_ATTR) ? arg >> 1 : arg);
             if (!name || !(a = pop(T, F))) goto fail;
             if (!(r = em_tr_getattr(T, a, name, NULL))) goto fail;
-            if (method && push(T, F, T->null_value) < 0) goto fail;
-            if (push(T, F, r) < 0) goto fail;
+            if ((method ? push_callable(T, F, r) : push(T, F, r)) < 0) goto fail;
             break;
         }
         case OP_LOAD_SUPER_ATTR: {
             PyObject *name = co_name_at(T, F, arg >> 2);
             if (!name || !(r = super_attr(T, F, name))) goto fail;
-            if ((arg & 1) && push(T, F, T->null_value) < 0) goto fail;
-            if (push(T, F, r) < 0) goto fail;
+            if (((arg & 1) ? push_callable(T, F, r) : push(T, F, r)) < 0) goto fail;
             break;
         }
         case OP_STORE_ATTR: { /* TOS.name = TOS1 */
@@ -1605,10 +1677,11 @@ resume:
             r = em_tr_unary(T, in->op == OP_UNARY_NEGATIVE ? rt->op_neg : in->op == OP_UNARY_POSITIVE ? rt->op_pos : rt->op_invert, a);
             if (push(T, F, r) < 0) goto fail;
             break;
-        case OP_UNARY_NOT: {
+        case OP_UNARY_NOT: case OP_TO_BOOL: { /* TO_BOOL (3.13): bool(TOS) before a branch or `not` */
             bool t = false;
             if (!(a = pop(T, F)) || em_tr_truth(T, a, &t) < 0) goto fail;
-            if (push(T, F, em_tr_const(T, t ? Py_False : Py_True)) < 0) goto fail;
+            if (in->op == OP_UNARY_NOT) t = !t;
+            if (push(T, F, em_tr_const(T, t ? Py_True : Py_False)) < 0) goto fail;
             break;
         }
         case OP_CALL_INTRINSIC_1:
@@ -1649,10 +1722,18 @@ resume:
             if (push(T, F, em_tr_binop(T, arg, a, b)) < 0) goto fail;
             break;
         case OP_COMPARE_OP: {
-            int cmp = EM_PY312 ? arg >> 4 : arg;
+            /* the comparison in the oparg's high bits: arg (3.11), arg >> 4 (3.12), arg >> 5 (3.13,
+             * where bit 4 asks for bool() of the result: the TO_BOOL of a branch folded in) */
+            int cmp = EM_PY313 ? arg >> 5 : EM_PY312 ? arg >> 4 : arg;
             if (cmp < 0 || cmp >= TR_NCMP) goto internal;
             if (!(b = pop(T, F)) || !(a = pop(T, F))) goto fail;
-            if (push(T, F, em_tr_compare(T, cmp, a, b)) < 0) goto fail;
+            if (!(r = em_tr_compare(T, cmp, a, b))) goto fail;
+            if (EM_PY313 && (arg & 16)) {
+                bool t = false;
+                if (em_tr_truth(T, r, &t) < 0) goto fail;
+                r = em_tr_const(T, t ? Py_True : Py_False);
+            }
+            if (push(T, F, r) < 0) goto fail;
             break;
         }
         case OP_IS_OP: {
@@ -1803,6 +1884,14 @@ resume:
             if (push(T, F, format_value(T, a, spec, arg & 3)) < 0) goto fail;
             break;
         }
+        case OP_CONVERT_VALUE: case OP_FORMAT_SIMPLE: case OP_FORMAT_WITH_SPEC: {
+            /* 3.13 splits FORMAT_VALUE: CONVERT_VALUE (1 str, 2 repr, 3 ascii), then a format */
+            TValue *spec = NULL;
+            if (in->op == OP_FORMAT_WITH_SPEC && !(spec = pop(T, F))) goto fail;
+            if (!(a = pop(T, F))) goto fail;
+            if (push(T, F, format_value(T, a, spec, in->op == OP_CONVERT_VALUE ? arg : 0)) < 0) goto fail;
+            break;
+        }
         case OP_GET_ITER:
             if (!(a = pop(T, F))) goto fail;
             if (push(T, F, em_tr_iter(T, a)) < 0) goto fail;
@@ -1817,8 +1906,12 @@ resume:
                 if (in->target < 0) goto internal;
                 F->sp--;
                 next = (uint32_t)in->target;
-                /* 3.12: the target is END_FOR, which the interpreter skips (Python/bytecodes.c) */
-                if (next < F->nins && F->ins[next].op == OP_END_FOR) next++;
+                /* 3.12: the target is END_FOR, which the interpreter skips; 3.13 skips END_FOR and
+                 * the POP_TOP after it (Python/bytecodes.c, FOR_ITER) */
+                if (next < F->nins && F->ins[next].op == OP_END_FOR) {
+                    next++;
+                    if (EM_PY313 && next < F->nins && F->ins[next].op == OP_POP_TOP) next++;
+                }
             }
             break;
         }
@@ -1860,14 +1953,19 @@ resume:
             F->kwnames = k;
             break;
         }
-        case OP_CALL:
-            if (do_call(T, F, arg) < 0) goto fail;
+        case OP_CALL: case OP_CALL_KW:
+            if (do_call(T, F, arg, in->op == OP_CALL_KW) < 0) goto fail;
             break;
         case OP_CALL_FUNCTION_EX:
             if (do_call_ex(T, F, arg) < 0) goto fail;
             break;
         case OP_MAKE_FUNCTION:
             if (push(T, F, make_function(T, F, arg)) < 0) goto fail;
+            break;
+        case OP_SET_FUNCTION_ATTRIBUTE: /* 3.13: [attr, f] -> [f], what MAKE_FUNCTION's flags did */
+            if (!(a = pop(T, F)) || !(b = pop(T, F))) goto fail;
+            if (a->kind != TV_FUNCTION || a->obj || set_function_attribute(T, a, arg, b) < 0) goto fail_or_internal;
+            if (push(T, F, a) < 0) goto fail;
             break;
         case OP_RAISE_VARARGS: case OP_RERAISE: case OP_PUSH_EXC_INFO: case OP_POP_EXCEPT:
         case OP_CHECK_EXC_MATCH: case OP_WITH_EXCEPT_START:
@@ -1989,11 +2087,12 @@ static TFrame *top_frame(Trace *T, PyObject *func, PyCodeObject *code, const EmF
 }
 
 static int trace_once(PyObject *func, PyCodeObject *code, const EmFrameView *fv, const EmTraceOptions *opts,
-                      long stop_at, EmTraceResult *res) {
+                      long stop_at, EmBreak split_reason, EmTraceResult *res) {
     Trace T;
     memset(res, 0, sizeof *res);
     memset(&T, 0, sizeof T);
     T.stop_at = stop_at;
+    T.split_reason = split_reason;
     T.ac_top_step = -1;
     res->brk_top_step = -1;
     res->brk.reason = EM_BREAK_NONE;
@@ -2118,11 +2217,11 @@ static bool splittable_reason(EmBreak r) {
  * breaking instruction recorded before it broke (Dynamo restarts the analysis the same way). */
 int em_trace_frame(PyObject *func, PyCodeObject *code, const EmFrameView *fv, const EmTraceOptions *opts,
                    EmTraceResult *res) {
-    if (trace_once(func, code, fv, opts, -1, res) < 0) return -1;
+    if (trace_once(func, code, fv, opts, -1, EM_BREAK_NONE, res) < 0) return -1;
     if (res->graph || !opts || !opts->split || res->brk_top_step < 0 || !splittable_reason(res->brk.reason))
         return 0;
     EmTraceResult res2;
-    if (trace_once(func, code, fv, opts, res->brk_top_step, &res2) < 0) {
+    if (trace_once(func, code, fv, opts, res->brk_top_step, res->brk.reason, &res2) < 0) {
         if (PyErr_ExceptionMatches(PyExc_MemoryError) || PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
             em_arena_free(res2.arena);
             return -1;

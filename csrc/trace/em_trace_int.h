@@ -9,7 +9,8 @@
 #include "trace/em_trace.h"
 
 /* ---- instruction kinds: our own enum, mapped from opcode *names* at init, so one C file serves
- * 3.11 and 3.12 (their opcode numbers differ). OP__UNKNOWN covers every name not listed. ---- */
+ * 3.11, 3.12 and 3.13 (their opcode numbers differ; a name a version lacks maps to no opcode there).
+ * OP__UNKNOWN covers every name not listed. ---- */
 #define TR_OPCODES(_)                                                                          \
     _(CACHE) _(POP_TOP) _(PUSH_NULL) _(NOP) _(RESUME) _(EXTENDED_ARG) _(COPY) _(SWAP)        \
     _(UNARY_POSITIVE) _(UNARY_NEGATIVE) _(UNARY_NOT) _(UNARY_INVERT) _(BINARY_OP)           \
@@ -32,7 +33,9 @@
     _(LIST_APPEND) _(LIST_EXTEND) _(SET_ADD) _(SET_UPDATE) _(MAP_ADD) _(DICT_MERGE)          \
     _(DICT_UPDATE) _(FORMAT_VALUE) _(RERAISE) _(SEND) _(GET_YIELD_FROM_ITER) _(IMPORT_NAME)   \
     _(IMPORT_FROM) _(BEFORE_WITH) _(PUSH_EXC_INFO) _(POP_EXCEPT) _(CHECK_EXC_MATCH)          \
-    _(WITH_EXCEPT_START)
+    _(WITH_EXCEPT_START) _(TO_BOOL) _(CALL_KW) _(LOAD_FAST_LOAD_FAST) _(STORE_FAST_STORE_FAST)        \
+    _(STORE_FAST_LOAD_FAST) _(FORMAT_SIMPLE) _(FORMAT_WITH_SPEC) _(CONVERT_VALUE)                      \
+    _(SET_FUNCTION_ATTRIBUTE)
 
 typedef enum {
     OP__UNKNOWN = 0,
@@ -305,6 +308,7 @@ typedef struct Trace {
     struct { TValue **items; uint32_t n, cap; } containers;     /* input lists/dicts realized */
     struct { TValue **items; uint32_t n, cap; } objects;        /* input objects realized (by_type) */
     long stop_at;           /* -1, or the top-frame instruction step at which to split */
+    EmBreak split_reason;   /* when splitting: the reason the first trace broke there */
     long top_steps;         /* top-frame instructions started so far */
     PyObject *exc;          /* the exception a RAISE break stands for, when the trace knows it (a real
                                instance, held): a handler of an enclosing try block may catch it */
@@ -443,6 +447,9 @@ PyObject *em_tr_type_of(Trace *T, TValue *v);
 /* Python object for a value built only of constants (for trace-time evaluation); NULL (no break
  * recorded, no exception) if it is not constant. New reference. */
 PyObject *em_tr_to_py_const(Trace *T, TValue *v);
+/* The tuple of keyword names that CALL_KW (3.13) takes from the stack, held by the trace's arena
+ * (borrowed); NULL with a break recorded if v is not one. */
+PyObject *em_tr_kwnames_operand(Trace *T, TValue *v);
 TValue *em_tr_iter(Trace *T, TValue *v);                   /* GET_ITER; NULL on break */
 /* FOR_ITER/next: 1 with *out, 0 when exhausted, -1 on break. */
 int em_tr_iter_next(Trace *T, TValue *it, TValue **out);

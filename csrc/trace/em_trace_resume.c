@@ -31,6 +31,7 @@ static struct {
     bool ready;
     int opnum[OP__COUNT];
     bool local_op[256];
+    bool super_op[256]; /* 3.13's LOAD_FAST_LOAD_FAST, STORE_FAST_STORE_FAST, STORE_FAST_LOAD_FAST */
     PyObject *marker; /* the first item of a resume code's marker constant (one interpreter) */
 } rs;
 
@@ -46,6 +47,9 @@ static int resume_tables(void) {
         case OP_DELETE_FAST: case OP_MAKE_CELL: case OP_LOAD_CLOSURE: case OP_LOAD_DEREF:
         case OP_STORE_DEREF: case OP_DELETE_DEREF:
             rs.local_op[o] = true;
+            break;
+        case OP_LOAD_FAST_LOAD_FAST: case OP_STORE_FAST_STORE_FAST: case OP_STORE_FAST_LOAD_FAST:
+            rs.super_op[o] = true;
             break;
         default:
             if (rt->opname[o] && (PyUnicode_CompareWithASCIIString(rt->opname[o], "LOAD_CLASSDEREF") == 0 ||
@@ -187,11 +191,15 @@ static PyObject *bytes_of(const Bytes *B) {
 /* the resume function's code                                                                   */
 
 /* Resume code for the original code O continuing at O code unit `target` with a value stack of
- * nstack slots (stack_null[i]: slot i is the NULL of a call sequence) and the original locals
- * bound[j] (localsplus index j, plain locals only) as arguments. Cached in opts.resume_cache by
- * (target, stack, bound). New reference, or NULL with a break recorded / exception set. */
+ * nstack slots (stack_null[i]: slot i is the NULL of a call sequence). Its arguments are the
+ * original's co_nlocals leading locals, each at its own index (an unbound one, !bound[j], arrives as
+ * None and the prefix deletes it; a slot whose local is a cell holds a dummy), then the stack's
+ * values. Plain locals thus keep their numbering: only cell and free opargs are renumbered, and
+ * 3.13's superinstructions, which pack two local indices of 4 bits into one oparg, stay valid.
+ * Cached in opts.resume_cache by (target, stack, bound). New reference, or NULL with a break
+ * recorded / exception set. */
 static PyObject *resume_code(Trace *T, PyCodeObject *O, uint32_t target, int nstack, const bool *stack_null,
-                             const bool *bound, bool self_first) {
+                             const bool *bound) {
     int nO = O->co_nlocalsplus;
     const char *kinds = PyBytes_AS_STRING(O->co_localspluskinds);
     PyObject *key = NULL, *code = NULL, *varnames = NULL, *freevars = NULL, *consts = NULL, *marker = NULL;
@@ -221,9 +229,16 @@ static PyObject *resume_code(Trace *T, PyCodeObject *O, uint32_t target, int nst
     varnames = PyList_New(0);
     freevars = PyList_New(0);
     if (!varnames || !freevars) goto error;
-    if (self_first) { /* zero-argument super() reads localsplus[0] (see self_first_of) */
-        mapc[0] = 0;
-        if (PyList_Append(varnames, PyTuple_GET_ITEM(O->co_localsplusnames, 0)) < 0) goto error;
+    int nplain = O->co_nlocals;
+    for (int j = 0; j < nplain; j++) { /* the original's locals at their own indices */
+        bool cell = ((unsigned char)kinds[j] & (TR_FAST_CELL | TR_FAST_FREE)) != 0;
+        PyObject *nm = cell ? PyUnicode_FromFormat("___cell%d", j) : Py_NewRef(PyTuple_GET_ITEM(O->co_localsplusnames, j));
+        if (!cell) mapc[j] = j;
+        if (!nm || PyList_Append(varnames, nm) < 0) {
+            Py_XDECREF(nm);
+            goto error;
+        }
+        Py_DECREF(nm);
     }
     for (int i = 0; i < nstack; i++) {
         stack_arg[i] = -1;
@@ -236,17 +251,8 @@ static PyObject *resume_code(Trace *T, PyCodeObject *O, uint32_t target, int nst
         }
         Py_DECREF(nm);
     }
-    for (int pass = 0; pass < 2; pass++) /* bound locals are the arguments; the others follow */
-        for (int j = 0; j < nO; j++) {
-            unsigned char k = (unsigned char)kinds[j];
-            if ((k & (TR_FAST_CELL | TR_FAST_FREE)) || bound[j] != (pass == 0) || (self_first && j == 0)) continue;
-            mapc[j] = (int)PyList_GET_SIZE(varnames);
-            if (PyList_Append(varnames, PyTuple_GET_ITEM(O->co_localsplusnames, j)) < 0) goto error;
-        }
-    int argcount = 0;
-    for (int i = 0; i < nstack; i++) argcount += !stack_null[i];
-    for (int j = 0; j < nO; j++) argcount += bound[j] && !(kinds[j] & (TR_FAST_CELL | TR_FAST_FREE));
-    int nv = (int)PyList_GET_SIZE(varnames);
+    int argcount = (int)PyList_GET_SIZE(varnames);
+    int nv = argcount;
     for (int j = 0; j < nO; j++) {
         if (!((unsigned char)kinds[j] & (TR_FAST_CELL | TR_FAST_FREE))) continue;
         mapc[j] = nv + (int)PyList_GET_SIZE(freevars);
@@ -254,10 +260,14 @@ static PyObject *resume_code(Trace *T, PyCodeObject *O, uint32_t target, int nst
     }
     int nfree = (int)PyList_GET_SIZE(freevars);
 
-    /* prefix: COPY_FREE_VARS, RESUME, the value stack, a jump to the target in the copy */
+    /* prefix: COPY_FREE_VARS, RESUME, the unbound locals deleted, the value stack, a jump to the
+     * target in the copy */
     Bytes P = {.a = T->arena};
     if (nfree && emit(&P, OP_COPY_FREE_VARS, nfree) < 0) goto error;
     if (emit(&P, OP_RESUME, 0) < 0) goto error;
+    for (int j = 0; j < nplain; j++)
+        if (!bound[j] && !((unsigned char)kinds[j] & (TR_FAST_CELL | TR_FAST_FREE)) && emit(&P, OP_DELETE_FAST, j) < 0)
+            goto error;
     for (int i = 0; i < nstack; i++)
         if ((stack_null[i] ? emit(&P, OP_PUSH_NULL, 0) : emit(&P, OP_LOAD_FAST, stack_arg[i])) < 0) goto error;
     /* the jump is relative to its own end, which is where the copy starts */
@@ -289,7 +299,14 @@ static PyObject *resume_code(Trace *T, PyCodeObject *O, uint32_t target, int nst
                 continue;
             }
             int full = ext | a;
-            if (rs.local_op[opc]) {
+            if (rs.super_op[opc]) { /* 3.13: two 4-bit local indices; plain ones keep theirs */
+                int m1 = mapc[(full >> 4) & 15], m2 = mapc[full & 15];
+                if (((full >> 4) & 15) >= nO || (full & 15) >= nO || m1 > 15 || m2 > 15 || in_ext) {
+                    em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a cell in a superinstruction of a resume function");
+                    goto error;
+                }
+                ob[2 * i + 1] = (unsigned char)((m1 << 4) | m2);
+            } else if (rs.local_op[opc]) {
                 if (full < 0 || full >= nO) {
                     em_tr_break(T, EM_BREAK_INTERNAL, "local index out of range in the resume copy");
                     goto error;
@@ -407,7 +424,8 @@ typedef struct Brk {
     PyObject *kwnames;     /* pending KW_NAMES of a CALL, or NULL */
     int name_shift;        /* name-index ops: arg >> shift is the co_names index, else -1 */
     bool deref;            /* the arg is a localsplus index of a cell/free */
-    bool method_load;      /* run as a plain LOAD_ATTR; the resume stack gets a NULL below it */
+    bool method_load;      /* run as a plain LOAD_ATTR; the resume stack gets a NULL below it (above
+                              it from 3.13) */
 } Brk;
 
 /* Which instructions can run alone in the stub, and how many stack values they take. */
@@ -425,6 +443,10 @@ static int classify(Trace *T, TFrame *F, const TInstr *in, Brk *b) {
     int a = in->arg;
     switch ((TrOp)in->op) {
     case OP_CALL: b->consumed = a + 2; b->kwnames = F->kwnames; break;
+    case OP_CALL_KW: /* 3.13: the names' tuple is an operand; kwnames only names it for stub_source */
+        b->consumed = a + 3;
+        if (F->sp >= 1 && !(b->kwnames = em_tr_kwnames_operand(T, F->stack[F->sp - 1]))) return -1;
+        break;
     case OP_CALL_FUNCTION_EX: b->consumed = (a & 1) ? 4 : 3; break;
     case OP_POP_JUMP_IF_FALSE: case OP_POP_JUMP_IF_TRUE: case OP_POP_JUMP_IF_NONE: case OP_POP_JUMP_IF_NOT_NONE:
     case OP_POP_JUMP_FORWARD_IF_FALSE: case OP_POP_JUMP_FORWARD_IF_TRUE: case OP_POP_JUMP_FORWARD_IF_NONE:
@@ -450,13 +472,16 @@ static int classify(Trace *T, TFrame *F, const TInstr *in, Brk *b) {
         break;
     case OP_UNARY_NEGATIVE: case OP_UNARY_POSITIVE: case OP_UNARY_NOT: case OP_UNARY_INVERT: case OP_GET_ITER:
     case OP_LIST_TO_TUPLE: case OP_CALL_INTRINSIC_1: case OP_UNPACK_SEQUENCE: case OP_UNPACK_EX:
+    case OP_TO_BOOL: case OP_CONVERT_VALUE: case OP_FORMAT_SIMPLE:
         b->consumed = 1;
         break;
+    case OP_FORMAT_WITH_SPEC: b->consumed = 2; break;
     case OP_LOAD_ATTR:
     case OP_LOAD_METHOD:
-        /* A method load pushes [method, self] or [NULL, attribute], which one known only when it
-         * runs. The stub loads the plain attribute (a bound method) and the resume function's
-         * prefix pushes the NULL below it: [NULL, bound] calls the same as either form. */
+        /* A method load pushes [method, self] or [NULL, attribute] ([attribute, NULL] from 3.13),
+         * which one known only when it runs. The stub loads the plain attribute (a bound method)
+         * and the resume function's prefix pushes the NULL beside it: [NULL, bound] ([bound,
+         * NULL]) calls the same as either form. */
         b->method_load = in->op == OP_LOAD_METHOD || (EM_PY312 && (a & 1));
         b->consumed = 1;
         b->name_shift = EM_PY312 ? 1 : 0;
@@ -561,6 +586,10 @@ static int live_locals(const TFrame *F, const PyCodeObject *code, uint32_t from,
                 if ((t->op == OP_LOAD_FAST || t->op == OP_LOAD_FAST_CHECK || t->op == OP_LOAD_FAST_AND_CLEAR ||
                      t->op == OP_DELETE_FAST) && t->arg == v)
                     x = 1;
+                int i1 = t->arg >> 4, i2 = t->arg & 15; /* 3.13's superinstructions */
+                if (t->op == OP_LOAD_FAST_LOAD_FAST && (i1 == v || i2 == v)) x = 1;
+                if (t->op == OP_STORE_FAST_STORE_FAST && (i1 == v || i2 == v)) x = 0;
+                if (t->op == OP_STORE_FAST_LOAD_FAST && (i1 == v || i2 == v)) x = i1 != v; /* stores, then loads */
                 if (x != row[v]) {
                     row[v] = x;
                     changed = true;
@@ -578,11 +607,11 @@ all:
 
 /* Zero-argument super() finds its object in localsplus[0] of the running frame (Objects/typeobject.c,
  * super_init_without_args; on 3.12 only the plain `super()` call does, LOAD_SUPER_ATTR takes it from
- * the stack). A resume function of a method whose code may call super() (it has a __class__ free
- * variable) therefore takes the original's local 0 as its first argument, ahead of the stack
- * values. When local 0 is a cell or unbound at the break, the split cannot rebuild that: break. */
-static int self_first_of(Trace *T, PyCodeObject *O, const char *kinds, const bool *bound, bool *out) {
-    *out = false;
+ * the stack). A resume function keeps the original's local 0 at index 0 (resume_code), but when it
+ * is a cell (the resume function holds it as a free variable) or unbound at the break, in a method
+ * whose code may call super() (it has a __class__ free variable), the split cannot rebuild that:
+ * break. */
+static int check_super_self(Trace *T, PyCodeObject *O, const char *kinds, const bool *bound) {
     if (O->co_argcount + O->co_kwonlyargcount == 0) return 0;
     bool has_class = false;
     for (int j = 0; j < O->co_nlocalsplus && !has_class; j++)
@@ -592,7 +621,6 @@ static int self_first_of(Trace *T, PyCodeObject *O, const char *kinds, const boo
     if (!has_class) return 0;
     if (((unsigned char)kinds[0] & (TR_FAST_CELL | TR_FAST_FREE)) || !bound[0])
         return em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "super() in a method whose first argument is a cell or unbound at the break");
-    *out = true;
     return 0;
 }
 
@@ -603,7 +631,9 @@ typedef struct StubLayout {
     int nlocals;       /* bound plain locals */
     int ntemps;        /* results of the instruction */
     int nfree;         /* cells + frees (only when the instruction reads them) */
-    bool self_first;   /* the resume functions take bound local 0 first (see self_first_of) */
+    int nplain;        /* the original's co_nlocals: the resume functions' leading arguments */
+    const int *plain;  /* plain[j], j < nplain: the bound local l for original local j (stub
+                          local ix_local(S, l)), or -1: None is passed (unbound, dead, or a cell) */
 } StubLayout;
 
 /* stub local indices */
@@ -613,20 +643,21 @@ static int ix_local(const StubLayout *S, int i) { return S->nres + S->nbelow + S
 static int ix_temp(const StubLayout *S, int i) { return S->nres + S->nbelow + S->nops + S->nlocals + i; }
 static int nvars(const StubLayout *S) { return S->nres + S->nbelow + S->nops + S->nlocals + S->ntemps; }
 
-/* Stores the instruction's R results, calls resume function k with (below, results, locals) and
- * returns its result. */
+/* Stores the instruction's R results, calls resume function k with (the original's leading locals,
+ * below, results) (resume_code) and returns its result. */
 static int call_block(Bytes *B, const StubLayout *S, int k, int R) {
     for (int r = R - 1; r >= 0; r--)
         if (emit(B, OP_STORE_FAST, ix_temp(S, r)) < 0) return -1;
-    if (emit(B, OP_PUSH_NULL, 0) < 0 || emit(B, OP_LOAD_FAST, k) < 0) return -1;
-    if (S->self_first && emit(B, OP_LOAD_FAST, ix_local(S, 0)) < 0) return -1;
+    if (EM_PY313 ? emit(B, OP_LOAD_FAST, k) < 0 || emit(B, OP_PUSH_NULL, 0) < 0
+                 : emit(B, OP_PUSH_NULL, 0) < 0 || emit(B, OP_LOAD_FAST, k) < 0)
+        return -1;
+    for (int j = 0; j < S->nplain; j++) /* constant 0 of the stub is None */
+        if ((S->plain[j] >= 0 ? emit(B, OP_LOAD_FAST, ix_local(S, S->plain[j])) : emit(B, OP_LOAD_CONST, 0)) < 0) return -1;
     for (int i = 0; i < S->nbelow; i++)
         if (emit(B, OP_LOAD_FAST, ix_below(S, i)) < 0) return -1;
     for (int r = 0; r < R; r++)
         if (emit(B, OP_LOAD_FAST, ix_temp(S, r)) < 0) return -1;
-    for (int i = S->self_first ? 1 : 0; i < S->nlocals; i++)
-        if (emit(B, OP_LOAD_FAST, ix_local(S, i)) < 0) return -1;
-    int n = S->nbelow + R + S->nlocals;
+    int n = S->nplain + S->nbelow + R;
     if (!EM_PY312 && emit(B, OP_PRECALL, n) < 0) return -1;
     if (emit(B, OP_CALL, n) < 0) return -1;
     return emit(B, OP_RETURN_VALUE, 0);
@@ -687,6 +718,9 @@ static PyObject *stub_code(Trace *T, PyCodeObject *O, const Brk *b, const StubLa
     if (b->kind == K_JUMP) {
         Bytes ft_b = {.a = T->arena};
         if (call_block(&ft_b, S, 0, b->produced[0]) < 0) goto error;
+        /* 3.13's POP_JUMP_IF_TRUE/FALSE take a bool: the TO_BOOL before them */
+        if (EM_PY313 && (b->op == OP_POP_JUMP_IF_FALSE || b->op == OP_POP_JUMP_IF_TRUE) && emit(&B, OP_TO_BOOL, 0) < 0)
+            goto error;
         if (emit_raw(&B, forward_jump_opnum(b->op), (int)(ft_b.v.n / 2)) < 0) goto error;
         if (append(&B, &ft_b) < 0 || call_block(&B, S, 1, b->produced[1]) < 0) goto error;
     } else {
@@ -705,7 +739,7 @@ static PyObject *stub_code(Trace *T, PyCodeObject *O, const Brk *b, const StubLa
     if (!bytes || !lines || !exc || !qual || !vt || !ft || !empty) goto error;
     int stack = nopslots;
     for (int j = 0; j < 2; j++) /* the call of a resume function: NULL, function, arguments */
-        if (2 + S->nbelow + b->produced[j] + S->nlocals > stack) stack = 2 + S->nbelow + b->produced[j] + S->nlocals;
+        if (2 + S->nplain + S->nbelow + b->produced[j] > stack) stack = 2 + S->nplain + S->nbelow + b->produced[j];
     code = (PyObject *)PyCode_NewWithPosOnlyArgs(S->nres + S->nbelow + S->nops + S->nlocals, 0, 0, nvars(S), stack + 2,
                                                  TR_CO_OPTIMIZED | TR_CO_NEWLOCALS | (S->nfree ? TR_CO_NESTED : 0),
                                                  bytes, consts, names, vt, ft, empty, O->co_filename, O->co_name, qual,
@@ -739,15 +773,16 @@ static int src_add(PyObject **acc, PyObject *part) {
 static PyObject *src_call_resume(const StubLayout *S, int k, int R, PyObject *local_names) {
     PyObject *acc = PyUnicode_FromFormat("return ___resume%d(", k);
     int n = 0;
-    if (acc && S->self_first && src_add(&acc, PyUnicode_FromFormat("%s%U", n++ ? ", " : "", PyTuple_GET_ITEM(local_names, 0))) < 0)
-        return NULL;
+    for (int j = 0; acc && j < S->nplain; j++) {
+        PyObject *a = S->plain[j] >= 0 ? PyUnicode_FromFormat("%s%U", n ? ", " : "", PyTuple_GET_ITEM(local_names, S->plain[j]))
+                                       : PyUnicode_FromFormat("%sNone", n ? ", " : "");
+        n++;
+        if (src_add(&acc, a) < 0) return NULL;
+    }
     for (int i = 0; acc && i < S->nbelow; i++)
         if (src_add(&acc, PyUnicode_FromFormat("%s___stack%d", n++ ? ", " : "", i)) < 0) return NULL;
     for (int r = 0; acc && r < R; r++)
         if (src_add(&acc, PyUnicode_FromFormat("%s___result%d", n++ ? ", " : "", r)) < 0) return NULL;
-    for (int i = S->self_first ? 1 : 0; acc && i < S->nlocals; i++)
-        if (src_add(&acc, PyUnicode_FromFormat("%s%U", n++ ? ", " : "", PyTuple_GET_ITEM(local_names, i))) < 0)
-            return NULL;
     if (acc && src_add(&acc, PyUnicode_FromString(")\n")) < 0) return NULL;
     return acc;
 }
@@ -758,15 +793,17 @@ static PyObject *stub_source(const Brk *b, const StubLayout *S, const bool *ops_
     int ops[64], nops = 0; /* operand slot -> ___operand index, -1 for a NULL */
     if (nopslots > 64 || b->deref) return Py_NewRef(Py_None);
     for (int i = 0, k = 0; i < nopslots; i++) ops[nops++] = ops_null[i] ? -1 : k++;
-    if (b->kind == K_PLAIN && b->op == OP_CALL && b->produced[0] == 1 && nopslots >= 2) {
-        /* [NULL, callable, args...] or [callable, self, args...] (Python/bytecodes.c CALL) */
-        int first = ops[0] < 0 ? 1 : 0, callee = ops[first];
-        int nargs = nopslots - first - 1;
+    if (b->kind == K_PLAIN && (b->op == OP_CALL || b->op == OP_CALL_KW) && b->produced[0] == 1 && nopslots >= 2) {
+        /* [NULL, callable, args...] or [callable, self, args...] (Python/bytecodes.c CALL); 3.13:
+         * [callable, NULL, args...] or [callable, self, args...], CALL_KW: the names' tuple on top */
+        int callee = EM_PY313 ? ops[0] : ops[ops[0] < 0 ? 1 : 0];
+        int argstart = EM_PY313 ? (ops[1] < 0 ? 2 : 1) : (ops[0] < 0 ? 2 : 1);
+        int nargs = nopslots - argstart - (b->op == OP_CALL_KW ? 1 : 0);
         Py_ssize_t nkw = b->kwnames ? PyTuple_GET_SIZE(b->kwnames) : 0;
         if (callee < 0 || nkw > nargs) return Py_NewRef(Py_None);
         acc = PyUnicode_FromFormat("___result0 = ___operand%d(", callee);
         for (int i = 0; acc && i < nargs; i++) {
-            int slot = ops[first + 1 + i];
+            int slot = ops[argstart + i];
             if (slot < 0) {
                 Py_DECREF(acc);
                 return Py_NewRef(Py_None);
@@ -797,6 +834,11 @@ static PyObject *stub_source(const Brk *b, const StubLayout *S, const bool *ops_
         acc = PyUnicode_FromFormat("if %s:\n    ", cond);
         if (acc && src_add(&acc, src_call_resume(S, 1, 0, local_names)) < 0) return NULL;
         if (acc && src_add(&acc, src_call_resume(S, 0, 0, local_names)) < 0) return NULL;
+        return acc;
+    }
+    if (b->kind == K_PLAIN && b->op == OP_TO_BOOL && nopslots == 1 && ops[0] == 0) {
+        acc = PyUnicode_FromString("___result0 = bool(___operand0)\n");
+        if (acc && src_add(&acc, src_call_resume(S, 0, 1, local_names)) < 0) return NULL;
         return acc;
     }
     if (b->kind == K_EXIT && b->op == OP_RETURN_VALUE && nopslots == 1 && ops[0] == 0)
@@ -985,9 +1027,33 @@ int em_tr_split_here(Trace *T, TFrame *F) {
     if (em_tr_in_try(F, F->pc)) /* the stub would raise outside the except / finally clause */
         return em_tr_break(T, EM_BREAK_TRY_BLOCK, "a break inside a try block");
     Brk b;
-    if (classify(T, F, in, &b) < 0) return -1;
-    if (b.kind != K_EXIT && F->pc + 1 >= F->nins) return em_tr_break(T, EM_BREAK_INTERNAL, "break at the last instruction");
-    if (b.kind == K_JUMP && in->target < 0) return em_tr_break(T, EM_BREAK_INTERNAL, "jump without a target");
+    /* bi: the instruction the stub runs; after: where its fall-through resumes */
+    const TInstr *bi = in;
+    uint32_t after = (uint32_t)F->pc + 1;
+#if EM_PY313
+    /* 3.13 takes a branch's truth in an instruction of its own: TO_BOOL, or COMPARE_OP with oparg
+     * bit 4 (bool() folded into the comparison), then POP_JUMP_IF_TRUE/FALSE on a bool. A break
+     * there splits as 3.12's does at its jump: a tensor comparison goes into the graph (as in
+     * torch.compile's), and the stub takes the truth, jumps, and calls one of two resume functions,
+     * one per branch. */
+    const TInstr *jmp = F->pc + 1 < F->nins ? &F->ins[F->pc + 1] : NULL;
+    if (jmp && (jmp->op == OP_POP_JUMP_IF_FALSE || jmp->op == OP_POP_JUMP_IF_TRUE) && jmp->target >= 0 &&
+        (in->op == OP_TO_BOOL ||
+         (in->op == OP_COMPARE_OP && (in->arg & 16) && T->split_reason == EM_BREAK_DATA_DEPENDENT_BRANCH))) {
+        if (in->op == OP_COMPARE_OP) {
+            if (F->sp < 2) return em_tr_break(T, EM_BREAK_INTERNAL, "stack shorter than the comparison");
+            TValue *r = em_tr_compare(T, in->arg >> 5, F->stack[F->sp - 2], F->stack[F->sp - 1]);
+            if (!r) return -1;
+            F->sp -= 2;
+            F->stack[F->sp++] = r;
+        }
+        bi = jmp;
+        after = (uint32_t)F->pc + 2;
+    }
+#endif
+    if (classify(T, F, bi, &b) < 0) return -1;
+    if (b.kind != K_EXIT && after >= (uint32_t)F->nins) return em_tr_break(T, EM_BREAK_INTERNAL, "break at the last instruction");
+    if (b.kind == K_JUMP && bi->target < 0) return em_tr_break(T, EM_BREAK_INTERNAL, "jump without a target");
 
     int nO = O->co_nlocalsplus;
     const char *kinds = PyBytes_AS_STRING(O->co_localspluskinds);
@@ -1068,7 +1134,15 @@ int em_tr_split_here(Trace *T, TFrame *F) {
     S.ntemps = b.kind == K_EXIT ? 0 : b.produced[0];
     if (b.kind == K_JUMP && b.produced[1] > S.ntemps) S.ntemps = b.produced[1];
     S.nfree = b.deref ? ncf : 0;
-    if (self_first_of(T, O, kinds, bound, &S.self_first) < 0) return -1;
+    if (check_super_self(T, O, kinds, bound) < 0) return -1;
+    S.nplain = O->co_nlocals;
+    int *plain = em_arena_alloc(T->arena, sizeof(int) * (size_t)(S.nplain + 1));
+    if (!plain) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int j = 0, l = 0; j < S.nplain; j++) plain[j] = bound[j] ? l++ : -1;
+    S.plain = plain;
     sp->stub_closure = b.deref;
     for (int j = 0; j < nO; j++) /* stub localsplus index of each cell/free */
         if ((unsigned char)kinds[j] & (TR_FAST_CELL | TR_FAST_FREE)) deref_map[j] += nvars(&S);
@@ -1145,11 +1219,11 @@ int em_tr_split_here(Trace *T, TFrame *F) {
             return -1;
         }
         for (int i = 0; i < nbelow_slots; i++) rnull[i] = stack_null[i];
-        if (nullm) rnull[nbelow_slots] = true;
-        for (int i = 0; i < R; i++) rnull[nbelow_slots + nullm + i] = false;
-        const TInstr *to = k == 0 ? &F->ins[F->pc + 1] : &F->ins[in->target];
+        for (int i = nbelow_slots; i < nst; i++) rnull[i] = false;
+        if (nullm) rnull[EM_PY313 ? nst - 1 : nbelow_slots] = true; /* push_callable's order */
+        const TInstr *to = k == 0 ? &F->ins[after] : &F->ins[bi->target];
         if (to->start < base) return em_tr_break(T, EM_BREAK_INTERNAL, "resume target inside the prefix");
-        PyObject *rc = resume_code(T, O, (to->start - base) / 2, nst, rnull, bound, S.self_first);
+        PyObject *rc = resume_code(T, O, (to->start - base) / 2, nst, rnull, bound);
         if (!rc) return T->broke ? -1 : em_tr_break_exc(T, EM_BREAK_INTERNAL);
         sp->resume[k] = em_arena_hold_steal(T->arena, rc);
     }

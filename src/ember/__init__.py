@@ -20,6 +20,12 @@ import warnings
 
 import torch
 
+# The CPython versions whose bytecode and frames ember's C core reads (csrc/core/em_core.h); pip
+# refuses the others at install time (pyproject.toml, requires-python).
+SUPPORTED_PYTHON = ((3, 11), (3, 13))
+if not SUPPORTED_PYTHON[0] <= sys.version_info[:2] <= SUPPORTED_PYTHON[1]:
+    raise ImportError(f"ember supports CPython 3.11, 3.12 and 3.13; this is Python {sys.version.split()[0]}")
+
 from ._config import config
 from . import _C
 from . import _backends, _logs

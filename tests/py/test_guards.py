@@ -507,3 +507,29 @@ def test_fallback_with_more_inputs_than_a_fetch_buffer_holds():
     (e,) = entries(c)
     assert e["kind"] == "fallback" and "graph inputs" in e["detail"], e["detail"]
     assert e["hits"] == 3
+
+
+class Settings:
+    def __init__(self):
+        self.scale = 2.0
+        self.train = True
+
+
+CFG = Settings()
+
+
+def read_settings(x):
+    return x * CFG.scale if CFG.train else x - CFG.scale
+
+
+def test_attribute_stores_through_inline_values_are_seen():
+    """A store to an instance attribute after compiling (on 3.13, through the object's inline values,
+    which CPython 3.13.0 hides from dict tags and watchers: gh-125608) gives eager's result, as
+    Module.train()/eval() flipping `training` must."""
+    c = ember.compile(read_settings, backend="eager")
+    x = torch.randn(3)
+    vars(CFG)  # the dict materialised before the first trace, as a module's is
+    for scale, train in [(2.0, True), (3.0, True), (3.0, False), (2.0, False), (2.0, True)]:
+        CFG.scale, CFG.train = scale, train
+        for _ in range(2):
+            assert_same(c(x), read_settings(x))
