@@ -300,8 +300,9 @@ static PyObject *resume_code(Trace *T, PyCodeObject *O, uint32_t target, int nst
             }
             int full = ext | a;
             if (rs.super_op[opc]) { /* 3.13: two 4-bit local indices; plain ones keep theirs */
-                int m1 = mapc[(full >> 4) & 15], m2 = mapc[full & 15];
-                if (((full >> 4) & 15) >= nO || (full & 15) >= nO || m1 > 15 || m2 > 15 || in_ext) {
+                int j1 = (full >> 4) & 15, j2 = full & 15;
+                int m1 = j1 < nO ? mapc[j1] : 16, m2 = j2 < nO ? mapc[j2] : 16;
+                if (m1 > 15 || m2 > 15 || in_ext) {
                     em_tr_break(T, EM_BREAK_UNSUPPORTED_VALUE, "a cell in a superinstruction of a resume function");
                     goto error;
                 }
