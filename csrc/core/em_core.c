@@ -2,6 +2,10 @@
  * Invariant: an arena is only ever freed whole; held PyObject references die with it. */
 #include "core/em_core.h"
 
+#if EM_PY313
+#include "internal/pycore_dict.h" /* struct _dictvalues: is a split dict's storage its object's? */
+#endif
+
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -217,4 +221,14 @@ double em_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int em_dict_values_embedded(PyObject *d) {
+#if EM_PY313
+    PyDictValues *v = ((PyDictObject *)d)->ma_values;
+    return v != NULL && v->embedded;
+#else
+    EM_UNUSED(d);
+    return 0;
+#endif
 }

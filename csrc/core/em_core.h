@@ -126,6 +126,9 @@ static inline void em_exc_restore(PyObject *e) {
     PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(e)), e, PyException_GetTraceback(e));
 #endif
 }
+/* 3.13: is dict d a split table whose values live inside its object (an instance __dict__ sharing
+ * the object's inline values, internal/pycore_dict.h `embedded`)? 0 before 3.13. */
+int em_dict_values_embedded(PyObject *d);
 /* A new tuple of n Python ints (sizes, strides), or NULL with an exception. */
 PyObject *em_int64_tuple(int32_t n, const int64_t *v);
 /* ember.config.<name> (src/ember/_config.py) as a truth value; dflt when it is absent or its truth

@@ -525,18 +525,24 @@ static void probe_inline_values(EmGuardState *st) {
 }
 
 /* Can a store to d go unseen by the watchers (an instance __dict__ sharing its object's inline values,
- * a split table, where em_guard_state.inline_watch_unseen)? Its guard set is then never skipped. */
+ * where em_guard_state.inline_watch_unseen)? Its guard set is then never skipped. */
 static int dict_watch_unseen(PyObject *d) {
-    return em_guard_state.inline_watch_unseen && ((PyDictObject *)d)->ma_values != NULL;
+    return em_guard_state.inline_watch_unseen && em_dict_values_embedded(d);
 }
+
+int em_guard_inline_values_unseen(void) {
+    return em_guard_state.inline_tag_unseen || em_guard_state.inline_watch_unseen;
+}
+#else
+int em_guard_inline_values_unseen(void) { return 0; }
 #endif
 
 /* The tag a guard set's slot starts from: EM_DICT_TAG_UNSEEN for a dict whose stores the tag may
- * miss (a split table, which an instance __dict__ sharing its object's inline values is, where
+ * miss (an instance __dict__ sharing its object's inline values, where
  * em_guard_state.inline_tag_unseen). */
 static uint64_t slot_tag(PyObject *d, uint64_t tag) {
 #if EM_PY313
-    if (em_guard_state.inline_tag_unseen && ((PyDictObject *)d)->ma_values) return EM_DICT_TAG_UNSEEN;
+    if (em_guard_state.inline_tag_unseen && em_dict_values_embedded(d)) return EM_DICT_TAG_UNSEEN;
 #endif
     EM_UNUSED(d);
     return tag;

@@ -182,6 +182,10 @@ int em_guard_count(const GuardSet *gs);
 
 /* Module init/teardown of the guard stage (dict watcher registration on 3.12, torch objects). */
 int em_guard_init(PyObject *module);
+/* Does this CPython hide stores through an object's inline values from its __dict__'s guards (3.13.0,
+ * gh-125608; found by trying it at init)? The tracer then detaches an instance __dict__ it reads
+ * from its object's inline values (em_trace_attr.c, em_tr_instance_dict_borrow). */
+int em_guard_inline_values_unseen(void);
 void em_guard_fini(void);
 
 #endif /* EM_GUARD_H */

@@ -110,10 +110,29 @@ static bool generic_getattribute(PyTypeObject *tp) {
     return ga && ga == _PyType_Lookup(&PyBaseObject_Type, em_str("__getattribute__"));
 }
 
+/* 3.13.0 hides stores through an object's inline values from its __dict__'s tag and watchers
+ * (gh-125608): a dict the trace reads is detached from them (`object.__setattr__(o, "__dict__",
+ * o.__dict__)`: the type's __dict__ setter, typeobject.c subtype_setdict, copies the values into the
+ * same dict object, which holds them from then on; PyObject_GenericSetDict would only re-store the
+ * pointer), so that its guards stay on the fast path. */
+static PyObject *detached(PyObject *o, PyObject *d) {
+#if EM_PY313
+    if (d && em_dict_values_embedded(d) && em_guard_inline_values_unseen() &&
+        (Py_TYPE(o)->tp_flags & Py_TPFLAGS_INLINE_VALUES)) {
+        PyObject *descr = _PyType_Lookup(Py_TYPE(o), em_str("__dict__")); /* a C getset, no Python code */
+        if (descr && Py_IS_TYPE(descr, &PyGetSetDescr_Type) && Py_TYPE(descr)->tp_descr_set(descr, o, d) < 0)
+            PyErr_Clear(); /* still guarded, compared at every check (em_guard.c, slot_tag) */
+    }
+#else
+    EM_UNUSED(o);
+#endif
+    return d;
+}
+
 /* The instance __dict__ (borrowed from the object, or NULL if it has none). */
 PyObject *em_tr_instance_dict_borrow(PyObject *o) {
     PyObject **dp = _PyObject_GetDictPtr(o);
-    if (dp && *dp) return *dp;
+    if (dp && *dp) return detached(o, *dp);
 #if EM_PY312
     if (Py_TYPE(o)->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
         PyObject *d = PyObject_GenericGetDict(o, NULL); /* materialises a managed dict */
@@ -122,7 +141,7 @@ PyObject *em_tr_instance_dict_borrow(PyObject *o) {
             return NULL;
         }
         Py_DECREF(d); /* still owned by the object */
-        return d;
+        return detached(o, d);
     }
 #endif
     return NULL;

@@ -348,8 +348,6 @@ def compiled_chain():
     return m, backend, c, x
 
 
-@pytest.mark.skipif(ember._C._guard_stats()["inline_values_unseen"],
-                    reason="CPython 3.13.0 misses stores to inline values (gh-125608): module dicts are compared at every check")
 def test_callable_dict_activity_keeps_the_dict_group_fast_path():
     m, backend, c, x = compiled_chain()
     before = ember._C._guard_stats()  # a new dict outside any call: the next check walks once
