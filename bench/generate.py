@@ -16,6 +16,11 @@ device's copy bandwidth (measured: a large clone, bytes read and written).
     python bench/generate.py --caches dynamic --compilers eager,ember
     python bench/generate.py --device cuda --size full --dtype bf16 --caches static \
         --compilers eager,torch.compile:reduce-overhead,ember:reduce-overhead     # CUDA graphs
+    python bench/generate.py --caches loop      # gpt-fast's hand-written loop over a StaticCache
+
+Cache "loop" is the hand-written decode loop of gpt-fast: the prefill is the model's plain forward,
+then one compiled `decode_one_token(model, token, cache, position)` per new token over a StaticCache
+(the position a tensor, as gpt-fast passes it), its time per step and the frames it compiled.
 
 A compiler "name:mode" passes mode= (torch.compile's modes) to torch.compile or ember.compile.
 """
@@ -80,7 +85,68 @@ def timed_generate(model, ids, kw, device):
     return out, time.perf_counter() - t
 
 
+def decode_one_token(model, token, cache, pos):
+    """One greedy decode step (gpt-fast's shape): token (batch, 1) int64, pos (1,) int64 -> (batch, 1)."""
+    logits = model(input_ids=token, past_key_values=cache, cache_position=pos, use_cache=True).logits
+    return logits[:, -1].argmax(-1, keepdim=True)
+
+
+def hand_loop(step, model, ids, new, device):
+    """Prefill by the plain forward, then new - 1 calls of step; -> (tokens, prefill s, decode s)."""
+    from transformers import StaticCache
+    cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + new)
+    sync(device)
+    t0 = time.perf_counter()
+    pos = torch.arange(ids.shape[1], device=device)
+    tok = model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1].argmax(
+        -1, keepdim=True)
+    sync(device)
+    t1 = time.perf_counter()
+    toks, pos = [tok], pos[-1:] + 1
+    for _ in range(new - 1):
+        tok = step(model, tok, cache, pos).clone()  # as gpt-fast: a CUDA graph's output is overwritten by its next replay
+        toks.append(tok)
+        pos = pos + 1
+    sync(device)
+    return torch.cat([ids] + toks, 1), t1 - t0, time.perf_counter() - t1
+
+
+def run_loop(compiler, model, ids, new, args):
+    compiler, _, mode = compiler.partition(":")
+    counter, step = None, decode_one_token
+    if compiler == "torch.compile":
+        import torch._dynamo as dynamo
+        from torch._dynamo.utils import counters
+        dynamo.reset()
+        counters.clear()
+        step = torch.compile(decode_one_token, mode=mode or None)
+    elif compiler == "ember":
+        ember.reset()
+        counter = count_compiles().__enter__()
+        step = ember.compile(decode_one_token, mode=mode or None)
+    try:
+        with torch.no_grad():
+            t = time.perf_counter()
+            out = hand_loop(step, model, ids, new, args.device)[0]
+            first = time.perf_counter() - t
+            f1 = frames_so_far(compiler, counter)
+            runs = [hand_loop(step, model, ids, new, args.device) for _ in range(args.rounds)]
+            f2 = frames_so_far(compiler, counter)
+            cg = [e.get("cudagraphs") for e in ember.cache_info(step)] if compiler == "ember" and mode else None
+    finally:
+        if counter:
+            counter.__exit__(None, None, None)
+    p = statistics.median(r[1] for r in runs)
+    d = statistics.median(r[2] for r in runs)
+    w = p + d
+    return out, {"first_s": first, "generate_s": w, "prefill_ms": p * 1e3, "decode_ms": d / (new - 1) * 1e3,
+                 "tokens_per_s": ids.shape[0] * new / w, "frames_first_generate": f1, "frames_later": f2 - f1,
+                 "cudagraphs": cg}
+
+
 def run(compiler, model, ids, new, cache, args):
+    if cache == "loop":
+        return run_loop(compiler, model, ids, new, args)
     counter = None
     orig = model.forward
     compiler, _, mode = compiler.partition(":")  # "ember:reduce-overhead": torch.compile's modes

@@ -934,8 +934,67 @@ static const char *reduce_init(const LNode *n, LDtype it) {
     }
 }
 
+/* Welford's reduction (RM2: the sum of squared deviations from the mean, one pass, as ATen's var on
+ * CUDA): node i's state is the count wn<i>, the mean wm<i> and M2 acc<i>, in the accumulation type.
+ * a (+) b, a being node i's state (the earlier elements), by Chan et al.'s pairwise update as ATen's
+ * WelfordOps::combine: n = na + nb, d = mb - ma, mean = ma + d nb / n, M2 = M2a + M2b + d^2 na nb / n;
+ * an empty side leaves the other as it is. */
+static void welford_combine(SB *b, const char *at, uint32_t i, const char *bn, const char *bm, const char *b2, const char *ind) {
+    sb_printf(b, "%sif (wn%u == 0) { wn%u = %s; wm%u = %s; acc%u = %s; }\n", ind, i, i, bn, i, bm, i, b2);
+    sb_printf(b, "%selse if (%s != 0) {\n", ind, bn);
+    sb_printf(b, "%s    const %s n_ = wn%u + %s, d_ = %s - wm%u, f_ = %s / n_;\n", ind, at, i, bn, bm, i, bn);
+    sb_printf(b, "%s    wm%u += d_ * f_;\n", ind, i);
+    sb_printf(b, "%s    acc%u += %s + d_ * d_ * wn%u * f_;\n", ind, i, b2, i);
+    sb_printf(b, "%s    wn%u = n_;\n", ind, i);
+    sb_printf(b, "%s}\n", ind);
+}
+
+/* One element x (an expression of the accumulation type) into node i's Welford state. */
+static void welford_update(SB *b, const char *at, uint32_t i, const char *x, const char *ind) {
+    sb_printf(b, "%s{\n", ind);
+    sb_printf(b, "%s    const %s x_ = %s, d_ = x_ - wm%u;\n", ind, at, x, i);
+    sb_printf(b, "%s    wn%u += 1;\n", ind, i);
+    sb_printf(b, "%s    wm%u += d_ / wn%u;\n", ind, i, i);
+    sb_printf(b, "%s    acc%u += d_ * (x_ - wm%u);\n", ind, i, i);
+    sb_printf(b, "%s}\n", ind);
+}
+
 /* acc<i> (and idx<i>) combined across the warp, then across the block's warps (block mode): every
  * thread ends with the row's (or chunk's) result. */
+static void reduce_across_welford(SB *b, const RCtx *c, uint32_t i, const char *at, const char *ind) {
+    char in2[64], in3[72];
+    snprintf(in2, sizeof in2, "%s    ", ind);
+    snprintf(in3, sizeof in3, "%s        ", ind);
+    /* both lanes of a pair combine (lower lane's state) (+) (upper lane's): the same operations on
+     * the same values, so every lane ends with the same result */
+    sb_printf(b, "%sfor (int m = 16; m > 0; m >>= 1) {\n", ind);
+    sb_printf(b, "%s    %s o_n = __shfl_xor_sync(0xffffffffu, wn%u, m);\n", ind, at, i);
+    sb_printf(b, "%s    %s o_m = __shfl_xor_sync(0xffffffffu, wm%u, m);\n", ind, at, i);
+    sb_printf(b, "%s    %s o_v = __shfl_xor_sync(0xffffffffu, acc%u, m);\n", ind, at, i);
+    sb_printf(b, "%s    if (tid & m) {  /* this lane is the upper one */\n", ind);
+    sb_printf(b, "%s        %s t_ = wn%u; wn%u = o_n; o_n = t_;\n", ind, at, i, i);
+    sb_printf(b, "%s        t_ = wm%u; wm%u = o_m; o_m = t_;\n", ind, i, i);
+    sb_printf(b, "%s        t_ = acc%u; acc%u = o_v; o_v = t_;\n", ind, i, i);
+    sb_printf(b, "%s    }\n", ind);
+    welford_combine(b, at, i, "o_n", "o_m", "o_v", in2);
+    sb_printf(b, "%s}\n", ind);
+    if (!c->block_mode) return;
+    int nw = c->L->block / 32;
+    char nws[24];
+    if (c->L->block_dyn) snprintf(nws, sizeof nws, "(int)(blockDim.x >> 5)");
+    else snprintf(nws, sizeof nws, "%d", nw);
+    sb_printf(b, "%s{\n", ind);
+    sb_printf(b, "%s    __shared__ %s red_n[%d], red_m[%d], red_v[%d];\n", ind, at, nw, nw, nw);
+    sb_printf(b, "%s    if ((tid & 31) == 0) { red_n[tid >> 5] = wn%u; red_m[tid >> 5] = wm%u; red_v[tid >> 5] = acc%u; }\n", ind, i,
+              i, i);
+    sb_printf(b, "%s    __syncthreads();\n", ind);
+    sb_printf(b, "%s    wn%u = red_n[0]; wm%u = red_m[0]; acc%u = red_v[0];\n", ind, i, i, i);
+    sb_printf(b, "%s    for (int w = 1; w < %s; w++) {\n", ind, nws);
+    welford_combine(b, at, i, "red_n[w]", "red_m[w]", "red_v[w]", in3);
+    sb_printf(b, "%s    }\n", ind);
+    sb_printf(b, "%s}\n", ind);
+}
+
 static void reduce_across(SB *b, const RCtx *c, uint32_t i, const char *ind) {
     const LNode *n = &c->k->nodes[i];
     LDtype it = c->k->nodes[n->in[0]].dtype;
@@ -945,6 +1004,10 @@ static void reduce_across(SB *b, const RCtx *c, uint32_t i, const char *ind) {
     snprintf(a, sizeof a, "acc%u", i);
     snprintf(ai, sizeof ai, "idx%u", i);
     snprintf(in2, sizeof in2, "%s    ", ind);
+    if (n->op == LP_RM2) {
+        reduce_across_welford(b, c, i, at, ind);
+        return;
+    }
     sb_printf(b, "%sfor (int m = 16; m > 0; m >>= 1) {\n", ind);
     sb_printf(b, "%s    const %s o_v = __shfl_xor_sync(0xffffffffu, acc%u, m);\n", ind, at, i);
     if (arg) sb_printf(b, "%s    const long long o_i = __shfl_xor_sync(0xffffffffu, idx%u, m);\n", ind, i);
@@ -1004,6 +1067,7 @@ static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_ro
               c->L->split ? "chunk" : "row");
     sb_printf(b, "%s%s acc%u = %s;\n", ind, at, i, reduce_init(n, it));
     if (arg) sb_printf(b, "%slong long idx%u = -1;\n", ind, i);
+    if (n->op == LP_RM2) sb_printf(b, "%s%s wn%u = 0, wm%u = 0;  /* Welford's count and mean */\n", ind, at, i, i);
     char in2[64], a[24], bv[24], ai[24];
     snprintf(in2, sizeof in2, "%s    ", ind);
     loop_open(b, c, ind);
@@ -1011,7 +1075,9 @@ static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_ro
     snprintf(a, sizeof a, "acc%u", i);
     snprintf(bv, sizeof bv, "(%s)v%u", at, x);
     snprintf(ai, sizeof ai, "idx%u", i);
-    if (arg) {
+    if (n->op == LP_RM2) {
+        welford_update(b, at, i, bv, in2);
+    } else if (arg) {
         /* in order within a thread: the first extreme wins */
         combine(b, n, fl, a, bv, ai, "(long long)r", in2);
     } else if (n->op == LP_RANY || n->op == LP_RALL) {
@@ -1025,6 +1091,9 @@ static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_ro
     if (c->L->split) {
         sb_printf(b, "%sif (S > 1 && tid == 0) em_ws%u_%u[u] = acc%u;\n", ind, c->ki, i, i);
         if (arg) sb_printf(b, "%sif (S > 1 && tid == 0) em_wsi%u_%u[u] = idx%u;\n", ind, c->ki, i, i);
+        if (n->op == LP_RM2)
+            sb_printf(b, "%sif (S > 1 && tid == 0) { em_wsn%u_%u[u] = wn%u; em_wsm%u_%u[u] = wm%u; }\n", ind, c->ki, i, i,
+                      c->ki, i, i);
     } else {
         reduce_result(b, n, i, ind);
     }
@@ -1046,11 +1115,18 @@ static void emit_reduce_final(SB *b, const RCtx *c, uint32_t i, const char *ind0
     sb_printf(b, "%sif (S > 1) {  /* v%u: the row's S partials */\n", ind0, i);
     sb_printf(b, "%sacc%u = %s;\n", ind, i, reduce_init(n, it));
     if (arg) sb_printf(b, "%sidx%u = -1;\n", ind, i);
+    if (n->op == LP_RM2) sb_printf(b, "%swn%u = 0; wm%u = 0;\n", ind, i, i);
     sb_printf(b, "%sfor (int q = tid; q < S; q += %d) {\n", ind, c->L->threads_per_row);
     /* volatile: read from L2, where the other blocks' stores are (not a stale L1 line) */
     sb_printf(b, "%s    const %s o_v = ((volatile %s *)em_ws%u_%u)[o * S + q];\n", ind, at, at, c->ki, i);
     if (arg) sb_printf(b, "%s    const long long o_i = ((volatile long long *)em_wsi%u_%u)[o * S + q];\n", ind, c->ki, i);
-    combine(b, n, fl, a, "o_v", ai, "o_i", in2);
+    if (n->op == LP_RM2) {
+        sb_printf(b, "%s    const %s o_n = ((volatile %s *)em_wsn%u_%u)[o * S + q];\n", ind, at, at, c->ki, i);
+        sb_printf(b, "%s    const %s o_m = ((volatile %s *)em_wsm%u_%u)[o * S + q];\n", ind, at, at, c->ki, i);
+        welford_combine(b, at, i, "o_n", "o_m", "o_v", in2);
+    } else {
+        combine(b, n, fl, a, "o_v", ai, "o_i", in2);
+    }
     sb_printf(b, "%s}\n", ind);
     reduce_across(b, c, i, ind);
     sb_printf(b, "%s}\n", ind0);
@@ -1068,6 +1144,11 @@ static void emit_split_memory(SB *b, const SKernel *k, uint32_t ki, const EmCuda
         sb_printf(b, "__device__ %s em_ws%u_%u[%lld];  /* v%u's partial per chunk */\n", acc_type(nd->op, k->nodes[nd->in[0]].dtype, nd->dtype),
                   ki, i, n, i);
         if (nd->op == LP_RARGMAX || nd->op == LP_RARGMIN) sb_printf(b, "__device__ long long em_wsi%u_%u[%lld];\n", ki, i, n);
+        if (nd->op == LP_RM2) {
+            const char *at = acc_type(nd->op, k->nodes[nd->in[0]].dtype, nd->dtype);
+            sb_printf(b, "__device__ %s em_wsn%u_%u[%lld], em_wsm%u_%u[%lld];  /* its Welford counts, means */\n", at, ki, i, n, ki,
+                      i, n);
+        }
     }
 }
 
@@ -1379,9 +1460,6 @@ PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch, uint8_t *sym_
         if (nsym > EM_CUDA_MAX_SYMBOLS) b.unsupported = "more symbols than a kernel argument holds";
         sb_printf(&b, "struct em_sv { long long v[%u]; };  /* v[j]: symbol s<j>'s value for this call */\n\n", nsym ? nsym : 1);
     }
-    for (uint32_t k = 0; k < s->nkernels; k++)
-        for (uint32_t i = 0; i < s->kernels[k].nnodes; i++)
-            if (s->kernels[k].nodes[i].op == LP_RM2) b.unsupported = "Welford's reduction (RM2)";
     for (uint32_t k = 0; k < s->nkernels; k++) emit_kernel(&b, s, k, &launch[k], sym_used, &bad);
     if (b.oom) {
         free(b.p);

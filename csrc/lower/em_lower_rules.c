@@ -364,16 +364,8 @@ static uint32_t mk_var(Ctx *c, uint32_t x, uint32_t rmask, double correction, LD
     int64_t cnt = 1;
     for (int d = 0; d < src.ndim; d++)
         if ((rmask >> d) & 1) cnt *= src.sizes[d];
-    uint32_t xf = em_lower_cast(c, x, dt), ss;
-    if (c->lg->device < 0) {
-        /* CPU: Welford's one pass (as Inductor and ATen's var), the sum of squared deviations */
-        ss = mk_reduce(c, LP_RM2, dt, xf, rmask);
-    } else {
-        /* the CUDA generator has no RM2 yet: mean, then the centered sum of squares */
-        uint32_t mean = mk_mean(c, xf, rmask, dt);
-        uint32_t dev = em_lower_op(c, LP_SUB, dt, dt, xf, mean, 0);
-        ss = mk_reduce(c, LP_RSUM, dt, em_lower_op(c, LP_MUL, dt, dt, dev, dev, 0), rmask);
-    }
+    /* Welford's one pass (as Inductor's and ATen's var on both devices): the sum of squared deviations */
+    uint32_t ss = mk_reduce(c, LP_RM2, dt, em_lower_cast(c, x, dt), rmask);
     uint32_t den = mk_count(c, &src, rmask, dt);
     if (den && NODE(c, den)->sval) {
         /* symbolic count: max(count - correction, 0) computed in the kernel */

@@ -238,9 +238,13 @@ def test_split_reduction_rules():
     assert _gen(lambda x: x.sum(-1), cpu(64, 1 << 20))["launch"][0]["split"] == 32  # 2048 chunks in all
     assert _gen(lambda x: x.sum(-1), cpu(512, 40000))["launch"][0]["split"] == 0  # rows enough to fill the GPU
     assert _gen(lambda x: x.sum(), cpu(30000))["launch"][0]["split"] == 0  # one block is enough
-    # a variance: the centred sum reads the mean, so the mean is a kernel of its own and both split
+    # a variance: Welford's one pass (count, mean, M2 per chunk), one split kernel
     var = _gen(lambda x: x.var(), cpu(1 << 20))
-    assert [ln["split"] for ln in var["launch"]] == [64, 64], var["launch"]
+    assert [ln["split"] for ln in var["launch"]] == [64], var["launch"]
+    assert "em_wsn0_1" in var["source"] and "em_wsm0_1" in var["source"]
+    # a reduction of another's result: the mean is a kernel of its own, and both split
+    cen = _gen(lambda x: (x - x.mean()).abs().sum(), cpu(1 << 20))
+    assert [ln["split"] for ln in cen["launch"]] == [64, 64], cen["launch"]
     # a row-sized variance of many rows, and a normalization storing along the row: one kernel
     assert [ln["split"] for ln in _gen(lambda x: x.var(-1), cpu(300, 40000))["launch"]] == [0]
     assert [ln["split"] for ln in _gen(lambda x: F.layer_norm(x, (40000,)), cpu(2, 40000))["launch"]] == [0]
@@ -704,6 +708,10 @@ EMU_CASES = [
     ("unrolled_bf16_rows", lambda x: x.narrow(-1, 0, 1001).contiguous() * 2, [cpu(17, 1008, dtype=_B)]),
     ("batch_norm_rsqrt", lambda x, m, v: F.batch_norm(x, m, v, None, None, False, 0.1, 1e-5),
      [cpu(4, 8, 5, 5), cpu(8), cpu(8).abs() + 0.5]),
+    # Welford's variance: rows per warp with a consumer along the row, per block, f16, an offset mean
+    ("standardize_warp", lambda x: (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True), [cpu(37, 100)]),
+    ("var_f16_correction0", lambda x: torch.var(x, -1, correction=0), [cpu(9, 700, dtype=_H)]),
+    ("var_offset_block", lambda x: x.var(-1), [cpu(3, 5000) + 100]),
 ]
 
 
@@ -752,6 +760,28 @@ def test_emulated_split_reductions(grid_cap):
         for _ in range(2):
             info = _emu_check(fn, *ex, atol=1e-3, rtol=1e-4, grid_cap=grid_cap)
         assert all(ln["split"] >= 2 for ln, kd in zip(info["launch"], info["kernel_list"]) if kd["kind"] == "reduction")
+
+
+@needs_emu
+@pytest.mark.parametrize("shape", [(37, 100), (3, 3000)], ids=["warp_rows", "block_rows"])
+def test_emulated_welford_lanes_agree(shape):
+    """Every lane of a row ends its Welford butterfly with the same variance (each stores its own
+    copy here): the pairs combine lower (+) upper on both sides, so the copies are bitwise equal."""
+    x = cpu(*shape) * 3 + 7
+    (out,), _ = emulate(lambda x: x * 0 + x.var(-1, keepdim=True), x)
+    assert torch.equal(out, out[:, :1].expand_as(out))
+    torch.testing.assert_close(out[:, 0], x.var(-1))
+
+
+@needs_emu
+def test_emulated_split_variance_is_one_pass_and_accurate():
+    """A split variance (one kernel, Welford per chunk, the chunks combined in order) over values whose
+    mean is far from 0: within float32's rounding of float64's answer, as eager's float32 is."""
+    x = cpu(80000) * 0.01 + 100
+    (v, s), info = emulate(lambda x: (x.var(), x.std()), x, grid_cap=3)
+    assert [ln["split"] for ln in info["launch"]] == [4], info["launch"]
+    truth = x.double().var()
+    assert abs(v.double() - truth) / truth < 2e-5 and abs(s.double() - truth.sqrt()) / truth.sqrt() < 2e-5
 
 
 @needs_emu
