@@ -20,7 +20,8 @@ device's copy bandwidth (measured: a large clone, bytes read and written).
 
 Cache "loop" is the hand-written decode loop of gpt-fast: the prefill is the model's plain forward,
 then one compiled `decode_one_token(model, token, cache, position)` per new token over a StaticCache
-(the position a tensor, as gpt-fast passes it), its time per step and the frames it compiled.
+(the position a tensor, as gpt-fast passes it; one cache per compiler, reset before each run, as
+gpt-fast allocates its caches once), its time per step and the frames it compiled.
 
 A compiler "name:mode" passes mode= (torch.compile's modes) to torch.compile or ember.compile.
 """
@@ -91,10 +92,10 @@ def decode_one_token(model, token, cache, pos):
     return logits[:, -1].argmax(-1, keepdim=True)
 
 
-def hand_loop(step, model, ids, new, device):
-    """Prefill by the plain forward, then new - 1 calls of step; -> (tokens, prefill s, decode s)."""
-    from transformers import StaticCache
-    cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + new)
+def hand_loop(step, model, ids, new, device, cache):
+    """Prefill by the plain forward, then new - 1 calls of step; -> (tokens, prefill s, decode s).
+    cache: one StaticCache per compiler, emptied here (gpt-fast allocates its caches once)."""
+    cache.reset()
     sync(device)
     t0 = time.perf_counter()
     pos = torch.arange(ids.shape[1], device=device)
@@ -124,13 +125,15 @@ def run_loop(compiler, model, ids, new, args):
         ember.reset()
         counter = count_compiles().__enter__()
         step = ember.compile(decode_one_token, mode=mode or None)
+    from transformers import StaticCache
+    cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + new)
     try:
         with torch.no_grad():
             t = time.perf_counter()
-            out = hand_loop(step, model, ids, new, args.device)[0]
+            out = hand_loop(step, model, ids, new, args.device, cache)[0]
             first = time.perf_counter() - t
             f1 = frames_so_far(compiler, counter)
-            runs = [hand_loop(step, model, ids, new, args.device) for _ in range(args.rounds)]
+            runs = [hand_loop(step, model, ids, new, args.device, cache) for _ in range(args.rounds)]
             f2 = frames_so_far(compiler, counter)
             cg = [e.get("cudagraphs") for e in ember.cache_info(step)] if compiler == "ember" and mode else None
     finally:

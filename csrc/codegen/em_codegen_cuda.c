@@ -949,14 +949,55 @@ static void welford_combine(SB *b, const char *at, uint32_t i, const char *bn, c
     sb_printf(b, "%s}\n", ind);
 }
 
-/* One element x (an expression of the accumulation type) into node i's Welford state. */
-static void welford_update(SB *b, const char *at, uint32_t i, const char *x, const char *ind) {
+/* One element x (an expression of the accumulation type) into the Welford state (n, m, v). The
+ * float division is __fdividef (x * rcp(n), within 2 ulp, as Triton's division in Inductor's
+ * welford_reduce): IEEE division is a subroutine whose latency, in the chain every element of a
+ * thread goes through, made a 64M-element variance compute-bound (240 us on the H200 where the
+ * memory takes 65). */
+static void welford_update(SB *b, const char *at, const char *n, const char *m, const char *v, const char *x, const char *ind) {
+    int f = !strcmp(at, "float");
     sb_printf(b, "%s{\n", ind);
-    sb_printf(b, "%s    const %s x_ = %s, d_ = x_ - wm%u;\n", ind, at, x, i);
-    sb_printf(b, "%s    wn%u += 1;\n", ind, i);
-    sb_printf(b, "%s    wm%u += d_ / wn%u;\n", ind, i, i);
-    sb_printf(b, "%s    acc%u += d_ * (x_ - wm%u);\n", ind, i, i);
+    sb_printf(b, "%s    const %s x_ = %s, d_ = x_ - %s;\n", ind, at, x, m);
+    sb_printf(b, "%s    %s += 1;\n", ind, n);
+    sb_printf(b, "%s    %s += %s(d_%s%s);\n", ind, m, f ? "__fdividef" : "", f ? ", " : " / ", n);
+    sb_printf(b, "%s    %s += d_ * (x_ - %s);\n", ind, v, m);
     sb_printf(b, "%s}\n", ind);
+}
+
+/* Welford's thread loop over its elements of the row (its chunk) when they are read from memory
+ * (not held in registers): WELFORD_CHAINS independent states per thread, element r4 + h * step
+ * into state h, so that the chains' latencies overlap; combined in order 0, 1, ... into node i's
+ * state (wn<i>, wm<i>, acc<i>). */
+#define WELFORD_CHAINS 4
+static void welford_loop(SB *b, const RCtx *c, uint32_t i, uint8_t *done, const char *at, const char *ind) {
+    const SKernel *k = c->k;
+    uint32_t x = k->nodes[i].in[0];
+    const char *lo = c->L->split ? "r_lo + tid" : "tid", *hi = c->L->split ? "r_hi" : "R";
+    char in2[64], in3[72], in4[80], bv[32], qn[32], qm[32], qv[32];
+    snprintf(in2, sizeof in2, "%s    ", ind);
+    snprintf(in3, sizeof in3, "%s        ", ind);
+    snprintf(in4, sizeof in4, "%s            ", ind);
+    sb_printf(b, "%s%s qn%u[%d] = {0}, qm%u[%d] = {0}, qv%u[%d] = {0};  /* the chains' counts, means, M2 */\n", ind, at, i,
+              WELFORD_CHAINS, i, WELFORD_CHAINS, i, WELFORD_CHAINS);
+    sb_printf(b, "%sfor (idx_t r4 = %s; r4 < %s; r4 += %d * (idx_t)%s) {\n", ind, lo, hi, WELFORD_CHAINS, c->tpr);
+    sb_printf(b, "%s#pragma unroll\n%sfor (int h_ = 0; h_ < %d; h_++) {\n", in2, in2, WELFORD_CHAINS);
+    sb_printf(b, "%sconst idx_t r = r4 + (idx_t)h_ * %s;\n", in3, c->tpr);
+    sb_printf(b, "%sif (r < %s) {\n", in3, hi);
+    if (k->ndim - k->nouter > 1) multi_index(b, c->kc, k->nouter, k->ndim, "r", "j", in4);
+    emit_elem(b, c, x, done, in4);
+    snprintf(bv, sizeof bv, "(%s)v%u", at, x);
+    snprintf(qn, sizeof qn, "qn%u[h_]", i);
+    snprintf(qm, sizeof qm, "qm%u[h_]", i);
+    snprintf(qv, sizeof qv, "qv%u[h_]", i);
+    welford_update(b, at, qn, qm, qv, bv, in4);
+    sb_printf(b, "%s}\n%s}\n%s}\n", in3, in2, ind);
+    sb_printf(b, "%swn%u = qn%u[0]; wm%u = qm%u[0]; acc%u = qv%u[0];\n", ind, i, i, i, i, i, i);
+    for (int h = 1; h < WELFORD_CHAINS; h++) {
+        snprintf(qn, sizeof qn, "qn%u[%d]", i, h);
+        snprintf(qm, sizeof qm, "qm%u[%d]", i, h);
+        snprintf(qv, sizeof qv, "qv%u[%d]", i, h);
+        welford_combine(b, at, i, qn, qm, qv, ind);
+    }
 }
 
 /* acc<i> (and idx<i>) combined across the warp, then across the block's warps (block mode): every
@@ -1068,15 +1109,21 @@ static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_ro
     sb_printf(b, "%s%s acc%u = %s;\n", ind, at, i, reduce_init(n, it));
     if (arg) sb_printf(b, "%slong long idx%u = -1;\n", ind, i);
     if (n->op == LP_RM2) sb_printf(b, "%s%s wn%u = 0, wm%u = 0;  /* Welford's count and mean */\n", ind, at, i, i);
-    char in2[64], a[24], bv[24], ai[24];
+    char in2[64], a[24], bv[24], ai[24], wn[24], wm[24];
     snprintf(in2, sizeof in2, "%s    ", ind);
+    if (n->op == LP_RM2 && !c->L->cached) {
+        welford_loop(b, c, i, done, at, ind);
+        goto across;
+    }
     loop_open(b, c, ind);
     emit_elem(b, c, x, done, in2);
     snprintf(a, sizeof a, "acc%u", i);
     snprintf(bv, sizeof bv, "(%s)v%u", at, x);
     snprintf(ai, sizeof ai, "idx%u", i);
     if (n->op == LP_RM2) {
-        welford_update(b, at, i, bv, in2);
+        snprintf(wn, sizeof wn, "wn%u", i);
+        snprintf(wm, sizeof wm, "wm%u", i);
+        welford_update(b, at, wn, wm, a, bv, in2);
     } else if (arg) {
         /* in order within a thread: the first extreme wins */
         combine(b, n, fl, a, bv, ai, "(long long)r", in2);
@@ -1087,6 +1134,7 @@ static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_ro
         combine(b, n, fl, a, bv, NULL, NULL, in2);
     }
     sb_printf(b, "%s}\n", ind);
+across:
     reduce_across(b, c, i, ind);
     if (c->L->split) {
         sb_printf(b, "%sif (S > 1 && tid == 0) em_ws%u_%u[u] = acc%u;\n", ind, c->ki, i, i);

@@ -423,6 +423,7 @@ typedef struct {
     Py_ssize_t nstatic;
     PyObject *outs;        /* tuple: the graph's outputs (views of B rows) */
     int nrerecords;        /* recordings dropped because a written input's storage moved */
+    long long nreplays;    /* calls answered by a replay (cache_info's "replays") */
 } CudaGraphs;
 
 static PyTypeObject *CudaGraphs_Type = NULL;
@@ -572,6 +573,10 @@ record:
     PyObject *x = PyObject_CallNoArgs(r->replay);
     if (!x) return NULL;
     Py_DECREF(x);
+    PyObject *cnt = PyLong_FromLongLong(++r->nreplays);
+    int rc = cnt ? PyDict_SetItem(r->stats, em_str("replays"), cnt) : -1;
+    Py_XDECREF(cnt);
+    if (rc < 0) return NULL;
     /* outputs are cloned: the next replay overwrites the recorded ones, and a user must never see
      * that (torch's cudagraph trees raise on a stale access instead; a clone costs one launch) */
     Py_ssize_t no = PyTuple_GET_SIZE(r->outs);
@@ -838,6 +843,7 @@ PyObject *em_cudagraph_wrap(PyObject *compiled, int is_eager_graph, const IRGrap
     r->static_ptr = NULL;
     r->ncopy = r->nstatic = 0;
     r->nrerecords = 0;
+    r->nreplays = 0;
     PyObject_GC_Track((PyObject *)r);
     if (!r->stats) goto error;
     PyObject *pstats = PyObject_GetAttrString(pool, "stats");

@@ -77,6 +77,12 @@ def record(pool, plan, inner, args, stats):
         last = plan.get("_key")
         if last is not None and last != key:
             pool.recordings.pop(last, None)
+            if not any(k[2] == str(device) for k in pool.recordings):
+                # no recording uses the device's pool now: capture into a new one. The old pool may
+                # still hold blocks that outlive its graphs (a cuBLAS workspace first allocated in
+                # the capture), and torch's allocator refuses a capture into a pool whose graphs
+                # are gone but whose blocks are not ("use_count > 0" assert, CUDACachingAllocator)
+                pool.handles.pop(device, None)
         plan["_key"] = key
     rec = pool.recordings.get(key)
     if rec is None:

@@ -712,6 +712,8 @@ EMU_CASES = [
     ("standardize_warp", lambda x: (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True), [cpu(37, 100)]),
     ("var_f16_correction0", lambda x: torch.var(x, -1, correction=0), [cpu(9, 700, dtype=_H)]),
     ("var_offset_block", lambda x: x.var(-1), [cpu(3, 5000) + 100]),
+    ("var_two_inner_dims", lambda x: x.permute(1, 0, 2).var((1, 2)), [cpu(4, 6, 300)]),
+    ("var_f64_rows", lambda x: x.var(-1), [cpu(5, 3001, dtype=torch.float64)]),
 ]
 
 

@@ -237,6 +237,32 @@ def test_written_input_recorded_at_its_address():
 
 
 @needs_cuda
+def test_written_cache_with_a_matmul_recorded_again_for_each_new_cache():
+    """A decode-like step (a matmul, index_copy_ into a preallocated cache at a tensor position, a read
+    of the cache): each new cache records again, into a new pool (cuBLAS's workspace, first allocated
+    inside the capture, outlives the graph and keeps the old pool, which torch's allocator refuses to
+    capture into once its graphs are gone); values as eager's; every call a replay."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device="cuda")
+
+    def step(x, cache, pos):
+        cache.index_copy_(0, pos, x @ w)
+        return cache.sum(0) * 2
+
+    cf = ember.compile(step, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(3):
+            c1, c2 = torch.zeros(8, 16, device="cuda"), torch.zeros(8, 16, device="cuda")
+            for i in range(6):
+                x, pos = torch.randn(1, 16, device="cuda"), torch.tensor([i], device="cuda")
+                torch.testing.assert_close(cf(x, c1, pos), step(x, c2, pos))
+            torch.testing.assert_close(c1, c2)
+    (entry,) = [e for e in ember.cache_info(cf) if e["hits"]]
+    info = entry["cudagraphs"]
+    assert info["state"] == "recorded" and info["rerecords"] == 2 and info["replays"] >= 16, info
+
+
+@needs_cuda
 def test_training_region_recorded_and_mixing():
     def f(x):
         return torch.sin(x) + 1

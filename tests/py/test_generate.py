@@ -188,3 +188,45 @@ def test_gpu_bf16_first_step_logits_and_tokens(cache):
     top2 = want[:, -1].float().topk(2).values
     clear = (top2[:, 0] - top2[:, 1]) > 0.05
     assert torch.equal(toks[clear, 12], ref[clear, 12])
+
+
+def static_decode_loop(step, model, ids, new, cache):
+    """gpt-fast's loop over a StaticCache: the plain forward's prefill, then new - 1 calls of
+    step(model, token, cache, position) with the position a tensor; -> the tokens (batch, new)."""
+    pos = torch.arange(ids.shape[1], device=ids.device)
+    with torch.no_grad():
+        tok = model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1].argmax(
+            -1, keepdim=True)
+        toks, pos = [tok], pos[-1:] + 1
+        for _ in range(new - 1):
+            tok = step(model, tok, cache, pos).clone()
+            toks.append(tok)
+            pos = pos + 1
+    return torch.cat(toks, 1)
+
+
+def decode_one_token(model, token, cache, pos):
+    return model(input_ids=token, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1].argmax(
+        -1, keepdim=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_decode_loop_replays_a_cuda_graph_per_token():
+    """mode="reduce-overhead" on a hand-written decode loop over a StaticCache (issue 41 item 3): the
+    decode step is recorded once at the cache's addresses and every later token is a replay; a new
+    cache (the next generation) records again; the tokens are eager's."""
+    model = tiny_llama().to("cuda")
+    ids = torch.randint(1, 128, (2, 8), generator=torch.Generator().manual_seed(3)).cuda()
+    new = 12
+
+    def fresh():
+        return transformers.StaticCache(config=model.config, max_cache_len=ids.shape[1] + new)
+
+    want = static_decode_loop(decode_one_token, model, ids, new, fresh())
+    step = ember.compile(decode_one_token, mode="reduce-overhead")
+    for _ in range(2):  # two generations, each with its own cache
+        assert torch.equal(static_decode_loop(step, model, ids, new, fresh()), want)
+    (entry,) = [e for e in ember.cache_info(step) if e["hits"]]
+    cg = entry["cudagraphs"]
+    assert cg["state"] == "recorded", cg
+    assert cg["rerecords"] == 1 and cg["replays"] >= 2 * (new - 1) - 2, cg

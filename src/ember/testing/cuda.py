@@ -128,6 +128,7 @@ static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f
 static inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
 static inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i, 8); return d; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline float __fdividef(float a, float b) { return a / b; }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 static pthread_barrier_t em_block_bar, em_warp_bar[32];
 static unsigned long long em_xchg[1024];
