@@ -208,7 +208,8 @@ static uint32_t masked_top(const Sched *c, uint32_t x, const uint32_t *list, uin
 
 /* CUDA split reductions (em_schedule.h) need a kernel whose reductions read no other reduction's
  * result. A row-valued root over few long rows whose domain reduction dom reads another reduction
- * of the kernel (x.var() or x.std() over a whole tensor: the centred sum reads the mean) would run
+ * of the kernel ((x - x.mean()).abs().sum() over a whole tensor; var and std are Welford's one
+ * reduction) would run
  * one block per row; the reduction dom reads is returned, to be computed by a kernel of its own, so
  * that both kernels split (two reads of the tensor instead of one, against a 30x slower single
  * block). 0: none. Static sizes only. src: scratch of n uint32 (per DAG node, the unmaterialized
