@@ -135,6 +135,18 @@ def run_loop(compiler, model, ids, new, args):
             f1 = frames_so_far(compiler, counter)
             runs = [hand_loop(step, model, ids, new, args.device, cache) for _ in range(args.rounds)]
             f2 = frames_so_far(compiler, counter)
+            kernels = None
+            if args.profile:  # the decode step's kernels: 5 steps after a fresh prefill
+                from fullsize import top_kernels
+                cache.reset()
+                pos = torch.arange(ids.shape[1], device=args.device)
+                st = {"tok": model(input_ids=ids, past_key_values=cache, cache_position=pos).logits[:, -1:].argmax(-1),
+                      "pos": pos[-1:] + 1}
+
+                def one():
+                    st["tok"] = step(model, st["tok"], cache, st["pos"]).clone()
+                    st["pos"] = st["pos"] + 1
+                kernels = top_kernels(one, args.device, n=5)
             cg = [e.get("cudagraphs") for e in ember.cache_info(step)] if compiler == "ember" and mode else None
     finally:
         if counter:
@@ -144,7 +156,7 @@ def run_loop(compiler, model, ids, new, args):
     w = p + d
     return out, {"first_s": first, "generate_s": w, "prefill_ms": p * 1e3, "decode_ms": d / (new - 1) * 1e3,
                  "tokens_per_s": ids.shape[0] * new / w, "frames_first_generate": f1, "frames_later": f2 - f1,
-                 "cudagraphs": cg}
+                 "cudagraphs": cg, "kernels": kernels}
 
 
 def run(compiler, model, ids, new, cache, args):
@@ -200,6 +212,8 @@ def main(argv=None):
     ap.add_argument("--caches", default="dynamic,static")
     ap.add_argument("--compilers", default="eager,torch.compile,ember")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--profile", action="store_true",
+                    help='cache "loop": the decode step\'s device time and top kernels (torch.profiler, 5 steps)')
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -218,7 +232,13 @@ def main(argv=None):
     for cache in args.caches.split(","):
         ref = None
         for comp in args.compilers.split(","):
-            out, r = run(comp, model, ids, new, cache, args)
+            try:
+                out, r = run(comp, model, ids, new, cache, args)
+            except Exception as e:  # noqa: BLE001  (a compiler that fails here is a row, not the end of the run)
+                msg = str(e).strip().splitlines()
+                print(f"{cache:8s} {comp:14s} failed: {type(e).__name__}: {msg[0][:300] if msg else ''}")
+                rows.append({"cache": cache, "compiler": comp, "error": f"{type(e).__name__}: {e}"[:2000]})
+                continue
             ref = out if ref is None else ref
             r.update(cache=cache, compiler=comp, equal=bool(torch.equal(out, ref)),
                      decode_vs_bound=r["decode_ms"] / bound_ms)
@@ -228,7 +248,10 @@ def main(argv=None):
                   f"({r['decode_vs_bound']:.1f}x bound)  first {r['first_s']:6.2f} s  frames {r['frames_first_generate']}"
                   f" then {r['frames_later']}  equal={r['equal']}")
             if r["cudagraphs"]:
-                print(f"    cudagraphs: {r['cudagraphs']}")
+                cg = [{k: v for k, v in e.items() if k not in ("pool", "recorded_shape")} for e in r["cudagraphs"] if e]
+                print(f"    cudagraphs: {cg}")
+            for name, ms, count in r.get("kernels") or []:
+                print(f"    {ms:8.3f} ms {count:5d}x  {name[:100]}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": dev, "args": vars(args), "bound_ms": bound_ms, "rows": rows}, f, indent=1)

@@ -965,37 +965,53 @@ static void welford_update(SB *b, const char *at, const char *n, const char *m, 
 }
 
 /* Welford's thread loop over its elements of the row (its chunk) when they are read from memory
- * (not held in registers): WELFORD_CHAINS independent states per thread, element r4 + h * step
- * into state h, so that the chains' latencies overlap; combined in order 0, 1, ... into node i's
- * state (wn<i>, wm<i>, acc<i>). */
+ * (not held in registers): WELFORD_CHAINS independent states per thread (scalars, written out
+ * per chain: an array indexed in a loop may live in local memory), WELFORD_STEP elements per
+ * iteration (element r4 + e * step into chain e % WELFORD_CHAINS), so that the chains' latencies
+ * overlap and the iteration's loads are in flight together (a Welford thread holds more registers
+ * than a sum's, so fewer threads share an SM); combined in order 0, 1, ... into node i's state
+ * (wn<i>, wm<i>, acc<i>). */
 #define WELFORD_CHAINS 4
-static void welford_loop(SB *b, const RCtx *c, uint32_t i, uint8_t *done, const char *at, const char *ind) {
+#define WELFORD_STEP 8
+static void welford_loop(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_row, const char *at, const char *ind) {
     const SKernel *k = c->k;
     uint32_t x = k->nodes[i].in[0];
     const char *lo = c->L->split ? "r_lo + tid" : "tid", *hi = c->L->split ? "r_hi" : "R";
-    char in2[64], in3[72], in4[80], bv[32], qn[32], qm[32], qv[32];
+    char in2[64], in3[72], bv[32], qn[32], qm[32], qv[32];
+    uint8_t *done = malloc(k->nnodes ? k->nnodes : 1);
+    if (!done) {
+        b->oom = 1;
+        return;
+    }
     snprintf(in2, sizeof in2, "%s    ", ind);
     snprintf(in3, sizeof in3, "%s        ", ind);
-    snprintf(in4, sizeof in4, "%s            ", ind);
-    sb_printf(b, "%s%s qn%u[%d] = {0}, qm%u[%d] = {0}, qv%u[%d] = {0};  /* the chains' counts, means, M2 */\n", ind, at, i,
-              WELFORD_CHAINS, i, WELFORD_CHAINS, i, WELFORD_CHAINS);
-    sb_printf(b, "%sfor (idx_t r4 = %s; r4 < %s; r4 += %d * (idx_t)%s) {\n", ind, lo, hi, WELFORD_CHAINS, c->tpr);
-    sb_printf(b, "%s#pragma unroll\n%sfor (int h_ = 0; h_ < %d; h_++) {\n", in2, in2, WELFORD_CHAINS);
-    sb_printf(b, "%sconst idx_t r = r4 + (idx_t)h_ * %s;\n", in3, c->tpr);
-    sb_printf(b, "%sif (r < %s) {\n", in3, hi);
-    if (k->ndim - k->nouter > 1) multi_index(b, c->kc, k->nouter, k->ndim, "r", "j", in4);
-    emit_elem(b, c, x, done, in4);
-    snprintf(bv, sizeof bv, "(%s)v%u", at, x);
-    snprintf(qn, sizeof qn, "qn%u[h_]", i);
-    snprintf(qm, sizeof qm, "qm%u[h_]", i);
-    snprintf(qv, sizeof qv, "qv%u[h_]", i);
-    welford_update(b, at, qn, qm, qv, bv, in4);
-    sb_printf(b, "%s}\n%s}\n%s}\n", in3, in2, ind);
-    sb_printf(b, "%swn%u = qn%u[0]; wm%u = qm%u[0]; acc%u = qv%u[0];\n", ind, i, i, i, i, i, i);
+    for (int h = 0; h < WELFORD_CHAINS; h++)
+        sb_printf(b, "%s%s qn%u_%d = 0, qm%u_%d = 0, qv%u_%d = 0;  /* chain %d: count, mean, M2 */\n", ind, at, i, h, i, h, i, h, h);
+    sb_printf(b, "%sfor (idx_t r4 = %s; r4 < %s; r4 += %d * (idx_t)%s) {\n", ind, lo, hi, WELFORD_STEP, c->tpr);
+    for (int e = 0; e < WELFORD_STEP; e++) {
+        int h = e % WELFORD_CHAINS;
+        memcpy(done, done_row, k->nnodes);
+        sb_printf(b, "%s{\n", in2);
+        sb_printf(b, "%sconst idx_t r = r4 + (idx_t)%d * %s;\n", in3, e, c->tpr);
+        sb_printf(b, "%sif (r < %s) {\n", in3, hi);
+        char in4[80];
+        snprintf(in4, sizeof in4, "%s    ", in3);
+        if (k->ndim - k->nouter > 1) multi_index(b, c->kc, k->nouter, k->ndim, "r", "j", in4);
+        emit_elem(b, c, x, done, in4);
+        snprintf(bv, sizeof bv, "(%s)v%u", at, x);
+        snprintf(qn, sizeof qn, "qn%u_%d", i, h);
+        snprintf(qm, sizeof qm, "qm%u_%d", i, h);
+        snprintf(qv, sizeof qv, "qv%u_%d", i, h);
+        welford_update(b, at, qn, qm, qv, bv, in4);
+        sb_printf(b, "%s}\n%s}\n", in3, in2);
+    }
+    sb_printf(b, "%s}\n", ind);
+    free(done);
+    sb_printf(b, "%swn%u = qn%u_0; wm%u = qm%u_0; acc%u = qv%u_0;\n", ind, i, i, i, i, i, i);
     for (int h = 1; h < WELFORD_CHAINS; h++) {
-        snprintf(qn, sizeof qn, "qn%u[%d]", i, h);
-        snprintf(qm, sizeof qm, "qm%u[%d]", i, h);
-        snprintf(qv, sizeof qv, "qv%u[%d]", i, h);
+        snprintf(qn, sizeof qn, "qn%u_%d", i, h);
+        snprintf(qm, sizeof qm, "qm%u_%d", i, h);
+        snprintf(qv, sizeof qv, "qv%u_%d", i, h);
         welford_combine(b, at, i, qn, qm, qv, ind);
     }
 }
