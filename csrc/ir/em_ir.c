@@ -827,6 +827,22 @@ int em_ir_node_reads(const IRNode *n, IRRef r) {
     return k;
 }
 
+static bool arg_reads_marked(const IRArg *a, const uint8_t *mark) {
+    if (a->kind == IRARG_NODE) return mark[a->u.ref] != 0;
+    if (a->kind == IRARG_TUPLE || a->kind == IRARG_LIST)
+        for (uint32_t i = 0; i < a->n; i++)
+            if (arg_reads_marked(&a->u.items[i], mark)) return true;
+    return false;
+}
+
+bool em_ir_node_reads_marked(const IRNode *n, const uint8_t *mark) {
+    for (uint32_t i = 0; i < n->nargs; i++)
+        if (arg_reads_marked(&n->args[i], mark)) return true;
+    for (uint32_t i = 0; i < n->nkwargs; i++)
+        if (arg_reads_marked(&n->kwargs[i], mark)) return true;
+    return false;
+}
+
 /* Functions that DCE must keep even when their result is unused: writes through operator
  * (setitem, in-place operators and their dunders), global state (seeds, grad mode), autograd
  * side effects (backward, hooks), and random ops, whose RNG

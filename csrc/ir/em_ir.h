@@ -184,6 +184,8 @@ void em_ir_count_users(IRGraph *g);
  * arguments refer to node r. */
 int em_ir_arg_reads(const IRArg *a, IRRef r);
 int em_ir_node_reads(const IRNode *n, IRRef r);
+/* Does n read any node whose mark[ref] is nonzero (mark: one byte per node of n's graph)? */
+bool em_ir_node_reads_marked(const IRNode *n, const uint8_t *mark);
 
 /* The verifier: every argument refers to an earlier node, placeholders come first, exactly one
  * output node, metas are well formed. Returns 0, or -1 with a message in buf. */

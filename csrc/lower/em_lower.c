@@ -893,11 +893,13 @@ static int lone_input_update(const IRGraph *g, const uint8_t *functional, IRRef 
  * `keys.index_copy_(2, pos, k)`, whose result attention reads), in a graph whose tracer guarded
  * that the inputs it updates share no memory with another tensor input (IRGraph.inputs_apart,
  * NO_OVERLAP): an extern call that writes the input and returns it. The nodes that read the new
- * value read that result, so the schedule puts them after it. Nodes that read the input itself
- * must come before the update in the IR and compute a new value from it (no view, no `to`, which
- * may alias it): the schedule materializes them before the update (em_schedule.c,
- * update_readers_first), where a kernel would otherwise read the input when first needed, after
- * the update. */
+ * value read that result, so the schedule puts them after it. Nodes that read the input itself, or
+ * an alias of it made before the update (a view, a `to` or a cast that may return the input:
+ * transformers 5's Llama reads `cumulative_length.to(device)` for its positions), must come before
+ * the update in the IR, and those that are not aliases themselves must compute a new value: the
+ * schedule materializes them before the update (em_schedule.c, update_readers_first), where a
+ * kernel would otherwise read the input when first needed, after the update. An alias read after
+ * the update, returned, or written in place is refused (eager reads the new values through it). */
 static int input_update_read_later(const IRGraph *g, const uint8_t *functional, IRRef r) {
     const IRNode *n = &g->nodes[r];
     if (!g->inputs_apart || (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || !em_ir_mutates(n) ||
@@ -906,15 +908,23 @@ static int input_update_read_later(const IRGraph *g, const uint8_t *functional, 
     IRRef in = n->args[0].u.ref;
     if (g->nodes[in].kind != IR_PLACEHOLDER || g->nodes[in].meta.kind != IRMETA_TENSOR) return 0;
     if (em_ir_node_reads(n, in) != 1) return 0; /* only as the self it writes */
-    for (IRRef u = 1; u < g->nnodes; u++) {
+    uint8_t *alias = calloc(g->nnodes + 1, 1); /* the input and its aliases */
+    if (!alias) return 0;
+    alias[in] = 1;
+    int ok = 1;
+    for (IRRef u = 1; ok && u < g->nnodes; u++) {
         const IRNode *un = &g->nodes[u];
-        if (u == r || !em_ir_node_reads(un, in)) continue;
-        if (u > r || un->kind == IR_OUTPUT) return 0;
+        if (u == r || !em_ir_node_reads_marked(un, alias)) continue;
+        if (u > r || un->kind == IR_OUTPUT || em_ir_mutates(un)) {
+            ok = 0;
+            break;
+        }
         const LowerRule *rule = em_lower_find_rule(un, functional ? functional[u] : 0);
-        if (rule ? em_lower_is_view_rule(rule) || rule->kind == R_TO || rule->kind == R_CAST : !returns_fresh(un))
-            return 0;
+        if (rule && (em_lower_is_view_rule(rule) || rule->kind == R_TO || rule->kind == R_CAST)) alias[u] = 1;
+        else if (!rule && !returns_fresh(un)) ok = 0;
     }
-    return 1;
+    free(alias);
+    return ok;
 }
 
 /* Is every reader of node r a getitem r[k] with a constant int k (and r not returned)? */

@@ -1357,8 +1357,25 @@ static int update_readers_first(Sched *c, IRRef r) {
         g->nodes[n->args[0].u.ref].kind != IR_PLACEHOLDER)
         return 0;
     IRRef in = n->args[0].u.ref;
-    for (IRRef u = in + 1; u < r; u++)
-        if (c->lg->vals[u].kind == LV_NODE && em_ir_node_reads(&g->nodes[u], in) && need_tensor(c, u, 0) < 0) return -1;
+    /* the input and its aliases (a view; a no-op `to` or cast, lowered to the input's own node),
+     * whose readers the lowering allowed before the update only (em_lower.c,
+     * input_update_read_later); by IR node and by lowered node */
+    uint8_t *alias = em_arena_alloc(c->lg->arena, g->nnodes + 1), *lalias = em_arena_alloc(c->lg->arena, c->nnodes + 1);
+    if (!alias || !lalias) return -1;
+    memset(alias, 0, g->nnodes + 1);
+    memset(lalias, 0, c->nnodes + 1);
+    alias[in] = 1;
+    if (c->lg->vals[in].kind == LV_NODE) lalias[c->lg->vals[in].lnode] = 1;
+    for (IRRef u = in + 1; u < r; u++) {
+        const LVal *v = &c->lg->vals[u];
+        if (v->kind != LV_NODE || !em_ir_node_reads_marked(&g->nodes[u], alias)) continue;
+        if (v->view || lalias[v->lnode]) {
+            alias[u] = 1;
+            lalias[v->lnode] = 1;
+        } else if (need_tensor(c, u, 0) < 0) {
+            return -1;
+        }
+    }
     return 0;
 }
 

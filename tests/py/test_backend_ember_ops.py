@@ -598,6 +598,44 @@ def test_input_updated_in_place_then_read_is_compiled_with_eager_results():
     assert len(ov) == 1 and "L['cache']" in ov[0] and "L['counter']" in ov[0] and "1 other" in ov[0], info["guards"]
 
 
+@pytest.mark.parametrize("tail", ["none", "alias_after", "alias_returned", "view_after"])
+def test_input_update_with_an_alias_of_the_input(tail):
+    """An alias of an updated input made before the update (a no-op `to`, as transformers 5's Llama
+    reads its cache's counter, and a view of it) whose readers all come before the update: ember's
+    backend, the readers computed before the update. An alias read after the update or returned
+    shows the new values in eager: that graph runs on the eager backend, as eager."""
+    def f(cache, counter, k):
+        a = counter.to(counter.device)                # an alias of the counter
+        v = cache[0]                                  # a view of the cache
+        pos = torch.arange(k.shape[0]) + a[None][0]   # read through a view of the alias
+        counter.add_(k.shape[0])
+        cache.index_copy_(0, pos, k)
+        out = cache * 2 + 1
+        if tail == "alias_after":
+            return out, a + 0                         # the new count
+        if tail == "alias_returned":
+            return out, a
+        if tail == "view_after":
+            return out, v * 1                         # row 0 as the update left it
+        return out
+    ce, cc = torch.zeros(8, 4), torch.zeros(8, 4)
+    ne, nc = torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long)
+    compiled = ember.compile(f)
+    for _ in range(3):
+        k = torch.randn(2, 4)
+        want, got = f(ce, ne, k), compiled(cc, nc, k)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            torch.testing.assert_close(g, w)
+        torch.testing.assert_close(cc, ce, rtol=0, atol=0)
+        assert nc.item() == ne.item()
+    (info,) = ember.cache_info(compiled)
+    fallback = info["ember"].get("fallback")
+    if tail == "none":
+        assert not fallback, fallback
+    else:
+        assert fallback and "in-place" in fallback, info["ember"]
+
+
 def test_input_updated_in_place_with_an_overlapping_input_keeps_eager_semantics():
     """Another input that shares the updated input's memory (a view of the cache) fails the
     ___no_overlap guard: that call compiles again, and the graph that sees the overlap runs on the

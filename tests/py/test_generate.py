@@ -210,6 +210,25 @@ def decode_one_token(model, token, cache, pos):
         -1, keepdim=True)
 
 
+def test_static_cache_decode_loop_runs_on_the_ember_backend():
+    """gpt-fast's loop over a StaticCache: one graph for every step and every new cache, on ember's
+    backend (transformers 5's Llama reads the cache's counter through `.to(device)`, an alias of an
+    input the step updates in place: allowed, its readers run before the update); eager's tokens."""
+    model = tiny_llama()
+    ids = torch.randint(1, 128, (2, 8), generator=torch.Generator().manual_seed(3))
+
+    def fresh():
+        return transformers.StaticCache(config=model.config, max_cache_len=20)
+
+    want = static_decode_loop(decode_one_token, model, ids, 12, fresh())
+    step = ember.compile(decode_one_token)
+    for _ in range(2):
+        assert torch.equal(static_decode_loop(step, model, ids, 12, fresh()), want)
+    (e,) = ember.cache_info(step)
+    assert e["kind"] == "graph" and e["hits"] == 21, (e["kind"], e["hits"])
+    assert not e["ember"].get("fallback"), e["ember"]["fallback"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_decode_loop_replays_a_cuda_graph_per_token():
     """mode="reduce-overhead" on a hand-written decode loop over a StaticCache (issue 41 item 3): the
