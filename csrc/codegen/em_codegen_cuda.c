@@ -1018,6 +1018,15 @@ static void welford_loop(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_r
 
 /* acc<i> (and idx<i>) combined across the warp, then across the block's warps (block mode): every
  * thread ends with the row's (or chunk's) result. */
+/* The block's warps: their most (the shared arrays' size), and as the text the loop over them
+ * reads (this call's block, or the literal). */
+static int block_warps(const RCtx *c, char *text, size_t n) {
+    int nw = c->L->block / 32;
+    if (c->L->block_dyn) snprintf(text, n, "(int)(blockDim.x >> 5)");
+    else snprintf(text, n, "%d", nw);
+    return nw;
+}
+
 static void reduce_across_welford(SB *b, const RCtx *c, uint32_t i, const char *at, const char *ind) {
     char in2[64], in3[72];
     snprintf(in2, sizeof in2, "%s    ", ind);
@@ -1036,10 +1045,8 @@ static void reduce_across_welford(SB *b, const RCtx *c, uint32_t i, const char *
     welford_combine(b, at, i, "o_n", "o_m", "o_v", in2);
     sb_printf(b, "%s}\n", ind);
     if (!c->block_mode) return;
-    int nw = c->L->block / 32;
     char nws[24];
-    if (c->L->block_dyn) snprintf(nws, sizeof nws, "(int)(blockDim.x >> 5)");
-    else snprintf(nws, sizeof nws, "%d", nw);
+    int nw = block_warps(c, nws, sizeof nws);
     sb_printf(b, "%s{\n", ind);
     sb_printf(b, "%s    __shared__ %s red_n[%d], red_m[%d], red_v[%d];\n", ind, at, nw, nw, nw);
     sb_printf(b, "%s    if ((tid & 31) == 0) { red_n[tid >> 5] = wn%u; red_m[tid >> 5] = wm%u; red_v[tid >> 5] = acc%u; }\n", ind, i,
@@ -1071,10 +1078,8 @@ static void reduce_across(SB *b, const RCtx *c, uint32_t i, const char *ind) {
     combine(b, n, fl, a, "o_v", ai, "o_i", in2);
     sb_printf(b, "%s}\n", ind);
     if (!c->block_mode) return;
-    int nw = c->L->block / 32;
     char nws[24];
-    if (c->L->block_dyn) snprintf(nws, sizeof nws, "(int)(blockDim.x >> 5)");
-    else snprintf(nws, sizeof nws, "%d", nw);
+    int nw = block_warps(c, nws, sizeof nws);
     sb_printf(b, "%s{\n", ind);
     sb_printf(b, "%s    __shared__ %s red_v[%d];\n", ind, at, nw);
     if (arg) sb_printf(b, "%s    __shared__ long long red_i[%d];\n", ind, nw);
