@@ -249,3 +249,146 @@ def test_gpu_decode_loop_replays_a_cuda_graph_per_token():
     cg = entry["cudagraphs"]
     assert cg["state"] == "recorded", cg
     assert cg["rerecords"] == 1 and cg["replays"] >= 2 * (new - 1) - 2, cg
+
+
+# ---- bad input and unusual use (issue 41's list): eager's outcome, compiles counted -------------
+
+def test_decoding_past_the_static_cache_raises_eagers_error():
+    """One token past a StaticCache's length: index_copy_'s IndexError, as eager's, from the
+    compiled step; the steps before it gave eager's tokens."""
+    model = tiny_llama()
+    ids = torch.randint(1, 128, (2, 8), generator=torch.Generator().manual_seed(4))
+
+    def run(step):
+        cache = transformers.StaticCache(config=model.config, max_cache_len=12)  # 8 + 4 tokens fit
+        toks = static_decode_loop(step, model, ids, 5, cache)  # the prefill and 4 steps: 12 positions
+        with pytest.raises(IndexError) as e, torch.no_grad():
+            step(model, toks[:, -1:], cache, torch.tensor([12]))
+        return toks, str(e.value)
+
+    want, want_msg = run(decode_one_token)
+    got, got_msg = run(ember.compile(decode_one_token))
+    assert torch.equal(got, want) and got_msg == want_msg, (got_msg, want_msg)
+
+
+def test_batch_size_and_dtype_changes_recompile_and_give_eagers_tokens():
+    """generate() with the batch size changed, then the model's dtype changed: compiles that
+    count_compiles sees (no stale guard), no more than torch.compile's frames on the same calls, and
+    eager's tokens each time."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+    calls = ((2, torch.float32), (3, torch.float32), (3, torch.float64))
+
+    def run(model):
+        outs = []
+        for batch, dtype in calls:
+            model.to(dtype)
+            ids = torch.randint(1, 128, (batch, 6), generator=torch.Generator().manual_seed(batch))
+            outs.append(generate(model, ids, 6, "dynamic"))
+        return outs
+
+    model = tiny_llama()
+    want = run(model)
+    orig = model.forward
+    model.to(torch.float32)
+    model.forward = ember.compile(orig)
+    try:
+        with count_compiles() as counter:
+            got = run(model)
+    finally:
+        model.forward = orig
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    dynamo.reset()
+    counters.clear()
+    model.to(torch.float32)
+    model.forward = torch.compile(orig, backend="eager")
+    try:
+        run(model)
+    finally:
+        model.forward = orig
+        dynamo.reset()
+    frames = counters["frames"]["ok"]
+    assert 2 < counter.entries <= frames, (counter.entries, frames)
+
+
+def test_beam_search_gives_eagers_tokens():
+    """Beam search (num_beams=3: generate() reorders the cache between steps, outside the compiled
+    forward): eager's sequences, no compile in a second generate, no more entries than
+    torch.compile's frames."""
+    model = tiny_llama()
+    ids = torch.randint(1, 128, (2, 6), generator=torch.Generator().manual_seed(5))
+    kw = dict(max_new_tokens=10, min_new_tokens=10, num_beams=3, do_sample=False, pad_token_id=0,
+              attention_mask=torch.ones_like(ids), disable_compile=True)
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+        orig = model.forward
+        model.forward = ember.compile(orig)
+        try:
+            with count_compiles() as counter:
+                got = model.generate(ids, **kw)
+                first = counter.entries
+                again = model.generate(ids, **kw)
+        finally:
+            model.forward = orig
+    assert torch.equal(got, want) and torch.equal(again, want)
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+    dynamo.reset()
+    counters.clear()
+    model.forward = torch.compile(orig, backend="eager")
+    try:
+        with torch.no_grad():
+            model.generate(ids, **kw)
+    finally:
+        model.forward = orig
+        dynamo.reset()
+    assert counter.entries == first and first <= counters["frames"]["ok"], (first, counter.entries, counters["frames"])
+
+
+class _ListCache:
+    """A cache class ember has never seen: per layer, lists of key/value chunks concatenated on
+    read (its own update, no transformers base class)."""
+
+    def __init__(self):
+        self.k, self.v = {}, {}
+
+    def update(self, k, v, layer):
+        self.k.setdefault(layer, []).append(k)
+        self.v.setdefault(layer, []).append(v)
+        return torch.cat(self.k[layer], -2), torch.cat(self.v[layer], -2)
+
+
+def test_a_cache_class_never_seen_gives_eagers_results():
+    """A decode step over a user's own cache object (a list per layer that grows every step, read
+    whole): eager's outputs at every step and the cache's contents as eager's. Every step reads one
+    more list item, so every step compiles (a guard on the list's length, never a stale entry), as
+    torch.compile does on the same calls: no more entries than its frames."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    wq, wk, wv = (torch.randn(16, 16) for _ in range(3))
+    xs = [torch.randn(1, 1, 16) for _ in range(6)]
+
+    def step(x, cache):
+        k, v = cache.update(x @ wk, x @ wv, 0)
+        att = torch.softmax((x @ wq) @ k.transpose(-1, -2) / 4, -1)
+        return att @ v
+
+    c = ember.compile(step)
+    ce, cc = _ListCache(), _ListCache()
+    with count_compiles() as counter:
+        for x in xs:
+            torch.testing.assert_close(c(x, cc), step(x, ce))
+    assert len(cc.k[0]) == len(ce.k[0]) == len(xs)
+    for a, b in zip(cc.k[0], ce.k[0]):
+        torch.testing.assert_close(a, b)
+    dynamo.reset()
+    counters.clear()
+    d = torch.compile(step, backend="eager")
+    cd = _ListCache()
+    for x in xs:
+        d(x, cd)
+    frames = counters["frames"]["ok"]
+    dynamo.reset()
+    assert counter.entries <= frames, (counter.entries, frames)
