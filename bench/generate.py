@@ -213,7 +213,8 @@ def main(argv=None):
     ap.add_argument("--compilers", default="eager,torch.compile,ember")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", action="store_true",
-                    help='cache "loop": the decode step\'s device time and top kernels (torch.profiler, 5 steps)')
+                    help='cache "loop": the decode step\'s device time (first line, per step) and top kernels '
+                         '(device ms over 5 steps, launches), torch.profiler')
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
