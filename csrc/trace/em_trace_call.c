@@ -1855,20 +1855,20 @@ static TValue *call_torch_query(Trace *T, long tq, PyObject *fn, TValue **args, 
 }
 
 /* A torch callable: trace-time query, graph node, or (Python function without tensor args) inline. */
-/* funcol.all_reduce(t, op, group) (torch.distributed._functional_collectives) as two graph nodes,
- * torch.ops._c10d_functional.all_reduce(t, op.lower(), group_name) and its wait_tensor, what the
- * function runs under a compiler (Dynamo traces the same pair): an extern call in program order,
- * waited on where its result is read. The group: a group name (str), or a ProcessGroup guarded by
- * identity, whose group_name is read at trace time. NULL without a break for what it does not take
- * (a rank list, a DeviceMesh, a tag): the caller breaks. */
-static TValue *call_funcol_all_reduce(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames) {
-    static PyObject *ops, *ar, *wait, *pg_type; /* one interpreter; torch lives as long as it */
-    if (nargs != 3 || kwnames) return NULL;
+/* All-reduce in a graph: torch.ops._c10d_functional.all_reduce(t, op, group_name) and its
+ * wait_tensor, what funcol.all_reduce runs under a compiler (Dynamo traces the same pair): an
+ * extern call in program order, waited on where its result is read. NULL without a break for what
+ * it does not take (the caller breaks): a group that is not a name (str), a ProcessGroup (guarded
+ * by identity, its group_name read at trace time) or, where none_is_default, None (the default
+ * group's name, read at trace time); a torch without these ops. */
+static TValue *emit_all_reduce(Trace *T, TValue *t, PyObject *op_name, TValue *g, bool none_is_default) {
+    static PyObject *ops, *ar, *wait, *pg_type, *default_group; /* one interpreter; torch lives as long as it */
     if (!ar) {
         PyObject *ns = em_lazy_attr(&ops, "torch", "ops") ? PyObject_GetAttrString(ops, "_c10d_functional") : NULL;
         PyObject *a = ns ? PyObject_GetAttrString(ns, "all_reduce") : NULL, *w = ns ? PyObject_GetAttrString(ns, "wait_tensor") : NULL;
         Py_XDECREF(ns);
-        if (!a || !w || !em_lazy_attr(&pg_type, "torch.distributed", "ProcessGroup")) {
+        if (!a || !w || !em_lazy_attr(&pg_type, "torch.distributed", "ProcessGroup") ||
+            !em_lazy_attr(&default_group, "torch.distributed.distributed_c10d", "_get_default_group")) {
             Py_XDECREF(a);
             Py_XDECREF(w);
             PyErr_Clear();
@@ -1877,27 +1877,94 @@ static TValue *call_funcol_all_reduce(Trace *T, TValue **args, uint32_t nargs, P
         ar = a;
         wait = w;
     }
-    TValue *t = em_tr_realize(T, args[0]), *op = em_tr_realize(T, args[1]), *g = em_tr_realize(T, args[2]);
-    if (!t || !op || !g) return NULL;
-    if (t->kind != TV_TENSOR || op->kind != TV_CONST || !PyUnicode_Check(op->obj)) return NULL;
+    if (t->kind != TV_TENSOR) return NULL;
     PyObject *name = NULL;
-    if (g->kind == TV_CONST && PyUnicode_Check(g->obj)) name = Py_NewRef(g->obj);
-    else if (g->kind == TV_OBJECT && g->obj && PyObject_TypeCheck(g->obj, (PyTypeObject *)pg_type))
+    if (g->kind == TV_CONST && PyUnicode_Check(g->obj)) {
+        name = Py_NewRef(g->obj);
+    } else if (g->kind == TV_OBJECT && g->obj && PyObject_TypeCheck(g->obj, (PyTypeObject *)pg_type)) {
         name = PyObject_GetAttrString(g->obj, "group_name");
+    } else if (none_is_default && g->kind == TV_CONST && g->obj == Py_None) {
+        PyObject *pg = PyObject_CallNoArgs(default_group);
+        name = pg ? PyObject_GetAttrString(pg, "group_name") : NULL;
+        Py_XDECREF(pg);
+    }
     if (!name || !PyUnicode_Check(name)) {
         Py_XDECREF(name);
         PyErr_Clear();
         return NULL;
     }
-    if (em_tr_use(T, op) < 0 || em_tr_use(T, g) < 0) {
+    if (em_tr_use(T, g) < 0) {
         Py_DECREF(name);
         return NULL;
     }
-    PyObject *low = PyObject_CallMethod(op->obj, "lower", NULL);
-    TValue *a[3] = {t, em_tr_const_steal(T, low), em_tr_const_steal(T, name)};
+    TValue *a[3] = {t, em_tr_const(T, op_name), em_tr_const_steal(T, name)};
     if (!a[1] || !a[2]) return NULL;
     TValue *r = em_tr_torch_call(T, IR_CALL_FUNCTION, ar, a, 3, NULL, NULL);
     return r ? em_tr_torch_call(T, IR_CALL_FUNCTION, wait, &r, 1, NULL, NULL) : NULL;
+}
+
+/* funcol.all_reduce(t, op, group) (torch.distributed._functional_collectives): the reduced tensor,
+ * a new value. op: a string ("sum", "SUM", ...). */
+static TValue *call_funcol_all_reduce(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames) {
+    if (nargs != 3 || kwnames) return NULL;
+    TValue *t = em_tr_realize(T, args[0]), *op = em_tr_realize(T, args[1]), *g = em_tr_realize(T, args[2]);
+    if (!t || !op || !g) return NULL;
+    if (op->kind != TV_CONST || !PyUnicode_Check(op->obj) || em_tr_use(T, op) < 0) return NULL;
+    PyObject *low = PyObject_CallMethod(op->obj, "lower", NULL);
+    if (!low) return NULL;
+    TValue *r = emit_all_reduce(T, t, low, g, false);
+    Py_DECREF(low);
+    return r;
+}
+
+/* dist.all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False): the reduction as
+ * emit_all_reduce's pair, then tensor.copy_(result) (the update in place, as Dynamo rewrites it:
+ * funcol.all_reduce_inplace); returns None, as the call does. op: ReduceOp.SUM, AVG, PRODUCT, MIN or
+ * MAX, guarded where it was read. NULL without a break for what it does not take (async_op=True: a
+ * Work handle; another op; a group that is not None, a name or a ProcessGroup): the caller breaks. */
+static TValue *call_dist_all_reduce(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
+    static const char *const params[] = {"tensor", "op", "group", "async_op"};
+    static const char *const op_names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX"};
+    static PyObject *reduce_op;
+    TValue *slot[4] = {NULL, NULL, NULL, NULL};
+    uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > 4) return NULL;
+    for (uint32_t i = 0; i < nargs; i++) slot[i] = args[i];
+    for (uint32_t k = 0; k < nkw; k++) {
+        int j = -1;
+        for (int q = 0; q < 4; q++)
+            if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, k), params[q]) == 0) j = q;
+        if (j < 0 || slot[j]) return NULL;
+        slot[j] = kwvals[k];
+    }
+    if (!slot[0] || !em_lazy_attr(&reduce_op, "torch.distributed", "ReduceOp")) return PyErr_Clear(), NULL;
+    for (int q = 0; q < 4; q++)
+        if (slot[q] && !(slot[q] = em_tr_realize(T, slot[q]))) return NULL;
+    if (slot[3] && !(slot[3]->kind == TV_CONST && slot[3]->obj == Py_False)) return NULL;
+    const char *opn = "sum";
+    if (slot[1]) {
+        if (!slot[1]->obj || (slot[1]->kind != TV_CONST && slot[1]->kind != TV_OBJECT)) return NULL;
+        opn = NULL;
+        for (int q = 0; q < 5 && !opn; q++) {
+            PyObject *m = PyObject_GetAttrString(reduce_op, op_names[q]);
+            int eq = m ? PyObject_RichCompareBool(slot[1]->obj, m, Py_EQ) : -1;
+            Py_XDECREF(m);
+            if (eq < 0) return PyErr_Clear(), NULL;
+            if (eq) opn = op_names[q];
+        }
+        if (!opn || em_tr_use(T, slot[1]) < 0) return NULL;
+    }
+    TValue *g = slot[2] ? slot[2] : em_tr_const(T, Py_None);
+    PyObject *low = PyUnicode_FromString(opn);
+    PyObject *lowered = low ? PyObject_CallMethod(low, "lower", NULL) : NULL;
+    Py_XDECREF(low);
+    if (!lowered || !g) return PyErr_Clear(), NULL;
+    TValue *r = emit_all_reduce(T, slot[0], lowered, g, true);
+    Py_DECREF(lowered);
+    if (!r) return NULL;
+    TValue *ca[2] = {slot[0], r};
+    if (!em_tr_torch_call(T, IR_CALL_METHOD, em_str("copy_"), ca, 2, NULL, NULL)) return NULL;
+    return em_tr_const(T, Py_None);
 }
 
 static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames,
@@ -1940,6 +2007,11 @@ static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args,
     if (mod && !strcmp(mod, "torch.distributed._functional_collectives") && PyFunction_Check(fn) &&
         !strcmp(PyUnicode_AsUTF8(((PyFunctionObject *)fn)->func_name), "all_reduce")) {
         TValue *r = call_funcol_all_reduce(T, args, nargs, kwnames);
+        if (r || T->broke || PyErr_Occurred()) return r;
+    }
+    if (mod && !strcmp(mod, "torch.distributed.distributed_c10d") && PyFunction_Check(fn) &&
+        !strcmp(PyUnicode_AsUTF8(((PyFunctionObject *)fn)->func_name), "all_reduce")) {
+        TValue *r = call_dist_all_reduce(T, args, nargs, kwnames, kwvals);
         if (r || T->broke || PyErr_Occurred()) return r;
     }
     if (starts_with(mod, "torch.distributed") || starts_with(mod, "torch._C._distributed")) {

@@ -133,18 +133,34 @@ def swapped_parameter_error(kind, rank):
 
 
 def collective(rank):
-    """dist.all_reduce in a compiled function (a graph break: collectives run as Python), and its
-    eager result."""
+    """dist.all_reduce in compiled functions: on a value made in the graph, on an input (updated in
+    place, as eager), and with async_op=True (a Work handle: a graph break, run as Python). Results
+    and inputs as eager's; each function's entries (kind, ops or the break's reason)."""
     def f(x):
         y = x * 2
         dist.all_reduce(y)
         return y + 1
 
-    x = torch.full((4,), float(rank + 1))
-    c = ember.compile(f)
-    got = [c(x) for _ in range(2)]
-    reasons = [e.get("detail") for e in ember.cache_info(c) if e["kind"] != "graph"]
-    return got, f(x), reasons
+    def on_input(x):
+        dist.all_reduce(x, group=None)
+        return x * 3
+
+    def asynchronous(x):
+        y = x * 2
+        dist.all_reduce(y, async_op=True).wait()
+        return y + 1
+
+    out = {}
+    for fn in (f, on_input, asynchronous):
+        ember.reset()
+        x = torch.full((4,), float(rank + 1))
+        xe = x.clone()
+        c = ember.compile(fn)
+        got = [c(x) for _ in range(2)]
+        want = [fn(xe) for _ in range(2)]
+        entries = [(e["kind"], e.get("ops") if e["kind"] == "graph" else e.get("detail")) for e in ember.cache_info(c)]
+        out[fn.__name__] = (got, want, x, xe, entries)
+    return out
 
 
 def fsdp2(mode, rank, mp=False):

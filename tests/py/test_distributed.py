@@ -94,16 +94,25 @@ def test_a_parameter_replaced_after_wrapping_raises_as_eager(ranks, kind):
     assert ranks[0][kind, "swapped_error"] == want
 
 
-def test_a_collective_in_compiled_code_runs_at_a_break(ranks):
-    """dist.all_reduce(y) updates y in place and returns None: it is never run on meta tensors at
-    trace time (every rank must make the same calls), and the compiled function's result is eager's
-    on every rank: (1 + 2) * 2 + 1."""
+def test_dist_all_reduce_is_traced_into_the_graph(ranks):
+    """dist.all_reduce(y) updates y in place and returns None: traced as Dynamo rewrites it,
+    torch.ops._c10d_functional.all_reduce, its wait_tensor and y.copy_(result), in program order
+    (never run on real tensors at trace time: every rank must make the same calls); one graph, on a
+    value made in the graph and on an input (updated in place, as eager). async_op=True returns a
+    Work handle: a graph break, run as Python. Results and inputs as eager's on every rank."""
     for res in ranks:
-        got, want, reasons = res["collective"]
-        assert torch.equal(want, torch.full((4,), 7.0))
-        for g in got:
-            assert torch.equal(g, want)
-        assert any("torch.distributed calls run as Python" in (r or "") for r in reasons), reasons
+        out = res["collective"]
+        for name, (got, want, x, xe, entries) in out.items():
+            for g, w in zip(got, want):
+                assert torch.equal(g, w), name
+            assert torch.equal(x, xe), name
+        assert torch.equal(out["f"][1][0], torch.full((4,), 7.0))  # (1 + 2) * 2 + 1
+        for name in ("f", "on_input"):
+            (kind, ops), = out[name][4]
+            assert kind == "graph", out[name][4]
+            assert ops.index("torch.ops._c10d_functional.all_reduce") < ops.index(
+                "torch.ops._c10d_functional.wait_tensor") < ops.index("copy_"), ops
+        assert any(k == "break" and "torch.distributed calls run as Python" in (d or "") for k, d in out["asynchronous"][4])
 
 
 @pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16_params"])
