@@ -150,8 +150,13 @@ def collective(rank):
         dist.all_reduce(y, async_op=True).wait()
         return y + 1
 
+    def with_op(x, op=dist.ReduceOp.MAX):
+        y = x * 2
+        dist.all_reduce(y, op)
+        return y + 1
+
     out = {}
-    for fn in (f, on_input, asynchronous):
+    for fn in (f, on_input, asynchronous, with_op):
         ember.reset()
         x = torch.full((4,), float(rank + 1))
         xe = x.clone()

@@ -98,7 +98,8 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
     """dist.all_reduce(y) updates y in place and returns None: traced as Dynamo rewrites it,
     torch.ops._c10d_functional.all_reduce, its wait_tensor and y.copy_(result), in program order
     (never run on real tensors at trace time: every rank must make the same calls); one graph, on a
-    value made in the graph and on an input (updated in place, as eager). async_op=True returns a
+    value made in the graph, on an input (updated in place, as eager), with ReduceOp.MAX (a default
+    argument: guarded by identity). async_op=True returns a
     Work handle: a graph break, run as Python. Results and inputs as eager's on every rank."""
     for res in ranks:
         out = res["collective"]
@@ -107,7 +108,8 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
                 assert torch.equal(g, w), name
             assert torch.equal(x, xe), name
         assert torch.equal(out["f"][1][0], torch.full((4,), 7.0))  # (1 + 2) * 2 + 1
-        for name in ("f", "on_input"):
+        assert torch.equal(out["with_op"][1][0], torch.full((4,), 5.0))  # max(1, 2) * 2 + 1
+        for name in ("f", "on_input", "with_op"):
             (kind, ops), = out[name][4]
             assert kind == "graph", out[name][4]
             assert ops.index("torch.ops._c10d_functional.all_reduce") < ops.index(
