@@ -50,6 +50,10 @@ static const LowerRule LOWER_RULES[] = {
     {"max", R_MAXMIN, LP_RMAX, "input,other"}, {"min", R_MAXMIN, LP_RMIN, "input,other"},
     /* casts */
     {"to", R_TO, 0, "input"}, {"type_as", R_CAST, -2, "input,other"},
+    /* Tensor.copy_'s functional form (the key only an in-place copy_ reaches): src's values as the
+     * new value of self, same shape and dtype (functionalize admits no other dtype; another shape
+     * fails the result check); self's old values are not read */
+    {"copy", R_COPY, 0, "input,src"},
     {"float", R_CAST, LDT_F32, "input"}, {"double", R_CAST, LDT_F64, "input"},
     {"half", R_CAST, LDT_F16, "input"}, {"bfloat16", R_CAST, LDT_BF16, "input"},
     {"long", R_CAST, LDT_I64, "input"}, {"int", R_CAST, LDT_I32, "input"}, {"short", R_CAST, LDT_I16, "input"},
@@ -1205,6 +1209,9 @@ uint32_t em_lower_rule(Ctx *c, const LowerRule *rule) {
         uint32_t mask = src.ndim ? (1u << src.ndim) - 1 : 0;
         return squeeze_dims(c, mk_reduce(c, (LPrim)rule->prim, R, a.node, mask), mask);
     }
+    case R_COPY:
+        if (a.kind != 1 || b.kind != 1) return 0;
+        return em_lower_cast(c, b.node, R);
     case R_CAST: {
         if (a.kind != 1 || (rule->prim == -2 && b.kind != 1)) return 0;
         return em_lower_cast(c, a.node, R); /* the dtype it has: torch returns self, the same node */

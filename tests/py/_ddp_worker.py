@@ -163,7 +163,9 @@ def collective(rank):
         c = ember.compile(fn)
         got = [c(x) for _ in range(2)]
         want = [fn(xe) for _ in range(2)]
-        entries = [(e["kind"], e.get("ops") if e["kind"] == "graph" else e.get("detail")) for e in ember.cache_info(c)]
+        entries = [(e["kind"], e.get("ops") if e["kind"] == "graph" else e.get("detail"),
+                    (e.get("ember") or {}).get("fallback") if isinstance(e.get("ember"), dict) else None)
+                   for e in ember.cache_info(c)]
         out[fn.__name__] = (got, want, x, xe, entries)
     return out
 

@@ -660,3 +660,39 @@ def test_input_updated_in_place_with_an_overlapping_input_keeps_eager_semantics(
     assert len(infos) == 2
     overlapped = [e for e in infos if not any(g.startswith("___no_overlap") for g in e["guards"])]
     assert overlapped and "in-place" in overlapped[0]["ember"]["fallback"]
+
+
+@pytest.mark.parametrize("case", ["same_shape", "broadcast", "other_dtype", "overlapping_view"])
+def test_copy_into_a_value_made_in_the_graph(case):
+    """y.copy_(src) on a value the graph made (dist.all_reduce's rewrite ends so) is functional when
+    src has y's shape and dtype: y's new value is src's, ember's kernels. A broadcast or another
+    dtype keeps the graph on the eager backend; a view of y as src is refused there too (eager's
+    overlap error, or its result), never computed differently."""
+    def f(x, z):
+        y = x * 2
+        if case == "same_shape":
+            y.copy_(z + 1)
+        elif case == "broadcast":
+            y.copy_(z[:1] + 1)
+        elif case == "other_dtype":
+            y.copy_(z.double())
+        else:
+            y.copy_(y.t())
+        return y * 3
+    x, z = torch.randn(3, 3), torch.randn(3, 3)
+    try:
+        want = f(x, z)
+    except RuntimeError as e:
+        want = e
+    c = ember.compile(f)
+    if isinstance(want, RuntimeError):
+        with pytest.raises(RuntimeError, match=str(want)[:40]):
+            c(x, z)
+        return
+    torch.testing.assert_close(c(x, z), want, rtol=0, atol=0)
+    (e,) = ember.cache_info(c)
+    fallback = e["ember"].get("fallback")
+    if case == "same_shape":
+        assert not fallback and "copy_" not in e["ember"]["extern_list"], e["ember"]
+    else:
+        assert fallback, e["ember"]

@@ -97,7 +97,8 @@ def test_a_parameter_replaced_after_wrapping_raises_as_eager(ranks, kind):
 def test_dist_all_reduce_is_traced_into_the_graph(ranks):
     """dist.all_reduce(y) updates y in place and returns None: traced as Dynamo rewrites it,
     torch.ops._c10d_functional.all_reduce, its wait_tensor and y.copy_(result), in program order
-    (never run on real tensors at trace time: every rank must make the same calls); one graph, on a
+    (never run on real tensors at trace time: every rank must make the same calls; the copy into a
+    value made in the graph is functional, so that graph is ember's kernels); one graph, on a
     value made in the graph, on an input (updated in place, as eager), with ReduceOp.MAX (a default
     argument: guarded by identity). async_op=True returns a
     Work handle: a graph break, run as Python. Results and inputs as eager's on every rank."""
@@ -110,11 +111,13 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
         assert torch.equal(out["f"][1][0], torch.full((4,), 7.0))  # (1 + 2) * 2 + 1
         assert torch.equal(out["with_op"][1][0], torch.full((4,), 5.0))  # max(1, 2) * 2 + 1
         for name in ("f", "on_input", "with_op"):
-            (kind, ops), = out[name][4]
+            (kind, ops, fallback), = out[name][4]
             assert kind == "graph", out[name][4]
             assert ops.index("torch.ops._c10d_functional.all_reduce") < ops.index(
                 "torch.ops._c10d_functional.wait_tensor") < ops.index("copy_"), ops
-        assert any(k == "break" and "torch.distributed calls run as Python" in (d or "") for k, d in out["asynchronous"][4])
+            if name != "on_input":  # the copy into a value made in the graph is functional: ember's kernels
+                assert not fallback, fallback
+        assert any(k == "break" and "torch.distributed calls run as Python" in (d or "") for k, d, _ in out["asynchronous"][4])
 
 
 @pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16_params"])
