@@ -1924,7 +1924,9 @@ static TValue *call_funcol_all_reduce(Trace *T, TValue **args, uint32_t nargs, P
  * Work handle; another op; a group that is not None, a name or a ProcessGroup): the caller breaks. */
 static TValue *call_dist_all_reduce(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
     static const char *const params[] = {"tensor", "op", "group", "async_op"};
-    static const char *const op_names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX"};
+    /* ReduceOp members and the functional op's names for them */
+    static const char *const op_names[][2] = {{"SUM", "sum"}, {"AVG", "avg"}, {"PRODUCT", "product"}, {"MIN", "min"},
+                                              {"MAX", "max"}};
     static PyObject *reduce_op;
     TValue *slot[4] = {NULL, NULL, NULL, NULL};
     uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
@@ -1946,21 +1948,23 @@ static TValue *call_dist_all_reduce(Trace *T, TValue **args, uint32_t nargs, PyO
         if (!slot[1]->obj || (slot[1]->kind != TV_CONST && slot[1]->kind != TV_OBJECT)) return NULL;
         opn = NULL;
         for (int q = 0; q < 5 && !opn; q++) {
-            PyObject *m = PyObject_GetAttrString(reduce_op, op_names[q]);
+            PyObject *m = PyObject_GetAttrString(reduce_op, op_names[q][0]);
             int eq = m ? PyObject_RichCompareBool(slot[1]->obj, m, Py_EQ) : -1;
             Py_XDECREF(m);
             if (eq < 0) return PyErr_Clear(), NULL;
-            if (eq) opn = op_names[q];
+            if (eq) opn = op_names[q][1];
         }
         if (!opn || em_tr_use(T, slot[1]) < 0) return NULL;
     }
     TValue *g = slot[2] ? slot[2] : em_tr_const(T, Py_None);
-    PyObject *low = PyUnicode_FromString(opn);
-    PyObject *lowered = low ? PyObject_CallMethod(low, "lower", NULL) : NULL;
-    Py_XDECREF(low);
-    if (!lowered || !g) return PyErr_Clear(), NULL;
-    TValue *r = emit_all_reduce(T, slot[0], lowered, g, true);
-    Py_DECREF(lowered);
+    PyObject *name = PyUnicode_FromString(opn);
+    if (!name || !g) {
+        Py_XDECREF(name);
+        PyErr_Clear();
+        return NULL;
+    }
+    TValue *r = emit_all_reduce(T, slot[0], name, g, true);
+    Py_DECREF(name);
     if (!r) return NULL;
     TValue *ca[2] = {slot[0], r};
     if (!em_tr_torch_call(T, IR_CALL_METHOD, em_str("copy_"), ca, 2, NULL, NULL)) return NULL;
