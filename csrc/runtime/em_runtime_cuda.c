@@ -61,6 +61,7 @@ typedef struct _nvrtcProgram *nvrtcProgram;
       (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, \
        void **))                                                                                         \
     _(cuStreamSynchronize, CUresult, (CUstream))                                                         \
+    _(cuOccupancyMaxActiveBlocksPerMultiprocessor, CUresult, (int *, CUfunction, int, size_t))           \
     _(cuGetErrorName, CUresult, (CUresult, const char **))                                               \
     _(cuGetErrorString, CUresult, (CUresult, const char **))
 
@@ -108,6 +109,9 @@ struct EmCudaFn {
     PyObject *device_index; /* int, for torch._C._cuda_getCurrentRawStream */
     EmCudaLaunch launch;
     unsigned grid;
+    /* blocks of 2^j threads that fit on an SM at once (registers, shared memory), for fn ([0]) and
+     * fn64 ([1]); 0 = not asked yet (fit_per_sm) */
+    int32_t fits[2][11];
     char name[32];
 };
 
@@ -695,6 +699,28 @@ static unsigned grid_of(int device, int64_t blocks, int32_t block, int32_t per_s
     return (unsigned)(g < 1 ? 1 : g);
 }
 
+/* per_sm (the code generator's blocks per SM for a full SM, 2048 threads) capped at the blocks of
+ * `block` threads of kernel v (0: fn, 1: fn64) that the device really holds at once, which its
+ * registers can make fewer: a grid of 4 blocks of 512 per SM for a kernel of 40 registers a thread
+ * (3 fit) ran its last quarter as a second wave, nearly doubling the time (a split variance over
+ * 64M floats on the H200). Asked once per kernel and block size (cuOccupancyMaxActiveBlocksPerMultiprocessor). */
+static int32_t fit_per_sm(EmCudaFn *f, int v, int32_t block, int32_t per_sm) {
+    if (per_sm <= 0 || block <= 0) return per_sm;
+    int j = 0;
+    while (j < 10 && (1 << j) < block) j++;
+    int32_t *fit = &f->fits[v][j];
+    if (*fit == 0) { /* in the kernel's context; a failure is not kept (asked again next time) */
+        CUcontext prev = NULL;
+        int n = 0;
+        if (L.cuCtxGetCurrent(&prev) == 0 && (prev == f->ctx || L.cuCtxSetCurrent(f->ctx) == 0)) {
+            if (L.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, v ? f->fn64 : f->fn, block, 0) == 0 && n > 0)
+                *fit = n;
+            if (prev && prev != f->ctx) L.cuCtxSetCurrent(prev);
+        }
+    }
+    return *fit > 0 && *fit < per_sm ? *fit : per_sm;
+}
+
 int em_cuda_device_is_current(int device) {
     if (device < 0 || device >= 64 || !L.dev[device].ready) return 0;
     CUcontext c = NULL;
@@ -728,7 +754,7 @@ EmCudaFn *em_cuda_fn_new(PyObject *module, const char *name, const EmCudaLaunch 
     f->device = m->device;
     f->launch = *launch;
     snprintf(f->name, sizeof f->name, "%s", name);
-    f->grid = grid_of(m->device, launch->blocks, launch->block, launch->per_sm);
+    f->grid = grid_of(m->device, launch->blocks, launch->block, fit_per_sm(f, 0, launch->block, launch->per_sm));
     f->device_index = PyLong_FromLong(m->device);
     if (!f->device_index) {
         free(f);
@@ -816,9 +842,10 @@ int em_cuda_launch_sym(EmCudaFn *f, char *const *ptrs, uint32_t nptr, const EmCu
     int64_t per = l->rows_per_block > 0 ? l->rows_per_block : (int64_t)l->vec * (l->unroll > 1 ? l->unroll : 1) * block;
     int64_t blocks = (c->units + per - 1) / per;
     if (l->split < 0) blocks = c->units * em_cuda_split_chunks(c->units, c->row); /* units: rows */
-    int32_t per_sm = l->rows_per_block > 0 ? 2048 / block : l->per_sm;
-    CUfunction fn = l->idx64 == 2 && c->reach >= EM_CUDA_IDX32_LIMIT ? f->fn64 : f->fn;
-    return launch_fn(f, fn, grid_of(f->device, blocks, block, per_sm), (unsigned)block, ptrs, nptr, c->sv);
+    const int v = l->idx64 == 2 && c->reach >= EM_CUDA_IDX32_LIMIT;
+    const int32_t per_sm = fit_per_sm(f, v, block, l->rows_per_block > 0 ? 2048 / block : l->per_sm);
+    return launch_fn(f, v ? f->fn64 : f->fn, grid_of(f->device, blocks, block, per_sm), (unsigned)block, ptrs, nptr,
+                     c->sv);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
