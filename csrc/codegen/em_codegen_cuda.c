@@ -988,8 +988,12 @@ static void welford_loop(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_r
     for (int h = 0; h < WELFORD_CHAINS; h++)
         sb_printf(b, "%s%s qn%u_%d = 0, qm%u_%d = 0, qv%u_%d = 0;  /* chain %d: count, mean, M2 */\n", ind, at, i, h, i, h, i, h, h);
     sb_printf(b, "%sfor (idx_t r4 = %s; r4 < %s; r4 += %d * (idx_t)%s) {\n", ind, lo, hi, WELFORD_STEP, c->tpr);
+    /* the step's elements first, then the updates: the loads are not behind the chains' divisions,
+     * so that all of them are in flight at once */
+    sb_printf(b, "%s%s x_0 = 0", in2, at);
+    for (int e = 1; e < WELFORD_STEP; e++) sb_printf(b, ", x_%d = 0", e);
+    sb_printf(b, ";\n");
     for (int e = 0; e < WELFORD_STEP; e++) {
-        int h = e % WELFORD_CHAINS;
         memcpy(done, done_row, k->nnodes);
         sb_printf(b, "%s{\n", in2);
         sb_printf(b, "%sconst idx_t r = r4 + (idx_t)%d * %s;\n", in3, e, c->tpr);
@@ -998,12 +1002,18 @@ static void welford_loop(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_r
         snprintf(in4, sizeof in4, "%s    ", in3);
         if (k->ndim - k->nouter > 1) multi_index(b, c->kc, k->nouter, k->ndim, "r", "j", in4);
         emit_elem(b, c, x, done, in4);
-        snprintf(bv, sizeof bv, "(%s)v%u", at, x);
+        sb_printf(b, "%sx_%d = (%s)v%u;\n", in4, e, at, x);
+        sb_printf(b, "%s}\n%s}\n", in3, in2);
+    }
+    for (int e = 0; e < WELFORD_STEP; e++) {
+        int h = e % WELFORD_CHAINS;
+        sb_printf(b, "%sif (r4 + (idx_t)%d * %s < %s) {\n", in2, e, c->tpr, hi);
+        snprintf(bv, sizeof bv, "x_%d", e);
         snprintf(qn, sizeof qn, "qn%u_%d", i, h);
         snprintf(qm, sizeof qm, "qm%u_%d", i, h);
         snprintf(qv, sizeof qv, "qv%u_%d", i, h);
-        welford_update(b, at, qn, qm, qv, bv, in4);
-        sb_printf(b, "%s}\n%s}\n", in3, in2);
+        welford_update(b, at, qn, qm, qv, bv, in3);
+        sb_printf(b, "%s}\n", in2);
     }
     sb_printf(b, "%s}\n", ind);
     free(done);
