@@ -55,6 +55,32 @@ static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double d
     IRArg sc = em_rw_arg_const_steal(d, Py_NewRef(scale)), gq = em_rw_arg_const_steal(d, Py_NewRef(Py_False));
     if (em_rw_arg_bad(&dp) || em_rw_arg_bad(&ic) || em_rw_arg_bad(&sc) || em_rw_arg_bad(&gq)) return em_rw_fail_exc(d), 0;
     int kind = em_rw_sdpa_kind(qm, km, em_rw_jmeta(d, v), mm, &dp, &ic, &sc, &gq);
+    if (kind == SDPA_MATH && d->inference && mm && dropout_p == 0.0 && em_rw_sdpa_math_upcasts(qm) &&
+        em_rw_sdpa_fused_if_mask_contiguous(qm, km, em_rw_jmeta(d, v), mm, &dp, &ic, &sc, &gq)) {
+        /* On CUDA the fused kernels take only a mask whose last dimension is unit-strided: a mask
+         * made by a permute (T5's relative position bias, (1, H, L, S) with strides (., 1, ., H))
+         * sends eager to the math kernel, which computes half / bfloat16 in float32 (fp32 GEMMs
+         * off the tensor cores); with the mask copied, torch runs a fused half-precision kernel.
+         * Not for float32: there the decomposition (cuBLAS's fp32 GEMMs and one softmax kernel)
+         * beat the fused fp32 kernel (T5 fp32 on the H200: 8.64 ms decomposed, 9.14 with the
+         * masks copied). Inference graphs without dropout (a fused kernel draws other random
+         * numbers): the call stays one extern call, its mask copied once per mask (the encoder's
+         * layers share one); training keeps eager's choice (its derivative rules). */
+        IRRef mc = 0;
+        for (uint32_t i = 0; i < d->ncontig && !mc; i++)
+            if (d->contig[i][0] == mask) mc = d->contig[i][1];
+        if (!mc) {
+            mc = dz_m(d, "contiguous", mask, PyTuple_New(0));
+            if (!mc) return 0;
+            if (d->ncontig < EM_RW_MEMO) {
+                d->contig[d->ncontig][0] = mask;
+                d->contig[d->ncontig++][1] = mc;
+            }
+        }
+        mask = mc;
+        mm = em_rw_jmeta(d, mask);
+        kind = SDPA_UNSUPPORTED; /* the call below; at run time torch picks the kernel */
+    }
     bool bcast_ok = !mm || em_rw_sdpa_mask_broadcasts(d, qm, km, mm); /* attn.add_(mask) */
     if (kind != SDPA_MATH || (causal && mask) || !bcast_ok) {
         PyObject *t = em_rw_torch_attr("nn.functional.scaled_dot_product_attention");

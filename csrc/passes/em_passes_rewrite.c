@@ -310,25 +310,48 @@ bool em_rw_sdpa_math_upcasts(const IRMeta *q) {
  *                    it (float, padded to 16-element alignment, expanded: sdpa_efficient_mask);
  * anything else (cuDNN, a mask that requires grad, GQA, non-constant flags): SDPA_UNSUPPORTED, and
  * the op keeps eager autograd. Masks are only read, never differentiated here. */
-int em_rw_sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask, const IRArg *dropout_p,
-                     const IRArg *is_causal, const IRArg *scale, const IRArg *gqa) {
+/* ember._autograd.sdpa_backend's answer (a new str), or NULL (no exception) where it is not asked:
+ * the arguments are not constants, a value has no example. contiguous_mask: asked for the mask
+ * made contiguous. */
+static PyObject *sdpa_choice(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask, const IRArg *dropout_p,
+                             const IRArg *is_causal, const IRArg *scale, const IRArg *gqa, bool contiguous_mask) {
     static PyObject *choose = NULL; /* one interpreter (em_lazy_attr) */
-    if (!q || !k || !v || q->kind != IRMETA_TENSOR || k->kind != IRMETA_TENSOR || v->kind != IRMETA_TENSOR)
-        return SDPA_UNSUPPORTED;
-    if (mask && (mask->kind != IRMETA_TENSOR || mask->requires_grad)) return SDPA_UNSUPPORTED;
+    if (!q || !k || !v || q->kind != IRMETA_TENSOR || k->kind != IRMETA_TENSOR || v->kind != IRMETA_TENSOR) return NULL;
+    if (mask && (mask->kind != IRMETA_TENSOR || mask->requires_grad)) return NULL;
     if (dropout_p->kind != IRARG_CONST || is_causal->kind != IRARG_CONST || scale->kind != IRARG_CONST ||
         gqa->kind != IRARG_CONST || gqa->u.obj != Py_False || !PyBool_Check(is_causal->u.obj))
-        return SDPA_UNSUPPORTED;
-    if (!q->example || !k->example || !v->example || (mask && !mask->example) || q->ndim < 2) return SDPA_UNSUPPORTED;
+        return NULL;
+    if (!q->example || !k->example || !v->example || (mask && !mask->example) || q->ndim < 2) return NULL;
     PyObject *rg = Py_BuildValue("(OOO)", q->requires_grad ? Py_True : Py_False, k->requires_grad ? Py_True : Py_False,
                                  v->requires_grad ? Py_True : Py_False);
     PyObject *res = NULL;
     if (rg && em_lazy_attr(&choose, "ember._autograd", "sdpa_backend"))
-        res = PyObject_CallFunction(choose, "OOOOOOOOOO", q->example, k->example, v->example,
+        res = PyObject_CallFunction(choose, "OOOOOOOOOOO", q->example, k->example, v->example,
                                     mask ? mask->example : Py_None, dropout_p->u.obj, is_causal->u.obj, scale->u.obj,
-                                    gqa->u.obj, q->device, rg);
+                                    gqa->u.obj, q->device, rg, contiguous_mask ? Py_True : Py_False);
     Py_XDECREF(rg);
-    const char *c = res && PyUnicode_Check(res) ? PyUnicode_AsUTF8(res) : NULL;
+    if (res && !PyUnicode_Check(res)) Py_CLEAR(res);
+    PyErr_Clear();
+    return res;
+}
+
+bool em_rw_sdpa_fused_if_mask_contiguous(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask,
+                                         const IRArg *dropout_p, const IRArg *is_causal, const IRArg *scale, const IRArg *gqa) {
+    if (!q || !mask || mask->kind != IRMETA_TENSOR || mask->ndim < 1 || !em_rw_meta_on_cuda(q)) return false;
+    if (mask->sizes[mask->ndim - 1] < 2 || mask->strides[mask->ndim - 1] == 1) return false; /* already unit-strided */
+    PyObject *res = sdpa_choice(q, k, v, mask, dropout_p, is_causal, scale, gqa, true);
+    const char *c = res ? PyUnicode_AsUTF8(res) : NULL;
+    bool fused = c && (!strcmp(c, "flash") || !strcmp(c, "efficient") || !strcmp(c, "cudnn"));
+    Py_XDECREF(res);
+    PyErr_Clear();
+    return fused;
+}
+
+int em_rw_sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask, const IRArg *dropout_p,
+                     const IRArg *is_causal, const IRArg *scale, const IRArg *gqa) {
+    PyObject *res = sdpa_choice(q, k, v, mask, dropout_p, is_causal, scale, gqa, false);
+    if (!res) return SDPA_UNSUPPORTED;
+    const char *c = PyUnicode_AsUTF8(res);
     int kind = SDPA_UNSUPPORTED;
     bool cuda = em_rw_meta_on_cuda(q);
     int64_t hd = q->sizes[q->ndim - 1];

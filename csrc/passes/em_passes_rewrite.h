@@ -15,6 +15,9 @@
 
 enum { ROLE_PRIMAL = 1, ROLE_TANGENT, ROLE_FWD, ROLE_BWD }; /* what a node of a rewritten graph is (autograd's joint graph uses all four) */
 
+/* masks made contiguous that one rewrite remembers (decompose: dz_sdpa) */
+#define EM_RW_MEMO 8
+
 /* A graph being rewritten: g's nodes copied, replaced or added into j (fmap: g ref -> j ref), each
  * new node's meta from running its op on meta (or fake) tensors, with symbolic sizes where g has
  * them. The passes rewrite graphs with it, and autograd builds its joint graph with it (AG, in
@@ -36,6 +39,8 @@ enum { ROLE_PRIMAL = 1, ROLE_TANGENT, ROLE_FWD, ROLE_BWD }; /* what a node of a 
     uint8_t cur_role;                                                                                \
     bool cur_pinned;                                                                                 \
     bool inference;     /* an inference graph: every node, grad or not */                            \
+    IRRef contig[EM_RW_MEMO][2]; /* decompose: (mask, its contiguous copy) made so far (new refs) */    \
+    uint32_t ncontig;                                                                                \
     bool meta_memo;     /* node metas through the meta-call memo (ember.config.meta_memo) */         \
     struct ShapeEnv *env; /* symbolic sizes: g's ShapeEnv; NULL for a static graph */                \
     PyObject *symctx;   /* ember._fake.SymContext of this compilation, made on first use */          \
@@ -118,6 +123,10 @@ const IRMeta *em_rw_val_meta(const Rewrite *ag, const IRArg *v);
 bool em_rw_meta_dtype_is(const IRMeta *m, const char *name);
 bool em_rw_meta_on_cuda(const IRMeta *m);
 int em_rw_sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask, const IRArg *dropout_p, const IRArg *is_causal, const IRArg *scale, const IRArg *gqa);
+/* CUDA: would eager run a fused kernel (flash, memory-efficient, cuDNN) for these arguments if the
+ * mask, whose last dimension is strided (which only the math kernel accepts), were contiguous? */
+bool em_rw_sdpa_fused_if_mask_contiguous(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask,
+                                         const IRArg *dropout_p, const IRArg *is_causal, const IRArg *scale, const IRArg *gqa);
 int em_rw_sdpa_kind_bound(const Rewrite *ag, const Bind *b);
 bool em_rw_sdpa_math_upcasts(const IRMeta *q);
 bool em_rw_sdpa_mask_broadcasts(const Rewrite *d, const IRMeta *qm, const IRMeta *km, const IRMeta *mm);

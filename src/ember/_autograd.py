@@ -468,21 +468,24 @@ def make_split(steps, inputs, outputs, nvalues):
     return region
 
 
-def sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, device, requires_grad):
+def sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, device, requires_grad,
+                 contiguous_mask=False):
     """The kernel a training region runs for F.scaled_dot_product_attention on these inputs ("math",
     "flash", "efficient", "cudnn" or "other"): eager's, asked of torch itself (torch._fused_sdp_choice,
     the choice at::scaled_dot_product_attention makes in aten/src/ATen/native/transformers/attention.cpp),
     except that where eager picks cuDNN (half precision on Hopper) and torch allows flash, "flash".
     query/key/value/attn_mask are the graph's meta examples; the choice reads dtypes, sizes, strides,
     requires_grad and the device's capabilities, so it is asked with real tensors of the same
-    layout on `device` (made with torch.empty_strided: no values are read)."""
+    layout on `device` (made with torch.empty_strided: no values are read). contiguous_mask: the
+    choice for the same mask made contiguous (the fused CUDA kernels refuse a mask whose last
+    dimension is strided: csrc/passes/em_pass_decompose.c, dz_sdpa)."""
     def real(t, rg):
         if t is None:
             return None
         x = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
         return x.requires_grad_(rg) if rg and x.dtype.is_floating_point else x
     q, k, v = (real(t, rg) for t, rg in zip((query, key, value), requires_grad))
-    m = real(attn_mask, False)
+    m = torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=device) if contiguous_mask else real(attn_mask, False)
     with torch.enable_grad():
         choice = int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa))
         if choice == 3 and any(requires_grad) and not (dropout_p and _eager_random()):

@@ -388,3 +388,45 @@ def test_math_kernel_reduction_flag_is_a_guard():
     assert len(graphs) == 2
     assert "math_fp16_bf16_reduction=True" in " ".join(graphs[0]["guards"])
     assert "decomposed" not in graphs[0]["ember"] and graphs[1]["ember"]["decomposed"] == ["scaled_dot_product_attention"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_strided_mask_copied_for_a_fused_kernel_on_cuda(dtype):
+    """A float mask made by a permute (T5's relative position bias: (1, H, L, S), last stride H)
+    sends eager's CUDA attention to the math kernel (the fused kernels take a unit-strided last
+    dimension only). In half precision ember's inference graph copies the mask once and keeps one
+    attention call per layer, which torch runs on a fused kernel; in float32 the math kernel is
+    decomposed as before (faster there). Values within the dtype's tolerance of eager's; under
+    sdpa_kernel(MATH) the math kernel is decomposed (the context is honoured)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 64, 64, generator=g).to("cuda", dtype) for _ in range(3))
+    table = torch.randn(64, 64, 4, generator=g).to("cuda", dtype)
+
+    def f(q, k, v, table):
+        bias = table.permute(2, 0, 1).unsqueeze(0)  # (1, H, L, S), strides (., 1, ., H)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+        return F.scaled_dot_product_attention(a, k, v, attn_mask=bias, scale=1.0)  # the same mask again
+
+    assert int(torch._fused_sdp_choice(q, k, v, table.permute(2, 0, 1).unsqueeze(0), 0.0, False, scale=1.0)) == 0
+    both = ["scaled_dot_product_attention", "scaled_dot_product_attention_1"]
+    c = ember.compile(f)
+    with torch.no_grad():
+        got, want = c(q, k, v, table), f(q, k, v, table)
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got, want, **tol)
+    info = graph_info(c)
+    if dtype == torch.float32:
+        assert info["decomposed"] == both, info.get("decomposed")
+    else:
+        assert "decomposed" not in info, info.get("decomposed")
+        assert [e for e in info["extern_list"] if e.startswith("scaled_dot")] == both, info["extern_list"]
+        copies = [k["nodes"] for k in info["kernel_list"] if any(n.startswith("contiguous") for n in k["nodes"])]
+        assert len(copies) == 1, copies  # one copy of the mask for both calls
+    ember.reset()
+    c = ember.compile(f)
+    with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+        torch.testing.assert_close(c(q, k, v, table), f(q, k, v, table), **tol)
+        assert graph_info(c)["decomposed"] == both
