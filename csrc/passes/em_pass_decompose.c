@@ -49,37 +49,47 @@ static IRRef dz_bool_mask(Rewrite *d, IRRef m, bool true_attends, PyObject *dtyp
  * the math kernel's ops when eager runs that kernel (half / bfloat16 q, k, v computed in float32 and
  * the result cast back, as the kernel does), else one sdpa node (its SP_SDPA rule, or the
  * split when no rule applies). Returns 0 with d->reason on failure. */
+/* contiguous(mask), made once per mask in a rewrite (d->contig: T5's layers share their mask). */
+static IRRef dz_contiguous_mask(Rewrite *d, IRRef mask) {
+    for (uint32_t i = 0; i < d->ncontig; i++)
+        if (d->contig[i][0] == mask) return d->contig[i][1];
+    IRRef mc = dz_m(d, "contiguous", mask, PyTuple_New(0));
+    if (mc && d->ncontig < EM_RW_MEMO) {
+        d->contig[d->ncontig][0] = mask;
+        d->contig[d->ncontig++][1] = mc;
+    }
+    return mc;
+}
+
+/* A CUDA attention mask whose last dimension is strided (T5's relative position bias, a permute:
+ * (1, H, L, S) with strides (., 1, ., H)). */
+static bool strided_cuda_mask(const IRMeta *qm, const IRMeta *mm) {
+    return mm && mm->kind == IRMETA_TENSOR && mm->ndim >= 1 && mm->sizes[mm->ndim - 1] > 1 &&
+           mm->strides[mm->ndim - 1] != 1 && em_rw_meta_on_cuda(qm);
+}
+
 static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double dropout_p, bool causal, PyObject *scale) {
     const IRMeta *qm = em_rw_jmeta(d, q), *km = em_rw_jmeta(d, k), *mm = mask ? em_rw_jmeta(d, mask) : NULL;
     IRArg dp = em_rw_arg_const_steal(d, PyFloat_FromDouble(dropout_p)), ic = em_rw_arg_const_steal(d, PyBool_FromLong(causal));
     IRArg sc = em_rw_arg_const_steal(d, Py_NewRef(scale)), gq = em_rw_arg_const_steal(d, Py_NewRef(Py_False));
     if (em_rw_arg_bad(&dp) || em_rw_arg_bad(&ic) || em_rw_arg_bad(&sc) || em_rw_arg_bad(&gq)) return em_rw_fail_exc(d), 0;
     int kind = em_rw_sdpa_kind(qm, km, em_rw_jmeta(d, v), mm, &dp, &ic, &sc, &gq);
-    if (kind == SDPA_MATH && d->inference && mm && dropout_p == 0.0 && em_rw_sdpa_math_upcasts(qm) &&
+    bool strided = kind == SDPA_MATH && strided_cuda_mask(qm, mm);
+    if (strided && d->inference && dropout_p == 0.0 && em_rw_sdpa_math_upcasts(qm) &&
         em_rw_sdpa_fused_if_mask_contiguous(qm, km, em_rw_jmeta(d, v), mm, &dp, &ic, &sc, &gq)) {
-        /* On CUDA the fused kernels take only a mask whose last dimension is unit-strided: a mask
-         * made by a permute (T5's relative position bias, (1, H, L, S) with strides (., 1, ., H))
-         * sends eager to the math kernel, which computes half / bfloat16 in float32 (fp32 GEMMs
-         * off the tensor cores); with the mask copied, torch runs a fused half-precision kernel.
-         * Not for float32: there the decomposition (cuBLAS's fp32 GEMMs and one softmax kernel)
-         * beat the fused fp32 kernel (T5 fp32 on the H200: 8.64 ms decomposed, 9.14 with the
-         * masks copied). Inference graphs without dropout (a fused kernel draws other random
-         * numbers): the call stays one extern call, its mask copied once per mask (the encoder's
-         * layers share one); training keeps eager's choice (its derivative rules). */
-        IRRef mc = 0;
-        for (uint32_t i = 0; i < d->ncontig && !mc; i++)
-            if (d->contig[i][0] == mask) mc = d->contig[i][1];
-        if (!mc) {
-            mc = dz_m(d, "contiguous", mask, PyTuple_New(0));
-            if (!mc) return 0;
-            if (d->ncontig < EM_RW_MEMO) {
-                d->contig[d->ncontig][0] = mask;
-                d->contig[d->ncontig++][1] = mc;
-            }
-        }
-        mask = mc;
+        /* The fused CUDA kernels take only a mask whose last dimension is unit-strided, so such a
+         * mask sends eager to the math kernel, which computes half / bfloat16 in float32 (fp32
+         * GEMMs off the tensor cores); with the mask copied, torch runs a fused half-precision
+         * kernel. Not for float32: there the decomposition below (cuBLAS's fp32 GEMMs and one
+         * softmax kernel) beat the fused fp32 kernel (T5 fp32 on the H200: 8.64 ms decomposed,
+         * 9.14 with the call kept). Inference graphs without dropout (a fused kernel draws other
+         * random numbers): the call stays one extern call; training keeps eager's choice (its
+         * derivative rules). */
+        mask = dz_contiguous_mask(d, mask);
+        if (!mask) return 0;
         mm = em_rw_jmeta(d, mask);
         kind = SDPA_UNSUPPORTED; /* the call below; at run time torch picks the kernel */
+        strided = false;
     }
     bool bcast_ok = !mm || em_rw_sdpa_mask_broadcasts(d, qm, km, mm); /* attn.add_(mask) */
     if (kind != SDPA_MATH || (causal && mask) || !bcast_ok) {
@@ -92,6 +102,14 @@ static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double d
         return em_rw_dz(d, em_rw_emit(d, IR_CALL_FUNCTION, t, a, 6, kwn, &sc, scale == Py_None ? 0 : 1));
     }
     if (em_rw_dims_symbolic(d, qm, qm->ndim - 1)) return 0; /* symbolic sizes: the scale reads the head dim */
+    if (strided) {
+        /* the decomposition's softmax kernel reads the mask once per batch, a strided last
+         * dimension a scattered load per element (T5's bias: one float per 32-byte sector, 8 of
+         * them read from L2 per element used); one copy of it, read coalesced by every layer */
+        mask = dz_contiguous_mask(d, mask);
+        if (!mask) return 0;
+        mm = em_rw_jmeta(d, mask);
+    }
     bool upcast = em_rw_sdpa_math_upcasts(qm); /* query_acc / key_acc / value_acc: float32, cast back at the end */
     PyObject *acc = upcast ? em_rw_torch_dtype("float32") : qm->dtype; /* borrowed */
     if (upcast) {
