@@ -74,22 +74,21 @@ static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double d
     IRArg sc = em_rw_arg_const_steal(d, Py_NewRef(scale)), gq = em_rw_arg_const_steal(d, Py_NewRef(Py_False));
     if (em_rw_arg_bad(&dp) || em_rw_arg_bad(&ic) || em_rw_arg_bad(&sc) || em_rw_arg_bad(&gq)) return em_rw_fail_exc(d), 0;
     int kind = em_rw_sdpa_kind(qm, km, em_rw_jmeta(d, v), mm, &dp, &ic, &sc, &gq);
-    bool strided = kind == SDPA_MATH && strided_cuda_mask(qm, mm);
-    if (strided && d->inference && dropout_p == 0.0 && em_rw_sdpa_math_upcasts(qm) &&
+    if (kind == SDPA_MATH && strided_cuda_mask(qm, mm) && d->inference && dropout_p == 0.0 && em_rw_sdpa_math_upcasts(qm) &&
         em_rw_sdpa_fused_if_mask_contiguous(qm, km, em_rw_jmeta(d, v), mm, &dp, &ic, &sc, &gq)) {
         /* The fused CUDA kernels take only a mask whose last dimension is unit-strided, so such a
          * mask sends eager to the math kernel, which computes half / bfloat16 in float32 (fp32
          * GEMMs off the tensor cores); with the mask copied, torch runs a fused half-precision
          * kernel. Not for float32: there the decomposition below (cuBLAS's fp32 GEMMs and one
          * softmax kernel) beat the fused fp32 kernel (T5 fp32 on the H200: 8.64 ms decomposed,
-         * 9.14 with the call kept). Inference graphs without dropout (a fused kernel draws other
-         * random numbers): the call stays one extern call; training keeps eager's choice (its
-         * derivative rules). */
+         * 9.14 with the call kept). A copy of the mask for the decomposition does not help either:
+         * the scheduler inlines `contiguous` into its reader, which reads the strided mask again.
+         * Inference graphs without dropout (a fused kernel draws other random numbers): the call
+         * stays one extern call; training keeps eager's choice (its derivative rules). */
         mask = dz_contiguous_mask(d, mask);
         if (!mask) return 0;
         mm = em_rw_jmeta(d, mask);
         kind = SDPA_UNSUPPORTED; /* the call below; at run time torch picks the kernel */
-        strided = false;
     }
     bool bcast_ok = !mm || em_rw_sdpa_mask_broadcasts(d, qm, km, mm); /* attn.add_(mask) */
     if (kind != SDPA_MATH || (causal && mask) || !bcast_ok) {
@@ -102,14 +101,6 @@ static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double d
         return em_rw_dz(d, em_rw_emit(d, IR_CALL_FUNCTION, t, a, 6, kwn, &sc, scale == Py_None ? 0 : 1));
     }
     if (em_rw_dims_symbolic(d, qm, qm->ndim - 1)) return 0; /* symbolic sizes: the scale reads the head dim */
-    if (strided) {
-        /* the decomposition's softmax kernel reads the mask once per batch, a strided last
-         * dimension a scattered load per element (T5's bias: one float per 32-byte sector, 8 of
-         * them read from L2 per element used); one copy of it, read coalesced by every layer */
-        mask = dz_contiguous_mask(d, mask);
-        if (!mask) return 0;
-        mm = em_rw_jmeta(d, mask);
-    }
     bool upcast = em_rw_sdpa_math_upcasts(qm); /* query_acc / key_acc / value_acc: float32, cast back at the end */
     PyObject *acc = upcast ? em_rw_torch_dtype("float32") : qm->dtype; /* borrowed */
     if (upcast) {
@@ -648,6 +639,16 @@ static IRRef dz_sdpa_gqa(Rewrite *d, const Bind *b) {
     return dz_sdpa(d, d->fmap[q.u.ref], kv[0], kv[1], m.kind == IRARG_NODE ? d->fmap[m.u.ref] : 0, p, causal == 1, sc.u.obj);
 }
 
+/* Is node v (dz_sdpa's result) the attention call kept with its mask copied (dz_contiguous_mask),
+ * not a decomposition? */
+static bool kept_with_copied_mask(const Rewrite *d, IRRef v) {
+    const IRNode *n = em_ir_node(d->j, v);
+    if (n->kind != IR_CALL_FUNCTION || n->nargs < 4 || n->args[3].kind != IRARG_NODE) return false;
+    for (uint32_t i = 0; i < d->ncontig; i++)
+        if (d->contig[i][1] == n->args[3].u.ref) return true;
+    return false;
+}
+
 /* Which node to decompose: 1 MHA, 2 sdpa on the math kernel, 3 cross_entropy (training),
  * 4 rms_norm, 5 cross_entropy with label smoothing or probabilities, 6 F.normalize, 7 F.kl_div,
  * 8 prelu, 9 pairwise_distance, 10 cosine_similarity, 11 sdpa with enable_gqa (4-11: training
@@ -695,16 +696,16 @@ static int dz_target(Rewrite *d, IRRef r, Bind *b) {
 
 /* The graph with its composite ops decomposed (dz_target says which); NULL when there is nothing to
  * decompose or a decomposition failed (the graph then keeps the ops as they are). info["decomposed"]
- * names the decomposed nodes. */
+ * names the decomposed nodes, info["sdpa_mask_copied"] the attention calls kept with a copied mask. */
 IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
     bool inference = ctx->when == EM_PASSES_INFERENCE;
     Rewrite d = {.inference = inference};
     IRGraph *out = NULL;
     uint32_t G = g->nnodes;
     uint8_t *what = calloc(G, 1), *bad = calloc(G, 1);
-    PyObject *names = NULL;
+    PyObject *names = NULL, *copied = NULL;
     bool any = false;
-    if (!what || !bad || !(names = PyList_New(0))) goto done;
+    if (!what || !bad || !(names = PyList_New(0)) || !(copied = PyList_New(0))) goto done;
     d.a = g->arena;
     d.g = g;
     d.env = em_ir_is_symbolic(g) ? g->shape_env : NULL; /* symbolic sizes: the decompositions that serve them */
@@ -770,7 +771,7 @@ IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
             if (v) {
                 ndone++;
                 PyObject *nm = PyUnicode_FromString(n->name);
-                if (!nm || PyList_Append(names, nm) < 0) PyErr_Clear();
+                if (!nm || PyList_Append(what[r] == 2 && kept_with_copied_mask(&d, v) ? copied : names, nm) < 0) PyErr_Clear();
                 Py_XDECREF(nm);
             } else if (PyErr_Occurred() || d.reason) {
                 goto done; /* a failed emission: keep the graph as it is */
@@ -782,10 +783,12 @@ IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
     }
     if (d.reason || !ndone) goto done;
     out = em_rw_rewriter_finish_mapped(&d);
-    if (out && PyDict_SetItemString(ctx->info, "decomposed", names) < 0) out = NULL;
+    if (out && PyList_GET_SIZE(names) && PyDict_SetItemString(ctx->info, "decomposed", names) < 0) out = NULL;
+    if (out && PyList_GET_SIZE(copied) && PyDict_SetItemString(ctx->info, "sdpa_mask_copied", copied) < 0) out = NULL;
 done:
     PyErr_Clear();
     Py_XDECREF(names);
+    Py_XDECREF(copied);
     free(what);
     free(bad);
     em_rw_rewriter_free(&d);
