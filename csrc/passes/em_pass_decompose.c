@@ -45,10 +45,6 @@ static IRRef dz_bool_mask(Rewrite *d, IRRef m, bool true_attends, PyObject *dtyp
     return em_rw_dz(d, em_rw_emit_method(d, "masked_fill", fa, 3));
 }
 
-/* scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale) in the decomposed graph:
- * the math kernel's ops when eager runs that kernel (half / bfloat16 q, k, v computed in float32 and
- * the result cast back, as the kernel does), else one sdpa node (its SP_SDPA rule, or the
- * split when no rule applies). Returns 0 with d->reason on failure. */
 /* contiguous(mask), made once per mask in a rewrite (d->contig: T5's layers share their mask). */
 static IRRef dz_contiguous_mask(Rewrite *d, IRRef mask) {
     for (uint32_t i = 0; i < d->ncontig; i++)
@@ -61,28 +57,26 @@ static IRRef dz_contiguous_mask(Rewrite *d, IRRef mask) {
     return mc;
 }
 
-/* A CUDA attention mask whose last dimension is strided (T5's relative position bias, a permute:
- * (1, H, L, S) with strides (., 1, ., H)). */
-static bool strided_cuda_mask(const IRMeta *qm, const IRMeta *mm) {
-    return mm && mm->kind == IRMETA_TENSOR && mm->ndim >= 1 && mm->sizes[mm->ndim - 1] > 1 &&
-           mm->strides[mm->ndim - 1] != 1 && em_rw_meta_on_cuda(qm);
-}
-
+/* scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale) in the decomposed graph:
+ * the math kernel's ops when eager runs that kernel (half / bfloat16 q, k, v computed in float32 and
+ * the result cast back, as the kernel does), else one sdpa node (its SP_SDPA rule, or the
+ * split when no rule applies). Returns 0 with d->reason on failure. */
 static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double dropout_p, bool causal, PyObject *scale) {
     const IRMeta *qm = em_rw_jmeta(d, q), *km = em_rw_jmeta(d, k), *mm = mask ? em_rw_jmeta(d, mask) : NULL;
     IRArg dp = em_rw_arg_const_steal(d, PyFloat_FromDouble(dropout_p)), ic = em_rw_arg_const_steal(d, PyBool_FromLong(causal));
     IRArg sc = em_rw_arg_const_steal(d, Py_NewRef(scale)), gq = em_rw_arg_const_steal(d, Py_NewRef(Py_False));
     if (em_rw_arg_bad(&dp) || em_rw_arg_bad(&ic) || em_rw_arg_bad(&sc) || em_rw_arg_bad(&gq)) return em_rw_fail_exc(d), 0;
     int kind = em_rw_sdpa_kind(qm, km, em_rw_jmeta(d, v), mm, &dp, &ic, &sc, &gq);
-    if (kind == SDPA_MATH && strided_cuda_mask(qm, mm) && d->inference && dropout_p == 0.0 && em_rw_sdpa_math_upcasts(qm) &&
+    if (kind == SDPA_MATH && mm && d->inference && dropout_p == 0.0 && em_rw_sdpa_math_upcasts(qm) &&
         em_rw_sdpa_fused_if_mask_contiguous(qm, km, em_rw_jmeta(d, v), mm, &dp, &ic, &sc, &gq)) {
         /* The fused CUDA kernels take only a mask whose last dimension is unit-strided, so such a
          * mask sends eager to the math kernel, which computes half / bfloat16 in float32 (fp32
          * GEMMs off the tensor cores); with the mask copied, torch runs a fused half-precision
          * kernel. Not for float32: there the decomposition below (cuBLAS's fp32 GEMMs and one
-         * softmax kernel) beat the fused fp32 kernel (T5 fp32 on the H200: 8.64 ms decomposed,
-         * 9.14 with the call kept). A copy of the mask for the decomposition does not help either:
-         * the scheduler inlines `contiguous` into its reader, which reads the strided mask again.
+         * softmax kernel) beat the fused fp32 kernel (T5 fp32 on the H200: 0.99-1.00x
+         * torch.compile's speed decomposed, 0.95x with the call kept). A copy of the mask for the
+         * decomposition does not help either: the scheduler inlines `contiguous` into its reader,
+         * which reads the strided mask again.
          * Inference graphs without dropout (a fused kernel draws other random numbers): the call
          * stays one extern call; training keeps eager's choice (its derivative rules). */
         mask = dz_contiguous_mask(d, mask);

@@ -298,18 +298,6 @@ bool em_rw_sdpa_math_upcasts(const IRMeta *q) {
     return up;
 }
 
-/* The kernel eager's F.scaled_dot_product_attention runs for these arguments (asked of torch's own
- * choice, ember._autograd.sdpa_backend) and whether ember can take its derivative:
- *   SDPA_MATH        the composite math kernel: decomposed before the joint graph (float32/64,
- *                    and half / bfloat16 where the kernel computes in float32: em_rw_sdpa_math_upcasts);
- *   SDPA_FLASH_CPU   _scaled_dot_product_flash_attention_for_cpu (+ its backward op), a bool mask
- *                    converted as eager converts it (sdpa_float_mask);
- *   SDPA_FLASH_CUDA  _scaled_dot_product_flash_attention, no mask, head dim a multiple of 8 (eager
- *                    pads other head dims, which this rule does not reproduce);
- *   SDPA_EFFICIENT   _scaled_dot_product_efficient_attention, a mask prepared as eager prepares
- *                    it (float, padded to 16-element alignment, expanded: sdpa_efficient_mask);
- * anything else (cuDNN, a mask that requires grad, GQA, non-constant flags): SDPA_UNSUPPORTED, and
- * the op keeps eager autograd. Masks are only read, never differentiated here. */
 /* ember._autograd.sdpa_backend's answer (a new str), or NULL (no exception) where it is not asked:
  * the arguments are not constants, a value has no example. contiguous_mask: asked for the mask
  * made contiguous. */
@@ -347,6 +335,18 @@ bool em_rw_sdpa_fused_if_mask_contiguous(const IRMeta *q, const IRMeta *k, const
     return fused;
 }
 
+/* The kernel eager's F.scaled_dot_product_attention runs for these arguments (asked of torch's own
+ * choice, ember._autograd.sdpa_backend) and whether ember can take its derivative:
+ *   SDPA_MATH        the composite math kernel: decomposed before the joint graph (float32/64,
+ *                    and half / bfloat16 where the kernel computes in float32: em_rw_sdpa_math_upcasts);
+ *   SDPA_FLASH_CPU   _scaled_dot_product_flash_attention_for_cpu (+ its backward op), a bool mask
+ *                    converted as eager converts it (sdpa_float_mask);
+ *   SDPA_FLASH_CUDA  _scaled_dot_product_flash_attention, no mask, head dim a multiple of 8 (eager
+ *                    pads other head dims, which this rule does not reproduce);
+ *   SDPA_EFFICIENT   _scaled_dot_product_efficient_attention, a mask prepared as eager prepares
+ *                    it (float, padded to 16-element alignment, expanded: sdpa_efficient_mask);
+ * anything else (cuDNN, a mask that requires grad, GQA, non-constant flags): SDPA_UNSUPPORTED, and
+ * the op keeps eager autograd. Masks are only read, never differentiated here. */
 int em_rw_sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask, const IRArg *dropout_p,
                      const IRArg *is_causal, const IRArg *scale, const IRArg *gqa) {
     PyObject *res = sdpa_choice(q, k, v, mask, dropout_p, is_causal, scale, gqa, false);
