@@ -29,10 +29,11 @@ static IRRef dz_mul(Rewrite *d, IRRef x, double c) {
     return x ? em_rw_dz(d, em_rw_emit_op(d, "mul", em_rw_arg_node(x), em_rw_arg_const_steal(d, PyFloat_FromDouble(c)), 2)) : 0;
 }
 
-/* bool mask -> 0 / -inf in dtype: zeros_like(m, dtype=dtype).masked_fill(where_inf, -inf), as
- * convert_boolean_attn_mask (attention.cpp) and F._canonical_mask do. where_inf: m itself (MHA's
- * convention, True = masked) or m.logical_not() (scaled_dot_product_attention's, True = attend). */
-static IRRef dz_bool_mask(Rewrite *d, IRRef m, bool true_attends, PyObject *dtype) {
+/* bool mask -> 0 / fill in dtype: zeros_like(m, dtype=dtype).masked_fill(where_fill, fill), as
+ * convert_boolean_attn_mask (attention.cpp) and F._canonical_mask do with fill -inf. where_fill: m
+ * itself (MHA's convention, True = masked) or m.logical_not() (scaled_dot_product_attention's, True
+ * = attend). */
+static IRRef dz_bool_mask(Rewrite *d, IRRef m, bool true_attends, PyObject *dtype, double fill) {
     PyObject *kwn[1] = {em_rw_kwname(d, "dtype")};
     if (!kwn[0]) return em_rw_fail_exc(d), 0;
     PyObject *t = em_rw_torch_attr("zeros_like");
@@ -41,7 +42,7 @@ static IRRef dz_bool_mask(Rewrite *d, IRRef m, bool true_attends, PyObject *dtyp
     IRRef z = em_rw_dz(d, em_rw_emit(d, IR_CALL_FUNCTION, t, a, 1, kwn, kv, 1));
     IRRef w = true_attends ? dz_m(d, "logical_not", m, PyTuple_New(0)) : m;
     if (!z || !w) return 0;
-    IRArg fa[3] = {em_rw_arg_node(z), em_rw_arg_node(w), em_rw_arg_const_steal(d, PyFloat_FromDouble(-INFINITY))};
+    IRArg fa[3] = {em_rw_arg_node(z), em_rw_arg_node(w), em_rw_arg_const_steal(d, PyFloat_FromDouble(fill))};
     return em_rw_dz(d, em_rw_emit_method(d, "masked_fill", fa, 3));
 }
 
@@ -57,11 +58,121 @@ static IRRef dz_contiguous_mask(Rewrite *d, IRRef mask) {
     return mc;
 }
 
+/* An argument of the kernel op from sdpa_kernel_call's recipe: "@q", "@k", "@v", "@mask" the nodes,
+ * anything else a constant. */
+static IRArg dz_recipe_arg(Rewrite *d, PyObject *x, const IRRef qkvm[4]) {
+    static const char *const names[4] = {"@q", "@k", "@v", "@mask"};
+    for (int i = 0; PyUnicode_Check(x) && i < 4; i++)
+        if (!PyUnicode_CompareWithASCIIString(x, names[i])) return em_rw_arg_node(qkvm[i]);
+    return em_rw_arg_const_steal(d, Py_NewRef(x));
+}
+
+/* The mask as the kernel op reads it (recipe: (fill, expand) of sdpa_kernel_call, held by the
+ * arena): made float (a bool mask; dz_bool_mask with torch's own fill value) and expanded, once per
+ * mask and recipe (d->kmask: a model's layers share one mask and convert it once). 0 on failure. */
+static IRRef dz_kernel_mask(Rewrite *d, IRRef mask, PyObject *recipe) {
+    for (uint32_t i = 0; i < d->nkmask; i++) {
+        int same = d->kmask[i][0] == mask ? PyObject_RichCompareBool(d->kmask_key[i], recipe, Py_EQ) : 0;
+        if (same < 0) return em_rw_fail_exc(d), 0;
+        if (same) return d->kmask[i][1];
+    }
+    PyObject *fill = PyTuple_GET_ITEM(recipe, 0), *expand = PyTuple_GET_ITEM(recipe, 1);
+    IRRef pm = mask;
+    if (fill != Py_None) {
+        double f = PyFloat_AsDouble(PyTuple_GET_ITEM(fill, 0));
+        if (PyErr_Occurred()) return em_rw_fail_exc(d), 0;
+        pm = dz_bool_mask(d, mask, true, PyTuple_GET_ITEM(fill, 1), f);
+    }
+    if (pm && expand != Py_None) pm = dz_m(d, "expand", pm, Py_BuildValue("(O)", expand));
+    if (pm && d->nkmask < EM_RW_MEMO) {
+        d->kmask[d->nkmask][0] = mask;
+        d->kmask[d->nkmask][1] = pm;
+        d->kmask_key[d->nkmask++] = recipe;
+    }
+    return pm;
+}
+
+/* getitem(r, 0) with the meta `want` (the call the kernel op replaces had it). */
+static IRRef dz_first_as(Rewrite *d, IRRef r, const IRMeta *want) {
+    PyObject *t = em_rw_held_attr(d, "operator", "getitem");
+    IRArg a[2] = {em_rw_arg_node(r), em_rw_arg_const_steal(d, PyLong_FromLong(0))};
+    if (!t || em_rw_arg_bad(&a[1])) return em_rw_fail_exc(d), 0;
+    IRRef g = em_ir_call(d->j, IR_CALL_FUNCTION, t, a, 2, NULL, NULL, 0, want);
+    if (!g || em_rw_grow_roles(d) < 0) return em_rw_fail_exc(d), 0;
+    d->role[g] = d->cur_role;
+    d->pinned[g] = d->cur_pinned;
+    return g;
+}
+
+/* scaled_dot_product_attention(q, k, v, mask, ...) of a static inference graph as the kernel op
+ * eager's call runs (cuDNN, flash, memory-efficient; the CPU's flash), called directly: the recipe
+ * is recorded from torch itself on tensors of these layouts (ember._autograd.sdpa_kernel_call), so
+ * the op, its constant arguments and the mask's conversion are this torch version's. The call
+ * skips the dispatcher's backend choice and mask conversion on every run (Inductor's graphs call
+ * the op the same way), and a mask the layers share is converted once. The op's first result gets
+ * the call's meta `want`: the fused kernels return (B, L, H, E) memory where the meta device's
+ * call is contiguous, and the call's result was the same tensor (extern results are checked
+ * against their meta where ember's kernels and views read them, as the call's was). 0 without a
+ * reason where the recipe is not one ember takes (the call then stays). */
+static IRRef dz_sdpa_kernel(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, IRArg dp, IRArg ic, IRArg sc, IRArg gq,
+                            const IRMeta *want) {
+    static PyObject *probe = NULL; /* one interpreter (em_lazy_attr) */
+    const IRMeta *qm = em_rw_jmeta(d, q), *km = em_rw_jmeta(d, k), *vm = em_rw_jmeta(d, v), *mm = mask ? em_rw_jmeta(d, mask) : NULL;
+    if (!d->inference || d->env || want->kind != IRMETA_TENSOR || qm->kind != IRMETA_TENSOR || km->kind != IRMETA_TENSOR ||
+        vm->kind != IRMETA_TENSOR || qm->ndim != 4 || km->ndim != 4 || vm->ndim != 4 || (mm && mm->kind != IRMETA_TENSOR) ||
+        !qm->example || !km->example || !vm->example || (mm && !mm->example) || dp.kind != IRARG_CONST ||
+        ic.kind != IRARG_CONST || sc.kind != IRARG_CONST || gq.kind != IRARG_CONST || PyObject_IsTrue(dp.u.obj) != 0)
+        return PyErr_Clear(), 0; /* dropout draws random numbers: the call stays */
+    if (!em_lazy_attr(&probe, "ember._autograd", "sdpa_kernel_call")) return PyErr_Clear(), 0;
+    PyObject *rec = PyObject_CallFunction(probe, "OOOOOOOOO", qm->example, km->example, vm->example, mm ? mm->example : Py_None,
+                                          dp.u.obj, ic.u.obj, sc.u.obj, gq.u.obj, qm->device);
+    if (!rec || rec == Py_None || !PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 5 || !PyTuple_Check(PyTuple_GET_ITEM(rec, 1)) ||
+        !PyDict_Check(PyTuple_GET_ITEM(rec, 2)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(rec, 1)) > 12 ||
+        PyDict_GET_SIZE(PyTuple_GET_ITEM(rec, 2)) > 4 || !em_arena_hold(d->a, rec)) {
+        Py_XDECREF(rec);
+        return PyErr_Clear(), 0; /* torch raised, or not a recipe ember takes: the call stays */
+    }
+    Py_DECREF(rec); /* held by the arena */
+    PyObject *op = PyTuple_GET_ITEM(rec, 0), *args = PyTuple_GET_ITEM(rec, 1), *kwargs = PyTuple_GET_ITEM(rec, 2);
+    IRRef qkvm[4] = {q, k, v, 0};
+    if (mask) {
+        PyObject *recipe = PyTuple_GetSlice(rec, 3, 5);
+        if (!recipe || !em_arena_hold_steal(d->a, recipe)) return em_rw_fail_exc(d), 0;
+        if (!(qkvm[3] = dz_kernel_mask(d, mask, recipe))) return 0;
+    }
+    IRArg a[12], kv[4];
+    PyObject *kwn[4];
+    uint32_t n = (uint32_t)PyTuple_GET_SIZE(args), nkw = 0;
+    for (uint32_t i = 0; i < n; i++) a[i] = dz_recipe_arg(d, PyTuple_GET_ITEM(args, i), qkvm);
+    PyObject *key, *val;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(kwargs, &pos, &key, &val)) {
+        kwn[nkw] = PyUnicode_Check(key) ? em_arena_hold(d->a, key) : NULL;
+        kv[nkw] = dz_recipe_arg(d, val, qkvm);
+        if (!kwn[nkw++]) return em_rw_fail_exc(d), 0;
+    }
+    for (uint32_t i = 0; i < n + nkw; i++) {
+        const IRArg *x = i < n ? &a[i] : &kv[i - n];
+        if (em_rw_arg_bad(x) || (x->kind == IRARG_NODE && !x->u.ref)) return em_rw_fail_exc(d), 0;
+    }
+    IRRef r = em_rw_emit(d, IR_CALL_FUNCTION, op, a, n, kwn, kv, nkw);
+    return r ? dz_first_as(d, r, want) : 0;
+}
+
+/* How dz_sdpa wrote an attention (bits of *how): */
+enum { DZ_CALL = 1, DZ_KERNEL_OP = 2, DZ_MASK_COPIED = 4 }; /* the call kept, its kernel op, the mask copied */
+
 /* scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale) in the decomposed graph:
  * the math kernel's ops when eager runs that kernel (half / bfloat16 q, k, v computed in float32 and
  * the result cast back, as the kernel does), else one sdpa node (its SP_SDPA rule, or the
- * split when no rule applies). Returns 0 with d->reason on failure. */
-static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double dropout_p, bool causal, PyObject *scale) {
+ * split when no rule applies), in an inference graph its kernel op where dz_sdpa_kernel takes it
+ * (want: the call's meta, NULL when the attention is part of another op's decomposition). *how (may
+ * be NULL): DZ_* bits, 0 for a decomposition. Returns 0 with d->reason on failure. */
+static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double dropout_p, bool causal, PyObject *scale,
+                     const IRMeta *want, int *how) {
+    int how_ = 0;
+    if (!how) how = &how_;
+    *how = 0;
     const IRMeta *qm = em_rw_jmeta(d, q), *km = em_rw_jmeta(d, k), *mm = mask ? em_rw_jmeta(d, mask) : NULL;
     IRArg dp = em_rw_arg_const_steal(d, PyFloat_FromDouble(dropout_p)), ic = em_rw_arg_const_steal(d, PyBool_FromLong(causal));
     IRArg sc = em_rw_arg_const_steal(d, Py_NewRef(scale)), gq = em_rw_arg_const_steal(d, Py_NewRef(Py_False));
@@ -83,9 +194,18 @@ static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double d
         if (!mask) return 0;
         mm = em_rw_jmeta(d, mask);
         kind = SDPA_UNSUPPORTED; /* the call below; at run time torch picks the kernel */
+        *how |= DZ_MASK_COPIED;
     }
     bool bcast_ok = !mm || em_rw_sdpa_mask_broadcasts(d, qm, km, mm); /* attn.add_(mask) */
+    if (kind != SDPA_MATH && want) {
+        IRRef kr = dz_sdpa_kernel(d, q, k, v, mask, dp, ic, sc, gq, want);
+        if (kr || d->reason) {
+            *how |= DZ_KERNEL_OP;
+            return kr;
+        }
+    }
     if (kind != SDPA_MATH || (causal && mask) || !bcast_ok) {
+        *how |= DZ_CALL;
         PyObject *t = em_rw_torch_attr("nn.functional.scaled_dot_product_attention");
         if (!t || !em_arena_hold_steal(d->a, t)) return em_rw_fail_exc(d), 0;
         IRArg a[6] = {em_rw_arg_node(q), em_rw_arg_node(k), em_rw_arg_node(v), mask ? em_rw_arg_node(mask) : em_rw_arg_const_steal(d, Py_NewRef(Py_None)),
@@ -140,10 +260,10 @@ static IRRef dz_sdpa(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, double d
         IRArg kv[2] = {em_rw_arg_const_steal(d, Py_NewRef(bool_t)), em_rw_arg_const_steal(d, Py_NewRef(qm->device))};
         IRRef o = em_rw_dz(d, em_rw_emit(d, IR_CALL_FUNCTION, ones, a, 1, kwn, kv, 2));
         IRRef tri = dz_m(d, "tril", o, PyTuple_New(0));
-        add = tri ? dz_bool_mask(d, tri, true, acc) : 0;
+        add = tri ? dz_bool_mask(d, tri, true, acc, -INFINITY) : 0;
         if (!add) return 0;
     } else if (mask && em_rw_meta_dtype_is(mm, "torch.bool")) {
-        add = dz_bool_mask(d, mask, true, acc);
+        add = dz_bool_mask(d, mask, true, acc, -INFINITY);
         if (!add) return 0;
     }
     if (add) attn = em_rw_dz(d, em_rw_emit_op(d, "add", em_rw_arg_node(attn), em_rw_arg_node(add), 2));
@@ -243,7 +363,7 @@ static IRRef dz_mha(Rewrite *d, const Bind *b) {
             return 0; /* eager raises: keep its error */
         if (!causal) { /* is_causal with no key_padding_mask and need_weights=False: the mask is dropped */
             mask = d->fmap[am.u.ref];
-            if (em_rw_meta_dtype_is(mm, "torch.bool")) mask = dz_bool_mask(d, mask, false, xm->dtype);
+            if (em_rw_meta_dtype_is(mm, "torch.bool")) mask = dz_bool_mask(d, mask, false, xm->dtype, -INFINITY);
             else if (!em_rw_dtype_differentiable(mm->dtype)) return 0;
             if (mask && mm->ndim == 2) mask = dz_m(d, "unsqueeze", mask, Py_BuildValue("(i)", 0));
             if (!mask) return 0;
@@ -275,7 +395,7 @@ static IRRef dz_mha(Rewrite *d, const Bind *b) {
     }
     for (int i = 0; i < 3; i++) qkv[i] = dz_view(d, qkv[i], (IRArg[]){Bs, K(H), Ls, K(hd)}, 4);
     if (!qkv[0] || !qkv[1] || !qkv[2]) return 0;
-    IRRef out = dz_sdpa(d, qkv[0], qkv[1], qkv[2], mask, p, causal, Py_None);
+    IRRef out = dz_sdpa(d, qkv[0], qkv[1], qkv[2], mask, p, causal, Py_None, NULL, NULL);
     out = dz_m(d, "permute", out, Py_BuildValue("(iiii)", 2, 0, 1, 3));
     /* reshape(B * L, E) of the permuted (non-contiguous) result: the copy it makes, then a view
      * (aten reshape: _unsafe_view(clone(contiguous))), each of which the meta memo keeps */
@@ -630,23 +750,45 @@ static IRRef dz_sdpa_gqa(Rewrite *d, const Bind *b) {
     double p = PyFloat_AsDouble(dp.u.obj);
     int causal = PyObject_IsTrue(ic.u.obj);
     if (PyErr_Occurred() || causal < 0) return PyErr_Clear(), 0;
-    return dz_sdpa(d, d->fmap[q.u.ref], kv[0], kv[1], m.kind == IRARG_NODE ? d->fmap[m.u.ref] : 0, p, causal == 1, sc.u.obj);
+    return dz_sdpa(d, d->fmap[q.u.ref], kv[0], kv[1], m.kind == IRARG_NODE ? d->fmap[m.u.ref] : 0, p, causal == 1, sc.u.obj, NULL, NULL);
 }
 
-/* Is node v (dz_sdpa's result) the attention call kept with its mask copied (dz_contiguous_mask),
- * not a decomposition? */
-static bool kept_with_copied_mask(const Rewrite *d, IRRef v) {
-    const IRNode *n = em_ir_node(d->j, v);
-    if (n->kind != IR_CALL_FUNCTION || n->nargs < 4 || n->args[3].kind != IRARG_NODE) return false;
-    for (uint32_t i = 0; i < d->ncontig; i++)
-        if (d->contig[i][1] == n->args[3].u.ref) return true;
-    return false;
+/* dz_sdpa of a bound scaled_dot_product_attention node, want its meta: what 2 (the math kernel),
+ * and 13 (another kernel, an inference graph: dz_sdpa_kernel, 0 without a reason where it does not
+ * take the call). */
+static IRRef dz_sdpa_bound(Rewrite *d, const Bind *b, bool math, const IRMeta *want, int *how) {
+    IRArg q = em_rw_bval(b, "query"), k = em_rw_bval(b, "key"), v = em_rw_bval(b, "value"), m = em_rw_bval(b, "attn_mask");
+    IRArg dp = em_rw_bval(b, "dropout_p"), ic = em_rw_bval(b, "is_causal"), sc = em_rw_bval(b, "scale");
+    if (q.kind != IRARG_NODE || k.kind != IRARG_NODE || v.kind != IRARG_NODE || (m.kind != IRARG_NODE && !em_rw_arg_is_none(&m)))
+        return 0;
+    IRRef mask = m.kind == IRARG_NODE ? d->fmap[m.u.ref] : 0;
+    if (!math) {
+        IRRef r = dz_sdpa_kernel(d, d->fmap[q.u.ref], d->fmap[k.u.ref], d->fmap[v.u.ref], mask, dp, ic, sc,
+                                 em_rw_bval(b, "enable_gqa"), want);
+        *how = r ? DZ_KERNEL_OP : 0;
+        return r;
+    }
+    double p = PyFloat_AsDouble(dp.u.obj);
+    int causal = PyObject_IsTrue(ic.u.obj);
+    if (PyErr_Occurred() || causal < 0) return em_rw_fail_exc(d), 0;
+    return dz_sdpa(d, d->fmap[q.u.ref], d->fmap[k.u.ref], d->fmap[v.u.ref], mask, p, causal == 1, sc.u.obj, want, how);
+}
+
+/* ops[name] = the kernel op node v (dz_first_as's getitem) calls, for cache_info. */
+static int dz_note_kernel_op(const Rewrite *d, PyObject *ops, PyObject *name, IRRef v) {
+    const IRNode *g = em_ir_node(d->j, v);
+    const IRNode *call = g->nargs && g->args[0].kind == IRARG_NODE ? em_ir_node(d->j, g->args[0].u.ref) : NULL;
+    PyObject *s = call ? PyObject_Str(call->target) : NULL;
+    int rc = s ? PyDict_SetItem(ops, name, s) : -1;
+    Py_XDECREF(s);
+    return rc;
 }
 
 /* Which node to decompose: 1 MHA, 2 sdpa on the math kernel, 3 cross_entropy (training),
  * 4 rms_norm, 5 cross_entropy with label smoothing or probabilities, 6 F.normalize, 7 F.kl_div,
  * 8 prelu, 9 pairwise_distance, 10 cosine_similarity, 11 sdpa with enable_gqa (4-11: training
- * graphs), 12 cross_entropy (inference, float logits), 0 none. */
+ * graphs), 12 cross_entropy (inference, float logits), 13 sdpa on another kernel (inference: its
+ * kernel op, dz_sdpa_kernel), 0 none. */
 static int dz_target(Rewrite *d, IRRef r, Bind *b) {
     const IRNode *n = em_ir_node(d->g, r);
     if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || (!d->inference && !em_rw_meta_needs_grad(&n->meta)))
@@ -676,8 +818,10 @@ static int dz_target(Rewrite *d, IRRef r, Bind *b) {
     else if (s && !strcmp(s, "torch.nn.functional.scaled_dot_product_attention")) {
         if (em_rw_bind_args(d, &SDPA_RULE, n, b) == 0) {
             IRArg gq = em_rw_bval(b, "enable_gqa");
+            int kind = !d->inference && gq.kind == IRARG_CONST && gq.u.obj == Py_True ? SDPA_UNSUPPORTED : em_rw_sdpa_kind_bound(d, b);
             if (!d->inference && gq.kind == IRARG_CONST && gq.u.obj == Py_True) what = 11;
-            else if (em_rw_sdpa_kind_bound(d, b) == SDPA_MATH) what = 2;
+            else if (kind == SDPA_MATH) what = 2;
+            else if (d->inference) what = 13;
         }
     }
     Py_XDECREF(qn);
@@ -690,16 +834,17 @@ static int dz_target(Rewrite *d, IRRef r, Bind *b) {
 
 /* The graph with its composite ops decomposed (dz_target says which); NULL when there is nothing to
  * decompose or a decomposition failed (the graph then keeps the ops as they are). info["decomposed"]
- * names the decomposed nodes, info["sdpa_mask_copied"] the attention calls kept with a copied mask. */
+ * names the decomposed nodes, info["sdpa_mask_copied"] the attention calls kept with a copied mask,
+ * info["sdpa_kernel_ops"] the attention calls made calls of their kernel op (name -> op). */
 IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
     bool inference = ctx->when == EM_PASSES_INFERENCE;
     Rewrite d = {.inference = inference};
     IRGraph *out = NULL;
     uint32_t G = g->nnodes;
     uint8_t *what = calloc(G, 1), *bad = calloc(G, 1);
-    PyObject *names = NULL, *copied = NULL;
+    PyObject *names = NULL, *copied = NULL, *kernel_ops = NULL;
     bool any = false;
-    if (!what || !bad || !(names = PyList_New(0)) || !(copied = PyList_New(0))) goto done;
+    if (!what || !bad || !(names = PyList_New(0)) || !(copied = PyList_New(0)) || !(kernel_ops = PyDict_New())) goto done;
     d.a = g->arena;
     d.g = g;
     d.env = em_ir_is_symbolic(g) ? g->shape_env : NULL; /* symbolic sizes: the decompositions that serve them */
@@ -746,7 +891,10 @@ IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
             d.cur = r;
             Bind b;
             dz_target(&d, r, &b);
-            v = what[r] == 1   ? dz_mha(&d, &b)
+            int how = 0;
+            v = what[r] == 13  ? dz_sdpa_bound(&d, &b, false, &n->meta, &how)
+                : what[r] == 2 ? dz_sdpa_bound(&d, &b, true, &n->meta, &how)
+                : what[r] == 1 ? dz_mha(&d, &b)
                 : what[r] == 3 ? dz_cross_entropy(&d, &b)
                 : what[r] == 12 ? dz_cross_entropy_lse(&d, &b)
                 : what[r] == 4 ? dz_rms_norm(&d, &b)
@@ -756,16 +904,14 @@ IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
                 : what[r] == 8 ? dz_prelu(&d, &b)
                 : what[r] == 9 ? dz_pairwise_distance(&d, &b)
                 : what[r] == 10 ? dz_cosine_similarity(&d, &b)
-                : what[r] == 11 ? dz_sdpa_gqa(&d, &b)
-                               : dz_sdpa(&d, d.fmap[em_rw_bval(&b, "query").u.ref], d.fmap[em_rw_bval(&b, "key").u.ref],
-                                       d.fmap[em_rw_bval(&b, "value").u.ref],
-                                       em_rw_bval(&b, "attn_mask").kind == IRARG_NODE ? d.fmap[em_rw_bval(&b, "attn_mask").u.ref] : 0,
-                                       PyFloat_AsDouble(em_rw_bval(&b, "dropout_p").u.obj),
-                                       PyObject_IsTrue(em_rw_bval(&b, "is_causal").u.obj) == 1, em_rw_bval(&b, "scale").u.obj);
+                               : dz_sdpa_gqa(&d, &b);
             if (v) {
                 ndone++;
                 PyObject *nm = PyUnicode_FromString(n->name);
-                if (!nm || PyList_Append(what[r] == 2 && kept_with_copied_mask(&d, v) ? copied : names, nm) < 0) PyErr_Clear();
+                if (!nm || ((how & DZ_MASK_COPIED) && PyList_Append(copied, nm) < 0) ||
+                    (!(how & (DZ_CALL | DZ_KERNEL_OP)) && PyList_Append(names, nm) < 0) ||
+                    ((how & DZ_KERNEL_OP) && dz_note_kernel_op(&d, kernel_ops, nm, v) < 0))
+                    PyErr_Clear();
                 Py_XDECREF(nm);
             } else if (PyErr_Occurred() || d.reason) {
                 goto done; /* a failed emission: keep the graph as it is */
@@ -779,10 +925,12 @@ IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
     out = em_rw_rewriter_finish_mapped(&d);
     if (out && PyList_GET_SIZE(names) && PyDict_SetItemString(ctx->info, "decomposed", names) < 0) out = NULL;
     if (out && PyList_GET_SIZE(copied) && PyDict_SetItemString(ctx->info, "sdpa_mask_copied", copied) < 0) out = NULL;
+    if (out && PyDict_GET_SIZE(kernel_ops) && PyDict_SetItemString(ctx->info, "sdpa_kernel_ops", kernel_ops) < 0) out = NULL;
 done:
     PyErr_Clear();
     Py_XDECREF(names);
     Py_XDECREF(copied);
+    Py_XDECREF(kernel_ops);
     free(what);
     free(bad);
     em_rw_rewriter_free(&d);

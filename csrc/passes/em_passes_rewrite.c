@@ -1535,6 +1535,7 @@ int em_rw_rewriter_begin(Rewrite *d, const IRGraph *g) {
     if (!d->j || !d->fmap || !d->aux || em_rw_grow_roles(d) < 0) return -1;
     d->cur_role = ROLE_FWD;
     d->meta_memo = em_config_bool("meta_memo", 1);
+    d->j->inputs_apart = g->inputs_apart; /* the same inputs under the same NO_OVERLAP guard */
     for (uint32_t i = 0; i < g->ninputs; i++) {
         const IRNode *p = em_ir_node(g, g->inputs[i]);
         d->fmap[g->inputs[i]] = em_ir_placeholder(d->j, p->name, &p->meta);

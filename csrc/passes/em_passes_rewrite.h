@@ -15,7 +15,7 @@
 
 enum { ROLE_PRIMAL = 1, ROLE_TANGENT, ROLE_FWD, ROLE_BWD }; /* what a node of a rewritten graph is (autograd's joint graph uses all four) */
 
-/* masks made contiguous that one rewrite remembers (decompose: dz_sdpa) */
+/* masks made contiguous or prepared for a kernel op that one rewrite remembers (decompose: dz_sdpa) */
 #define EM_RW_MEMO 8
 
 /* A graph being rewritten: g's nodes copied, replaced or added into j (fmap: g ref -> j ref), each
@@ -41,6 +41,9 @@ enum { ROLE_PRIMAL = 1, ROLE_TANGENT, ROLE_FWD, ROLE_BWD }; /* what a node of a 
     bool inference;     /* an inference graph: every node, grad or not */                            \
     IRRef contig[EM_RW_MEMO][2]; /* decompose: (mask, its contiguous copy) made so far (new refs) */    \
     uint32_t ncontig;                                                                                \
+    IRRef kmask[EM_RW_MEMO][2]; /* decompose: (mask, as an attention kernel op reads it) made so far */ \
+    PyObject *kmask_key[EM_RW_MEMO]; /* ... and how it was prepared (held by the arena) */           \
+    uint32_t nkmask;                                                                                 \
     bool meta_memo;     /* node metas through the meta-call memo (ember.config.meta_memo) */         \
     struct ShapeEnv *env; /* symbolic sizes: g's ShapeEnv; NULL for a static graph */                \
     PyObject *symctx;   /* ember._fake.SymContext of this compilation, made on first use */          \

@@ -505,6 +505,110 @@ def sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
     return {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}.get(choice, "other")
 
 
+_SDPA_KERNEL_OPS = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention",
+                    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, device):
+    """The kernel op at::scaled_dot_product_attention calls for these inputs without autograd, and
+    how it prepares the mask, as a recipe the inference pass rewrites the call into (csrc/passes/
+    em_pass_decompose.c, dz_sdpa_kernel): the op called directly skips the dispatcher's backend
+    choice and mask conversion on every call (on the H200, 8 of a Llama forward's attentions spent
+    1.6 ms of host time in scaled_dot_product_attention against 0.8 ms in the cuDNN op).
+
+    Recorded, not restated: the call runs once under a TorchDispatchMode on tensors of the graph's
+    layout on `device` (empty; values unread), with a mask of both truth values for a bool mask, so
+    the recipe is what this torch version does (its mask conversion changed between versions:
+    -65504 or -inf for cuDNN). Returns None unless what ran is exactly: optional ops converting a
+    bool mask elementwise (their result equal to where(mask, 0, fill) in one dtype, contiguous),
+    an optional expand of the mask, then one op of _SDPA_KERNEL_OPS whose first result is the
+    call's result. Otherwise (padding, GQA's repeat, the math kernel, anything else) None: the call
+    stays. Returns (op, args, kwargs, fill, expand): op the OpOverload; args a tuple and kwargs a
+    dict whose tensor arguments are "@q", "@k", "@v", "@mask" (the prepared mask), others constants;
+    fill None or (fill value, dtype) for a bool mask made float; expand None or the sizes the mask
+    is expanded to."""
+    flags = tuple(getattr(torch.backends.cuda, f, lambda: None)() for f in
+                  ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled"))
+    memo = (tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype) for t in (query, key, value, attn_mask)),
+            dropout_p, is_causal, scale, enable_gqa, str(device), flags)
+    if memo not in _sdpa_recipes:
+        _sdpa_recipes[memo] = _record_sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                       enable_gqa, device)
+    return _sdpa_recipes[memo]
+
+
+_sdpa_recipes: dict = {}  # sdpa_kernel_call's answers by the inputs' metadata, flags and torch's sdp settings
+
+
+def _record_sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, device):
+    """sdpa_kernel_call's recording (uncached)."""
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def real(t):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+    q, k, v = real(query), real(key), real(value)
+    m = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:  # both truth values, so the conversion shows both results
+            pattern = torch.arange(attn_mask.numel(), device=device).reshape(attn_mask.shape) % 2 == 0
+            m = torch.empty_strided(attn_mask.shape, attn_mask.stride(), dtype=torch.bool, device=device).copy_(pattern)
+        else:
+            m = real(attn_mask)
+    calls = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            calls.append((func, args, kwargs or {}, out))
+            return out
+
+    with torch.no_grad(), Record():
+        res = F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, is_causal=is_causal,
+                                             scale=scale, enable_gqa=enable_gqa)
+    if not calls:
+        return None
+    func, args, kwargs, out = calls[-1]
+    if func.__name__.split(".")[0] not in _SDPA_KERNEL_OPS or not isinstance(out, tuple) or out[0] is not res:
+        return None
+    prepared, conv, fill, expand = m, None, None, None
+    for f, a, kw, o in calls[:-1]:
+        name = f.__name__.split(".")[0]
+        if name in ("scalar_tensor", "logical_not") and conv is None and expand is None:
+            continue  # the conversion's operands; its result is checked below
+        if name == "where" and conv is None and expand is None and m is not None and m.dtype == torch.bool:
+            prepared = conv = o
+        elif name == "expand" and expand is None and a and a[0] is prepared and len(a) == 2 and not kw:
+            prepared, expand = o, tuple(int(s) for s in a[1])
+        else:
+            return None
+    if m is not None and m.dtype == torch.bool:  # the conversion: where(mask, 0, fill) in one dtype
+        if conv is None or conv.shape != m.shape or conv.dtype == torch.bool or not conv.is_contiguous():
+            return None
+        ones, zeros = conv[pattern], conv[~pattern]
+        if ones.numel() == 0 or zeros.numel() == 0 or bool((ones != 0).any()) or not bool((zeros == zeros[0]).all()):
+            return None  # one element shows one result only; or not where(mask, 0, fill)
+        fill = (float(zeros[0]), conv.dtype)
+
+    def spec(x):
+        if isinstance(x, torch.Tensor):
+            for t, s in ((q, "@q"), (k, "@k"), (v, "@v"), (prepared, "@mask")):
+                if x is t:
+                    return s
+            raise LookupError
+        if isinstance(x, (bool, int, float, type(None))):
+            return x
+        raise LookupError
+    try:
+        sargs = tuple(spec(x) for x in args)
+        skw = {n: spec(x) for n, x in kwargs.items()}
+    except LookupError:
+        return None
+    if "@q" not in sargs[:1] or (m is not None and "@mask" not in sargs + tuple(skw.values())):
+        return None
+    return func, sargs, skw, fill, expand
+
+
 def _eager_random():
     import ember
     return bool(getattr(ember.config, "fallback_random", False))

@@ -217,7 +217,10 @@ def test_hand_written_attention_becomes_sdpa(case, dtype):
     if info.get("decomposed"):  # 3-d fp32 on the CPU: eager's SDPA runs its math kernel, decomposed again
         assert info["decomposed"] == ["scaled_dot_product_attention"] and name == "no_scale_bmm", info["decomposed"]
     else:
-        assert "scaled_dot_product_attention" in ops and not any(o.startswith(("matmul", "bmm")) for o in ops), ops
+        # the call, or (an inference graph) the kernel op it runs, called directly
+        kernel_ops = info.get("sdpa_kernel_ops", {})
+        assert ("scaled_dot_product_attention" in ops) != (list(kernel_ops) == ["scaled_dot_product_attention"]), (ops, kernel_ops)
+        assert not any(o.startswith(("matmul", "bmm")) for o in ops), ops
 
 
 def test_hand_written_attention_in_training():
@@ -422,7 +425,9 @@ def test_strided_mask_copied_for_a_fused_kernel_on_cuda(dtype):
         assert info["decomposed"] == both and "sdpa_mask_copied" not in info, info
     else:
         assert "decomposed" not in info and info["sdpa_mask_copied"] == both, info
-        assert [e for e in info["extern_list"] if e.startswith("scaled_dot")] == both, info["extern_list"]
+        # each a call of its kernel op, or where the recipe is not one ember takes, the call
+        calls = [e for e in info["extern_list"] if e.startswith("scaled_dot")]
+        assert sorted(calls + list(info.get("sdpa_kernel_ops", {}))) == both, info["extern_list"]
     # half precision: one copy of the mask (a kernel storing the permuted view's values) for both
     # calls; float32: none (the softmax kernels read the mask where it is)
     copies = [k["nodes"] for k in info["kernel_list"] if k["nodes"] == ["unsqueeze"]]
@@ -432,3 +437,100 @@ def test_strided_mask_copied_for_a_fused_kernel_on_cuda(dtype):
     with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
         torch.testing.assert_close(c(q, k, v, table), f(q, k, v, table), **tol)
         assert graph_info(c)["decomposed"] == both
+
+
+def _kernel_op_cases(device, dtype):
+    """(name, fn, args) of attention calls an inference graph makes calls of their kernel op: a bool
+    mask two calls share, a float mask, is_causal with a scale, a call with dropout (stays a call)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 32, 64, generator=g).to(device, dtype) for _ in range(3))
+    causal = torch.ones(32, 32, dtype=torch.bool).tril().to(device)
+    fmask = torch.randn(2, 1, 32, 32, generator=g).to(device, dtype)
+
+    def shared_bool_mask(q, k, v, m):
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        b = F.scaled_dot_product_attention(a * 0.5, k, v, attn_mask=m)
+        return b.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+    def float_mask(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m) + 1
+
+    def causal_scaled(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+
+    def with_dropout(q, k, v):  # random draws: the call stays
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+
+    return [("shared_bool_mask", shared_bool_mask, (q, k, v, causal)), ("float_mask", float_mask, (q, k, v, fmask)),
+            ("causal_scaled", causal_scaled, (q, k, v)), ("with_dropout", with_dropout, (q, k, v))]
+
+
+def _check_kernel_op_case(name, fn, args):
+    c = ember.compile(fn)
+    with torch.no_grad():
+        if name == "with_dropout":
+            torch.manual_seed(3)
+            got = c(*args)
+            torch.manual_seed(3)
+            want = fn(*args)
+        else:
+            got, want = c(*args), fn(*args)
+    info = graph_info(c)
+    ops = info.get("sdpa_kernel_ops", {})
+    calls = [e for e in info["extern_list"] if e.startswith("scaled_dot")]
+    if name == "with_dropout":  # the call, or eager's math kernel decomposed (the CPU): eager's draws
+        tol = dict(rtol=2e-2, atol=2e-2) if got.dtype != torch.float32 else {}
+        torch.testing.assert_close(got, want, **tol)
+        assert not ops and (calls == ["scaled_dot_product_attention"] or info.get("decomposed")), (ops, info["extern_list"])
+        return info
+    # the same kernel on the same inputs: the same bits; on the CPU eager's layout too (a CUDA
+    # kernel's (B, L, H, E) memory may come back in the call's traced layout, as the call's did)
+    assert torch.equal(got, want), (got - want).abs().max()
+    assert got.device.type == "cuda" or got.stride() == want.stride(), (got.stride(), want.stride())
+    n = 2 if name == "shared_bool_mask" else 1
+    assert len(ops) == n and not calls and all(o.startswith("aten._scaled_dot_product_") for o in ops.values()), (ops, calls)
+    if name == "shared_bool_mask":  # the bool mask converted by one kernel for both calls
+        conv = [k["nodes"] for k in info["kernel_list"] if "masked_fill" in k["nodes"]]
+        assert len(conv) == 1, info["kernel_list"]
+    return info
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", range(4), ids=["shared_bool_mask", "float_mask", "causal_scaled", "with_dropout"])
+def test_attention_calls_its_kernel_op(case, dtype):
+    """An inference graph calls the kernel op eager's scaled_dot_product_attention runs (here the
+    CPU's flash kernel), with the mask converted as torch converts it, once per mask: the same
+    bits as eager's call (csrc/passes/em_pass_decompose.c, dz_sdpa_kernel)."""
+    _check_kernel_op_case(*_kernel_op_cases("cpu", dtype)[case])
+
+
+def test_attention_kernel_op_recipe_is_recorded_from_torch():
+    """The recipe is what torch does for these inputs (recorded), not a restatement: the CPU flash
+    kernel's op, the bool mask's fill -inf in the query's dtype; a head dim eager pads, the math
+    kernel (float64 with a mask torch runs on math), and GQA's repeat give no recipe."""
+    from ember._autograd import sdpa_kernel_call
+    q, k, v = qkv()
+    m = torch.ones(16, 16, dtype=torch.bool).tril()
+    op, args, kwargs, fill, expand = sdpa_kernel_call(q, k, v, m, 0.0, False, None, False, "cpu")
+    assert "_scaled_dot_product_flash_attention_for_cpu" in str(op) and args[:3] == ("@q", "@k", "@v"), (op, args)
+    assert "@mask" in tuple(kwargs.values()) + args and fill == (float("-inf"), torch.float32) and expand is None
+    assert sdpa_kernel_call(q, k, v, None, 0.0, True, 0.5, False, "cpu")[3:] == (None, None)
+    q64, k64, v64 = (t.double() for t in qkv(d=3))
+    r = sdpa_kernel_call(q64, k64, v64, m, 0.0, False, None, False, "cpu")
+    assert r is None or "math" not in str(r[0]), r
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("case", range(4), ids=["shared_bool_mask", "float_mask", "causal_scaled", "with_dropout"])
+def test_attention_calls_its_kernel_op_on_cuda(case, dtype):
+    """As test_attention_calls_its_kernel_op, on CUDA: cuDNN, flash or memory-efficient attention
+    called directly, the same bits as eager's call."""
+    name, fn, args = _kernel_op_cases("cuda", dtype)[case]
+    if dtype == torch.float32 and name != "with_dropout":
+        # eager runs the math kernel for some float32 inputs: decomposed then, and not checked here
+        from ember._autograd import sdpa_backend
+        mask = args[3] if len(args) > 3 else None
+        if sdpa_backend(*args[:3], mask, 0.0, name == "causal_scaled", None, False, "cuda", (False,) * 3) == "math":
+            pytest.skip("eager runs the math kernel")
+    _check_kernel_op_case(name, fn, args)

@@ -32,6 +32,19 @@ def check(fn, *args):
     return info["ember"]
 
 
+def calls(info):
+    """info's extern_list with each attention written as its kernel op (an inference graph calls the
+    op eager's scaled_dot_product_attention runs, then takes its first result: passes/
+    em_pass_decompose.c, dz_sdpa_kernel) named scaled_dot_product_attention again."""
+    out = []
+    for name in info["extern_list"]:
+        if name.startswith("_scaled_dot_product_"):
+            out.append("scaled_dot_product_attention")
+        elif not (name.startswith("getitem") and out and out[-1] == "scaled_dot_product_attention"):
+            out.append(name)
+    return out
+
+
 # ---- views an extern call reads --------------------------------------------------------------
 
 def test_view_and_transpose_feeding_a_matmul():
@@ -47,7 +60,7 @@ def test_view_chain_of_an_extern_result_is_one_as_strided():
     x, w, k = torch.randn(2, 16, 8), torch.randn(64, 8), torch.randn(2, 2, 16, 32)
     f = lambda x, w, k: F.scaled_dot_product_attention(F.linear(x, w).view(2, 16, 2, 32).transpose(1, 2), k, k)  # noqa: E731
     info = check(f, x, w, k)
-    assert info["extern_list"] == ["linear", "transpose", "scaled_dot_product_attention"]
+    assert calls(info) == ["linear", "transpose", "scaled_dot_product_attention"]
 
 
 def test_views_of_a_kernel_output_are_the_kernel_output():
@@ -57,10 +70,10 @@ def test_views_of_a_kernel_output_are_the_kernel_output():
     x, w, b, k = torch.randn(2, 16, 8), torch.randn(64, 8), torch.randn(64), torch.randn(2, 2, 16, 32)
     info = check(lambda x, w, b, k: F.scaled_dot_product_attention(F.linear(x, w, b).view(2, 16, 2, 32).transpose(1, 2), k, k),
                  x, w, b, k)
-    assert info["extern_list"] == ["linear", "transpose", "scaled_dot_product_attention"] and info["kernels"] == 0
+    assert calls(info) == ["linear", "transpose", "scaled_dot_product_attention"] and info["kernels"] == 0
     info = check(lambda x, w, b, k: F.scaled_dot_product_attention((F.linear(x, w, b) * 2).view(2, 16, 2, 32).transpose(1, 2),
                                                                    k, k), x, w, b, k)
-    assert info["extern_list"] == ["linear", "scaled_dot_product_attention"] and info["views"] == 0
+    assert calls(info) == ["linear", "scaled_dot_product_attention"] and info["views"] == 0
     assert info["kernels"] == 1
     w2 = torch.randn(8, 24)
     info = check(lambda x, w: torch.addmm(torch.zeros(24), F.layer_norm(x, (8,)).view(-1, 8), w), x, w2)
@@ -149,7 +162,7 @@ def test_split_chunk_unbind_pieces_are_views():
     t = torch.randn(2, 4, 12)
     heads = lambda t: F.scaled_dot_product_attention(*[p.view(2, 4, 2, 2).transpose(1, 2) for p in t.split(4, dim=2)])  # noqa: E731
     info = check(heads, t)
-    assert info["extern_list"] == ["transpose", "transpose_1", "transpose_2", "scaled_dot_product_attention"]
+    assert calls(info) == ["transpose", "transpose_1", "transpose_2", "scaled_dot_product_attention"]
     info = check(lambda t: tuple(p * 2 for p in t.split(5, -1)) + tuple(u + 1 for u in torch.cat(t.chunk(3, 1), 1).unbind(0)), t)
     assert info["externs"] == 0
     info = check(lambda t: torch.mm(t.split([3, 9], -1)[-1][0], torch.ones(9, 2)) + t.unbind(1)[2].sum(), t)
@@ -207,10 +220,10 @@ def test_attention_mask_from_int_ids_is_one_kernel():
     # the hand-written attention is one scaled_dot_product_attention (passes/em_pass_attention.c),
     # its float mask one kernel; two more give rows the mask leaves no key eager's NaN (a reduction
     # of mask == -inf over the keys, the fill after the attention)
-    assert info["extern_list"] == ["scaled_dot_product_attention"] and info["kernels"] == 3, (info["extern_list"], info["kernels"])
+    assert calls(info) == ["scaled_dot_product_attention"] and info["kernels"] == 3, (info["extern_list"], info["kernels"])
     m = lambda ids: (1.0 - (ids > 0)[:, None, None, :].to(torch.float32)) * -10000.0  # noqa: E731
     info = check(lambda ids, q: F.scaled_dot_product_attention(q, q, q, attn_mask=m(ids)), ids, q)
-    assert info["extern_list"] == ["scaled_dot_product_attention"]
+    assert calls(info) == ["scaled_dot_product_attention"]
 
 
 # ---- new lowerings -------------------------------------------------------------------------------
