@@ -532,16 +532,22 @@ def sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal, scale, 
     memo = (tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype) for t in (query, key, value, attn_mask)),
             dropout_p, is_causal, scale, enable_gqa, str(device), flags)
     if memo not in _sdpa_recipes:
-        _sdpa_recipes[memo] = _record_sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                                       enable_gqa, device)
-    return _sdpa_recipes[memo]
+        try:
+            _sdpa_recipes[memo] = _record_sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                           enable_gqa, device)
+        except Exception as e:  # torch's own error for these inputs: the call stays and raises it at run time
+            _sdpa_recipes[memo] = f"the call raised {type(e).__name__}: {e}"
+    r = _sdpa_recipes[memo]
+    return None if isinstance(r, str) else r
 
 
-_sdpa_recipes: dict = {}  # sdpa_kernel_call's answers by the inputs' metadata, flags and torch's sdp settings
+# sdpa_kernel_call's answers by the inputs' metadata, flags and torch's sdp settings: a recipe, or
+# why there is none (a str: for diagnostics)
+_sdpa_recipes: dict = {}
 
 
 def _record_sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, device):
-    """sdpa_kernel_call's recording (uncached)."""
+    """sdpa_kernel_call's recording (uncached): the recipe, or why there is none (a str)."""
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -550,9 +556,10 @@ def _record_sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal,
     q, k, v = real(query), real(key), real(value)
     m = None
     if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:  # both truth values, so the conversion shows both results
-            pattern = torch.arange(attn_mask.numel(), device=device).reshape(attn_mask.shape) % 2 == 0
-            m = torch.empty_strided(attn_mask.shape, attn_mask.stride(), dtype=torch.bool, device=device).copy_(pattern)
+        if attn_mask.dtype == torch.bool:  # both truth values, so the conversion shows both results:
+            # alternating in memory, seen through the mask's own strides (an expanded mask's are 0)
+            extent = 1 + sum((n - 1) * st for n, st in zip(attn_mask.shape, attn_mask.stride()))
+            m = (torch.arange(extent, device=device) % 2 == 0).as_strided(attn_mask.shape, attn_mask.stride())
         else:
             m = real(attn_mask)
     calls = []
@@ -567,10 +574,10 @@ def _record_sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal,
         res = F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, is_causal=is_causal,
                                              scale=scale, enable_gqa=enable_gqa)
     if not calls:
-        return None
+        return "no op ran"
     func, args, kwargs, out = calls[-1]
     if func.__name__.split(".")[0] not in _SDPA_KERNEL_OPS or not isinstance(out, tuple) or out[0] is not res:
-        return None
+        return f"the last op, {func}, is not a kernel op whose first result is the call's"
     prepared, conv, fill, expand = m, None, None, None
     for f, a, kw, o in calls[:-1]:
         name = f.__name__.split(".")[0]
@@ -581,13 +588,13 @@ def _record_sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal,
         elif name == "expand" and expand is None and a and a[0] is prepared and len(a) == 2 and not kw:
             prepared, expand = o, tuple(int(s) for s in a[1])
         else:
-            return None
+            return f"{f} before the kernel op"
     if m is not None and m.dtype == torch.bool:  # the conversion: where(mask, 0, fill) in one dtype
         if conv is None or conv.shape != m.shape or conv.dtype == torch.bool or not conv.is_contiguous():
-            return None
-        ones, zeros = conv[pattern], conv[~pattern]
+            return "a bool mask not converted by one contiguous where"
+        ones, zeros = conv[m], conv[~m]
         if ones.numel() == 0 or zeros.numel() == 0 or bool((ones != 0).any()) or not bool((zeros == zeros[0]).all()):
-            return None  # one element shows one result only; or not where(mask, 0, fill)
+            return "the mask's conversion is not where(mask, 0, fill)"  # or one element shows one result only
         fill = (float(zeros[0]), conv.dtype)
 
     def spec(x):
@@ -603,9 +610,9 @@ def _record_sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal,
         sargs = tuple(spec(x) for x in args)
         skw = {n: spec(x) for n, x in kwargs.items()}
     except LookupError:
-        return None
+        return "an argument of the kernel op is not q, k, v, the mask or a constant"
     if "@q" not in sargs[:1] or (m is not None and "@mask" not in sargs + tuple(skw.values())):
-        return None
+        return "the kernel op does not take q first, or the mask"
     return func, sargs, skw, fill, expand
 
 

@@ -515,6 +515,9 @@ def test_attention_kernel_op_recipe_is_recorded_from_torch():
     assert "_scaled_dot_product_flash_attention_for_cpu" in str(op) and args[:3] == ("@q", "@k", "@v"), (op, args)
     assert "@mask" in tuple(kwargs.values()) + args and fill == (float("-inf"), torch.float32) and expand is None
     assert sdpa_kernel_call(q, k, v, None, 0.0, True, 0.5, False, "cpu")[3:] == (None, None)
+    # an expanded mask (strides 0, transformers' masks): its conversion is still read from torch
+    expanded = m[None, None].expand(2, 1, 16, 16)
+    assert sdpa_kernel_call(q, k, v, expanded, 0.0, False, None, False, "cpu")[3] == (float("-inf"), torch.float32)
     q64, k64, v64 = (t.double() for t in qkv(d=3))
     r = sdpa_kernel_call(q64, k64, v64, m, 0.0, False, None, False, "cpu")
     assert r is None or "math" not in str(r[0]), r
