@@ -76,6 +76,11 @@ int em_guard_tensor_dynamic(GuardBuilder *b, GuardSrc s, uint64_t dynmask);
  * refuses the tensor (sparse, meta, quantized). 0, or -1 with an exception. Used by the runtime
  * for every kernel argument. */
 int em_guard_tensor_data_ptr(PyObject *t, char **out);
+/* Tensor t's rank, sizes and strides (elements; cap entries at most) through the DLPack C exchange
+ * API, without a Python call. 0, or -1 (no exception) where DLPack cannot tell (no table; sparse,
+ * meta, mkldnn ... tensors) or the rank is above cap. The runtime checks extern results' layouts
+ * with it on every call. */
+int em_guard_tensor_layout(PyObject *t, int32_t cap, int32_t *ndim, int64_t *sizes, int64_t *strides);
 /* [*lo, *hi) the bytes tensor t can reach (empty: *lo == *hi), from DLPack. -1 (no exception)
  * when DLPack cannot tell. */
 int em_guard_tensor_extent(PyObject *t, uintptr_t *lo, uintptr_t *hi);

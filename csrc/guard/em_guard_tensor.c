@@ -80,6 +80,24 @@ int em_guard_tensor_data_ptr(PyObject *t, char **out) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
+int em_guard_tensor_layout(PyObject *t, int32_t cap, int32_t *ndim, int64_t *sizes, int64_t *strides) {
+    const EmDLPackAPI *api = cached_api(Py_TYPE(t));
+    EmDLTensor dl;
+    if (!api || api->dltensor_from_py_object_no_sync(t, &dl) != 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (dl.ndim > cap) return -1;
+    int64_t dense = 1;
+    for (int32_t i = dl.ndim; i-- > 0;) {
+        sizes[i] = dl.shape[i];
+        strides[i] = dl.strides ? dl.strides[i] : dense; /* NULL: compact row-major (dlpack.h) */
+        dense *= dl.shape[i];
+    }
+    *ndim = dl.ndim;
+    return 0;
+}
+
 int em_guard_tensor_extent(PyObject *t, uintptr_t *lo, uintptr_t *hi) {
     const EmDLPackAPI *api = cached_api(Py_TYPE(t));
     EmDLTensor dl;

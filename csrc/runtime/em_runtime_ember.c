@@ -211,7 +211,22 @@ static PyObject *tensor_as(PyObject *t, PyObject *size, PyObject *stride) {
     return e;
 }
 
+/* Does tensor t's layout differ from size / stride (tuples; strides of size-1 dims do not
+ * matter)? 1 / 0, -1 with an exception. Read through DLPack (em_guard_tensor_layout) where it
+ * can, else through t.shape and t.stride(): every kernel input that an extern call made, and every
+ * view of one, is checked on every call. */
 static int layout_differs(PyObject *t, PyObject *size, PyObject *stride) {
+    int64_t dsz[EM_LMAXDIM], dst[EM_LMAXDIM];
+    int32_t nd = 0;
+    if (em_guard_tensor_layout(t, EM_LMAXDIM, &nd, dsz, dst) == 0) {
+        if (nd != PyTuple_GET_SIZE(size)) return 1;
+        for (int32_t d = 0; d < nd; d++) {
+            long long want = PyLong_AsLongLong(PyTuple_GET_ITEM(size, d));
+            if (want != dsz[d]) return PyErr_Occurred() ? -1 : 1;
+            if (want > 1 && PyLong_AsLongLong(PyTuple_GET_ITEM(stride, d)) != dst[d]) return PyErr_Occurred() ? -1 : 1;
+        }
+        return 0;
+    }
     PyObject *s = PyObject_GetAttrString(t, "shape");
     if (!s) return -1;
     int eq = PyObject_RichCompareBool(s, size, Py_EQ);
