@@ -207,8 +207,15 @@ def test_hand_written_attention_becomes_sdpa(case, dtype):
     c = ember.compile(fn)
     with torch.no_grad():
         got, want = c(*args), fn(*args)
-    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
-    torch.testing.assert_close(got, want, **tol)
+        if dtype == torch.bfloat16:
+            # the fused kernel and the hand-written ops round differently (the latter rounds the
+            # scores to bf16 before the softmax): both against float32's answer, ember's error at
+            # most about eager's (which CPU kernel runs, and so the last bits, differs by host)
+            ref = fn(*(a.float() for a in args))
+            err_got, err_want = (got.float() - ref).abs().max(), (want.float() - ref).abs().max()
+            assert err_got <= 2 * err_want + 1e-2, (err_got, err_want)
+        else:
+            torch.testing.assert_close(got, want)
     info = graph_info(c)
     assert "attention" in info["passes"], info.get("passes")
     (what,) = info["attention"]
