@@ -683,8 +683,9 @@ static int is_cpu(PyObject *device) {
 /* Calls that return a new tensor, never an alias of an argument, and keep nothing they read (not
  * einsum: torch.einsum("ij->ji", x) is a view of x) */
 static const char *const fresh_externs[] = {"matmul", "op.matmul", "mm", "bmm", "addmm", "baddbmm", "F.linear", "F.conv1d",
-                                            "F.conv2d", "F.conv3d", "F.scaled_dot_product_attention",
-                                            "ops._c10d_functional.all_reduce", NULL};
+                                            "F.conv2d", "F.conv3d", "F.scaled_dot_product_attention", "empty",
+                                            "ops._c10d_functional.all_reduce", "ops._c10d_functional.all_gather_into_tensor",
+                                            "ops._c10d_functional.reduce_scatter_tensor", NULL};
 /* those of them that take out= (torch.mm(a, b, out=t) returns t: native_functions.yaml's mm.out,
  * matmul.out, linear.out ...), as (module, name): the call's target must be that very function
  * (torch.Tensor.mm, whose key is "mm" too, takes no out=) */

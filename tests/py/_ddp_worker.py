@@ -134,8 +134,9 @@ def swapped_parameter_error(kind, rank):
 
 def collective(rank):
     """dist.all_reduce in compiled functions: on a value made in the graph, on an input (updated in
-    place, as eager), and with async_op=True (a Work handle: a graph break, run as Python). Results
-    and inputs as eager's; each function's entries (kind, ops or the break's reason)."""
+    place, as eager), and with async_op=True (a Work handle: a graph break, run as Python);
+    dist.all_gather_into_tensor and dist.reduce_scatter_tensor into a tensor made in the graph.
+    Results and inputs as eager's; each function's entries (kind, ops or the break's reason)."""
     def f(x):
         y = x * 2
         dist.all_reduce(y)
@@ -155,8 +156,20 @@ def collective(rank):
         dist.all_reduce(y, op)
         return y + 1
 
+    ws = dist.get_world_size()  # (inside a compiled function a graph break: group.WORLD's metaclass)
+
+    def gather(x):
+        out = torch.empty(x.numel() * ws)
+        dist.all_gather_into_tensor(out, x * 2)
+        return out + 1
+
+    def scatter(x, op=dist.ReduceOp.SUM):  # (dist.ReduceOp.SUM read inside: a graph break, its metaclass)
+        out = torch.empty(x.numel() // ws)
+        dist.reduce_scatter_tensor(out, x * 2, op=op)
+        return out + 1
+
     out = {}
-    for fn in (f, on_input, asynchronous, with_op):
+    for fn in (f, on_input, asynchronous, with_op, gather, scatter):
         ember.reset()
         x = torch.full((4,), float(rank + 1))
         xe = x.clone()

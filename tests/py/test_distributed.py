@@ -101,7 +101,9 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
     value made in the graph is functional, so that graph is ember's kernels); one graph, on a
     value made in the graph, on an input (updated in place, as eager), with ReduceOp.MAX (a default
     argument: guarded by identity). async_op=True returns a
-    Work handle: a graph break, run as Python. Results and inputs as eager's on every rank."""
+    Work handle: a graph break, run as Python. dist.all_gather_into_tensor and
+    dist.reduce_scatter_tensor are traced the same way (funcol's all_gather_tensor_inplace and
+    reduce_scatter_tensor_inplace). Results and inputs as eager's on every rank."""
     for res in ranks:
         out = res["collective"]
         for name, (got, want, x, xe, entries) in out.items():
@@ -118,6 +120,14 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
             if name != "on_input":  # the copy into a value made in the graph is functional: ember's kernels
                 assert not fallback, fallback
         assert any(k == "break" and "torch.distributed calls run as Python" in (d or "") for k, d, _ in out["asynchronous"][4])
+        # all_gather_into_tensor / reduce_scatter_tensor (2 ranks, x = rank + 1): one graph each
+        assert torch.equal(out["gather"][1][0], torch.tensor([3.0] * 4 + [5.0] * 4))  # (1 | 2) * 2 + 1
+        assert torch.equal(out["scatter"][1][0], torch.full((2,), 7.0))  # (1 + 2) * 2 + 1
+        for name, op in (("gather", "all_gather_into_tensor"), ("scatter", "reduce_scatter_tensor")):
+            (kind, ops, fallback), = out[name][4]
+            assert kind == "graph" and not fallback, out[name][4]
+            assert ops.index(f"torch.ops._c10d_functional.{op}") < ops.index(
+                "torch.ops._c10d_functional.wait_tensor") < ops.index("copy_"), ops
 
 
 @pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16_params"])
