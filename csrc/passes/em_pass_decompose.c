@@ -818,10 +818,8 @@ static int dz_target(Rewrite *d, IRRef r, Bind *b) {
     else if (s && !strcmp(s, "torch.nn.functional.scaled_dot_product_attention")) {
         if (em_rw_bind_args(d, &SDPA_RULE, n, b) == 0) {
             IRArg gq = em_rw_bval(b, "enable_gqa");
-            int kind = !d->inference && gq.kind == IRARG_CONST && gq.u.obj == Py_True ? SDPA_UNSUPPORTED : em_rw_sdpa_kind_bound(d, b);
             if (!d->inference && gq.kind == IRARG_CONST && gq.u.obj == Py_True) what = 11;
-            else if (kind == SDPA_MATH) what = 2;
-            else if (d->inference) what = 13;
+            else what = em_rw_sdpa_kind_bound(d, b) == SDPA_MATH ? 2 : d->inference ? 13 : 0;
         }
     }
     Py_XDECREF(qn);

@@ -1855,158 +1855,6 @@ static TValue *call_torch_query(Trace *T, long tq, PyObject *fn, TValue **args, 
 }
 
 /* A torch callable: trace-time query, graph node, or (Python function without tensor args) inline. */
-/* A collective in a graph: torch.ops._c10d_functional.<op>(t, ...) and its wait_tensor, what
- * funcol runs under a compiler (Dynamo traces the same pairs): an extern call in program order,
- * waited on where its result is read. op: "all_reduce" (t, reduce_op, group_name),
- * "all_gather_into_tensor" (t, group_size, group_name), "reduce_scatter_tensor" (t, reduce_op,
- * group_size, group_name); op_name: the reduction ("sum", ...), unused by the gather. NULL without a
- * break for what it does not take (the caller breaks): a group that is not a name (str), a
- * ProcessGroup (guarded by identity, its group_name and size read at trace time) or, where
- * none_is_default, None (the default group's name and size, read at trace time); a torch without
- * these ops. */
-static TValue *emit_collective(Trace *T, const char *op, TValue *t, PyObject *op_name, TValue *g, bool none_is_default) {
-    static PyObject *ops, *wait, *pg_type, *default_group, *resolve; /* one interpreter; torch lives as long as it */
-    if (!wait) {
-        PyObject *ns = em_lazy_attr(&ops, "torch", "ops") ? PyObject_GetAttrString(ops, "_c10d_functional") : NULL;
-        PyObject *w = ns ? PyObject_GetAttrString(ns, "wait_tensor") : NULL;
-        Py_XDECREF(ns);
-        if (!w || !em_lazy_attr(&pg_type, "torch.distributed", "ProcessGroup") ||
-            !em_lazy_attr(&default_group, "torch.distributed.distributed_c10d", "_get_default_group") ||
-            !em_lazy_attr(&resolve, "torch.distributed.distributed_c10d", "_resolve_process_group")) {
-            Py_XDECREF(w);
-            PyErr_Clear();
-            return NULL;
-        }
-        wait = w;
-    }
-    static const char *const names[3] = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"};
-    static PyObject *fns[3]; /* the ops, kept (torch lives as long as the interpreter) */
-    int k = 0;
-    while (k < 3 && strcmp(names[k], op)) k++;
-    if (k == 3 || t->kind != TV_TENSOR) return NULL;
-    if (!fns[k]) {
-        PyObject *ns = PyObject_GetAttrString(ops, "_c10d_functional");
-        fns[k] = ns ? PyObject_GetAttrString(ns, op) : NULL;
-        Py_XDECREF(ns);
-    }
-    PyObject *fn = fns[k];
-    PyObject *pg = NULL; /* the group itself, for its name and size */
-    if (g->kind == TV_CONST && PyUnicode_Check(g->obj)) pg = PyObject_CallOneArg(resolve, g->obj);
-    else if (g->kind == TV_OBJECT && g->obj && PyObject_TypeCheck(g->obj, (PyTypeObject *)pg_type)) pg = Py_NewRef(g->obj);
-    else if (none_is_default && g->kind == TV_CONST && g->obj == Py_None) pg = PyObject_CallNoArgs(default_group);
-    PyObject *name = pg ? PyObject_GetAttrString(pg, "group_name") : NULL, *size = pg ? PyObject_CallMethod(pg, "size", NULL) : NULL;
-    Py_XDECREF(pg);
-    if (!fn || !name || !PyUnicode_Check(name) || !size || !PyLong_Check(size) || em_tr_use(T, g) < 0) {
-        Py_XDECREF(name);
-        Py_XDECREF(size);
-        PyErr_Clear();
-        return NULL;
-    }
-    TValue *a[4];
-    uint32_t n = 0;
-    a[n++] = t;
-    if (strcmp(op, "all_gather_into_tensor")) a[n++] = em_tr_const(T, op_name);
-    if (strcmp(op, "all_reduce")) a[n++] = em_tr_const_steal(T, size);
-    else Py_DECREF(size);
-    a[n++] = em_tr_const_steal(T, name);
-    for (uint32_t i = 0; i < n; i++)
-        if (!a[i]) return NULL;
-    TValue *r = em_tr_torch_call(T, IR_CALL_FUNCTION, fn, a, n, NULL, NULL);
-    return r ? em_tr_torch_call(T, IR_CALL_FUNCTION, wait, &r, 1, NULL, NULL) : NULL;
-}
-
-static TValue *emit_all_reduce(Trace *T, TValue *t, PyObject *op_name, TValue *g, bool none_is_default) {
-    return emit_collective(T, "all_reduce", t, op_name, g, none_is_default);
-}
-
-/* funcol.all_reduce(t, op, group) (torch.distributed._functional_collectives): the reduced tensor,
- * a new value. op: a string ("sum", "SUM", ...). */
-static TValue *call_funcol_all_reduce(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames) {
-    if (nargs != 3 || kwnames) return NULL;
-    TValue *t = em_tr_realize(T, args[0]), *op = em_tr_realize(T, args[1]), *g = em_tr_realize(T, args[2]);
-    if (!t || !op || !g) return NULL;
-    if (op->kind != TV_CONST || !PyUnicode_Check(op->obj) || em_tr_use(T, op) < 0) return NULL;
-    PyObject *low = PyObject_CallMethod(op->obj, "lower", NULL);
-    if (!low) return NULL;
-    TValue *r = emit_all_reduce(T, t, low, g, false);
-    Py_DECREF(low);
-    return r;
-}
-
-/* Binds a torch.distributed call's arguments to params (np of them, the last "async_op"): slot[i]
- * the realized value or NULL (a default). -1 (the caller breaks, no exception) for anything
- * unusual: too many arguments, an unknown or repeated keyword, async_op=True (a Work handle), a
- * first parameter missing. */
-static int bind_dist(Trace *T, const char *const *params, int np, TValue **args, uint32_t nargs, PyObject *kwnames,
-                     TValue **kwvals, TValue **slot) {
-    uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
-    if (nargs > (uint32_t)np) return -1;
-    for (int q = 0; q < np; q++) slot[q] = q < (int)nargs ? args[q] : NULL;
-    for (uint32_t k = 0; k < nkw; k++) {
-        int j = -1;
-        for (int q = 0; q < np; q++)
-            if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, k), params[q]) == 0) j = q;
-        if (j < 0 || slot[j]) return -1;
-        slot[j] = kwvals[k];
-    }
-    for (int q = 0; q < np; q++)
-        if (slot[q] && !(slot[q] = em_tr_realize(T, slot[q]))) return -1;
-    if (!slot[0] || (slot[np - 1] && !(slot[np - 1]->kind == TV_CONST && slot[np - 1]->obj == Py_False))) return -1;
-    return 0;
-}
-
-/* The functional name ("sum", "avg", "product", "min", "max") of a ReduceOp value (NULL: SUM, the
- * default), guarded where it was read; NULL for another op (the caller breaks). */
-static const char *reduce_op_name(Trace *T, TValue *op) {
-    static const char *const op_names[][2] = {{"SUM", "sum"}, {"AVG", "avg"}, {"PRODUCT", "product"}, {"MIN", "min"},
-                                              {"MAX", "max"}};
-    static PyObject *reduce_op;
-    if (!op) return "sum";
-    if (!em_lazy_attr(&reduce_op, "torch.distributed", "ReduceOp")) return PyErr_Clear(), NULL;
-    if (!op->obj || (op->kind != TV_CONST && op->kind != TV_OBJECT)) return NULL;
-    const char *opn = NULL;
-    for (int q = 0; q < 5 && !opn; q++) {
-        PyObject *m = PyObject_GetAttrString(reduce_op, op_names[q][0]);
-        int eq = m ? PyObject_RichCompareBool(op->obj, m, Py_EQ) : -1;
-        Py_XDECREF(m);
-        if (eq < 0) return PyErr_Clear(), NULL;
-        if (eq) opn = op_names[q][1];
-    }
-    return opn && em_tr_use(T, op) == 0 ? opn : NULL;
-}
-
-/* dist.all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False),
- * dist.all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False) and
- * dist.reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False): the
- * collective as emit_collective's pair on the input, then out.copy_(result) (the update in place,
- * as Dynamo rewrites them: funcol's all_reduce_inplace, all_gather_tensor_inplace,
- * reduce_scatter_tensor_inplace); returns None, as the call does. op: ReduceOp.SUM, AVG, PRODUCT,
- * MIN or MAX, guarded where it was read. NULL without a break for what it does not take
- * (async_op=True: a Work handle; another op; a group that is not None, a name or a ProcessGroup):
- * the caller breaks. Other collectives (broadcast, all_to_all ...) break, as under Dynamo. */
-static TValue *call_dist_collective(Trace *T, const char *which, TValue **args, uint32_t nargs, PyObject *kwnames,
-                                    TValue **kwvals) {
-    static const char *const p_reduce[] = {"tensor", "op", "group", "async_op"};
-    static const char *const p_gather[] = {"output_tensor", "input_tensor", "group", "async_op"};
-    static const char *const p_scatter[] = {"output", "input", "op", "group", "async_op"};
-    TValue *slot[5];
-    bool reduce = !strcmp(which, "all_reduce"), gather = !strcmp(which, "all_gather_into_tensor");
-    const char *const *params = reduce ? p_reduce : gather ? p_gather : p_scatter;
-    int np = reduce || gather ? 4 : 5;
-    if (bind_dist(T, params, np, args, nargs, kwnames, kwvals, slot) < 0) return PyErr_Clear(), NULL;
-    TValue *out = slot[0], *in = reduce ? slot[0] : slot[1], *op = reduce ? slot[1] : gather ? NULL : slot[2];
-    TValue *g = slot[np - 2] ? slot[np - 2] : em_tr_const(T, Py_None);
-    const char *opn = reduce_op_name(T, op);
-    if (!in || !opn || !g || out->kind != TV_TENSOR) return PyErr_Clear(), NULL;
-    PyObject *name = PyUnicode_FromString(opn);
-    TValue *r = name ? emit_collective(T, reduce ? "all_reduce" : which, in, name, g, true) : NULL;
-    Py_XDECREF(name);
-    if (!r) return PyErr_Clear(), NULL;
-    TValue *ca[2] = {out, r};
-    if (!em_tr_torch_call(T, IR_CALL_METHOD, em_str("copy_"), ca, 2, NULL, NULL)) return NULL;
-    return em_tr_const(T, Py_None);
-}
-
 static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames,
                           TValue **kwvals) {
     long tq = table_code(em_trace_rt.torch_query, fn);
@@ -2046,7 +1894,7 @@ static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args,
     const char *mod = callable_module(T, fn);
     if (mod && !strcmp(mod, "torch.distributed._functional_collectives") && PyFunction_Check(fn) &&
         !strcmp(PyUnicode_AsUTF8(((PyFunctionObject *)fn)->func_name), "all_reduce")) {
-        TValue *r = call_funcol_all_reduce(T, args, nargs, kwnames);
+        TValue *r = em_tr_funcol_all_reduce(T, args, nargs, kwnames);
         if (r || T->broke || PyErr_Occurred()) return r;
     }
     const char *fname = mod && !strcmp(mod, "torch.distributed.distributed_c10d") && PyFunction_Check(fn)
@@ -2054,7 +1902,7 @@ static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args,
                             : NULL;
     if (fname && (!strcmp(fname, "all_reduce") || !strcmp(fname, "all_gather_into_tensor") ||
                   !strcmp(fname, "reduce_scatter_tensor"))) {
-        TValue *r = call_dist_collective(T, fname, args, nargs, kwnames, kwvals);
+        TValue *r = em_tr_dist_collective(T, fname, args, nargs, kwnames, kwvals);
         if (r || T->broke || PyErr_Occurred()) return r;
     }
     if (starts_with(mod, "torch.distributed") || starts_with(mod, "torch._C._distributed")) {

@@ -646,6 +646,14 @@ TValue *em_tr_call_special(Trace *T, PyObject *fn, TValue **args, uint32_t nargs
  * __new__ and a Python __init__ or none)? */
 bool em_tr_instance_class_ok(PyObject *cls);
 
+/* ---- em_trace_dist.c: torch.distributed collectives as functional collectives ---- */
+/* funcol.all_reduce(t, op, group): the reduced tensor; NULL without a break where not taken. */
+TValue *em_tr_funcol_all_reduce(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames);
+/* dist.<which>(...) for which "all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor":
+ * None, the collective and the copy into its output recorded; NULL without a break where not taken. */
+TValue *em_tr_dist_collective(Trace *T, const char *which, TValue **args, uint32_t nargs, PyObject *kwnames,
+                              TValue **kwvals);
+
 /* ---- em_trace_numpy.c: NumPy code on CPU tensors, traced into torch ops ---- */
 /* Tensor.numpy() of tensor value t: an NDARRAY value, or NULL with a break (eager raises). */
 TValue *em_tr_np_from_tensor(Trace *T, TValue *t, uint32_t nargs, PyObject *kwnames);
