@@ -468,6 +468,12 @@ def make_split(steps, inputs, outputs, nvalues):
     return region
 
 
+def _empty_as(t, device):
+    """An uninitialized tensor of t's sizes, strides and dtype on device (the attention probes ask
+    torch with real tensors of the graph's meta examples' layouts; no values are read)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+
+
 def sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, device, requires_grad,
                  contiguous_mask=False):
     """The kernel a training region runs for F.scaled_dot_product_attention on these inputs ("math",
@@ -482,7 +488,7 @@ def sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
     def real(t, rg):
         if t is None:
             return None
-        x = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+        x = _empty_as(t, device)
         return x.requires_grad_(rg) if rg and x.dtype.is_floating_point else x
     q, k, v = (real(t, rg) for t, rg in zip((query, key, value), requires_grad))
     m = torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=device) if contiguous_mask else real(attn_mask, False)
@@ -551,9 +557,7 @@ def _record_sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal,
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    def real(t):
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
-    q, k, v = real(query), real(key), real(value)
+    q, k, v = (_empty_as(t, device) for t in (query, key, value))
     m = None
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:  # both truth values, so the conversion shows both results:
@@ -561,7 +565,7 @@ def _record_sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal,
             extent = 1 + sum((n - 1) * st for n, st in zip(attn_mask.shape, attn_mask.stride()))
             m = (torch.arange(extent, device=device) % 2 == 0).as_strided(attn_mask.shape, attn_mask.stride())
         else:
-            m = real(attn_mask)
+            m = _empty_as(attn_mask, device)
     calls = []
 
     class Record(TorchDispatchMode):

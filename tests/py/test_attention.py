@@ -513,9 +513,10 @@ def test_attention_calls_its_kernel_op(case, dtype):
 
 def test_attention_kernel_op_recipe_is_recorded_from_torch():
     """The recipe is what torch does for these inputs (recorded), not a restatement: the CPU flash
-    kernel's op, the bool mask's fill -inf in the query's dtype; a head dim eager pads, the math
-    kernel (float64 with a mask torch runs on math), and GQA's repeat give no recipe."""
-    from ember._autograd import sdpa_kernel_call
+    kernel's op, the bool mask's fill -inf in the query's dtype, an expanded mask's too; GQA's heads
+    passed to the op as they are (the CPU kernel takes them); dropout, where torch runs the math
+    kernel, gives no recipe, and why is kept."""
+    from ember._autograd import _sdpa_recipes, sdpa_kernel_call
     q, k, v = qkv()
     m = torch.ones(16, 16, dtype=torch.bool).tril()
     op, args, kwargs, fill, expand = sdpa_kernel_call(q, k, v, m, 0.0, False, None, False, "cpu")
@@ -525,9 +526,13 @@ def test_attention_kernel_op_recipe_is_recorded_from_torch():
     # an expanded mask (strides 0, transformers' masks): its conversion is still read from torch
     expanded = m[None, None].expand(2, 1, 16, 16)
     assert sdpa_kernel_call(q, k, v, expanded, 0.0, False, None, False, "cpu")[3] == (float("-inf"), torch.float32)
-    q64, k64, v64 = (t.double() for t in qkv(d=3))
-    r = sdpa_kernel_call(q64, k64, v64, m, 0.0, False, None, False, "cpu")
-    assert r is None or "math" not in str(r[0]), r
+    q8, k2 = torch.randn(2, 8, 16, 8), torch.randn(2, 2, 16, 8)
+    op, args, _, _, _ = sdpa_kernel_call(q8, k2, k2, None, 0.0, False, None, True, "cpu")
+    assert "flash_attention_for_cpu" in str(op) and args[:3] == ("@q", "@k", "@v"), (op, args)
+    before = set(_sdpa_recipes)
+    assert sdpa_kernel_call(q, k, v, None, 0.5, False, None, False, "cpu") is None
+    (why,) = [_sdpa_recipes[key] for key in set(_sdpa_recipes) - before]
+    assert isinstance(why, str) and "is not a kernel op" in why, why
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
