@@ -560,6 +560,29 @@ static uint32_t lower_max_pool(Ctx *c, int sp, uint32_t x, const IRArg **slot) {
     return acc;
 }
 
+/* A piece of a cat computed from a view by negations and casts (rotate_half's -x2 in every rotary
+ * embedding: torch.cat((-x[..., h:], x[..., :h]), -1)), all in float or all in integer dtypes: the
+ * nodes from the piece down to the view's load in chain[0 .. n) (the view is chain[n - 1]'s input),
+ * applied by lower_cat to the view's masked load, so the piece is computed in the cat's kernel
+ * instead of being stored by a kernel of its own. Outside its range the load's fill goes through
+ * the chain too, so the fill is chosen to come out as -0.0 (+0.0 under an odd number of NEGs; 0
+ * for integers), the sum's identity. 0 when the piece is a view itself or another computation. */
+static uint32_t cat_piece_chain(Ctx *c, uint32_t x, uint32_t chain[4]) {
+    uint32_t n = 0;
+    const LNode *top = NODE(c, x);
+    int fl = em_ldt_is_float(top->dtype);
+    if (top->dtype == LDT_BOOL) return 0;
+    while (!em_lnode_is_view(NODE(c, x))) {
+        const LNode *p = NODE(c, x), *in = p->op == LP_NEG || p->op == LP_CAST ? NODE(c, p->in[0]) : NULL;
+        if (n == 4 || !in || in->dtype == LDT_BOOL || em_ldt_is_float(in->dtype) != fl || in->ndim != top->ndim ||
+            memcmp(in->sizes, top->sizes, top->ndim * sizeof(int64_t)) != 0)
+            return 0;
+        chain[n++] = x;
+        x = p->in[0];
+    }
+    return n;
+}
+
 /* cat / stack: the sum of one masked load per piece, each existing only on its range of the
  * output's dim (fill -0.0, the identity of float addition for every value, 0 for integers, false
  * for bool with OR). The pieces must have the result's dtype (no promotion in the sum). */
@@ -586,7 +609,8 @@ static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
     for (uint32_t i = 0; i < ts->n; i++) {
         Opnd o;
         if (em_lower_opnd(c, &ts->u.items[i], &o) < 0 || o.kind != 1 || NODE(c, o.node)->dtype != R) return 0;
-        uint32_t l = em_lower_as_load(c, o.node);
+        uint32_t chain[4], nchain = cat_piece_chain(c, o.node, chain);
+        uint32_t l = nchain ? NODE(c, chain[nchain - 1])->in[0] : em_lower_as_load(c, o.node);
         if (!l) return 0;
         LNode src = *NODE(c, l);
         int64_t strides[EM_LMAXDIM], lo[EM_LMAXDIM] = {0}, hi[EM_LMAXDIM] = {0}, piece;
@@ -619,8 +643,14 @@ static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
         lo[d] = start;
         hi[d] = start + piece;
         SymRef soff = env ? em_sym_sub(env, src.soffset, em_sym_mul(env, em_lower_sk(lg, start), sst[d])) : SYM_NONE;
+        int flips = 0; /* the fill the chain maps to -0.0 */
+        for (uint32_t q = 0; q < nchain; q++) flips ^= NODE(c, chain[q])->op == LP_NEG;
         uint32_t v = mk_masked_load(c, src.buf, nd, m->sizes, src.offset - start * strides[d], strides, mss, soff, sst,
-                                    1u << d, lo, hi, ffill, 0);
+                                    1u << d, lo, hi, flips ? 0.0 : ffill, 0);
+        for (uint32_t q = nchain; q-- > 0 && v;) {
+            const LNode *op = NODE(c, chain[q]);
+            v = em_lower_op(c, op->op, op->dtype, op->cdtype, v, 0, 0);
+        }
         if (!v) return 0;
         acc = acc ? em_lower_op(c, comb, R, R, acc, v, 0) : v;
         start += piece;

@@ -188,6 +188,24 @@ def test_returned_contiguous_copy_is_a_kernel():
     assert info["kernel_list"] == []
 
 
+def test_strided_broadcast_load_is_copied_once():
+    """T5's position bias: a permute read along the softmax's row H elements apart, by every batch.
+    A kernel copies it into a contiguous buffer of its own shape first; small ones, loads read once
+    and expanded views stay inside the kernel."""
+    def bias_softmax(s, e):
+        return torch.softmax(s + e.permute(2, 0, 1).unsqueeze(0), -1)
+    meta = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731
+    info = _gen(bias_softmax, meta(8, 8, 512, 512), meta(512, 512, 8))
+    assert [k["nodes"] for k in info["kernel_list"]] == [["unsqueeze"], ["s", "unsqueeze", "add", "softmax"]]
+    copy = info["buffers"][-1]
+    assert copy["sizes"] == (1, 8, 512, 512) and copy["strides"] == (2097152, 262144, 512, 1)
+    assert len(_gen(bias_softmax, meta(8, 8, 16, 16), meta(16, 16, 8))["kernel_list"]) == 1  # too small
+    once = _gen(lambda s, e: torch.softmax(s + e.permute(2, 0, 1), -1), meta(8, 512, 512), meta(512, 512, 8))
+    assert len(once["kernel_list"]) == 1  # every element read once: copying would add a pass
+    expanded = _gen(lambda s, e: torch.softmax(s + e.t().expand(8, 512, 512), -1), meta(8, 512, 512), meta(512, 512))
+    assert len(expanded["kernel_list"]) == 1  # a copy would materialize the expansion: read in place
+
+
 def test_alignment_checked_at_run_time():
     # an input's data pointer may have any alignment (a slice); a view inside the graph adds an offset
     src = _gen(lambda x: x * 2, cpu(1025)[1:])["source"]

@@ -118,6 +118,34 @@ def test_cat_dims_layouts_and_edge_cases():
     assert info["externs"] == 1
 
 
+def test_cat_of_negated_and_cast_pieces_is_one_kernel():
+    """rotate_half (every rotary embedding): cat((-x[..., h:], x[..., :h])) computes the negation in
+    the cat's kernel, whose masked load's fill the NEG turns into -0.0: signed zeros as eager's."""
+    def rope(q, cos, sin):
+        h = q.shape[-1] // 2
+        return q * cos + torch.cat((-q[..., h:], q[..., :h]), -1) * sin
+    q, cos, sin = torch.randn(2, 3, 5, 8), torch.randn(5, 8), torch.randn(5, 8)
+    info = check(rope, q, cos, sin, bitwise=True)
+    assert info["kernels"] == 1 and info["externs"] == 0, info
+    z = torch.tensor([[0.0, -0.0, -0.0, 0.0, 1.0, -0.0]])
+    for fn in (lambda x: torch.cat((-x[:, 3:], x[:, :3]), -1),  # fills +0.0 under the NEG
+               lambda x: torch.cat((x[:, 3:], -(-x[:, :3])), -1),  # two NEGs: -0.0
+               lambda x: torch.cat((x[:, 3:].half().float(), -x[:, :3].double().float()), -1),  # casts
+               lambda x: torch.cat((-x[:, :3], -x[:, 3:]), 0)):
+        assert check(fn, z, bitwise=True)["kernels"] == 1
+    i = torch.arange(-3, 3).reshape(1, 6)
+    assert check(lambda x: torch.cat((-x[:, 3:], x[:, :3].short().long()), -1), i, bitwise=True)["kernels"] == 1
+    # an int piece cast to float: its fill would be +0.0, not the sum's identity: stored first
+    assert check(lambda x, y: torch.cat((x.float(), y), -1), i, z, bitwise=True)["kernels"] == 2
+    # the gradient of the rotation
+    q.requires_grad_(True)
+    c = ember.compile(rope, backend="ember")
+    c(q, cos, sin).sum().backward()
+    g, q.grad = q.grad, None
+    rope(q, cos, sin).sum().backward()
+    torch.testing.assert_close(g, q.grad)
+
+
 def test_cat_skips_a_1d_empty_tensor_as_torch_does():
     """torch.cat's legacy rule skips 1-D empty tensors beside tensors of another rank: a KV cache's
     first `cat([torch.tensor([]), k], -2)` (transformers' DynamicLayer) is a generated copy."""
