@@ -3,7 +3,7 @@
 Workloads (issue 13's targets): the pointwise chain cos(cos(x)) * y + 1 on 64M float32 (reported as
 GB/s of the bytes it must move, 2 reads + 1 write, and as % of a device copy measured in the same
 run: y.copy_(x), 1 read + 1 write), softmax and layer_norm over the last dim of (4096, 1024) and
-(32768, 4096) in float32 and bfloat16; reductions of one long row over 64M float32 (issue 44:
+(32768, 4096) in float32 and bfloat16; T5's softmax of scores plus its permuted position bias; reductions of one long row over 64M float32 (issue 44:
 x.sum(), ((x - y) ** 2).mean(), x.abs().amax(), x.var(), cross_entropy over (64K, 1024)).
 Per workload and compiler: the median time per call from CUDA events over several rounds (rounds
 interleave the compilers), the ratio against eager and
@@ -56,6 +56,11 @@ def cross_entropy(x, t):
     return F.cross_entropy(x.view(-1, 1024), t)
 
 
+def bias_softmax(s, e):
+    """T5's attention scores plus its relative position bias, a permute of the embedding's (L, S, H)."""
+    return torch.softmax(s + e.permute(2, 0, 1).unsqueeze(0), -1)
+
+
 def workloads(quick):
     g = torch.Generator(device="cuda").manual_seed(0)
     r = lambda *s, dt=torch.float32: torch.randn(*s, device="cuda", generator=g).to(dt)  # noqa: E731
@@ -67,6 +72,9 @@ def workloads(quick):
             es = 4 if dt == torch.float32 else 2
             w[f"softmax_{m}x{k}_{dn}"] = (softmax, (r(m, k, dt=dt),), 2 * es * m * k)
             w[f"layer_norm_{m}x{k}_{dn}"] = (layer_norm, (r(m, k, dt=dt), r(k, dt=dt), r(k, dt=dt)), 2 * es * m * k)
+    # T5's self-attention softmax at t5-small's shape, 8 x 512 tokens (issue 46): scores read and the
+    # probabilities written, the bias (broadcast over the batch) read once
+    w["bias_softmax_8x8x512x512_f32"] = (bias_softmax, (r(8, 8, 512, 512), r(512, 512, 8)), 4 * (2 * 8 + 1) * 8 * 512 * 512)
     # reductions of one long row (issue 44, item 6: split across blocks), bytes = the inputs read
     w["sum_%dM_f32" % (n >> 20)] = (full_sum, (r(n),), 4 * n)
     w["mse_%dM_f32" % (n >> 20)] = (mse, (r(n), r(n)), 8 * n)

@@ -12,6 +12,7 @@ fp32, 5e-2 in bf16/fp16).
     python bench/encoder_decoder.py --device cuda --size full --dtype bf16
     python bench/encoder_decoder.py --models t5 --compilers eager,ember --json out.json
     python bench/encoder_decoder.py --device cuda --size full --models t5 --profile   # top kernels
+    python bench/encoder_decoder.py --device cuda --size full --models t5 --rounds 5  # interleaved
 
 --size tiny: T5 2 layers d 128, BART 2+2 layers d 64, batch 2 x 16 (decoder 8) tokens (the issue's
 configs); --size full: T5 6 layers d 512 (t5-small's shape), BART 6+6 layers d 768 (bart-base's),
@@ -85,13 +86,7 @@ def run(compiler, model, inputs, args):
             after_warm = counters["stats"]["unique_graphs"]
         elif compiler == "ember":
             after_warm = counter.entries
-        times = []
-        for _ in range(args.calls):
-            sync(args.device)
-            t = time.perf_counter()
-            fn(**inputs)
-            sync(args.device)
-            times.append(time.perf_counter() - t)
+        times = timed_calls(fn, inputs, args)
     if compiler == "torch.compile":
         counts = {"graphs": counters["stats"]["unique_graphs"], "frames": counters["frames"]["ok"],
                   "new_after_warmup": counters["stats"]["unique_graphs"] - after_warm}
@@ -103,7 +98,38 @@ def run(compiler, model, inputs, args):
         with torch.no_grad():
             for name, ms, n in top_kernels(lambda: fn(**inputs), args.device, n=12):
                 print(f"    {ms:9.3f} ms {n:6d}  {name[:110]}")
-    return out, statistics.median(times), first, counts
+    return out, statistics.median(times), first, counts, fn
+
+
+def timed_calls(fn, inputs, args):
+    """args.calls calls of fn, each timed alone (synchronized before and after): seconds."""
+    times = []
+    with torch.no_grad():
+        for _ in range(args.calls):
+            sync(args.device)
+            t = time.perf_counter()
+            fn(**inputs)
+            sync(args.device)
+            times.append(time.perf_counter() - t)
+    return times
+
+
+def interleaved_rounds(name, fns, first_ms, inputs, args):
+    """args.rounds - 1 more rounds of args.calls timed calls per compiler, the compilers' order
+    reversed every other round (a machine that speeds up or slows down during the run favours
+    nobody): per compiler the median of each round, and the median over rounds."""
+    per = {c: [ms] for c, ms in first_ms.items()}
+    comps = list(fns)
+    for r in range(1, args.rounds):
+        for c in (comps if r % 2 == 0 else comps[::-1]):
+            per[c].append(statistics.median(timed_calls(fns[c], inputs, args)) * 1e3)
+    for c, ms in per.items():
+        print(f"{name:5s} {c:14s} rounds: " + " ".join(f"{m:.3f}" for m in ms) + f"  median {statistics.median(ms):.3f} ms")
+    if "ember" in per and "torch.compile" in per:
+        ratios = [t / e for t, e in zip(per["torch.compile"], per["ember"])]
+        print(f"{name:5s} torch.compile / ember per round: " + " ".join(f"{x:.3f}" for x in ratios) +
+              f"  median {statistics.median(ratios):.3f}")
+    return {c: statistics.median(ms) for c, ms in per.items()}
 
 
 def main(argv=None):
@@ -115,6 +141,8 @@ def main(argv=None):
     ap.add_argument("--size", default="tiny", choices=["tiny", "full"])
     ap.add_argument("--warmup", type=int, default=12)
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="more rounds of --calls timed calls per compiler after the first, interleaved")
     ap.add_argument("--tc-backend", default="inductor")
     ap.add_argument("--profile", action="store_true", help="print each compiler's top kernels (bench/fullsize.py's)")
     ap.add_argument("--json")
@@ -127,8 +155,10 @@ def main(argv=None):
     for name in args.models.split(","):
         model, inputs = build(name, args.size, args.device, dtype)
         ref = None
+        fns, first_ms = {}, {}
         for comp in args.compilers.split(","):
-            out, t, first, counts = run(comp, model, inputs, args)
+            out, t, first, counts, fns[comp] = run(comp, model, inputs, args)
+            first_ms[comp] = t * 1e3
             if ref is None:
                 ref = out
             # the largest difference from eager's output, relative to its largest value: fp32 within
@@ -141,6 +171,11 @@ def main(argv=None):
             print(f"{name:5s} {comp:14s} {t * 1e3:9.3f} ms/call  first call {first:7.2f} s  equal={ok} "
                   f"(max err {err:.1e} of max |eager|)  {extra}")
         base = {r["compiler"]: r["ms"] for r in rows if r["model"] == name}
+        if args.rounds > 1:
+            base = interleaved_rounds(name, fns, first_ms, inputs, args)
+            for r in rows:
+                if r["model"] == name:
+                    r["ms_rounds_median"] = base[r["compiler"]]
         if "eager" in base:
             print("      speed over eager: " + ", ".join(f"{c} x{base['eager'] / ms:.2f}" for c, ms in base.items()
                                                       if c != "eager"))
