@@ -1881,6 +1881,10 @@ static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args,
             fn_arg = dunder && PyFunction_Check(dunder);
         }
     }
+    if (!tens && PyFunction_Check(fn)) { /* dist.get_rank() / get_world_size(): trace-time constants */
+        TValue *r = em_tr_dist_query(T, fn, args, nargs, kwnames, kwvals);
+        if (r || T->broke || PyErr_Occurred()) return r;
+    }
     if ((!tens || fn_arg) && PyFunction_Check(fn) && !table_code(em_trace_rt.torch_factory, fn)) {
         TValue *fv = callee;
         if (!fv || fv->kind != TV_FUNCTION) {
@@ -1901,7 +1905,7 @@ static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args,
                             ? PyUnicode_AsUTF8(((PyFunctionObject *)fn)->func_name)
                             : NULL;
     if (fname && (!strcmp(fname, "all_reduce") || !strcmp(fname, "all_gather_into_tensor") ||
-                  !strcmp(fname, "reduce_scatter_tensor"))) {
+                  !strcmp(fname, "reduce_scatter_tensor") || !strcmp(fname, "broadcast"))) {
         TValue *r = em_tr_dist_collective(T, fname, args, nargs, kwnames, kwvals);
         if (r || T->broke || PyErr_Occurred()) return r;
     }

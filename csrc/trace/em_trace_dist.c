@@ -1,10 +1,12 @@
 /* trace: torch.distributed collectives in compiled code (issue 42 item 3), traced as Dynamo traces
- * them: funcol.all_reduce and dist.all_reduce / all_gather_into_tensor / reduce_scatter_tensor
- * become torch.ops._c10d_functional.<op> and its wait_tensor, extern calls in program order (the
- * in-place forms then copy the result into their output: funcol's *_inplace rewrites). Nothing is
- * run at trace time: every rank must make the same calls. What is not taken (async_op=True, other
- * collectives, groups given as rank lists or meshes) returns NULL without a break, and the caller
- * (em_trace_call.c, call_torch) breaks the graph with its reason. docs/distributed.md. */
+ * them: funcol.all_reduce and dist.all_reduce / all_gather_into_tensor / reduce_scatter_tensor /
+ * broadcast become torch.ops._c10d_functional.<op> and its wait_tensor, extern calls in program
+ * order (the in-place forms then copy the result into their output: funcol's *_inplace rewrites).
+ * Nothing is run at trace time: every rank must make the same calls. What is not taken
+ * (async_op=True, other collectives, groups given as rank lists or meshes) returns NULL without a
+ * break, and the caller (em_trace_call.c, call_torch) breaks the graph with its reason.
+ * dist.get_rank() and dist.get_world_size() are read at trace time (em_tr_dist_query).
+ * docs/distributed.md. */
 #include "trace/em_trace_int.h"
 
 #include <string.h>
@@ -13,7 +15,8 @@
  * funcol runs under a compiler (Dynamo traces the same pairs): an extern call in program order,
  * waited on where its result is read. op: "all_reduce" (t, reduce_op, group_name),
  * "all_gather_into_tensor" (t, group_size, group_name), "reduce_scatter_tensor" (t, reduce_op,
- * group_size, group_name); op_name: the reduction ("sum", ...), unused by the gather. NULL without a
+ * group_size, group_name), "broadcast" (t, src, group_name); op_name: the reduction ("sum", ...),
+ * broadcast's source rank in the group (an int), unused by the gather. NULL without a
  * break for what it does not take (the caller breaks): a group that is not a name (str), a
  * ProcessGroup (guarded by identity, its group_name and size read at trace time) or, where
  * none_is_default, None (the default group's name and size, read at trace time); a torch without
@@ -33,18 +36,18 @@ static TValue *emit_collective(Trace *T, const char *op, TValue *t, PyObject *op
         }
         wait = w;
     }
-    static const char *const names[3] = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"};
-    static PyObject *fns[3]; /* the ops, kept (torch lives as long as the interpreter) */
+    static const char *const names[4] = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast"};
+    static PyObject *fns[4]; /* the ops, kept (torch lives as long as the interpreter) */
     int k = 0;
-    while (k < 3 && strcmp(names[k], op)) k++;
-    if (k == 3 || t->kind != TV_TENSOR) return NULL;
+    while (k < 4 && strcmp(names[k], op)) k++;
+    if (k == 4 || t->kind != TV_TENSOR) return NULL;
     if (!fns[k]) {
         PyObject *ns = PyObject_GetAttrString(ops, "_c10d_functional");
         fns[k] = ns ? PyObject_GetAttrString(ns, op) : NULL;
         Py_XDECREF(ns);
     }
     PyObject *fn = fns[k];
-    bool sized = k != 0; /* the gather and the scatter take the group's size */
+    bool sized = k == 1 || k == 2; /* the gather and the scatter take the group's size */
     PyObject *pg = NULL, *name = NULL, *size = NULL; /* the group itself, for its name and size */
     if (g->kind == TV_CONST && PyUnicode_Check(g->obj)) {
         name = Py_NewRef(g->obj);
@@ -132,20 +135,36 @@ static const char *reduce_op_name(Trace *T, TValue *op) {
 }
 
 /* dist.all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False),
- * dist.all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False) and
- * dist.reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False): the
- * collective as emit_collective's pair on the input, then out.copy_(result) (the update in place,
- * as Dynamo rewrites them: funcol's all_reduce_inplace, all_gather_tensor_inplace,
- * reduce_scatter_tensor_inplace); returns None, as the call does. op: ReduceOp.SUM, AVG, PRODUCT,
- * MIN or MAX, guarded where it was read. NULL without a break for what it does not take
- * (async_op=True: a Work handle; another op; a group that is not None, a name or a ProcessGroup):
- * the caller breaks. Other collectives (broadcast, all_to_all ...) break, as under Dynamo. */
+ * dist.all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False),
+ * dist.reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False) and
+ * dist.broadcast(tensor, src, group=None, async_op=False): the collective as emit_collective's
+ * pair on the input, then out.copy_(result) (the update in place, as Dynamo rewrites the first
+ * three: funcol's all_reduce_inplace, all_gather_tensor_inplace, reduce_scatter_tensor_inplace;
+ * Dynamo breaks on broadcast); returns None, as the call does. op: ReduceOp.SUM, AVG, PRODUCT, MIN
+ * or MAX, guarded where it was read. broadcast's src: a constant global rank, in the default group
+ * only (where it is the group's rank too; group_src and other groups break). NULL without a break
+ * for what it does not take (async_op=True: a Work handle; another op; a group that is not None, a
+ * name or a ProcessGroup): the caller breaks. Other collectives (all_to_all ...) break, as under
+ * Dynamo. */
 TValue *em_tr_dist_collective(Trace *T, const char *which, TValue **args, uint32_t nargs, PyObject *kwnames,
                                TValue **kwvals) {
     static const char *const p_reduce[] = {"tensor", "op", "group", "async_op"};
     static const char *const p_gather[] = {"output_tensor", "input_tensor", "group", "async_op"};
     static const char *const p_scatter[] = {"output", "input", "op", "group", "async_op"};
+    static const char *const p_broadcast[] = {"tensor", "src", "group", "async_op"};
     TValue *slot[5];
+    if (!strcmp(which, "broadcast")) {
+        if (bind_dist(T, p_broadcast, 4, args, nargs, kwnames, kwvals, slot) < 0) return PyErr_Clear(), NULL;
+        TValue *t = slot[0], *src = slot[1], *g = slot[2] ? slot[2] : em_tr_const(T, Py_None);
+        if (t->kind != TV_TENSOR || !src || src->kind != TV_CONST || !PyLong_Check(src->obj) || !g ||
+            g->kind != TV_CONST || g->obj != Py_None || em_tr_use(T, src) < 0)
+            return PyErr_Clear(), NULL;
+        TValue *r = emit_collective(T, "broadcast", t, src->obj, g, true);
+        if (!r) return PyErr_Clear(), NULL;
+        TValue *ca[2] = {t, r};
+        if (!em_tr_torch_call(T, IR_CALL_METHOD, em_str("copy_"), ca, 2, NULL, NULL)) return NULL;
+        return em_tr_const(T, Py_None);
+    }
     bool reduce = !strcmp(which, "all_reduce"), gather = !strcmp(which, "all_gather_into_tensor");
     const char *const *params = reduce ? p_reduce : gather ? p_gather : p_scatter;
     int np = reduce || gather ? 4 : 5;
@@ -161,4 +180,38 @@ TValue *em_tr_dist_collective(Trace *T, const char *which, TValue **args, uint32
     TValue *ca[2] = {out, r};
     if (!em_tr_torch_call(T, IR_CALL_METHOD, em_str("copy_"), ca, 2, NULL, NULL)) return NULL;
     return em_tr_const(T, Py_None);
+}
+
+/* dist.get_rank(group=None) and dist.get_world_size(group=None) in compiled code: called at trace
+ * time and baked into the graph as constants, as Dynamo folds them (constant_fold_functions in
+ * torch/_dynamo/variables/torch.py): a process's rank and the group's size do not change while the
+ * group lives. Not guarded, as under Dynamo: a process group destroyed and made again with other
+ * sizes keeps the graphs traced before. Only once the default group exists (before, the call
+ * raises: it is traced as Python and raises there) and for no group or None. NULL: not such a call,
+ * or not taken (the caller traces the function as Python). */
+TValue *em_tr_dist_query(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
+    static PyObject *get_rank, *get_world_size, *is_initialized;
+    PyObject *mod = ((PyFunctionObject *)fn)->func_module;
+    if (!mod || !PyUnicode_Check(mod) || PyUnicode_CompareWithASCIIString(mod, "torch.distributed.distributed_c10d"))
+        return NULL;
+    if (!em_lazy_attr(&get_rank, "torch.distributed.distributed_c10d", "get_rank") ||
+        !em_lazy_attr(&get_world_size, "torch.distributed.distributed_c10d", "get_world_size") ||
+        !em_lazy_attr(&is_initialized, "torch.distributed.distributed_c10d", "is_initialized"))
+        return PyErr_Clear(), NULL;
+    if (fn != get_rank && fn != get_world_size) return NULL;
+    uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
+    TValue *g = nargs == 1 ? args[0] : NULL;
+    if (nargs + nkw > 1 || (nkw && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "group"))) return NULL;
+    if (nkw) g = kwvals[0];
+    if (g && (!(g = em_tr_realize(T, g)) || g->kind != TV_CONST || g->obj != Py_None)) return PyErr_Clear(), NULL;
+    PyObject *init = PyObject_CallNoArgs(is_initialized);
+    int ok = init ? PyObject_IsTrue(init) : -1;
+    Py_XDECREF(init);
+    if (ok <= 0) return PyErr_Clear(), NULL;
+    PyObject *v = PyObject_CallNoArgs(fn);
+    if (!v || !PyLong_Check(v)) {
+        Py_XDECREF(v);
+        return PyErr_Clear(), NULL;
+    }
+    return em_tr_const_steal(T, v);
 }

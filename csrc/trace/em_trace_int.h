@@ -653,6 +653,7 @@ TValue *em_tr_funcol_all_reduce(Trace *T, TValue **args, uint32_t nargs, PyObjec
  * None, the collective and the copy into its output recorded; NULL without a break where not taken. */
 TValue *em_tr_dist_collective(Trace *T, const char *which, TValue **args, uint32_t nargs, PyObject *kwnames,
                               TValue **kwvals);
+TValue *em_tr_dist_query(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals);
 
 /* ---- em_trace_numpy.c: NumPy code on CPU tensors, traced into torch ops ---- */
 /* Tensor.numpy() of tensor value t: an NDARRAY value, or NULL with a break (eager raises). */

@@ -156,7 +156,7 @@ def collective(rank):
         dist.all_reduce(y, op)
         return y + 1
 
-    ws = dist.get_world_size()  # (inside a compiled function a graph break: group.WORLD's metaclass)
+    ws = dist.get_world_size()
 
     def gather(x):
         out = torch.empty(x.numel() * ws)
@@ -168,8 +168,24 @@ def collective(rank):
         dist.reduce_scatter_tensor(out, x * 2, op=op)
         return out + 1
 
+    def broadcast(x):  # rank 1's values on every rank, into an input updated in place
+        dist.broadcast(x, 1)
+        return x * 2
+
+    def broadcast_made(x):
+        y = x + 1
+        dist.broadcast(y, src=0, group=None)
+        return y * 3
+
+    def world(x):  # read at trace time: constants in the graph, as Dynamo folds them
+        return x * dist.get_world_size() + dist.get_rank(group=None)
+
+    def group_src(x):  # broadcast by group rank: not taken, a graph break
+        dist.broadcast(x, group_src=0)
+        return x + 1
+
     out = {}
-    for fn in (f, on_input, asynchronous, with_op, gather, scatter):
+    for fn in (f, on_input, asynchronous, with_op, gather, scatter, broadcast, broadcast_made, world, group_src):
         ember.reset()
         x = torch.full((4,), float(rank + 1))
         xe = x.clone()

@@ -103,7 +103,9 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
     argument: guarded by identity). async_op=True returns a
     Work handle: a graph break, run as Python. dist.all_gather_into_tensor and
     dist.reduce_scatter_tensor are traced the same way (funcol's all_gather_tensor_inplace and
-    reduce_scatter_tensor_inplace). Results and inputs as eager's on every rank."""
+    reduce_scatter_tensor_inplace), and dist.broadcast (in the default group; by group_src: a graph
+    break). dist.get_world_size() and dist.get_rank() are read at trace time, as Dynamo folds them.
+    Results and inputs as eager's on every rank."""
     for res in ranks:
         out = res["collective"]
         for name, (got, want, x, xe, entries) in out.items():
@@ -123,11 +125,21 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
         # all_gather_into_tensor / reduce_scatter_tensor (2 ranks, x = rank + 1): one graph each
         assert torch.equal(out["gather"][1][0], torch.tensor([3.0] * 4 + [5.0] * 4))  # (1 | 2) * 2 + 1
         assert torch.equal(out["scatter"][1][0], torch.full((2,), 7.0))  # (1 + 2) * 2 + 1
-        for name, op in (("gather", "all_gather_into_tensor"), ("scatter", "reduce_scatter_tensor")):
+        for name, op in (("gather", "all_gather_into_tensor"), ("scatter", "reduce_scatter_tensor"),
+                         ("broadcast", "broadcast"), ("broadcast_made", "broadcast")):
             (kind, ops, fallback), = out[name][4]
-            assert kind == "graph" and not fallback, out[name][4]
+            assert kind == "graph", out[name][4]
             assert ops.index(f"torch.ops._c10d_functional.{op}") < ops.index(
                 "torch.ops._c10d_functional.wait_tensor") < ops.index("copy_"), ops
+            if name != "broadcast":  # the copy into an input is the torch op (an input updated in place)
+                assert not fallback, out[name][4]
+        # broadcast: rank 1's x (2.0) everywhere, the input updated on rank 0 as eager updates it
+        assert torch.equal(out["broadcast"][0][0], torch.full((4,), 4.0))
+        assert torch.equal(out["broadcast"][2], torch.full((4,), 2.0))
+        assert torch.equal(out["broadcast_made"][0][0], torch.full((4,), 6.0))  # rank 0's x + 1, times 3
+        (kind, ops, _), = out["world"][4]  # x * 2 + rank: no collective, the sizes baked in
+        assert kind == "graph" and not any("distributed" in o or "c10d" in o for o in ops), ops
+        assert any(k == "break" for k, _, _ in out["group_src"][4]), out["group_src"][4]
 
 
 @pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16_params"])
