@@ -109,6 +109,7 @@ typedef struct KC {
     Num size[EM_LMAXDIM];
     Num *off;       /* per access: loads, then stores */
     Num (*st)[EM_LMAXDIM];
+    int round_bf16; /* round every bfloat16 op's result (ember.config.emulate_precision_casts) */
 } KC;
 
 /* Is the shadow e (hint in a static graph) the same constant for every size? */
@@ -493,7 +494,8 @@ static void emit_value(SB *b, KC *c, uint32_t i, const char *ind) {
         return;
     }
     sb_printf(b, "%sconst %s v%u = ", ind, ct, i);
-    em_codegen_rounded_expr(b, &CUDA_DIALECT, k, i);
+    if (n->dtype == LDT_BF16 && n->op != LP_CAST && !c->round_bf16) em_codegen_expr(b, &CUDA_DIALECT, k, i);
+    else em_codegen_rounded_expr(b, &CUDA_DIALECT, k, i);
     sb_printf(b, ";");
     end_line(b, s, n);
 }
@@ -1447,7 +1449,7 @@ static void params(SB *b, const Schedule *s, const SKernel *k, const char *tail)
     sb_printf(b, "%s", tail);
 }
 
-static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, uint8_t *used, int *bad) {
+static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, uint8_t *used, int *bad, int round_bf16) {
     const SKernel *k = &s->kernels[ki];
     const LGraph *lg = s->lg;
     ShapeEnv *env = lg->env;
@@ -1456,7 +1458,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
     for (uint32_t q = 0; q < k->nstores; q++) /* (pointwise kernels walk every element anyway) */
         if (k->reduction && !k->elem[k->store_node[q]] && em_schedule_store_per_element(k, q))
             b->unsupported = "a row value stored along the row in a reduction kernel";
-    KC c = {.s = s, .k = k, .env = env, .used = used};
+    KC c = {.s = s, .k = k, .env = env, .used = used, .round_bf16 = round_bf16};
     if (em_codegen_nums_alloc(b, k, &c.off, &c.st) < 0) return;
     choose_launch(s, k, L);
     sb_printf(b, EM_CUDA_KERNEL_MARK "%u (%s): ", ki, k->reduction ? "reduction" : "pointwise");
@@ -1539,7 +1541,9 @@ PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch, uint8_t *sym_
         if (nsym > EM_CUDA_MAX_SYMBOLS) b.unsupported = "more symbols than a kernel argument holds";
         sb_printf(&b, "struct em_sv { long long v[%u]; };  /* v[j]: symbol s<j>'s value for this call */\n\n", nsym ? nsym : 1);
     }
-    for (uint32_t k = 0; k < s->nkernels; k++) emit_kernel(&b, s, k, &launch[k], sym_used, &bad);
+    /* bfloat16 chains in float32, rounded where stored, unless asked to round each op as eager */
+    int round_bf16 = em_config_bool("emulate_precision_casts", 0);
+    for (uint32_t k = 0; k < s->nkernels; k++) emit_kernel(&b, s, k, &launch[k], sym_used, &bad, round_bf16);
     if (b.oom) {
         free(b.p);
         return PyErr_NoMemory();

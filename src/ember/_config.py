@@ -82,6 +82,16 @@ Backend "ember" (str or None; read when a graph is compiled):
                        4 kernels each, the prelude repeated in each; csrc/runtime/em_runtime_cuda.c).
                        None: the CPUs this process may run on, at most 32. The H100 host (16 CPUs):
                        the transformer's 86-kernel backward 4.5 s as one program, 0.6 s as 16.
+  emulate_precision_casts
+                       bool, default False (torch._inductor.config.emulate_precision_casts): in
+                       CUDA kernels, a chain of bfloat16 ops is computed in float32 in registers and
+                       rounded to bfloat16 once, where it is stored (and at explicit casts), as
+                       Inductor computes it; True rounds every op's result to bfloat16, as eager's
+                       op-by-op kernels do (GPT-2's tanh GELU on the H200: 37 us a layer rounding
+                       each of its eight ops, against Inductor's 16). Values differ from eager's by
+                       bfloat16 rounding either way (eager itself rounds where torch.compile does
+                       not). float16 always rounds every op (an overflow to inf happens where
+                       eager's does), and the CPU backend always rounds (docs/backend_cpu.md).
   cache_dir            the on-disk kernel cache (None: $EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember
                        or ~/.cache/ember), created mode 0700.
 """
@@ -90,7 +100,8 @@ Backend "ember" (str or None; read when a graph is compiled):
 class Config:
     __slots__ = ("cache_size_limit", "accumulated_cache_size_limit", "max_inline_depth", "max_loop_iterations",
                  "max_instructions", "graph_breaks", "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget", "sym_shape_rules",
-                 "fallback_random", "huge_pages", "layout_optimization", "meta_memo", "compile_threads", "optimize_ddp")
+                 "fallback_random", "huge_pages", "layout_optimization", "meta_memo", "compile_threads", "optimize_ddp",
+                 "emulate_precision_casts")
 
     def __init__(self):
         self.cache_size_limit = 8
@@ -112,6 +123,7 @@ class Config:
         self.meta_memo = True
         self.compile_threads = None
         self.optimize_ddp = True
+        self.emulate_precision_casts = False
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)

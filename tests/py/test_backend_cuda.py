@@ -276,10 +276,49 @@ def test_softmax_is_one_kernel_with_warp_and_block_steps():
 
 
 def test_half_types_load_natively_compute_in_float():
-    src = _gen(lambda x, y: x * y + 1, cpu(512, dtype=_B), cpu(512, dtype=_B))["source"]
-    assert "em_vec<em_bf16, 8>" in src and "em_bf2f(" in src and "em_bf16_round(" in src and "em_f2bf(" in src
-    src = _gen(lambda x: x.exp(), cpu(512, dtype=_H))["source"]
-    assert "em_h2f(" in src and "em_f2h(" in src and "expf(" in src
+    src = _kernels(_gen(lambda x, y: x * y + 1, cpu(512, dtype=_B), cpu(512, dtype=_B))["source"])
+    assert "em_vec<em_bf16, 8>" in src and "em_bf2f(" in src and "em_f2bf(" in src
+    src = _kernels(_gen(lambda x: x.exp(), cpu(512, dtype=_H))["source"])
+    assert "em_h2f(" in src and "em_f2h(" in src and "expf(" in src and "em_f16_round(" in src
+
+
+def _kernels(src):
+    """The generated kernels without the prelude (which defines the rounding helpers)."""
+    return src[src.index("/* kernel 0 "):]
+
+
+def _gelu(x):  # GPT-2's tanh GELU (transformers' NewGELUActivation): eight ops
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _emulating_eager_rounding(on):
+    class Ctx:
+        def __enter__(self):
+            self.old = ember.config.emulate_precision_casts
+            ember.config.emulate_precision_casts = on
+
+        def __exit__(self, *exc):
+            ember.config.emulate_precision_casts = self.old
+    return Ctx()
+
+
+def test_bfloat16_chains_round_once_unless_emulating_eager():
+    """ember.config.emulate_precision_casts (Inductor's name and default, False): a bfloat16 chain is
+    computed in float32 and rounded where it is stored, and at explicit casts; True rounds every op
+    as eager's kernels do. float16 rounds every op either way (an overflow gives inf where eager's
+    does)."""
+    x = cpu(64, 48, dtype=_B)
+    once = _kernels(_gen(_gelu, x)["source"])
+    assert "em_bf16_round(" not in once and "em_f2bf(" in once and "tanhf(" in once
+    cast = _kernels(_gen(lambda x: (x.float() * 3).to(_B) * 2 + 1, cpu(64, dtype=_B))["source"])
+    assert cast.count("em_bf16_round(") == 2  # the explicit cast, in the vector and the scalar path
+    with _emulating_eager_rounding(True):
+        each = _kernels(_gen(_gelu, x)["source"])
+    assert each.count("em_bf16_round(") == 2 * 9, each  # nine ops (the cube is two), two paths
+    half = _kernels(_gen(_gelu, cpu(64, 48, dtype=_H))["source"])
+    assert half.count("em_f16_round(") == 2 * 9
+
+
 
 
 _DEPTH = 12
@@ -851,3 +890,22 @@ def test_no_driver_runs_eager_with_reason():
 def test_mixed_devices_run_eager_with_reason():
     r = _C._ir_build(_fake_cuda_graph("cpu"), ember=True)
     assert "more than one device" in r["info"].get("fallback", ""), r["info"]
+
+
+@needs_emu
+def test_emulated_bfloat16_chains_both_ways():
+    """A bfloat16 chain rounded once is at least as close to the float64 answer as eager's, which
+    rounds each op (GELU of negative inputs: eager's 1 + tanh(...) rounds to 0 where float32 keeps a
+    small value); rounding each op (emulate_precision_casts) gives eager's values."""
+    x = cpu(64, 48, dtype=_B) * 3
+    (once,), _ = emulate(_gelu, x)
+    exact = _gelu(x.double())
+    err_once, err_eager = (once.double() - exact).abs(), (_gelu(x).double() - exact).abs()
+    ulp = exact.abs().clamp_min(1e-30) * 2.0 ** -8  # one bfloat16 ulp (at most) of the answer
+    assert (err_once <= torch.maximum(err_eager, ulp)).all()
+    assert err_once.sum() < err_eager.sum()
+    with _emulating_eager_rounding(True):
+        _emu_check(_gelu, x)
+    big = torch.full((64,), 300.0, dtype=_H)  # fp16: (300 * 300) overflows to inf in eager, and here
+    (out,), _ = emulate(lambda x: x * x / 1000, big)
+    assert torch.isinf(out).all() and torch.equal(out, big * big / 1000)
