@@ -685,7 +685,8 @@ static int is_cpu(PyObject *device) {
 static const char *const fresh_externs[] = {"matmul", "op.matmul", "mm", "bmm", "addmm", "baddbmm", "F.linear", "F.conv1d",
                                             "F.conv2d", "F.conv3d", "F.scaled_dot_product_attention", "empty",
                                             "ops._c10d_functional.all_reduce", "ops._c10d_functional.all_gather_into_tensor",
-                                            "ops._c10d_functional.reduce_scatter_tensor", "ops._c10d_functional.broadcast", NULL};
+                                            "ops._c10d_functional.reduce_scatter_tensor", "ops._c10d_functional.broadcast",
+                                            "ops._c10d_functional.all_to_all_single", NULL};
 /* those of them that take out= (torch.mm(a, b, out=t) returns t: native_functions.yaml's mm.out,
  * matmul.out, linear.out ...), as (module, name): the call's target must be that very function
  * (torch.Tensor.mm, whose key is "mm" too, takes no out=) */

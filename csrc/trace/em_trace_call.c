@@ -1905,7 +1905,8 @@ static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args,
                             ? PyUnicode_AsUTF8(((PyFunctionObject *)fn)->func_name)
                             : NULL;
     if (fname && (!strcmp(fname, "all_reduce") || !strcmp(fname, "all_gather_into_tensor") ||
-                  !strcmp(fname, "reduce_scatter_tensor") || !strcmp(fname, "broadcast"))) {
+                  !strcmp(fname, "reduce_scatter_tensor") || !strcmp(fname, "broadcast") ||
+                  !strcmp(fname, "all_to_all_single"))) {
         TValue *r = em_tr_dist_collective(T, fname, args, nargs, kwnames, kwvals);
         if (r || T->broke || PyErr_Occurred()) return r;
     }

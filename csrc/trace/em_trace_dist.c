@@ -1,6 +1,6 @@
 /* trace: torch.distributed collectives in compiled code (issue 42 item 3), traced as Dynamo traces
  * them: funcol.all_reduce and dist.all_reduce / all_gather_into_tensor / reduce_scatter_tensor /
- * broadcast become torch.ops._c10d_functional.<op> and its wait_tensor, extern calls in program
+ * broadcast / all_to_all_single become torch.ops._c10d_functional.<op> and its wait_tensor, extern calls in program
  * order (the in-place forms then copy the result into their output: funcol's *_inplace rewrites).
  * Nothing is run at trace time: every rank must make the same calls. What is not taken
  * (async_op=True, other collectives, groups given as rank lists or meshes) returns NULL without a
@@ -15,13 +15,16 @@
  * funcol runs under a compiler (Dynamo traces the same pairs): an extern call in program order,
  * waited on where its result is read. op: "all_reduce" (t, reduce_op, group_name),
  * "all_gather_into_tensor" (t, group_size, group_name), "reduce_scatter_tensor" (t, reduce_op,
- * group_size, group_name), "broadcast" (t, src, group_name); op_name: the reduction ("sum", ...),
- * broadcast's source rank in the group (an int), unused by the gather. NULL without a
+ * group_size, group_name), "broadcast" (t, src, group_name), "all_to_all_single" (t,
+ * output_split_sizes, input_split_sizes, group_name); extra[0 .. nextra): the constants between t
+ * and the group's size / name (the reduction's name, broadcast's source rank in the group,
+ * all_to_all's two lists of split sizes). NULL without a
  * break for what it does not take (the caller breaks): a group that is not a name (str), a
  * ProcessGroup (guarded by identity, its group_name and size read at trace time) or, where
  * none_is_default, None (the default group's name and size, read at trace time); a torch without
  * these ops. */
-static TValue *emit_collective(Trace *T, const char *op, TValue *t, PyObject *op_name, TValue *g, bool none_is_default) {
+static TValue *emit_collective(Trace *T, const char *op, TValue *t, PyObject *const *extra, uint32_t nextra, TValue *g,
+                               bool none_is_default) {
     static PyObject *ops, *wait, *pg_type, *default_group, *resolve; /* one interpreter; torch lives as long as it */
     if (!wait) {
         PyObject *ns = em_lazy_attr(&ops, "torch", "ops") ? PyObject_GetAttrString(ops, "_c10d_functional") : NULL;
@@ -36,11 +39,12 @@ static TValue *emit_collective(Trace *T, const char *op, TValue *t, PyObject *op
         }
         wait = w;
     }
-    static const char *const names[4] = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast"};
-    static PyObject *fns[4]; /* the ops, kept (torch lives as long as the interpreter) */
+    static const char *const names[5] = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
+                                         "all_to_all_single"};
+    static PyObject *fns[5]; /* the ops, kept (torch lives as long as the interpreter) */
     int k = 0;
-    while (k < 4 && strcmp(names[k], op)) k++;
-    if (k == 4 || t->kind != TV_TENSOR) return NULL;
+    while (k < 5 && strcmp(names[k], op)) k++;
+    if (k == 5 || t->kind != TV_TENSOR || nextra > 2) return NULL;
     if (!fns[k]) {
         PyObject *ns = PyObject_GetAttrString(ops, "_c10d_functional");
         fns[k] = ns ? PyObject_GetAttrString(ns, op) : NULL;
@@ -66,10 +70,10 @@ static TValue *emit_collective(Trace *T, const char *op, TValue *t, PyObject *op
         PyErr_Clear();
         return NULL;
     }
-    TValue *a[4];
+    TValue *a[5];
     uint32_t n = 0;
     a[n++] = t;
-    if (k != 1) a[n++] = em_tr_const(T, op_name);
+    for (uint32_t q = 0; q < nextra; q++) a[n++] = em_tr_const(T, extra[q]);
     if (sized) a[n++] = em_tr_const_steal(T, size);
     a[n++] = em_tr_const_steal(T, name);
     for (uint32_t i = 0; i < n; i++)
@@ -87,7 +91,7 @@ TValue *em_tr_funcol_all_reduce(Trace *T, TValue **args, uint32_t nargs, PyObjec
     if (op->kind != TV_CONST || !PyUnicode_Check(op->obj) || em_tr_use(T, op) < 0) return NULL;
     PyObject *low = PyObject_CallMethod(op->obj, "lower", NULL);
     if (!low) return NULL;
-    TValue *r = emit_collective(T, "all_reduce", t, low, g, false);
+    TValue *r = emit_collective(T, "all_reduce", t, &low, 1, g, false);
     Py_DECREF(low);
     return r;
 }
@@ -134,6 +138,61 @@ static const char *reduce_op_name(Trace *T, TValue *op) {
     return opn && em_tr_use(T, op) == 0 ? opn : NULL;
 }
 
+/* dist.all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
+ * group=None, async_op=False): the functional op with both lists of split sizes, then
+ * output.copy_(result). Lists given are constants (guarded by value); both None split dim 0 of the
+ * input evenly, as funcol does, in the default group and for a static dim 0 that the group's size
+ * divides (otherwise eager's call raises: NULL, run at a graph break). */
+static TValue *all_to_all_single(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
+    static const char *const params[] = {"output", "input", "output_split_sizes", "input_split_sizes", "group", "async_op"};
+    static PyObject *world_size;
+    TValue *slot[6];
+    if (bind_dist(T, params, 6, args, nargs, kwnames, kwvals, slot) < 0) return PyErr_Clear(), NULL;
+    TValue *out = slot[0], *in = slot[1], *g = slot[4] ? slot[4] : em_tr_const(T, Py_None);
+    if (!in || !g || out->kind != TV_TENSOR || in->kind != TV_TENSOR) return PyErr_Clear(), NULL;
+    PyObject *splits[2] = {NULL, NULL};
+    int nones = 0;
+    for (int q = 0; q < 2; q++) {
+        TValue *v = slot[2 + q];
+        if (!v || (v->kind == TV_CONST && v->obj == Py_None)) {
+            nones++;
+            continue;
+        }
+        PyObject *o = em_tr_to_py_const(T, v);
+        splits[q] = o && (PyList_Check(o) || PyTuple_Check(o)) ? PySequence_List(o) : NULL;
+        Py_XDECREF(o);
+        for (Py_ssize_t i = 0; splits[q] && i < PyList_GET_SIZE(splits[q]); i++)
+            if (!PyLong_Check(PyList_GET_ITEM(splits[q], i))) Py_CLEAR(splits[q]);
+        if (!splits[q]) goto fail;
+    }
+    if (nones == 1) goto fail;
+    if (nones == 2) { /* [dim 0 // group size] * group size, in the default group */
+        const IRMeta *m = in->u.t.meta;
+        if (!em_lazy_attr(&world_size, "torch.distributed.distributed_c10d", "get_world_size") || g->kind != TV_CONST ||
+            g->obj != Py_None || !m || m->ndim < 1 || m->sym_sizes)
+            goto fail;
+        PyObject *w = PyObject_CallNoArgs(world_size);
+        long n = w ? PyLong_AsLong(w) : -1;
+        Py_XDECREF(w);
+        if (n <= 0 || m->sizes[0] % n) goto fail;
+        splits[0] = PyList_New(n);
+        for (long i = 0; splits[0] && i < n; i++) PyList_SET_ITEM(splits[0], i, PyLong_FromLongLong(m->sizes[0] / n));
+        splits[1] = splits[0] ? PySequence_List(splits[0]) : NULL;
+        if (!splits[1] || PyErr_Occurred()) goto fail;
+    }
+    TValue *r = emit_collective(T, "all_to_all_single", in, splits, 2, g, true);
+    Py_DECREF(splits[0]);
+    Py_DECREF(splits[1]);
+    if (!r) return PyErr_Clear(), NULL;
+    TValue *ca[2] = {out, r};
+    if (!em_tr_torch_call(T, IR_CALL_METHOD, em_str("copy_"), ca, 2, NULL, NULL)) return NULL;
+    return em_tr_const(T, Py_None);
+fail:
+    Py_XDECREF(splits[0]);
+    Py_XDECREF(splits[1]);
+    return PyErr_Clear(), NULL;
+}
+
 /* dist.all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False),
  * dist.all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False),
  * dist.reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False) and
@@ -144,8 +203,8 @@ static const char *reduce_op_name(Trace *T, TValue *op) {
  * or MAX, guarded where it was read. broadcast's src: a constant global rank, in the default group
  * only (where it is the group's rank too; group_src and other groups break). NULL without a break
  * for what it does not take (async_op=True: a Work handle; another op; a group that is not None, a
- * name or a ProcessGroup): the caller breaks. Other collectives (all_to_all ...) break, as under
- * Dynamo. */
+ * name or a ProcessGroup): the caller breaks. dist.all_to_all_single: all_to_all_single above.
+ * Other collectives (all_to_all of lists, all_gather of lists ...) break, as under Dynamo. */
 TValue *em_tr_dist_collective(Trace *T, const char *which, TValue **args, uint32_t nargs, PyObject *kwnames,
                                TValue **kwvals) {
     static const char *const p_reduce[] = {"tensor", "op", "group", "async_op"};
@@ -159,12 +218,13 @@ TValue *em_tr_dist_collective(Trace *T, const char *which, TValue **args, uint32
         if (t->kind != TV_TENSOR || !src || src->kind != TV_CONST || !PyLong_Check(src->obj) || !g ||
             g->kind != TV_CONST || g->obj != Py_None || em_tr_use(T, src) < 0)
             return PyErr_Clear(), NULL;
-        TValue *r = emit_collective(T, "broadcast", t, src->obj, g, true);
+        TValue *r = emit_collective(T, "broadcast", t, &src->obj, 1, g, true);
         if (!r) return PyErr_Clear(), NULL;
         TValue *ca[2] = {t, r};
         if (!em_tr_torch_call(T, IR_CALL_METHOD, em_str("copy_"), ca, 2, NULL, NULL)) return NULL;
         return em_tr_const(T, Py_None);
     }
+    if (!strcmp(which, "all_to_all_single")) return all_to_all_single(T, args, nargs, kwnames, kwvals);
     bool reduce = !strcmp(which, "all_reduce"), gather = !strcmp(which, "all_gather_into_tensor");
     const char *const *params = reduce ? p_reduce : gather ? p_gather : p_scatter;
     int np = reduce || gather ? 4 : 5;
@@ -174,7 +234,7 @@ TValue *em_tr_dist_collective(Trace *T, const char *which, TValue **args, uint32
     const char *opn = reduce_op_name(T, op);
     if (!in || !opn || !g || out->kind != TV_TENSOR) return PyErr_Clear(), NULL;
     PyObject *name = PyUnicode_FromString(opn);
-    TValue *r = name ? emit_collective(T, reduce ? "all_reduce" : which, in, name, g, true) : NULL;
+    TValue *r = name ? emit_collective(T, reduce ? "all_reduce" : which, in, &name, gather ? 0 : 1, g, true) : NULL;
     Py_XDECREF(name);
     if (!r) return PyErr_Clear(), NULL;
     TValue *ca[2] = {out, r};

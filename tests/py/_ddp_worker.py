@@ -184,8 +184,19 @@ def collective(rank):
         dist.broadcast(x, group_src=0)
         return x + 1
 
+    def all_to_all(x):  # even splits: each rank's halves exchanged
+        out = torch.empty(x.numel())
+        dist.all_to_all_single(out, x * 2)
+        return out + 1
+
+    def all_to_all_splits(x, s=[1, 3] if rank == 0 else [3, 1]):  # noqa: B006 (guarded by value)
+        out = torch.empty(x.numel())
+        dist.all_to_all_single(out, x + torch.arange(4.0), output_split_sizes=s, input_split_sizes=s)
+        return out
+
     out = {}
-    for fn in (f, on_input, asynchronous, with_op, gather, scatter, broadcast, broadcast_made, world, group_src):
+    for fn in (f, on_input, asynchronous, with_op, gather, scatter, broadcast, broadcast_made, world, group_src,
+               all_to_all, all_to_all_splits):
         ember.reset()
         x = torch.full((4,), float(rank + 1))
         xe = x.clone()

@@ -103,8 +103,8 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
     argument: guarded by identity). async_op=True returns a
     Work handle: a graph break, run as Python. dist.all_gather_into_tensor and
     dist.reduce_scatter_tensor are traced the same way (funcol's all_gather_tensor_inplace and
-    reduce_scatter_tensor_inplace), and dist.broadcast (in the default group; by group_src: a graph
-    break). dist.get_world_size() and dist.get_rank() are read at trace time, as Dynamo folds them.
+    reduce_scatter_tensor_inplace), dist.broadcast (in the default group; by group_src: a graph
+    break) and dist.all_to_all_single (even splits, and constant lists of split sizes). dist.get_world_size() and dist.get_rank() are read at trace time, as Dynamo folds them.
     Results and inputs as eager's on every rank."""
     for res in ranks:
         out = res["collective"]
@@ -126,7 +126,8 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
         assert torch.equal(out["gather"][1][0], torch.tensor([3.0] * 4 + [5.0] * 4))  # (1 | 2) * 2 + 1
         assert torch.equal(out["scatter"][1][0], torch.full((2,), 7.0))  # (1 + 2) * 2 + 1
         for name, op in (("gather", "all_gather_into_tensor"), ("scatter", "reduce_scatter_tensor"),
-                         ("broadcast", "broadcast"), ("broadcast_made", "broadcast")):
+                         ("broadcast", "broadcast"), ("broadcast_made", "broadcast"),
+                         ("all_to_all", "all_to_all_single"), ("all_to_all_splits", "all_to_all_single")):
             (kind, ops, fallback), = out[name][4]
             assert kind == "graph", out[name][4]
             assert ops.index(f"torch.ops._c10d_functional.{op}") < ops.index(
@@ -140,6 +141,13 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
         (kind, ops, _), = out["world"][4]  # x * 2 + rank: no collective, the sizes baked in
         assert kind == "graph" and not any("distributed" in o or "c10d" in o for o in ops), ops
         assert any(k == "break" for k, _, _ in out["group_src"][4]), out["group_src"][4]
+    # all_to_all_single (x = rank + 1): rank 0 gets both ranks' first halves, rank 1 the second halves
+    r0, r1 = ranks[0]["collective"], ranks[1]["collective"]
+    assert torch.equal(r0["all_to_all"][0][0], torch.tensor([3.0, 3.0, 5.0, 5.0]))
+    assert torch.equal(r1["all_to_all"][0][0], torch.tensor([3.0, 3.0, 5.0, 5.0]))
+    # uneven splits [1, 3] / [3, 1]: rank 0 gets 1 element of its own and 3 of rank 1's
+    assert torch.equal(r0["all_to_all_splits"][0][0], torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert torch.equal(r1["all_to_all_splits"][0][0], torch.tensor([2.0, 3.0, 4.0, 5.0]))
 
 
 @pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16_params"])
