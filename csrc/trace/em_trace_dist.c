@@ -1,6 +1,6 @@
 /* trace: torch.distributed collectives in compiled code (issue 42 item 3), traced as Dynamo traces
  * them: funcol.all_reduce and dist.all_reduce / all_gather_into_tensor / reduce_scatter_tensor /
- * broadcast / all_to_all_single become torch.ops._c10d_functional.<op> and its wait_tensor, extern calls in program
+ * broadcast / all_to_all_single / all_gather (of a list) become torch.ops._c10d_functional.<op> and its wait_tensor, extern calls in program
  * order (the in-place forms then copy the result into their output: funcol's *_inplace rewrites).
  * Nothing is run at trace time: every rank must make the same calls. What is not taken
  * (async_op=True, other collectives, groups given as rank lists or meshes) returns NULL without a
@@ -193,6 +193,45 @@ fail:
     return PyErr_Clear(), NULL;
 }
 
+/* dist.all_gather(tensor_list, tensor, group=None, async_op=False), as Dynamo rewrites it
+ * (funcol.all_gather_inplace): the functional all_gather_into_tensor of tensor along dim 0, its
+ * wait, then each list entry's copy_ of its rank's slice (narrow). In the default group, for a list
+ * of tensors of the input's static shape (dim 0 at least) as long as the group (otherwise eager's
+ * call raises, at a graph break). */
+static TValue *all_gather_list(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
+    static const char *const params[] = {"tensor_list", "tensor", "group", "async_op"};
+    static PyObject *world_size;
+    TValue *slot[4];
+    if (bind_dist(T, params, 4, args, nargs, kwnames, kwvals, slot) < 0) return PyErr_Clear(), NULL;
+    TValue *lst = slot[0], *in = slot[1], *g = slot[2] ? slot[2] : em_tr_const(T, Py_None);
+    if (!in || !g || in->kind != TV_TENSOR || (lst->kind != TV_LIST && lst->kind != TV_TUPLE) || g->kind != TV_CONST ||
+        g->obj != Py_None || !em_lazy_attr(&world_size, "torch.distributed.distributed_c10d", "get_world_size"))
+        return PyErr_Clear(), NULL;
+    const IRMeta *m = in->u.t.meta;
+    PyObject *w = PyObject_CallNoArgs(world_size);
+    long n = w ? PyLong_AsLong(w) : -1;
+    Py_XDECREF(w);
+    if (!m || m->ndim < 1 || m->sym_sizes || n <= 0 || (long)lst->u.seq.n != n) return PyErr_Clear(), NULL;
+    for (uint32_t i = 0; i < lst->u.seq.n; i++) {
+        TValue *t = em_tr_realize(T, lst->u.seq.items[i]);
+        const IRMeta *tm = t && t->kind == TV_TENSOR ? t->u.t.meta : NULL;
+        if (!tm || tm->sym_sizes || tm->ndim != m->ndim || memcmp(tm->sizes, m->sizes, m->ndim * sizeof(int64_t)))
+            return PyErr_Clear(), NULL;
+    }
+    TValue *r = emit_collective(T, "all_gather_into_tensor", in, NULL, 0, g, true);
+    if (!r) return PyErr_Clear(), NULL;
+    for (uint32_t i = 0; i < lst->u.seq.n; i++) {
+        TValue *na[4] = {r, em_tr_const_steal(T, PyLong_FromLong(0)),
+                         em_tr_const_steal(T, PyLong_FromLongLong((long long)i * m->sizes[0])),
+                         em_tr_const_steal(T, PyLong_FromLongLong(m->sizes[0]))};
+        if (!na[1] || !na[2] || !na[3]) return NULL;
+        TValue *piece = em_tr_torch_call(T, IR_CALL_METHOD, em_str("narrow"), na, 4, NULL, NULL);
+        TValue *ca[2] = {em_tr_realize(T, lst->u.seq.items[i]), piece};
+        if (!piece || !ca[0] || !em_tr_torch_call(T, IR_CALL_METHOD, em_str("copy_"), ca, 2, NULL, NULL)) return NULL;
+    }
+    return em_tr_const(T, Py_None);
+}
+
 /* dist.all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False),
  * dist.all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False),
  * dist.reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False) and
@@ -203,8 +242,8 @@ fail:
  * or MAX, guarded where it was read. broadcast's src: a constant global rank, in the default group
  * only (where it is the group's rank too; group_src and other groups break). NULL without a break
  * for what it does not take (async_op=True: a Work handle; another op; a group that is not None, a
- * name or a ProcessGroup): the caller breaks. dist.all_to_all_single: all_to_all_single above.
- * Other collectives (all_to_all of lists, all_gather of lists ...) break, as under Dynamo. */
+ * name or a ProcessGroup): the caller breaks. dist.all_to_all_single and dist.all_gather: the
+ * functions above. Other collectives (all_to_all of lists, reduce_scatter of lists ...) break. */
 TValue *em_tr_dist_collective(Trace *T, const char *which, TValue **args, uint32_t nargs, PyObject *kwnames,
                                TValue **kwvals) {
     static const char *const p_reduce[] = {"tensor", "op", "group", "async_op"};
@@ -225,6 +264,7 @@ TValue *em_tr_dist_collective(Trace *T, const char *which, TValue **args, uint32
         return em_tr_const(T, Py_None);
     }
     if (!strcmp(which, "all_to_all_single")) return all_to_all_single(T, args, nargs, kwnames, kwvals);
+    if (!strcmp(which, "all_gather")) return all_gather_list(T, args, nargs, kwnames, kwvals);
     bool reduce = !strcmp(which, "all_reduce"), gather = !strcmp(which, "all_gather_into_tensor");
     const char *const *params = reduce ? p_reduce : gather ? p_gather : p_scatter;
     int np = reduce || gather ? 4 : 5;

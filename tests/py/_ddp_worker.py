@@ -194,9 +194,14 @@ def collective(rank):
         dist.all_to_all_single(out, x + torch.arange(4.0), output_split_sizes=s, input_split_sizes=s)
         return out
 
+    def gather_list(x):  # the list form: one gather into a buffer, each entry copied its slice
+        outs = [torch.zeros(4) for _ in range(ws)]
+        dist.all_gather(outs, x * 2)
+        return torch.stack(outs) + 1
+
     out = {}
     for fn in (f, on_input, asynchronous, with_op, gather, scatter, broadcast, broadcast_made, world, group_src,
-               all_to_all, all_to_all_splits):
+               all_to_all, all_to_all_splits, gather_list):
         ember.reset()
         x = torch.full((4,), float(rank + 1))
         xe = x.clone()
