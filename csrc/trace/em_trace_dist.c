@@ -1,7 +1,8 @@
 /* trace: torch.distributed collectives in compiled code (issue 42 item 3), traced as Dynamo traces
  * them: funcol.all_reduce and dist.all_reduce / all_gather_into_tensor / reduce_scatter_tensor /
- * broadcast / all_to_all_single / all_gather (of a list) become torch.ops._c10d_functional.<op> and its wait_tensor, extern calls in program
- * order (the in-place forms then copy the result into their output: funcol's *_inplace rewrites).
+ * broadcast / all_to_all_single / all_gather (of a list) become torch.ops._c10d_functional.<op>
+ * and its wait_tensor, extern calls in program order (the in-place forms then copy the result
+ * into their output: funcol's *_inplace rewrites).
  * Nothing is run at trace time: every rank must make the same calls. What is not taken
  * (async_op=True, other collectives, groups given as rank lists or meshes) returns NULL without a
  * break, and the caller (em_trace_call.c, call_torch) breaks the graph with its reason.
@@ -144,7 +145,8 @@ static const char *reduce_op_name(Trace *T, TValue *op) {
  * input evenly, as funcol does, in the default group and for a static dim 0 that the group's size
  * divides (otherwise eager's call raises: NULL, run at a graph break). */
 static TValue *all_to_all_single(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
-    static const char *const params[] = {"output", "input", "output_split_sizes", "input_split_sizes", "group", "async_op"};
+    static const char *const params[] = {"output", "input", "output_split_sizes", "input_split_sizes", "group",
+                                         "async_op"};
     static PyObject *world_size;
     TValue *slot[6];
     if (bind_dist(T, params, 6, args, nargs, kwnames, kwvals, slot) < 0) return PyErr_Clear(), NULL;
