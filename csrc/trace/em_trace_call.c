@@ -1906,7 +1906,8 @@ static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args,
                             : NULL;
     if (fname && (!strcmp(fname, "all_reduce") || !strcmp(fname, "all_gather_into_tensor") ||
                   !strcmp(fname, "reduce_scatter_tensor") || !strcmp(fname, "broadcast") ||
-                  !strcmp(fname, "all_to_all_single") || !strcmp(fname, "all_gather"))) {
+                  !strcmp(fname, "all_to_all_single") || !strcmp(fname, "all_gather") ||
+                  !strcmp(fname, "reduce_scatter"))) {
         TValue *r = em_tr_dist_collective(T, fname, args, nargs, kwnames, kwvals);
         if (r || T->broke || PyErr_Occurred()) return r;
     }

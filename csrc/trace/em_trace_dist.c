@@ -1,8 +1,8 @@
 /* trace: torch.distributed collectives in compiled code (issue 42 item 3), traced as Dynamo traces
  * them: funcol.all_reduce and dist.all_reduce / all_gather_into_tensor / reduce_scatter_tensor /
- * broadcast / all_to_all_single / all_gather (of a list) become torch.ops._c10d_functional.<op>
- * and its wait_tensor, extern calls in program order (the in-place forms then copy the result
- * into their output: funcol's *_inplace rewrites).
+ * broadcast / all_to_all_single / all_gather and reduce_scatter (of lists) become
+ * torch.ops._c10d_functional.<op> and its wait_tensor, extern calls in program order (the in-place
+ * forms then copy the result into their output: funcol's *_inplace rewrites).
  * Nothing is run at trace time: every rank must make the same calls. What is not taken
  * (async_op=True, other collectives, groups given as rank lists or meshes) returns NULL without a
  * break, and the caller (em_trace_call.c, call_torch) breaks the graph with its reason.
@@ -234,6 +234,45 @@ static TValue *all_gather_list(Trace *T, TValue **args, uint32_t nargs, PyObject
     return em_tr_const(T, Py_None);
 }
 
+/* dist.reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False), as
+ * Dynamo rewrites it (funcol.reduce_scatter_inplace): torch.cat(input_list) along dim 0, the
+ * functional reduce_scatter_tensor of it, its wait, then output.copy_(result). In the default
+ * group, for a list as long as the group of tensors of the output's static shape (otherwise
+ * eager's call raises, at a graph break). */
+static TValue *reduce_scatter_list(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
+    static const char *const params[] = {"output", "input_list", "op", "group", "async_op"};
+    static PyObject *world_size, *cat;
+    TValue *slot[5];
+    if (bind_dist(T, params, 5, args, nargs, kwnames, kwvals, slot) < 0) return PyErr_Clear(), NULL;
+    TValue *out = slot[0], *lst = slot[1], *g = slot[3] ? slot[3] : em_tr_const(T, Py_None);
+    const char *opn = reduce_op_name(T, slot[2]);
+    if (!lst || !g || !opn || out->kind != TV_TENSOR || (lst->kind != TV_LIST && lst->kind != TV_TUPLE) ||
+        g->kind != TV_CONST || g->obj != Py_None ||
+        !em_lazy_attr(&world_size, "torch.distributed.distributed_c10d", "get_world_size") ||
+        !em_lazy_attr(&cat, "torch", "cat"))
+        return PyErr_Clear(), NULL;
+    const IRMeta *m = out->u.t.meta;
+    PyObject *w = PyObject_CallNoArgs(world_size);
+    long n = w ? PyLong_AsLong(w) : -1;
+    Py_XDECREF(w);
+    if (!m || m->ndim < 1 || m->sym_sizes || n <= 0 || (long)lst->u.seq.n != n) return PyErr_Clear(), NULL;
+    for (uint32_t i = 0; i < lst->u.seq.n; i++) {
+        TValue *t = em_tr_realize(T, lst->u.seq.items[i]);
+        const IRMeta *tm = t && t->kind == TV_TENSOR ? t->u.t.meta : NULL;
+        if (!tm || tm->sym_sizes || tm->ndim != m->ndim || memcmp(tm->sizes, m->sizes, m->ndim * sizeof(int64_t)))
+            return PyErr_Clear(), NULL;
+    }
+    TValue *ca[2] = {lst, em_tr_const_steal(T, PyLong_FromLong(0))};
+    TValue *whole = ca[1] ? em_tr_torch_call(T, IR_CALL_FUNCTION, cat, ca, 2, NULL, NULL) : NULL;
+    PyObject *name = whole ? PyUnicode_FromString(opn) : NULL;
+    TValue *r = name ? emit_collective(T, "reduce_scatter_tensor", whole, &name, 1, g, true) : NULL;
+    Py_XDECREF(name);
+    if (!r) return T->broke ? NULL : (PyErr_Clear(), NULL);
+    TValue *cp[2] = {out, r};
+    if (!em_tr_torch_call(T, IR_CALL_METHOD, em_str("copy_"), cp, 2, NULL, NULL)) return NULL;
+    return em_tr_const(T, Py_None);
+}
+
 /* dist.all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False),
  * dist.all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False),
  * dist.reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False) and
@@ -244,8 +283,8 @@ static TValue *all_gather_list(Trace *T, TValue **args, uint32_t nargs, PyObject
  * or MAX, guarded where it was read. broadcast's src: a constant global rank, in the default group
  * only (where it is the group's rank too; group_src and other groups break). NULL without a break
  * for what it does not take (async_op=True: a Work handle; another op; a group that is not None, a
- * name or a ProcessGroup): the caller breaks. dist.all_to_all_single and dist.all_gather: the
- * functions above. Other collectives (all_to_all of lists, reduce_scatter of lists ...) break. */
+ * name or a ProcessGroup): the caller breaks. dist.all_to_all_single, dist.all_gather and
+ * dist.reduce_scatter: the functions above. Other collectives (all_to_all of lists ...) break. */
 TValue *em_tr_dist_collective(Trace *T, const char *which, TValue **args, uint32_t nargs, PyObject *kwnames,
                                TValue **kwvals) {
     static const char *const p_reduce[] = {"tensor", "op", "group", "async_op"};
@@ -267,6 +306,7 @@ TValue *em_tr_dist_collective(Trace *T, const char *which, TValue **args, uint32
     }
     if (!strcmp(which, "all_to_all_single")) return all_to_all_single(T, args, nargs, kwnames, kwvals);
     if (!strcmp(which, "all_gather")) return all_gather_list(T, args, nargs, kwnames, kwvals);
+    if (!strcmp(which, "reduce_scatter")) return reduce_scatter_list(T, args, nargs, kwnames, kwvals);
     bool reduce = !strcmp(which, "all_reduce"), gather = !strcmp(which, "all_gather_into_tensor");
     const char *const *params = reduce ? p_reduce : gather ? p_gather : p_scatter;
     int np = reduce || gather ? 4 : 5;

@@ -199,9 +199,14 @@ def collective(rank):
         dist.all_gather(outs, x * 2)
         return torch.stack(outs) + 1
 
+    def scatter_list(x):  # the list form: the pieces concatenated, one reduce_scatter_tensor
+        out = torch.empty(2)
+        dist.reduce_scatter(out, [x[:2] * 2, x[2:] + 1])
+        return out * 3
+
     out = {}
     for fn in (f, on_input, asynchronous, with_op, gather, scatter, broadcast, broadcast_made, world, group_src,
-               all_to_all, all_to_all_splits, gather_list):
+               all_to_all, all_to_all_splits, gather_list, scatter_list):
         ember.reset()
         x = torch.full((4,), float(rank + 1))
         xe = x.clone()

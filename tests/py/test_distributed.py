@@ -104,8 +104,8 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
     Work handle: a graph break, run as Python. dist.all_gather_into_tensor and
     dist.reduce_scatter_tensor are traced the same way (funcol's all_gather_tensor_inplace and
     reduce_scatter_tensor_inplace), dist.broadcast (in the default group; by group_src: a graph
-    break), dist.all_to_all_single (even splits, and constant lists of split sizes) and dist.all_gather
-    into a list (funcol's all_gather_inplace). dist.get_world_size() and dist.get_rank() are read at trace time, as Dynamo folds them.
+    break), dist.all_to_all_single (even splits, and constant lists of split sizes) dist.all_gather
+    into a list and dist.reduce_scatter of a list (funcol's all_gather_inplace, reduce_scatter_inplace). dist.get_world_size() and dist.get_rank() are read at trace time, as Dynamo folds them.
     Results and inputs as eager's on every rank."""
     for res in ranks:
         out = res["collective"]
@@ -129,7 +129,7 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
         for name, op in (("gather", "all_gather_into_tensor"), ("scatter", "reduce_scatter_tensor"),
                          ("broadcast", "broadcast"), ("broadcast_made", "broadcast"),
                          ("all_to_all", "all_to_all_single"), ("all_to_all_splits", "all_to_all_single"),
-                         ("gather_list", "all_gather_into_tensor")):
+                         ("gather_list", "all_gather_into_tensor"), ("scatter_list", "reduce_scatter_tensor")):
             (kind, ops, fallback), = out[name][4]
             assert kind == "graph", out[name][4]
             assert ops.index(f"torch.ops._c10d_functional.{op}") < ops.index(
@@ -145,6 +145,9 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
         assert any(k == "break" for k, _, _ in out["group_src"][4]), out["group_src"][4]
     for res in ranks:  # dist.all_gather into a list: each rank's x * 2 + 1
         assert torch.equal(res["collective"]["gather_list"][0][0], torch.tensor([[3.0] * 4, [5.0] * 4]))
+    # dist.reduce_scatter of a list (x = rank + 1): rank 0 gets (1 + 2) * 2 * 3, rank 1 (2 + 3) * 3
+    assert torch.equal(ranks[0]["collective"]["scatter_list"][0][0], torch.full((2,), 18.0))
+    assert torch.equal(ranks[1]["collective"]["scatter_list"][0][0], torch.full((2,), 15.0))
     # all_to_all_single (x = rank + 1): rank 0 gets both ranks' first halves, rank 1 the second halves
     r0, r1 = ranks[0]["collective"], ranks[1]["collective"]
     assert torch.equal(r0["all_to_all"][0][0], torch.tensor([3.0, 3.0, 5.0, 5.0]))
