@@ -139,6 +139,33 @@ static const char *reduce_op_name(Trace *T, TValue *op) {
     return opn && em_tr_use(T, op) == 0 ? opn : NULL;
 }
 
+/* The default group's size (dist.get_world_size(), read at trace time), -1 when it cannot be read
+ * (no exception left). */
+static long default_group_size(void) {
+    static PyObject *world_size;
+    if (!em_lazy_attr(&world_size, "torch.distributed.distributed_c10d", "get_world_size")) return PyErr_Clear(), -1;
+    PyObject *w = PyObject_CallNoArgs(world_size);
+    long n = w ? PyLong_AsLong(w) : -1;
+    Py_XDECREF(w);
+    if (PyErr_Occurred()) PyErr_Clear();
+    return n > 0 ? n : -1;
+}
+
+/* The list forms' condition (eager's call raises otherwise): g is None (the default group) and lst a
+ * list or tuple as long as the group, of tensors of m's static shape (dim 0 at least). */
+static bool default_group_list(Trace *T, TValue *lst, TValue *g, const IRMeta *m) {
+    if (!lst || !g || (lst->kind != TV_LIST && lst->kind != TV_TUPLE) || g->kind != TV_CONST || g->obj != Py_None ||
+        !m || m->ndim < 1 || m->sym_sizes || (long)lst->u.seq.n != default_group_size())
+        return false;
+    for (uint32_t i = 0; i < lst->u.seq.n; i++) {
+        TValue *t = em_tr_realize(T, lst->u.seq.items[i]);
+        const IRMeta *tm = t && t->kind == TV_TENSOR ? t->u.t.meta : NULL;
+        if (!tm || tm->sym_sizes || tm->ndim != m->ndim || memcmp(tm->sizes, m->sizes, m->ndim * sizeof(int64_t)))
+            return false;
+    }
+    return true;
+}
+
 /* dist.all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
  * group=None, async_op=False): the functional op with both lists of split sizes, then
  * output.copy_(result). Lists given are constants (guarded by value); both None split dim 0 of the
@@ -147,7 +174,6 @@ static const char *reduce_op_name(Trace *T, TValue *op) {
 static TValue *all_to_all_single(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
     static const char *const params[] = {"output", "input", "output_split_sizes", "input_split_sizes", "group",
                                          "async_op"};
-    static PyObject *world_size;
     TValue *slot[6];
     if (bind_dist(T, params, 6, args, nargs, kwnames, kwvals, slot) < 0) return PyErr_Clear(), NULL;
     TValue *out = slot[0], *in = slot[1], *g = slot[4] ? slot[4] : em_tr_const(T, Py_None);
@@ -170,13 +196,8 @@ static TValue *all_to_all_single(Trace *T, TValue **args, uint32_t nargs, PyObje
     if (nones == 1) goto fail;
     if (nones == 2) { /* [dim 0 // group size] * group size, in the default group */
         const IRMeta *m = in->u.t.meta;
-        if (!em_lazy_attr(&world_size, "torch.distributed.distributed_c10d", "get_world_size") || g->kind != TV_CONST ||
-            g->obj != Py_None || !m || m->ndim < 1 || m->sym_sizes)
-            goto fail;
-        PyObject *w = PyObject_CallNoArgs(world_size);
-        long n = w ? PyLong_AsLong(w) : -1;
-        Py_XDECREF(w);
-        if (n <= 0 || m->sizes[0] % n) goto fail;
+        long n = g->kind == TV_CONST && g->obj == Py_None ? default_group_size() : -1;
+        if (!m || m->ndim < 1 || m->sym_sizes || n <= 0 || m->sizes[0] % n) goto fail;
         splits[0] = PyList_New(n);
         for (long i = 0; splits[0] && i < n; i++) PyList_SET_ITEM(splits[0], i, PyLong_FromLongLong(m->sizes[0] / n));
         splits[1] = splits[0] ? PySequence_List(splits[0]) : NULL;
@@ -202,24 +223,11 @@ fail:
  * call raises, at a graph break). */
 static TValue *all_gather_list(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
     static const char *const params[] = {"tensor_list", "tensor", "group", "async_op"};
-    static PyObject *world_size;
     TValue *slot[4];
     if (bind_dist(T, params, 4, args, nargs, kwnames, kwvals, slot) < 0) return PyErr_Clear(), NULL;
     TValue *lst = slot[0], *in = slot[1], *g = slot[2] ? slot[2] : em_tr_const(T, Py_None);
-    if (!in || !g || in->kind != TV_TENSOR || (lst->kind != TV_LIST && lst->kind != TV_TUPLE) || g->kind != TV_CONST ||
-        g->obj != Py_None || !em_lazy_attr(&world_size, "torch.distributed.distributed_c10d", "get_world_size"))
-        return PyErr_Clear(), NULL;
+    if (!in || in->kind != TV_TENSOR || !default_group_list(T, lst, g, in->u.t.meta)) return PyErr_Clear(), NULL;
     const IRMeta *m = in->u.t.meta;
-    PyObject *w = PyObject_CallNoArgs(world_size);
-    long n = w ? PyLong_AsLong(w) : -1;
-    Py_XDECREF(w);
-    if (!m || m->ndim < 1 || m->sym_sizes || n <= 0 || (long)lst->u.seq.n != n) return PyErr_Clear(), NULL;
-    for (uint32_t i = 0; i < lst->u.seq.n; i++) {
-        TValue *t = em_tr_realize(T, lst->u.seq.items[i]);
-        const IRMeta *tm = t && t->kind == TV_TENSOR ? t->u.t.meta : NULL;
-        if (!tm || tm->sym_sizes || tm->ndim != m->ndim || memcmp(tm->sizes, m->sizes, m->ndim * sizeof(int64_t)))
-            return PyErr_Clear(), NULL;
-    }
     TValue *r = emit_collective(T, "all_gather_into_tensor", in, NULL, 0, g, true);
     if (!r) return PyErr_Clear(), NULL;
     for (uint32_t i = 0; i < lst->u.seq.n; i++) {
@@ -241,27 +249,14 @@ static TValue *all_gather_list(Trace *T, TValue **args, uint32_t nargs, PyObject
  * eager's call raises, at a graph break). */
 static TValue *reduce_scatter_list(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
     static const char *const params[] = {"output", "input_list", "op", "group", "async_op"};
-    static PyObject *world_size, *cat;
+    static PyObject *cat;
     TValue *slot[5];
     if (bind_dist(T, params, 5, args, nargs, kwnames, kwvals, slot) < 0) return PyErr_Clear(), NULL;
     TValue *out = slot[0], *lst = slot[1], *g = slot[3] ? slot[3] : em_tr_const(T, Py_None);
     const char *opn = reduce_op_name(T, slot[2]);
-    if (!lst || !g || !opn || out->kind != TV_TENSOR || (lst->kind != TV_LIST && lst->kind != TV_TUPLE) ||
-        g->kind != TV_CONST || g->obj != Py_None ||
-        !em_lazy_attr(&world_size, "torch.distributed.distributed_c10d", "get_world_size") ||
+    if (!opn || out->kind != TV_TENSOR || !default_group_list(T, lst, g, out->u.t.meta) ||
         !em_lazy_attr(&cat, "torch", "cat"))
         return PyErr_Clear(), NULL;
-    const IRMeta *m = out->u.t.meta;
-    PyObject *w = PyObject_CallNoArgs(world_size);
-    long n = w ? PyLong_AsLong(w) : -1;
-    Py_XDECREF(w);
-    if (!m || m->ndim < 1 || m->sym_sizes || n <= 0 || (long)lst->u.seq.n != n) return PyErr_Clear(), NULL;
-    for (uint32_t i = 0; i < lst->u.seq.n; i++) {
-        TValue *t = em_tr_realize(T, lst->u.seq.items[i]);
-        const IRMeta *tm = t && t->kind == TV_TENSOR ? t->u.t.meta : NULL;
-        if (!tm || tm->sym_sizes || tm->ndim != m->ndim || memcmp(tm->sizes, m->sizes, m->ndim * sizeof(int64_t)))
-            return PyErr_Clear(), NULL;
-    }
     TValue *ca[2] = {lst, em_tr_const_steal(T, PyLong_FromLong(0))};
     TValue *whole = ca[1] ? em_tr_torch_call(T, IR_CALL_FUNCTION, cat, ca, 2, NULL, NULL) : NULL;
     PyObject *name = whole ? PyUnicode_FromString(opn) : NULL;
