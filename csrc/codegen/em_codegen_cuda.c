@@ -356,6 +356,25 @@ static int32_t scalar_unroll(const Schedule *s, const SKernel *k) {
     return u < 1 ? 1 : u > EM_CUDA_MAX_UNROLL ? EM_CUDA_MAX_UNROLL : u;
 }
 
+/* Whether a row of 513 to 1024 elements goes to one warp (32 lanes, its row held in registers,
+ * vector loads): when its element loads are few enough that 32 elements of each fit the register
+ * budget of a 256-thread block (64 a thread) and none is a gather (whose rows are re-read). One row
+ * per 128-thread block with two block-wide reductions through shared memory read the cross
+ * entropy's (64K, 1024) float32 logits at 2.8 TB/s on the H200, where Inductor's kernel reads them
+ * at 4.4 (bench/cuda_kernels.py --only cross): a block's loads wait for its barriers, and a warp
+ * has none. */
+static bool warp_holds_row(const Schedule *s, const SKernel *k, int64_t Rmax) {
+    if (Rmax > 1024) return false;
+    int v = reduction_vec_width(s, k, Rmax);
+    if (v < 2) return false;
+    int64_t e = (Rmax + 32 * v - 1) / (32 * v) * v;
+    uint32_t nelem_loads = 0;
+    for (uint32_t i = 0; i < k->nnodes; i++) nelem_loads += k->nodes[i].op == LP_LOAD && k->elem[i];
+    for (uint32_t q = 0; q < k->nloads; q++)
+        if (k->loads[q].nidx) return false;
+    return e * (int64_t)(nelem_loads ? nelem_loads : 1) <= 64;
+}
+
 /* Launch shape of a kernel (rules from the shape; see docs/backend_cuda.md). A symbolic kernel's
  * blocks are the example's (the runtime computes them per call); its other fields hold for every
  * admitted size. */
@@ -392,7 +411,7 @@ static void choose_launch(const Schedule *s, const SKernel *k, EmCudaLaunch *L) 
         em_sym_range(env, row, &lo, &Rmax);
         if (row == SYM_NONE) Rmax = SYM_INF;
     }
-    if (Rmax <= 512) {
+    if (Rmax <= 512 || warp_holds_row(s, k, Rmax)) {
         /* one row per warp, 8 rows per block */
         L->threads_per_row = 32;
         L->block = 256;
@@ -441,7 +460,8 @@ static void choose_launch(const Schedule *s, const SKernel *k, EmCudaLaunch *L) 
     for (uint32_t i = 0; i < k->nnodes; i++) nelem_loads += k->nodes[i].op == LP_LOAD && k->elem[i];
     /* registers held per thread: at most half of what __launch_bounds__(block) leaves (64K per SM) */
     int64_t budget = 32768 / L->block < 64 ? 32768 / L->block : 64;
-    L->cached = Rmax > 0 && e <= 16 && e * (int64_t)(nelem_loads ? nelem_loads : 1) <= budget ? (int32_t)e : 0;
+    int64_t most = L->threads_per_row == 32 ? 32 : 16; /* a warp's row: up to 1024 (warp_holds_row) */
+    L->cached = Rmax > 0 && e <= most && e * (int64_t)(nelem_loads ? nelem_loads : 1) <= budget ? (int32_t)e : 0;
     /* a gather load's indices are values of the row, computed after the registers would be filled:
      * such kernels re-read the row per pass */
     for (uint32_t q = 0; q < k->nloads; q++)
@@ -967,19 +987,21 @@ static void welford_update(SB *b, const char *at, const char *n, const char *m, 
 }
 
 /* Welford's thread loop over its elements of the row (its chunk) when they are read from memory
- * (not held in registers): WELFORD_CHAINS independent states per thread (scalars, written out
- * per chain: an array indexed in a loop may live in local memory), WELFORD_STEP elements per
- * iteration (element r4 + e * step into chain e % WELFORD_CHAINS), so that the chains' latencies
- * overlap and the iteration's loads are in flight together (a Welford thread holds more registers
- * than a sum's, so fewer threads share an SM); combined in order 0, 1, ... into node i's state
- * (wn<i>, wm<i>, acc<i>). */
-#define WELFORD_CHAINS 4
+ * (not held in registers): WELFORD_STEP elements per iteration (r4 + e * step), loaded together so
+ * that their loads are in flight at once, then taken as one batch: its count k (WELFORD_STEP but in
+ * the last step), its mean (the sum times 1 / k, a power of two's reciprocal when the step is full)
+ * and its M2 (the sum of squared distances to that mean), combined into node i's state by Chan et
+ * al.'s update (welford_combine), as ATen combines two threads' states. One division per step
+ * instead of one per element: a per-element Welford update chains a division per element through
+ * each thread, and the 64M-element variance ran at 65-72% of the copy rate on the H200 with four
+ * such chains per thread (bench/cuda_kernels.py --only var). */
 #define WELFORD_STEP 8
+_Static_assert(WELFORD_STEP == 8, "welford_loop writes the batch's sum as a tree of eight");
 static void welford_loop(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_row, const char *at, const char *ind) {
     const SKernel *k = c->k;
     uint32_t x = k->nodes[i].in[0];
     const char *lo = c->L->split ? "r_lo + tid" : "tid", *hi = c->L->split ? "r_hi" : "R";
-    char in2[64], in3[72], bv[32], qn[32], qm[32], qv[32];
+    char in2[64], in3[72];
     uint8_t *done = malloc(k->nnodes ? k->nnodes : 1);
     if (!done) {
         b->oom = 1;
@@ -987,11 +1009,7 @@ static void welford_loop(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_r
     }
     snprintf(in2, sizeof in2, "%s    ", ind);
     snprintf(in3, sizeof in3, "%s        ", ind);
-    for (int h = 0; h < WELFORD_CHAINS; h++)
-        sb_printf(b, "%s%s qn%u_%d = 0, qm%u_%d = 0, qv%u_%d = 0;  /* chain %d: count, mean, M2 */\n", ind, at, i, h, i, h, i, h, h);
     sb_printf(b, "%sfor (idx_t r4 = %s; r4 < %s; r4 += %d * (idx_t)%s) {\n", ind, lo, hi, WELFORD_STEP, c->tpr);
-    /* the step's elements first, then the updates: the loads are not behind the chains' divisions,
-     * so that all of them are in flight at once */
     sb_printf(b, "%s%s x_0 = 0", in2, at);
     for (int e = 1; e < WELFORD_STEP; e++) sb_printf(b, ", x_%d = 0", e);
     sb_printf(b, ";\n");
@@ -1007,25 +1025,20 @@ static void welford_loop(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_r
         sb_printf(b, "%sx_%d = (%s)v%u;\n", in4, e, at, x);
         sb_printf(b, "%s}\n%s}\n", in3, in2);
     }
-    for (int e = 0; e < WELFORD_STEP; e++) {
-        int h = e % WELFORD_CHAINS;
-        sb_printf(b, "%sif (r4 + (idx_t)%d * %s < %s) {\n", in2, e, c->tpr, hi);
-        snprintf(bv, sizeof bv, "x_%d", e);
-        snprintf(qn, sizeof qn, "qn%u_%d", i, h);
-        snprintf(qm, sizeof qm, "qm%u_%d", i, h);
-        snprintf(qv, sizeof qv, "qv%u_%d", i, h);
-        welford_update(b, at, qn, qm, qv, bv, in3);
-        sb_printf(b, "%s}\n", in2);
-    }
-    sb_printf(b, "%s}\n", ind);
     free(done);
-    sb_printf(b, "%swn%u = qn%u_0; wm%u = qm%u_0; acc%u = qv%u_0;\n", ind, i, i, i, i, i, i);
-    for (int h = 1; h < WELFORD_CHAINS; h++) {
-        snprintf(qn, sizeof qn, "qn%u_%d", i, h);
-        snprintf(qm, sizeof qm, "qm%u_%d", i, h);
-        snprintf(qv, sizeof qv, "qv%u_%d", i, h);
-        welford_combine(b, at, i, qn, qm, qv, ind);
-    }
+    /* the batch: element 0 is always in the row (the loop's condition), the others while r < hi;
+     * a missing element is 0 in the sum and out of the M2 */
+    sb_printf(b, "%sconst bool full_ = r4 + (idx_t)%d * %s < %s;\n", in2, WELFORD_STEP - 1, c->tpr, hi);
+    sb_printf(b, "%sconst %s k_ = full_ ? (%s)%d : (%s)(1", in2, at, at, WELFORD_STEP, at);
+    for (int e = 1; e < WELFORD_STEP - 1; e++) sb_printf(b, " + (r4 + (idx_t)%d * %s < %s)", e, c->tpr, hi);
+    sb_printf(b, ");\n");
+    sb_printf(b, "%sconst %s s_ = ((x_0 + x_1) + (x_2 + x_3)) + ((x_4 + x_5) + (x_6 + x_7));\n", in2, at);
+    sb_printf(b, "%sconst %s bm_ = full_ ? s_ * (%s)%.17g : s_ / k_;\n", in2, at, at, 1.0 / WELFORD_STEP);
+    sb_printf(b, "%s%s b2_ = (x_0 - bm_) * (x_0 - bm_);\n", in2, at);
+    for (int e = 1; e < WELFORD_STEP; e++)
+        sb_printf(b, "%sif (r4 + (idx_t)%d * %s < %s) b2_ += (x_%d - bm_) * (x_%d - bm_);\n", in2, e, c->tpr, hi, e, e);
+    welford_combine(b, at, i, "k_", "bm_", "b2_", in2);
+    sb_printf(b, "%s}\n", ind);
 }
 
 /* acc<i> (and idx<i>) combined across the warp, then across the block's warps (block mode): every
@@ -1246,9 +1259,11 @@ static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
     if (L->split) {
         sb_printf(b, "    const int tid = threadIdx.x;  /* a chunk of a row per block of %d threads */\n", L->block);
         if (L->split > 0) sb_printf(b, "    const idx_t S = %d;  /* chunks per row */\n", L->split);
-        else /* em_cuda_split_chunks (em_codegen.h) of this call's rows and row length */
-            sb_printf(b, "    const idx_t S = O <= 0 || O >= %d || R < %d ? 1 : R / %d < %d / O ? R / %d : %d / O;  /* chunks per row */\n",
-                      EM_CUDA_SPLIT_ROWS, 2 * EM_CUDA_SPLIT_MIN, EM_CUDA_SPLIT_MIN, EM_CUDA_SPLIT_BLOCKS, EM_CUDA_SPLIT_MIN,
+        else /* em_cuda_split_chunks (em_schedule.h) of this call's rows and row length */
+            sb_printf(b,
+                      "    const idx_t S = O <= 0 || O >= %d || R < %d ? 1 : (idx_t)em_min(em_max(R / %d, em_min(R / %d, %d)), %d / O);  "
+                      "/* chunks per row */\n",
+                      EM_CUDA_SPLIT_ROWS, 2 * EM_CUDA_SPLIT_MIN, EM_CUDA_SPLIT_CHUNK, EM_CUDA_SPLIT_MIN, EM_CUDA_SPLIT_FEW,
                       EM_CUDA_SPLIT_BLOCKS);
         sb_printf(b, "    const idx_t CH = (R + S - 1) / S;  /* a chunk's elements */\n");
         sb_printf(b, "    __shared__ int last;  /* this block finished the row */\n");

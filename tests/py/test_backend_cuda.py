@@ -232,8 +232,15 @@ def test_64bit_indexing_choice():
 def test_reduction_schedule_by_row_length():
     short = _gen(lambda x: x.sum(-1), cpu(64, 100))["launch"][0]
     assert short["rows_per_block"] == 8 and short["threads_per_row"] == 32 and short["cached"] == 4
+    # up to 1024 elements of one load: a warp's, 32 a lane in registers (no block barrier)
     mid = _gen(lambda x: torch.softmax(x, -1), cpu(64, 1024))["launch"][0]
-    assert mid["rows_per_block"] == 1 and mid["threads_per_row"] == 128 and mid["cached"] == 8
+    assert mid["rows_per_block"] == 8 and mid["threads_per_row"] == 32 and mid["cached"] == 32
+    # three loads of the row (x, weight, bias) would not fit a lane's registers: one row per block
+    ln1k = _gen(lambda x, w, b: F.layer_norm(x, (1024,), w, b), cpu(64, 1024), cpu(1024), cpu(1024))["launch"][0]
+    assert ln1k["rows_per_block"] == 1 and ln1k["threads_per_row"] == 128 and ln1k["cached"] == 8
+    # a gather's indices are computed from the row: re-read, one row per block
+    g1k = _gen(lambda x, i: x.gather(1, i).sum(-1), cpu(64, 1024), torch.randint(0, 1024, (64, 1024)))["launch"]
+    assert [(ln["threads_per_row"], ln["cached"]) for ln in g1k] == [(128, 0)], g1k
     ln = _gen(lambda x: F.layer_norm(x, (4096,)), cpu(4, 4096))["launch"][0]
     assert ln["threads_per_row"] == 512 and ln["cached"] == 8  # one pass: the row stays in registers
     assert mid["vec"] == 4  # the row in registers, in 16-byte chunks
@@ -245,31 +252,36 @@ def test_reduction_schedule_by_row_length():
 
 
 def test_split_reduction_rules():
-    """Few long rows are cut into chunks of at least 16384 elements, one block each, at most 2048
-    chunks in all; many rows, short rows, and a reduction of another reduction's result are not."""
+    """Few long rows are cut into chunks, one block each: 16384 elements a chunk, or 128 chunks of at
+    least 2048 elements where that makes more, at most 2048 chunks in all; many rows, short rows,
+    and a reduction of another reduction's result are not."""
     one = _gen(lambda x: x.sum(), cpu(1 << 20))
-    assert one["launch"][0]["split"] == 64 and one["launch"][0]["blocks"] == 64 and one["launch"][0]["block"] == 512
+    assert one["launch"][0]["split"] == 128 and one["launch"][0]["blocks"] == 128 and one["launch"][0]["block"] == 512
+    assert _gen(lambda x: x.sum(), cpu(1 << 16))["launch"][0]["split"] == 32  # a loss over a batch: 2048 a chunk
+    assert _gen(lambda x: x.sum(), cpu(1 << 22))["launch"][0]["split"] == 256  # 16384 a chunk
     assert "em_cnt0" in one["source"] and "atomicAdd" in one["source"]
     assert _gen(lambda x: x.sum(), cpu(1 << 26))["launch"][0]["split"] == 2048
     eight = _gen(lambda x: x.sum(-1), cpu(8, 1 << 20))["launch"][0]
-    assert eight["split"] == 64 and eight["blocks"] == 512
+    assert eight["split"] == 128 and eight["blocks"] == 1024
     assert _gen(lambda x: x.sum(-1), cpu(64, 1 << 20))["launch"][0]["split"] == 32  # 2048 chunks in all
     assert _gen(lambda x: x.sum(-1), cpu(512, 40000))["launch"][0]["split"] == 0  # rows enough to fill the GPU
-    assert _gen(lambda x: x.sum(), cpu(30000))["launch"][0]["split"] == 0  # one block is enough
+    assert _gen(lambda x: x.sum(), cpu(4000))["launch"][0]["split"] == 0  # one block is enough
+    assert _gen(lambda x: x.sum(), cpu(30000))["launch"][0]["split"] == 14
     # a variance: Welford's one pass (count, mean, M2 per chunk), one split kernel
     var = _gen(lambda x: x.var(), cpu(1 << 20))
-    assert [ln["split"] for ln in var["launch"]] == [64], var["launch"]
+    assert [ln["split"] for ln in var["launch"]] == [128], var["launch"]
     assert "em_wsn0_1" in var["source"] and "em_wsm0_1" in var["source"]
     # a reduction of another's result: the mean is a kernel of its own, and both split
     cen = _gen(lambda x: (x - x.mean()).abs().sum(), cpu(1 << 20))
-    assert [ln["split"] for ln in cen["launch"]] == [64, 64], cen["launch"]
+    assert [ln["split"] for ln in cen["launch"]] == [128, 128], cen["launch"]
+    assert [ln["split"] for ln in _gen(lambda x: (x - x.mean()).abs().sum(), cpu(30000))["launch"]] == [14, 14]
     # a row-sized variance of many rows, and a normalization storing along the row: one kernel
     assert [ln["split"] for ln in _gen(lambda x: x.var(-1), cpu(300, 40000))["launch"]] == [0]
     assert [ln["split"] for ln in _gen(lambda x: F.layer_norm(x, (40000,)), cpu(2, 40000))["launch"]] == [0]
 
 
 def test_softmax_is_one_kernel_with_warp_and_block_steps():
-    info = _gen(lambda x: torch.softmax(x, -1), cpu(64, 1024))
+    info = _gen(lambda x: torch.softmax(x, -1), cpu(64, 2048))
     assert len(info["kernel_list"]) == 1
     src = info["source"]
     assert "__shfl_xor_sync" in src and "__shared__" in src and "__syncthreads" in src
@@ -862,7 +874,7 @@ def test_emulated_split_variance_is_one_pass_and_accurate():
     mean is far from 0: within float32's rounding of float64's answer, as eager's float32 is."""
     x = cpu(80000) * 0.01 + 100
     (v, s), info = emulate(lambda x: (x.var(), x.std()), x, grid_cap=3)
-    assert [ln["split"] for ln in info["launch"]] == [4], info["launch"]
+    assert [ln["split"] for ln in info["launch"]] == [39], info["launch"]
     truth = x.double().var()
     assert abs(v.double() - truth) / truth < 2e-5 and abs(s.double() - truth.sqrt()) / truth.sqrt() < 2e-5
 
