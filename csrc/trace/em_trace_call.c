@@ -1896,19 +1896,13 @@ static TValue *call_torch(Trace *T, TValue *callee, PyObject *fn, TValue **args,
         return em_tr_inline(T, fv, args, nargs, kwnames, kwvals);
     }
     const char *mod = callable_module(T, fn);
-    if (mod && !strcmp(mod, "torch.distributed._functional_collectives") && PyFunction_Check(fn) &&
-        !strcmp(PyUnicode_AsUTF8(((PyFunctionObject *)fn)->func_name), "all_reduce")) {
-        TValue *r = em_tr_funcol_all_reduce(T, args, nargs, kwnames);
-        if (r || T->broke || PyErr_Occurred()) return r;
-    }
-    const char *fname = mod && !strcmp(mod, "torch.distributed.distributed_c10d") && PyFunction_Check(fn)
-                            ? PyUnicode_AsUTF8(((PyFunctionObject *)fn)->func_name)
-                            : NULL;
-    if (fname && (!strcmp(fname, "all_reduce") || !strcmp(fname, "all_gather_into_tensor") ||
-                  !strcmp(fname, "reduce_scatter_tensor") || !strcmp(fname, "broadcast") ||
-                  !strcmp(fname, "all_to_all_single") || !strcmp(fname, "all_gather") ||
-                  !strcmp(fname, "reduce_scatter"))) {
-        TValue *r = em_tr_dist_collective(T, fname, args, nargs, kwnames, kwvals);
+    bool funcol = mod && !strcmp(mod, "torch.distributed._functional_collectives");
+    if ((funcol || (mod && !strcmp(mod, "torch.distributed.distributed_c10d"))) && PyFunction_Check(fn)) {
+        /* a collective traced as its functional op (em_trace_dist.c), or NULL: the break below */
+        const char *fname = PyUnicode_AsUTF8(((PyFunctionObject *)fn)->func_name);
+        TValue *r = !fname   ? NULL
+                    : funcol ? em_tr_funcol(T, fname, args, nargs, kwnames, kwvals)
+                             : em_tr_dist_collective(T, fname, args, nargs, kwnames, kwvals);
         if (r || T->broke || PyErr_Occurred()) return r;
     }
     if (starts_with(mod, "torch.distributed") || starts_with(mod, "torch._C._distributed")) {

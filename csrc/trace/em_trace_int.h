@@ -647,12 +647,18 @@ TValue *em_tr_call_special(Trace *T, PyObject *fn, TValue **args, uint32_t nargs
 bool em_tr_instance_class_ok(PyObject *cls);
 
 /* ---- em_trace_dist.c: torch.distributed collectives as functional collectives ---- */
-/* funcol.all_reduce(t, op, group): the reduced tensor; NULL without a break where not taken. */
-TValue *em_tr_funcol_all_reduce(Trace *T, TValue **args, uint32_t nargs, PyObject *kwnames);
-/* dist.<which>(...) for which "all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor":
- * None, the collective and the copy into its output recorded; NULL without a break where not taken. */
+/* funcol.<fname>(...) (torch.distributed._functional_collectives) for fname "all_reduce",
+ * "broadcast", "all_gather_single" / "all_gather_tensor", "reduce_scatter_single" /
+ * "reduce_scatter_tensor", "all_to_all_single": the collective's result, waited on; NULL without a
+ * break for other names and what is not taken. */
+TValue *em_tr_funcol(Trace *T, const char *fname, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals);
+/* dist.<which>(...) for which "all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+ * "broadcast", "all_to_all_single", "all_to_all", "all_gather", "reduce_scatter": None, the
+ * collective and the copies into its outputs recorded; NULL without a break for other names and
+ * what is not taken. */
 TValue *em_tr_dist_collective(Trace *T, const char *which, TValue **args, uint32_t nargs, PyObject *kwnames,
                               TValue **kwvals);
+/* dist.get_rank() / dist.get_world_size(): a trace-time constant; NULL where not taken. */
 TValue *em_tr_dist_query(Trace *T, PyObject *fn, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals);
 
 /* ---- em_trace_numpy.c: NumPy code on CPU tensors, traced into torch ops ---- */

@@ -135,8 +135,10 @@ def swapped_parameter_error(kind, rank):
 def collective(rank):
     """dist.all_reduce in compiled functions: on a value made in the graph, on an input (updated in
     place, as eager), and with async_op=True (a Work handle: a graph break, run as Python);
-    dist.all_gather_into_tensor and dist.reduce_scatter_tensor into a tensor made in the graph.
-    Results and inputs as eager's; each function's entries (kind, ops or the break's reason)."""
+    dist.all_gather_into_tensor and dist.reduce_scatter_tensor into a tensor made in the graph; the
+    other dist.* collectives, in groups made by dist.new_group too, and funcol's called directly.
+    Results (or the error raised) and inputs as eager's; each function's entries (kind, ops or the
+    break's reason)."""
     def f(x):
         y = x * 2
         dist.all_reduce(y)
@@ -180,7 +182,7 @@ def collective(rank):
     def world(x):  # read at trace time: constants in the graph, as Dynamo folds them
         return x * dist.get_world_size() + dist.get_rank(group=None)
 
-    def group_src(x):  # broadcast by group rank: not taken, a graph break
+    def group_src(x):  # broadcast by group rank (rank 0's x)
         dist.broadcast(x, group_src=0)
         return x + 1
 
@@ -204,15 +206,79 @@ def collective(rank):
         dist.reduce_scatter(out, [x[:2] * 2, x[2:] + 1])
         return out * 3
 
+    def all_to_all_list(x):  # rank 0 gets each rank's first halves, rank 1 the second halves
+        outs = [torch.zeros(2) for _ in range(ws)]
+        dist.all_to_all(outs, [x[:2] * 2, x[2:] + torch.arange(2.0)])
+        return torch.cat(outs) + 1
+
+    def all_to_all_uneven(x):  # entries of different sizes: NCCL takes them, gloo raises; a graph break
+        outs = [torch.zeros(1 if rank == 0 else 3) for _ in range(ws)]
+        dist.all_to_all(outs, [x[:1] * 2, x[1:] + torch.arange(3.0)])
+        return torch.cat(outs) + 1
+
+    def all_to_all_async(x):  # a Work handle: a graph break
+        outs = [torch.zeros(2) for _ in range(ws)]
+        dist.all_to_all(outs, [x[:2] * 2, x[2:] * 3], async_op=True).wait()
+        return torch.cat(outs) + 1
+
+    # groups made by dist.new_group (every rank makes each): both ranks, and rank 1 alone (rank 0
+    # gets dist.GroupMember.NON_GROUP_MEMBER, an int)
+    g01, g1 = dist.new_group([0, 1]), dist.new_group([1])
+
+    def in_group(x, group=g01):  # a ProcessGroup, guarded by identity; each collective in it
+        y = x * 2
+        dist.all_reduce(y, group=group)
+        outs = [torch.empty(4) for _ in range(ws)]
+        dist.all_gather(outs, x + y, group=group)
+        z = torch.empty(2)
+        dist.reduce_scatter(z, [outs[0][:2], outs[1][2:]], group=group)
+        dist.broadcast(z, 1, group=group)
+        w = torch.empty(4)
+        dist.all_to_all_single(w, y + x, group=group)
+        v = [torch.empty(2) for _ in range(ws)]
+        dist.all_to_all(v, [w[:2], w[2:] * 2], group=group)
+        return torch.cat([z, w, *outs, *v]) + dist.get_world_size(group) * 10 + dist.get_rank(group)
+
+    def broadcast_alone(x, group=g1):  # rank 1: from global rank 1, group rank 0; rank 0: not in it
+        y = x * 2
+        dist.broadcast(y, 1, group=group)
+        return y + 1
+
+    def broadcast_outside(x, group=g1):  # global rank 0 is not in the group: eager raises
+        dist.broadcast(x, 0, group=group)
+        return x + 1
+
+    import torch.distributed._functional_collectives as funcol
+
+    def funcol_calls(x, pg=dist.group.WORLD, name=dist.group.WORLD.group_name,
+                     s=[1, 3] if rank == 0 else [3, 1]):  # noqa: B006 (guarded by value)
+        a = funcol.all_gather_tensor(x * 2, 0, pg)
+        b = funcol.all_gather_single(x.view(2, 2) + torch.arange(4.0).view(2, 2), 1, name)
+        c = funcol.reduce_scatter_tensor(a + 1, "SUM", 0, pg)
+        d = funcol.reduce_scatter_single(b, "sum", 1, pg, tag="")
+        e = funcol.all_to_all_single(x + torch.arange(4.0), s, s, group=g01)
+        f = funcol.broadcast(x + 1, 1, pg)
+        return torch.cat([a, b.flatten(), c, d.flatten(), e, f, funcol.all_to_all_single(x * 3, None, None, pg)])
+
+    def funcol_ranks(x):  # a group as a list of ranks: a graph break
+        return funcol.all_gather_tensor(x * 2, 0, [0, 1]) + 1
+
+    def outcome(call, x):  # the result, or the error eager raises
+        try:
+            return call(x)
+        except Exception as e:  # noqa: BLE001
+            return type(e).__name__ + ": " + str(e).splitlines()[0]
+
     out = {}
     for fn in (f, on_input, asynchronous, with_op, gather, scatter, broadcast, broadcast_made, world, group_src,
-               all_to_all, all_to_all_splits, gather_list, scatter_list):
+               all_to_all, all_to_all_splits, gather_list, scatter_list, all_to_all_list, all_to_all_uneven,
+               all_to_all_async, in_group, broadcast_alone, broadcast_outside, funcol_calls, funcol_ranks):
         ember.reset()
         x = torch.full((4,), float(rank + 1))
         xe = x.clone()
         c = ember.compile(fn)
-        got = [c(x) for _ in range(2)]
-        want = [fn(xe) for _ in range(2)]
+        got = [outcome(c, x) for _ in range(2)]
+        want = [outcome(fn, xe) for _ in range(2)]
         entries = [(e["kind"], e.get("ops") if e["kind"] == "graph" else e.get("detail"),
                     (e.get("ember") or {}).get("fallback") if isinstance(e.get("ember"), dict) else None)
                    for e in ember.cache_info(c)]

@@ -110,8 +110,8 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
     for res in ranks:
         out = res["collective"]
         for name, (got, want, x, xe, entries) in out.items():
-            for g, w in zip(got, want):
-                assert torch.equal(g, w), name
+            for g, w in zip(got, want):  # a tensor, or the error eager raises
+                assert g == w if isinstance(w, str) else torch.equal(g, w), (name, g, w)
             assert torch.equal(x, xe), name
         assert torch.equal(out["f"][1][0], torch.full((4,), 7.0))  # (1 + 2) * 2 + 1
         assert torch.equal(out["with_op"][1][0], torch.full((4,), 5.0))  # max(1, 2) * 2 + 1
@@ -142,7 +142,9 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
         assert torch.equal(out["broadcast_made"][0][0], torch.full((4,), 6.0))  # rank 0's x + 1, times 3
         (kind, ops, _), = out["world"][4]  # x * 2 + rank: no collective, the sizes baked in
         assert kind == "graph" and not any("distributed" in o or "c10d" in o for o in ops), ops
-        assert any(k == "break" for k, _, _ in out["group_src"][4]), out["group_src"][4]
+        (kind, ops, _), = out["group_src"][4]  # broadcast by group rank: rank 0's x, plus 1
+        assert kind == "graph" and "torch.ops._c10d_functional.broadcast" in ops, ops
+        assert torch.equal(out["group_src"][0][0], torch.full((4,), 2.0))
     for res in ranks:  # dist.all_gather into a list: each rank's x * 2 + 1
         assert torch.equal(res["collective"]["gather_list"][0][0], torch.tensor([[3.0] * 4, [5.0] * 4]))
     # dist.reduce_scatter of a list (x = rank + 1): rank 0 gets (1 + 2) * 2 * 3, rank 1 (2 + 3) * 3
@@ -155,6 +157,65 @@ def test_dist_all_reduce_is_traced_into_the_graph(ranks):
     # uneven splits [1, 3] / [3, 1]: rank 0 gets 1 element of its own and 3 of rank 1's
     assert torch.equal(r0["all_to_all_splits"][0][0], torch.tensor([1.0, 2.0, 3.0, 4.0]))
     assert torch.equal(r1["all_to_all_splits"][0][0], torch.tensor([2.0, 3.0, 4.0, 5.0]))
+
+
+def _collectives(ops):
+    """The functional collectives among a graph's ops, in program order (their waits left out)."""
+    pre = "torch.ops._c10d_functional."
+    return [o[len(pre):] for o in ops if o.startswith(pre) and o != pre + "wait_tensor"]
+
+
+def test_all_to_all_lists_groups_and_functional_calls_are_traced(ranks):
+    """dist.all_to_all of lists (which Dynamo breaks on): torch.cat of the inputs, one functional
+    all_to_all_single split evenly, its wait, each output's copy_ of its slice; entries of different
+    sizes break (gloo's alltoall raises, as it does here, compiled or not). Groups made by
+    dist.new_group, passed as group= (a ProcessGroup guarded by identity): every collective form in
+    one graph, in program order, with dist.get_world_size(group) / get_rank(group) folded; a
+    broadcast's global src turned into the group rank (rank 1 alone in a group broadcasts from group
+    rank 0); a src outside the group (eager raises) and a rank outside it (eager's call does
+    nothing) break. funcol's
+    all_gather_tensor / all_gather_single (along dims 0 and 1), reduce_scatter_tensor /
+    reduce_scatter_single, all_to_all_single (even and uneven splits, another group) and broadcast
+    called directly: one graph; a group as a list of ranks breaks. Results (or errors) as eager's
+    on every rank (checked for every function by the test above)."""
+    r0, r1 = ranks[0]["collective"], ranks[1]["collective"]
+    for res in (r0, r1):
+        graph = {}
+        for name in ("all_to_all_list", "in_group", "funcol_calls"):
+            (kind, ops, fallback), = res[name][4]
+            assert kind == "graph" and not fallback, (name, res[name][4])
+            graph[name] = ops
+        ops = graph["all_to_all_list"]
+        assert _collectives(ops) == ["all_to_all_single"], ops
+        assert ops.index("torch.cat") < ops.index("torch.ops._c10d_functional.all_to_all_single") < ops.index(
+            "torch.ops._c10d_functional.wait_tensor") < ops.index("narrow") < ops.index("copy_"), ops
+        assert _collectives(graph["in_group"]) == ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+                                                   "broadcast", "all_to_all_single", "all_to_all_single"]
+        assert _collectives(graph["funcol_calls"]) == ["all_gather_into_tensor"] * 2 + ["reduce_scatter_tensor"] * 2 + [
+            "all_to_all_single", "broadcast", "all_to_all_single"]
+        for name in ("all_to_all_uneven", "all_to_all_async", "broadcast_outside", "funcol_ranks"):
+            assert [k for k, _, _ in res[name][4]] == ["break"], (name, res[name][4])
+        assert "torch.distributed calls run as Python" in res["funcol_ranks"][4][0][1]
+        for name in ("all_to_all_uneven", "broadcast_outside"):  # eager raises, and so does the compiled call
+            assert all(isinstance(g, str) for g in res[name][0]), res[name][0]
+        assert "invalid tensor size" in res["all_to_all_uneven"][0][0]
+    # all_to_all of lists (x = rank + 1): rank 0 gets both ranks' first halves (times 2), rank 1 the
+    # second halves (plus [0, 1]), each plus 1
+    assert torch.equal(r0["all_to_all_list"][0][0], torch.tensor([3.0, 3.0, 5.0, 5.0]))
+    assert torch.equal(r1["all_to_all_list"][0][0], torch.tensor([2.0, 3.0, 3.0, 4.0]))
+    # in_group: all_reduce of 2x (6), the gather of x + 6 ([7, 8]), their reduce-scatter (rank 0:
+    # 7 + 7, rank 1: 8 + 8) broadcast from rank 1 (16), the exchange of x + 6 and of its halves
+    # (times 2 for the second), plus the group's size * 10 and the rank
+    want = torch.tensor([16.0, 16, 7, 7, 8, 8, 7, 7, 7, 7, 8, 8, 8, 8])
+    assert torch.equal(r0["in_group"][0][0], torch.cat([want, torch.tensor([7.0, 7, 7, 7])]) + 20)
+    assert torch.equal(r1["in_group"][0][0], torch.cat([want, torch.tensor([16.0, 16, 16, 16])]) + 21)
+    # broadcast in the group of rank 1 alone: a graph there; on rank 0, outside it, a break, and the
+    # call does nothing, as eager's (x * 2 + 1)
+    (kind, ops, _), = r1["broadcast_alone"][4]
+    assert kind == "graph" and _collectives(ops) == ["broadcast"], ops
+    assert torch.equal(r1["broadcast_alone"][0][0], torch.full((4,), 5.0))
+    assert [k for k, _, _ in r0["broadcast_alone"][4]] == ["break"]
+    assert torch.equal(r0["broadcast_alone"][0][0], torch.full((4,), 3.0))
 
 
 @pytest.mark.parametrize("mp", [False, True], ids=["fp32", "bf16_params"])
