@@ -964,7 +964,9 @@ static const char *reduce_init(const LNode *n, LDtype it) {
 static void welford_combine(SB *b, const char *at, uint32_t i, const char *bn, const char *bm, const char *b2, const char *ind) {
     sb_printf(b, "%sif (wn%u == 0) { wn%u = %s; wm%u = %s; acc%u = %s; }\n", ind, i, i, bn, i, bm, i, b2);
     sb_printf(b, "%selse if (%s != 0) {\n", ind, bn);
-    sb_printf(b, "%s    const %s n_ = wn%u + %s, d_ = %s - wm%u, f_ = %s / n_;\n", ind, at, i, bn, bm, i, bn);
+    if (!strcmp(at, "float")) /* within 2 ulp, as the per-element update's (welford_update) */
+        sb_printf(b, "%s    const %s n_ = wn%u + %s, d_ = %s - wm%u, f_ = __fdividef(%s, n_);\n", ind, at, i, bn, bm, i, bn);
+    else sb_printf(b, "%s    const %s n_ = wn%u + %s, d_ = %s - wm%u, f_ = %s / n_;\n", ind, at, i, bn, bm, i, bn);
     sb_printf(b, "%s    wm%u += d_ * f_;\n", ind, i);
     sb_printf(b, "%s    acc%u += %s + d_ * d_ * wn%u * f_;\n", ind, i, b2, i);
     sb_printf(b, "%s    wn%u = n_;\n", ind, i);
@@ -1052,13 +1054,13 @@ static int block_warps(const RCtx *c, char *text, size_t n) {
     return nw;
 }
 
-static void reduce_across_welford(SB *b, const RCtx *c, uint32_t i, const char *at, const char *ind) {
-    char in2[64], in3[72];
+/* A butterfly over lanes m0, m0 / 2, ..., 1 apart of node i's Welford state: both lanes of a pair
+ * combine (lower lane's state) (+) (upper lane's), the same operations on the same values, so every
+ * lane of a group of 2 * m0 ends with the same result. */
+static void welford_butterfly(SB *b, uint32_t i, const char *at, int m0, const char *ind) {
+    char in2[64];
     snprintf(in2, sizeof in2, "%s    ", ind);
-    snprintf(in3, sizeof in3, "%s        ", ind);
-    /* both lanes of a pair combine (lower lane's state) (+) (upper lane's): the same operations on
-     * the same values, so every lane ends with the same result */
-    sb_printf(b, "%sfor (int m = 16; m > 0; m >>= 1) {\n", ind);
+    sb_printf(b, "%sfor (int m = %d; m > 0; m >>= 1) {\n", ind, m0);
     sb_printf(b, "%s    %s o_n = __shfl_xor_sync(0xffffffffu, wn%u, m);\n", ind, at, i);
     sb_printf(b, "%s    %s o_m = __shfl_xor_sync(0xffffffffu, wm%u, m);\n", ind, at, i);
     sb_printf(b, "%s    %s o_v = __shfl_xor_sync(0xffffffffu, acc%u, m);\n", ind, at, i);
@@ -1069,18 +1071,38 @@ static void reduce_across_welford(SB *b, const RCtx *c, uint32_t i, const char *
     sb_printf(b, "%s    }\n", ind);
     welford_combine(b, at, i, "o_n", "o_m", "o_v", in2);
     sb_printf(b, "%s}\n", ind);
+}
+
+/* Node i's Welford state across the warp, then across the block's warps (block mode): each warp's
+ * lanes read the warps' states (lane w % warps) and run the butterfly over them, log2(warps) steps
+ * instead of warps - 1 combines in a chain (each a division: a split variance's chunk spent its
+ * time in that chain once its loads were batched); a block whose warps are not a known power of two
+ * combines them in order. */
+static void reduce_across_welford(SB *b, const RCtx *c, uint32_t i, const char *at, const char *ind) {
+    char in3[72];
+    snprintf(in3, sizeof in3, "%s        ", ind);
+    welford_butterfly(b, i, at, 16, ind);
     if (!c->block_mode) return;
     char nws[24];
     int nw = block_warps(c, nws, sizeof nws);
+    bool tree = !c->L->block_dyn && nw >= 2 && nw <= 32 && (nw & (nw - 1)) == 0;
     sb_printf(b, "%s{\n", ind);
     sb_printf(b, "%s    __shared__ %s red_n[%d], red_m[%d], red_v[%d];\n", ind, at, nw, nw, nw);
     sb_printf(b, "%s    if ((tid & 31) == 0) { red_n[tid >> 5] = wn%u; red_m[tid >> 5] = wm%u; red_v[tid >> 5] = acc%u; }\n", ind, i,
               i, i);
     sb_printf(b, "%s    __syncthreads();\n", ind);
-    sb_printf(b, "%s    wn%u = red_n[0]; wm%u = red_m[0]; acc%u = red_v[0];\n", ind, i, i, i);
-    sb_printf(b, "%s    for (int w = 1; w < %s; w++) {\n", ind, nws);
-    welford_combine(b, at, i, "red_n[w]", "red_m[w]", "red_v[w]", in3);
-    sb_printf(b, "%s    }\n", ind);
+    if (tree) {
+        sb_printf(b, "%s    wn%u = red_n[tid & %d]; wm%u = red_m[tid & %d]; acc%u = red_v[tid & %d];\n", ind, i, nw - 1, i, nw - 1, i,
+                  nw - 1);
+        char in2[64];
+        snprintf(in2, sizeof in2, "%s    ", ind);
+        welford_butterfly(b, i, at, nw / 2, in2);
+    } else {
+        sb_printf(b, "%s    wn%u = red_n[0]; wm%u = red_m[0]; acc%u = red_v[0];\n", ind, i, i, i);
+        sb_printf(b, "%s    for (int w = 1; w < %s; w++) {\n", ind, nws);
+        welford_combine(b, at, i, "red_n[w]", "red_m[w]", "red_v[w]", in3);
+        sb_printf(b, "%s    }\n", ind);
+    }
     sb_printf(b, "%s}\n", ind);
 }
 
@@ -1258,14 +1280,21 @@ static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
     sb_printf(b, ";  /* rows, row length */\n");
     if (L->split) {
         sb_printf(b, "    const int tid = threadIdx.x;  /* a chunk of a row per block of %d threads */\n", L->block);
-        if (L->split > 0) sb_printf(b, "    const idx_t S = %d;  /* chunks per row */\n", L->split);
-        else /* em_cuda_split_chunks (em_schedule.h) of this call's rows and row length */
-            sb_printf(b,
-                      "    const idx_t S = O <= 0 || O >= %d || R < %d ? 1 : (idx_t)em_min(em_max(R / %d, em_min(R / %d, %d)), %d / O);  "
-                      "/* chunks per row */\n",
-                      EM_CUDA_SPLIT_ROWS, 2 * EM_CUDA_SPLIT_MIN, EM_CUDA_SPLIT_CHUNK, EM_CUDA_SPLIT_MIN, EM_CUDA_SPLIT_FEW,
+        /* the rule's chunks (em_cuda_split_chunks, em_schedule.h; a symbolic kernel's of this call's
+         * rows and row length), but no more than the grid gives each row: the runtime caps the grid at
+         * the blocks the device holds at once, and more chunks than blocks would run in rounds whose
+         * last is part-empty (2048 chunks on 396 resident blocks: 5.2 rounds, the last 17% full) */
+        if (L->split > 0) sb_printf(b, "    const idx_t S0 = %d;\n", L->split);
+        else
+            sb_printf(b, "    const idx_t S0 = O <= 0 || O >= %d || R < %d ? 1 : (idx_t)em_min(em_max(R / %d, em_min(R / %d, %d)), %d / O);\n",
+                      EM_CUDA_SPLIT_ROWS, 2 * EM_CUDA_SPLIT_MIN, EM_CUDA_SPLIT_MIN, EM_CUDA_SPLIT_SMALL, EM_CUDA_SPLIT_FEW,
                       EM_CUDA_SPLIT_BLOCKS);
-        sb_printf(b, "    const idx_t CH = (R + S - 1) / S;  /* a chunk's elements */\n");
+        sb_printf(b, "    const idx_t S = O > 0 && (idx_t)gridDim.x / O < S0 ? ((idx_t)gridDim.x / O > 1 ? (idx_t)gridDim.x / O : 1) : S0;  "
+                     "/* chunks per row */\n");
+        /* a multiple of 64 elements, so that every chunk starts on a 128-byte line: chunks of
+         * 64M / 528 floats, not so rounded, made a mean of squares 25% slower (each warp's loads
+         * straddled two lines); the last chunks may be short or empty (their partials the identity) */
+        sb_printf(b, "    const idx_t CH = ((R + S - 1) / S + 63) / 64 * 64;  /* a chunk's elements */\n");
         sb_printf(b, "    __shared__ int last;  /* this block finished the row */\n");
         sb_printf(b, "    for (idx_t u = blockIdx.x; u < O * S; u += gridDim.x) {  /* u: row o's chunk u %% S */\n");
         sb_printf(b, "        const idx_t o = u / S, r_lo = (u %% S) * CH, r_hi = r_lo + CH < R ? r_lo + CH : R;\n");

@@ -445,21 +445,30 @@ static IRRef dz_cross_entropy_lse(Rewrite *d, const Bind *b) {
     IRArg self = em_rw_bval(b, "self"), target = em_rw_bval(b, "target"), ii = em_rw_bval(b, "ignore_index");
     const IRMeta *m = em_rw_val_meta(d, &self);
     const char *red = PyUnicode_AsUTF8(em_rw_bval(b, "reduction").u.obj);
-    if (!red || !m) return PyErr_Clear(), 0;
+    if (!red || !m || target.kind != IRARG_NODE) return PyErr_Clear(), 0;
+    /* a reduced loss takes every per-row value in (N, 1), the gather's shape, so that the picked
+     * logit is read where the losses are summed (squeezing the gather's result, a view of a
+     * computed value, cost a kernel of its own that stored it); the (N,) logsumexp is unsqueezed,
+     * a view of the row reduction's result, which stays one kernel (with keepdim=True its max and
+     * its sum were fused into the loss kernel, each a reduction of its own); 'none' returns the
+     * (N,) losses, and squeezes the gather's result */
+    bool col = strcmp(red, "none") != 0;
     IRArg x = em_rw_map_arg(d, &self), t = em_rw_map_arg(d, &target), one = em_rw_arg_const_steal(d, PyLong_FromLong(1));
     IRArg la[2] = {x, one};
     IRRef lse = em_rw_arg_bad(&one) ? 0 : em_rw_dz(d, em_rw_emit_fn(d, "logsumexp", la, 2));
-    IRRef keep = lse ? em_rw_dz(d, em_rw_emit_op(d, "ne", t, ii, 2)) : 0;
-    IRArg wa[3] = {em_rw_arg_node(keep), t, em_rw_arg_const_steal(d, PyLong_FromLong(0))};
+    if (col) lse = lse ? dz_m(d, "unsqueeze", lse, Py_BuildValue("(i)", 1)) : 0;
+    IRRef tt = !lse ? 0 : col ? dz_m(d, "unsqueeze", t.u.ref, Py_BuildValue("(i)", 1)) : t.u.ref;
+    IRRef keep = tt ? em_rw_dz(d, em_rw_emit_op(d, "ne", em_rw_arg_node(tt), ii, 2)) : 0;
+    IRArg wa[3] = {em_rw_arg_node(keep), em_rw_arg_node(tt), em_rw_arg_const_steal(d, PyLong_FromLong(0))};
     IRRef safe = keep ? em_rw_dz(d, em_rw_emit_fn(d, "where", wa, 3)) : 0;
-    IRRef idx = safe ? dz_m(d, "unsqueeze", safe, Py_BuildValue("(i)", 1)) : 0;
+    IRRef idx = !safe ? 0 : col ? safe : dz_m(d, "unsqueeze", safe, Py_BuildValue("(i)", 1));
     IRArg ga[3] = {x, one, em_rw_arg_node(idx)};
     IRRef picked = idx ? em_rw_dz(d, em_rw_emit_method(d, "gather", ga, 3)) : 0;
-    IRRef xt = picked ? dz_m(d, "squeeze", picked, Py_BuildValue("(i)", 1)) : 0;
-    IRRef diff = xt ? em_rw_dz(d, em_rw_emit_op(d, "sub", em_rw_arg_node(lse), em_rw_arg_node(xt), 2)) : 0;
+    if (!col) picked = picked ? dz_m(d, "squeeze", picked, Py_BuildValue("(i)", 1)) : 0;
+    IRRef diff = picked ? em_rw_dz(d, em_rw_emit_op(d, "sub", em_rw_arg_node(lse), em_rw_arg_node(picked), 2)) : 0;
     IRArg fa[3] = {em_rw_arg_node(keep), em_rw_arg_node(diff), em_rw_arg_const_steal(d, PyFloat_FromDouble(0.0))};
     IRRef loss = diff ? em_rw_dz(d, em_rw_emit_fn(d, "where", fa, 3)) : 0;
-    if (!loss || !strcmp(red, "none")) return loss;
+    if (!loss || !col) return loss;
     IRArg sa[1] = {em_rw_arg_node(loss)};
     IRRef sum = em_rw_dz(d, em_rw_emit_method(d, "sum", sa, 1));
     if (!sum || !strcmp(red, "sum")) return sum;

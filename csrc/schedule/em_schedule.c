@@ -1111,9 +1111,11 @@ static int hfuse_movable(const Schedule *s, const SKernel *k) {
 
 /* Does reduction kernel k read some buffer strided along its innermost reduced dim (a column
  * reduction: x.sum(0) of a row-major x)? The code generators walk such a kernel in their column
- * form, blocks of adjacent outputs (csrc/codegen/em_codegen_c.c), a row reduction one row at a time. */
+ * form, blocks of adjacent outputs (csrc/codegen/em_codegen_c.c), a row reduction one row at a time;
+ * a reduction to one value (no outer dim) has no adjacent outputs and takes the row form, as
+ * column_plan decides. */
 static int reads_columns(const SKernel *k) {
-    if (!k->reduction || k->ndim == k->nouter) return 0;
+    if (!k->reduction || k->ndim == k->nouter || k->nouter < 1) return 0;
     for (uint32_t q = 0; q < k->nloads; q++) {
         int64_t st = k->loads[q].strides[k->ndim - 1];
         if (st != 0 && st != 1) return 1;
@@ -1263,6 +1265,17 @@ static int hfuse_reads_subset(const Schedule *s, const SKernel *a, const SKernel
     return 1;
 }
 
+/* Does kernel b read every buffer kernel a reads? Then a's moving down to b keeps no buffer alive
+ * longer. */
+static int reads_buffers_of(const SKernel *b, const SKernel *a) {
+    for (uint32_t q = 0; q < a->nloads; q++) {
+        int found = a->loads[q].iota;
+        for (uint32_t r = 0; r < b->nloads && !found; r++) found = b->loads[r].buf == a->loads[q].buf;
+        if (!found) return 0;
+    }
+    return 1;
+}
+
 static int horizontal_fusion(Sched *c) {
     Schedule *s = c->s;
     LGraph *lg = c->lg;
@@ -1296,6 +1309,33 @@ static int horizontal_fusion(Sched *c) {
             break;
         }
         mark_accesses(kb, rd, wr, both, 0);
+    }
+    /* then kernel A down into a later kernel B that cannot move up to it (B reads what a step
+     * between computes) but reads what A reads: a cross entropy's count of the targets not ignored,
+     * which reads only the targets, joins the loss sum, which reads the targets and the row's
+     * logsumexp. Moving down past a step has the same condition as moving up past it; B must read
+     * every buffer A reads, so that none lives longer (a backward graph frees its inputs, the saved
+     * tensors, after their last reader). */
+    for (uint32_t i = 0; i < s->nsteps; i++) {
+        if (gone[i] || s->steps[i].kind != SSTEP_KERNEL) continue;
+        const SKernel *ka = &s->kernels[s->steps[i].index];
+        if (!hfuse_movable(s, ka)) continue;
+        mark_accesses(ka, rd, wr, both, 1);
+        for (uint32_t j = i + 1; j < s->nsteps && j - i <= EM_HFUSE_WINDOW; j++) {
+            const SStep *st = &s->steps[j];
+            if (gone[j]) continue;
+            if (st->kind == SSTEP_EXTERN || hfuse_conflict(s, st, rd, wr, both)) break; /* B reading A's result too */
+            if (st->kind != SSTEP_KERNEL) continue;
+            SKernel *kb = &s->kernels[st->index];
+            if (reads_buffers_of(kb, ka) && hfuse_same_domain(s, ka, kb) && hfuse_joinable(kb) &&
+                ka->nstores + kb->nstores <= EM_HFUSE_MAXSTORES) {
+                if (hfuse_merge(ar, lg->env != NULL, kb, ka) < 0) return -1;
+                gone[i] = 1;
+                nfused++;
+                break;
+            }
+        }
+        mark_accesses(ka, rd, wr, both, 0);
     }
     if (!nfused) return 0;
     /* drop the joined kernels' steps; kernels renumbered in step order */

@@ -58,24 +58,25 @@ typedef struct SKernel {
     uint32_t nirs;
 } SKernel;
 
-/* Split reductions of the CUDA code generator (em_codegen_cuda.c): a row of R elements in
- * rows < EM_CUDA_SPLIT_ROWS is cut into chunks, one block each: R / EM_CUDA_SPLIT_CHUNK of them,
- * or more where that is fewer than EM_CUDA_SPLIT_FEW, down to chunks of EM_CUDA_SPLIT_MIN
- * elements, at most EM_CUDA_SPLIT_BLOCKS chunks over all rows; 1: none. The small chunks are for
- * losses over a batch: a 64K-element sum in 4 chunks of 16K took 8.8 us on the H200, in 32 chunks
- * 3.1 us; 128 chunks of 2K-8K elements were within 3% of the best split of 256K and 1M elements,
- * and sizes from 2M on keep the 16K chunks that reach 93% of the copy rate at 64M (2048 chunks,
- * bench/cuda_kernels.py). A symbolic kernel (launch split -1) computes it per call, in the kernel
- * and in the runtime. The scheduler keeps a reduction that another reduction of few long rows reads
- * in a kernel of its own, so that both split (em_schedule.c). */
-#define EM_CUDA_SPLIT_MIN 2048
-#define EM_CUDA_SPLIT_CHUNK 16384
+/* Split reductions of the CUDA code generator (em_codegen_cuda.c): a row of R >= 2 *
+ * EM_CUDA_SPLIT_MIN elements in rows < EM_CUDA_SPLIT_ROWS is cut into chunks, one block each:
+ * R / EM_CUDA_SPLIT_MIN of them, or more where that is fewer than EM_CUDA_SPLIT_FEW, down to chunks
+ * of EM_CUDA_SPLIT_SMALL elements; at most EM_CUDA_SPLIT_BLOCKS chunks over all rows; 1: none. The
+ * kernel takes no more chunks than its grid has blocks per row (the grid is capped at the blocks
+ * the device holds at once). The small chunks are for losses over a batch (H200, device time): a
+ * 64K-element sum 3.9 us in 4 chunks, 3.1 in 32; 256K 4.4 -> 3.2 us, 1M 4.5 -> 3.8 (128 chunks);
+ * a 16K-element row stays one block (1.7 us; split, 2.4). From 2M elements on the rule is R / 16384
+ * as before (bench/cuda_kernels.py). A symbolic kernel (launch split -1) computes it per call, in
+ * the kernel and in the runtime. The scheduler keeps a reduction that another reduction of few long
+ * rows reads in a kernel of its own, so that both split (em_schedule.c). */
+#define EM_CUDA_SPLIT_MIN 16384
+#define EM_CUDA_SPLIT_SMALL 2048
 #define EM_CUDA_SPLIT_FEW 128
 #define EM_CUDA_SPLIT_ROWS 256
 #define EM_CUDA_SPLIT_BLOCKS 2048
 static inline int64_t em_cuda_split_chunks(int64_t rows, int64_t R) {
     if (rows <= 0 || rows >= EM_CUDA_SPLIT_ROWS || R < 2 * EM_CUDA_SPLIT_MIN) return 1;
-    int64_t S = R / EM_CUDA_SPLIT_CHUNK, few = R / EM_CUDA_SPLIT_MIN, cap = EM_CUDA_SPLIT_BLOCKS / rows;
+    int64_t S = R / EM_CUDA_SPLIT_MIN, few = R / EM_CUDA_SPLIT_SMALL, cap = EM_CUDA_SPLIT_BLOCKS / rows;
     if (few > EM_CUDA_SPLIT_FEW) few = EM_CUDA_SPLIT_FEW;
     if (S < few) S = few;
     return S < cap ? S : cap;

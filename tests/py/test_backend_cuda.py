@@ -252,9 +252,9 @@ def test_reduction_schedule_by_row_length():
 
 
 def test_split_reduction_rules():
-    """Few long rows are cut into chunks, one block each: 16384 elements a chunk, or 128 chunks of at
-    least 2048 elements where that makes more, at most 2048 chunks in all; many rows, short rows,
-    and a reduction of another reduction's result are not."""
+    """Few rows of at least 32768 elements are cut into chunks, one block each: 16384 elements a
+    chunk, or 128 chunks of at least 2048 elements where that makes more, at most 2048 chunks in
+    all; many rows, short rows, and a reduction of another reduction's result are not."""
     one = _gen(lambda x: x.sum(), cpu(1 << 20))
     assert one["launch"][0]["split"] == 128 and one["launch"][0]["blocks"] == 128 and one["launch"][0]["block"] == 512
     assert _gen(lambda x: x.sum(), cpu(1 << 16))["launch"][0]["split"] == 32  # a loss over a batch: 2048 a chunk
@@ -265,8 +265,7 @@ def test_split_reduction_rules():
     assert eight["split"] == 128 and eight["blocks"] == 1024
     assert _gen(lambda x: x.sum(-1), cpu(64, 1 << 20))["launch"][0]["split"] == 32  # 2048 chunks in all
     assert _gen(lambda x: x.sum(-1), cpu(512, 40000))["launch"][0]["split"] == 0  # rows enough to fill the GPU
-    assert _gen(lambda x: x.sum(), cpu(4000))["launch"][0]["split"] == 0  # one block is enough
-    assert _gen(lambda x: x.sum(), cpu(30000))["launch"][0]["split"] == 14
+    assert _gen(lambda x: x.sum(), cpu(30000))["launch"][0]["split"] == 0  # one block is enough
     # a variance: Welford's one pass (count, mean, M2 per chunk), one split kernel
     var = _gen(lambda x: x.var(), cpu(1 << 20))
     assert [ln["split"] for ln in var["launch"]] == [128], var["launch"]
@@ -274,7 +273,6 @@ def test_split_reduction_rules():
     # a reduction of another's result: the mean is a kernel of its own, and both split
     cen = _gen(lambda x: (x - x.mean()).abs().sum(), cpu(1 << 20))
     assert [ln["split"] for ln in cen["launch"]] == [128, 128], cen["launch"]
-    assert [ln["split"] for ln in _gen(lambda x: (x - x.mean()).abs().sum(), cpu(30000))["launch"]] == [14, 14]
     # a row-sized variance of many rows, and a normalization storing along the row: one kernel
     assert [ln["split"] for ln in _gen(lambda x: x.var(-1), cpu(300, 40000))["launch"]] == [0]
     assert [ln["split"] for ln in _gen(lambda x: F.layer_norm(x, (40000,)), cpu(2, 40000))["launch"]] == [0]
@@ -869,12 +867,27 @@ def test_emulated_welford_lanes_agree(shape):
 
 
 @needs_emu
+def test_emulated_split_chunks_are_line_aligned_and_may_be_empty():
+    """A split row's chunks start on 64-element boundaries: 69666 elements in 34 chunks are 33 of
+    2112 and an empty last one, whose partials are the identity of every reduction."""
+    x = cpu(69666) * 3 + 5
+    x[69000] = 40  # the maximum in the last full chunk
+    outs, info = emulate(lambda x: (x.var(), x.sum(), x.amax(), x.argmax(), x.abs().amin()), x, grid_cap=34)
+    assert [ln["split"] for ln in info["launch"]] == [34], info["launch"]
+    assert "+ 63) / 64 * 64" in info["source"]
+    v, s, mx, am, mn = outs
+    assert abs(v.double() - x.double().var()) / x.double().var() < 2e-5
+    torch.testing.assert_close(s.double(), x.double().sum(), rtol=1e-5, atol=0)
+    assert mx.item() == 40 and am.item() == 69000 and mn.item() == x.abs().amin().item()
+
+
+@needs_emu
 def test_emulated_split_variance_is_one_pass_and_accurate():
     """A split variance (one kernel, Welford per chunk, the chunks combined in order) over values whose
     mean is far from 0: within float32's rounding of float64's answer, as eager's float32 is."""
     x = cpu(80000) * 0.01 + 100
     (v, s), info = emulate(lambda x: (x.var(), x.std()), x, grid_cap=3)
-    assert [ln["split"] for ln in info["launch"]] == [39], info["launch"]
+    assert [ln["split"] for ln in info["launch"]] == [39], info["launch"]  # 128 chunks at most, of 2048 at least
     truth = x.double().var()
     assert abs(v.double() - truth) / truth < 2e-5 and abs(s.double() - truth.sqrt()) / truth.sqrt() < 2e-5
 
@@ -934,3 +947,28 @@ def test_emulated_bfloat16_chains_both_ways():
     big = torch.full((64,), 300.0, dtype=_H)  # fp16: (300 * 300) overflows to inf in eager, and here
     (out,), _ = emulate(lambda x: x * x / 1000, big)
     assert torch.isinf(out).all() and torch.equal(out, big * big / 1000)
+
+
+@needs_emu
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_is_three_kernels(monkeypatch, reduction):
+    """F.cross_entropy's inference form on CUDA: the rows' logsumexp (one warp a row), then one
+    kernel that gathers each row's target logit, sums the losses and counts the targets not ignored
+    (the count, hoisted to the top, moves down into the loss sum: horizontal fusion downwards), then
+    the mean's division: Inductor's three kernels ('none': the gathered logits, then the losses). Values of the generated CUDA (the emulator) and
+    of the CPU compile against eager, ignored targets included."""
+    from ember.testing.cuda import emulate_info
+    monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
+    x, t = cpu(64, 1024), torch.randint(0, 1024, (64,))
+    t[::7] = -100
+    f = lambda x, t: F.cross_entropy(x, t, reduction=reduction)  # noqa: E731
+    cf = ember.compile(f, backend="ember", dynamic=False)
+    torch.testing.assert_close(cf(x, t), f(x, t))
+    ct = ember.cache_info(cf)[0]["ember"]["cuda_test"]
+    heads = [k.split("\n")[0] for k in ct["source"].split("/* kernel ")[1:]]
+    assert len(heads) == {"mean": 3, "sum": 2, "none": 3}[reduction], heads
+    assert "logsumexp" in heads[0] and "gather" in heads[1], heads
+    if reduction == "mean":
+        assert "sum_1" in heads[1] and "sum_2" in heads[1], heads  # the loss sum and the count: one kernel
+    (out,), _ = emulate_info(ct, x, t)
+    torch.testing.assert_close(out, f(x, t))
