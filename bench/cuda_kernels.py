@@ -5,13 +5,19 @@ GB/s of the bytes it must move, 2 reads + 1 write, and as % of a device copy mea
 run: y.copy_(x), 1 read + 1 write), softmax and layer_norm over the last dim of (4096, 1024) and
 (32768, 4096) in float32 and bfloat16; T5's softmax of scores plus its permuted position bias; reductions of one long row over 64M float32 (issue 44:
 x.sum(), ((x - y) ** 2).mean(), x.abs().amax(), x.var(), cross_entropy over (64K, 1024)).
-Per workload and compiler: the median time per call from CUDA events over several rounds (rounds
-interleave the compilers), the ratio against eager and
+Also reductions of a loss over a batch (64K and 1M elements, a 1M-element variance, cross_entropy
+over (8K, 1024)), whose kernels are short enough that launches and host work show. Per workload
+and compiler: the median time per call from CUDA events over several rounds (rounds interleave the
+compilers; back-to-back calls, so a compiler whose host work per call exceeds its kernels' time is
+measured by its host), with --device-time also the kernels' own time per call (torch.profiler's
+device time over 20 calls, each kernel listed): the comparison of the generated code alone. The
+ratio against eager and
 against inductor (> 1 = faster), the first-call time (compile + run), whether ember's result matches
 eager (assert_close), and whether ember really ran its own kernels (else the fallback reason).
 Timings are never asserted by tests.
 
-usage: python bench/cuda_kernels.py [--quick] [--rounds N] [--iters N] [--only SUBSTR] [--no-inductor] [--json PATH]
+usage: python bench/cuda_kernels.py [--quick] [--rounds N] [--iters N] [--only SUBSTR] [--no-inductor] [--device-time]
+       [--json PATH]
 """
 import argparse
 import json
@@ -82,6 +88,12 @@ def workloads(quick):
     w["var_%dM_f32" % (n >> 20)] = (variance, (r(n),), 4 * n)  # ember: two split kernels, two reads
     t = torch.randint(0, 1024, (n // 1024,), device="cuda", generator=g)
     w["cross_entropy_%dM_f32" % (n >> 20)] = (cross_entropy, (r(n), t), 4 * n)
+    # a loss over a batch: few microseconds of kernels (split into up to 128 chunks of >= 2048)
+    for m in (1 << 16, 1 << 20):
+        w["sum_%dK_f32" % (m >> 10)] = (full_sum, (r(m),), 4 * m)
+    w["var_1M_f32"] = (variance, (r(1 << 20),), 4 << 20)
+    t8 = torch.randint(0, 1024, (8192,), device="cuda", generator=g)
+    w["cross_entropy_8Kx1024_f32"] = (cross_entropy, (r(8 << 20), t8), 4 * (8 << 20))
     return w
 
 
@@ -103,6 +115,19 @@ def copy_bandwidth(n, iters):
         y.copy_(x)
     times = [time_cuda(lambda: y.copy_(x), (), iters) for _ in range(5)]
     return 2 * 4 * n / statistics.median(times) / 1e9
+
+
+def device_time(fn, args, calls=20):
+    """The kernels' device time per call (us) from torch.profiler over calls calls, and each
+    kernel's (name, us per call)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(calls):
+            fn(*args)
+        torch.cuda.synchronize()
+    ks = [(e.key, e.self_device_time_total / calls) for e in p.key_averages() if e.self_device_time_total > 0]
+    return sum(t for _, t in ks), ks
 
 
 def build(name, fn):
@@ -132,6 +157,7 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--only", default=None, help="workloads whose name contains one of these (comma-separated)")
     ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--device-time", action="store_true", help="also each compiler's kernel time per call (torch.profiler)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -201,6 +227,13 @@ def main(argv=None):
             row["ember_vs_inductor"] = row["inductor_us"] / row["ember_us"]
             line.append(f"ember/inductor {row['ember_vs_inductor']:.2f}x")
         print(" | ".join(line))
+        if a.device_time:
+            for c, f in compiled.items():
+                tot, ks = device_time(f, args)
+                row[f"{c}_device_us"], row[f"{c}_kernels"] = tot, ks
+                print(f"    {c} device time {tot:8.2f} us/call: " + ", ".join(f"{k[:40]} {t:.1f}" for k, t in ks))
+            if "ember" in compiled and "inductor" in compiled:
+                print(f"    ember/inductor by device time {row['inductor_device_us'] / row['ember_device_us']:.2f}x")
         fc = ", ".join(f"{c} {row[c + '_first_call_s']:.2f}s" for c in compilers if c + "_first_call_s" in row)
         print(f"    first call: {fc}; ember: {row.get('ember_state', '-')}")
         results["workloads"][wname] = row
