@@ -4,9 +4,10 @@
  * broadcast / all_to_all_single / all_gather and reduce_scatter (of lists) / all_to_all (of lists)
  * become torch.ops._c10d_functional.<op> and its wait_tensor, extern calls in program order (the
  * in-place forms then copy the result into their output: funcol's *_inplace rewrites).
- * Nothing is run at trace time: every rank must make the same calls. What is not taken
- * (async_op=True, other collectives, groups given as rank lists or meshes) returns NULL without a
- * break, and the caller (em_trace_call.c, call_torch) breaks the graph with its reason.
+ * Nothing is run at trace time: every rank must make the same calls. funcol's group may be a
+ * rank list, a 1-d DeviceMesh or (mesh, dim), resolved at trace time (funcol_group). What is not
+ * taken (async_op=True, other collectives, nested rank lists) returns NULL without a break, and
+ * the caller (em_trace_call.c, call_torch) breaks the graph with its reason.
  * dist.get_rank() and dist.get_world_size() are read at trace time (em_tr_dist_query).
  * docs/distributed.md. */
 #include "trace/em_trace_int.h"
@@ -15,8 +16,9 @@
 
 /* The ProcessGroup a call's group argument g stands for, a new reference: a ProcessGroup itself;
  * for dist.* calls (dist) None, the default group; for funcol's a group name (str), resolved as
- * funcol's _resolve_group resolves it. NULL without an exception for anything else: a rank list, a
- * DeviceMesh, the int dist.new_group returns on a rank outside the group (eager's call warns and
+ * funcol's _resolve_group resolves it (funcol's rank lists and meshes become their ProcessGroup
+ * first: funcol_group). NULL without an exception for anything else: a rank list, a DeviceMesh, the
+ * int dist.new_group returns on a rank outside the group (eager's call warns and
  * does nothing, or raises: the caller breaks and it runs as Python), a name given to dist.* (eager
  * raises), an unknown name. Not guarded: the caller's em_tr_use(g) guards a ProcessGroup by
  * identity, a name by value. */
@@ -108,7 +110,7 @@ static TValue *emit_collective(Trace *T, const char *op, TValue *t, PyObject *co
  * realized value or NULL (a default). -1 (the caller breaks, no exception) for anything unusual:
  * too many arguments, an unknown or repeated keyword, a first parameter missing, an "async_op"
  * other than a constant False (True: a Work handle), a "tag" other than a constant str (funcol's
- * tag only names groups given as rank lists, which are not taken); those two are guarded. */
+ * tag only names groups given as rank lists: funcol_group); those two are guarded. */
 static int bind_dist(Trace *T, const char *const *params, int np, TValue **args, uint32_t nargs, PyObject *kwnames,
                      TValue **kwvals, TValue **slot) {
     uint32_t nkw = kwnames ? (uint32_t)PyTuple_GET_SIZE(kwnames) : 0;
@@ -162,6 +164,56 @@ static bool const_int(Trace *T, TValue *v, long *out) {
     Py_XDECREF(o);
     if (PyErr_Occurred()) PyErr_Clear();
     return ok;
+}
+
+/* funcol's group argument g in the forms group_of does not take, as a new value that group_of
+ * takes: a list of ints (the ranks; guarded by value), the group dist.new_group registered under
+ * them and tag (tag: NULL or a constant str, "" when absent), found at trace time as funcol finds
+ * it (_resolve_group_name_by_ranks_and_tag); a 1-d DeviceMesh (guarded by identity: its groups
+ * are fixed while it lives), its group; a tuple (mesh, dim), dim a constant int (guarded by value),
+ * the mesh's group along dim; each one's name read as funcol reads it (_resolve_group_name), then
+ * its ProcessGroup (a stable value: no guard of its own). Anything else is g itself. NULL without
+ * an exception (the caller breaks, and eager's call raises its own error) for one of these forms
+ * that does not resolve: no group for those ranks and tag, a mesh of more dims without a dim, a
+ * dim out of range, a tuple of ints (eager raises too). */
+static TValue *funcol_group(Trace *T, TValue *g, TValue *tag) {
+    static PyObject *mesh_type, *by_ranks, *resolve_name, *resolve_pg;
+    if (!em_lazy_attr(&mesh_type, "torch.distributed.device_mesh", "DeviceMesh") ||
+        !em_lazy_attr(&by_ranks, "torch.distributed.distributed_c10d", "_resolve_group_name_by_ranks_and_tag") ||
+        !em_lazy_attr(&resolve_name, "torch.distributed._functional_collectives", "_resolve_group_name") ||
+        !em_lazy_attr(&resolve_pg, "torch.distributed.distributed_c10d", "_resolve_process_group"))
+        return PyErr_Clear(), NULL;
+    PyObject *tg = tag ? Py_NewRef(tag->obj) : PyUnicode_FromString(""), *name = NULL;
+    bool mesh = g->kind == TV_OBJECT && g->obj && PyObject_TypeCheck(g->obj, (PyTypeObject *)mesh_type);
+    if (!tg) return PyErr_Clear(), NULL;
+    if (g->kind == TV_LIST) { /* ranks, all ints */
+        PyObject *ranks = em_tr_to_py_const(T, g);
+        bool ints = ranks && PyList_Check(ranks) && PyList_GET_SIZE(ranks) > 0;
+        for (Py_ssize_t i = 0; ints && i < PyList_GET_SIZE(ranks); i++)
+            ints = PyLong_Check(PyList_GET_ITEM(ranks, i)) && !PyBool_Check(PyList_GET_ITEM(ranks, i));
+        name = ints ? PyObject_CallFunctionObjArgs(by_ranks, ranks, tg, NULL) : NULL;
+        Py_XDECREF(ranks);
+    } else if (mesh) { /* funcol asserts a 1-d mesh */
+        name = em_tr_use(T, g) == 0 ? PyObject_CallFunctionObjArgs(resolve_name, g->obj, tg, NULL) : NULL;
+    } else if (g->kind == TV_TUPLE && !g->u.seq.cls && g->u.seq.n == 2) { /* (mesh, dim) */
+        TValue *m = em_tr_realize(T, g->u.seq.items[0]);
+        long d = -1;
+        bool ok = m && m->kind == TV_OBJECT && m->obj && PyObject_TypeCheck(m->obj, (PyTypeObject *)mesh_type) &&
+                  const_int(T, g->u.seq.items[1], &d) && em_tr_use(T, m) == 0;
+        PyObject *pair = ok ? Py_BuildValue("(Ol)", m->obj, d) : NULL;
+        name = pair ? PyObject_CallFunctionObjArgs(resolve_name, pair, tg, NULL) : NULL;
+        Py_XDECREF(pair);
+    } else {
+        Py_DECREF(tg);
+        return g;
+    }
+    Py_DECREF(tg);
+    PyObject *pg = name && PyUnicode_Check(name) ? PyObject_CallOneArg(resolve_pg, name) : NULL;
+    Py_XDECREF(name);
+    TValue *r = pg && !T->broke ? em_tr_object(T, pg, -1) : NULL;
+    Py_XDECREF(pg);
+    if (!r) PyErr_Clear();
+    return r;
 }
 
 /* torch.cat(torch.chunk(t, n, chunk_dim), cat_dim): funcol's gather along another dim than 0
@@ -263,7 +315,8 @@ static TValue *a2a_steal(Trace *T, TValue *in, PyObject **splits, TValue *g, boo
  * funcol runs (and Dynamo traces through to), emit_collective's pair, the waited result a new
  * value; a gather along dim d != 0 is the gather along dim 0 chunked by the group's size and
  * concatenated along d, a scatter along d != 0 the input chunked along d and concatenated along
- * dim 0 first, as funcol does. group: a ProcessGroup (guarded by identity) or a name (by value);
+ * dim 0 first, as funcol does. group: a ProcessGroup (guarded by identity), a name (by value), or
+ * a rank list, a 1-d DeviceMesh or (mesh, dim) (funcol_group);
  * reduceOp a constant str (lowered, as funcol does), src a constant group rank in the group,
  * gather_dim / scatter_dim constant ints (a scatter's dim static and divisible by the group's
  * size: eager asserts it), split sizes as dist.all_to_all_single takes them. NULL without a break
@@ -285,7 +338,7 @@ TValue *em_tr_funcol(Trace *T, const char *fname, TValue **args, uint32_t nargs,
     if (!(reduce || bcast || gather || scatter || a2a) ||
         bind_dist(T, params, np, args, nargs, kwnames, kwvals, slot) < 0)
         return PyErr_Clear(), NULL;
-    TValue *t = slot[0], *g = slot[np - 2];
+    TValue *t = slot[0], *g = slot[np - 2] ? funcol_group(T, slot[np - 2], slot[np - 1]) : NULL;
     const IRMeta *m = t->kind == TV_TENSOR ? t->u.t.meta : NULL;
     long n = g ? group_size(g, false) : -1, d = 0;
     if (!m || n < 0 || !slot[1] || (a2a && !slot[2])) return NULL; /* eager: a TypeError */

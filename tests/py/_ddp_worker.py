@@ -112,7 +112,7 @@ def unused_error(kind, rank):
             x, y = batch(rank, step)
             ((call(x) - y) ** 2).mean().backward()
     except RuntimeError as e:
-        return type(e).__name__ + ": " + str(e).splitlines()[0]
+        return type(e).__name__ + ": " + (str(e).splitlines() or [""])[0]
     return None
 
 
@@ -128,7 +128,7 @@ def swapped_parameter_error(kind, rank):
             if step == 0:
                 m.layers[-1].weight = torch.nn.Parameter(m.layers[-1].weight.detach() * 2)
     except RuntimeError as e:
-        return type(e).__name__ + ": " + str(e).splitlines()[0]
+        return type(e).__name__ + ": " + (str(e).splitlines() or [""])[0]
     return None
 
 
@@ -260,19 +260,37 @@ def collective(rank):
         f = funcol.broadcast(x + 1, 1, pg)
         return torch.cat([a, b.flatten(), c, d.flatten(), e, f, funcol.all_to_all_single(x * 3, None, None, pg)])
 
-    def funcol_ranks(x):  # a group as a list of ranks: a graph break
-        return funcol.all_gather_tensor(x * 2, 0, [0, 1]) + 1
+    def funcol_ranks(x):  # a group as a list of ranks (guarded by value): the group registered under them
+        return torch.cat([funcol.all_gather_tensor(x * 2, 0, [0, 1]) + 1, funcol.all_reduce(x + 1, "sum", [0, 1])])
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2,))
+    mesh2 = init_device_mesh("cpu", (1, 2))
+
+    def funcol_mesh(x, mesh=mesh):  # a 1-d DeviceMesh (guarded by identity), and (mesh, dim)
+        a = funcol.all_reduce(x * 3, "sum", mesh)
+        b = funcol.all_gather_tensor(x + 2, 0, mesh)
+        c = funcol.all_gather_tensor(x - 1, 0, (mesh2, 1))
+        return torch.cat([a, b, c])
+
+    def funcol_mesh_2d(x):  # a 2-d mesh without a dim: eager raises, a graph break
+        return funcol.all_reduce(x * 3, "sum", mesh2)
+
+    def funcol_no_group(x):  # ranks no group was made for: eager raises, a graph break
+        return funcol.all_reduce(x * 3, "sum", [1, 0, 1])
 
     def outcome(call, x):  # the result, or the error eager raises
         try:
             return call(x)
         except Exception as e:  # noqa: BLE001
-            return type(e).__name__ + ": " + str(e).splitlines()[0]
+            return type(e).__name__ + ": " + (str(e).splitlines() or [""])[0]
 
     out = {}
     for fn in (f, on_input, asynchronous, with_op, gather, scatter, broadcast, broadcast_made, world, group_src,
                all_to_all, all_to_all_splits, gather_list, scatter_list, all_to_all_list, all_to_all_uneven,
-               all_to_all_async, in_group, broadcast_alone, broadcast_outside, funcol_calls, funcol_ranks):
+               all_to_all_async, in_group, broadcast_alone, broadcast_outside, funcol_calls, funcol_ranks,
+               funcol_mesh, funcol_mesh_2d, funcol_no_group):
         ember.reset()
         x = torch.full((4,), float(rank + 1))
         xe = x.clone()
