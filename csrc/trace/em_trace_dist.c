@@ -16,9 +16,9 @@
 
 /* The ProcessGroup a call's group argument g stands for, a new reference: a ProcessGroup itself;
  * for dist.* calls (dist) None, the default group; for funcol's a group name (str), resolved as
- * funcol's _resolve_group resolves it (funcol's rank lists and meshes become their ProcessGroup
- * first: funcol_group). NULL without an exception for anything else: a rank list, a DeviceMesh, the
- * int dist.new_group returns on a rank outside the group (eager's call warns and
+ * funcol's _resolve_group resolves it (funcol's rank lists and meshes are made their ProcessGroup
+ * before: funcol_group). NULL without an exception for anything else: a rank list or a DeviceMesh
+ * here (a dist.* call's), the int dist.new_group returns on a rank outside the group (eager's call warns and
  * does nothing, or raises: the caller breaks and it runs as Python), a name given to dist.* (eager
  * raises), an unknown name. Not guarded: the caller's em_tr_use(g) guards a ProcessGroup by
  * identity, a name by value. */
