@@ -146,7 +146,7 @@ def run_loop(compiler, model, ids, new, args):
                 def one():
                     st["tok"] = step(model, st["tok"], cache, st["pos"]).clone()
                     st["pos"] = st["pos"] + 1
-                kernels = top_kernels(one, args.device, n=5)
+                kernels = top_kernels(one, args.device, n=args.top)
             cg = [e.get("cudagraphs") for e in ember.cache_info(step)] if compiler == "ember" and mode else None
     finally:
         if counter:
@@ -215,6 +215,7 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true",
                     help='cache "loop": the decode step\'s device time (first line, per step) and top kernels '
                          '(device ms over 5 steps, launches), torch.profiler')
+    ap.add_argument("--top", type=int, default=5, help="with --profile: how many kernels to list")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]

@@ -174,10 +174,12 @@ int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k) {
     int64_t c;
     if (k->reduction || k->ndim == 0) return 1;
     int maxsz = 0, any_unit = 0, last = k->ndim - 1;
-    /* gather loads, and masked loads (padding, cat) masked along the innermost dim: scalar. A mask
-     * on outer dims only (channels_last pooling, cat along an outer dim) holds for the whole vector. */
+    /* gather loads: scalar. A mask (padding, cat) holds for a whole vector when it is on outer dims
+     * only (channels_last pooling, cat along an outer dim) or when its bounds along the innermost dim
+     * are multiples of the width (rotate_half's cat of two halves): the width is halved until they
+     * are, below. */
     for (uint32_t q = 0; q < k->nloads; q++)
-        if (((k->loads[q].mask >> last) & 1) || k->loads[q].nidx) return 1;
+        if (k->loads[q].nidx) return 1;
     for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
         const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
         int64_t st;
@@ -192,6 +194,8 @@ int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k) {
     if (!any_unit || maxsz == 0) return 1;
     int v = 16 / maxsz;
     if (v > 16) v = 16;
+    for (uint32_t q = 0; q < k->nloads; q++)
+        while (v > 1 && ((k->loads[q].mask >> last) & 1) && (k->loads[q].lo[last] % v || k->loads[q].hi[last] % v)) v /= 2;
     if (k->ndim > 1 && known(env, k->ssizes[last], k->sizes[last], &c) && c % v) return 1;
     if (!env && k->ndim == 1 && k->sizes[0] < 2 * v) return 1;
     for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
@@ -648,7 +652,7 @@ static void pw_vector_body(SB *b, KC *c, int V, const char *ind) {
         const SAccess *ac = &k->loads[q];
         LDtype dt = access_dtype(s, k, ac);
         if (ac->iota) continue; /* the index table: computed in the loop below */
-        if (ac->mask) { /* masked on outer dims only (em_codegen_cuda_vec_width): one condition per step */
+        if (ac->mask) { /* uniform over the step's V elements (em_codegen_cuda_vec_width): one condition */
             sb_printf(b, "%sconst bool m%u = ", ind, q);
             mask_cond(b, k, ac);
             sb_printf(b, ";\n");
@@ -884,7 +888,10 @@ static void loop_open(SB *b, const RCtx *c, const char *ind) {
     } else if (c->L->split) {
         sb_printf(b, "%s#pragma unroll 4\n%sfor (idx_t r = r_lo + tid; r < r_hi; r += %s) {\n", ind, ind, c->tpr);
     } else {
-        sb_printf(b, "%sfor (idx_t r = tid; r < R; r += %s) {\n", ind, c->tpr);
+        /* four elements' loads in flight per thread, as the split loop: an argmax's compare chain
+         * kept nvcc from unrolling, and 32000 logits a row in blocks of 1024 waited for 31 loads in
+         * turn (13.8 us on the H200 against Inductor's 6.6, bench/generate.py --profile) */
+        sb_printf(b, "%s#pragma unroll 4\n%sfor (idx_t r = tid; r < R; r += %s) {\n", ind, ind, c->tpr);
     }
     if (k->ndim - k->nouter > 1) {
         char in2[64];

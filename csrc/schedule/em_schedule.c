@@ -509,7 +509,13 @@ static int shared_values(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, 
  * kernel has computed yet, whose computation makes EM_REALIZE_READS loads or more, is therefore
  * stored first by a kernel of its own and loaded by both: with two consumers and L buffers that is
  * L + 1 + 2 accesses against 2L, as Inductor realizes a buffer read by several users once its reads
- * reach realize_reads_threshold (torch/_inductor/ir.py, StorageBox.mark_reuse). */
+ * reach realize_reads_threshold (torch/_inductor/ir.py, StorageBox.mark_reuse).
+ * On CUDA, when the kernel asking is a reduction whose root is stored along the row (the norm's
+ * output) and the producer has the reduced tensor's shape (the residual stream the norm reads), the
+ * same kernel stores it instead (row_store): the stream is written once and never read back, one
+ * launch fewer per norm, as Inductor's fused add + RMSNorm kernel stores both (a decode step of an
+ * 8-layer Llama: 8 kernels of 1.4 us each, bench/generate.py --profile). The C generator keeps a
+ * kernel of its own (its row cache holds one output: em_codegen_c.c). Static graphs. */
 #define EM_REALIZE_READS 3
 
 /* Loads value y's computation makes (the LOAD and stored nodes of its sub-DAG, down to those; loads
@@ -542,12 +548,15 @@ static uint32_t reads_of(Sched *c, uint32_t y, uint8_t *sub) {
  * a pointwise value not stored yet, with a user outside the DAG that no kernel has computed yet,
  * that loads EM_REALIZE_READS buffers or more. 0 when there is none. sub: scratch. */
 static uint32_t shared_producer(Sched *c, uint32_t x, const uint8_t *in_dag, const uint32_t *list, uint32_t n,
-                                uint8_t *sub) {
+                                uint8_t *sub, const uint32_t *skip, uint32_t nskip) {
     LGraph *lg = c->lg;
     for (uint32_t i = n; i-- > 0;) { /* ids ascend: the largest first */
         uint32_t y = list[i];
         const LNode *ny = &lg->nodes[y];
         if (y == x || c->mat[y] != NONE || ny->op == LP_LOAD || ny->op == LP_CONST || em_lprim_is_reduce(ny->op)) continue;
+        int skipped = 0;
+        for (uint32_t q = 0; q < nskip; q++) skipped |= skip[q] == y;
+        if (skipped) continue;
         int later = 0;
         for (uint32_t q = c->uoff[y]; q < c->uoff[y + 1] && !later; q++) {
             uint32_t u = c->users[q];
@@ -603,6 +612,30 @@ static uint32_t strided_broadcast_load(const Sched *c, uint32_t x, const uint32_
     return 0;
 }
 
+/* The reduction that fixes the domain of root x's kernel (its DAG list[0 .. n)): the last one not
+ * stored yet, closest to the root; 0 = pointwise. */
+static uint32_t dag_domain(const Sched *c, uint32_t x, const uint32_t *list, uint32_t n) {
+    uint32_t dom = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t y = list[i];
+        if (em_lprim_is_reduce(c->lg->nodes[y].op) && (y == x || c->mat[y] == NONE)) dom = y;
+    }
+    return dom;
+}
+
+/* May root x's reduction kernel store shared producer y itself (shared producers, above)? CUDA,
+ * static sizes; x and y both of the reduced tensor's shape (x stored along the row, so the kernel
+ * walks the row to store it anyway and never splits). */
+static int row_store(const Sched *c, uint32_t x, uint32_t y, const uint32_t *list, uint32_t n) {
+    LGraph *lg = c->lg;
+    uint32_t dom = dag_domain(c, x, list, n);
+    if (!lg->cuda || lg->env || !dom || dom == x) return 0;
+    const LNode *din = &lg->nodes[lg->nodes[dom].in[0]], *nx = &lg->nodes[x], *ny = &lg->nodes[y];
+    return nx->ndim == din->ndim && ny->ndim == din->ndim &&
+           same_shape(lg, nx->ndim, nx->sizes, nx->ssizes, din->sizes, din->ssizes) &&
+           same_shape(lg, ny->ndim, ny->sizes, ny->ssizes, din->sizes, din->ssizes);
+}
+
 /* Builds and appends the kernel that stores node x into buffer b. */
 static int materialize(Sched *c, uint32_t x, uint32_t b) {
     LGraph *lg = c->lg;
@@ -616,22 +649,24 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
     uint32_t n = 0;
     const LNode *root = &lg->nodes[x];
     uint32_t dom = 0; /* the reduction that fixes the domain, 0 = pointwise */
+    uint32_t rows[EM_SHARE_MAX], nrows = 0; /* shared producers this reduction kernel stores (row_store) */
+again:
     for (;;) {
         int r = collect(c, x, in_dag, list, &n, stack);
         if (r < 0) return -1;
         if (r > 0) continue;
-        uint32_t sp = shared_producer(c, x, in_dag, list, n, part);
+        uint32_t sp = shared_producer(c, x, in_dag, list, n, part, rows, nrows);
+        if (sp && nrows < EM_SHARE_MAX && row_store(c, x, sp, list, n)) {
+            rows[nrows++] = sp; /* stored by this kernel (shared producers, above) */
+            continue;
+        }
         if (!sp && lg->cuda) sp = strided_broadcast_load(c, x, list, n);
         if (sp) {
             if (materialize_internal(c, sp) < 0) return -1;
             continue;
         }
         /* the domain: the last reduction of the DAG (closest to the root) */
-        dom = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            uint32_t y = list[i];
-            if (em_lprim_is_reduce(lg->nodes[y].op) && (y == x || c->mat[y] == NONE)) dom = y;
-        }
+        dom = dag_domain(c, x, list, n);
         if (!dom) break;
         if (lg->cuda) {
             uint32_t t = masked_top(c, x, list, n, part);
@@ -661,8 +696,16 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
         if (materialize_internal(c, other) < 0) return -1;
     }
     if (c->s->buf_produced[b]) return 0; /* produced while collecting (shared dependency) */
+    for (uint32_t q = 0; q < nrows; q++) /* the domain the row stores were chosen for may have changed */
+        if (!in_dag[rows[q]] || c->mat[rows[q]] != NONE || !row_store(c, x, rows[q], list, n)) {
+            uint32_t y = rows[q];
+            rows[q] = rows[--nrows];
+            if (c->mat[y] == NONE && materialize_internal(c, y) < 0) return -1;
+            goto again;
+        }
     uint32_t share[EM_SHARE_MAX], nshare = 0;
     if (!dom && shared_values(c, x, in_dag, list, &n, share, &nshare, EM_SHARE_MAX, part) < 0) return -1;
+    for (uint32_t q = 0; q < nrows; q++) share[nshare++] = rows[q]; /* (dom != 0: shared_values took none) */
 
     /* the domain in original dim order, then its loop order */
     int32_t dnd;
@@ -1071,7 +1114,9 @@ static int need_arg(Sched *c, const IRArg *a) {
  *     elements: its outputs live to the graph's end anyway, and its inputs no longer wait for it
  *     across the externs between), or the domain is small (at most EM_HFUSE_SMALL elements: a
  *     launch saved, its output allocated earlier costs little; in a symbolic graph for every size
- *     the entry admits).
+ *     the entry admits), or A is the step just before B (nothing moves past anything: a launch
+ *     saved, repeat_kv's copies of a decode step's key and value caches) and both walk their
+ *     innermost dim with stride 0 or 1 (hfuse_same_walk).
  * The fused kernel stores every output of both; the runtime allocates the ones after the first. */
 #define EM_HFUSE_SMALL 32768
 #define EM_HFUSE_WINDOW 24   /* steps looked back from B */
@@ -1146,6 +1191,20 @@ static int hfuse_arg_touches(const Schedule *s, const IRArg *a, const uint8_t *m
         for (uint32_t i = 0; i < a->n; i++)
             if (hfuse_arg_touches(s, &a->u.items[i], m)) return 1;
     return 0;
+}
+
+/* Do two kernels walk their innermost dim alike: every access of both with stride 0 or 1 there (by
+ * the example's strides in a symbolic graph: a matter of speed only), so that a kernel the CUDA
+ * generator vectorizes does not lose it by sharing a loop with a transposed read? */
+static int hfuse_same_walk(const SKernel *a, const SKernel *b) {
+    const SKernel *ks[2] = {a, b};
+    int last = a->ndim - 1;
+    for (int t = 0; t < 2; t++)
+        for (uint32_t q = 0; q < ks[t]->nloads + ks[t]->nstores; q++) {
+            const SAccess *ac = q < ks[t]->nloads ? &ks[t]->loads[q] : &ks[t]->stores[q - ks[t]->nloads];
+            if (ac->strides[last] != 0 && ac->strides[last] != 1) return 0;
+        }
+    return 1;
 }
 
 /* Sets (v = 1) or clears (v = 0) kernel k's entries in the maps of the buffers it reads (rd), writes
@@ -1290,19 +1349,23 @@ static int horizontal_fusion(Sched *c) {
         const SKernel *kb = &s->kernels[s->steps[j].index];
         if (!hfuse_movable(s, kb)) continue;
         mark_accesses(kb, rd, wr, both, 1);
-        int small = kernel_small(lg, kb), crossed_extern = 0;
+        int small = kernel_small(lg, kb), crossed_extern = 0, between = 0;
         for (uint32_t i = j; i-- > 0 && j - i <= EM_HFUSE_WINDOW;) {
             const SStep *st = &s->steps[i];
             if (gone[i]) continue;
             if (hfuse_conflict(s, st, rd, wr, both)) break;
             if (st->kind == SSTEP_EXTERN) crossed_extern = 1;
+            int adjacent = !between; /* no kernel or extern call between (a view is no work) */
+            if (st->kind != SSTEP_VIEW) between++;
             if (st->kind != SSTEP_KERNEL) continue;
             SKernel *ka = &s->kernels[st->index];
             if (!hfuse_same_domain(s, ka, kb) || !hfuse_joinable(ka) || ka->nstores + kb->nstores > EM_HFUSE_MAXSTORES)
                 continue;
             int shared = 0;
             for (uint32_t q = 0; q < ka->nloads && !shared; q++) shared = !ka->loads[q].iota && rd[ka->loads[q].buf];
-            if (!small && !(shared && !crossed_extern) && !(shared && hfuse_reads_subset(s, ka, kb))) continue;
+            if (!small && !(shared && !crossed_extern) && !(shared && hfuse_reads_subset(s, ka, kb)) &&
+                !(adjacent && hfuse_same_walk(ka, kb)))
+                continue;
             if (hfuse_merge(ar, lg->env != NULL, ka, kb) < 0) return -1;
             gone[j] = 1;
             nfused++;

@@ -147,16 +147,27 @@ def test_vector_width_rules():
     assert launch(lambda x: x + 1, cpu(6))["vec"] == 1                         # too short to bother
 
 
+def _rotate_half_rope(x, cos, sin):  # transformers' Llama (head dim 64): x * cos + rotate_half(x) * sin
+    return x * cos + torch.cat((-x[..., 32:], x[..., :32]), -1) * sin
+
+
 def test_masked_loads_on_outer_dims_vectorize():
     """A load masked only on outer dims (channels_last max-pool windows, cat along dim 0) keeps the
-    vector path: one condition per step, a vector load under it, the fill otherwise; a mask along
-    the innermost dim (NCHW pooling) stays scalar."""
+    vector path: one condition per step, a vector load under it, the fill otherwise; so does a mask
+    along the innermost dim at bounds that are multiples of the width (rotate_half's cat of two
+    halves; the width halved until they are), while other masks there (NCHW pooling) stay scalar."""
     cl = cpu(2, 16, 9, 11, dtype=_B).contiguous(memory_format=torch.channels_last)
     info = _gen(lambda x: F.max_pool2d(x, 3, 2, 1), cl)
     assert info["launch"][0]["vec"] == 8
     assert re.search(r"if \(m\d+\) x\d+ = \*\(const em_vec<em_bf16, 8> \*\)", info["source"])
     assert _gen(lambda a, b: torch.cat([a, b], 0), cpu(3, 8), cpu(5, 8))["launch"][0]["vec"] == 4
     assert _gen(lambda x: F.max_pool2d(x, 3, 2, 1), cpu(2, 3, 9, 11))["launch"][0]["vec"] == 1
+    rope = (cpu(4, 16, 3, 64, dtype=_B), cpu(3, 64, dtype=_B), cpu(3, 64, dtype=_B))
+    info = _gen(_rotate_half_rope, *rope)
+    assert info["launch"][0]["vec"] == 8 and re.search(r"const bool m\d+ = \(i\d+ >= 32 && i\d+ < 64\)", info["source"])
+    assert _gen(lambda a, b: torch.cat([a, b], -1), cpu(4, 12), cpu(4, 4))["launch"][0]["vec"] == 4
+    assert _gen(lambda a, b: torch.cat([a, b], -1), cpu(4, 6), cpu(4, 10))["launch"][0]["vec"] == 2
+    assert _gen(lambda a, b: torch.cat([a, b], -1), cpu(4, 5), cpu(4, 11))["launch"][0]["vec"] == 1
 
 
 def test_scalar_kernels_take_several_elements_per_thread():
@@ -227,6 +238,13 @@ def test_64bit_indexing_choice():
     far = torch.empty((1 << 31) + 1024, device="meta")
     info = _gen(lambda x: x[(1 << 31):] + 1, far)
     assert info["launch"][0]["idx64"] == 1
+
+
+def _residual_rms_norm(x, r, y, w):  # a pre-norm block (transformers' LlamaRMSNorm): the stream feeds the norm and what follows
+    h = x + r + y
+    hf = h.float()
+    n = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return w * n.to(h.dtype), h * 2
 
 
 def test_reduction_schedule_by_row_length():
@@ -794,6 +812,13 @@ EMU_CASES = [
     ("max_pool_channels_last_bf16", lambda x: F.max_pool2d(x, 3, 2, 1) * 2,
      [cpu(2, 16, 9, 11, dtype=_B).contiguous(memory_format=torch.channels_last)]),
     ("cat_dim0_vec", lambda a, b: torch.cat([a, b * 2], 0), [cpu(3, 8), cpu(5, 8)]),
+    # masks along the innermost dim at multiples of the width: the vector path too (rotate_half)
+    ("rope_rotate_half", _rotate_half_rope, [cpu(4, 16, 3, 64), cpu(3, 64), cpu(3, 64)]),
+    ("cat_dim1_halved_width", lambda a, b: torch.cat([a, b.exp()], 1), [cpu(9, 6), cpu(9, 10)]),
+    ("rope_misaligned", _rotate_half_rope, [cpu(3 * 64 + 1)[1:].view(3, 64), cpu(64), cpu(64)]),  # scalar fallback
+    # independent kernels with nothing between them: one launch
+    ("adjacent_independent", lambda a, b: (a.exp(), b.sigmoid()), [cpu(300, 257), cpu(300, 257)]),
+    ("argmax_unrolled_long_rows", lambda x: x.argmax(-1), [cpu(4, 32000, dtype=_B)]),
     # scalar kernels, several elements per thread (a tail tile, the grid-stride step)
     ("unrolled_transpose", lambda x, y: x.t() + y, [cpu(37, 129), cpu(129, 37)]),
     ("unrolled_bf16_rows", lambda x: x.narrow(-1, 0, 1001).contiguous() * 2, [cpu(17, 1008, dtype=_B)]),
@@ -947,6 +972,33 @@ def test_emulated_bfloat16_chains_both_ways():
     big = torch.full((64,), 300.0, dtype=_H)  # fp16: (300 * 300) overflows to inf in eager, and here
     (out,), _ = emulate(lambda x: x * x / 1000, big)
     assert torch.isinf(out).all() and torch.equal(out, big * big / 1000)
+
+
+@needs_emu
+@pytest.mark.parametrize("row", [256, 3000])
+def test_norm_kernel_stores_the_residual_stream(monkeypatch, row):
+    """The residual stream a norm reads and a later kernel reads again is stored by the norm's own
+    kernel (em_schedule.c, shared producers: row_store): one launch fewer per norm, the stream
+    written once and never read back; a reduction whose root is a per-row value keeps the stream's
+    kernel of its own (its rows may split). Rows of one warp and of one block: the generated CUDA's
+    values (the emulator) against eager."""
+    from ember.testing.cuda import emulate_info
+    monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
+    ex = (cpu(6, row), cpu(6, row), cpu(6, row), cpu(row))
+    cf = ember.compile(_residual_rms_norm, backend="ember", dynamic=False)
+    cf(*ex)
+    ct = ember.cache_info(cf)[0]["ember"]["cuda_test"]
+    assert [k["kind"] for k in ct["kernel_list"]] == ["reduction", "pointwise"], ct["kernel_list"]
+    assert {"add_1", "mean"} <= set(ct["kernel_list"][0]["nodes"]), ct["kernel_list"]
+    outs, _ = emulate_info(ct, *ex)
+    for o, r in zip(outs, _residual_rms_norm(*ex)):
+        torch.testing.assert_close(o, r)
+    ember.reset()
+    g = lambda x, r, y: (lambda h: (h.sum(-1), h * 2))(x + r + y)  # noqa: E731
+    cf = ember.compile(g, backend="ember", dynamic=False)
+    cf(*ex[:3])
+    kl = ember.cache_info(cf)[0]["ember"]["cuda_test"]["kernel_list"]
+    assert [(k["kind"], k["nodes"][-1]) for k in kl] == [("pointwise", "add_1"), ("reduction", "sum_1"), ("pointwise", "mul")], kl
 
 
 @needs_emu

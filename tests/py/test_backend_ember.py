@@ -263,11 +263,18 @@ def test_horizontal_fusion_of_independent_kernels():
     # mixed output dtypes; an output read again by a later kernel of another domain
     info = check(lambda x, y: ((x > y), (x * y).half(), (x - y).sum(-1)), x, y)
     assert info["kernels"] == 2, info["kernel_list"]
-    # large domains (above the small-kernel size) fuse only when they share a read
+    # large domains (above the small-kernel size) fuse when they share a read, or when nothing runs
+    # between them and both walk the innermost dim with stride 0 or 1 (a launch saved: nothing
+    # moves past anything)
     a, b = torch.randn(256, 257), torch.randn(256, 257)
     info = check(lambda a, b: (a.exp(), a.sigmoid()), a, b)
     assert info["kernels"] == 1, info["kernel_list"]
     info = check(lambda a, b: (a.exp(), b.sigmoid()), a, b)
+    assert info["kernels"] == 1 and info["kernel_list"][0]["outputs"] == 2, info["kernel_list"]
+    info = check(lambda a, b: (a.exp(), (a @ b.t()).relu(), b.sigmoid()), a, b)  # a matmul between
+    assert info["kernels"] == 3 and all(k["outputs"] == 1 for k in info["kernel_list"]), info["kernel_list"]
+    sq = [torch.randn(256, 256) for _ in range(3)]
+    info = check(lambda a, b, c: (a.exp(), b.t() + c), *sq)  # a transposed read: not joined
     assert info["kernels"] == 2, info["kernel_list"]
     # reductions over the same domain that store per-row values: one loop nest, x read once
     info = check(lambda x, y: (x.var(-1), x.sum(-1), y.amin(-1), (x * y).argmax(-1)), x, y)

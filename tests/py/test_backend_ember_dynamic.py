@@ -309,20 +309,36 @@ def test_horizontal_fusion_in_symbolic_graphs():
     (info,) = assert_compiled(cf)
     assert n == 1 and all(k["outputs"] == 1 for k in info["kernel_list"] if {"getitem", "t"} & set(k["nodes"])), info
 
-    # without a shared read, a symbolic domain is joined when it is small for every admitted size
-    def no_shared_read(x, w):  # x.exp() reads x, m.sigmoid() reads the matmul's result: both (s0, 4)
-        m = x @ w
-        return x.exp(), m.sigmoid()
+    # without a shared read and with a step between, a symbolic domain is joined when it is small
+    # for every admitted size
+    def no_shared_read(x, w, w2):  # x.exp() (read by a @ w, which runs between) and m.sigmoid(): both (s0, 4)
+        m = x @ w2
+        a = x.exp()
+        return a, m.sigmoid(), a @ w
 
     for bound, kernels in ((None, 2), (100, 1)):  # unbounded: small for the example only
         ember.reset()
         cf = ember.compile(no_shared_read, backend="ember")
         for n in (3, 5, 100):
-            x, w = torch.randn(n, 4), torch.randn(4, 4)
+            x, w, w2 = torch.randn(n, 4), torch.randn(4, 4), torch.randn(4, 4)
             ember.mark_dynamic(x, 0, max=bound)
-            torch.testing.assert_close(cf(x, w), no_shared_read(x, w))
+            torch.testing.assert_close(cf(x, w, w2), no_shared_read(x, w, w2))
         (info,) = assert_compiled(cf)
         assert info["kernels"] == kernels, (bound, info["kernel_list"])
+
+    # nothing between them: joined whatever the sizes (no buffer lives longer)
+    def adjacent(x, w):  # x.exp() and the matmul's m.sigmoid(), both made after the matmul
+        m = x @ w
+        return x.exp(), m.sigmoid()
+
+    ember.reset()
+    cf = ember.compile(adjacent, backend="ember")
+    for n in (3, 5, 100):
+        x, w = torch.randn(n, 4), torch.randn(4, 4)
+        ember.mark_dynamic(x, 0)
+        torch.testing.assert_close(cf(x, w), adjacent(x, w))
+    (info,) = assert_compiled(cf)
+    assert info["kernels"] == 1 and info["kernel_list"][0]["outputs"] == 2, info["kernel_list"]
 
 
 def test_column_reductions_in_symbolic_graphs():
