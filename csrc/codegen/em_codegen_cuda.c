@@ -888,10 +888,7 @@ static void loop_open(SB *b, const RCtx *c, const char *ind) {
     } else if (c->L->split) {
         sb_printf(b, "%s#pragma unroll 4\n%sfor (idx_t r = r_lo + tid; r < r_hi; r += %s) {\n", ind, ind, c->tpr);
     } else {
-        /* four elements' loads in flight per thread, as the split loop: an argmax's compare chain
-         * kept nvcc from unrolling, and 32000 logits a row in blocks of 1024 waited for 31 loads in
-         * turn (13.8 us on the H200 against Inductor's 6.6, bench/generate.py --profile) */
-        sb_printf(b, "%s#pragma unroll 4\n%sfor (idx_t r = tid; r < R; r += %s) {\n", ind, ind, c->tpr);
+        sb_printf(b, "%sfor (idx_t r = tid; r < R; r += %s) {\n", ind, c->tpr);
     }
     if (k->ndim - k->nouter > 1) {
         char in2[64];

@@ -818,7 +818,7 @@ EMU_CASES = [
     ("rope_misaligned", _rotate_half_rope, [cpu(3 * 64 + 1)[1:].view(3, 64), cpu(64), cpu(64)]),  # scalar fallback
     # independent kernels with nothing between them: one launch
     ("adjacent_independent", lambda a, b: (a.exp(), b.sigmoid()), [cpu(300, 257), cpu(300, 257)]),
-    ("argmax_unrolled_long_rows", lambda x: x.argmax(-1), [cpu(4, 32000, dtype=_B)]),
+    ("argmax_long_rows_bf16", lambda x: x.argmax(-1), [cpu(4, 32000, dtype=_B)]),
     # scalar kernels, several elements per thread (a tail tile, the grid-stride step)
     ("unrolled_transpose", lambda x, y: x.t() + y, [cpu(37, 129), cpu(129, 37)]),
     ("unrolled_bf16_rows", lambda x: x.narrow(-1, 0, 1001).contiguous() * 2, [cpu(17, 1008, dtype=_B)]),
@@ -993,6 +993,12 @@ def test_norm_kernel_stores_the_residual_stream(monkeypatch, row):
     outs, _ = emulate_info(ct, *ex)
     for o, r in zip(outs, _residual_rms_norm(*ex)):
         torch.testing.assert_close(o, r)
+    ember.reset()  # a gather in the stream (token embeddings): the stream keeps its own kernel
+    ids, emb = torch.randint(0, 50, (6,)), cpu(50, row)
+    cf = ember.compile(lambda i, e, r, w: _residual_rms_norm(F.embedding(i, e), r, r, w), backend="ember", dynamic=False)
+    cf(ids, emb, *ex[1:3:2], ex[3])
+    kl = ember.cache_info(cf)[0]["ember"]["cuda_test"]["kernel_list"]
+    assert [k["kind"] for k in kl] == ["pointwise", "reduction", "pointwise"], kl
     ember.reset()
     g = lambda x, r, y: (lambda h: (h.sum(-1), h * 2))(x + r + y)  # noqa: E731
     cf = ember.compile(g, backend="ember", dynamic=False)
