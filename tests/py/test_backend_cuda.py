@@ -979,9 +979,9 @@ def test_emulated_bfloat16_chains_both_ways():
 def test_norm_kernel_stores_the_residual_stream(monkeypatch, row):
     """The residual stream a norm reads and a later kernel reads again is stored by the norm's own
     kernel (em_schedule.c, shared producers: row_store): one launch fewer per norm, the stream
-    written once and never read back; a reduction whose root is a per-row value keeps the stream's
-    kernel of its own (its rows may split). Rows of one warp and of one block: the generated CUDA's
-    values (the emulator) against eager."""
+    written once and never read back; a stream made by a gather (token embeddings) and a reduction
+    whose root is a per-row value (its rows may split) keep the stream's kernel of its own. Rows of
+    one warp and of one block: the generated CUDA's values (the emulator) against eager."""
     from ember.testing.cuda import emulate_info
     monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
     ex = (cpu(6, row), cpu(6, row), cpu(6, row), cpu(row))
