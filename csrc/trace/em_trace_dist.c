@@ -319,14 +319,22 @@ static TValue *a2a_steal(Trace *T, TValue *in, PyObject **splits, TValue *g, boo
  * a rank list, a 1-d DeviceMesh or (mesh, dim) (funcol_group);
  * reduceOp a constant str (lowered, as funcol does), src a constant group rank in the group,
  * gather_dim / scatter_dim constant ints (a scatter's dim static and divisible by the group's
- * size: eager asserts it), split sizes as dist.all_to_all_single takes them. NULL without a break
- * for another function or what is not taken (the caller breaks; *_autograd variants break). */
+ * size: eager asserts it), split sizes as dist.all_to_all_single takes them; wait_tensor(tensor)
+ * called directly is the tensor. NULL without a break for another function or what is not taken
+ * (the caller breaks; *_autograd variants break). */
 TValue *em_tr_funcol(Trace *T, const char *fname, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
     static const char *const p_reduce[] = {"self", "reduceOp", "group", "tag"};
     static const char *const p_broadcast[] = {"self", "src", "group", "tag"};
     static const char *const p_gather[] = {"self", "gather_dim", "group", "tag"};
     static const char *const p_scatter[] = {"self", "reduceOp", "scatter_dim", "group", "tag"};
     static const char *const p_a2a[] = {"self", "output_split_sizes", "input_split_sizes", "group", "tag"};
+    if (!strcmp(fname, "wait_tensor")) { /* the traced collectives' results are waited already; on any
+                                            other tensor the op returns it too (c10d Functional.cpp) */
+        static const char *const p_wait[] = {"tensor"};
+        TValue *w[1];
+        if (bind_dist(T, p_wait, 1, args, nargs, kwnames, kwvals, w) < 0) return PyErr_Clear(), NULL;
+        return w[0] && w[0]->kind == TV_TENSOR ? w[0] : NULL;
+    }
     bool reduce = !strcmp(fname, "all_reduce"), bcast = !strcmp(fname, "broadcast"),
          gather = !strcmp(fname, "all_gather_single") || !strcmp(fname, "all_gather_tensor"),
          scatter = !strcmp(fname, "reduce_scatter_single") || !strcmp(fname, "reduce_scatter_tensor"),

@@ -261,7 +261,8 @@ def collective(rank):
         return torch.cat([a, b.flatten(), c, d.flatten(), e, f, funcol.all_to_all_single(x * 3, None, None, pg)])
 
     def funcol_ranks(x):  # a group as a list of ranks (guarded by value): the group registered under them
-        return torch.cat([funcol.all_gather_tensor(x * 2, 0, [0, 1]) + 1, funcol.all_reduce(x + 1, "sum", [0, 1])])
+        waited = funcol.wait_tensor(funcol.all_reduce(x + 1, "sum", [0, 1]))  # wait_tensor called directly too
+        return torch.cat([funcol.all_gather_tensor(x * 2, 0, [0, 1]) + 1, waited, funcol.wait_tensor(x)])
 
     from torch.distributed.device_mesh import init_device_mesh
 

@@ -177,7 +177,8 @@ def test_all_to_all_lists_groups_and_functional_calls_are_traced(ranks):
     all_gather_tensor / all_gather_single (along dims 0 and 1), reduce_scatter_tensor /
     reduce_scatter_single, all_to_all_single (even and uneven splits, another group) and broadcast
     called directly: one graph; funcol's group given as a list of ranks (the group registered under
-    them), a 1-d DeviceMesh or (mesh, dim): one graph; a 2-d mesh without a dim and ranks no group
+    them), a 1-d DeviceMesh or (mesh, dim), and funcol.wait_tensor called on a result or on any
+    tensor (the tensor itself): one graph; a 2-d mesh without a dim and ranks no group
     was made for (eager raises) break. Results (or errors) as eager's
     on every rank (checked for every function by the test above)."""
     r0, r1 = ranks[0]["collective"], ranks[1]["collective"]
@@ -201,13 +202,14 @@ def test_all_to_all_lists_groups_and_functional_calls_are_traced(ranks):
             assert "torch.distributed calls run as Python" in res[name][4][0][1]
             assert all(isinstance(g, str) for g in res[name][0]), res[name][0]
         # funcol's group as a rank list, a 1-d DeviceMesh, (mesh, dim): one graph, the collectives in it
-        for name, want in (("funcol_ranks", ["all_gather_into_tensor", "all_reduce"]),
+        for name, want in (("funcol_ranks", ["all_reduce", "all_gather_into_tensor"]),  # wait_tensor: no new op
                            ("funcol_mesh", ["all_reduce", "all_gather_into_tensor", "all_gather_into_tensor"])):
             (kind, ops, fallback), = res[name][4]
             assert kind == "graph" and not fallback, (name, res[name][4])
             assert _collectives(ops) == want, (name, ops)
         # x = rank + 1 on each rank: gathers of both ranks' values, sums of both
-        assert torch.equal(res["funcol_ranks"][0][0], torch.tensor([3.0] * 4 + [5.0] * 4 + [5.0] * 4))
+        x = 1.0 if res is r0 else 2.0  # this rank's input, returned by wait_tensor(x)
+        assert torch.equal(res["funcol_ranks"][0][0], torch.tensor([3.0] * 4 + [5.0] * 4 + [5.0] * 4 + [x] * 4))
         assert torch.equal(res["funcol_mesh"][0][0], torch.tensor([9.0] * 4 + [3.0] * 4 + [4.0] * 4 + [0.0] * 4 + [1.0] * 4))
         for name in ("all_to_all_uneven", "broadcast_outside"):  # eager raises, and so does the compiled call
             assert all(isinstance(g, str) for g in res[name][0]), res[name][0]
