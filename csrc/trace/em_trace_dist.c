@@ -320,8 +320,11 @@ static TValue *a2a_steal(Trace *T, TValue *in, PyObject **splits, TValue *g, boo
  * reduceOp a constant str (lowered, as funcol does), src a constant group rank in the group,
  * gather_dim / scatter_dim constant ints (a scatter's dim static and divisible by the group's
  * size: eager asserts it), split sizes as dist.all_to_all_single takes them; wait_tensor(tensor)
- * called directly is the tensor. NULL without a break for another function or what is not taken
- * (the caller breaks; *_autograd variants break). */
+ * called directly is the tensor; all_gather_single_autograd, all_gather_tensor_autograd,
+ * reduce_scatter_single_autograd, reduce_scatter_tensor_autograd and all_to_all_single_autograd as
+ * their plain forms when no gradient flows through them (grad mode off, or the input does not
+ * require grad), else they break. NULL without a break for another function or what is not taken
+ * (the caller breaks). */
 TValue *em_tr_funcol(Trace *T, const char *fname, TValue **args, uint32_t nargs, PyObject *kwnames, TValue **kwvals) {
     static const char *const p_reduce[] = {"self", "reduceOp", "group", "tag"};
     static const char *const p_broadcast[] = {"self", "src", "group", "tag"};
@@ -335,7 +338,17 @@ TValue *em_tr_funcol(Trace *T, const char *fname, TValue **args, uint32_t nargs,
         if (bind_dist(T, p_wait, 1, args, nargs, kwnames, kwvals, w) < 0) return PyErr_Clear(), NULL;
         return w[0] && w[0]->kind == TV_TENSOR ? w[0] : NULL;
     }
-    bool reduce = !strcmp(fname, "all_reduce"), bcast = !strcmp(fname, "broadcast"),
+    /* the *_autograd variants compute what their plain forms compute; only their backward differs,
+     * so they are taken where no gradient flows through them (below) */
+    size_t fl = strlen(fname);
+    bool autograd = fl > 9 && !strcmp(fname + fl - 9, "_autograd");
+    char base[64];
+    if (autograd && fl - 9 < sizeof base) {
+        memcpy(base, fname, fl - 9);
+        base[fl - 9] = 0;
+        fname = base;
+    }
+    bool reduce = !autograd && !strcmp(fname, "all_reduce"), bcast = !autograd && !strcmp(fname, "broadcast"),
          gather = !strcmp(fname, "all_gather_single") || !strcmp(fname, "all_gather_tensor"),
          scatter = !strcmp(fname, "reduce_scatter_single") || !strcmp(fname, "reduce_scatter_tensor"),
          a2a = !strcmp(fname, "all_to_all_single");
@@ -350,6 +363,7 @@ TValue *em_tr_funcol(Trace *T, const char *fname, TValue **args, uint32_t nargs,
     const IRMeta *m = t->kind == TV_TENSOR ? t->u.t.meta : NULL;
     long n = g ? group_size(g, false) : -1, d = 0;
     if (!m || n < 0 || !slot[1] || (a2a && !slot[2])) return NULL; /* eager: a TypeError */
+    if (autograd && T->grad_enabled && m->requires_grad) return NULL; /* its backward: not traced */
     if (a2a) {
         PyObject *splits[2];
         return a2a_splits(T, slot[1], slot[2], m, n, splits) < 0 ? NULL : a2a_steal(T, t, splits, g, false);

@@ -275,6 +275,16 @@ def collective(rank):
         c = funcol.all_gather_tensor(x - 1, 0, (mesh2, 1))
         return torch.cat([a, b, c])
 
+    def funcol_autograd(x, pg=dist.group.WORLD):  # the *_autograd forms with no gradient: their plain forms
+        a = funcol.all_gather_tensor_autograd(x * 2, 0, pg)
+        b = funcol.reduce_scatter_tensor_autograd(a + 1, "sum", 0, pg)
+        return torch.cat([a, b, funcol.all_to_all_single_autograd(x * 3, None, None, pg)])
+
+    wg = torch.full((4,), 2.0, requires_grad=True)
+
+    def funcol_autograd_grad(x, w=wg):  # a gradient flows through it: a break (its backward is not traced)
+        return torch.cat([funcol.all_gather_tensor_autograd(x * w, 0, dist.group.WORLD)]).detach()
+
     def funcol_mesh_2d(x):  # a 2-d mesh without a dim: eager raises, a graph break
         return funcol.all_reduce(x * 3, "sum", mesh2)
 
@@ -291,7 +301,7 @@ def collective(rank):
     for fn in (f, on_input, asynchronous, with_op, gather, scatter, broadcast, broadcast_made, world, group_src,
                all_to_all, all_to_all_splits, gather_list, scatter_list, all_to_all_list, all_to_all_uneven,
                all_to_all_async, in_group, broadcast_alone, broadcast_outside, funcol_calls, funcol_ranks,
-               funcol_mesh, funcol_mesh_2d, funcol_no_group):
+               funcol_mesh, funcol_mesh_2d, funcol_no_group, funcol_autograd, funcol_autograd_grad):
         ember.reset()
         x = torch.full((4,), float(rank + 1))
         xe = x.clone()

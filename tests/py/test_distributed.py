@@ -178,7 +178,8 @@ def test_all_to_all_lists_groups_and_functional_calls_are_traced(ranks):
     reduce_scatter_single, all_to_all_single (even and uneven splits, another group) and broadcast
     called directly: one graph; funcol's group given as a list of ranks (the group registered under
     them), a 1-d DeviceMesh or (mesh, dim), and funcol.wait_tensor called on a result or on any
-    tensor (the tensor itself): one graph; a 2-d mesh without a dim and ranks no group
+    tensor (the tensor itself): one graph; funcol's *_autograd forms where no gradient flows (their
+    plain forms): one graph, and where one flows: a break; a 2-d mesh without a dim and ranks no group
     was made for (eager raises) break. Results (or errors) as eager's
     on every rank (checked for every function by the test above)."""
     r0, r1 = ranks[0]["collective"], ranks[1]["collective"]
@@ -202,6 +203,10 @@ def test_all_to_all_lists_groups_and_functional_calls_are_traced(ranks):
             assert "torch.distributed calls run as Python" in res[name][4][0][1]
             assert all(isinstance(g, str) for g in res[name][0]), res[name][0]
         # funcol's group as a rank list, a 1-d DeviceMesh, (mesh, dim): one graph, the collectives in it
+        (kind, ops, fallback), = res["funcol_autograd"][4]  # no gradient flows: the plain forms, one graph
+        assert kind == "graph" and _collectives(ops) == ["all_gather_into_tensor", "reduce_scatter_tensor",
+                                                         "all_to_all_single"], res["funcol_autograd"][4]
+        assert "break" in [k for k, _, _ in res["funcol_autograd_grad"][4]], res["funcol_autograd_grad"][4]
         for name, want in (("funcol_ranks", ["all_reduce", "all_gather_into_tensor"]),  # wait_tensor: no new op
                            ("funcol_mesh", ["all_reduce", "all_gather_into_tensor", "all_gather_into_tensor"])):
             (kind, ops, fallback), = res[name][4]
