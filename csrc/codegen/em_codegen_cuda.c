@@ -196,6 +196,8 @@ int em_codegen_cuda_vec_width(const Schedule *s, const SKernel *k) {
     if (v > 16) v = 16;
     for (uint32_t q = 0; q < k->nloads; q++)
         while (v > 1 && ((k->loads[q].mask >> last) & 1) && (k->loads[q].lo[last] % v || k->loads[q].hi[last] % v)) v /= 2;
+    for (uint32_t q = 0; q < k->nstores; q++) /* a scatter's index moves a vector by its stride */
+        while (v > 1 && k->stores[q].scatter && k->stores[q].sgstride % v) v /= 2;
     if (k->ndim > 1 && known(env, k->ssizes[last], k->sizes[last], &c) && c % v) return 1;
     if (!env && k->ndim == 1 && k->sizes[0] < 2 * v) return 1;
     for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
@@ -578,6 +580,13 @@ static void gather_terms(SB *b, const LNode *n) {
                   (long long)n->gstride[t]);
 }
 
+/* A scatter store's index term (in its address): `+ em_gidx(v<index>, size, 0) * stride`, eager's
+ * bounds (no wrapping) checked as a gather's are. */
+static void scatter_term(SB *b, const SAccess *st) {
+    if (st->scatter)
+        sb_printf(b, " + em_gidx((long long)v%u, %lldLL, 0) * %lldLL", st->sidx, (long long)st->sgsize, (long long)st->sgstride);
+}
+
 /* A masked load (pooling with padding, cat): `(i<j> in [lo, hi) for each masked dim) ? load : fill`;
  * the address is only formed, and memory only read, inside the ranges (as the C generator does). */
 static void mask_cond(SB *b, const SKernel *k, const SAccess *ac) {
@@ -635,6 +644,7 @@ static void pw_scalar_body(SB *b, KC *c, const char *ind) {
         const SAccess *st = &k->stores[q];
         sb_printf(b, "%sa%u[", ind, st->arg);
         addr_expr(b, c, st, 0, k->ndim, "i");
+        scatter_term(b, st);
         sb_printf(b, "] = ");
         store_conv(b, k->nodes[k->store_node[q]].dtype, k->store_node[q]);
         sb_printf(b, ";\n");
@@ -676,9 +686,12 @@ static void pw_vector_body(SB *b, KC *c, int V, const char *ind) {
             sb_printf(b, "];\n");
         }
     }
-    for (uint32_t q = 0; q < k->nstores; q++) /* several: horizontal fusion, shared values */
+    for (uint32_t q = 0; q < k->nstores; q++) { /* several: horizontal fusion, shared values */
         if (c->st[k->nloads + q][last].one)
             sb_printf(b, "%sem_vec<%s, %d> y%u;\n", ind, stype(access_dtype(s, k, &k->stores[q])), V, q);
+        if (c->st[k->nloads + q][last].one && k->stores[q].scatter) /* the index, the same for the V elements */
+            sb_printf(b, "%slong long s%u = 0;\n", ind, q);
+    }
     sb_printf(b, "%s#pragma unroll\n%sfor (int l = 0; l < %d; l++) {\n", ind, ind, V);
     char in2[64];
     snprintf(in2, sizeof in2, "%s    ", ind);
@@ -711,11 +724,18 @@ static void pw_vector_body(SB *b, KC *c, int V, const char *ind) {
         const SAccess *st = &k->stores[q];
         LDtype sdt = access_dtype(s, k, st);
         if (c->st[k->nloads + q][last].one) {
+            if (st->scatter) {
+                sb_printf(b, "%ss%u = 0", in2, q);
+                scatter_term(b, st);
+                sb_printf(b, ";\n");
+            }
             sb_printf(b, "%sy%u.v[l] = ", in2, q);
         } else {
-            /* a broadcast store cannot happen (outputs are dense); kept scalar for safety */
+            /* a broadcast store cannot happen (outputs are dense): a scatter along the innermost dim
+             * (its stride 0, the index varying with l), else kept scalar for safety */
             sb_printf(b, "%sa%u[", in2, st->arg);
             addr_expr(b, c, st, 0, last, "i");
+            scatter_term(b, st);
             sb_printf(b, "] = ");
         }
         store_conv(b, sdt, k->store_node[q]);
@@ -727,6 +747,7 @@ static void pw_vector_body(SB *b, KC *c, int V, const char *ind) {
         if (!c->st[k->nloads + q][last].one) continue;
         sb_printf(b, "%s*(em_vec<%s, %d> *)(a%u + ", ind, stype(access_dtype(s, k, st)), V, st->arg);
         addr_expr(b, c, st, 0, k->ndim, "i");
+        if (st->scatter) sb_printf(b, " + s%u", q);
         sb_printf(b, ") = y%u;\n", q);
     }
 }

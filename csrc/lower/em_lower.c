@@ -1126,6 +1126,7 @@ typedef struct {
     uint8_t *used_by_extern;  /* read by an extern call or the output */
     uint8_t *returned;        /* read by the output, or by an extern call that may return an alias of it */
     uint8_t *live;            /* computed: read by the output, an extern call or a live node */
+    uint8_t *scatter;         /* an in-place index_copy_ of an input lowered as a scatter store */
 } Lowering;
 
 /* The lowered graph (node 0 unused) and the per-node arrays. -1 with an exception on OOM. */
@@ -1138,7 +1139,9 @@ static int lowering_init(Lowering *p, EmArena *a, const IRGraph *g) {
     p->used_by_extern = em_arena_alloc(a, g->nnodes + 1);
     p->returned = em_arena_alloc(a, g->nnodes + 1);
     p->live = em_arena_alloc(a, g->nnodes + 1);
-    if (!lg || !p->rules || !p->ext || !p->used_by_extern || !p->returned || !p->live) goto oom;
+    p->scatter = em_arena_alloc(a, g->nnodes + 1);
+    if (!lg || !p->rules || !p->ext || !p->used_by_extern || !p->returned || !p->live || !p->scatter) goto oom;
+    memset(p->scatter, 0, g->nnodes + 1);
     lg->arena = a;
     lg->ir = g;
     lg->vals = em_arena_alloc(a, g->nnodes * sizeof(LVal));
@@ -1214,6 +1217,11 @@ static void choose_externs(Lowering *p) {
             ext[r] = p->lg->env || used_by_extern[r] || !only_getitems_read(g, r);
         else
             ext[r] = !rules[r] || !meta_ok(&n->meta) || (alias && returned[r]);
+        /* an update of an input done by a kernel's scatter store: always computed (an effect) */
+        if (ext[r] && !returned[r] && em_lower_scatter_candidate(p->lg, r)) {
+            ext[r] = 0;
+            p->scatter[r] = live[r] = 1;
+        }
         /* live: the value is computed (an extern call or the output reads it, or a live node does).
          * A gather that is not (dead code the tracer kept: F.embedding may have effects for all it
          * knows) stays the torch call, which raises eager's error for a bad index: no kernel would
@@ -1351,6 +1359,16 @@ static int lower_nodes(Lowering *p, const char **why) {
         }
         if (n->kind == IR_PLACEHOLDER || p->ext[r] || !meta_ok(&n->meta)) {
             if (lower_extern(p, r) < 0) goto oom;
+            continue;
+        }
+        if (p->scatter[r]) {
+            int rc = em_lower_scatter_update(&c, r);
+            if (rc < 0) goto oom;
+            if (rc == 0) { /* the operands do not fit: the torch call */
+                p->scatter[r] = 0;
+                p->ext[r] = 1;
+                r--;
+            }
             continue;
         }
         int rc = lower_by_rule(p, &c, r, why);

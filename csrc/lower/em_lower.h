@@ -167,6 +167,10 @@ typedef enum {
 
 typedef struct LVal {
     LValKind kind;
+    bool scatter;          /* NODE: an in-place index_copy_ of a graph input done by a scatter store
+                              (LGraph.scatters[sc]); lnode is a LOAD of the input's buffer, read after
+                              the kernel that stores into it */
+    uint32_t sc;
     uint32_t lnode;        /* NODE: node id; EXTERN with a tensor result: a LOAD node of its buffer */
     bool has_load;         /* EXTERN: lnode is valid */
     bool view;             /* NODE: produced by a view rule (a LOAD of another buffer) */
@@ -180,6 +184,19 @@ typedef struct LVal {
     int32_t none_arg;
     uint32_t ext_buf;
 } LVal;
+
+/* A scatter store: an in-place `input.index_copy_(dim, index, source)` of graph input buffer buf
+ * (a static KV cache's update) done by the kernel that computes source: element i of source goes to
+ * the input's element at i with its coordinate along dim replaced by index[i_dim]. idx is the index
+ * node seen with trailing ones (broadcast, right-aligned, to source's shape: its value at i is
+ * index[i_dim]); its value must lie in [0, gsize) (eager neither wraps nor skips: the CUDA kernel
+ * traps). gstride: the input's element stride along dim. Static CUDA graphs only (em_lower_gather.c). */
+typedef struct LScatter {
+    IRRef ir;              /* the index_copy_ node */
+    uint32_t buf, src, idx;
+    int32_t dim;
+    int64_t gstride, gsize;
+} LScatter;
 
 typedef struct LGraph {
     EmArena *arena;
@@ -195,6 +212,8 @@ typedef struct LGraph {
     bool cuda;             /* the CUDA code generator writes its kernels (device >= 0, or a CPU graph
                               generated as CUDA for the tests: meta_as_cuda) */
     ShapeEnv *env;         /* the IR graph's ShapeEnv when it has symbolic sizes (shadows), else NULL */
+    LScatter *scatters;    /* the scatter stores (LVal.sc indexes them), in IR order */
+    uint32_t nscatters, capscatters;
 } LGraph;
 
 /* Lowers g. Returns NULL with a Python exception on failure; *why (may be NULL) receives a static

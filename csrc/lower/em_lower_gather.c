@@ -317,3 +317,89 @@ uint32_t em_lower_adv_index(Ctx *c, const IRArg **slot) {
     }
     return mk_gather_load(c, src.buf, off, rnd, rs, rst, NULL, SYM_NONE, NULL, nt, g);
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Scatter stores: an in-place index_copy_ of a graph input                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* `cache.index_copy_(dim, index, source)` on a graph input (a static KV cache's update,
+ * transformers' StaticLayer.update) becomes a scatter store (LScatter) that the kernel computing
+ * source makes into the input's own memory, instead of ATen's index_copy_ reading source back
+ * (Inductor writes the k cache from the RoPE kernel: its index_put lowering's scatter store). The
+ * node's value is then the input's buffer seen whole (a LOAD of it): the readers of the updated
+ * cache read it after that kernel (em_schedule.c, the kernel's step is the update's place in the
+ * IR). Taken where nothing can go wrong in a kernel that eager's call would have caught or
+ * ordered: CUDA graphs of static sizes; the input read by the update alone (no view of it feeds
+ * source, no reader before the update to schedule around); source of the input's dtype and sizes
+ * but along dim, the index's length there; an int64 index of one dim; the input's dim of size > 0;
+ * the update's result not returned (an output never aliases an input through a lowered value).
+ * Eager's bounds (no wrapping) are the kernel's: an index outside [0, size) traps as eager's
+ * device-side assert does. Anything else stays the torch call. */
+int em_lower_scatter_candidate(const LGraph *lg, IRRef r) {
+    const IRGraph *g = lg->ir;
+    const IRNode *n = &g->nodes[r];
+    char key[64];
+    if (!lg->cuda || lg->env || (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->nkwargs ||
+        n->nargs != 4 || em_lower_target_key(n, key, sizeof key) < 0 || strcmp(key, "index_copy_") != 0)
+        return 0;
+    int64_t dim;
+    int32_t d;
+    const IRArg *a = n->args;
+    if (a[0].kind != IRARG_NODE || a[2].kind != IRARG_NODE || a[3].kind != IRARG_NODE || em_lower_get_int(&a[1], &dim) < 0)
+        return 0;
+    IRRef in = a[0].u.ref;
+    const IRMeta *m = &g->nodes[in].meta, *im = &g->nodes[a[2].u.ref].meta, *sm = &g->nodes[a[3].u.ref].meta;
+    if (g->nodes[in].kind != IR_PLACEHOLDER || m->kind != IRMETA_TENSOR || im->kind != IRMETA_TENSOR ||
+        sm->kind != IRMETA_TENSOR || m->sym || im->sym || sm->sym || em_lower_norm_dim(dim, m->ndim, &d) < 0 ||
+        m->ndim < 1 || im->ndim != 1 || em_lower_dtype_of(im->dtype) != LDT_I64 || sm->dtype != m->dtype ||
+        sm->ndim != m->ndim || m->sizes[d] <= 0 || sm->sizes[d] != im->sizes[0])
+        return 0;
+    for (int j = 0; j < m->ndim; j++)
+        if (j != d && sm->sizes[j] != m->sizes[j]) return 0;
+    for (IRRef u = 1; u < g->nnodes; u++)
+        if (u != r && em_ir_node_reads(&g->nodes[u], in)) return 0;
+    return em_ir_node_reads(n, in) == 1;
+}
+
+/* Lowers candidate r (em_lower_scatter_candidate): 1 done, 0 when the lowered operands do not fit
+ * (the node is then the torch call), -1 on OOM. */
+int em_lower_scatter_update(Ctx *c, IRRef r) {
+    LGraph *lg = c->lg;
+    const IRNode *n = &lg->ir->nodes[r];
+    IRRef in = n->args[0].u.ref;
+    int64_t dim;
+    int32_t d;
+    Opnd io, so;
+    if (lg->vals[in].kind != LV_NODE || em_lower_get_int(&n->args[1], &dim) < 0 || em_lower_opnd(c, &n->args[2], &io) < 0 ||
+        io.kind != 1 || em_lower_opnd(c, &n->args[3], &so) < 0 || so.kind != 1)
+        return 0;
+    const LNode self = *NODE(c, lg->vals[in].lnode), ix = *NODE(c, io.node), src = *NODE(c, so.node);
+    const LBuf *b = &lg->bufs[self.buf];
+    if (em_lower_norm_dim(dim, self.ndim, &d) < 0 || b->kind != LBUF_INPUT || self.op != LP_LOAD || self.offset ||
+        b->ndim != self.ndim || ix.dtype != LDT_I64 || ix.ndim != 1 || src.dtype != self.dtype || src.ndim != self.ndim ||
+        src.sizes[d] != ix.sizes[0] || b->sizes[d] <= 0)
+        return 0;
+    for (int j = 0; j < self.ndim; j++)
+        if (self.sizes[j] != b->sizes[j] || self.strides[j] != b->strides[j] || (j != d && src.sizes[j] != self.sizes[j]))
+            return 0;
+    if (lg->nscatters == lg->capscatters) {
+        uint32_t cap = lg->capscatters ? 2 * lg->capscatters : 8;
+        LScatter *ns = em_arena_realloc(lg->arena, lg->scatters, lg->capscatters * sizeof(LScatter), cap * sizeof(LScatter));
+        if (!ns) return -1;
+        lg->scatters = ns;
+        lg->capscatters = cap;
+    }
+    uint32_t idx = with_trailing_ones(c, io.node, self.ndim - 1 - d);
+    uint32_t whole = em_lower_load(lg, self.buf, self.ndim, self.sizes, 0, self.strides, NULL, SYM_NONE, NULL, r);
+    if (!idx) return 0;
+    if (!whole) return -1;
+    lg->scatters[lg->nscatters] = (LScatter){r, self.buf, so.node, idx, d, b->strides[d], b->sizes[d]};
+    LVal *v = &lg->vals[r];
+    v->kind = LV_NODE;
+    v->lnode = whole;
+    v->view = true;
+    v->scatter = true;
+    v->sc = lg->nscatters++;
+    lg->nlowered++;
+    return 1;
+}

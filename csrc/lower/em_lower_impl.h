@@ -95,6 +95,8 @@ uint32_t em_lower_gather(Ctx *c, const IRArg **slot);
 uint32_t em_lower_adv_index(Ctx *c, const IRArg **slot);
 int em_lower_is_gather(const IRGraph *g, const IRNode *n, const LowerRule *r);
 int em_lower_getitem_advanced(const IRGraph *g, const IRNode *n);
+int em_lower_scatter_candidate(const LGraph *lg, IRRef r);
+int em_lower_scatter_update(Ctx *c, IRRef r);
 
 /* em_lower.c: the view rules */
 uint32_t em_lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot);

@@ -1852,7 +1852,9 @@ static int plan_donors(EmberBuild *bd) {
         uint32_t ob = k->args[k->nin];
         donor_of[sp->index] = -1;
         int allocates = form_of[ob] != NONE; /* this step allocates: since moves after its outputs */
-        if (form_of[ob] == NONE) {
+        if (lg->bufs[ob].kind == LBUF_INPUT) { /* a scatter store into an input: the input is the output */
+            donor_of[sp->index] = (int32_t)ob;
+        } else if (form_of[ob] == NONE) {
             uint32_t pick = latest_dead(lg, pool, npool, consumed, last, since, st, ob, 1);
             for (uint32_t q = 0; q < npool; q++) { /* better: in place, a buffer read by this kernel alone */
                 uint32_t b = pool[q];
@@ -1888,7 +1890,7 @@ static int plan_donors(EmberBuild *bd) {
         /* a fused kernel's other outputs: a buffer dead before this step, else allocated */
         for (uint32_t e = k->nin + 1; e < k->nargs; e++) {
             uint32_t eb = k->args[e];
-            if (form_of[eb] != NONE) continue;
+            if (form_of[eb] != NONE || lg->bufs[eb].kind == LBUF_INPUT) continue; /* a scatter: in place */
             uint32_t b = lg->env ? NONE : latest_dead(lg, pool, npool, consumed, last, since, st, eb, 0); /* symbolic: the kernel allocates them */
             if (b != NONE) {
                 consumed[b] = 1;
@@ -2240,8 +2242,9 @@ static int program_kernel(EmberBuild *bd, const SStep *sp) {
     }
     for (uint32_t e = k->nin + 1; e < k->nargs && !lg->env; e++) { /* the other outputs, written in place */
         uint32_t eb = k->args[e];
-        IRRef er = extra_donor[eb] != NONE ? p->buf_new[extra_donor[eb]] : alloc_node(p, &lg->bufs[eb], form_of,
-                                                                                       bd->cuda ? bd->device : cpu_device);
+        IRRef er = lg->bufs[eb].kind == LBUF_INPUT   ? p->buf_new[eb] /* a scatter store: the input, in place */
+                   : extra_donor[eb] != NONE ? p->buf_new[extra_donor[eb]]
+                                             : alloc_node(p, &lg->bufs[eb], form_of, bd->cuda ? bd->device : cpu_device);
         if (!er) {
             Py_DECREF(ko);
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "ember: fused output without a value");

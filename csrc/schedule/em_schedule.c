@@ -141,14 +141,16 @@ static void sort_ids(uint32_t *list, uint32_t n) {
     }
 }
 
-/* The DAG of root x: nodes in id (topological) order. Returns 1 when it had to produce a buffer
- * first (the caller collects again), 0 when done, -1 on error. */
-static int collect(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, uint32_t *n, uint32_t *stack) {
+/* The DAG of root x (and of x2, a scatter store's index, when not 0): nodes in id (topological)
+ * order. Returns 1 when it had to produce a buffer first (the caller collects again), 0 when done,
+ * -1 on error. */
+static int collect(Sched *c, uint32_t x, uint32_t x2, uint8_t *in_dag, uint32_t *list, uint32_t *n, uint32_t *stack) {
     LGraph *lg = c->lg;
     uint32_t sp = 0;
     *n = 0;
     memset(in_dag, 0, c->nnodes);
     stack[sp++] = x;
+    if (x2) stack[sp++] = x2;
     while (sp) {
         uint32_t y = stack[--sp];
         if (in_dag[y]) continue;
@@ -640,8 +642,13 @@ static int row_store(const Sched *c, uint32_t x, uint32_t y, const uint32_t *lis
            same_shape(lg, ny->ndim, ny->sizes, ny->ssizes, din->sizes, din->ssizes);
 }
 
-/* Builds and appends the kernel that stores node x into buffer b. */
-static int materialize(Sched *c, uint32_t x, uint32_t b) {
+static int materialize_into(Sched *c, uint32_t x, uint32_t b, const LScatter *sc);
+static int materialize(Sched *c, uint32_t x, uint32_t b) { return materialize_into(c, x, b, NULL); }
+
+/* Builds and appends the kernel that stores node x into buffer b, or, with sc, the pointwise
+ * kernel that scatters x into graph input sc->buf (LScatter): its domain is x's shape, every
+ * reduction x depends on is stored first by a kernel of its own, and it stores nothing else. */
+static int materialize_into(Sched *c, uint32_t x, uint32_t b, const LScatter *sc) {
     LGraph *lg = c->lg;
     EmArena *a = lg->arena;
     uint32_t cap = c->nnodes;
@@ -656,9 +663,17 @@ static int materialize(Sched *c, uint32_t x, uint32_t b) {
     uint32_t rows[EM_SHARE_MAX], nrows = 0; /* shared producers this reduction kernel stores (row_store) */
 again:
     for (;;) {
-        int r = collect(c, x, in_dag, list, &n, stack);
+        int r = collect(c, x, sc ? sc->idx : 0, in_dag, list, &n, stack);
         if (r < 0) return -1;
         if (r > 0) continue;
+        if (sc) { /* pointwise: each reduction not stored yet gets a kernel of its own */
+            uint32_t red = 0;
+            for (uint32_t i = 0; i < n && !red; i++)
+                if (em_lprim_is_reduce(lg->nodes[list[i]].op) && c->mat[list[i]] == NONE) red = list[i];
+            if (!red) break;
+            if (materialize_internal(c, red) < 0) return -1;
+            continue;
+        }
         uint32_t sp = shared_producer(c, x, in_dag, list, n, part, rows, nrows);
         if (sp && nrows < EM_SHARE_MAX && row_store(c, x, sp, list, n)) {
             rows[nrows++] = sp; /* stored by this kernel (shared producers, above) */
@@ -699,7 +714,7 @@ again:
         }
         if (materialize_internal(c, other) < 0) return -1;
     }
-    if (c->s->buf_produced[b]) return 0; /* produced while collecting (shared dependency) */
+    if (!sc && c->s->buf_produced[b]) return 0; /* produced while collecting (shared dependency) */
     for (uint32_t q = 0; q < nrows; q++) /* the domain the row stores were chosen for may have changed */
         if (!in_dag[rows[q]] || c->mat[rows[q]] != NONE || !row_store(c, x, rows[q], list, n)) {
             uint32_t y = rows[q];
@@ -708,7 +723,7 @@ again:
             goto again;
         }
     uint32_t share[EM_SHARE_MAX], nshare = 0;
-    if (!dom && shared_values(c, x, in_dag, list, &n, share, &nshare, EM_SHARE_MAX, part) < 0) return -1;
+    if (!dom && !sc && shared_values(c, x, in_dag, list, &n, share, &nshare, EM_SHARE_MAX, part) < 0) return -1;
     for (uint32_t q = 0; q < nrows; q++) share[nshare++] = rows[q]; /* (dom != 0: shared_values took none) */
 
     /* the domain in original dim order, then its loop order */
@@ -836,7 +851,19 @@ again:
         memset(st, 0, sizeof *st);
         st->buf = b;
         st->soffset = lg->env ? em_sym_const(lg->env, 0) : SYM_NONE;
-        if (map_strides(lg, &lg->bufs[b], root->ndim, root->sizes, root->ssizes, bst, sbst) < 0) return -1;
+        if (sc) { /* the input's strides, its dim's given by the index (never merged: stride 0) */
+            const LBuf *ib = &lg->bufs[b];
+            if (ib->ndim != root->ndim) return -1;
+            memcpy(bst, ib->strides, ib->ndim * sizeof(int64_t));
+            bst[sc->dim] = 0;
+            st->scatter = true;
+            st->sidx = local[sc->idx];
+            st->sgstride = sc->gstride;
+            st->sgsize = sc->gsize;
+            st->gextent = (sc->gsize - 1) * sc->gstride;
+        } else if (map_strides(lg, &lg->bufs[b], root->ndim, root->sizes, root->ssizes, bst, sbst) < 0) {
+            return -1;
+        }
         to_domain(lg, dnd, dsizes, dss, root->ndim, root->sizes, root->ssizes, bst, sbst, full, sfull);
         for (int j = 0; j < np; j++) {
             st->strides[j] = full[perm[j]];
@@ -928,7 +955,7 @@ again:
     assign_args(&k);
     for (uint32_t i = 0; i < n; i++) c->done[list[i]] = 1;
     c->s->buf_produced[b] = true;
-    if (c->mat[x] == NONE) c->mat[x] = b;
+    if (c->mat[x] == NONE && !sc) c->mat[x] = b; /* a scatter's input does not hold x's value */
     return push_kernel(c, &k);
 }
 
@@ -1151,8 +1178,8 @@ static int hfuse_joinable(const SKernel *k) {
 
 /* Can kernel k move to an earlier step (B above)? */
 static int hfuse_movable(const Schedule *s, const SKernel *k) {
-    for (uint32_t q = 0; q < k->nstores; q++)
-        if (s->lg->bufs[k->stores[q].buf].kind != LBUF_NODE) return 0;
+    for (uint32_t q = 0; q < k->nstores; q++) /* a scatter into an input: hfuse_conflict orders it */
+        if (s->lg->bufs[k->stores[q].buf].kind != LBUF_NODE && !k->stores[q].scatter) return 0;
     for (uint32_t q = 0; q < k->nloads; q++)
         if (k->loads[q].nidx) return 0;
     return hfuse_joinable(k);
@@ -1300,7 +1327,10 @@ static int hfuse_merge(EmArena *ar, bool sym, SKernel *a, const SKernel *b) {
     memcpy(k.stores, a->stores, a->nstores * sizeof(SAccess));
     memcpy(k.stores + a->nstores, b->stores, b->nstores * sizeof(SAccess));
     memcpy(k.store_node, a->store_node, a->nstores * sizeof(uint32_t));
-    for (uint32_t q = 0; q < b->nstores; q++) k.store_node[a->nstores + q] = map[b->store_node[q]];
+    for (uint32_t q = 0; q < b->nstores; q++) {
+        k.store_node[a->nstores + q] = map[b->store_node[q]];
+        if (b->stores[q].scatter) k.stores[a->nstores + q].sidx = map[b->stores[q].sidx];
+    }
     k.nstores = ns;
     assign_args(&k);
     memcpy(k.irs, a->irs, a->nirs * sizeof(IRRef));
@@ -1564,6 +1594,12 @@ Schedule *em_schedule_graph(LGraph *lg) {
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = &g->nodes[r];
         const LVal *v = &lg->vals[r];
+        if (v->scatter) { /* the update's place in the IR: its kernel (em_lower_gather.c) */
+            const LScatter *sc = &lg->scatters[v->sc];
+            c.cur = r;
+            if (materialize_into(&c, sc->src, sc->buf, sc) < 0) goto oom;
+            continue;
+        }
         if (v->kind != LV_EXTERN && !v->ext_call) continue;
         if (is_sym_extern(lg, r)) continue; /* scheduled where something reads it (need_sym) */
         c.cur = r;

@@ -29,6 +29,12 @@ typedef struct SAccess {
     /* loads only: the access reads the index table (LBUF_INDEX: element e holds e), so its value is
      * its element offset: the code generators write the address itself and read no memory */
     bool iota;
+    /* stores only: a scatter store into a graph input (LScatter): the address also adds the value
+     * of the kernel's node sidx (local index; in [0, sgsize), else the kernel traps) times
+     * sgstride, the dim it indexes having stride 0; gextent covers its reach. Pointwise kernels. */
+    bool scatter;
+    uint32_t sidx;
+    int64_t sgstride, sgsize;
 } SAccess;
 
 /* A kernel: the loop nest over its domain, with the domain's dims in loop order:

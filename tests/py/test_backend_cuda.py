@@ -1030,3 +1030,104 @@ def test_cross_entropy_is_three_kernels(monkeypatch, reduction):
         assert "sum_1" in heads[1] and "sum_2" in heads[1], heads  # the loss sum and the count: one kernel
     (out,), _ = emulate_info(ct, x, t)
     torch.testing.assert_close(out, f(x, t))
+
+
+def _static_cache_update(k, cos, sin, ck, pos, cv, v):  # transformers' StaticLayer.update after RoPE, attention reading the caches
+    ck.index_copy_(2, pos, _rotate_half_rope(k, cos, sin))
+    cv.index_copy_(2, pos, v)
+    return ck * 2, cv + 1
+
+
+@needs_emu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 3])
+def test_static_cache_update_is_a_scatter_store(monkeypatch, dtype, n):
+    """A static KV cache's in-place `index_copy_` of a graph input is a scatter store of the kernel
+    that computes what it writes (em_lower_gather.c, LScatter): RoPE's kernel writes k into the cache
+    at the positions, v's copy joins it (horizontal fusion), no ATen index_copy_ runs, and the kernel
+    that reads the updated caches comes after it. A decode step (one position) and a prefill (three,
+    out of order). The generated CUDA (the emulator) updates the caches as eager does, and returns
+    what eager returns."""
+    from ember.testing.cuda import emulate_info
+    monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
+    B, H, L, D = 2, 3, 8, 64
+    k, cos, sin, v = cpu(B, H, n, D, dtype=dtype), cpu(n, D, dtype=dtype), cpu(n, D, dtype=dtype), cpu(B, H, n, D, dtype=dtype)
+    ck, cv, pos = cpu(B, H, L, D, dtype=dtype), cpu(B, H, L, D, dtype=dtype), torch.tensor([5, 0, 2][:n])
+    cf = ember.compile(_static_cache_update, backend="ember", dynamic=False)
+    mine, ref = [ck.clone(), cv.clone()], [ck.clone(), cv.clone()]
+    want = _static_cache_update(k, cos, sin, ref[0], pos, ref[1], v)
+    got = cf(k, cos, sin, mine[0], pos, mine[1], v)  # the CPU backend: ATen's index_copy_
+    for o, r in zip(list(got) + mine, list(want) + ref):
+        torch.testing.assert_close(o, r)
+    ct = ember.cache_info(cf)[0]["ember"]["cuda_test"]
+    kl = ct["kernel_list"]
+    assert ct["kernels_only"] and len(kl) == 2, kl
+    assert {"add", "index_copy_", "index_copy__1"} <= set(kl[0]["nodes"]) and "mul_2" in kl[1]["nodes"], kl
+    assert ct["source"].count("em_gidx((long long)v") == 4, ct["source"]  # two stores, the vector and scalar paths
+    emu = [ck.clone(), cv.clone()]
+    outs, _ = emulate_info(ct, k, cos, sin, emu[0], pos, emu[1], v)
+    tol = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}  # eager rounds RoPE's every op to bfloat16
+    for o, r in zip(list(outs) + emu, list(want) + ref):
+        torch.testing.assert_close(o, r, **tol)
+    untouched = torch.ones(L, dtype=torch.bool)
+    untouched[pos] = False
+    assert torch.equal(emu[0][:, :, untouched], ck[:, :, untouched]), "a position the index does not name changed"
+
+
+def _cache_update_along(dim):
+    def f(src, c, pos):
+        c.index_copy_(dim, pos, src * 3)
+        return c + 1
+    return f
+
+
+@needs_emu
+@pytest.mark.parametrize("dim", [0, -1])
+def test_scatter_store_along_outer_and_innermost_dims(monkeypatch, dim):
+    """The scatter's dim is any dim: the outermost (its index the same for a whole row) and the
+    innermost (the vector path cannot move a vector by the index: the store goes element by element
+    with the index per element). Values of the generated CUDA (the emulator) against eager."""
+    from ember.testing.cuda import emulate_info
+    monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
+    c = cpu(6, 5, 16)
+    pos = torch.tensor([4, 1, 3])
+    src = cpu(3, 5, 16) if dim == 0 else cpu(6, 5, 3)
+    if dim == -1:
+        pos = torch.tensor([15, 0, 7])
+    f = _cache_update_along(dim)
+    cf = ember.compile(f, backend="ember", dynamic=False)
+    ref = c.clone()
+    want = f(src, ref, pos)
+    torch.testing.assert_close(cf(src, c.clone(), pos), want)
+    ct = ember.cache_info(cf)[0]["ember"]["cuda_test"]
+    assert ct["kernels_only"] and len(ct["kernel_list"]) == 2 and "mul" in ct["kernel_list"][0]["nodes"], ct["kernel_list"]
+    emu = c.clone()
+    outs, _ = emulate_info(ct, src, emu, pos)
+    torch.testing.assert_close(outs[0], want)
+    torch.testing.assert_close(emu, ref)
+
+
+@needs_emu
+def test_index_copy_stays_aten_where_a_scatter_store_cannot_order_it(monkeypatch):
+    """The input read before its update (its old values feed the result), an index of another dtype,
+    a source of another dtype (eager raises), the update returned: ATen's index_copy_ runs, as
+    before (em_lower_scatter_candidate)."""
+    monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
+    c, src, pos = cpu(4, 8), cpu(2, 8), torch.tensor([3, 1])
+
+    def read_before(src, c, pos):
+        old = c.sum()
+        c.index_copy_(0, pos, src)
+        return c * old
+
+    def returned(src, c, pos):
+        return c.index_copy_(0, pos, src * 2)
+
+    for f in (read_before, returned):
+        ember.reset()
+        cf = ember.compile(f, backend="ember", dynamic=False)
+        mine, ref = c.clone(), c.clone()
+        torch.testing.assert_close(cf(src, mine, pos), f(src, ref, pos))
+        torch.testing.assert_close(mine, ref)
+        ct = ember.cache_info(cf)[0]["ember"]["cuda_test"]
+        assert not ct["kernels_only"], (f.__name__, ct["kernel_list"])  # the torch call
