@@ -337,6 +337,10 @@ static int splittable(const SKernel *k) {
  * row may reach 2 * EM_CUDA_SPLIT_MIN elements (a loss over a batch of any size). */
 static int32_t split_chunks(const Schedule *s, const SKernel *k, int64_t rows, int64_t Rmax) {
     ShapeEnv *env = s->lg->env;
+    int arg = 0; /* an arg reduction: shorter rows split (em_cuda_split_chunks_arg) */
+    for (uint32_t i = 0; i < k->nnodes; i++) arg |= k->nodes[i].op == LP_RARGMAX || k->nodes[i].op == LP_RARGMIN;
+    if (arg && !env && em_cuda_split_chunks_arg(rows, Rmax) >= 2 && splittable(k))
+        return (int32_t)em_cuda_split_chunks_arg(rows, Rmax);
     if (rows >= EM_CUDA_SPLIT_ROWS || Rmax < 2 * EM_CUDA_SPLIT_MIN || !splittable(k)) return 0;
     if (!env) return (int32_t)em_cuda_split_chunks(rows, Rmax);
     int64_t v;

@@ -88,6 +88,18 @@ static inline int64_t em_cuda_split_chunks(int64_t rows, int64_t R) {
     return S < cap ? S : cap;
 }
 
+/* Arg reductions (argmax, argmin) carry an index through a chain of compares: a block's walk over a
+ * row is bound by its instructions, not by memory (the [4, 32000] bfloat16 argmax over a decode
+ * step's logits, one block a row: 13.8 us on the H200, Inductor's split reduction 6.6). A kernel
+ * with one splits its rows from 2 * EM_CUDA_SPLIT_SMALL elements on, in chunks of
+ * EM_CUDA_SPLIT_SMALL, at most EM_CUDA_SPLIT_BLOCKS chunks over all rows; 1: none. Static sizes
+ * (em_codegen_cuda.c, split_chunks). */
+static inline int64_t em_cuda_split_chunks_arg(int64_t rows, int64_t R) {
+    if (rows <= 0 || rows >= EM_CUDA_SPLIT_ROWS || R < 2 * EM_CUDA_SPLIT_SMALL) return 1;
+    int64_t S = R / EM_CUDA_SPLIT_SMALL, cap = EM_CUDA_SPLIT_BLOCKS / rows;
+    return S < cap ? S : cap;
+}
+
 /* Is store q written once per element of the inner dims? Yes when its value varies along them, and
  * also when only its address does: a value computed once per row (a broadcast, a row's reduction)
  * stored into an output that walks the inner dims, e.g. expand(scalar) * 2 into a dense [3, 3]. */

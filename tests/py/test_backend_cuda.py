@@ -1131,3 +1131,22 @@ def test_index_copy_stays_aten_where_a_scatter_store_cannot_order_it(monkeypatch
         torch.testing.assert_close(mine, ref)
         ct = ember.cache_info(cf)[0]["ember"]["cuda_test"]
         assert not ct["kernels_only"], (f.__name__, ct["kernel_list"])  # the torch call
+
+
+@needs_emu
+@pytest.mark.parametrize("grid_cap", [5, 64])
+def test_emulated_arg_reductions_split_shorter_rows(grid_cap):
+    """argmax/argmin over few rows of a few thousand elements (a decode step's logits, [4, 32000]
+    bfloat16) split into chunks of EM_CUDA_SPLIT_SMALL (em_cuda_split_chunks_arg): their compare
+    chain is instruction-bound on one block a row. The first index wins across chunks, ties and NaNs
+    included; a sum over the same rows stays one block a row."""
+    x = cpu(4, 32000, dtype=_B)
+    x[0, 100] = x[0, 31000] = x[0].max() + 1  # a tie between the first chunk and the last
+    x[1, 20000] = float("nan")  # NaN wins, the first one
+    x[1, 30000] = float("nan")
+    x[2, 5] = x[2].min() - 1
+    for fn in (lambda x: x.argmax(-1), lambda x: x.argmin(-1, keepdim=True)):
+        info = _emu_check(fn, x, grid_cap=grid_cap)
+        assert [ln["split"] for ln in info["launch"]] == [15], info["launch"]
+    info = _emu_check(lambda x: x.float().sum(-1), x[2:].clone(), atol=1e-2, rtol=1e-3)
+    assert [ln["split"] for ln in info["launch"]] == [0], info["launch"]
