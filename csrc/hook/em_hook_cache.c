@@ -751,6 +751,7 @@ CacheEntry *em_cache_compile(ExtraState *es, PyObject *func, PyCodeObject *code,
         .max_instructions = (int)config_int("max_instructions", 1000000),
         .split = !cfg->fullgraph && config_int("graph_breaks", 1) != 0,
         .dynamic = cfg->dynamic,
+        .batch_static = cfg->cudagraphs != NULL && cfg->dynamic == -1,
         .shape_rules = config_int("sym_shape_rules", 1) != 0,
         .meta_memo = config_int("meta_memo", 1) != 0,
     };

@@ -24,6 +24,8 @@ typedef struct EmTraceOptions {
     PyObject *resume_cache;  /* dict (borrowed) caching the resume functions' code objects of the
                                 ORIGINAL code of this frame, or NULL */
     int dynamic;             /* ember.compile(dynamic=): -1 None (automatic), 0 False, 1 True */
+    int batch_static;        /* with dynamic None: automatic dynamic leaves dim 0 of tensors static
+                                (a CUDA-graph mode buckets batch sizes into recordings) */
     PyObject *frame_state;   /* dict (borrowed): source text -> list of the sizes seen for that
                                 tensor input (None where a dim became dynamic), or the int an int
                                 input had (None once it changed), for automatic dynamic */

@@ -115,7 +115,10 @@ static void marked_range(PyObject *t, int d, int64_t *lo, int64_t *hi) {
 }
 
 /* Automatic dynamic (Dynamo's frame_state): the sizes first seen for a source are remembered; a
- * later trace of the same code whose sizes differ in a dim makes that dim dynamic from then on. */
+ * later trace of the same code whose sizes differ in a dim makes that dim dynamic from then on.
+ * Under a CUDA-graph mode (opts.batch_static) dim 0 never does: each batch size is an entry of its
+ * own whose recordings share a bucket (docs/backend_cuda.md, "Buckets"); a KV cache that grows
+ * along another dim is one symbolic entry, not a compile per decode step. */
 static uint64_t automatic_dims(Trace *T, PyObject *key, const IRMeta *m, PyObject **before) {
     PyObject *fs = T->opts.frame_state, *prev;
     uint64_t mask = 0;
@@ -125,6 +128,7 @@ static uint64_t automatic_dims(Trace *T, PyObject *key, const IRMeta *m, PyObjec
     if (prev && PyList_Check(prev) && PyList_GET_SIZE(prev) == m->ndim) {
         for (int d = 0; d < m->ndim && d < 64; d++) {
             PyObject *p = PyList_GET_ITEM(prev, d);
+            if (d == 0 && T->opts.batch_static) continue; /* a new batch size: a new static entry */
             if (p == Py_None || PyLong_AsLongLong(p) != m->sizes[d]) {
                 if (p != Py_None && !*before) *before = Py_NewRef(prev);
                 mask |= (uint64_t)1 << d;

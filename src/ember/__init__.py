@@ -117,8 +117,10 @@ def compile(fn_or_module=None, *, backend="ember", fullgraph=False, dynamic=None
         recording; other graphs record one per shape. Entries that cannot be replayed safely (CPU
         tensors, inputs that require grad, several devices, symbolic sizes, a capture error) launch
         as usual, with the reason in ember.cache_info(fn)[i]["cudagraphs"] (also: "captures", the
-        function's recordings). With a CUDA graph mode dynamic=None means False (one entry per
-        shape; the buckets share recordings).
+        function's recordings). With a CUDA graph mode and dynamic=None, automatic dynamic leaves
+        dim 0 static (one entry per batch size; the buckets share recordings) and makes other dims
+        that change symbolic, launched without CUDA graphs: a KV cache that grows each decode step
+        is one entry, not a compile per step.
       options: accepted for compatibility; must be None or empty.
 
     Returns: for a function, an ember._C.CompiledFunction; for a bound method, the same bound to
@@ -142,8 +144,6 @@ def compile(fn_or_module=None, *, backend="ember", fullgraph=False, dynamic=None
     if mode in ("reduce-overhead", "max-autotune"):
         from ._cudagraphs import Pool
         cudagraphs = Pool()
-        if dynamic is None:
-            dynamic = False
     backend, key = _resolve_backend(backend)
     if cudagraphs is not None:
         key = (key, cudagraphs)  # entries of this compiled function only: they hold its pool's recordings

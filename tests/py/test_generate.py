@@ -60,13 +60,18 @@ def dynamo_frames(model, ids, new, cache, runs):
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-def test_generate_compiles_once_per_phase(make, cache):
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_generate_compiles_once_per_phase(make, cache, mode):
+    """generate() compiles a graph per phase (prefill, decode; the cache length symbolic), no more
+    than torch.compile's frames, none in a second generate; under reduce-overhead as well (its
+    automatic dynamic keeps only dim 0 static: a DynamicCache's growth compiled once per step
+    before the forty-second session)."""
     model = make()
     ids = torch.randint(1, 128, (2, 8), generator=torch.Generator().manual_seed(1))
     new = 64 if make is tiny_llama else 24
     ref = generate(model, ids, new, cache)
     orig = model.forward
-    model.forward = ember.compile(orig)
+    model.forward = ember.compile(orig, mode=mode)
     try:
         with count_compiles() as counter:
             out = generate(model, ids, new, cache)
