@@ -2115,6 +2115,7 @@ static int trace_once(PyObject *func, PyCodeObject *code, const EmFrameView *fv,
     T.opts.max_instructions = opts && opts->max_instructions > 0 ? opts->max_instructions : 1000000;
     T.opts.resume_cache = opts ? opts->resume_cache : NULL;
     T.opts.dynamic = opts ? opts->dynamic : -1;
+    T.opts.batch_static = opts ? opts->batch_static : 0;
     T.opts.frame_state = opts ? opts->frame_state : NULL;
     T.opts.shape_rules = opts ? opts->shape_rules : 1;
     T.opts.meta_memo = opts ? opts->meta_memo : 1;
