@@ -44,6 +44,30 @@ def test_cpu_tensors_run_plainly(backend):
     assert "CUDA graphs: plain" in str(ember.explain(cf)(x, y))
 
 
+def test_automatic_dynamic_keeps_the_batch_static():
+    """Under a CUDA-graph mode dynamic=None is automatic dynamic with dim 0 left static: each batch
+    size an entry of its own (their recordings share buckets), while a size that changes along
+    another dim (a KV cache growing every decode step) makes one symbolic entry instead of a compile
+    per size. Compiles counted on CPU tensors (the policy is the cache's, not the device's)."""
+    def f(x, kv):
+        return torch.softmax(x @ kv.transpose(-1, -2), -1) @ kv
+
+    cf = ember.compile(f, mode="reduce-overhead")
+    for b in (1, 3, 4, 1):  # batch sizes: static entries
+        x, kv = torch.randn(b, 1, 8), torch.randn(b, 5, 8)
+        torch.testing.assert_close(cf(x, kv), f(x, kv))
+    info = ember.cache_info(cf)
+    assert len(info) == 3 and all(not e["dynamic"] for e in info), [e["dynamic"] for e in info]
+    ember.reset()
+    cf = ember.compile(f, mode="reduce-overhead")
+    for n in range(5, 12):  # the cache length grows: one symbolic entry after the first
+        x, kv = torch.randn(2, 1, 8), torch.randn(2, n, 8)
+        torch.testing.assert_close(cf(x, kv), f(x, kv))
+    info = ember.cache_info(cf)
+    assert len(info) == 2 and any("automatic dynamic" in d for d in info[0]["dynamic"]), [e["dynamic"] for e in info]
+    assert info[0]["hits"] == 5, info[0]["hits"]
+
+
 def test_rows_pointwise_linear_norms():
     w, b = torch.randn(8, 4), torch.randn(8)
     r = rows(lambda x, w, b: F.layer_norm(torch.relu(F.linear(x, w, b)), (8,)).softmax(-1) * 2 + b, torch.randn(3, 4), w, b)
