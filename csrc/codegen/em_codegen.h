@@ -34,9 +34,13 @@ enum { EM_KMETA_WORK = 0, EM_KMETA_NUMEL = 1, EM_KMETA_OUT = 2 };
  * names the load (its position in SKernel.nodes) and the operand; the runtime raises eager's error
  * (LNode.gerr) after the kernel. CUDA kernels trap instead (eager's device-side assert). */
 static inline int64_t em_codegen_gather_check(uint32_t node, int operand) { return (int64_t)node * 4 + operand; }
+/* The same for scatter store q (SAccess.scatter): after every node's. */
+static inline int64_t em_codegen_scatter_check(const SKernel *k, uint32_t q) { return (int64_t)k->nnodes * 4 + q; }
 static inline int em_codegen_has_checks(const SKernel *k) {
     for (uint32_t q = 0; q < k->nloads; q++)
         if (k->loads[q].nidx) return 1;
+    for (uint32_t q = 0; q < k->nstores; q++)
+        if (k->stores[q].scatter) return 1;
     return 0;
 }
 

@@ -156,6 +156,10 @@ static const char PRELUDE[] =
     "    const int64_t w = wrap && v < 0 ? v + n : v;\n"
     "    if ((uint64_t)w < (uint64_t)n) return w;\n"
     "    em_oob(err, check, v);\n    return 0;\n}\n"
+    "/* scatter stores (index_copy_ of an input): the same check, no wrapping; -1: store nothing */\n"
+    "static inline int64_t em_sidx(int64_t v, int64_t n, int64_t *err, int64_t check) {\n"
+    "    if ((uint64_t)v < (uint64_t)n) return v;\n"
+    "    em_oob(err, check, v);\n    return -1;\n}\n"
     "/* float -> int64 / int32 as x86's cvtt* gives it to eager (NaN and out of range: the integer\n"
     " * indefinite, INT_MIN); narrower integers through int32, as gcc compiles torch's static_cast.\n"
     " * A plain C cast is undefined there, and gcc folds a known NaN's cast to 0. Elsewhere the\n"
@@ -374,8 +378,13 @@ static void emit_store(SB *b, const KG *g, uint32_t s, const char *ind, int inne
     LDtype dt = k->nodes[i].dtype;
     char base[32];
     snprintf(base, sizeof base, "c%u", s);
-    sb_printf(b, "%sa%u[", ind, ac->arg);
+    if (ac->scatter) /* its index checked (eager's IndexError after the kernel), nothing stored outside */
+        sb_printf(b, "%sconst int64_t s%u = em_sidx((int64_t)v%u, %lld, err, %lld);\n%sif (s%u >= 0) ", ind, s, ac->sidx,
+                  (long long)ac->sgsize, (long long)em_codegen_scatter_check(k, s), ind, s);
+    else sb_printf(b, "%s", ind);
+    sb_printf(b, "a%u[", ac->arg);
     addr(b, g, k->nloads + s, base, inner);
+    if (ac->scatter) sb_printf(b, " + s%u * %lld", s, (long long)ac->sgstride);
     if (dt == LDT_BF16) sb_printf(b, "] = em_f_to_bf16(v%u);\n", i);
     else sb_printf(b, "] = (%s)v%u;\n", em_ldt_storage(dt), i);
 }
@@ -1547,6 +1556,7 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, const EmCodegenOp
         for (uint32_t q = 0; q < k->nstores; q++)
             if (em_schedule_store_per_element(k, q)) {
                 emit_elem(b, &g, k->store_node[q], done, "            "); /* nothing for a row value */
+                if (k->stores[q].scatter) emit_elem(b, &g, k->stores[q].sidx, done, "            ");
                 emit_store(b, &g, q, "            ", 1);
             }
         sb_printf(b, "%s}\n", ind);

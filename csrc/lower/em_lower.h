@@ -116,8 +116,10 @@ typedef enum {
     LGERR_RANGE_IN_SELF, /* IndexError "index out of range in self" (embedding, index_select) */
     LGERR_INDEX,         /* IndexError "index i is out of bounds for dimension d with size n" (x[idx]) */
     LGERR_GATHER,        /* RuntimeError, the same text (gather) */
-    LGERR_DATA_BOUNDS    /* RuntimeError "INDICES element is out of DATA bounds, id=i axis_dim=n"
+    LGERR_DATA_BOUNDS,   /* RuntimeError "INDICES element is out of DATA bounds, id=i axis_dim=n"
                             (index_select along dim 1 of a tensor of 2+ dims: ATen's fast path) */
+    LGERR_INDEX_COPY     /* IndexError "index_copy_(): index i is out of bounds for dimension d with
+                            size n" (a scatter store, LScatter; no wrapping) */
 } LGatherErr;
 
 /* How many node inputs n reads: a LOAD's index operands, else the op's arity. */
@@ -189,8 +191,9 @@ typedef struct LVal {
  * (a static KV cache's update) done by the kernel that computes source: element i of source goes to
  * the input's element at i with its coordinate along dim replaced by index[i_dim]. idx is the index
  * node seen with trailing ones (broadcast, right-aligned, to source's shape: its value at i is
- * index[i_dim]); its value must lie in [0, gsize) (eager neither wraps nor skips: the CUDA kernel
- * traps). gstride: the input's element stride along dim. Static CUDA graphs only (em_lower_gather.c). */
+ * index[i_dim]); its value must lie in [0, gsize) (eager does not wrap: the CUDA kernel
+ * traps, a CPU kernel stores nothing there and reports eager's IndexError). gstride: the input's
+ * element stride along dim. Static graphs only (em_lower_gather.c). */
 typedef struct LScatter {
     IRRef ir;              /* the index_copy_ node */
     uint32_t buf, src, idx;

@@ -329,17 +329,18 @@ uint32_t em_lower_adv_index(Ctx *c, const IRArg **slot) {
  * node's value is then the input's buffer seen whole (a LOAD of it): the readers of the updated
  * cache read it after that kernel (em_schedule.c, the kernel's step is the update's place in the
  * IR). Taken where nothing can go wrong in a kernel that eager's call would have caught or
- * ordered: CUDA graphs of static sizes; the input read by the update alone (no view of it feeds
+ * ordered: graphs of static sizes; the input read by the update alone (no view of it feeds
  * source, no reader before the update to schedule around); source of the input's dtype and sizes
  * but along dim, the index's length there; an int64 index of one dim; the input's dim of size > 0;
  * the update's result not returned (an output never aliases an input through a lowered value).
- * Eager's bounds (no wrapping) are the kernel's: an index outside [0, size) traps as eager's
- * device-side assert does. Anything else stays the torch call. */
+ * Eager's bounds (no wrapping) are the kernel's: an index outside [0, size) is not stored, and
+ * raises eager's IndexError after a CPU kernel (LGERR_INDEX_COPY) or traps a CUDA kernel as
+ * eager's device-side assert does. Anything else stays the torch call. */
 int em_lower_scatter_candidate(const LGraph *lg, IRRef r) {
     const IRGraph *g = lg->ir;
     const IRNode *n = &g->nodes[r];
     char key[64];
-    if (!lg->cuda || lg->env || (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->nkwargs ||
+    if (lg->env || (n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || n->nkwargs ||
         n->nargs != 4 || em_lower_target_key(n, key, sizeof key) < 0 || strcmp(key, "index_copy_") != 0)
         return 0;
     int64_t dim;

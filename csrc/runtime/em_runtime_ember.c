@@ -409,6 +409,9 @@ static int gather_error(const Kernel *k, const int64_t *err) {
         const GatherCheck *c = &k->checks[i];
         if (c->check != err[0] - 1) continue;
         if (c->err == LGERR_RANGE_IN_SELF) PyErr_SetString(PyExc_IndexError, "index out of range in self");
+        else if (c->err == LGERR_INDEX_COPY)
+            PyErr_Format(PyExc_IndexError, "index_copy_(): index %lld is out of bounds for dimension %d with size %lld",
+                         (long long)err[1], c->dim, (long long)c->size);
         else if (c->err == LGERR_DATA_BOUNDS)
             PyErr_Format(PyExc_RuntimeError, "INDICES element is out of DATA bounds, id=%lld axis_dim=%lld",
                          (long long)err[1], (long long)c->size);
@@ -2158,15 +2161,21 @@ static Kernel *kernel_new(EmberBuild *bd, const SStep *sp) {
         ko->fn = (KernelFn)dlsym(bd->handle, fname);
         /* the gather loads' bounds checks, to raise eager's error when the kernel reports one */
         for (uint32_t i = 0; i < k->nnodes; i++) ko->nchecks += k->nodes[i].op == LP_LOAD ? k->nodes[i].nidx : 0;
+        for (uint32_t q = 0; q < k->nstores; q++) ko->nchecks += k->stores[q].scatter;
         if (ko->nchecks && !(ko->checks = calloc(ko->nchecks, sizeof(GatherCheck)))) {
             Py_DECREF(ko);
             PyErr_NoMemory();
             return NULL;
         }
-        for (uint32_t i = 0, c = 0; i < k->nnodes && ko->nchecks; i++)
+        uint32_t c = 0;
+        for (uint32_t i = 0; i < k->nnodes && ko->nchecks; i++)
             for (int t = 0; k->nodes[i].op == LP_LOAD && t < k->nodes[i].nidx; t++)
                 ko->checks[c++] = (GatherCheck){em_codegen_gather_check(i, t), k->nodes[i].gsize[t],
                                                 k->nodes[i].gerr[t], k->nodes[i].gdim[t]};
+        for (uint32_t q = 0; q < k->nstores && ko->nchecks; q++) /* scatter stores: index_copy_'s error */
+            if (k->stores[q].scatter)
+                ko->checks[c++] = (GatherCheck){em_codegen_scatter_check(k, q), k->stores[q].sgsize, LGERR_INDEX_COPY,
+                                                (int8_t)k->stores[q].sgdim};
         int64_t work = 1;
         for (int j = 0; j < k->ndim; j++) work *= k->sizes[j];
         if (work >= bd->opt.parallel_threshold || lg->env) ko->set_threads = (SetThreadsFn)dlsym(bd->handle, "ember_set_threads");

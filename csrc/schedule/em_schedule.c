@@ -858,6 +858,7 @@ again:
             bst[sc->dim] = 0;
             st->scatter = true;
             st->sidx = local[sc->idx];
+            st->sgdim = sc->dim;
             st->sgstride = sc->gstride;
             st->sgsize = sc->gsize;
             st->gextent = (sc->gsize - 1) * sc->gstride;

@@ -34,6 +34,7 @@ typedef struct SAccess {
      * sgstride, the dim it indexes having stride 0; gextent covers its reach. Pointwise kernels. */
     bool scatter;
     uint32_t sidx;
+    int32_t sgdim;         /* the input's dim it indexes (eager's error names it) */
     int64_t sgstride, sgsize;
 } SAccess;
 

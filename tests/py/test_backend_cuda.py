@@ -1056,9 +1056,10 @@ def test_static_cache_update_is_a_scatter_store(monkeypatch, dtype, n):
     cf = ember.compile(_static_cache_update, backend="ember", dynamic=False)
     mine, ref = [ck.clone(), cv.clone()], [ck.clone(), cv.clone()]
     want = _static_cache_update(k, cos, sin, ref[0], pos, ref[1], v)
-    got = cf(k, cos, sin, mine[0], pos, mine[1], v)  # the CPU backend: ATen's index_copy_
+    got = cf(k, cos, sin, mine[0], pos, mine[1], v)  # the CPU backend: its own scatter stores
     for o, r in zip(list(got) + mine, list(want) + ref):
         torch.testing.assert_close(o, r)
+    assert ember.cache_info(cf)[0]["ember"]["externs"] == 0
     ct = ember.cache_info(cf)[0]["ember"]["cuda_test"]
     kl = ct["kernel_list"]
     assert ct["kernels_only"] and len(kl) == 2, kl
@@ -1150,3 +1151,24 @@ def test_emulated_arg_reductions_split_shorter_rows(grid_cap):
         assert [ln["split"] for ln in info["launch"]] == [15], info["launch"]
     info = _emu_check(lambda x: x.float().sum(-1), x[2:].clone(), atol=1e-2, rtol=1e-3)
     assert [ln["split"] for ln in info["launch"]] == [0], info["launch"]
+
+
+def test_scatter_store_index_out_of_bounds_raises_eagers_error():
+    """An index outside the cache's length: the CPU kernel stores nothing there and the runtime
+    raises eager's IndexError (index_copy_ neither wraps a negative index nor skips one); the
+    positions in range are written, as eager's loop writes the ones before its check fails."""
+    f = _cache_update_along(0)
+    c, src = cpu(6, 5, 16), cpu(2, 5, 16)
+    cf = ember.compile(f, backend="ember", dynamic=False)
+    torch.testing.assert_close(cf(src, c.clone(), torch.tensor([1, 4])), f(src, c.clone(), torch.tensor([1, 4])))
+    for bad in (6, -1):
+        pos = torch.tensor([2, bad])
+        mine, ref = c.clone(), c.clone()
+        with pytest.raises(IndexError) as want:
+            f(src, ref, pos)
+        with pytest.raises(IndexError) as got:
+            cf(src, mine, pos)
+        assert str(got.value) == str(want.value), (str(got.value), str(want.value))
+        torch.testing.assert_close(mine[2], src[0] * 3)
+        assert torch.equal(mine[torch.tensor([0, 1, 3, 4, 5])], c[torch.tensor([0, 1, 3, 4, 5])])
+    assert len(ember.cache_info(cf)) == 1 and ember.cache_info(cf)[0]["ember"]["externs"] == 0
