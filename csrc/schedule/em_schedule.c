@@ -157,7 +157,7 @@ static int collect(Sched *c, uint32_t x, uint32_t x2, uint8_t *in_dag, uint32_t 
         in_dag[y] = 1;
         list[(*n)++] = y;
         const LNode *ny = &lg->nodes[y];
-        if (y != x && c->mat[y] != NONE) continue;
+        if ((y != x || x2) && c->mat[y] != NONE) continue; /* a scatter's source may be stored already */
         if (ny->op == LP_LOAD) {
             const LBuf *b = &lg->bufs[ny->buf];
             if (b->kind == LBUF_NODE && !c->s->buf_produced[ny->buf]) {
@@ -787,7 +787,7 @@ again:
         local[y] = i;
         LNode ln = lg->nodes[y];
         k.acc_of[i] = NONE;
-        int leaf_mat = y != x && c->mat[y] != NONE;
+        int leaf_mat = (y != x || sc) && c->mat[y] != NONE;
         if (leaf_mat || ln.op == LP_LOAD) {
             SAccess *ac = &k.loads[k.nloads];
             memset(ac, 0, sizeof *ac);

@@ -1172,3 +1172,30 @@ def test_scatter_store_index_out_of_bounds_raises_eagers_error():
         torch.testing.assert_close(mine[2], src[0] * 3)
         assert torch.equal(mine[torch.tensor([0, 1, 3, 4, 5])], c[torch.tensor([0, 1, 3, 4, 5])])
     assert len(ember.cache_info(cf)) == 1 and ember.cache_info(cf)[0]["ember"]["externs"] == 0
+
+
+@needs_emu
+@pytest.mark.parametrize("src", ["sum", "softmax"])
+def test_scatter_of_a_reduction(monkeypatch, src):
+    """What a scatter stores may be a reduction (the source is then stored first by its own kernel,
+    and the scatter's kernel loads it) or made from reductions (softmax: the scatter's kernel stays
+    pointwise). CPU and the generated CUDA (the emulator) against eager, the input updated alike."""
+    from ember.testing.cuda import emulate_info
+    monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
+
+    def f(x, c, pos):
+        c.index_copy_(0, pos, x.sum(-1) if src == "sum" else x.softmax(-1))
+        return c + 1
+
+    x, c, pos = cpu(2, 7), cpu(6) if src == "sum" else cpu(6, 7), torch.tensor([4, 1])
+    cf = ember.compile(f, backend="ember", dynamic=False)
+    mine, ref = c.clone(), c.clone()
+    want = f(x, ref, pos)
+    torch.testing.assert_close(cf(x, mine, pos), want)
+    torch.testing.assert_close(mine, ref)
+    info = ember.cache_info(cf)[0]["ember"]
+    assert info["externs"] == 0 and info["cuda_test"]["kernels_only"], info["kernel_list"]
+    emu = c.clone()
+    outs, _ = emulate_info(info["cuda_test"], x, emu, pos)
+    torch.testing.assert_close(outs[0], want)
+    torch.testing.assert_close(emu, ref)
