@@ -913,10 +913,7 @@ static void loop_open(SB *b, const RCtx *c, const char *ind) {
     } else if (c->L->split) {
         sb_printf(b, "%s#pragma unroll 4\n%sfor (idx_t r = r_lo + tid; r < r_hi; r += %s) {\n", ind, ind, c->tpr);
     } else {
-        /* unrolled: a row re-read per pass (a gather's, a long one) keeps four loads in flight, where
-         * one at a time left Llama's first norm, over the token embeddings, waiting on each (5.2 us
-         * for [4, 1024] bf16 on the H200) */
-        sb_printf(b, "%s#pragma unroll 4\n%sfor (idx_t r = tid; r < R; r += %s) {\n", ind, ind, c->tpr);
+        sb_printf(b, "%sfor (idx_t r = tid; r < R; r += %s) {\n", ind, c->tpr);
     }
     if (k->ndim - k->nouter > 1) {
         char in2[64];
