@@ -96,6 +96,12 @@ int em_codegen_cuda_needs_idx64(const SKernel *k);
  * access's largest offset) and its row length, as size expressions (the runtime evaluates them per
  * call: 64-bit indices from EM_CUDA_IDX32_LIMIT, the grid, a per-call block). */
 void em_codegen_cuda_sym_exprs(const Schedule *s, const SKernel *k, SymRef *reach, SymRef *row);
+/* The skinny GEMM (ember._C.skinny_linear): y[M, N] = x[M, K] @ w[N, K].T (+ b[N]) for M <=
+ * EM_SKINNY_MAX_ROWS rows of a float32 / float16 / bfloat16 x, one kernel `ember_skinny(x, w, b, y)`
+ * (b unread without a bias) for these sizes, launched as *launch says. New str, NULL with an
+ * exception (ValueError for sizes it does not take: K not a multiple of 16 bytes, M out of range). */
+#define EM_SKINNY_MAX_ROWS 8
+PyObject *em_codegen_cuda_skinny(LDtype dt, int M, int64_t N, int64_t K, int has_bias, EmCudaLaunch *launch);
 #define EM_CUDA_IDX32_LIMIT ((1LL << 31) - EM_CUDA_MAX_THREADS * 16)
 /* The block of a per-call reduction block: next_pow2(ceil(R / 8)) in [128, 1024]. */
 static inline int32_t em_cuda_row_block(int64_t R) {

@@ -1631,3 +1631,100 @@ PyObject *em_codegen_cuda(const Schedule *s, EmCudaLaunch *launch, uint8_t *sym_
     free(b.p);
     return r;
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Skinny GEMM: F.linear of a few rows (ember._C.skinny_linear, runtime/em_runtime_skinny.c)         */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* A decode step multiplies M <= 8 rows by each weight: cuBLAS runs such a GEMM at 0.3-1.3 TB/s on the
+ * H200 (bf16, 4 rows: 1024 x 1024 in 7.3 us, 2816 x 1024 in 4.4 us, from DRAM, where the copy
+ * bandwidth reads them in 0.6 and 1.6 us; bench/skinny_gemm.py). This kernel is a GEMV over the M
+ * rows at once, as the decode kernels of gpt-fast and vLLM: each warp computes C adjacent output
+ * columns for all M rows, reading weight rows n..n+C-1 once, 16 bytes per lane per step, U x C such
+ * loads in flight, each x vector (L1-resident, M x K elements) converted once for the C columns;
+ * products and sums in float32 registers, the M x C sums reduced by warp shuffles, lane m * C + c
+ * storing y[m, n + c] (+ bias) rounded once to the storage dtype, as cuBLAS's float32 accumulation
+ * rounds. x [M, K], w [N, K] and y [M, N] contiguous, b [N]; K a multiple of the 16-byte vector,
+ * x and w 16-byte aligned (the runtime checks). A grid-stride loop over column tiles. */
+PyObject *em_codegen_cuda_skinny(LDtype dt, int M, int64_t N, int64_t K, int has_bias, EmCudaLaunch *L) {
+    if ((dt != LDT_F32 && dt != LDT_F16 && dt != LDT_BF16) || M < 1 || M > EM_SKINNY_MAX_ROWS || N < 1 || K < 16 / DT_SIZE[dt] ||
+        K % (16 / DT_SIZE[dt])) {
+        PyErr_SetString(PyExc_ValueError, "skinny GEMM: float32/float16/bfloat16, 1-8 rows, K a multiple of 16 bytes");
+        return NULL;
+    }
+    const int V = 16 / DT_SIZE[dt], STEP = 32 * V;
+    const int C = M == 1 ? 1 : M <= 4 ? 2 : 4; /* columns per warp: x's loads shared by C weight rows */
+    const int U = 4 / C;                       /* steps per group: U x C weight loads in flight per lane */
+    const char *T = stype(dt), *ld = dt == LDT_BF16 ? "em_bf2f" : dt == LDT_F16 ? "em_h2f" : "";
+    const char *st = dt == LDT_BF16 ? "em_f2bf" : dt == LDT_F16 ? "em_f2h" : "";
+    const long long NS = K / STEP, Kl = K, Nl = N;
+    SB b = {0};
+    sb_printf(&b, "%s", PRELUDE);
+    sb_printf(&b, "%s0 (skinny GEMM): y[%d, %lld] = x[%d, %lld] @ w[%lld, %lld].T%s, float32 accumulation,\n"
+                  " * %d columns per warp, 4 warps per block */\n",
+              EM_CUDA_KERNEL_MARK, M, Nl, M, Kl, Nl, Kl, has_bias ? " + b" : "", C);
+    sb_printf(&b, "extern \"C\" __global__ __launch_bounds__(128) void ember_skinny(const %s *__restrict__ x, const %s *__restrict__ w, "
+                  "const %s *__restrict__ b, %s *__restrict__ y) {\n", T, T, T, T);
+    sb_printf(&b, "    typedef em_vec<%s, %d> vt;\n    const int lane = threadIdx.x & 31;\n", T, V);
+    sb_printf(&b, "    for (long long n0 = ((long long)blockIdx.x * 4 + (threadIdx.x >> 5)) * %d; n0 < %lldLL; n0 += (long long)gridDim.x * %d) {\n",
+              C, Nl, 4 * C);
+    sb_printf(&b, "        const %s *wr[%d];\n        #pragma unroll\n        for (int c = 0; c < %d; c++)"
+                  " wr[c] = w + (n0 + c < %lldLL ? n0 + c : %lldLL) * %lldLL;  /* past the end: row N-1, not stored */\n",
+              T, C, C, Nl, Nl - 1, Kl);
+    sb_printf(&b, "        float acc[%d][%d];\n        #pragma unroll\n        for (int m = 0; m < %d; m++)\n"
+                  "            #pragma unroll\n            for (int c = 0; c < %d; c++) acc[m][c] = 0.0f;\n", M, C, M, C);
+    /* the products of group step u (its weight vectors loaded in wv[u][c]) at column offset k0 */
+    const char *body =
+        "                float wf[%d][%d];\n"
+        "                #pragma unroll\n"
+        "                for (int c = 0; c < %d; c++)\n"
+        "                    #pragma unroll\n"
+        "                    for (int l = 0; l < %d; l++) wf[c][l] = %s(wv[u][c].v[l]);\n"
+        "                #pragma unroll\n"
+        "                for (int m = 0; m < %d; m++) {\n"
+        "                    const vt xv = *(const vt *)(x + m * %lldLL + k0);\n"
+        "                    float xf[%d];\n"
+        "                    #pragma unroll\n"
+        "                    for (int l = 0; l < %d; l++) xf[l] = %s(xv.v[l]);\n"
+        "                    #pragma unroll\n"
+        "                    for (int c = 0; c < %d; c++)\n"
+        "                        #pragma unroll\n"
+        "                        for (int l = 0; l < %d; l++) acc[m][c] += wf[c][l] * xf[l];\n"
+        "                }\n";
+    if (NS) {
+        sb_printf(&b, "        #pragma unroll\n        for (int s0 = 0; s0 < %lld; s0 += %d) {\n", NS, U);
+        sb_printf(&b, "            vt wv[%d][%d];\n            #pragma unroll\n            for (int u = 0; u < %d; u++)\n"
+                      "                #pragma unroll\n                for (int c = 0; c < %d; c++)\n", U, C, U, C);
+        sb_printf(&b, "                    if (s0 + u < %lld) wv[u][c] = *(const vt *)(wr[c] + (s0 + u) * %d + lane * %d);\n", NS, STEP, V);
+        sb_printf(&b, "            #pragma unroll\n            for (int u = 0; u < %d; u++) {\n", U);
+        sb_printf(&b, "                if (s0 + u >= %lld) continue;\n                const int k0 = (s0 + u) * %d + lane * %d;\n", NS, STEP, V);
+        sb_printf(&b, body, C, V, C, V, ld, M, Kl, V, V, ld, C, V);
+        sb_printf(&b, "            }\n        }\n");
+    }
+    if (K % STEP) { /* the row's last, partial step: lanes past the row's end idle */
+        sb_printf(&b, "        {\n            const int k0 = %lld + lane * %d, u = 0;\n", NS * STEP, V);
+        sb_printf(&b, "            if (k0 < %lld) {\n                vt wv[1][%d];\n                #pragma unroll\n"
+                      "                for (int c = 0; c < %d; c++) wv[0][c] = *(const vt *)(wr[c] + k0);\n", Kl, C, C);
+        sb_printf(&b, body, C, V, C, V, ld, M, Kl, V, V, ld, C, V);
+        sb_printf(&b, "            }\n        }\n");
+    }
+    sb_printf(&b, "        float r = 0.0f;\n        #pragma unroll\n        for (int m = 0; m < %d; m++)\n"
+                  "            #pragma unroll\n            for (int c = 0; c < %d; c++) {\n"
+                  "                for (int o = 16; o > 0; o >>= 1) acc[m][c] += __shfl_xor_sync(0xffffffffu, acc[m][c], o);\n"
+                  "                if (lane == m * %d + c) r = acc[m][c];\n            }\n", M, C, C);
+    sb_printf(&b, "        const int m = lane / %d, c = lane %% %d;\n", C, C);
+    sb_printf(&b, "        if (lane < %d && n0 + c < %lldLL) y[m * %lldLL + n0 + c] = %s(r%s);\n", M * C, Nl, Nl, st,
+              has_bias ? (dt == LDT_BF16 ? " + em_bf2f(b[n0 + c])" : dt == LDT_F16 ? " + em_h2f(b[n0 + c])" : " + b[n0 + c]") : "");
+    sb_printf(&b, "    }\n}\n");
+    if (b.oom) {
+        free(b.p);
+        return PyErr_NoMemory();
+    }
+    memset(L, 0, sizeof *L);
+    L->block = 128;
+    L->blocks = (N + 4 * C - 1) / (4 * C);
+    L->vec = V;
+    PyObject *r = PyUnicode_FromStringAndSize(b.p, (Py_ssize_t)b.n);
+    free(b.p);
+    return r;
+}

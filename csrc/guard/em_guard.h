@@ -81,6 +81,18 @@ int em_guard_tensor_data_ptr(PyObject *t, char **out);
  * meta, mkldnn ... tensors) or the rank is above cap. The runtime checks extern results' layouts
  * with it on every call. */
 int em_guard_tensor_layout(PyObject *t, int32_t cap, int32_t *ndim, int64_t *sizes, int64_t *strides);
+/* What a kernel of the runtime's own needs of a tensor argument, from one DLPack call: its first
+ * element's address, rank, sizes and strides (elements), dtype as DLPack codes it (code: kDLFloat
+ * 2, kDLBfloat 4; bits) and device (DLPack type: kDLCPU 1, kDLCUDA 2; index). */
+typedef struct EmTensorDesc {
+    char *data;
+    int32_t ndim;
+    int64_t sizes[8], strides[8];
+    uint8_t code, bits;
+    int32_t device_type, device_id;
+} EmTensorDesc;
+/* 0, or -1 (no exception) where DLPack cannot tell (meta, sparse ... tensors, rank above 8). */
+int em_guard_tensor_desc(PyObject *t, EmTensorDesc *d);
 /* [*lo, *hi) the bytes tensor t can reach (empty: *lo == *hi), from DLPack. -1 (no exception)
  * when DLPack cannot tell. */
 int em_guard_tensor_extent(PyObject *t, uintptr_t *lo, uintptr_t *hi);

@@ -98,6 +98,29 @@ int em_guard_tensor_layout(PyObject *t, int32_t cap, int32_t *ndim, int64_t *siz
     return 0;
 }
 
+int em_guard_tensor_desc(PyObject *t, EmTensorDesc *d) {
+    const EmDLPackAPI *api = cached_api(Py_TYPE(t));
+    EmDLTensor dl;
+    if (!api || api->dltensor_from_py_object_no_sync(t, &dl) != 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (dl.ndim > 8 || dl.dtype.lanes != 1) return -1;
+    int64_t dense = 1;
+    for (int32_t i = dl.ndim; i-- > 0;) {
+        d->sizes[i] = dl.shape[i];
+        d->strides[i] = dl.strides ? dl.strides[i] : dense;
+        dense *= dl.shape[i];
+    }
+    d->data = (char *)dl.data + dl.byte_offset;
+    d->ndim = dl.ndim;
+    d->code = dl.dtype.code;
+    d->bits = dl.dtype.bits;
+    d->device_type = dl.device.device_type;
+    d->device_id = dl.device.device_id;
+    return 0;
+}
+
 int em_guard_tensor_extent(PyObject *t, uintptr_t *lo, uintptr_t *hi) {
     const EmDLPackAPI *api = cached_api(Py_TYPE(t));
     EmDLTensor dl;

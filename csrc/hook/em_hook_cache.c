@@ -366,10 +366,11 @@ static PyObject *backend_compile_timed(const EmCompileConfig *cfg, const EmTrace
     }
     if (PyUnicode_Check(cfg->backend) && PyUnicode_CompareWithASCIIString(cfg->backend, "ember") == 0) {
         *is_eager_graph = 1; /* the "ember" backend's program is an EagerGraph of kernels and extern calls */
-        /* the inference passes (passes/em_passes.c: decompose attention, layout), when sizes are
-         * concrete (the decompositions read them); what they did goes to cache_info()[i]["ember"] */
-        EmPassCtx pc = {.when = EM_PASSES_INFERENCE};
-        const IRGraph *g2 = res->symbolic ? res->graph : em_passes_run(res->graph, &pc);
+        /* the inference passes (passes/em_passes.c: decompose attention, layout ...) when sizes are
+         * concrete (the decompositions read them), those that serve symbolic sizes (skinny_mm) when
+         * they are not; what they did goes to cache_info()[i]["ember"] */
+        EmPassCtx pc = {.when = res->symbolic ? EM_PASSES_INFERENCE_SYM : EM_PASSES_INFERENCE};
+        const IRGraph *g2 = em_passes_run(res->graph, &pc);
         double t0 = em_now();
         PyObject *r = g2 ? em_ember_compile(g2, backend_info) : NULL;
         if (r && pc.info && *backend_info && PyDict_Check(*backend_info)) {

@@ -22,6 +22,7 @@ static const EmPass PASSES[] = {
     {"functionalize", em_pass_functionalize, EM_PASSES_TRAINING},
     {"layout", em_pass_layout, EM_PASSES_INFERENCE},
     {"pad_mm", em_pass_pad_mm, EM_PASSES_TRAINING | EM_PASSES_INFERENCE},
+    {"skinny_mm", em_pass_skinny_mm, EM_PASSES_INFERENCE | EM_PASSES_INFERENCE_SYM},
 };
 #define NPASSES (sizeof PASSES / sizeof PASSES[0])
 

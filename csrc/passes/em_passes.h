@@ -19,13 +19,15 @@ enum {
                               * (backends "ember" and "aot_eager": em_hook_cache.c) */
     EM_PASSES_TRAINING = 2,  /* before the joint graph (autograd, em_autograd.c) */
     EM_PASSES_INFERENCE = 4, /* before lowering, for a static inference graph (backend "ember") */
+    EM_PASSES_INFERENCE_SYM = 8, /* before lowering, for a symbolic inference graph (backend "ember") */
 };
 
 /* One run of the passes over a graph: what the caller sets, and what the passes report.
  * info: a dict the driver fills, as cache_info(fn)[i]["ember" | "autograd"] shows it: "passes" (the
  * names of the passes that changed the graph, in order), "pass_times" (seconds per pass run),
  * "pass_graphs" (with em_passes_record_graphs: (name, graph table) after each pass that changed it),
- * and each pass's own keys ("attention", "decomposed", "functionalized", "channels_last", "padded", "autocast"). */
+ * and each pass's own keys ("attention", "decomposed", "functionalized", "channels_last", "padded", "skinny",
+ * "autocast"). */
 typedef struct EmPassCtx {
     unsigned when;            /* EM_PASSES_* */
     /* training: the flags of a node's derivative rule, -1 without one (autograd's table, which the
@@ -61,6 +63,7 @@ IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx);     /* em_pass_dec
 IRGraph *em_pass_functionalize(const IRGraph *g, EmPassCtx *ctx); /* em_pass_functionalize.c */
 IRGraph *em_pass_layout(const IRGraph *g, EmPassCtx *ctx);        /* em_pass_layout.c */
 IRGraph *em_pass_pad_mm(const IRGraph *g, EmPassCtx *ctx);        /* em_pass_pad_mm.c */
+IRGraph *em_pass_skinny_mm(const IRGraph *g, EmPassCtx *ctx);     /* em_pass_skinny_mm.c */
 
 /* Is g node u's value fresh memory (made by an op whose rule returns new memory: rw->rule_flags), or
  * an update done[] marks as functionalized? (functionalization; autograd's unview check) */

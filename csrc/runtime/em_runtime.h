@@ -13,6 +13,7 @@
  *   em_runtime_cc.c         the C compiler driver and the on-disk kernel cache
  *   em_runtime_cuda.c       NVRTC and the CUDA driver API (dlopen), launches on torch's stream
  *   em_runtime_random.c     the eager forms of Philox dropout
+ *   em_runtime_skinny.c     ember._C.skinny_linear: F.linear of a few rows by a GEMV kernel (CUDA)
  *   em_runtime_cudagraph.c  CudaGraphs: mode="reduce-overhead"
  *   em_runtime_testing.c    test helpers (_ir_build, _out_build)
  * No circle: eager is used by ember, cudagraph and testing and calls none of them. */
@@ -162,6 +163,8 @@ int em_runtime_cuda_init(PyObject *module); /* ember._C._nvrtc_compile, ember._C
 /* ember._C.philox_seeds and ember._C.philox_dropout, the eager forms of dropout with Philox random
  * numbers (em_runtime_random.c) */
 int em_runtime_random_init(PyObject *module);
+/* ember._C.skinny_linear and _skinny_source (em_runtime_skinny.c) */
+int em_runtime_skinny_init(PyObject *module);
 
 /* The stage's init (em_runtime.c): each file's init above and below, in one place. Called by
  * em_module.c. */

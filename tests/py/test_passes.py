@@ -36,7 +36,7 @@ def test_inference_passes_named_in_cache_info():
     info = inference_info(c)
     assert info["passes"] == ["layout"] and info["channels_last"] == ["conv2d"], info.get("passes")
     # every pass of the inference list ran and was timed, lowering included
-    assert set(info["pass_times"]) == {"attention", "decompose", "layout", "pad_mm", "lower_codegen_load"}, info["pass_times"]
+    assert set(info["pass_times"]) == {"attention", "decompose", "layout", "pad_mm", "skinny_mm", "lower_codegen_load"}, info["pass_times"]
     assert "passes that changed the graph: layout" in str(ember.explain(c, x, w))
 
 

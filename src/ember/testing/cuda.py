@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 __all__ = ["cuda_codegen", "meta_like", "nvrtc_available", "emulate", "emulate_info", "emulator_available",
-           "IDX32_LIMIT", "row_block", "split_chunks"]
+           "IDX32_LIMIT", "row_block", "split_chunks", "emulate_kernel"]
 
 IDX32_LIMIT = (1 << 31) - (1 << 24) * 16  # EM_CUDA_IDX32_LIMIT (csrc/codegen/em_codegen.h)
 
@@ -188,6 +188,46 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.
            "bool": torch.bool}
 
 
+def _emulator_lib(text: str):
+    """The emulator's shared library of CUDA C text (shim, kernels, launch wrappers), built by g++ once
+    per text (cached by its hash under the temp dir)."""
+    import ctypes
+    import hashlib
+    import os
+    import subprocess
+    import tempfile
+    d = os.path.join(tempfile.gettempdir(), f"ember-cuda-emu-{os.getuid()}")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    h = hashlib.sha256(text.encode()).hexdigest()[:24]
+    so = os.path.join(d, h + ".so")
+    if not os.path.exists(so):
+        src = os.path.join(d, h + ".cpp")
+        with open(src, "w") as f:
+            f.write(text)
+        tmp = so + f".{os.getpid()}.tmp"
+        r = subprocess.run(["g++", "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-pthread", "-o", tmp, src],
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError("emulate: g++ failed:\n" + r.stderr[:4000])
+        os.replace(tmp, so)
+    return ctypes.CDLL(so)
+
+
+def emulate_kernel(source: str, name: str, grid: int, block: int, *tensors):
+    """Runs kernel `name` of CUDA C source (a prelude and kernels whose parameters are pointers alone,
+    as ember._C._skinny_source gives) on the emulator: grid blocks of block threads, its arguments
+    the data pointers of the CPU tensors, in order (outputs written in place)."""
+    import ctypes
+    bad = [t.device for t in tensors if t.device.type != "cpu"]
+    if bad:
+        raise ValueError(f"emulate_kernel: tensors must be on the CPU, got one on {bad[0]}")
+    lib = _emulator_lib(_SHIM + source + _LAUNCH + f"static void em_run(void **a) {{ em_call({name}, a); }}\n"
+                        'extern "C" int em_launch_one(unsigned g, unsigned b, void **a) { return em_launch(em_run, g, b, a); }\n')
+    arr = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+    if lib.em_launch_one(ctypes.c_uint(grid), ctypes.c_uint(block), arr):
+        raise RuntimeError("emulate_kernel: could not start the threads")
+
+
 def emulator_available() -> str:
     """'' when g++ (with _Float16 and pthreads) is found, else why not."""
     import shutil
@@ -212,10 +252,6 @@ def emulate_info(info: dict, *inputs, grid_cap: int = 3, idx64: bool | None = No
     computed here as the runtime computes them (em_cuda_launch_sym); idx64=True/False runs the 64- or
     32-bit variant of kernels compiled with both (launch idx64 == 2) whatever the sizes."""
     import ctypes
-    import hashlib
-    import os
-    import subprocess
-    import tempfile
     bad = [t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type != "cpu"]
     if bad:
         raise ValueError(f"emulate: inputs must be CPU tensors, got a tensor on {bad[0]}")
@@ -238,22 +274,7 @@ def emulate_info(info: dict, *inputs, grid_cap: int = 3, idx64: bool | None = No
         f"static void em_run{x}(void **a) {{ em_call(ember_k{x}, a); }}\n"
         f'extern "C" int em_launch{x}(unsigned g, unsigned b, void **a) {{ return em_launch(em_run{x}, g, b, a); }}\n'
         for x in names)
-    text = _SHIM + info["source"] + _LAUNCH + wrappers
-    d = os.path.join(tempfile.gettempdir(), f"ember-cuda-emu-{os.getuid()}")
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    h = hashlib.sha256(text.encode()).hexdigest()[:24]
-    so = os.path.join(d, h + ".so")
-    if not os.path.exists(so):
-        src = os.path.join(d, h + ".cpp")
-        with open(src, "w") as f:
-            f.write(text)
-        tmp = so + f".{os.getpid()}.tmp"
-        r = subprocess.run(["g++", "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-pthread", "-o", tmp, src],
-                           capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError("emulate: g++ failed:\n" + r.stderr[:4000])
-        os.replace(tmp, so)
-    lib = ctypes.CDLL(so)
+    lib = _emulator_lib(_SHIM + info["source"] + _LAUNCH + wrappers)
     bufs = {}
     for i, b in enumerate(info["buffers"]):
         if b["kind"] == "input":
