@@ -7,6 +7,21 @@
  * Kernel, View and _cc_stats (em_runtime_ember.c), NVRTC and the driver API (em_runtime_cuda.c),
  * the Philox helpers (em_runtime_random.c), skinny_linear (em_runtime_skinny.c), CudaGraphs (em_runtime_cudagraph.c) and the test
  * helpers (em_runtime_testing.c). */
+int em_runtime_add_functions(PyObject *module, PyMethodDef *defs) {
+    PyObject *modname = PyUnicode_FromString("ember._C");
+    if (!modname) return -1;
+    for (PyMethodDef *d = defs; d->ml_name; d++) {
+        PyObject *f = PyCFunction_NewEx(d, NULL, modname);
+        if (!f || PyModule_AddObject(module, d->ml_name, f) < 0) {
+            Py_XDECREF(f);
+            Py_DECREF(modname);
+            return -1;
+        }
+    }
+    Py_DECREF(modname);
+    return 0;
+}
+
 int em_runtime_init(PyObject *module) {
     if (em_runtime_eager_init(module) < 0) return -1;
     if (em_runtime_ember_init(module) < 0) return -1;

@@ -163,6 +163,8 @@ int em_runtime_cuda_init(PyObject *module); /* ember._C._nvrtc_compile, ember._C
 /* ember._C.philox_seeds and ember._C.philox_dropout, the eager forms of dropout with Philox random
  * numbers (em_runtime_random.c) */
 int em_runtime_random_init(PyObject *module);
+/* Adds defs (static, NULL-terminated) to module as functions of module "ember._C" (em_runtime.c). */
+int em_runtime_add_functions(PyObject *module, PyMethodDef *defs);
 /* ember._C.skinny_linear and _skinny_source (em_runtime_skinny.c) */
 int em_runtime_skinny_init(PyObject *module);
 

@@ -144,16 +144,5 @@ int em_runtime_random_init(PyObject *module) {
          "philox_dropout(input, seeds, index, p): dropout with Philox random numbers (em_philox.h)."},
         {NULL, NULL, 0, NULL},
     };
-    PyObject *modname = PyUnicode_FromString("ember._C");
-    if (!modname) return -1;
-    for (PyMethodDef *d = defs; d->ml_name; d++) {
-        PyObject *f = PyCFunction_NewEx(d, NULL, modname);
-        if (!f || PyModule_AddObject(module, d->ml_name, f) < 0) {
-            Py_XDECREF(f);
-            Py_DECREF(modname);
-            return -1;
-        }
-    }
-    Py_DECREF(modname);
-    return 0;
+    return em_runtime_add_functions(module, defs);
 }

@@ -90,16 +90,15 @@ static SkinnyFn fns[SKINNY_FNS];
 static int nfns = 0;
 static unsigned long long launches = 0;
 
-/* The kernel for these sizes on device; NULL with an exception. */
+/* The kernel for these sizes on device, or NULL (no exception) where there is none: the table is
+ * full, or the kernel did not compile or load (no NVRTC, say; remembered, not tried again): the
+ * call is then F.linear's, never an error eager would not raise. */
 static EmCudaFn *skinny_fn(int device, int dt, int rows, int64_t N, int64_t K, int bias) {
     for (int i = 0; i < nfns; i++) {
         const SkinnyFn *f = &fns[i];
         if (f->device == device && f->dt == dt && f->rows == rows && f->N == N && f->K == K && f->bias == bias) return f->fn;
     }
-    if (nfns == SKINNY_FNS) {
-        PyErr_SetString(PyExc_RuntimeError, "ember: skinny GEMM kernel table full");
-        return NULL;
-    }
+    if (nfns == SKINNY_FNS) return NULL;
     EmCudaLaunch L;
     PyObject *src = em_codegen_cuda_skinny((LDtype)dt, rows, N, K, bias, &L);
     Py_ssize_t n = 0;
@@ -109,10 +108,8 @@ static EmCudaFn *skinny_fn(int device, int dt, int rows, int64_t N, int64_t K, i
     PyObject *module = text ? em_cuda_module_load(text, (size_t)n, device, key, &cached) : NULL;
     Py_XDECREF(src);
     EmCudaFn *fn = module ? em_cuda_fn_new(module, "ember_skinny", &L) : NULL;
-    if (!fn) {
-        Py_XDECREF(module);
-        return NULL;
-    }
+    if (!fn) Py_CLEAR(module);
+    PyErr_Clear();
     fns[nfns++] = (SkinnyFn){device, dt, rows, bias, N, K, fn, module};
     return fn;
 }
@@ -159,7 +156,7 @@ static int skinny_call(PyObject *x, PyObject *w, PyObject *b, PyObject **out) {
         if (rx || rw || rb) return 0;
     }
     EmCudaFn *fn = skinny_fn(xd.device_id, dt, (int)rows, N, K, b != NULL);
-    if (!fn) return -1;
+    if (!fn) return 0;
     if (!em_cuda_device_is_current(xd.device_id)) return 0; /* the allocation and the stream are the current device's */
     PyObject *size = PyTuple_New(xd.ndim), *stride = PyTuple_New(xd.ndim);
     int64_t st = 1;
@@ -239,16 +236,5 @@ int em_runtime_skinny_init(PyObject *module) {
         {"_skinny_launches", skinny_launches, METH_NOARGS, "_skinny_launches() -> int: skinny GEMM launches so far."},
         {NULL, NULL, 0, NULL},
     };
-    PyObject *modname = PyUnicode_FromString("ember._C");
-    if (!modname) return -1;
-    for (PyMethodDef *d = defs; d->ml_name; d++) {
-        PyObject *f = PyCFunction_NewEx(d, NULL, modname);
-        if (!f || PyModule_AddObject(module, d->ml_name, f) < 0) {
-            Py_XDECREF(f);
-            Py_DECREF(modname);
-            return -1;
-        }
-    }
-    Py_DECREF(modname);
-    return 0;
+    return em_runtime_add_functions(module, defs);
 }
