@@ -1713,8 +1713,8 @@ PyObject *em_codegen_cuda_skinny(LDtype dt, int M, int64_t N, int64_t K, int has
                   "                for (int o = 16; o > 0; o >>= 1) acc[m][c] += __shfl_xor_sync(0xffffffffu, acc[m][c], o);\n"
                   "                if (lane == m * %d + c) r = acc[m][c];\n            }\n", M, C, C);
     sb_printf(&b, "        const int m = lane / %d, c = lane %% %d;\n", C, C);
-    sb_printf(&b, "        if (lane < %d && n0 + c < %lldLL) y[m * %lldLL + n0 + c] = %s(r%s);\n", M * C, Nl, Nl, st,
-              has_bias ? (dt == LDT_BF16 ? " + em_bf2f(b[n0 + c])" : dt == LDT_F16 ? " + em_h2f(b[n0 + c])" : " + b[n0 + c]") : "");
+    sb_printf(&b, "        if (lane < %d && n0 + c < %lldLL) y[m * %lldLL + n0 + c] = %s(r%s%s%s);\n", M * C, Nl, Nl, st,
+              has_bias ? " + " : "", has_bias ? ld : "", has_bias ? "(b[n0 + c])" : "");
     sb_printf(&b, "    }\n}\n");
     if (b.oom) {
         free(b.p);
