@@ -246,8 +246,8 @@ static bool bn_uses_cudnn(AG *ag, const Bind *b) {
 
 /* A bool attention mask as at::scaled_dot_product_attention hands it to the fused kernels
  * (convert_boolean_attn_mask, aten/src/ATen/native/transformers/attention.cpp): 0 where True,
- * -inf where False, in the query's dtype. The joint mask ref, 0 on failure. */
-static IRRef sdpa_float_mask(AG *ag, IRArg mask, PyObject *dtype) {
+ * fill (-inf; cuDNN's recipe may differ) where False, in dtype. The joint mask ref, 0 on failure. */
+static IRRef sdpa_float_mask(AG *ag, IRArg mask, PyObject *dtype, double fill) {
     PyObject *kw = em_rw_kwname(&ag->rw, "dtype");
     PyObject *zl = em_rw_torch_attr("zeros_like");
     if (!kw || !zl || !em_arena_hold_steal(ag->a, zl)) return em_rw_fail_exc(&ag->rw), 0;
@@ -255,8 +255,36 @@ static IRRef sdpa_float_mask(AG *ag, IRArg mask, PyObject *dtype) {
     IRRef z = em_rw_emit(&ag->rw, IR_CALL_FUNCTION, zl, &mask, 1, &kw, &dt, 1);
     IRRef off = z ? em_rw_emit_fn(&ag->rw, "logical_not", &mask, 1) : 0;
     if (!off) return 0;
-    IRArg a[3] = {em_rw_arg_node(z), em_rw_arg_node(off), em_rw_arg_const_steal(&ag->rw, PyFloat_FromDouble(-INFINITY))};
+    IRArg a[3] = {em_rw_arg_node(z), em_rw_arg_node(off), em_rw_arg_const_steal(&ag->rw, PyFloat_FromDouble(fill))};
     return em_rw_emit_method(&ag->rw, "masked_fill", a, 3);
+}
+
+/* The mask as at::scaled_dot_product_attention hands it to cuDNN attention in this torch version:
+ * the recipe recorded from torch (em_rw_sdpa_kernel_recipe: a bool mask made float with its fill,
+ * an expand), reproduced on the joint mask. Static sizes (the expand's are the recorded ones).
+ * The joint ref, 0 on failure. */
+static IRRef sdpa_cudnn_mask(AG *ag, const Bind *b, IRArg mask) {
+    IRArg q = em_rw_bval(b, "query"), k = em_rw_bval(b, "key"), v = em_rw_bval(b, "value"), m = em_rw_bval(b, "attn_mask");
+    const IRMeta *qm = em_rw_val_meta(&ag->rw, &q), *mm = em_rw_val_meta(&ag->rw, &m);
+    if (em_rw_dims_symbolic(&ag->rw, qm, 0) || em_rw_dims_symbolic(&ag->rw, mm, 0))
+        return em_rw_fail_sym(&ag->rw, "cuDNN attention's mask is prepared for static sizes"), 0;
+    PyObject *rec = em_rw_sdpa_kernel_recipe(qm, em_rw_val_meta(&ag->rw, &k), em_rw_val_meta(&ag->rw, &v), mm,
+                                             em_rw_bval(b, "dropout_p").u.obj, em_rw_bval(b, "is_causal").u.obj,
+                                             em_rw_bval(b, "scale").u.obj, em_rw_bval(b, "enable_gqa").u.obj);
+    if (!rec || !em_arena_hold_steal(ag->a, rec))
+        return em_rw_fail(&ag->rw, "scaled_dot_product_attention: cuDNN's mask recipe changed since the rule was chosen"), 0;
+    PyObject *fill = PyTuple_GET_ITEM(rec, 3), *expand = PyTuple_GET_ITEM(rec, 4);
+    IRRef pm = mask.u.ref;
+    if (fill != Py_None) {
+        double f = PyFloat_AsDouble(PyTuple_GET_ITEM(fill, 0));
+        if (PyErr_Occurred() || !(pm = sdpa_float_mask(ag, mask, PyTuple_GET_ITEM(fill, 1), f))) return em_rw_fail_exc(&ag->rw), 0;
+    }
+    if (expand != Py_None) {
+        IRArg a[2] = {em_rw_arg_node(pm), em_rw_arg_const_steal(&ag->rw, PySequence_Tuple(expand))};
+        if (em_rw_arg_bad(&a[1])) return em_rw_fail_exc(&ag->rw), 0;
+        pm = em_rw_emit_method(&ag->rw, "expand", a, 2);
+    }
+    return pm;
 }
 
 /* The mask as at::scaled_dot_product_attention hands it to the CUDA memory-efficient kernel
@@ -267,7 +295,7 @@ static IRRef sdpa_float_mask(AG *ag, IRArg mask, PyObject *dtype) {
 static IRRef sdpa_efficient_mask(AG *ag, IRArg mask, IRRef q, IRRef k) {
     const IRMeta *qm = em_rw_jmeta(&ag->rw, q), *km = em_rw_jmeta(&ag->rw, k);
     IRRef b = mask.u.ref;
-    if (em_rw_meta_dtype_is(em_rw_jmeta(&ag->rw, b), "torch.bool") && !(b = sdpa_float_mask(ag, mask, qm->dtype))) return 0;
+    if (em_rw_meta_dtype_is(em_rw_jmeta(&ag->rw, b), "torch.bool") && !(b = sdpa_float_mask(ag, mask, qm->dtype, -INFINITY))) return 0;
     const IRMeta *bm = em_rw_jmeta(&ag->rw, b);
     if (bm->kind != IRMETA_TENSOR || bm->ndim < 1 || qm->ndim != 4 || km->ndim != 4) { /* sdpa_kind checked q, k */
         em_rw_fail(&ag->rw, "scaled_dot_product_attention: a mask the efficient kernel's rule does not take");
@@ -429,8 +457,11 @@ IRRef em_ag_forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         int kind = em_rw_sdpa_kind_bound(&ag->rw, b);
         IRArg bias = m.kind == IRARG_NODE ? em_rw_map_arg(&ag->rw, &m) : em_rw_arg_const_steal(&ag->rw, Py_NewRef(Py_None));
         if (m.kind == IRARG_NODE && kind == SDPA_FLASH_CPU && em_rw_meta_dtype_is(em_rw_val_meta(&ag->rw, &m), "torch.bool")) {
-            if (!(ag->aux[n][4] = sdpa_float_mask(ag, bias, em_rw_val_meta(&ag->rw, &q)->dtype))) return 0;
+            if (!(ag->aux[n][4] = sdpa_float_mask(ag, bias, em_rw_val_meta(&ag->rw, &q)->dtype, -INFINITY))) return 0;
             bias = em_rw_arg_node(ag->aux[n][4]); /* the backward op reads the same float mask */
+        } else if (m.kind == IRARG_NODE && kind == SDPA_CUDNN) {
+            if (!(ag->aux[n][4] = sdpa_cudnn_mask(ag, b, bias))) return 0;
+            bias = em_rw_arg_node(ag->aux[n][4]); /* and the backward op the same */
         } else if (m.kind == IRARG_NODE && kind == SDPA_EFFICIENT) {
             if (!(ag->aux[n][4] = sdpa_efficient_mask(ag, bias, em_rw_map_arg(&ag->rw, &q).u.ref, em_rw_map_arg(&ag->rw, &k).u.ref))) return 0;
             bias = em_rw_arg_node(ag->aux[n][4]);
@@ -461,6 +492,13 @@ IRRef em_ag_forward_rewrite(AG *ag, IRRef n, const Bind *b) {
             IRArg a[6] = {em_rw_map_arg(&ag->rw, &q), em_rw_map_arg(&ag->rw, &k), em_rw_map_arg(&ag->rw, &v), dp, ic, no};
             r = em_rw_emit(&ag->rw, IR_CALL_FUNCTION, t, a, 6, kwn + 1, &sc, 1);
             aux[1] = 6;
+            aux[2] = 7;
+        } else if (kind == SDPA_CUDNN) { /* compute_log_sumexp: the backward reads it */
+            PyObject *t = em_rw_torch_attr("ops.aten._scaled_dot_product_cudnn_attention");
+            if (!t || !em_arena_hold_steal(ag->a, t)) return em_rw_fail_exc(&ag->rw), 0;
+            IRArg a[8] = {em_rw_map_arg(&ag->rw, &q), em_rw_map_arg(&ag->rw, &k), em_rw_map_arg(&ag->rw, &v), bias, yes, dp, ic, no};
+            r = em_rw_emit(&ag->rw, IR_CALL_FUNCTION, t, a, 8, kwn + 1, &sc, 1);
+            aux[1] = 6; /* philox seed and offset (dropout) */
             aux[2] = 7;
         } else {
             ag->cur_pinned = false;

@@ -814,7 +814,7 @@ int em_ag_backward_special(AG *ag, IRRef n, const Bind *b) {
         IRRef r = em_rw_emit(&ag->rw, IR_CALL_FUNCTION, t, a, 8, NULL, NULL, 0);
         return r ? em_ag_accumulate(ag, self.u.ref, r) : -1;
     }
-    case SP_SDPA: { /* derivatives.yaml: _scaled_dot_product_{flash_attention_for_cpu,efficient,flash}_attention */
+    case SP_SDPA: { /* derivatives.yaml: _scaled_dot_product_{flash_attention_for_cpu,efficient,flash,cudnn}_attention */
         IRArg q = em_rw_bval(b, "query"), k = em_rw_bval(b, "key"), v = em_rw_bval(b, "value"), m = em_rw_bval(b, "attn_mask");
         IRArg dp = em_rw_bval(b, "dropout_p"), ic = em_rw_bval(b, "is_causal"), sc = em_rw_bval(b, "scale");
         int kind = em_rw_sdpa_kind_bound(&ag->rw, b);
@@ -853,6 +853,21 @@ int em_ag_backward_special(AG *ag, IRRef n, const Bind *b) {
                            em_rw_arg_node(ag->aux[n][1]), em_rw_arg_node(ag->aux[n][2])};
             if (em_rw_arg_bad(&a[8]) || em_rw_arg_bad(&a[9])) return em_rw_fail_exc(&ag->rw);
             r = em_rw_emit(&ag->rw, IR_CALL_FUNCTION, t, a, 14, kwn + 1, &sc, 1);
+        } else if (kind == SDPA_CUDNN) {
+            /* the output gradient in any layout: the op lays it out as the output (MHA.cpp,
+             * permute_to_matching_layout), as eager's node hands it whatever autograd made */
+            PyObject *t = em_rw_torch_attr("ops.aten._scaled_dot_product_cudnn_attention_backward");
+            if (!t || !em_arena_hold_steal(ag->a, t)) return em_rw_fail_exc(&ag->rw);
+            const IRMeta *qm = em_rw_val_meta(&ag->rw, &q), *km = em_rw_val_meta(&ag->rw, &k);
+            if (em_rw_dims_symbolic(&ag->rw, qm, 0) || em_rw_dims_symbolic(&ag->rw, km, 0))
+                return em_rw_fail_sym(&ag->rw, "cuDNN attention's backward takes the sequence lengths as numbers");
+            IRArg a[15] = {em_rw_arg_node(g), em_rw_map_arg(&ag->rw, &q), em_rw_map_arg(&ag->rw, &k), em_rw_map_arg(&ag->rw, &v), out,
+                           em_rw_arg_node(ag->aux[n][0]), em_rw_arg_node(ag->aux[n][1]), em_rw_arg_node(ag->aux[n][2]),
+                           ag->aux[n][4] ? em_rw_arg_node(ag->aux[n][4]) : none, none, none,
+                           em_rw_arg_const_steal(&ag->rw, PyLong_FromLongLong(qm->sizes[qm->ndim - 2])),
+                           em_rw_arg_const_steal(&ag->rw, PyLong_FromLongLong(km->sizes[km->ndim - 2])), dp, ic};
+            if (em_rw_arg_bad(&a[11]) || em_rw_arg_bad(&a[12])) return em_rw_fail_exc(&ag->rw);
+            r = em_rw_emit(&ag->rw, IR_CALL_FUNCTION, t, a, 15, kwn + 1, &sc, 1);
         } else {
             return em_rw_fail(&ag->rw, "scaled_dot_product_attention: no fused kernel with a backward op for these inputs");
         }

@@ -116,19 +116,12 @@ static IRRef dz_first_as(Rewrite *d, IRRef r, const IRMeta *want) {
  * reason where the recipe is not one ember takes (the call then stays). */
 static IRRef dz_sdpa_kernel(Rewrite *d, IRRef q, IRRef k, IRRef v, IRRef mask, IRArg dp, IRArg ic, IRArg sc, IRArg gq,
                             const IRMeta *want) {
-    static PyObject *probe = NULL; /* one interpreter (em_lazy_attr) */
     const IRMeta *qm = em_rw_jmeta(d, q), *km = em_rw_jmeta(d, k), *vm = em_rw_jmeta(d, v), *mm = mask ? em_rw_jmeta(d, mask) : NULL;
-    if (!d->inference || d->env || want->kind != IRMETA_TENSOR || qm->kind != IRMETA_TENSOR || km->kind != IRMETA_TENSOR ||
-        vm->kind != IRMETA_TENSOR || qm->ndim != 4 || km->ndim != 4 || vm->ndim != 4 || (mm && mm->kind != IRMETA_TENSOR) ||
-        !qm->example || !km->example || !vm->example || (mm && !mm->example) || dp.kind != IRARG_CONST ||
-        ic.kind != IRARG_CONST || sc.kind != IRARG_CONST || gq.kind != IRARG_CONST || PyObject_IsTrue(dp.u.obj) != 0)
+    if (!d->inference || d->env || want->kind != IRMETA_TENSOR || dp.kind != IRARG_CONST || ic.kind != IRARG_CONST ||
+        sc.kind != IRARG_CONST || gq.kind != IRARG_CONST || PyObject_IsTrue(dp.u.obj) != 0)
         return PyErr_Clear(), 0; /* dropout draws random numbers: the call stays */
-    if (!em_lazy_attr(&probe, "ember._autograd", "sdpa_kernel_call")) return PyErr_Clear(), 0;
-    PyObject *rec = PyObject_CallFunction(probe, "OOOOOOOOO", qm->example, km->example, vm->example, mm ? mm->example : Py_None,
-                                          dp.u.obj, ic.u.obj, sc.u.obj, gq.u.obj, qm->device);
-    if (!rec || rec == Py_None || !PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 5 || !PyTuple_Check(PyTuple_GET_ITEM(rec, 1)) ||
-        !PyDict_Check(PyTuple_GET_ITEM(rec, 2)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(rec, 1)) > 12 ||
-        PyDict_GET_SIZE(PyTuple_GET_ITEM(rec, 2)) > 4 || !em_arena_hold(d->a, rec)) {
+    PyObject *rec = em_rw_sdpa_kernel_recipe(qm, km, vm, mm, dp.u.obj, ic.u.obj, sc.u.obj, gq.u.obj);
+    if (!rec || !em_arena_hold(d->a, rec)) {
         Py_XDECREF(rec);
         return PyErr_Clear(), 0; /* torch raised, or not a recipe ember takes: the call stays */
     }

@@ -335,6 +335,39 @@ bool em_rw_sdpa_fused_if_mask_contiguous(const IRMeta *q, const IRMeta *k, const
     return fused;
 }
 
+PyObject *em_rw_sdpa_kernel_recipe(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask, PyObject *dropout_p,
+                                   PyObject *is_causal, PyObject *scale, PyObject *gqa) {
+    static PyObject *probe = NULL; /* one interpreter (em_lazy_attr) */
+    if (!q || !k || !v || q->kind != IRMETA_TENSOR || k->kind != IRMETA_TENSOR || v->kind != IRMETA_TENSOR || q->ndim != 4 ||
+        k->ndim != 4 || v->ndim != 4 || (mask && mask->kind != IRMETA_TENSOR) || !q->example || !k->example || !v->example ||
+        (mask && !mask->example) || !em_lazy_attr(&probe, "ember._autograd", "sdpa_kernel_call"))
+        return PyErr_Clear(), NULL;
+    PyObject *rec = PyObject_CallFunction(probe, "OOOOOOOOO", q->example, k->example, v->example, mask ? mask->example : Py_None,
+                                          dropout_p, is_causal, scale, gqa, q->device);
+    if (!rec || !PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 5 || !PyTuple_Check(PyTuple_GET_ITEM(rec, 1)) ||
+        !PyDict_Check(PyTuple_GET_ITEM(rec, 2)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(rec, 1)) > 12 ||
+        PyDict_GET_SIZE(PyTuple_GET_ITEM(rec, 2)) > 4) {
+        Py_XDECREF(rec); /* None: not a recipe ember takes */
+        return PyErr_Clear(), NULL;
+    }
+    return rec;
+}
+
+/* Does the recipe of a cuDNN attention with a mask (em_rw_sdpa_kernel_recipe) call
+ * _scaled_dot_product_cudnn_attention on the mask it prepares, so that the rule can prepare it
+ * alike (csrc/autograd, sdpa_kernel_mask)? */
+static bool cudnn_mask_recipe(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask, const IRArg *dropout_p,
+                              const IRArg *is_causal, const IRArg *scale, const IRArg *gqa) {
+    PyObject *rec = em_rw_sdpa_kernel_recipe(q, k, v, mask, dropout_p->u.obj, is_causal->u.obj, scale->u.obj, gqa->u.obj);
+    PyObject *name = rec ? PyObject_Str(PyTuple_GET_ITEM(rec, 0)) : NULL;
+    const char *s = name ? PyUnicode_AsUTF8(name) : NULL;
+    bool ok = s && strstr(s, "_scaled_dot_product_cudnn_attention") != NULL;
+    Py_XDECREF(name);
+    Py_XDECREF(rec);
+    PyErr_Clear();
+    return ok;
+}
+
 /* The kernel eager's F.scaled_dot_product_attention runs for these arguments (asked of torch's own
  * choice, ember._autograd.sdpa_backend) and whether ember can take its derivative:
  *   SDPA_MATH        the composite math kernel: decomposed before the joint graph (float32/64,
@@ -345,8 +378,10 @@ bool em_rw_sdpa_fused_if_mask_contiguous(const IRMeta *q, const IRMeta *k, const
  *                    pads other head dims, which this rule does not reproduce);
  *   SDPA_EFFICIENT   _scaled_dot_product_efficient_attention, a mask prepared as eager prepares
  *                    it (float, padded to 16-element alignment, expanded: sdpa_efficient_mask);
- * anything else (cuDNN, a mask that requires grad, GQA, non-constant flags): SDPA_UNSUPPORTED, and
- * the op keeps eager autograd. Masks are only read, never differentiated here. */
+ *   SDPA_CUDNN       _scaled_dot_product_cudnn_attention, 4-d q, k, v, a mask prepared as this
+ *                    torch version prepares it (its recipe recorded: em_rw_sdpa_kernel_recipe);
+ * anything else (a mask that requires grad, GQA, non-constant flags):
+ * SDPA_UNSUPPORTED, and the op keeps eager autograd. Masks are only read, never differentiated here. */
 int em_rw_sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask, const IRArg *dropout_p,
                      const IRArg *is_causal, const IRArg *scale, const IRArg *gqa) {
     PyObject *res = sdpa_choice(q, k, v, mask, dropout_p, is_causal, scale, gqa, false);
@@ -364,6 +399,9 @@ int em_rw_sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRM
     else if (c && !strcmp(c, "flash") && cuda && !mask && hd % 8 == 0) kind = SDPA_FLASH_CUDA;
     else if (c && !strcmp(c, "efficient") && cuda && (!mask || (q->ndim == 4 && k->ndim == 4)))
         kind = SDPA_EFFICIENT; /* a mask: sdpa_efficient_mask expands it to (B, H, L, S) */
+    else if (c && !strcmp(c, "cudnn") && cuda && q->ndim == 4 && k->ndim == 4 && v->ndim == 4 &&
+             (!mask || cudnn_mask_recipe(q, k, v, mask, dropout_p, is_causal, scale, gqa)))
+        kind = SDPA_CUDNN;
     Py_XDECREF(res);
     PyErr_Clear();
     return kind;
@@ -437,7 +475,7 @@ bool em_rw_checks_pass(const Rewrite *ag, const Bind *b) {
             ok = m && wm && m->kind == IRMETA_TENSOR && wm->kind == IRMETA_TENSOR && m->ndim == wm->ndim;
         } else if (!strcmp(kind, "sdpa")) {
             int sk = em_rw_sdpa_kind_bound(ag, b);
-            ok = sk == SDPA_FLASH_CPU || sk == SDPA_FLASH_CUDA || sk == SDPA_EFFICIENT;
+            ok = sk == SDPA_FLASH_CPU || sk == SDPA_FLASH_CUDA || sk == SDPA_EFFICIENT || sk == SDPA_CUDNN;
         } else if (!strcmp(kind, "nonzero")) {
             ok = v->kind == IRARG_CONST && PyNumber_Check(v->u.obj) && PyFloat_AsDouble(v->u.obj) != 0.0;
             PyErr_Clear();

@@ -80,7 +80,7 @@ typedef struct {
 } Rule;
 
 /* which attention kernel eager's F.scaled_dot_product_attention runs (em_rw_sdpa_kind) */
-enum { SDPA_UNSUPPORTED = -1, SDPA_MATH = 0, SDPA_FLASH_CPU, SDPA_FLASH_CUDA, SDPA_EFFICIENT };
+enum { SDPA_UNSUPPORTED = -1, SDPA_MATH = 0, SDPA_FLASH_CPU, SDPA_FLASH_CUDA, SDPA_EFFICIENT, SDPA_CUDNN };
 
 
 #define MAXP 32
@@ -131,6 +131,11 @@ int em_rw_sdpa_kind(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRM
 bool em_rw_sdpa_fused_if_mask_contiguous(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask,
                                          const IRArg *dropout_p, const IRArg *is_causal, const IRArg *scale, const IRArg *gqa);
 int em_rw_sdpa_kind_bound(const Rewrite *ag, const Bind *b);
+/* The recipe of the kernel op eager's F.scaled_dot_product_attention calls on tensors of these
+ * metas' layouts (ember._autograd.sdpa_kernel_call: a new tuple (op, args, kwargs, fill, expand)),
+ * or NULL without an exception where it gives none (4-d q, k, v with examples only). */
+PyObject *em_rw_sdpa_kernel_recipe(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask, PyObject *dropout_p,
+                                   PyObject *is_causal, PyObject *scale, PyObject *gqa);
 bool em_rw_sdpa_math_upcasts(const IRMeta *q);
 bool em_rw_sdpa_mask_broadcasts(const Rewrite *d, const IRMeta *qm, const IRMeta *km, const IRMeta *mm);
 PyObject *em_rw_torch_dtype(const char *name);

@@ -478,8 +478,10 @@ def sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
                  contiguous_mask=False):
     """The kernel a training region runs for F.scaled_dot_product_attention on these inputs ("math",
     "flash", "efficient", "cudnn" or "other"): eager's, asked of torch itself (torch._fused_sdp_choice,
-    the choice at::scaled_dot_product_attention makes in aten/src/ATen/native/transformers/attention.cpp),
-    except that where eager picks cuDNN (half precision on Hopper) and torch allows flash, "flash".
+    the choice at::scaled_dot_product_attention makes in aten/src/ATen/native/transformers/attention.cpp).
+    Each fused kernel has a rule in csrc/autograd calling its backward op (cuDNN's since 2026-11-30:
+    before, where eager picked cuDNN the region took flash when torch allowed it and was split
+    where it did not, as for transformers' masked attention).
     query/key/value/attn_mask are the graph's meta examples; the choice reads dtypes, sizes, strides,
     requires_grad and the device's capabilities, so it is asked with real tensors of the same
     layout on `device` (made with torch.empty_strided: no values are read). contiguous_mask: the
@@ -494,20 +496,6 @@ def sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
     m = torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=device) if contiguous_mask else real(attn_mask, False)
     with torch.enable_grad():
         choice = int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa))
-        if choice == 3 and any(requires_grad) and not (dropout_p and _eager_random()):
-            # cuDNN attention has no rule in csrc/autograd (a rule calling its backward op gave
-            # gradients that differ from eager's on the H100, cause not found): where torch allows
-            # the flash kernel for these inputs, the region takes it, the same attention by another
-            # kernel (as torch.compile picks its own kernels). Not with dropout while eager's random
-            # draws are asked for (ember.config.fallback_random): flash draws other masks.
-            # The probe is a question, not a call: torch's warnings on why flash cannot run
-            # ("Flash attention kernel not used because ...") are not the user's.
-            import warnings
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                if int(torch._fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)) == 1:
-                    choice = 1
     return {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}.get(choice, "other")
 
 
@@ -618,11 +606,6 @@ def _record_sdpa_kernel_call(query, key, value, attn_mask, dropout_p, is_causal,
     if "@q" not in sargs[:1] or (m is not None and "@mask" not in sargs + tuple(skw.values())):
         return "the kernel op does not take q first, or the mask"
     return func, sargs, skw, fill, expand
-
-
-def _eager_random():
-    import ember
-    return bool(getattr(ember.config, "fallback_random", False))
 
 
 def compile_blocker():

@@ -1615,9 +1615,8 @@ def test_ember_backend_compiles_both_halves(case):
 @pytest.mark.parametrize("causal,dropout_p", [(False, 0.0), (True, 0.0), (False, 0.2)], ids=["plain", "causal", "dropout"])
 def test_sdpa_cuda_fused_backward(backend, dtype, causal, dropout_p):
     """On CUDA: the fused kernel eager picks (memory-efficient for float32, flash or cuDNN for
-    half precision on an H100) and its backward op; a kernel without a rule (cuDNN) keeps eager
-    autograd instead. The same RNG draws as eager with dropout (the same op consumes the same
-    philox state)."""
+    half precision on an H100 / H200) and its backward op, each with its rule. The same RNG draws
+    as eager with dropout (the same op consumes the same philox state)."""
     from ember._autograd import sdpa_backend
 
     def f(q, k, v):
@@ -1626,12 +1625,36 @@ def test_sdpa_cuda_fused_backward(backend, dtype, causal, dropout_p):
     choice = sdpa_backend(*(t.to("meta") for t in (q, k, v)), None, dropout_p, causal, None, False,
                           q.device, (True, True, True))
     tol = {"rtol": 1e-3, "atol": 1e-3} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
-    c = check(f, (q, k, v), backend=backend, compiled=choice in ("flash", "efficient"), seed=5, **tol)
+    c = check(f, (q, k, v), backend=backend, compiled=choice in ("flash", "efficient", "cudnn"), seed=5, **tol)
     info = autograd_info(c)
-    if choice in ("flash", "efficient"):
+    if choice in ("flash", "efficient", "cudnn"):
         assert f"_scaled_dot_product_{choice}_attention_backward" in info["backward"]
     else:
         assert "split" in info
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("mshape", [(128, 128), (2, 1, 128, 128), (2, 4, 128, 128)], ids=str)
+@pytest.mark.parametrize("bool_mask", [True, False], ids=["bool", "float"])
+def test_sdpa_cuda_cudnn_with_mask(dtype, mshape, bool_mask):
+    """Half-precision attention with a mask, where eager runs cuDNN (the H100 / H200; transformers'
+    GPT-2 and Llama pass their causal mask so in training): the region runs
+    _scaled_dot_product_cudnn_attention on the mask prepared as this torch version prepares it
+    (its recipe recorded from torch: ember._autograd.sdpa_kernel_call) and the backward op on the
+    same mask, not split; outputs and gradients of eager. Where eager picks another kernel the
+    test checks only the values."""
+    from ember._autograd import sdpa_backend
+    q, k, v = (torch.randn(2, 4, 128, 64, dtype=dtype).requires_grad_() for _ in range(3))
+    m = torch.randn(mshape, generator=torch.Generator().manual_seed(0), device="cpu").to(q.device)
+    m = torch.ones(mshape, dtype=torch.bool, device=q.device).tril() if bool_mask else m.to(dtype)
+    choice = sdpa_backend(*(t.to("meta") for t in (q, k, v, m)), 0.0, False, None, False, q.device, (True, True, True))
+    c = check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m) * 2, (q, k, v, m), backend="ember",
+              rtol=2e-2, atol=2e-2)
+    if choice == "cudnn":
+        info = autograd_info(c)
+        assert "split" not in info
+        assert "_scaled_dot_product_cudnn_attention_backward" in info["backward"]
 
 
 @needs_cuda

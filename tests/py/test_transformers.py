@@ -267,8 +267,9 @@ def test_returned_kv_cache_equals_eager_and_continues(name, backend):
             hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=100, max_position_embeddings=64))
     model.eval()
-    ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(1))
-    nxt = torch.randint(0, 100, (2, 1), generator=torch.Generator().manual_seed(2))
+    dev = next(model.parameters()).device  # (a CPU generator: the same ids under EMBER_TEST_DEVICE=cuda)
+    ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(1), device="cpu").to(dev)
+    nxt = torch.randint(0, 100, (2, 1), generator=torch.Generator().manual_seed(2), device="cpu").to(dev)
     compiled = ember.compile(model, backend=backend)
     with torch.no_grad():
         for _ in range(2):
