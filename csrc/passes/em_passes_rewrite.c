@@ -355,7 +355,7 @@ PyObject *em_rw_sdpa_kernel_recipe(const IRMeta *q, const IRMeta *k, const IRMet
 
 /* Does the recipe of a cuDNN attention with a mask (em_rw_sdpa_kernel_recipe) call
  * _scaled_dot_product_cudnn_attention on the mask it prepares, so that the rule can prepare it
- * alike (csrc/autograd, sdpa_kernel_mask)? */
+ * alike (csrc/autograd, sdpa_cudnn_mask)? */
 static bool cudnn_mask_recipe(const IRMeta *q, const IRMeta *k, const IRMeta *v, const IRMeta *mask, const IRArg *dropout_p,
                               const IRArg *is_causal, const IRArg *scale, const IRArg *gqa) {
     PyObject *rec = em_rw_sdpa_kernel_recipe(q, k, v, mask, dropout_p->u.obj, is_causal->u.obj, scale->u.obj, gqa->u.obj);
