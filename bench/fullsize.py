@@ -7,7 +7,8 @@ the sizes people deploy, built from configs with random weights (nothing downloa
 the median of --calls timed calls after warm-up (training: --calls // 2 steps), each compiler's
 first-call (compile) time, its output (in inference also the KV cache a language model returns)
 checked against eager's within the dtype's tolerance, and the ratios to eager and to the faster of
-eager and torch.compile (issue 40's target). With --profile, each compiler's device time per call
+eager and torch.compile (issue 40's target). A training region that ember split (eager autograd
+around an op without a derivative rule) is printed under its row with the first reason. With --profile, each compiler's device time per call
 and top kernels (torch.profiler, 5 calls) are printed, so that a slow row shows its cause.
 
     python bench/fullsize.py --device cuda                           # every model, bf16 inference
@@ -229,7 +230,13 @@ def run_row(name, dtype_name, mode, args):
             if args.profile:
                 row[f"{compiler} kernels"] = top_kernels(step, device)
             if compiler == "ember":
-                row["ember graphs"] = sum(1 for _ in ember.cache_info(compiled)) if hasattr(ember, "cache_info") else None
+                info = list(ember.cache_info(compiled))
+                row["ember graphs"] = len(info)
+                # a training region split around ops it has no rule for (eager autograd between the
+                # pieces) costs host time per piece: printed under the row with the first reason
+                splits = [a for e in info if isinstance(a := e.get("autograd"), dict) and a.get("split")]
+                if splits:
+                    row["ember split"] = (sum(len(a.get("steps", [])) for a in splits), splits[0]["split"][0])
         except Exception as e:  # a failure is a row of the table, not the end of the run
             row[f"{compiler} error"] = f"{type(e).__name__}: {e}"[:300]
         del model
@@ -280,7 +287,7 @@ def main(argv=None):
           f"python {platform.python_version()}, size {args.size}")
     head = ["model", "dtype", "mode", "batch"] + [c + " ms" for c in args.compilers]
     if "ember" in args.compilers:
-        head += ["ember / best(eager, tc)", "ember / tc"]
+        head += ["ember / best(eager, tc)"] + (["ember / tc"] if "torch.compile" in args.compilers else [])
     head += [c + " first s" for c in args.compilers[1:]] + ["equal to eager"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -294,6 +301,9 @@ def main(argv=None):
                 for c in args.compilers:
                     if c + " error" in row:
                         print(f"    {c}: {row[c + ' error']}")
+                if "ember split" in row:
+                    print(f"    ember: the training region split into {row['ember split'][0]} steps; first reason: "
+                          f"{row['ember split'][1][:160]}")
                 if args.profile:
                     for c in args.compilers:
                         for k, ms, cnt in row.get(c + " kernels", []):
