@@ -244,16 +244,38 @@ static int layout_free(Ctx *c, IRRef r, int depth) {
     return 1;
 }
 
-/* A view of a computed value without materializing it: x is a pointwise DAG (every node x's
- * shape, no reduction) over LOADs and scalar constants; each LOAD, broadcast to x's shape, is seen
- * through the view (view_of) and the DAG is rebuilt on top with the view's shape. Index arithmetic
- * commutes with pointwise ops, so the value is the same; the bias add of a linear followed by
- * view/transpose (attention heads) then fuses into the kernel that reads the heads, instead of a
- * kernel that materializes the linear's result and a copy that permutes it. Static graphs; small
- * DAGs whose IR value has no other reader (else the value would be computed twice, once
- * materialized for the other readers). 0 when it does not apply. */
+/* How many times the nodes after r (the output included) read IR node r. */
+int em_lower_ir_reads(const IRGraph *g, IRRef r) { return ir_reads(g, r); }
+
+/* Is every reader of IR node r a view that index arithmetic can push down (view, narrow, getitem,
+ * transpose ...; not contiguous() or dropout), reading r once? The pieces of a value that only
+ * views read (rotate_half's halves of the rotary embedding's gradient) can each be computed where
+ * they are read, instead of the value being stored by a kernel of its own and loaded back. */
+static int read_by_views_only(const IRGraph *g, IRRef r) {
+    int k = 0;
+    for (IRRef u = r + 1; u < g->nnodes; u++) {
+        const IRNode *un = &g->nodes[u];
+        int reads = em_ir_node_reads(un, r);
+        if (!reads) continue;
+        if (un->kind != IR_CALL_FUNCTION && un->kind != IR_CALL_METHOD) return 0;
+        const LowerRule *ur = em_lower_find_rule(un, 0);
+        if (!ur || !em_lower_is_view_rule(ur) || ur->kind == R_IDENTITY || ur->kind == R_DROPOUT || reads != 1 ||
+            un->nargs < 1 || un->args[0].kind != IRARG_NODE || un->args[0].u.ref != r)
+            return 0;
+        k++;
+    }
+    return k > 0;
+}
+
+/* A computed value seen through index arithmetic without materializing it (em_lower_impl.h): x is
+ * a pointwise DAG (no reduction; every node's shape broadcasts to x's) over plain LOADs and scalar
+ * constants; each LOAD, broadcast to x's shape, becomes leaf(c, arg, the LOAD, the broadcast load) and the DAG is rebuilt
+ * on top with the leaves' shape. Index arithmetic commutes with pointwise ops, so the value is the
+ * same; a node broadcast in x (the rotary embedding's sin, shared by the heads) is computed per
+ * element of the result, as the kernel reading x computes it. Static graphs; at most
+ * PUSHDOWN_MAX nodes. 0 when it does not apply (nodes it appended stay unused). */
 #define PUSHDOWN_MAX 24
-static uint32_t view_pushdown(Ctx *c, const LowerRule *rule, const IRArg **slot, uint32_t x) {
+uint32_t em_lower_pushdown(Ctx *c, uint32_t x, EmPushLeaf leaf, void *arg) {
     uint32_t order[PUSHDOWN_MAX], map[PUSHDOWN_MAX], stack[PUSHDOWN_MAX];
     int n = 0, sp = 0;
     const LNode root = *NODE(c, x);
@@ -269,9 +291,11 @@ static uint32_t view_pushdown(Ctx *c, const LowerRule *rule, const IRArg **slot,
             if (nd->op == LP_LOAD && !em_lnode_is_view(nd)) return 0; /* masked or gather loads */
             continue;
         }
-        if (em_lprim_is_reduce(nd->op) || nd->ndim != root.ndim ||
-            memcmp(nd->sizes, root.sizes, root.ndim * sizeof(int64_t)) != 0 || n == PUSHDOWN_MAX)
-            return 0;
+        if (em_lprim_is_reduce(nd->op) || nd->ndim > root.ndim || n == PUSHDOWN_MAX) return 0;
+        for (int d = 0; d < nd->ndim; d++) { /* broadcasts to the root's shape */
+            int64_t s = nd->sizes[d], r = root.sizes[d + root.ndim - nd->ndim];
+            if (s != r && s != 1) return 0;
+        }
         order[n++] = id;
         for (int i = 0; i < em_lprim_arity(nd->op); i++) {
             if (sp == PUSHDOWN_MAX) return 0;
@@ -299,7 +323,7 @@ static uint32_t view_pushdown(Ctx *c, const LowerRule *rule, const IRArg **slot,
             for (int j = 0; j < nleaf && !got; j++)
                 if (leaf_old[j] == in) got = leaf_new[j];
             if (!got && ln->op == LP_CONST) got = in;
-            if (!got) { /* a LOAD: broadcast to the DAG's shape, then the view */
+            if (!got) { /* a LOAD: broadcast to the DAG's shape, then the leaf */
                 LNode l = *ln;
                 int64_t st[EM_LMAXDIM];
                 for (int d = 0; d < root.ndim; d++) {
@@ -309,12 +333,14 @@ static uint32_t view_pushdown(Ctx *c, const LowerRule *rule, const IRArg **slot,
                     else return 0;
                 }
                 uint32_t e = em_lower_reload_s(c, in, root.ndim, root.sizes, st, 0, NULL, NULL, SYM_NONE);
-                c->view_no_copy = true;
-                got = e ? view_of(c, rule, slot, e) : 0;
-                c->view_no_copy = false;
-                if (!got || NODE(c, got)->op != LP_LOAD || nleaf == PUSHDOWN_MAX * 3) return 0;
+                got = e ? leaf(c, arg, in, e) : 0;
+                if (!got || nleaf == PUSHDOWN_MAX * 3) return 0;
                 const LNode *g = NODE(c, got);
-                if (vnd < 0) {
+                if (g->op == LP_CONST && g->ndim == 0) {
+                    /* a leaf that is its fill everywhere (a masked load outside its range) */
+                } else if (g->op != LP_LOAD) {
+                    return 0;
+                } else if (vnd < 0) {
                     vnd = g->ndim;
                     memcpy(vsizes, g->sizes, vnd * sizeof(int64_t));
                 } else if (g->ndim != vnd || memcmp(g->sizes, vsizes, vnd * sizeof(int64_t)) != 0) {
@@ -336,6 +362,24 @@ static uint32_t view_pushdown(Ctx *c, const LowerRule *rule, const IRArg **slot,
         map[i] = id;
     }
     return n ? map[n - 1] : 0;
+}
+
+/* A view of a computed value without materializing it (em_lower_pushdown, each leaf seen through
+ * the view): the bias add of a linear followed by view/transpose (attention heads) then fuses into
+ * the kernel that reads the heads, instead of a kernel that materializes the linear's result and a
+ * copy that permutes it. */
+typedef struct {
+    const LowerRule *rule;
+    const IRArg **slot;
+} ViewLeaf;
+
+static uint32_t view_leaf(Ctx *c, void *arg, uint32_t orig, uint32_t load) {
+    (void)orig;
+    const ViewLeaf *v = arg;
+    c->view_no_copy = true;
+    uint32_t got = view_of(c, v->rule, v->slot, load);
+    c->view_no_copy = false;
+    return got && NODE(c, got)->op == LP_LOAD ? got : 0;
 }
 
 /* The memory_format argument of contiguous(): MF_CONTIGUOUS (torch.contiguous_format),
@@ -412,10 +456,15 @@ uint32_t em_lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
             return em_lower_as_load(c, cp); /* a CAST to the same dtype is a copy; em_lower_as_load materializes it */
         }
     }
+    /* a value read by this view alone, or only by views (each then computes its piece; the value
+     * is computed twice only where two views overlap) */
     if (!lg->env && xn->op != LP_LOAD && xn->op != LP_CONST && rule->kind != R_IDENTITY && rule->kind != R_DROPOUT &&
-        n->args[0].kind == IRARG_NODE && ir_reads(lg->ir, n->args[0].u.ref) == 1 && layout_free(c, c->ir, 0)) {
+        n->args[0].kind == IRARG_NODE &&
+        (ir_reads(lg->ir, n->args[0].u.ref) == 1 || read_by_views_only(lg->ir, n->args[0].u.ref)) &&
+        layout_free(c, c->ir, 0)) {
         uint32_t before = lg->nnodes, bbefore = lg->nbufs;
-        uint32_t v = view_pushdown(c, rule, slot, x.node);
+        ViewLeaf vl = {rule, slot};
+        uint32_t v = em_lower_pushdown(c, x.node, view_leaf, &vl);
         if (v) return v;
         if (PyErr_Occurred()) return 0;
         lg->nnodes = before; /* nothing of a failed attempt stays */

@@ -659,12 +659,114 @@ static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
     return acc;
 }
 
+/* slice_backward's result seen from grad's LOAD l: a load of l's buffer with c->n's shape, masked
+ * to [start, end) along dim d (select: grad lacks dim d), the fill elsewhere: fill[i] for a load
+ * pushed down from leaf[i] of grad's DAG, else +0.0. */
+#define SB_LEAVES 8
+typedef struct {
+    int select;
+    int32_t d;
+    int64_t start, end;
+    uint32_t nleaf, leaf[SB_LEAVES];
+    double fill[SB_LEAVES];
+} SliceBack;
+
+static uint32_t slice_backward_load(Ctx *c, void *arg, uint32_t orig, uint32_t l) {
+    const SliceBack *sb = arg;
+    LGraph *lg = c->lg;
+    ShapeEnv *env = lg->env;
+    const IRMeta *m = &c->n->meta;
+    int32_t nd = m->ndim, d = sb->d;
+    SymRef mss[EM_LMAXDIM], sst[EM_LMAXDIM];
+    em_lower_meta_shadows(lg, m, mss, NULL);
+    LNode src = *NODE(c, l);
+    int64_t strides[EM_LMAXDIM], lo[EM_LMAXDIM] = {0}, hi[EM_LMAXDIM] = {0};
+    double fill = 0.0;
+    for (uint32_t i = 0; i < sb->nleaf; i++)
+        if (sb->leaf[i] == orig) fill = sb->fill[i];
+    if (src.op != LP_LOAD || src.ndim != nd - sb->select) return 0;
+    for (int e = 0, k = 0; e < nd; e++) {
+        if (e == d) {
+            if (!sb->select && src.sizes[k] != sb->end - sb->start) return 0;
+            sst[e] = sb->select ? em_lower_sk(lg, 0) : src.sstrides[k];
+            strides[e] = sb->select ? 0 : src.strides[k++];
+            continue;
+        }
+        if (!em_lower_same(lg, src.sizes[k], src.ssizes[k], m->sizes[e], mss[e])) return 0;
+        sst[e] = src.sstrides[k];
+        strides[e] = src.strides[k++];
+    }
+    lo[d] = sb->start;
+    hi[d] = sb->end;
+    SymRef soff = env ? em_sym_sub(env, src.soffset, em_sym_mul(env, em_lower_sk(lg, sb->start), sst[d])) : SYM_NONE;
+    return mk_masked_load(c, src.buf, nd, m->sizes, src.offset - sb->start * strides[d], strides, mss, soff, sst, 1u << d,
+                          lo, hi, fill, 0);
+}
+
+/* The value of the pointwise DAG x where its LOAD leaf[i] reads fill[i] (scalar CONSTs their
+ * value), for ops that keep zeros zero up to sign; 0 with *v, -1 for another op, a leaf not in the
+ * table (it is added when there is room: *nleaf grows) or a deeper DAG. Computed in double: zeros
+ * and their signs come out as in every float dtype. */
+static int dag_value_at(const LGraph *lg, uint32_t x, SliceBack *sb, int depth, double *v) {
+    const LNode *n = &lg->nodes[x];
+    double a = 0, b = 0;
+    if (n->op == LP_LOAD) {
+        for (uint32_t i = 0; i < sb->nleaf; i++)
+            if (sb->leaf[i] == x) {
+                *v = sb->fill[i];
+                return 0;
+            }
+        if (sb->nleaf == SB_LEAVES) return -1;
+        sb->leaf[sb->nleaf] = x;
+        sb->fill[sb->nleaf++] = 0.0;
+        *v = 0.0;
+        return 0;
+    }
+    if (n->op == LP_CONST) {
+        if (n->ndim != 0 || n->sval != SYM_NONE) return -1;
+        *v = em_ldt_is_float(n->dtype) ? n->fval : (double)n->ival;
+        return 0;
+    }
+    if (depth > 24 || !em_ldt_is_float(n->dtype) || !em_ldt_is_float(n->cdtype)) return -1;
+    int ar = em_lprim_arity(n->op);
+    if ((ar >= 1 && dag_value_at(lg, n->in[0], sb, depth + 1, &a) < 0) ||
+        (ar >= 2 && dag_value_at(lg, n->in[1], sb, depth + 1, &b) < 0))
+        return -1;
+    switch (n->op) {
+    case LP_CAST: *v = a; return 0;
+    case LP_NEG: *v = -a; return 0;
+    case LP_SIN: *v = sin(a); return 0;
+    case LP_TANH: *v = tanh(a); return 0;
+    case LP_ADD: *v = a + b; return 0;
+    case LP_SUB: *v = a - b; return 0;
+    case LP_MUL: *v = a * b; return 0;
+    case LP_DIV: *v = a / b; return 0;
+    default: return -1;
+    }
+}
+
+/* Fills of +0.0 / -0.0 for the leaves of grad's DAG x (sb->leaf, sb->fill) under which x is +0.0
+ * exactly, as slice_backward's zeros are: 1 when some choice does (the rotary embedding's
+ * -(g * sin(t))[..., :h]: g's loads fill +0.0, t's -0.0), else 0. */
+static int zero_fills(const LGraph *lg, uint32_t x, SliceBack *sb) {
+    double v;
+    sb->nleaf = 0;
+    if (dag_value_at(lg, x, sb, 0, &v) < 0) return 0; /* collects the leaves */
+    for (uint32_t bits = 0; bits < (1u << sb->nleaf); bits++) {
+        for (uint32_t i = 0; i < sb->nleaf; i++) sb->fill[i] = (bits >> i) & 1 ? -0.0 : 0.0;
+        if (dag_value_at(lg, x, sb, 0, &v) == 0 && v == 0.0 && !signbit(v)) return 1;
+    }
+    return 0;
+}
+
 /* aten slice_backward(grad, input_sizes, dim, start, end, step 1) and select_backward(grad,
  * input_sizes, dim, index): a tensor of input_sizes holding grad in [start, end) (at index) along
  * dim and +0.0 elsewhere (aten/src/ATen/native/TensorShape.cpp: zeros, then the slice copied in),
  * as one load of grad masked to that range, so no zeros are written and the sum of several
- * pieces' gradients (rotary embeddings' x[..., :h] and x[..., h:]) is one kernel. Other steps:
- * the torch op. */
+ * pieces' gradients (rotary embeddings' x[..., :h] and x[..., h:]) is one kernel. A grad computed
+ * by a pointwise DAG that only this node reads is not stored first: its loads are masked instead
+ * (em_lower_pushdown), with fills of +0.0 or -0.0 that the DAG maps to +0.0 exactly (zero_fills),
+ * so the zeros come out as eager's. Other steps: the torch op. */
 static uint32_t lower_slice_backward(Ctx *c, int select, const IRArg **slot) {
     LDtype R = c->rdt;
     LGraph *lg = c->lg;
@@ -677,7 +779,7 @@ static uint32_t lower_slice_backward(Ctx *c, int select, const IRArg **slot) {
         em_lower_norm_dim(dim, nd, &d) < 0 || em_lower_get_int(slot[3], &start) < 0)
         return 0;
     /* symbolic: dim's extent is the same for every size (the mask's bounds are numbers) */
-    SymRef mss[EM_LMAXDIM], sst[EM_LMAXDIM];
+    SymRef mss[EM_LMAXDIM];
     em_lower_meta_shadows(lg, m, mss, NULL);
     if (env && !em_sym_is_const(env, mss[d], NULL)) return 0;
     if (select) {
@@ -687,27 +789,20 @@ static uint32_t lower_slice_backward(Ctx *c, int select, const IRArg **slot) {
         return 0;
     }
     if (step != 1 || start < 0 || end > m->sizes[d] || start > end) return 0;
-    uint32_t l = em_lower_as_load(c, go.node);
-    if (!l) return 0;
-    LNode src = *NODE(c, l);
-    int64_t strides[EM_LMAXDIM], lo[EM_LMAXDIM] = {0}, hi[EM_LMAXDIM] = {0};
-    if (src.ndim != nd - select) return 0;
-    for (int e = 0, k = 0; e < nd; e++) {
-        if (e == d) {
-            if (!select && src.sizes[k] != end - start) return 0;
-            sst[e] = select ? em_lower_sk(lg, 0) : src.sstrides[k];
-            strides[e] = select ? 0 : src.strides[k++];
-            continue;
-        }
-        if (!em_lower_same(lg, src.sizes[k], src.ssizes[k], m->sizes[e], mss[e])) return 0;
-        sst[e] = src.sstrides[k];
-        strides[e] = src.strides[k++];
+    SliceBack sb = {.select = select, .d = d, .start = start, .end = end};
+    const LNode *gn = NODE(c, go.node);
+    if (!env && em_ldt_is_float(R) && gn->op != LP_LOAD && gn->op != LP_CONST && slot[0]->kind == IRARG_NODE &&
+        em_lower_ir_reads(lg->ir, slot[0]->u.ref) == 1 && zero_fills(lg, go.node, &sb)) {
+        uint32_t before = lg->nnodes, bbefore = lg->nbufs;
+        uint32_t r = em_lower_pushdown(c, go.node, slice_backward_load, &sb);
+        if (r) return r;
+        if (PyErr_Occurred()) return 0;
+        lg->nnodes = before; /* nothing of a failed attempt stays */
+        lg->nbufs = bbefore;
     }
-    lo[d] = start;
-    hi[d] = end;
-    SymRef soff = env ? em_sym_sub(env, src.soffset, em_sym_mul(env, em_lower_sk(lg, start), sst[d])) : SYM_NONE;
-    return mk_masked_load(c, src.buf, nd, m->sizes, src.offset - start * strides[d], strides, mss, soff, sst, 1u << d,
-                          lo, hi, 0.0, 0);
+    sb.nleaf = 0;
+    uint32_t l = em_lower_as_load(c, go.node);
+    return l ? slice_backward_load(c, &sb, 0, l) : 0;
 }
 
 /* Tensor.to(dtype | device | device, dtype | other, non_blocking, copy=False): the result dtype is

@@ -146,6 +146,76 @@ def test_cat_of_negated_and_cast_pieces_is_one_kernel():
     torch.testing.assert_close(g, q.grad)
 
 
+def test_slice_backward_of_a_pointwise_gradient_is_one_kernel():
+    """The rotary embedding's backward, as ember's autograd emits it: gs = g * sin, then
+    slice_backward(-gs[..., :h]) + slice_backward(gs[..., h:]) + g * cos. Each half of gs is
+    computed where a view reads it (a value only views read is not stored), and slice_backward masks
+    the loads of the DAG below it instead of storing it first, with +0.0 / -0.0 fills that the DAG
+    maps to +0.0 outside the range, as eager's zeros: one kernel, signed zeros as eager's. A DAG
+    that maps no fill to +0.0 (cos, + 1) or that another node reads too is stored first, as before."""
+    sb = torch.ops.aten.slice_backward
+
+    def rope_bw(g, sin, cos):  # sin, cos: (S, D) or (B, 1, S, D), broadcast over the heads
+        h = g.shape[-1] // 2
+        gs = g * sin
+        return sb(-gs.narrow(3, 0, h), list(g.shape), 3, h, 2 * h, 1) + sb(gs.narrow(3, h, h), list(g.shape), 3, 0, h, 1) + g * cos
+    z = torch.tensor([0.0, -0.0, 1.0, -2.0])
+    g = z[torch.randint(0, 4, (2, 3, 5, 8))]
+    for sin, cos in ((z[torch.randint(0, 4, (5, 8))], torch.randn(5, 8)), (torch.randn(2, 1, 5, 8), torch.randn(2, 1, 5, 8))):
+        info = check(rope_bw, g, sin, cos, bitwise=True)
+        assert info["kernels"] == 1 and info["externs"] == 0, info["kernel_list"]
+    # the sin computed in the kernel (Llama's backward recomputes it from the angles)
+    t = torch.randn(1, 5, 8)
+    info = check(lambda g, t: rope_bw(g, t.sin().unsqueeze(1), t.cos().unsqueeze(1)), torch.randn(2, 3, 5, 8), t)
+    assert info["kernels"] == 1, info["kernel_list"]
+    # signed zeros under several NEGs and a DIV
+    for fn in (lambda g, s: sb(-(g * -s), [4, 6], 1, 2, 5, 1), lambda g, s: sb(g / (s - 3), [4, 6], 1, 2, 5, 1) * 1,
+               lambda g, s: sb(-g, [4, 6], 1, 0, 3, 1) + sb((g * s).double().float(), [4, 6], 1, 3, 6, 1)):
+        info = check(fn, z[torch.randint(0, 4, (4, 3))], z[torch.randint(0, 4, (4, 3))], bitwise=True)
+        assert info["kernels"] == 1, info["kernel_list"]
+    # no fill comes out +0.0: the DAG is stored, then loaded masked
+    for fn in (lambda g: sb(g.cos(), [4, 6], 1, 2, 5, 1), lambda g: sb(g + 1, [4, 6], 1, 2, 5, 1)):
+        info = check(fn, torch.randn(4, 3), bitwise=True)
+        assert info["kernels"] == 2, info["kernel_list"]
+    # read by another node too: stored once
+    info = check(lambda g: (sb(g * 2, [4, 6], 1, 2, 5, 1), g * 2), torch.randn(4, 3), bitwise=True)
+    assert info["kernels"] == 2, info["kernel_list"]
+    # the gradient of the rotation, compiled: one backward kernel
+    def rope(q, cos, sin):
+        h = q.shape[-1] // 2
+        return q * cos + torch.cat((-q[..., h:], q[..., :h]), -1) * sin
+    q = torch.randn(2, 3, 5, 8, requires_grad=True)
+    cos, sin = torch.randn(5, 8), torch.randn(5, 8)
+    c = ember.compile(rope)
+    c(q, cos, sin).sum().backward()
+    got, q.grad = q.grad, None
+    rope(q, cos, sin).sum().backward()
+    torch.testing.assert_close(got, q.grad)
+    bw = ember.cache_info(c)[0]["autograd"]["ember"]["backward"]
+    assert len(bw["kernel_list"]) == 1 and not bw["extern_list"], bw["kernel_list"]
+
+
+def test_a_value_read_only_by_views_is_computed_in_their_kernels():
+    """A pointwise value that only views read (the halves of a product, a broadcast factor inside)
+    is not stored by a kernel of its own: each view computes its piece; a value that a non-view node
+    reads too is stored once."""
+    x, s = torch.randn(4, 6, 8), torch.randn(6, 1)
+    info = check(lambda x, s: (x * s.sin())[..., :4] * 2 + (x * s.sin())[..., 4:], x, s)
+    assert info["kernels"] == 1, info["kernel_list"]
+
+    def halves(x, s):
+        y = x * s
+        return y[..., :4] - y[..., 4:]
+    info = check(halves, x, s, bitwise=True)
+    assert info["kernels"] == 1, info["kernel_list"]
+
+    def halves_and_sum(x, s):
+        y = x * s
+        return y[..., :4] - y[..., 4:], y.sum()
+    info = check(halves_and_sum, x, s, bitwise=True)
+    assert info["kernels"] >= 2, info["kernel_list"]
+
+
 def test_cat_skips_a_1d_empty_tensor_as_torch_does():
     """torch.cat's legacy rule skips 1-D empty tensors beside tensors of another rank: a KV cache's
     first `cat([torch.tensor([]), k], -2)` (transformers' DynamicLayer) is a generated copy."""
