@@ -196,6 +196,7 @@ static int slice_item_sym(LGraph *lg, PyObject *it, const LNode *src, int d, Sym
 }
 
 static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint32_t base);
+static int view_perm(Ctx *c, const LowerRule *rule, const IRArg **slot, int k, int64_t *perm);
 
 /* Does some node read IR node r through a view (view, reshape, getitem, transpose ...)? */
 static int read_by_view(const IRGraph *g, IRRef r) {
@@ -268,8 +269,8 @@ static int read_by_views_only(const IRGraph *g, IRRef r) {
 }
 
 /* A computed value seen through index arithmetic without materializing it (em_lower_impl.h): x is
- * a pointwise DAG (no reduction; every node's shape broadcasts to x's) over plain LOADs and scalar
- * constants; each LOAD, broadcast to x's shape, becomes leaf(c, arg, the LOAD, the broadcast load) and the DAG is rebuilt
+ * a pointwise DAG (no reduction; every node's shape broadcasts to x's) over LOADs (plain or masked,
+ * not gathers) and scalar constants; each LOAD, broadcast to x's shape, becomes leaf(c, arg, the LOAD, the broadcast load) and the DAG is rebuilt
  * on top with the leaves' shape. Index arithmetic commutes with pointwise ops, so the value is the
  * same; a node broadcast in x (the rotary embedding's sin, shared by the heads) is computed per
  * element of the result, as the kernel reading x computes it. Static graphs; at most
@@ -288,7 +289,7 @@ uint32_t em_lower_pushdown(Ctx *c, uint32_t x, EmPushLeaf leaf, void *arg) {
         for (int i = 0; i < n && !seen; i++) seen = order[i] == id;
         if (seen || nd->op == LP_CONST || nd->op == LP_LOAD) {
             if (nd->op == LP_CONST && nd->ndim != 0) return 0;
-            if (nd->op == LP_LOAD && !em_lnode_is_view(nd)) return 0; /* masked or gather loads */
+            if (nd->op == LP_LOAD && nd->nidx) return 0; /* gather loads */
             continue;
         }
         if (em_lprim_is_reduce(nd->op) || nd->ndim > root.ndim || n == PUSHDOWN_MAX) return 0;
@@ -333,6 +334,19 @@ uint32_t em_lower_pushdown(Ctx *c, uint32_t x, EmPushLeaf leaf, void *arg) {
                     else return 0;
                 }
                 uint32_t e = em_lower_reload_s(c, in, root.ndim, root.sizes, st, 0, NULL, NULL, SYM_NONE);
+                if (e && l.lmask) { /* a masked load keeps its mask (never on a broadcast dim: size 1) */
+                    LNode *en = NODE(c, e);
+                    int sh = root.ndim - l.ndim;
+                    for (int d = 0; d < l.ndim; d++) {
+                        if (!((l.lmask >> d) & 1)) continue;
+                        if (l.sizes[d] != root.sizes[d + sh]) return 0;
+                        en->lmask |= 1u << (d + sh);
+                        en->lo[d + sh] = l.lo[d];
+                        en->hi[d + sh] = l.hi[d];
+                    }
+                    en->fval = l.fval;
+                    en->ival = l.ival;
+                }
                 got = e ? leaf(c, arg, in, e) : 0;
                 if (!got || nleaf == PUSHDOWN_MAX * 3) return 0;
                 const LNode *g = NODE(c, got);
@@ -376,10 +390,31 @@ typedef struct {
 static uint32_t view_leaf(Ctx *c, void *arg, uint32_t orig, uint32_t load) {
     (void)orig;
     const ViewLeaf *v = arg;
+    const LNode ml = *NODE(c, load);
+    int64_t perm[EM_LMAXDIM];
+    if (ml.lmask) { /* a masked load: through a permutation only, its mask permuted with the dims */
+        if (view_perm(c, v->rule, v->slot, ml.ndim, perm) < 0) return 0;
+        load = em_lower_reload_s(c, load, ml.ndim, ml.sizes, ml.strides, 0, NULL, NULL, SYM_NONE);
+        if (!load) return 0;
+    }
     c->view_no_copy = true;
     uint32_t got = view_of(c, v->rule, v->slot, load);
     c->view_no_copy = false;
-    return got && NODE(c, got)->op == LP_LOAD ? got : 0;
+    if (!got || NODE(c, got)->op != LP_LOAD) return 0;
+    if (ml.lmask) {
+        LNode *g = NODE(c, got);
+        if (g->ndim != ml.ndim || g->lmask) return 0;
+        for (int d = 0; d < ml.ndim; d++) {
+            int32_t p = (int32_t)perm[d];
+            if (!((ml.lmask >> p) & 1)) continue;
+            g->lmask |= 1u << d;
+            g->lo[d] = ml.lo[p];
+            g->hi[d] = ml.hi[p];
+        }
+        g->fval = ml.fval;
+        g->ival = ml.ival;
+    }
+    return got;
 }
 
 /* The memory_format argument of contiguous(): MF_CONTIGUOUS (torch.contiguous_format),
@@ -473,6 +508,38 @@ uint32_t em_lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
     return view_of(c, rule, slot, x.node);
 }
 
+/* The permutation of a permute / transpose / t of a value of k dims (c->n): result dim d is the
+ * input's dim perm[d], normalized to [0, k); -1 for another rule or arguments it does not take. */
+static int view_perm(Ctx *c, const LowerRule *rule, const IRArg **slot, int k, int64_t *perm) {
+    for (int d = 0; d < k; d++) perm[d] = d;
+    if (rule->kind == R_PERMUTE) {
+        if (em_lower_varargs_ints(c->n, 1, perm, EM_LMAXDIM) != k) return -1;
+        for (int d = 0; d < k; d++) {
+            int32_t p;
+            if (em_lower_norm_dim(perm[d], k, &p) < 0) return -1;
+            perm[d] = p;
+        }
+    } else if (rule->kind == R_TRANSPOSE) {
+        int64_t a, b;
+        int32_t da, db;
+        if (em_lower_get_int(slot[1], &a) < 0 || em_lower_get_int(slot[2], &b) < 0 || em_lower_norm_dim(a, k, &da) < 0 ||
+            em_lower_norm_dim(b, k, &db) < 0)
+            return -1;
+        if (k) {
+            perm[da] = db;
+            perm[db] = da;
+        }
+    } else if (rule->kind == R_T) {
+        if (k == 2) {
+            perm[0] = 1;
+            perm[1] = 0;
+        }
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
 /* The view (rule, slot: the IR node c->n) of lowered node base. */
 static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint32_t base) {
     const IRNode *n = c->n;
@@ -515,23 +582,7 @@ static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint3
     case R_T: {
         int64_t perm[EM_LMAXDIM];
         int k = src.ndim;
-        for (int d = 0; d < k; d++) perm[d] = d;
-        if (rule->kind == R_PERMUTE) {
-            if (em_lower_varargs_ints(n, 1, perm, EM_LMAXDIM) != k) return 0;
-        } else if (rule->kind == R_TRANSPOSE) {
-            int64_t a, b;
-            int32_t da, db;
-            if (em_lower_get_int(slot[1], &a) < 0 || em_lower_get_int(slot[2], &b) < 0 || em_lower_norm_dim(a, k, &da) < 0 ||
-                em_lower_norm_dim(b, k, &db) < 0)
-                return 0;
-            if (k) {
-                perm[da] = db;
-                perm[db] = da;
-            }
-        } else if (k == 2) {
-            perm[0] = 1;
-            perm[1] = 0;
-        }
+        if (view_perm(c, rule, slot, k, perm) < 0) return 0;
         uint32_t l = em_lower_as_load(c, base);
         if (!l) return 0;
         src = *NODE(c, l);

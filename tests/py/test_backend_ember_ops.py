@@ -195,6 +195,28 @@ def test_slice_backward_of_a_pointwise_gradient_is_one_kernel():
     assert len(bw["kernel_list"]) == 1 and not bw["extern_list"], bw["kernel_list"]
 
 
+@pytest.mark.parametrize("dim,lo,hi", [(3, 4, 8), (1, 1, 3), (2, 0, 2)])
+def test_masked_loads_follow_a_transpose_into_the_kernel_that_stores_it(dim, lo, hi):
+    """A gradient built from slice_backward's masked loads, transposed and reshaped for the
+    projection's matmul (attention heads back to (B, S, H * D)): the masks move with the dims, and
+    the kernel computing the sum stores it transposed, with no copy kernel after it."""
+    sb = torch.ops.aten.slice_backward
+    z = torch.tensor([0.0, -0.0, 1.0, -2.0])
+    shape = [2, 3, 5, 8]
+    gshape = list(shape)
+    gshape[dim] = hi - lo
+
+    def f(g, c, w):
+        y = sb(-g, shape, dim, lo, hi, 1) + c
+        return y.transpose(1, 2).reshape(2, 5, 24) @ w
+    g, c = z[torch.randint(0, 4, gshape)], z[torch.randint(0, 4, shape)]
+    info = check(f, g, c, torch.randn(24, 7))
+    assert info["kernels"] == 1 and info["externs"] == 1, info["kernel_list"]
+    info = check(lambda g, c: (sb(-g, shape, dim, lo, hi, 1) + c).permute(0, 2, 3, 1).reshape(2, 40, 3), g, c,
+                 bitwise=True)
+    assert info["kernels"] == 1, info["kernel_list"]
+
+
 def test_a_value_read_only_by_views_is_computed_in_their_kernels():
     """A pointwise value that only views read (the halves of a product, a broadcast factor inside)
     is not stored by a kernel of its own: each view computes its piece; a value that a non-view node
