@@ -268,6 +268,21 @@ static int read_by_views_only(const IRGraph *g, IRRef r) {
     return k > 0;
 }
 
+/* Is every reader of IR node r (through views) a lowered node, computed in a kernel? Not an extern
+ * call or the output: those read a stored tensor, and a view of a stored value costs them nothing. */
+static int read_by_kernels_only(Ctx *c, IRRef r, int depth) {
+    const IRGraph *g = c->lg->ir;
+    if (depth > 16) return 0;
+    for (IRRef u = r + 1; u < g->nnodes; u++) {
+        const IRNode *un = &g->nodes[u];
+        if (!em_ir_node_reads(un, r)) continue;
+        if ((un->kind != IR_CALL_FUNCTION && un->kind != IR_CALL_METHOD) || c->ext[u]) return 0;
+        const LowerRule *ur = em_lower_find_rule(un, 0);
+        if (ur && em_lower_is_view_rule(ur) && !read_by_kernels_only(c, u, depth + 1)) return 0;
+    }
+    return 1;
+}
+
 /* A computed value seen through index arithmetic without materializing it (em_lower_impl.h): x is
  * a pointwise DAG (no reduction; every node's shape broadcasts to x's) over LOADs (plain or masked,
  * not gathers) and scalar constants; each LOAD, broadcast to x's shape, becomes leaf(c, arg, the LOAD, the broadcast load) and the DAG is rebuilt
@@ -491,11 +506,14 @@ uint32_t em_lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot) {
             return em_lower_as_load(c, cp); /* a CAST to the same dtype is a copy; em_lower_as_load materializes it */
         }
     }
-    /* a value read by this view alone, or only by views (each then computes its piece; the value
-     * is computed twice only where two views overlap) */
+    /* a value read by this view alone, or only by views whose values kernels alone read (each
+     * kernel then computes its piece, where storing the value would cost a store and a load; the
+     * value is computed twice only where two views overlap, and an extern call would rather read
+     * one stored value through views of it) */
     if (!lg->env && xn->op != LP_LOAD && xn->op != LP_CONST && rule->kind != R_IDENTITY && rule->kind != R_DROPOUT &&
         n->args[0].kind == IRARG_NODE &&
-        (ir_reads(lg->ir, n->args[0].u.ref) == 1 || read_by_views_only(lg->ir, n->args[0].u.ref)) &&
+        (ir_reads(lg->ir, n->args[0].u.ref) == 1 ||
+         (read_by_views_only(lg->ir, n->args[0].u.ref) && read_by_kernels_only(c, c->ir, 0))) &&
         layout_free(c, c->ir, 0)) {
         uint32_t before = lg->nnodes, bbefore = lg->nbufs;
         ViewLeaf vl = {rule, slot};
