@@ -283,6 +283,20 @@ static int read_by_kernels_only(Ctx *c, IRRef r, int depth) {
     return 1;
 }
 
+/* Is every reader of IR node r a lowered op that is not a view (computed in a kernel, reading r's
+ * value element by element)? */
+static int read_by_ops_only(Ctx *c, IRRef r) {
+    const IRGraph *g = c->lg->ir;
+    for (IRRef u = r + 1; u < g->nnodes; u++) {
+        const IRNode *un = &g->nodes[u];
+        if (!em_ir_node_reads(un, r)) continue;
+        if ((un->kind != IR_CALL_FUNCTION && un->kind != IR_CALL_METHOD) || c->ext[u]) return 0;
+        const LowerRule *ur = em_lower_find_rule(un, 0);
+        if (!ur || em_lower_is_view_rule(ur)) return 0;
+    }
+    return 1;
+}
+
 /* A computed value seen through index arithmetic without materializing it (em_lower_impl.h): x is
  * a pointwise DAG (no reduction; every node's shape broadcasts to x's) over LOADs (plain or masked,
  * not gathers) and scalar constants; each LOAD, broadcast to x's shape, becomes leaf(c, arg, the LOAD, the broadcast load) and the DAG is rebuilt
@@ -617,6 +631,24 @@ static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint3
         return em_lower_reload_s(c, l, k, sizes, st, 0, ss, sst, em_lower_sk(lg, 0));
     }
     case R_EXPAND: {
+        if (!env && !c->view_no_copy && src.op != LP_LOAD && src.op != LP_CONST && m->ndim >= src.ndim &&
+            read_by_ops_only(c, c->ir)) {
+            /* a computed value (a row's reduction: rms_norm's backward) broadcast for pointwise ops:
+             * a broadcasting identity in the kernel that reads it, where a LOAD would store the
+             * value first (one kernel for the row and the ops after it, as the forward's) */
+            int ok = 1;
+            for (int d = 0; d < src.ndim && ok; d++) {
+                int64_t s = src.sizes[d], t = m->sizes[d + m->ndim - src.ndim];
+                ok = s == t || s == 1;
+            }
+            if (ok) {
+                uint32_t id = em_lower_new_node(lg, LP_CAST, src.dtype, src.dtype, m->ndim, m->sizes, NULL);
+                if (!id) return 0;
+                NODE(c, id)->in[0] = base;
+                NODE(c, id)->ir = c->ir;
+                return id;
+            }
+        }
         uint32_t l = em_lower_as_load(c, base);
         if (!l) return 0;
         src = *NODE(c, l);

@@ -152,6 +152,15 @@ def _rotate_half_rope(x, cos, sin):  # transformers' Llama (head dim 64): x * co
     return x * cos + torch.cat((-x[..., 32:], x[..., :32]), -1) * sin
 
 
+def _rms_bw(rows, n):
+    """rms_norm's input gradient as ember's autograd emits it over (rows, n) (r: the saved rsqrt)."""
+    def f(g, x, w, r):
+        m2 = g * w
+        s = (m2 * x).sum_to_size(rows, 1)
+        return m2 * r + (s * r.pow(3) * -0.5).expand(rows, n) / n * (2 * x.pow(1))
+    return f
+
+
 def _rope_backward(g, t):
     """The gradient of _rotate_half_rope as ember's autograd emits it (a head dim of 64), back to
     (B, S, H * D) for the projection's matmul: slice_backward masks the loads of -(g * sin)[..., :32]
@@ -829,6 +838,9 @@ EMU_CASES = [
     ("rope_rotate_half", _rotate_half_rope, [cpu(4, 16, 3, 64), cpu(3, 64), cpu(3, 64)]),
     ("cat_dim1_halved_width", lambda a, b: torch.cat([a, b.exp()], 1), [cpu(9, 6), cpu(9, 10)]),
     ("rope_misaligned", _rotate_half_rope, [cpu(3 * 64 + 1)[1:].view(3, 64), cpu(64), cpu(64)]),  # scalar fallback
+    # rms_norm's backward: the row's sum expanded for the pointwise ops after it, one kernel
+    ("rms_norm_backward", _rms_bw(4, 300), [cpu(4, 300), cpu(4, 300), cpu(300), cpu(4, 1).abs() + 0.5]),
+    ("rms_norm_backward_block", _rms_bw(3, 5000), [cpu(3, 5000), cpu(3, 5000), cpu(5000), cpu(3, 1).abs() + 0.5]),
     # the rotation's gradient in one kernel: masked loads under a pointwise DAG, stored transposed
     ("rope_backward", _rope_backward, [cpu(2, 4, 5, 64), cpu(2, 5, 64)]),
     ("rope_backward_bf16", _rope_backward, [cpu(2, 4, 5, 64, dtype=_B), cpu(2, 5, 64, dtype=_B)]),

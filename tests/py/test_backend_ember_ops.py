@@ -217,6 +217,35 @@ def test_masked_loads_follow_a_transpose_into_the_kernel_that_stores_it(dim, lo,
     assert info["kernels"] == 1, info["kernel_list"]
 
 
+def _rms_norm_backward(g, x, w, r):
+    """rms_norm's input gradient as ember's autograd emits it (r: the saved rsqrt, (..., 1)): the
+    row's sum is expanded for the pointwise ops after it."""
+    m2 = g * w
+    s = (m2 * x).sum_to_size(*r.shape)
+    return m2 * r + (s * r.pow(3) * -0.5).expand(*x.shape) / x.shape[-1] * (2 * x.pow(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_expand_of_a_row_reduction_joins_the_row_kernel(dtype):
+    """expand() of a computed value that only pointwise ops read is a broadcasting identity in
+    their kernel: rms_norm's backward (a row's sum, expanded, then the input gradient) is one
+    kernel, as the forward is, where the expanded value used to be stored by a kernel of its own
+    and loaded back with stride 0. A reduction over other dims reads it too; an expand that an
+    extern call or the output reads is a view of a stored value, as before."""
+    g, x = torch.randn(2, 16, 64, dtype=torch.float64).to(dtype), torch.randn(2, 16, 64, dtype=torch.float64).to(dtype)
+    w, r = torch.randn(64, dtype=torch.float64).to(dtype), (torch.rand(2, 16, 1, dtype=torch.float64) + 0.5).to(dtype)
+    info = check(_rms_norm_backward, g, x, w, r)
+    assert info["kernels"] == 1, info["kernel_list"]
+    s = lambda x: x.sum(-1, keepdim=True) * 2
+    check(lambda x: (s(x).expand(2, 16, 64) * x).sum(1), x)  # a column reduction of the broadcast value
+    check(lambda x: s(x).expand(3, 2, 16, 64).neg(), x)  # new leading dims, a unary op
+    check(lambda x: s(x).amax(1, keepdim=True).expand(2, 16, 64) - x, x)
+    i = torch.randint(-5, 5, (2, 16, 64))
+    check(lambda i: i.sum(-1, keepdim=True).expand(2, 16, 64) * i, i)
+    info = check(lambda x: (s(x).expand(2, 16, 64), s(x).expand(2, 16, 64) + x), x)  # the output reads it
+    assert info["kernels"] >= 2, info["kernel_list"]
+
+
 def test_a_value_read_only_by_views_is_computed_in_their_kernels():
     """A pointwise value that only views read (the halves of a product, a broadcast factor inside)
     is not stored by a kernel of its own: each view computes its piece; a value that a non-view node
