@@ -694,9 +694,11 @@ TValue *em_tr_generic_getattr(Trace *T, TValue *v, PyObject *name, int *missing)
         fv->obj = em_arena_hold(T->arena, hook);
         fv->stable = true;
         TValue *args[2] = {v, nv};
+        TFrame *cur = T->cur; /* the raising frame stays current on a break: the trace goes on here */
         TValue *r = em_tr_inline(T, fv, args, 2, NULL, NULL);
         if (!r && missing && T->broke && T->exc && PyErr_GivenExceptionMatches(T->exc, PyExc_AttributeError) &&
             !PyErr_Occurred()) {
+            T->cur = cur;
             T->exc = NULL;
             T->broke = false;
             T->res->brk.reason = EM_BREAK_NONE;

@@ -27,10 +27,14 @@ static TValue *inline2(Trace *T, PyObject *f, TValue *self, TValue **rest, uint3
 }
 
 /* If the pending RAISE break stands for an AttributeError, clears it (getattr with a default,
- * hasattr, __getattr__ fallback). */
-static bool catch_attribute_error(Trace *T) {
+ * hasattr, __getattr__ fallback), and the trace goes on in frame cur, the caller's: the raising
+ * frame stayed current (em_tr_run_frame leaves a break's innermost frame current). Before, frames
+ * leaked there: each caught AttributeError left the trace one frame deeper, so that transformers'
+ * config lookups (a __getattribute__ per layer) hit the inlining depth limit on 12-layer GPT-2. */
+static bool catch_attribute_error(Trace *T, TFrame *cur) {
     if (!T->broke || !T->exc || T->res->brk.reason != EM_BREAK_RAISE || PyErr_Occurred()) return false;
     if (!PyErr_GivenExceptionMatches(T->exc, PyExc_AttributeError)) return false;
+    T->cur = cur;
     T->exc = NULL;
     T->broke = false;
     EmBreakInfo *b = &T->res->brk;
@@ -49,8 +53,9 @@ static PyTypeObject *class_of(TValue *v) {
 static TValue *getattr_hook(Trace *T, TValue *v, PyObject *name, int *missing, PyObject *hook) {
     TValue *nv = em_tr_const(T, name);
     if (!nv) return NULL;
+    TFrame *cur = T->cur;
     TValue *r = inline2(T, hook, v, &nv, 1);
-    if (!r && missing && catch_attribute_error(T)) *missing = 1;
+    if (!r && missing && catch_attribute_error(T, cur)) *missing = 1;
     return r;
 }
 
@@ -64,14 +69,15 @@ TValue *em_tr_custom_getattr(Trace *T, TValue *v, PyObject *name, int *missing, 
     if (em_guard_type_version(T->gb, tp) < 0) return NULL;
     TValue *nv = em_tr_const(T, name);
     if (!nv) return NULL;
+    TFrame *cur = T->cur;
     TValue *r = inline2(T, ga, v, &nv, 1);
     if (r) return r;
     /* __getattribute__ raised AttributeError: type(v).__getattr__ runs next (Objects/typeobject.c,
      * slot_tp_getattr_hook) */
     PyObject *hook = _PyType_Lookup(tp, em_str("__getattr__"));
-    if (T->exc && hook && PyFunction_Check(hook) && catch_attribute_error(T))
+    if (T->exc && hook && PyFunction_Check(hook) && catch_attribute_error(T, cur))
         return getattr_hook(T, v, name, missing, hook);
-    if (missing && catch_attribute_error(T)) *missing = 1;
+    if (missing && catch_attribute_error(T, cur)) *missing = 1;
     return NULL;
 }
 

@@ -304,6 +304,19 @@ def test_getattr_hook_and_getattr_with_default():
     one_graph(f, (x34(), Lazy()))
 
 
+def test_caught_attribute_errors_leave_no_frame_behind():
+    """An AttributeError raised in an inlined __getattribute__ or __getattr__ and caught by
+    getattr's default, hasattr or the __getattr__ fallback: the trace goes on in the caller's frame.
+    The raising frame used to stay current, one frame deeper per caught error, so that 12-layer
+    GPT-2 (transformers' config read per layer) hit the inlining depth limit (64) and broke."""
+    def f(x, cfg, lazy):
+        n = 0
+        for i in range(100):  # more caught errors than the depth limit
+            n += getattr(cfg, f"missing_{i % 3}", 1) + hasattr(lazy, "other") + lazy.times_2
+        return x * n
+    one_graph(f, (x34(), Config(3), Lazy()))
+
+
 # ------------------------------------------------------------------------------------------------
 # dataclasses and ModelOutput-like objects
 
