@@ -7,8 +7,9 @@ the sizes people deploy, built from configs with random weights (nothing downloa
 the median of --calls timed calls after warm-up (training: --calls // 2 steps), each compiler's
 first-call (compile) time, its output (in inference also the KV cache a language model returns)
 checked against eager's within the dtype's tolerance, and the ratios to eager and to the faster of
-eager and torch.compile (issue 40's target). A training region that ember split (eager autograd
-around an op without a derivative rule) is printed under its row with the first reason. With --profile, each compiler's device time per call
+eager and torch.compile (issue 40's target). A graph break, or a training region that ember split
+(eager autograd around an op without a derivative rule), is printed under its row with the first
+reason. With --profile, each compiler's device time per call
 and top kernels (torch.profiler, 5 calls) are printed, so that a slow row shows its cause.
 
     python bench/fullsize.py --device cuda                           # every model, bf16 inference
@@ -237,6 +238,13 @@ def run_row(name, dtype_name, mode, args):
                 splits = [a for e in info if isinstance(a := e.get("autograd"), dict) and a.get("split")]
                 if splits:
                     row["ember split"] = (sum(len(a.get("steps", [])) for a in splits), splits[0]["split"][0])
+                # a graph break (or a fallback) splits the model into several regions with Python
+                # between them: printed under the row with the first reason
+                breaks = [e for e in ember.cache_info(compiled, resume=True) if e["kind"] != "graph"]
+                if breaks:
+                    b = breaks[0]
+                    row["ember breaks"] = (len(breaks), f"{b['kind']} in {b['code']}: {b.get('reason_text')} "
+                                                        f"({b.get('detail')}; {b.get('filename')}:{b.get('lineno')})")
         except Exception as e:  # a failure is a row of the table, not the end of the run
             row[f"{compiler} error"] = f"{type(e).__name__}: {e}"[:300]
         del model
@@ -301,6 +309,9 @@ def main(argv=None):
                 for c in args.compilers:
                     if c + " error" in row:
                         print(f"    {c}: {row[c + ' error']}")
+                if "ember breaks" in row:
+                    print(f"    ember: {row['ember breaks'][0]} graph break(s) or fallback(s); first: "
+                          f"{row['ember breaks'][1][:200]}")
                 if "ember split" in row:
                     print(f"    ember: the training region split into {row['ember split'][0]} steps; first reason: "
                           f"{row['ember split'][1][:160]}")
