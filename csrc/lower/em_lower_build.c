@@ -277,8 +277,44 @@ static bool channels_last_layout(const Ctx *c, uint32_t x, int32_t nd, const int
     return true;
 }
 
+/* The layout of a materialized value that the graph returns (IR node r, whose value x is): eager's
+ * (the IR meta's strides) when they are dense and non-overlapping, so that the buffer a kernel
+ * stores for the graph's own readers is also the output (em_schedule.c, need_tensor, takes the
+ * lowering's buffer when it has eager's layout) instead of a second kernel computing the value
+ * again in eager's layout: a training forward's saved rotated keys, (B, S, H, D) memory seen as
+ * (B, H, S, D), which the repeat for grouped-query attention reads too. Static graphs. */
+static bool output_layout(const Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes, int64_t *strides) {
+    const LGraph *lg = c->lg;
+    IRRef r = NODE(c, x)->ir;
+    if (lg->env || !r || !lg->ir || !lg->ir->output || lg->vals[r].kind != LV_NODE || lg->vals[r].lnode != x ||
+        !em_ir_node_reads(&lg->ir->nodes[lg->ir->output], r))
+        return false;
+    const IRMeta *m = &lg->ir->nodes[r].meta;
+    if (m->kind != IRMETA_TENSOR || m->ndim != nd || !m->strides) return false;
+    int order[EM_LMAXDIM], k = 0;
+    for (int d = 0; d < nd; d++) {
+        if (m->sizes[d] != sizes[d]) return false;
+        if (sizes[d] > 1) order[k++] = d;
+    }
+    for (int i = 1; i < k; i++) /* dims of size > 1 by stride, innermost last */
+        for (int j = i; j > 0 && m->strides[order[j - 1]] < m->strides[order[j]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    int64_t want = 1;
+    for (int i = k; i-- > 0;) { /* dense: each stride the product of the sizes inside it */
+        if (m->strides[order[i]] != want) return false;
+        want *= sizes[order[i]];
+    }
+    em_lower_contiguous_strides(nd, sizes, strides);
+    for (int i = 0; i < k; i++) strides[order[i]] = m->strides[order[i]];
+    return true;
+}
+
 /* A LOAD that sees node x's value: x itself if it is a LOAD, else a LOAD of a NODE buffer that
- * materializes x, contiguous (channels_last where its IR value is: channels_last_layout), declared
+ * materializes x, contiguous (channels_last where its IR value is: channels_last_layout; eager's
+ * layout for a value the graph returns: output_layout), declared
  * with shape (nd, sizes) (same elements in the same order as
  * x's shape; a non-keepdim reduction declares its squeezed shape so that the buffer can be returned). */
 uint32_t em_lower_as_load_shape(Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes, const SymRef *ss) {
@@ -301,7 +337,8 @@ uint32_t em_lower_as_load_shape(Ctx *c, uint32_t x, int32_t nd, const int64_t *s
         LBuf buf = {.kind = LBUF_NODE, .index = x, .dtype = NODE(c, x)->dtype, .ndim = nd};
         memcpy(buf.sizes, sizes, nd * sizeof(int64_t));
         memcpy(buf.ssizes, ss, nd * sizeof(SymRef));
-        if (!channels_last_layout(c, x, nd, sizes, buf.strides)) em_lower_contiguous_strides(nd, sizes, buf.strides);
+        if (!channels_last_layout(c, x, nd, sizes, buf.strides) && !output_layout(c, x, nd, sizes, buf.strides))
+            em_lower_contiguous_strides(nd, sizes, buf.strides);
         em_lower_contiguous_sstrides(lg, nd, ss, buf.sstrides);
         b = em_lower_buffer(lg, &buf);
         if (b == UINT32_MAX) return 0;

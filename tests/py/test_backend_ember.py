@@ -1005,6 +1005,24 @@ def test_row_and_column_reductions_of_one_tensor_stay_apart():
     assert info["source"].count("column form") == 1, info["source"][-3000:]
 
 
+def test_a_returned_value_read_inside_is_stored_once_in_eager_layout():
+    """A value the graph returns and also reads through a view (a training forward's rotated keys,
+    saved for the backward and repeated for grouped-query attention; an inference graph's KV cache)
+    is stored once, in eager's layout ((B, S, H, D) memory seen as (B, H, S, D)), where it was
+    stored contiguous for the view and computed again in eager's layout for the output. A value
+    whose eager layout is not dense keeps the contiguous buffer."""
+    def f(x, c, s):
+        k = x.view(2, 5, 3, 8).transpose(1, 2) * c + s  # eager: a (B, S, H, D)-ordered result
+        return k, k[:, :, None, :, :].expand(2, 3, 2, 5, 8).reshape(2, 6, 5, 8) * 2
+    x, c, s = torch.randn(2, 5, 24), torch.randn(5, 8), torch.randn(5, 8)
+    info = check(f, x, c, s)  # k, the repeat's copy, * 2 (before: 4, k computed twice)
+    assert info["kernels"] == 3 and info["views"] == 0, info["kernel_list"]
+    assert sum("add" in k["nodes"] for k in info["kernel_list"]) == 1, info["kernel_list"]
+    # the same value returned through a view of it, and a broadcast result (not dense): correct
+    check(lambda x, c: (lambda k: (k.transpose(1, 2), k.sum(1)))(x.view(2, 5, 3, 8) * c[:3]), x, c)
+    check(lambda x, c: (lambda k: (k, k.exp()))(x[:, :1].expand(2, 5, 24) * c.view(-1)[:24]), x, c)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_slice_and_select_backward_are_masked_loads(dtype):
     """aten slice_backward / select_backward (the gradients ember's autograd emits for slicing)
