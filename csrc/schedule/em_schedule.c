@@ -1144,7 +1144,9 @@ static int need_arg(Sched *c, const IRArg *a) {
  *     only what A reads and stores only graph outputs (a training forward's saved pre-activation
  *     `x @ w + b`, stored at the end of the graph after the activation's kernel read the same
  *     elements: its outputs live to the graph's end anyway, and its inputs no longer wait for it
- *     across the externs between), or the domain is small (at most EM_HFUSE_SMALL elements: a
+ *     across the externs between), or B reads a buffer A reads and frees, when it runs, as many
+ *     bytes as it stores (hfuse_frees_its_stores: moving up allocates its outputs earlier and frees
+ *     its dying inputs earlier), or the domain is small (at most EM_HFUSE_SMALL elements: a
  *     launch saved, its output allocated earlier costs little; in a symbolic graph for every size
  *     the entry admits), or A is the step just before B (nothing moves past anything: a launch
  *     saved, repeat_kv's copies of a decode step's key and value caches) and both walk their
@@ -1359,6 +1361,32 @@ static int hfuse_reads_subset(const Schedule *s, const SKernel *a, const SKernel
     return 1;
 }
 
+/* Does kernel B (step j) free, when it runs, at least as many bytes as it stores? The buffers it
+ * reads that die with it (internal values and extern results that no later step touches and the
+ * graph does not return) against its outputs. Then B moving up across extern calls allocates its
+ * outputs earlier but frees as much earlier too: peak memory does not grow. SwiGLU's backward:
+ * the gate's gradient (reading the up projection, the product's gradient and the gate's input)
+ * joins the up projection's gradient across that projection's two matmuls. map: scratch of
+ * lg->nbufs bytes, zero in and out. */
+static int hfuse_frees_its_stores(const Schedule *s, uint32_t j, const SKernel *b, uint8_t *map) {
+    const LGraph *lg = s->lg;
+    int64_t stored = 0, freed = 0;
+    for (uint32_t q = 0; q < b->nstores; q++) stored += buf_bytes(&lg->bufs[b->stores[q].buf]);
+    for (uint32_t q = 0; q < b->nloads && freed < stored; q++) {
+        uint32_t u = b->loads[q].buf;
+        const LBuf *lb = &lg->bufs[u];
+        int dup = 0;
+        for (uint32_t r = 0; r < q && !dup; r++) dup = b->loads[r].buf == u;
+        if (dup || b->loads[q].iota || (lb->kind != LBUF_NODE && lb->kind != LBUF_EXTERN) || s->buf_output[u]) continue;
+        map[u] = 1;
+        int later = 0;
+        for (uint32_t k = j + 1; k < s->nsteps && !later; k++) later = hfuse_conflict(s, &s->steps[k], map, map, map);
+        map[u] = 0;
+        if (!later) freed += buf_bytes(lb);
+    }
+    return freed >= stored;
+}
+
 /* Does kernel b read every buffer kernel a reads? Then a's moving down to b keeps no buffer alive
  * longer. */
 static int reads_buffers_of(const SKernel *b, const SKernel *a) {
@@ -1376,8 +1404,9 @@ static int horizontal_fusion(Sched *c) {
     EmArena *ar = lg->arena;
     uint32_t nb = lg->nbufs;
     uint8_t *rd = em_arena_alloc(ar, nb + 1), *wr = em_arena_alloc(ar, nb + 1), *both = em_arena_alloc(ar, nb + 1);
-    uint8_t *gone = em_arena_alloc(ar, s->nsteps + 1);
-    if (!rd || !wr || !both || !gone) return -1;
+    uint8_t *gone = em_arena_alloc(ar, s->nsteps + 1), *scratch = em_arena_alloc(ar, nb + 1);
+    if (!rd || !wr || !both || !gone || !scratch) return -1;
+    memset(scratch, 0, nb + 1);
     uint32_t nfused = 0;
     for (uint32_t j = 0; j < s->nsteps; j++) {
         if (s->steps[j].kind != SSTEP_KERNEL) continue;
@@ -1399,7 +1428,7 @@ static int horizontal_fusion(Sched *c) {
             int shared = 0;
             for (uint32_t q = 0; q < ka->nloads && !shared; q++) shared = !ka->loads[q].iota && rd[ka->loads[q].buf];
             if (!small && !(shared && !crossed_extern) && !(shared && hfuse_reads_subset(s, ka, kb)) &&
-                !(adjacent && hfuse_same_walk(ka, kb)))
+                !(adjacent && hfuse_same_walk(ka, kb)) && !(shared && hfuse_frees_its_stores(s, j, kb, scratch)))
                 continue;
             if (hfuse_merge(ar, lg->env != NULL, ka, kb) < 0) return -1;
             gone[j] = 1;

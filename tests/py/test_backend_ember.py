@@ -1054,6 +1054,31 @@ def test_float_to_integer_casts_of_nan_and_out_of_range(src):
         check(lambda x, dst=dst: (x * 1).to(dst), x)
 
 
+def test_swiglu_backward_gradients_share_one_kernel():
+    """SwiGLU's backward (Llama's MLP): the up projection's gradient g * silu(a) and the gate's
+    silu_backward(g * b, a) read the same elements of g and a, with the up projection's two matmuls
+    between them. The gate's kernel frees as much as it stores when it runs (g, a and b die with it),
+    so it joins the up projection's kernel across the matmuls: one kernel of two outputs, where the
+    gate's gradient was a second pass over g and a."""
+    def mlp(x, wg, wu, wd):
+        return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+    x = torch.randn(2, 64, 128, requires_grad=True)
+    ws = [(torch.randn(352, 128) / 128 ** 0.5).requires_grad_(), (torch.randn(352, 128) / 128 ** 0.5).requires_grad_(),
+          (torch.randn(128, 352) / 352 ** 0.5).requires_grad_()]
+    g = torch.randn(2, 64, 128)
+    c = ember.compile(mlp, backend="ember")
+    c(x, *ws).backward(g)
+    got = [t.grad for t in (x, *ws)]
+    for t in (x, *ws):
+        t.grad = None
+    mlp(x, *ws).backward(g)
+    for a, b in zip(got, [t.grad for t in (x, *ws)]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    bw = ember.cache_info(c)[0]["autograd"]["ember"]["backward"]
+    kl = bw["kernel_list"]
+    assert len(kl) == 2 and kl[0]["outputs"] == 2 and "silu_backward" in kl[0]["nodes"], kl
+
+
 def test_saved_value_joins_the_kernel_reading_the_same_elements():
     """A value stored only as a graph output (a training forward's saved pre-activation `x @ w + b`)
     whose kernel reads only what an earlier kernel reads (the activation's, demanded first by the
@@ -1070,12 +1095,21 @@ def test_saved_value_joins_the_kernel_reading_the_same_elements():
     kl = info["kernel_list"]
     assert len(kl) == 1 and kl[0]["outputs"] == 2 and kl[0]["inplace"], kl
 
-    # a value that reads something the earlier kernel does not read keeps its own kernel
+    # a value that reads something the earlier kernel does not read joins it when it frees as much
+    # as it stores (the matmul's result dies with it: hfuse_frees_its_stores), else keeps its own
+    # kernel (two outputs for one freed buffer would raise the peak across the matmul)
     def g(x, w, b, w2, c):
         pre = x @ w + b
         out = F.gelu(pre) @ w2
         return out, pre * c
     info = check(g, *args, torch.randn(160))
+    assert len(info["kernel_list"]) == 1 and info["kernel_list"][0]["outputs"] == 2, info["kernel_list"]
+
+    def g2(x, w, b, w2, c):
+        pre = x @ w + b
+        out = F.gelu(pre) @ w2
+        return out, pre * c, pre - c
+    info = check(g2, *args, torch.randn(160))
     assert len(info["kernel_list"]) == 2, info["kernel_list"]
 
     # training: the forward half stores the pre-activation and the activation in one kernel
