@@ -283,8 +283,9 @@ static int read_by_kernels_only(Ctx *c, IRRef r, int depth) {
     return 1;
 }
 
-/* Is every reader of IR node r a lowered op that is not a view (computed in a kernel, reading r's
- * value element by element)? */
+/* Is every reader of IR node r a lowered elementwise op or reduction, reading r's value element by
+ * element where it is computed? (Not a view, an extern, the output, or a rule that stores its input
+ * first, as cat's pieces are: a broadcast value would be stored at its full size.) */
 static int read_by_ops_only(Ctx *c, IRRef r) {
     const IRGraph *g = c->lg->ir;
     for (IRRef u = r + 1; u < g->nnodes; u++) {
@@ -292,15 +293,19 @@ static int read_by_ops_only(Ctx *c, IRRef r) {
         if (!em_ir_node_reads(un, r)) continue;
         if ((un->kind != IR_CALL_FUNCTION && un->kind != IR_CALL_METHOD) || c->ext[u]) return 0;
         const LowerRule *ur = em_lower_find_rule(un, 0);
-        if (!ur || em_lower_is_view_rule(ur)) return 0;
+        if (!ur) return 0;
+        RuleKind k = ur->kind;
+        int elementwise = (k < R_REDUCE && k != R_COPY) || k == R_REDUCE || k == R_MEAN || k == R_SUM_TO_SIZE ||
+                          k == R_THRESHOLD_BACKWARD || k == R_ACT_BACKWARD || k == R_FILL /* zeros_like: its shape */;
+        if (!elementwise) return 0;
     }
     return 1;
 }
 
 /* A computed value seen through index arithmetic without materializing it (em_lower_impl.h): x is
  * a pointwise DAG (no reduction; every node's shape broadcasts to x's) over LOADs (plain or masked,
- * not gathers) and scalar constants; each LOAD, broadcast to x's shape, becomes leaf(c, arg, the LOAD, the broadcast load) and the DAG is rebuilt
- * on top with the leaves' shape. Index arithmetic commutes with pointwise ops, so the value is the
+ * not gathers) and scalar constants; each LOAD, broadcast to x's shape, becomes leaf(c, arg, the
+ * LOAD, the broadcast load) and the DAG is rebuilt on top with the leaves' shape. Index arithmetic commutes with pointwise ops, so the value is the
  * same; a node broadcast in x (the rotary embedding's sin, shared by the heads) is computed per
  * element of the result, as the kernel reading x computes it. Static graphs; at most
  * PUSHDOWN_MAX nodes. 0 when it does not apply (nodes it appended stay unused). */

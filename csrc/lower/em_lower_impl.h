@@ -100,10 +100,11 @@ int em_lower_scatter_update(Ctx *c, IRRef r);
 
 /* em_lower.c: the view rules */
 uint32_t em_lower_view(Ctx *c, const LowerRule *rule, const IRArg **slot);
-/* Index arithmetic pushed into the loads of a pointwise DAG x (static graphs): each plain LOAD
- * leaf orig, broadcast to x's shape (load), becomes leaf(c, arg, orig, load), a LOAD of one shape for
- * all leaves (or a scalar CONST), and the DAG is rebuilt on the leaves with that shape. 0 when x is not such a DAG or
- * a leaf returns 0 (the nodes appended stay unused: the caller may drop them). */
+/* Index arithmetic pushed into the loads of a pointwise DAG x (static graphs): each LOAD leaf orig
+ * (plain or masked; not a gather), broadcast to x's shape (load, its mask kept), becomes
+ * leaf(c, arg, orig, load), a LOAD of one shape for all leaves (or a scalar CONST), and the DAG is
+ * rebuilt on the leaves with that shape. 0 when x is not such a DAG or a leaf returns 0 (the nodes
+ * appended stay unused: the caller may drop them). */
 typedef uint32_t (*EmPushLeaf)(Ctx *c, void *arg, uint32_t orig, uint32_t load);
 uint32_t em_lower_pushdown(Ctx *c, uint32_t x, EmPushLeaf leaf, void *arg);
 /* How many times the IR nodes after r (the output included) read r. */
