@@ -8,8 +8,12 @@ change to the back half should leave a model's kernels alone and the device time
 
     PYTHONPATH=<tree>/src python bench/kernel_digest.py small            # bench/models.py --quick
     PYTHONPATH=<tree>/src python bench/kernel_digest.py gpt2:fp32 [BATCH] # bench/fullsize.py, full size
+    PYTHONPATH=<tree>/src python bench/kernel_digest.py train llama,gpt2,bert [bf16]
 
-BATCH cuts the inference batch (bfloat16 models at full batch take many minutes on a CPU).
+BATCH cuts the inference batch (bfloat16 models at full batch take many minutes on a CPU). `train`
+counts, per full-size model of bench/fullsize.py, the CUDA kernels of one training step's forward
+and backward graphs (a 1 x 32 input: the counts do not depend on its size), its compiled regions
+and graph breaks: how a change to the back half moves a training row's launches.
 """
 import hashlib
 import os
@@ -55,8 +59,37 @@ def digests():
     return sorted(out)
 
 
+def train_counts(names, dt):
+    """One training step of each full-size model in dt (bench/fullsize.py's "train" mode), its
+    CUDA code generator's kernels counted: prints a markdown table."""
+    print("| model | dtype | regions | breaks | forward kernels | backward kernels |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name in names.split(","):
+        model, x = fullsize.build(name, "full", "train")
+        x = x[:1, :32] if x.dtype == torch.int64 else x[:1].to(fullsize.DTYPES[dt])
+        model = model.to(fullsize.DTYPES[dt]).train()
+        ember.reset()
+        c = ember.compile(model)
+        fullsize.output_tensor(c(x)).float().square().mean().backward()
+        info = ember.cache_info(c, resume=True)
+        n = {"forward": 0, "backward": 0}
+        regions = 0
+        for e in info:
+            ag = e.get("autograd")
+            if not isinstance(ag, dict) or "ember" not in ag:
+                continue
+            regions += 1
+            for part in ("forward", "backward"):
+                n[part] += len(ag["ember"][part]["cuda_test"]["kernel_list"])
+        breaks = sum(e["kind"] != "graph" for e in info)
+        print(f"| {name} | {dt} | {regions} | {breaks} | {n['forward']} | {n['backward']} |", flush=True)
+
+
 def main(argv):
     which = argv[0]
+    if which == "train":
+        train_counts(argv[1], argv[2] if len(argv) > 2 else "bf16")
+        return
     with torch.no_grad():
         if which == "small":
             progs, _ = models.programs(True)
