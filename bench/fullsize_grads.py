@@ -12,6 +12,11 @@ reasons, the attention ops in the two halves, and one step's median time (ms).
 
     python bench/fullsize_grads.py --device cuda --models gpt2:train,llama:train,bert:train,gpt2:autocast
     python bench/fullsize_grads.py              # dev VM: the small configurations, fp32 on the CPU
+    python bench/fullsize_grads.py --size full --cut 1,32 --calls 0 --models gpt2:train,llama:train,bert:train,vit:train
+                                                # dev VM: full size, a cut input, no timing
+
+--cut B[,S] keeps the first B inputs (and S tokens of a language model's); --calls N times N steps
+(0: no timing). Graph breaks (entries that are not one graph, resume functions included) are counted.
 """
 import argparse
 import copy
@@ -72,6 +77,8 @@ def relerr(a, b):
 
 
 def step_ms(model, fn, x, autocast, dtype, device, calls=12):
+    if calls <= 0:
+        return float("nan")
     opt = torch.optim.AdamW(model.parameters(), lr=0.0)  # lr 0: the weights stay those compared
 
     def step():
@@ -97,6 +104,8 @@ def main(argv=None):
     ap.add_argument("--models", default="gpt2:train,llama:train,bert:train,gpt2:autocast",
                     help="model:mode pairs, mode train or autocast")
     ap.add_argument("--dtype", default=None, help="bf16 / fp16 / fp32; default bf16 on CUDA, fp32 on the CPU")
+    ap.add_argument("--cut", default=None, help="B[,S]: the first B inputs, S tokens (language models)")
+    ap.add_argument("--calls", type=int, default=12, help="timed steps per compiler (0: no timing)")
     args = ap.parse_args(argv)
     size = args.size or ("full" if args.device == "cuda" else "small")
     dtype = fs.DTYPES[args.dtype or ("bf16" if args.device == "cuda" else "fp32")]
@@ -110,16 +119,22 @@ def main(argv=None):
         name, mode = pair.split(":")
         autocast = mode == "autocast"
         base, x = prep(name, mode, size, dtype, args.device)
+        if args.cut:
+            cut = [int(v) for v in args.cut.split(",")]
+            x = x[: cut[0]]
+            if len(cut) > 1 and not x.is_floating_point():
+                x = x[:, : cut[1]]
         ref = copy.deepcopy(base).float()
         g_ref = grads(ref, ref, x.float() if x.is_floating_point() else x, False, dtype, args.device)
         del ref
         g_e = grads(base, base, x, autocast, dtype, args.device)
         g_e2 = grads(base, base, x, autocast, dtype, args.device)
         print(f"{name} {mode}: eager vs fp32 {relerr(g_e, g_ref)}; eager vs eager {relerr(g_e2, g_e)}; "
-              f"eager step {step_ms(base, base, x, autocast, dtype, args.device):.2f} ms", flush=True)
+              f"eager step {step_ms(base, base, x, autocast, dtype, args.device, args.calls):.2f} ms", flush=True)
         ember.reset()
         c = ember.compile(base)
         g_m = grads(base, c, x, autocast, dtype, args.device)
+        breaks = sum(e["kind"] != "graph" for e in ember.cache_info(c, resume=True))
         info = [e.get("autograd") for e in ember.cache_info(c)]
         info = [a for a in info if isinstance(a, dict)]
         regions = [len(a.get("steps", [])) for a in info]
@@ -127,8 +142,9 @@ def main(argv=None):
         ops = sorted({f"{half}:{op}" for a in info for half in ("forward", "backward")
                       for op in ("cudnn_attention", "flash_attention", "efficient_attention", "scaled_dot_product_attention")
                       if op in str(a.get(half, ""))})
-        print(f"  ember: graphs {len(info)}, split steps {regions}; vs fp32 {relerr(g_m, g_ref)}; vs eager {relerr(g_m, g_e)}; "
-              f"step {step_ms(base, c, x, autocast, dtype, args.device):.2f} ms; attention ops {ops}", flush=True)
+        print(f"  ember: graphs {len(info)}, breaks {breaks}, split steps {regions}; vs fp32 {relerr(g_m, g_ref)}; "
+              f"vs eager {relerr(g_m, g_e)}; step {step_ms(base, c, x, autocast, dtype, args.device, args.calls):.2f} ms; "
+              f"attention ops {ops}", flush=True)
         for r in reasons[:6]:
             print("    split:", r[:200])
         ember.reset()
