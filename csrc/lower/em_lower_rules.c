@@ -684,7 +684,8 @@ static uint32_t slice_backward_load(Ctx *c, void *arg, uint32_t orig, uint32_t l
     double fill = 0.0;
     for (uint32_t i = 0; i < sb->nleaf; i++)
         if (sb->leaf[i] == orig) fill = sb->fill[i];
-    if (!em_lnode_is_view(&src) || src.ndim != nd - sb->select) return 0; /* a masked leaf: stored first */
+    /* a masked leaf, or the index table (its loads read no memory: masks are for memory): stored first */
+    if (!em_lnode_is_view(&src) || lg->bufs[src.buf].kind == LBUF_INDEX || src.ndim != nd - sb->select) return 0;
     for (int e = 0, k = 0; e < nd; e++) {
         if (e == d) {
             if (!sb->select && src.sizes[k] != sb->end - sb->start) return 0;
