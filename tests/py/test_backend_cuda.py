@@ -74,7 +74,7 @@ GRAPHS = [
     ("cat_stack", lambda a, b: torch.stack([torch.cat([a, b], 1), torch.cat([b, a], 1)]), [cpu(4, 5), cpu(4, 5)]),
     ("horizontal", lambda x, y: (x.sin() * 2, x > y, (x * y).half()), [cpu(4096), cpu(4096)]),
     ("rope_backward_bf16", lambda g, t: _rope_backward(g, t), [cpu(2, 4, 5, 64, dtype=_B), cpu(2, 5, 64, dtype=_B)]),
-]
+]  # (a lambda: _rope_backward is defined below)
 
 
 @needs_nvrtc
