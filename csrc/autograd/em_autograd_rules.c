@@ -530,6 +530,30 @@ bool em_ag_max_pool_3d(const IRNode *n) {
     return em_rw_node_named(n, "torch.nn.functional.max_pool3d torch.nn.functional._max_pool3d torch.max_pool3d");
 }
 
+/* The torch op of a fused attention kernel's backward that takes the sequence lengths as numbers
+ * (flash, cuDNN: name the kernel in the failure), held in ag's arena, and those lengths (q's and k's
+ * dim -2) as constant arguments; NULL with the rewrite failed (a symbolic length: per-size compile). */
+static PyObject *sdpa_backward_op(AG *ag, const char *op, const char *kernel, const IRArg *q, const IRArg *k,
+                                  IRArg *sq, IRArg *sk) {
+    PyObject *t = em_rw_torch_attr(op);
+    if (!t || !em_arena_hold_steal(ag->a, t)) {
+        em_rw_fail_exc(&ag->rw);
+        return NULL;
+    }
+    const IRMeta *qm = em_rw_val_meta(&ag->rw, q), *km = em_rw_val_meta(&ag->rw, k);
+    if (em_rw_dims_symbolic(&ag->rw, qm, 0) || em_rw_dims_symbolic(&ag->rw, km, 0)) {
+        em_rw_fail_sym(&ag->rw, "%s attention's backward takes the sequence lengths as numbers", kernel);
+        return NULL;
+    }
+    *sq = em_rw_arg_const_steal(&ag->rw, PyLong_FromLongLong(qm->sizes[qm->ndim - 2]));
+    *sk = em_rw_arg_const_steal(&ag->rw, PyLong_FromLongLong(km->sizes[km->ndim - 2]));
+    if (em_rw_arg_bad(sq) || em_rw_arg_bad(sk)) {
+        em_rw_fail_exc(&ag->rw);
+        return NULL;
+    }
+    return t;
+}
+
 int em_ag_backward_special(AG *ag, IRRef n, const Bind *b) {
     const IRNode *node = em_ir_node(ag->g, n);
     IRRef g = ag->grad[n];
@@ -841,32 +865,22 @@ int em_ag_backward_special(AG *ag, IRRef n, const Bind *b) {
             if (em_rw_arg_bad(&a[10])) return em_rw_fail_exc(&ag->rw);
             r = em_rw_emit(&ag->rw, IR_CALL_FUNCTION, t, a, 12, kwn + 1, &sc, 1);
         } else if (kind == SDPA_FLASH_CUDA) {
-            PyObject *t = em_rw_torch_attr("ops.aten._scaled_dot_product_flash_attention_backward");
-            if (!t || !em_arena_hold_steal(ag->a, t)) return em_rw_fail_exc(&ag->rw);
-            const IRMeta *qm = em_rw_val_meta(&ag->rw, &q), *km = em_rw_val_meta(&ag->rw, &k);
-            if (em_rw_dims_symbolic(&ag->rw, qm, 0) || em_rw_dims_symbolic(&ag->rw, km, 0))
-                return em_rw_fail_sym(&ag->rw, "flash attention's backward takes the sequence lengths as numbers");
+            IRArg sq, sk;
+            PyObject *t = sdpa_backward_op(ag, "ops.aten._scaled_dot_product_flash_attention_backward", "flash", &q, &k, &sq, &sk);
+            if (!t) return -1;
             /* dense inputs: cum_seq_q/k are undefined, max_q/max_k the sequence lengths (attention.cu) */
             IRArg a[14] = {em_rw_arg_node(g), em_rw_map_arg(&ag->rw, &q), em_rw_map_arg(&ag->rw, &k), em_rw_map_arg(&ag->rw, &v), out, em_rw_arg_node(ag->aux[n][0]),
-                           none, none, em_rw_arg_const_steal(&ag->rw, PyLong_FromLongLong(qm->sizes[qm->ndim - 2])),
-                           em_rw_arg_const_steal(&ag->rw, PyLong_FromLongLong(km->sizes[km->ndim - 2])), dp, ic,
-                           em_rw_arg_node(ag->aux[n][1]), em_rw_arg_node(ag->aux[n][2])};
-            if (em_rw_arg_bad(&a[8]) || em_rw_arg_bad(&a[9])) return em_rw_fail_exc(&ag->rw);
+                           none, none, sq, sk, dp, ic, em_rw_arg_node(ag->aux[n][1]), em_rw_arg_node(ag->aux[n][2])};
             r = em_rw_emit(&ag->rw, IR_CALL_FUNCTION, t, a, 14, kwn + 1, &sc, 1);
         } else if (kind == SDPA_CUDNN) {
             /* the output gradient in any layout: the op lays it out as the output (MHA.cpp,
              * permute_to_matching_layout), as eager's node hands it whatever autograd made */
-            PyObject *t = em_rw_torch_attr("ops.aten._scaled_dot_product_cudnn_attention_backward");
-            if (!t || !em_arena_hold_steal(ag->a, t)) return em_rw_fail_exc(&ag->rw);
-            const IRMeta *qm = em_rw_val_meta(&ag->rw, &q), *km = em_rw_val_meta(&ag->rw, &k);
-            if (em_rw_dims_symbolic(&ag->rw, qm, 0) || em_rw_dims_symbolic(&ag->rw, km, 0))
-                return em_rw_fail_sym(&ag->rw, "cuDNN attention's backward takes the sequence lengths as numbers");
+            IRArg sq, sk;
+            PyObject *t = sdpa_backward_op(ag, "ops.aten._scaled_dot_product_cudnn_attention_backward", "cuDNN", &q, &k, &sq, &sk);
+            if (!t) return -1;
             IRArg a[15] = {em_rw_arg_node(g), em_rw_map_arg(&ag->rw, &q), em_rw_map_arg(&ag->rw, &k), em_rw_map_arg(&ag->rw, &v), out,
                            em_rw_arg_node(ag->aux[n][0]), em_rw_arg_node(ag->aux[n][1]), em_rw_arg_node(ag->aux[n][2]),
-                           ag->aux[n][4] ? em_rw_arg_node(ag->aux[n][4]) : none, none, none,
-                           em_rw_arg_const_steal(&ag->rw, PyLong_FromLongLong(qm->sizes[qm->ndim - 2])),
-                           em_rw_arg_const_steal(&ag->rw, PyLong_FromLongLong(km->sizes[km->ndim - 2])), dp, ic};
-            if (em_rw_arg_bad(&a[11]) || em_rw_arg_bad(&a[12])) return em_rw_fail_exc(&ag->rw);
+                           ag->aux[n][4] ? em_rw_arg_node(ag->aux[n][4]) : none, none, none, sq, sk, dp, ic};
             r = em_rw_emit(&ag->rw, IR_CALL_FUNCTION, t, a, 15, kwn + 1, &sc, 1);
         } else {
             return em_rw_fail(&ag->rw, "scaled_dot_product_attention: no fused kernel with a backward op for these inputs");
