@@ -156,7 +156,7 @@ static int region_run_passes(Region *R) {
             Py_XDECREF(pc.stale);
             return STEP_FALLBACK;
         }
-        static const char *const keys[] = {"passes", "attention", "decomposed", "functionalized", "padded", "pass_graphs"};
+        static const char *const keys[] = {"passes", "attention", "decomposed", "functionalized", "folded", "padded", "pass_graphs"};
         for (size_t k = 0; R->result && *R->info && PyDict_Check(*R->info) && k < sizeof keys / sizeof keys[0]; k++) {
             PyObject *v = PyDict_GetItemString(pc.info, keys[k]); /* borrowed */
             if (v && PyDict_SetItemString(*R->info, keys[k], v) < 0) Py_CLEAR(R->result);

@@ -1161,6 +1161,13 @@ bool em_ir_meta_contiguous(const IRMeta *m) {
     return true;
 }
 
+bool em_ir_meta_foldable(const IRMeta *m) {
+    if (!m || m->kind != IRMETA_TENSOR || !m->strides) return false;
+    for (int32_t i = 0; i + 2 < m->ndim; i++)
+        if (m->strides[i] != m->strides[i + 1] * m->sizes[i + 1]) return false;
+    return true;
+}
+
 bool em_ir_meta_on_cpu(const IRMeta *m) {
     if (!m || m->kind != IRMETA_TENSOR || !m->device) return false;
     PyObject *t = PyObject_GetAttrString(m->device, "type");

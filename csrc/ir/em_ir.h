@@ -267,6 +267,9 @@ PyObject *em_ir_sym_value_tree(struct ShapeEnv *env, const IRMeta *m);
 uint32_t em_ir_sym_from_tree(struct ShapeEnv *env, PyObject *tree);
 /* Is m a tensor with torch's contiguous strides (size-1 dims ignored, as is_contiguous)? */
 bool em_ir_meta_contiguous(const IRMeta *m);
+/* Can ATen fold tensor m, a matmul's larger operand, into a matrix without a copy (LinearAlgebra.cpp,
+ * should_fold: every dimension but the last two has stride[i] == stride[i + 1] * size[i + 1])? */
+bool em_ir_meta_foldable(const IRMeta *m);
 /* Is m a tensor on a CPU device? */
 bool em_ir_meta_on_cpu(const IRMeta *m);
 

@@ -849,15 +849,9 @@ static const char *const out_externs[][2] = {{"torch", "matmul"}, {"torch", "mm"
                                              {"torch", "baddbmm"}, {"torch._C._nn", "linear"}};
 #define N_OUT_EXTERNS (sizeof out_externs / sizeof out_externs[0])
 
-/* Can torch fold tensor argument a of a matmul into a matrix without a copy (ATen's should_fold:
- * every dimension but the last two has stride[i] == stride[i + 1] * size[i + 1])? */
+/* Can torch fold tensor argument a of a matmul into a matrix without a copy (em_ir_meta_foldable)? */
 static int foldable(const IRGraph *g, const IRArg *a) {
-    if (!a || a->kind != IRARG_NODE) return 0;
-    const IRMeta *m = &g->nodes[a->u.ref].meta;
-    if (m->kind != IRMETA_TENSOR) return 0;
-    for (int i = 0; i + 2 < m->ndim; i++)
-        if (m->strides[i] != m->strides[i + 1] * m->sizes[i + 1]) return 0;
-    return 1;
+    return a && a->kind == IRARG_NODE && em_ir_meta_foldable(&g->nodes[a->u.ref].meta);
 }
 
 static int ndim_of(const IRGraph *g, const IRArg *a) {

@@ -26,11 +26,9 @@
 #define EM_PAD_ALIGN 8
 #define EM_PAD_MIN_FLOP (1LL << 30) /* M * N * K: below this, the padded copies cost more than they save */
 
-static const Rule LINEAR_SIG = {"torch.nn.functional.linear torch._C._nn.linear", "input, weight, bias=None", "", "", 0, 0};
-
 /* Is node n a linear the pass pads? *pad: the weight rows to add. */
 static bool wants_pad(Rewrite *d, const IRNode *n, Bind *b, long long *pad) {
-    if (n->kind != IR_CALL_FUNCTION || !em_rw_node_named(n, LINEAR_SIG.names) || em_rw_bind_args(d, &LINEAR_SIG, n, b) < 0)
+    if (n->kind != IR_CALL_FUNCTION || !em_rw_node_named(n, EM_RW_LINEAR_SIG.names) || em_rw_bind_args(d, &EM_RW_LINEAR_SIG, n, b) < 0)
         return PyErr_Clear(), false;
     IRArg x = em_rw_bval(b, "input"), w = em_rw_bval(b, "weight"), bias = em_rw_bval(b, "bias");
     if (x.kind != IRARG_NODE || w.kind != IRARG_NODE || (bias.kind != IRARG_NODE && !em_rw_arg_is_none(&bias))) return false;

@@ -29,8 +29,6 @@ static bool skinny_wins(int es, int64_t M, int64_t N, int64_t K) {
     return es == 4 || (K <= 1024 && N <= 4096);
 }
 
-static const Rule LINEAR_SIG = {"torch.nn.functional.linear torch._C._nn.linear", "input, weight, bias=None", "", "", 0, 0};
-
 static bool half_or_float(const IRMeta *m, int *es) {
     if (em_rw_meta_dtype_is(m, "torch.bfloat16") || em_rw_meta_dtype_is(m, "torch.float16")) return *es = 2, true;
     if (em_rw_meta_dtype_is(m, "torch.float32")) return *es = 4, true;
@@ -39,7 +37,7 @@ static bool half_or_float(const IRMeta *m, int *es) {
 
 /* Is node n a linear the pass rewrites? *rows: x's rows. */
 static bool wants_skinny(Rewrite *d, const IRNode *n, Bind *b, int64_t *rows) {
-    if (n->kind != IR_CALL_FUNCTION || !em_rw_node_named(n, LINEAR_SIG.names) || em_rw_bind_args(d, &LINEAR_SIG, n, b) < 0)
+    if (n->kind != IR_CALL_FUNCTION || !em_rw_node_named(n, EM_RW_LINEAR_SIG.names) || em_rw_bind_args(d, &EM_RW_LINEAR_SIG, n, b) < 0)
         return PyErr_Clear(), false;
     IRArg x = em_rw_bval(b, "input"), w = em_rw_bval(b, "weight"), bias = em_rw_bval(b, "bias");
     if (x.kind != IRARG_NODE || w.kind != IRARG_NODE || (bias.kind != IRARG_NODE && !em_rw_arg_is_none(&bias))) return false;

@@ -20,6 +20,7 @@ static const EmPass PASSES[] = {
     {"attention", em_pass_attention, EM_PASSES_TRAINING | EM_PASSES_INFERENCE},
     {"decompose", em_pass_decompose, EM_PASSES_TRAINING | EM_PASSES_INFERENCE},
     {"functionalize", em_pass_functionalize, EM_PASSES_TRAINING},
+    {"fold_mm", em_pass_fold_mm, EM_PASSES_TRAINING | EM_PASSES_INFERENCE},
     {"layout", em_pass_layout, EM_PASSES_INFERENCE},
     {"pad_mm", em_pass_pad_mm, EM_PASSES_TRAINING | EM_PASSES_INFERENCE},
     {"skinny_mm", em_pass_skinny_mm, EM_PASSES_INFERENCE | EM_PASSES_INFERENCE_SYM},

@@ -26,8 +26,8 @@ enum {
  * info: a dict the driver fills, as cache_info(fn)[i]["ember" | "autograd"] shows it: "passes" (the
  * names of the passes that changed the graph, in order), "pass_times" (seconds per pass run),
  * "pass_graphs" (with em_passes_record_graphs: (name, graph table) after each pass that changed it),
- * and each pass's own keys ("attention", "decomposed", "functionalized", "channels_last", "padded", "skinny",
- * "autocast"). */
+ * and each pass's own keys ("attention", "decomposed", "functionalized", "folded", "channels_last", "padded",
+ * "skinny", "autocast"). */
 typedef struct EmPassCtx {
     unsigned when;            /* EM_PASSES_* */
     /* training: the flags of a node's derivative rule, -1 without one (autograd's table, which the
@@ -61,6 +61,7 @@ IRGraph *em_pass_autocast(const IRGraph *g, EmPassCtx *ctx);      /* em_pass_aut
 IRGraph *em_pass_attention(const IRGraph *g, EmPassCtx *ctx);     /* em_pass_attention.c */
 IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx);     /* em_pass_decompose.c */
 IRGraph *em_pass_functionalize(const IRGraph *g, EmPassCtx *ctx); /* em_pass_functionalize.c */
+IRGraph *em_pass_fold_mm(const IRGraph *g, EmPassCtx *ctx);       /* em_pass_fold_mm.c */
 IRGraph *em_pass_layout(const IRGraph *g, EmPassCtx *ctx);        /* em_pass_layout.c */
 IRGraph *em_pass_pad_mm(const IRGraph *g, EmPassCtx *ctx);        /* em_pass_pad_mm.c */
 IRGraph *em_pass_skinny_mm(const IRGraph *g, EmPassCtx *ctx);     /* em_pass_skinny_mm.c */

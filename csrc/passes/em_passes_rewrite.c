@@ -98,6 +98,8 @@ int em_rw_grow_roles(Rewrite *ag) {
     return 0;
 }
 
+const Rule EM_RW_LINEAR_SIG = {"torch.nn.functional.linear torch._C._nn.linear", "input, weight, bias=None", "", "", 0, 0};
+
 /* The name rules use for a node: "Tensor.m" for call_method m, else the target's qualified name. */
 PyObject *em_rw_node_opname(const IRNode *n) {
     if (n->kind == IR_CALL_METHOD) return PyUnicode_FromFormat("Tensor.%U", n->target);

@@ -105,6 +105,8 @@ typedef struct {
     uint32_t nt;
 } EinsumEq;
 
+/* F.linear's signature (the passes that rewrite linears bind it: fold_mm, pad_mm, skinny_mm) */
+extern const Rule EM_RW_LINEAR_SIG;
 
 /* em_passes_rewrite.c */
 int em_rw_fail(Rewrite *ag, const char *fmt, ...);

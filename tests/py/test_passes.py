@@ -36,7 +36,8 @@ def test_inference_passes_named_in_cache_info():
     info = inference_info(c)
     assert info["passes"] == ["layout"] and info["channels_last"] == ["conv2d"], info.get("passes")
     # every pass of the inference list ran and was timed, lowering included
-    assert set(info["pass_times"]) == {"attention", "decompose", "layout", "pad_mm", "skinny_mm", "lower_codegen_load"}, info["pass_times"]
+    assert set(info["pass_times"]) == {"attention", "decompose", "fold_mm", "layout", "pad_mm", "skinny_mm",
+                                       "lower_codegen_load"}, info["pass_times"]
     assert "passes that changed the graph: layout" in str(ember.explain(c, x, w))
 
 
@@ -72,7 +73,9 @@ def test_decompose_then_lower_in_inference():
     finally:
         torch.backends.mha.set_fastpath_enabled(True)
     info = ember.cache_info(c)[0]["ember"]
-    assert info["passes"] == ["decompose"] and info["decomposed"] == ["multi_head_attention_forward"], info
+    assert info["passes"] == ["decompose", "fold_mm"] and info["decomposed"] == ["multi_head_attention_forward"], info
+    # the in-projection of the (L, N, E) view of a batch_first input: one GEMM (below)
+    assert len(info["folded"]) == 1 and "made contiguous" in info["folded"][0], info["folded"]
 
 
 def test_training_passes_in_order():
@@ -111,3 +114,93 @@ def test_dump_writes_the_graph_after_each_pass(tmp_path):
     with torch.no_grad():
         c(x, w)
     assert "pass_graphs" not in inference_info(c)
+
+
+class MatmulCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten matrix multiplies run under it, as (op name, input shapes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in ("mm", "bmm", "addmm", "baddbmm"):
+            self.calls.append((name, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]))
+        return func(*args, **(kwargs or {}))
+
+
+def run_logged(fn, *args):
+    with MatmulCalls() as log:
+        out = fn(*args)
+    return out, log.calls
+
+
+@pytest.mark.parametrize("form", ["linear", "linear_no_bias", "matmul", "method", "operator"])
+def test_fold_mm_runs_one_gemm_for_a_transposed_batch(form):
+    """A linear / matmul of a transposed activation (3+ dims whose batch dims do not flatten) times
+    a matrix: ATen would run a batched GEMM of the expanded weight (no tensor requires grad inside a
+    compiled graph); pass fold_mm makes the input contiguous (written so by its kernel) and ATen runs
+    one GEMM of all the rows, with the bias in the GEMM's epilogue or the consumer's kernel."""
+    def f(x, w, b):
+        h = x.transpose(0, 1) * 2
+        if form == "linear":
+            y = F.linear(h, w, b)
+        elif form == "linear_no_bias":
+            y = F.linear(h, w)
+        elif form == "matmul":
+            y = torch.matmul(h, w.t())
+        elif form == "method":
+            y = h.matmul(w.t())
+        else:
+            y = h @ w.t()
+        return y.relu()
+
+    x, w, b = torch.randn(4, 6, 8), torch.randn(5, 8), torch.randn(5)
+    c = ember.compile(f)
+    with torch.no_grad():
+        c(x, w, b)
+        out, calls = run_logged(c, x, w, b)
+        ref, ref_calls = run_logged(f, x, w, b)
+    torch.testing.assert_close(out, ref)
+    assert out.stride() == ref.stride()
+    assert [n for n, _ in ref_calls] == ["bmm"], ref_calls  # what eager does without grad
+    assert calls and all(n in ("mm", "addmm") and shapes[0] == (24, 8) for n, shapes in calls), calls
+    info = inference_info(c)
+    assert "fold_mm" in info["passes"] and len(info["folded"]) == 1, info.get("passes")
+
+
+def test_fold_mm_leaves_foldable_inputs_alone():
+    def f(x, y, w):  # a contiguous batch, and a slice of the last dim (rows of stride 16 flatten)
+        return F.linear(x, w) + torch.matmul(y[..., :8], w.t())
+
+    x, y, w = torch.randn(2, 3, 8), torch.randn(2, 3, 16), torch.randn(5, 8)
+    c = ember.compile(f)
+    with torch.no_grad():
+        torch.testing.assert_close(c(x, y, w), f(x, y, w))
+    assert "fold_mm" not in inference_info(c).get("passes", []), inference_info(c).get("passes")
+
+
+def test_fold_mm_in_training_multihead_attention():
+    """nn.TransformerEncoderLayer(batch_first=True) trains through F.multi_head_attention_forward,
+    whose in-projection multiplies the (L, N, E) view of the input: one GEMM in the forward, and
+    gradients equal to eager's (whose own training path copies the input the same way)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    ref_layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    ref_layer.load_state_dict(layer.state_dict())
+    x = torch.randn(3, 7, 32)
+    c = ember.compile(layer)
+    c(x).square().mean().backward()
+    for p in layer.parameters():
+        p.grad = None
+    out, calls = run_logged(lambda: c(x).square().mean().backward() or c(x))
+    ref = ref_layer(x)
+    ref.square().mean().backward()
+    torch.testing.assert_close(out, ref)
+    for (name, p), q in zip(layer.named_parameters(), ref_layer.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    assert calls and all(n != "bmm" for n, _ in calls), calls
+    (e,) = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
+    a = e["autograd"]
+    assert "fallback" not in a and "fold_mm" in a["passes"] and len(a["folded"]) == 1, (a.get("passes"), a.get("folded"))
