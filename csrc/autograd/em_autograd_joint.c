@@ -388,7 +388,18 @@ IRRef em_ag_forward_rewrite(AG *ag, IRRef n, const Bind *b) {
         PyObject *t = em_rw_torch_attr("ops.aten.native_layer_norm.default");
         if (!t || !em_arena_hold_steal(ag->a, t)) return em_rw_fail_exc(&ag->rw), 0;
         IRArg self = em_rw_bval(b, "self"), w = em_rw_bval(b, "weight"), bias = em_rw_bval(b, "bias");
-        IRArg a[5] = {em_rw_map_arg(&ag->rw, &self), em_rw_const_fold(&ag->rw, em_rw_bval(b, "normalized_shape")), em_rw_map_arg(&ag->rw, &w), em_rw_map_arg(&ag->rw, &bias), em_rw_bval(b, "eps")};
+        IRArg x = em_rw_map_arg(&ag->rw, &self);
+        if (self.kind == IRARG_NODE && !em_ir_meta_contiguous(&em_ir_node(ag->g, self.u.ref)->meta)) {
+            /* aten's layer norm copies a strided input (X.expect_contiguous(), forward and backward:
+             * the residual stream of torch.nn.MultiheadAttention's transposed output, ViT-B/16):
+             * the copy is written by the kernel computing the input instead, and saved for the
+             * backward in place of the strided value (aux[n][2]) */
+            IRRef xc = em_rw_emit_method(&ag->rw, "contiguous", &x, 1);
+            if (!xc) return 0;
+            x = em_rw_arg_node(xc);
+            ag->aux[n][2] = xc;
+        }
+        IRArg a[5] = {x, em_rw_const_fold(&ag->rw, em_rw_bval(b, "normalized_shape")), em_rw_map_arg(&ag->rw, &w), em_rw_map_arg(&ag->rw, &bias), em_rw_bval(b, "eps")};
         ag->cur_pinned = true;
         IRRef r = em_rw_emit(&ag->rw, IR_CALL_FUNCTION, t, a, 5, NULL, NULL, 0);
         ag->cur_pinned = false;

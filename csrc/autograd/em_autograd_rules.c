@@ -720,7 +720,14 @@ int em_ag_backward_special(AG *ag, IRRef n, const Bind *b) {
         IRArg self = em_rw_bval(b, "self"), w = em_rw_bval(b, "weight"), bias = em_rw_bval(b, "bias");
         PyObject *t = em_rw_torch_attr("ops.aten.native_layer_norm_backward.default");
         if (!t || !em_arena_hold_steal(ag->a, t)) return em_rw_fail_exc(&ag->rw);
-        IRArg a[8] = {em_rw_arg_node(g), em_rw_map_arg(&ag->rw, &self), em_rw_const_fold(&ag->rw, em_rw_bval(b, "normalized_shape")), em_rw_arg_node(ag->aux[n][0]),
+        /* the input as the forward gave it (made contiguous there: em_autograd_joint.c), and the
+         * gradient through contiguous(), as cudnn_batch_norm_backward's below: one that arrives
+         * strided (through a transpose) is written contiguous by the kernel computing it, where
+         * aten would copy it; the emitted meta of a backward view need not say which it is */
+        IRArg x = ag->aux[n][2] ? em_rw_arg_node(ag->aux[n][2]) : em_rw_map_arg(&ag->rw, &self);
+        IRRef gc = em_rw_emit_method(&ag->rw, "contiguous", (IRArg[]){em_rw_arg_node(g)}, 1);
+        if (!gc) return -1;
+        IRArg a[8] = {em_rw_arg_node(gc), x, em_rw_const_fold(&ag->rw, em_rw_bval(b, "normalized_shape")), em_rw_arg_node(ag->aux[n][0]),
                       em_rw_arg_node(ag->aux[n][1]), em_rw_map_arg(&ag->rw, &w), em_rw_map_arg(&ag->rw, &bias),
                       em_rw_arg_const_steal(&ag->rw, bool_list(em_rw_needs(&ag->rw, &self), em_rw_needs(&ag->rw, &w), em_rw_needs(&ag->rw, &bias)))};
         IRRef r = em_rw_emit(&ag->rw, IR_CALL_FUNCTION, t, a, 8, NULL, NULL, 0);

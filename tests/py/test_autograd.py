@@ -2158,3 +2158,33 @@ def test_sdpa_with_enable_gqa_trains_in_the_region():
     a = _region_matches_eager(f, torch.randn(2, 8, 6, 4, requires_grad=True), torch.randn(2, 2, 6, 4, requires_grad=True),
                               torch.randn(2, 2, 6, 4, requires_grad=True))
     assert a["decomposed"] == ["scaled_dot_product_attention"], a.get("passes")
+
+
+class NormInputs(torch.utils._python_dispatch.TorchDispatchMode):
+    """The strides of the tensors aten's layer norm (forward and backward) is called with."""
+
+    def __init__(self):
+        super().__init__()
+        self.strides = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in ("native_layer_norm", "native_layer_norm_backward"):
+            self.strides.append([(tuple(a.shape), a.is_contiguous()) for a in args if isinstance(a, torch.Tensor)])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_layer_norm_of_a_transposed_value_reads_it_contiguous(backend):
+    """layer_norm of a transposed activation (torch.nn.MultiheadAttention's output added back to the
+    batch_first residual stream) and a gradient that arrives transposed: aten's layer norm would copy
+    each strided tensor (X.expect_contiguous(), dY too); the joint graph hands it contiguous copies,
+    which ember's kernels write where they compute the values. Values and gradients as eager's."""
+    def f(x, y, w, b):
+        h = x.transpose(0, 1) * 2 + y  # (B, S, E) with (S, B, E) strides, as eager's add gives it
+        return F.layer_norm(h, (8,), w, b).transpose(0, 1) * 3
+
+    inputs = (r(5, 3, 8), r(3, 5, 8), r(8), r(8))
+    c = check(f, inputs, backend=backend)
+    with NormInputs() as log:
+        c(*inputs).sum().backward()
+    assert len(log.strides) == 2 and all(ok for call in log.strides for _, ok in call), log.strides
