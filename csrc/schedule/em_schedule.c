@@ -642,6 +642,52 @@ static int row_store(const Sched *c, uint32_t x, uint32_t y, const uint32_t *lis
            same_shape(lg, ny->ndim, ny->sizes, ny->ssizes, din->sizes, din->ssizes);
 }
 
+/* ---- row outputs ----
+ * A norm in a training graph returns more than its output: the residual stream it reads (the
+ * next layer's input) and its per-row statistics (rms_norm's rsqrt, saved for the backward). The
+ * kernel of the norm's output (a row kernel: root stored along the row) computes all of them, yet
+ * each was stored by a kernel of its own that computed it again: an 8-layer Llama's forward had
+ * three kernels per norm (bench/kernel_digest.py train). So on CUDA, once the kernel's domain is
+ * final, it also stores each value of its DAG that a later step reads (future_reach) and that it
+ * computes once per domain point: of the reduced tensor's shape (row_store), or once per row (the
+ * reduction's keepdim shape: stored by the row's first thread, em_codegen_cuda.c emit_reduction).
+ * At most EM_SHARE_MAX values besides the root. The C generator keeps kernels of their own (its row
+ * cache holds one output). */
+static int row_output(const Sched *c, uint32_t x, uint32_t y, const uint32_t *list, uint32_t n) {
+    if (row_store(c, x, y, list, n)) return 1;
+    LGraph *lg = c->lg;
+    uint32_t dom = dag_domain(c, x, list, n);
+    if (!lg->cuda || lg->env || !dom || dom == x) return 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (lg->nodes[list[i]].op == LP_LOAD && lg->nodes[list[i]].nidx && c->mat[list[i]] == NONE) return 0;
+    const LNode *dn = &lg->nodes[dom], *din = &lg->nodes[dn->in[0]], *nx = &lg->nodes[x], *ny = &lg->nodes[y];
+    if (em_lprim_is_reduce(ny->op) && y != dom && !same_domain(ny, dn, lg)) return 0;
+    return nx->ndim == din->ndim && same_shape(lg, nx->ndim, nx->sizes, nx->ssizes, din->sizes, din->ssizes) &&
+           ny->ndim == dn->ndim && same_shape(lg, ny->ndim, ny->sizes, ny->ssizes, dn->sizes, dn->ssizes);
+}
+
+/* Adds to rows[0 .. *nrows) (at most EM_SHARE_MAX) the values of root x's row kernel (its DAG
+ * list[0 .. n)) that later steps read and row_output allows (row outputs, above). */
+static void row_outputs(Sched *c, uint32_t x, const uint32_t *list, uint32_t n, uint32_t *rows, uint32_t *nrows) {
+    LGraph *lg = c->lg;
+    if (!lg->cuda || lg->env || *nrows >= EM_SHARE_MAX) return;
+    uint32_t stop[1 + EM_SHARE_MAX];
+    stop[0] = x;
+    for (uint32_t q = 0; q < *nrows; q++) stop[1 + q] = rows[q];
+    future_reach(c, stop, 1 + *nrows, c->reach);
+    for (uint32_t i = n; i-- > 0 && *nrows < EM_SHARE_MAX;) { /* the largest ids first: closest to the root */
+        uint32_t y = list[i];
+        const LNode *ny = &lg->nodes[y];
+        if (y == x || !c->reach[y] || c->mat[y] != NONE || ny->op == LP_LOAD || ny->op == LP_CONST) continue;
+        int chosen = 0;
+        for (uint32_t q = 0; q < *nrows; q++) chosen |= rows[q] == y;
+        if (chosen || !row_output(c, x, y, list, n)) continue;
+        rows[(*nrows)++] = y;
+        stop[*nrows] = y;
+        future_reach(c, stop, 1 + *nrows, c->reach);
+    }
+}
+
 static int materialize_into(Sched *c, uint32_t x, uint32_t b, const LScatter *sc);
 static int materialize(Sched *c, uint32_t x, uint32_t b) { return materialize_into(c, x, b, NULL); }
 
@@ -722,6 +768,7 @@ again:
             if (c->mat[y] == NONE && materialize_internal(c, y) < 0) return -1;
             goto again;
         }
+    if (dom && !sc) row_outputs(c, x, list, n, rows, &nrows);
     uint32_t share[EM_SHARE_MAX], nshare = 0;
     if (!dom && !sc && shared_values(c, x, in_dag, list, &n, share, &nshare, EM_SHARE_MAX, part) < 0) return -1;
     for (uint32_t q = 0; q < nrows; q++) share[nshare++] = rows[q]; /* (dom != 0: shared_values took none) */

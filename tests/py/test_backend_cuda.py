@@ -74,7 +74,9 @@ GRAPHS = [
     ("cat_stack", lambda a, b: torch.stack([torch.cat([a, b], 1), torch.cat([b, a], 1)]), [cpu(4, 5), cpu(4, 5)]),
     ("horizontal", lambda x, y: (x.sin() * 2, x > y, (x * y).half()), [cpu(4096), cpu(4096)]),
     ("rope_backward_bf16", lambda g, t: _rope_backward(g, t), [cpu(2, 4, 5, 64, dtype=_B), cpu(2, 5, 64, dtype=_B)]),
-]  # (a lambda: _rope_backward is defined below)
+    ("rms_norm_forward_outputs", lambda x, r, w: _rms_norm_forward(x, r, w), [cpu(4, 4096, dtype=_B), cpu(4, 4096, dtype=_B), cpu(4096, dtype=_B)]),
+    ("layer_norm_forward_outputs", lambda x, r, w, b: _layer_norm_forward(x, r, w, b), [cpu(8, 768), cpu(8, 768), cpu(768), cpu(768)]),
+]  # (lambdas: _rope_backward and the norms' forwards are defined below)
 
 
 @needs_nvrtc
@@ -159,6 +161,23 @@ def _rms_bw(rows, n):
         s = (m2 * x).sum_to_size(rows, 1)
         return m2 * r + (s * r.pow(3) * -0.5).expand(rows, n) / n * (2 * x.pow(1))
     return f
+
+
+def _rms_norm_forward(x, r, w):
+    """A training forward's rms_norm (Llama's in bfloat16, as the decompose pass writes it): the
+    normalized output, the residual stream and the saved per-row rsqrt, all returned."""
+    h = x + r
+    rs = torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (h.float() * rs).to(torch.bfloat16) * w, h, rs
+
+
+def _layer_norm_forward(x, r, w, b):
+    """layer_norm's pieces as a training forward returns them: output, residual, mean, rsqrt."""
+    h = x + r
+    mean = h.mean(-1, keepdim=True)
+    xc = h - mean
+    rs = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + 1e-5)
+    return xc * rs * w + b, h, mean, rs
 
 
 def _rope_backward(g, t):
@@ -844,6 +863,12 @@ EMU_CASES = [
     # the rotation's gradient in one kernel: masked loads under a pointwise DAG, stored transposed
     ("rope_backward", _rope_backward, [cpu(2, 4, 5, 64), cpu(2, 5, 64)]),
     ("rope_backward_bf16", _rope_backward, [cpu(2, 4, 5, 64, dtype=_B), cpu(2, 5, 64, dtype=_B)]),
+    # a norm's row kernel storing its output, the residual stream and per-row statistics (row
+    # outputs, em_schedule.c): rows per warp, per block held in registers, per block re-read
+    ("rms_norm_forward_outputs", _rms_norm_forward, [cpu(5, 300, dtype=_B), cpu(5, 300, dtype=_B), cpu(300, dtype=_B)]),
+    ("rms_norm_forward_outputs_block", _rms_norm_forward, [cpu(3, 5000, dtype=_B), cpu(3, 5000, dtype=_B), cpu(5000, dtype=_B)]),
+    ("layer_norm_forward_outputs", _layer_norm_forward, [cpu(7, 600), cpu(7, 600), cpu(600), cpu(600)]),
+    ("layer_norm_forward_outputs_long", _layer_norm_forward, [cpu(2, 40000), cpu(2, 40000), cpu(40000), cpu(40000)]),
     # independent kernels with nothing between them: one launch
     ("adjacent_independent", lambda a, b: (a.exp(), b.sigmoid()), [cpu(300, 257), cpu(300, 257)]),
     ("argmax_long_rows_bf16", lambda x: x.argmax(-1), [cpu(4, 32000, dtype=_B)]),
@@ -867,7 +892,11 @@ def test_emulated_kernels_match_eager(name, fn, ex):
     tol = dict(atol=1e-4, rtol=1e-4) if name == "sum_all" else {}
     if name == "rope_backward_bf16":  # eager rounds each op to bf16 (its own error against float64: up
         tol = dict(atol=4e-2, rtol=4e-2)  # to 0.03 here); CUDA kernels chain bf16 in float32
-    _emu_check(fn, *ex, **tol)
+    if name.startswith("rms_norm_forward_outputs"):  # the residual kept in float32 inside the kernel:
+        tol = dict(atol=2e-2, rtol=2e-2)  # one bf16 ulp of the output, the rsqrt of the unrounded sum
+    info = _emu_check(fn, *ex, **tol)
+    if name.endswith(("forward_outputs", "forward_outputs_block", "forward_outputs_long")):
+        assert len(info["kernel_list"]) == 1, info["kernel_list"]  # one kernel stores every output
 
 
 @needs_emu
