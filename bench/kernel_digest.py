@@ -13,7 +13,8 @@ change to the back half should leave a model's kernels alone and the device time
 BATCH cuts the inference batch (bfloat16 models at full batch take many minutes on a CPU). `train`
 counts, per full-size model of bench/fullsize.py, the CUDA kernels of one training step's forward
 and backward graphs (a 1 x 32 input: the counts do not depend on its size), its compiled regions
-and graph breaks: how a change to the back half moves a training row's launches.
+and graph breaks: how a change to the back half moves a training row's launches (the passes as for
+CUDA inputs: ember.config.decompose_layer_norm set).
 """
 import hashlib
 import os
@@ -64,6 +65,8 @@ def train_counts(names, dt):
     CUDA code generator's kernels counted: prints a markdown table."""
     print("| model | dtype | regions | breaks | forward kernels | backward kernels |")
     print("|---|---|---:|---:|---:|---:|")
+    # the graph a CUDA device compiles: layer_norm decomposed as for CUDA inputs (ember.config)
+    ember.config.decompose_layer_norm = True
     for name in names.split(","):
         model, x = fullsize.build(name, "full", "train")
         x = x[:1, :32] if x.dtype == torch.int64 else x[:1].to(fullsize.DTYPES[dt])

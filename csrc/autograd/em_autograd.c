@@ -133,7 +133,7 @@ static int region_run_passes(Region *R) {
     const IRGraph *g = R->g;
     /* the training passes (passes/em_passes.c: attention, decompose, functionalize, pad_mm); a changed graph is
      * compiled in turn, and falls back with the user's graph when it cannot be */
-    EmPassCtx pc = {.when = EM_PASSES_TRAINING, .rule_flags = em_ag_rule_flags};
+    EmPassCtx pc = {.when = EM_PASSES_TRAINING, .codegen = R->ember_halves, .rule_flags = em_ag_rule_flags};
     const IRGraph *g2 = em_passes_run(g, &pc);
     if (!g2) {
         Py_XDECREF(pc.info);

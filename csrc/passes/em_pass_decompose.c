@@ -706,6 +706,66 @@ static IRRef dz_rms_norm(Rewrite *d, const Bind *b) {
     return y;
 }
 
+/* F.layer_norm in training graphs of backend "ember", as aten's layer norm kernels compute it
+ * (layer_norm_kernel.cu: op-math accumulation): x in its op-math dtype (float32 for half /
+ * bfloat16), mean and biased variance over the normalized dims (two passes: the variance of x -
+ * mean), (x - mean) * rsqrt(var + eps), times weight, plus bias, cast once to x's dtype. Autograd
+ * then differentiates the pieces: on CUDA the norm joins the kernel that computes its input (the
+ * residual add), storing the statistics the backward needs from the same kernel (row outputs,
+ * em_schedule.c), and its backward is a row kernel and a column sum, where aten's native_layer_norm
+ * and its backward were three kernels of their own per norm (a full-size bf16 training step, CUDA
+ * generator: GPT-2 337 -> 297 kernels, BERT 370 -> 307, bench/kernel_digest.py train). Where it
+ * runs: ember.config.decompose_layer_norm (None: CUDA inputs; the C generator keeps one output per
+ * row kernel, so aten's kernel stays on the CPU). */
+static const Rule LN_RULE = {"torch.nn.functional.layer_norm torch.layer_norm",
+                             "self, normalized_shape, weight=None, bias=None, eps=1e-05", "", "", 0, 0};
+
+/* Does the layer_norm bound in b decompose here (ember.config.decompose_layer_norm)? */
+static bool ln_decomposes(Rewrite *d, const Bind *b) {
+    if (d->inference || !d->codegen) return false;
+    PyObject *v = em_config_attr("decompose_layer_norm");
+    IRArg self = em_rw_bval(b, "self");
+    const IRMeta *m = em_rw_val_meta(d, &self);
+    bool on = v == Py_None ? m && em_rw_meta_on_cuda(m) : v && PyObject_IsTrue(v) == 1;
+    Py_XDECREF(v);
+    PyErr_Clear();
+    return on;
+}
+
+static IRRef dz_layer_norm(Rewrite *d, const Bind *b) {
+    IRArg self = em_rw_bval(b, "self"), w = em_rw_bval(b, "weight"), bias = em_rw_bval(b, "bias"), eps = em_rw_bval(b, "eps");
+    IRArg ns = em_rw_const_fold(d, em_rw_bval(b, "normalized_shape"));
+    const IRMeta *m = em_rw_val_meta(d, &self);
+    if (!m || m->kind != IRMETA_TENSOR || self.kind != IRARG_NODE || ns.kind != IRARG_CONST || eps.kind != IRARG_CONST) return 0;
+    Py_ssize_t k = PyLong_Check(ns.u.obj) ? 1 : PySequence_Size(ns.u.obj);
+    if (k < 1 || k > m->ndim) return PyErr_Clear(), 0;
+    const IRArg *affine[2] = {&w, &bias};
+    for (int i = 0; i < 2; i++) {
+        const IRMeta *am = affine[i]->kind == IRARG_NODE ? em_rw_val_meta(d, affine[i]) : NULL;
+        if (!em_rw_arg_is_none(affine[i]) && (!am || am->kind != IRMETA_TENSOR || am->dtype != m->dtype)) return 0;
+    }
+    bool low = em_rw_meta_dtype_is(m, "torch.float16") || em_rw_meta_dtype_is(m, "torch.bfloat16");
+    if (!low && !em_rw_meta_dtype_is(m, "torch.float32") && !em_rw_meta_dtype_is(m, "torch.float64")) return 0;
+    double e = PyFloat_AsDouble(eps.u.obj);
+    if (PyErr_Occurred()) return PyErr_Clear(), 0;
+    PyObject *dims = PyList_New(k);
+    for (Py_ssize_t i = 0; dims && i < k; i++) PyList_SET_ITEM(dims, i, PyLong_FromSsize_t(m->ndim - 1 - i));
+    IRRef x = d->fmap[self.u.ref];
+    if (low) x = dz_m(d, "to", x, Py_BuildValue("(O)", em_rw_torch_dtype("float32")));
+    IRRef mean = x && dims ? dz_m(d, "mean", x, Py_BuildValue("(OO)", dims, Py_True)) : 0;
+    IRRef xc = mean ? em_rw_dz(d, em_rw_emit_op(d, "sub", em_rw_arg_node(x), em_rw_arg_node(mean), 2)) : 0;
+    IRRef sq = xc ? em_rw_dz(d, em_rw_emit_op(d, "mul", em_rw_arg_node(xc), em_rw_arg_node(xc), 2)) : 0;
+    IRRef var = sq ? dz_m(d, "mean", sq, Py_BuildValue("(OO)", dims, Py_True)) : 0;
+    Py_XDECREF(dims);
+    IRRef ve = var ? em_rw_dz(d, em_rw_emit_op(d, "add", em_rw_arg_node(var), em_rw_arg_const_steal(d, PyFloat_FromDouble(e)), 2)) : 0;
+    IRRef rs = ve ? em_rw_dz(d, em_rw_emit_fn(d, "rsqrt", (IRArg[]){em_rw_arg_node(ve)}, 1)) : 0;
+    IRRef y = rs ? em_rw_dz(d, em_rw_emit_op(d, "mul", em_rw_arg_node(xc), em_rw_arg_node(rs), 2)) : 0;
+    if (y && w.kind == IRARG_NODE) y = em_rw_dz(d, em_rw_emit_op(d, "mul", em_rw_arg_node(y), em_rw_map_arg(d, &w), 2));
+    if (y && bias.kind == IRARG_NODE) y = em_rw_dz(d, em_rw_emit_op(d, "add", em_rw_arg_node(y), em_rw_map_arg(d, &bias), 2));
+    if (y && low) y = dz_m(d, "to", y, Py_BuildValue("(O)", m->dtype));
+    return y;
+}
+
 /* F.scaled_dot_product_attention's signature (as its derivative rule's, em_autograd_rules.h). */
 static const Rule SDPA_RULE = {"torch.nn.functional.scaled_dot_product_attention",
                                "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False",
@@ -790,7 +850,7 @@ static int dz_note_kernel_op(const Rewrite *d, PyObject *ops, PyObject *name, IR
  * 4 rms_norm, 5 cross_entropy with label smoothing or probabilities, 6 F.normalize, 7 F.kl_div,
  * 8 prelu, 9 pairwise_distance, 10 cosine_similarity, 11 sdpa with enable_gqa (4-11: training
  * graphs), 12 cross_entropy (inference, float logits), 13 sdpa on another kernel (inference: its
- * kernel op, dz_sdpa_kernel), 0 none. */
+ * kernel op, dz_sdpa_kernel), 14 layer_norm (training, backend "ember": ln_decomposes), 0 none. */
 static int dz_target(Rewrite *d, IRRef r, Bind *b) {
     const IRNode *n = em_ir_node(d->g, r);
     if ((n->kind != IR_CALL_FUNCTION && n->kind != IR_CALL_METHOD) || (!d->inference && !em_rw_meta_needs_grad(&n->meta)))
@@ -802,6 +862,7 @@ static int dz_target(Rewrite *d, IRRef r, Bind *b) {
     else if (s && !strcmp(s, em_rw_cross_entropy_rule.names) && em_rw_bind_args(d, &em_rw_cross_entropy_rule, n, b) == 0 && em_rw_checks_pass(d, b))
         what = !d->inference ? 3 : ce_lse_applies(d, b) ? 12 : 0;
     else if (s && !d->inference && em_rw_names_has(RMS_RULE.names, s) && em_rw_bind_args(d, &RMS_RULE, n, b) == 0) what = 4;
+    else if (s && em_rw_names_has(LN_RULE.names, s) && em_rw_bind_args(d, &LN_RULE, n, b) == 0 && ln_decomposes(d, b)) what = 14;
     else if (s && !d->inference && !strcmp(s, CE_SMOOTH_RULE.names) && em_rw_bind_args(d, &CE_SMOOTH_RULE, n, b) == 0 &&
              em_rw_checks_pass(d, b))
         what = 5;
@@ -838,7 +899,7 @@ static int dz_target(Rewrite *d, IRRef r, Bind *b) {
  * info["sdpa_kernel_ops"] the attention calls made calls of their kernel op (name -> op). */
 IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
     bool inference = ctx->when == EM_PASSES_INFERENCE;
-    Rewrite d = {.inference = inference};
+    Rewrite d = {.inference = inference, .codegen = ctx->codegen};
     IRGraph *out = NULL;
     uint32_t G = g->nnodes;
     uint8_t *what = calloc(G, 1), *bad = calloc(G, 1);
@@ -904,6 +965,7 @@ IRGraph *em_pass_decompose(const IRGraph *g, EmPassCtx *ctx) {
                 : what[r] == 8 ? dz_prelu(&d, &b)
                 : what[r] == 9 ? dz_pairwise_distance(&d, &b)
                 : what[r] == 10 ? dz_cosine_similarity(&d, &b)
+                : what[r] == 14 ? dz_layer_norm(&d, &b)
                                : dz_sdpa_gqa(&d, &b);
             if (v) {
                 ndone++;

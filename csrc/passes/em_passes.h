@@ -30,6 +30,9 @@ enum {
  * "skinny", "autocast"). */
 typedef struct EmPassCtx {
     unsigned when;            /* EM_PASSES_* */
+    bool codegen;             /* training: the halves go to ember's code generators (backend "ember"),
+                               * not run op by op (backend "aot_eager"): decompositions that pay
+                               * only where their pieces fuse may run (decompose: layer_norm) */
     /* training: the flags of a node's derivative rule, -1 without one (autograd's table, which the
      * passes do not read: em_ag_rule_flags); functionalization takes only fresh values */
     int (*rule_flags)(struct Rewrite *rw, const IRNode *n);

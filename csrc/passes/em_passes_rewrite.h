@@ -39,6 +39,7 @@ enum { ROLE_PRIMAL = 1, ROLE_TANGENT, ROLE_FWD, ROLE_BWD }; /* what a node of a 
     uint8_t cur_role;                                                                                \
     bool cur_pinned;                                                                                 \
     bool inference;     /* an inference graph: every node, grad or not */                            \
+    bool codegen;       /* the graph goes to ember's code generators (EmPassCtx.codegen) */          \
     IRRef contig[EM_RW_MEMO][2]; /* decompose: (mask, its contiguous copy) made so far (new refs) */    \
     uint32_t ncontig;                                                                                \
     IRRef kmask[EM_RW_MEMO][2]; /* decompose: (mask, as an attention kernel op reads it) made so far */ \

@@ -45,6 +45,15 @@ Training (backends "aot_eager" and "ember"; read when a graph is compiled):
                        draws (torch.bernoulli / native_dropout), bitwise eager's masks, the mask
                        saved for the backward. "aot_eager" always draws as eager does.
 
+  decompose_layer_norm bool or None, default None: backend "ember" writes a training graph's
+                       F.layer_norm as its pieces (mean, variance, rsqrt, affine in float32, as
+                       aten's kernel computes it), which autograd differentiates and the code
+                       generators fuse with the residual add before it and the gradient after it
+                       (csrc/passes/em_pass_decompose.c). None: for CUDA inputs (a CUDA row kernel
+                       stores the statistics the backward needs with its output; the C generator
+                       does not, so CPU graphs keep aten's native_layer_norm). True: every training
+                       graph of backend "ember"; False: never (aten's kernels, e.g. to compare).
+
   optimize_ddp         bool, default True (torch._dynamo.config.optimize_ddp's "ddp_optimizer"): a
                        training graph compiled inside DistributedDataParallel's forward is split at
                        DDP's gradient buckets (its bucket_bytes_cap; the first bucket at torch's
@@ -101,7 +110,7 @@ class Config:
     __slots__ = ("cache_size_limit", "accumulated_cache_size_limit", "max_inline_depth", "max_loop_iterations",
                  "max_instructions", "graph_breaks", "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget", "sym_shape_rules",
                  "fallback_random", "huge_pages", "layout_optimization", "meta_memo", "compile_threads", "optimize_ddp",
-                 "emulate_precision_casts")
+                 "emulate_precision_casts", "decompose_layer_norm")
 
     def __init__(self):
         self.cache_size_limit = 8
@@ -124,6 +133,7 @@ class Config:
         self.compile_threads = None
         self.optimize_ddp = True
         self.emulate_precision_casts = False
+        self.decompose_layer_norm = None
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)

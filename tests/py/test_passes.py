@@ -204,3 +204,77 @@ def test_fold_mm_in_training_multihead_attention():
     (e,) = [e for e in ember.cache_info(c) if e["kind"] == "graph"]
     a = e["autograd"]
     assert "fallback" not in a and "fold_mm" in a["passes"] and len(a["folded"]) == 1, (a.get("passes"), a.get("folded"))
+
+
+def prenorm_block(x, r, w, b, wl):
+    h = x + r  # the residual stream, returned as the next block's input
+    return F.linear(F.layer_norm(h, (h.shape[-1],), w, b), wl), h
+
+
+def _prenorm_inputs(dtype=torch.float32):
+    torch.manual_seed(0)
+    return [torch.randn(4, 6, 32, dtype=dtype, requires_grad=True), torch.randn(4, 6, 32, dtype=dtype),
+            torch.randn(32, dtype=dtype, requires_grad=True), torch.randn(32, dtype=dtype, requires_grad=True),
+            (torch.randn(16, 32, dtype=dtype) / 32 ** 0.5).requires_grad_()]
+
+
+def _train_both(backend, dtype=torch.float32):
+    a, e = _prenorm_inputs(dtype), _prenorm_inputs(dtype)
+    c = ember.compile(prenorm_block, backend=backend)
+    oc, he = c(*a), prenorm_block(*e)
+    gen = torch.Generator().manual_seed(1)
+    cot = [torch.randn(o.shape, generator=gen).to(dtype) for o in he]
+    torch.autograd.backward(oc, cot)
+    torch.autograd.backward(he, cot)
+    (entry,) = [x for x in ember.cache_info(c) if x["kind"] == "graph"]
+    return oc, he, a, e, entry["autograd"]
+
+
+@pytest.fixture
+def decompose_layer_norm():
+    old = ember.config.decompose_layer_norm
+    yield
+    ember.config.decompose_layer_norm = old
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_decomposed_for_the_code_generators(decompose_layer_norm, dtype):
+    """ember.config.decompose_layer_norm True: a training graph of backend "ember" writes F.layer_norm
+    as its pieces in float32 (mean, biased variance, rsqrt, affine; aten's kernel's arithmetic), and
+    autograd differentiates them: values and gradients as eager's (float32: to rounding; bfloat16:
+    the pieces chain in float32 and round once, eager rounds the norm's output once too)."""
+    ember.config.decompose_layer_norm = True
+    oc, oe, a, e, ag = _train_both("ember", dtype)
+    tol = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    for x, y in zip(oc, oe):
+        torch.testing.assert_close(x, y, **tol)
+    for x, y in zip(a, e):
+        if y.requires_grad:
+            torch.testing.assert_close(x.grad, y.grad, **tol)
+    assert "fallback" not in ag and "layer_norm" in ag["decomposed"], ag.get("decomposed")
+    assert "native_layer_norm" not in ag["joint"]
+
+
+@pytest.mark.parametrize("setting,backend,decomposed", [(None, "ember", False), (False, "ember", False),
+                                                        (True, "aot_eager", False)])
+def test_layer_norm_kept_where_it_would_not_fuse(decompose_layer_norm, setting, backend, decomposed):
+    """None (the default) decomposes for CUDA inputs only: on the CPU, and with the option off, aten's
+    native_layer_norm stays (the C generator stores one output per row kernel); backend
+    "aot_eager" runs the graph op by op, so it never decomposes (and stays bitwise eager's)."""
+    ember.config.decompose_layer_norm = setting
+    oc, oe, a, e, ag = _train_both(backend)
+    for x, y in zip(oc, oe):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert ("layer_norm" in ag.get("decomposed", [])) == decomposed and "native_layer_norm" in ag["joint"]
+
+
+def test_decomposed_layer_norm_forward_is_one_cuda_kernel(decompose_layer_norm, monkeypatch):
+    """The CUDA generator's forward of a pre-norm block (the graph a CUDA device compiles, made on
+    the CPU: EMBER_TEST_CUDA_SOURCE): the residual add, the norm, its saved statistics and the
+    residual stream returned, all from one row kernel (row outputs, em_schedule.c), before the
+    linear; aten's path was the add's kernel and native_layer_norm's."""
+    monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
+    ember.config.decompose_layer_norm = True
+    *_, ag = _train_both("ember")
+    fwd = ag["ember"]["forward"]["cuda_test"]["kernel_list"]
+    assert len(fwd) == 1 and fwd[0]["kind"] == "reduction", fwd
