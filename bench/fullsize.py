@@ -152,8 +152,9 @@ def median_ms(step, calls, device):
 
 def top_kernels(step, device, n=8):
     """The n kernels that took longest, as (name, total device ms over 5 calls, count), after a first
-    row ("all kernels", device ms per call, kernels per call): device time well under the wall time
-    says the row is bound by host time, not by its kernels."""
+    row ("all kernels", device ms per call, kernels per call; user annotations such as Optimizer.step
+    left out since 2026-12-01, whose ranges the total counted before): device time well under the
+    wall time says the row is bound by host time, not by its kernels."""
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     sync(device)
@@ -167,6 +168,8 @@ def top_kernels(step, device, n=8):
         t = getattr(e, key, 0) or getattr(e, "cuda_time_total", 0)
         if device == "cuda" and getattr(e, "device_type", None) is not None and "CUDA" not in str(e.device_type):
             continue
+        if getattr(e, "is_user_annotation", False) or e.key.startswith(("## ", "Optimizer.")):
+            continue  # a range (Optimizer.step, Inductor's "Call CompiledFxGraph"), not a kernel
         if t:
             rows.append((e.key, t / 1e3, e.count))
     rows.sort(key=lambda r: -r[1])
