@@ -10,19 +10,24 @@ checked against eager's within the dtype's tolerance, and the ratios to eager an
 eager and torch.compile (issue 40's target). A graph break, or a training region that ember split
 (eager autograd around an op without a derivative rule), is printed under its row with the first
 reason. With --profile, each compiler's device time per call
-and top kernels (torch.profiler, 5 calls) are printed, so that a slow row shows its cause.
+and top kernels (torch.profiler, 5 calls) are printed, so that a slow row shows its cause. A column
+"ember:key=value;key=value" runs ember with those ember.config options set while it compiles and
+runs (an A/B of an option in one process).
 
     python bench/fullsize.py --device cuda                           # every model, bf16 inference
     python bench/fullsize.py --device cuda --dtypes fp32,bf16,fp16 --modes infer,train
     python bench/fullsize.py --device cuda --models bert --profile
     python bench/fullsize.py --size small                            # dev VM: the same code, 2 layers
     python bench/fullsize.py --device cuda --models gpt2,bert,llama --attn eager   # hand-written attention
+    python bench/fullsize.py --device cuda --modes train --compilers eager,torch.compile,ember,ember:decompose_layer_norm=False
 
 TF32 is off (`torch.backends.cuda.matmul.allow_tf32 = False`), as in shared/anchors. ResNet-50 and
 ViT-B/16 come from torchvision when it imports, else from transformers (ResNetConfig / ViTConfig
 defaults are the same networks). Timings are never asserted by tests.
 """
 import argparse
+import ast
+import contextlib
 import copy
 import json
 import math
@@ -187,6 +192,26 @@ def compile_with(compiler, model):
     return ember.compile(model)
 
 
+@contextlib.contextmanager
+def ember_options(compiler):
+    """"ember:key=value;key=value": ember.config's options set while that column compiles and runs
+    (an A/B of an option in one process: --compilers eager,torch.compile,ember,ember:decompose_layer_norm=False),
+    restored after; other compilers: nothing."""
+    opts = {}
+    if compiler.startswith("ember:"):
+        for item in compiler[len("ember:"):].split(";"):
+            key, _, value = item.partition("=")
+            opts[key.strip()] = ast.literal_eval(value.strip())
+    old = {k: getattr(ember.config, k) for k in opts}  # AttributeError names an unknown option
+    try:
+        for k, v in opts.items():
+            setattr(ember.config, k, v)
+        yield compiler.split(":")[0]
+    finally:
+        for k, v in old.items():
+            setattr(ember.config, k, v)
+
+
 def run_row(name, dtype_name, mode, args):
     dtype = DTYPES[dtype_name]
     device = args.device
@@ -201,58 +226,67 @@ def run_row(name, dtype_name, mode, args):
     if x.is_floating_point() and mode != "autocast":
         x = x.to(dtype)
     row = {"model": name, "dtype": dtype_name, "mode": mode, "batch": x.shape[0]}
-    ref = ref_dtype = None
-    ref_kv = kv = []
+    ref = {}
     calls = args.calls if mode == "infer" else max(3, args.calls // 2)
     for compiler in args.compilers:
         model = base if mode == "infer" else copy.deepcopy(base)
         try:
-            compiled = compile_with(compiler, model)
-            step = make_step(model, compiled, x, mode, dtype, device)
-            sync(device)
-            t = time.perf_counter()
-            out = step()
-            sync(device)
-            first = time.perf_counter() - t
-            if mode == "infer":  # the whole output once more: the KV cache too
-                with torch.no_grad():
-                    kv = [t.float() if isinstance(t, torch.Tensor) else t for t in cache_tensors(compiled(x))]
-            if ref is None:
-                ref, ref_dtype = out.float(), out.dtype
-                ref_kv = kv if mode == "infer" else []
-            else:
-                err = ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
-                for a, b in zip(kv if mode == "infer" else [], ref_kv):
-                    same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                    err = max(err, ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item() if same else float("inf"))
-                if mode == "infer" and len(kv) != len(ref_kv):
-                    err = float("inf")
-                row[f"{compiler} err"] = err
-                row[f"{compiler} ok"] = err <= TOL[dtype] * (1 if mode == "infer" else 4) and out.dtype == ref_dtype
-            row[f"{compiler} ms"] = median_ms(step, calls, device)
-            row[f"{compiler} first s"] = first
-            if args.profile:
-                row[f"{compiler} kernels"] = top_kernels(step, device)
-            if compiler == "ember":
-                info = list(ember.cache_info(compiled))
-                row["ember graphs"] = len(info)
-                # a training region split around ops it has no rule for (eager autograd between the
-                # pieces) costs host time per piece: printed under the row with the first reason
-                splits = [a for e in info if isinstance(a := e.get("autograd"), dict) and a.get("split")]
-                if splits:
-                    row["ember split"] = (sum(len(a.get("steps", [])) for a in splits), splits[0]["split"][0])
-                # a graph break (or a fallback) splits the model into several regions with Python
-                # between them: printed under the row with the first reason
-                breaks = [e for e in ember.cache_info(compiled, resume=True) if e["kind"] != "graph"]
-                if breaks:
-                    b = breaks[0]
-                    row["ember breaks"] = (len(breaks), f"{b['kind']} in {b['code']}: {b.get('reason_text')} "
-                                                        f"({b.get('detail')}; {b.get('filename')}:{b.get('lineno')})")
+            with ember_options(compiler) as kind:
+                row.update(run_compiler(compiler, kind, model, x, mode, dtype, device, calls, args, ref))
         except Exception as e:  # a failure is a row of the table, not the end of the run
             row[f"{compiler} error"] = f"{type(e).__name__}: {e}"[:300]
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
+    return row
+
+
+def run_compiler(compiler, kind, model, x, mode, dtype, device, calls, args, ref):
+    """One column of a row: compile with `kind` ("eager", "torch.compile", "ember"), compare the output
+    with the first column's (ref: a dict the first column fills), time the step. Returns the
+    column's entries of the row."""
+    row = {}
+    compiled = compile_with(kind, model)
+    step = make_step(model, compiled, x, mode, dtype, device)
+    sync(device)
+    t = time.perf_counter()
+    out = step()
+    sync(device)
+    first = time.perf_counter() - t
+    kv = []
+    if mode == "infer":  # the whole output once more: the KV cache too
+        with torch.no_grad():
+            kv = [t.float() if isinstance(t, torch.Tensor) else t for t in cache_tensors(compiled(x))]
+    if not ref:
+        ref.update(out=out.float(), dtype=out.dtype, kv=kv)
+    else:
+        err = ((out.float() - ref["out"]).abs().max() / ref["out"].abs().max().clamp_min(1e-6)).item()
+        for a, b in zip(kv, ref["kv"]):
+            same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+            err = max(err, ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item() if same else float("inf"))
+        if len(kv) != len(ref["kv"]):
+            err = float("inf")
+        row[f"{compiler} err"] = err
+        row[f"{compiler} ok"] = err <= TOL[dtype] * (1 if mode == "infer" else 4) and out.dtype == ref["dtype"]
+    row[f"{compiler} ms"] = median_ms(step, calls, device)
+    row[f"{compiler} first s"] = first
+    if args.profile:
+        row[f"{compiler} kernels"] = top_kernels(step, device)
+    if compiler == "ember":
+        info = list(ember.cache_info(compiled))
+        row["ember graphs"] = len(info)
+        # a training region split around ops it has no rule for (eager autograd between the
+        # pieces) costs host time per piece: printed under the row with the first reason
+        splits = [a for e in info if isinstance(a := e.get("autograd"), dict) and a.get("split")]
+        if splits:
+            row["ember split"] = (sum(len(a.get("steps", [])) for a in splits), splits[0]["split"][0])
+        # a graph break (or a fallback) splits the model into several regions with Python
+        # between them: printed under the row with the first reason
+        breaks = [e for e in ember.cache_info(compiled, resume=True) if e["kind"] != "graph"]
+        if breaks:
+            b = breaks[0]
+            row["ember breaks"] = (len(breaks), f"{b['kind']} in {b['code']}: {b.get('reason_text')} "
+                                                f"({b.get('detail')}; {b.get('filename')}:{b.get('lineno')})")
     return row
 
 
