@@ -625,6 +625,19 @@ static uint32_t dag_domain(const Sched *c, uint32_t x, const uint32_t *list, uin
     return dom;
 }
 
+/* The domain reduction of root x's kernel (its DAG list[0 .. n)) when the kernel is a CUDA row
+ * kernel of static sizes whose root is stored along the row (x of the reduced tensor's shape) and
+ * that has no gather load (row_store's conditions, below); 0 otherwise. */
+static uint32_t row_kernel(const Sched *c, uint32_t x, const uint32_t *list, uint32_t n) {
+    LGraph *lg = c->lg;
+    uint32_t dom = dag_domain(c, x, list, n);
+    if (!lg->cuda || lg->env || !dom || dom == x) return 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (lg->nodes[list[i]].op == LP_LOAD && lg->nodes[list[i]].nidx && c->mat[list[i]] == NONE) return 0;
+    const LNode *din = &lg->nodes[lg->nodes[dom].in[0]], *nx = &lg->nodes[x];
+    return nx->ndim == din->ndim && same_shape(lg, nx->ndim, nx->sizes, nx->ssizes, din->sizes, din->ssizes) ? dom : 0;
+}
+
 /* May root x's reduction kernel store shared producer y itself (shared producers, above)? CUDA,
  * static sizes; x and y both of the reduced tensor's shape (x stored along the row, so the kernel
  * walks the row to store it anyway and never splits); no gather load in the kernel (its rows are
@@ -632,14 +645,10 @@ static uint32_t dag_domain(const Sched *c, uint32_t x, const uint32_t *list, uin
  * embeddings, took 5.6 us where the embedding's own kernel and the norm took 3.6). */
 static int row_store(const Sched *c, uint32_t x, uint32_t y, const uint32_t *list, uint32_t n) {
     LGraph *lg = c->lg;
-    uint32_t dom = dag_domain(c, x, list, n);
-    if (!lg->cuda || lg->env || !dom || dom == x) return 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (lg->nodes[list[i]].op == LP_LOAD && lg->nodes[list[i]].nidx && c->mat[list[i]] == NONE) return 0;
-    const LNode *din = &lg->nodes[lg->nodes[dom].in[0]], *nx = &lg->nodes[x], *ny = &lg->nodes[y];
-    return nx->ndim == din->ndim && ny->ndim == din->ndim &&
-           same_shape(lg, nx->ndim, nx->sizes, nx->ssizes, din->sizes, din->ssizes) &&
-           same_shape(lg, ny->ndim, ny->sizes, ny->ssizes, din->sizes, din->ssizes);
+    uint32_t dom = row_kernel(c, x, list, n);
+    if (!dom) return 0;
+    const LNode *din = &lg->nodes[lg->nodes[dom].in[0]], *ny = &lg->nodes[y];
+    return ny->ndim == din->ndim && same_shape(lg, ny->ndim, ny->sizes, ny->ssizes, din->sizes, din->ssizes);
 }
 
 /* ---- row outputs ----
@@ -654,16 +663,13 @@ static int row_store(const Sched *c, uint32_t x, uint32_t y, const uint32_t *lis
  * At most EM_SHARE_MAX values besides the root. The C generator keeps kernels of their own (its row
  * cache holds one output). */
 static int row_output(const Sched *c, uint32_t x, uint32_t y, const uint32_t *list, uint32_t n) {
-    if (row_store(c, x, y, list, n)) return 1;
     LGraph *lg = c->lg;
-    uint32_t dom = dag_domain(c, x, list, n);
-    if (!lg->cuda || lg->env || !dom || dom == x) return 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (lg->nodes[list[i]].op == LP_LOAD && lg->nodes[list[i]].nidx && c->mat[list[i]] == NONE) return 0;
-    const LNode *dn = &lg->nodes[dom], *din = &lg->nodes[dn->in[0]], *nx = &lg->nodes[x], *ny = &lg->nodes[y];
+    uint32_t dom = row_kernel(c, x, list, n);
+    if (!dom) return 0;
+    const LNode *dn = &lg->nodes[dom], *din = &lg->nodes[dn->in[0]], *ny = &lg->nodes[y];
+    if (ny->ndim == din->ndim && same_shape(lg, ny->ndim, ny->sizes, ny->ssizes, din->sizes, din->ssizes)) return 1;
     if (em_lprim_is_reduce(ny->op) && y != dom && !same_domain(ny, dn, lg)) return 0;
-    return nx->ndim == din->ndim && same_shape(lg, nx->ndim, nx->sizes, nx->ssizes, din->sizes, din->ssizes) &&
-           ny->ndim == dn->ndim && same_shape(lg, ny->ndim, ny->sizes, ny->ssizes, dn->sizes, dn->ssizes);
+    return ny->ndim == dn->ndim && same_shape(lg, ny->ndim, ny->sizes, ny->ssizes, dn->sizes, dn->ssizes);
 }
 
 /* Adds to rows[0 .. *nrows) (at most EM_SHARE_MAX) the values of root x's row kernel (its DAG
