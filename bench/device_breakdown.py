@@ -71,7 +71,7 @@ def kernels(step, calls=5):
     for e in prof.key_averages():
         if not e.device_time_total or not str(getattr(e, "device_type", "")).endswith("CUDA"):
             continue
-        if getattr(e, "is_user_annotation", False) or e.key.startswith(("## ", "Optimizer.")):
+        if fullsize.is_annotation(e):
             continue
         ks.append((e.device_time_total / 1e3 / calls, e.count // calls, e.key))
     ops = [(e.device_time_total / 1e3 / calls, e.count // calls, e.key, e.input_shapes)

@@ -155,6 +155,11 @@ def median_ms(step, calls, device):
     return statistics.median(ts)
 
 
+def is_annotation(e):
+    """Is profiler event e a range (Optimizer.step, Inductor's "Call CompiledFxGraph"), not a kernel?"""
+    return getattr(e, "is_user_annotation", False) or e.key.startswith(("## ", "Optimizer."))
+
+
 def top_kernels(step, device, n=8):
     """The n kernels that took longest, as (name, total device ms over 5 calls, count), after a first
     row ("all kernels", device ms per call, kernels per call; user annotations such as Optimizer.step
@@ -173,8 +178,8 @@ def top_kernels(step, device, n=8):
         t = getattr(e, key, 0) or getattr(e, "cuda_time_total", 0)
         if device == "cuda" and getattr(e, "device_type", None) is not None and "CUDA" not in str(e.device_type):
             continue
-        if getattr(e, "is_user_annotation", False) or e.key.startswith(("## ", "Optimizer.")):
-            continue  # a range (Optimizer.step, Inductor's "Call CompiledFxGraph"), not a kernel
+        if is_annotation(e):
+            continue
         if t:
             rows.append((e.key, t / 1e3, e.count))
     rows.sort(key=lambda r: -r[1])
