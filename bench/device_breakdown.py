@@ -93,10 +93,11 @@ def run_row(name, mode, compilers, dtype, out):
     table, lines = {}, []
     for comp in compilers:
         model = copy.deepcopy(base)
-        compiled = fullsize.compile_with(comp, model)
-        step = fullsize.make_step(model, compiled, x, mode, dtype, "cuda")
-        ms = fullsize.median_ms(step, 10, "cuda")
-        ks, ops = kernels(step)
+        with fullsize.ember_options(comp) as kind:  # "ember:key=value" columns: an A/B of an option
+            compiled = fullsize.compile_with(kind, model)
+            step = fullsize.make_step(model, compiled, x, mode, dtype, "cuda")
+            ms = fullsize.median_ms(step, 10, "cuda")
+            ks, ops = kernels(step)
         by = collections.defaultdict(lambda: [0.0, 0])
         for t, n, k in ks:
             by[kind_of(k)][0] += t
@@ -105,8 +106,8 @@ def run_row(name, mode, compilers, dtype, out):
         lines.append(f"## {comp} {name} {mode}: {ms:.2f} ms a step, kernels {table[comp][2]:.2f} ms, {table[comp][3]} launches")
         lines += [f"K {t:8.3f} {n:5d} {k[:160]}" for t, n, k in ks]
         lines += [f"O {t:8.3f} {n:5d} {k} {shapes}" for t, n, k, shapes in ops]
-        if comp == "ember":
-            with AtenCalls() as log:
+        if kind == "ember":
+            with fullsize.ember_options(comp), AtenCalls() as log:
                 step()
             lines += [f"D {c:4d} {op} {desc}" for (op, desc), c in sorted(log.calls.items())]
         del model, compiled, step
@@ -127,7 +128,7 @@ def run_row(name, mode, compilers, dtype, out):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("rows", help="model:mode[,model:mode...] (modes: train, autocast)")
-    ap.add_argument("--compilers", default="torch.compile,ember")
+    ap.add_argument("--compilers", default="torch.compile,ember", help="as bench/fullsize.py's, ember:key=value too")
     ap.add_argument("--dtype", default="bf16", choices=sorted(fullsize.DTYPES))
     ap.add_argument("--out", default=None, help="a folder for the per-row detail files")
     args = ap.parse_args(argv)

@@ -53,6 +53,9 @@ static inline int em_codegen_has_checks(const SKernel *k) {
 /* elements per thread per step of a scalar pointwise kernel at most (EmCudaLaunch.unroll); a step
  * overshoots N by at most EM_CUDA_MAX_THREADS * this, within EM_CUDA_IDX32_LIMIT's headroom */
 #define EM_CUDA_MAX_UNROLL 8
+/* a column reduction's rows per block tile: one per lane of a warp, so that a warp's loads of one
+ * element of 32 adjacent rows are one coalesced access (EmCudaLaunch.cols) */
+#define EM_CUDA_COL_TILE 32
 typedef struct EmCudaLaunch {
     int32_t block;           /* threads per block */
     int64_t blocks;          /* blocks the work needs (0: nothing to do) */
@@ -72,6 +75,11 @@ typedef struct EmCudaLaunch {
                               * kernels); the last block to finish a row combines the partials */
     int32_t unroll;          /* pointwise, scalar only (vec 1): elements per thread per step, a block
                               * apart, so that each thread has that many loads in flight (0 / 1: one) */
+    int32_t cols;            /* reductions over a strided dim (a column reduction: x.sum(0) of a
+                              * row-major x): rows per block tile, one per lane (EM_CUDA_COL_TILE),
+                              * threads_per_row threads along each; rows_per_block = cols, and
+                              * split = chunks of every row (0: a tile is one block's; symbolic
+                              * kernels) */
 } EmCudaLaunch;
 
 /* Kernel i is `extern "C" __global__ void ember_k<i>(T0 *a0, ...)`, one pointer per argument buffer

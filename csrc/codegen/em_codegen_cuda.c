@@ -385,6 +385,80 @@ static bool warp_holds_row(const Schedule *s, const SKernel *k, int64_t Rmax) {
     return e * (int64_t)(nelem_loads ? nelem_loads : 1) <= 64;
 }
 
+/* Column reductions. A reduction whose row runs along a strided dim and whose rows are adjacent in
+ * memory (x.sum(0) of a row-major (4096, 768) x: a bias's or a norm's weight gradient; per-channel
+ * sums of channels-last activations) read one element per lane 768 elements apart when a warp or a
+ * block took a row: every 2-byte load its own 32-byte sector, the kernel bound by sectors (GPT-2's
+ * 74 such kernels a training step, 20-45 us each on the H200). A column kernel gives a block a tile
+ * of EM_CUDA_COL_TILE adjacent rows, one per lane, and threads_per_row warps along them: each warp
+ * reads one element of 32 adjacent rows (one coalesced access), the warps' partials meet in shared
+ * memory, combined in warp order; rows are split into chunks (one block each, the last block of a
+ * tile combines the chunks' partials in order, as split reductions do) until the grid has
+ * COL_BLOCKS blocks or a thread's chunk is COL_MIN_PER_THREAD elements. As Inductor's outer
+ * reductions (a tile of XBLOCK adjacent outputs, RBLOCK along the reduced dim, split reductions).
+ * Kernels with one inner dim, whose every element access walks the rows contiguously (or
+ * not at all) and one walks the row with a stride: an access contiguous along the row keeps the
+ * row schedule. A symbolic kernel takes whole rows (a block per tile, its grid per call). */
+#define COL_BLOCKS 512
+#define COL_MIN_PER_THREAD 16
+
+static bool column_shaped(const Schedule *s, const SKernel *k) {
+    ShapeEnv *env = s->lg->env; /* symbolic: the rows' stride the same for every size; the rest by the hints */
+    if (k->ndim - k->nouter != 1 || k->nouter < 1 || k->sizes[k->nouter - 1] < EM_CUDA_COL_TILE / 2) return false;
+    const int jo = k->nouter - 1, ji = k->nouter;
+    bool strided = false;
+    for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
+        const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
+        bool elem = false;
+        if (q < k->nloads) {
+            for (uint32_t i = 0; i < k->nnodes && !elem; i++) elem = k->nodes[i].op == LP_LOAD && k->acc_of[i] == q && k->elem[i];
+        } else {
+            elem = k->elem[k->store_node[q - k->nloads]];
+        }
+        if (ac->nidx || ac->scatter || ac->mask) return false;
+        if (!elem) continue;
+        int64_t st;
+        if (!known(env, ac->sstrides[jo], ac->strides[jo], &st) || (st != 0 && st != 1)) return false; /* rows apart */
+        if (st == 1 && ac->strides[ji] != 0 && ac->strides[ji] != 1 && q < k->nloads) strided = true;
+    }
+    return strided;
+}
+
+/* A column kernel may split its rows when no reduction reads another's result and every value it
+ * stores along the row is computed before any reduction (each chunk stores its own elements). */
+static bool column_splittable(const SKernel *k) {
+    uint8_t *dep = malloc(k->nnodes ? k->nnodes : 1);
+    bool ok = dep && reduction_deps(k, dep) == 0;
+    for (uint32_t q = 0; ok && q < k->nstores; q++)
+        if (k->elem[k->store_node[q]] && dep[k->store_node[q]]) ok = false;
+    free(dep);
+    return ok;
+}
+
+/* rows, R: the kernel's (a symbolic kernel's example: its tiles whole, blocks per call by the runtime
+ * as rows_per_block says, em_cuda_launch_sym) */
+static void choose_column_launch(const SKernel *k, int64_t rows, int64_t R, int sym, EmCudaLaunch *L) {
+    const int32_t ny = R >= 256 ? 16 : R >= 64 ? 8 : 4; /* warps along the rows */
+    const int64_t tiles = (rows + EM_CUDA_COL_TILE - 1) / EM_CUDA_COL_TILE;
+    int64_t S = 1;
+    if (!sym && tiles > 0 && column_splittable(k)) {
+        S = (COL_BLOCKS + tiles - 1) / tiles;
+        int64_t most = R / ((int64_t)ny * COL_MIN_PER_THREAD);
+        if (S > most) S = most;
+        if (S > 256) S = 256;
+        if (S < 1) S = 1;
+    }
+    L->cols = EM_CUDA_COL_TILE;
+    L->rows_per_block = EM_CUDA_COL_TILE;
+    L->threads_per_row = ny;
+    L->block = EM_CUDA_COL_TILE * ny;
+    L->split = S > 1 ? (int32_t)S : 0;
+    L->blocks = tiles * S;
+    L->per_sm = 2048 / L->block;
+    L->vec = 1;
+    L->cached = 0;
+}
+
 /* Launch shape of a kernel (rules from the shape; see docs/backend_cuda.md). A symbolic kernel's
  * blocks are the example's (the runtime computes them per call); its other fields hold for every
  * admitted size. */
@@ -420,6 +494,10 @@ static void choose_launch(const Schedule *s, const SKernel *k, EmCudaLaunch *L) 
         em_codegen_cuda_sym_exprs(s, k, &reach, &row);
         em_sym_range(env, row, &lo, &Rmax);
         if (row == SYM_NONE) Rmax = SYM_INF;
+    }
+    if (column_shaped(s, k)) {
+        choose_column_launch(k, rows, R, env != NULL, L);
+        return;
     }
     if (Rmax <= 512 || warp_holds_row(s, k, Rmax)) {
         /* one row per warp, 8 rows per block */
@@ -848,6 +926,8 @@ typedef struct {
     int block_mode;
     char tpr[16]; /* threads per row: a literal, or "tpr" (blockDim.x, a per-call block) */
     uint32_t ki;  /* the kernel's number (names of a split kernel's device memory) */
+    const char *lead;  /* the condition of the thread that stores a row's value or partial */
+    const char *ws_ix; /* a split row's partial: its index in the kernel's device memory */
 } RCtx;
 
 /* The address of access ac at row base (b<q>/c<s>) and inner index r. */
@@ -910,7 +990,7 @@ static void loop_open(SB *b, const RCtx *c, const char *ind) {
                       c->L->threads_per_row, c->L->vec, c->L->vec, c->L->vec);
         else sb_printf(b, "%s    const idx_t r = tid + (idx_t)e * %d;\n", ind, c->L->threads_per_row);
         sb_printf(b, "%s    if (r >= R) continue;\n", ind);
-    } else if (c->L->split) {
+    } else if (c->L->split || c->L->cols) {
         sb_printf(b, "%s#pragma unroll 4\n%sfor (idx_t r = r_lo + tid; r < r_hi; r += %s) {\n", ind, ind, c->tpr);
     } else {
         sb_printf(b, "%sfor (idx_t r = tid; r < R; r += %s) {\n", ind, c->tpr);
@@ -1031,7 +1111,8 @@ _Static_assert(WELFORD_STEP == 8, "welford_loop writes the batch's sum as a tree
 static void welford_loop(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_row, const char *at, const char *ind) {
     const SKernel *k = c->k;
     uint32_t x = k->nodes[i].in[0];
-    const char *lo = c->L->split ? "r_lo + tid" : "tid", *hi = c->L->split ? "r_hi" : "R";
+    const int chunk = c->L->split || c->L->cols; /* a chunk of the row (r_lo, r_hi) */
+    const char *lo = chunk ? "r_lo + tid" : "tid", *hi = chunk ? "r_hi" : "R";
     char in2[64], in3[72];
     uint8_t *done = malloc(k->nnodes ? k->nnodes : 1);
     if (!done) {
@@ -1135,6 +1216,42 @@ static void reduce_across_welford(SB *b, const RCtx *c, uint32_t i, const char *
     sb_printf(b, "%s}\n", ind);
 }
 
+/* A column kernel's threads of a row are a lane's threads_per_row warps: their states meet in shared
+ * memory (slot threadIdx.x) and every one combines them in warp order, so that all end with the same
+ * row result (reduced in the same order whichever warp reads it). */
+static void reduce_across_cols(SB *b, const RCtx *c, uint32_t i, const char *at, int fl, int arg, const char *ind) {
+    const LNode *n = &c->k->nodes[i];
+    const int nt = c->L->block, ny = c->L->threads_per_row;
+    char in2[64], in3[72], a[24], ai[24];
+    snprintf(in2, sizeof in2, "%s    ", ind);
+    snprintf(in3, sizeof in3, "%s        ", ind);
+    snprintf(a, sizeof a, "acc%u", i);
+    snprintf(ai, sizeof ai, "idx%u", i);
+    sb_printf(b, "%s{  /* the row's %d warps, in order */\n", ind, ny);
+    if (n->op == LP_RM2) {
+        sb_printf(b, "%s__shared__ %s red_n[%d], red_m[%d], red_v[%d];\n", in2, at, nt, nt, nt);
+        sb_printf(b, "%sred_n[threadIdx.x] = wn%u; red_m[threadIdx.x] = wm%u; red_v[threadIdx.x] = acc%u;\n", in2, i, i, i);
+        sb_printf(b, "%s__syncthreads();\n", in2);
+        sb_printf(b, "%swn%u = red_n[tx]; wm%u = red_m[tx]; acc%u = red_v[tx];\n", in2, i, i, i);
+        sb_printf(b, "%sfor (int w = 1; w < %d; w++) {\n", in2, ny);
+        welford_combine(b, at, i, "red_n[w * 32 + tx]", "red_m[w * 32 + tx]", "red_v[w * 32 + tx]", in3);
+        sb_printf(b, "%s}\n%s}\n", in2, ind);
+        return;
+    }
+    sb_printf(b, "%s__shared__ %s red_v[%d];\n", in2, at, nt);
+    if (arg) sb_printf(b, "%s__shared__ long long red_i[%d];\n", in2, nt);
+    sb_printf(b, "%sred_v[threadIdx.x] = acc%u;\n", in2, i);
+    if (arg) sb_printf(b, "%sred_i[threadIdx.x] = idx%u;\n", in2, i);
+    sb_printf(b, "%s__syncthreads();\n", in2);
+    sb_printf(b, "%sacc%u = red_v[tx];\n", in2, i);
+    if (arg) sb_printf(b, "%sidx%u = red_i[tx];\n", in2, i);
+    sb_printf(b, "%sfor (int w = 1; w < %d; w++) {\n", in2, ny);
+    sb_printf(b, "%sconst %s o_v = red_v[w * 32 + tx];\n", in3, at);
+    if (arg) sb_printf(b, "%sconst long long o_i = red_i[w * 32 + tx];\n", in3);
+    combine(b, n, fl, a, "o_v", ai, "o_i", in3);
+    sb_printf(b, "%s}\n%s}\n", in2, ind);
+}
+
 static void reduce_across(SB *b, const RCtx *c, uint32_t i, const char *ind) {
     const LNode *n = &c->k->nodes[i];
     LDtype it = c->k->nodes[n->in[0]].dtype;
@@ -1144,6 +1261,10 @@ static void reduce_across(SB *b, const RCtx *c, uint32_t i, const char *ind) {
     snprintf(a, sizeof a, "acc%u", i);
     snprintf(ai, sizeof ai, "idx%u", i);
     snprintf(in2, sizeof in2, "%s    ", ind);
+    if (c->L->cols) {
+        reduce_across_cols(b, c, i, at, fl, arg, ind);
+        return;
+    }
     if (n->op == LP_RM2) {
         reduce_across_welford(b, c, i, at, ind);
         return;
@@ -1183,65 +1304,87 @@ static void reduce_result(SB *b, const LNode *n, uint32_t i, const char *ind) {
     else sb_printf(b, "%sconst %s v%u = (%s)acc%u;\n", ind, ct, i, ct, i);
 }
 
-/* Reduction node i over this thread's elements of the row (of its chunk: c->L->split), then across
- * the block. A split kernel's block stores its partial (em_ws<kernel>_<i>[row * split + chunk]) and
- * leaves v<i> to the last block (emit_reduce_final); otherwise v<i> is the row's result. */
-static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_row, const char *ind) {
-    const SKernel *k = c->k;
-    const LNode *n = &k->nodes[i];
-    uint32_t x = n->in[0];
-    LDtype it = k->nodes[x].dtype;
-    int fl = em_ldt_is_float(it);
+/* Reduction node i's state declared (its accumulator at the identity). */
+static void reduce_open(SB *b, const RCtx *c, uint32_t i, const char *ind) {
+    const LNode *n = &c->k->nodes[i];
+    LDtype it = c->k->nodes[n->in[0]].dtype;
     const char *at = acc_type(n->op, it, n->dtype);
-    int arg = n->op == LP_RARGMAX || n->op == LP_RARGMIN;
-    uint8_t *done = malloc(k->nnodes ? k->nnodes : 1);
-    if (!done) {
-        b->oom = 1;
-        return;
-    }
-    memcpy(done, done_row, k->nnodes);
     const char *name = node_name(c->s, n);
     sb_printf(b, "%s/* reduction v%u%s%s: %s over the %s */\n", ind, i, name ? " = " : "", name ? name : "", em_lprim_name(n->op),
               c->L->split ? "chunk" : "row");
     sb_printf(b, "%s%s acc%u = %s;\n", ind, at, i, reduce_init(n, it));
-    if (arg) sb_printf(b, "%slong long idx%u = -1;\n", ind, i);
+    if (n->op == LP_RARGMAX || n->op == LP_RARGMIN) sb_printf(b, "%slong long idx%u = -1;\n", ind, i);
     if (n->op == LP_RM2) sb_printf(b, "%s%s wn%u = 0, wm%u = 0;  /* Welford's count and mean */\n", ind, at, i, i);
-    char in2[64], a[24], bv[24], ai[24], wn[24], wm[24];
-    snprintf(in2, sizeof in2, "%s    ", ind);
-    if (n->op == LP_RM2 && !c->L->cached) {
-        welford_loop(b, c, i, done, at, ind);
-        goto across;
-    }
-    loop_open(b, c, ind);
-    emit_elem(b, c, x, done, in2);
+}
+
+/* Inside a loop over the row (element r): node i's input v<x> taken into its state. */
+static void reduce_step(SB *b, const RCtx *c, uint32_t i, const char *ind) {
+    const LNode *n = &c->k->nodes[i];
+    uint32_t x = n->in[0];
+    LDtype it = c->k->nodes[x].dtype;
+    int fl = em_ldt_is_float(it);
+    const char *at = acc_type(n->op, it, n->dtype);
+    char a[24], bv[24], ai[24], wn[24], wm[24];
     snprintf(a, sizeof a, "acc%u", i);
     snprintf(bv, sizeof bv, "(%s)v%u", at, x);
     snprintf(ai, sizeof ai, "idx%u", i);
     if (n->op == LP_RM2) {
         snprintf(wn, sizeof wn, "wn%u", i);
         snprintf(wm, sizeof wm, "wm%u", i);
-        welford_update(b, at, wn, wm, a, bv, in2);
-    } else if (arg) {
+        welford_update(b, at, wn, wm, a, bv, ind);
+    } else if (n->op == LP_RARGMAX || n->op == LP_RARGMIN) {
         /* in order within a thread: the first extreme wins */
-        combine(b, n, fl, a, bv, ai, "(long long)r", in2);
+        combine(b, n, fl, a, bv, ai, "(long long)r", ind);
     } else if (n->op == LP_RANY || n->op == LP_RALL) {
         snprintf(bv, sizeof bv, "(int)(v%u != 0)", x);
-        combine(b, n, fl, a, bv, NULL, NULL, in2);
+        combine(b, n, fl, a, bv, NULL, NULL, ind);
     } else {
-        combine(b, n, fl, a, bv, NULL, NULL, in2);
+        combine(b, n, fl, a, bv, NULL, NULL, ind);
     }
-    sb_printf(b, "%s}\n", ind);
-across:
+}
+
+/* Node i's thread states combined across the row's threads; a split kernel's block stores its
+ * partial (em_ws<kernel>_<i>[c->ws_ix]) and leaves v<i> to the last block (emit_reduce_final);
+ * otherwise v<i> is the row's result. */
+static void reduce_finish(SB *b, const RCtx *c, uint32_t i, const char *ind) {
+    const LNode *n = &c->k->nodes[i];
     reduce_across(b, c, i, ind);
-    if (c->L->split) {
-        sb_printf(b, "%sif (S > 1 && tid == 0) em_ws%u_%u[u] = acc%u;\n", ind, c->ki, i, i);
-        if (arg) sb_printf(b, "%sif (S > 1 && tid == 0) em_wsi%u_%u[u] = idx%u;\n", ind, c->ki, i, i);
-        if (n->op == LP_RM2)
-            sb_printf(b, "%sif (S > 1 && tid == 0) { em_wsn%u_%u[u] = wn%u; em_wsm%u_%u[u] = wm%u; }\n", ind, c->ki, i, i,
-                      c->ki, i, i);
-    } else {
+    if (!c->L->split) {
         reduce_result(b, n, i, ind);
+        return;
     }
+    sb_printf(b, "%sif (S > 1 && %s) em_ws%u_%u[%s] = acc%u;\n", ind, c->lead, c->ki, i, c->ws_ix, i);
+    if (n->op == LP_RARGMAX || n->op == LP_RARGMIN)
+        sb_printf(b, "%sif (S > 1 && %s) em_wsi%u_%u[%s] = idx%u;\n", ind, c->lead, c->ki, i, c->ws_ix, i);
+    if (n->op == LP_RM2)
+        sb_printf(b, "%sif (S > 1 && %s) { em_wsn%u_%u[%s] = wn%u; em_wsm%u_%u[%s] = wm%u; }\n", ind, c->lead, c->ki, i, c->ws_ix,
+                  i, c->ki, i, c->ws_ix, i);
+}
+
+/* Reduction node i over this thread's elements of the row (of its chunk: c->L->split), then across
+ * the row's threads (reduce_finish). */
+static void emit_reduce(SB *b, const RCtx *c, uint32_t i, const uint8_t *done_row, const char *ind) {
+    const SKernel *k = c->k;
+    const LNode *n = &k->nodes[i];
+    uint8_t *done = malloc(k->nnodes ? k->nnodes : 1);
+    if (!done) {
+        b->oom = 1;
+        return;
+    }
+    memcpy(done, done_row, k->nnodes);
+    reduce_open(b, c, i, ind);
+    char in2[64];
+    snprintf(in2, sizeof in2, "%s    ", ind);
+    if (n->op == LP_RM2 && !c->L->cached) {
+        const char *at = acc_type(n->op, k->nodes[n->in[0]].dtype, n->dtype);
+        welford_loop(b, c, i, done, at, ind);
+    } else {
+        loop_open(b, c, ind);
+        emit_elem(b, c, n->in[0], done, in2);
+        reduce_step(b, c, i, in2);
+        sb_printf(b, "%s}\n", ind);
+    }
+    reduce_finish(b, c, i, ind);
     free(done);
 }
 
@@ -1282,7 +1425,10 @@ static void emit_reduce_final(SB *b, const RCtx *c, uint32_t i, const char *ind0
  * chunk, and per row the count of chunks done (zero at load; the last block sets it back). */
 static void emit_split_memory(SB *b, const SKernel *k, uint32_t ki, const EmCudaLaunch *L, int64_t rows) {
     long long n = (long long)rows * (L->split > 0 ? L->split : EM_CUDA_SPLIT_BLOCKS / rows); /* the most chunks */
-    sb_printf(b, "__device__ unsigned em_cnt%u[%lld] = {0};  /* per row: chunks done */\n", ki, (long long)rows);
+    if (L->cols) /* a column kernel counts per tile of rows */
+        sb_printf(b, "__device__ unsigned em_cnt%u[%lld] = {0};  /* per tile of %d rows: chunks done */\n", ki,
+                  (long long)((rows + L->cols - 1) / L->cols), L->cols);
+    else sb_printf(b, "__device__ unsigned em_cnt%u[%lld] = {0};  /* per row: chunks done */\n", ki, (long long)rows);
     for (uint32_t i = 0; i < k->nnodes; i++) {
         const LNode *nd = &k->nodes[i];
         if (!em_lprim_is_reduce(nd->op)) continue;
@@ -1297,10 +1443,189 @@ static void emit_split_memory(SB *b, const SKernel *k, uint32_t ki, const EmCuda
     }
 }
 
-static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
+/* Element r of store q (a value along the row) written; inside a loop over the row. */
+static void store_elem(SB *b, KC *kc, uint32_t q, const char *ind) {
+    const SKernel *k = kc->k;
+    const SAccess *ac = &k->stores[q];
+    uint32_t v = k->store_node[q];
+    char base[24];
+    snprintf(base, sizeof base, "c%u", q);
+    sb_printf(b, "%sa%u[", ind, ac->arg);
+    raddr(b, kc, ac, base, 1);
+    sb_printf(b, "] = ");
+    store_conv(b, k->nodes[v].dtype, v);
+    sb_printf(b, ";\n");
+}
+
+/* The row's bases: b<q> (loads) and c<q> (stores) at the row's multi-index i<j>. */
+static void row_bases(SB *b, KC *kc, const char *ind) {
+    const SKernel *k = kc->k;
+    multi_index(b, kc, 0, k->nouter, "o", "i", ind);
+    for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
+        const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
+        sb_printf(b, "%sconst idx_t %c%u = ", ind, q < k->nloads ? 'b' : 'c', q < k->nloads ? q : q - k->nloads);
+        addr_expr(b, kc, ac, 0, k->nouter, "i");
+        sb_printf(b, ";\n");
+    }
+}
+
+/* A column kernel (choose_column_launch): lane tx of a block takes row o of a tile of adjacent rows,
+ * warp tid (its threads_per_row warps) every threads_per_row-th element of the row's chunk. Reductions
+ * whose input reads no reduction (Welford's aside, whose batched loop stays its own) share one loop,
+ * with the values stored along the row that no reduction feeds, so that the inputs are read once;
+ * then, split, the chunk's partials and the tile's last block; then the rest in order, as the row
+ * schedule emits it (a reduction of another's result re-reads the row: such kernels never split). */
+static void emit_column_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
     const Schedule *s = kc->s;
     const SKernel *k = kc->k;
-    RCtx c = {.s = s, .k = k, .L = L, .kc = kc, .block_mode = L->rows_per_block == 1, .ki = ki};
+    RCtx c = {.s = s, .k = k, .L = L, .kc = kc, .block_mode = 1, .ki = ki, .lead = "tid == 0 && live", .ws_ix = "o * S + ch"};
+    snprintf(c.tpr, sizeof c.tpr, "%d", L->threads_per_row);
+    const int T = L->cols;
+    sb_printf(b, "    const idx_t O = ");
+    prod_text(b, kc, 0, k->nouter);
+    sb_printf(b, ", R = ");
+    prod_text(b, kc, k->nouter, k->ndim);
+    sb_printf(b, ";  /* rows, row length */\n");
+    sb_printf(b, "    const int tx = threadIdx.x & %d, tid = threadIdx.x >> 5;  /* the lane's row of the tile; the row's warp */\n",
+              T - 1);
+    sb_printf(b, "    const idx_t S = %d, CH = (R + S - 1) / S;  /* chunks per row, a chunk's elements */\n", L->split ? L->split : 1);
+    if (L->split) sb_printf(b, "    __shared__ int last;  /* this block finished the tile */\n");
+    sb_printf(b, "    for (idx_t u = blockIdx.x; u < (O + %d) / %d * S; u += gridDim.x) {  /* u: tile u / S, chunk u %% S */\n",
+              T - 1, T);
+    sb_printf(b, "        const idx_t o_ = u / S * %d + tx, ch = u %% S;\n", T);
+    sb_printf(b, "        const bool live = o_ < O;  /* a lane past the last row reads row O - 1 and stores nothing */\n");
+    sb_printf(b, "        const idx_t o = live ? o_ : O - 1;\n");
+    sb_printf(b, "        const idx_t r_lo = ch * CH, r_hi = !live ? r_lo : r_lo + CH < R ? r_lo + CH : R;\n");
+    const char *ind = "        ", *in2 = "            ";
+    row_bases(b, kc, ind);
+    uint8_t *done = calloc(k->nnodes ? k->nnodes : 1, 1), *dep = malloc(k->nnodes ? k->nnodes : 1),
+            *inloop = calloc(k->nnodes ? k->nnodes : 1, 1), *sq = calloc(k->nstores ? k->nstores : 1, 1);
+    if (!done || !dep || !inloop || !sq) {
+        b->oom = 1;
+        goto out;
+    }
+    (void)reduction_deps(k, dep);
+    /* the row's values no reduction feeds */
+    for (uint32_t i = 0; i < k->nnodes; i++) {
+        const LNode *n = &k->nodes[i];
+        if (k->elem[i] || dep[i]) continue;
+        if (n->op == LP_LOAD) {
+            sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
+            rload_expr(b, &c, i, 0);
+            sb_printf(b, ";");
+            end_line(b, s, n);
+        } else {
+            emit_value(b, kc, i, ind);
+        }
+        done[i] = 1;
+    }
+    /* one loop: the reductions of values no reduction feeds, the stores of such values */
+    int any = 0;
+    for (uint32_t i = 0; i < k->nnodes; i++)
+        if (em_lprim_is_reduce(k->nodes[i].op) && k->nodes[i].op != LP_RM2 && !dep[k->nodes[i].in[0]]) inloop[i] = 1, any = 1;
+    for (uint32_t q = 0; q < k->nstores; q++)
+        if (k->elem[k->store_node[q]] && !dep[k->store_node[q]]) sq[q] = 1, any = 1;
+    if (any) {
+        for (uint32_t i = 0; i < k->nnodes; i++)
+            if (inloop[i]) reduce_open(b, &c, i, ind);
+        uint8_t *d2 = malloc(k->nnodes ? k->nnodes : 1);
+        if (!d2) {
+            b->oom = 1;
+            goto out;
+        }
+        memcpy(d2, done, k->nnodes);
+        loop_open(b, &c, ind);
+        for (uint32_t i = 0; i < k->nnodes; i++) {
+            if (!inloop[i]) continue;
+            emit_elem(b, &c, k->nodes[i].in[0], d2, in2);
+            reduce_step(b, &c, i, in2);
+        }
+        for (uint32_t q = 0; q < k->nstores; q++) {
+            if (!sq[q]) continue;
+            emit_elem(b, &c, k->store_node[q], d2, in2);
+            store_elem(b, kc, q, in2);
+        }
+        free(d2);
+        sb_printf(b, "%s}\n", ind);
+        for (uint32_t i = 0; i < k->nnodes; i++)
+            if (inloop[i]) reduce_finish(b, &c, i, ind);
+    }
+    /* Welford's reductions of such values, each its own batched loop */
+    for (uint32_t i = 0; i < k->nnodes; i++)
+        if (k->nodes[i].op == LP_RM2 && !dep[k->nodes[i].in[0]]) {
+            emit_reduce(b, &c, i, done, ind);
+            inloop[i] = 1;
+        }
+    if (L->split) {
+        /* every partial stored: count this chunk in; the tile's last block combines them in order */
+        sb_printf(b, "%s__threadfence();  /* this thread's partials are visible before the count */\n", ind);
+        sb_printf(b, "%s__syncthreads();\n", ind);
+        sb_printf(b, "%sif (threadIdx.x == 0) {\n", ind);
+        sb_printf(b, "%s    last = atomicAdd(&em_cnt%u[u / S], 1u) == (unsigned)(S - 1);\n", ind, ki);
+        sb_printf(b, "%s    if (last) em_cnt%u[u / S] = 0;  /* for the next launch */\n", ind, ki);
+        sb_printf(b, "%s}\n", ind);
+        sb_printf(b, "%s__syncthreads();\n", ind);
+        sb_printf(b, "%sif (!last) continue;\n", ind);
+        sb_printf(b, "%s__threadfence();\n", ind);
+        for (uint32_t i = 0; i < k->nnodes; i++)
+            if (inloop[i]) emit_reduce_final(b, &c, i, ind);
+    }
+    for (uint32_t i = 0; i < k->nnodes; i++)
+        if (inloop[i]) done[i] = 1;
+    /* the rest in order (split kernels have none: column_splittable) */
+    for (uint32_t i = 0; i < k->nnodes; i++) {
+        const LNode *n = &k->nodes[i];
+        if (k->elem[i] || done[i]) continue;
+        if (n->op == LP_LOAD) {
+            sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
+            rload_expr(b, &c, i, 0);
+            sb_printf(b, ";");
+            end_line(b, s, n);
+        } else if (em_lprim_is_reduce(n->op)) {
+            emit_reduce(b, &c, i, done, ind);
+        } else {
+            emit_value(b, kc, i, ind);
+        }
+        done[i] = 1;
+    }
+    for (uint32_t q = 0; q < k->nstores; q++) {
+        uint32_t v = k->store_node[q];
+        if (sq[q]) continue;
+        if (!k->elem[v]) {
+            sb_printf(b, "%sif (%s) a%u[c%u] = ", ind, c.lead, k->stores[q].arg, q);
+            store_conv(b, k->nodes[v].dtype, v);
+            sb_printf(b, ";\n");
+            continue;
+        }
+        uint8_t *d2 = malloc(k->nnodes ? k->nnodes : 1);
+        if (!d2) {
+            b->oom = 1;
+            goto out;
+        }
+        memcpy(d2, done, k->nnodes);
+        loop_open(b, &c, ind);
+        emit_elem(b, &c, v, d2, in2);
+        store_elem(b, kc, q, in2);
+        sb_printf(b, "%s}\n", ind);
+        free(d2);
+    }
+    sb_printf(b, "%s__syncthreads();  /* the shared partials are reused by the next tile */\n", ind);
+    sb_printf(b, "    }\n");
+out:
+    free(done);
+    free(dep);
+    free(inloop);
+    free(sq);
+}
+
+static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
+    if (L->cols) {
+        emit_column_reduction(b, kc, L, ki);
+        return;
+    }
+    const Schedule *s = kc->s;
+    const SKernel *k = kc->k;
+    RCtx c = {.s = s, .k = k, .L = L, .kc = kc, .block_mode = L->rows_per_block == 1, .ki = ki, .lead = "tid == 0", .ws_ix = "u"};
     snprintf(c.tpr, sizeof c.tpr, L->block_dyn ? "tpr" : "%d", L->threads_per_row);
     sb_printf(b, "    const idx_t O = ");
     prod_text(b, kc, 0, k->nouter);
@@ -1339,13 +1664,7 @@ static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
                   L->rows_per_block, L->rows_per_block);
     }
     const char *ind = "        ";
-    multi_index(b, kc, 0, k->nouter, "o", "i", ind);
-    for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
-        const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
-        sb_printf(b, "%sconst idx_t %c%u = ", ind, q < k->nloads ? 'b' : 'c', q < k->nloads ? q : q - k->nloads);
-        addr_expr(b, kc, ac, 0, k->nouter, "i");
-        sb_printf(b, ";\n");
-    }
+    row_bases(b, kc, ind);
     if (L->cached) {
         /* the row's elements this thread touches, loaded once and kept in registers */
         for (uint32_t i = 0; i < k->nnodes; i++) {
@@ -1492,11 +1811,8 @@ static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
             sb_printf(b, "                else for (int l = 0; l < %d; l++) a%u[%s + r - %d + l] = y%u.v[l];\n", V, ac->arg, base, V - 1, q);
             sb_printf(b, "            }\n%s}\n", ind);
         } else {
-            sb_printf(b, "            a%u[", ac->arg);
-            raddr(b, kc, ac, base, 1);
-            sb_printf(b, "] = ");
-            store_conv(b, k->nodes[v].dtype, v);
-            sb_printf(b, ";\n%s}\n", ind);
+            store_elem(b, kc, q, "            ");
+            sb_printf(b, "%s}\n", ind);
         }
     }
     free(done);
@@ -1554,6 +1870,9 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
     if (!k->reduction) {
         sb_printf(b, ", vector width %d", L->vec);
         if (L->unroll > 1) sb_printf(b, ", %d elements per thread per step", L->unroll);
+    } else if (L->cols) {
+        sb_printf(b, ", column reduction: %d adjacent rows per block, %d warps along each", L->cols, L->threads_per_row);
+        if (L->split) sb_printf(b, ", each row in %d chunks", L->split);
     } else if (L->split > 0) sb_printf(b, ", each row in %d chunks (split reduction)", L->split);
     else if (L->split) sb_printf(b, ", each row in chunks (split reduction, per call)");
     else sb_printf(b, ", %s%s", L->rows_per_block == 1 ? "one row per block" : "one row per warp",

@@ -926,11 +926,12 @@ static IRRef item_node(Prog *p, IRRef r, uint32_t i) {
 static PyObject *launch_list(const EmCudaLaunch *L, uint32_t n) {
     PyObject *l = PyList_New(0);
     for (uint32_t i = 0; l && i < n; i++) {
-        PyObject *e = Py_BuildValue("{s:i,s:L,s:i,s:i,s:i,s:i,s:i,s:i,s:O,s:O,s:i,s:i}", "block", L[i].block, "blocks",
+        PyObject *e = Py_BuildValue("{s:i,s:L,s:i,s:i,s:i,s:i,s:i,s:i,s:O,s:O,s:i,s:i,s:i}", "block", L[i].block, "blocks",
                                     (long long)L[i].blocks, "per_sm", L[i].per_sm, "vec", L[i].vec, "idx64", L[i].idx64,
                                     "rows_per_block", L[i].rows_per_block, "threads_per_row", L[i].threads_per_row,
                                     "cached", L[i].cached, "symbolic", L[i].sym ? Py_True : Py_False, "block_dyn",
-                                    L[i].block_dyn ? Py_True : Py_False, "split", L[i].split, "unroll", L[i].unroll);
+                                    L[i].block_dyn ? Py_True : Py_False, "split", L[i].split, "unroll", L[i].unroll, "cols",
+                                    L[i].cols);
         if (!e || PyList_Append(l, e) < 0) Py_CLEAR(l);
         Py_XDECREF(e);
     }

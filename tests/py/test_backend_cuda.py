@@ -76,6 +76,8 @@ GRAPHS = [
     ("rope_backward_bf16", lambda g, t: _rope_backward(g, t), [cpu(2, 4, 5, 64, dtype=_B), cpu(2, 5, 64, dtype=_B)]),
     ("rms_norm_forward_outputs", lambda x, r, w: _rms_norm_forward(x, r, w), [cpu(4, 4096, dtype=_B), cpu(4, 4096, dtype=_B), cpu(4096, dtype=_B)]),
     ("layer_norm_forward_outputs", lambda x, r, w, b: _layer_norm_forward(x, r, w, b), [cpu(8, 768), cpu(8, 768), cpu(768), cpu(768)]),
+    ("column_sums_split_bf16", lambda g, x: ((g * x).sum(0), g.sum(0)), [cpu(4096, 768, dtype=_B), cpu(4096, 768, dtype=_B)]),
+    ("column_argmax_var_softmax", lambda x: (x.argmax(0), x.var(0), torch.softmax(x, 0)), [cpu(300, 40)]),
 ]  # (lambdas: _rope_backward and the norms' forwards are defined below)
 
 
@@ -337,6 +339,37 @@ def test_split_reduction_rules():
     assert [ln["split"] for ln in _gen(lambda x: F.layer_norm(x, (40000,)), cpu(2, 40000))["launch"]] == [0]
 
 
+def test_column_reduction_rules():
+    """A reduction along a strided dim whose rows are adjacent in memory (a bias's gradient g.sum(0))
+    takes the column schedule: 32 adjacent rows per block, one per lane, warps along them, rows split
+    into chunks until the grid has 512 blocks (16 elements a thread at least); a reduction of another's
+    result, or a value stored along the row that a reduction feeds, keeps its rows whole; a row read
+    contiguously somewhere, a narrow tile or a symbolic kernel keeps the row schedule."""
+    def launch(fn, *ex):
+        return [(ln["cols"], ln["threads_per_row"], ln["split"], ln["blocks"]) for ln in _gen(fn, *ex)["launch"]]
+    g, x = cpu(4096, 768, dtype=_B), cpu(4096, 768, dtype=_B)
+    # a layer norm's weight and bias gradients: one kernel, one loop reading g and x once
+    info = _gen(lambda g, x: ((g * x).sum(0), g.sum(0)), g, x)
+    assert [(ln["cols"], ln["threads_per_row"], ln["split"], ln["blocks"], ln["block"]) for ln in info["launch"]] == [(32, 16, 16, 384, 512)]
+    assert info["source"].count("for (idx_t r = r_lo + tid; r < r_hi; r += 16)") == 1
+    assert "column reduction: 32 adjacent rows per block, 16 warps along each, each row in 16 chunks" in info["source"]
+    assert launch(lambda g: g.sum(0), cpu(4096, 3072, dtype=_B)) == [(32, 16, 6, 576)]
+    assert launch(lambda g: g.sum(0), cpu(100, 40)) == [(32, 8, 0, 2)]  # too short to split: 8 warps, 12 elements
+    assert launch(lambda x: x.sum(1), cpu(4, 3000, 64)) == [(32, 16, 11, 88)]  # two outer dims; 3000 / 256 chunks
+    # a value stored along the row and summed (a gradient passed on and its bias's): split, one loop
+    both = _gen(lambda g, y: ((g * y).relu(), (g * y).relu().sum(0)), cpu(4096, 768), cpu(4096, 768))
+    assert [ln["split"] for ln in both["launch"] if ln["cols"]] == [16], both["launch"]
+    # a softmax over dim 0: the amax, then the sum of exp, then the stores; rows whole
+    assert launch(lambda x: torch.softmax(x, 0), cpu(4096, 64)) == [(32, 16, 0, 2)]
+    # a variance (Welford's), a mean: split as independent reductions
+    assert launch(lambda x: (x.var(0), x.mean(0)), cpu(8192, 64))[0][:3] == (32, 16, 32)  # 8192 / (16 x 16)
+    # rows: contiguous along the row (the row schedule), too few adjacent rows (a tile mostly empty)
+    assert launch(lambda x: x.sum(-1), cpu(768, 4096))[0][0] == 0
+    assert launch(lambda x: x.sum(0), cpu(4096, 8))[0][0] == 0
+    # an access contiguous along the row with one strided: neither schedule coalesces both; rows
+    assert launch(lambda x, y: (x + y.t()).sum(0), cpu(512, 64), cpu(64, 512))[0][0] == 0
+
+
 def test_softmax_is_one_kernel_with_warp_and_block_steps():
     info = _gen(lambda x: torch.softmax(x, -1), cpu(64, 2048))
     assert len(info["kernel_list"]) == 1
@@ -501,6 +534,28 @@ def test_gpu_reductions_values():
     _run(lambda x: x.sum(), _cuda(1000, 1000), rtol=1e-4, atol=1e-3)
     _run(lambda x: ((x > 0).all(-1), (x > 2).any(0)), _cuda(64, 100))
     _run(lambda x: x.amax(-1), _cuda(64, 100, dtype=torch.int32))
+
+
+@needs_gpu
+def test_gpu_column_reductions_values():
+    """Column reductions (the reduced dim strided, adjacent rows adjacent in memory): a norm's and a
+    bias's gradient sums at GPT-2's sizes in bf16 and float32, extremes and their indices over dim 0,
+    a variance, a softmax over dim 0, a value stored and summed; repeated (the tile counts reset)."""
+    for dt in (torch.bfloat16, torch.float32):
+        g, x = _cuda(4096, 768, dtype=dt), _cuda(4096, 768, dtype=dt)
+        for _ in range(3):
+            # bf16: eager rounds g * x to bf16 before its sum, ember (as Inductor) sums the float
+            # products: a difference of ~0.07 (std) in sums of magnitude ~64, whose bf16 ulp is 0.5
+            _run(lambda g, x: ((g * x).sum(0), g.sum(0)), g, x, **(dict(rtol=2e-2, atol=1.0) if dt == torch.bfloat16 else
+                                                                     dict(rtol=1e-4, atol=1e-3)))
+        _run(lambda g: g.float().sum(0), _cuda(4096, 3072, dtype=dt), rtol=1e-4, atol=1e-2)
+    y = _cuda(5000, 300)
+    y[4000, 7] = y.max() + 1
+    y[10, 7] = y[4000, 7]  # argmax over dim 0 of column 7: row 10, the first
+    _run(lambda y: (y.amax(0), y.argmax(0), y.amin(0), y.argmin(0)), y)
+    _run(lambda y: (y.var(0), y.mean(0)), y * 3 + 5, rtol=1e-4, atol=1e-4)
+    _run(lambda y: torch.softmax(y, 0), y)
+    _run(lambda a, b: ((a * b).relu(), (a * b).relu().sum(0)), _cuda(4096, 1000), _cuda(4096, 1000), rtol=1e-4, atol=1e-2)
 
 
 @needs_gpu
@@ -937,6 +992,32 @@ def test_emulated_split_reductions(grid_cap):
         for _ in range(2):
             info = _emu_check(fn, *ex, atol=1e-3, rtol=1e-4, grid_cap=grid_cap)
         assert all(ln["split"] >= 2 for ln, kd in zip(info["launch"], info["kernel_list"]) if kd["kind"] == "reduction")
+
+
+@needs_emu
+@pytest.mark.parametrize("grid_cap", [3, 64])
+def test_emulated_column_reductions(grid_cap):
+    """Column reductions: sums of products in one loop, bf16 inputs, extremes and their first indices,
+    any, a variance and a mean, rows of two outer dims, a softmax and log_softmax over dim 0 (a
+    reduction of another's result: rows whole), a value stored along the row and summed, per-row
+    broadcast statistics (a norm's weight gradient), a tile part past the last row (70, 33 rows);
+    split (grids smaller than the tiles' chunks, and all of them), twice (the tile counts reset)."""
+    x = cpu(3000, 70)
+    x[2900, 5] = x.max() + 1
+    x[7, 5] = x[2900, 5]  # the first index wins across chunks
+    cases = [(lambda g, x: ((g * x).sum(0), g.sum(0)), (cpu(3000, 70), cpu(3000, 70))),
+             (lambda g: g.float().sum(0), (cpu(3000, 48, dtype=_B),)),
+             (lambda x: (x.amax(0), x.argmax(0), x.amin(0), x.argmin(0), (x > 2).any(0)), (x,)),
+             (lambda x: (x.var(0), x.mean(0)), (cpu(5000, 33) * 3 + 5,)),
+             (lambda x: x.sum(1), (cpu(3, 2000, 40),)),
+             (lambda x: (torch.softmax(x, 0), torch.log_softmax(x, 0)), (cpu(700, 40),)),
+             (lambda a, b: ((a + b).relu(), (a + b).relu().sum(0)), (cpu(3000, 64), cpu(3000, 64))),
+             (lambda x, m, r, w: ((x - m) * r * w).sum(0), (cpu(3000, 40), cpu(3000, 1), cpu(3000, 1), cpu(40)))]
+    for fn, ex in cases:
+        for _ in range(2):
+            info = _emu_check(fn, *ex, atol=1e-3, rtol=1e-4, grid_cap=grid_cap)
+        assert any(ln["cols"] == 32 for ln in info["launch"]), info["launch"]
+    assert any(ln["split"] > 1 for ln in info["launch"])
 
 
 @needs_emu

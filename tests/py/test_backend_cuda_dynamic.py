@@ -64,6 +64,10 @@ CASES = [
     ("sum_rows", lambda x: x.sum(-1), lambda a, b: [(a, b)], [(4, 8), (3, 7), (5, 600), (2, 3000)]),
     ("sum_dim0", lambda x: x.sum(0), lambda a, b: [(a, b)], [(4, 8), (700, 3), (9, 2)]),
     ("sum_all", lambda x: x.sum(), lambda a, b: [(a, b)], [(4, 8), (31, 70)]),
+    # column reductions (a block per tile of 32 adjacent rows): rows past a tile, fewer rows than a tile
+    ("column_sums", lambda g, x: ((g * x).sum(0), g.sum(0), (g * x).amax(0)), lambda a, b: [(a, b), (a, b)],
+     [(300, 40), (7, 70), (1000, 33), (2, 17), (5, 3)]),
+    ("column_sum_bf16_3d", lambda x: x.float().sum(1), lambda a, b: [(2, a, b, _B)], [(300, 48), (33, 100), (4, 5)]),
     ("amax_argmax", lambda x: x.amax(-1) + x.argmax(-1), lambda a, b: [(a, b)], [(4, 8), (3, 1500)]),
     ("mean", lambda x: x.mean(-1), lambda a, b: [(a, b)], [(4, 8), (6, 77)]),
     ("softmax", lambda x: torch.softmax(x, -1), lambda a, b: [(a, b)], [(4, 8), (3, 7), (2, 2), (9, 1500), (3, 5000)]),
@@ -158,6 +162,19 @@ def test_emulated_symbolic_kernels_over_sizes(monkeypatch, name, fn, shapes_of, 
         _check(outs, fn(*inputs))
         cf(*inputs)
     assert len(ember.cache_info(cf)) == 1  # the guards admitted every size: one symbolic entry
+
+
+@needs_emu
+def test_emulated_symbolic_column_reduction(monkeypatch):
+    """A symbolic column reduction: whole rows (no split), a block per tile, the grid per call from
+    rows_per_block; the lanes past the last row store nothing, whatever the sizes."""
+    fn = lambda g: g.sum(0)  # noqa: E731
+    _, ct = _symbolic_cuda(monkeypatch, fn, [_t((500, 64))])
+    assert [(ln["cols"], ln["rows_per_block"], ln["split"]) for ln in ct["launch"]] == [(32, 32, 0)], ct["launch"]
+    for shape in ((500, 64), (3, 100), (1, 1), (40, 31)):
+        g = _t(shape)
+        outs, _ = emulate_info(ct, g, grid_cap=64)
+        _check(outs, fn(g))
 
 
 @needs_emu
