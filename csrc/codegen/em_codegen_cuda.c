@@ -394,13 +394,14 @@ static bool warp_holds_row(const Schedule *s, const SKernel *k, int64_t Rmax) {
  * reads one element of 32 adjacent rows (one coalesced access), the warps' partials meet in shared
  * memory, combined in warp order; rows are split into chunks (one block each, the last block of a
  * tile combines the chunks' partials in order, as split reductions do) until the grid has
- * COL_BLOCKS blocks or a thread's chunk is COL_MIN_PER_THREAD elements. As Inductor's outer
+ * EM_CUDA_COL_BLOCKS blocks or a thread's chunk is EM_CUDA_COL_MIN elements. As Inductor's outer
  * reductions (a tile of XBLOCK adjacent outputs, RBLOCK along the reduced dim, split reductions).
  * Kernels with one inner dim, whose every element access walks the rows contiguously (or
  * not at all) and one walks the row with a stride: an access contiguous along the row keeps the
- * row schedule. A symbolic kernel takes whole rows (a block per tile, its grid per call). */
-#define COL_BLOCKS 512
-#define COL_MIN_PER_THREAD 16
+ * row schedule. A symbolic kernel of a static row count splits per call (launch split -1: the
+ * chunks of em_cuda_col_chunks for this call's row length), else takes whole rows (a block per
+ * tile, its grid per call). */
+_Static_assert(EM_CUDA_COL_TILE == 32, "em_cuda_col_chunks counts tiles of 32 rows");
 
 static bool column_shaped(const Schedule *s, const SKernel *k) {
     ShapeEnv *env = s->lg->env; /* symbolic: the rows' stride the same for every size; the rest by the hints */
@@ -435,24 +436,23 @@ static bool column_splittable(const SKernel *k) {
     return ok;
 }
 
-/* rows, R: the kernel's (a symbolic kernel's example: its tiles whole, blocks per call by the runtime
- * as rows_per_block says, em_cuda_launch_sym) */
-static void choose_column_launch(const SKernel *k, int64_t rows, int64_t R, int sym, EmCudaLaunch *L) {
-    const int32_t ny = R >= 256 ? 16 : R >= 64 ? 8 : 4; /* warps along the rows */
+/* rows, R: the kernel's (a symbolic kernel's example: blocks per call by the runtime, as
+ * rows_per_block and split say, em_cuda_launch_sym) */
+static void choose_column_launch(const Schedule *s, const SKernel *k, int64_t rows, int64_t R, EmCudaLaunch *L) {
+    ShapeEnv *env = s->lg->env;
+    const int32_t ny = R >= 256 ? 16 : R >= 64 ? 8 : 4; /* warps along the rows (the example's, if symbolic) */
     const int64_t tiles = (rows + EM_CUDA_COL_TILE - 1) / EM_CUDA_COL_TILE;
-    int64_t S = 1;
-    if (!sym && tiles > 0 && column_splittable(k)) {
-        S = (COL_BLOCKS + tiles - 1) / tiles;
-        int64_t most = R / ((int64_t)ny * COL_MIN_PER_THREAD);
-        if (S > most) S = most;
-        if (S > 256) S = 256;
-        if (S < 1) S = 1;
+    bool split = tiles > 0 && column_splittable(k);
+    for (int j = 0; split && env && j < k->nouter; j++) { /* a symbolic kernel: a static row count */
+        int64_t v;
+        split = known(env, k->ssizes[j], k->sizes[j], &v);
     }
+    int64_t S = split ? em_cuda_col_chunks(rows, R, ny) : 1;
     L->cols = EM_CUDA_COL_TILE;
     L->rows_per_block = EM_CUDA_COL_TILE;
     L->threads_per_row = ny;
     L->block = EM_CUDA_COL_TILE * ny;
-    L->split = S > 1 ? (int32_t)S : 0;
+    L->split = split && env ? -1 : S > 1 ? (int32_t)S : 0;
     L->blocks = tiles * S;
     L->per_sm = 2048 / L->block;
     L->vec = 1;
@@ -496,7 +496,7 @@ static void choose_launch(const Schedule *s, const SKernel *k, EmCudaLaunch *L) 
         if (row == SYM_NONE) Rmax = SYM_INF;
     }
     if (column_shaped(s, k)) {
-        choose_column_launch(k, rows, R, env != NULL, L);
+        choose_column_launch(s, k, rows, R, L);
         return;
     }
     if (Rmax <= 512 || warp_holds_row(s, k, Rmax)) {
@@ -1424,7 +1424,7 @@ static void emit_reduce_final(SB *b, const RCtx *c, uint32_t i, const char *ind0
 /* The device memory of a split kernel (before its body): per reduction the partials of every
  * chunk, and per row the count of chunks done (zero at load; the last block sets it back). */
 static void emit_split_memory(SB *b, const SKernel *k, uint32_t ki, const EmCudaLaunch *L, int64_t rows) {
-    long long n = (long long)rows * (L->split > 0 ? L->split : EM_CUDA_SPLIT_BLOCKS / rows); /* the most chunks */
+    long long n = (long long)rows * (L->split > 0 ? L->split : L->cols ? EM_CUDA_COL_CHUNKS : EM_CUDA_SPLIT_BLOCKS / rows); /* the most chunks */
     if (L->cols) /* a column kernel counts per tile of rows */
         sb_printf(b, "__device__ unsigned em_cnt%u[%lld] = {0};  /* per tile of %d rows: chunks done */\n", ki,
                   (long long)((rows + L->cols - 1) / L->cols), L->cols);
@@ -1488,7 +1488,12 @@ static void emit_column_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t
     sb_printf(b, ";  /* rows, row length */\n");
     sb_printf(b, "    const int tx = threadIdx.x & %d, tid = threadIdx.x >> 5;  /* the lane's row of the tile; the row's warp */\n",
               T - 1);
-    sb_printf(b, "    const idx_t S = %d, CH = (R + S - 1) / S;  /* chunks per row, a chunk's elements */\n", L->split ? L->split : 1);
+    if (L->split >= 0)
+        sb_printf(b, "    const idx_t S = %d, CH = (R + S - 1) / S;  /* chunks per row, a chunk's elements */\n", L->split ? L->split : 1);
+    else /* em_cuda_col_chunks (em_schedule.h) of this call's sizes */
+        sb_printf(b, "    const idx_t T_ = (O + 31) / 32, S = O <= 0 ? 1 : (idx_t)em_max(1, em_min(em_min((%d + T_ - 1) / T_, R / %d), %d)),"
+                     " CH = (R + S - 1) / S;  /* chunks per row (this call's), a chunk's elements */\n",
+                  EM_CUDA_COL_BLOCKS, L->threads_per_row * EM_CUDA_COL_MIN, EM_CUDA_COL_CHUNKS);
     if (L->split) sb_printf(b, "    __shared__ int last;  /* this block finished the tile */\n");
     sb_printf(b, "    for (idx_t u = blockIdx.x; u < (O + %d) / %d * S; u += gridDim.x) {  /* u: tile u / S, chunk u %% S */\n",
               T - 1, T);
@@ -1872,7 +1877,8 @@ static void emit_kernel(SB *b, const Schedule *s, uint32_t ki, EmCudaLaunch *L, 
         if (L->unroll > 1) sb_printf(b, ", %d elements per thread per step", L->unroll);
     } else if (L->cols) {
         sb_printf(b, ", column reduction: %d adjacent rows per block, %d warps along each", L->cols, L->threads_per_row);
-        if (L->split) sb_printf(b, ", each row in %d chunks", L->split);
+        if (L->split > 0) sb_printf(b, ", each row in %d chunks", L->split);
+        else if (L->split) sb_printf(b, ", each row in chunks (per call)");
     } else if (L->split > 0) sb_printf(b, ", each row in %d chunks (split reduction)", L->split);
     else if (L->split) sb_printf(b, ", each row in chunks (split reduction, per call)");
     else sb_printf(b, ", %s%s", L->rows_per_block == 1 ? "one row per block" : "one row per warp",

@@ -841,7 +841,9 @@ int em_cuda_launch_sym(EmCudaFn *f, char *const *ptrs, uint32_t nptr, const EmCu
     int32_t block = l->block_dyn ? em_cuda_row_block(c->row) : l->block;
     int64_t per = l->rows_per_block > 0 ? l->rows_per_block : (int64_t)l->vec * (l->unroll > 1 ? l->unroll : 1) * block;
     int64_t blocks = (c->units + per - 1) / per;
-    if (l->split < 0) blocks = c->units * em_cuda_split_chunks(c->units, c->row); /* units: rows */
+    if (l->split < 0) /* units: rows */
+        blocks = l->cols ? (c->units + l->cols - 1) / l->cols * em_cuda_col_chunks(c->units, c->row, l->threads_per_row)
+                         : c->units * em_cuda_split_chunks(c->units, c->row);
     const int v = l->idx64 == 2 && c->reach >= EM_CUDA_IDX32_LIMIT;
     const int32_t per_sm = fit_per_sm(f, v, block, l->rows_per_block > 0 ? 2048 / block : l->per_sm);
     return launch_fn(f, v ? f->fn64 : f->fn, grid_of(f->device, blocks, block, per_sm), (unsigned)block, ptrs, nptr,

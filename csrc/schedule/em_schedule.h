@@ -101,6 +101,22 @@ static inline int64_t em_cuda_split_chunks_arg(int64_t rows, int64_t R) {
     return S < cap ? S : cap;
 }
 
+/* Column reductions of the CUDA code generator (em_codegen_cuda.c, choose_column_launch): rows of R
+ * elements in tiles of EM_CUDA_COL_TILE (em_codegen.h), ny warps along them, are cut into chunks
+ * until the grid has EM_CUDA_COL_BLOCKS blocks or a thread's part of a chunk is EM_CUDA_COL_MIN
+ * elements, at most EM_CUDA_COL_CHUNKS chunks; 1: none. A symbolic kernel (launch split -1, a static
+ * row count) computes it per call, in the kernel and in the runtime. */
+#define EM_CUDA_COL_BLOCKS 512
+#define EM_CUDA_COL_MIN 16
+#define EM_CUDA_COL_CHUNKS 256
+static inline int64_t em_cuda_col_chunks(int64_t rows, int64_t R, int64_t ny) {
+    if (rows <= 0) return 1;
+    int64_t tiles = (rows + 31) / 32, S = (EM_CUDA_COL_BLOCKS + tiles - 1) / tiles, most = R / (ny * EM_CUDA_COL_MIN);
+    if (S > most) S = most;
+    if (S > EM_CUDA_COL_CHUNKS) S = EM_CUDA_COL_CHUNKS;
+    return S < 1 ? 1 : S;
+}
+
 /* Is store q written once per element of the inner dims? Yes when its value varies along them, and
  * also when only its address does: a value computed once per row (a broadcast, a row's reduction)
  * stored into an output that walks the inner dims, e.g. expand(scalar) * 2 into a dense [3, 3]. */

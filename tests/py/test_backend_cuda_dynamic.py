@@ -178,6 +178,31 @@ def test_emulated_symbolic_column_reduction(monkeypatch):
 
 
 @needs_emu
+def test_emulated_symbolic_column_reduction_splits_per_call(monkeypatch):
+    """A column reduction whose row count is static and row length symbolic (a bias's gradient over a
+    batch of any number of tokens: automatic dynamic marks the token dim alone) splits per call
+    (launch split -1): the kernel and the runtime take em_cuda_col_chunks of this call's sizes, the
+    device memory holds the most chunks; a short call takes one chunk, a long one many."""
+    from ember.testing.cuda import col_chunks
+    monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
+    fn = lambda g, x: ((g * x).sum(0), g.sum(0), g.amax(0))  # noqa: E731
+    cf = ember.compile(fn, backend="ember")
+    cf(_t((500, 64)), _t((500, 64)))
+    cf(_t((300, 64)), _t((300, 64)))  # a second row length: the token dim becomes symbolic
+    ct = ember.cache_info(cf)[0]["ember"]["cuda_test"]
+    assert [(ln["cols"], ln["split"], ln["symbolic"]) for ln in ct["launch"]] == [(32, -1, True)], ct["launch"]
+    assert "each row in chunks (per call)" in ct["source"] and "[16384];" in ct["source"]  # 64 rows x 256 chunks
+    assert [col_chunks(64, n, 16) for n in (3, 300, 5000, 10 ** 6)] == [1, 1, 19, 256]
+    if not _NVRTC_WHY:
+        assert ".entry ember_k0(" in _C._nvrtc_compile(ct["source"], arch="compute_90").decode()
+    for n in (3, 300, 5000):
+        g, x = _t((n, 64)), _t((n, 64))
+        for _ in range(2):  # the tile counts reset
+            outs, _ = emulate_info(ct, g, x, grid_cap=7)
+            _check(outs, fn(g, x))
+
+
+@needs_emu
 def test_emulated_horizontal_fusion_is_one_kernel(monkeypatch):
     """The symbolic graphs of the "horizontal" cases are one kernel each, every output stored by it."""
     for name in ("horizontal", "horizontal_rows"):

@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 __all__ = ["cuda_codegen", "meta_like", "nvrtc_available", "emulate", "emulate_info", "emulator_available",
-           "IDX32_LIMIT", "row_block", "split_chunks", "emulate_kernel"]
+           "IDX32_LIMIT", "row_block", "split_chunks", "col_chunks", "emulate_kernel"]
 
 IDX32_LIMIT = (1 << 31) - (1 << 24) * 16  # EM_CUDA_IDX32_LIMIT (csrc/codegen/em_codegen.h)
 
@@ -30,6 +30,14 @@ def split_chunks(rows: int, row: int) -> int:
     if rows <= 0 or rows >= 256 or row < 2 * 16384:
         return 1
     return min(row // 16384, 2048 // rows)
+
+
+def col_chunks(rows: int, row: int, ny: int) -> int:
+    """Chunks per row of a column reduction whose split is picked per call (em_cuda_col_chunks)."""
+    if rows <= 0:
+        return 1
+    tiles = (rows + 31) // 32
+    return max(1, min(-(-512 // tiles), row // (ny * 16), 256))
 
 
 def meta_like(t: torch.Tensor) -> torch.Tensor:
@@ -299,7 +307,9 @@ def emulate_info(info: dict, *inputs, grid_cap: int = 3, idx64: bool | None = No
                 block = row_block(val(ln["row"]))
             per = ln["rows_per_block"] if ln["rows_per_block"] > 0 else ln["vec"] * max(ln["unroll"], 1) * block
             blocks = (units + per - 1) // per if units > 0 else 0
-            if ln["split"] < 0:
+            if ln["split"] < 0 and ln["cols"]:
+                blocks = (units + ln["cols"] - 1) // ln["cols"] * col_chunks(units, val(ln["row"]), ln["threads_per_row"])
+            elif ln["split"] < 0:
                 blocks = units * split_chunks(units, val(ln["row"]))
             if ln["idx64"] == 2 and (val(ln["reach"]) >= IDX32_LIMIT if idx64 is None else idx64):
                 name = f"{i}_64"
