@@ -1443,6 +1443,40 @@ static void emit_split_memory(SB *b, const SKernel *k, uint32_t ki, const EmCuda
     }
 }
 
+/* v<i> of a row-level node i that is not a reduction: a load at the row's base, or its expression. */
+static void row_value(SB *b, const RCtx *c, uint32_t i, const char *ind) {
+    const LNode *n = &c->k->nodes[i];
+    if (n->op != LP_LOAD) {
+        emit_value(b, c->kc, i, ind);
+        return;
+    }
+    sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
+    rload_expr(b, c, i, 0);
+    sb_printf(b, ";");
+    end_line(b, c->s, n);
+}
+
+/* A split kernel's block, its partials stored, counts itself in at em_cnt<ki>[ix]; the last of the
+ * row's (tile's) blocks resets the count and goes on, the others take their next chunk. The
+ * partials' writers fence before the count: thread 0 (tid 0 of a row split), or every thread
+ * (many: a column kernel's lanes of warp 0), then the block's barrier. */
+static void count_in(SB *b, uint32_t ki, const char *ix, int many, const char *ind) {
+    if (many) {
+        sb_printf(b, "%s__threadfence();  /* this thread's partials are visible before the count */\n", ind);
+        sb_printf(b, "%s__syncthreads();\n", ind);
+        sb_printf(b, "%sif (threadIdx.x == 0) {\n", ind);
+    } else {
+        sb_printf(b, "%sif (tid == 0) {\n", ind);
+        sb_printf(b, "%s    __threadfence();  /* the partials are visible before the count */\n", ind);
+    }
+    sb_printf(b, "%s    last = atomicAdd(&em_cnt%u[%s], 1u) == (unsigned)(S - 1);\n", ind, ki, ix);
+    sb_printf(b, "%s    if (last) em_cnt%u[%s] = 0;  /* for the next launch */\n", ind, ki, ix);
+    sb_printf(b, "%s}\n", ind);
+    sb_printf(b, "%s__syncthreads();\n", ind);
+    sb_printf(b, "%sif (!last) continue;\n", ind);
+    sb_printf(b, "%s__threadfence();\n", ind);
+}
+
 /* Element r of store q (a value along the row) written; inside a loop over the row. */
 static void store_elem(SB *b, KC *kc, uint32_t q, const char *ind) {
     const SKernel *k = kc->k;
@@ -1504,24 +1538,17 @@ static void emit_column_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t
     const char *ind = "        ", *in2 = "            ";
     row_bases(b, kc, ind);
     uint8_t *done = calloc(k->nnodes ? k->nnodes : 1, 1), *dep = malloc(k->nnodes ? k->nnodes : 1),
-            *inloop = calloc(k->nnodes ? k->nnodes : 1, 1), *sq = calloc(k->nstores ? k->nstores : 1, 1);
-    if (!done || !dep || !inloop || !sq) {
+            *inloop = calloc(k->nnodes ? k->nnodes : 1, 1), *sq = calloc(k->nstores ? k->nstores : 1, 1),
+            *d2 = malloc(k->nnodes ? k->nnodes : 1); /* a loop's element values (done inside it) */
+    if (!done || !dep || !inloop || !sq || !d2) {
         b->oom = 1;
         goto out;
     }
     (void)reduction_deps(k, dep);
     /* the row's values no reduction feeds */
     for (uint32_t i = 0; i < k->nnodes; i++) {
-        const LNode *n = &k->nodes[i];
         if (k->elem[i] || dep[i]) continue;
-        if (n->op == LP_LOAD) {
-            sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
-            rload_expr(b, &c, i, 0);
-            sb_printf(b, ";");
-            end_line(b, s, n);
-        } else {
-            emit_value(b, kc, i, ind);
-        }
+        row_value(b, &c, i, ind);
         done[i] = 1;
     }
     /* one loop: the reductions of values no reduction feeds, the stores of such values */
@@ -1533,11 +1560,6 @@ static void emit_column_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t
     if (any) {
         for (uint32_t i = 0; i < k->nnodes; i++)
             if (inloop[i]) reduce_open(b, &c, i, ind);
-        uint8_t *d2 = malloc(k->nnodes ? k->nnodes : 1);
-        if (!d2) {
-            b->oom = 1;
-            goto out;
-        }
         memcpy(d2, done, k->nnodes);
         loop_open(b, &c, ind);
         for (uint32_t i = 0; i < k->nnodes; i++) {
@@ -1550,7 +1572,6 @@ static void emit_column_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t
             emit_elem(b, &c, k->store_node[q], d2, in2);
             store_elem(b, kc, q, in2);
         }
-        free(d2);
         sb_printf(b, "%s}\n", ind);
         for (uint32_t i = 0; i < k->nnodes; i++)
             if (inloop[i]) reduce_finish(b, &c, i, ind);
@@ -1563,15 +1584,7 @@ static void emit_column_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t
         }
     if (L->split) {
         /* every partial stored: count this chunk in; the tile's last block combines them in order */
-        sb_printf(b, "%s__threadfence();  /* this thread's partials are visible before the count */\n", ind);
-        sb_printf(b, "%s__syncthreads();\n", ind);
-        sb_printf(b, "%sif (threadIdx.x == 0) {\n", ind);
-        sb_printf(b, "%s    last = atomicAdd(&em_cnt%u[u / S], 1u) == (unsigned)(S - 1);\n", ind, ki);
-        sb_printf(b, "%s    if (last) em_cnt%u[u / S] = 0;  /* for the next launch */\n", ind, ki);
-        sb_printf(b, "%s}\n", ind);
-        sb_printf(b, "%s__syncthreads();\n", ind);
-        sb_printf(b, "%sif (!last) continue;\n", ind);
-        sb_printf(b, "%s__threadfence();\n", ind);
+        count_in(b, ki, "u / S", 1, ind);
         for (uint32_t i = 0; i < k->nnodes; i++)
             if (inloop[i]) emit_reduce_final(b, &c, i, ind);
     }
@@ -1579,18 +1592,9 @@ static void emit_column_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t
         if (inloop[i]) done[i] = 1;
     /* the rest in order (split kernels have none: column_splittable) */
     for (uint32_t i = 0; i < k->nnodes; i++) {
-        const LNode *n = &k->nodes[i];
         if (k->elem[i] || done[i]) continue;
-        if (n->op == LP_LOAD) {
-            sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
-            rload_expr(b, &c, i, 0);
-            sb_printf(b, ";");
-            end_line(b, s, n);
-        } else if (em_lprim_is_reduce(n->op)) {
-            emit_reduce(b, &c, i, done, ind);
-        } else {
-            emit_value(b, kc, i, ind);
-        }
+        if (em_lprim_is_reduce(k->nodes[i].op)) emit_reduce(b, &c, i, done, ind);
+        else row_value(b, &c, i, ind);
         done[i] = 1;
     }
     for (uint32_t q = 0; q < k->nstores; q++) {
@@ -1602,17 +1606,11 @@ static void emit_column_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t
             sb_printf(b, ";\n");
             continue;
         }
-        uint8_t *d2 = malloc(k->nnodes ? k->nnodes : 1);
-        if (!d2) {
-            b->oom = 1;
-            goto out;
-        }
         memcpy(d2, done, k->nnodes);
         loop_open(b, &c, ind);
         emit_elem(b, &c, v, d2, in2);
         store_elem(b, kc, q, in2);
         sb_printf(b, "%s}\n", ind);
-        free(d2);
     }
     sb_printf(b, "%s__syncthreads();  /* the shared partials are reused by the next tile */\n", ind);
     sb_printf(b, "    }\n");
@@ -1621,6 +1619,7 @@ out:
     free(dep);
     free(inloop);
     free(sq);
+    free(d2);
 }
 
 static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
@@ -1752,10 +1751,7 @@ static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
             const LNode *n = &k->nodes[i];
             if (k->elem[i] || done[i] || (phase == 0 && dep[i] && !em_lprim_is_reduce(n->op))) continue;
             if (n->op == LP_LOAD) {
-                sb_printf(b, "%sconst %s v%u = ", ind, ctype(n->dtype), i);
-                rload_expr(b, &c, i, 0);
-                sb_printf(b, ";");
-                end_line(b, s, n);
+                row_value(b, &c, i, ind);
             } else if (em_lprim_is_reduce(n->op)) {
                 if (phase == 0) {
                     emit_reduce(b, &c, i, done, ind);
@@ -1770,15 +1766,10 @@ static void emit_reduction(SB *b, KC *kc, const EmCudaLaunch *L, uint32_t ki) {
         }
         if (phase == 0) {
             /* the partials stored, count this chunk in: the last of the row's chunks goes on */
+            char in2[64];
+            snprintf(in2, sizeof in2, "%s    ", ind);
             sb_printf(b, "%sif (S > 1) {\n", ind);
-            sb_printf(b, "%s    if (tid == 0) {\n", ind);
-            sb_printf(b, "%s        __threadfence();  /* the partials are visible before the count */\n", ind);
-            sb_printf(b, "%s        last = atomicAdd(&em_cnt%u[o], 1u) == (unsigned)(S - 1);\n", ind, ki);
-            sb_printf(b, "%s        if (last) em_cnt%u[o] = 0;  /* for the next launch */\n", ind, ki);
-            sb_printf(b, "%s    }\n", ind);
-            sb_printf(b, "%s    __syncthreads();\n", ind);
-            sb_printf(b, "%s    if (!last) continue;\n", ind);
-            sb_printf(b, "%s    __threadfence();\n", ind);
+            count_in(b, ki, "o", 0, in2);
             sb_printf(b, "%s}\n", ind);
         }
     }
