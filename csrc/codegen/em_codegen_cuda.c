@@ -407,20 +407,19 @@ static bool column_shaped(const Schedule *s, const SKernel *k) {
     ShapeEnv *env = s->lg->env; /* symbolic: the rows' stride the same for every size; the rest by the hints */
     if (k->ndim - k->nouter != 1 || k->nouter < 1 || k->sizes[k->nouter - 1] < EM_CUDA_COL_TILE / 2) return false;
     const int jo = k->nouter - 1, ji = k->nouter;
-    bool strided = false;
     for (uint32_t q = 0; q < k->nloads + k->nstores; q++) {
         const SAccess *ac = q < k->nloads ? &k->loads[q] : &k->stores[q - k->nloads];
-        bool elem = false;
-        if (q < k->nloads) {
-            for (uint32_t i = 0; i < k->nnodes && !elem; i++) elem = k->nodes[i].op == LP_LOAD && k->acc_of[i] == q && k->elem[i];
-        } else {
-            elem = k->elem[k->store_node[q - k->nloads]];
-        }
         if (ac->nidx || ac->scatter || ac->mask) return false;
-        if (!elem) continue;
+    }
+    /* the accesses along the row: element loads (nodes), element stores */
+    bool strided = false;
+    for (uint32_t i = 0; i < k->nnodes + k->nstores; i++) {
+        bool load = i < k->nnodes;
+        if (load ? k->nodes[i].op != LP_LOAD || !k->elem[i] : !k->elem[k->store_node[i - k->nnodes]]) continue;
+        const SAccess *ac = load ? &k->loads[k->acc_of[i]] : &k->stores[i - k->nnodes];
         int64_t st;
         if (!known(env, ac->sstrides[jo], ac->strides[jo], &st) || (st != 0 && st != 1)) return false; /* rows apart */
-        if (st == 1 && ac->strides[ji] != 0 && ac->strides[ji] != 1 && q < k->nloads) strided = true;
+        if (load && st == 1 && ac->strides[ji] != 0 && ac->strides[ji] != 1) strided = true;
     }
     return strided;
 }
