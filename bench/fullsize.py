@@ -4,7 +4,9 @@ GPT-2 small, BERT-base, a Llama-style decoder (RoPE, RMSNorm, GQA, SwiGLU), ResN
 the sizes people deploy, built from configs with random weights (nothing downloaded), in inference
 (`torch.no_grad()`, eval mode) and as a training step (AdamW, loss = mean of the squared output;
 "pure": the model in the dtype, "autocast": an fp32 model under `torch.autocast(dtype)`). Per row:
-the median of --calls timed calls after warm-up (training: --calls // 2 steps), each compiler's
+the median of --calls timed calls after warm-up (training: --calls // 2 steps), the columns' calls
+interleaved (one call of each per round: a host whose speed drifts during the row slows every column
+alike; --sequential times each column alone in turn), each compiler's
 first-call (compile) time, its output (in inference also the KV cache a language model returns)
 checked against eager's within the dtype's tolerance, and the ratios to eager and to the faster of
 eager and torch.compile (issue 40's target). A graph break, or a training region that ember split
@@ -187,13 +189,16 @@ def top_kernels(step, device, n=8):
     return [total] + rows[:n]
 
 
-def compile_with(compiler, model):
+def compile_with(compiler, model, reset=True):
+    """model compiled by compiler ("eager": model itself); reset: the compiler's caches dropped first."""
     if compiler == "eager":
         return model
     if compiler == "torch.compile":
-        torch._dynamo.reset()
+        if reset:
+            torch._dynamo.reset()
         return torch.compile(model)
-    ember.reset()
+    if reset:
+        ember.reset()
     return ember.compile(model)
 
 
@@ -218,6 +223,12 @@ def ember_options(compiler):
 
 
 def run_row(name, dtype_name, mode, args):
+    """One row: each column compiled, its first call timed and its output checked against the first
+    column's (run_compiler), then the columns' steps timed. Interleaved (the default): every column
+    keeps its own model copy and compiled code, and the timed calls go round the columns (eager, tc,
+    ember, eager, tc, ember ...), so that a change in the host's speed during the row (this GPU host
+    moved one column's step by up to 40% between calls) falls on every column alike; --sequential:
+    each column timed alone in turn, its model freed before the next one (less memory)."""
     dtype = DTYPES[dtype_name]
     device = args.device
     base, x = build(name, args.size, "infer" if mode == "infer" else "train", args.attn)
@@ -233,25 +244,74 @@ def run_row(name, dtype_name, mode, args):
     row = {"model": name, "dtype": dtype_name, "mode": mode, "batch": x.shape[0]}
     ref = {}
     calls = args.calls if mode == "infer" else max(3, args.calls // 2)
+    steps = {}
+    if args.interleave:  # one reset for the row: every column's compiled code stays alive
+        torch._dynamo.reset()
+        ember.reset()
     for compiler in args.compilers:
-        model = base if mode == "infer" else copy.deepcopy(base)
+        # a copy per column when the columns live side by side: ember's cache entries of two
+        # ember columns (other options) are told apart by their module's identity
+        model = base if mode == "infer" and not args.interleave else copy.deepcopy(base)
         try:
             with ember_options(compiler) as kind:
-                row.update(run_compiler(compiler, kind, model, x, mode, dtype, device, calls, args, ref))
+                step, entries = run_compiler(compiler, kind, model, x, mode, dtype, device, args, ref,
+                                             reset=not args.interleave)
+            row.update(entries)
+            if args.interleave:
+                steps[compiler] = with_options(compiler, step)
+            else:
+                row.update(time_columns({compiler: step}, calls, device, args))
         except Exception as e:  # a failure is a row of the table, not the end of the run
             row[f"{compiler} error"] = f"{type(e).__name__}: {e}"[:300]
         del model
-        if device == "cuda":
+        if device == "cuda" and not args.interleave:
             torch.cuda.empty_cache()
+    if steps:
+        try:
+            row.update(time_columns(steps, calls, device, args))
+        except Exception as e:
+            row["timing error"] = f"{type(e).__name__}: {e}"[:300]
     return row
 
 
-def run_compiler(compiler, kind, model, x, mode, dtype, device, calls, args, ref):
-    """One column of a row: compile with `kind` ("eager", "torch.compile", "ember"), compare the output
-    with the first column's (ref: a dict the first column fills), time the step. Returns the
-    column's entries of the row."""
+def with_options(compiler, step):
+    """step, run inside the ember.config options of an "ember:key=value" column (ember_options)."""
+    if not compiler.startswith("ember:"):
+        return step
+
+    def run():
+        with ember_options(compiler):
+            return step()
+    return run
+
+
+def time_columns(steps, calls, device, args):
+    """{compiler: step} -> each column's median ms of `calls` timed calls after 3 warm-up calls each,
+    the calls going round the columns (one call of each per round); with --profile its top kernels."""
+    for step in steps.values():
+        for _ in range(3):
+            step()
+    sync(device)
+    ts = {c: [] for c in steps}
+    for _ in range(calls):
+        for c, step in steps.items():
+            t = time.perf_counter()
+            step()
+            sync(device)
+            ts[c].append((time.perf_counter() - t) * 1e3)
+    row = {f"{c} ms": statistics.median(v) for c, v in ts.items()}
+    if args.profile:
+        for c, step in steps.items():
+            row[f"{c} kernels"] = top_kernels(step, device)
+    return row
+
+
+def run_compiler(compiler, kind, model, x, mode, dtype, device, args, ref, reset=True):
+    """One column of a row: compile with `kind` ("eager", "torch.compile", "ember"), time its first
+    call, compare the output with the first column's (ref: a dict the first column fills). Returns
+    (the step, the column's entries of the row)."""
     row = {}
-    compiled = compile_with(kind, model)
+    compiled = compile_with(kind, model, reset)
     step = make_step(model, compiled, x, mode, dtype, device)
     sync(device)
     t = time.perf_counter()
@@ -273,11 +333,9 @@ def run_compiler(compiler, kind, model, x, mode, dtype, device, calls, args, ref
             err = float("inf")
         row[f"{compiler} err"] = err
         row[f"{compiler} ok"] = err <= TOL[dtype] * (1 if mode == "infer" else 4) and out.dtype == ref["dtype"]
-    row[f"{compiler} ms"] = median_ms(step, calls, device)
     row[f"{compiler} first s"] = first
-    if args.profile:
-        row[f"{compiler} kernels"] = top_kernels(step, device)
     if compiler == "ember":
+        # (entries so far: an "ember:..." column listed before "ember" would count here too)
         info = list(ember.cache_info(compiled))
         row["ember graphs"] = len(info)
         # a training region split around ops it has no rule for (eager autograd between the
@@ -292,7 +350,7 @@ def run_compiler(compiler, kind, model, x, mode, dtype, device, calls, args, ref
             b = breaks[0]
             row["ember breaks"] = (len(breaks), f"{b['kind']} in {b['code']}: {b.get('reason_text')} "
                                                 f"({b.get('detail')}; {b.get('filename')}:{b.get('lineno')})")
-    return row
+    return step, row
 
 
 def fmt(row, compilers):
@@ -324,6 +382,8 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=15)
     ap.add_argument("--profile", action="store_true", help="print each compiler's top kernels")
     ap.add_argument("--attn", default=None, help='transformers attn_implementation ("eager": hand-written attention)')
+    ap.add_argument("--sequential", dest="interleave", action="store_false",
+                    help="time each column alone in turn (default: interleaved, one call of each column per round)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
     args.size = args.size or ("full" if args.device == "cuda" else "small")
@@ -348,7 +408,7 @@ def main(argv=None):
                 row = run_row(name, dt, mode, args)
                 rows.append(row)
                 print(fmt(row, args.compilers), flush=True)
-                for c in args.compilers:
+                for c in args.compilers + ["timing"]:
                     if c + " error" in row:
                         print(f"    {c}: {row[c + ' error']}")
                 if "ember breaks" in row:
