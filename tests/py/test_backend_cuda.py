@@ -368,6 +368,9 @@ def test_column_reduction_rules():
     assert launch(lambda x: x.sum(0), cpu(4096, 8))[0][0] == 0
     # an access contiguous along the row with one strided: neither schedule coalesces both; rows
     assert launch(lambda x, y: (x + y.t()).sum(0), cpu(512, 64), cpu(64, 512))[0][0] == 0
+    # a row along two dims that do not flatten into one (ViT's norm-weight gradient: MHA's gradient
+    # read through its (S, B, E) transpose, the norm's (B, S, E) input): columns, as one dim's
+    assert launch(lambda g, x: (g.transpose(0, 1) * x).sum((0, 1)), cpu(197, 16, 768), cpu(16, 197, 768)) == [(32, 16, 12, 288)]
 
 
 def test_softmax_is_one_kernel_with_warp_and_block_steps():
@@ -1000,7 +1003,8 @@ def test_emulated_column_reductions(grid_cap):
     """Column reductions: sums of products in one loop, bf16 inputs, extremes and their first indices,
     any, a variance and a mean, rows of two outer dims, a softmax and log_softmax over dim 0 (a
     reduction of another's result: rows whole), a value stored along the row and summed, per-row
-    broadcast statistics (a norm's weight gradient), a tile part past the last row (70, 33 rows);
+    broadcast statistics (a norm's weight gradient), a row along two dims that do not flatten, a tile
+    part past the last row (70, 33 rows);
     split (grids smaller than the tiles' chunks, and all of them), twice (the tile counts reset)."""
     x = cpu(3000, 70)
     x[2900, 5] = x.max() + 1
@@ -1012,7 +1016,10 @@ def test_emulated_column_reductions(grid_cap):
              (lambda x: x.sum(1), (cpu(3, 2000, 40),)),
              (lambda x: (torch.softmax(x, 0), torch.log_softmax(x, 0)), (cpu(700, 40),)),
              (lambda a, b: ((a + b).relu(), (a + b).relu().sum(0)), (cpu(3000, 64), cpu(3000, 64))),
-             (lambda x, m, r, w: ((x - m) * r * w).sum(0), (cpu(3000, 40), cpu(3000, 1), cpu(3000, 1), cpu(40)))]
+             (lambda x, m, r, w: ((x - m) * r * w).sum(0), (cpu(3000, 40), cpu(3000, 1), cpu(3000, 1), cpu(40))),
+             # a row along two dims that do not flatten (a transposed gradient, per-row statistics)
+             (lambda g, x, m, r: ((g.transpose(0, 1) * ((x - m) * r)).sum((0, 1)), g.sum((0, 1))),
+              (cpu(197, 5, 40), cpu(5, 197, 40), cpu(5, 197, 1), cpu(5, 197, 1)))]
     for fn, ex in cases:
         for _ in range(2):
             info = _emu_check(fn, *ex, atol=1e-3, rtol=1e-4, grid_cap=grid_cap)

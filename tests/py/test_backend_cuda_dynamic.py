@@ -68,6 +68,9 @@ CASES = [
     ("column_sums", lambda g, x: ((g * x).sum(0), g.sum(0), (g * x).amax(0)), lambda a, b: [(a, b), (a, b)],
      [(300, 40), (7, 70), (1000, 33), (2, 17), (5, 3)]),
     ("column_sum_bf16_3d", lambda x: x.float().sum(1), lambda a, b: [(2, a, b, _B)], [(300, 48), (33, 100), (4, 5)]),
+    # a row along two dims that do not flatten (a transposed gradient times the (B, S, E) input)
+    ("column_sums_two_row_dims", lambda g, x: ((g.transpose(0, 1) * x).sum((0, 1)), g.sum((0, 1))),
+     lambda a, b: [(a, 3, b), (3, a, b)], [(70, 40), (9, 33), (200, 3)]),
     ("amax_argmax", lambda x: x.amax(-1) + x.argmax(-1), lambda a, b: [(a, b)], [(4, 8), (3, 1500)]),
     ("mean", lambda x: x.mean(-1), lambda a, b: [(a, b)], [(4, 8), (6, 77)]),
     ("softmax", lambda x: torch.softmax(x, -1), lambda a, b: [(a, b)], [(4, 8), (3, 7), (2, 2), (9, 1500), (3, 5000)]),
