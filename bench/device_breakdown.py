@@ -134,7 +134,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench/device_breakdown.py needs a CUDA device")
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False  # as bench/fullsize.py: fp32 convolutions without TF32 too
+    torch.backends.cudnn.allow_tf32 = False
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")

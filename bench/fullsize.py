@@ -394,7 +394,8 @@ def main(argv=None):
     import transformers
     dev = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.machine()} CPU"
     print(f"# {dev}, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"python {platform.python_version()}, size {args.size}")
+          f"python {platform.python_version()}, size {args.size}, "
+          f"{'columns interleaved' if args.interleave else 'columns timed in turn (--sequential)'}")
     head = ["model", "dtype", "mode", "batch"] + [c + " ms" for c in args.compilers]
     if "ember" in args.compilers:
         head += ["ember / best(eager, tc)"] + (["ember / tc"] if "torch.compile" in args.compilers else [])
