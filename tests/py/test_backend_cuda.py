@@ -543,7 +543,8 @@ def test_gpu_reductions_values():
 def test_gpu_column_reductions_values():
     """Column reductions (the reduced dim strided, adjacent rows adjacent in memory): a norm's and a
     bias's gradient sums at GPT-2's sizes in bf16 and float32, extremes and their indices over dim 0,
-    a variance, a softmax over dim 0, a value stored and summed; repeated (the tile counts reset)."""
+    a variance, a softmax over dim 0, a value stored and summed, a row along two dims that do not
+    flatten; repeated (the tile counts reset)."""
     for dt in (torch.bfloat16, torch.float32):
         g, x = _cuda(4096, 768, dtype=dt), _cuda(4096, 768, dtype=dt)
         for _ in range(3):
@@ -559,6 +560,9 @@ def test_gpu_column_reductions_values():
     _run(lambda y: (y.var(0), y.mean(0)), y * 3 + 5, rtol=1e-4, atol=1e-4)
     _run(lambda y: torch.softmax(y, 0), y)
     _run(lambda a, b: ((a * b).relu(), (a * b).relu().sum(0)), _cuda(4096, 1000), _cuda(4096, 1000), rtol=1e-4, atol=1e-2)
+    # a row along two dims that do not flatten (ViT's norm-weight gradient through MHA's transpose)
+    _run(lambda g, x: ((g.transpose(0, 1) * x).sum((0, 1)), g.sum((0, 1))), _cuda(197, 16, 768), _cuda(16, 197, 768),
+         rtol=1e-4, atol=1e-2)
 
 
 @needs_gpu
