@@ -577,6 +577,88 @@ static int view_perm(Ctx *c, const LowerRule *rule, const IRArg **slot, int k, i
     return 0;
 }
 
+/* The plain LOAD whose copy LOAD l reads: l reads, from its start, a NODE buffer stored contiguous
+ * that a kernel made from a same-dtype CAST (a copy: a reshape's, contiguous(), clone()) of a plain
+ * LOAD (no gather, no mask) of the buffer's shape. 0 otherwise. */
+static uint32_t copied_load(Ctx *c, uint32_t l) {
+    const LNode *ln = NODE(c, l);
+    if (ln->op != LP_LOAD || ln->nidx || ln->lmask || ln->offset != 0) return 0;
+    const LBuf *b = &c->lg->bufs[ln->buf];
+    if (b->kind != LBUF_NODE) return 0;
+    const LNode *cp = NODE(c, b->index);
+    if (cp->op != LP_CAST || cp->dtype != cp->cdtype) return 0;
+    const LNode *l0 = NODE(c, cp->in[0]);
+    if (l0->op != LP_LOAD || l0->nidx || l0->lmask || l0->dtype != cp->dtype || l0->ndim != b->ndim) return 0;
+    int64_t cs[EM_LMAXDIM];
+    em_lower_contiguous_strides(b->ndim, b->sizes, cs);
+    for (int d = 0; d < b->ndim; d++)
+        if (l0->sizes[d] != b->sizes[d] || (b->sizes[d] > 1 && b->strides[d] != cs[d])) return 0;
+    return cp->in[0];
+}
+
+/* A view (n2 dims: sizes2, strides2, offset 0) of a buffer that holds, contiguous, the elements of
+ * view V1 (n1 dims: sizes1, strides1) of another buffer, as one view of that other buffer over a
+ * finer domain: each dim of the view split, outer to inner, into dims that each step along one of
+ * the copy's dims (the same elements in the same order). -1 when a dim of the view crosses the
+ * copy's dims other than by whole dims, or when steps of several dims along one of the copy's dims
+ * could carry into the next (an index that is not a sum of per-dim terms). torch's reshape needs
+ * the copy when a dim it merges is not contiguous in its input: reading the copy's source through
+ * the finer domain makes one copy of two (nn.MultiheadAttention's backward: the attention's
+ * gradients copied to merge their heads, transposed, copied again). */
+static int compose_copy_view(int32_t n2, const int64_t *sizes2, const int64_t *strides2, int32_t n1,
+                             const int64_t *sizes1, const int64_t *strides1, int32_t *rn, int64_t *rs, int64_t *rst) {
+    int64_t cs[EM_LMAXDIM], used[EM_LMAXDIM] = {0}; /* used: per dim of the copy, the largest index its steps reach */
+    em_lower_contiguous_strides(n1, sizes1, cs);
+    int32_t m = 0;
+    for (int d = 0; d < n2; d++) {
+        int64_t n = sizes2[d], s = strides2[d];
+        if (n == 1 || s == 0) {
+            if (m == EM_LMAXDIM) return -1;
+            rs[m] = n;
+            rst[m++] = 0;
+            continue;
+        }
+        if (s < 0) return -1;
+        int k = -1; /* the innermost dim of the copy that s steps along: s = a * cs[k], a < sizes1[k] */
+        for (int j = n1 - 1; j >= 0 && k < 0; j--)
+            if (sizes1[j] > 1 && s % cs[j] == 0 && s / cs[j] < sizes1[j]) k = j;
+        if (k < 0) return -1;
+        int64_t a = s / cs[k];
+        int64_t ps[EM_LMAXDIM], pst[EM_LMAXDIM]; /* the pieces, inner first */
+        int np = 0;
+        if (a * (n - 1) < sizes1[k]) { /* within dim k */
+            used[k] += a * (n - 1);
+            ps[np] = n;
+            pst[np++] = a * strides1[k];
+        } else { /* across whole dims, from k outward */
+            if (a != 1) return -1;
+            while (n > 1) {
+                if (k < 0 || np == EM_LMAXDIM) return -1;
+                if (sizes1[k] == 1) {
+                    k--;
+                    continue;
+                }
+                int64_t t = n <= sizes1[k] ? n : sizes1[k];
+                if (n > sizes1[k] && n % sizes1[k]) return -1;
+                used[k] += t - 1;
+                ps[np] = t;
+                pst[np++] = strides1[k];
+                n /= t;
+                k--;
+            }
+        }
+        for (int j = 0; j < n1; j++)
+            if (used[j] >= sizes1[j] && sizes1[j] > 0) return -1;
+        if (m + np > EM_LMAXDIM) return -1;
+        for (int q = np; q-- > 0;) {
+            rs[m] = ps[q];
+            rst[m++] = pst[q];
+        }
+    }
+    *rn = m;
+    return 0;
+}
+
 /* The view (rule, slot: the IR node c->n) of lowered node base. */
 static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint32_t base) {
     const IRNode *n = c->n;
@@ -601,7 +683,20 @@ static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint3
             (!env || compute_sstride(lg, src.ndim, src.ssizes, src.sstrides, m->ndim, mss, sst) == 0))
             return em_lower_reload_s(c, l, m->ndim, m->sizes, st, 0, mss, sst, em_lower_sk(lg, 0));
         if (rule->prim != 1 || c->view_no_copy) return 0; /* view() of an incompatible layout: torch raised already */
-        /* reshape that copies: materialize the value contiguous, then view it */
+        /* reshape that copies: materialize the value contiguous, then view it. When the value is a
+         * view of another copy (and no buffer changes during the graph), the copy reads that copy's
+         * source over a finer domain instead (compose_copy_view): one copy, not two. Static graphs. */
+        uint32_t l0 = !env && c->immutable ? copied_load(c, l) : 0;
+        int32_t rn = 0;
+        int64_t rs[EM_LMAXDIM], rst[EM_LMAXDIM];
+        if (l0 && compose_copy_view(src.ndim, src.sizes, src.strides, NODE(c, l0)->ndim, NODE(c, l0)->sizes,
+                                    NODE(c, l0)->strides, &rn, rs, rst) == 0) {
+            SymRef z[EM_LMAXDIM] = {0};
+            uint32_t fine = em_lower_load(lg, NODE(c, l0)->buf, rn, rs, NODE(c, l0)->offset, rst, z, em_lower_sk(lg, 0), z, c->ir);
+            if (!fine) return 0;
+            l = fine;
+            src = *NODE(c, l);
+        }
         uint32_t cp = em_lower_new_node(c->lg, LP_CAST, src.dtype, src.dtype, src.ndim, src.sizes, src.ssizes);
         if (!cp) return 0;
         NODE(c, cp)->in[0] = l;
@@ -1488,7 +1583,12 @@ static int lower_by_rule(Lowering *p, Ctx *c, IRRef r, const char **why) {
 static int lower_nodes(Lowering *p, const char **why) {
     const IRGraph *g = p->g;
     LGraph *lg = p->lg;
-    Ctx c = {.lg = lg, .ext = p->ext};
+    Ctx c = {.lg = lg, .ext = p->ext, .immutable = true};
+    for (IRRef r = 1; r < g->nnodes; r++) {
+        const IRNode *n = &g->nodes[r];
+        if (p->scatter[r] || ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && em_ir_mutates(n) && !p->functional[r]))
+            c.immutable = false;
+    }
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = &g->nodes[r];
         LVal *v = &lg->vals[r];

@@ -18,6 +18,7 @@ typedef struct {
     bool inplace_ok;       /* the node is an in-place op lowered as its functional form */
     bool view_no_copy;     /* view_of on a pushed-down leaf: a view that needs a copy fails instead */
     const uint8_t *ext;    /* IR ref -> 1: runs as an extern call */
+    bool immutable;        /* no buffer changes during the graph (no in-place update of an input) */
 } Ctx;
 
 #define NODE(c, id) (&(c)->lg->nodes[id])

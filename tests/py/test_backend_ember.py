@@ -186,6 +186,34 @@ def test_views_as_index_arithmetic():
     check(views, torch.randn(20, 3, 2).permute(2, 1, 0))  # reshape of a non-viewable layout copies
 
 
+def test_copy_of_a_copy_reads_the_source():
+    """A reshape that copies a view of another reshape's copy reads the first copy's source over a
+    finer domain (compose_copy_view, csrc/lower): one copy, not two (nn.MultiheadAttention's
+    backward merges the attention's gradients' heads, transposes and merges again). Values as
+    eager's; a dim that steps along two of the copy's dims (8 = 2 x 4 rows), a strided step within
+    one (every second row), stacked pieces."""
+    x = torch.randn(3, 10, 4, 16).transpose(1, 2)  # (N, H, L, D) of an (N, L, H, D) tensor
+    info = check(lambda x: x.reshape(12, 10, 16).transpose(0, 1).reshape(10, 3, 64) + 1, x)
+    assert len(info["kernel_list"]) == 2 and "reshape" not in info["kernel_list"][0]["nodes"], info["kernel_list"]
+    info = check(lambda y: y.reshape(24).view(3, 8).t().reshape(24) * 2, torch.randn(4, 6).t())
+    assert len(info["kernel_list"]) == 2, info["kernel_list"]
+    q, k, v = (torch.randn(3, 10, 4, 16).transpose(1, 2) for _ in range(3))
+    info = check(lambda q, k, v: torch.stack([t.reshape(12, 10, 16).transpose(0, 1).reshape(10, 3, 64) for t in (q, k, v)]),
+                 q, k, v)
+    assert len(info["kernel_list"]) == 2, info["kernel_list"]
+    # the source updated in place between the two reshapes: the second copy must see the first
+    # copy's values, not the updated source (such a graph runs on the eager backend today; lowered,
+    # Ctx.immutable would keep its copies apart)
+    def update(x):
+        y = x.reshape(12, 10, 16)
+        x.add_(1)
+        return y.transpose(0, 1).reshape(10, 3, 64)
+    xa, xb = x.clone().transpose(1, 2).contiguous().transpose(1, 2), x.clone()
+    got, ref = ember.compile(update, backend="ember")(xa), update(xb)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    torch.testing.assert_close(xa, xb, rtol=0, atol=0)
+
+
 def test_view_outputs_alias_like_eager():
     x = torch.randn(4, 6)
     c = ember.compile(lambda x: (x.t(), x.view(2, 12), x[1:], (x + 1).view(24)), backend="ember")
