@@ -421,13 +421,35 @@ typedef struct {
     const IRArg **slot;
 } ViewLeaf;
 
+/* The source dim of each dim of reshape c->n's result, when the reshape of a k-dim value of sizes
+ * only inserts or drops dims of size 1 (-1: an inserted dim); -1 otherwise. Static graphs. */
+static int ones_reshape(Ctx *c, int32_t k, const int64_t *sizes, int64_t *src_of) {
+    const IRMeta *m = &c->n->meta;
+    if (c->lg->env || m->kind != IRMETA_TENSOR || m->ndim > EM_LMAXDIM) return -1;
+    int32_t p = 0;
+    for (int d = 0; d < m->ndim; d++) {
+        while (p < k && sizes[p] == 1 && m->sizes[d] != 1) p++; /* a dropped 1 */
+        if (m->sizes[d] == 1 && !(p < k && sizes[p] == 1)) {
+            src_of[d] = -1; /* an inserted 1 */
+            continue;
+        }
+        if (p >= k || sizes[p] != m->sizes[d]) return -1;
+        src_of[d] = p++;
+    }
+    while (p < k && sizes[p] == 1) p++;
+    return p == k ? 0 : -1;
+}
+
 static uint32_t view_leaf(Ctx *c, void *arg, uint32_t orig, uint32_t load) {
     (void)orig;
     const ViewLeaf *v = arg;
     const LNode ml = *NODE(c, load);
     int64_t perm[EM_LMAXDIM];
-    if (ml.lmask) { /* a masked load: through a permutation only, its mask permuted with the dims */
-        if (view_perm(c, v->rule, v->slot, ml.ndim, perm) < 0) return 0;
+    if (ml.lmask) { /* a masked load: through a permutation, or a reshape that inserts or drops dims
+                     * of size 1 (a stack's pieces seen as (3, L, N, 1, E)), its mask with the dims */
+        if (v->rule->kind == R_RESHAPE ? ones_reshape(c, ml.ndim, ml.sizes, perm) < 0
+                                       : view_perm(c, v->rule, v->slot, ml.ndim, perm) < 0)
+            return 0;
         load = em_lower_reload_s(c, load, ml.ndim, ml.sizes, ml.strides, 0, NULL, NULL, SYM_NONE);
         if (!load) return 0;
     }
@@ -437,14 +459,17 @@ static uint32_t view_leaf(Ctx *c, void *arg, uint32_t orig, uint32_t load) {
     if (!got || NODE(c, got)->op != LP_LOAD) return 0;
     if (ml.lmask) {
         LNode *g = NODE(c, got);
-        if (g->ndim != ml.ndim || g->lmask) return 0;
-        for (int d = 0; d < ml.ndim; d++) {
+        uint32_t seen = 0;
+        if (g->lmask || (v->rule->kind != R_RESHAPE && g->ndim != ml.ndim)) return 0;
+        for (int d = 0; d < g->ndim; d++) {
             int32_t p = (int32_t)perm[d];
-            if (!((ml.lmask >> p) & 1)) continue;
+            if (p < 0 || !((ml.lmask >> p) & 1)) continue;
             g->lmask |= 1u << d;
             g->lo[d] = ml.lo[p];
             g->hi[d] = ml.hi[p];
+            seen |= 1u << p;
         }
+        if (seen != ml.lmask) return 0; /* a masked dim dropped (a 1 whose element is the fill) */
         g->fval = ml.fval;
         g->ival = ml.ival;
     }

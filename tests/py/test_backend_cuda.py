@@ -873,6 +873,13 @@ EMU_CASES = [
     ("int_bool", lambda x: torch.where(x > 0, x, -x) + (x == 3), [cpu(77, dtype=torch.int64)]),
     ("broadcast", lambda x, b, c: x + b * c, [cpu(64, 128), cpu(128), cpu(64, 1)]),
     ("transposed", lambda x: x.t() * 2 + 1, [cpu(64, 120)]),
+    # nn.MultiheadAttention's backward layouts: a copy of a copy's view (one copy), a stack seen
+    # through a reshape of 1s and a transpose, written in the copy's layout (one kernel)
+    ("copy_of_a_copy", lambda x: x.reshape(12, 10, 16).transpose(0, 1).reshape(10, 3, 64) + 1,
+     [cpu(3, 10, 4, 16).transpose(1, 2)]),
+    ("stack_transposed",
+     lambda q, k: torch.stack([q, k]).reshape(2, 10, 3, 1, 64).transpose(0, -2).reshape(10, 3, 2, 64) * 2,
+     [cpu(10, 3, 64, dtype=_B), cpu(10, 3, 64, dtype=_B)]),
     ("softmax_warp", lambda x: torch.softmax(x, -1), [cpu(37, 100)]),
     ("softmax_block_cached", lambda x: torch.softmax(x, -1), [cpu(5, 1024)]),
     ("softmax_block_long", lambda x: torch.softmax(x, -1), [cpu(2, 20000)]),

@@ -214,6 +214,21 @@ def test_copy_of_a_copy_reads_the_source():
     torch.testing.assert_close(xa, xb, rtol=0, atol=0)
 
 
+def test_stack_through_size_one_reshape_and_transpose_is_one_kernel():
+    """A stack (or cat) seen through a reshape that inserts or drops dims of size 1 and a transpose,
+    then copied by a reshape (nn.MultiheadAttention's backward: stack(grads).reshape(3, L, N, 1, E)
+    .transpose(0, -2).reshape(L, N, 3, E)): the pieces' masked loads are viewed (view_leaf), and one
+    kernel writes the stack in the copy's layout. Values as eager's."""
+    q, k, v = (torch.randn(10, 3, 64) for _ in range(3))
+    info = check(lambda q, k, v: torch.stack([q, k, v]).reshape(3, 10, 3, 1, 64).transpose(0, -2).reshape(10, 3, 3, 64) * 2,
+                 q, k, v)
+    assert len(info["kernel_list"]) == 1, info["kernel_list"]
+    # cat along a dim, a 1 inserted in front and one dropped; a reshape that merges dims (not of 1s: a copy)
+    a, b = torch.randn(4, 1, 6), torch.randn(5, 1, 6)
+    check(lambda a, b: torch.cat([a, b]).reshape(1, 9, 6).transpose(1, 2).reshape(6, 9) + 1, a, b)
+    check(lambda a, b: torch.cat([a, b], 0).reshape(9, 6).t().reshape(3, 18) - 1, a, b)
+
+
 def test_view_outputs_alias_like_eager():
     x = torch.randn(4, 6)
     c = ember.compile(lambda x: (x.t(), x.view(2, 12), x[1:], (x + 1).view(24)), backend="ember")
