@@ -401,9 +401,9 @@ static bool warp_holds_row(const Schedule *s, const SKernel *k, int64_t Rmax) {
  * run along several dims that do not flatten into one (ViT's norm-weight gradient sums a
  * gradient read through MHA's (S, B, E) transpose with the (B, S, E) input: the loop's element
  * index splits into them, multi_index); before, such a kernel took a row per block, one element
- * per lane 768 apart (32 us against 10 for the float32 (3152, 768) column kernel on the H200).  A symbolic kernel of a static row count splits per call (launch split -1: the
- * chunks of em_cuda_col_chunks for this call's row length), else takes whole rows (a block per
- * tile, its grid per call). */
+ * per lane 768 apart (32 us a kernel in float32, 3152 rows, on the H200). A symbolic kernel of a
+ * static row count splits per call (launch split -1: the chunks of em_cuda_col_chunks for this
+ * call's row length), else takes whole rows (a block per tile, its grid per call). */
 _Static_assert(EM_CUDA_COL_TILE == 32, "em_cuda_col_chunks counts tiles of 32 rows");
 
 static bool column_shaped(const Schedule *s, const SKernel *k) {

@@ -717,7 +717,8 @@ static uint32_t view_of(Ctx *c, const LowerRule *rule, const IRArg **slot, uint3
         if (l0 && compose_copy_view(src.ndim, src.sizes, src.strides, NODE(c, l0)->ndim, NODE(c, l0)->sizes,
                                     NODE(c, l0)->strides, &rn, rs, rst) == 0) {
             SymRef z[EM_LMAXDIM] = {0};
-            uint32_t fine = em_lower_load(lg, NODE(c, l0)->buf, rn, rs, NODE(c, l0)->offset, rst, z, em_lower_sk(lg, 0), z, c->ir);
+            const LNode *s0 = NODE(c, l0);
+            uint32_t fine = em_lower_load(lg, s0->buf, rn, rs, s0->offset, rst, z, em_lower_sk(lg, 0), z, c->ir);
             if (!fine) return 0;
             l = fine;
             src = *NODE(c, l);
@@ -1611,8 +1612,8 @@ static int lower_nodes(Lowering *p, const char **why) {
     Ctx c = {.lg = lg, .ext = p->ext, .immutable = true};
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = &g->nodes[r];
-        if (p->scatter[r] || ((n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD) && em_ir_mutates(n) && !p->functional[r]))
-            c.immutable = false;
+        bool call = n->kind == IR_CALL_FUNCTION || n->kind == IR_CALL_METHOD;
+        if (p->scatter[r] || (call && em_ir_mutates(n) && !p->functional[r])) c.immutable = false;
     }
     for (IRRef r = 1; r < g->nnodes; r++) {
         const IRNode *n = &g->nodes[r];
