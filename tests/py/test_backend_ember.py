@@ -214,6 +214,44 @@ def test_copy_of_a_copy_reads_the_source():
     torch.testing.assert_close(xa, xb, rtol=0, atol=0)
 
 
+def test_reshape_copy_chains_match_eager():
+    """Random chains reshape -> view (transpose, a step, a slice, an expand) -> reshape of permuted
+    inputs, the first reshape often a copy, the second a copy of its view (compose_copy_view where
+    the steps stay within the copy's dims, the two copies where they would carry): eager's values."""
+    import random
+    rnd = random.Random(7)
+
+    def factor(n):
+        out = []
+        while n > 1 and len(out) < 3:
+            d = rnd.choice([d for d in range(2, n + 1) if n % d == 0])
+            out.append(d)
+            n //= d
+        return out + [n] if n > 1 else out or [1]
+
+    def view(y, op, d):
+        if op == "t":
+            return y.transpose(d, (d + 1) % y.dim())
+        if op == "step":
+            return y[(slice(None),) * d + (slice(None, None, 2),)]
+        if op == "slice":
+            return y[(slice(None),) * d + (slice(1, None),)] if y.shape[d] > 1 else y
+        return y.unsqueeze(d).expand(*y.shape[:d], 3, *y.shape[d:])
+
+    for _ in range(120):
+        shape = [rnd.choice([1, 2, 3, 4, 6, 8]) for _ in range(rnd.randint(2, 4))]
+        perm = list(range(len(shape)))
+        rnd.shuffle(perm)
+        x = torch.randn(*shape).permute(*perm)
+        s1 = factor(x.numel())
+        s1 = s1 + [1] if len(s1) < 2 else s1
+        op, d = rnd.choice(["t", "step", "slice", "expand"]), rnd.randrange(len(s1))
+        s2 = tuple(factor(view(x.reshape(s1), op, d).numel()))
+        fn = lambda x, s1=tuple(s1), op=op, d=d, s2=s2: view(x.reshape(s1), op, d).reshape(s2) * 2  # noqa: E731
+        ember.reset()
+        torch.testing.assert_close(ember.compile(fn, backend="ember")(x), fn(x), rtol=0, atol=0)
+
+
 def test_stack_through_size_one_reshape_and_transpose_is_one_kernel():
     """A stack (or cat) seen through a reshape that inserts or drops dims of size 1 and a transpose,
     then copied by a reshape (nn.MultiheadAttention's backward: stack(grads).reshape(3, L, N, 1, E)
