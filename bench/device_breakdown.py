@@ -11,9 +11,12 @@ timed (median of 10 after 3 warm-up steps, ms), then torch.profiler over 5 steps
 and launches per step of each kind of kernel (kinds by kernel name, KINDS; user annotations, such as
 Optimizer.step and Inductor's "Call CompiledFxGraph" ranges, are left out of the totals). With --out,
 a file per row lists every kernel (K lines: device ms per step, launches per step, name), the aten
-calls with their input shapes (O lines) and, for ember, each aten call of one step with the sizes,
-strides and dtypes of its tensors (D lines, a TorchDispatchMode: a batched GEMM of an expanded weight
-or a strided input that aten copies shows there). Needs a GPU; times are never asserted.
+calls with their input shapes (O lines) and, for ember, its generated kernels by device time with the
+nodes each computes (N lines: us per step, forward / backward, kernel index, kind, nodes; ViT-B/16's
+norm-weight gradients showed there as row kernels, 2026-12-01) and each aten call of one step with
+the sizes, strides and dtypes of its tensors (D lines, a TorchDispatchMode: a batched GEMM of an
+expanded weight or a strided input that aten copies shows there). Needs a GPU; times are never
+asserted.
 """
 import argparse
 import collections
@@ -28,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fullsize  # noqa: E402  (the models, the step, the timing)
+import ember  # noqa: E402
 
 # kernel kinds, by name; the first that matches (convolutions named as implicit GEMMs count as gemm)
 KINDS = (("gemm", r"nvjet|gemm|cutlass_75|s16816|sm90_xmma|cublas"), ("attn", r"sdpa|flash|fmha|cudnn::fusion"),
@@ -61,12 +65,15 @@ class AtenCalls(TorchDispatchMode):
 
 
 def kernels(step, calls=5):
-    """(kernels: [(device ms per step, launches per step, name)], aten: [(ms, calls, op, shapes)]) over
-    `calls` steps, user annotations left out."""
+    """(kernels: [(device ms per step, launches per step, name)], aten: [(ms, calls, op, shapes)],
+    launches: [(name, device us)] in launch order) over `calls` steps, user annotations left out."""
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         for _ in range(calls):
             step()
         torch.cuda.synchronize()
+    launches = sorted((e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")),
+                      key=lambda e: e.time_range.start)
+    launches = [(e.name, e.time_range.elapsed_us()) for e in launches]
     ks = []
     for e in prof.key_averages():
         if not e.device_time_total or not str(getattr(e, "device_type", "")).endswith("CUDA"):
@@ -77,7 +84,39 @@ def kernels(step, calls=5):
     ops = [(e.device_time_total / 1e3 / calls, e.count // calls, e.key, e.input_shapes)
            for e in prof.key_averages(group_by_input_shape=True)
            if e.key.startswith("aten::") and e.device_time_total > 0 and any(w in e.key for w in WATCH)]
-    return sorted(ks, reverse=True), sorted(ops, key=lambda o: -o[0])
+    return sorted(ks, reverse=True), sorted(ops, key=lambda o: -o[0]), launches
+
+
+def ember_kernel_nodes(launches, compiled, steps):
+    """N lines: ember's generated kernels of a training step by device time (us per step), each with
+    its half (forward / backward), its index, kind and IR nodes (cache_info's kernel_list), so that a
+    slow kernel names what it computes. launches: kernels() list for `steps` steps. Both halves name
+    their kernels ember_k0, ember_k1 ...: within a step a name runs first in the forward, then in the
+    backward. [] when the function has not exactly one training region, or the launches do not fit
+    that pattern (the kernels could not be told apart)."""
+    regions = [e for e in ember.cache_info(compiled) if isinstance(e.get("autograd"), dict)]
+    if len(regions) != 1:
+        return []
+    halves = regions[0]["autograd"].get("ember") or {}
+    kl = {h: (halves.get(h) or {}).get("kernel_list") or [] for h in ("forward", "backward")}
+    seen, t = collections.Counter(), collections.defaultdict(float)
+    for name, us in launches:
+        m = re.fullmatch(r"ember_k(\d+)", name)
+        if not m:
+            continue
+        k, j = int(m.group(1)), seen[name]
+        seen[name] += 1
+        both = k < len(kl["forward"]) and k < len(kl["backward"])
+        half = ("forward" if j % 2 == 0 else "backward") if both else "forward" if k < len(kl["forward"]) else "backward"
+        if k >= len(kl[half]):
+            return []
+        t[(half, k)] += us / steps
+    for name, n in seen.items():
+        k = int(name[len("ember_k"):])
+        if n != steps * ((k < len(kl["forward"])) + (k < len(kl["backward"]))):
+            return []
+    return [f"N {us:9.1f} {half[:3]} k{k:<4d} {kl[half][k]['kind']:10s} {' '.join(kl[half][k]['nodes'])}"
+            for (half, k), us in sorted(t.items(), key=lambda kv: -kv[1])]
 
 
 def run_row(name, mode, compilers, dtype, out):
@@ -97,7 +136,7 @@ def run_row(name, mode, compilers, dtype, out):
             compiled = fullsize.compile_with(kind, model)
             step = fullsize.make_step(model, compiled, x, mode, dtype, "cuda")
             ms = fullsize.median_ms(step, 10, "cuda")
-            ks, ops = kernels(step)
+            ks, ops, launches = kernels(step)
         by = collections.defaultdict(lambda: [0.0, 0])
         for t, n, k in ks:
             by[kind_of(k)][0] += t
@@ -107,6 +146,7 @@ def run_row(name, mode, compilers, dtype, out):
         lines += [f"K {t:8.3f} {n:5d} {k[:160]}" for t, n, k in ks]
         lines += [f"O {t:8.3f} {n:5d} {k} {shapes}" for t, n, k, shapes in ops]
         if kind == "ember":
+            lines += ember_kernel_nodes(launches, compiled, 5)
             with fullsize.ember_options(comp), AtenCalls() as log:
                 step()
             lines += [f"D {c:4d} {op} {desc}" for (op, desc), c in sorted(log.calls.items())]
