@@ -431,6 +431,53 @@ static int64_t freed_if_stored(Sched *c, uint32_t y, const uint32_t *stop, uint3
     return freed;
 }
 
+/* The IR meta of what the graph returns as node y (a training forward's saved activations, a
+ * result), NULL when it returns no value that is y. Static graphs. */
+static const IRMeta *returned_meta(const Sched *c, uint32_t y) {
+    const LGraph *lg = c->lg;
+    const IRNode *out = &lg->ir->nodes[lg->ir->output];
+    if (lg->env || out->nargs != 1 || out->args[0].kind != IRARG_TUPLE) return NULL;
+    for (uint32_t i = 0; i < out->args[0].n; i++) {
+        const IRArg *a = &out->args[0].u.items[i];
+        if (a->kind == IRARG_NODE && lg->vals[a->u.ref].kind == LV_NODE && lg->vals[a->u.ref].lnode == y)
+            return &lg->ir->nodes[a->u.ref].meta;
+    }
+    return NULL;
+}
+
+/* The strides of the buffer a kernel stores node y into besides its root (shared values, row
+ * outputs): eager's (the IR meta's) when the graph returns y with y's sizes in a dense layout whose
+ * last dim is contiguous (outer dims permuted: ViT's norms read a residual stream made through
+ * nn.MultiheadAttention's (S, B, E) transposes, and the saved x - mean has eager's strides of it),
+ * so that the output is this store and not a kernel computing y again at the end of the forward
+ * (need_tensor keeps a stored value only with eager's layout); contiguous otherwise. */
+static void shared_layout(Sched *c, uint32_t y, int64_t *st, SymRef *sst) {
+    LGraph *lg = c->lg;
+    const LNode *ny = &lg->nodes[y];
+    contiguous(lg, ny->ndim, ny->sizes, ny->ssizes, st, sst);
+    const IRMeta *m = returned_meta(c, y);
+    if (!m || m->kind != IRMETA_TENSOR || m->ndim != ny->ndim || ny->ndim < 1) return;
+    int32_t nd = ny->ndim, order[EM_LMAXDIM], no = 0;
+    for (int d = 0; d < nd; d++) {
+        if (m->sizes[d] != ny->sizes[d]) return;
+        if (m->sizes[d] > 1) order[no++] = d;
+    }
+    if (no && (order[no - 1] != nd - 1 || m->strides[nd - 1] != 1)) return;
+    for (int i = 1; i < no; i++) /* dims of size > 1 by descending stride */
+        for (int j = i; j > 0 && m->strides[order[j]] > m->strides[order[j - 1]]; j--) {
+            int32_t t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    int64_t want = 1;
+    for (int i = no; i-- > 0;) {
+        if (m->strides[order[i]] != want) return; /* not dense */
+        want *= m->sizes[order[i]];
+    }
+    for (int d = 0; d < nd; d++)
+        if (m->sizes[d] > 1) st[d] = m->strides[d];
+}
+
 static int64_t node_bytes(const LNode *n) {
     int64_t b = em_ldt_size(n->dtype);
     for (int d = 0; d < n->ndim; d++) b *= n->sizes[d];
@@ -444,6 +491,17 @@ static int storable(Sched *c, uint32_t x, uint32_t y) {
     const LNode *ny = &lg->nodes[y], *root = &lg->nodes[x];
     return y != x && c->mat[y] == NONE && ny->op != LP_LOAD && ny->op != LP_CONST && !em_lprim_is_reduce(ny->op) &&
            ny->ndim == root->ndim && same_shape(lg, ny->ndim, ny->sizes, ny->ssizes, root->sizes, root->ssizes);
+}
+
+/* Is storing value y in the kernel being built worth it, when that frees `freed` bytes of buffers
+ * (freed_if_stored)? When the buffers freed hold more bytes than y; or as many when the graph
+ * returns y (returned_meta): it is stored anyway, and stored here it is not computed again from
+ * those buffers later (ViT-B/16's training forward computed each MLP's pre-activation, bias + mm,
+ * in the GELU's kernel and again in a kernel of its own for the backward, 12 kernels of 20 us on
+ * the H200, bench/device_breakdown.py vit:train --dtype fp32). */
+static int worth_storing(const Sched *c, uint32_t y, int64_t freed) {
+    int64_t bytes = node_bytes(&c->lg->nodes[y]);
+    return freed > bytes || (freed == bytes && returned_meta(c, y));
 }
 
 /* The values the kernel of pointwise root x (its DAG: in_dag, list[0 .. *n)) stores besides x
@@ -471,8 +529,7 @@ static int shared_values(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, 
             ok = in_dag[nw->in[q]] || lg->nodes[nw->in[q]].op == LP_CONST;
         if (!ok) continue;
         stop[1 + *nshare] = w;
-        int64_t freed = freed_if_stored(c, w, stop, 2 + *nshare, sub);
-        if (freed > node_bytes(nw)) {
+        if (worth_storing(c, w, freed_if_stored(c, w, stop, 2 + *nshare, sub))) {
             share[(*nshare)++] = w;
             for (int q = 0; q < em_lnode_nin(nw); q++)
                 if (!in_dag[nw->in[q]]) { /* a constant */
@@ -492,8 +549,7 @@ static int shared_values(Sched *c, uint32_t x, uint8_t *in_dag, uint32_t *list, 
         if (chosen) continue;
         if (!c->reach[y]) continue; /* not needed after this step */
         stop[1 + *nshare] = y;
-        int64_t freed = freed_if_stored(c, y, stop, 2 + *nshare, sub);
-        if (freed > node_bytes(&lg->nodes[y])) {
+        if (worth_storing(c, y, freed_if_stored(c, y, stop, 2 + *nshare, sub))) {
             share[(*nshare)++] = y;
             future_reach(c, stop, 1 + *nshare, c->reach);
         }
@@ -926,12 +982,12 @@ again:
         k.store_node[0] = local[x];
         k.nstores = 1;
     }
-    for (uint32_t q = 0; q < nshare; q++) { /* shared values: contiguous buffers of the root's shape */
+    for (uint32_t q = 0; q < nshare; q++) { /* shared values: buffers of the root's shape (shared_layout) */
         uint32_t y = share[q];
         const LNode *ny = &lg->nodes[y];
         int64_t cst[EM_LMAXDIM], bst[EM_LMAXDIM];
         SymRef csst[EM_LMAXDIM] = {0}, sbst[EM_LMAXDIM];
-        contiguous(lg, ny->ndim, ny->sizes, ny->ssizes, cst, csst);
+        shared_layout(c, y, cst, csst);
         uint32_t yb = add_buffer(c, y, ny->ndim, ny->sizes, cst, ny->ssizes, csst, 0);
         if (yb == NONE) return -1;
         SAccess *st = &k.stores[k.nstores];

@@ -1165,6 +1165,86 @@ def test_norm_kernel_stores_the_residual_stream(monkeypatch, row):
     assert [(k["kind"], k["nodes"][-1]) for k in kl] == [("pointwise", "add_1"), ("reduction", "sum_1"), ("pointwise", "mul")], kl
 
 
+def _forward_kernels(cf):
+    """The forward kernel list of a training compile (EMBER_TEST_CUDA_SOURCE) and its CUDA info."""
+    ct = ember.cache_info(cf)[0]["autograd"]["ember"]["forward"]["cuda_test"]
+    return ct["kernel_list"], ct
+
+
+def _computed_in(kernels, name):
+    return [i for i, k in enumerate(kernels) if name in k["nodes"]]
+
+
+@needs_emu
+def test_saved_norm_values_keep_eager_layout_in_the_norm_kernel(monkeypatch):
+    """A layer norm (decomposed in training) of a stream with a transposed layout (nn.MultiheadAttention's
+    (S, B, E) output, torchvision's ViT): the norm's kernel stores the saved x - mean in eager's
+    strides of it, so no kernel computes the mean again at the end of the forward to store it in
+    that layout (need_tensor keeps a stored value only with eager's layout; ViT-B/16 had 24 such
+    kernels a step). One forward kernel; its outputs (the emulator) against eager's values and
+    strides, and the CPU compile's gradients against eager's."""
+    from ember.testing.cuda import emulate_info
+    monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
+    monkeypatch.setattr(ember.config, "decompose_layer_norm", True)
+
+    def f(x, w, b):
+        h = x.transpose(0, 1) * 2
+        return F.layer_norm(h, (16,), w, b, eps=1e-6)
+
+    x, w, b = (cpu(5, 3, 16).requires_grad_(), cpu(16).requires_grad_(), cpu(16).requires_grad_())
+    cf = ember.compile(f, backend="ember", dynamic=False)
+    out = cf(x, w, b)
+    g = cpu(3, 5, 16)
+    out.backward(g)
+    got = [t.grad.clone() for t in (x, w, b)]
+    for t in (x, w, b):
+        t.grad = None
+    want = f(x, w, b)
+    want.backward(g)
+    torch.testing.assert_close(out, want)
+    for a, e in zip(got, (x.grad, w.grad, b.grad)):
+        torch.testing.assert_close(a, e)
+    kernels, ct = _forward_kernels(cf)
+    assert len(kernels) == 1 and len(_computed_in(kernels, "mean")) == 1, kernels
+    outs, _ = emulate_info(ct, x.detach(), w.detach(), b.detach())
+    h = x.detach().transpose(0, 1) * 2
+    xc = h - h.mean(-1, keepdim=True)
+    assert h.stride() == (16, 48, 1)
+    saved = [o for o in outs if o.shape == h.shape and torch.allclose(o, xc, atol=1e-5)]
+    assert saved and saved[0].stride() == h.stride(), [(o.shape, o.stride()) for o in outs]
+    torch.testing.assert_close(outs[0], want.detach())
+
+
+def test_saved_pre_activation_is_stored_by_the_activation_kernel(monkeypatch):
+    """Linear -> GELU -> Linear in training: the GELU's backward needs the pre-activation (bias + the
+    mm's result), which the GELU's kernel computes. Storing it there frees the mm's result as soon as
+    it stores it (as many bytes as it), and the graph returns it anyway: the GELU's kernel stores it,
+    where it was computed again by a kernel of its own (or the next layer's) for the backward
+    (em_schedule.c worth_storing; ViT-B/16: 12 kernels of 20 us a step on the H200). Each layer's
+    bias add is in one forward kernel; values and gradients of the CPU compile against eager."""
+    monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 32),
+                            torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
+    x = cpu(4, 6, 32).requires_grad_()
+    cf = ember.compile(m, backend="ember", dynamic=False)
+    out = cf(x)
+    out.sum().backward()
+    got = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
+    x.grad = None
+    m.zero_grad()
+    want = m(x)
+    want.sum().backward()
+    torch.testing.assert_close(out, want)
+    for a, e in zip(got, [x.grad] + [p.grad for p in m.parameters()]):
+        torch.testing.assert_close(a, e)
+    kernels, _ = _forward_kernels(cf)
+    gelus = [i for i, k in enumerate(kernels) if any(n.startswith("gelu") for n in k["nodes"])]
+    assert len(gelus) == 2, kernels
+    for name in ("linear", "linear_2"):  # the pre-activations
+        assert _computed_in(kernels, name) in ([gelus[0]], [gelus[1]]), (name, kernels)
+
+
 @needs_emu
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_cross_entropy_is_three_kernels(monkeypatch, reduction):
