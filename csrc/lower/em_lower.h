@@ -242,6 +242,10 @@ bool em_lower_same(LGraph *lg, int64_t ha, SymRef a, int64_t hb, SymRef b);
 void em_lower_meta_shadows(LGraph *lg, const IRMeta *m, SymRef *ss, SymRef *sst);
 /* Appends a buffer; UINT32_MAX on OOM. */
 uint32_t em_lower_buffer(LGraph *lg, const LBuf *b);
+/* Eager's layout for a buffer of (nd, sizes): true with strides set to IR meta m's when m has those
+ * sizes and its strides are dense and non-overlapping (each, in memory order, the product of the
+ * sizes inside it; dims of size 1 take contiguous strides); false otherwise. */
+bool em_lower_dense_meta_strides(const IRMeta *m, int32_t nd, const int64_t *sizes, int64_t *strides);
 /* The dtype of a torch.dtype object; -1 when the code generators do not handle it. */
 int em_lower_dtype_of(PyObject *dtype);
 /* The torch.dtype object for t (borrowed, cached), NULL with an exception. */

@@ -277,19 +277,7 @@ static bool channels_last_layout(const Ctx *c, uint32_t x, int32_t nd, const int
     return true;
 }
 
-/* The layout of a materialized value that the graph returns (IR node r, whose value x is): eager's
- * (the IR meta's strides) when they are dense and non-overlapping, so that the buffer a kernel
- * stores for the graph's own readers is also the output (em_schedule.c, need_tensor, takes the
- * lowering's buffer when it has eager's layout) instead of a second kernel computing the value
- * again in eager's layout: a training forward's saved rotated keys, (B, S, H, D) memory seen as
- * (B, H, S, D), which the repeat for grouped-query attention reads too. Static graphs. */
-static bool output_layout(const Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes, int64_t *strides) {
-    const LGraph *lg = c->lg;
-    IRRef r = NODE(c, x)->ir;
-    if (lg->env || !r || !lg->ir || !lg->ir->output || lg->vals[r].kind != LV_NODE || lg->vals[r].lnode != x ||
-        !em_ir_node_reads(&lg->ir->nodes[lg->ir->output], r))
-        return false;
-    const IRMeta *m = &lg->ir->nodes[r].meta;
+bool em_lower_dense_meta_strides(const IRMeta *m, int32_t nd, const int64_t *sizes, int64_t *strides) {
     if (m->kind != IRMETA_TENSOR || m->ndim != nd || !m->strides) return false;
     int order[EM_LMAXDIM], k = 0;
     for (int d = 0; d < nd; d++) {
@@ -310,6 +298,21 @@ static bool output_layout(const Ctx *c, uint32_t x, int32_t nd, const int64_t *s
     em_lower_contiguous_strides(nd, sizes, strides);
     for (int i = 0; i < k; i++) strides[order[i]] = m->strides[order[i]];
     return true;
+}
+
+/* The layout of a materialized value that the graph returns (IR node r, whose value x is): eager's
+ * (the IR meta's strides) when they are dense and non-overlapping, so that the buffer a kernel
+ * stores for the graph's own readers is also the output (em_schedule.c, need_tensor, takes the
+ * lowering's buffer when it has eager's layout) instead of a second kernel computing the value
+ * again in eager's layout: a training forward's saved rotated keys, (B, S, H, D) memory seen as
+ * (B, H, S, D), which the repeat for grouped-query attention reads too. Static graphs. */
+static bool output_layout(const Ctx *c, uint32_t x, int32_t nd, const int64_t *sizes, int64_t *strides) {
+    const LGraph *lg = c->lg;
+    IRRef r = NODE(c, x)->ir;
+    if (lg->env || !r || !lg->ir || !lg->ir->output || lg->vals[r].kind != LV_NODE || lg->vals[r].lnode != x ||
+        !em_ir_node_reads(&lg->ir->nodes[lg->ir->output], r))
+        return false;
+    return em_lower_dense_meta_strides(&lg->ir->nodes[r].meta, nd, sizes, strides);
 }
 
 /* A LOAD that sees node x's value: x itself if it is a LOAD, else a LOAD of a NODE buffer that

@@ -454,28 +454,13 @@ static const IRMeta *returned_meta(const Sched *c, uint32_t y) {
 static void shared_layout(Sched *c, uint32_t y, int64_t *st, SymRef *sst) {
     LGraph *lg = c->lg;
     const LNode *ny = &lg->nodes[y];
-    contiguous(lg, ny->ndim, ny->sizes, ny->ssizes, st, sst);
     const IRMeta *m = returned_meta(c, y);
-    if (!m || m->kind != IRMETA_TENSOR || m->ndim != ny->ndim || ny->ndim < 1) return;
-    int32_t nd = ny->ndim, order[EM_LMAXDIM], no = 0;
-    for (int d = 0; d < nd; d++) {
-        if (m->sizes[d] != ny->sizes[d]) return;
-        if (m->sizes[d] > 1) order[no++] = d;
-    }
-    if (no && (order[no - 1] != nd - 1 || m->strides[nd - 1] != 1)) return;
-    for (int i = 1; i < no; i++) /* dims of size > 1 by descending stride */
-        for (int j = i; j > 0 && m->strides[order[j]] > m->strides[order[j - 1]]; j--) {
-            int32_t t = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = t;
-        }
-    int64_t want = 1;
-    for (int i = no; i-- > 0;) {
-        if (m->strides[order[i]] != want) return; /* not dense */
-        want *= m->sizes[order[i]];
-    }
-    for (int d = 0; d < nd; d++)
-        if (m->sizes[d] > 1) st[d] = m->strides[d];
+    int32_t nd = ny->ndim;
+    int64_t eager[EM_LMAXDIM];
+    contiguous(lg, nd, ny->sizes, ny->ssizes, st, sst);
+    if (m && nd >= 1 && em_lower_dense_meta_strides(m, nd, ny->sizes, eager) &&
+        (ny->sizes[nd - 1] == 1 || eager[nd - 1] == 1))
+        memcpy(st, eager, nd * sizeof(int64_t));
 }
 
 static int64_t node_bytes(const LNode *n) {
