@@ -86,6 +86,8 @@ static const LowerRule LOWER_RULES[] = {
     /* cat/stack: one masked load per piece */
     {"cat", R_CAT, 0, "tensors,dim"}, {"concat", R_CAT, 0, "tensors,dim"}, {"concatenate", R_CAT, 0, "tensors,dim"},
     {"stack", R_CAT, 1, "tensors,dim"},
+    /* constant padding: one masked load (prim 1: F.pad, whose mode must be "constant") */
+    {"F.pad", R_PAD, 1, "input,pad,mode,value"}, {"constant_pad_nd", R_PAD, 0, "input,pad,value"},
     /* factories: a constant of the meta's dtype and shape (prim: 0 zeros, 1 ones, 2 the fill value) */
     {"zeros", R_FILL, 0, ""}, {"ones", R_FILL, 1, ""}, {"full", R_FILL, 2, ""},
     {"new_zeros", R_FILL, 0, ""}, {"new_ones", R_FILL, 1, ""}, {"new_full", R_FILL, 2, ""},
@@ -659,6 +661,60 @@ static uint32_t lower_cat(Ctx *c, int stack, const IRArg **slot) {
     return acc;
 }
 
+/* F.pad(input, pad, mode="constant", value) and torch.constant_pad_nd(input, pad, value): one masked
+ * load of the input over the result's shape, shifted by each padded dim's leading pad, the value
+ * where the element lies in the padding (a negative pad crops: the load starts further in). pad:
+ * (before, after) pairs from the last dim backwards, as torch orders them. pad_mm's padded weight
+ * (GPT-2's LM head, 77 MB in bf16) was aten's constant_pad_nd: a fill of the whole result, then a
+ * copy of the input into it (two passes, 65 us a call on the H200, and the host time of four torch
+ * calls); here one kernel writes each element once. Static graphs. */
+static uint32_t lower_pad(Ctx *c, int functional, const IRArg **slot) {
+    LDtype R = c->rdt;
+    LGraph *lg = c->lg;
+    const IRMeta *m = &c->n->meta;
+    const IRArg *value = slot[functional ? 3 : 2];
+    Opnd x, v = {0};
+    int64_t p[2 * EM_LMAXDIM];
+    if (lg->env || em_lower_opnd(c, slot[0], &x) < 0 || x.kind != 1 || NODE(c, x.node)->dtype != R) return 0;
+    if (functional && slot[2] && !em_lower_is_none(slot[2])) {
+        const char *s = slot[2]->kind == IRARG_CONST && PyUnicode_Check(slot[2]->u.obj) ? PyUnicode_AsUTF8(slot[2]->u.obj) : NULL;
+        if (!s || strcmp(s, "constant") != 0) return PyErr_Clear(), 0; /* reflect / replicate / circular: torch's */
+    }
+    if (value && !em_lower_is_none(value) && (em_lower_opnd(c, value, &v) < 0 || v.kind != 2)) return 0;
+    int k = em_lower_get_ints(slot[1], p, 2 * EM_LMAXDIM);
+    int32_t nd = m->ndim;
+    if (k < 0 || k % 2 || k / 2 > nd) return 0;
+    uint32_t l = em_lower_as_load(c, x.node);
+    if (!l) return 0;
+    LNode src = *NODE(c, l);
+    if (src.ndim != nd) return 0;
+    int64_t lo[EM_LMAXDIM] = {0}, hi[EM_LMAXDIM] = {0}, off = src.offset;
+    uint32_t mask = 0;
+    for (int i = 0; i < k / 2; i++) {
+        int d = nd - 1 - i;
+        int64_t before = p[2 * i], after = p[2 * i + 1];
+        if (src.sizes[d] + before + after != m->sizes[d]) return 0;
+        lo[d] = before; /* result index j reads input index j - before */
+        hi[d] = before + src.sizes[d];
+        off -= before * src.strides[d];
+        mask |= 1u << d;
+    }
+    SymRef mss[EM_LMAXDIM];
+    em_lower_meta_shadows(lg, m, mss, NULL);
+    double f = v.kind ? (v.isint ? (double)v.i : v.f) : 0.0;
+    int64_t iv = v.kind ? (v.isint ? v.i : (int64_t)v.f) : 0;
+    if (!em_ldt_is_float(R) && v.kind && !v.isint && (double)iv != v.f) return 0; /* torch raises or rounds */
+    uint32_t r = mk_masked_load(c, src.buf, nd, m->sizes, off, src.strides, mss, SYM_NONE, src.sstrides, mask, lo, hi, f, iv);
+    if (!r || !em_lnode_is_view(NODE(c, r))) return r;
+    /* no padding left (zero pads, or only crops): eager returns a new tensor, not a view of the
+     * input; a CAST to the same dtype is that copy */
+    uint32_t cp = em_lower_new_node(lg, LP_CAST, R, R, nd, m->sizes, NULL);
+    if (!cp) return 0;
+    NODE(c, cp)->in[0] = r;
+    NODE(c, cp)->ir = c->ir;
+    return cp;
+}
+
 /* slice_backward's result seen from grad's LOAD l: a load of l's buffer with c->n's shape, masked
  * to [start, end) along dim d (select: grad lacks dim d), the fill elsewhere: fill[i] for a load
  * pushed down from leaf[i] of grad's DAG, else +0.0. */
@@ -1223,6 +1279,7 @@ uint32_t em_lower_rule(Ctx *c, const LowerRule *rule) {
      * symbolic graph they stay torch's (cat and slice_backward mask a dim of fixed extent) */
     if (c->lg->env && (rule->kind == R_MAX_POOL || rule->kind == R_GROUP_NORM || rule->kind == R_DIFF)) return 0;
     if (rule->kind == R_CAT) return lower_cat(c, rule->prim, slot);
+    if (rule->kind == R_PAD) return lower_pad(c, rule->prim, slot);
     if (rule->kind == R_DIFF) return lower_diff(c, slot);
     if (rule->kind == R_SLICE_BACKWARD) return lower_slice_backward(c, rule->prim, slot);
     Opnd a, b, w;

@@ -78,6 +78,7 @@ GRAPHS = [
     ("layer_norm_forward_outputs", lambda x, r, w, b: _layer_norm_forward(x, r, w, b), [cpu(8, 768), cpu(8, 768), cpu(768), cpu(768)]),
     ("column_sums_split_bf16", lambda g, x: ((g * x).sum(0), g.sum(0)), [cpu(4096, 768, dtype=_B), cpu(4096, 768, dtype=_B)]),
     ("column_argmax_var_softmax", lambda x: (x.argmax(0), x.var(0), torch.softmax(x, 0)), [cpu(300, 40)]),
+    ("pad_weight_rows_bf16", lambda w: F.pad(w, (0, 0, 0, 7)), [cpu(1001, 64, dtype=_B)]),
 ]  # (lambdas: _rope_backward and the norms' forwards are defined below)
 
 
@@ -952,6 +953,11 @@ EMU_CASES = [
     ("var_offset_block", lambda x: x.var(-1), [cpu(3, 5000) + 100]),
     ("var_two_inner_dims", lambda x: x.permute(1, 0, 2).var((1, 2)), [cpu(4, 6, 300)]),
     ("var_f64_rows", lambda x: x.var(-1), [cpu(5, 3001, dtype=torch.float64)]),
+    # constant padding: one masked load per result (pad_mm's padded weight; crops; a value; int)
+    ("pad_weight_rows_bf16", lambda w: F.pad(w, (0, 0, 0, 7)), [cpu(1001, 64, dtype=_B)]),
+    ("pad_two_dims_value", lambda x: F.pad(x, (1, 2, 3, 0), value=-1.5) * 2, [cpu(2, 3, 5)]),
+    ("pad_and_crop", lambda x: torch.constant_pad_nd(x, [-1, 2, 0, -2], 0.5), [cpu(4, 6)]),
+    ("pad_transposed_int", lambda x: F.pad(x.t(), (0, 3), value=7), [cpu(5, 4, dtype=torch.int32)]),
 ]
 
 

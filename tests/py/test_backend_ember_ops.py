@@ -118,6 +118,35 @@ def test_cat_dims_layouts_and_edge_cases():
     assert info["externs"] == 1
 
 
+# ---- constant padding: one masked load ----------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool])
+def test_constant_pad_dtypes_values_and_crops(dtype):
+    """F.pad(mode="constant") and torch.constant_pad_nd lower to one masked load (no torch call):
+    padding on several dims, a value, negative pads (crops), a transposed input; bitwise eager."""
+    x = (torch.randn(4, 5, 6) * 5).to(dtype)
+    v = True if dtype == torch.bool else 3
+    for fn in (lambda x: F.pad(x, (1, 2)), lambda x: F.pad(x, (0, 0, 2, 1, 1, 0), value=v),
+               lambda x: torch.constant_pad_nd(x, [-1, 2, 0, -2], v), lambda x: F.pad(x.transpose(0, 2), (2, 0, 0, 3))):
+        info = check(fn, x, bitwise=True)
+        assert info["externs"] == 0, info["extern_list"]
+
+
+def test_constant_pad_returns_a_new_tensor_and_leaves_other_modes_to_torch():
+    """Zero pads or crops only: eager returns a new tensor, never a view of the input (a copy here
+    too); reflect / replicate padding and a float value for an integer tensor stay torch's call."""
+    x = torch.randn(4, 6)
+    for fn in (lambda x: F.pad(x, (0, 0)), lambda x: F.pad(x, (-1, -2))):
+        c = ember.compile(fn, backend="ember")
+        out = c(x)
+        _same(out, fn(x), bitwise=True)
+        assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    info = check(lambda x: F.pad(x.unsqueeze(0), (2, 1), mode="reflect"), x)
+    assert "pad" in info["extern_list"], info["extern_list"]
+    info = check(lambda x: F.pad(x, (1, 1), value=2.5), torch.arange(6, dtype=torch.int64).view(2, 3))
+    assert "pad" in info["extern_list"], info["extern_list"]
+
+
 def test_cat_of_negated_and_cast_pieces_is_one_kernel():
     """rotate_half (every rotary embedding): cat((-x[..., h:], x[..., :h])) computes the negation in
     the cat's kernel, whose masked load's fill the NEG turns into -0.0: signed zeros as eager's."""
