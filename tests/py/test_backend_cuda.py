@@ -8,6 +8,7 @@ indexing, one row per warp or per block) are checked on the launch table and the
 With a GPU (tools/gpu_check.sh on the GPU machine): values against eager over dtypes, shapes and
 layouts, torch's current stream, several kernels, and the launch on misaligned inputs.
 """
+import itertools
 import os
 import re
 
@@ -1197,6 +1198,7 @@ def test_saved_norm_values_keep_eager_layout_in_the_norm_kernel(monkeypatch):
         h = x.transpose(0, 1) * 2
         return F.layer_norm(h, (16,), w, b, eps=1e-6)
 
+    torch.manual_seed(0)
     x, w, b = (cpu(5, 3, 16).requires_grad_(), cpu(16).requires_grad_(), cpu(16).requires_grad_())
     cf = ember.compile(f, backend="ember", dynamic=False)
     out = cf(x, w, b)
@@ -1219,6 +1221,50 @@ def test_saved_norm_values_keep_eager_layout_in_the_norm_kernel(monkeypatch):
     saved = [o for o in outs if o.shape == h.shape and torch.allclose(o, xc, atol=1e-5)]
     assert saved and saved[0].stride() == h.stride(), [(o.shape, o.stride()) for o in outs]
     torch.testing.assert_close(outs[0], want.detach())
+
+
+@needs_emu
+@pytest.mark.parametrize("perm", list(itertools.permutations(range(3))))
+def test_saved_values_of_permuted_streams_match_eager(monkeypatch, perm):
+    """Every permuted layout of a stream feeding an activation and a decomposed layer norm (the
+    saved values stored in eager's strides where those are dense with the last dim innermost,
+    contiguous otherwise): the CPU compile's values, strides and gradients against eager's, and the
+    generated CUDA forward (the emulator) against eager's values."""
+    from ember.testing.cuda import emulate_info
+    monkeypatch.setenv("EMBER_TEST_CUDA_SOURCE", "1")
+    monkeypatch.setattr(ember.config, "decompose_layer_norm", True)
+    torch.manual_seed(0)
+    for act in ("gelu", "tanh", "none"):
+        def f(x, w, b, bias):
+            h = x.permute(*perm) * 2 + bias
+            h = F.gelu(h) if act == "gelu" else torch.tanh(h) + h if act == "tanh" else h
+            y = F.layer_norm(h, (h.shape[-1],), w, b, eps=1e-6)
+            return (y * h).sum(-1, keepdim=True) + y
+
+        shape = [4, 5, 6]
+        e_last = shape[perm[-1]]
+        x = cpu(*shape).requires_grad_()
+        w, b, bias = (cpu(e_last).requires_grad_() for _ in range(3))
+        ember.reset()
+        cf = ember.compile(f, backend="ember", dynamic=False)
+        g = cpu(*[shape[p] for p in perm])
+        out = cf(x, w, b, bias)
+        out.backward(g)
+        got = [t.grad.clone() for t in (x, w, b, bias)]
+        for t in (x, w, b, bias):
+            t.grad = None
+        want = f(x, w, b, bias)
+        want.backward(g)
+        torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)  # float32 sums in another order
+        assert out.stride() == want.stride()
+        for a, e in zip(got, (x.grad, w.grad, b.grad, bias.grad)):
+            torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4)
+        ent = ember.cache_info(cf)[0]
+        _, ct = _forward_kernels(cf)
+        names = [ln.split()[1] for ln in ent["autograd"]["forward"].splitlines() if ln.startswith("placeholder")]
+        vals = {"l_x": x, "l_w": w, "l_b": b, "l_bias": bias}
+        outs, _ = emulate_info(ct, *[vals[nm].detach() for nm in names])
+        torch.testing.assert_close(outs[0], want.detach(), atol=1e-4, rtol=1e-4)
 
 
 def test_saved_pre_activation_is_stored_by_the_activation_kernel(monkeypatch):
