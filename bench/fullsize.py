@@ -14,14 +14,16 @@ eager and torch.compile (issue 40's target). A graph break, or a training region
 reason. With --profile, each compiler's device time per call
 and top kernels (torch.profiler, 5 calls) are printed, so that a slow row shows its cause. A column
 "ember:key=value;key=value" runs ember with those ember.config options set while it compiles and
-runs (an A/B of an option in one process).
+runs (an A/B of an option in one process); it needs --sequential: ember's cache entries guard a
+module's attributes, not its identity, so interleaved columns of one model's copies would share the
+first ember column's compiled code (found 2026-12-01: the second column's "first s" was 0.0).
 
     python bench/fullsize.py --device cuda                           # every model, bf16 inference
     python bench/fullsize.py --device cuda --dtypes fp32,bf16,fp16 --modes infer,train
     python bench/fullsize.py --device cuda --models bert --profile
     python bench/fullsize.py --size small                            # dev VM: the same code, 2 layers
     python bench/fullsize.py --device cuda --models gpt2,bert,llama --attn eager   # hand-written attention
-    python bench/fullsize.py --device cuda --modes train --compilers eager,torch.compile,ember,ember:decompose_layer_norm=False
+    python bench/fullsize.py --device cuda --modes train --sequential --compilers eager,torch.compile,ember,ember:decompose_layer_norm=False
 
 TF32 is off (`torch.backends.cuda.matmul.allow_tf32 = False`), as in shared/anchors. ResNet-50 and
 ViT-B/16 come from torchvision when it imports, else from transformers (ResNetConfig / ViTConfig
@@ -388,6 +390,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     args.size = args.size or ("full" if args.device == "cuda" else "small")
     args.compilers = args.compilers.split(",")
+    if args.interleave and sum(c.split(":")[0] == "ember" for c in args.compilers) > 1:
+        ap.error("several ember columns share their compiled code when interleaved: add --sequential")
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False

@@ -5,7 +5,8 @@
 
 /* EagerGraph and AutocastOff first (the eager backend, em_runtime_eager.c), then backend "ember"'s
  * Kernel, View and _cc_stats (em_runtime_ember.c), NVRTC and the driver API (em_runtime_cuda.c),
- * the Philox helpers (em_runtime_random.c), skinny_linear (em_runtime_skinny.c), CudaGraphs (em_runtime_cudagraph.c) and the test
+ * the Philox helpers (em_runtime_random.c), skinny_linear (em_runtime_skinny.c), the Gemm type
+ * (em_runtime_gemm.c), CudaGraphs (em_runtime_cudagraph.c) and the test
  * helpers (em_runtime_testing.c). */
 int em_runtime_add_functions(PyObject *module, PyMethodDef *defs) {
     PyObject *modname = PyUnicode_FromString("ember._C");
@@ -28,6 +29,7 @@ int em_runtime_init(PyObject *module) {
     if (em_runtime_cuda_init(module) < 0) return -1;
     if (em_runtime_random_init(module) < 0) return -1;
     if (em_runtime_skinny_init(module) < 0) return -1;
+    if (em_runtime_gemm_init(module) < 0) return -1;
     if (em_runtime_cudagraph_init(module) < 0) return -1;
     return em_runtime_testing_init(module);
 }

@@ -14,6 +14,7 @@
  *   em_runtime_cuda.c       NVRTC and the CUDA driver API (dlopen), launches on torch's stream
  *   em_runtime_random.c     the eager forms of Philox dropout
  *   em_runtime_skinny.c     ember._C.skinny_linear: F.linear of a few rows by a GEMV kernel (CUDA)
+ *   em_runtime_gemm.c       ember._C.Gemm: a CUDA program's GEMMs through cuBLASLt from C
  *   em_runtime_cudagraph.c  CudaGraphs: mode="reduce-overhead"
  *   em_runtime_testing.c    test helpers (_ir_build, _out_build)
  * No circle: eager is used by ember, cudagraph and testing and calls none of them. */
@@ -146,6 +147,10 @@ int em_cuda_fn_device(const EmCudaFn *f);
 /* Is device the calling thread's current CUDA device (its primary context current, which is what
  * cudaGetDevice and so torch.cuda.current_device() answer)? 0 when not, or not known. */
 int em_cuda_device_is_current(int device);
+/* torch's current stream on device (torch.cuda.current_stream(device).cuda_stream) into *stream, and
+ * whether it is capturing a CUDA graph into *capturing; the device's primary context made ready.
+ * 0, or -1 with an exception (no driver, no such device). */
+int em_cuda_current_stream(int device, void **stream, int *capturing);
 /* Launches f on torch's current stream of its device with the argument data pointers; no host
  * synchronisation (except under CUDA_LAUNCH_BLOCKING=1). -1 with an exception naming the kernel. */
 int em_cuda_launch(EmCudaFn *f, char *const *ptrs, uint32_t nptr);
@@ -167,6 +172,13 @@ int em_runtime_random_init(PyObject *module);
 int em_runtime_add_functions(PyObject *module, PyMethodDef *defs);
 /* ember._C.skinny_linear and _skinny_source (em_runtime_skinny.c) */
 int em_runtime_skinny_init(PyObject *module);
+/* A compiled CUDA program's GEMM extern (em_runtime_gemm.c): an ember._C.Gemm calling cuBLASLt from
+ * C where the call's tensors allow and target (torch.mm, torch.addmm, torch.matmul, operator.matmul,
+ * F.linear) otherwise, for a call of nargs positional arguments (ndim[i]: the dims of tensor
+ * argument i, -1 for another value) and no keyword arguments. New reference; NULL without an
+ * exception when target is not such a call. */
+PyObject *em_gemm_new(PyObject *target, uint32_t nargs, uint32_t nkwargs, const int *ndim);
+int em_runtime_gemm_init(PyObject *module); /* the Gemm type and ember._C._gemm_stats */
 
 /* The stage's init (em_runtime.c): each file's init above and below, in one place. Called by
  * em_module.c. */

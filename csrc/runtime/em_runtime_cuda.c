@@ -61,6 +61,7 @@ typedef struct _nvrtcProgram *nvrtcProgram;
       (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, \
        void **))                                                                                         \
     _(cuStreamSynchronize, CUresult, (CUstream))                                                         \
+    _(cuStreamIsCapturing, CUresult, (CUstream, int *))                                                  \
     _(cuOccupancyMaxActiveBlocksPerMultiprocessor, CUresult, (int *, CUfunction, int, size_t))           \
     _(cuGetErrorName, CUresult, (CUresult, const char **))                                               \
     _(cuGetErrorString, CUresult, (CUresult, const char **))
@@ -728,6 +729,36 @@ int em_cuda_device_is_current(int device) {
 }
 
 int em_cuda_fn_device(const EmCudaFn *f) { return f->device; }
+
+int em_cuda_current_stream(int device, void **stream, int *capturing) {
+    const char *why = NULL;
+    if (device < 0 || device >= 64) {
+        PyErr_Format(PyExc_ValueError, "ember: CUDA device %d", device);
+        return -1;
+    }
+    if (!(L.dev[device].ready && L.raw_stream)) { /* the first call for this device */
+        if (!em_cuda_available(device, &why)) {
+            PyErr_Format(PyExc_RuntimeError, "ember: CUDA is unusable: %s", why);
+            return -1;
+        }
+        if (device_ready(device) < 0) return -1;
+    }
+    PyObject *d = PyLong_FromLong(device);
+    PyObject *s = d ? PyObject_CallOneArg(L.raw_stream, d) : NULL;
+    Py_XDECREF(d);
+    if (!s) return -1;
+    *stream = PyLong_AsVoidPtr(s);
+    Py_DECREF(s);
+    if (PyErr_Occurred()) return -1;
+    int status = 0; /* CUstreamCaptureStatus: NONE 0, ACTIVE 1, INVALIDATED 2 */
+    CUresult rc = L.cuStreamIsCapturing((CUstream)*stream, &status);
+    if (rc != 0) {
+        cu_error(rc, "cuStreamIsCapturing", "the current stream");
+        return -1;
+    }
+    *capturing = status != 0;
+    return 0;
+}
 
 EmCudaFn *em_cuda_fn_new(PyObject *module, const char *name, const EmCudaLaunch *launch) {
     CudaModule *m = PyCapsule_GetPointer(module, "ember.cumodule");

@@ -1359,6 +1359,7 @@ typedef struct {
     /* the program */
     Prog p;
     PyObject *kernels, *ext_list, *index_table;
+    PyObject *gemm_list; /* cache_info's "gemm": the externs made ember._C.Gemm calls (cuBLASLt) */
     uint32_t nviews, ninput_views; /* VIEW steps that call as_strided; of those, views of graph inputs */
 } EmberBuild;
 
@@ -1962,7 +1963,8 @@ static int program_begin(EmberBuild *bd) {
         if (!parameter_type) return -1;
     }
     bd->ext_list = PyList_New(0); /* cache_info's extern_list: the torch calls, in program order */
-    if (!bd->ext_list) return -1;
+    bd->gemm_list = PyList_New(0);
+    if (!bd->ext_list || !bd->gemm_list) return -1;
     return 0;
 }
 
@@ -2038,6 +2040,24 @@ static int program_view(EmberBuild *bd, const SStep *sp) {
 }
 
 /* An EXTERN step: the torch call, its arguments the program's values (out=: a dead buffer). */
+/* The ember._C.Gemm that calls extern n's matrix product through cuBLASLt (runtime/em_runtime_gemm.c)
+ * in a CUDA program (ember.config.cublaslt_gemm), named in bd->gemm_list; NULL (no exception) where
+ * n is not such a call. New reference. */
+static PyObject *gemm_target(EmberBuild *bd, const IRNode *n) {
+    if (!bd->cuda || n->kind != IR_CALL_FUNCTION || n->nkwargs || n->nargs > 3 || !em_config_bool("cublaslt_gemm", 1)) return NULL;
+    int ndim[3] = {-1, -1, -1};
+    for (uint32_t i = 0; i < n->nargs; i++) {
+        const IRArg *a = &n->args[i];
+        const IRMeta *m = a->kind == IRARG_NODE ? &bd->g->nodes[a->u.ref].meta : NULL;
+        if (m && m->kind == IRMETA_TENSOR) ndim[i] = m->ndim;
+    }
+    PyObject *g = em_gemm_new(n->target, n->nargs, n->nkwargs, ndim);
+    PyObject *nm = g ? PyUnicode_FromString(n->name) : NULL;
+    if (g && (!nm || PyList_Append(bd->gemm_list, nm) < 0)) Py_CLEAR(g);
+    Py_XDECREF(nm);
+    return g;
+}
+
 static int program_extern(EmberBuild *bd, uint32_t st) {
     const IRGraph *g = bd->g;
     LGraph *lg = bd->lg;
@@ -2093,7 +2113,10 @@ static int program_extern(EmberBuild *bd, uint32_t st) {
         kw2[nkw++] = (IRArg){.kind = IRARG_NODE, .u.ref = o};
         kw = kw2;
     }
-    IRRef r = em_ir_call(p->ng, n->kind, n->target, args, n->nargs, kwn, kw, nkw, NULL);
+    PyObject *target = gemm_target(bd, n);
+    if (!target && PyErr_Occurred()) return -1;
+    IRRef r = em_ir_call(p->ng, n->kind, target ? target : n->target, args, n->nargs, kwn, kw, nkw, NULL);
+    Py_XDECREF(target); /* the new graph's arena holds it */
     if (!r) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         return -1;
@@ -2389,6 +2412,9 @@ static int build_info(EmberBuild *bd) {
     /* torch calls per run: the extern calls and the views made for them by as_strided */
     SET("externs", PyLong_FromUnsignedLong(lg->nextern + bd->nviews));
     SET("extern_list", Py_NewRef(bd->ext_list));
+    if (bd->cuda) {
+        SET("gemm", Py_BuildValue("{s:s,s:O}", "library", "cuBLASLt", "calls", bd->gemm_list));
+    }
     SET("views", PyLong_FromUnsignedLong(bd->nviews));
     SET("input_views", PyLong_FromUnsignedLong(bd->ninput_views)); /* made once per nn.Parameter */
     SET("lowered", PyLong_FromUnsignedLong(lg->nlowered));
@@ -2437,6 +2463,7 @@ static void build_clear(EmberBuild *bd) {
     Py_XDECREF(bd->kernels);
     Py_XDECREF(bd->device);
     Py_XDECREF(bd->ext_list);
+    Py_XDECREF(bd->gemm_list);
     Py_XDECREF(bd->index_table);
     em_arena_free(bd->na);
     em_arena_free(bd->a);

@@ -101,6 +101,14 @@ Backend "ember" (str or None; read when a graph is compiled):
                        bfloat16 rounding either way (eager itself rounds where torch.compile does
                        not). float16 always rounds every op (an overflow to inf happens where
                        eager's does), and the CPU backend always rounds (docs/backend_cpu.md).
+  cublaslt_gemm        bool, default True: a CUDA program's matrix products (torch.mm, torch.addmm,
+                       torch.matmul of a 2-d right operand, F.linear: extern kernels) are called
+                       through cuBLASLt from C (ember._C.Gemm, csrc/runtime/em_runtime_gemm.c): the
+                       algorithm chosen once per problem and kept, bias by cuBLASLt's epilogue, torch's
+                       math-mode flags read on every call; any call it cannot take exactly is torch's.
+                       Host time per GEMM on the H200 host: torch's 14-21 us against ~5 (bench/README.md,
+                       "GEMMs through cuBLASLt"). False: torch's functions (to compare).
+                       cache_info(fn)[i]["ember"]["gemm"] names the calls; ember._C._gemm_stats() counts.
   cache_dir            the on-disk kernel cache (None: $EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember
                        or ~/.cache/ember), created mode 0700.
 """
@@ -110,7 +118,7 @@ class Config:
     __slots__ = ("cache_size_limit", "accumulated_cache_size_limit", "max_inline_depth", "max_loop_iterations",
                  "max_instructions", "graph_breaks", "cc", "cflags", "ldflags", "cache_dir", "activation_memory_budget", "sym_shape_rules",
                  "fallback_random", "huge_pages", "layout_optimization", "meta_memo", "compile_threads", "optimize_ddp",
-                 "emulate_precision_casts", "decompose_layer_norm")
+                 "emulate_precision_casts", "decompose_layer_norm", "cublaslt_gemm")
 
     def __init__(self):
         self.cache_size_limit = 8
@@ -134,6 +142,7 @@ class Config:
         self.optimize_ddp = True
         self.emulate_precision_casts = False
         self.decompose_layer_norm = None
+        self.cublaslt_gemm = True
 
     def __repr__(self):
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
