@@ -22,7 +22,8 @@
  *     dims, pointer alignments, epilogue) by cublasLtMatmulAlgoGetHeuristic and kept for the
  *     process (a plan; torch asks again on every call);
  *   - anything else calls the torch function itself with the same arguments: other dtypes and
- *     layouts, the CPU, meta and subclass tensors, torch.matmul of batched operands, reduced-precision
+ *     layouts, the CPU, meta and subclass tensors, torch.matmul of batched operands, a call under
+ *     torch.autocast (a program runs with autocast off; torch casts at dispatch), reduced-precision
  *     reductions switched off (torch.backends.cuda.matmul.allow_bf16/fp16_reduced_precision_reduction
  *     False), fp16 accumulation on, float32_matmul_precision "medium", no cuBLASLt in the process,
  *     a plan cuBLASLt has no algorithm for, a failed cuBLASLt call. So the Gemm is never a new error.
@@ -128,6 +129,7 @@ static int lt_load(void) {
 
 /* ---- torch objects, read once ---- */
 static PyObject *tensor_type, *parameter_type, *is_grad_enabled, *empty_cuda, *torch_empty;
+static PyObject *any_autocast; /* torch._C._is_any_autocast_enabled, NULL where this torch lacks it */
 static PyObject *dtypes[3];                       /* torch.float32, float16, bfloat16 */
 static PyObject *f_tf32, *f_bf16_rr, *f_fp16_rr, *f_fp16_acc, *f_precision; /* torch._C._get_cublas_* flags */
 static PyObject *s_requires_grad, *s_out, *s_medium, *s_uint8;
@@ -156,6 +158,7 @@ static int init_once(void) {
         f_fp16_rr = PyObject_GetAttrString(C, "_get_cublas_allow_fp16_reduced_precision_reduction");
         f_fp16_acc = PyObject_GetAttrString(C, "_get_cublas_allow_fp16_accumulation");
         f_precision = PyObject_GetAttrString(C, "_get_float32_matmul_precision");
+        any_autocast = PyObject_GetAttrString(C, "_is_any_autocast_enabled");
         empty_cuda = guards ? PyObject_GetAttrString(guards, "_empty_strided_cuda") : NULL;
         PyErr_Clear();
         ok = (tensor_type = PyObject_GetAttrString(torch, "Tensor")) != NULL;
@@ -463,6 +466,12 @@ static int gemm_call(Gemm *g, PyObject *const *args, Py_ssize_t nargs, PyObject 
         }
         if (!ok) FALLBACK("out= not the contiguous result");
     }
+    /* a program runs with autocast off (hook/em_hook_cache.c); a call under autocast is torch's,
+     * which casts its operands at dispatch */
+    PyObject *ac = any_autocast ? PyObject_CallNoArgs(any_autocast) : NULL;
+    int autocast = ac ? PyObject_IsTrue(ac) : any_autocast ? -1 : 0;
+    Py_XDECREF(ac);
+    if (autocast) return autocast < 0 ? -1 : (stats.last_fallback = "autocast is on", 0);
     int grad = grad_recorded((PyObject *const[]){a, b, bias}, 3);
     if (grad) return grad < 0 ? -1 : (stats.last_fallback = "gradient recorded", 0);
     int compute = compute_type(dt);

@@ -182,6 +182,19 @@ def test_gpu_gemm_follows_torch_math_mode_flags():
 
 
 @needs_gpu
+def test_gpu_gemm_under_autocast_is_torch():
+    """Under torch.autocast the call is torch's, which casts the operands at dispatch: the result is
+    autocast's bfloat16, as eager's."""
+    A = torch.randn(64, 32, device="cuda")
+    B = torch.randn(32, 16, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = ember._C._gemm(torch.mm)(A, B)
+        want = torch.mm(A, B)
+    assert _stats()["last_fallback"] == "autocast is on" and got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want)
+
+
+@needs_gpu
 def test_gpu_gemm_gradient_and_graph_capture_are_torch():
     """A call autograd would record, and a call while a CUDA graph is being captured, are torch's: the
     gradient is eager's and the captured graph replays the right values."""
