@@ -2039,7 +2039,6 @@ static int program_view(EmberBuild *bd, const SStep *sp) {
     return 0;
 }
 
-/* An EXTERN step: the torch call, its arguments the program's values (out=: a dead buffer). */
 /* The ember._C.Gemm that calls extern n's matrix product through cuBLASLt (runtime/em_runtime_gemm.c)
  * in a CUDA program (ember.config.cublaslt_gemm), named in bd->gemm_list; NULL (no exception) where
  * n is not such a call. New reference. */
@@ -2058,6 +2057,7 @@ static PyObject *gemm_target(EmberBuild *bd, const IRNode *n) {
     return g;
 }
 
+/* An EXTERN step: the torch call, its arguments the program's values (out=: a dead buffer). */
 static int program_extern(EmberBuild *bd, uint32_t st) {
     const IRGraph *g = bd->g;
     LGraph *lg = bd->lg;

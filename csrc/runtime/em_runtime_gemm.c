@@ -334,6 +334,19 @@ static int blas_view(const Mat *x, int *op, int64_t *ld) {
     return 0;
 }
 
+/* Do the bytes tensors x and y span (element size es; non-negative strides) share an address? */
+static bool overlaps(const EmTensorDesc *x, const EmTensorDesc *y, int64_t es) {
+    const EmTensorDesc *d[2] = {x, y};
+    uintptr_t lo[2], hi[2];
+    for (int j = 0; j < 2; j++) {
+        int64_t last = 0;
+        for (int32_t i = 0; i < d[j]->ndim; i++) last += (d[j]->sizes[i] - 1) * d[j]->strides[i];
+        lo[j] = (uintptr_t)d[j]->data;
+        hi[j] = lo[j] + (uintptr_t)((last + 1) * es);
+    }
+    return lo[0] < hi[1] && lo[1] < hi[0];
+}
+
 static bool plain(PyObject *t) { return (PyObject *)Py_TYPE(t) == tensor_type || (PyObject *)Py_TYPE(t) == parameter_type; }
 
 /* A flag of torch's: 1 / 0, -1 with an exception; `absent` where this torch lacks it. A tuple (the
@@ -424,17 +437,13 @@ static int gemm_call(Gemm *g, PyObject *const *args, Py_ssize_t nargs, PyObject 
     int dt = dl_dtype(&ad);
     if (dt < 0 || dl_dtype(&bd) != dt || (bias && dl_dtype(&cd) != dt) || (out && dl_dtype(&od) != dt))
         FALLBACK("dtypes");
-    int dev = ad.device_id;
-    if (ad.device_type != 2 || bd.device_type != 2 || bd.device_id != dev || (bias && (cd.device_type != 2 || cd.device_id != dev)) ||
-        (out && (od.device_type != 2 || od.device_id != dev)) || dev < 0 || dev >= 64)
-        FALLBACK("not one CUDA device");
     /* A (m x k): its last dim against the rows above it, which must collapse (F.linear's and
      * matmul's n-d input); B (k x n): F.linear's weight (n x k) read transposed */
     if (ad.ndim < 2 || bd.ndim != 2 || (g->kind != G_LINEAR && g->kind != G_MATMUL && ad.ndim != 2)) FALLBACK("operand dims");
     Mat A = {1, ad.sizes[ad.ndim - 1], 0, ad.strides[ad.ndim - 1]};
     for (int32_t i = ad.ndim - 1; i-- > 0;) {
         if (ad.sizes[i] == 1) continue;
-        if (A.rows > 1 && ad.strides[i] != A.s0 * ad.sizes[i + 1]) FALLBACK("input rows do not collapse");
+        if (A.rows > 1 && ad.strides[i] != A.s0 * A.rows) FALLBACK("input rows do not collapse");
         if (A.rows == 1) A.s0 = ad.strides[i];
         A.rows *= ad.sizes[i];
     }
@@ -465,7 +474,14 @@ static int gemm_call(Gemm *g, PyObject *const *args, Py_ssize_t nargs, PyObject 
             e *= s;
         }
         if (!ok) FALLBACK("out= not the contiguous result");
+        int64_t es = dt == 0 ? 4 : 2;
+        if (overlaps(&od, &ad, es) || overlaps(&od, &bd, es) || (bias && overlaps(&od, &cd, es))) FALLBACK("out= overlaps an operand");
     }
+    /* the layout is one the Gemm takes (the tests read this order on the CPU); now the device */
+    int dev = ad.device_id;
+    if (ad.device_type != 2 || bd.device_type != 2 || bd.device_id != dev || (bias && (cd.device_type != 2 || cd.device_id != dev)) ||
+        (out && (od.device_type != 2 || od.device_id != dev)) || dev < 0 || dev >= 64)
+        FALLBACK("not one CUDA device");
     /* a program runs with autocast off (hook/em_hook_cache.c); a call under autocast is torch's,
      * which casts its operands at dispatch */
     PyObject *ac = any_autocast ? PyObject_CallNoArgs(any_autocast) : NULL;
@@ -532,7 +548,7 @@ static int gemm_call(Gemm *g, PyObject *const *args, Py_ssize_t nargs, PyObject 
     if (!wsp) {
         Py_DECREF(d);
         if (PyErr_Occurred()) return -1;
-        FALLBACK(p ? "no cuBLASLt algorithm for this problem" : "the plan table is full");
+        FALLBACK(p ? "no cuBLASLt algorithm for this problem" : "no plan (the table is full, or no cuBLASLt handle)");
     }
     const void *bp = bias ? (const void *)cd.data : NULL;
     float alpha = 1.0f, beta = 0.0f;

@@ -51,6 +51,42 @@ def test_gemm_is_torch_off_cuda():
         ember._C._gemm(torch.add)
 
 
+def test_gemm_layout_analysis():
+    """Which operand layouts the Gemm reads as a BLAS matrix, checked on the CPU (the analysis comes
+    before the device check, so "not one CUDA device" means the layout was taken): n-d inputs whose
+    rows collapse (size-1 dims anywhere, padded rows), either unit stride in 2-d; rows that do not
+    collapse, two strided dims, a strided bias and an out= overlapping an operand are not, and every
+    result is torch's."""
+    torch.manual_seed(0)
+    K, N = 8, 5
+    base = torch.randn(4096)
+    B = torch.randn(K, N)
+    taken = [
+        ("4-d contiguous", torch.matmul, (torch.randn(2, 3, 4, K), B)),
+        ("4-d with a size-1 dim", torch.matmul, (torch.randn(2, 1, 4, K), B)),
+        ("3-d padded rows", torch.matmul, (torch.randn(2, 3, K + 4)[..., :K], B)),
+        ("2-d column-major", torch.mm, (torch.randn(K, 6).t(), torch.randn(N, K).t())),
+        ("linear 4-d", F.linear, (torch.randn(2, 3, 4, K), torch.randn(N, K))),
+    ]
+    refused = [
+        ("input rows do not collapse", torch.matmul, (base.as_strided((2, 3, 4, K), (3 * K, 4 * K, K, 1)), B)),
+        ("input rows do not collapse", torch.matmul, (torch.randn(3, 2, K).transpose(0, 1), B)),
+        ("operand strides", torch.mm, (torch.randn(6, 2 * K)[:, ::2], B)),
+        ("bias not a dense row", torch.addmm, (torch.randn(2 * N)[::2], torch.randn(6, K), B)),
+    ]
+    for name, target, args in taken + refused:
+        got = ember._C._gemm(target)(*args)
+        why = _stats()["last_fallback"]
+        want = "not one CUDA device" if (name, target, args) in taken else name
+        assert why == want, (name, why)
+        torch.testing.assert_close(got, target(*args), rtol=1e-6, atol=1e-6)
+    A = torch.randn(6, 6)
+    want, got = A.clone(), A.clone()
+    torch.mm(want, want, out=want)  # torch computes into a temporary, then copies
+    ember._C._gemm(torch.mm)(got, got, out=got)
+    assert torch.equal(got, want) and _stats()["last_fallback"] == "out= overlaps an operand"
+
+
 def test_gemm_is_named_in_cache_info_only_for_cuda_programs():
     """A CPU program calls torch's functions themselves: no "gemm" entry, the extern list unchanged."""
     c = ember.compile(lambda x, w, b: F.linear(torch.relu(x), w, b) + 1, backend="ember")
