@@ -178,6 +178,8 @@ int em_runtime_skinny_init(PyObject *module);
  * argument i, -1 for another value) and no keyword arguments. New reference; NULL without an
  * exception when target is not such a call. */
 PyObject *em_gemm_new(PyObject *target, uint32_t nargs, uint32_t nkwargs, const int *ndim);
+/* The positional index of a Gemm call's bias among its nargs arguments (addmm's 0, F.linear's 2), or -1. */
+int em_gemm_bias_arg(PyObject *gemm, uint32_t nargs);
 int em_runtime_gemm_init(PyObject *module); /* the Gemm type and ember._C._gemm_stats */
 
 /* The stage's init (em_runtime.c): each file's init above and below, in one place. Called by

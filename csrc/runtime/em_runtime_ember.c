@@ -2040,9 +2040,10 @@ static int program_view(EmberBuild *bd, const SStep *sp) {
 }
 
 /* The ember._C.Gemm that calls extern n's matrix product through cuBLASLt (runtime/em_runtime_gemm.c)
- * in a CUDA program (ember.config.cublaslt_gemm), named in bd->gemm_list; NULL (no exception) where
- * n is not such a call. New reference. */
-static PyObject *gemm_target(EmberBuild *bd, const IRNode *n) {
+ * in a CUDA program (ember.config.cublaslt_gemm), recorded in bd->gemm_list with where its bias is
+ * added (bias_in_kernel: the lowering passes None for the bias and the kernel that follows adds it,
+ * LVal.ext_call); NULL (no exception) where n is not such a call. New reference. */
+static PyObject *gemm_target(EmberBuild *bd, const IRNode *n, int bias_in_kernel) {
     if (!bd->cuda || n->kind != IR_CALL_FUNCTION || n->nkwargs || n->nargs > 3 || !em_config_bool("cublaslt_gemm", 1)) return NULL;
     int ndim[3] = {-1, -1, -1};
     for (uint32_t i = 0; i < n->nargs; i++) {
@@ -2051,7 +2052,12 @@ static PyObject *gemm_target(EmberBuild *bd, const IRNode *n) {
         if (m && m->kind == IRMETA_TENSOR) ndim[i] = m->ndim;
     }
     PyObject *g = em_gemm_new(n->target, n->nargs, n->nkwargs, ndim);
-    PyObject *nm = g ? PyUnicode_FromString(n->name) : NULL;
+    int bias_arg = g ? em_gemm_bias_arg(g, n->nargs) : -1;
+    const IRArg *ba = bias_arg >= 0 ? &n->args[bias_arg] : NULL;
+    const char *where = !ba || (ba->kind == IRARG_CONST && ba->u.obj == Py_None) ? "no bias"
+                        : bias_in_kernel                                        ? "bias added by the next generated kernel"
+                                                                                : "bias in cuBLASLt's epilogue";
+    PyObject *nm = g ? PyUnicode_FromFormat("%s: %s", n->name, where) : NULL;
     if (g && (!nm || PyList_Append(bd->gemm_list, nm) < 0)) Py_CLEAR(g);
     Py_XDECREF(nm);
     return g;
@@ -2113,7 +2119,7 @@ static int program_extern(EmberBuild *bd, uint32_t st) {
         kw2[nkw++] = (IRArg){.kind = IRARG_NODE, .u.ref = o};
         kw = kw2;
     }
-    PyObject *target = gemm_target(bd, n);
+    PyObject *target = gemm_target(bd, n, v->ext_call);
     if (!target && PyErr_Occurred()) return -1;
     IRRef r = em_ir_call(p->ng, n->kind, target ? target : n->target, args, n->nargs, kwn, kw, nkw, NULL);
     Py_XDECREF(target); /* the new graph's arena holds it */

@@ -627,6 +627,11 @@ static PyObject *gemm_for_tests(PyObject *self, PyObject *target) {
     return g;
 }
 
+int em_gemm_bias_arg(PyObject *gemm, uint32_t nargs) {
+    GemmKind k = ((Gemm *)gemm)->kind;
+    return k == G_ADDMM ? 0 : k == G_LINEAR && nargs == 3 ? 2 : -1;
+}
+
 static PyObject *gemm_stats(PyObject *self, PyObject *unused) {
     EM_UNUSED(self);
     EM_UNUSED(unused);
