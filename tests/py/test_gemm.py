@@ -280,6 +280,8 @@ def test_gpu_compiled_transformer_gemms_go_through_cublaslt(dtype):
     # every call is a Gemm call; one whose input rows do not collapse (a permuted view) is torch's
     assert len(calls) >= 4 and taken + given == len(calls) and taken >= 3, (calls, taken, after)
     assert given == 0 or after["last_fallback"] == "input rows do not collapse", after
+    wheres = {"bias in cuBLASLt's epilogue", "bias added by the next generated kernel", "no bias"}
+    assert all(c.split(": ", 1)[1] in wheres for c in calls), calls
     ember.reset()
     c = ember.compile(layer, backend="ember")
     xs = [x.clone().requires_grad_() for _ in range(2)]
