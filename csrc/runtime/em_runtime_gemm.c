@@ -1,11 +1,12 @@
 /* runtime gemm: the matrix products of backend "ember"'s CUDA programs, called through cuBLASLt from C.
  *
  * A compiled CUDA program calls torch for its GEMMs (extern kernels): torch.mm, torch.addmm,
- * torch.matmul and F.linear. Each such call costs 14-21 us of host time at GPT-2's shapes on the
- * H200 host, most of it torch's dispatch and the cuBLASLt heuristic query that torch repeats on
- * every call (bench/results/fullsize_h200_2026-12-01_s49.txt, section 6); a full-size transformer's
- * inference and training step are host-bound there. ember.config.cublaslt_gemm (default True) makes
- * the program call a Gemm object instead (em_gemm_new, from em_runtime_ember.c's program_extern):
+ * torch.matmul and F.linear. Each such call costs 19-25 us of host time at GPT-2's bf16 shapes on
+ * the H200 host, where the Gemm's call costs ~16, 12.6 of them in cublasLtMatmul itself: what it
+ * saves is torch's dispatch and the heuristic query torch repeats on every call
+ * (bench/results/fullsize_h200_2026-12-01_s50.txt); a full-size transformer's training step and
+ * Llama's inference are host-bound there. ember.config.cublaslt_gemm (default True) makes the
+ * program call a Gemm object instead (em_gemm_new, from em_runtime_ember.c's program_extern):
  *
  *   - it reads its operands through DLPack (no Python), and takes the call when they are plain
  *     float32 / float16 / bfloat16 CUDA tensors of one dtype on the current device, A (m, k) with
@@ -26,7 +27,8 @@
  *     torch.autocast (a program runs with autocast off; torch casts at dispatch), reduced-precision
  *     reductions switched off (torch.backends.cuda.matmul.allow_bf16/fp16_reduced_precision_reduction
  *     False), fp16 accumulation on, float32_matmul_precision "medium", no cuBLASLt in the process,
- *     a plan cuBLASLt has no algorithm for, a failed cuBLASLt call. So the Gemm is never a new error.
+ *     an out= that overlaps an operand, a plan cuBLASLt has no algorithm for, a failed cuBLASLt
+ *     call. So the Gemm is never a new error.
  *
  * Values: cuBLAS's GEMMs, as torch's, with float32 accumulation; the algorithm can differ from the
  * one torch's own heuristic query or cublasGemmEx picks, so results agree with eager's within the
