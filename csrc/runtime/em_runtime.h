@@ -181,6 +181,14 @@ PyObject *em_gemm_new(PyObject *target, uint32_t nargs, uint32_t nkwargs, const 
 /* The positional index of a Gemm call's bias among its nargs arguments (addmm's 0, F.linear's 2), or -1. */
 int em_gemm_bias_arg(PyObject *gemm, uint32_t nargs);
 int em_runtime_gemm_init(PyObject *module); /* the Gemm type and ember._C._gemm_stats */
+/* Shared by the extern calls of ember's own (Gemm, skinny_linear), em_runtime_gemm.c: does torch
+ * record a gradient for any of ts[0 .. n) (NULL entries skipped)? 1 / 0, -1 with an exception. */
+int em_grad_recorded(PyObject *const *ts, int n);
+/* A new contiguous tensor of x's leading dims then n (xd: x's DLPack description), of dtype, on the
+ * current CUDA device through torch's caching allocator (x.new_empty_strided where torch lacks the
+ * fast entry). New reference or NULL with an exception. */
+struct EmTensorDesc;
+PyObject *em_cuda_rows_result(PyObject *x, const struct EmTensorDesc *xd, int64_t n, PyObject *dtype);
 
 /* The stage's init (em_runtime.c): each file's init above and below, in one place. Called by
  * em_module.c. */

@@ -389,8 +389,11 @@ static int compute_type(int dt) {
     return CUBLAS_COMPUTE_32F;
 }
 
-/* Does any of ts require a gradient that torch would record? 1 / 0, -1 with an exception. */
-static int grad_recorded(PyObject *const *ts, int n) {
+int em_grad_recorded(PyObject *const *ts, int n) {
+    if (init_once() < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "ember: torch is not importable");
+        return -1;
+    }
     PyObject *ge = PyObject_CallNoArgs(is_grad_enabled);
     int on = ge ? PyObject_IsTrue(ge) : -1;
     Py_XDECREF(ge);
@@ -402,6 +405,33 @@ static int grad_recorded(PyObject *const *ts, int n) {
         if (r) return r;
     }
     return on < 0 ? -1 : 0;
+}
+
+PyObject *em_cuda_rows_result(PyObject *x, const EmTensorDesc *xd, int64_t n, PyObject *dtype) {
+    if (init_once() < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "ember: torch is not importable");
+        return NULL;
+    }
+    int32_t nd = xd->ndim;
+    PyObject *size = PyTuple_New(nd), *stride = PyTuple_New(nd), *y = NULL;
+    int64_t st = 1;
+    for (int32_t i = nd; size && stride && i-- > 0;) {
+        int64_t s = i == nd - 1 ? n : xd->sizes[i];
+        PyTuple_SET_ITEM(size, i, PyLong_FromLongLong(s));
+        PyTuple_SET_ITEM(stride, i, PyLong_FromLongLong(st));
+        st *= s;
+    }
+    if (size && stride && !PyErr_Occurred()) {
+        if (empty_cuda) {
+            PyObject *ea[4] = {NULL, size, stride, dtype};
+            y = PyObject_Vectorcall(empty_cuda, ea + 1, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        } else {
+            y = PyObject_CallMethod(x, "new_empty_strided", "OO", size, stride);
+        }
+    }
+    Py_XDECREF(size);
+    Py_XDECREF(stride);
+    return y;
 }
 
 #define FALLBACK(why)                \
@@ -467,8 +497,7 @@ static int gemm_call(Gemm *g, PyObject *const *args, Py_ssize_t nargs, PyObject 
         if (!ok) FALLBACK("bias not a dense row");
     }
     if (out) { /* out=: exactly the result's shape, contiguous */
-        int32_t want = g->kind == G_MATMUL || g->kind == G_LINEAR ? ad.ndim : 2;
-        bool ok = od.ndim == want;
+        bool ok = od.ndim == ad.ndim; /* mm / addmm: A is 2-d */
         int64_t e = 1;
         for (int32_t i = od.ndim; ok && i-- > 0;) {
             int64_t s = i == od.ndim - 1 ? n : ad.sizes[i];
@@ -490,7 +519,7 @@ static int gemm_call(Gemm *g, PyObject *const *args, Py_ssize_t nargs, PyObject 
     int autocast = ac ? PyObject_IsTrue(ac) : any_autocast ? -1 : 0;
     Py_XDECREF(ac);
     if (autocast) return autocast < 0 ? -1 : (stats.last_fallback = "autocast is on", 0);
-    int grad = grad_recorded((PyObject *const[]){a, b, bias}, 3);
+    int grad = em_grad_recorded((PyObject *const[]){a, b, bias}, 3);
     if (grad) return grad < 0 ? -1 : (stats.last_fallback = "gradient recorded", 0);
     int compute = compute_type(dt);
     if (compute <= 0) return compute < 0 ? -1 : (stats.last_fallback = "torch's math-mode flags", 0);
@@ -519,26 +548,8 @@ static int gemm_call(Gemm *g, PyObject *const *args, Py_ssize_t nargs, PyObject 
     PyObject *d = out ? Py_NewRef(out) : NULL;
     if (d) {
         dp = od.data;
-    } else { /* the result: A's leading dims (F.linear, matmul) then n, contiguous */
-        int32_t nd = g->kind == G_MATMUL || g->kind == G_LINEAR ? ad.ndim : 2;
-        PyObject *size = PyTuple_New(nd), *stride = PyTuple_New(nd);
-        int64_t st = 1;
-        for (int32_t i = nd; size && stride && i-- > 0;) {
-            int64_t s = i == nd - 1 ? n : ad.sizes[i];
-            PyTuple_SET_ITEM(size, i, PyLong_FromLongLong(s));
-            PyTuple_SET_ITEM(stride, i, PyLong_FromLongLong(st));
-            st *= s;
-        }
-        if (size && stride && !PyErr_Occurred()) {
-            if (empty_cuda) {
-                PyObject *ea[4] = {NULL, size, stride, dtypes[dt]};
-                d = PyObject_Vectorcall(empty_cuda, ea + 1, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-            } else {
-                d = PyObject_CallMethod(a, "new_empty_strided", "OO", size, stride);
-            }
-        }
-        Py_XDECREF(size);
-        Py_XDECREF(stride);
+    } else { /* the result: A's leading dims then n, contiguous (mm / addmm: A is 2-d) */
+        d = em_cuda_rows_result(a, &ad, n, dtypes[dt]);
         if (!d || em_guard_tensor_data_ptr(d, &dp) < 0) {
             Py_XDECREF(d);
             return -1;

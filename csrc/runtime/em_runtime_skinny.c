@@ -28,10 +28,7 @@
 #include <string.h>
 
 static PyObject *f_linear = NULL;        /* torch.nn.functional.linear */
-static PyObject *empty_cuda = NULL;      /* torch._C._dynamo.guards._empty_strided_cuda, or NULL */
-static PyObject *is_grad_enabled = NULL; /* torch.is_grad_enabled */
 static PyObject *dtypes[3] = {NULL, NULL, NULL}; /* torch.float32, float16, bfloat16 */
-static PyObject *s_requires_grad = NULL, *s_new_empty = NULL;
 static PyObject *tensor_type = NULL, *parameter_type = NULL; /* torch.Tensor, torch.nn.Parameter */
 
 static int init_once(void) {
@@ -42,18 +39,11 @@ static int init_once(void) {
     static const char *names[3] = {"float32", "float16", "bfloat16"};
     for (int i = 0; i < 3; i++)
         if (!(dtypes[i] = PyObject_GetAttrString(torch, names[i]))) goto fail;
-    if (!(is_grad_enabled = PyObject_GetAttrString(torch, "is_grad_enabled"))) goto fail;
     if (!(tensor_type = PyObject_GetAttrString(torch, "Tensor"))) goto fail;
     PyObject *nn = PyImport_ImportModule("torch.nn");
     parameter_type = nn ? PyObject_GetAttrString(nn, "Parameter") : NULL;
     Py_XDECREF(nn);
     if (!parameter_type) goto fail;
-    PyObject *guards = PyImport_ImportModule("torch._C._dynamo.guards");
-    empty_cuda = guards ? PyObject_GetAttrString(guards, "_empty_strided_cuda") : NULL;
-    Py_XDECREF(guards);
-    PyErr_Clear(); /* older torch: x.new_empty */
-    if (!(s_requires_grad = PyUnicode_InternFromString("requires_grad")) || !(s_new_empty = PyUnicode_InternFromString("new_empty")))
-        goto fail;
     f_linear = PyObject_GetAttrString(fn, "linear");
 fail:
     Py_XDECREF(torch);
@@ -114,14 +104,6 @@ static EmCudaFn *skinny_fn(int device, int dt, int rows, int64_t N, int64_t K, i
     return fn;
 }
 
-/* Does t require a gradient? -1 with an exception. */
-static int requires_grad(PyObject *t) {
-    PyObject *v = PyObject_GetAttr(t, s_requires_grad);
-    int r = v ? PyObject_IsTrue(v) : -1;
-    Py_XDECREF(v);
-    return r;
-}
-
 /* A plain tensor or parameter: no subclass (fake tensors, DTensor) whose __torch_function__ or
  * storage is not what the kernel reads. */
 static bool plain(PyObject *t) {
@@ -146,37 +128,12 @@ static int skinny_call(PyObject *x, PyObject *w, PyObject *b, PyObject **out) {
     if (rows < 1 || rows > EM_SKINNY_MAX_ROWS || !xd.data || !wd.data || (uintptr_t)xd.data % 16 || (uintptr_t)wd.data % 16)
         return 0;
     if (b && (bd.ndim != 1 || bd.sizes[0] != N || (N > 1 && bd.strides[0] != 1) || !bd.data)) return 0;
-    PyObject *ge = PyObject_CallNoArgs(is_grad_enabled);
-    int grad = ge ? PyObject_IsTrue(ge) : -1;
-    Py_XDECREF(ge);
-    if (grad < 0) return -1;
-    if (grad) { /* a recorded gradient is F.linear's */
-        int rx = requires_grad(x), rw = rx ? rx : requires_grad(w), rb = rw || !b ? rw : requires_grad(b);
-        if (rx < 0 || rw < 0 || rb < 0) return -1;
-        if (rx || rw || rb) return 0;
-    }
+    int grad = em_grad_recorded((PyObject *const[]){x, w, b}, 3);
+    if (grad) return grad < 0 ? -1 : 0; /* a recorded gradient is F.linear's */
     EmCudaFn *fn = skinny_fn(xd.device_id, dt, (int)rows, N, K, b != NULL);
     if (!fn) return 0;
     if (!em_cuda_device_is_current(xd.device_id)) return 0; /* the allocation and the stream are the current device's */
-    PyObject *size = PyTuple_New(xd.ndim), *stride = PyTuple_New(xd.ndim);
-    int64_t st = 1;
-    for (int32_t i = xd.ndim; size && stride && i-- > 0;) {
-        int64_t s = i == xd.ndim - 1 ? N : xd.sizes[i];
-        PyTuple_SET_ITEM(size, i, PyLong_FromLongLong(s));
-        PyTuple_SET_ITEM(stride, i, PyLong_FromLongLong(st));
-        st *= s;
-    }
-    PyObject *y = NULL;
-    if (size && stride && !PyErr_Occurred()) {
-        if (empty_cuda) {
-            PyObject *a[4] = {NULL, size, stride, dtypes[dt == LDT_F32 ? 0 : dt == LDT_F16 ? 1 : 2]};
-            y = PyObject_Vectorcall(empty_cuda, a + 1, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        } else {
-            y = PyObject_CallMethodOneArg(x, s_new_empty, size);
-        }
-    }
-    Py_XDECREF(size);
-    Py_XDECREF(stride);
+    PyObject *y = em_cuda_rows_result(x, &xd, N, dtypes[dt == LDT_F32 ? 0 : dt == LDT_F16 ? 1 : 2]);
     char *yp = NULL;
     if (!y || em_guard_tensor_data_ptr(y, &yp) < 0) {
         Py_XDECREF(y);
