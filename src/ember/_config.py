@@ -106,8 +106,9 @@ Backend "ember" (str or None; read when a graph is compiled):
                        through cuBLASLt from C (ember._C.Gemm, csrc/runtime/em_runtime_gemm.c): the
                        algorithm chosen once per problem and kept, bias by cuBLASLt's epilogue, torch's
                        math-mode flags read on every call; any call it cannot take exactly is torch's.
-                       Host time per GEMM on the H200 host: torch's 14-21 us against ~5 (bench/README.md,
-                       "GEMMs through cuBLASLt"). False: torch's functions (to compare).
+                       Host time per bf16 GEMM on the H200 host: torch's 19-25 us against ~16, 12.6 of
+                       them cublasLtMatmul's own (bench/README.md, "GEMMs through cuBLASLt from C").
+                       False: torch's functions (to compare; a change applies to graphs compiled after it).
                        cache_info(fn)[i]["ember"]["gemm"] names the calls; ember._C._gemm_stats() counts.
   cache_dir            the on-disk kernel cache (None: $EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember
                        or ~/.cache/ember), created mode 0700.
